@@ -1,0 +1,14 @@
+# dnallm_target_warnings(<target>): the project's warning set, applied per target so that
+# third-party headers (included as SYSTEM) stay quiet.
+function(dnallm_target_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+endfunction()
+
+# dnallm_executable(<name> SOURCES ... LINK ...): a thin main, placed in <build>/bin.
+function(dnallm_executable name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LINK" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_LINK})
+  dnallm_target_warnings(${name})
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
+endfunction()

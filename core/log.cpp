@@ -1,0 +1,64 @@
+#include "core/log.hpp"
+
+#include <unistd.h>
+
+#include <array>
+#include <mutex>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+
+#include "core/error.hpp"
+
+namespace dnallm {
+namespace {
+std::mutex g_role_mu;
+std::string g_role = "dnallm";  // guarded by g_role_mu
+
+void apply_pattern(int rank) {
+  std::string who;
+  {
+    std::lock_guard<std::mutex> lock(g_role_mu);
+    who = g_role;
+  }
+  std::string id = rank >= 0 ? fmt::format("{}@{}", rank, host_name()) : "@" + host_name();
+  spdlog::set_pattern(fmt::format("[%H:%M:%S.%e] [%^%l%$] [{} {}] %v", who, id));
+}
+}  // namespace
+
+const std::string& host_name() {
+  static const std::string name = [] {
+    std::array<char, 256> buf{};
+    if (gethostname(buf.data(), buf.size() - 1) != 0) return std::string("unknown");
+    std::string h(buf.data());
+    auto dot = h.find('.');
+    return dot == std::string::npos ? h : h.substr(0, dot);
+  }();
+  return name;
+}
+
+spdlog::level::level_enum parse_log_level(const std::string& name) {
+  static const std::array<const char*, 7> kNames = {"trace", "debug", "info", "warn",
+                                                    "error", "critical", "off"};
+  for (size_t i = 0; i < kNames.size(); ++i) {
+    if (name == kNames[i]) return static_cast<spdlog::level::level_enum>(i);
+  }
+  if (name == "warning") return spdlog::level::warn;
+  fail(ExitCode::kUsage,
+       "unknown log level '{}'; use one of trace, debug, info, warn, error, critical, off", name);
+}
+
+void init_logging(const std::string& role, const std::string& level) {
+  {
+    std::lock_guard<std::mutex> lock(g_role_mu);
+    g_role = role;
+  }
+  auto logger = spdlog::stderr_color_mt(role + "-" + std::to_string(::getpid()));
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(parse_log_level(level));
+  spdlog::flush_on(spdlog::level::info);
+  apply_pattern(-1);
+}
+
+void set_log_identity(int rank) { apply_pattern(rank); }
+
+}  // namespace dnallm
