@@ -85,6 +85,10 @@ void DataLoader::reset(const SamplerState& state) {
   start();
 }
 
+void DataLoader::rewind() {
+  reset(SamplerState{options_.seed, dataset_->size(), 0, options_.shuffle});
+}
+
 void DataLoader::worker_loop() {
   const uint64_t capacity = static_cast<uint64_t>(options_.prefetch_factor) * options_.num_workers;
   for (;;) {

@@ -73,6 +73,9 @@ class DataLoader {
   // workers, drops prefetched batches, restarts.
   void reset(const SamplerState& state);
 
+  // reset() to the start of the stream (cursor 0): re-runs an evaluation from its first batch.
+  void rewind();
+
   void start();
   void stop();
 

@@ -109,6 +109,12 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
     }
     return std::make_shared<TableDataset>(files, t);
   }
+  if (config.model.task != "pretrain") {
+    fail(ExitCode::kUsage,
+         "model.task = \"{}\" needs labelled tables (csv, tsv, jsonl with data.label_column), but "
+         "{} is a {} file",
+         config.model.task, files.front(), format == "auto" ? "sequence" : format);
+  }
   GenomeOptions g;
   g.window_bases = window_bases(config, tokenizer);
   g.sampling = d.sampling;

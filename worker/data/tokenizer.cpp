@@ -268,6 +268,21 @@ const std::vector<std::string>& special_token_names() {
 
 bool operator==(const Tokenizer& a, const Tokenizer& b) { return a.to_json() == b.to_json(); }
 
+void require_same_tokenizer(const Tokenizer& current, const nlohmann::json& saved,
+                            const std::string& where) {
+  auto other = tokenizer_from_json(saved);
+  if (*other == current) return;
+  auto summary = [](const Tokenizer& t) {
+    auto j = t.to_json();
+    j.erase("model_proto_base64");
+    return fmt::format("{} (vocab {})", j.dump(), t.vocab_size());
+  };
+  fail(ExitCode::kUsage,
+       "{} was made with tokenizer {} but this run uses {}: set [tokenizer] to match, or start a "
+       "new run",
+       where, summary(*other), summary(current));
+}
+
 std::shared_ptr<const Tokenizer> make_char_tokenizer() { return std::make_shared<CharTokenizer>(); }
 
 std::shared_ptr<const Tokenizer> make_kmer_tokenizer(int k, int stride) {

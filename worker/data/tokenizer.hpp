@@ -67,6 +67,11 @@ class Tokenizer {
 };
 
 bool operator==(const Tokenizer& a, const Tokenizer& b);
+// Throws Error(kUsage) naming `where` (a checkpoint or model directory) when `saved` (from
+// to_json()) does not describe the same tokenizer as `current`: resuming or fine-tuning
+// with another vocabulary would silently mis-train.
+void require_same_tokenizer(const Tokenizer& current, const nlohmann::json& saved,
+                            const std::string& where);
 inline bool operator!=(const Tokenizer& a, const Tokenizer& b) { return !(a == b); }
 
 // Rebuilds a tokenizer from to_json() output. Throws Error(kUsage) on a malformed document.

@@ -68,6 +68,40 @@ TEST(Pipeline, BadOptionsAreUsageErrors) {
   EXPECT_THROW(make_train_loader(c, make_char_tokenizer(), 0, 1), Error);
 }
 
+TEST(Pipeline, FastqReadsAndEvalFilesAndRewind) {
+  testing::TempDir dir;
+  std::string fq;
+  for (int i = 0; i < 30; ++i) {
+    std::string s = testing::random_bases(40 + i, i);
+    fq += "@read" + std::to_string(i) + "\n" + s + "\n+\n" + std::string(s.size(), 'I') + "\n";
+  }
+  testing::write_gzip(dir.file("reads.fastq.gz"), fq);
+  Config c = small_config();
+  c.data.train_files = {dir.file("reads.fastq.gz")};
+  c.data.eval_files = {dir.file("reads.fastq.gz")};
+  c.data.eval_fraction = 0;
+  c.model.max_seq_length = 32;  // reads are longer than a window: windows inside reads
+  auto tok = make_tokenizer(c);
+  auto train = make_train_loader(c, tok, 0, 1);
+  Batch b = train->next();
+  EXPECT_EQ(b.seq_len, 32);
+  auto eval = make_eval_loader(c, tok, 0, 1);
+  ASSERT_NE(eval, nullptr);
+  Batch e0 = eval->next();
+  eval->next();
+  eval->rewind();
+  EXPECT_EQ(eval->next().input_ids, e0.input_ids);
+  // Labelled tasks need tables.
+  c.model.task = "classification";
+  try {
+    make_train_loader(c, tok, 0, 1);
+    FAIL();
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(err.what()).find("reads.fastq.gz"), std::string::npos);
+  }
+}
+
 TEST(Pipeline, BpeTrainedFromConfigAndSaved) {
   testing::TempDir dir;
   std::string fa = ">x\n";

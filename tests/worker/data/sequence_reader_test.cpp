@@ -55,6 +55,21 @@ TEST(SequenceReader, PlainGzipAndBgzfFasta) {
   }
 }
 
+TEST(SequenceReader, BgzfManyBlocksAndRecords) {
+  testing::TempDir dir;
+  std::string text;
+  std::vector<std::string> seqs;
+  for (int r = 0; r < 5; ++r) {
+    seqs.push_back(testing::random_bases(50000 + r, r));  // > 64 KiB BGZF blocks in total
+    text += ">rec" + std::to_string(r) + "\n";
+    for (size_t p = 0; p < seqs.back().size(); p += 70) text += seqs.back().substr(p, 70) + "\n";
+  }
+  testing::write_bgzf(dir.file("many.fa.bgz"), text);
+  auto r = read_sequences(dir.file("many.fa.bgz"), "auto", BadRecordPolicy::kError);
+  ASSERT_EQ(r.size(), 5u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(r[i].bases, seqs[i]);
+}
+
 TEST(SequenceReader, BundledGenome) {
   auto r = read_sequences(std::string(DNALLM_SOURCE_DIR) + "/data/ecoli_k12_mg1655.fa.gz", "auto",
                           BadRecordPolicy::kError);
