@@ -8,6 +8,9 @@
 // truncated or corrupt gzip stream are errors too. Every error is Error(kBadData) naming
 // the file, the line, the record and what was found.
 //
+// FASTQ records are four lines (header, sequence, '+', quality); multi-line FASTQ is not
+// supported.
+//
 // on_bad_record = kSkip drops a bad record (invalid character, empty) and counts it;
 // a damaged file (truncated gzip, broken FASTQ structure) is always an error because
 // what follows cannot be trusted.

@@ -132,6 +132,7 @@ TEST(BpeTokenizer, TrainSaveLoadRoundTrip) {
   auto from_json = tokenizer_from_json(tok->to_json());
   EXPECT_TRUE(*from_json == *tok);
   EXPECT_EQ(from_json->encode(s), ids);
+  EXPECT_TRUE(*train_bpe_tokenizer(lines, 64) == *tok);  // deterministic training
   EXPECT_THROW(train_bpe_tokenizer(lines, 6), Error);
 }
 
