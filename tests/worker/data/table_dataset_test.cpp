@@ -1,6 +1,7 @@
 #include "worker/data/table_dataset.hpp"
 
 #include <filesystem>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -164,6 +165,34 @@ TEST(TableDataset, ClassificationLoaderFromConfig) {
   }
   EXPECT_LE(b.seq_len, 32);
   EXPECT_EQ(loader->skipped_records(), 0);
+}
+
+TEST(TableDataset, ConcurrentFirstOpensAgree) {
+  // Ranks opening a new table at once each build the index; all must read the same records.
+  testing::TempDir dir;
+  std::string csv = "sequence\n";
+  for (int i = 0; i < 3000; ++i) csv += testing::random_bases(20 + i % 50, i) + "\n";
+  testing::write_text(dir.file("c.csv"), csv);
+  std::vector<std::thread> threads;
+  std::vector<std::string> last(4);
+  std::vector<uint64_t> sizes(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      TableDataset ds({dir.file("c.csv")}, TableOptions{});
+      sizes[t] = ds.size();
+      last[t] = get(ds, ds.size() - 1).bases;
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_EQ(sizes[t], 3000u);
+    EXPECT_EQ(last[t], testing::random_bases(20 + 2999 % 50, 2999));
+  }
+  TableDataset after({dir.file("c.csv")}, TableOptions{});
+  EXPECT_EQ(after.size(), 3000u);
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
+  }
 }
 
 TEST(TableDataset, CompressedTablesRefused) {
