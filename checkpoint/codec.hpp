@@ -1,9 +1,11 @@
 // Chunk compression: optional byte grouping of floating-point elements, then zstd.
 //
 // Byte grouping (as ZipNN does) rewrites n elements of s bytes as s planes of n bytes:
-// plane j holds byte j of every element. The plane holding the sign and exponent bits is
-// highly redundant in trained weights and optimizer moments, and zstd finds that only
-// when those bytes are adjacent. Stateless, thread-safe.
+// plane j holds byte j of every element. Floating-point elements are first rotated left
+// by one bit, so that the whole exponent (8 bits for fp32/bf16) fills the top byte and
+// the sign bit joins the mantissa. The exponent plane is highly redundant in trained
+// weights and optimizer moments (a few bits of entropy); the mantissa planes are close
+// to random and zstd stores them nearly as is. Stateless, thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +36,10 @@ const char* codec_name(Codec c);
 // Splits / joins byte planes. `out` must hold count * elem_size bytes.
 void group_bytes(const uint8_t* in, size_t count, size_t elem_size, uint8_t* out);
 void ungroup_bytes(const uint8_t* in, size_t count, size_t elem_size, uint8_t* out);
+
+// Rotates every element of a floating-point dtype left (or right) by one bit, in place.
+void rotate_sign_to_low_bit(uint8_t* data, size_t count, DType dtype);
+void rotate_sign_to_high_bit(uint8_t* data, size_t count, DType dtype);
 
 // Encodes one chunk; falls back to kRaw when compression does not shrink it.
 ChunkEncoding encode_chunk(const uint8_t* raw, size_t raw_size, DType dtype,

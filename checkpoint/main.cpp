@@ -82,6 +82,14 @@ int main(int argc, char** argv) {
   exp->add_option("path", path, "step directory or checkpoint root")->required();
   exp->add_option("--out", out, "output directory")->required();
 
+  if (argc > 1 && argv[1][0] != '-' && std::string(argv[1]) != "inspect" &&
+      std::string(argv[1]) != "verify" && std::string(argv[1]) != "reshard" &&
+      std::string(argv[1]) != "export") {
+    std::fprintf(stderr,
+                 "dnallm-ckpt: unknown command '%s'; use inspect, verify, reshard or export\n",
+                 argv[1]);
+    return static_cast<int>(dnallm::ExitCode::kUsage);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,5 +1,7 @@
 #include "checkpoint/codec.hpp"
 
+#include <cstring>
+
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
@@ -52,6 +54,43 @@ TEST(CheckpointCodecTest, ByteGroupingBeatsPlainZstdOnNormalWeights) {
   encode_chunk(raw.data(), raw.size(), DType::kFloat32, plain, b);
   EXPECT_LT(a.size(), b.size());
   EXPECT_GT(static_cast<double>(raw.size()) / a.size(), 1.15);
+}
+
+// Small chunks too: each plane is its own zstd frame (Note [Grouped chunk layout]).
+TEST(CheckpointCodecTest, GroupingMeetsRatioTargetsOnSmallChunks) {
+  for (auto [dtype, target] : {std::pair<DType, double>{DType::kFloat32, 1.15},
+                               std::pair<DType, double>{DType::kBFloat16, 1.3}}) {
+    auto raw = make_data(dtype, 16384, 4);
+    std::vector<uint8_t> stored;
+    ASSERT_EQ(encode_chunk(raw.data(), raw.size(), dtype, parse_codec("zstd"), stored),
+              ChunkEncoding::kGroupedZstd);
+    EXPECT_GT(static_cast<double>(raw.size()) / stored.size(), target) << dtype_name(dtype);
+  }
+}
+
+TEST(CheckpointCodecTest, RotationPutsExponentInTopByte) {
+  float f = -1.5f;  // sign 1, exponent 127, mantissa 0x400000
+  std::vector<uint8_t> b(4);
+  std::memcpy(b.data(), &f, 4);
+  rotate_sign_to_low_bit(b.data(), 1, DType::kFloat32);
+  EXPECT_EQ(b[3], 127);
+  EXPECT_EQ(b[0] & 1, 1);
+  rotate_sign_to_high_bit(b.data(), 1, DType::kFloat32);
+  float back;
+  std::memcpy(&back, b.data(), 4);
+  EXPECT_EQ(back, f);
+}
+
+TEST(CheckpointCodecTest, DamagedPlaneSizeIsCheckpointCorrupt) {
+  auto raw = make_data(DType::kFloat32, 4096, 5);
+  std::vector<uint8_t> stored;
+  auto enc = encode_chunk(raw.data(), raw.size(), DType::kFloat32, parse_codec("zstd"), stored);
+  ASSERT_EQ(enc, ChunkEncoding::kGroupedZstd);
+  stored[12] ^= 0x40;  // size of plane 3
+  std::vector<uint8_t> back(raw.size());
+  EXPECT_THROW(decode_chunk(stored.data(), stored.size(), enc, DType::kFloat32, back.data(),
+                            back.size(), "x"),
+               Error);
 }
 
 TEST(CheckpointCodecTest, IncompressibleFallsBackToRaw) {
