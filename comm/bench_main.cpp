@@ -46,6 +46,7 @@ struct Args {
   int iters = 20;
   int warmup = 5;
   bool json = false;
+  bool in_place = false;
   double timeout_s = 60;
 };
 
@@ -178,7 +179,8 @@ std::unique_ptr<Runner> make_runner(const Args& a) {
     int port = env_int("MASTER_PORT", 29500);
     const char* tok = std::getenv("DNALLM_JOB_TOKEN");
     std::string token = tok ? tok : "";
-    if (o.rank == 0) {
+    // Rank 0 hosts the store unless a coordinator already serves MASTER_PORT.
+    if (o.rank == 0 && std::getenv("DNALLM_EXTERNAL_COORDINATOR") == nullptr) {
       coordinator::StoreServerOptions so;
       so.port = static_cast<uint16_t>(port);
       so.token = token;
@@ -239,8 +241,12 @@ int run(const Args& a) {
         store_value(dtype, out_buf.data(), i, rank == 0 ? input_value(0, i) : -1.0);
     BufferView in{in_buf.data(), in_count, dtype, {}};
     BufferView out{out_buf.data(), out_count, dtype, {}};
+    const bool in_place = a.in_place && a.op == "allreduce";
+    if (in_place) out = in;
     std::vector<double> times;
     for (int it = 0; it < a.warmup + a.iters; ++it) {
+      if (in_place)  // restore the input that the previous iteration reduced in place
+        for (size_t i = 0; i < in_count; ++i) store_value(dtype, in_buf.data(), i, input_value(rank, i));
       auto t0 = Clock::now();
       runner->run(a.op, in, out, redop);
       auto dt = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
@@ -250,7 +256,7 @@ int run(const Args& a) {
     const double time_us = times.empty() ? 0 : times[times.size() / 2];
     int64_t wrong = 0;
     for (size_t i = 0; i < out_count; ++i) {
-      double got = load_value(dtype, out_buf.data(), i);
+      double got = load_value(dtype, out.data, i);
       double want;
       if (a.op == "allreduce") {
         want = expected_reduced(world, i, redop);
@@ -308,6 +314,7 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", a.dtype, "fp32 | fp64 | fp16 | bf16 | int64 | int32");
   app.add_option("--redop", a.redop, "sum | avg | max");
   app.add_option("--timeout-s", a.timeout_s, "per-collective timeout in seconds");
+  app.add_flag("--in-place", a.in_place, "allreduce: output = input buffer");
   app.add_flag("--json", a.json, "one JSON object per line instead of the table");
   try {
     app.parse(argc, argv);
