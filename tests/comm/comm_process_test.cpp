@@ -176,7 +176,7 @@ TEST(GlooFailure, StalledRankIsNamedAfterTheTimeout) {
 #ifdef DNALLM_TEST_HAVE_MPI
 int run_mpirun(int np, const std::string& log) {
   std::string cmd = "timeout 100 mpirun --allow-run-as-root --oversubscribe -np " +
-                    std::to_string(np) + " -x DNALLM_TEST_BACKEND=mpi -x DNALLM_TEST_MODE=matrix " +
+                    std::to_string(np) + " -x DNALLM_TEST_MODE=matrix " +
                     kWorker + " > " + log + " 2>&1";
   int rc = std::system(cmd.c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
@@ -192,11 +192,52 @@ TEST_P(MpiWorld, EveryCollectiveDtypeAndLayoutMatchesClosedForm) {
   EXPECT_EQ(rc, 0) << out;
   size_t oks = 0;
   for (size_t p = out.find("backend mpi"); p != std::string::npos; p = out.find("backend mpi", p + 1)) ++oks;
-  EXPECT_EQ(oks, static_cast<size_t>(world)) << out;
+  EXPECT_EQ(oks, static_cast<size_t>(world)) << out;  // backend "auto" chose mpi under mpirun
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, MpiWorld, ::testing::Values(1, 2, 3, 4));
+
+TEST(BenchComm, MpiAndRawMpiSweepsCheckEveryElement) {
+  const std::string bench = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-bench-comm";
+  const std::string log = ::testing::TempDir() + "/bench_mpi.log";
+  for (const char* backend : {"mpi", "mpi-raw"}) {
+    std::string cmd = "timeout 60 mpirun --allow-run-as-root --oversubscribe -np 3 " + bench +
+                      " --backend " + backend +
+                      " --min-bytes 4 --max-bytes 65536 --iters 2 --warmup 1 --json > " + log + " 2>&1";
+    int rc = std::system(cmd.c_str());
+    std::string out = slurp(log);
+    EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << out;
+    EXPECT_NE(out.find("\"bytes\":65536"), std::string::npos) << out;
+    // Every line reports zero wrong elements (the bench also exits 1 otherwise).
+    for (size_t p = out.find("\"wrong\":"); p != std::string::npos; p = out.find("\"wrong\":", p + 1))
+      EXPECT_EQ(out.compare(p, 10, "\"wrong\":0}"), 0) << out.substr(p, 20);
+  }
+}
 #endif
+
+TEST(BenchComm, HelpAndGlooSweepForEveryOp) {
+  const std::string bench = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-bench-comm";
+  EXPECT_EQ(std::system((bench + " --help > /dev/null").c_str()), 0);
+  int bad = std::system((bench + " --op alltoall > /dev/null 2>&1").c_str());
+  EXPECT_TRUE(WIFEXITED(bad) && WEXITSTATUS(bad) == 2);
+  if (!backend_available("gloo")) return;
+  const std::string log = ::testing::TempDir() + "/bench_gloo.log";
+  for (const char* op : {"allreduce", "reduce_scatter", "allgather", "broadcast"}) {
+    for (const char* dtype : {"fp32", "bf16"}) {
+      // World size 1 with rank 0 hosting the store on a kernel-chosen port is not possible
+      // through MASTER_PORT, so pick a port from this process's pid.
+      std::string port = std::to_string(20000 + ::getpid() % 20000);
+      std::string cmd = "RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port +
+                        " timeout 60 " + bench + " --backend gloo --op " + op + " --dtype " + dtype +
+                        " --redop max --min-bytes 64 --max-bytes 4096 --iters 2 --warmup 1 > " + log +
+                        " 2>&1";
+      int rc = std::system(cmd.c_str());
+      std::string out = slurp(log);
+      EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << op << " " << dtype << "\n" << out;
+      EXPECT_NE(out.find("#wrong"), std::string::npos) << out;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace dnallm::comm
