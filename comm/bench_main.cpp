@@ -1,0 +1,337 @@
+// dnallm-bench-comm: collective bandwidth in the style of nccl-tests.
+//
+//   size count type redop time(us) algbw(GB/s) busbw(GB/s) #wrong
+//
+// gloo/nccl read the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
+// rank 0 hosts the store at MASTER_PORT); mpi and mpi-raw (plain MPI_Allreduce etc., the
+// peer our mpi backend is compared with) run under mpirun. Every element of every result
+// is checked against a closed-form value. time = median over --iters timed iterations
+// after --warmup untimed ones.
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <numeric>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#ifdef DNALLM_HAVE_MPI
+#include <mpi.h>
+#endif
+
+#include "comm/communicator.hpp"
+#include "comm/half.hpp"
+#include "coordinator/store_server.hpp"
+#include "coordinator/tcp_store_client.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace {
+
+using namespace dnallm;
+using namespace dnallm::comm;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string backend = "gloo";
+  std::string op = "allreduce";
+  std::string dtype = "fp32";
+  std::string redop = "sum";
+  size_t min_bytes = 1 << 10;
+  size_t max_bytes = 64 << 20;
+  int iters = 20;
+  int warmup = 5;
+  bool json = false;
+  bool in_place = false;
+  double timeout_s = 60;
+};
+
+// Input element i of rank r: small integers, exact in every dtype (bf16 included).
+double input_value(int rank, size_t i) { return static_cast<double>((i % 7) + 1 + rank); }
+
+double expected_reduced(int world, size_t i, ReduceOp op) {
+  double base = static_cast<double>((i % 7) + 1);
+  if (op == ReduceOp::kMax) return base + world - 1;
+  double sum = base * world + world * (world - 1) / 2.0;
+  if (op == ReduceOp::kAvg) return std::floor(sum / world * 4 + 0.5) / 4;  // see check()
+  return sum;
+}
+
+void store_value(DType t, void* p, size_t i, double v) {
+  switch (t) {
+    case DType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DType::kFloat64: static_cast<double*>(p)[i] = v; break;
+    case DType::kFloat16: static_cast<uint16_t*>(p)[i] = float_to_fp16(static_cast<float>(v)); break;
+    case DType::kBFloat16: static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v)); break;
+    case DType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case DType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DType::kUInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    case DType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
+  }
+}
+
+double load_value(DType t, const void* p, size_t i) {
+  switch (t) {
+    case DType::kFloat32: return static_cast<const float*>(p)[i];
+    case DType::kFloat64: return static_cast<const double*>(p)[i];
+    case DType::kFloat16: return fp16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBFloat16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::kInt32: return static_cast<const int32_t*>(p)[i];
+    case DType::kUInt8: return static_cast<const uint8_t*>(p)[i];
+    case DType::kInt8: return static_cast<const int8_t*>(p)[i];
+  }
+  return 0;
+}
+
+// The abstract "run one collective" the sweep times: our Communicator, or raw MPI.
+struct Runner {
+  virtual ~Runner() = default;
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  virtual void run(const std::string& op, BufferView in, BufferView out, ReduceOp redop) = 0;
+  virtual int64_t sum_wrong(int64_t wrong) = 0;
+};
+
+struct CommRunner final : Runner {
+  std::shared_ptr<coordinator::Store> store;
+  std::unique_ptr<coordinator::StoreServer> server;
+  std::unique_ptr<Communicator> comm;
+  int rank() const override { return comm->rank(); }
+  int world() const override { return comm->world_size(); }
+  void run(const std::string& op, BufferView in, BufferView out, ReduceOp redop) override {
+    WorkPtr w;
+    if (op == "allreduce") w = comm->allreduce(in, out, redop);
+    else if (op == "reduce_scatter") w = comm->reduce_scatter(in, out, redop);
+    else if (op == "allgather") w = comm->allgather(in, out);
+    else w = comm->broadcast(out, 0);
+    w->wait();
+  }
+  int64_t sum_wrong(int64_t wrong) override {
+    BufferView b{&wrong, 1, DType::kInt64, {}};
+    comm->allreduce(b, ReduceOp::kSum)->wait();
+    return wrong;
+  }
+};
+
+#ifdef DNALLM_HAVE_MPI
+struct RawMpiRunner final : Runner {
+  RawMpiRunner() {
+    MPI_Init(nullptr, nullptr);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_);
+  }
+  ~RawMpiRunner() override { MPI_Finalize(); }
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  static MPI_Datatype type(DType t) {
+    switch (t) {
+      case DType::kFloat32: return MPI_FLOAT;
+      case DType::kFloat64: return MPI_DOUBLE;
+      case DType::kInt64: return MPI_INT64_T;
+      case DType::kInt32: return MPI_INT32_T;
+      default: fail(ExitCode::kUsage, "--backend mpi-raw supports fp32, fp64, int64, int32");
+    }
+  }
+  void run(const std::string& op, BufferView in, BufferView out, ReduceOp redop) override {
+    DNALLM_CHECK(op == "allreduce" && redop != ReduceOp::kAvg, ExitCode::kUsage,
+                 "--backend mpi-raw runs --op allreduce with sum or max only");
+    MPI_Allreduce(in.data, out.data, static_cast<int>(in.count), type(in.dtype),
+                  redop == ReduceOp::kMax ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD);
+  }
+  int64_t sum_wrong(int64_t wrong) override {
+    int64_t total = 0;
+    MPI_Allreduce(&wrong, &total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    return total;
+  }
+  int rank_ = 0, world_ = 1;
+};
+#endif
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  DNALLM_CHECK(*end == '\0', ExitCode::kUsage, "environment variable {}='{}' is not an integer",
+               name, v);
+  return static_cast<int>(x);
+}
+
+std::unique_ptr<Runner> make_runner(const Args& a) {
+#ifdef DNALLM_HAVE_MPI
+  if (a.backend == "mpi-raw") return std::make_unique<RawMpiRunner>();
+#endif
+  auto r = std::make_unique<CommRunner>();
+  CommOptions o;
+  o.backend = a.backend;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+  o.name = "bench";
+  if (a.backend != "mpi") {
+    o.rank = env_int("RANK", 0);
+    o.world_size = env_int("WORLD_SIZE", 1);
+    const char* addr = std::getenv("MASTER_ADDR");
+    std::string host = addr ? addr : "127.0.0.1";
+    int port = env_int("MASTER_PORT", 29500);
+    const char* tok = std::getenv("DNALLM_JOB_TOKEN");
+    std::string token = tok ? tok : "";
+    // Rank 0 hosts the store unless a coordinator already serves MASTER_PORT.
+    if (o.rank == 0 && std::getenv("DNALLM_EXTERNAL_COORDINATOR") == nullptr) {
+      coordinator::StoreServerOptions so;
+      so.port = static_cast<uint16_t>(port);
+      so.token = token;
+      r->server = std::make_unique<coordinator::StoreServer>(so);
+      r->server->start();
+    }
+    coordinator::TcpStoreClientOptions co;
+    co.host = host;
+    co.port = static_cast<uint16_t>(port);
+    co.token = token;
+    co.op_timeout = o.timeout;
+    r->store = std::make_shared<coordinator::TcpStoreClient>(co);
+    o.store = r->store;
+    o.loopback = host == "127.0.0.1" || host == "localhost";
+    if (a.backend == "nccl") o.device = Device{DeviceType::kCUDA, env_int("LOCAL_RANK", 0)};
+  }
+  r->comm = make_communicator(o);
+  return r;
+}
+
+int run(const Args& a) {
+  const DType dtype = parse_dtype(a.dtype);
+  const ReduceOp redop = parse_reduce_op(a.redop);
+  DNALLM_CHECK(a.op == "allreduce" || a.op == "reduce_scatter" || a.op == "allgather" ||
+                   a.op == "broadcast",
+               ExitCode::kUsage, "--op {}: use allreduce, reduce_scatter, allgather or broadcast",
+               a.op);
+  DNALLM_CHECK(a.backend != "nccl", ExitCode::kUsage,
+               "--backend nccl needs device buffers; this bench build fills host memory only");
+  auto runner = make_runner(a);
+  const int rank = runner->rank();
+  const int world = runner->world();
+  set_log_identity(rank);
+  const size_t esize = dtype_size(dtype);
+  if (rank == 0 && !a.json) {
+    fmt::print("# dnallm-bench-comm backend={} op={} world={} warmup={} iters={}\n", a.backend,
+               a.op, world, a.warmup, a.iters);
+    fmt::print("{:>12} {:>12} {:>6} {:>6} {:>11} {:>9} {:>9} {:>7}\n", "size(B)", "count", "type",
+               "redop", "time(us)", "algbw", "busbw", "#wrong");
+  }
+  int64_t total_wrong = 0;
+  for (size_t bytes = std::max(a.min_bytes, esize); bytes <= a.max_bytes; bytes *= 2) {
+    const size_t count = bytes / esize;
+    const auto mine = shard_range(count, world, rank);
+    std::vector<uint8_t> in_buf, out_buf(count * esize);
+    size_t in_count = count, out_count = count;
+    if (a.op == "reduce_scatter") out_count = mine.count;
+    if (a.op == "allgather") in_count = mine.count;
+    in_buf.resize(in_count * esize);
+    out_buf.resize(out_count * esize);
+    for (size_t i = 0; i < in_count; ++i) {
+      size_t global = a.op == "allgather" ? mine.offset + i : i;
+      store_value(dtype, in_buf.data(), i, a.op == "allgather" ? input_value(0, global) + 0
+                                                                : input_value(rank, global));
+    }
+    if (a.op == "broadcast")
+      for (size_t i = 0; i < count; ++i)
+        store_value(dtype, out_buf.data(), i, rank == 0 ? input_value(0, i) : -1.0);
+    BufferView in{in_buf.data(), in_count, dtype, {}};
+    BufferView out{out_buf.data(), out_count, dtype, {}};
+    const bool in_place = a.in_place && a.op == "allreduce";
+    if (in_place) out = in;
+    std::vector<double> times;
+    for (int it = 0; it < a.warmup + a.iters; ++it) {
+      if (in_place)  // restore the input that the previous iteration reduced in place
+        for (size_t i = 0; i < in_count; ++i) store_value(dtype, in_buf.data(), i, input_value(rank, i));
+      auto t0 = Clock::now();
+      runner->run(a.op, in, out, redop);
+      auto dt = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      if (it >= a.warmup) times.push_back(dt);
+    }
+    std::sort(times.begin(), times.end());
+    const double time_us = times.empty() ? 0 : times[times.size() / 2];
+    int64_t wrong = 0;
+    for (size_t i = 0; i < out_count; ++i) {
+      double got = load_value(dtype, out.data, i);
+      double want;
+      if (a.op == "allreduce") {
+        want = expected_reduced(world, i, redop);
+      } else if (a.op == "reduce_scatter") {
+        want = expected_reduced(world, mine.offset + i, redop);
+      } else {
+        want = input_value(0, i);
+      }
+      if (a.op != "allgather" && a.op != "broadcast" && redop == ReduceOp::kAvg) {
+        double sum = expected_reduced(world, a.op == "allreduce" ? i : mine.offset + i, ReduceOp::kSum);
+        want = dtype_is_floating(dtype) ? sum / world : std::floor(sum / world);
+        if (std::abs(got - want) > 1e-2 * std::abs(want)) ++wrong;  // 16-bit rounding
+        continue;
+      }
+      if (got != want) ++wrong;
+    }
+    wrong = runner->sum_wrong(wrong);
+    total_wrong += wrong;
+    const double algbw = time_us > 0 ? static_cast<double>(count * esize) / (time_us * 1e3) : 0;
+    double factor = 1.0;
+    if (a.op == "allreduce") factor = 2.0 * (world - 1) / world;
+    if (a.op == "reduce_scatter" || a.op == "allgather") factor = static_cast<double>(world - 1) / world;
+    const double busbw = algbw * factor;
+    if (rank == 0) {
+      if (a.json) {
+        nlohmann::json j{{"backend", a.backend}, {"op", a.op}, {"dtype", dtype_name(dtype)},
+                         {"redop", a.redop}, {"world_size", world}, {"bytes", count * esize},
+                         {"count", count}, {"time_us", time_us}, {"algbw_gbs", algbw},
+                         {"busbw_gbs", busbw}, {"wrong", wrong}};
+        std::cout << j.dump() << std::endl;
+      } else {
+        fmt::print("{:>12} {:>12} {:>6} {:>6} {:>11.1f} {:>9.3f} {:>9.3f} {:>7}\n", count * esize,
+                   count, dtype_name(dtype), a.op == "allgather" || a.op == "broadcast" ? "none" : a.redop,
+                   time_us, algbw, busbw, wrong);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return total_wrong == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dnallm-bench-comm: collective bandwidth sweep (nccl-tests style)"};
+  Args a;
+  app.add_option("--backend", a.backend, "gloo | mpi | nccl | mpi-raw (plain MPI calls)")
+      ->check(CLI::IsMember({"gloo", "mpi", "nccl", "mpi-raw"}));
+  app.add_option("--op", a.op, "allreduce | reduce_scatter | allgather | broadcast")
+      ->check(CLI::IsMember({"allreduce", "reduce_scatter", "allgather", "broadcast"}));
+  app.add_option("--min-bytes", a.min_bytes, "smallest message (bytes)");
+  app.add_option("--max-bytes", a.max_bytes, "largest message (bytes); sizes double");
+  app.add_option("--iters", a.iters, "timed iterations per size")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", a.warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber);
+  app.add_option("--dtype", a.dtype, "fp32 | fp64 | fp16 | bf16 | int64 | int32");
+  app.add_option("--redop", a.redop, "sum | avg | max");
+  app.add_option("--timeout-s", a.timeout_s, "per-collective timeout in seconds");
+  app.add_flag("--in-place", a.in_place, "allreduce: output = input buffer");
+  app.add_flag("--json", a.json, "one JSON object per line instead of the table");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "dnallm-bench-comm: " << e.what() << " (see --help)\n";
+    return 2;
+  }
+  try {
+    init_logging("bench-comm", "warn");
+    return run(a);
+  } catch (const Error& e) {
+    std::cerr << "dnallm-bench-comm: " << e.what() << "\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::cerr << "dnallm-bench-comm: " << e.what() << "\n";
+    return 1;
+  }
+}

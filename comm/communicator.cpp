@@ -1,0 +1,85 @@
+#include "comm/communicator.hpp"
+
+#include <cstdlib>
+
+#include "core/error.hpp"
+
+#ifdef DNALLM_HAVE_GLOO
+#include "comm/gloo/gloo_communicator.hpp"
+#endif
+#ifdef DNALLM_HAVE_MPI
+#include "comm/mpi/mpi_communicator.hpp"
+#endif
+#ifdef DNALLM_HAVE_NCCL
+#include "comm/nccl/nccl_communicator.hpp"
+#endif
+
+namespace dnallm::comm {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+  }
+  return "?";
+}
+
+ReduceOp parse_reduce_op(const std::string& name) {
+  if (name == "sum") return ReduceOp::kSum;
+  if (name == "avg") return ReduceOp::kAvg;
+  if (name == "max") return ReduceOp::kMax;
+  fail(ExitCode::kUsage, "unknown reduction '{}': use sum, avg or max", name);
+}
+
+ShardRange shard_range(size_t count, int world_size, int rank) {
+  const auto w = static_cast<size_t>(world_size);
+  const auto r = static_cast<size_t>(rank);
+  const size_t base = count / w;
+  const size_t extra = count % w;
+  return ShardRange{r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};
+}
+
+bool backend_available(const std::string& name) {
+#ifdef DNALLM_HAVE_GLOO
+  if (name == "gloo") return true;
+#endif
+#ifdef DNALLM_HAVE_MPI
+  if (name == "mpi") return true;
+#endif
+#ifdef DNALLM_HAVE_NCCL
+  if (name == "nccl") return true;
+#endif
+  return false;
+}
+
+std::string resolve_backend(const CommOptions& options) {
+  if (options.backend != "auto") return options.backend;
+  if (options.device.is_cuda() && backend_available("nccl")) return "nccl";
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr && backend_available("mpi")) return "mpi";
+  return "gloo";
+}
+
+std::unique_ptr<Communicator> make_communicator(const CommOptions& options) {
+  const std::string backend = resolve_backend(options);
+  DNALLM_CHECK(backend == "gloo" || backend == "mpi" || backend == "nccl", ExitCode::kUsage,
+               "unknown communication backend '{}' ([parallel] backend): use auto, gloo, mpi or "
+               "nccl",
+               backend);
+  DNALLM_CHECK(backend_available(backend), ExitCode::kUsage,
+               "the '{}' backend was not built into this binary ([parallel] backend); rebuild "
+               "with its library installed or choose another",
+               backend);
+#ifdef DNALLM_HAVE_GLOO
+  if (backend == "gloo") return make_gloo_communicator(options);
+#endif
+#ifdef DNALLM_HAVE_MPI
+  if (backend == "mpi") return make_mpi_communicator(options);
+#endif
+#ifdef DNALLM_HAVE_NCCL
+  if (backend == "nccl") return make_nccl_communicator(options);
+#endif
+  fail(ExitCode::kUsage, "backend '{}' unavailable", backend);
+}
+
+}  // namespace dnallm::comm

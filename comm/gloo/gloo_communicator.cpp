@@ -1,0 +1,189 @@
+#include "comm/gloo/gloo_communicator.hpp"
+
+#include <csignal>
+#include <cstring>
+#include <vector>
+
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <spdlog/spdlog.h>
+
+#include "comm/detail/cpu_reduce.hpp"
+#include "comm/detail/queued_communicator.hpp"
+#include "coordinator/store.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace dnallm::comm {
+
+namespace {
+
+// Our Store seen as gloo's rendezvous store, under a key prefix, with our timeout.
+class GlooStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(coordinator::Store& store, std::string prefix, std::chrono::milliseconds timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(prefix_ + key, coordinator::Bytes(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto v = store_.get(prefix_ + key, timeout_);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    store_.wait(full, timeout);
+  }
+
+ private:
+  coordinator::Store& store_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+};
+
+class GlooCommunicator final : public detail::QueuedCommunicator {
+ public:
+  explicit GlooCommunicator(const CommOptions& o)
+      : QueuedCommunicator(o, o.rank, o.world_size, "gloo") {
+    DNALLM_CHECK(o.store != nullptr, ExitCode::kUsage,
+                 "the gloo backend needs a coordinator store (MASTER_ADDR/MASTER_PORT)");
+    DNALLM_CHECK(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, ExitCode::kUsage,
+                 "gloo: rank {} outside world size {}", o.rank, o.world_size);
+    // gloo writes to peer sockets without MSG_NOSIGNAL: a dead peer must surface as an
+    // I/O error, not kill this process with SIGPIPE. Only a default disposition is changed.
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL)
+      std::signal(SIGPIPE, SIG_IGN);
+    gloo::transport::tcp::attr attr;
+    attr.hostname = !o.gloo_host.empty() ? o.gloo_host : (o.loopback ? "127.0.0.1" : host_name());
+    try {
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+      auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world_size);
+      context->setTimeout(o.timeout);
+      GlooStoreAdapter adapter(*o.store, "comm/" + o.name + "/gloo/", o.timeout);
+      context->connectFullMesh(adapter, device_);
+      context_ = context;
+    } catch (const gloo::Exception& e) {
+      fail(ExitCode::kPeerFailed, "gloo: rank {} could not connect to its peers via {}: {}",
+           o.rank, attr.hostname, e.what());
+    }
+    start_worker();
+  }
+
+  ~GlooCommunicator() override { stop_worker(); }
+
+ protected:
+  void run_allreduce(const BufferView& in, const BufferView& out, ReduceOp op,
+                     uint32_t) override {
+    allreduce_bytes(in.data, out.data, in.count, in.dtype, op);
+    if (op == ReduceOp::kAvg) detail::divide_elements(out.dtype, out.data, out.count, world_size());
+  }
+
+  void run_reduce_scatter(const BufferView& in, const BufferView& out, ReduceOp op,
+                          uint32_t) override {
+    scratch_.resize(in.bytes());
+    std::memcpy(scratch_.data(), in.data, in.bytes());
+    allreduce_bytes(scratch_.data(), scratch_.data(), in.count, in.dtype, op);
+    auto shard = shard_range(in.count, world_size(), rank());
+    const size_t esize = dtype_size(in.dtype);
+    std::memcpy(out.data, scratch_.data() + shard.offset * esize, shard.count * esize);
+    if (op == ReduceOp::kAvg) detail::divide_elements(out.dtype, out.data, out.count, world_size());
+  }
+
+  void run_allgather(const BufferView& in, const BufferView& out, uint32_t) override {
+    const size_t esize = dtype_size(out.dtype);
+    std::vector<size_t> bytes_per_rank(static_cast<size_t>(world_size()));
+    for (int r = 0; r < world_size(); ++r)
+      bytes_per_rank[static_cast<size_t>(r)] = shard_range(out.count, world_size(), r).count * esize;
+    // gloo copies the input into its slot itself; an input aliasing the output (in place)
+    // is staged so that the copy never overlaps.
+    const uint8_t* src = static_cast<const uint8_t*>(in.data);
+    auto* dst = static_cast<uint8_t*>(out.data);
+    if (src >= dst && src < dst + out.bytes()) {
+      scratch_.assign(src, src + in.bytes());
+      src = scratch_.data();
+    }
+    gloo::AllgathervOptions opts(context_);
+    opts.setInput<uint8_t>(const_cast<uint8_t*>(src), in.bytes());
+    opts.setOutput<uint8_t>(dst, bytes_per_rank);
+    opts.setTag(next_tag());
+    opts.setTimeout(timeout());
+    gloo::allgatherv(opts);
+  }
+
+  void run_broadcast(const BufferView& buf, int root, uint32_t) override {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput<uint8_t>(static_cast<uint8_t*>(buf.data), buf.bytes());
+    opts.setRoot(root);
+    opts.setTag(next_tag());
+    opts.setTimeout(timeout());
+    gloo::broadcast(opts);
+  }
+
+  void run_barrier(uint32_t) override {
+    gloo::BarrierOptions opts(context_);
+    opts.setTag(next_tag());
+    opts.setTimeout(timeout());
+    gloo::barrier(opts);
+  }
+
+  void on_failure() override {
+    // Peers blocked on this rank then fail at once instead of at their timeout.
+    if (context_) context_->closeConnections();
+  }
+
+ private:
+  uint32_t next_tag() { return tag_++; }
+
+  void allreduce_bytes(const void* in, void* out, size_t count, DType dtype, ReduceOp op) {
+    if (count == 0) return;
+    const size_t esize = dtype_size(dtype);
+    gloo::AllreduceOptions opts(context_);
+    // gloo only needs the element size; the reduction is ours (Note [Half-precision reduction]).
+    auto set = [&](auto tag_type) {
+      using T = decltype(tag_type);
+      if (in != out) opts.setInput<T>(static_cast<T*>(const_cast<void*>(in)), count);
+      opts.setOutput<T>(static_cast<T*>(out), count);
+    };
+    switch (esize) {
+      case 1: set(uint8_t{}); break;
+      case 2: set(uint16_t{}); break;
+      case 4: set(uint32_t{}); break;
+      case 8: set(uint64_t{}); break;
+      default: fail(ExitCode::kFailure, "gloo: unsupported element size {}", esize);
+    }
+    const ReduceOp reduce = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
+    opts.setReduceFunction([dtype, reduce, esize](void* o, const void* a, const void* b, size_t n) {
+      // gloo passes the element count of its own type, which has our element size.
+      (void)esize;
+      detail::reduce_elements(dtype, reduce, o, a, b, n);
+    });
+    opts.setTag(next_tag());
+    opts.setTimeout(timeout());
+    gloo::allreduce(opts);
+  }
+
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t tag_ = 0;              // worker thread only
+  std::vector<uint8_t> scratch_;  // worker thread only
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& options) {
+  return std::make_unique<GlooCommunicator>(options);
+}
+
+}  // namespace dnallm::comm

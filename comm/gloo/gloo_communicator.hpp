@@ -1,0 +1,28 @@
+// The gloo backend: libgloo's TCP transport, bootstrapped through our Store.
+//
+// Rendezvous: every rank creates a gloo TCP device on CommOptions::gloo_host and runs
+// gloo's full-mesh connect, which exchanges addresses through the store under
+// "comm/<name>/gloo/". Collectives run on the QueuedCommunicator worker thread, one at a
+// time, each with gloo's own end-to-end timeout = CommOptions::timeout.
+//
+// Algorithms: allreduce = gloo::allreduce (ring / bcube); reduce_scatter = gloo::allreduce
+// into a scratch copy, then this rank's shard is copied out (gloo's reduce-scatter lacks
+// timeouts and bf16: this costs 2x the optimal traffic, see the bench); allgather =
+// gloo::allgatherv (shards may differ by one element); broadcast = gloo::broadcast;
+// barrier = gloo::barrier. Reductions use comm/detail/cpu_reduce.hpp (bf16/fp16: see
+// Note [Half-precision reduction]).
+//
+// Side effect: constructing one sets SIGPIPE to SIG_IGN if it was SIG_DFL (gloo writes to
+// sockets without MSG_NOSIGNAL; a dead peer must be an error, not a silent death).
+#pragma once
+
+#include <memory>
+
+#include "comm/communicator.hpp"
+
+namespace dnallm::comm {
+
+// Collective over all ranks: blocks until every rank joined (up to options.timeout).
+std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& options);
+
+}  // namespace dnallm::comm

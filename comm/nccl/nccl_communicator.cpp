@@ -1,0 +1,334 @@
+#include "comm/nccl/nccl_communicator.hpp"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "comm/detail/queued_communicator.hpp"
+#include "coordinator/store.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+#define DNALLM_CUDA_CHECK(call)                                                                  \
+  do {                                                                                           \
+    cudaError_t dnallm_cuda_rc_ = (call);                                                        \
+    if (dnallm_cuda_rc_ != cudaSuccess)                                                          \
+      throw ::dnallm::Error(::dnallm::ExitCode::kFailure,                                        \
+                            ::fmt::format("{} failed: {} [{}:{}]", #call,                        \
+                                          cudaGetErrorString(dnallm_cuda_rc_), __FILE__,         \
+                                          __LINE__));                                            \
+  } while (0)
+
+#define DNALLM_NCCL_CHECK(call)                                                                  \
+  do {                                                                                           \
+    ncclResult_t dnallm_nccl_rc_ = (call);                                                       \
+    if (dnallm_nccl_rc_ != ncclSuccess)                                                          \
+      throw ::dnallm::Error(::dnallm::ExitCode::kPeerFailed,                                     \
+                            ::fmt::format("{} failed: {} [{}:{}]", #call,                        \
+                                          ncclGetErrorString(dnallm_nccl_rc_), __FILE__,         \
+                                          __LINE__));                                            \
+  } while (0)
+
+namespace dnallm::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kInt64: return ncclInt64;
+    case DType::kInt32: return ncclInt32;
+    case DType::kUInt8: return ncclUint8;
+    case DType::kInt8: return ncclInt8;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
+
+// State shared by the communicator, its Works and its watchdog.
+struct NcclShared {
+  std::mutex mutex;
+  std::string abort_error;  // guarded by mutex; non-empty once aborted
+  std::atomic<bool> aborted{false};
+  std::shared_ptr<detail::PeerMonitor> monitor;
+  std::chrono::milliseconds timeout{0};
+  int rank = 0;
+};
+
+// One enqueued collective. Shared by its Work and the watchdog; the event dies with it.
+struct InFlight {
+  InFlight() = default;
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  ~InFlight() {
+    if (event) cudaEventDestroy(event);
+  }
+  cudaEvent_t event = nullptr;
+  Clock::time_point started;
+  uint64_t seq = 0;
+  std::string what;
+};
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclShared> shared, std::shared_ptr<InFlight> op)
+      : shared_(std::move(shared)), op_(std::move(op)) {}
+
+  bool is_completed() override {
+    if (shared_->aborted) return true;
+    return cudaEventQuery(op_->event) != cudaErrorNotReady;
+  }
+  void wait() override { wait(shared_->timeout + kDiagnosisGrace); }
+  void wait(std::chrono::milliseconds timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    while (true) {
+      if (shared_->aborted) {
+        std::lock_guard<std::mutex> lock(shared_->mutex);
+        throw Error(ExitCode::kPeerFailed, shared_->abort_error);
+      }
+      cudaError_t rc = cudaEventQuery(op_->event);
+      if (rc == cudaSuccess) return;
+      if (rc != cudaErrorNotReady)
+        fail(ExitCode::kFailure, "{} #{}: CUDA error {}", op_->what, op_->seq, cudaGetErrorString(rc));
+      if (Clock::now() >= deadline)
+        fail(ExitCode::kPeerFailed, "{} #{} did not complete within {} ms on rank {}@{}: {}",
+             op_->what, op_->seq, timeout.count(), shared_->rank, host_name(),
+             shared_->monitor->diagnose(op_->seq));
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+ private:
+  std::shared_ptr<NcclShared> shared_;
+  std::shared_ptr<InFlight> op_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  explicit NcclCommunicator(const CommOptions& o) : rank_(o.rank), world_(o.world_size) {
+    DNALLM_CHECK(o.store != nullptr, ExitCode::kUsage, "the nccl backend needs a coordinator store");
+    DNALLM_CHECK(o.device.is_cuda(), ExitCode::kUsage, "the nccl backend needs a CUDA device");
+    device_ = o.device.index;
+    shared_ = std::make_shared<NcclShared>();
+    shared_->monitor = std::make_shared<detail::PeerMonitor>(o.store, o.name, o.rank, o.world_size);
+    shared_->timeout = o.timeout;
+    shared_->rank = o.rank;
+    DNALLM_CUDA_CHECK(cudaSetDevice(device_));
+    ncclUniqueId id;
+    const std::string key = "comm/" + o.name + "/nccl/id";
+    if (rank_ == 0) {
+      DNALLM_NCCL_CHECK(ncclGetUniqueId(&id));
+      auto p = reinterpret_cast<const uint8_t*>(&id);
+      o.store->set(key, coordinator::Bytes(p, p + sizeof(id)));
+    } else {
+      auto bytes = o.store->get(key, o.timeout);
+      DNALLM_CHECK(bytes.size() == sizeof(id), ExitCode::kPeerFailed,
+                   "nccl: unique id at '{}' has {} bytes, expected {}", key, bytes.size(), sizeof(id));
+      std::memcpy(&id, bytes.data(), sizeof(id));
+    }
+    DNALLM_NCCL_CHECK(ncclCommInitRank(&comm_, world_, id, rank_));
+    DNALLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    DNALLM_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
+    watchdog_ = std::thread([this] { watchdog_loop(); });
+  }
+
+  ~NcclCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      stopping_ = true;
+    }
+    watch_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    // Never throw from here: keep going on errors.
+    if (!shared_->aborted) cudaStreamSynchronize(stream_);
+    in_flight_.clear();
+    if (barrier_buf_) cudaFree(barrier_buf_);
+    if (stream_) cudaStreamDestroy(stream_);
+    if (comm_) {
+      if (shared_->aborted)
+        ncclCommAbort(comm_);
+      else
+        ncclCommDestroy(comm_);
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  const char* backend() const override { return "nccl"; }
+
+  WorkPtr allreduce(BufferView in, BufferView out, ReduceOp op) override {
+    check(in, "allreduce");
+    check(out, "allreduce");
+    DNALLM_CHECK(in.count == out.count && in.dtype == out.dtype, ExitCode::kFailure,
+                 "allreduce: input and output differ");
+    return enqueue("allreduce", [&] {
+      DNALLM_NCCL_CHECK(ncclAllReduce(in.data, out.data, in.count, nccl_type(in.dtype), nccl_op(op),
+                                      comm_, stream_));
+    });
+  }
+  using Communicator::allreduce;
+
+  WorkPtr reduce_scatter(BufferView in, BufferView out, ReduceOp op) override {
+    check(in, "reduce_scatter");
+    check(out, "reduce_scatter");
+    DNALLM_CHECK(out.count == shard_range(in.count, world_, rank_).count && in.dtype == out.dtype,
+                 ExitCode::kFailure, "reduce_scatter: output is not this rank's shard");
+    return enqueue("reduce_scatter", [&] {
+      const size_t esize = dtype_size(in.dtype);
+      if (in.count % static_cast<size_t>(world_) == 0) {
+        DNALLM_NCCL_CHECK(ncclReduceScatter(in.data, out.data, out.count, nccl_type(in.dtype),
+                                            nccl_op(op), comm_, stream_));
+        return;
+      }
+      DNALLM_NCCL_CHECK(ncclGroupStart());
+      for (int r = 0; r < world_; ++r) {
+        auto s = shard_range(in.count, world_, r);
+        const void* send = static_cast<const uint8_t*>(in.data) + s.offset * esize;
+        DNALLM_NCCL_CHECK(ncclReduce(send, r == rank_ ? out.data : nullptr, s.count,
+                                     nccl_type(in.dtype), nccl_op(op), r, comm_, stream_));
+      }
+      DNALLM_NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
+  WorkPtr allgather(BufferView in, BufferView out) override {
+    check(in, "allgather");
+    check(out, "allgather");
+    DNALLM_CHECK(in.count == shard_range(out.count, world_, rank_).count && in.dtype == out.dtype,
+                 ExitCode::kFailure, "allgather: input is not this rank's shard");
+    return enqueue("allgather", [&] {
+      const size_t esize = dtype_size(out.dtype);
+      if (out.count % static_cast<size_t>(world_) == 0) {
+        DNALLM_NCCL_CHECK(ncclAllGather(in.data, out.data, in.count, nccl_type(in.dtype), comm_,
+                                        stream_));
+        return;
+      }
+      DNALLM_NCCL_CHECK(ncclGroupStart());
+      for (int r = 0; r < world_; ++r) {
+        auto s = shard_range(out.count, world_, r);
+        void* dst = static_cast<uint8_t*>(out.data) + s.offset * esize;
+        DNALLM_NCCL_CHECK(ncclBroadcast(r == rank_ ? in.data : dst, dst, s.count,
+                                        nccl_type(out.dtype), r, comm_, stream_));
+      }
+      DNALLM_NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
+  WorkPtr broadcast(BufferView buf, int root) override {
+    check(buf, "broadcast");
+    return enqueue("broadcast", [&] {
+      DNALLM_NCCL_CHECK(ncclBroadcast(buf.data, buf.data, buf.count, nccl_type(buf.dtype), root,
+                                      comm_, stream_));
+    });
+  }
+
+  WorkPtr barrier() override {
+    return enqueue("barrier", [&] {
+      DNALLM_NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_,
+                                      stream_));
+    });
+  }
+
+ private:
+  void check(const BufferView& b, const char* what) const {
+    DNALLM_CHECK(b.device.is_cuda() && b.device.index == device_, ExitCode::kUsage,
+                 "nccl {}: buffers must be CUDA memory on device {}", what, device_);
+  }
+
+  // Issue order = stream order; serialised so that concurrent issuers cannot interleave.
+  template <typename Launch>
+  WorkPtr enqueue(const char* what, Launch launch) {
+    std::lock_guard<std::mutex> issue(issue_mutex_);
+    if (shared_->aborted) {
+      std::lock_guard<std::mutex> lock(shared_->mutex);
+      throw Error(ExitCode::kPeerFailed, shared_->abort_error);
+    }
+    auto op = std::make_shared<InFlight>();
+    op->seq = next_seq_++;
+    op->what = std::string("nccl ") + what;
+    DNALLM_CUDA_CHECK(cudaSetDevice(device_));
+    launch();
+    DNALLM_CUDA_CHECK(cudaEventCreateWithFlags(&op->event, cudaEventDisableTiming));
+    DNALLM_CUDA_CHECK(cudaEventRecord(op->event, stream_));
+    op->started = Clock::now();
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      in_flight_.push_back(op);
+    }
+    return std::make_shared<NcclWork>(shared_, op);
+  }
+
+  void watchdog_loop() {
+    std::unique_lock<std::mutex> lock(watch_mutex_);
+    while (!stopping_) {
+      watch_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+        auto& op = *it;
+        if (cudaEventQuery(op->event) != cudaErrorNotReady) {
+          it = in_flight_.erase(it);  // a Work may still hold it: it owns the event
+          continue;
+        }
+        if (!shared_->aborted && Clock::now() - op->started > shared_->timeout) {
+          std::string why = shared_->monitor->diagnose(op->seq);
+          {
+            std::lock_guard<std::mutex> l(shared_->mutex);
+            shared_->abort_error =
+                fmt::format("{} #{} timed out after {} ms on rank {}@{}: {}; NCCL communicator "
+                            "aborted",
+                            op->what, op->seq, shared_->timeout.count(), rank_, host_name(), why);
+          }
+          spdlog::error("{}", shared_->abort_error);
+          shared_->aborted = true;
+          ncclCommAbort(comm_);
+          comm_ = nullptr;
+        }
+        ++it;
+      }
+    }
+  }
+
+  int rank_;
+  int world_;
+  int device_ = 0;
+  std::shared_ptr<NcclShared> shared_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  void* barrier_buf_ = nullptr;
+  std::mutex issue_mutex_;
+  uint64_t next_seq_ = 1;  // guarded by issue_mutex_
+
+  std::mutex watch_mutex_;
+  std::condition_variable watch_cv_;
+  bool stopping_ = false;                            // guarded by watch_mutex_
+  std::list<std::shared_ptr<InFlight>> in_flight_;   // guarded by watch_mutex_
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& options) {
+  return std::make_unique<NcclCommunicator>(options);
+}
+
+}  // namespace dnallm::comm

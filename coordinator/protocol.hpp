@@ -1,0 +1,115 @@
+// The coordinator's wire protocol: length-prefixed binary frames over TCP.
+//
+// Protocol (also in docs/protocol.md):
+//  1. The client connects and sends a HELLO frame: op kHello, u32 protocol version
+//     (kProtocolVersion), string job token. The server answers kOk, or kUnauthorized /
+//     kBadRequest and closes the connection (logged with the peer address). No other op is
+//     accepted before a successful HELLO.
+//  2. Every frame is: u32 body length (little endian, excluding these 4 bytes), then the
+//     body: u8 op code, then op-specific fields. A body longer than the server's
+//     max_frame_bytes, an empty body, an unknown op or a body whose fields do not parse
+//     exactly closes the connection (logged); other connections are unaffected.
+//  3. Field encodings: u8/u32/i64 little endian; string and bytes = u32 length + raw
+//     bytes; a key list = u32 count + strings.
+//  4. The client sends one request and reads one response before the next request
+//     (no pipelining is needed; the server queues responses in order anyway).
+//     A response frame's body is: u8 status (Status), then op-specific fields.
+//  5. Requests and their OK responses:
+//       kSet       key, value                          -> (nothing)
+//       kSetOwned  key, value                          -> (nothing); the key is deleted
+//                                                         when this connection closes
+//       kGet       key                                 -> value   (kNotFound if missing)
+//       kWait      key list, i64 timeout_ms            -> (nothing) once all exist;
+//                                                         kTimeout after timeout_ms
+//       kAdd       key, i64 delta                      -> i64 new value
+//       kCompareSet key, expected, desired             -> value stored afterwards
+//       kDelete    key                                 -> u8 existed
+//       kCheck     key list                            -> u8 all exist
+//       kNumKeys   (nothing)                           -> i64 count
+//       kPing      (nothing)                           -> (nothing)
+//  6. New message types (rendezvous, heartbeats) get new op codes and are registered with
+//     StoreServer::register_handler; the frame layer does not change.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dnallm::coordinator {
+
+constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kDefaultMaxFrameBytes = 64u << 20;  // 64 MiB
+
+enum class Op : uint8_t {
+  kHello = 1,
+  kSet = 2,
+  kGet = 3,
+  kWait = 4,
+  kAdd = 5,
+  kCompareSet = 6,
+  kDelete = 7,
+  kCheck = 8,
+  kNumKeys = 9,
+  kSetOwned = 10,
+  kPing = 11,
+  // 32..127: reserved for rendezvous / heartbeats / checkpoint commit.
+};
+
+enum class Status : uint8_t {
+  kOk = 0,
+  kNotFound = 1,
+  kTimeout = 2,
+  kBadRequest = 3,
+  kUnauthorized = 4,
+};
+
+const char* op_name(uint8_t op);
+
+// Builds a frame body field by field.
+class FrameWriter {
+ public:
+  FrameWriter& u8(uint8_t v);
+  FrameWriter& u32(uint32_t v);
+  FrameWriter& i64(int64_t v);
+  FrameWriter& bytes(const void* data, size_t n);
+  FrameWriter& str(const std::string& s) { return bytes(s.data(), s.size()); }
+  FrameWriter& blob(const std::vector<uint8_t>& b) { return bytes(b.data(), b.size()); }
+  FrameWriter& keys(const std::vector<std::string>& ks);
+  // The whole frame: 4-byte length prefix + body.
+  std::vector<uint8_t> frame() const;
+  const std::vector<uint8_t>& body() const { return body_; }
+
+ private:
+  std::vector<uint8_t> body_;
+};
+
+// Parses a frame body. Every accessor throws ProtocolError on truncation.
+class FrameReader {
+ public:
+  FrameReader(const uint8_t* data, size_t n) : data_(data), n_(n) {}
+  uint8_t u8();
+  uint32_t u32();
+  int64_t i64();
+  std::vector<uint8_t> blob();
+  std::string str();
+  std::vector<std::string> keys();
+  bool done() const { return pos_ == n_; }
+  // Throws ProtocolError unless every byte was consumed.
+  void expect_done() const;
+
+ private:
+  void need(size_t k) const;
+  const uint8_t* data_;
+  size_t n_;
+  size_t pos_ = 0;
+};
+
+struct ProtocolError : std::exception {
+  explicit ProtocolError(std::string m) : message(std::move(m)) {}
+  const char* what() const noexcept override { return message.c_str(); }
+  std::string message;
+};
+
+uint32_t decode_u32_le(const uint8_t* p);
+
+}  // namespace dnallm::coordinator

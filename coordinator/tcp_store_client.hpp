@@ -1,0 +1,75 @@
+// TcpStoreClient: a blocking Store on one TCP connection to a StoreServer.
+//
+// Contracts:
+//  - Thread-safe: calls are serialised on an internal mutex (one request in flight per
+//    connection; a long `wait` delays other callers of the same client).
+//  - Every operation has a deadline: `timeout` for get/wait, `op_timeout` for the others.
+//    Expiry throws Error(ExitCode::kPeerFailed) naming the coordinator address and op.
+//  - Connection loss: the next call reconnects (retrying until connect_timeout, since the
+//    server may still be starting), re-presents the token and re-sets this client's owned
+//    keys. Idempotent ops (everything except add and compare_and_set) are retried once
+//    after a reconnect; the others throw.
+//  - A wrong token throws Error(ExitCode::kUsage) without retrying.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "coordinator/protocol.hpp"
+#include "coordinator/store.hpp"
+
+namespace dnallm::coordinator {
+
+struct TcpStoreClientOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  std::string token;
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};  // first connect/reconnect
+  std::chrono::milliseconds op_timeout{std::chrono::seconds(30)};       // non-waiting ops
+  uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
+};
+
+class TcpStoreClient final : public Store {
+ public:
+  // Connects now (blocking, up to connect_timeout).
+  explicit TcpStoreClient(TcpStoreClientOptions options);
+  ~TcpStoreClient() override;
+
+  void set(const std::string& key, const Bytes& value) override;
+  void set_owned(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key, std::chrono::milliseconds timeout) override;
+  std::optional<Bytes> try_get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compare_and_set(const std::string& key, const Bytes& expected,
+                        const Bytes& desired) override;
+  bool remove(const std::string& key) override;
+  bool check(const std::vector<std::string>& keys) override;
+  int64_t num_keys() override;
+  void ping();
+
+  // Drops the connection (for tests of reconnect); the next call reconnects.
+  void disconnect();
+  std::string address() const;
+
+  struct Connection;
+
+ private:
+  struct Response {
+    Status status;
+    std::vector<uint8_t> body;  // fields after the status byte
+  };
+  Response request(const FrameWriter& req, std::chrono::milliseconds timeout, bool idempotent);
+  void connect_locked(std::chrono::steady_clock::time_point deadline);
+
+  TcpStoreClientOptions options_;
+  std::mutex mutex_;                        // serialises requests
+  std::unique_ptr<Connection> conn_;        // guarded by mutex_
+  std::map<std::string, Bytes> owned_;      // guarded by mutex_; re-set on reconnect
+};
+
+}  // namespace dnallm::coordinator

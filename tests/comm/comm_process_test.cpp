@@ -1,0 +1,243 @@
+// Multi-process tests of the real backends: gloo ranks spawned here (this process hosts
+// the store), MPI ranks started by mpirun. See comm_worker_main.cpp for what each rank does.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "comm/communicator.hpp"
+#include "coordinator/store_server.hpp"
+
+extern char** environ;
+
+namespace dnallm::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+const std::string kWorker = std::string(DNALLM_BINARY_DIR) + "/bin/comm_test_worker";
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+struct RankResult {
+  int exit_code = -1;  // -signal when killed
+  Clock::time_point ended;
+  std::string output;
+};
+
+// Runs `world` workers with the given extra environment; kills all at `limit`.
+std::vector<RankResult> run_ranks(int world, uint16_t port,
+                                  const std::vector<std::string>& extra_env,
+                                  std::chrono::seconds limit) {
+  std::vector<pid_t> pids(static_cast<size_t>(world));
+  std::vector<std::string> logs;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> env = {"RANK=" + std::to_string(r),
+                                    "WORLD_SIZE=" + std::to_string(world),
+                                    "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
+                                    "DNALLM_TEST_BACKEND=gloo"};
+    for (char** e = environ; *e; ++e) {
+      std::string s(*e);
+      if (s.rfind("RANK=", 0) != 0 && s.rfind("WORLD_SIZE=", 0) != 0) env.push_back(s);
+    }
+    env.insert(env.end(), extra_env.begin(), extra_env.end());
+    std::vector<char*> envp;
+    for (auto& s : env) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    logs.push_back(::testing::TempDir() + "/comm_rank" + std::to_string(r) + "_" +
+                   std::to_string(::getpid()) + ".log");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, logs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    std::string bin = kWorker;
+    char* argv[] = {bin.data(), nullptr};
+    int rc = posix_spawn(&pids[static_cast<size_t>(r)], bin.c_str(), &fa, nullptr, argv, envp.data());
+    posix_spawn_file_actions_destroy(&fa);
+    EXPECT_EQ(rc, 0) << "cannot start " << bin;
+  }
+  std::vector<RankResult> results(static_cast<size_t>(world));
+  const auto deadline = Clock::now() + limit;
+  int running = world;
+  while (running > 0) {
+    for (int r = 0; r < world; ++r) {
+      auto& pid = pids[static_cast<size_t>(r)];
+      if (pid <= 0) continue;
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        auto& res = results[static_cast<size_t>(r)];
+        res.ended = Clock::now();
+        res.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+        pid = 0;
+        --running;
+      }
+    }
+    if (Clock::now() > deadline) {
+      for (auto pid : pids)
+        if (pid > 0) ::kill(pid, SIGKILL);
+      ADD_FAILURE() << "ranks still running after " << limit.count() << " s: killed";
+      for (auto& pid : pids)
+        if (pid > 0) ::waitpid(pid, nullptr, 0);
+      break;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  for (int r = 0; r < world; ++r) results[static_cast<size_t>(r)].output = slurp(logs[static_cast<size_t>(r)]);
+  return results;
+}
+
+class GlooWorld : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (!backend_available("gloo")) GTEST_SKIP() << "gloo not built";
+    coordinator::StoreServerOptions o;
+    o.host = "127.0.0.1";
+    o.token = "test-token";
+    server_ = std::make_unique<coordinator::StoreServer>(o);
+    server_->start();
+  }
+  std::unique_ptr<coordinator::StoreServer> server_;
+};
+
+TEST_P(GlooWorld, EveryCollectiveDtypeAndLayoutMatchesClosedForm) {
+  const int world = GetParam();
+  auto results = run_ranks(world, server_->port(), {"DNALLM_TEST_MODE=matrix"}, 100s);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 0) << "rank " << r << ":\n"
+                                                           << results[static_cast<size_t>(r)].output;
+    EXPECT_NE(results[static_cast<size_t>(r)].output.find("cases OK"), std::string::npos);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooWorld, ::testing::Values(1, 2, 3, 4));
+
+TEST(GlooFailure, KilledRankIsNamedByTheOthersWithinTimeout) {
+  if (!backend_available("gloo")) GTEST_SKIP();
+  coordinator::StoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.token = "test-token";
+  coordinator::StoreServer server(so);
+  server.start();
+  const int world = 3;
+  const auto timeout = 3s;
+  auto results = run_ranks(world, server.port(),
+                           {"DNALLM_TEST_MODE=kill", "DNALLM_TEST_VICTIM=1",
+                            "DNALLM_TEST_TIMEOUT_MS=3000"},
+                           60s);
+  ASSERT_EQ(results[1].exit_code, -SIGKILL) << results[1].output;
+  for (int r : {0, 2}) {
+    const auto& res = results[static_cast<size_t>(r)];
+    EXPECT_EQ(res.exit_code, 4) << "rank " << r << ":\n" << res.output;
+    EXPECT_NE(res.output.find("rank(s) 1 died"), std::string::npos) << res.output;
+    auto after = std::chrono::duration_cast<std::chrono::milliseconds>(res.ended - results[1].ended);
+    std::cout << "rank " << r << " failed " << after.count() << " ms after rank 1 died\n";
+    // timeout + 1 s, plus process exit on a loaded machine.
+    EXPECT_LT(after, timeout + 1s + 500ms);
+  }
+}
+
+TEST(GlooFailure, StalledRankIsNamedAfterTheTimeout) {
+  if (!backend_available("gloo")) GTEST_SKIP();
+  coordinator::StoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.token = "test-token";
+  coordinator::StoreServer server(so);
+  server.start();
+  const auto t0 = Clock::now();
+  auto results = run_ranks(3, server.port(),
+                           {"DNALLM_TEST_MODE=kill", "DNALLM_TEST_STALL=1", "DNALLM_TEST_VICTIM=2",
+                            "DNALLM_TEST_TIMEOUT_MS=3000"},
+                           60s);
+  EXPECT_EQ(results[2].exit_code, 0) << results[2].output;
+  for (int r : {0, 1}) {
+    const auto& res = results[static_cast<size_t>(r)];
+    EXPECT_EQ(res.exit_code, 4) << "rank " << r << ":\n" << res.output;
+    EXPECT_NE(res.output.find("rank(s) 2 did not arrive"), std::string::npos) << res.output;
+    // They cannot know before the 3 s timeout; startup on a loaded machine adds a little.
+    EXPECT_GE(res.ended - t0, 3s);
+    EXPECT_LT(res.ended - t0, 3s + 1s + 4s);
+  }
+}
+
+#ifdef DNALLM_TEST_HAVE_MPI
+int run_mpirun(int np, const std::string& log) {
+  std::string cmd = "timeout 100 mpirun --allow-run-as-root --oversubscribe -np " +
+                    std::to_string(np) + " -x DNALLM_TEST_MODE=matrix " +
+                    kWorker + " > " + log + " 2>&1";
+  int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+class MpiWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(MpiWorld, EveryCollectiveDtypeAndLayoutMatchesClosedForm) {
+  const int world = GetParam();
+  std::string log = ::testing::TempDir() + "/comm_mpi_" + std::to_string(world) + ".log";
+  int rc = run_mpirun(world, log);
+  std::string out = slurp(log);
+  EXPECT_EQ(rc, 0) << out;
+  size_t oks = 0;
+  for (size_t p = out.find("backend mpi"); p != std::string::npos; p = out.find("backend mpi", p + 1)) ++oks;
+  EXPECT_EQ(oks, static_cast<size_t>(world)) << out;  // backend "auto" chose mpi under mpirun
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, MpiWorld, ::testing::Values(1, 2, 3, 4));
+
+TEST(BenchComm, MpiAndRawMpiSweepsCheckEveryElement) {
+  const std::string bench = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-bench-comm";
+  const std::string log = ::testing::TempDir() + "/bench_mpi.log";
+  for (const char* backend : {"mpi", "mpi-raw"}) {
+    std::string cmd = "timeout 60 mpirun --allow-run-as-root --oversubscribe -np 3 " + bench +
+                      " --backend " + backend +
+                      " --min-bytes 4 --max-bytes 65536 --iters 2 --warmup 1 --json > " + log + " 2>&1";
+    int rc = std::system(cmd.c_str());
+    std::string out = slurp(log);
+    EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << out;
+    EXPECT_NE(out.find("\"bytes\":65536"), std::string::npos) << out;
+    // Every line reports zero wrong elements (the bench also exits 1 otherwise).
+    for (size_t p = out.find("\"wrong\":"); p != std::string::npos; p = out.find("\"wrong\":", p + 1))
+      EXPECT_EQ(out.compare(p, 10, "\"wrong\":0}"), 0) << out.substr(p, 20);
+  }
+}
+#endif
+
+TEST(BenchComm, HelpAndGlooSweepForEveryOp) {
+  const std::string bench = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-bench-comm";
+  EXPECT_EQ(std::system((bench + " --help > /dev/null").c_str()), 0);
+  int bad = std::system((bench + " --op alltoall > /dev/null 2>&1").c_str());
+  EXPECT_TRUE(WIFEXITED(bad) && WEXITSTATUS(bad) == 2);
+  if (!backend_available("gloo")) return;
+  const std::string log = ::testing::TempDir() + "/bench_gloo.log";
+  for (const char* op : {"allreduce", "reduce_scatter", "allgather", "broadcast"}) {
+    for (const char* dtype : {"fp32", "bf16"}) {
+      // World size 1 with rank 0 hosting the store on a kernel-chosen port is not possible
+      // through MASTER_PORT, so pick a port from this process's pid.
+      std::string port = std::to_string(20000 + ::getpid() % 20000);
+      std::string cmd = "RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port +
+                        " timeout 60 " + bench + " --backend gloo --op " + op + " --dtype " + dtype +
+                        " --redop max --min-bytes 64 --max-bytes 4096 --iters 2 --warmup 1 > " + log +
+                        " 2>&1";
+      int rc = std::system(cmd.c_str());
+      std::string out = slurp(log);
+      EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << op << " " << dtype << "\n" << out;
+      EXPECT_NE(out.find("#wrong"), std::string::npos) << out;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dnallm::comm

@@ -1,0 +1,118 @@
+// Pure pieces of comm/: shard ranges, 16-bit conversions, CPU reductions, the factory.
+#include <cmath>
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "comm/communicator.hpp"
+#include "comm/detail/cpu_reduce.hpp"
+#include "comm/half.hpp"
+#include "core/error.hpp"
+
+namespace dnallm::comm {
+namespace {
+
+TEST(ShardRange, CoversEveryElementOnceAndIsBalanced) {
+  for (size_t n : {0, 1, 3, 7, 8, 13, 1000, 1031}) {
+    for (int w = 1; w <= 9; ++w) {
+      size_t next = 0, lo = n, hi = 0;
+      for (int r = 0; r < w; ++r) {
+        auto s = shard_range(n, w, r);
+        EXPECT_EQ(s.offset, next) << n << " " << w << " " << r;
+        next += s.count;
+        lo = std::min(lo, s.count);
+        hi = std::max(hi, s.count);
+      }
+      EXPECT_EQ(next, n);
+      EXPECT_LE(hi - lo, 1u);
+    }
+  }
+  EXPECT_EQ(shard_range(7, 3, 0).count, 3u);
+  EXPECT_EQ(shard_range(7, 3, 2).offset, 5u);
+}
+
+TEST(Half, Fp16RoundTripsEveryValue) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float f = fp16_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(float_to_fp16(f), h) << h;
+  }
+  EXPECT_EQ(fp16_to_float(float_to_fp16(1.0f)), 1.0f);
+  EXPECT_EQ(fp16_to_float(float_to_fp16(65504.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(fp16_to_float(float_to_fp16(1e6f))));
+  // Ties round to even: 2049 lies between 2048 and 2050 in fp16.
+  EXPECT_EQ(fp16_to_float(float_to_fp16(2049.0f)), 2048.0f);
+  EXPECT_EQ(fp16_to_float(float_to_fp16(2051.0f)), 2052.0f);
+  EXPECT_EQ(fp16_to_float(float_to_fp16(std::ldexp(1.0f, -24))), std::ldexp(1.0f, -24));
+}
+
+TEST(Half, Bf16RoundTripsEveryValueAndRoundsToEven) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float f = bf16_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(float_to_bf16(f), h) << h;
+  }
+  EXPECT_EQ(bf16_to_float(float_to_bf16(257.0f)), 256.0f);  // tie -> even
+  EXPECT_EQ(bf16_to_float(float_to_bf16(259.0f)), 260.0f);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+}
+
+TEST(CpuReduce, SumMaxDivideForEveryType) {
+  float a[3] = {1, 5, -2}, b[3] = {2, 3, -1}, o[3];
+  detail::reduce_elements(DType::kFloat32, ReduceOp::kSum, o, a, b, 3);
+  EXPECT_EQ(o[0], 3);
+  EXPECT_EQ(o[2], -3);
+  detail::reduce_elements(DType::kFloat32, ReduceOp::kMax, o, a, b, 3);
+  EXPECT_EQ(o[1], 5);
+  EXPECT_EQ(o[2], -1);
+  uint16_t x[2] = {float_to_bf16(1.5f), float_to_bf16(100.0f)};
+  uint16_t y[2] = {float_to_bf16(2.5f), float_to_bf16(-3.0f)};
+  detail::reduce_elements(DType::kBFloat16, ReduceOp::kSum, x, x, y, 2);
+  EXPECT_EQ(bf16_to_float(x[0]), 4.0f);
+  EXPECT_EQ(bf16_to_float(x[1]), 97.0f);
+  int64_t i[2] = {7, -7};
+  detail::divide_elements(DType::kInt64, i, 2, 2);
+  EXPECT_EQ(i[0], 3);
+  EXPECT_EQ(i[1], -3);
+  uint16_t h[1] = {float_to_fp16(3.0f)};
+  detail::divide_elements(DType::kFloat16, h, 1, 4);
+  EXPECT_EQ(fp16_to_float(h[0]), 0.75f);
+}
+
+TEST(Factory, UnknownBackendIsUsageError) {
+  CommOptions o;
+  o.backend = "carrier-pigeon";
+  try {
+    make_communicator(o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+  }
+  EXPECT_THROW(parse_reduce_op("min"), Error);
+}
+
+TEST(Factory, AutoPicksMpiUnderMpirunElseGloo) {
+  CommOptions o;
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  EXPECT_EQ(resolve_backend(o), "gloo");
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  EXPECT_EQ(resolve_backend(o), backend_available("mpi") ? "mpi" : "gloo");
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  o.device = Device{DeviceType::kCUDA, 0};
+  EXPECT_EQ(resolve_backend(o), backend_available("nccl") ? "nccl" : "gloo");
+}
+
+TEST(Factory, GlooNeedsAStore) {
+  if (!backend_available("gloo")) GTEST_SKIP();
+  CommOptions o;
+  o.backend = "gloo";
+  try {
+    make_communicator(o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+  }
+}
+
+}  // namespace
+}  // namespace dnallm::comm
