@@ -1,0 +1,67 @@
+// What dnallm-launch will start on this node, as data: resolved from the command line and
+// environment by pure functions so it can be printed (--dry-run) and unit-tested.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cluster/topology.hpp"
+#include "launcher/spawner.hpp"
+
+namespace dnallm::launcher {
+
+struct LaunchPlan {
+  int nproc_per_node = 1;
+  int nnodes = 1;  // local only for now; the elastic coordinator will set these
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  std::string master_port_source;    // "command line" | "picked free"
+  std::vector<std::string> command;  // the worker argv
+  std::string run_id = "none";
+  std::string job_token;
+  std::string job_token_source;  // "DNALLM_JOB_TOKEN" | "generated"
+  int max_restarts = 0;
+  int omp_num_threads = 0;  // exported when the environment lacks OMP_NUM_THREADS
+
+  int world_size() const { return nnodes * nproc_per_node; }
+};
+
+// "--nproc-per-node" value: a positive integer, or "auto" = one per GPU (the entries of
+// CUDA_VISIBLE_DEVICES when it is set, else `gpu_device_count`), at least 1.
+// Throws Error(kUsage) on anything else.
+int resolve_nproc(const std::string& spec, const cluster::EnvMap& env, int gpu_device_count);
+
+// Counts /dev/nvidia0, /dev/nvidia1, ... (not nvidiactl, nvidia-uvm).
+int count_nvidia_devices(const std::string& dev_dir = "/dev");
+
+// Note [OMP_NUM_THREADS]: max(1, cores / nproc).
+int default_omp_threads(int cores, int nproc_per_node);
+
+// 32 hex characters from /dev/urandom.
+std::string generate_job_token();
+
+// Binds port 0 on all interfaces, reads the port the kernel chose, and releases it. Another
+// process may take it before rank 0 binds it (small window); the coordinator will own its
+// port once it exists.
+int pick_free_port();
+
+// The directory of this executable (/proc/self/exe), e.g. to find dnallm-train beside it.
+std::string self_exe_dir();
+
+// Every worker's spec for one generation: the base environment plus RANK, LOCAL_RANK,
+// WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
+// TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID,
+// DNALLM_GENERATION, DNALLM_JOB_TOKEN (replaced when present) and OMP_NUM_THREADS (only
+// when absent). DNALLM_GENERATION equals the restart count while the group is local; the
+// coordinator will number generations job-wide.
+std::vector<WorkerSpec> make_worker_specs(const LaunchPlan& plan, const cluster::EnvMap& base_env,
+                                          int restart_count);
+
+// The --dry-run report: nodes, ranks per node, coordinator endpoint, backend, token source,
+// command, and rank 0's exported variables.
+std::string describe_plan(const LaunchPlan& plan, const std::string& backend,
+                          const std::string& backend_source);
+
+}  // namespace dnallm::launcher
