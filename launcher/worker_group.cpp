@@ -27,6 +27,7 @@ GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
   }
 
   std::size_t ended = 0;
+  std::vector<Running*> failed;  // parallel to result.failures
   while (ended < workers.size()) {
     int sig = signals_.wait(options_.tick);
     if (sig != 0) {
@@ -47,8 +48,10 @@ GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
         spdlog::debug("rank {} exited with code 0", w.spec->rank);
         continue;
       }
-      result.failures.push_back(
-          {w.spec->rank, w.spec->local_rank, w.process->pid(), *exit, w.process->last_lines()});
+      // The output tail is collected after the others were stopped: reading it may wait
+      // for the pipes to drain, which must not delay stopping the group.
+      result.failures.push_back({w.spec->rank, w.spec->local_rank, w.process->pid(), *exit, {}});
+      failed.push_back(&w);
     }
     if (!result.failures.empty()) {
       result.outcome = GenerationOutcome::kWorkerFailed;
@@ -57,6 +60,9 @@ GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
                       result.failures[0].exit.describe(), workers.size() - ended);
       }
       stop_all(workers, SIGTERM, result);
+      for (std::size_t i = 0; i < failed.size(); ++i) {
+        result.failures[i].last_lines = failed[i]->process->last_lines();
+      }
       return result;
     }
   }
