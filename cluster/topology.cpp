@@ -307,4 +307,57 @@ Topology detect_topology(const EnvMap& env, const TopologyOverrides& o) {
   return t;
 }
 
+NodePlacement detect_node_placement(const EnvMap& env, const NodeOverrides& o) {
+  NodePlacement p;
+  if (o.nnodes) {
+    p.source = TopologySource::kCommandLine;
+    p.nnodes = *o.nnodes;
+    // 127.0.0.1 reaches node 0 only from node 0 itself.
+    if (p.nnodes > 1) p.master_addr.clear();
+  } else if (find(env, "SLURM_PROCID") != nullptr && find(env, "SLURM_STEP_NODELIST") != nullptr) {
+    // Only an srun step: a batch script or salloc shell (no SLURM_STEP_NODELIST) runs
+    // dnallm-launch on its own node, as a single node.
+    Topology t = from_slurm(env);
+    if (t.local_world_size != 1) {
+      fail(ExitCode::kUsage,
+           "the Slurm step runs {} tasks on this node ({}): start one dnallm-launch per node "
+           "(srun --ntasks-per-node=1) and let it start the workers",
+           t.local_world_size, t.hosts.empty() ? std::string("?") : t.hosts[0]);
+    }
+    p.source = TopologySource::kSlurm;
+    p.node_rank = t.node_rank;
+    p.nnodes = t.nnodes;
+    p.master_addr = t.master_addr;
+    p.master_port = t.master_port;
+    p.hosts = t.hosts;
+    p.job_id = t.job_id;
+  }
+  if (o.node_rank) p.node_rank = *o.node_rank;
+  if (o.master_addr) p.master_addr = *o.master_addr;
+  if (o.master_port) p.master_port = *o.master_port;
+
+  const char* src = to_string(p.source);
+  if (p.nnodes < 1) fail(ExitCode::kUsage, "nnodes {} (from {}) must be >= 1", p.nnodes, src);
+  if (p.node_rank < 0 || p.node_rank >= p.nnodes) {
+    fail(ExitCode::kUsage, "node rank {} (from {}) is not in [0, nnodes {})", p.node_rank, src,
+         p.nnodes);
+  }
+  if (p.master_port < 0 || p.master_port > 65535) {
+    fail(ExitCode::kUsage, "master port {} (from {}) is not in [0, 65535]", p.master_port, src);
+  }
+  if (p.nnodes > 1 && p.master_addr.empty()) {
+    fail(ExitCode::kUsage,
+         "{} nodes need the coordinator host: give --master-addr (the host of "
+         "node rank 0)",
+         p.nnodes);
+  }
+  if (p.nnodes > 1 && p.master_port == 0) {
+    fail(ExitCode::kUsage,
+         "{} nodes need an agreed coordinator port: give --master-port (or "
+         "MASTER_PORT)",
+         p.nnodes);
+  }
+  return p;
+}
+
 }  // namespace dnallm::cluster

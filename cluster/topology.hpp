@@ -70,6 +70,38 @@ Topology detect_topology(const EnvMap& env, const TopologyOverrides& overrides =
 // < 1. The message names the source (torchrun, slurm, ...).
 void validate_topology(const Topology& topology);
 
+// Where a per-node agent (dnallm-launch, one per node) sits among the nodes of the job.
+struct NodePlacement {
+  int node_rank = 0;
+  int nnodes = 1;
+  std::string master_addr = "127.0.0.1";  // where node rank 0 runs (hosts the coordinator)
+  int master_port = 0;                    // 0: not given (one node: the launcher picks one)
+  TopologySource source = TopologySource::kSingleProcess;
+  std::vector<std::string> hosts;  // node host names when known (Slurm)
+  std::string job_id;
+};
+
+struct NodeOverrides {
+  std::optional<int> nnodes;
+  std::optional<int> node_rank;
+  std::optional<std::string> master_addr;
+  std::optional<int> master_port;
+};
+
+// The agent's placement, first match wins:
+//   1. command line: nnodes given (node_rank defaults to 0);
+//   2. a Slurm step (SLURM_PROCID and SLURM_STEP_NODELIST set; a batch script or an salloc
+//      shell is not a step and counts as a single node) with one task per node, as
+//      `srun --ntasks-per-node=1 dnallm-launch ...` starts it: node rank SLURM_NODEID, the
+//      step's node list, Note [Slurm coordinator endpoint]; a step with several tasks on
+//      this node is refused (each would start a full set of workers);
+//   3. a single node.
+// Command-line node_rank / master_addr / master_port then replace the detected ones, and
+// MASTER_ADDR / MASTER_PORT from the environment are honoured under Slurm. With more than
+// one node, master_addr and master_port must be known (each node cannot pick a free port
+// on its own). Throws Error(kUsage) naming the flag or variable.
+NodePlacement detect_node_placement(const EnvMap& env, const NodeOverrides& overrides = {});
+
 // Slurm's tasks-per-node syntax, "4(x2),3" -> {4, 4, 3}. Throws Error(kUsage).
 std::vector<int> expand_tasks_per_node(const std::string& spec);
 

@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstring>
 
+#include "cluster/hostlist.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::launcher {
@@ -176,7 +177,11 @@ std::string describe_plan(const LaunchPlan& plan, const std::string& backend,
   for (const auto& a : plan.command) cmd += (cmd.empty() ? "" : " ") + shell_quote(a);
   std::string out;
   out += "dnallm-launch dry run (nothing started)\n";
-  out += fmt::format("  nodes          : {} (this node: rank {})\n", plan.nnodes, plan.node_rank);
+  out += fmt::format("  nodes          : {} (this node: rank {}; from {})\n", plan.nnodes,
+                     plan.node_rank, plan.placement_source);
+  if (!plan.hosts.empty()) {
+    out += fmt::format("  hosts          : {}\n", cluster::compress_hostlist(plan.hosts));
+  }
   out += fmt::format("  ranks per node : {}\n", plan.nproc_per_node);
   out += fmt::format("  world size     : {}\n", plan.world_size());
   out += fmt::format("  ranks here     : {}..{}\n", plan.node_rank * plan.nproc_per_node,

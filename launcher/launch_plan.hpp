@@ -13,11 +13,13 @@ namespace dnallm::launcher {
 
 struct LaunchPlan {
   int nproc_per_node = 1;
-  int nnodes = 1;  // local only for now; the elastic coordinator will set these
-  int node_rank = 0;
+  int nnodes = 1;     // static placement (cluster::detect_node_placement); the elastic
+  int node_rank = 0;  // coordinator will assign these per generation
+  std::string placement_source = "single process";  // cluster::to_string(TopologySource)
+  std::vector<std::string> hosts;                   // node host names when known
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
-  std::string master_port_source;    // "command line" | "picked free"
+  std::string master_port_source;    // "from --master-port" | "picked free" | ...
   std::vector<std::string> command;  // the worker argv
   std::string run_id = "none";
   std::string job_token;

@@ -27,7 +27,9 @@ struct Args {
   std::string config;
   std::vector<std::string> sets;
   std::string metrics_file;
-  std::string master_addr = "127.0.0.1";
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;
   int master_port = -1;
   int max_restarts = 0;
   double grace_s = 10.0;
@@ -53,17 +55,37 @@ int run(const Args& args, CLI::App& app) {
 
   LaunchPlan plan;
   plan.nproc_per_node = resolve_nproc(args.nproc, env, count_nvidia_devices());
-  plan.master_addr = args.master_addr;
+  cluster::NodeOverrides node;
+  if (app.count("--nnodes") > 0) node.nnodes = args.nnodes;
+  if (app.count("--node-rank") > 0) node.node_rank = args.node_rank;
+  if (app.count("--master-addr") > 0) node.master_addr = args.master_addr;
   if (args.master_port >= 0) {
     if (args.master_port > 65535) {
       fail(ExitCode::kUsage, "--master-port {} is not in [0, 65535]", args.master_port);
     }
-    plan.master_port = args.master_port;
-    plan.master_port_source = "from --master-port";
+    node.master_port = args.master_port;
   }
-  if (plan.master_port == 0) {
-    plan.master_port = pick_free_port();
+  cluster::NodePlacement placement = cluster::detect_node_placement(env, node);
+  plan.nnodes = placement.nnodes;
+  plan.node_rank = placement.node_rank;
+  plan.placement_source = cluster::to_string(placement.source);
+  plan.hosts = placement.hosts;
+  plan.master_addr = placement.master_addr;
+  plan.master_port = placement.master_port;
+  if (node.master_port && *node.master_port != 0) {
+    plan.master_port_source = "from --master-port";
+  } else if (plan.master_port != 0) {
+    plan.master_port_source =
+        env.count("MASTER_PORT") ? "from MASTER_PORT" : "from the Slurm job id";
+  } else {
+    plan.master_port = pick_free_port();  // one node only: detect_node_placement checks
     plan.master_port_source = "picked free";
+  }
+  if (plan.nnodes > 1 && args.max_restarts > 0) {
+    fail(ExitCode::kUsage,
+         "--max-restarts {} with {} nodes needs the elastic coordinator, which is not there "
+         "yet; use --max-restarts 0",
+         args.max_restarts, plan.nnodes);
   }
   if (args.max_restarts < 0) fail(ExitCode::kUsage, "--max-restarts must be >= 0");
   if (args.grace_s < 0) fail(ExitCode::kUsage, "--grace-period must be >= 0");
@@ -147,8 +169,13 @@ int main(int argc, char** argv) {
   app.add_option("--set", args.sets, "override a config key, section.key=value (repeatable)")
       ->allow_extra_args(false);
   app.add_option("--metrics-file", args.metrics_file, "JSON Lines metrics from rank 0");
-  app.add_option("--master-addr", args.master_addr, "coordinator host exported as MASTER_ADDR")
-      ->capture_default_str();
+  app.add_option("--nnodes", args.nnodes,
+                 "nodes in the job, one dnallm-launch each (default: from a Slurm step, else 1)");
+  app.add_option("--node-rank", args.node_rank,
+                 "this node's index in [0, nnodes) (default: SLURM_NODEID, else 0)");
+  app.add_option("--master-addr", args.master_addr,
+                 "coordinator host exported as MASTER_ADDR (default: 127.0.0.1 on one node, "
+                 "the first host of a Slurm step)");
   app.add_option("--master-port", args.master_port,
                  "coordinator port exported as MASTER_PORT (default: a free port)");
   app.add_option("--max-restarts", args.max_restarts,

@@ -189,3 +189,110 @@ TEST(Topology, CurrentEnvReadsProcessEnvironment) {
 
 }  // namespace
 }  // namespace dnallm::cluster
+
+namespace dnallm::cluster {
+namespace {
+
+TEST(NodePlacement, SingleNodeByDefault) {
+  NodePlacement p = detect_node_placement({{"RANK", "3"}, {"WORLD_SIZE", "4"}});
+  EXPECT_EQ(p.source, TopologySource::kSingleProcess);
+  EXPECT_EQ(p.nnodes, 1);
+  EXPECT_EQ(p.node_rank, 0);
+  EXPECT_EQ(p.master_addr, "127.0.0.1");
+  EXPECT_EQ(p.master_port, 0);
+}
+
+TEST(NodePlacement, SlurmStepWithOneTaskPerNode) {
+  EnvMap env = {{"SLURM_PROCID", "2"},
+                {"SLURM_NTASKS", "3"},
+                {"SLURM_LOCALID", "0"},
+                {"SLURM_NODEID", "2"},
+                {"SLURM_STEP_NODELIST", "n[4-6]"},
+                {"SLURM_STEP_TASKS_PER_NODE", "1(x3)"},
+                {"SLURM_JOB_ID", "41"}};
+  NodePlacement p = detect_node_placement(env);
+  EXPECT_EQ(p.source, TopologySource::kSlurm);
+  EXPECT_EQ(p.node_rank, 2);
+  EXPECT_EQ(p.nnodes, 3);
+  EXPECT_EQ(p.master_addr, "n4");
+  EXPECT_EQ(p.master_port, 20041);
+  EXPECT_EQ(p.hosts, (std::vector<std::string>{"n4", "n5", "n6"}));
+
+  NodeOverrides o;
+  o.master_port = 3000;
+  EXPECT_EQ(detect_node_placement(env, o).master_port, 3000);
+  env["MASTER_ADDR"] = "n9";
+  EXPECT_EQ(detect_node_placement(env).master_addr, "n9");
+}
+
+TEST(NodePlacement, BatchScriptIsASingleNode) {
+  // sbatch's environment has the job's layout but no step node list.
+  NodePlacement p = detect_node_placement({{"SLURM_PROCID", "0"},
+                                           {"SLURM_NTASKS", "8"},
+                                           {"SLURM_NODEID", "0"},
+                                           {"SLURM_JOB_NODELIST", "n[1-2]"},
+                                           {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                                           {"SLURM_JOB_ID", "5"}});
+  EXPECT_EQ(p.source, TopologySource::kSingleProcess);
+  EXPECT_EQ(p.nnodes, 1);
+}
+
+TEST(NodePlacement, CommandLineWins) {
+  NodeOverrides o;
+  o.nnodes = 2;
+  o.node_rank = 1;
+  o.master_addr = "head";
+  o.master_port = 29400;
+  NodePlacement p = detect_node_placement({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}, o);
+  EXPECT_EQ(p.source, TopologySource::kCommandLine);
+  EXPECT_EQ(p.nnodes, 2);
+  EXPECT_EQ(p.node_rank, 1);
+  EXPECT_EQ(p.master_addr, "head");
+  EXPECT_EQ(p.master_port, 29400);
+}
+
+TEST(NodePlacement, RefusesWhatCannotWork) {
+  auto with = [](std::optional<int> nnodes, std::optional<int> node_rank,
+                 std::optional<std::string> addr, std::optional<int> port) {
+    NodeOverrides o;
+    o.nnodes = nnodes;
+    o.node_rank = node_rank;
+    o.master_addr = addr;
+    o.master_port = port;
+    return o;
+  };
+  struct Bad {
+    EnvMap env;
+    NodeOverrides o;
+    const char* needle;
+  };
+  const std::vector<Bad> cases = {
+      {{}, with(2, 2, "h", 1), "node rank 2 (from command line) is not in [0, nnodes 2)"},
+      {{}, with(0, {}, {}, {}), "nnodes 0"},
+      {{}, with(2, 0, {}, 1), "give --master-addr"},  // 127.0.0.1 is no default for 2 nodes
+      {{}, with(2, 0, "", 1), "give --master-addr"},
+      {{}, with(2, 1, "h", {}), "give --master-port"},
+      {{}, with({}, 1, {}, {}), "node rank 1 (from single process)"},
+      {{{"SLURM_PROCID", "1"},
+        {"SLURM_NTASKS", "4"},
+        {"SLURM_NODEID", "0"},
+        {"SLURM_LOCALID", "1"},
+        {"SLURM_STEP_NODELIST", "a[1-2]"},
+        {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}},
+       {},
+       "start one dnallm-launch per node"},
+  };
+  for (const auto& c : cases) {
+    try {
+      detect_node_placement(c.env, c.o);
+      ADD_FAILURE() << "accepted, expected " << c.needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kUsage);
+      EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos)
+          << "expected '" << c.needle << "' in: " << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dnallm::cluster

@@ -244,5 +244,43 @@ TEST(LaunchCli, DefaultCommandIsDnallmTrainWithPassThroughOptions) {
       << r.out;
 }
 
+TEST(LaunchCli, StaticNodePlacementNumbersRanksAcrossNodes) {
+  LaunchResult r = run_launch(with_sh(
+      {"--nproc-per-node", "2", "--nnodes", "3", "--node-rank", "1", "--master-addr", "head",
+       "--master-port", "29400"},
+      "echo \"R=$RANK L=$LOCAL_RANK W=$WORLD_SIZE G=$GROUP_RANK A=$MASTER_ADDR:$MASTER_PORT\""));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank 2] R=2 L=0 W=6 G=1 A=head:29400\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[rank 3] R=3 L=1 W=6 G=1 A=head:29400\n")) << r.out;
+}
+
+TEST(LaunchCli, SeveralNodesNeedAnAgreedCoordinator) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--nnodes", "2", "--master-port", "29400", "--", "/bin/true"},
+           {"--nnodes", "2", "--master-addr", "head", "--", "/bin/true"},
+           {"--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "--master-port", "1", "--",
+            "/bin/true"},
+           {"--nnodes", "2", "--master-addr", "h", "--master-port", "1", "--max-restarts", "1",
+            "--", "/bin/true"}}) {
+    LaunchResult r = run_launch(args);
+    EXPECT_EQ(r.exit_code, 2) << args[1] << " " << args[2] << ": " << r.err;
+    EXPECT_EQ(split_lines(r.err).size(), 1u) << r.err;
+  }
+}
+
+TEST(LaunchCli, DryRunUnderASlurmStep) {
+  LaunchResult r = run_launch(
+      {"--nproc-per-node", "4", "--dry-run", "--", "/bin/true"},
+      {"SLURM_PROCID=1", "SLURM_NTASKS=2", "SLURM_NODEID=1", "SLURM_LOCALID=0",
+       "SLURM_STEP_NODELIST=gpu[07-08]", "SLURM_STEP_TASKS_PER_NODE=1(x2)", "SLURM_JOB_ID=123456"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* needle :
+       {"nodes          : 2 (this node: rank 1; from slurm)", "hosts          : gpu[07-08]",
+        "world size     : 8", "ranks here     : 4..7",
+        "coordinator    : gpu07:23456 (port from the Slurm job id)", "run id         : 123456"}) {
+    EXPECT_TRUE(contains(r.out, needle)) << needle << " in\n" << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace dnallm::launcher

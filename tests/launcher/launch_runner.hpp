@@ -18,6 +18,8 @@
 
 #include <gtest/gtest.h>
 
+extern char** environ;
+
 namespace dnallm::launcher::testing {
 
 inline std::string launch_binary() { return std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-launch"; }
@@ -92,6 +94,18 @@ inline LaunchResult run_launch(const std::vector<std::string>& args,
     int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     ::dup2(out, 1);
     ::dup2(err, 2);
+    // Hermetic: a test run inside a Slurm job or under torchrun/mpirun must not change the
+    // layout the launcher sees.
+    std::vector<std::string> drop;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string name(*e);
+      name = name.substr(0, name.find('='));
+      for (const char* prefix : {"SLURM_", "OMPI_", "MASTER_", "DNALLM_", "TORCHELASTIC_"}) {
+        if (name.rfind(prefix, 0) == 0) drop.push_back(name);
+      }
+      if (name == "OMP_NUM_THREADS" || name == "CUDA_VISIBLE_DEVICES") drop.push_back(name);
+    }
+    for (const auto& name : drop) ::unsetenv(name.c_str());
     for (const auto& kv : extra_env) ::putenv(const_cast<char*>(kv.c_str()));
     ::execv(argv[0], argv.data());
     ::_exit(127);
