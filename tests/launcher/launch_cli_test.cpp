@@ -244,6 +244,15 @@ TEST(LaunchCli, DefaultCommandIsDnallmTrainWithPassThroughOptions) {
       << r.out;
 }
 
+TEST(LaunchCli, AutoNprocFollowsCudaVisibleDevices) {
+  LaunchResult r = run_launch({"--nproc-per-node", "auto", "--", "/bin/sh", "-c", "echo $RANK"},
+                              {"CUDA_VISIBLE_DEVICES=0,1,2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> lines = split_lines(r.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, (std::vector<std::string>{"[rank 0] 0", "[rank 1] 1", "[rank 2] 2"}));
+}
+
 TEST(LaunchCli, StaticNodePlacementNumbersRanksAcrossNodes) {
   LaunchResult r = run_launch(with_sh(
       {"--nproc-per-node", "2", "--nnodes", "3", "--node-rank", "1", "--master-addr", "head",

@@ -76,6 +76,20 @@ TEST(ProcessSpawner, KeepsOnlyTheLastLines) {
   EXPECT_EQ(sink.lines(0, OutputStream::kStdout).size(), 20u);
 }
 
+TEST(ProcessSpawner, CutsVeryLongLines) {
+  CapturingSink sink;
+  ProcessSpawner spawner(sink);
+  // 70000 'a' then a newline: one 64 KiB piece and the rest.
+  auto p = spawner.spawn(sh(0, "head -c 70000 /dev/zero | tr '\\0' a; echo; echo end"));
+  EXPECT_TRUE(wait_exit(*p).ok());
+  p->last_lines();
+  auto lines = sink.lines(0, OutputStream::kStdout);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], std::string(65536, 'a'));
+  EXPECT_EQ(lines[1], std::string(70000 - 65536, 'a'));
+  EXPECT_EQ(lines[2], "end");
+}
+
 TEST(ProcessSpawner, PassesExactlyTheGivenEnvironment) {
   CapturingSink sink;
   ProcessSpawner spawner(sink);
