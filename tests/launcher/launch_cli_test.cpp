@@ -134,15 +134,15 @@ TEST(LaunchCli, PrefixesEveryLineWithoutMixing) {
 TEST(LaunchCli, FailingRankIsNamedAndTheOthersAreStopped) {
   TempDir dir;
   const std::string d = dir.path();
-  // Rank 1 fails once all ranks are up; the others run until stopped and record SIGTERM.
-  const std::string script = "touch " + d +
-                             "/up.$RANK; "
-                             "if [ $RANK = 1 ]; then while [ ! -e " +
-                             d + "/up.0 ] || [ ! -e " + d +
+  // Rank 1 fails once all ranks are up; the others run until stopped and record SIGTERM
+  // (the trap is set before "up" is announced, so the SIGTERM cannot come first).
+  const std::string script = "if [ $RANK = 1 ]; then while [ ! -e " + d + "/up.0 ] || [ ! -e " + d +
                              "/up.2 ]; do "
                              "sleep 0.02; done; echo step 1; echo 'out of memory' >&2; exit 7; fi; "
                              "trap 'touch " +
-                             d + "/term.$RANK; exit 0' TERM; while :; do sleep 0.02; done";
+                             d + "/term.$RANK; exit 0' TERM; touch " + d +
+                             "/up.$RANK; "
+                             "while :; do sleep 0.02; done";
   LaunchResult r = run_launch(with_sh({"--nproc-per-node", "3", "--grace-period", "5"}, script));
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_TRUE(contains(r.err, "rank 1 (local rank 1, pid ")) << r.err;
