@@ -181,7 +181,10 @@ class ProcessWorker : public WorkerProcess {
       int status = 0;
       while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
       }
+      exit_ = WorkerExit{true, SIGKILL};
     }
+    // Print what is still in the pipes before the readers are stopped.
+    drain_output();
     out_.reset();
     err_.reset();
   }
@@ -215,16 +218,20 @@ class ProcessWorker : public WorkerProcess {
   }
 
   std::vector<std::string> last_lines() override {
-    if (exit_) {
-      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      while ((!out_->at_eof() || !err_->at_eof()) && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    }
+    if (exit_) drain_output();
     return tail_->lines();
   }
 
  private:
+  // Once the worker has ended, waits (up to a second: a helper that left the process
+  // group could hold the pipes open forever) until both readers saw end of file.
+  void drain_output() {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while ((!out_->at_eof() || !err_->at_eof()) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
   int pid_;
   std::optional<WorkerExit> exit_;
   std::shared_ptr<LineTail> tail_;

@@ -17,7 +17,7 @@ namespace {
 class CapturingSink : public OutputSink {
  public:
   void write_line(int rank, OutputStream stream, const std::string& line) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);  // (SlowSink overrides and chains here)
     lines_[{rank, stream}].push_back(line);
   }
   std::vector<std::string> lines(int rank, OutputStream stream) {
@@ -133,6 +133,28 @@ TEST(ProcessSpawner, MissingCommandIsUsageError) {
     EXPECT_EQ(e.code(), ExitCode::kUsage);
     EXPECT_NE(std::string(e.what()).find("dnallm-no-such-command"), std::string::npos);
   }
+}
+
+// A sink slow enough that the pipe still holds output when the worker exits.
+class SlowSink : public CapturingSink {
+ public:
+  void write_line(int rank, OutputStream stream, const std::string& line) override {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    CapturingSink::write_line(rank, stream, line);
+  }
+};
+
+TEST(ProcessSpawner, OutputWrittenJustBeforeExitIsNotLost) {
+  SlowSink sink;
+  ProcessSpawner spawner(sink);
+  {
+    auto p = spawner.spawn(sh(0, "seq 1 2000"));
+    EXPECT_TRUE(wait_exit(*p).ok());
+    // Destroyed at once, without last_lines(): the pipes must still be read to the end.
+  }
+  auto lines = sink.lines(0, OutputStream::kStdout);
+  ASSERT_EQ(lines.size(), 2000u);
+  EXPECT_EQ(lines.back(), "2000");
 }
 
 TEST(ProcessSpawner, DestroyingARunningWorkerKillsIt) {
