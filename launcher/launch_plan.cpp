@@ -156,6 +156,76 @@ std::vector<WorkerSpec> make_worker_specs(const LaunchPlan& plan, const cluster:
   return specs;
 }
 
+LaunchPlan resolve_launch_plan(const LaunchRequest& req, const cluster::EnvMap& env,
+                               const HostFacts& host) {
+  LaunchPlan plan;
+  plan.nproc_per_node = resolve_nproc(req.nproc_per_node, env, host.gpu_devices);
+  if (req.master_port && (*req.master_port < 0 || *req.master_port > 65535)) {
+    fail(ExitCode::kUsage, "--master-port {} is not in [0, 65535]", *req.master_port);
+  }
+  if (req.max_restarts < 0) {
+    fail(ExitCode::kUsage, "--max-restarts {} must be >= 0", req.max_restarts);
+  }
+
+  cluster::NodeOverrides node;
+  node.nnodes = req.nnodes;
+  node.node_rank = req.node_rank;
+  node.master_addr = req.master_addr;
+  node.master_port = req.master_port;
+  cluster::NodePlacement placement = cluster::detect_node_placement(env, node);
+  plan.nnodes = placement.nnodes;
+  plan.node_rank = placement.node_rank;
+  plan.placement_source = cluster::to_string(placement.source);
+  plan.hosts = placement.hosts;
+  plan.master_addr = placement.master_addr;
+  plan.master_port = placement.master_port;
+  if (req.master_port && *req.master_port != 0) {
+    plan.master_port_source = "from --master-port";
+  } else if (plan.master_port != 0) {
+    plan.master_port_source =
+        env.count("MASTER_PORT") ? "from MASTER_PORT" : "from the Slurm job id";
+  } else {
+    // detect_node_placement refuses port 0 with several nodes: this is one node.
+    plan.master_port = host.pick_port();
+    plan.master_port_source = "picked free";
+  }
+  if (plan.nnodes > 1 && req.max_restarts > 0) {
+    fail(ExitCode::kUsage,
+         "--max-restarts {} with {} nodes needs the elastic coordinator, which is not there "
+         "yet; use --max-restarts 0",
+         req.max_restarts, plan.nnodes);
+  }
+  plan.max_restarts = req.max_restarts;
+
+  if (!req.run_id.empty()) {
+    plan.run_id = req.run_id;
+  } else if (auto it = env.find("SLURM_JOB_ID"); it != env.end() && !it->second.empty()) {
+    plan.run_id = it->second;
+  }
+  if (auto it = env.find("DNALLM_JOB_TOKEN"); it != env.end() && !it->second.empty()) {
+    plan.job_token = it->second;
+    plan.job_token_source = "from DNALLM_JOB_TOKEN";
+  } else {
+    plan.job_token = host.make_token();
+    plan.job_token_source = "generated";
+  }
+  if (env.find("OMP_NUM_THREADS") == env.end()) {
+    plan.omp_num_threads = default_omp_threads(host.cores, plan.nproc_per_node);
+  }
+
+  if (!req.command.empty()) {
+    plan.command = req.command;
+  } else {
+    std::vector<std::string>& c = plan.command;
+    c.push_back(host.exe_dir + "/dnallm-train");
+    if (!req.config.empty()) c.insert(c.end(), {"--config", req.config});
+    for (const auto& s : req.sets) c.insert(c.end(), {"--set", s});
+    if (!req.metrics_file.empty()) c.insert(c.end(), {"--metrics-file", req.metrics_file});
+    if (req.log_level) c.insert(c.end(), {"--log-level", *req.log_level});
+  }
+  return plan;
+}
+
 namespace {
 std::string shell_quote(const std::string& s) {
   bool plain = !s.empty();

@@ -2,6 +2,7 @@
 // environment by pure functions so it can be printed (--dry-run) and unit-tested.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +31,47 @@ struct LaunchPlan {
   int world_size() const { return nnodes * nproc_per_node; }
 };
 
+// 32 hex characters from /dev/urandom.
+std::string generate_job_token();
+
+// Binds port 0 on all interfaces, reads the port the kernel chose, and releases it. Another
+// process may take it before rank 0 binds it (small window); the coordinator will own its
+// port once it exists.
+int pick_free_port();
+
+// What the command line asked for (dnallm-launch's flags), before resolution.
+struct LaunchRequest {
+  std::string nproc_per_node = "1";  // a number or "auto"
+  std::optional<int> nnodes;
+  std::optional<int> node_rank;
+  std::optional<std::string> master_addr;
+  std::optional<int> master_port;  // 0: pick a free one (single node only)
+  int max_restarts = 0;
+  std::string run_id;                // "": SLURM_JOB_ID, else "none"
+  std::vector<std::string> command;  // "": dnallm-train beside dnallm-launch
+  // Passed through to the default command only.
+  std::string config;
+  std::vector<std::string> sets;
+  std::string metrics_file;
+  std::optional<std::string> log_level;
+};
+
+// Facts about this machine and process that the plan depends on (injected for tests).
+struct HostFacts {
+  int gpu_devices = 0;  // count_nvidia_devices()
+  int cores = 1;        // std::thread::hardware_concurrency()
+  std::string exe_dir;  // self_exe_dir()
+  std::function<int()> pick_port = pick_free_port;
+  std::function<std::string()> make_token = generate_job_token;
+};
+
+// Resolves a request against the environment: nproc, placement
+// (cluster::detect_node_placement), the coordinator port (given, Slurm-derived, or picked
+// free on a single node), run id, job token (DNALLM_JOB_TOKEN or a new one),
+// OMP_NUM_THREADS (Note [OMP_NUM_THREADS]) and the worker command. Throws Error(kUsage).
+LaunchPlan resolve_launch_plan(const LaunchRequest& request, const cluster::EnvMap& env,
+                               const HostFacts& host);
+
 // "--nproc-per-node" value: a positive integer, or "auto" = one per GPU (the entries of
 // CUDA_VISIBLE_DEVICES when it is set, else `gpu_device_count`), at least 1.
 // Throws Error(kUsage) on anything else.
@@ -40,14 +82,6 @@ int count_nvidia_devices(const std::string& dev_dir = "/dev");
 
 // Note [OMP_NUM_THREADS]: max(1, cores / nproc).
 int default_omp_threads(int cores, int nproc_per_node);
-
-// 32 hex characters from /dev/urandom.
-std::string generate_job_token();
-
-// Binds port 0 on all interfaces, reads the port the kernel chose, and releases it. Another
-// process may take it before rank 0 binds it (small window); the coordinator will own its
-// port once it exists.
-int pick_free_port();
 
 // The directory of this executable (/proc/self/exe), e.g. to find dnallm-train beside it.
 std::string self_exe_dir();

@@ -30,7 +30,7 @@ struct Args {
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr;
-  int master_port = -1;
+  int master_port = 0;
   int max_restarts = 0;
   double grace_s = 10.0;
   std::string run_id;
@@ -53,73 +53,26 @@ int run(const Args& args, CLI::App& app) {
     backend_source = args.config.empty() ? "--set" : "config " + args.config;
   }
 
-  LaunchPlan plan;
-  plan.nproc_per_node = resolve_nproc(args.nproc, env, count_nvidia_devices());
-  cluster::NodeOverrides node;
-  if (app.count("--nnodes") > 0) node.nnodes = args.nnodes;
-  if (app.count("--node-rank") > 0) node.node_rank = args.node_rank;
-  if (app.count("--master-addr") > 0) node.master_addr = args.master_addr;
-  if (args.master_port >= 0) {
-    if (args.master_port > 65535) {
-      fail(ExitCode::kUsage, "--master-port {} is not in [0, 65535]", args.master_port);
-    }
-    node.master_port = args.master_port;
-  }
-  cluster::NodePlacement placement = cluster::detect_node_placement(env, node);
-  plan.nnodes = placement.nnodes;
-  plan.node_rank = placement.node_rank;
-  plan.placement_source = cluster::to_string(placement.source);
-  plan.hosts = placement.hosts;
-  plan.master_addr = placement.master_addr;
-  plan.master_port = placement.master_port;
-  if (node.master_port && *node.master_port != 0) {
-    plan.master_port_source = "from --master-port";
-  } else if (plan.master_port != 0) {
-    plan.master_port_source =
-        env.count("MASTER_PORT") ? "from MASTER_PORT" : "from the Slurm job id";
-  } else {
-    plan.master_port = pick_free_port();  // one node only: detect_node_placement checks
-    plan.master_port_source = "picked free";
-  }
-  if (plan.nnodes > 1 && args.max_restarts > 0) {
-    fail(ExitCode::kUsage,
-         "--max-restarts {} with {} nodes needs the elastic coordinator, which is not there "
-         "yet; use --max-restarts 0",
-         args.max_restarts, plan.nnodes);
-  }
-  if (args.max_restarts < 0) fail(ExitCode::kUsage, "--max-restarts must be >= 0");
+  LaunchRequest request;
+  request.nproc_per_node = args.nproc;
+  if (app.count("--nnodes") > 0) request.nnodes = args.nnodes;
+  if (app.count("--node-rank") > 0) request.node_rank = args.node_rank;
+  if (app.count("--master-addr") > 0) request.master_addr = args.master_addr;
+  if (app.count("--master-port") > 0) request.master_port = args.master_port;
+  request.max_restarts = args.max_restarts;
+  request.run_id = args.run_id;
+  request.command = args.command;
+  request.config = args.config;
+  request.sets = args.sets;
+  request.metrics_file = args.metrics_file;
+  if (app.count("--log-level") > 0) request.log_level = args.log_level;
   if (args.grace_s < 0) fail(ExitCode::kUsage, "--grace-period must be >= 0");
-  plan.max_restarts = args.max_restarts;
-  if (!args.run_id.empty()) {
-    plan.run_id = args.run_id;
-  } else if (auto it = env.find("SLURM_JOB_ID"); it != env.end()) {
-    plan.run_id = it->second;
-  }
-  if (auto it = env.find("DNALLM_JOB_TOKEN"); it != env.end() && !it->second.empty()) {
-    plan.job_token = it->second;
-    plan.job_token_source = "from DNALLM_JOB_TOKEN";
-  } else {
-    plan.job_token = generate_job_token();
-    plan.job_token_source = "generated";
-  }
-  if (env.find("OMP_NUM_THREADS") == env.end()) {
-    unsigned cores = std::thread::hardware_concurrency();
-    plan.omp_num_threads = default_omp_threads(static_cast<int>(cores), plan.nproc_per_node);
-  }
 
-  if (!args.command.empty()) {
-    plan.command = args.command;
-  } else {
-    plan.command.push_back(self_exe_dir() + "/dnallm-train");
-    if (!args.config.empty()) plan.command.insert(plan.command.end(), {"--config", args.config});
-    for (const auto& s : args.sets) plan.command.insert(plan.command.end(), {"--set", s});
-    if (!args.metrics_file.empty()) {
-      plan.command.insert(plan.command.end(), {"--metrics-file", args.metrics_file});
-    }
-    if (app.count("--log-level") > 0) {
-      plan.command.insert(plan.command.end(), {"--log-level", args.log_level});
-    }
-  }
+  HostFacts host;
+  host.gpu_devices = count_nvidia_devices();
+  host.cores = static_cast<int>(std::thread::hardware_concurrency());
+  host.exe_dir = self_exe_dir();
+  const LaunchPlan plan = resolve_launch_plan(request, env, host);
 
   if (args.dry_run) {
     fmt::print("{}", describe_plan(plan, backend, backend_source));

@@ -169,6 +169,115 @@ TEST(LaunchPlan, DescribesDryRun) {
   }
 }
 
+HostFacts fake_host() {
+  HostFacts h;
+  h.gpu_devices = 2;
+  h.cores = 16;
+  h.exe_dir = "/opt/dnallm/bin";
+  h.pick_port = [] { return 45678; };
+  h.make_token = [] { return std::string("fresh-token"); };
+  return h;
+}
+
+TEST(ResolveLaunchPlan, SingleNodeDefaults) {
+  LaunchRequest req;
+  req.nproc_per_node = "auto";
+  req.config = "run.toml";
+  req.sets = {"training.max_steps=3", "training.lr=0.1"};
+  req.metrics_file = "m.jsonl";
+  LaunchPlan p = resolve_launch_plan(req, {}, fake_host());
+  EXPECT_EQ(p.nproc_per_node, 2);
+  EXPECT_EQ(p.nnodes, 1);
+  EXPECT_EQ(p.node_rank, 0);
+  EXPECT_EQ(p.master_addr, "127.0.0.1");
+  EXPECT_EQ(p.master_port, 45678);
+  EXPECT_EQ(p.master_port_source, "picked free");
+  EXPECT_EQ(p.run_id, "none");
+  EXPECT_EQ(p.job_token, "fresh-token");
+  EXPECT_EQ(p.job_token_source, "generated");
+  EXPECT_EQ(p.omp_num_threads, 8);
+  EXPECT_EQ(p.command,
+            (std::vector<std::string>{"/opt/dnallm/bin/dnallm-train", "--config", "run.toml",
+                                      "--set", "training.max_steps=3", "--set", "training.lr=0.1",
+                                      "--metrics-file", "m.jsonl"}));
+}
+
+TEST(ResolveLaunchPlan, ExplicitValuesAndEnvironment) {
+  LaunchRequest req;
+  req.nproc_per_node = "3";
+  req.master_addr = "10.0.0.5";
+  req.master_port = 29500;
+  req.max_restarts = 2;
+  req.log_level = "debug";
+  req.command = {"python3", "train.py"};
+  cluster::EnvMap env = {
+      {"DNALLM_JOB_TOKEN", "given"}, {"OMP_NUM_THREADS", "4"}, {"SLURM_JOB_ID", "77"}};
+  LaunchPlan p = resolve_launch_plan(req, env, fake_host());
+  EXPECT_EQ(p.nproc_per_node, 3);
+  EXPECT_EQ(p.master_addr, "10.0.0.5");
+  EXPECT_EQ(p.master_port, 29500);
+  EXPECT_EQ(p.master_port_source, "from --master-port");
+  EXPECT_EQ(p.max_restarts, 2);
+  EXPECT_EQ(p.run_id, "77");  // a batch script is not a step: still one node
+  EXPECT_EQ(p.nnodes, 1);
+  EXPECT_EQ(p.job_token, "given");
+  EXPECT_EQ(p.job_token_source, "from DNALLM_JOB_TOKEN");
+  EXPECT_EQ(p.omp_num_threads, 0);  // the user's value is kept
+  EXPECT_EQ(p.command, (std::vector<std::string>{"python3", "train.py"}));  // no pass-through
+}
+
+TEST(ResolveLaunchPlan, SlurmStepGivesPlacementAndPort) {
+  LaunchRequest req;
+  req.nproc_per_node = "4";
+  req.log_level = "warn";
+  cluster::EnvMap env = {{"SLURM_PROCID", "1"},
+                         {"SLURM_NTASKS", "2"},
+                         {"SLURM_NODEID", "1"},
+                         {"SLURM_LOCALID", "0"},
+                         {"SLURM_STEP_NODELIST", "g[1-2]"},
+                         {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+                         {"SLURM_JOB_ID", "20005"}};
+  LaunchPlan p = resolve_launch_plan(req, env, fake_host());
+  EXPECT_EQ(p.nnodes, 2);
+  EXPECT_EQ(p.node_rank, 1);
+  EXPECT_EQ(p.world_size(), 8);
+  EXPECT_EQ(p.master_addr, "g1");
+  EXPECT_EQ(p.master_port, 20005);
+  EXPECT_EQ(p.master_port_source, "from the Slurm job id");
+  EXPECT_EQ(p.placement_source, "slurm");
+  EXPECT_EQ(p.command.back(), "warn");
+  auto specs = make_worker_specs(p, env, 0);
+  EXPECT_EQ(specs[0].rank, 4);
+  EXPECT_EQ(specs[3].rank, 7);
+}
+
+TEST(ResolveLaunchPlan, RefusesBadRequests) {
+  auto refused = [](LaunchRequest req, const char* needle) {
+    try {
+      resolve_launch_plan(req, {}, fake_host());
+      ADD_FAILURE() << "accepted, expected " << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kUsage);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  LaunchRequest r;
+  r.master_port = 70000;
+  refused(r, "--master-port 70000");
+  r = {};
+  r.max_restarts = -1;
+  refused(r, "--max-restarts -1");
+  r = {};
+  r.nnodes = 2;
+  r.master_addr = "h";
+  r.master_port = 1;
+  r.max_restarts = 1;
+  refused(r, "needs the elastic coordinator");
+  r = {};
+  r.nproc_per_node = "none";
+  refused(r, "--nproc-per-node 'none'");
+}
+
 TEST(LaunchPlan, ResolvesExecutables) {
   EXPECT_EQ(resolve_executable("sh", "/nonexistent:/bin"), "/bin/sh");
   EXPECT_EQ(resolve_executable("/bin/sh", ""), "/bin/sh");
