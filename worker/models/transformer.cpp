@@ -42,6 +42,12 @@ std::pair<Tensor, Tensor> rope_tables(int64_t start, int64_t len, int64_t head_d
   return {emb.cos(), emb.sin()};
 }
 
+// LayerNorm in fp32 (LibTorch 1.13's CPU autocast passes bf16 activations to layer_norm with
+// fp32 weights, which it then rejects); a no-op without autocast.
+Tensor norm(torch::nn::LayerNorm& ln, const Tensor& x) {
+  return ln(x.scalar_type() == torch::kFloat32 ? x : x.to(torch::kFloat32));
+}
+
 // Large negative additive value for masked scores: finite so a fully masked row stays finite.
 double mask_value(torch::ScalarType dtype) {
   return dtype == torch::kHalf ? -65504.0 : -1e9;
@@ -243,7 +249,7 @@ Tensor BlockImpl::forward(const Tensor& x, const Tensor& bias, bool causal, Laye
   const int64_t b = x.size(0), t = x.size(1), nh = options_.heads,
                 hd = options_.hidden / options_.heads;
   const double p = is_training() ? options_.dropout : 0.0;
-  auto h = ln_attn(x);
+  auto h = norm(ln_attn, x);
   auto q = query(h).view({b, t, nh, hd}).transpose(1, 2);
   auto k = key(h).view({b, t, nh, hd}).transpose(1, 2);
   auto v = value(h).view({b, t, nh, hd}).transpose(1, 2);
@@ -264,7 +270,7 @@ Tensor BlockImpl::forward(const Tensor& x, const Tensor& bias, bool causal, Laye
   auto out = attn_out(a);
   if (p > 0) out = torch::dropout(out, p, true);
   auto y = x + out;
-  auto f = ffn_out(torch::gelu(ffn_in(ln_ffn(y))));
+  auto f = ffn_out(torch::gelu(ffn_in(norm(ln_ffn, y))));
   if (p > 0) f = torch::dropout(f, p, true);
   return y + f;
 }
@@ -367,7 +373,8 @@ TransformerLMImpl::TransformerLMImpl(ModelOptions options) : options_(std::move(
   if (o.lora_r > 0) enable_lora();
 }
 
-void TransformerLMImpl::enable_lora() {
+void TransformerLMImpl::enable_lora(int64_t r) {
+  if (r > 0) options_.lora_r = r;
   const auto& o = options_;
   for (auto& p : parameters()) p.set_requires_grad(false);
   auto wants = [&](const std::string& name) {
@@ -459,13 +466,13 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
       x = blocks_[i]->forward(x, bias, kernel_causal, layer_cache, cos, sin);
     }
   }
-  return final_norm(x);
+  return norm(final_norm, x);
 }
 
 Tensor TransformerLMImpl::lm_logits(const Tensor& hidden) {
   const auto& weight = lm_weight_.defined() ? lm_weight_ : word_embeddings->weight;
   if (options_.arch == Arch::kBert) {
-    auto h = mlm_norm(torch::gelu(mlm_dense(hidden)));
+    auto h = norm(mlm_norm, torch::gelu(mlm_dense(hidden)));
     return torch::nn::functional::linear(h, weight, lm_bias_);
   }
   return torch::nn::functional::linear(hidden, weight);

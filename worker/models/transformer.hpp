@@ -154,7 +154,8 @@ class TransformerLMImpl : public torch::nn::Module {
   torch::Tensor generate(const torch::Tensor& prompt, const GenerateOptions& options);
 
   // Enables LoRA on the target linears and freezes everything else except task heads.
-  void enable_lora();
+  // `r` > 0 overrides options().lora_r (used after loading base weights).
+  void enable_lora(int64_t r = 0);
   // Folds adapters into the base weights (after this the model has no adapters).
   void merge_lora();
 
