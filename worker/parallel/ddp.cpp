@@ -341,3 +341,51 @@ MemoryAccount DataParallel::paper_memory(const std::string& precision) const {
 }
 
 }  // namespace dnallm::parallel
+
+namespace dnallm::parallel {
+
+DdpGradientSync::DdpGradientSync(comm::Communicator& comm, DdpOptions options,
+                                 std::string precision)
+    : comm_(comm), options_(options), precision_(std::move(precision)) {}
+
+double DdpGradientSync::sum_scalar(double value) {
+  double v = value;
+  comm_.allreduce(BufferView{&v, 1, DType::kFloat64, Device{}}, comm::ReduceOp::kSum)->wait();
+  return v;
+}
+
+void DdpGradientSync::attach(
+    optim::FlatParameters& flat,
+    const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters) {
+  ddp_ = std::make_unique<DataParallel>(flat, named_parameters, comm_, options_);
+  ddp_->broadcast_parameters();
+}
+
+void DdpGradientSync::before_backward(int64_t, bool last) { ddp_->begin_micro_step(last); }
+
+double DdpGradientSync::wait_gradients() { return ddp_->finish_step(); }
+
+double DdpGradientSync::grad_sq_norm(const torch::Tensor&) {
+  double n = ddp_->global_grad_norm();
+  return n * n;
+}
+
+std::pair<int64_t, int64_t> DdpGradientSync::shard_range(int64_t numel) const {
+  if (!ddp_) return {0, numel};
+  auto r = ddp_->owned_range();
+  return {r.begin, r.end};
+}
+
+void DdpGradientSync::after_optimizer_step(optim::FlatParameters&) { ddp_->gather_parameters(); }
+
+std::string DdpGradientSync::memory_json() const {
+  if (!ddp_) return "";
+  auto a = ddp_->allocated_memory(precision_);
+  auto p = ddp_->paper_memory(precision_);
+  return fmt::format(
+      "\"mem_params_bytes\":{},\"mem_grads_bytes\":{},\"mem_optimizer_bytes\":{},"
+      "\"zero_paper_bytes\":{},\"zero_stage\":{}",
+      a.params, a.grads, a.optimizer, p.total(), options_.zero_stage);
+}
+
+}  // namespace dnallm::parallel

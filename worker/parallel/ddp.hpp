@@ -147,3 +147,32 @@ class DataParallel {
 };
 
 }  // namespace dnallm::parallel
+
+#include "worker/train/trainer.hpp"
+
+namespace dnallm::parallel {
+
+// The trainer's GradientSync over DataParallel (Note [GradientSync] in trainer.hpp).
+class DdpGradientSync final : public train::GradientSync {
+ public:
+  DdpGradientSync(comm::Communicator& comm, DdpOptions options, std::string precision);
+  int rank() const override { return comm_.rank(); }
+  int world_size() const override { return comm_.world_size(); }
+  double sum_scalar(double value) override;
+  void attach(optim::FlatParameters& flat,
+              const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters) override;
+  void before_backward(int64_t micro_step, bool last) override;
+  double wait_gradients() override;
+  double grad_sq_norm(const torch::Tensor& flat_grads) override;
+  std::pair<int64_t, int64_t> shard_range(int64_t numel) const override;
+  void after_optimizer_step(optim::FlatParameters& params) override;
+  std::string memory_json() const override;
+
+ private:
+  comm::Communicator& comm_;
+  DdpOptions options_;
+  std::string precision_;
+  std::unique_ptr<DataParallel> ddp_;
+};
+
+}  // namespace dnallm::parallel
