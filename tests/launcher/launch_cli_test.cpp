@@ -44,12 +44,21 @@ TEST(LaunchCli, BadUsageExitsTwoWithOneLine) {
            {"--nproc-per-node", "2", "--max-restarts", "-1", "--", "/bin/true"},
            {"--master-port", "70000", "--", "/bin/true"},
            {"--log-level", "loud", "--", "/bin/true"},
-           {"--", "dnallm-no-such-command"}}) {
+           {"--", "dnallm-no-such-command"},
+           {"--set", "nosuchsection.key=1", "--", "/bin/true"},
+           {"--config", "/nonexistent/run.toml", "--", "/bin/true"}}) {
     LaunchResult r = run_launch(args);
     EXPECT_EQ(r.exit_code, 2) << args[0] << ": " << r.err;
     EXPECT_EQ(split_lines(r.err).size(), 1u) << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
+}
+
+TEST(LaunchCli, PrintsResolvedConfig) {
+  LaunchResult r = run_launch({"--set", "parallel.backend=gloo", "--print-config"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "[parallel]")) << r.out;
+  EXPECT_TRUE(contains(r.out, "gloo")) << r.out;
 }
 
 TEST(LaunchCli, DryRunPrintsPlanAndStartsNothing) {
