@@ -102,8 +102,9 @@ int run(const Args& args, const CLI::App& app) {
   RestartOptions options;
   options.max_restarts = plan.max_restarts;
   options.group.grace = std::chrono::milliseconds(static_cast<long long>(args.grace_s * 1000));
-  RestartLoop loop(spawner, signals, options,
-                   [&](int restart) { return make_worker_specs(plan, env, restart); });
+  RestartLoop loop(spawner, signals, options, [&](int restart, const std::string& reason) {
+    return make_worker_specs(plan, env, restart, reason);
+  });
   int code = loop.run();
   if (code == 0) spdlog::info("all {} worker(s) finished", plan.nproc_per_node);
   return code;

@@ -208,14 +208,16 @@ TEST(LaunchCli, ForwardsSigintToEveryWorker) {
 TEST(LaunchCli, RestartsTheGroupWithIncreasingCounts) {
   // Rank 1 fails until the second restart.
   const std::string script =
-      "echo \"gen=$DNALLM_GENERATION restart=$TORCHELASTIC_RESTART_COUNT\"; "
+      "echo \"gen=$DNALLM_GENERATION restart=$TORCHELASTIC_RESTART_COUNT "
+      "why=${DNALLM_RESTART_REASON-none}\"; "
       "[ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT -lt 2 ] && exit 9; exit 0";
   LaunchResult r = run_launch(with_sh({"--nproc-per-node", "2", "--max-restarts", "3"}, script));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   for (int g = 0; g < 3; ++g) {
     for (int rank = 0; rank < 2; ++rank) {
       std::string line = "[rank " + std::to_string(rank) + "] gen=" + std::to_string(g) +
-                         " restart=" + std::to_string(g) + "\n";
+                         " restart=" + std::to_string(g) +
+                         (g == 0 ? " why=none" : " why=rank 1 exited with code 9") + "\n";
       EXPECT_TRUE(contains(r.out, line)) << line << " in\n" << r.out;
     }
   }
