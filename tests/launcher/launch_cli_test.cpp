@@ -205,6 +205,36 @@ TEST(LaunchCli, ForwardsSigintToEveryWorker) {
   EXPECT_TRUE(contains(r.out, "[rank 1] got INT")) << r.out;
 }
 
+// True once /proc says `pid` is gone or a zombie (nobody may reap it in a container).
+bool process_gone(const std::string& pid) {
+  std::string stat = testing::read_file("/proc/" + pid + "/stat");
+  if (stat.empty()) return true;
+  auto close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+}
+
+TEST(LaunchCli, WorkersDieWithAKilledLauncher) {
+  TempDir dir;
+  const std::string d = dir.path();
+  // The worker records its pid (exec replaces the shell, so the pid is the worker's).
+  const std::string script =
+      "echo $$ > " + d + "/pid.tmp; mv " + d + "/pid.tmp " + d + "/pid.$RANK; exec sleep 30";
+  std::string pid;
+  LaunchResult r = run_launch(with_sh({"--nproc-per-node", "1"}, script), {}, [&](pid_t launcher) {
+    ASSERT_TRUE(wait_for_files(dir, {"pid.0"}));
+    pid = testing::split_lines(testing::read_file(d + "/pid.0")).at(0);
+    ::kill(launcher, SIGKILL);
+  });
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL);
+  ASSERT_FALSE(pid.empty());
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!process_gone(pid) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(process_gone(pid)) << "worker " << pid << " outlived its launcher";
+  if (!process_gone(pid)) ::kill(std::stoi(pid), SIGKILL);
+}
+
 TEST(LaunchCli, RestartsTheGroupWithIncreasingCounts) {
   // Rank 1 fails until the second restart.
   const std::string script =
