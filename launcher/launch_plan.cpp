@@ -125,7 +125,7 @@ std::string self_exe_dir() {
 }
 
 std::vector<WorkerSpec> make_worker_specs(const LaunchPlan& plan, const cluster::EnvMap& base_env,
-                                          int restart_count) {
+                                          int restart_count, const std::string& restart_reason) {
   std::vector<WorkerSpec> specs;
   for (int local = 0; local < plan.nproc_per_node; ++local) {
     cluster::EnvMap env = base_env;
@@ -143,6 +143,12 @@ std::vector<WorkerSpec> make_worker_specs(const LaunchPlan& plan, const cluster:
     env["TORCHELASTIC_RUN_ID"] = plan.run_id;
     env["DNALLM_GENERATION"] = std::to_string(restart_count);
     env["DNALLM_JOB_TOKEN"] = plan.job_token;
+    // For rank 0's {"event":"restart","generation":N,"reason":...} metrics line.
+    if (restart_count > 0 && !restart_reason.empty()) {
+      env["DNALLM_RESTART_REASON"] = restart_reason;
+    } else {
+      env.erase("DNALLM_RESTART_REASON");
+    }
     if (env.find("OMP_NUM_THREADS") == env.end() && plan.omp_num_threads > 0) {
       env["OMP_NUM_THREADS"] = std::to_string(plan.omp_num_threads);
     }

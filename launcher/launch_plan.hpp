@@ -89,11 +89,13 @@ std::string self_exe_dir();
 // Every worker's spec for one generation: the base environment plus RANK, LOCAL_RANK,
 // WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
 // TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID,
-// DNALLM_GENERATION, DNALLM_JOB_TOKEN (replaced when present) and OMP_NUM_THREADS (only
-// when absent). DNALLM_GENERATION equals the restart count while the group is local; the
-// coordinator will number generations job-wide.
+// DNALLM_GENERATION, DNALLM_JOB_TOKEN (replaced when present), OMP_NUM_THREADS (only
+// when absent) and, after a restart, DNALLM_RESTART_REASON (removed otherwise). DNALLM_GENERATION
+// equals the restart count while the group is local; the coordinator will number generations
+// job-wide.
 std::vector<WorkerSpec> make_worker_specs(const LaunchPlan& plan, const cluster::EnvMap& base_env,
-                                          int restart_count);
+                                          int restart_count,
+                                          const std::string& restart_reason = "");
 
 // The --dry-run report: nodes, ranks per node, coordinator endpoint, backend, token source,
 // command, and rank 0's exported variables.

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cluster/topology.hpp"
+#include "core/cli.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -24,9 +25,7 @@ using namespace dnallm::launcher;
 
 struct Args {
   std::string nproc = "1";
-  std::string config;
-  std::vector<std::string> sets;
-  std::string metrics_file;
+  ConfigOptions config;  // --config, --set, --metrics-file, --log-level, --print-config
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr;
@@ -35,22 +34,28 @@ struct Args {
   double grace_s = 10.0;
   std::string run_id;
   bool dry_run = false;
-  std::string log_level = "info";
   std::vector<std::string> command;
 };
 
-int run(const Args& args, CLI::App& app) {
-  init_logging("launch", args.log_level);
+int run(const Args& args, const CLI::App& app) {
+  const ConfigOptions& co = args.config;
+  init_logging("launch", co.log_level.empty() ? "info" : co.log_level);
   cluster::EnvMap env = cluster::current_env();
 
-  // The configuration is read here only to fail early on a bad file and to report the
-  // backend; the workers read it themselves.
+  // The configuration is read here to fail early on a bad file (exit 2 before anything
+  // starts), to report the backend, and for the launcher's own log level; the workers read
+  // it themselves.
   std::string backend = "auto";
   std::string backend_source = "default";
-  if (!args.config.empty() || !args.sets.empty()) {
-    Config config = load_config(args.config, args.sets);
+  if (!co.config_path.empty() || !co.overrides.empty() || co.print_config) {
+    Config config = resolve_config(co);
+    if (co.print_config) {
+      fmt::print("{}", to_toml(config));
+      return 0;
+    }
     backend = config.parallel.backend;
-    backend_source = args.config.empty() ? "--set" : "config " + args.config;
+    backend_source = co.config_path.empty() ? "--set" : "config " + co.config_path;
+    spdlog::set_level(parse_log_level(config.logging.level));
   }
 
   LaunchRequest request;
@@ -62,10 +67,10 @@ int run(const Args& args, CLI::App& app) {
   request.max_restarts = args.max_restarts;
   request.run_id = args.run_id;
   request.command = args.command;
-  request.config = args.config;
-  request.sets = args.sets;
-  request.metrics_file = args.metrics_file;
-  if (app.count("--log-level") > 0) request.log_level = args.log_level;
+  request.config = co.config_path;
+  request.sets = co.overrides;
+  request.metrics_file = co.metrics_file;
+  if (!co.log_level.empty()) request.log_level = co.log_level;
   if (args.grace_s < 0) fail(ExitCode::kUsage, "--grace-period must be >= 0");
 
   HostFacts host;
@@ -97,8 +102,9 @@ int run(const Args& args, CLI::App& app) {
   RestartOptions options;
   options.max_restarts = plan.max_restarts;
   options.group.grace = std::chrono::milliseconds(static_cast<long long>(args.grace_s * 1000));
-  RestartLoop loop(spawner, signals, options,
-                   [&](int restart) { return make_worker_specs(plan, env, restart); });
+  RestartLoop loop(spawner, signals, options, [&](int restart, const std::string& reason) {
+    return make_worker_specs(plan, env, restart, reason);
+  });
   int code = loop.run();
   if (code == 0) spdlog::info("all {} worker(s) finished", plan.nproc_per_node);
   return code;
@@ -118,10 +124,9 @@ int main(int argc, char** argv) {
   app.add_option("--nproc-per-node", args.nproc,
                  "workers on this node: a number, or 'auto' (one per GPU, else 1)")
       ->capture_default_str();
-  app.add_option("--config", args.config, "TOML configuration passed to dnallm-train");
-  app.add_option("--set", args.sets, "override a config key, section.key=value (repeatable)")
-      ->allow_extra_args(false);
-  app.add_option("--metrics-file", args.metrics_file, "JSON Lines metrics from rank 0");
+  // --config/-c, --set, --metrics-file, --log-level (passed through to dnallm-train) and
+  // --print-config, as every configuration-reading binary has them.
+  add_config_options(app, args.config);
   app.add_option("--nnodes", args.nnodes,
                  "nodes in the job, one dnallm-launch each (default: from a Slurm step, else 1)");
   app.add_option("--node-rank", args.node_rank,
@@ -140,29 +145,8 @@ int main(int argc, char** argv) {
   app.add_option("--run-id", args.run_id,
                  "TORCHELASTIC_RUN_ID (default: SLURM_JOB_ID, else 'none')");
   app.add_flag("--dry-run", args.dry_run, "print the resolved plan and exit");
-  app.add_option("--log-level", args.log_level,
-                 "trace|debug|info|warn|error (also passed to dnallm-train)")
-      ->capture_default_str();
   app.add_option("command", args.command,
                  "worker command after '--' (default: dnallm-train beside this program)");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "dnallm-launch: {} (see --help)\n", e.what());
-    return static_cast<int>(ExitCode::kUsage);
-  }
-  try {
-    return run(args, app);
-  } catch (const Error& e) {
-    fmt::print(stderr, "dnallm-launch: {}\n", e.what());
-    return e.exit_code();
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "dnallm-launch: internal error: {}\n", e.what());
-    return static_cast<int>(ExitCode::kFailure);
-  }
+  return run_main("dnallm-launch", app, argc, argv, [&] { return run(args, app); });
 }

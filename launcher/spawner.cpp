@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -277,6 +278,7 @@ std::unique_ptr<WorkerProcess> ProcessSpawner::spawn(const WorkerSpec& spec) {
   Pipe out = make_pipe();
   Pipe err = make_pipe();
 
+  const pid_t launcher_pid = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
     int e = errno;
@@ -284,6 +286,11 @@ std::unique_ptr<WorkerProcess> ProcessSpawner::spawn(const WorkerSpec& spec) {
     fail(ExitCode::kFailure, "fork failed for rank {}: {}", spec.rank, errno_string(e));
   }
   if (pid == 0) {
+    // Die with the launcher: workers live in their own process groups, so nothing else
+    // would stop them if the launcher were SIGKILLed (e.g. by a scheduler). The getppid()
+    // check closes the race with a launcher that died before prctl().
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher_pid) ::_exit(127);
     ::setpgid(0, 0);
     sigset_t none;
     sigemptyset(&none);

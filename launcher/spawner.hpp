@@ -121,7 +121,10 @@ struct ProcessSpawnerOptions {
 // fork/exec in a new process group (setpgid), stdin from /dev/null, stdout and stderr
 // through close-on-exec pipes read by two PipeLineReaders per worker. The child unblocks
 // all signals and restores default dispositions before exec, so a launcher that blocks
-// SIGINT/SIGTERM (signalfd) or ignores SIGPIPE does not pass that on.
+// SIGINT/SIGTERM (signalfd) or ignores SIGPIPE does not pass that on. Each worker gets
+// PR_SET_PDEATHSIG = SIGKILL: it dies with the launcher even if the launcher is SIGKILLed.
+// spawn() must be called from a thread that lives as long as the workers (the death signal
+// follows the forking thread); the launcher calls it from main().
 class ProcessSpawner : public Spawner {
  public:
   ProcessSpawner(OutputSink& sink, ProcessSpawnerOptions options = {});

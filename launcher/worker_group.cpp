@@ -140,10 +140,18 @@ std::string describe_failure(const WorkerFailure& f) {
   return out;
 }
 
+std::string restart_reason(const GenerationResult& result) {
+  if (result.failures.empty()) return "";
+  const WorkerFailure& f = result.failures.front();
+  return fmt::format("rank {} {}", f.rank, f.exit.describe());
+}
+
 int RestartLoop::run() {
   LocalWorkerGroup group(spawner_, signals_, options_.group);
+  std::string reason;
   while (true) {
-    last_ = group.run(make_specs_(restarts_));
+    last_ = group.run(make_specs_(restarts_, reason));
+    reason = restart_reason(last_);
     for (const auto& f : last_.failures) spdlog::error("{}", describe_failure(f));
     if (!should_restart(last_, restarts_, options_.max_restarts)) break;
     ++restarts_;

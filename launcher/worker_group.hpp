@@ -79,19 +79,25 @@ bool should_restart(const GenerationResult& result, int restarts_done, int max_r
 // "rank 1 (local rank 1, pid 42) exited with code 7; its last 2 lines:\n  a\n  b".
 std::string describe_failure(const WorkerFailure& failure);
 
+// One line for the next generation (DNALLM_RESTART_REASON, the worker's "restart" metrics
+// line): "rank 1 exited with code 7", "rank 0 was killed by signal 9 (SIGKILL)".
+std::string restart_reason(const GenerationResult& result);
+
 struct RestartOptions {
   int max_restarts = 0;
   GroupOptions group;
 };
 
 // Runs generations until one succeeds, is interrupted, or fails without a restart left.
-// `make_specs(restart_count)` builds each generation's workers (the environment carries
-// the restart count). Failures are logged (describe_failure) at error level; restarts at
-// warning level. Kept as a class so the elastic, multi-node agent can grow from it
-// (rendezvous with the coordinator before each generation).
+// `make_specs(restart_count, restart_reason)` builds each generation's workers (the
+// environment carries both; the reason is "" for the first generation, else
+// restart_reason() of the failure that caused the restart). Failures are logged (describe_failure)
+// at error level; restarts at warning level. Kept as a class so the elastic, multi-node agent can
+// grow from it (rendezvous with the coordinator before each generation).
 class RestartLoop {
  public:
-  using SpecFactory = std::function<std::vector<WorkerSpec>(int restart_count)>;
+  using SpecFactory =
+      std::function<std::vector<WorkerSpec>(int restart_count, const std::string& restart_reason)>;
 
   RestartLoop(Spawner& spawner, StopSignals& signals, RestartOptions options,
               SpecFactory make_specs)

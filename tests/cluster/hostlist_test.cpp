@@ -14,8 +14,16 @@ struct ExpandCase {
   Hosts hosts;
 };
 
+// Every expected value below was checked against Slurm's own `scontrol show hostnames`
+// (slurm-wlm 22.05). We accept two things Slurm refuses, "[1-2]x" and "a[1-2]b" (text
+// after the last bracket), as the obvious expansion.
 TEST(Hostlist, ExpandsTable) {
   const std::vector<ExpandCase> cases = {
+      {"a[1-2][3-4]", {"a13", "a14", "a23", "a24"}},
+      {"a[1-03]", {"a1", "a2", "a3"}},
+      {"a[007-9]", {"a007", "a008", "a009"}},
+      {"x[1,1]", {"x1", "x1"}},
+      {"n[9-10]", {"n9", "n10"}},
       {"", {}},
       {"  ", {}},
       {"node1", {"node1"}},

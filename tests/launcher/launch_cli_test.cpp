@@ -44,12 +44,21 @@ TEST(LaunchCli, BadUsageExitsTwoWithOneLine) {
            {"--nproc-per-node", "2", "--max-restarts", "-1", "--", "/bin/true"},
            {"--master-port", "70000", "--", "/bin/true"},
            {"--log-level", "loud", "--", "/bin/true"},
-           {"--", "dnallm-no-such-command"}}) {
+           {"--", "dnallm-no-such-command"},
+           {"--set", "nosuchsection.key=1", "--", "/bin/true"},
+           {"--config", "/nonexistent/run.toml", "--", "/bin/true"}}) {
     LaunchResult r = run_launch(args);
     EXPECT_EQ(r.exit_code, 2) << args[0] << ": " << r.err;
     EXPECT_EQ(split_lines(r.err).size(), 1u) << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
+}
+
+TEST(LaunchCli, PrintsResolvedConfig) {
+  LaunchResult r = run_launch({"--set", "parallel.backend=gloo", "--print-config"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "[parallel]")) << r.out;
+  EXPECT_TRUE(contains(r.out, "gloo")) << r.out;
 }
 
 TEST(LaunchCli, DryRunPrintsPlanAndStartsNothing) {
@@ -196,17 +205,49 @@ TEST(LaunchCli, ForwardsSigintToEveryWorker) {
   EXPECT_TRUE(contains(r.out, "[rank 1] got INT")) << r.out;
 }
 
+// True once /proc says `pid` is gone or a zombie (nobody may reap it in a container).
+bool process_gone(const std::string& pid) {
+  std::string stat = testing::read_file("/proc/" + pid + "/stat");
+  if (stat.empty()) return true;
+  auto close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+}
+
+TEST(LaunchCli, WorkersDieWithAKilledLauncher) {
+  TempDir dir;
+  const std::string d = dir.path();
+  // The worker records its pid (exec replaces the shell, so the pid is the worker's).
+  const std::string script =
+      "echo $$ > " + d + "/pid.tmp; mv " + d + "/pid.tmp " + d + "/pid.$RANK; exec sleep 30";
+  std::string pid;
+  LaunchResult r = run_launch(with_sh({"--nproc-per-node", "1"}, script), {}, [&](pid_t launcher) {
+    ASSERT_TRUE(wait_for_files(dir, {"pid.0"}));
+    pid = testing::split_lines(testing::read_file(d + "/pid.0")).at(0);
+    ::kill(launcher, SIGKILL);
+  });
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL);
+  ASSERT_FALSE(pid.empty());
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!process_gone(pid) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(process_gone(pid)) << "worker " << pid << " outlived its launcher";
+  if (!process_gone(pid)) ::kill(std::stoi(pid), SIGKILL);
+}
+
 TEST(LaunchCli, RestartsTheGroupWithIncreasingCounts) {
   // Rank 1 fails until the second restart.
   const std::string script =
-      "echo \"gen=$DNALLM_GENERATION restart=$TORCHELASTIC_RESTART_COUNT\"; "
+      "echo \"gen=$DNALLM_GENERATION restart=$TORCHELASTIC_RESTART_COUNT "
+      "why=${DNALLM_RESTART_REASON-none}\"; "
       "[ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT -lt 2 ] && exit 9; exit 0";
   LaunchResult r = run_launch(with_sh({"--nproc-per-node", "2", "--max-restarts", "3"}, script));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   for (int g = 0; g < 3; ++g) {
     for (int rank = 0; rank < 2; ++rank) {
       std::string line = "[rank " + std::to_string(rank) + "] gen=" + std::to_string(g) +
-                         " restart=" + std::to_string(g) + "\n";
+                         " restart=" + std::to_string(g) +
+                         (g == 0 ? " why=none" : " why=rank 1 exited with code 9") + "\n";
       EXPECT_TRUE(contains(r.out, line)) << line << " in\n" << r.out;
     }
   }

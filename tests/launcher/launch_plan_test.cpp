@@ -114,6 +114,12 @@ TEST(LaunchPlan, WorkerEnvironment) {
     EXPECT_EQ(env.at("DNALLM_JOB_TOKEN"), "tok");
     EXPECT_EQ(env.at("OMP_NUM_THREADS"), "5");
   }
+  EXPECT_EQ(env_of(specs[0]).count("DNALLM_RESTART_REASON"), 0u);  // no reason given
+  auto restarted = make_worker_specs(plan, base, 1, "rank 2 exited with code 9");
+  EXPECT_EQ(env_of(restarted[0]).at("DNALLM_RESTART_REASON"), "rank 2 exited with code 9");
+  base["DNALLM_RESTART_REASON"] = "stale";
+  EXPECT_EQ(env_of(make_worker_specs(plan, base, 0)[0]).count("DNALLM_RESTART_REASON"), 0u);
+  base.erase("DNALLM_RESTART_REASON");
   // A user's OMP_NUM_THREADS wins.
   base["OMP_NUM_THREADS"] = "7";
   EXPECT_EQ(env_of(make_worker_specs(plan, base, 0)[1]).at("OMP_NUM_THREADS"), "7");

@@ -204,13 +204,17 @@ TEST(RestartLoop, RestartsUntilSuccessWithIncreasingCount) {
   o.max_restarts = 3;
   o.group = fast();
   std::vector<int> asked;
-  RestartLoop loop(spawner, signals, o, [&](int restart) {
+  std::vector<std::string> reasons;
+  RestartLoop loop(spawner, signals, o, [&](int restart, const std::string& reason) {
     asked.push_back(restart);
+    reasons.push_back(reason);
     return specs(2, restart);
   });
   EXPECT_EQ(loop.run(), 0);
   EXPECT_EQ(loop.restarts(), 2);
   EXPECT_EQ(asked, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(reasons, (std::vector<std::string>{"", "rank 1 exited with code 1",
+                                               "rank 1 exited with code 1"}));
   EXPECT_EQ(spawner.spawned(), 6u);
 }
 
@@ -221,7 +225,8 @@ TEST(RestartLoop, GivesUpWhenRestartsAreSpent) {
   RestartOptions o;
   o.max_restarts = 2;
   o.group = fast();
-  RestartLoop loop(spawner, signals, o, [](int restart) { return specs(2, restart); });
+  RestartLoop loop(spawner, signals, o,
+                   [](int restart, const std::string&) { return specs(2, restart); });
   EXPECT_EQ(loop.run(), 4);
   EXPECT_EQ(loop.restarts(), 2);
   EXPECT_EQ(spawner.spawned(), 6u);
@@ -234,7 +239,8 @@ TEST(RestartLoop, UsageErrorIsNotRestarted) {
   RestartOptions o;
   o.max_restarts = 5;
   o.group = fast();
-  RestartLoop loop(spawner, signals, o, [](int restart) { return specs(2, restart); });
+  RestartLoop loop(spawner, signals, o,
+                   [](int restart, const std::string&) { return specs(2, restart); });
   EXPECT_EQ(loop.run(), 2);
   EXPECT_EQ(loop.restarts(), 0);
   EXPECT_EQ(spawner.spawned(), 2u);
@@ -246,7 +252,8 @@ TEST(RestartLoop, InterruptIsNotRestarted) {
   RestartOptions o;
   o.max_restarts = 5;
   o.group = fast();
-  RestartLoop loop(spawner, signals, o, [](int restart) { return specs(2, restart); });
+  RestartLoop loop(spawner, signals, o,
+                   [](int restart, const std::string&) { return specs(2, restart); });
   EXPECT_EQ(loop.run(), 143);
   EXPECT_EQ(spawner.spawned(), 2u);
 }
