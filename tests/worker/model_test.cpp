@@ -65,6 +65,38 @@ TEST(ModelTest, LossIsSumOverLabelledTokens) {
   EXPECT_NEAR(sparse.loss_sum.item<double>(), expect, 1e-4);
 }
 
+TEST(ModelTest, ScoredPositionsOnlyGivesTheSameLossAndGradients) {
+  for (bool rotary : {false, true}) {
+    auto o = tiny(Arch::kBert);
+    o.rotary = rotary;
+    torch::manual_seed(4);
+    TransformerLM a(o);
+    torch::manual_seed(4);
+    TransformerLM b(o);
+    ForwardInputs in;
+    in.input_ids = random_ids(3, 12);
+    in.attention_mask = torch::ones({3, 12}, torch::kInt64);
+    in.attention_mask.narrow(1, 9, 3).zero_();
+    in.labels = torch::full({3, 12}, -100, torch::kInt64);
+    in.labels.index_put_({0, 2}, 5);
+    in.labels.index_put_({0, 7}, 6);
+    in.labels.index_put_({2, 1}, 8);  // row 1 has none, rows differ in counts
+    auto full = a->forward(in);
+    in.logits_for_labels_only = true;
+    auto sparse = b->forward(in);
+    EXPECT_EQ(sparse.loss_count, 3);
+    EXPECT_NEAR(full.loss_sum.item<double>(), sparse.loss_sum.item<double>(), 1e-5);
+    full.loss_sum.backward();
+    sparse.loss_sum.backward();
+    auto pa = a->named_parameters();
+    auto pb = b->named_parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(pa[i].value().grad(), pb[i].value().grad(), 1e-4, 1e-6))
+          << pa[i].key();
+    }
+  }
+}
+
 TEST(ModelTest, PaddingDoesNotChangeRealTokens) {
   for (auto impl : {AttnImpl::kSdpa, AttnImpl::kEager}) {
     torch::manual_seed(0);
@@ -240,6 +272,9 @@ TEST(ModelTest, LoraTrainsOnlyAdaptersAndMergesOnExport) {
   auto dir = std::filesystem::temp_directory_path() / "dnallm_lora_export_test";
   std::filesystem::remove_all(dir);
   export_model(model, dir.string(), "bert");
+  auto adapters = load_safetensors((dir / "adapter_model.safetensors").string());
+  EXPECT_EQ(adapters.size(), 2u * 2 * 5);  // A and B for 5 linears in 2 layers
+  EXPECT_EQ(adapters.count("base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.weight"), 1u);
   auto loaded = load_exported_model(dir.string());
   for (const auto& p : loaded->named_parameters()) {
     EXPECT_EQ(p.key().find("lora_"), std::string::npos) << p.key();

@@ -246,15 +246,55 @@ BlockImpl::BlockImpl(const ModelOptions& options) : options_(options) {
 
 Tensor BlockImpl::forward(const Tensor& x, const Tensor& bias, bool causal, LayerCache* cache,
                           const Tensor& rope_cos, const Tensor& rope_sin) {
-  const int64_t b = x.size(0), t = x.size(1), nh = options_.heads,
-                hd = options_.hidden / options_.heads;
+  return forward_impl(x, bias, causal, cache, rope_cos, rope_sin, Tensor());
+}
+
+Tensor BlockImpl::forward_selected(const Tensor& x, const Tensor& bias, const Tensor& rope_cos,
+                                   const Tensor& rope_sin, const Tensor& positions) {
+  return forward_impl(x, bias, false, nullptr, rope_cos, rope_sin, positions);
+}
+
+Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal, LayerCache* cache,
+                               const Tensor& rope_cos, const Tensor& rope_sin,
+                               const Tensor& positions) {
+  const int64_t b = x.size(0), t = x.size(1), nh = options_.heads, hidden = options_.hidden,
+                hd = hidden / nh;
   const double p = is_training() ? options_.dropout : 0.0;
   auto h = norm(ln_attn, x);
-  auto q = query(h).view({b, t, nh, hd}).transpose(1, 2);
-  auto k = key(h).view({b, t, nh, hd}).transpose(1, 2);
-  auto v = value(h).view({b, t, nh, hd}).transpose(1, 2);
+  Tensor q, k, v;
+  const bool plain_qkv = !query->has_lora() && !key->has_lora() && !value->has_lora();
+  if (plain_qkv && !positions.defined()) {
+    // One GEMM for Q, K and V (the weights stay separate parameters, HF names).
+    auto w = torch::cat({query->weight, key->weight, value->weight}, 0);
+    auto bqkv = torch::cat({query->bias, key->bias, value->bias}, 0);
+    auto qkv = torch::nn::functional::linear(h, w, bqkv).view({b, t, 3, nh, hd}).permute(
+        {2, 0, 3, 1, 4});
+    q = qkv[0];
+    k = qkv[1];
+    v = qkv[2];
+  } else {
+    k = key(h).view({b, t, nh, hd}).transpose(1, 2);
+    v = value(h).view({b, t, nh, hd}).transpose(1, 2);
+  }
+  Tensor residual = x;
+  Tensor q_cos = rope_cos, q_sin = rope_sin;
+  int64_t tq = t;
+  if (positions.defined()) {
+    // Note [Scored positions only]: only the queries at `positions` [B, M] are computed;
+    // keys and values still cover the whole sequence.
+    tq = positions.size(1);
+    auto index = positions.unsqueeze(-1).expand({b, tq, hidden});
+    q = query(h.gather(1, index)).view({b, tq, nh, hd}).transpose(1, 2);
+    residual = x.gather(1, index);
+    if (rope_cos.defined()) {
+      q_cos = rope_cos.index_select(0, positions.reshape({-1})).view({b, 1, tq, hd});
+      q_sin = rope_sin.index_select(0, positions.reshape({-1})).view({b, 1, tq, hd});
+    }
+  } else if (!q.defined()) {
+    q = query(h).view({b, t, nh, hd}).transpose(1, 2);
+  }
   if (rope_cos.defined()) {
-    q = apply_rope(q, rope_cos, rope_sin);
+    q = apply_rope(q, q_cos, q_sin);
     k = apply_rope(k, rope_cos, rope_sin);
   }
   if (cache != nullptr) {
@@ -266,10 +306,10 @@ Tensor BlockImpl::forward(const Tensor& x, const Tensor& bias, bool causal, Laye
     cache->value = v;
   }
   auto a = attention_with_dropout(q, k, v, bias, causal, options_.attn, p);
-  a = a.transpose(1, 2).reshape({b, t, options_.hidden});
+  a = a.transpose(1, 2).reshape({b, tq, hidden});
   auto out = attn_out(a);
   if (p > 0) out = torch::dropout(out, p, true);
-  auto y = x + out;
+  auto y = residual + out;
   auto f = ffn_out(torch::gelu(ffn_in(norm(ln_ffn, y))));
   if (p > 0) f = torch::dropout(f, p, true);
   return y + f;
@@ -459,6 +499,10 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
 
   for (size_t i = 0; i < blocks_.size(); ++i) {
     LayerCache* layer_cache = cache != nullptr ? &(*cache)[i] : nullptr;
+    if (i + 1 == blocks_.size() && in.scored_positions.defined()) {
+      x = blocks_[i]->forward_selected(x, bias, cos, sin, in.scored_positions);
+      break;
+    }
     if (o.gradient_checkpointing && is_training() && torch::GradMode::is_enabled() &&
         layer_cache == nullptr) {
       x = checkpointed_block(blocks_[i], x, bias, kernel_causal, cos, sin);
@@ -481,9 +525,32 @@ Tensor TransformerLMImpl::lm_logits(const Tensor& hidden) {
 ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
   const auto& o = options_;
   ModelOutput out;
-  auto hidden = encode(in);
+  // See Note [Scored positions only]: a masked LM that only needs the scored positions runs
+  // the last block for those queries alone (exact; ~85% of the last block's work is skipped
+  // at 15% masking).
+  Tensor selected_valid, selected_labels;
+  Tensor hidden;
+  if (o.task == Task::kPretrain && o.arch == Arch::kBert && in.logits_for_labels_only &&
+      in.labels.defined() && !in.segment_ids.defined() && in.labels.dim() == 2) {
+    auto scored = in.labels.ne(-100);
+    const int64_t t = in.labels.size(1);
+    auto ar = torch::arange(t, in.labels.options());
+    // Scored positions first (ascending), then the others: the first count[b] are the picks.
+    auto order = torch::where(scored, ar, ar + t).argsort(int64_t{1});
+    const int64_t m = std::max<int64_t>(1, scored.sum(1).max().item<int64_t>());
+    auto positions = order.narrow(1, 0, m).contiguous();
+    selected_valid = ar.narrow(0, 0, m).unsqueeze(0) < scored.sum(1, true);
+    selected_labels = in.labels.gather(1, positions);
+    ForwardInputs sub = in;
+    sub.scored_positions = positions;
+    auto h = encode(sub);  // [B, M, hidden]
+    hidden = h.index({selected_valid});
+    selected_labels = selected_labels.index({selected_valid});
+  } else {
+    hidden = encode(in);
+  }
   if (o.task == Task::kPretrain) {
-    Tensor labels = in.labels;
+    Tensor labels = selected_valid.defined() ? selected_labels : in.labels;
     if (labels.defined() && o.arch == Arch::kGpt && o.shift_labels) {
       // Position i predicts token i + 1; the last position has no target.
       hidden = hidden.narrow(1, 0, hidden.size(1) - 1);
@@ -492,7 +559,7 @@ ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
     if (labels.defined()) {
       auto flat_labels = labels.reshape({-1});
       auto flat_hidden = hidden.reshape({-1, o.hidden});
-      if (in.logits_for_labels_only) {
+      if (!selected_valid.defined() && in.logits_for_labels_only) {
         auto idx = flat_labels.ne(-100).nonzero().squeeze(1);
         flat_hidden = flat_hidden.index_select(0, idx);
         flat_labels = flat_labels.index_select(0, idx);
@@ -715,6 +782,21 @@ void export_model(TransformerLM& model, const std::string& dir, const std::strin
       merged[item.key() + ".weight"] =
           lin->weight + torch::matmul(b, a) * (o.lora_alpha / double(o.lora_r));
     }
+  }
+  // The adapters alone as well, under PEFT's names, for users who keep the base separate.
+  if (!merged.empty()) {
+    std::vector<std::pair<std::string, Tensor>> adapters;
+    for (const auto& item : model->named_parameters()) {
+      const auto& name = item.key();
+      const auto pos = name.rfind(".lora_");
+      if (pos == std::string::npos) continue;
+      adapters.emplace_back("base_model.model." + name + ".weight",
+                            item.value().detach().to(torch::kFloat32));
+    }
+    save_safetensors(dir + "/adapter_model.safetensors", adapters,
+                     {{"format", "pt"},
+                      {"lora_r", std::to_string(o.lora_r)},
+                      {"lora_alpha", std::to_string(o.lora_alpha)}});
   }
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, t] : model->named_weights()) {

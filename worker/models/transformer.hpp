@@ -107,11 +107,20 @@ class BlockImpl : public torch::nn::Module {
                         LayerCache* cache, const torch::Tensor& rope_cos,
                         const torch::Tensor& rope_sin);
 
+  // Masked LM, last block only: computes the outputs at `positions` [B, M] (int64) alone,
+  // attending over the whole sequence. Returns [B, M, hidden].
+  torch::Tensor forward_selected(const torch::Tensor& x, const torch::Tensor& bias,
+                                 const torch::Tensor& rope_cos, const torch::Tensor& rope_sin,
+                                 const torch::Tensor& positions);
+
   LoraLinear query{nullptr}, key{nullptr}, value{nullptr}, attn_out{nullptr};
   LoraLinear ffn_in{nullptr}, ffn_out{nullptr};
   torch::nn::LayerNorm ln_attn{nullptr}, ln_ffn{nullptr};
 
  private:
+  torch::Tensor forward_impl(const torch::Tensor& x, const torch::Tensor& bias, bool causal,
+                             LayerCache* cache, const torch::Tensor& rope_cos,
+                             const torch::Tensor& rope_sin, const torch::Tensor& positions);
   ModelOptions options_;
 };
 TORCH_MODULE(Block);
@@ -124,6 +133,8 @@ struct ForwardInputs {
   torch::Tensor targets;         // regression: [B] float; optional
   // LM with labels: compute the output head only at scored positions (logits [N, vocab]).
   bool logits_for_labels_only = false;
+  // Internal (set by forward()): run the last block for these positions [B, M] only.
+  torch::Tensor scored_positions;
 };
 
 struct ModelOutput {
@@ -204,7 +215,9 @@ void save_safetensors(const std::string& path,
                       const std::map<std::string, std::string>& metadata = {});
 std::map<std::string, torch::Tensor> load_safetensors(const std::string& path);
 
-// Writes <dir>/model.safetensors (LoRA merged into a copy), <dir>/config.json.
+// Writes <dir>/model.safetensors (LoRA merged into a copy), <dir>/config.json, and with LoRA
+// also <dir>/adapter_model.safetensors (the adapters alone, PEFT names
+// "base_model.model.<module>.lora_A.weight").
 void export_model(TransformerLM& model, const std::string& dir, const std::string& arch_name);
 // Reads config.json and model.safetensors written by export_model().
 TransformerLM load_exported_model(const std::string& dir);

@@ -261,8 +261,11 @@ Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<Bat
   model_->to(device_);
   model_->train();
   std::vector<std::pair<std::string, torch::Tensor>> named;
-  for (const auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
-  flat_ = std::make_unique<optim::FlatParameters>(named, device_);
+  for (const auto& p : model_->named_parameters()) {
+    if (p.value().requires_grad()) named.emplace_back(p.key(), p.value());
+  }
+  flat_ = std::make_unique<optim::FlatParameters>(sync_->order_parameters(named), device_);
+  sync_->attach(*flat_, named);
   DNALLM_CHECK(flat_->numel() > 0, ExitCode::kUsage, "the model has no trainable parameters");
   const auto [begin, end] = sync_->shard_range(flat_->numel());
   optim::AdamWOptions adam{t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.weight_decay};
@@ -345,6 +348,7 @@ StepResult Trainer::train_step() {
            value, r.step, j);
     }
     local_loss_sum += value;
+    sync_->before_backward(j, j + 1 == accum);
     (loss * (scale / global_count)).backward();
     sync_->after_backward(j, j + 1 == accum);
   }

@@ -48,8 +48,11 @@ class BatchSource {
 // Note [GradientSync]: everything that crosses ranks during a step, so DDP and ZeRO plug in
 // without touching the loop. Every method is a collective where noted: it must be called in
 // the same order on every rank. The trainer calls, per step:
+//   0. once, at construction: order_parameters() chooses the flat layout (DDP: bucket
+//      order), then attach(flat, named) (DDP: register hooks, broadcast rank 0's weights)
 //   1. sum_scalar(local label count)                    collective
-//   2. per micro-step: backward, then after_backward(j, last)  (DDP: buckets launch on last)
+//   2. per micro-step: before_backward(j, last), backward, after_backward(j, last)
+//      (DDP: buckets launch from gradient hooks during the last micro-step's backward)
 //   3. wait_gradients() -> seconds of exposed communication      collective completion
 //   4. sum_scalar(local loss sum) (for the logged loss)           collective
 //   5. grad_sq_norm(flat grads of the shard)                      collective for ZeRO
@@ -61,6 +64,16 @@ class GradientSync {
   virtual int world_size() const = 0;
   // Sum of `value` over all ranks. Collective.
   virtual double sum_scalar(double value) = 0;
+  // The order of the trainable parameters in the flat buffer (default: registration order).
+  virtual std::vector<std::pair<std::string, torch::Tensor>> order_parameters(
+      const std::vector<std::pair<std::string, torch::Tensor>>& registration_order) {
+    return registration_order;
+  }
+  // The flat buffers exist and parameters are views into them. `named` in registration order.
+  virtual void attach(optim::FlatParameters& flat,
+                      const std::vector<std::pair<std::string, torch::Tensor>>& named) {}
+  // Before micro-step `micro_step`'s backward; `last` on the step's final micro-step.
+  virtual void before_backward(int64_t micro_step, bool last) {}
   // After micro-step `micro_step`'s backward; `last` on the step's final micro-step.
   virtual void after_backward(int64_t micro_step, bool last) {}
   // Waits until the flat gradient holds the global sum (over ranks). Returns exposed seconds.

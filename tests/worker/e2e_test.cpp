@@ -1,0 +1,134 @@
+// End to end with the real binaries: dnallm-train on the bundled genome, dnallm-eval on the
+// export; a LoRA classifier fine-tuned from that export and scored on a labelled table.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
+const std::string kSrc = DNALLM_SOURCE_DIR;
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result run(const std::string& cmd) {
+  Result r;
+  FILE* p = popen((cmd + " 2>/dev/null").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string tiny_sets() {
+  return " --set model.hidden=32 --set model.layers=2 --set model.heads=2 --set model.ffn=64"
+         " --set model.max_seq_length=64 --set training.micro_batch_size=8"
+         " --set training.logging_steps=5 --set checkpoint.save_steps=0";
+}
+
+class EndToEnd : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / "dnallm_e2e_model";
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  static fs::path dir_;
+};
+fs::path EndToEnd::dir_;
+
+TEST_F(EndToEnd, TrainExportEvalAndFineTune) {
+  const auto ck = (dir_ / "mlm").string();
+  auto train = run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
+                   tiny_sets() + " --set training.max_steps=30 --set training.lr=3e-3" +
+                   " --set training.eval_steps=30 --set checkpoint.dir=" + ck +
+                   " --metrics-file " + ck + "/metrics.jsonl");
+  ASSERT_EQ(train.code, 0) << train.out;
+  ASSERT_TRUE(fs::exists(ck + "/final/model.safetensors"));
+  ASSERT_TRUE(fs::exists(ck + "/final/tokenizer.json"));
+  ASSERT_TRUE(fs::exists(ck + "/final/config.json"));
+
+  auto eval = run(kBin + "dnallm-eval --model " + ck + "/final --fasta " + kSrc +
+                  "/data/ecoli_k12_mg1655.fa.gz --max-bases 20000");
+  ASSERT_EQ(eval.code, 0) << eval.out;
+  auto j = nlohmann::json::parse(eval.out);
+  const double bpb = j.at("bits_per_base").get<double>();
+  EXPECT_GT(bpb, 1.0);
+  EXPECT_LT(bpb, 2.6);  // 30 steps learn at least the base composition (uniform = 2 bits)
+  EXPECT_NEAR(j.at("order0_bits_per_base").get<double>(), 2.0, 0.01);  // E. coli ~50% GC
+  EXPECT_GT(j.at("tokens").get<int64_t>(), 1000);
+
+  // Bad input: exit 3 with a message.
+  const auto bad = (dir_ / "bad.fa").string();
+  std::ofstream(bad) << ">x\nACGT12\n";
+  EXPECT_EQ(run(kBin + "dnallm-eval --model " + ck + "/final --fasta " + bad).code, 3);
+  EXPECT_EQ(run(kBin + "dnallm-eval --model " + ck + "/final").code, 2);
+
+  // Classification table: windows of the genome (label 0) vs the same windows with every A
+  // turned into C (label 1): a composition difference a classifier must pick up.
+  std::string genome;
+  {
+    auto unzip = run("gzip -dc " + kSrc + "/data/ecoli_k12_mg1655.fa.gz | head -c 200000");
+    std::istringstream in(unzip.out);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line[0] != '>') genome += line;
+    }
+  }
+  auto complement = [](std::string s) {
+    for (auto& c : s) c = c == 'A' ? 'C' : c;
+    return s;
+  };
+  for (const auto& [name, offset] : {std::pair<std::string, size_t>{"train", 0}, {"eval", 100000}}) {
+    std::ofstream csv(dir_ / (name + ".csv"));
+    csv << "sequence,label\n";
+    for (size_t i = 0; i < 64; ++i) {
+      const auto w = genome.substr(offset + i * 60, 60);
+      csv << (i % 2 ? complement(w) : w) << "," << (i % 2) << "\n";
+    }
+  }
+  const auto ft = (dir_ / "ft").string();
+  auto finetune = run(
+      "cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
+      tiny_sets() + " --set model.task=classification --set model.init_from=" + ck + "/final" +
+      " --set lora.r=4 --set 'lora.target_modules=[\"query\",\"value\",\"dense\"]'" +
+      " --set 'data.train_files=[\"" + (dir_ / "train.csv").string() + "\"]'" +
+      " --set 'data.eval_files=[\"" + (dir_ / "eval.csv").string() + "\"]'" +
+      " --set data.eval_fraction=0 --set training.max_steps=40 --set training.lr=1e-2"
+      " --set training.eval_steps=0" +
+      " --set checkpoint.dir=" + ft + " --metrics-file " + ft + "/metrics.jsonl");
+  ASSERT_EQ(finetune.code, 0) << finetune.out;
+  auto scored = run(kBin + "dnallm-eval --model " + ft + "/final --table " +
+                    (dir_ / "eval.csv").string());
+  ASSERT_EQ(scored.code, 0) << scored.out;
+  auto c = nlohmann::json::parse(scored.out);
+  EXPECT_EQ(c.at("rows").get<int64_t>(), 64);
+  EXPECT_GE(c.at("accuracy").get<double>(), 0.8) << scored.out;
+  EXPECT_TRUE(c.contains("mcc"));
+}
+
+TEST(TrainCli, HelpUsageAndWorldSize) {
+  auto help = run(kBin + "dnallm-train --help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("--set"), std::string::npos);
+  EXPECT_EQ(run(kBin + "dnallm-train --no-such-flag").code, 2);
+  EXPECT_EQ(run(kBin + "dnallm-train --set model.arch=rnn").code, 2);
+  EXPECT_EQ(run("WORLD_SIZE=2 RANK=0 " + kBin + "dnallm-train").code, 2);
+  EXPECT_EQ(run(kBin + "dnallm-eval --help").code, 0);
+}
+
+}  // namespace

@@ -1,0 +1,182 @@
+// dnallm-eval: scores an exported model (dnallm-train's <checkpoint.dir>/final) on a FASTA
+// file (language models: bits per base) or a labelled table (classifiers: accuracy, MCC).
+// Prints ONE JSON object on stdout.
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/cli.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "worker/data/pipeline.hpp"
+#include "worker/data/sequence_reader.hpp"
+#include "worker/train/data_source.hpp"
+#include "worker/train/trainer.hpp"
+
+namespace {
+
+using namespace dnallm;
+
+// Entropy (bits) of the A/C/G/T frequencies of the first `max_bases` bases (0: all).
+double order0_bits_per_base(const std::string& path, int64_t max_bases) {
+  data::SequenceReader reader(path);
+  data::SequenceRecord record;
+  double counts[4] = {0, 0, 0, 0};
+  int64_t seen = 0;
+  while ((max_bases <= 0 || seen < max_bases) && reader.next(record)) {
+    for (char c : record.bases) {
+      if (max_bases > 0 && seen >= max_bases) break;
+      ++seen;
+      switch (c) {
+        case 'A': ++counts[0]; break;
+        case 'C': ++counts[1]; break;
+        case 'G': ++counts[2]; break;
+        case 'T': ++counts[3]; break;
+        default: break;
+      }
+    }
+  }
+  const double total = counts[0] + counts[1] + counts[2] + counts[3];
+  double h = 0.0;
+  for (double c : counts) {
+    if (c > 0) h -= c / total * std::log2(c / total);
+  }
+  return total > 0 ? h : 0.0;
+}
+
+// Matthews correlation coefficient for K classes (Gorodkin's generalisation).
+double mcc(const std::vector<std::vector<double>>& confusion) {
+  const size_t k = confusion.size();
+  std::vector<double> t(k, 0), p(k, 0);
+  double c = 0, s = 0;
+  for (size_t i = 0; i < k; ++i) {
+    for (size_t j = 0; j < k; ++j) {
+      t[i] += confusion[i][j];  // true class i
+      p[j] += confusion[i][j];  // predicted j
+      s += confusion[i][j];
+    }
+    c += confusion[i][i];
+  }
+  double tp = 0, tt = 0, pp = 0;
+  for (size_t i = 0; i < k; ++i) {
+    tp += t[i] * p[i];
+    tt += t[i] * t[i];
+    pp += p[i] * p[i];
+  }
+  const double den = std::sqrt(s * s - pp) * std::sqrt(s * s - tt);
+  return den > 0 ? (c * s - tp) / den : 0.0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "dnallm-eval: score an exported model directory on a FASTA file (bits per base, against "
+      "the order-0 entropy of the same bases) or, for a classifier, on a labelled "
+      "CSV/TSV/JSONL table (accuracy, MCC). Prints one JSON object."};
+  std::string model_dir, fasta, table, log_level = "warn";
+  int64_t max_bases = 0, batch_size = 8, seed = 42;
+  app.add_option("--model", model_dir, "exported model directory (config.json, "
+                                       "model.safetensors, tokenizer.json)")
+      ->required();
+  auto* fasta_opt = app.add_option("--fasta", fasta, "FASTA/FASTQ file (plain or gzip) to score");
+  auto* table_opt = app.add_option("--table", table, "labelled table for a classification model");
+  fasta_opt->excludes(table_opt);
+  app.add_option("--max-bases", max_bases, "score about this many bases (0: the whole file)");
+  app.add_option("--batch-size", batch_size, "sequences per forward pass")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seed", seed, "seed of the masked-LM masking");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  return run_main("dnallm-eval", app, argc, argv, [&]() -> int {
+    init_logging("eval", log_level);
+    DNALLM_CHECK(!fasta.empty() || !table.empty(), ExitCode::kUsage,
+                 "give --fasta FILE (language model) or --table FILE (classifier)");
+    const std::string input = fasta.empty() ? table : fasta;
+    DNALLM_CHECK(std::filesystem::is_regular_file(input), ExitCode::kBadData,
+                 "{} does not exist or is not a file", input);
+    auto model = models::load_exported_model(model_dir);
+    const std::string tok_path = model_dir + "/tokenizer.json";
+    DNALLM_CHECK(std::filesystem::exists(tok_path), ExitCode::kBadData,
+                 "{} is missing: --model must be an exported directory", tok_path);
+    auto tokenizer = data::load_tokenizer(tok_path);
+    const auto& o = model->options();
+    DNALLM_CHECK(tokenizer->vocab_size() == o.vocab_size, ExitCode::kBadData,
+                 "{}: tokenizer has {} tokens but the model {}", model_dir,
+                 tokenizer->vocab_size(), o.vocab_size);
+
+    Config config;
+    config.model.arch = o.arch == models::Arch::kBert ? "bert" : "gpt";
+    config.model.task = o.task == models::Task::kPretrain ? "pretrain"
+                        : o.task == models::Task::kClassification ? "classification"
+                                                                   : "regression";
+    config.model.max_seq_length = o.max_seq_length;
+    config.model.num_labels = o.num_labels;
+    config.tokenizer.kind = tokenizer->kind();
+    config.data.eval_files = {input};
+    config.training.micro_batch_size = batch_size;
+    config.training.seed = seed;
+    config.data.n_policy = "mask";
+    config.data.max_n_fraction = 1.0;
+    auto loader = data::make_eval_loader(config, tokenizer, 0, 1);
+    DNALLM_CHECK(loader != nullptr && loader->dataset_size() > 0, ExitCode::kBadData,
+                 "{} holds no sequence long enough to score", input);
+    uint64_t samples = loader->dataset_size();
+    if (max_bases > 0) {
+      const auto window = data::window_bases(config, *tokenizer);
+      samples = std::min<uint64_t>(samples, uint64_t((max_bases + window - 1) / window));
+    }
+    const int64_t batches = int64_t((samples + batch_size - 1) / batch_size);
+    train::LoaderSource source(std::move(loader));
+
+    nlohmann::ordered_json out;
+    out["model"] = model_dir;
+    out["input"] = input;
+    torch::InferenceMode inference;
+    if (o.task == models::Task::kPretrain) {
+      auto r = train::evaluate(model, source, batches, torch::kCPU,
+                               train::bases_of_label(tokenizer));
+      out["bits_per_base"] = r.bits_per_base;
+      out["order0_bits_per_base"] = order0_bits_per_base(input, max_bases);
+      out["loss"] = r.loss;
+      out["tokens"] = r.tokens;
+      out["bases"] = r.bases;
+    } else if (o.task == models::Task::kClassification) {
+      std::vector<std::vector<double>> confusion(o.num_labels,
+                                                 std::vector<double>(o.num_labels, 0.0));
+      double nll = 0, rows = 0;
+      for (int64_t i = 0; i < batches; ++i) {
+        auto batch = source.next();
+        auto in = train::to_inputs(batch, model, torch::kCPU);
+        auto result = model->forward(in);
+        nll += result.loss_sum.item<double>();
+        auto pred = result.logits.argmax(-1);
+        for (int64_t r = 0; r < batch.rows; ++r) {
+          const auto truth = batch.labels[r];
+          if (truth < 0 || truth >= o.num_labels) continue;
+          confusion[truth][pred[r].item<int64_t>()] += 1;
+          rows += 1;
+        }
+      }
+      double correct = 0;
+      for (int64_t k = 0; k < o.num_labels; ++k) correct += confusion[k][k];
+      out["accuracy"] = rows > 0 ? correct / rows : 0.0;
+      out["mcc"] = mcc(confusion);
+      out["loss"] = rows > 0 ? nll / rows : 0.0;
+      out["rows"] = static_cast<int64_t>(rows);
+    } else {
+      double se = 0, rows = 0;
+      for (int64_t i = 0; i < batches; ++i) {
+        auto batch = source.next();
+        auto in = train::to_inputs(batch, model, torch::kCPU);
+        se += model->forward(in).loss_sum.item<double>();
+        rows += double(batch.rows);
+      }
+      out["mse"] = rows > 0 ? se / rows : 0.0;
+      out["rows"] = static_cast<int64_t>(rows);
+    }
+    std::cout << out.dump() << std::endl;
+    return 0;
+  });
+}
