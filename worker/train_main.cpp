@@ -1,40 +1,19 @@
-// dnallm-train: one training worker (single process until the DDP engine is wired in).
+// dnallm-train: one training worker. Alone it trains in one process; with a world size
+// above 1 (torchrun-style variables from dnallm-launch, OpenMPI under mpirun, or a Slurm
+// step) it joins the process group and trains data-parallel (DDP / ZeRO, [parallel]).
 #include <cstdlib>
 #include <iostream>
 
 #include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "cluster/topology.hpp"
+#include "comm/bootstrap.hpp"
+#include "worker/parallel/ddp.hpp"
 #include "worker/data/pipeline.hpp"
 #include "worker/train/data_source.hpp"
 #include "worker/train/trainer.hpp"
 
-namespace {
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  try {
-    return std::stoi(v);
-  } catch (const std::exception&) {
-    dnallm::fail(dnallm::ExitCode::kUsage, "environment variable {}=\"{}\" is not an integer",
-                 name, v);
-  }
-}
-
-// DESIGN.md order: torchrun variables, OpenMPI, Slurm, else one process.
-std::pair<int, int> rank_and_world() {
-  if (std::getenv("WORLD_SIZE") != nullptr) return {env_int("RANK", 0), env_int("WORLD_SIZE", 1)};
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) {
-    return {env_int("OMPI_COMM_WORLD_RANK", 0), env_int("OMPI_COMM_WORLD_SIZE", 1)};
-  }
-  if (std::getenv("SLURM_NTASKS") != nullptr && std::getenv("SLURM_PROCID") != nullptr) {
-    return {env_int("SLURM_PROCID", 0), env_int("SLURM_NTASKS", 1)};
-  }
-  return {0, 1};
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   using namespace dnallm;
@@ -51,12 +30,32 @@ int main(int argc, char** argv) {
       return 0;
     }
     init_logging("train", config.logging.level);
-    const auto [rank, world] = rank_and_world();
+    // DESIGN.md order: torchrun variables, OpenMPI, Slurm, else one process.
+    const auto env = cluster::current_env();
+    const cluster::Topology topo = cluster::detect_topology(env);
+    const int rank = topo.rank;
+    const int world = topo.world_size;
     set_log_identity(rank);
-    DNALLM_CHECK(world == 1, ExitCode::kUsage,
-                 "WORLD_SIZE={} (rank {}) but this dnallm-train runs a single process: "
-                 "multi-process data parallelism is not wired in yet; run with WORLD_SIZE=1",
-                 world, rank);
+    comm::ProcessGroup group;
+    std::shared_ptr<train::GradientSync> sync = std::make_shared<train::SingleProcessSync>();
+    if (world > 1) {
+      comm::ProcessGroupOptions po;
+      po.backend = config.parallel.backend;
+      po.rank = rank;
+      po.world_size = world;
+      po.master_addr = topo.master_addr;
+      po.master_port = topo.master_port > 0 ? topo.master_port : 29500;
+      po.rank0_hosts_store = env.count("DNALLM_EXTERNAL_COORDINATOR") == 0;
+      if (auto it = env.find("DNALLM_JOB_TOKEN"); it != env.end()) po.token = it->second;
+      po.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.parallel.timeout_s * 1000));
+      if (auto it = env.find("DNALLM_GENERATION"); it != env.end()) po.name = "g" + it->second;
+      group = comm::connect_process_group(po);
+      spdlog::info("rank {} of {} ({} backend, topology from {})", rank, world,
+                   group.comm->backend(), cluster::to_string(topo.source));
+      sync = std::make_shared<parallel::DdpGradientSync>(
+          *group.comm, parallel::ddp_options_from_config(config.parallel),
+          config.training.precision);
+    }
     auto tokenizer = data::make_tokenizer(config);
     auto model = train::build_model(config, tokenizer->vocab_size());
     auto train_source = std::make_unique<train::LoaderSource>(
@@ -78,7 +77,7 @@ int main(int argc, char** argv) {
       data::save_tokenizer(*tokenizer, dir + "/tokenizer.json");
     };
     train::Trainer trainer(config, std::move(model), std::move(train_source),
-                           std::move(eval_source), std::make_shared<train::SingleProcessSync>(),
+                           std::move(eval_source), sync,
                            trainer_options);
     trainer.run();
     return 0;

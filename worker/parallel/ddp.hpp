@@ -159,6 +159,10 @@ class DdpGradientSync final : public train::GradientSync {
   int rank() const override { return comm_.rank(); }
   int world_size() const override { return comm_.world_size(); }
   double sum_scalar(double value) override;
+  std::vector<std::pair<std::string, torch::Tensor>> order_parameters(
+      const std::vector<std::pair<std::string, torch::Tensor>>& registration_order) override {
+    return bucket_order(registration_order);
+  }
   void attach(optim::FlatParameters& flat,
               const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters) override;
   void before_backward(int64_t micro_step, bool last) override;
@@ -166,7 +170,8 @@ class DdpGradientSync final : public train::GradientSync {
   double grad_sq_norm(const torch::Tensor& flat_grads) override;
   std::pair<int64_t, int64_t> shard_range(int64_t numel) const override;
   void after_optimizer_step(optim::FlatParameters& params) override;
-  std::string memory_json() const override;
+  // Per-rank model-state bytes as JSON fields, allocated and per the ZeRO paper.
+  std::string memory_json() const;
 
  private:
   comm::Communicator& comm_;

@@ -1,0 +1,70 @@
+#include "test_util.hpp"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace dnallm::testing {
+
+int run_command(const std::string& cmd, std::string* log) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) throw std::runtime_error("popen failed: " + cmd);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  if (log) *log = out;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::map<std::string, std::vector<float>> read_safetensors_f32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  uint64_t header_len = 0;
+  in.read(reinterpret_cast<char*>(&header_len), 8);
+  std::string header(header_len, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_len));
+  auto meta = nlohmann::json::parse(header);
+  std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::map<std::string, std::vector<float>> out;
+  for (auto it = meta.begin(); it != meta.end(); ++it) {
+    if (it.key() == "__metadata__" || it.value()["dtype"] != "F32") continue;
+    auto off = it.value()["data_offsets"];
+    size_t b = off[0].get<size_t>(), e = off[1].get<size_t>();
+    std::vector<float> v((e - b) / 4);
+    std::memcpy(v.data(), data.data() + b, e - b);
+    out[it.key()] = std::move(v);
+  }
+  return out;
+}
+
+std::map<int64_t, double> read_step_losses(const std::string& metrics_path) {
+  std::ifstream in(metrics_path);
+  std::map<int64_t, double> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("event") || !j.contains("step")) continue;
+    out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+
+std::string make_temp_dir(const std::string& name) {
+  auto dir = std::filesystem::path(::testing::TempDir()) /
+             ("dnallm_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+}  // namespace dnallm::testing

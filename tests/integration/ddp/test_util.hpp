@@ -1,0 +1,23 @@
+// Helpers for integration tests that run the real binaries and compare their outputs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dnallm::testing {
+
+// Runs `cmd` through /bin/sh, returns its exit status; stdout+stderr go to `log` if given.
+int run_command(const std::string& cmd, std::string* log = nullptr);
+
+// Reads every fp32 tensor of a safetensors file (name -> values); other dtypes are skipped.
+std::map<std::string, std::vector<float>> read_safetensors_f32(const std::string& path);
+
+// The "loss" of every step line of a metrics JSON Lines file, by step.
+std::map<int64_t, double> read_step_losses(const std::string& metrics_path);
+
+// A fresh directory under the test's temp dir.
+std::string make_temp_dir(const std::string& name);
+
+}  // namespace dnallm::testing
