@@ -22,6 +22,9 @@
 #ifdef DNALLM_HAVE_MPI
 #include <mpi.h>
 #endif
+#ifdef DNALLM_HAVE_NCCL
+#include <cuda_runtime.h>
+#endif
 
 #include "comm/communicator.hpp"
 #include "comm/half.hpp"
@@ -88,6 +91,53 @@ double load_value(DType t, const void* p, size_t i) {
   return 0;
 }
 
+// Where the collective's buffers live: host memory, or (nccl) a device copy of it.
+class Mirror {
+ public:
+  Mirror(bool cuda, int device, void* host, size_t bytes) : host_(host), bytes_(bytes) {
+#ifdef DNALLM_HAVE_NCCL
+    if (cuda) {
+      device_ = device;
+      check(cudaSetDevice(device), "cudaSetDevice");
+      check(cudaMalloc(&dev_, std::max<size_t>(bytes, 1)), "cudaMalloc");
+    }
+#else
+    DNALLM_CHECK(!cuda, ExitCode::kUsage, "this build has no CUDA (nccl) support");
+    (void)device;
+#endif
+  }
+  ~Mirror() {
+#ifdef DNALLM_HAVE_NCCL
+    if (dev_) cudaFree(dev_);
+#endif
+  }
+  Mirror(const Mirror&) = delete;
+  Mirror& operator=(const Mirror&) = delete;
+  void* data() const { return dev_ ? dev_ : host_; }
+  Device device() const { return dev_ ? Device{DeviceType::kCUDA, device_} : Device{}; }
+  void upload() {
+#ifdef DNALLM_HAVE_NCCL
+    if (dev_) check(cudaMemcpy(dev_, host_, bytes_, cudaMemcpyHostToDevice), "upload");
+#endif
+  }
+  void download() {
+#ifdef DNALLM_HAVE_NCCL
+    if (dev_) check(cudaMemcpy(host_, dev_, bytes_, cudaMemcpyDeviceToHost), "download");
+#endif
+  }
+
+ private:
+#ifdef DNALLM_HAVE_NCCL
+  static void check(cudaError_t rc, const char* what) {
+    DNALLM_CHECK(rc == cudaSuccess, ExitCode::kFailure, "{}: {}", what, cudaGetErrorString(rc));
+  }
+#endif
+  void* host_;
+  size_t bytes_;
+  void* dev_ = nullptr;
+  int device_ = 0;
+};
+
 // The abstract "run one collective" the sweep times: our Communicator, or raw MPI.
 struct Runner {
   virtual ~Runner() = default;
@@ -112,10 +162,14 @@ struct CommRunner final : Runner {
     w->wait();
   }
   int64_t sum_wrong(int64_t wrong) override {
-    BufferView b{&wrong, 1, DType::kInt64, {}};
-    comm->allreduce(b, ReduceOp::kSum)->wait();
+    const bool cuda = std::string(comm->backend()) == "nccl";
+    Mirror m(cuda, cuda_device, &wrong, sizeof(wrong));
+    m.upload();
+    comm->allreduce(BufferView{m.data(), 1, DType::kInt64, m.device()}, ReduceOp::kSum)->wait();
+    m.download();
     return wrong;
   }
+  int cuda_device = 0;
 };
 
 #ifdef DNALLM_HAVE_MPI
@@ -196,6 +250,7 @@ std::unique_ptr<Runner> make_runner(const Args& a) {
     o.store = r->store;
     o.loopback = host == "127.0.0.1" || host == "localhost";
     if (a.backend == "nccl") o.device = Device{DeviceType::kCUDA, env_int("LOCAL_RANK", 0)};
+    r->cuda_device = o.device.index;
   }
   r->comm = make_communicator(o);
   return r;
@@ -208,8 +263,8 @@ int run(const Args& a) {
                    a.op == "broadcast",
                ExitCode::kUsage, "--op {}: use allreduce, reduce_scatter, allgather or broadcast",
                a.op);
-  DNALLM_CHECK(a.backend != "nccl", ExitCode::kUsage,
-               "--backend nccl needs device buffers; this bench build fills host memory only");
+  const bool cuda = a.backend == "nccl";
+  const int cuda_device = env_int("LOCAL_RANK", 0);
   auto runner = make_runner(a);
   const int rank = runner->rank();
   const int world = runner->world();
@@ -239,24 +294,32 @@ int run(const Args& a) {
     if (a.op == "broadcast")
       for (size_t i = 0; i < count; ++i)
         store_value(dtype, out_buf.data(), i, rank == 0 ? input_value(0, i) : -1.0);
-    BufferView in{in_buf.data(), in_count, dtype, {}};
-    BufferView out{out_buf.data(), out_count, dtype, {}};
+    Mirror in_mem(cuda, cuda_device, in_buf.data(), in_buf.size());
+    Mirror out_mem(cuda, cuda_device, out_buf.data(), out_buf.size());
+    in_mem.upload();
+    out_mem.upload();
+    BufferView in{in_mem.data(), in_count, dtype, in_mem.device()};
+    BufferView out{out_mem.data(), out_count, dtype, out_mem.device()};
     const bool in_place = a.in_place && a.op == "allreduce";
     if (in_place) out = in;
     std::vector<double> times;
     for (int it = 0; it < a.warmup + a.iters; ++it) {
-      if (in_place)  // restore the input that the previous iteration reduced in place
+      if (in_place) {  // restore the input that the previous iteration reduced in place
         for (size_t i = 0; i < in_count; ++i) store_value(dtype, in_buf.data(), i, input_value(rank, i));
+        in_mem.upload();
+      }
       auto t0 = Clock::now();
       runner->run(a.op, in, out, redop);
       auto dt = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
       if (it >= a.warmup) times.push_back(dt);
     }
+    (in_place ? in_mem : out_mem).download();
+    const void* result = in_place ? in_buf.data() : out_buf.data();
     std::sort(times.begin(), times.end());
     const double time_us = times.empty() ? 0 : times[times.size() / 2];
     int64_t wrong = 0;
     for (size_t i = 0; i < out_count; ++i) {
-      double got = load_value(dtype, out.data, i);
+      double got = load_value(dtype, result, i);
       double want;
       if (a.op == "allreduce") {
         want = expected_reduced(world, i, redop);
