@@ -15,8 +15,8 @@
 #include <numeric>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #ifdef DNALLM_HAVE_MPI
@@ -66,27 +66,51 @@ double expected_reduced(int world, size_t i, ReduceOp op) {
 
 void store_value(DType t, void* p, size_t i, double v) {
   switch (t) {
-    case DType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::kFloat64: static_cast<double*>(p)[i] = v; break;
-    case DType::kFloat16: static_cast<uint16_t*>(p)[i] = float_to_fp16(static_cast<float>(v)); break;
-    case DType::kBFloat16: static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v)); break;
-    case DType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    case DType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DType::kUInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    case DType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
+    case DType::kFloat32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DType::kFloat64:
+      static_cast<double*>(p)[i] = v;
+      break;
+    case DType::kFloat16:
+      static_cast<uint16_t*>(p)[i] = float_to_fp16(static_cast<float>(v));
+      break;
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v));
+      break;
+    case DType::kInt64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      break;
+    case DType::kInt32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      break;
+    case DType::kUInt8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      break;
+    case DType::kInt8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+      break;
   }
 }
 
 double load_value(DType t, const void* p, size_t i) {
   switch (t) {
-    case DType::kFloat32: return static_cast<const float*>(p)[i];
-    case DType::kFloat64: return static_cast<const double*>(p)[i];
-    case DType::kFloat16: return fp16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBFloat16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::kInt32: return static_cast<const int32_t*>(p)[i];
-    case DType::kUInt8: return static_cast<const uint8_t*>(p)[i];
-    case DType::kInt8: return static_cast<const int8_t*>(p)[i];
+    case DType::kFloat32:
+      return static_cast<const float*>(p)[i];
+    case DType::kFloat64:
+      return static_cast<const double*>(p)[i];
+    case DType::kFloat16:
+      return fp16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBFloat16:
+      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::kInt32:
+      return static_cast<const int32_t*>(p)[i];
+    case DType::kUInt8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DType::kInt8:
+      return static_cast<const int8_t*>(p)[i];
   }
   return 0;
 }
@@ -155,10 +179,14 @@ struct CommRunner final : Runner {
   int world() const override { return comm->world_size(); }
   void run(const std::string& op, BufferView in, BufferView out, ReduceOp redop) override {
     WorkPtr w;
-    if (op == "allreduce") w = comm->allreduce(in, out, redop);
-    else if (op == "reduce_scatter") w = comm->reduce_scatter(in, out, redop);
-    else if (op == "allgather") w = comm->allgather(in, out);
-    else w = comm->broadcast(out, 0);
+    if (op == "allreduce")
+      w = comm->allreduce(in, out, redop);
+    else if (op == "reduce_scatter")
+      w = comm->reduce_scatter(in, out, redop);
+    else if (op == "allgather")
+      w = comm->allgather(in, out);
+    else
+      w = comm->broadcast(out, 0);
     w->wait();
   }
   int64_t sum_wrong(int64_t wrong) override {
@@ -184,11 +212,16 @@ struct RawMpiRunner final : Runner {
   int world() const override { return world_; }
   static MPI_Datatype type(DType t) {
     switch (t) {
-      case DType::kFloat32: return MPI_FLOAT;
-      case DType::kFloat64: return MPI_DOUBLE;
-      case DType::kInt64: return MPI_INT64_T;
-      case DType::kInt32: return MPI_INT32_T;
-      default: fail(ExitCode::kUsage, "--backend mpi-raw supports fp32, fp64, int64, int32");
+      case DType::kFloat32:
+        return MPI_FLOAT;
+      case DType::kFloat64:
+        return MPI_DOUBLE;
+      case DType::kInt64:
+        return MPI_INT64_T;
+      case DType::kInt32:
+        return MPI_INT32_T;
+      default:
+        fail(ExitCode::kUsage, "--backend mpi-raw supports fp32, fp64, int64, int32");
     }
   }
   void run(const std::string& op, BufferView in, BufferView out, ReduceOp redop) override {
@@ -259,10 +292,9 @@ std::unique_ptr<Runner> make_runner(const Args& a) {
 int run(const Args& a) {
   const DType dtype = parse_dtype(a.dtype);
   const ReduceOp redop = parse_reduce_op(a.redop);
-  DNALLM_CHECK(a.op == "allreduce" || a.op == "reduce_scatter" || a.op == "allgather" ||
-                   a.op == "broadcast",
-               ExitCode::kUsage, "--op {}: use allreduce, reduce_scatter, allgather or broadcast",
-               a.op);
+  DNALLM_CHECK(
+      a.op == "allreduce" || a.op == "reduce_scatter" || a.op == "allgather" || a.op == "broadcast",
+      ExitCode::kUsage, "--op {}: use allreduce, reduce_scatter, allgather or broadcast", a.op);
   const bool cuda = a.backend == "nccl";
   const int cuda_device = env_int("LOCAL_RANK", 0);
   auto runner = make_runner(a);
@@ -288,8 +320,8 @@ int run(const Args& a) {
     out_buf.resize(out_count * esize);
     for (size_t i = 0; i < in_count; ++i) {
       size_t global = a.op == "allgather" ? mine.offset + i : i;
-      store_value(dtype, in_buf.data(), i, a.op == "allgather" ? input_value(0, global) + 0
-                                                                : input_value(rank, global));
+      store_value(dtype, in_buf.data(), i,
+                  a.op == "allgather" ? input_value(0, global) + 0 : input_value(rank, global));
     }
     if (a.op == "broadcast")
       for (size_t i = 0; i < count; ++i)
@@ -305,7 +337,8 @@ int run(const Args& a) {
     std::vector<double> times;
     for (int it = 0; it < a.warmup + a.iters; ++it) {
       if (in_place) {  // restore the input that the previous iteration reduced in place
-        for (size_t i = 0; i < in_count; ++i) store_value(dtype, in_buf.data(), i, input_value(rank, i));
+        for (size_t i = 0; i < in_count; ++i)
+          store_value(dtype, in_buf.data(), i, input_value(rank, i));
         in_mem.upload();
       }
       auto t0 = Clock::now();
@@ -329,7 +362,8 @@ int run(const Args& a) {
         want = input_value(0, i);
       }
       if (a.op != "allgather" && a.op != "broadcast" && redop == ReduceOp::kAvg) {
-        double sum = expected_reduced(world, a.op == "allreduce" ? i : mine.offset + i, ReduceOp::kSum);
+        double sum =
+            expected_reduced(world, a.op == "allreduce" ? i : mine.offset + i, ReduceOp::kSum);
         want = dtype_is_floating(dtype) ? sum / world : std::floor(sum / world);
         if (std::abs(got - want) > 1e-2 * std::abs(want)) ++wrong;  // 16-bit rounding
         continue;
@@ -341,19 +375,22 @@ int run(const Args& a) {
     const double algbw = time_us > 0 ? static_cast<double>(count * esize) / (time_us * 1e3) : 0;
     double factor = 1.0;
     if (a.op == "allreduce") factor = 2.0 * (world - 1) / world;
-    if (a.op == "reduce_scatter" || a.op == "allgather") factor = static_cast<double>(world - 1) / world;
+    if (a.op == "reduce_scatter" || a.op == "allgather")
+      factor = static_cast<double>(world - 1) / world;
     const double busbw = algbw * factor;
     if (rank == 0) {
       if (a.json) {
-        nlohmann::json j{{"backend", a.backend}, {"op", a.op}, {"dtype", dtype_name(dtype)},
-                         {"redop", a.redop}, {"world_size", world}, {"bytes", count * esize},
-                         {"count", count}, {"time_us", time_us}, {"algbw_gbs", algbw},
-                         {"busbw_gbs", busbw}, {"wrong", wrong}};
+        nlohmann::json j{
+            {"backend", a.backend}, {"op", a.op},          {"dtype", dtype_name(dtype)},
+            {"redop", a.redop},     {"world_size", world}, {"bytes", count * esize},
+            {"count", count},       {"time_us", time_us},  {"algbw_gbs", algbw},
+            {"busbw_gbs", busbw},   {"wrong", wrong}};
         std::cout << j.dump() << std::endl;
       } else {
         fmt::print("{:>12} {:>12} {:>6} {:>6} {:>11.1f} {:>9.3f} {:>9.3f} {:>7}\n", count * esize,
-                   count, dtype_name(dtype), a.op == "allgather" || a.op == "broadcast" ? "none" : a.redop,
-                   time_us, algbw, busbw, wrong);
+                   count, dtype_name(dtype),
+                   a.op == "allgather" || a.op == "broadcast" ? "none" : a.redop, time_us, algbw,
+                   busbw, wrong);
         std::fflush(stdout);
       }
     }
@@ -373,7 +410,8 @@ int main(int argc, char** argv) {
   app.add_option("--min-bytes", a.min_bytes, "smallest message (bytes)");
   app.add_option("--max-bytes", a.max_bytes, "largest message (bytes); sizes double");
   app.add_option("--iters", a.iters, "timed iterations per size")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", a.warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", a.warmup, "untimed iterations per size")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--dtype", a.dtype, "fp32 | fp64 | fp16 | bf16 | int64 | int32");
   app.add_option("--redop", a.redop, "sum | avg | max");
   app.add_option("--timeout-s", a.timeout_s, "per-collective timeout in seconds");

@@ -81,11 +81,11 @@ std::string PeerMonitor::diagnose(uint64_t seq) const {
 struct WorkState {
   std::mutex mutex;
   std::condition_variable done_cv;
-  bool done = false;                // guarded by mutex
+  bool done = false;                   // guarded by mutex
   std::atomic<bool> done_flag{false};  // mirrors `done` for lock-free spinning
-  std::exception_ptr error;         // guarded by mutex
+  std::exception_ptr error;            // guarded by mutex
   uint64_t seq = 0;
-  std::string what;                 // "gloo allreduce"
+  std::string what;  // "gloo allreduce"
   int rank = 0;
   std::chrono::milliseconds timeout{0};
   std::shared_ptr<PeerMonitor> monitor;
@@ -163,10 +163,10 @@ void QueuedCommunicator::worker_loop() {
         task.fn();
       } catch (const std::exception& e) {
         std::string diagnosis = monitor_->diagnose(task.state->seq);
-        auto first = Error(ExitCode::kPeerFailed,
-                           fmt::format("{} #{} failed on rank {}@{}: {}; cause: {}",
-                                       task.state->what, task.state->seq, rank_, host_name(),
-                                       diagnosis, e.what()));
+        auto first =
+            Error(ExitCode::kPeerFailed,
+                  fmt::format("{} #{} failed on rank {}@{}: {}; cause: {}", task.state->what,
+                              task.state->seq, rank_, host_name(), diagnosis, e.what()));
         spdlog::error("{}", first.what());
         broken_ = std::make_exception_ptr(first);
         error = broken_;
@@ -208,8 +208,8 @@ void QueuedCommunicator::check_cpu(const BufferView& b, const char* what, const 
   DNALLM_CHECK(!b.device.is_cuda(), ExitCode::kUsage,
                "{} {}: {} is a CUDA buffer; use the nccl backend for GPU tensors", backend_, what,
                arg);
-  DNALLM_CHECK(b.data != nullptr || b.count == 0, ExitCode::kFailure, "{} {}: {} is null",
-               backend_, what, arg);
+  DNALLM_CHECK(b.data != nullptr || b.count == 0, ExitCode::kFailure, "{} {}: {} is null", backend_,
+               what, arg);
 }
 
 WorkPtr QueuedCommunicator::allreduce(BufferView in, BufferView out, ReduceOp op) {
@@ -235,7 +235,8 @@ WorkPtr QueuedCommunicator::reduce_scatter(BufferView in, BufferView out, Reduce
   DNALLM_CHECK(out.count == shard.count && in.dtype == out.dtype, ExitCode::kFailure,
                "reduce_scatter on rank {}: output holds {} x {}, expected this rank's shard of "
                "{} x {} ({} elements)",
-               rank_, out.count, dtype_name(out.dtype), in.count, dtype_name(in.dtype), shard.count);
+               rank_, out.count, dtype_name(out.dtype), in.count, dtype_name(in.dtype),
+               shard.count);
   return submit("reduce_scatter", [this, in, out, op, shard] {
     if (world_ == 1) {
       if (in.data != out.data) std::memmove(out.data, in.data, in.bytes());
@@ -253,7 +254,8 @@ WorkPtr QueuedCommunicator::allgather(BufferView in, BufferView out) {
   DNALLM_CHECK(in.count == shard.count && in.dtype == out.dtype, ExitCode::kFailure,
                "allgather on rank {}: input holds {} x {}, expected this rank's shard of {} x {} "
                "({} elements)",
-               rank_, in.count, dtype_name(in.dtype), out.count, dtype_name(out.dtype), shard.count);
+               rank_, in.count, dtype_name(in.dtype), out.count, dtype_name(out.dtype),
+               shard.count);
   return submit("allgather", [this, in, out] {
     if (world_ == 1) {
       if (in.data != out.data) std::memmove(out.data, in.data, in.bytes());

@@ -91,10 +91,10 @@ class QueuedCommunicator : public Communicator {
 
   std::mutex mutex_;
   std::condition_variable queue_changed_;
-  std::deque<Task> queue_;            // guarded by mutex_
-  bool stopping_ = false;             // guarded by mutex_
-  uint64_t next_seq_ = 1;             // guarded by mutex_
-  std::exception_ptr broken_;         // worker thread only: the first failure
+  std::deque<Task> queue_;     // guarded by mutex_
+  bool stopping_ = false;      // guarded by mutex_
+  uint64_t next_seq_ = 1;      // guarded by mutex_
+  std::exception_ptr broken_;  // worker thread only: the first failure
   std::thread worker_;
 };
 

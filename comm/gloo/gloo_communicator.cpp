@@ -75,8 +75,8 @@ class GlooCommunicator final : public detail::QueuedCommunicator {
       context->connectFullMesh(adapter, device_);
       context_ = context;
     } catch (const gloo::Exception& e) {
-      fail(ExitCode::kPeerFailed, "gloo: rank {} could not connect to its peers via {}: {}",
-           o.rank, attr.hostname, e.what());
+      fail(ExitCode::kPeerFailed, "gloo: rank {} could not connect to its peers via {}: {}", o.rank,
+           attr.hostname, e.what());
     }
     start_worker();
   }
@@ -84,8 +84,7 @@ class GlooCommunicator final : public detail::QueuedCommunicator {
   ~GlooCommunicator() override { stop_worker(); }
 
  protected:
-  void run_allreduce(const BufferView& in, const BufferView& out, ReduceOp op,
-                     uint32_t) override {
+  void run_allreduce(const BufferView& in, const BufferView& out, ReduceOp op, uint32_t) override {
     allreduce_bytes(in.data, out.data, in.count, in.dtype, op);
     if (op == ReduceOp::kAvg) detail::divide_elements(out.dtype, out.data, out.count, world_size());
   }
@@ -105,7 +104,8 @@ class GlooCommunicator final : public detail::QueuedCommunicator {
     const size_t esize = dtype_size(out.dtype);
     std::vector<size_t> bytes_per_rank(static_cast<size_t>(world_size()));
     for (int r = 0; r < world_size(); ++r)
-      bytes_per_rank[static_cast<size_t>(r)] = shard_range(out.count, world_size(), r).count * esize;
+      bytes_per_rank[static_cast<size_t>(r)] =
+          shard_range(out.count, world_size(), r).count * esize;
     // gloo copies the input into its slot itself; an input aliasing the output (in place)
     // is staged so that the copy never overlaps.
     const uint8_t* src = static_cast<const uint8_t*>(in.data);
@@ -157,11 +157,20 @@ class GlooCommunicator final : public detail::QueuedCommunicator {
       opts.setOutput<T>(static_cast<T*>(out), count);
     };
     switch (esize) {
-      case 1: set(uint8_t{}); break;
-      case 2: set(uint16_t{}); break;
-      case 4: set(uint32_t{}); break;
-      case 8: set(uint64_t{}); break;
-      default: fail(ExitCode::kFailure, "gloo: unsupported element size {}", esize);
+      case 1:
+        set(uint8_t{});
+        break;
+      case 2:
+        set(uint16_t{});
+        break;
+      case 4:
+        set(uint32_t{});
+        break;
+      case 8:
+        set(uint64_t{});
+        break;
+      default:
+        fail(ExitCode::kFailure, "gloo: unsupported element size {}", esize);
     }
     const ReduceOp reduce = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
     opts.setReduceFunction([dtype, reduce, esize](void* o, const void* a, const void* b, size_t n) {

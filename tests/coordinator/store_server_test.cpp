@@ -51,7 +51,11 @@ class RawSocket {
     return ::recv(fd_, &b, 1, 0) == 0;
   }
   void hello(const std::string& token) {
-    send(FrameWriter().u8(static_cast<uint8_t>(Op::kHello)).u32(kProtocolVersion).str(token).frame());
+    send(FrameWriter()
+             .u8(static_cast<uint8_t>(Op::kHello))
+             .u32(kProtocolVersion)
+             .str(token)
+             .frame());
   }
 
  private:
@@ -134,10 +138,10 @@ TEST_F(StoreServerTest, OversizedFrameClosesConnection) {
 
 TEST_F(StoreServerTest, MalformedFramesCloseConnection) {
   std::vector<std::vector<uint8_t>> bad = {
-      {0, 0, 0, 0},                                           // empty body
-      FrameWriter().u8(200).frame(),                          // unknown op
-      FrameWriter().u8(static_cast<uint8_t>(Op::kSet)).u32(1000).frame(),  // truncated key
-      FrameWriter().u8(static_cast<uint8_t>(Op::kGet)).str("k").u8(7).frame(),  // trailing
+      {0, 0, 0, 0},                                                                // empty body
+      FrameWriter().u8(200).frame(),                                               // unknown op
+      FrameWriter().u8(static_cast<uint8_t>(Op::kSet)).u32(1000).frame(),          // truncated key
+      FrameWriter().u8(static_cast<uint8_t>(Op::kGet)).str("k").u8(7).frame(),     // trailing
       FrameWriter().u8(static_cast<uint8_t>(Op::kCheck)).u32(0xffffffff).frame(),  // count
   };
   for (const auto& frame : bad) {
