@@ -107,7 +107,7 @@ void run_matrix(Communicator& comm) {
   Checker check{rank};
   const std::vector<DType> dtypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16,
                                      DType::kInt64, DType::kFloat64};
-  const std::vector<size_t> counts = {5, 13, 1031, 70001};
+  const std::vector<size_t> counts = {3, 5, 13, 1031, 70001};
   int cases = 0;
   for (DType t : dtypes) {
     const size_t es = dtype_size(t);
