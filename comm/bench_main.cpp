@@ -6,7 +6,8 @@
 // rank 0 hosts the store at MASTER_PORT); mpi and mpi-raw (plain MPI_Allreduce etc., the
 // peer our mpi backend is compared with) run under mpirun. Every element of every result
 // is checked against a closed-form value. time = median over --iters timed iterations
-// after --warmup untimed ones.
+// after --warmup untimed ones. DNALLM_EXTERNAL_COORDINATOR=1: a coordinator already serves
+// MASTER_PORT, rank 0 does not host one.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -203,7 +204,15 @@ struct CommRunner final : Runner {
 #ifdef DNALLM_HAVE_MPI
 struct RawMpiRunner final : Runner {
   RawMpiRunner() {
-    MPI_Init(nullptr, nullptr);
+    // DNALLM_BENCH_MPI_THREADS=<level>: request an MPI thread level (our mpi backend asks
+    // for MPI_THREAD_SERIALIZED = 2), to compare like with like.
+    if (std::getenv("DNALLM_BENCH_MPI_THREADS") != nullptr) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, std::atoi(std::getenv("DNALLM_BENCH_MPI_THREADS")),
+                      &provided);
+    } else {
+      MPI_Init(nullptr, nullptr);
+    }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &world_);
   }

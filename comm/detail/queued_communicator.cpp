@@ -19,8 +19,9 @@ using Clock = std::chrono::steady_clock;
 // variable. On virtual machines an idle vCPU halts and is woken late (we measured gloo
 // allreduce at a 4 ms floor, one scheduler tick, with blocking waits, and ~0.2 ms with a
 // busy vCPU), so a waiter that keeps its CPU busy during a collective makes it several
-// times faster; MPI polls for the same reason. Past kSpinWait the waiter sleeps, so long
-// waits cost no CPU.
+// times faster. Past kSpinWait the waiter sleeps, so long waits cost no CPU. Backends whose
+// library already busy-polls (MPI) turn it off: a second spinning thread per rank only
+// steals the CPU from the one making progress when ranks share cores.
 constexpr std::chrono::milliseconds kSpinWait{200};
 
 namespace {
@@ -88,6 +89,7 @@ struct WorkState {
   std::string what;  // "gloo allreduce"
   int rank = 0;
   std::chrono::milliseconds timeout{0};
+  std::chrono::milliseconds spin{0};  // Note [Spin wait]
   std::shared_ptr<PeerMonitor> monitor;
 };
 
@@ -103,7 +105,7 @@ class QueuedWork final : public Work {
   void wait() override { wait(state_->timeout + kDiagnosisGrace); }
   void wait(std::chrono::milliseconds timeout) override {
     // See Note [Spin wait].
-    const auto spin_until = Clock::now() + std::min(timeout, kSpinWait);
+    const auto spin_until = Clock::now() + std::min(timeout, state_->spin);
     while (!state_->done_flag.load(std::memory_order_acquire) && Clock::now() < spin_until)
       std::this_thread::yield();
     std::unique_lock<std::mutex> lock(state_->mutex);
@@ -125,11 +127,12 @@ class QueuedWork final : public Work {
 // ---------------------------------------------------------------- QueuedCommunicator
 
 QueuedCommunicator::QueuedCommunicator(const CommOptions& options, int rank, int world_size,
-                                       const char* backend)
+                                       const char* backend, bool spin_wait)
     : rank_(rank),
       world_(world_size),
       backend_(backend),
       timeout_(options.timeout),
+      spin_wait_(spin_wait),
       monitor_(std::make_shared<PeerMonitor>(options.store, options.name, rank, world_size)) {}
 
 QueuedCommunicator::~QueuedCommunicator() { stop_worker(); }
@@ -192,6 +195,7 @@ WorkPtr QueuedCommunicator::submit(const char* what, std::function<void()> fn) {
   state->what = fmt::format("{} {}", backend_, what);
   state->rank = rank_;
   state->timeout = timeout_;
+  state->spin = spin_wait_ ? kSpinWait : std::chrono::milliseconds(0);
   state->monitor = monitor_;
   {
     std::lock_guard<std::mutex> lock(mutex_);

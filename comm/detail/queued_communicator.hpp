@@ -38,7 +38,9 @@ struct WorkState;
 
 class QueuedCommunicator : public Communicator {
  public:
-  QueuedCommunicator(const CommOptions& options, int rank, int world_size, const char* backend);
+  // `spin_wait`: Work::wait polls before sleeping (Note [Spin wait] in the .cpp).
+  QueuedCommunicator(const CommOptions& options, int rank, int world_size, const char* backend,
+                     bool spin_wait);
   // Derived destructors must call stop_worker() first (the worker calls their run_*).
   ~QueuedCommunicator() override;
 
@@ -87,6 +89,7 @@ class QueuedCommunicator : public Communicator {
   const int world_;
   const char* backend_;
   const std::chrono::milliseconds timeout_;
+  const bool spin_wait_;
   std::shared_ptr<PeerMonitor> monitor_;
 
   std::mutex mutex_;

@@ -60,7 +60,7 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
 class GlooCommunicator final : public detail::QueuedCommunicator {
  public:
   explicit GlooCommunicator(const CommOptions& o)
-      : QueuedCommunicator(o, o.rank, o.world_size, "gloo") {
+      : QueuedCommunicator(o, o.rank, o.world_size, "gloo", /*spin_wait=*/true) {
     DNALLM_CHECK(o.store != nullptr, ExitCode::kUsage,
                  "the gloo backend needs a coordinator store (MASTER_ADDR/MASTER_PORT)");
     DNALLM_CHECK(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, ExitCode::kUsage,

@@ -62,7 +62,8 @@ class MpiCommunicator final : public detail::QueuedCommunicator {
   }
 
   MpiCommunicator(const CommOptions& o, bool initialised_here, int rank, int size)
-      : QueuedCommunicator(o, rank, size, "mpi"), initialised_here_(initialised_here) {
+      : QueuedCommunicator(o, rank, size, "mpi", /*spin_wait=*/false),
+        initialised_here_(initialised_here) {
     DNALLM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
     DNALLM_MPI_CHECK(MPI_Op_create(&half_reduce<DType::kFloat16, ReduceOp::kSum>, 1, &fp16_sum_));
     DNALLM_MPI_CHECK(MPI_Op_create(&half_reduce<DType::kFloat16, ReduceOp::kMax>, 1, &fp16_max_));
