@@ -190,6 +190,33 @@ TEST_F(StoreServerTest, ServerGoneRaisesPeerFailedWithinTimeout) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 8s);
 }
 
+TEST(StoreServerExtension, RegisteredOpIsDispatchedAndRepliesLater) {
+  // How rendezvous / heartbeats plug in: a new op code with its own handler, which may
+  // answer later on the io thread.
+  StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.token = "t";
+  StoreServer server(o);
+  constexpr uint8_t kEcho = 40;
+  server.register_handler(kEcho, [](FrameReader& args, Responder reply) {
+    auto text = args.str();
+    args.expect_done();
+    reply.send(Status::kOk, FrameWriter().str("echo:" + text));
+  });
+  EXPECT_THROW(server.register_handler(static_cast<uint8_t>(Op::kSet), {}), Error);
+  server.start();
+  EXPECT_THROW(server.register_handler(41, {}), Error);
+  RawSocket raw(server.port());
+  raw.hello("t");
+  ASSERT_TRUE(raw.recv_frame().has_value());
+  raw.send(FrameWriter().u8(kEcho).str("hi").frame());
+  auto reply = raw.recv_frame();
+  ASSERT_TRUE(reply.has_value());
+  FrameReader r(reply->data(), reply->size());
+  EXPECT_EQ(r.u8(), static_cast<uint8_t>(Status::kOk));
+  EXPECT_EQ(r.str(), "echo:hi");
+}
+
 TEST(CoordinatorMain, HelpAndBadUsage) {
   std::string bin = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-coordinator";
   EXPECT_EQ(std::system((bin + " --help > /dev/null").c_str()), 0);
