@@ -1,0 +1,175 @@
+#include "checkpoint/reader.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace dnallm::checkpoint {
+
+namespace fs = std::filesystem;
+
+CheckpointReader CheckpointReader::open(const fs::path& path) {
+  fs::path dir = path;
+  if (!is_step_dir(path)) {
+    auto latest = latest_step_dir(path);
+    if (latest) {
+      dir = *latest;
+    } else {
+      auto all = list_committed(path);
+      if (all.empty())
+        fail(ExitCode::kCheckpointCorrupt, "{} holds no committed checkpoint (no step_*/{})",
+             path.string(), kManifestName);
+      dir = all.back().second;
+    }
+  }
+  CheckpointReader r;
+  r.dir_ = dir;
+  r.manifest_ = read_manifest(dir);
+  for (const auto& d : r.manifest_.shards) {
+    ShardFile f(dir / d.file);
+    if (f.size() != d.bytes)
+      fail(ExitCode::kCheckpointCorrupt,
+           "checkpoint shard {} is {} bytes, the manifest says {} (truncated?)", f.path().string(),
+           f.size(), d.bytes);
+    if (f.stored_file_hash() != d.xxh64)
+      fail(ExitCode::kCheckpointCorrupt,
+           "checkpoint shard {} has file hash {:016x}, the manifest says {:016x}",
+           f.path().string(), f.stored_file_hash(), d.xxh64);
+    for (const auto& range : d.ranges) {
+      const ShardTensor* t = f.find(range.tensor);
+      if (!t || t->begin != range.begin || t->end != range.end)
+        fail(ExitCode::kCheckpointCorrupt,
+             "checkpoint shard {} does not hold range [{}, {}) of '{}' the manifest lists",
+             f.path().string(), range.begin, range.end, range.tensor);
+    }
+    r.shards_.push_back(std::move(f));
+  }
+  return r;
+}
+
+void CheckpointReader::verify() const {
+  for (const auto& s : shards_) s.verify();
+}
+
+void CheckpointReader::read_range(const std::string& tensor, uint64_t begin, uint64_t end,
+                                  void* out) const {
+  const TensorSpec* spec = manifest_.find(tensor);
+  if (!spec) fail(ExitCode::kUsage, "checkpoint {} has no tensor '{}'", dir_.string(), tensor);
+  if (begin > end || end > spec->numel())
+    fail(ExitCode::kUsage, "range [{}, {}) is outside tensor '{}' of {} elements", begin, end,
+         tensor, spec->numel());
+  const size_t es = dtype_size(spec->dtype);
+  auto* dst = static_cast<uint8_t*>(out);
+  // Collect the pieces the shards hold, then check they cover [begin, end).
+  std::vector<std::pair<uint64_t, uint64_t>> covered;
+  for (const auto& shard : shards_) {
+    const ShardTensor* t = shard.find(tensor);
+    if (!t) continue;
+    const uint64_t lo = std::max(begin, t->begin), hi = std::min(end, t->end);
+    if (lo >= hi) continue;
+    shard.read(*t, lo, hi, dst + (lo - begin) * es);
+    covered.emplace_back(lo, hi);
+  }
+  std::sort(covered.begin(), covered.end());
+  uint64_t at = begin;
+  for (const auto& [lo, hi] : covered) {
+    if (lo > at) break;
+    at = std::max(at, hi);
+  }
+  if (at < end)
+    fail(ExitCode::kCheckpointCorrupt,
+         "checkpoint {}: no shard holds elements [{}, {}) of tensor '{}'", dir_.string(), at, end,
+         tensor);
+}
+
+std::vector<uint8_t> CheckpointReader::read_tensor(const std::string& tensor) const {
+  const TensorSpec* spec = manifest_.find(tensor);
+  if (!spec) fail(ExitCode::kUsage, "checkpoint {} has no tensor '{}'", dir_.string(), tensor);
+  std::vector<uint8_t> out(spec->numel() * dtype_size(spec->dtype));
+  read_range(tensor, 0, spec->numel(), out.data());
+  return out;
+}
+
+std::optional<CheckpointReader> find_resume(const fs::path& root, const std::string& resume) {
+  if (resume == "none") return std::nullopt;
+  fs::path base = root;
+  if (resume != "auto") {
+    base = resume;
+    if (is_step_dir(base)) {
+      CheckpointReader r = CheckpointReader::open(base);
+      r.verify();
+      return r;
+    }
+  }
+  std::vector<fs::path> candidates;
+  if (auto latest = latest_step_dir(base)) candidates.push_back(*latest);
+  auto all = list_committed(base);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (std::find(candidates.begin(), candidates.end(), it->second) == candidates.end())
+      candidates.push_back(it->second);
+  }
+  if (candidates.empty()) return std::nullopt;
+  std::string last_error;
+  for (const auto& dir : candidates) {
+    try {
+      CheckpointReader r = CheckpointReader::open(dir);
+      r.verify();
+      return r;
+    } catch (const Error& e) {
+      if (e.code() != ExitCode::kCheckpointCorrupt) throw;
+      last_error = e.what();
+      spdlog::warn("skipping damaged checkpoint {}: {}; trying the previous one", dir.string(),
+                   e.what());
+    }
+  }
+  fail(ExitCode::kCheckpointCorrupt,
+       "no usable checkpoint under {}: all {} committed checkpoints are damaged (last: {}); "
+       "restore the directory or start with resume = \"none\"",
+       base.string(), candidates.size(), last_error);
+}
+
+void check_compatible(const CheckpointReader& ckpt, const Expectation& expected) {
+  const Manifest& m = ckpt.manifest();
+  const std::string dir = ckpt.dir().string();
+  for (const auto& want : expected.layout) {
+    const TensorSpec* have = m.find(want.name);
+    if (!have)
+      fail(ExitCode::kUsage,
+           "checkpoint {} has no tensor '{}': it was saved from another model; point "
+           "[checkpoint] dir elsewhere or set resume = \"none\"",
+           dir, want.name);
+    if (*have != want)
+      fail(ExitCode::kUsage,
+           "checkpoint {} holds tensor '{}' as {} {}, the model expects {} {}: it was saved "
+           "from another model configuration",
+           dir, want.name, dtype_name(have->dtype), fmt::join(have->shape, "x"),
+           dtype_name(want.dtype), fmt::join(want.shape, "x"));
+  }
+  if (expected.layout.size() && m.tensors.size() != expected.layout.size())
+    fail(ExitCode::kUsage, "checkpoint {} holds {} tensors, the model has {}", dir,
+         m.tensors.size(), expected.layout.size());
+  if (expected.config_hash) {
+    const auto it = m.state.find("config_hash");
+    const std::string have =
+        (it != m.state.end() && it->is_string()) ? it->get<std::string>() : std::string("<none>");
+    if (have != *expected.config_hash)
+      fail(ExitCode::kUsage,
+           "checkpoint {} was saved with config hash {}, this run has {}: the model or "
+           "training configuration changed",
+           dir, have, *expected.config_hash);
+  }
+  if (expected.tokenizer) {
+    const auto it = m.state.find("tokenizer");
+    if (it == m.state.end() || *it != *expected.tokenizer)
+      fail(ExitCode::kUsage,
+           "checkpoint {} was saved with tokenizer {}, this run uses {}: resume with the same "
+           "[tokenizer] settings",
+           dir, it == m.state.end() ? std::string("<none>") : it->dump(),
+           expected.tokenizer->dump());
+  }
+}
+
+}  // namespace dnallm::checkpoint

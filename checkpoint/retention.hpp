@@ -1,0 +1,31 @@
+// Which committed checkpoints to delete. The policy is a pure function; the action
+// removes directories under a root.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+namespace dnallm::checkpoint {
+
+struct RetentionPolicy {
+  int keep_last = 0;       // keep the N newest committed checkpoints; <= 0 keeps all
+  int64_t keep_every = 0;  // also keep steps divisible by K; <= 0 disables
+};
+
+// Steps of `committed` (any order) to delete. Never returns the newest step,
+// `protected_step` (the one being loaded or written) or `latest_step` (LATEST's target).
+std::vector<int64_t> steps_to_delete(std::vector<int64_t> committed, const RetentionPolicy& p,
+                                     std::optional<int64_t> protected_step,
+                                     std::optional<int64_t> latest_step);
+
+// Applies the policy to the committed checkpoints under `root`. A directory is
+// uncommitted first (its manifest removed, directory fsync'ed) so that a crash halfway
+// never leaves a damaged "committed" checkpoint. Returns the removed directories.
+// Called by the committer after commit_step(), never concurrently with itself.
+std::vector<std::filesystem::path> apply_retention(const std::filesystem::path& root,
+                                                   const RetentionPolicy& p,
+                                                   std::optional<int64_t> protected_step);
+
+}  // namespace dnallm::checkpoint

@@ -1,0 +1,304 @@
+#include "checkpoint/shard_file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/durable_io.hpp"
+#include "core/error.hpp"
+
+namespace dnallm::checkpoint {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+void put_u64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint64_t get_u64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+// Writes through an OutFile while hashing every byte (the file hash).
+class HashingWriter {
+ public:
+  explicit HashingWriter(OutFile& f) : f_(f), state_(XXH64_createState()) {
+    XXH64_reset(state_, 0);
+  }
+  ~HashingWriter() { XXH64_freeState(state_); }
+  void write(const void* p, size_t n) {
+    XXH64_update(state_, p, n);
+    f_.write(p, n);
+  }
+  uint64_t digest() const { return XXH64_digest(state_); }
+  uint64_t offset() const { return f_.written(); }
+
+ private:
+  OutFile& f_;
+  XXH64_state_t* state_;
+};
+
+}  // namespace
+
+std::string shard_file_name(int rank) { return fmt::format("shard_{:05d}.dnc", rank); }
+
+ShardDescriptor write_shard(const fs::path& step_dir, int rank,
+                            const std::vector<TensorSlice>& slices, const CodecOptions& codec) {
+  DNALLM_CHECK(rank >= 0, ExitCode::kUsage, "write_shard: rank {} is negative", rank);
+  std::map<std::string, const TensorSlice*> seen;
+  for (const auto& s : slices) {
+    DNALLM_CHECK(s.begin <= s.end && s.end <= s.spec.numel(), ExitCode::kUsage,
+                 "slice [{}, {}) of tensor '{}' lies outside its {} elements", s.begin, s.end,
+                 s.spec.name, s.spec.numel());
+    DNALLM_CHECK(s.data != nullptr || s.count() == 0, ExitCode::kUsage,
+                 "slice of tensor '{}' has no data", s.spec.name);
+    DNALLM_CHECK(seen.emplace(s.spec.name, &s).second, ExitCode::kUsage,
+                 "tensor '{}' appears twice in one shard", s.spec.name);
+  }
+  fs::create_directories(step_dir);
+  const std::string name = shard_file_name(rank);
+  const fs::path final_path = step_dir / name;
+  const fs::path tmp_path = step_dir / (name + fmt::format(".tmp.{}", ::getpid()));
+
+  ShardDescriptor desc;
+  desc.rank = rank;
+  desc.file = name;
+  try {
+    OutFile f(tmp_path);
+    HashingWriter w(f);
+    uint8_t header[kHeaderBytes] = {};
+    std::memcpy(header, kShardMagic, 8);
+    header[8] = static_cast<uint8_t>(kShardVersion);
+    w.write(header, sizeof header);
+
+    json index;
+    index["rank"] = rank;
+    index["codec"] = codec_name(codec.codec);
+    index["level"] = codec.level;
+    index["byte_grouping"] = codec.byte_grouping;
+    json jtensors = json::array();
+    std::vector<uint8_t> stored;
+    for (const auto& s : slices) {
+      const size_t es = dtype_size(s.spec.dtype);
+      const uint64_t per_chunk = std::max<uint64_t>(1, codec.chunk_bytes / es);
+      json chunks = json::array();
+      const auto* base = static_cast<const uint8_t*>(s.data);
+      for (uint64_t e = s.begin; e < s.end; e += per_chunk) {
+        const uint64_t n = std::min(per_chunk, s.end - e);
+        ChunkEncoding enc =
+            encode_chunk(base + (e - s.begin) * es, n * es, s.spec.dtype, codec, stored);
+        const uint64_t off = w.offset();
+        w.write(stored.data(), stored.size());
+        chunks.push_back({off, stored.size(), e, n, static_cast<int>(enc),
+                          XXH64(stored.data(), stored.size(), 0)});
+      }
+      jtensors.push_back({{"name", s.spec.name},
+                          {"dtype", dtype_name(s.spec.dtype)},
+                          {"shape", s.spec.shape},
+                          {"begin", s.begin},
+                          {"end", s.end},
+                          {"chunks", std::move(chunks)}});
+      desc.tensors.push_back(s.spec);
+      desc.ranges.push_back({s.spec.name, s.begin, s.end});
+    }
+    index["tensors"] = std::move(jtensors);
+    const std::string itext = index.dump();
+    const uint64_t index_offset = w.offset();
+    w.write(itext.data(), itext.size());
+
+    uint8_t footer[kFooterBytes];
+    put_u64(footer, index_offset);
+    put_u64(footer + 8, itext.size());
+    put_u64(footer + 16, XXH64(itext.data(), itext.size(), 0));
+    w.write(footer, 24);
+    desc.xxh64 = w.digest();  // covers everything before the file-hash field
+    put_u64(footer + 24, desc.xxh64);
+    std::memcpy(footer + 32, kFooterMagic, 8);
+    f.write(footer + 24, 16);
+    desc.bytes = f.written();
+    f.sync();
+    f.close();
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp_path, ec);
+    throw;
+  }
+  DNALLM_SYSCHECK(::rename(tmp_path.c_str(), final_path.c_str()), final_path.string());
+  fsync_dir(step_dir);
+  return desc;
+}
+
+ShardFile::ShardFile(const fs::path& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0)
+    fail(ExitCode::kCheckpointCorrupt, "checkpoint shard {} cannot be opened: {}", path.string(),
+         errno_string());
+  struct stat st {};
+  DNALLM_SYSCHECK(::fstat(fd_, &st), path.string());
+  size_ = static_cast<uint64_t>(st.st_size);
+  auto corrupt = [&](const std::string& why) {
+    ::close(fd_);
+    fd_ = -1;
+    fail(ExitCode::kCheckpointCorrupt, "checkpoint shard {} is damaged: {}", path.string(), why);
+  };
+  if (size_ < kHeaderBytes + kFooterBytes) corrupt(fmt::format("only {} bytes", size_));
+  uint8_t header[kHeaderBytes];
+  uint8_t footer[kFooterBytes];
+  pread_all(0, header, sizeof header);
+  pread_all(size_ - kFooterBytes, footer, sizeof footer);
+  if (std::memcmp(header, kShardMagic, 8) != 0) corrupt("bad magic (not a .dnc shard)");
+  if (header[8] != kShardVersion)
+    corrupt(fmt::format("format version {} (this build reads {})", header[8], kShardVersion));
+  if (std::memcmp(footer + 32, kFooterMagic, 8) != 0)
+    corrupt("footer missing (file truncated or not finished)");
+  const uint64_t ioff = get_u64(footer), isize = get_u64(footer + 8);
+  file_hash_ = get_u64(footer + 24);
+  if (ioff < kHeaderBytes || ioff + isize != size_ - kFooterBytes)
+    corrupt("index position does not match the file size (truncated?)");
+  std::string itext(isize, '\0');
+  pread_all(ioff, itext.data(), isize);
+  if (XXH64(itext.data(), itext.size(), 0) != get_u64(footer + 16))
+    corrupt("index checksum mismatch");
+  try {
+    json index = json::parse(itext);
+    for (const auto& jt : index.at("tensors")) {
+      ShardTensor t;
+      t.spec.name = jt.at("name").get<std::string>();
+      t.spec.dtype = parse_dtype(jt.at("dtype").get<std::string>());
+      t.spec.shape = jt.at("shape").get<std::vector<int64_t>>();
+      t.begin = jt.at("begin").get<uint64_t>();
+      t.end = jt.at("end").get<uint64_t>();
+      for (const auto& c : jt.at("chunks")) {
+        ChunkEntry ch;
+        ch.offset = c.at(0).get<uint64_t>();
+        ch.stored_size = c.at(1).get<uint64_t>();
+        ch.elem_begin = c.at(2).get<uint64_t>();
+        ch.elem_count = c.at(3).get<uint64_t>();
+        ch.encoding = static_cast<ChunkEncoding>(c.at(4).get<int>());
+        ch.xxh64 = c.at(5).get<uint64_t>();
+        if (ch.offset + ch.stored_size > ioff) corrupt("chunk lies outside the data region");
+        t.chunks.push_back(ch);
+      }
+      tensors_.push_back(std::move(t));
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    corrupt(fmt::format("index unreadable: {}", e.what()));
+  }
+}
+
+ShardFile::~ShardFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+ShardFile::ShardFile(ShardFile&& o) noexcept
+    : path_(std::move(o.path_)),
+      fd_(o.fd_),
+      size_(o.size_),
+      file_hash_(o.file_hash_),
+      tensors_(std::move(o.tensors_)) {
+  o.fd_ = -1;
+}
+
+const ShardTensor* ShardFile::find(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.spec.name == name) return &t;
+  return nullptr;
+}
+
+void ShardFile::pread_all(uint64_t offset, void* out, size_t size) const {
+  auto* p = static_cast<uint8_t*>(out);
+  while (size > 0) {
+    ssize_t n = ::pread(fd_, p, size, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      fail(ExitCode::kCheckpointCorrupt, "reading checkpoint shard {} at offset {} failed: {}",
+           path_.string(), offset, n == 0 ? "unexpected end of file" : errno_string());
+    p += n;
+    offset += static_cast<uint64_t>(n);
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void ShardFile::read_chunk(const ShardTensor& t, size_t i, uint8_t* out) const {
+  const ChunkEntry& c = t.chunks.at(i);
+  std::vector<uint8_t> stored(c.stored_size);
+  pread_all(c.offset, stored.data(), stored.size());
+  const std::string where =
+      fmt::format("checkpoint shard {} tensor '{}' chunk {}", path_.string(), t.spec.name, i);
+  if (XXH64(stored.data(), stored.size(), 0) != c.xxh64)
+    fail(ExitCode::kCheckpointCorrupt, "{}: checksum mismatch (file damaged)", where);
+  decode_chunk(stored.data(), stored.size(), c.encoding, t.spec.dtype, out,
+               c.elem_count * dtype_size(t.spec.dtype), where);
+}
+
+void ShardFile::read(const ShardTensor& t, uint64_t begin, uint64_t end, uint8_t* out) const {
+  DNALLM_CHECK(t.begin <= begin && begin <= end && end <= t.end, ExitCode::kFailure,
+               "read [{}, {}) outside shard range [{}, {}) of '{}'", begin, end, t.begin, t.end,
+               t.spec.name);
+  const size_t es = dtype_size(t.spec.dtype);
+  std::vector<uint8_t> buf;
+  for (size_t i = 0; i < t.chunks.size(); ++i) {
+    const ChunkEntry& c = t.chunks[i];
+    const uint64_t lo = std::max(begin, c.elem_begin);
+    const uint64_t hi = std::min(end, c.elem_begin + c.elem_count);
+    if (lo >= hi) continue;
+    if (lo == c.elem_begin && hi == c.elem_begin + c.elem_count) {
+      read_chunk(t, i, out + (lo - begin) * es);  // whole chunk: decode in place
+      continue;
+    }
+    buf.resize(c.elem_count * es);
+    read_chunk(t, i, buf.data());
+    std::memcpy(out + (lo - begin) * es, buf.data() + (lo - c.elem_begin) * es, (hi - lo) * es);
+  }
+}
+
+void ShardFile::verify() const {
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  std::vector<uint8_t> buf(size_t{1} << 20);
+  const uint64_t hashed = size_ - 16;
+  try {
+    for (uint64_t off = 0; off < hashed;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), hashed - off));
+      pread_all(off, buf.data(), n);
+      XXH64_update(st, buf.data(), n);
+      off += n;
+    }
+  } catch (...) {
+    XXH64_freeState(st);
+    throw;
+  }
+  const uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  // Name the damaged chunk first when there is one: it is the more useful message.
+  for (const auto& t : tensors_) {
+    for (size_t i = 0; i < t.chunks.size(); ++i) {
+      const ChunkEntry& c = t.chunks[i];
+      std::vector<uint8_t> stored(c.stored_size);
+      pread_all(c.offset, stored.data(), stored.size());
+      if (XXH64(stored.data(), stored.size(), 0) != c.xxh64)
+        fail(ExitCode::kCheckpointCorrupt,
+             "checkpoint shard {} tensor '{}' chunk {}: checksum mismatch (file damaged)",
+             path_.string(), t.spec.name, i);
+    }
+  }
+  if (h != file_hash_)
+    fail(ExitCode::kCheckpointCorrupt, "checkpoint shard {}: file checksum mismatch",
+         path_.string());
+}
+
+}  // namespace dnallm::checkpoint

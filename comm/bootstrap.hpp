@@ -1,0 +1,46 @@
+// Bootstrap of a process group from a rank's place in the job: the store every rank connects
+// to (served by rank 0, or by an external coordinator such as dnallm-launch's), and the
+// communicator built on it. Shared by dnallm-train and dnallm-bench-comm.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.hpp"
+#include "coordinator/store.hpp"
+#include "coordinator/store_server.hpp"
+
+namespace dnallm::comm {
+
+struct ProcessGroupOptions {
+  std::string backend = "auto";  // see CommOptions::backend
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";  // "" = no store (mpi only: MPI bootstraps itself)
+  int master_port = 29500;
+  std::string token;                      // DNALLM_JOB_TOKEN
+  // Rank 0 serves the store at master_port unless an external coordinator already does.
+  bool rank0_hosts_store = true;
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // per collective
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  std::string name = "default";  // communicator name (unique per group in a job)
+  Device device{};
+};
+
+// Holds what keeps the group alive; destroy the communicator before the store.
+struct ProcessGroup {
+  std::unique_ptr<coordinator::StoreServer> server;  // rank 0 only, when it hosts the store
+  std::shared_ptr<coordinator::Store> store;
+  std::unique_ptr<Communicator> comm;
+  ~ProcessGroup();
+  ProcessGroup() = default;
+  ProcessGroup(ProcessGroup&&) = default;
+  ProcessGroup& operator=(ProcessGroup&&) = default;
+};
+
+// Connects this rank (blocking, collective over all ranks, up to connect_timeout + timeout).
+// Throws Error(kPeerFailed) when peers do not come, Error(kUsage) for a bad backend.
+ProcessGroup connect_process_group(const ProcessGroupOptions& options);
+
+}  // namespace dnallm::comm

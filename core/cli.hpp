@@ -1,0 +1,38 @@
+// Command-line conventions shared by every binary (CLI11).
+//
+// - `--help` prints the complete help and exits 0.
+// - Bad usage prints one line "<prog>: <what>; run '<prog> --help'" and exits 2.
+// - A dnallm::Error ends the process with its ExitCode and one logged line.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "core/config.hpp"
+
+namespace dnallm {
+
+// Options every configuration-reading binary accepts.
+struct ConfigOptions {
+  std::string config_path;              // --config FILE
+  std::vector<std::string> overrides;   // --set section.key=value (repeatable)
+  std::string metrics_file;             // --metrics-file PATH (= --set logging.metrics_file=PATH)
+  std::string log_level;                // --log-level LEVEL (= --set logging.level=LEVEL)
+  bool print_config = false;            // --print-config: print resolved TOML and exit 0
+};
+
+void add_config_options(CLI::App& app, ConfigOptions& options);
+
+// Loads the configuration with the options' precedence: --set > --metrics-file/--log-level
+// shorthands... > file > defaults. Throws Error(kUsage).
+Config resolve_config(const ConfigOptions& options);
+
+// Runs `body` with the conventions above; returns the process exit code. `parse` is called
+// with argc/argv to let CLI11 parse (it throws CLI::ParseError on bad usage).
+int run_main(const std::string& prog, CLI::App& app, int argc, char** argv,
+             const std::function<int()>& body);
+
+}  // namespace dnallm

@@ -1,0 +1,278 @@
+#include "launcher/launch_plan.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cstring>
+
+#include "cluster/hostlist.hpp"
+#include "core/error.hpp"
+
+namespace dnallm::launcher {
+
+int resolve_nproc(const std::string& spec, const cluster::EnvMap& env, int gpu_device_count) {
+  if (spec == "auto") {
+    auto it = env.find("CUDA_VISIBLE_DEVICES");
+    if (it != env.end()) {
+      // "0,1,3" -> 3; "" or "-1" hide every GPU -> fall back to one CPU worker.
+      int n = 0;
+      std::size_t pos = 0;
+      const std::string& v = it->second;
+      while (pos <= v.size()) {
+        std::size_t end = v.find(',', pos);
+        if (end == std::string::npos) end = v.size();
+        std::string item = v.substr(pos, end - pos);
+        if (item.empty() || item[0] == '-') break;  // CUDA stops at the first invalid id
+        ++n;
+        pos = end + 1;
+      }
+      return std::max(1, n);
+    }
+    return std::max(1, gpu_device_count);
+  }
+  std::size_t used = 0;
+  long v = 0;
+  try {
+    v = std::stol(spec, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (spec.empty() || used != spec.size() || v < 1 || v > 4096) {
+    fail(ExitCode::kUsage, "--nproc-per-node '{}' must be a positive integer or 'auto'", spec);
+  }
+  return static_cast<int>(v);
+}
+
+int count_nvidia_devices(const std::string& dev_dir) {
+  DIR* d = ::opendir(dev_dir.c_str());
+  if (d == nullptr) return 0;
+  int n = 0;
+  while (dirent* e = ::readdir(d)) {
+    const char* name = e->d_name;
+    if (std::strncmp(name, "nvidia", 6) != 0 || name[6] == '\0') continue;
+    bool digits = true;
+    for (const char* p = name + 6; *p != '\0'; ++p) {
+      if (!std::isdigit(static_cast<unsigned char>(*p))) digits = false;
+    }
+    if (digits) ++n;
+  }
+  ::closedir(d);
+  return n;
+}
+
+// Note [OMP_NUM_THREADS]: each worker's intra-op pool (OpenMP in LibTorch and BLAS) sizes
+// itself to every core by default, so N workers on one node would run N x cores threads
+// and thrash. Splitting the cores evenly keeps CPU training fast while avoiding
+// oversubscription; torchrun's choice of 1 is safe for GPU runs but wastes cores on CPU
+// runs. A user's own OMP_NUM_THREADS always wins.
+int default_omp_threads(int cores, int nproc_per_node) {
+  return std::max(1, cores / std::max(1, nproc_per_node));
+}
+
+std::string generate_job_token() {
+  unsigned char bytes[16];
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  DNALLM_SYSCHECK(fd, "/dev/urandom");
+  std::size_t got = 0;
+  while (got < sizeof(bytes)) {
+    ssize_t n = ::read(fd, bytes + got, sizeof(bytes) - got);
+    if (n <= 0) {
+      int e = errno;
+      ::close(fd);
+      fail(ExitCode::kFailure, "cannot read /dev/urandom: {}", errno_string(e));
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+int pick_free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  DNALLM_SYSCHECK(fd, "socket for a free port");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    int e = errno;
+    ::close(fd);
+    fail(ExitCode::kFailure, "cannot bind a free TCP port: {}", errno_string(e));
+  }
+  socklen_t len = sizeof(addr);
+  int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int e = errno;
+  ::close(fd);
+  if (rc != 0) fail(ExitCode::kFailure, "getsockname failed: {}", errno_string(e));
+  return ntohs(addr.sin_port);
+}
+
+std::string self_exe_dir() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  DNALLM_SYSCHECK(n, "/proc/self/exe");
+  std::string path(buf, static_cast<std::size_t>(n));
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+std::vector<WorkerSpec> make_worker_specs(const LaunchPlan& plan, const cluster::EnvMap& base_env,
+                                          int restart_count, const std::string& restart_reason) {
+  std::vector<WorkerSpec> specs;
+  for (int local = 0; local < plan.nproc_per_node; ++local) {
+    cluster::EnvMap env = base_env;
+    int rank = plan.node_rank * plan.nproc_per_node + local;
+    env["RANK"] = std::to_string(rank);
+    env["LOCAL_RANK"] = std::to_string(local);
+    env["WORLD_SIZE"] = std::to_string(plan.world_size());
+    env["LOCAL_WORLD_SIZE"] = std::to_string(plan.nproc_per_node);
+    env["GROUP_RANK"] = std::to_string(plan.node_rank);
+    env["GROUP_WORLD_SIZE"] = std::to_string(plan.nnodes);
+    env["MASTER_ADDR"] = plan.master_addr;
+    env["MASTER_PORT"] = std::to_string(plan.master_port);
+    env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
+    env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(plan.max_restarts);
+    env["TORCHELASTIC_RUN_ID"] = plan.run_id;
+    env["DNALLM_GENERATION"] = std::to_string(restart_count);
+    env["DNALLM_JOB_TOKEN"] = plan.job_token;
+    // For rank 0's {"event":"restart","generation":N,"reason":...} metrics line.
+    if (restart_count > 0 && !restart_reason.empty()) {
+      env["DNALLM_RESTART_REASON"] = restart_reason;
+    } else {
+      env.erase("DNALLM_RESTART_REASON");
+    }
+    if (env.find("OMP_NUM_THREADS") == env.end() && plan.omp_num_threads > 0) {
+      env["OMP_NUM_THREADS"] = std::to_string(plan.omp_num_threads);
+    }
+    WorkerSpec spec;
+    spec.rank = rank;
+    spec.local_rank = local;
+    spec.argv = plan.command;
+    for (const auto& kv : env) spec.env.push_back(kv.first + "=" + kv.second);
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+LaunchPlan resolve_launch_plan(const LaunchRequest& req, const cluster::EnvMap& env,
+                               const HostFacts& host) {
+  LaunchPlan plan;
+  plan.nproc_per_node = resolve_nproc(req.nproc_per_node, env, host.gpu_devices);
+  if (req.master_port && (*req.master_port < 0 || *req.master_port > 65535)) {
+    fail(ExitCode::kUsage, "--master-port {} is not in [0, 65535]", *req.master_port);
+  }
+  if (req.max_restarts < 0) {
+    fail(ExitCode::kUsage, "--max-restarts {} must be >= 0", req.max_restarts);
+  }
+
+  cluster::NodeOverrides node;
+  node.nnodes = req.nnodes;
+  node.node_rank = req.node_rank;
+  node.master_addr = req.master_addr;
+  node.master_port = req.master_port;
+  cluster::NodePlacement placement = cluster::detect_node_placement(env, node);
+  plan.nnodes = placement.nnodes;
+  plan.node_rank = placement.node_rank;
+  plan.placement_source = cluster::to_string(placement.source);
+  plan.hosts = placement.hosts;
+  plan.master_addr = placement.master_addr;
+  plan.master_port = placement.master_port;
+  if (req.master_port && *req.master_port != 0) {
+    plan.master_port_source = "from --master-port";
+  } else if (plan.master_port != 0) {
+    plan.master_port_source =
+        env.count("MASTER_PORT") ? "from MASTER_PORT" : "from the Slurm job id";
+  } else {
+    // detect_node_placement refuses port 0 with several nodes: this is one node.
+    plan.master_port = host.pick_port();
+    plan.master_port_source = "picked free";
+  }
+  if (plan.nnodes > 1 && req.max_restarts > 0) {
+    fail(ExitCode::kUsage,
+         "--max-restarts {} with {} nodes needs the elastic coordinator, which is not there "
+         "yet; use --max-restarts 0",
+         req.max_restarts, plan.nnodes);
+  }
+  plan.max_restarts = req.max_restarts;
+
+  if (!req.run_id.empty()) {
+    plan.run_id = req.run_id;
+  } else if (auto it = env.find("SLURM_JOB_ID"); it != env.end() && !it->second.empty()) {
+    plan.run_id = it->second;
+  }
+  if (auto it = env.find("DNALLM_JOB_TOKEN"); it != env.end() && !it->second.empty()) {
+    plan.job_token = it->second;
+    plan.job_token_source = "from DNALLM_JOB_TOKEN";
+  } else {
+    plan.job_token = host.make_token();
+    plan.job_token_source = "generated";
+  }
+  if (env.find("OMP_NUM_THREADS") == env.end()) {
+    plan.omp_num_threads = default_omp_threads(host.cores, plan.nproc_per_node);
+  }
+
+  if (!req.command.empty()) {
+    plan.command = req.command;
+  } else {
+    std::vector<std::string>& c = plan.command;
+    c.push_back(host.exe_dir + "/dnallm-train");
+    if (!req.config.empty()) c.insert(c.end(), {"--config", req.config});
+    for (const auto& s : req.sets) c.insert(c.end(), {"--set", s});
+    if (!req.metrics_file.empty()) c.insert(c.end(), {"--metrics-file", req.metrics_file});
+    if (req.log_level) c.insert(c.end(), {"--log-level", *req.log_level});
+  }
+  return plan;
+}
+
+namespace {
+std::string shell_quote(const std::string& s) {
+  bool plain = !s.empty();
+  for (char c : s) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_./=:,@%+", c))) {
+      plain = false;
+    }
+  }
+  if (plain) return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+}  // namespace
+
+std::string describe_plan(const LaunchPlan& plan, const std::string& backend,
+                          const std::string& backend_source) {
+  std::string cmd;
+  for (const auto& a : plan.command) cmd += (cmd.empty() ? "" : " ") + shell_quote(a);
+  std::string out;
+  out += "dnallm-launch dry run (nothing started)\n";
+  out += fmt::format("  nodes          : {} (this node: rank {}; from {})\n", plan.nnodes,
+                     plan.node_rank, plan.placement_source);
+  if (!plan.hosts.empty()) {
+    out += fmt::format("  hosts          : {}\n", cluster::compress_hostlist(plan.hosts));
+  }
+  out += fmt::format("  ranks per node : {}\n", plan.nproc_per_node);
+  out += fmt::format("  world size     : {}\n", plan.world_size());
+  out += fmt::format("  ranks here     : {}..{}\n", plan.node_rank * plan.nproc_per_node,
+                     (plan.node_rank + 1) * plan.nproc_per_node - 1);
+  out += fmt::format("  coordinator    : {}:{} (port {})\n", plan.master_addr, plan.master_port,
+                     plan.master_port_source);
+  out += fmt::format("  backend        : {} ({})\n", backend, backend_source);
+  out += fmt::format("  job token      : {}\n", plan.job_token_source);
+  out += fmt::format("  run id         : {}\n", plan.run_id);
+  out += fmt::format("  max restarts   : {}\n", plan.max_restarts);
+  out += fmt::format("  omp threads    : {}\n", plan.omp_num_threads > 0
+                                                    ? std::to_string(plan.omp_num_threads)
+                                                    : std::string("OMP_NUM_THREADS kept"));
+  out += fmt::format("  command        : {}\n", cmd);
+  return out;
+}
+
+}  // namespace dnallm::launcher

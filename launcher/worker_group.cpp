@@ -1,0 +1,168 @@
+#include "launcher/worker_group.hpp"
+
+#include <csignal>
+#include <memory>
+
+#include <spdlog/spdlog.h>
+
+#include "core/error.hpp"
+
+namespace dnallm::launcher {
+
+struct LocalWorkerGroup::Running {
+  const WorkerSpec* spec;
+  std::unique_ptr<WorkerProcess> process;
+  bool ended = false;
+};
+
+GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
+  GenerationResult result;
+  std::vector<Running> workers;
+  workers.reserve(specs.size());
+  try {
+    for (const auto& spec : specs) workers.push_back({&spec, spawner_.spawn(spec), false});
+  } catch (...) {
+    stop_all(workers, SIGTERM, result);
+    throw;
+  }
+
+  std::size_t ended = 0;
+  std::vector<Running*> failed;  // parallel to result.failures
+  while (ended < workers.size()) {
+    int sig = signals_.wait(options_.tick);
+    if (sig != 0) {
+      spdlog::warn("received {}: forwarding it to {} worker(s)", signal_name(sig),
+                   workers.size() - ended);
+      result.outcome = GenerationOutcome::kInterrupted;
+      result.stop_signal = sig;
+      stop_all(workers, sig, result);
+      return result;
+    }
+    for (auto& w : workers) {
+      if (w.ended) continue;
+      auto exit = w.process->try_wait();
+      if (!exit) continue;
+      w.ended = true;
+      ++ended;
+      if (exit->ok()) {
+        spdlog::debug("rank {} exited with code 0", w.spec->rank);
+        continue;
+      }
+      // The output tail is collected after the others were stopped: reading it may wait
+      // for the pipes to drain, which must not delay stopping the group.
+      result.failures.push_back({w.spec->rank, w.spec->local_rank, w.process->pid(), *exit, {}});
+      failed.push_back(&w);
+    }
+    if (!result.failures.empty()) {
+      result.outcome = GenerationOutcome::kWorkerFailed;
+      if (ended < workers.size()) {
+        spdlog::error("rank {} {}; stopping the other {} worker(s)", result.failures[0].rank,
+                      result.failures[0].exit.describe(), workers.size() - ended);
+      }
+      stop_all(workers, SIGTERM, result);
+      for (std::size_t i = 0; i < failed.size(); ++i) {
+        result.failures[i].last_lines = failed[i]->process->last_lines();
+      }
+      return result;
+    }
+  }
+  return result;
+}
+
+void LocalWorkerGroup::stop_all(std::vector<Running>& workers, int first_signal,
+                                GenerationResult& result) {
+  for (auto& w : workers) {
+    if (!w.ended) w.process->send_signal(first_signal);
+  }
+  auto live = [&] {
+    std::size_t n = 0;
+    for (auto& w : workers) {
+      if (!w.ended && w.process->try_wait()) w.ended = true;
+      if (!w.ended) ++n;
+    }
+    return n;
+  };
+  auto deadline = std::chrono::steady_clock::now() + options_.grace;
+  while (live() > 0 && std::chrono::steady_clock::now() < deadline) {
+    int sig = signals_.wait(options_.tick);
+    if (sig != 0) {
+      spdlog::warn("received {} again: killing the workers now", signal_name(sig));
+      if (result.outcome == GenerationOutcome::kInterrupted && result.stop_signal == 0) {
+        result.stop_signal = sig;
+      }
+      break;
+    }
+  }
+  if (live() > 0) {
+    for (auto& w : workers) {
+      if (!w.ended) {
+        spdlog::warn("rank {} (pid {}) did not exit within {} ms: sending SIGKILL", w.spec->rank,
+                     w.process->pid(), options_.grace.count());
+        w.process->send_signal(SIGKILL);
+      }
+    }
+    // SIGKILL cannot be refused; the wait is short unless the process is stuck in the
+    // kernel (uninterruptible I/O), where nothing better can be done than waiting.
+    while (live() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+int exit_code_for(const GenerationResult& result) {
+  switch (result.outcome) {
+    case GenerationOutcome::kSucceeded:
+      return 0;
+    case GenerationOutcome::kInterrupted:
+      return 128 + result.stop_signal;
+    case GenerationOutcome::kWorkerFailed:
+      break;
+  }
+  if (result.failures.empty()) return static_cast<int>(ExitCode::kPeerFailed);
+  const WorkerExit& first = result.failures.front().exit;
+  bool own_code = !first.signaled && (first.code == 2 || first.code == 3 || first.code == 5);
+  for (const auto& f : result.failures) {
+    if (f.exit.signaled || f.exit.code != first.code) own_code = false;
+  }
+  return own_code ? first.code : static_cast<int>(ExitCode::kPeerFailed);
+}
+
+bool should_restart(const GenerationResult& result, int restarts_done, int max_restarts) {
+  if (result.outcome != GenerationOutcome::kWorkerFailed) return false;
+  if (restarts_done >= max_restarts) return false;
+  return exit_code_for(result) == static_cast<int>(ExitCode::kPeerFailed);
+}
+
+std::string describe_failure(const WorkerFailure& f) {
+  std::string out = fmt::format("rank {} (local rank {}, pid {}) {}", f.rank, f.local_rank, f.pid,
+                                f.exit.describe());
+  if (f.last_lines.empty()) return out + "; it wrote nothing";
+  out += fmt::format("; its last {} line(s):", f.last_lines.size());
+  for (const auto& l : f.last_lines) out += "\n    " + l;
+  return out;
+}
+
+std::string restart_reason(const GenerationResult& result) {
+  if (result.failures.empty()) return "";
+  const WorkerFailure& f = result.failures.front();
+  return fmt::format("rank {} {}", f.rank, f.exit.describe());
+}
+
+int RestartLoop::run() {
+  LocalWorkerGroup group(spawner_, signals_, options_.group);
+  std::string reason;
+  while (true) {
+    last_ = group.run(make_specs_(restarts_, reason));
+    reason = restart_reason(last_);
+    for (const auto& f : last_.failures) spdlog::error("{}", describe_failure(f));
+    if (!should_restart(last_, restarts_, options_.max_restarts)) break;
+    ++restarts_;
+    spdlog::warn("restarting the local worker group ({} of {} restarts)", restarts_,
+                 options_.max_restarts);
+  }
+  int code = exit_code_for(last_);
+  if (last_.outcome == GenerationOutcome::kWorkerFailed) {
+    spdlog::error("job failed after {} restart(s); exiting with code {}", restarts_, code);
+  }
+  return code;
+}
+
+}  // namespace dnallm::launcher

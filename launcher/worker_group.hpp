@@ -1,0 +1,124 @@
+// Running the local workers: one generation (LocalWorkerGroup) and the restart loop
+// around it (RestartLoop). The failure and exit-code policy are pure functions.
+//
+// One generation, as LocalWorkerGroup::run() does it:
+//   1. spawn every worker (on a spawn error: stop those started, rethrow);
+//   2. every tick (StopSignals::wait, GroupOptions::tick) reap ended workers;
+//      a worker that ended with a non-zero code or a signal is a failure "on its own";
+//   3. all ended with 0: succeeded;
+//   4. a failure: SIGTERM the others' process groups, wait up to `grace`, SIGKILL the rest;
+//   5. a stop signal (SIGINT/SIGTERM) for the launcher: forward it to every worker's group,
+//      wait up to `grace`, SIGKILL the rest. A second stop signal kills at once.
+// Workers that end after step 4 or 5 started were stopped by us and are not failures.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "launcher/spawner.hpp"
+#include "launcher/stop_signals.hpp"
+
+namespace dnallm::launcher {
+
+struct GroupOptions {
+  std::chrono::milliseconds grace{10000};  // SIGTERM (or forwarded signal) -> SIGKILL
+  std::chrono::milliseconds tick{50};      // monitor loop period
+};
+
+struct WorkerFailure {
+  int rank = 0;
+  int local_rank = 0;
+  int pid = 0;
+  WorkerExit exit;
+  std::vector<std::string> last_lines;
+};
+
+enum class GenerationOutcome { kSucceeded, kWorkerFailed, kInterrupted };
+
+struct GenerationResult {
+  GenerationOutcome outcome = GenerationOutcome::kSucceeded;
+  // Workers that failed on their own, in the order seen (lowest rank first within a tick).
+  std::vector<WorkerFailure> failures;
+  int stop_signal = 0;  // kInterrupted: the signal the launcher received
+};
+
+// Runs one generation of workers to its end. Called from one thread; blocks until every
+// worker it started has been reaped.
+class LocalWorkerGroup {
+ public:
+  LocalWorkerGroup(Spawner& spawner, StopSignals& signals, GroupOptions options)
+      : spawner_(spawner), signals_(signals), options_(options) {}
+
+  GenerationResult run(const std::vector<WorkerSpec>& specs);
+
+ private:
+  struct Running;
+  // Signals every live worker, waits up to grace (a stop signal meanwhile cuts it
+  // short), then SIGKILLs and reaps what is left.
+  void stop_all(std::vector<Running>& workers, int first_signal, GenerationResult& result);
+
+  Spawner& spawner_;
+  StopSignals& signals_;
+  GroupOptions options_;
+};
+
+// Note [Launcher exit code]: 0 when the group succeeded; 128 + signal when the launcher
+// was stopped by SIGINT/SIGTERM (the shell convention); for a worker failure, the failing
+// worker's own code when it is 2 (usage), 3 (bad data) or 5 (checkpoint corrupt) and every
+// worker that failed on its own agrees on it — those are the worker's diagnosis and a
+// script can act on them — else 4 (kPeerFailed): a rank crashed or was killed.
+int exit_code_for(const GenerationResult& result);
+
+// Whether the group is started again: only after a worker failure, while restarts are
+// left, and not when exit_code_for() is 2, 3 or 5 — a bad configuration, bad data or a
+// corrupt checkpoint fail the same way every time.
+bool should_restart(const GenerationResult& result, int restarts_done, int max_restarts);
+
+// "rank 1 (local rank 1, pid 42) exited with code 7; its last 2 lines:\n  a\n  b".
+std::string describe_failure(const WorkerFailure& failure);
+
+// One line for the next generation (DNALLM_RESTART_REASON, the worker's "restart" metrics
+// line): "rank 1 exited with code 7", "rank 0 was killed by signal 9 (SIGKILL)".
+std::string restart_reason(const GenerationResult& result);
+
+struct RestartOptions {
+  int max_restarts = 0;
+  GroupOptions group;
+};
+
+// Runs generations until one succeeds, is interrupted, or fails without a restart left.
+// `make_specs(restart_count, restart_reason)` builds each generation's workers (the
+// environment carries both; the reason is "" for the first generation, else
+// restart_reason() of the failure that caused the restart). Failures are logged (describe_failure)
+// at error level; restarts at warning level. Kept as a class so the elastic, multi-node agent can
+// grow from it (rendezvous with the coordinator before each generation).
+class RestartLoop {
+ public:
+  using SpecFactory =
+      std::function<std::vector<WorkerSpec>(int restart_count, const std::string& restart_reason)>;
+
+  RestartLoop(Spawner& spawner, StopSignals& signals, RestartOptions options,
+              SpecFactory make_specs)
+      : spawner_(spawner),
+        signals_(signals),
+        options_(options),
+        make_specs_(std::move(make_specs)) {}
+
+  // Returns the launcher's exit code (Note [Launcher exit code]).
+  int run();
+
+  int restarts() const { return restarts_; }
+  const GenerationResult& last_result() const { return last_; }
+
+ private:
+  Spawner& spawner_;
+  StopSignals& signals_;
+  RestartOptions options_;
+  SpecFactory make_specs_;
+  int restarts_ = 0;
+  GenerationResult last_;
+};
+
+}  // namespace dnallm::launcher

@@ -1,0 +1,91 @@
+#include "checkpoint/async_writer.hpp"
+
+#include <gtest/gtest.h>
+
+#include "checkpoint/reader.hpp"
+#include "core/error.hpp"
+#include "test_util.hpp"
+
+namespace dnallm::checkpoint {
+namespace {
+
+using testing::make_data;
+using testing::spec;
+using testing::TempDir;
+
+SaveRequest request(const std::filesystem::path& root, int64_t step, std::vector<uint8_t>& data) {
+  SaveRequest r;
+  r.root = root;
+  r.step = step;
+  r.slices = {{spec("w", DType::kFloat32, {static_cast<int64_t>(data.size() / 4)}), 0,
+               data.size() / 4, data.data()}};
+  r.commit = CommitInfo{step, 1, 0, {{"step", step}}};
+  return r;
+}
+
+TEST(CheckpointAsyncWriterTest, SnapshotIsCopiedAndWaitFlushes) {
+  TempDir tmp;
+  AsyncWriter writer;
+  writer.start();
+  auto data = make_data(DType::kFloat32, 1 << 16, 1);
+  const auto expected = data;
+  const double stall = writer.save(request(tmp.path(), 10, data));
+  EXPECT_GE(stall, 0.0);
+  std::fill(data.begin(), data.end(), 0);  // the caller reuses its buffer at once
+  auto result = writer.wait();
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->step, 10);
+  EXPECT_TRUE(result->committed);
+  EXPECT_GT(result->write_s, 0.0);
+  EXPECT_EQ(result->stall_s, stall);
+  EXPECT_GT(result->shard.bytes, 0u);
+  auto r = CheckpointReader::open(tmp.path());
+  EXPECT_EQ(r.step(), 10);
+  EXPECT_EQ(r.read_tensor("w"), expected);
+  writer.stop();
+}
+
+TEST(CheckpointAsyncWriterTest, SecondSaveWaitsForFirstAndStopDrains) {
+  TempDir tmp;
+  AsyncWriter writer;
+  writer.start();
+  auto a = make_data(DType::kFloat32, 1 << 20, 2);
+  auto b = make_data(DType::kFloat32, 1 << 20, 3);
+  const auto b_copy = b;
+  SaveRequest ra = request(tmp.path(), 1, a);
+  ra.codec.level = 9;  // slow enough that the second save must wait
+  writer.save(ra);
+  writer.save(request(tmp.path(), 2, b));
+  writer.stop();  // drains the queued save before joining
+  auto committed = list_committed(tmp.path());
+  ASSERT_EQ(committed.size(), 2u);
+  EXPECT_EQ(CheckpointReader::open(tmp.path()).read_tensor("w"), b_copy);
+  auto last = writer.wait();
+  ASSERT_TRUE(last);
+  EXPECT_EQ(last->step, 2);
+}
+
+TEST(CheckpointAsyncWriterTest, ErrorIsReportedOnceByWait) {
+  TempDir tmp;
+  AsyncWriter writer;
+  writer.start();
+  auto data = make_data(DType::kFloat32, 100, 1);
+  SaveRequest bad = request(tmp.path(), 1, data);
+  bad.commit->world_size = 2;  // commit of a single shard for world size 2 fails
+  writer.save(bad);
+  EXPECT_THROW(writer.wait(), Error);
+  EXPECT_FALSE(writer.wait_for(std::chrono::milliseconds(10)).has_value());  // reported
+  writer.save(request(tmp.path(), 2, data));
+  auto ok = writer.wait_for(std::chrono::seconds(30));
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->step, 2);
+}
+
+TEST(CheckpointAsyncWriterTest, SaveBeforeStartIsAnError) {
+  AsyncWriter writer;
+  std::vector<uint8_t> data(16);
+  EXPECT_THROW(writer.save(request("/tmp/unused", 1, data)), Error);
+}
+
+}  // namespace
+}  // namespace dnallm::checkpoint

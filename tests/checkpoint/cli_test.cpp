@@ -1,0 +1,104 @@
+// dnallm-ckpt end to end: the real binary on real checkpoint directories.
+#include <sys/wait.h>
+
+#include <cstdio>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/manifest.hpp"
+#include "checkpoint/reader.hpp"
+#include "checkpoint/safetensors.hpp"
+#include "checkpoint/shard_file.hpp"
+#include "test_util.hpp"
+
+namespace dnallm::checkpoint {
+namespace {
+
+using testing::flip_byte;
+using testing::make_data;
+using testing::spec;
+using testing::TempDir;
+
+struct CliRun {
+  int code = -1;
+  std::string out;
+};
+
+CliRun run_ckpt(const std::string& args) {
+  const std::string cmd = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-ckpt " + args + " 2>&1";
+  CliRun r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+void make_checkpoint(const std::filesystem::path& root, std::vector<uint8_t>& w) {
+  w = make_data(DType::kFloat32, 3000, 1);
+  CodecOptions o;
+  o.chunk_bytes = 1024;
+  const auto s = spec("w", DType::kFloat32, {3000});
+  const auto dir = root / step_dir_name(8);
+  auto d0 = write_shard(dir, 0, {{s, 0, 1500, w.data()}}, o);
+  auto d1 = write_shard(dir, 1, {{s, 1500, 3000, w.data() + 6000}}, o);
+  commit_step(root, {8, 2, 1, {{"config", {{"arch", "gpt"}}}, {"tokenizer", "char"}}}, {d0, d1});
+}
+
+TEST(CheckpointCliTest, HelpAndBadUsage) {
+  EXPECT_EQ(run_ckpt("--help").code, 0);
+  CliRun bad = run_ckpt("reshard /nowhere");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_EQ(std::count(bad.out.begin(), bad.out.end(), '\n'), 1) << bad.out;
+  EXPECT_EQ(run_ckpt("frobnicate").code, 2);
+}
+
+TEST(CheckpointCliTest, InspectVerifyReshardExport) {
+  TempDir tmp;
+  std::vector<uint8_t> w;
+  make_checkpoint(tmp.path() / "ck", w);
+  const std::string root = (tmp.path() / "ck").string();
+
+  CliRun inspect = run_ckpt("inspect " + root);
+  ASSERT_EQ(inspect.code, 0) << inspect.out;
+  auto j = nlohmann::json::parse(inspect.out);
+  EXPECT_EQ(j["step"], 8);
+  EXPECT_EQ(j["world_size"], 2);
+  EXPECT_EQ(j["tensors"][0]["numel"], 3000);
+
+  EXPECT_EQ(run_ckpt("verify " + root).code, 0);
+  CliRun rs = run_ckpt("reshard " + root + " --world-size 3 --out " + (tmp.path() / "r3").string());
+  ASSERT_EQ(rs.code, 0) << rs.out;
+  auto r3 = CheckpointReader::open(tmp.path() / "r3");
+  EXPECT_EQ(r3.manifest().world_size, 3);
+  EXPECT_EQ(r3.read_tensor("w"), w);
+
+  CliRun ex = run_ckpt("export " + (tmp.path() / "r3" / step_dir_name(8)).string() + " --out " +
+                       (tmp.path() / "final").string());
+  ASSERT_EQ(ex.code, 0) << ex.out;
+  auto st = read_safetensors_header(tmp.path() / "final" / "model.safetensors");
+  EXPECT_EQ(st.tensors.at("w").spec.numel(), 3000u);
+  EXPECT_TRUE(std::filesystem::exists(tmp.path() / "final" / "config.json"));
+  EXPECT_TRUE(std::filesystem::exists(tmp.path() / "final" / "tokenizer.json"));
+}
+
+TEST(CheckpointCliTest, VerifyNamesTheBadShardAndChunk) {
+  TempDir tmp;
+  std::vector<uint8_t> w;
+  make_checkpoint(tmp.path(), w);
+  const auto shard = tmp.path() / step_dir_name(8) / "shard_00001.dnc";
+  ShardFile f(shard);
+  const auto& c = f.tensors()[0].chunks.at(2);
+  flip_byte(shard, static_cast<int64_t>(c.offset + 1));
+  CliRun v = run_ckpt("verify " + tmp.path().string());
+  EXPECT_EQ(v.code, 5) << v.out;
+  EXPECT_NE(v.out.find("shard_00001.dnc"), std::string::npos) << v.out;
+  EXPECT_NE(v.out.find("chunk 2"), std::string::npos) << v.out;
+}
+
+}  // namespace
+}  // namespace dnallm::checkpoint

@@ -1,0 +1,49 @@
+#include "checkpoint/retention.hpp"
+
+#include <gtest/gtest.h>
+
+#include "checkpoint/manifest.hpp"
+#include "checkpoint/reader.hpp"
+#include "test_util.hpp"
+
+namespace dnallm::checkpoint {
+namespace {
+
+using testing::make_data;
+using testing::spec;
+using testing::TempDir;
+
+TEST(CheckpointRetentionTest, PolicyKeepsLastEveryProtectedAndLatest) {
+  std::vector<int64_t> steps = {100, 200, 300, 400, 500, 600};
+  EXPECT_TRUE(steps_to_delete(steps, {0, 0}, std::nullopt, std::nullopt).empty());
+  EXPECT_EQ(steps_to_delete(steps, {2, 0}, std::nullopt, std::nullopt),
+            (std::vector<int64_t>{100, 200, 300, 400}));
+  EXPECT_EQ(steps_to_delete(steps, {2, 200}, std::nullopt, std::nullopt),
+            (std::vector<int64_t>{100, 300}));
+  EXPECT_EQ(steps_to_delete(steps, {1, 0}, 300, 100), (std::vector<int64_t>{200, 400, 500}));
+  EXPECT_TRUE(steps_to_delete(steps, {10, 0}, std::nullopt, std::nullopt).empty());
+}
+
+TEST(CheckpointRetentionTest, DeletesOnlyOlderCommittedCheckpoints) {
+  TempDir tmp;
+  auto data = make_data(DType::kFloat32, 10, 1);
+  for (int64_t s : {1, 2, 3, 4, 5})
+    save_single(tmp.path(), {s, 1, 0, {}}, {{spec("w", DType::kFloat32, {10}), 0, 10, data.data()}},
+                {});
+  // An uncommitted newer directory (in flight) must survive retention.
+  write_shard(tmp.path() / step_dir_name(6), 0,
+              {{spec("w", DType::kFloat32, {10}), 0, 10, data.data()}}, {});
+  auto removed = apply_retention(tmp.path(), {2, 0}, /*protected_step=*/1);
+  EXPECT_EQ(removed.size(), 2u);  // steps 2 and 3
+  auto left = list_committed(tmp.path());
+  ASSERT_EQ(left.size(), 3u);
+  EXPECT_EQ(left[0].first, 1);
+  EXPECT_EQ(left[1].first, 4);
+  EXPECT_EQ(left[2].first, 5);
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / step_dir_name(2)));
+  EXPECT_TRUE(std::filesystem::exists(tmp.path() / step_dir_name(6)));
+  EXPECT_EQ(CheckpointReader::open(tmp.path()).step(), 5);
+}
+
+}  // namespace
+}  // namespace dnallm::checkpoint

@@ -1,0 +1,257 @@
+#include "core/config.hpp"
+
+#include <cstdio>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "core/error.hpp"
+
+namespace dnallm {
+namespace {
+
+// Expects parse_config(text) to fail with exit code 2 and a message containing every needle.
+void expect_usage_error(const std::string& text, const std::vector<std::string>& needles,
+                        const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(text, "run.toml", overrides);
+    FAIL() << "expected a configuration error for:\n" << text;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    for (const auto& n : needles) {
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+          << "message '" << e.what() << "' lacks '" << n << "'";
+    }
+  }
+}
+
+TEST(Config, DefaultsMatchDesign) {
+  Config c = parse_config("", "");
+  EXPECT_EQ(c.model.arch, "bert");
+  EXPECT_EQ(c.model.hidden, 256);
+  EXPECT_EQ(c.training.micro_batch_size, 8);
+  EXPECT_EQ(c.training.precision, "fp32");
+  EXPECT_DOUBLE_EQ(c.training.lr, 3e-4);
+  EXPECT_EQ(c.parallel.backend, "auto");
+  EXPECT_DOUBLE_EQ(c.parallel.bucket_cap_mb, 25.0);
+  EXPECT_EQ(c.parallel.accumulate_sync, "last");
+  EXPECT_EQ(c.checkpoint.resume, "auto");
+  EXPECT_EQ(c.data.on_bad_record, "error");
+  EXPECT_EQ(c.tokenizer.kind, "char");
+}
+
+TEST(Config, FileValuesOverrideDefaults) {
+  Config c = parse_config(R"(
+[model]
+arch = "gpt"
+hidden = 128
+heads = 2
+[data]
+train_files = ["a.fa.gz", "b.fa"]
+[training]
+lr = 1e-3
+max_steps = 7
+precision = "bf16"
+[parallel]
+bucket_cap_mb = 4   # an integer is accepted for a number
+)",
+                          "run.toml");
+  EXPECT_EQ(c.model.arch, "gpt");
+  EXPECT_EQ(c.model.hidden, 128);
+  EXPECT_EQ(c.data.train_files, (std::vector<std::string>{"a.fa.gz", "b.fa"}));
+  EXPECT_DOUBLE_EQ(c.training.lr, 1e-3);
+  EXPECT_EQ(c.training.max_steps, 7);
+  EXPECT_EQ(c.training.precision, "bf16");
+  EXPECT_DOUBLE_EQ(c.parallel.bucket_cap_mb, 4.0);
+  EXPECT_EQ(c.model.layers, 4);  // untouched keys keep defaults
+}
+
+TEST(Config, SetOverridesBeatFileAndTakeTomlOrBareWords) {
+  Config c = parse_config("[training]\nmax_steps = 7\nprecision = \"bf16\"\n", "run.toml",
+                          {"training.max_steps=20", "training.precision=fp32",
+                           "data.train_files=[\"x.fa\",\"y.fa\"]", "training.lr=3e-5",
+                           "checkpoint.dir=/tmp/run 1/ckpt", "model.gradient_checkpointing=true",
+                           "data.eval_files=held.fa"});
+  EXPECT_EQ(c.training.max_steps, 20);
+  EXPECT_EQ(c.training.precision, "fp32");
+  EXPECT_EQ(c.data.train_files, (std::vector<std::string>{"x.fa", "y.fa"}));
+  EXPECT_DOUBLE_EQ(c.training.lr, 3e-5);
+  EXPECT_EQ(c.checkpoint.dir, "/tmp/run 1/ckpt");
+  EXPECT_TRUE(c.model.gradient_checkpointing);
+  EXPECT_EQ(c.data.eval_files, (std::vector<std::string>{"held.fa"}));
+}
+
+TEST(Config, HuggingFaceAliases) {
+  Config c = parse_config(R"(
+per_device_train_batch_size = 16
+learning_rate = 5e-5
+bf16 = true
+[training]
+gradient_accumulation_steps = 4
+warmup_ratio = 0.1
+lr_scheduler_type = "cosine"
+max_grad_norm = 0.5
+save_total_limit = 2
+save_steps = 100
+eval_steps = 50
+logging_steps = 5
+num_train_epochs = 3
+max_steps = 0
+seed = 7
+tf32 = true
+gradient_checkpointing = true
+dataloader_num_workers = 3
+dataloader_pin_memory = false
+group_by_length = true
+max_seq_length = 1024
+weight_decay = 0.05
+warmup_steps = 10
+)",
+                          "hf.toml");
+  EXPECT_EQ(c.training.micro_batch_size, 16);
+  EXPECT_DOUBLE_EQ(c.training.lr, 5e-5);
+  EXPECT_EQ(c.training.precision, "bf16");
+  EXPECT_EQ(c.training.grad_accum_steps, 4);
+  EXPECT_DOUBLE_EQ(c.training.warmup_ratio, 0.1);
+  EXPECT_EQ(c.training.lr_scheduler, "cosine");
+  EXPECT_DOUBLE_EQ(c.training.max_grad_norm, 0.5);
+  EXPECT_EQ(c.checkpoint.keep_last, 2);
+  EXPECT_EQ(c.checkpoint.save_steps, 100);
+  EXPECT_EQ(c.training.eval_steps, 50);
+  EXPECT_EQ(c.training.logging_steps, 5);
+  EXPECT_DOUBLE_EQ(c.training.num_train_epochs, 3.0);
+  EXPECT_EQ(c.training.seed, 7);
+  EXPECT_TRUE(c.training.tf32);
+  EXPECT_TRUE(c.model.gradient_checkpointing);
+  EXPECT_EQ(c.data.dataloader_num_workers, 3);
+  EXPECT_FALSE(c.data.pin_memory);
+  EXPECT_TRUE(c.data.group_by_length);
+  EXPECT_EQ(c.model.max_seq_length, 1024);
+  EXPECT_DOUBLE_EQ(c.training.weight_decay, 0.05);
+  EXPECT_EQ(c.training.warmup_steps, 10);
+  // Aliases work in --set too, with or without a section.
+  Config d = parse_config("", "", {"learning_rate=2e-4", "training.fp16=true"});
+  EXPECT_DOUBLE_EQ(d.training.lr, 2e-4);
+  EXPECT_EQ(d.training.precision, "fp16");
+}
+
+TEST(Config, UnknownKeyNamesKeyLineAndSuggestion) {
+  expect_usage_error("[training]\n\nlearnin_rate = 1e-3\n",
+                     {"run.toml:3", "training.learnin_rate", "did you mean 'learning_rate'"});
+  expect_usage_error("[model]\nhiden = 64\n", {"run.toml:2", "model.hiden", "model.hidden"});
+  expect_usage_error("[parallel]\nzero_stag = 1\n", {"run.toml:2", "parallel.zero_stage"});
+  expect_usage_error("", {"--set", "training.max_step", "training.max_steps"},
+                     {"training.max_step=3"});
+}
+
+TEST(Config, UnknownSectionSuggestsNearest) {
+  expect_usage_error("[trainig]\nlr = 1e-3\n", {"run.toml:1", "[trainig]", "did you mean [training]"});
+}
+
+TEST(Config, WrongTypeNamesKeyLineAndExpectedType) {
+  expect_usage_error("[training]\nmax_steps = \"ten\"\n",
+                     {"run.toml:2", "training.max_steps", "an integer"});
+  expect_usage_error("[model]\ngradient_checkpointing = 1\n",
+                     {"run.toml:2", "model.gradient_checkpointing", "true or false"});
+  expect_usage_error("[data]\ntrain_files = [1, 2]\n",
+                     {"run.toml:2", "data.train_files", "a list of strings"});
+}
+
+TEST(Config, OutOfRangeNamesAllowedValues) {
+  expect_usage_error("[parallel]\nzero_stage = 3\n",
+                     {"run.toml:2", "parallel.zero_stage", "between 0 and 2"});
+  expect_usage_error("[training]\nprecision = \"fp8\"\n",
+                     {"run.toml:2", "training.precision", "\"fp32\", \"bf16\", \"fp16\""});
+  expect_usage_error("[training]\nmicro_batch_size = 0\n", {"training.micro_batch_size", "between 1"});
+  expect_usage_error("[tokenizer]\nk = 12\n", {"tokenizer.k", "between 3 and 8"});
+  expect_usage_error("", {"--set parallel.backend=ucx", "\"gloo\""}, {"parallel.backend=ucx"});
+}
+
+TEST(Config, CrossKeyChecks) {
+  expect_usage_error("[model]\nhidden = 100\nheads = 3\n", {"model.hidden", "model.heads"});
+  expect_usage_error("[elastic]\nmin_nodes = 3\nmax_nodes = 2\n", {"elastic.min_nodes"});
+}
+
+TEST(Config, MalformedTomlReportsLineAndColumn) {
+  expect_usage_error("[training]\nlr = = 3\n", {"run.toml:2:", "malformed TOML"});
+  expect_usage_error("[training\n", {"run.toml:1:", "malformed TOML"});
+}
+
+TEST(Config, BadSetSyntax) {
+  expect_usage_error("", {"--set", "section.key=value"}, {"novalue"});
+  expect_usage_error("", {"unknown section 'trainin'", "training"}, {"trainin.lr=1"});
+}
+
+TEST(Config, PrintConfigRoundTrips) {
+  Config c = parse_config(R"(
+[model]
+arch = "gpt"
+hidden = 96
+heads = 3
+[data]
+train_files = ["with \"quotes\".fa", "back\\slash.fa"]
+[training]
+lr = 0.1
+weight_decay = 1e-7
+max_grad_norm = 0
+warmup_ratio = 0.3333333333333333
+)",
+                          "run.toml");
+  std::string text = to_toml(c);
+  Config back = parse_config(text, "printed.toml");
+  EXPECT_TRUE(back == c) << text;
+  EXPECT_EQ(to_toml(back), text);
+  // Every key appears exactly once.
+  for (const auto& key : config_keys()) {
+    std::string leaf = key.substr(key.find('.') + 1);
+    EXPECT_NE(text.find("\n" + leaf + " = "), std::string::npos) << key;
+  }
+  // And a change is visible.
+  back.training.lr = 0.2;
+  EXPECT_FALSE(back == c);
+}
+
+TEST(Config, ModelHashIgnoresTrainingKnobs) {
+  Config a = parse_config("", "");
+  Config b = parse_config("", "", {"training.lr=1e-2", "checkpoint.dir=elsewhere"});
+  Config d = parse_config("", "", {"model.layers=5"});
+  EXPECT_EQ(model_config_hash(a), model_config_hash(b));
+  EXPECT_NE(model_config_hash(a), model_config_hash(d));
+}
+
+TEST(Config, LoadFileErrors) {
+  try {
+    load_config("/nonexistent/run.toml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/run.toml"), std::string::npos);
+  }
+  std::string path = ::testing::TempDir() + "/empty.toml";
+  { std::ofstream(path) << ""; }
+  EXPECT_TRUE(load_config(path) == parse_config("", ""));
+}
+
+TEST(Config, BundledPresetsLoad) {
+  for (const char* name : {"quickstart.toml", "bench-cpu.toml"}) {
+    std::string path = std::string(DNALLM_SOURCE_DIR) + "/configs/" + name;
+    EXPECT_NO_THROW(load_config(path)) << path;
+  }
+  Config bench = load_config(std::string(DNALLM_SOURCE_DIR) + "/configs/bench-cpu.toml");
+  // The bench-cpu shape is a contract (issue: keep exactly this shape).
+  EXPECT_EQ(bench.model.arch, "bert");
+  EXPECT_EQ(bench.tokenizer.kind, "char");
+  EXPECT_EQ(bench.model.hidden, 256);
+  EXPECT_EQ(bench.model.layers, 4);
+  EXPECT_EQ(bench.model.heads, 4);
+  EXPECT_EQ(bench.model.ffn, 1024);
+  EXPECT_EQ(bench.model.position, "learned");
+  EXPECT_EQ(bench.model.max_seq_length, 512);
+  EXPECT_EQ(bench.training.micro_batch_size, 8);
+  EXPECT_EQ(bench.training.precision, "fp32");
+  EXPECT_DOUBLE_EQ(bench.training.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(bench.data.mlm_probability, 0.15);
+}
+
+}  // namespace
+}  // namespace dnallm

@@ -1,0 +1,262 @@
+#include "launcher/worker_group.hpp"
+
+#include <csignal>
+
+#include <gtest/gtest.h>
+
+#include "fake_spawner.hpp"
+
+namespace dnallm::launcher {
+namespace {
+
+using testing::FakeBehaviour;
+using testing::FakeSpawner;
+using testing::FakeStopSignals;
+
+std::vector<WorkerSpec> specs(int n, int restart = 0) {
+  std::vector<WorkerSpec> out;
+  for (int i = 0; i < n; ++i) {
+    WorkerSpec s;
+    s.rank = i;
+    s.local_rank = i;
+    s.argv = {"worker"};
+    s.env = {"RESTART=" + std::to_string(restart)};
+    out.push_back(s);
+  }
+  return out;
+}
+
+GroupOptions fast() {
+  GroupOptions o;
+  o.grace = std::chrono::milliseconds(20);
+  o.tick = std::chrono::milliseconds(1);
+  return o;
+}
+
+FakeBehaviour exits_after(int ticks, int code) {
+  FakeBehaviour b;
+  b.ticks = ticks;
+  b.exit = WorkerExit{false, code};
+  return b;
+}
+
+FakeBehaviour runs_forever() { return FakeBehaviour{}; }
+
+TEST(LocalWorkerGroup, AllWorkersSucceed) {
+  FakeSpawner spawner([](const WorkerSpec& s, int) { return exits_after(s.rank + 1, 0); });
+  FakeStopSignals signals;
+  LocalWorkerGroup group(spawner, signals, fast());
+  GenerationResult r = group.run(specs(3));
+  EXPECT_EQ(r.outcome, GenerationOutcome::kSucceeded);
+  EXPECT_TRUE(r.failures.empty());
+  EXPECT_EQ(exit_code_for(r), 0);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(spawner.record(i).signals.empty());
+}
+
+TEST(LocalWorkerGroup, FailureStopsTheOthersWithSigterm) {
+  FakeSpawner spawner([](const WorkerSpec& s, int) {
+    if (s.rank != 1) return runs_forever();
+    FakeBehaviour b = exits_after(2, 7);
+    b.lines = {"loading", "boom"};
+    return b;
+  });
+  FakeStopSignals signals;
+  LocalWorkerGroup group(spawner, signals, fast());
+  GenerationResult r = group.run(specs(3));
+  ASSERT_EQ(r.outcome, GenerationOutcome::kWorkerFailed);
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_EQ(r.failures[0].rank, 1);
+  EXPECT_EQ(r.failures[0].pid, 1001);
+  EXPECT_EQ(r.failures[0].exit.code, 7);
+  EXPECT_EQ(r.failures[0].last_lines, (std::vector<std::string>{"loading", "boom"}));
+  EXPECT_EQ(spawner.record(0).signals, std::vector<int>{SIGTERM});
+  EXPECT_TRUE(spawner.record(1).signals.empty());
+  EXPECT_EQ(spawner.record(2).signals, std::vector<int>{SIGTERM});
+  EXPECT_EQ(exit_code_for(r), 4);
+  std::string text = describe_failure(r.failures[0]);
+  EXPECT_NE(text.find("rank 1 (local rank 1, pid 1001) exited with code 7"), std::string::npos);
+  EXPECT_NE(text.find("\n    boom"), std::string::npos) << text;
+}
+
+TEST(LocalWorkerGroup, WorkerIgnoringSigtermIsKilledAfterGrace) {
+  FakeSpawner spawner([](const WorkerSpec& s, int) {
+    if (s.rank == 0) return exits_after(0, 1);
+    FakeBehaviour b;
+    b.ignores_term = true;
+    return b;
+  });
+  FakeStopSignals signals;
+  LocalWorkerGroup group(spawner, signals, fast());
+  GenerationResult r = group.run(specs(2));
+  EXPECT_EQ(r.outcome, GenerationOutcome::kWorkerFailed);
+  EXPECT_EQ(spawner.record(1).signals, (std::vector<int>{SIGTERM, SIGKILL}));
+  EXPECT_EQ(spawner.record(1).exit->code, SIGKILL);
+  // Workers we stopped are not failures.
+  EXPECT_EQ(r.failures.size(), 1u);
+}
+
+TEST(LocalWorkerGroup, ForwardsStopSignalAndReportsIt) {
+  FakeSpawner spawner([](const WorkerSpec&, int) { return runs_forever(); });
+  FakeStopSignals signals(SIGINT, 3);
+  LocalWorkerGroup group(spawner, signals, fast());
+  GenerationResult r = group.run(specs(2));
+  EXPECT_EQ(r.outcome, GenerationOutcome::kInterrupted);
+  EXPECT_EQ(r.stop_signal, SIGINT);
+  EXPECT_TRUE(r.failures.empty());
+  EXPECT_EQ(spawner.record(0).signals, std::vector<int>{SIGINT});
+  EXPECT_EQ(spawner.record(1).signals, std::vector<int>{SIGINT});
+  EXPECT_EQ(exit_code_for(r), 128 + SIGINT);
+}
+
+TEST(LocalWorkerGroup, SecondStopSignalKillsAtOnce) {
+  FakeSpawner spawner([](const WorkerSpec&, int) {
+    FakeBehaviour b;
+    b.ignores_term = true;
+    return b;
+  });
+  // First SIGTERM at call 0 (forwarded), second at call 1 (during the grace period).
+  class TwoSignals : public StopSignals {
+   public:
+    int wait(std::chrono::milliseconds) override { return calls_++ < 2 ? SIGTERM : 0; }
+    int calls_ = 0;
+  } signals;
+  GroupOptions o = fast();
+  o.grace = std::chrono::hours(1);  // would hang the test if the second signal were ignored
+  LocalWorkerGroup group(spawner, signals, o);
+  GenerationResult r = group.run(specs(1));
+  EXPECT_EQ(r.outcome, GenerationOutcome::kInterrupted);
+  EXPECT_EQ(spawner.record(0).signals, (std::vector<int>{SIGTERM, SIGKILL}));
+}
+
+TEST(LocalWorkerGroup, SpawnFailureStopsThoseStartedAndRethrows) {
+  FakeSpawner spawner([](const WorkerSpec&, int) { return runs_forever(); });
+  spawner.fail_at(2);
+  FakeStopSignals signals;
+  LocalWorkerGroup group(spawner, signals, fast());
+  EXPECT_THROW(group.run(specs(3)), Error);
+  ASSERT_EQ(spawner.spawned(), 2u);
+  EXPECT_EQ(spawner.record(0).signals, std::vector<int>{SIGTERM});
+  EXPECT_EQ(spawner.record(1).signals, std::vector<int>{SIGTERM});
+}
+
+GenerationResult failed(std::vector<WorkerExit> exits) {
+  GenerationResult r;
+  r.outcome = GenerationOutcome::kWorkerFailed;
+  int rank = 0;
+  for (const auto& e : exits) r.failures.push_back({rank++, 0, 0, e, {}});
+  return r;
+}
+
+TEST(ExitCodePolicy, Table) {
+  struct Case {
+    std::vector<WorkerExit> exits;
+    int code;
+  };
+  const std::vector<Case> cases = {
+      {{{false, 1}}, 4},
+      {{{false, 2}}, 2},
+      {{{false, 3}}, 3},
+      {{{false, 5}}, 5},
+      {{{false, 4}}, 4},
+      {{{false, 2}, {false, 2}}, 2},
+      {{{false, 2}, {false, 3}}, 4},  // disagree: a peer failure
+      {{{false, 3}, {true, 9}}, 4},   // a crash besides the data error
+      {{{true, 11}}, 4},
+      {{{true, 2}}, 4},  // killed by signal 2 is not exit code 2
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(exit_code_for(failed(c.exits)), c.code) << c.exits.size() << " " << c.exits[0].code;
+  }
+  GenerationResult ok;
+  EXPECT_EQ(exit_code_for(ok), 0);
+  GenerationResult stopped;
+  stopped.outcome = GenerationOutcome::kInterrupted;
+  stopped.stop_signal = SIGTERM;
+  EXPECT_EQ(exit_code_for(stopped), 143);
+}
+
+TEST(ExitCodePolicy, RestartOnlyCrashesWithBudgetLeft) {
+  EXPECT_TRUE(should_restart(failed({{false, 1}}), 0, 1));
+  EXPECT_FALSE(should_restart(failed({{false, 1}}), 1, 1));
+  EXPECT_TRUE(should_restart(failed({{true, 9}}), 2, 3));
+  EXPECT_FALSE(should_restart(failed({{false, 2}}), 0, 3));
+  EXPECT_FALSE(should_restart(failed({{false, 3}}), 0, 3));
+  EXPECT_FALSE(should_restart(failed({{false, 5}}), 0, 3));
+  GenerationResult stopped;
+  stopped.outcome = GenerationOutcome::kInterrupted;
+  EXPECT_FALSE(should_restart(stopped, 0, 3));
+}
+
+TEST(WorkerExit, Describes) {
+  EXPECT_EQ((WorkerExit{false, 3}).describe(), "exited with code 3");
+  EXPECT_EQ((WorkerExit{true, SIGKILL}).describe(), "was killed by signal 9 (SIGKILL)");
+  EXPECT_EQ((WorkerExit{true, SIGSEGV}).describe(), "was killed by signal 11 (SIGSEGV)");
+}
+
+TEST(RestartLoop, RestartsUntilSuccessWithIncreasingCount) {
+  // Rank 1 fails in restarts 0 and 1, everything succeeds in restart 2.
+  FakeSpawner spawner([](const WorkerSpec& s, int) {
+    bool fail = s.rank == 1 && s.env[0] != "RESTART=2";
+    return fail ? exits_after(1, 1) : exits_after(3, 0);
+  });
+  FakeStopSignals signals;
+  RestartOptions o;
+  o.max_restarts = 3;
+  o.group = fast();
+  std::vector<int> asked;
+  std::vector<std::string> reasons;
+  RestartLoop loop(spawner, signals, o, [&](int restart, const std::string& reason) {
+    asked.push_back(restart);
+    reasons.push_back(reason);
+    return specs(2, restart);
+  });
+  EXPECT_EQ(loop.run(), 0);
+  EXPECT_EQ(loop.restarts(), 2);
+  EXPECT_EQ(asked, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(reasons, (std::vector<std::string>{"", "rank 1 exited with code 1",
+                                               "rank 1 exited with code 1"}));
+  EXPECT_EQ(spawner.spawned(), 6u);
+}
+
+TEST(RestartLoop, GivesUpWhenRestartsAreSpent) {
+  FakeSpawner spawner(
+      [](const WorkerSpec& s, int) { return s.rank == 0 ? exits_after(0, 1) : runs_forever(); });
+  FakeStopSignals signals;
+  RestartOptions o;
+  o.max_restarts = 2;
+  o.group = fast();
+  RestartLoop loop(spawner, signals, o,
+                   [](int restart, const std::string&) { return specs(2, restart); });
+  EXPECT_EQ(loop.run(), 4);
+  EXPECT_EQ(loop.restarts(), 2);
+  EXPECT_EQ(spawner.spawned(), 6u);
+  EXPECT_EQ(loop.last_result().failures.at(0).rank, 0);
+}
+
+TEST(RestartLoop, UsageErrorIsNotRestarted) {
+  FakeSpawner spawner([](const WorkerSpec&, int) { return exits_after(0, 2); });
+  FakeStopSignals signals;
+  RestartOptions o;
+  o.max_restarts = 5;
+  o.group = fast();
+  RestartLoop loop(spawner, signals, o,
+                   [](int restart, const std::string&) { return specs(2, restart); });
+  EXPECT_EQ(loop.run(), 2);
+  EXPECT_EQ(loop.restarts(), 0);
+  EXPECT_EQ(spawner.spawned(), 2u);
+}
+
+TEST(RestartLoop, InterruptIsNotRestarted) {
+  FakeSpawner spawner([](const WorkerSpec&, int) { return runs_forever(); });
+  FakeStopSignals signals(SIGTERM, 2);
+  RestartOptions o;
+  o.max_restarts = 5;
+  o.group = fast();
+  RestartLoop loop(spawner, signals, o,
+                   [](int restart, const std::string&) { return specs(2, restart); });
+  EXPECT_EQ(loop.run(), 143);
+  EXPECT_EQ(spawner.spawned(), 2u);
+}
+
+}  // namespace
+}  // namespace dnallm::launcher

@@ -1,0 +1,147 @@
+#include "worker/data/sequence_reader.hpp"
+
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "core/error.hpp"
+#include "test_files.hpp"
+
+namespace dnallm::data {
+namespace {
+
+const char kFasta[] =
+    ">chr1 first record\n"
+    "ACGTACGTAC\n"
+    "acgtnNNNAC\n"
+    "\n"
+    ">chr2\r\n"
+    "GGGGRYCCCC\r\n"
+    ">chr3\n"
+    "TTU\n";
+
+void expect_records(const std::vector<SequenceRecord>& r) {
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].name, "chr1");
+  EXPECT_EQ(r[0].bases, "ACGTACGTACACGTNNNNAC");
+  EXPECT_EQ(r[0].line, 1);
+  EXPECT_EQ(r[1].name, "chr2");
+  EXPECT_EQ(r[1].bases, "GGGGNNCCCC");
+  EXPECT_EQ(r[2].bases, "TTT");
+  EXPECT_EQ(r[2].line, 7);
+}
+
+// Runs `fn`, expects Error(kBadData) whose message contains every piece of `parts`.
+template <typename Fn>
+void expect_bad_data(Fn fn, std::vector<std::string> parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kBadData) << e.what();
+    for (const auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
+  }
+}
+
+TEST(SequenceReader, PlainGzipAndBgzfFasta) {
+  testing::TempDir dir;
+  testing::write_text(dir.file("a.fa"), kFasta);
+  testing::write_gzip(dir.file("a.fa.gz"), kFasta);
+  testing::write_bgzf(dir.file("b.fasta.gz"), kFasta);
+  for (const char* name : {"a.fa", "a.fa.gz", "b.fasta.gz"}) {
+    SCOPED_TRACE(name);
+    expect_records(read_sequences(dir.file(name), "auto", BadRecordPolicy::kError));
+  }
+}
+
+TEST(SequenceReader, BgzfManyBlocksAndRecords) {
+  testing::TempDir dir;
+  std::string text;
+  std::vector<std::string> seqs;
+  for (int r = 0; r < 5; ++r) {
+    seqs.push_back(testing::random_bases(50000 + r, r));  // > 64 KiB BGZF blocks in total
+    text += ">rec" + std::to_string(r) + "\n";
+    for (size_t p = 0; p < seqs.back().size(); p += 70) text += seqs.back().substr(p, 70) + "\n";
+  }
+  testing::write_bgzf(dir.file("many.fa.bgz"), text);
+  auto r = read_sequences(dir.file("many.fa.bgz"), "auto", BadRecordPolicy::kError);
+  ASSERT_EQ(r.size(), 5u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(r[i].bases, seqs[i]);
+}
+
+TEST(SequenceReader, BundledGenome) {
+  auto r = read_sequences(std::string(DNALLM_SOURCE_DIR) + "/data/ecoli_k12_mg1655.fa.gz", "auto",
+                          BadRecordPolicy::kError);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].bases.size(), 4639675u);
+}
+
+TEST(SequenceReader, FastqMultiRecordAndSniffing) {
+  testing::TempDir dir;
+  std::string fq = "@r1 desc\nACGTN\n+\nIIIII\n@r2\nggcc\n+r2\n!!!!\n";
+  testing::write_bgzf(dir.file("reads.fq.gz"), fq);
+  testing::write_text(dir.file("reads.txt"), fq);
+  for (const char* name : {"reads.fq.gz", "reads.txt"}) {
+    auto r = read_sequences(dir.file(name), "auto", BadRecordPolicy::kError);
+    ASSERT_EQ(r.size(), 2u);
+    EXPECT_EQ(r[0].name, "r1");
+    EXPECT_EQ(r[0].bases, "ACGTN");
+    EXPECT_EQ(r[1].bases, "GGCC");
+    EXPECT_EQ(r[1].line, 5);
+  }
+}
+
+TEST(SequenceReader, InvalidCharacterNamesFileLineRecord) {
+  testing::TempDir dir;
+  testing::write_text(dir.file("bad.fa"), ">ok\nACGT\n>broken\nACGT\nAC-GT\n>ok2\nAAAA\n");
+  expect_bad_data([&] { read_sequences(dir.file("bad.fa"), "auto", BadRecordPolicy::kError); },
+                  {"bad.fa", "broken", "'-'", "line 5", "column 3"});
+  int64_t skipped = 0;
+  auto r = read_sequences(dir.file("bad.fa"), "auto", BadRecordPolicy::kSkip, &skipped);
+  EXPECT_EQ(skipped, 1);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[1].name, "ok2");
+}
+
+TEST(SequenceReader, EmptySequence) {
+  testing::TempDir dir;
+  testing::write_text(dir.file("empty.fa"), ">a\nACGT\n>nothing\n>b\nTT\n");
+  expect_bad_data([&] { read_sequences(dir.file("empty.fa"), "auto", BadRecordPolicy::kError); },
+                  {"empty.fa:3", "nothing", "empty sequence"});
+  int64_t skipped = 0;
+  EXPECT_EQ(read_sequences(dir.file("empty.fa"), "auto", BadRecordPolicy::kSkip, &skipped).size(),
+            2u);
+  EXPECT_EQ(skipped, 1);
+}
+
+TEST(SequenceReader, TruncatedGzip) {
+  testing::TempDir dir;
+  std::string text = ">chr\n";
+  for (int i = 0; i < 2000; ++i) text += testing::random_bases(60, i) + "\n";
+  testing::write_gzip(dir.file("t.fa.gz"), text);
+  auto size = std::filesystem::file_size(dir.file("t.fa.gz"));
+  std::filesystem::resize_file(dir.file("t.fa.gz"), size / 2);
+  expect_bad_data([&] { read_sequences(dir.file("t.fa.gz"), "auto", BadRecordPolicy::kSkip); },
+                  {"t.fa.gz", "truncated"});
+}
+
+TEST(SequenceReader, FastqQualityMismatchAndMissingHeader) {
+  testing::TempDir dir;
+  testing::write_text(dir.file("q.fastq"), "@r1\nACGT\n+\nIII\n");
+  expect_bad_data([&] { read_sequences(dir.file("q.fastq"), "auto", BadRecordPolicy::kError); },
+                  {"q.fastq:4", "r1", "quality has 3"});
+  testing::write_text(dir.file("h.fa"), "ACGT\n");
+  expect_bad_data([&] { read_sequences(dir.file("h.fa"), "auto", BadRecordPolicy::kError); },
+                  {"h.fa:1", "header"});
+  expect_bad_data([&] { read_sequences(dir.file("missing.fa"), "auto", BadRecordPolicy::kError); },
+                  {"missing.fa"});
+}
+
+TEST(SequenceReader, ReverseComplement) {
+  EXPECT_EQ(reverse_complement("AACGTN"), "NACGTT");
+  EXPECT_EQ(reverse_complement(reverse_complement("GATTACA")), "GATTACA");
+}
+
+}  // namespace
+}  // namespace dnallm::data

@@ -1,0 +1,213 @@
+#include "worker/data/data_loader.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include "core/error.hpp"
+
+namespace dnallm::data {
+namespace {
+SamplerOptions sampler_options(const LoaderOptions& o, uint64_t dataset_size) {
+  SamplerOptions s;
+  s.dataset_size = dataset_size;
+  s.seed = o.seed;
+  s.shuffle = o.shuffle;
+  s.micro_batch_size = o.micro_batch_size;
+  s.grad_accum_steps = o.grad_accum_steps;
+  s.rank = o.rank;
+  s.world_size = o.world_size;
+  return s;
+}
+}  // namespace
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
+                       std::shared_ptr<const Tokenizer> tokenizer, LoaderOptions options,
+                       const SamplerState* resume)
+    : dataset_(std::move(dataset)),
+      tokenizer_(std::move(tokenizer)),
+      options_(options),
+      sampler_(sampler_options(options_, dataset_->size())) {
+  if (options_.num_workers < 0)
+    fail(ExitCode::kUsage, "data.dataloader_num_workers = {} must be >= 0", options_.num_workers);
+  if (options_.prefetch_factor < 1)
+    fail(ExitCode::kUsage, "data.prefetch_factor = {} must be >= 1", options_.prefetch_factor);
+  if (resume != nullptr) {
+    if (resume->seed != options_.seed || resume->dataset_size != dataset_->size() ||
+        resume->shuffle != options_.shuffle) {
+      fail(ExitCode::kUsage,
+           "the saved sampler state (seed {}, dataset size {}, shuffle {}) does not match this run "
+           "(seed {}, dataset size {}, shuffle {}): the data or training.seed changed since the "
+           "checkpoint",
+           resume->seed, resume->dataset_size, resume->shuffle, options_.seed, dataset_->size(),
+           options_.shuffle);
+    }
+    start_cursor_ = resume->consumed_samples;
+  }
+  start();
+}
+
+DataLoader::~DataLoader() { stop(); }
+
+void DataLoader::start() {
+  if (!workers_.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = false;
+    next_job_ = next_consume_;
+    ready_.clear();
+  }
+  for (int w = 0; w < options_.num_workers; ++w) workers_.emplace_back([this] { worker_loop(); });
+}
+
+void DataLoader::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+}
+
+void DataLoader::reset(const SamplerState& state) {
+  stop();
+  if (state.seed != options_.seed || state.dataset_size != dataset_->size()) {
+    fail(ExitCode::kUsage,
+         "sampler state (seed {}, dataset size {}) does not match the loader (seed {}, size {})",
+         state.seed, state.dataset_size, options_.seed, dataset_->size());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    start_cursor_ = state.consumed_samples;
+    next_consume_ = 0;
+  }
+  start();
+}
+
+void DataLoader::rewind() {
+  reset(SamplerState{options_.seed, dataset_->size(), 0, options_.shuffle});
+}
+
+void DataLoader::worker_loop() {
+  const uint64_t capacity = static_cast<uint64_t>(options_.prefetch_factor) * options_.num_workers;
+  for (;;) {
+    uint64_t job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || next_job_ < next_consume_ + capacity; });
+      if (stopping_) return;
+      job = next_job_++;
+    }
+    Slot slot;
+    try {
+      slot.batch = build(job);
+    } catch (...) {
+      slot.error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ready_.emplace(job, std::move(slot));
+    }
+    cv_.notify_all();
+  }
+}
+
+Batch DataLoader::next() {
+  if (options_.num_workers == 0) {
+    uint64_t job;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job = next_consume_;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    Batch b = build(job);  // on error the cursor stays, so a retry rebuilds the same batch
+    data_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++next_consume_;
+    return b;
+  }
+  Slot slot;
+  auto t0 = std::chrono::steady_clock::now();
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    DNALLM_CHECK(!workers_.empty(), ExitCode::kFailure, "DataLoader::next() after stop()");
+    cv_.wait(lock, [&] { return ready_.count(next_consume_) > 0; });
+    auto it = ready_.find(next_consume_);
+    slot = std::move(it->second);
+    ready_.erase(it);
+    ++next_consume_;
+  }
+  cv_.notify_all();
+  data_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (slot.error) std::rethrow_exception(slot.error);
+  return std::move(slot.batch);
+}
+
+SamplerState DataLoader::state() const {
+  SamplerState s;
+  s.seed = options_.seed;
+  s.dataset_size = dataset_->size();
+  s.shuffle = options_.shuffle;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t steps_done = next_consume_ / static_cast<uint64_t>(options_.grad_accum_steps);
+  s.consumed_samples = start_cursor_ + steps_done * sampler_.global_batch_size();
+  return s;
+}
+
+Batch DataLoader::batch_at(uint64_t step, int64_t micro_step) const {
+  return build(step * static_cast<uint64_t>(options_.grad_accum_steps) +
+               static_cast<uint64_t>(micro_step));
+}
+
+Batch DataLoader::build(uint64_t job) const {
+  const auto accum = static_cast<uint64_t>(options_.grad_accum_steps);
+  const uint64_t step = job / accum;
+  const auto micro = static_cast<int64_t>(job % accum);
+  uint64_t cursor;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cursor = start_cursor_ + step * sampler_.global_batch_size();
+  }
+  std::vector<uint64_t> positions;
+  std::vector<Sample> samples;
+  if (options_.group_by_length) {
+    // Read the whole global batch, sort by length (stable), take this rank's slice.
+    const uint64_t g = sampler_.global_batch_size();
+    std::vector<Sample> all(g);
+    for (uint64_t k = 0; k < g; ++k) {
+      SamplePosition sp = sampler_.resolve(cursor + k);
+      SampleRng rng(options_.seed, sp.epoch, sp.position, 0);
+      all[k] = dataset_->get(sp.index, rng);
+    }
+    std::vector<uint64_t> order(g);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) {
+      return all[a].bases.size() < all[b].bases.size();
+    });
+    const uint64_t off = sampler_.slice_offset(micro);
+    for (int64_t k = 0; k < options_.micro_batch_size; ++k) {
+      uint64_t i = order[off + k];
+      positions.push_back(cursor + i);
+      samples.push_back(std::move(all[i]));
+    }
+  } else {
+    positions = sampler_.micro_batch_positions(cursor, micro);
+    for (uint64_t p : positions) {
+      SamplePosition sp = sampler_.resolve(p);
+      SampleRng rng(options_.seed, sp.epoch, sp.position, 0);
+      samples.push_back(dataset_->get(sp.index, rng));
+    }
+  }
+  std::vector<EncodedSample> encoded;
+  encoded.reserve(samples.size());
+  for (size_t k = 0; k < samples.size(); ++k) {
+    SamplePosition sp = sampler_.resolve(positions[k]);
+    SampleRng rng(options_.seed, sp.epoch, sp.position, 1);
+    encoded.push_back(
+        encode_sample(samples[k], positions[k], *tokenizer_, options_.objective, rng));
+  }
+  return collate(std::move(encoded), options_.objective);
+}
+
+}  // namespace dnallm::data

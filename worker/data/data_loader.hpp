@@ -1,0 +1,114 @@
+// The prefetching data loader: builds this rank's micro-batches on background threads.
+//
+// Order: next() returns micro-batches in (step, micro_step) order: step 0 micro 0 ..
+// accum-1, step 1 micro 0, ... where step 0 starts at the cursor given at construction
+// (SamplerState::consumed_samples). Micro-batch j is a pure function of (dataset, tokenizer,
+// options, cursor, j) (Note [Global sample stream], Note [Sample seeding]), so the output is
+// identical for any num_workers, including 0 (built on the caller's thread).
+//
+// Threads: num_workers workers owned by the loader; start() launches them (the constructor
+// does), stop() asks them to finish and joins (the destructor does). Workers claim jobs in
+// order and stop when prefetch_factor × num_workers built batches wait unconsumed (bounded
+// memory). A worker's exception (bad data) is rethrown by next() for that micro-batch.
+// next() and state() are for one consumer thread (the trainer's); next() blocks.
+//
+// group_by_length: the global batch of a step is sorted by sample length (stable, by stream
+// position) before slicing, so each micro-batch holds similar lengths; which samples the
+// global batch holds is unchanged. Each rank reads (not encodes) the whole global batch to
+// sort it.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "worker/data/batch.hpp"
+#include "worker/data/dataset.hpp"
+#include "worker/data/objectives.hpp"
+#include "worker/data/sampler.hpp"
+#include "worker/data/tokenizer.hpp"
+
+namespace dnallm::data {
+
+struct LoaderOptions {
+  int rank = 0;
+  int world_size = 1;
+  int64_t micro_batch_size = 8;
+  int64_t grad_accum_steps = 1;
+  uint64_t seed = 42;
+  bool shuffle = true;
+  int num_workers = 1;      // 0: build batches synchronously in next()
+  int prefetch_factor = 2;  // batches queued per worker (>= 1)
+  bool group_by_length = false;
+  ObjectiveOptions objective;
+};
+
+class DataLoader {
+ public:
+  // `resume` must match the dataset (size) and seed, else Error(kUsage); its cursor is where
+  // step 0 begins. Starts the workers.
+  DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<const Tokenizer> tokenizer,
+             LoaderOptions options, const SamplerState* resume = nullptr);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  // The next micro-batch (see Order). Blocks until it is built; the time blocked adds to
+  // data_wait_s(). Rethrows a worker's Error.
+  Batch next();
+
+  // Builds micro-batch `micro_step` of step `step` (counted from the start cursor) on the
+  // calling thread, without touching the queue. Thread-safe.
+  Batch batch_at(uint64_t step, int64_t micro_step) const;
+
+  // Sampler state at the start of the step whose micro-batch next() returns next: after the
+  // last micro-batch of step s has been taken, it is the state to save with checkpoint s.
+  SamplerState state() const;
+
+  // Moves the cursor to `state` (e.g. to re-run evaluation from the start): stops the
+  // workers, drops prefetched batches, restarts.
+  void reset(const SamplerState& state);
+
+  // reset() to the start of the stream (cursor 0): re-runs an evaluation from its first batch.
+  void rewind();
+
+  void start();
+  void stop();
+
+  double data_wait_s() const { return data_wait_s_; }  // consumer thread only
+  uint64_t global_batch_size() const { return sampler_.global_batch_size(); }
+  uint64_t dataset_size() const { return dataset_->size(); }
+  int64_t skipped_records() const { return dataset_->skipped_records(); }
+  const Dataset& dataset() const { return *dataset_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const LoaderOptions& options() const { return options_; }
+
+ private:
+  Batch build(uint64_t job) const;
+  void worker_loop();
+
+  std::shared_ptr<const Dataset> dataset_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  LoaderOptions options_;
+  DistributedSampler sampler_;
+  uint64_t start_cursor_ = 0;
+
+  struct Slot {
+    Batch batch;
+    std::exception_ptr error;
+  };
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;      // both directions: jobs built, jobs consumed
+  bool stopping_ = false;           // guarded by mutex_
+  uint64_t next_job_ = 0;           // guarded by mutex_: next job a worker claims
+  uint64_t next_consume_ = 0;       // guarded by mutex_: next job next() returns
+  std::map<uint64_t, Slot> ready_;  // guarded by mutex_
+  std::vector<std::thread> workers_;
+  double data_wait_s_ = 0.0;
+};
+
+}  // namespace dnallm::data

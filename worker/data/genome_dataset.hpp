@@ -1,0 +1,84 @@
+// Windows over genomes (FASTA/FASTQ), for pre-training and evaluation.
+//
+// Note [Genome storage]: the genomes are decompressed once, when the dataset is built, and
+// held in memory at 1 byte per base (validated A C G T N). The bundled genomes are plain
+// gzip, which faidx cannot index; holding ~5 Mbases (5 MB per genome, per rank) is cheaper
+// and simpler than writing a decompressed cache beside a possibly read-only data directory
+// and keeping it coherent. The bound: total bases <= GenomeOptions::max_bases (default
+// 4 Gbases, i.e. up to 4 GB of host memory per rank; a human genome is 3.1 GB). Larger
+// inputs are refused with Error(kUsage) rather than swapping.
+//
+// Sampling ("random"): window i of an epoch is drawn from the sample's rng: a region
+// weighted by its number of window starts, then a uniform start. "tile": window i is the
+// i-th window of a strided tiling over all regions (the sampler shuffles the order).
+// N runs: n_policy "skip" rejects windows whose N fraction exceeds max_n_fraction (random:
+// redraw up to 64 times; tile: such tiles are left out of the tiling); "mask" keeps them
+// and the objective never scores N positions.
+// Split: eval_fraction f holds out the last floor(len * f) bases of every record; the
+// train split is the rest. Windows never cross the boundary.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/data/dataset.hpp"
+#include "worker/data/sequence_reader.hpp"
+
+namespace dnallm::data {
+
+enum class Split { kAll, kTrain, kEval };
+
+struct GenomeOptions {
+  int64_t window_bases = 510;       // bases per window, > 0
+  std::string sampling = "random";  // "random" | "tile"
+  int64_t window_stride = 0;        // tile: bases between starts; 0 = window_bases
+  std::string n_policy = "skip";    // "skip" | "mask"
+  double max_n_fraction = 0.0;      // skip: largest tolerated N fraction of a window
+  double reverse_complement = 0.0;  // probability of reverse-complementing a window
+  double eval_fraction = 0.0;       // held-out tail of each record
+  Split split = Split::kAll;
+  int64_t samples_per_epoch = 0;  // random: 0 = total region bases / window_bases
+  std::string format = "auto";    // "auto" | "fasta" | "fastq"
+  BadRecordPolicy on_bad_record = BadRecordPolicy::kError;
+  int64_t max_bases = int64_t{4} << 30;  // See Note [Genome storage]
+};
+
+class GenomeDataset final : public Dataset {
+ public:
+  // Reads every file (Error(kBadData) on bad data, Error(kUsage) on bad options).
+  GenomeDataset(const std::vector<std::string>& files, GenomeOptions options);
+  // From records already in memory (tests, eval on a string); `origin` names them in messages.
+  GenomeDataset(std::vector<SequenceRecord> records, GenomeOptions options, std::string origin);
+
+  uint64_t size() const override { return size_; }
+  Sample get(uint64_t index, SampleRng& rng) const override;
+  int64_t skipped_records() const override { return skipped_; }
+  std::string describe() const override;
+
+  int64_t total_bases() const { return total_bases_; }
+  const std::vector<SequenceRecord>& records() const { return records_; }
+
+ private:
+  struct Region {
+    int32_t record;
+    int64_t begin, end;    // [begin, end) within the record
+    uint64_t starts;       // random: window starts in the region (>= 1)
+    uint64_t first_start;  // cumulative starts before this region
+  };
+  void build(std::string origin);
+  bool window_ok(const std::string& s, int64_t pos, int64_t len) const;
+
+  GenomeOptions options_;
+  std::vector<SequenceRecord> records_;
+  std::vector<Region> regions_;
+  uint64_t total_starts_ = 0;
+  // tile: start of each kept tile as (region index, offset) packed; see build().
+  std::vector<std::pair<int32_t, int64_t>> tiles_;
+  uint64_t size_ = 0;
+  int64_t total_bases_ = 0;
+  int64_t skipped_ = 0;
+  std::string origin_;
+};
+
+}  // namespace dnallm::data

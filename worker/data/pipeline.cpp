@@ -1,0 +1,178 @@
+#include "worker/data/pipeline.hpp"
+
+#include <filesystem>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "worker/data/sequence_reader.hpp"
+#include "worker/data/table_dataset.hpp"
+
+namespace dnallm::data {
+namespace {
+
+bool is_table_format(const std::string& f) { return f == "csv" || f == "tsv" || f == "jsonl"; }
+
+std::string resolve_format(const Config& config, const std::vector<std::string>& files) {
+  if (config.data.format != "auto") return config.data.format;
+  if (files.empty()) return "fasta";
+  std::string f = format_from_extension(files.front());
+  return f.empty() ? "auto" : f;  // sequence readers sniff the first character
+}
+
+// Up to `max_bases` bases of the training genomes, in lines of 2,000 bases, for BPE training.
+std::vector<std::string> bpe_sample(const Config& config, size_t max_bases) {
+  std::vector<std::string> lines;
+  size_t total = 0;
+  for (const auto& f : config.data.train_files) {
+    SequenceReader reader(f, config.data.format == "auto" ? "auto" : config.data.format,
+                          parse_bad_record_policy(config.data.on_bad_record));
+    SequenceRecord rec;
+    while (total < max_bases && reader.next(rec)) {
+      for (size_t pos = 0; pos < rec.bases.size() && total < max_bases; pos += 2000) {
+        lines.push_back(rec.bases.substr(pos, 2000));
+        total += lines.back().size();
+      }
+    }
+  }
+  return lines;
+}
+
+}  // namespace
+
+std::shared_ptr<const Tokenizer> make_tokenizer(const Config& config) {
+  const auto& t = config.tokenizer;
+  if (t.kind == "char") return make_char_tokenizer();
+  if (t.kind == "kmer")
+    return make_kmer_tokenizer(static_cast<int>(t.k), static_cast<int>(t.stride));
+  if (t.kind == "bpe") {
+    if (!t.path.empty() && std::filesystem::exists(t.path)) return load_bpe_model(t.path);
+    if (config.data.train_files.empty()) {
+      fail(ExitCode::kUsage,
+           "tokenizer.kind = \"bpe\" needs tokenizer.path (a trained model) or data.train_files to "
+           "train on");
+    }
+    spdlog::info("training a BPE tokenizer (vocab {}) on up to 2 Mbases of {}", t.vocab_size,
+                 config.data.train_files.front());
+    auto tok = train_bpe_tokenizer(bpe_sample(config, 2'000'000), t.vocab_size);
+    if (!t.path.empty()) save_bpe_model(*tok, t.path);
+    return tok;
+  }
+  fail(ExitCode::kUsage,
+       "tokenizer.kind = \"{}\" is not allowed: use \"char\", \"kmer\" or \"bpe\"", t.kind);
+}
+
+ObjectiveOptions objective_options(const Config& config) {
+  ObjectiveOptions o;
+  o.objective = objective_from(config.model.arch, config.model.task);
+  o.max_seq_length = config.model.max_seq_length;
+  o.mlm_probability = config.data.mlm_probability;
+  o.packing = config.data.packing;
+  o.num_labels = config.model.num_labels;
+  if (o.mlm_probability < 0 || o.mlm_probability > 1) {
+    fail(ExitCode::kUsage, "data.mlm_probability = {} must be in [0, 1]", o.mlm_probability);
+  }
+  if (token_budget(o) <= 0) {
+    fail(ExitCode::kUsage, "model.max_seq_length = {} leaves no room for tokens", o.max_seq_length);
+  }
+  return o;
+}
+
+int64_t window_bases(const Config& config, const Tokenizer& tokenizer) {
+  return tokenizer.bases_for_tokens(token_budget(objective_options(config)));
+}
+
+std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenizer& tokenizer,
+                                            Split split) {
+  const auto& d = config.data;
+  const bool eval_files = split == Split::kEval && !d.eval_files.empty();
+  const auto& files = eval_files ? d.eval_files : d.train_files;
+  if (files.empty()) {
+    fail(ExitCode::kUsage, "data.{} is empty: give at least one file",
+         split == Split::kEval ? "eval_files" : "train_files");
+  }
+  const std::string format = resolve_format(config, files);
+  const auto policy = parse_bad_record_policy(d.on_bad_record);
+  if (is_table_format(format)) {
+    TableOptions t;
+    t.format = format;
+    t.sequence_column = d.sequence_column;
+    t.label_column = d.label_column;
+    t.task = config.model.task;
+    t.num_labels = config.model.num_labels;
+    t.on_bad_record = policy;
+    t.cache_dir = d.cache_dir;
+    if (split == Split::kTrain && !d.eval_files.empty()) {
+      // train tables are whole; eval tables come from eval_files
+    } else if (split == Split::kEval && !eval_files) {
+      fail(ExitCode::kUsage,
+           "evaluation on tables needs data.eval_files (eval_fraction splits genomes only)");
+    }
+    return std::make_shared<TableDataset>(files, t);
+  }
+  if (config.model.task != "pretrain") {
+    fail(ExitCode::kUsage,
+         "model.task = \"{}\" needs labelled tables (csv, tsv, jsonl with data.label_column), but "
+         "{} is a {} file",
+         config.model.task, files.front(), format == "auto" ? "sequence" : format);
+  }
+  GenomeOptions g;
+  g.window_bases = window_bases(config, tokenizer);
+  g.sampling = d.sampling;
+  g.window_stride = d.window_stride;
+  g.n_policy = d.n_policy;
+  g.max_n_fraction = d.max_n_fraction;
+  g.reverse_complement = d.reverse_complement;
+  g.eval_fraction = d.eval_fraction;
+  g.samples_per_epoch = d.samples_per_epoch;
+  g.format = format;
+  g.on_bad_record = policy;
+  if (split == Split::kTrain) {
+    g.split = d.eval_fraction > 0 ? Split::kTrain : Split::kAll;
+  } else {
+    // Evaluation: deterministic tiling, no augmentation.
+    g.split = eval_files ? Split::kAll : Split::kEval;
+    g.sampling = "tile";
+    g.window_stride = 0;
+    g.reverse_complement = 0.0;
+    g.samples_per_epoch = 0;
+  }
+  auto ds = std::make_shared<GenomeDataset>(files, g);
+  spdlog::info("data ({}): {}", split == Split::kEval ? "eval" : "train", ds->describe());
+  return ds;
+}
+
+LoaderOptions loader_options(const Config& config, int rank, int world_size, bool train) {
+  LoaderOptions o;
+  o.rank = rank;
+  o.world_size = world_size;
+  o.micro_batch_size = config.training.micro_batch_size;
+  o.grad_accum_steps = train ? config.training.grad_accum_steps : 1;
+  o.seed = static_cast<uint64_t>(config.training.seed);
+  o.shuffle = train;
+  o.num_workers = static_cast<int>(config.data.dataloader_num_workers);
+  o.prefetch_factor = static_cast<int>(config.data.prefetch_factor);
+  o.group_by_length = config.data.group_by_length;
+  o.objective = objective_options(config);
+  return o;
+}
+
+std::unique_ptr<DataLoader> make_train_loader(const Config& config,
+                                              std::shared_ptr<const Tokenizer> tokenizer, int rank,
+                                              int world_size,
+                                              const std::optional<SamplerState>& resume) {
+  auto ds = make_dataset(config, *tokenizer, Split::kTrain);
+  return std::make_unique<DataLoader>(ds, std::move(tokenizer),
+                                      loader_options(config, rank, world_size, true),
+                                      resume ? &*resume : nullptr);
+}
+
+std::unique_ptr<DataLoader> make_eval_loader(const Config& config,
+                                             std::shared_ptr<const Tokenizer> tokenizer, int rank,
+                                             int world_size) {
+  if (config.data.eval_files.empty() && config.data.eval_fraction <= 0) return nullptr;
+  auto ds = make_dataset(config, *tokenizer, Split::kEval);
+  return std::make_unique<DataLoader>(ds, std::move(tokenizer),
+                                      loader_options(config, rank, world_size, false));
+}
+
+}  // namespace dnallm::data

@@ -1,0 +1,51 @@
+// Builds the data pipeline from a dnallm::Config: what the trainer calls.
+//
+//   auto tok   = dnallm::data::make_tokenizer(config);
+//   auto train = dnallm::data::make_train_loader(config, tok, rank, world_size, resume_state);
+//   auto eval  = dnallm::data::make_eval_loader(config, tok, rank, world_size);  // may be null
+//   Batch b    = train->next();      // step-major, micro-step-minor order
+//   json st    = train->state().to_json();   // save with the checkpoint, after a step
+//
+// Window length (genomes): token_budget = max_seq_length - 2 ([CLS] t.. [SEP]) for masked
+// LM, - 1 for causal LM; bases = tokenizer.bases_for_tokens(token_budget) (char: the same;
+// k-mer stride 1: + k - 1; stride k: × k; BPE: an estimate, truncated to the budget).
+//
+// Which data: data.format "auto" decides by extension (.fa/.fasta/.fna/.fq/.fastq[.gz],
+// .csv, .tsv, .jsonl). Genomes use GenomeDataset, tables TableDataset.
+// Eval data: data.eval_files when given (tiled, not shuffled); else, with
+// data.eval_fraction > 0, the held-out tail of the training genomes; else none (nullptr).
+// The train split of genomes excludes the held-out tail whenever eval_fraction > 0.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "core/config.hpp"
+#include "worker/data/data_loader.hpp"
+#include "worker/data/genome_dataset.hpp"
+#include "worker/data/tokenizer.hpp"
+
+namespace dnallm::data {
+
+// Genome window length in bases for this config and tokenizer.
+int64_t window_bases(const Config& config, const Tokenizer& tokenizer);
+
+ObjectiveOptions objective_options(const Config& config);
+
+// `split`: kTrain for train_files (minus the held-out tail), kEval for eval_files or the tail.
+std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenizer& tokenizer,
+                                            Split split);
+
+// Loader options from the config for this rank (train: shuffled; eval: in order, accum 1).
+LoaderOptions loader_options(const Config& config, int rank, int world_size, bool train);
+
+std::unique_ptr<DataLoader> make_train_loader(
+    const Config& config, std::shared_ptr<const Tokenizer> tokenizer, int rank, int world_size,
+    const std::optional<SamplerState>& resume = std::nullopt);
+
+// nullptr when the config has no evaluation data.
+std::unique_ptr<DataLoader> make_eval_loader(const Config& config,
+                                             std::shared_ptr<const Tokenizer> tokenizer, int rank,
+                                             int world_size);
+
+}  // namespace dnallm::data

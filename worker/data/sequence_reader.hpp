@@ -1,0 +1,94 @@
+// FASTA and FASTQ readers over htslib's BGZF layer, which reads plain text, plain gzip and
+// BGZF transparently. Multi-record files, multi-line FASTA, Windows line ends.
+//
+// Validation (at the boundary, before anything is kept): sequence letters are upper-cased;
+// A C G T N are kept, U becomes T, IUPAC ambiguity codes (R Y S W K M B D H V) become N.
+// Anything else (digits, '-', '*', ...) is an invalid character. A record with no bases,
+// a FASTQ record whose quality length differs from its sequence, a missing header, and a
+// truncated or corrupt gzip stream are errors too. Every error is Error(kBadData) naming
+// the file, the line, the record and what was found.
+//
+// FASTQ records are four lines (header, sequence, '+', quality); multi-line FASTQ is not
+// supported.
+//
+// on_bad_record = kSkip drops a bad record (invalid character, empty) and counts it;
+// a damaged file (truncated gzip, broken FASTQ structure) is always an error because
+// what follows cannot be trusted.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dnallm::data {
+
+enum class BadRecordPolicy { kError, kSkip };
+BadRecordPolicy parse_bad_record_policy(const std::string& name);  // Error(kUsage) if unknown
+
+enum class SequenceFormat { kFasta, kFastq };
+
+struct SequenceRecord {
+  std::string name;   // header up to the first whitespace
+  std::string bases;  // validated, upper-case A C G T N
+  int64_t line = 0;   // 1-based line of the header
+};
+
+// Streams records from one file. Not thread-safe; one reader per thread.
+class SequenceReader {
+ public:
+  // format_hint: "auto" (by extension, then by the first character), "fasta", "fastq".
+  // Throws Error(kBadData) if the file cannot be opened.
+  SequenceReader(std::string path, const std::string& format_hint = "auto",
+                 BadRecordPolicy policy = BadRecordPolicy::kError);
+  ~SequenceReader();
+  SequenceReader(const SequenceReader&) = delete;
+  SequenceReader& operator=(const SequenceReader&) = delete;
+
+  // Reads the next good record into `out`; false at end of file.
+  bool next(SequenceRecord& out);
+
+  int64_t skipped_records() const { return skipped_; }
+  SequenceFormat format() const { return format_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  bool read_line(std::string& line);  // false at EOF; throws on a stream error
+  bool next_fasta(SequenceRecord& out);
+  bool next_fastq(SequenceRecord& out);
+  // Validates and normalises `raw` into `out`; returns false (with `why`) if bad.
+  bool normalise(const std::string& raw, int64_t line, std::string& out, std::string& why) const;
+  [[noreturn]] void bad(int64_t line, const std::string& record, const std::string& what) const;
+
+  std::string path_;
+  SequenceFormat format_ = SequenceFormat::kFasta;
+  BadRecordPolicy policy_;
+  struct Handle;
+  std::unique_ptr<Handle> handle_;
+  int64_t line_no_ = 0;
+  bool have_pending_ = false;
+  std::string pending_;  // a header line read ahead by the FASTA parser
+  int64_t skipped_ = 0;
+};
+
+// Reads every record of `path` (see SequenceReader). `skipped` receives the count of
+// skipped records when non-null.
+std::vector<SequenceRecord> read_sequences(const std::string& path, const std::string& format_hint,
+                                           BadRecordPolicy policy, int64_t* skipped = nullptr);
+
+// Format from the file name: ".fa/.fasta/.fna/.fas[.gz|.bgz]" fasta, ".fq/.fastq" fastq,
+// ".csv" ".tsv" ".jsonl"/".json"; "" when unknown.
+std::string format_from_extension(const std::string& path);
+
+// Appends the normalised bases of `raw` to `out` (upper case; U -> T; IUPAC codes -> N;
+// spaces and tabs ignored). Returns the index in `raw` of the first invalid character, or
+// std::string::npos when all are valid (then `out` holds every base).
+size_t normalise_bases(std::string_view raw, std::string& out);
+// "'x'" for printable characters, "byte 0xNN" otherwise (messages).
+std::string printable_char(char c);
+
+// Reverse complement of upper-case A C G T N.
+std::string reverse_complement(const std::string& bases);
+
+}  // namespace dnallm::data

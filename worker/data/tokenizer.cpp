@@ -1,0 +1,396 @@
+#include "worker/data/tokenizer.hpp"
+
+#include <unistd.h>
+
+#include <array>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include "core/error.hpp"
+
+namespace dnallm::data {
+namespace {
+
+// "<pid>.<thread>": temporary names that concurrent ranks and threads never share.
+std::string unique_suffix() {
+  return std::to_string(::getpid()) + "." +
+         std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+}
+
+using nlohmann::json;
+
+// Base index of a nucleotide, -1 for anything else (N).
+int base_index(char c) {
+  switch (c) {
+    case 'A':
+      return 0;
+    case 'C':
+      return 1;
+    case 'G':
+      return 2;
+    case 'T':
+      return 3;
+    default:
+      return -1;
+  }
+}
+constexpr std::array<char, 4> kBases = {'A', 'C', 'G', 'T'};
+
+class CharTokenizer final : public Tokenizer {
+ public:
+  std::string kind() const override { return "char"; }
+  int64_t vocab_size() const override { return kFirstRegularId + 5; }
+  std::vector<int64_t> encode(std::string_view bases) const override {
+    std::vector<int64_t> ids(bases.size());
+    for (size_t i = 0; i < bases.size(); ++i) {
+      int b = base_index(bases[i]);
+      ids[i] = b >= 0 ? kFirstRegularId + b : (bases[i] == 'N' ? kFirstRegularId + 4 : kUnkId);
+    }
+    return ids;
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::string out;
+    out.reserve(ids.size());
+    for (int64_t id : ids) {
+      if (id >= kFirstRegularId && id < kFirstRegularId + 4)
+        out.push_back(kBases[id - kFirstRegularId]);
+      else if (id == kFirstRegularId + 4 || id == kUnkId)
+        out.push_back('N');
+    }
+    return out;
+  }
+  int64_t bases_for_tokens(int64_t tokens) const override { return tokens; }
+  std::string id_to_piece(int64_t id) const override {
+    if (id < kFirstRegularId) return special_token_names().at(static_cast<size_t>(id));
+    return std::string(1, "ACGTN"[id - kFirstRegularId]);
+  }
+  int64_t n_id() const override { return kFirstRegularId + 4; }
+  json to_json() const override { return json{{"kind", "char"}, {"version", 1}}; }
+};
+
+class KmerTokenizer final : public Tokenizer {
+ public:
+  KmerTokenizer(int k, int stride) : k_(k), stride_(stride) {}
+  std::string kind() const override { return "kmer"; }
+  int64_t vocab_size() const override { return kFirstRegularId + (int64_t{1} << (2 * k_)); }
+  std::vector<int64_t> encode(std::string_view bases) const override {
+    std::vector<int64_t> ids;
+    if (static_cast<int64_t>(bases.size()) < k_) return ids;
+    ids.reserve((bases.size() - k_) / stride_ + 1);
+    for (size_t start = 0; start + k_ <= bases.size(); start += stride_) {
+      int64_t value = 0;
+      bool has_n = false;
+      for (int j = 0; j < k_; ++j) {
+        int b = base_index(bases[start + j]);
+        if (b < 0) {
+          has_n = true;
+          break;
+        }
+        value = value * 4 + b;
+      }
+      ids.push_back(has_n ? kUnkId : kFirstRegularId + value);
+    }
+    return ids;
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::string out;
+    bool first = true;
+    for (int64_t id : ids) {
+      if (id < kFirstRegularId && id != kUnkId) continue;
+      std::string piece = id == kUnkId ? std::string(k_, 'N') : id_to_piece(id);
+      if (first || stride_ == k_)
+        out += piece;
+      else
+        out += piece.substr(k_ - stride_);
+      first = false;
+    }
+    return out;
+  }
+  int64_t bases_for_tokens(int64_t tokens) const override {
+    if (tokens <= 0) return 0;
+    return stride_ == 1 ? tokens + k_ - 1 : tokens * k_;
+  }
+  std::string id_to_piece(int64_t id) const override {
+    if (id < kFirstRegularId) return special_token_names().at(static_cast<size_t>(id));
+    int64_t value = id - kFirstRegularId;
+    std::string piece(k_, 'A');
+    for (int j = k_ - 1; j >= 0; --j) {
+      piece[j] = kBases[value & 3];
+      value >>= 2;
+    }
+    return piece;
+  }
+  json to_json() const override {
+    return json{{"kind", "kmer"}, {"version", 1}, {"k", k_}, {"stride", stride_}};
+  }
+
+ private:
+  int k_;
+  int stride_;
+};
+
+// ---- base64 for embedding the SentencePiece model proto in JSON ----
+const char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string base64_encode(const std::string& in) {
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8) | uint8_t(in[i + 2]);
+    for (int s = 18; s >= 0; s -= 6) out.push_back(kB64[(v >> s) & 63]);
+  }
+  if (i < in.size()) {
+    uint32_t v = uint8_t(in[i]) << 16;
+    if (i + 1 < in.size()) v |= uint8_t(in[i + 1]) << 8;
+    out.push_back(kB64[(v >> 18) & 63]);
+    out.push_back(kB64[(v >> 12) & 63]);
+    out.push_back(i + 1 < in.size() ? kB64[(v >> 6) & 63] : '=');
+    out.push_back('=');
+  }
+  return out;
+}
+
+std::string base64_decode(const std::string& in) {
+  std::array<int, 256> lut;
+  lut.fill(-1);
+  for (int i = 0; i < 64; ++i) lut[static_cast<uint8_t>(kB64[i])] = i;
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    if (c == '=') break;
+    int v = lut[static_cast<uint8_t>(c)];
+    if (v < 0) fail(ExitCode::kUsage, "tokenizer JSON: invalid base64 character in BPE model");
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xFF));
+    }
+  }
+  return out;
+}
+
+class BpeTokenizer final : public Tokenizer {
+ public:
+  // Throws Error(kUsage) if the proto does not load or the special ids differ.
+  BpeTokenizer(std::string serialized_proto, double bases_per_token)
+      : proto_(std::move(serialized_proto)), bases_per_token_(bases_per_token) {
+    auto status = sp_.LoadFromSerializedProto(proto_);
+    if (!status.ok()) fail(ExitCode::kUsage, "cannot load the BPE model: {}", status.ToString());
+    const auto& names = special_token_names();
+    for (size_t id = 0; id < names.size(); ++id) {
+      if (sp_.PieceToId(names[id]) != static_cast<int>(id)) {
+        fail(ExitCode::kUsage,
+             "BPE model has {} at id {}, expected {}: train it with train_bpe_tokenizer()",
+             names[id], sp_.PieceToId(names[id]), id);
+      }
+    }
+    if (bases_per_token_ <= 0) {
+      // Estimate from the vocabulary: the mean length of the regular pieces.
+      double total = 0;
+      int n = 0;
+      for (int id = kFirstRegularId; id < sp_.GetPieceSize(); ++id) {
+        std::string p = sp_.IdToPiece(id);
+        if (p.rfind("\xE2\x96\x81", 0) == 0) p = p.substr(3);
+        if (p.empty()) continue;
+        total += static_cast<double>(p.size());
+        ++n;
+      }
+      bases_per_token_ = n > 0 ? total / n : 1.0;
+    }
+  }
+  std::string kind() const override { return "bpe"; }
+  int64_t vocab_size() const override { return sp_.GetPieceSize(); }
+  std::vector<int64_t> encode(std::string_view bases) const override {
+    std::vector<int> ids;
+    auto status = sp_.Encode(std::string(bases), &ids);
+    DNALLM_CHECK(status.ok(), ExitCode::kFailure, "SentencePiece encode failed: {}",
+                 status.ToString());
+    std::vector<int64_t> out;
+    out.reserve(ids.size());
+    for (int id : ids) {
+      // The leading word-boundary piece "▁" carries no base: drop it.
+      if (sp_.IdToPiece(id) == "\xE2\x96\x81") continue;
+      out.push_back(id);
+    }
+    return out;
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::vector<int> regular;
+    for (int64_t id : ids) {
+      if (id >= kFirstRegularId) regular.push_back(static_cast<int>(id));
+    }
+    std::string out;
+    auto status = sp_.Decode(regular, &out);
+    DNALLM_CHECK(status.ok(), ExitCode::kFailure, "SentencePiece decode failed: {}",
+                 status.ToString());
+    return out;
+  }
+  int64_t bases_for_tokens(int64_t tokens) const override {
+    return static_cast<int64_t>(static_cast<double>(tokens) * bases_per_token_ * 1.25) + 8;
+  }
+  std::string id_to_piece(int64_t id) const override { return sp_.IdToPiece(static_cast<int>(id)); }
+  int64_t n_id() const override {
+    int id = sp_.PieceToId("N");
+    return id >= kFirstRegularId ? id : -1;
+  }
+  json to_json() const override {
+    return json{{"kind", "bpe"},
+                {"version", 1},
+                {"bases_per_token", bases_per_token_},
+                {"model_proto_base64", base64_encode(proto_)}};
+  }
+  const std::string& proto() const { return proto_; }
+
+ private:
+  std::string proto_;
+  double bases_per_token_;
+  sentencepiece::SentencePieceProcessor sp_;
+};
+
+// Feeds in-memory lines to the SentencePiece trainer.
+class VectorSentenceIterator final : public sentencepiece::SentenceIterator {
+ public:
+  explicit VectorSentenceIterator(const std::vector<std::string>& lines) : lines_(lines) {}
+  bool done() const override { return index_ >= lines_.size(); }
+  void Next() override { ++index_; }
+  const std::string& value() const override { return lines_[index_]; }
+  sentencepiece::util::Status status() const override { return sentencepiece::util::Status(); }
+
+ private:
+  const std::vector<std::string>& lines_;
+  size_t index_ = 0;
+};
+
+}  // namespace
+
+const std::vector<std::string>& special_token_names() {
+  static const std::vector<std::string> names = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+  return names;
+}
+
+bool operator==(const Tokenizer& a, const Tokenizer& b) { return a.to_json() == b.to_json(); }
+
+void require_same_tokenizer(const Tokenizer& current, const nlohmann::json& saved,
+                            const std::string& where) {
+  auto other = tokenizer_from_json(saved);
+  if (*other == current) return;
+  auto summary = [](const Tokenizer& t) {
+    auto j = t.to_json();
+    j.erase("model_proto_base64");
+    return fmt::format("{} (vocab {})", j.dump(), t.vocab_size());
+  };
+  fail(ExitCode::kUsage,
+       "{} was made with tokenizer {} but this run uses {}: set [tokenizer] to match, or start a "
+       "new run",
+       where, summary(*other), summary(current));
+}
+
+std::shared_ptr<const Tokenizer> make_char_tokenizer() { return std::make_shared<CharTokenizer>(); }
+
+std::shared_ptr<const Tokenizer> make_kmer_tokenizer(int k, int stride) {
+  if (k < 3 || k > 8) fail(ExitCode::kUsage, "tokenizer.k = {} is out of range: use 3..8", k);
+  if (stride != 1 && stride != k) {
+    fail(ExitCode::kUsage,
+         "tokenizer.stride = {} with k = {}: use 1 (overlapping) or {} (non-overlapping)", stride,
+         k, k);
+  }
+  return std::make_shared<KmerTokenizer>(k, stride);
+}
+
+std::shared_ptr<const Tokenizer> train_bpe_tokenizer(const std::vector<std::string>& sample_lines,
+                                                     int64_t vocab_size) {
+  if (vocab_size < kNumSpecialTokens + 8) {
+    fail(ExitCode::kUsage, "tokenizer.vocab_size = {} is too small for BPE: use at least {}",
+         vocab_size, kNumSpecialTokens + 8);
+  }
+  if (sample_lines.empty()) fail(ExitCode::kBadData, "no sequence to train the BPE tokenizer on");
+  size_t max_len = 0;
+  for (const auto& l : sample_lines) max_len = std::max(max_len, l.size());
+  // Deterministic: one thread, no sampling of the input, no shuffling.
+  std::string args = fmt::format(
+      "--model_type=bpe --vocab_size={} --character_coverage=1.0 --num_threads=1 "
+      "--pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3 --pad_piece=[PAD] --unk_piece=[UNK] "
+      "--bos_piece=[CLS] --eos_piece=[SEP] --user_defined_symbols=[MASK] "
+      "--max_sentence_length={} --input_sentence_size=0 --shuffle_input_sentence=false "
+      "--split_digits=false --add_dummy_prefix=false --remove_extra_whitespaces=false "
+      "--max_sentencepiece_length=16 --hard_vocab_limit=false --minloglevel=2",
+      vocab_size, max_len + 1);
+  VectorSentenceIterator it(sample_lines);
+  std::string proto;
+  auto status = sentencepiece::SentencePieceTrainer::Train(args, &it, &proto);
+  if (!status.ok()) fail(ExitCode::kUsage, "BPE training failed: {}", status.ToString());
+  // bases_per_token is estimated from the vocabulary (not the sample), so a model loaded
+  // from its .model file later compares equal to the one trained here.
+  return std::make_shared<BpeTokenizer>(proto, 0.0);
+}
+
+std::shared_ptr<const Tokenizer> load_bpe_model(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ExitCode::kUsage, "cannot open BPE model {}: {}", path, errno_string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return std::make_shared<BpeTokenizer>(ss.str(), 0.0);
+}
+
+void save_bpe_model(const Tokenizer& bpe, const std::string& path) {
+  auto* b = dynamic_cast<const BpeTokenizer*>(&bpe);
+  if (b == nullptr) fail(ExitCode::kUsage, "save_bpe_model: tokenizer is {}, not bpe", bpe.kind());
+  std::string tmp = path + ".tmp." + unique_suffix();  // ranks may save at once
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(b->proto().data(), static_cast<std::streamsize>(b->proto().size()));
+    if (!out) fail(ExitCode::kFailure, "cannot write {}: {}", tmp, errno_string());
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    fail(ExitCode::kFailure, "cannot rename {} to {}: {}", tmp, path, errno_string());
+  }
+}
+
+std::shared_ptr<const Tokenizer> tokenizer_from_json(const nlohmann::json& j) {
+  try {
+    std::string kind = j.at("kind").get<std::string>();
+    if (kind == "char") return make_char_tokenizer();
+    if (kind == "kmer") return make_kmer_tokenizer(j.at("k").get<int>(), j.at("stride").get<int>());
+    if (kind == "bpe") {
+      return std::make_shared<BpeTokenizer>(
+          base64_decode(j.at("model_proto_base64").get<std::string>()),
+          j.at("bases_per_token").get<double>());
+    }
+    fail(ExitCode::kUsage, "tokenizer JSON: unknown kind \"{}\" (char, kmer, bpe)", kind);
+  } catch (const json::exception& e) {
+    fail(ExitCode::kUsage, "tokenizer JSON is malformed: {}", e.what());
+  }
+}
+
+void save_tokenizer(const Tokenizer& tokenizer, const std::string& path) {
+  std::string tmp = path + ".tmp." + unique_suffix();  // ranks may save at once
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << tokenizer.to_json().dump(1) << "\n";
+    if (!out) fail(ExitCode::kFailure, "cannot write {}: {}", tmp, errno_string());
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    fail(ExitCode::kFailure, "cannot rename {} to {}: {}", tmp, path, errno_string());
+  }
+}
+
+std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(ExitCode::kUsage, "cannot open tokenizer {}: {}", path, errno_string());
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    fail(ExitCode::kUsage, "tokenizer {} is not valid JSON: {}", path, e.what());
+  }
+  return tokenizer_from_json(j);
+}
+
+}  // namespace dnallm::data

@@ -1,0 +1,105 @@
+// Tokenizers for DNA: single nucleotide ("char"), k-mer ("kmer", DNABERT style) and BPE
+// through SentencePiece ("bpe").
+//
+// Special tokens have fixed ids in every tokenizer, first in the vocabulary:
+//   [PAD]=0  [UNK]=1  [CLS]=2  [SEP]=3  [MASK]=4
+// Regular tokens start at kFirstRegularId (5).
+//
+// encode() takes bases already validated and upper-cased by a reader (A C G T N) and
+// returns ids without special tokens; framing ([CLS] ... [SEP]) is the objective's job
+// (objectives.hpp). A tokenizer is immutable after construction and safe to use from many
+// threads at once.
+//
+// Serialisation: to_json() holds everything needed to rebuild an equal tokenizer (the BPE
+// model proto is embedded, base64). Checkpoints and exported models store it; loading
+// compares with operator== and refuses a mismatch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dnallm {
+struct TokenizerConfig;
+struct Config;
+}  // namespace dnallm
+
+namespace dnallm::data {
+
+inline constexpr int64_t kPadId = 0;
+inline constexpr int64_t kUnkId = 1;
+inline constexpr int64_t kClsId = 2;
+inline constexpr int64_t kSepId = 3;
+inline constexpr int64_t kMaskId = 4;
+inline constexpr int64_t kFirstRegularId = 5;
+inline constexpr int64_t kNumSpecialTokens = 5;
+
+// Names of the special tokens, indexed by id.
+const std::vector<std::string>& special_token_names();
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  virtual std::string kind() const = 0;    // "char" | "kmer" | "bpe"
+  virtual int64_t vocab_size() const = 0;  // special tokens included
+  // `bases`: upper-case A/C/G/T/N. Ids in [0, vocab_size), no special tokens added.
+  virtual std::vector<int64_t> encode(std::string_view bases) const = 0;
+  // Inverse of encode() for sequences without N runs in k-mers; special ids are dropped.
+  virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
+  // Bases that produce `tokens` tokens (window sizing). BPE: an estimate; encode() output is
+  // truncated to the token budget by the objective.
+  virtual int64_t bases_for_tokens(int64_t tokens) const = 0;
+  // The piece string of one id (special tokens by name).
+  virtual std::string id_to_piece(int64_t id) const = 0;
+
+  // The id of the single-base "N" token, or -1 when N has no token of its own (k-mers with
+  // an N are [UNK]). Objectives never mask nor score it.
+  virtual int64_t n_id() const { return -1; }
+
+  virtual nlohmann::json to_json() const = 0;
+
+  bool is_special(int64_t id) const { return id < kFirstRegularId; }
+};
+
+bool operator==(const Tokenizer& a, const Tokenizer& b);
+// Throws Error(kUsage) naming `where` (a checkpoint or model directory) when `saved` (from
+// to_json()) does not describe the same tokenizer as `current`: resuming or fine-tuning
+// with another vocabulary would silently mis-train.
+void require_same_tokenizer(const Tokenizer& current, const nlohmann::json& saved,
+                            const std::string& where);
+inline bool operator!=(const Tokenizer& a, const Tokenizer& b) { return !(a == b); }
+
+// Rebuilds a tokenizer from to_json() output. Throws Error(kUsage) on a malformed document.
+std::shared_ptr<const Tokenizer> tokenizer_from_json(const nlohmann::json& j);
+void save_tokenizer(const Tokenizer& tokenizer, const std::string& path);  // JSON file
+std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& path);
+
+// Single nucleotide: A=5 C=6 G=7 T=8 N=9; vocab 10.
+std::shared_ptr<const Tokenizer> make_char_tokenizer();
+
+// k-mers, k in 3..8, stride 1 (overlapping: L - k + 1 tokens) or k (non-overlapping:
+// floor(L / k) tokens). Id of a k-mer = 5 + its base-4 value with A<C<G<T (lexicographic,
+// as DNABERT's vocab.txt); a k-mer containing N is [UNK]. vocab = 5 + 4^k.
+std::shared_ptr<const Tokenizer> make_kmer_tokenizer(int k, int stride);
+
+// BPE over SentencePiece. Trains on `sample_lines` (each a chunk of bases) to `vocab_size`
+// pieces (special tokens included), deterministic for the same input. Throws Error(kUsage)
+// if vocab_size is too small for the alphabet.
+std::shared_ptr<const Tokenizer> train_bpe_tokenizer(const std::vector<std::string>& sample_lines,
+                                                     int64_t vocab_size);
+// Loads a SentencePiece .model file (trained by train_bpe_tokenizer and saved with
+// save_bpe_model) and checks the special-token ids.
+std::shared_ptr<const Tokenizer> load_bpe_model(const std::string& path);
+void save_bpe_model(const Tokenizer& bpe, const std::string& path);
+
+// From the config: char / kmer directly; bpe loads tokenizer.path when it exists, else
+// trains on a sample of data.train_files (see pipeline.hpp) and saves to tokenizer.path.
+// Throws Error(kUsage) for bad options (k out of range, stride not 1 or k, unknown kind).
+std::shared_ptr<const Tokenizer> make_tokenizer(const Config& config);
+
+}  // namespace dnallm::data

@@ -1,0 +1,808 @@
+#include "worker/models/transformer.hpp"
+
+#include <torch/version.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+
+namespace dnallm::models {
+namespace {
+
+using torch::Tensor;
+
+std::shared_ptr<torch::nn::Module> holder(torch::nn::Module& parent, const std::string& name) {
+  return parent.register_module(name, std::make_shared<torch::nn::Module>());
+}
+
+// Rotary embedding in the "rotate half" form: x * cos + rotate_half(x) * sin.
+Tensor apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, half);
+  auto x2 = x.narrow(-1, half, half);
+  auto rotated = torch::cat({-x2, x1}, -1);
+  return x * cos.to(x.dtype()) + rotated * sin.to(x.dtype());
+}
+
+// cos/sin tables [T, head_dim] for positions [start, start + T).
+std::pair<Tensor, Tensor> rope_tables(int64_t start, int64_t len, int64_t head_dim,
+                                      const torch::Device& device) {
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  auto inv_freq = torch::pow(10000.0, -torch::arange(0, head_dim, 2, opts) / double(head_dim));
+  auto pos = torch::arange(start, start + len, opts);
+  auto freqs = torch::outer(pos, inv_freq);
+  auto emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos(), emb.sin()};
+}
+
+// LayerNorm in fp32 (LibTorch 1.13's CPU autocast passes bf16 activations to layer_norm with
+// fp32 weights, which it then rejects); a no-op without autocast.
+Tensor norm(torch::nn::LayerNorm& ln, const Tensor& x) {
+  return ln(x.scalar_type() == torch::kFloat32 ? x : x.to(torch::kFloat32));
+}
+
+// Large negative additive value for masked scores: finite so a fully masked row stays finite.
+double mask_value(torch::ScalarType dtype) {
+  return dtype == torch::kHalf ? -65504.0 : -1e9;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+ModelOptions model_options_from_config(const Config& config, int64_t vocab_size) {
+  const auto& m = config.model;
+  ModelOptions o;
+  if (m.arch == "bert") {
+    o.arch = Arch::kBert;
+  } else if (m.arch == "gpt") {
+    o.arch = Arch::kGpt;
+  } else {
+    fail(ExitCode::kUsage, "model.arch = \"{}\" is not supported: use \"bert\" or \"gpt\"", m.arch);
+  }
+  if (m.task == "pretrain") {
+    o.task = Task::kPretrain;
+  } else if (m.task == "classification") {
+    o.task = Task::kClassification;
+  } else if (m.task == "regression") {
+    o.task = Task::kRegression;
+  } else {
+    fail(ExitCode::kUsage,
+         "model.task = \"{}\" is not supported: use \"pretrain\", \"classification\" or "
+         "\"regression\"",
+         m.task);
+  }
+  DNALLM_CHECK(m.hidden > 0 && m.heads > 0 && m.hidden % m.heads == 0, ExitCode::kUsage,
+               "model.hidden ({}) must be a positive multiple of model.heads ({})", m.hidden,
+               m.heads);
+  DNALLM_CHECK((m.hidden / m.heads) % 2 == 0 || m.position != "rotary", ExitCode::kUsage,
+               "rotary positions need an even head size (model.hidden / model.heads)");
+  DNALLM_CHECK(m.layers > 0 && m.ffn > 0 && m.max_seq_length > 1, ExitCode::kUsage,
+               "model.layers, model.ffn must be positive and model.max_seq_length > 1");
+  DNALLM_CHECK(vocab_size > 0, ExitCode::kUsage, "empty tokenizer vocabulary");
+  o.vocab_size = vocab_size;
+  o.hidden = m.hidden;
+  o.layers = m.layers;
+  o.heads = m.heads;
+  o.ffn = m.ffn;
+  o.max_seq_length = m.max_seq_length;
+  if (m.position == "learned") {
+    o.rotary = false;
+  } else if (m.position == "rotary") {
+    o.rotary = true;
+  } else {
+    fail(ExitCode::kUsage, "model.position = \"{}\": use \"learned\" or \"rotary\"", m.position);
+  }
+  if (m.attn_implementation == "auto" || m.attn_implementation == "sdpa") {
+    o.attn = AttnImpl::kSdpa;
+  } else if (m.attn_implementation == "eager") {
+    o.attn = AttnImpl::kEager;
+  } else {
+    fail(ExitCode::kUsage, "model.attn_implementation = \"{}\": use \"auto\", \"sdpa\" or \"eager\"",
+         m.attn_implementation);
+  }
+  DNALLM_CHECK(m.dropout >= 0.0 && m.dropout < 1.0, ExitCode::kUsage,
+               "model.dropout = {} must be in [0, 1)", m.dropout);
+  o.dropout = m.dropout;
+  o.gradient_checkpointing = m.gradient_checkpointing;
+  o.num_labels = o.task == Task::kRegression ? 1 : m.num_labels;
+  DNALLM_CHECK(o.num_labels >= 1, ExitCode::kUsage, "model.num_labels must be >= 1");
+  if (m.pooling == "cls") {
+    o.mean_pooling = false;
+  } else if (m.pooling == "mean") {
+    o.mean_pooling = true;
+  } else {
+    fail(ExitCode::kUsage, "model.pooling = \"{}\": use \"cls\" or \"mean\"", m.pooling);
+  }
+  o.lora_r = config.lora.r;
+  DNALLM_CHECK(o.lora_r >= 0, ExitCode::kUsage, "lora.r must be >= 0");
+  o.lora_alpha = config.lora.alpha;
+  o.lora_dropout = config.lora.dropout;
+  o.lora_targets = config.lora.target_modules;
+  for (const auto& t : o.lora_targets) {
+    DNALLM_CHECK(t == "query" || t == "key" || t == "value" || t == "dense", ExitCode::kUsage,
+                 "lora.target_modules has \"{}\": use \"query\", \"key\", \"value\", \"dense\"",
+                 t);
+  }
+  return o;
+}
+
+// ---------------------------------------------------------------------------------------------
+// LoRA linear
+
+LoraLinearImpl::LoraLinearImpl(int64_t in, int64_t out, bool with_bias) {
+  weight = register_parameter("weight", torch::empty({out, in}));
+  torch::NoGradGuard no_grad;
+  weight.normal_(0.0, 0.02);
+  if (with_bias) bias = register_parameter("bias", torch::zeros({out}));
+}
+
+void LoraLinearImpl::enable_lora(int64_t r, double alpha, double dropout) {
+  const int64_t out = weight.size(0), in = weight.size(1);
+  weight.set_requires_grad(false);
+  if (bias.defined()) bias.set_requires_grad(false);
+  auto opts = weight.options();
+  lora_a_ = register_parameter("lora_A", torch::empty({r, in}, opts));
+  lora_b_ = register_parameter("lora_B", torch::zeros({out, r}, opts));
+  {
+    torch::NoGradGuard no_grad;
+    // PEFT's default: A Kaiming-uniform, B zero, so the adapter starts as the identity.
+    lora_a_.uniform_(-1.0 / std::sqrt(double(in)), 1.0 / std::sqrt(double(in)));
+  }
+  scaling_ = alpha / double(r);
+  lora_dropout_ = dropout;
+}
+
+void LoraLinearImpl::merge_lora() {
+  if (!has_lora()) return;
+  torch::NoGradGuard no_grad;
+  weight.add_(torch::matmul(lora_b_, lora_a_), scaling_);
+  // LibTorch cannot unregister a parameter; zeroing B makes the adapter a no-op and the
+  // export skips lora_* tensors. Mark merged so forward skips the adapter path.
+  lora_b_.zero_();
+  lora_a_.set_requires_grad(false);
+  lora_b_.set_requires_grad(false);
+  scaling_ = 0.0;
+}
+
+Tensor LoraLinearImpl::forward(const Tensor& x) {
+  auto y = bias.defined() ? torch::nn::functional::linear(x, weight, bias)
+                          : torch::nn::functional::linear(x, weight);
+  if (has_lora() && scaling_ != 0.0) {
+    auto xd = lora_dropout_ > 0 && is_training() ? torch::dropout(x, lora_dropout_, true) : x;
+    y = y + torch::nn::functional::linear(torch::nn::functional::linear(xd, lora_a_), lora_b_) *
+                scaling_;
+  }
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+
+// Note [Attention masks]: every mask is an additive tensor broadcastable to [B, H, Tq, Tk],
+// 0 where attention is allowed and a large finite negative where it is not (finite so a query
+// with nothing to attend to gives a uniform, not NaN, distribution). Padding, packing
+// (segment_ids, block-diagonal) and causality are combined into one such tensor by encode();
+// `causal` without a mask uses the kernel's own causal path.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                 bool causal, AttnImpl impl) {
+  return attention_with_dropout(q, k, v, bias, causal, impl, 0.0);
+}
+
+Tensor attention_with_dropout(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                              bool causal, AttnImpl impl, double dropout_p) {
+  if (impl == AttnImpl::kSdpa) {
+    c10::optional<Tensor> mask;
+    if (bias.defined()) mask = bias.to(q.dtype());
+#if TORCH_VERSION_MAJOR >= 2
+    return at::scaled_dot_product_attention(q, k, v, mask, dropout_p, causal && !bias.defined());
+#else
+    return std::get<0>(at::_scaled_dot_product_attention(q, k, v, mask, dropout_p, false,
+                                                         causal && !bias.defined()));
+#endif
+  }
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
+  if (bias.defined()) {
+    scores = scores + bias.to(scores.dtype());
+  } else if (causal) {
+    const int64_t tq = q.size(-2), tk = k.size(-2);
+    auto allowed = torch::ones({tq, tk}, q.options().dtype(torch::kBool)).tril(tk - tq);
+    scores = scores.masked_fill(allowed.logical_not(), mask_value(scores.scalar_type()));
+  }
+  auto probs = torch::softmax(scores, -1);
+  if (dropout_p > 0) probs = torch::dropout(probs, dropout_p, true);
+  return torch::matmul(probs, v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block
+
+BlockImpl::BlockImpl(const ModelOptions& options) : options_(options) {
+  const int64_t h = options.hidden;
+  auto attention = holder(*this, "attention");
+  auto self = holder(*attention, "self");
+  query = self->register_module("query", LoraLinear(h, h));
+  key = self->register_module("key", LoraLinear(h, h));
+  value = self->register_module("value", LoraLinear(h, h));
+  auto attn_output = holder(*attention, "output");
+  attn_out = attn_output->register_module("dense", LoraLinear(h, h));
+  ln_attn = attn_output->register_module(
+      "LayerNorm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h}).eps(options.layer_norm_eps)));
+  auto intermediate = holder(*this, "intermediate");
+  ffn_in = intermediate->register_module("dense", LoraLinear(h, options.ffn));
+  auto output = holder(*this, "output");
+  ffn_out = output->register_module("dense", LoraLinear(options.ffn, h));
+  ln_ffn = output->register_module(
+      "LayerNorm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h}).eps(options.layer_norm_eps)));
+}
+
+Tensor BlockImpl::forward(const Tensor& x, const Tensor& bias, bool causal, LayerCache* cache,
+                          const Tensor& rope_cos, const Tensor& rope_sin) {
+  const int64_t b = x.size(0), t = x.size(1), nh = options_.heads,
+                hd = options_.hidden / options_.heads;
+  const double p = is_training() ? options_.dropout : 0.0;
+  auto h = norm(ln_attn, x);
+  auto q = query(h).view({b, t, nh, hd}).transpose(1, 2);
+  auto k = key(h).view({b, t, nh, hd}).transpose(1, 2);
+  auto v = value(h).view({b, t, nh, hd}).transpose(1, 2);
+  if (rope_cos.defined()) {
+    q = apply_rope(q, rope_cos, rope_sin);
+    k = apply_rope(k, rope_cos, rope_sin);
+  }
+  if (cache != nullptr) {
+    if (cache->key.defined()) {
+      k = torch::cat({cache->key, k}, 2);
+      v = torch::cat({cache->value, v}, 2);
+    }
+    cache->key = k;
+    cache->value = v;
+  }
+  auto a = attention_with_dropout(q, k, v, bias, causal, options_.attn, p);
+  a = a.transpose(1, 2).reshape({b, t, options_.hidden});
+  auto out = attn_out(a);
+  if (p > 0) out = torch::dropout(out, p, true);
+  auto y = x + out;
+  auto f = ffn_out(torch::gelu(ffn_in(norm(ln_ffn, y))));
+  if (p > 0) f = torch::dropout(f, p, true);
+  return y + f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation checkpointing (see Note [Activation checkpointing])
+
+namespace {
+
+// Autograd Functions cannot take undefined tensors: absent ones travel as empty tensors.
+Tensor present(const Tensor& t) { return t.defined() ? t : torch::empty({0}); }
+Tensor opt(const Tensor& t) { return t.numel() == 0 ? Tensor() : t; }
+
+struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, Tensor x, Tensor bias, Tensor cos,
+                        Tensor sin, int64_t block_address, bool causal) {
+    ctx->save_for_backward({x, bias, cos, sin});
+    ctx->saved_data["block"] = block_address;
+    ctx->saved_data["causal"] = causal;
+    auto* block = reinterpret_cast<BlockImpl*>(block_address);
+    return block->forward(x, opt(bias), causal, nullptr, opt(cos), opt(sin));
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto saved = ctx->get_saved_variables();
+    auto* block = reinterpret_cast<BlockImpl*>(ctx->saved_data["block"].toInt());
+    const bool causal = ctx->saved_data["causal"].toBool();
+    auto x = saved[0].detach().requires_grad_(true);
+    Tensor out;
+    {
+      torch::AutoGradMode grad_mode(true);
+      out = block->forward(x, opt(saved[1]), causal, nullptr, opt(saved[2]), opt(saved[3]));
+    }
+    torch::autograd::backward({out}, {grad_out[0]});
+    return {x.grad(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+}  // namespace
+
+Tensor checkpointed_block(Block& block, const Tensor& x, const Tensor& bias, bool causal,
+                          const Tensor& rope_cos, const Tensor& rope_sin) {
+  // The Function only gets a backward when an input requires grad; with a frozen embedding
+  // (LoRA) the hidden state does not, yet the block's adapters still need gradients.
+  auto input = x.requires_grad() ? x : x.detach().requires_grad_(true);
+  return CheckpointFunction::apply(input, present(bias), present(rope_cos), present(rope_sin),
+                                   reinterpret_cast<int64_t>(block.get()), causal);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model
+
+TransformerLMImpl::TransformerLMImpl(ModelOptions options) : options_(std::move(options)) {
+  const auto& o = options_;
+  auto root = holder(*this, root_name());
+  auto emb = holder(*root, "embeddings");
+  word_embeddings = emb->register_module("word_embeddings",
+                                         torch::nn::Embedding(o.vocab_size, o.hidden));
+  if (!o.rotary) {
+    position_embeddings = emb->register_module(
+        "position_embeddings", torch::nn::Embedding(o.max_seq_length, o.hidden));
+  }
+  auto encoder = holder(*root, "encoder");
+  auto layer = holder(*encoder, "layer");
+  for (int64_t i = 0; i < o.layers; ++i) {
+    blocks_.push_back(layer->register_module(std::to_string(i), Block(o)));
+  }
+  final_norm = encoder->register_module(
+      "final_layer_norm",
+      torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden}).eps(o.layer_norm_eps)));
+
+  if (o.task == Task::kPretrain) {
+    if (o.arch == Arch::kBert) {
+      auto cls = holder(*this, "cls");
+      auto pred = holder(*cls, "predictions");
+      auto transform = holder(*pred, "transform");
+      mlm_dense = transform->register_module("dense", LoraLinear(o.hidden, o.hidden));
+      mlm_norm = transform->register_module(
+          "LayerNorm",
+          torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden}).eps(o.layer_norm_eps)));
+      lm_bias_ = pred->register_parameter("bias", torch::zeros({o.vocab_size}));
+      if (!o.tie_embeddings) {
+        auto decoder = holder(*pred, "decoder");
+        lm_weight_ = decoder->register_parameter("weight", torch::empty({o.vocab_size, o.hidden}));
+      }
+    } else if (!o.tie_embeddings) {
+      auto head = holder(*this, "lm_head");
+      lm_weight_ = head->register_parameter("weight", torch::empty({o.vocab_size, o.hidden}));
+    }
+  } else {
+    pooler = holder(*root, "pooler")->register_module("dense", LoraLinear(o.hidden, o.hidden));
+    classifier = register_module("classifier", LoraLinear(o.hidden, o.num_labels));
+  }
+
+  torch::NoGradGuard no_grad;
+  word_embeddings->weight.normal_(0.0, 0.02);
+  if (position_embeddings) position_embeddings->weight.normal_(0.0, 0.02);
+  if (lm_weight_.defined()) lm_weight_.normal_(0.0, 0.02);
+  if (o.lora_r > 0) enable_lora();
+}
+
+void TransformerLMImpl::enable_lora(int64_t r) {
+  if (r > 0) options_.lora_r = r;
+  const auto& o = options_;
+  for (auto& p : parameters()) p.set_requires_grad(false);
+  auto wants = [&](const std::string& name) {
+    return std::find(o.lora_targets.begin(), o.lora_targets.end(), name) != o.lora_targets.end();
+  };
+  for (auto& block : blocks_) {
+    if (wants("query")) block->query->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
+    if (wants("key")) block->key->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
+    if (wants("value")) block->value->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
+    if (wants("dense")) {
+      block->attn_out->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
+      block->ffn_in->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
+      block->ffn_out->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
+    }
+  }
+  // Task heads are new for a fine-tune: they train in full (PEFT's modules_to_save).
+  if (pooler) {
+    for (auto& p : pooler->parameters()) p.set_requires_grad(true);
+    for (auto& p : classifier->parameters()) p.set_requires_grad(true);
+  }
+}
+
+void TransformerLMImpl::merge_lora() {
+  for (auto& block : blocks_) {
+    for (auto* lin : {&block->query, &block->key, &block->value, &block->attn_out, &block->ffn_in,
+                      &block->ffn_out}) {
+      (*lin)->merge_lora();
+    }
+  }
+}
+
+Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache>* cache,
+                                 int64_t past_len) {
+  const auto& o = options_;
+  const auto& ids = in.input_ids;
+  DNALLM_CHECK(ids.dim() == 2, ExitCode::kFailure, "input_ids must be [batch, seq]");
+  const int64_t b = ids.size(0), t = ids.size(1);
+  DNALLM_CHECK(past_len + t <= o.max_seq_length || o.rotary, ExitCode::kBadData,
+               "sequence of {} tokens exceeds model.max_seq_length = {}", past_len + t,
+               o.max_seq_length);
+  auto device = ids.device();
+  auto x = word_embeddings(ids);
+  if (position_embeddings) {
+    auto pos = torch::arange(past_len, past_len + t, ids.options());
+    x = x + position_embeddings(pos).unsqueeze(0);
+  }
+  const double p = is_training() ? o.dropout : 0.0;
+  if (p > 0) x = torch::dropout(x, p, true);
+
+  Tensor cos, sin;
+  if (o.rotary) std::tie(cos, sin) = rope_tables(past_len, t, o.hidden / o.heads, device);
+
+  // Build the additive mask (Note [Attention masks]).
+  const bool causal = o.arch == Arch::kGpt;
+  const int64_t tk = past_len + t;
+  Tensor allowed;  // bool, broadcastable to [B, 1, T, Tk]
+  if (in.attention_mask.defined()) {
+    auto key_ok = in.attention_mask.to(torch::kBool);
+    if (key_ok.size(1) == t && past_len > 0) {
+      key_ok = torch::cat({torch::ones({b, past_len}, key_ok.options()), key_ok}, 1);
+    }
+    if (!key_ok.all().item<bool>()) allowed = key_ok.view({b, 1, 1, tk});
+  }
+  if (in.segment_ids.defined()) {
+    DNALLM_CHECK(past_len == 0, ExitCode::kFailure, "packed segments are not cached");
+    auto seg = in.segment_ids;
+    auto same = seg.unsqueeze(2).eq(seg.unsqueeze(1)).unsqueeze(1);  // [B, 1, T, T]
+    allowed = allowed.defined() ? allowed.logical_and(same) : same;
+  }
+  if (causal && (allowed.defined() || (past_len > 0 && t > 1))) {
+    auto tri = torch::ones({t, tk}, torch::TensorOptions().dtype(torch::kBool).device(device))
+                   .tril(past_len);
+    allowed = allowed.defined() ? allowed.logical_and(tri) : tri.view({1, 1, t, tk});
+  }
+  Tensor bias;
+  if (allowed.defined()) {
+    bias = torch::zeros(allowed.sizes(), x.options().dtype(torch::kFloat32))
+               .masked_fill(allowed.logical_not(), mask_value(torch::kFloat32));
+  }
+  // A single cached decode step (t == 1) attends to everything before it: no mask needed.
+  const bool kernel_causal = causal && !bias.defined() && !(past_len > 0 && t == 1);
+
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    LayerCache* layer_cache = cache != nullptr ? &(*cache)[i] : nullptr;
+    if (o.gradient_checkpointing && is_training() && torch::GradMode::is_enabled() &&
+        layer_cache == nullptr) {
+      x = checkpointed_block(blocks_[i], x, bias, kernel_causal, cos, sin);
+    } else {
+      x = blocks_[i]->forward(x, bias, kernel_causal, layer_cache, cos, sin);
+    }
+  }
+  return norm(final_norm, x);
+}
+
+Tensor TransformerLMImpl::lm_logits(const Tensor& hidden) {
+  const auto& weight = lm_weight_.defined() ? lm_weight_ : word_embeddings->weight;
+  if (options_.arch == Arch::kBert) {
+    auto h = norm(mlm_norm, torch::gelu(mlm_dense(hidden)));
+    return torch::nn::functional::linear(h, weight, lm_bias_);
+  }
+  return torch::nn::functional::linear(hidden, weight);
+}
+
+ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
+  const auto& o = options_;
+  ModelOutput out;
+  auto hidden = encode(in);
+  if (o.task == Task::kPretrain) {
+    Tensor labels = in.labels;
+    if (labels.defined() && o.arch == Arch::kGpt && o.shift_labels) {
+      // Position i predicts token i + 1; the last position has no target.
+      hidden = hidden.narrow(1, 0, hidden.size(1) - 1);
+      labels = labels.narrow(1, 1, labels.size(1) - 1);
+    }
+    if (labels.defined()) {
+      auto flat_labels = labels.reshape({-1});
+      auto flat_hidden = hidden.reshape({-1, o.hidden});
+      if (in.logits_for_labels_only) {
+        auto idx = flat_labels.ne(-100).nonzero().squeeze(1);
+        flat_hidden = flat_hidden.index_select(0, idx);
+        flat_labels = flat_labels.index_select(0, idx);
+      }
+      auto logits = lm_logits(flat_hidden);
+      out.loss_sum = torch::nn::functional::cross_entropy(
+          logits.to(torch::kFloat32), flat_labels,
+          torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(
+              torch::kSum));
+      out.loss_count = flat_labels.ne(-100).sum().item<int64_t>();
+      out.logits = in.logits_for_labels_only ? logits : logits.view({hidden.size(0), hidden.size(1), -1});
+    } else {
+      out.logits = lm_logits(hidden);
+    }
+    return out;
+  }
+  Tensor pooled;
+  if (o.mean_pooling) {
+    auto mask = in.attention_mask.defined()
+                    ? in.attention_mask.to(hidden.dtype()).unsqueeze(-1)
+                    : torch::ones({hidden.size(0), hidden.size(1), 1}, hidden.options());
+    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0);
+  } else {
+    pooled = hidden.select(1, 0);
+  }
+  pooled = torch::tanh(pooler(pooled));
+  if (is_training() && o.dropout > 0) pooled = torch::dropout(pooled, o.dropout, true);
+  auto logits = classifier(pooled);
+  if (o.task == Task::kRegression) {
+    out.logits = logits.squeeze(-1);
+    if (in.targets.defined()) {
+      out.loss_sum = (out.logits.to(torch::kFloat32) - in.targets.to(torch::kFloat32)).pow(2).sum();
+      out.loss_count = in.targets.numel();
+    }
+  } else {
+    out.logits = logits;
+    if (in.labels.defined()) {
+      out.loss_sum = torch::nn::functional::cross_entropy(
+          logits.to(torch::kFloat32), in.labels,
+          torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(
+              torch::kSum));
+      out.loss_count = in.labels.ne(-100).sum().item<int64_t>();
+    }
+  }
+  return out;
+}
+
+Tensor TransformerLMImpl::generate(const Tensor& prompt, const GenerateOptions& g) {
+  DNALLM_CHECK(options_.arch == Arch::kGpt && options_.task == Task::kPretrain, ExitCode::kUsage,
+               "generation needs a causal LM (model.arch = \"gpt\", task = \"pretrain\")");
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(g.seed);
+  auto tokens = prompt;
+  std::vector<LayerCache> cache(blocks_.size());
+  Tensor next_input = prompt;
+  int64_t past = 0;
+  for (int64_t step = 0; step < g.max_new_tokens; ++step) {
+    Tensor hidden;
+    ForwardInputs in;
+    if (g.use_cache) {
+      in.input_ids = next_input;
+      hidden = encode(in, &cache, past);
+      past += next_input.size(1);
+    } else {
+      in.input_ids = tokens;
+      hidden = encode(in);
+    }
+    auto logits = lm_logits(hidden.select(1, hidden.size(1) - 1)).to(torch::kFloat32).cpu();
+    Tensor next;
+    if (g.greedy || g.temperature <= 0) {
+      next = logits.argmax(-1, true);
+    } else {
+      logits = logits / g.temperature;
+      if (g.top_k > 0 && g.top_k < logits.size(-1)) {
+        auto kth = std::get<0>(logits.topk(g.top_k, -1)).select(-1, g.top_k - 1).unsqueeze(-1);
+        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+      }
+      next = torch::multinomial(torch::softmax(logits, -1), 1, false, gen);
+    }
+    next = next.to(tokens.device());
+    tokens = torch::cat({tokens, next}, 1);
+    next_input = next;
+  }
+  return tokens;
+}
+
+std::vector<std::pair<std::string, Tensor>> TransformerLMImpl::named_weights() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& item : named_parameters()) {
+    const auto& name = item.key();
+    if (name.size() > 7 && (name.rfind(".lora_A") == name.size() - 7 ||
+                            name.rfind(".lora_B") == name.size() - 7)) {
+      continue;
+    }
+    out.emplace_back(name, item.value());
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// safetensors
+
+namespace {
+
+std::string st_dtype(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32: return "F32";
+    case torch::kBFloat16: return "BF16";
+    case torch::kFloat16: return "F16";
+    case torch::kInt64: return "I64";
+    case torch::kInt32: return "I32";
+    case torch::kFloat64: return "F64";
+    default: fail(ExitCode::kFailure, "safetensors: unsupported dtype {}", c10::toString(t));
+  }
+}
+
+torch::ScalarType st_scalar(const std::string& s, const std::string& path) {
+  if (s == "F32") return torch::kFloat32;
+  if (s == "BF16") return torch::kBFloat16;
+  if (s == "F16") return torch::kFloat16;
+  if (s == "I64") return torch::kInt64;
+  if (s == "I32") return torch::kInt32;
+  if (s == "F64") return torch::kFloat64;
+  fail(ExitCode::kBadData, "{}: unsupported safetensors dtype \"{}\"", path, s);
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<Tensor> data;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    auto c = t.detach().to(torch::kCPU).contiguous();
+    const uint64_t bytes = c.numel() * c.element_size();
+    header[name] = {{"dtype", st_dtype(c.scalar_type())},
+                    {"shape", c.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    data.push_back(c);
+  }
+  std::string text = header.dump();
+  while (text.size() % 8 != 0) text.push_back(' ');
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    DNALLM_CHECK(f.good(), ExitCode::kFailure, "cannot write {}: {}", tmp, errno_string());
+    uint64_t len = text.size();
+    unsigned char le[8];
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(len >> (8 * i));
+    f.write(reinterpret_cast<const char*>(le), 8);
+    f.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const auto& c : data) {  // little-endian host assumed (x86-64, aarch64)
+      f.write(static_cast<const char*>(c.data_ptr()),
+              static_cast<std::streamsize>(c.numel() * c.element_size()));
+    }
+    DNALLM_CHECK(f.good(), ExitCode::kFailure, "write to {} failed: {}", tmp, errno_string());
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+std::map<std::string, Tensor> load_safetensors(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  DNALLM_CHECK(f.good(), ExitCode::kBadData, "cannot open {}: {}", path, errno_string());
+  unsigned char le[8];
+  f.read(reinterpret_cast<char*>(le), 8);
+  DNALLM_CHECK(f.gcount() == 8, ExitCode::kBadData, "{} is not a safetensors file (too short)",
+               path);
+  uint64_t len = 0;
+  for (int i = 0; i < 8; ++i) len |= uint64_t(le[i]) << (8 * i);
+  const auto file_size = std::filesystem::file_size(path);
+  DNALLM_CHECK(len <= file_size - 8 && len < (100u << 20), ExitCode::kBadData,
+               "{}: safetensors header length {} is invalid", path, len);
+  std::string text(len, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(len));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    fail(ExitCode::kBadData, "{}: bad safetensors header: {}", path, e.what());
+  }
+  const uint64_t data_start = 8 + len;
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") continue;
+    auto dtype = st_scalar(info.at("dtype").get<std::string>(), path);
+    auto shape = info.at("shape").get<std::vector<int64_t>>();
+    auto offs = info.at("data_offsets").get<std::vector<uint64_t>>();
+    auto t = torch::empty(shape, torch::TensorOptions().dtype(dtype));
+    const uint64_t bytes = t.numel() * t.element_size();
+    DNALLM_CHECK(offs.size() == 2 && offs[1] - offs[0] == bytes &&
+                     data_start + offs[1] <= file_size,
+                 ExitCode::kBadData, "{}: tensor {} has inconsistent offsets", path, name);
+    f.seekg(static_cast<std::streamoff>(data_start + offs[0]));
+    f.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes));
+    DNALLM_CHECK(f.good(), ExitCode::kBadData, "{}: truncated data for {}", path, name);
+    out.emplace(name, t);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Export / load
+
+void export_model(TransformerLM& model, const std::string& dir, const std::string& arch_name) {
+  std::filesystem::create_directories(dir);
+  const auto& o = model->options();
+  // Merge LoRA into copies so the live model keeps training with its adapters.
+  std::map<std::string, Tensor> merged;
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& item : model->named_modules()) {
+      auto* lin = item.value()->as<LoraLinearImpl>();
+      if (lin == nullptr || !lin->has_lora()) continue;
+      auto params = lin->named_parameters(false);
+      auto a = params["lora_A"], b = params["lora_B"];
+      merged[item.key() + ".weight"] =
+          lin->weight + torch::matmul(b, a) * (o.lora_alpha / double(o.lora_r));
+    }
+  }
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, t] : model->named_weights()) {
+    auto it = merged.find(name);
+    tensors.emplace_back(name, (it != merged.end() ? it->second : t).to(torch::kFloat32));
+  }
+  save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+
+  nlohmann::ordered_json c;
+  c["architectures"] = {o.arch == Arch::kBert
+                            ? (o.task == Task::kPretrain ? "BertForMaskedLM"
+                                                         : "BertForSequenceClassification")
+                            : "DnallmGptForCausalLM"};
+  c["model_type"] = o.arch == Arch::kBert ? "bert" : "dnallm-gpt";
+  c["dnallm_arch"] = arch_name;
+  c["task"] = o.task == Task::kPretrain ? "pretrain"
+              : o.task == Task::kClassification ? "classification" : "regression";
+  c["vocab_size"] = o.vocab_size;
+  c["hidden_size"] = o.hidden;
+  c["num_hidden_layers"] = o.layers;
+  c["num_attention_heads"] = o.heads;
+  c["intermediate_size"] = o.ffn;
+  c["max_position_embeddings"] = o.max_seq_length;
+  c["position_embedding_type"] = o.rotary ? "rotary" : "absolute";
+  c["hidden_act"] = "gelu";
+  c["layer_norm_eps"] = o.layer_norm_eps;
+  c["pre_layer_norm"] = true;
+  c["tie_word_embeddings"] = o.tie_embeddings;
+  c["num_labels"] = o.num_labels;
+  c["pooling"] = o.mean_pooling ? "mean" : "cls";
+  c["pad_token_id"] = o.pad_id;
+  c["type_vocab_size"] = 0;
+  c["shift_labels"] = o.shift_labels;
+  std::ofstream f(dir + "/config.json");
+  f << c.dump(2) << "\n";
+  DNALLM_CHECK(f.good(), ExitCode::kFailure, "cannot write {}/config.json", dir);
+}
+
+TransformerLM load_exported_model(const std::string& dir) {
+  const std::string config_path = dir + "/config.json";
+  std::ifstream f(config_path);
+  DNALLM_CHECK(f.good(), ExitCode::kBadData,
+               "{} not found: --model must be a directory written by dnallm-train (final/)",
+               config_path);
+  nlohmann::json c;
+  try {
+    c = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    fail(ExitCode::kBadData, "{}: not valid JSON: {}", config_path, e.what());
+  }
+  ModelOptions o;
+  try {
+    o.arch = c.at("model_type").get<std::string>() == "bert" ? Arch::kBert : Arch::kGpt;
+    const auto task = c.value("task", std::string("pretrain"));
+    o.task = task == "pretrain" ? Task::kPretrain
+             : task == "classification" ? Task::kClassification : Task::kRegression;
+    o.vocab_size = c.at("vocab_size").get<int64_t>();
+    o.hidden = c.at("hidden_size").get<int64_t>();
+    o.layers = c.at("num_hidden_layers").get<int64_t>();
+    o.heads = c.at("num_attention_heads").get<int64_t>();
+    o.ffn = c.at("intermediate_size").get<int64_t>();
+    o.max_seq_length = c.at("max_position_embeddings").get<int64_t>();
+    o.rotary = c.value("position_embedding_type", std::string("absolute")) == "rotary";
+    o.layer_norm_eps = c.value("layer_norm_eps", 1e-12);
+    o.tie_embeddings = c.value("tie_word_embeddings", true);
+    o.num_labels = c.value("num_labels", int64_t{2});
+    o.mean_pooling = c.value("pooling", std::string("cls")) == "mean";
+    o.pad_id = c.value("pad_token_id", int64_t{0});
+    o.shift_labels = c.value("shift_labels", true);
+  } catch (const std::exception& e) {
+    fail(ExitCode::kBadData, "{}: missing or bad field: {}", config_path, e.what());
+  }
+  o.lora_r = 0;
+  TransformerLM model(o);
+  auto weights = load_safetensors(dir + "/model.safetensors");
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : model->named_weights()) {
+    auto it = weights.find(name);
+    DNALLM_CHECK(it != weights.end(), ExitCode::kBadData, "{}/model.safetensors lacks tensor {}",
+                 dir, name);
+    DNALLM_CHECK(it->second.sizes() == p.sizes(), ExitCode::kBadData,
+                 "{}/model.safetensors: {} has shape {} but config.json implies {}", dir, name,
+                 fmt::format("{}", fmt::join(it->second.sizes(), "x")),
+                 fmt::format("{}", fmt::join(p.sizes(), "x")));
+    p.copy_(it->second);
+  }
+  model->eval();
+  return model;
+}
+
+}  // namespace dnallm::models

@@ -1,0 +1,212 @@
+// DNA language models: a pre-LN transformer used as a BERT encoder (masked LM), a GPT
+// decoder (causal LM with KV-cache generation) and sequence classification/regression.
+//
+// Parameter names (Note [Parameter names]) follow Hugging Face BERT so that an export loads
+// into transformers where shapes correspond:
+//   <root>.embeddings.word_embeddings.weight            [vocab, hidden]
+//   <root>.embeddings.position_embeddings.weight        [max_seq, hidden] (learned only)
+//   <root>.encoder.layer.N.attention.self.{query,key,value}.{weight,bias}
+//   <root>.encoder.layer.N.attention.output.dense.{weight,bias}
+//   <root>.encoder.layer.N.attention.output.LayerNorm.* (pre-LN: applied BEFORE attention)
+//   <root>.encoder.layer.N.intermediate.dense.*          [ffn, hidden]
+//   <root>.encoder.layer.N.output.dense.*                [hidden, ffn]
+//   <root>.encoder.layer.N.output.LayerNorm.*            (pre-LN: applied BEFORE the FFN)
+//   <root>.encoder.final_layer_norm.*                    (pre-LN needs a final norm)
+//   MLM head:   cls.predictions.transform.dense.*, cls.predictions.transform.LayerNorm.*,
+//               cls.predictions.bias [vocab] (decoder weight tied to word_embeddings,
+//               or cls.predictions.decoder.weight when untied)
+//   causal LM:  lm_head.weight (untied) / tied to word_embeddings, lm_head.bias
+//   cls/reg:    <root>.pooler.dense.*, classifier.* [num_labels, hidden]
+// <root> is "bert" for arch = "bert" and "gpt" for arch = "gpt". HF BERT is post-LN, so the
+// weights load by name and shape but the computation differs: config.json records
+// "pre_layer_norm": true and our own loader (load_safetensors_into) is the exact inverse.
+// LoRA adds <linear>.lora_A [r, in] and <linear>.lora_B [out, r] (PEFT's shapes).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+
+namespace dnallm::models {
+
+enum class Arch { kBert, kGpt };
+enum class Task { kPretrain, kClassification, kRegression };
+enum class AttnImpl { kSdpa, kEager };
+
+struct ModelOptions {
+  Arch arch = Arch::kBert;
+  Task task = Task::kPretrain;
+  int64_t vocab_size = 9;  // PAD UNK CLS SEP MASK A C G T (+N) for char tokens
+  int64_t hidden = 256;
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t ffn = 1024;
+  int64_t max_seq_length = 512;
+  bool rotary = false;  // false: learned absolute positions
+  AttnImpl attn = AttnImpl::kSdpa;
+  double dropout = 0.0;
+  bool gradient_checkpointing = false;
+  bool tie_embeddings = true;
+  double layer_norm_eps = 1e-12;
+  int64_t num_labels = 2;
+  bool mean_pooling = false;  // false: the first ([CLS]) token
+  // Causal LM: labels are the input ids, shifted inside the model (HF convention) when true;
+  // when false labels[i] is already the target of position i.
+  bool shift_labels = true;
+  int64_t pad_id = 0;
+  // LoRA
+  int64_t lora_r = 0;
+  double lora_alpha = 16.0;
+  double lora_dropout = 0.0;
+  std::vector<std::string> lora_targets = {"query", "value"};
+};
+
+// Validates and converts the [model]/[lora] sections; throws Error(kUsage) naming the key.
+// "auto" attention resolves to sdpa.
+ModelOptions model_options_from_config(const Config& config, int64_t vocab_size);
+
+// A linear layer with an optional low-rank adapter: y = x W^T + b + (alpha/r) B A x.
+// With an adapter, W and b are frozen and only A, B train.
+class LoraLinearImpl : public torch::nn::Module {
+ public:
+  LoraLinearImpl(int64_t in, int64_t out, bool bias = true);
+  void enable_lora(int64_t r, double alpha, double dropout);
+  // Folds B A into W and removes the adapter (export path).
+  void merge_lora();
+  bool has_lora() const { return lora_a_.defined(); }
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight, bias;
+
+ private:
+  torch::Tensor lora_a_, lora_b_;
+  double scaling_ = 0.0;
+  double lora_dropout_ = 0.0;
+};
+TORCH_MODULE(LoraLinear);
+
+// Key/value cache of one layer for incremental decoding: [batch, heads, past_len, head_dim].
+struct LayerCache {
+  torch::Tensor key, value;
+};
+
+// One pre-LN block: x + Attn(LN(x)), then x + FFN(LN(x)).
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const ModelOptions& options);
+  // `bias`: additive attention mask broadcastable to [batch, heads, q, k] (or undefined);
+  // `causal`: apply a causal mask in addition. `cache` (may be null) is read and extended.
+  // `rope`: (cos, sin) for the query positions, or undefined tensors.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, bool causal,
+                        LayerCache* cache, const torch::Tensor& rope_cos,
+                        const torch::Tensor& rope_sin);
+
+  LoraLinear query{nullptr}, key{nullptr}, value{nullptr}, attn_out{nullptr};
+  LoraLinear ffn_in{nullptr}, ffn_out{nullptr};
+  torch::nn::LayerNorm ln_attn{nullptr}, ln_ffn{nullptr};
+
+ private:
+  ModelOptions options_;
+};
+TORCH_MODULE(Block);
+
+struct ForwardInputs {
+  torch::Tensor input_ids;       // [B, T] int64
+  torch::Tensor attention_mask;  // [B, T] 1 real, 0 pad; may be undefined
+  torch::Tensor segment_ids;     // [B, T] packed documents (1, 2, ..; 0 pad); may be undefined
+  torch::Tensor labels;          // LM: [B, T] with -100 ignored; classification: [B]; optional
+  torch::Tensor targets;         // regression: [B] float; optional
+  // LM with labels: compute the output head only at scored positions (logits [N, vocab]).
+  bool logits_for_labels_only = false;
+};
+
+struct ModelOutput {
+  torch::Tensor logits;     // LM [B, T, vocab]; classification [B, num_labels]; regression [B]
+  torch::Tensor loss_sum;   // SUM of per-token (per-row) losses, fp32 scalar; undefined w/o labels
+  int64_t loss_count = 0;   // tokens (rows) that contributed to loss_sum
+};
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 16;
+  double temperature = 1.0;  // <= 0: greedy
+  int64_t top_k = 0;         // 0: whole vocabulary
+  bool greedy = true;
+  uint64_t seed = 0;
+  bool use_cache = true;  // false: recompute the whole prefix each token (tests)
+};
+
+class TransformerLMImpl : public torch::nn::Module {
+ public:
+  explicit TransformerLMImpl(ModelOptions options);
+
+  ModelOutput forward(const ForwardInputs& inputs);
+  // Final hidden states [B, T, hidden] (after the final norm).
+  torch::Tensor encode(const ForwardInputs& inputs, std::vector<LayerCache>* cache = nullptr,
+                       int64_t past_len = 0);
+
+  // Causal LM only. `prompt` [B, P] (same length for every row). Returns [B, P + new].
+  torch::Tensor generate(const torch::Tensor& prompt, const GenerateOptions& options);
+
+  // Enables LoRA on the target linears and freezes everything else except task heads.
+  // `r` > 0 overrides options().lora_r (used after loading base weights).
+  void enable_lora(int64_t r = 0);
+  // Folds adapters into the base weights (after this the model has no adapters).
+  void merge_lora();
+
+  const ModelOptions& options() const { return options_; }
+  std::string root_name() const { return options_.arch == Arch::kBert ? "bert" : "gpt"; }
+
+  // Every parameter and buffer that an export holds, by its HF-style name (LoRA merged
+  // copies are NOT made here: call merge_lora() first for an export).
+  std::vector<std::pair<std::string, torch::Tensor>> named_weights() const;
+
+ private:
+  torch::Tensor lm_logits(const torch::Tensor& hidden);
+
+  ModelOptions options_;
+  torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr};
+  std::vector<Block> blocks_;
+  torch::nn::LayerNorm final_norm{nullptr};
+  // heads
+  LoraLinear mlm_dense{nullptr};
+  torch::nn::LayerNorm mlm_norm{nullptr};
+  torch::Tensor lm_bias_, lm_weight_;  // lm_weight_ undefined when tied
+  LoraLinear pooler{nullptr}, classifier{nullptr};
+};
+TORCH_MODULE(TransformerLM);
+
+// Attention on [B, H, T, D] tensors with an additive mask (see the implementation note).
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& bias, bool causal, AttnImpl impl);
+torch::Tensor attention_with_dropout(const torch::Tensor& q, const torch::Tensor& k,
+                                     const torch::Tensor& v, const torch::Tensor& bias,
+                                     bool causal, AttnImpl impl, double dropout_p);
+
+// Runs `block` without keeping activations; backward reruns it under grad mode.
+// Note [Activation checkpointing]: a custom autograd Function whose forward runs under no_grad
+// and whose backward reruns the block under grad mode and back-propagates through it
+// (parameter gradients accumulate as usual). Dropout masks are re-drawn on the rerun, so with
+// dropout > 0 the gradients are those of a different mask (as PyTorch without
+// preserve_rng_state); with dropout = 0 they are identical.
+torch::Tensor checkpointed_block(Block& block, const torch::Tensor& x, const torch::Tensor& bias,
+                                 bool causal, const torch::Tensor& rope_cos,
+                                 const torch::Tensor& rope_sin);
+
+// safetensors: `u64 little-endian header length | JSON header | raw little-endian data`.
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+std::map<std::string, torch::Tensor> load_safetensors(const std::string& path);
+
+// Writes <dir>/model.safetensors (LoRA merged into a copy), <dir>/config.json.
+void export_model(TransformerLM& model, const std::string& dir, const std::string& arch_name);
+// Reads config.json and model.safetensors written by export_model().
+TransformerLM load_exported_model(const std::string& dir);
+
+}  // namespace dnallm::models

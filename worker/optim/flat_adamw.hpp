@@ -1,0 +1,133 @@
+// Flat fp32 parameter/gradient storage, AdamW over a range of it, LR schedules, global-norm
+// clipping and the fp16 loss scaler.
+//
+// Note [Flat buffers]: every trainable parameter is a view into ONE fp32 buffer and its
+// gradient a view into ONE fp32 gradient buffer (same offsets). Autograd accumulates into the
+// gradient views in place (DESIGN.md "Verified facts"), so the whole model's gradient is a
+// single tensor that a communicator can reduce in buckets and an optimiser can update with a
+// handful of vectorised ops. ZeRO shards are plain [begin, end) ranges of these buffers.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/config.hpp"
+
+namespace dnallm::optim {
+
+// Weight decay policy: biases and normalisation weights (and LoRA-free embeddings keep decay,
+// as HF's Trainer) get none. Pure function of the parameter name.
+bool decays(const std::string& parameter_name);
+
+class FlatParameters {
+ public:
+  struct Entry {
+    std::string name;
+    int64_t offset = 0;  // elements from the buffer start
+    int64_t numel = 0;
+    std::vector<int64_t> shape;
+  };
+
+  // Takes the parameters that require grad, in the given order, copies them into a new flat
+  // fp32 buffer on `device`, and re-points each parameter's data and grad at views of the
+  // flat buffers. Frozen parameters (requires_grad false) are left alone.
+  FlatParameters(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
+                 torch::Device device = torch::kCPU);
+
+  const torch::Tensor& params() const { return params_; }
+  const torch::Tensor& grads() const { return grads_; }
+  // 1 where weight decay applies, 0 elsewhere (see decays()).
+  const torch::Tensor& decay_mask() const { return decay_mask_; }
+  const std::vector<Entry>& entries() const { return entries_; }
+  int64_t numel() const { return params_.numel(); }
+
+  // Zeroes the flat gradient buffer (never resets the grads: they stay views).
+  void zero_grad() { grads_.zero_(); }
+
+ private:
+  torch::Tensor params_, grads_, decay_mask_;
+  std::vector<Entry> entries_;
+};
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+// AdamW over the flat range [begin, end) (a ZeRO shard, or the whole buffer). It owns the
+// moments of that range only. step() is one multi-tensor update: ~6 vectorised ops over the
+// range, independent of the number of parameters.
+class FlatAdamW {
+ public:
+  FlatAdamW(AdamWOptions options, int64_t begin, int64_t end, torch::Tensor decay_mask_range);
+
+  // `params` and `grads` are the [end - begin] slices (views). Gradients are multiplied by
+  // `grad_scale` (clip coefficient / loss scale) on the fly; they are not modified.
+  void step(torch::Tensor params, const torch::Tensor& grads, double lr, double grad_scale = 1.0);
+
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
+  int64_t steps() const { return step_; }
+  // State for checkpoints: moments [end - begin] and the step count.
+  torch::Tensor& exp_avg() { return exp_avg_; }
+  torch::Tensor& exp_avg_sq() { return exp_avg_sq_; }
+  void set_steps(int64_t steps) { step_ = steps; }
+
+ private:
+  AdamWOptions options_;
+  int64_t begin_, end_;
+  int64_t step_ = 0;
+  torch::Tensor decay_mask_, exp_avg_, exp_avg_sq_, scratch_;
+};
+
+// Sum of squares of a gradient range as a double (a partial: add partials across shards,
+// then sqrt). Non-finite values propagate (inf/nan detection for the loss scaler).
+double grad_sq_sum(const torch::Tensor& grads);
+// min(1, max_norm / (total_norm + 1e-6)); 1 when max_norm <= 0 (clipping off).
+double clip_coefficient(double total_norm, double max_norm);
+
+enum class ScheduleKind { kConstant, kLinear, kCosine };
+struct Schedule {
+  ScheduleKind kind = ScheduleKind::kLinear;
+  double base_lr = 3e-4;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+};
+// warmup_steps, else ceil(warmup_ratio * total_steps). Throws Error(kUsage) on a bad name.
+Schedule schedule_from_config(const TrainingConfig& training, int64_t total_steps);
+// Learning rate of optimizer step `step` (0-based), HF's conventions: linear warmup from 0,
+// then constant / linear decay to 0 at total_steps / half-cosine to 0.
+double lr_at(const Schedule& schedule, int64_t step);
+
+// Dynamic loss scaling for fp16: scale the loss, skip steps whose gradients overflow and
+// back off; grow after `growth_interval` clean steps.
+struct LossScalerOptions {
+  bool enabled = false;
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+class LossScaler {
+ public:
+  explicit LossScaler(LossScalerOptions options = {});
+  double scale() const { return options_.enabled ? scale_ : 1.0; }
+  // Call once per optimizer step with whether any gradient was inf/nan. Returns true when the
+  // step must be applied, false when it is skipped (then the scale backs off).
+  bool update(bool found_inf);
+  int64_t skipped_steps() const { return skipped_; }
+
+ private:
+  LossScalerOptions options_;
+  double scale_;
+  int64_t clean_steps_ = 0;
+  int64_t skipped_ = 0;
+};
+
+}  // namespace dnallm::optim

@@ -1,0 +1,181 @@
+// The training loop: micro-steps with gradient accumulation, globally normalised loss,
+// clipping, loss scaling, AdamW over the flat buffer, evaluation, metrics and the export.
+//
+// Note [Loss normalisation]: the loss of a step is
+//     sum over every label token of the GLOBAL batch (all micro-steps, all ranks) of its NLL
+//     ---------------------------------------------------------------------------------------
+//                       number of label tokens in the global batch
+// The trainer first takes all micro-batches of the step, sums their num_label_tokens,
+// reduces that count across ranks (GradientSync::sum_scalar), then backpropagates
+// loss_sum_j * (loss_scale / global_count) for each micro-step j. The gradients summed over
+// micro-steps and ranks are then exactly those of one big batch: k micro-steps == one step
+// with a k-times micro-batch, and N ranks == 1 rank (up to float summation order).
+// Classification/regression count rows instead of tokens.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/config.hpp"
+#include "worker/data/batch.hpp"
+#include "worker/models/transformer.hpp"
+#include "worker/optim/flat_adamw.hpp"
+
+namespace dnallm::train {
+
+// Micro-batches in (step, micro-step) order. Called from the trainer's thread only.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual data::Batch next() = 0;
+  // Back to the first batch (evaluation sources are rewound before every evaluation).
+  virtual void rewind() {}
+  // Samples per epoch (for training.num_train_epochs); 0 when unknown.
+  virtual uint64_t samples_per_epoch() const { return 0; }
+  // Seconds the trainer has waited for batches so far.
+  virtual double data_wait_s() const { return 0.0; }
+};
+
+// Note [GradientSync]: everything that crosses ranks during a step, so DDP and ZeRO plug in
+// without touching the loop. Every method is a collective where noted: it must be called in
+// the same order on every rank. The trainer calls, per step:
+//   1. sum_scalar(local label count)                    collective
+//   2. per micro-step: backward, then after_backward(j, last)  (DDP: buckets launch on last)
+//   3. wait_gradients() -> seconds of exposed communication      collective completion
+//   4. sum_scalar(local loss sum) (for the logged loss)           collective
+//   5. grad_sq_norm(flat grads of the shard)                      collective for ZeRO
+//   6. optimizer on shard_range(numel), then after_optimizer_step()  (ZeRO: all-gather)
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // Sum of `value` over all ranks. Collective.
+  virtual double sum_scalar(double value) = 0;
+  // After micro-step `micro_step`'s backward; `last` on the step's final micro-step.
+  virtual void after_backward(int64_t micro_step, bool last) {}
+  // Waits until the flat gradient holds the global sum (over ranks). Returns exposed seconds.
+  virtual double wait_gradients() { return 0.0; }
+  // Squared global norm of the gradient (ZeRO: local shard partials summed over ranks).
+  virtual double grad_sq_norm(const torch::Tensor& flat_grads) {
+    return optim::grad_sq_sum(flat_grads);
+  }
+  // The [begin, end) range of the flat buffer this rank's optimizer updates.
+  virtual std::pair<int64_t, int64_t> shard_range(int64_t numel) const { return {0, numel}; }
+  // After the optimizer updated this rank's range (ZeRO: all-gather the parameters).
+  virtual void after_optimizer_step(optim::FlatParameters& params) {}
+};
+
+// One process, no communication.
+class SingleProcessSync final : public GradientSync {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  double sum_scalar(double value) override { return value; }
+};
+
+struct StepResult {
+  int64_t step = 0;        // 1-based optimizer step just finished
+  double loss = 0.0;       // mean over the global batch
+  double lr = 0.0;
+  double grad_norm = 0.0;  // before clipping, unscaled
+  bool skipped = false;    // fp16 overflow: parameters untouched
+  int64_t tokens = 0;      // real tokens processed by this rank (attention_mask = 1)
+  double step_s = 0.0, comm_exposed_s = 0.0, data_wait_s = 0.0;
+};
+
+struct EvalResult {
+  double loss = 0.0;           // mean NLL per label token (nats)
+  double bits_per_base = 0.0;  // total NLL in bits / bases predicted (Note [Bits per base])
+  int64_t tokens = 0;          // label tokens scored
+  int64_t bases = 0;           // bases predicted
+  int64_t correct = 0;         // classification: rows predicted right
+  int64_t rows = 0;
+  double accuracy = 0.0;       // classification only
+};
+
+// Note [Bits per base]: bits_per_base = sum of NLL over predicted tokens / ln 2, divided by
+// the bases those tokens cover: 1 per token for char tokens, k per k-mer token (for
+// overlapping k-mers the bases of neighbouring predictions overlap: it is the per-token code
+// length spread over the bases the token spells), the piece length for BPE. The trainer
+// gets the count from `TrainerOptions::bases_of_label`, defaulting to 1 base per token.
+struct TrainerOptions {
+  // Bases spelled by token id `id` (for bits_per_base). Default: 1.
+  std::function<int64_t(int64_t id)> bases_of_label;
+  // Writes <dir>/tokenizer.json for the export (the trainer does not know the tokenizer).
+  std::function<void(const std::string& dir)> write_tokenizer;
+  bool console_progress = true;
+  double initial_loss_scale = 65536.0;  // fp16 dynamic loss scaling starts here
+};
+
+// Number of optimizer steps: training.max_steps, or epochs × samples / global batch.
+int64_t total_steps(const Config& config, uint64_t samples_per_epoch, int world_size);
+
+// Builds the model for `config` (vocabulary from the tokenizer); loads model.init_from
+// (an exported directory) by name where shapes match (task heads stay fresh).
+models::TransformerLM build_model(const Config& config, int64_t vocab_size);
+
+// Tensors of a batch on `device`.
+models::ForwardInputs to_inputs(const data::Batch& batch, const models::TransformerLM& model,
+                                const torch::Device& device);
+
+// Runs `batches` micro-batches from `source` (rewound first) without gradients.
+EvalResult evaluate(models::TransformerLM& model, BatchSource& source, int64_t batches,
+                    const torch::Device& device,
+                    const std::function<int64_t(int64_t)>& bases_of_label = {},
+                    GradientSync* sync = nullptr);
+
+class Trainer {
+ public:
+  // `eval` may be null. The model is moved to the device and its trainable parameters into
+  // the flat buffers (Note [Flat buffers]).
+  Trainer(Config config, models::TransformerLM model, std::unique_ptr<BatchSource> train,
+          std::unique_ptr<BatchSource> eval, std::shared_ptr<GradientSync> sync,
+          TrainerOptions options = {});
+  ~Trainer();
+
+  // One optimizer step (all micro-steps). Throws Error on a NaN/inf loss.
+  StepResult train_step();
+  // Trains to total_steps(), evaluating every eval_steps, logging every logging_steps,
+  // writes the summary and (rank 0, checkpoint.save_final) exports <dir>/final.
+  void run();
+
+  models::TransformerLM& model() { return model_; }
+  optim::FlatParameters& flat() { return *flat_; }
+  optim::FlatAdamW& optimizer() { return *adamw_; }
+  const optim::LossScaler& loss_scaler() const { return scaler_; }
+  int64_t step() const { return step_; }
+  int64_t total_steps() const { return total_steps_; }
+  const torch::Device& device() const { return device_; }
+  // Where run() exports the final model.
+  std::string export_dir() const;
+
+ private:
+  void write_metrics(const std::string& line);
+
+  Config config_;
+  models::TransformerLM model_;
+  std::unique_ptr<BatchSource> train_, eval_;
+  std::shared_ptr<GradientSync> sync_;
+  TrainerOptions options_;
+  torch::Device device_{torch::kCPU};
+  std::unique_ptr<optim::FlatParameters> flat_;
+  std::unique_ptr<optim::FlatAdamW> adamw_;
+  optim::Schedule schedule_;
+  optim::LossScaler scaler_;
+  int64_t step_ = 0;
+  int64_t total_steps_ = 0;
+  std::ofstream metrics_;
+  bool autocast_bf16_ = false, autocast_fp16_ = false;
+};
+
+}  // namespace dnallm::train
