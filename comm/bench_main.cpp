@@ -27,10 +27,9 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "comm/bootstrap.hpp"
 #include "comm/communicator.hpp"
 #include "comm/half.hpp"
-#include "coordinator/store_server.hpp"
-#include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
@@ -173,28 +172,27 @@ struct Runner {
 };
 
 struct CommRunner final : Runner {
-  std::shared_ptr<coordinator::Store> store;
-  std::unique_ptr<coordinator::StoreServer> server;
-  std::unique_ptr<Communicator> comm;
-  int rank() const override { return comm->rank(); }
-  int world() const override { return comm->world_size(); }
+  ProcessGroup group;  // store server (rank 0), store client, communicator
+  int rank() const override { return group.comm->rank(); }
+  int world() const override { return group.comm->world_size(); }
   void run(const std::string& op, BufferView in, BufferView out, ReduceOp redop) override {
     WorkPtr w;
     if (op == "allreduce")
-      w = comm->allreduce(in, out, redop);
+      w = group.comm->allreduce(in, out, redop);
     else if (op == "reduce_scatter")
-      w = comm->reduce_scatter(in, out, redop);
+      w = group.comm->reduce_scatter(in, out, redop);
     else if (op == "allgather")
-      w = comm->allgather(in, out);
+      w = group.comm->allgather(in, out);
     else
-      w = comm->broadcast(out, 0);
+      w = group.comm->broadcast(out, 0);
     w->wait();
   }
   int64_t sum_wrong(int64_t wrong) override {
-    const bool cuda = std::string(comm->backend()) == "nccl";
+    const bool cuda = std::string(group.comm->backend()) == "nccl";
     Mirror m(cuda, cuda_device, &wrong, sizeof(wrong));
     m.upload();
-    comm->allreduce(BufferView{m.data(), 1, DType::kInt64, m.device()}, ReduceOp::kSum)->wait();
+    group.comm->allreduce(BufferView{m.data(), 1, DType::kInt64, m.device()}, ReduceOp::kSum)
+        ->wait();
     m.download();
     return wrong;
   }
@@ -263,38 +261,26 @@ std::unique_ptr<Runner> make_runner(const Args& a) {
   if (a.backend == "mpi-raw") return std::make_unique<RawMpiRunner>();
 #endif
   auto r = std::make_unique<CommRunner>();
-  CommOptions o;
+  ProcessGroupOptions o;
   o.backend = a.backend;
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
   o.name = "bench";
-  if (a.backend != "mpi") {
+  if (a.backend == "mpi") {
+    o.master_addr = "";  // MPI bootstraps itself; no store
+  } else {
     o.rank = env_int("RANK", 0);
     o.world_size = env_int("WORLD_SIZE", 1);
     const char* addr = std::getenv("MASTER_ADDR");
-    std::string host = addr ? addr : "127.0.0.1";
-    int port = env_int("MASTER_PORT", 29500);
+    o.master_addr = addr && *addr ? addr : "127.0.0.1";
+    o.master_port = env_int("MASTER_PORT", 29500);
     const char* tok = std::getenv("DNALLM_JOB_TOKEN");
-    std::string token = tok ? tok : "";
+    o.token = tok ? tok : "";
     // Rank 0 hosts the store unless a coordinator already serves MASTER_PORT.
-    if (o.rank == 0 && std::getenv("DNALLM_EXTERNAL_COORDINATOR") == nullptr) {
-      coordinator::StoreServerOptions so;
-      so.port = static_cast<uint16_t>(port);
-      so.token = token;
-      r->server = std::make_unique<coordinator::StoreServer>(so);
-      r->server->start();
-    }
-    coordinator::TcpStoreClientOptions co;
-    co.host = host;
-    co.port = static_cast<uint16_t>(port);
-    co.token = token;
-    co.op_timeout = o.timeout;
-    r->store = std::make_shared<coordinator::TcpStoreClient>(co);
-    o.store = r->store;
-    o.loopback = host == "127.0.0.1" || host == "localhost";
+    o.rank0_hosts_store = std::getenv("DNALLM_EXTERNAL_COORDINATOR") == nullptr;
     if (a.backend == "nccl") o.device = Device{DeviceType::kCUDA, env_int("LOCAL_RANK", 0)};
     r->cuda_device = o.device.index;
   }
-  r->comm = make_communicator(o);
+  r->group = connect_process_group(o);
   return r;
 }
 
