@@ -168,23 +168,28 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
+    // Let what was issued finish; the watchdog still aborts anything past its timeout.
+    const auto deadline = Clock::now() + shared_->timeout + kDiagnosisGrace;
+    while (!shared_->aborted && stream_ && cudaStreamQuery(stream_) == cudaErrorNotReady &&
+           Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     {
       std::lock_guard<std::mutex> lock(watch_mutex_);
       stopping_ = true;
     }
     watch_cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
-    // Never throw from here: keep going on errors.
-    if (!shared_->aborted) cudaStreamSynchronize(stream_);
-    in_flight_.clear();
-    if (barrier_buf_) cudaFree(barrier_buf_);
-    if (stream_) cudaStreamDestroy(stream_);
-    if (comm_) {
-      if (shared_->aborted)
+    // Never throw from here. The watchdog already aborted (and freed) an aborted comm.
+    const bool stuck = stream_ && cudaStreamQuery(stream_) == cudaErrorNotReady;
+    if (comm_ && !shared_->aborted) {
+      if (stuck)
         ncclCommAbort(comm_);
       else
         ncclCommDestroy(comm_);
     }
+    in_flight_.clear();
+    if (barrier_buf_) cudaFree(barrier_buf_);
+    if (stream_) cudaStreamDestroy(stream_);
   }
 
   int rank() const override { return rank_; }
@@ -313,9 +318,8 @@ class NcclCommunicator final : public Communicator {
                 op->what, op->seq, shared_->timeout.count(), rank_, host_name(), why);
           }
           spdlog::error("{}", shared_->abort_error);
-          shared_->aborted = true;
+          shared_->aborted = true;  // enqueue() refuses new work from now on
           ncclCommAbort(comm_);
-          comm_ = nullptr;
         }
         ++it;
       }
