@@ -6,7 +6,8 @@
 // rank 0 hosts the store at MASTER_PORT); mpi and mpi-raw (plain MPI_Allreduce etc., the
 // peer our mpi backend is compared with) run under mpirun. Every element of every result
 // is checked against a closed-form value. time = median over --iters timed iterations
-// after --warmup untimed ones.
+// after --warmup untimed ones. DNALLM_EXTERNAL_COORDINATOR=1: a coordinator already serves
+// MASTER_PORT, rank 0 does not host one.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -15,18 +16,20 @@
 #include <numeric>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #ifdef DNALLM_HAVE_MPI
 #include <mpi.h>
 #endif
+#ifdef DNALLM_HAVE_NCCL
+#include <cuda_runtime.h>
+#endif
 
+#include "comm/bootstrap.hpp"
 #include "comm/communicator.hpp"
 #include "comm/half.hpp"
-#include "coordinator/store_server.hpp"
-#include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
@@ -63,30 +66,101 @@ double expected_reduced(int world, size_t i, ReduceOp op) {
 
 void store_value(DType t, void* p, size_t i, double v) {
   switch (t) {
-    case DType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::kFloat64: static_cast<double*>(p)[i] = v; break;
-    case DType::kFloat16: static_cast<uint16_t*>(p)[i] = float_to_fp16(static_cast<float>(v)); break;
-    case DType::kBFloat16: static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v)); break;
-    case DType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    case DType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DType::kUInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    case DType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
+    case DType::kFloat32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DType::kFloat64:
+      static_cast<double*>(p)[i] = v;
+      break;
+    case DType::kFloat16:
+      static_cast<uint16_t*>(p)[i] = float_to_fp16(static_cast<float>(v));
+      break;
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v));
+      break;
+    case DType::kInt64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      break;
+    case DType::kInt32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      break;
+    case DType::kUInt8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      break;
+    case DType::kInt8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+      break;
   }
 }
 
 double load_value(DType t, const void* p, size_t i) {
   switch (t) {
-    case DType::kFloat32: return static_cast<const float*>(p)[i];
-    case DType::kFloat64: return static_cast<const double*>(p)[i];
-    case DType::kFloat16: return fp16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBFloat16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::kInt32: return static_cast<const int32_t*>(p)[i];
-    case DType::kUInt8: return static_cast<const uint8_t*>(p)[i];
-    case DType::kInt8: return static_cast<const int8_t*>(p)[i];
+    case DType::kFloat32:
+      return static_cast<const float*>(p)[i];
+    case DType::kFloat64:
+      return static_cast<const double*>(p)[i];
+    case DType::kFloat16:
+      return fp16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBFloat16:
+      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::kInt32:
+      return static_cast<const int32_t*>(p)[i];
+    case DType::kUInt8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DType::kInt8:
+      return static_cast<const int8_t*>(p)[i];
   }
   return 0;
 }
+
+// Where the collective's buffers live: host memory, or (nccl) a device copy of it.
+class Mirror {
+ public:
+  Mirror(bool cuda, int device, void* host, size_t bytes) : host_(host), bytes_(bytes) {
+#ifdef DNALLM_HAVE_NCCL
+    if (cuda) {
+      device_ = device;
+      check(cudaSetDevice(device), "cudaSetDevice");
+      check(cudaMalloc(&dev_, std::max<size_t>(bytes, 1)), "cudaMalloc");
+    }
+#else
+    DNALLM_CHECK(!cuda, ExitCode::kUsage, "this build has no CUDA (nccl) support");
+    (void)device;
+#endif
+  }
+  ~Mirror() {
+#ifdef DNALLM_HAVE_NCCL
+    if (dev_) cudaFree(dev_);
+#endif
+  }
+  Mirror(const Mirror&) = delete;
+  Mirror& operator=(const Mirror&) = delete;
+  void* data() const { return dev_ ? dev_ : host_; }
+  Device device() const { return dev_ ? Device{DeviceType::kCUDA, device_} : Device{}; }
+  void upload() {
+#ifdef DNALLM_HAVE_NCCL
+    if (dev_) check(cudaMemcpy(dev_, host_, bytes_, cudaMemcpyHostToDevice), "upload");
+#endif
+  }
+  void download() {
+#ifdef DNALLM_HAVE_NCCL
+    if (dev_) check(cudaMemcpy(host_, dev_, bytes_, cudaMemcpyDeviceToHost), "download");
+#endif
+  }
+
+ private:
+#ifdef DNALLM_HAVE_NCCL
+  static void check(cudaError_t rc, const char* what) {
+    DNALLM_CHECK(rc == cudaSuccess, ExitCode::kFailure, "{}: {}", what, cudaGetErrorString(rc));
+  }
+#endif
+  void* host_;
+  size_t bytes_;
+  void* dev_ = nullptr;
+  int device_ = 0;
+};
 
 // The abstract "run one collective" the sweep times: our Communicator, or raw MPI.
 struct Runner {
@@ -98,30 +172,45 @@ struct Runner {
 };
 
 struct CommRunner final : Runner {
-  std::shared_ptr<coordinator::Store> store;
-  std::unique_ptr<coordinator::StoreServer> server;
-  std::unique_ptr<Communicator> comm;
-  int rank() const override { return comm->rank(); }
-  int world() const override { return comm->world_size(); }
+  ProcessGroup group;  // store server (rank 0), store client, communicator
+  int rank() const override { return group.comm->rank(); }
+  int world() const override { return group.comm->world_size(); }
   void run(const std::string& op, BufferView in, BufferView out, ReduceOp redop) override {
     WorkPtr w;
-    if (op == "allreduce") w = comm->allreduce(in, out, redop);
-    else if (op == "reduce_scatter") w = comm->reduce_scatter(in, out, redop);
-    else if (op == "allgather") w = comm->allgather(in, out);
-    else w = comm->broadcast(out, 0);
+    if (op == "allreduce")
+      w = group.comm->allreduce(in, out, redop);
+    else if (op == "reduce_scatter")
+      w = group.comm->reduce_scatter(in, out, redop);
+    else if (op == "allgather")
+      w = group.comm->allgather(in, out);
+    else
+      w = group.comm->broadcast(out, 0);
     w->wait();
   }
   int64_t sum_wrong(int64_t wrong) override {
-    BufferView b{&wrong, 1, DType::kInt64, {}};
-    comm->allreduce(b, ReduceOp::kSum)->wait();
+    const bool cuda = std::string(group.comm->backend()) == "nccl";
+    Mirror m(cuda, cuda_device, &wrong, sizeof(wrong));
+    m.upload();
+    group.comm->allreduce(BufferView{m.data(), 1, DType::kInt64, m.device()}, ReduceOp::kSum)
+        ->wait();
+    m.download();
     return wrong;
   }
+  int cuda_device = 0;
 };
 
 #ifdef DNALLM_HAVE_MPI
 struct RawMpiRunner final : Runner {
   RawMpiRunner() {
-    MPI_Init(nullptr, nullptr);
+    // DNALLM_BENCH_MPI_THREADS=<level>: request an MPI thread level (our mpi backend asks
+    // for MPI_THREAD_SERIALIZED = 2), to compare like with like.
+    if (std::getenv("DNALLM_BENCH_MPI_THREADS") != nullptr) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, std::atoi(std::getenv("DNALLM_BENCH_MPI_THREADS")),
+                      &provided);
+    } else {
+      MPI_Init(nullptr, nullptr);
+    }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &world_);
   }
@@ -130,11 +219,16 @@ struct RawMpiRunner final : Runner {
   int world() const override { return world_; }
   static MPI_Datatype type(DType t) {
     switch (t) {
-      case DType::kFloat32: return MPI_FLOAT;
-      case DType::kFloat64: return MPI_DOUBLE;
-      case DType::kInt64: return MPI_INT64_T;
-      case DType::kInt32: return MPI_INT32_T;
-      default: fail(ExitCode::kUsage, "--backend mpi-raw supports fp32, fp64, int64, int32");
+      case DType::kFloat32:
+        return MPI_FLOAT;
+      case DType::kFloat64:
+        return MPI_DOUBLE;
+      case DType::kInt64:
+        return MPI_INT64_T;
+      case DType::kInt32:
+        return MPI_INT32_T;
+      default:
+        fail(ExitCode::kUsage, "--backend mpi-raw supports fp32, fp64, int64, int32");
     }
   }
   void run(const std::string& op, BufferView in, BufferView out, ReduceOp redop) override {
@@ -167,49 +261,37 @@ std::unique_ptr<Runner> make_runner(const Args& a) {
   if (a.backend == "mpi-raw") return std::make_unique<RawMpiRunner>();
 #endif
   auto r = std::make_unique<CommRunner>();
-  CommOptions o;
+  ProcessGroupOptions o;
   o.backend = a.backend;
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
   o.name = "bench";
-  if (a.backend != "mpi") {
+  if (a.backend == "mpi") {
+    o.master_addr = "";  // MPI bootstraps itself; no store
+  } else {
     o.rank = env_int("RANK", 0);
     o.world_size = env_int("WORLD_SIZE", 1);
     const char* addr = std::getenv("MASTER_ADDR");
-    std::string host = addr ? addr : "127.0.0.1";
-    int port = env_int("MASTER_PORT", 29500);
+    o.master_addr = addr && *addr ? addr : "127.0.0.1";
+    o.master_port = env_int("MASTER_PORT", 29500);
     const char* tok = std::getenv("DNALLM_JOB_TOKEN");
-    std::string token = tok ? tok : "";
+    o.token = tok ? tok : "";
     // Rank 0 hosts the store unless a coordinator already serves MASTER_PORT.
-    if (o.rank == 0 && std::getenv("DNALLM_EXTERNAL_COORDINATOR") == nullptr) {
-      coordinator::StoreServerOptions so;
-      so.port = static_cast<uint16_t>(port);
-      so.token = token;
-      r->server = std::make_unique<coordinator::StoreServer>(so);
-      r->server->start();
-    }
-    coordinator::TcpStoreClientOptions co;
-    co.host = host;
-    co.port = static_cast<uint16_t>(port);
-    co.token = token;
-    co.op_timeout = o.timeout;
-    r->store = std::make_shared<coordinator::TcpStoreClient>(co);
-    o.store = r->store;
-    o.loopback = host == "127.0.0.1" || host == "localhost";
+    o.rank0_hosts_store = std::getenv("DNALLM_EXTERNAL_COORDINATOR") == nullptr;
     if (a.backend == "nccl") o.device = Device{DeviceType::kCUDA, env_int("LOCAL_RANK", 0)};
+    r->cuda_device = o.device.index;
   }
-  r->comm = make_communicator(o);
+  r->group = connect_process_group(o);
   return r;
 }
 
 int run(const Args& a) {
   const DType dtype = parse_dtype(a.dtype);
   const ReduceOp redop = parse_reduce_op(a.redop);
-  DNALLM_CHECK(a.op == "allreduce" || a.op == "reduce_scatter" || a.op == "allgather" ||
-                   a.op == "broadcast",
-               ExitCode::kUsage, "--op {}: use allreduce, reduce_scatter, allgather or broadcast",
-               a.op);
-  DNALLM_CHECK(a.backend != "nccl", ExitCode::kUsage,
-               "--backend nccl needs device buffers; this bench build fills host memory only");
+  DNALLM_CHECK(
+      a.op == "allreduce" || a.op == "reduce_scatter" || a.op == "allgather" || a.op == "broadcast",
+      ExitCode::kUsage, "--op {}: use allreduce, reduce_scatter, allgather or broadcast", a.op);
+  const bool cuda = a.backend == "nccl";
+  const int cuda_device = env_int("LOCAL_RANK", 0);
   auto runner = make_runner(a);
   const int rank = runner->rank();
   const int world = runner->world();
@@ -233,30 +315,39 @@ int run(const Args& a) {
     out_buf.resize(out_count * esize);
     for (size_t i = 0; i < in_count; ++i) {
       size_t global = a.op == "allgather" ? mine.offset + i : i;
-      store_value(dtype, in_buf.data(), i, a.op == "allgather" ? input_value(0, global) + 0
-                                                                : input_value(rank, global));
+      store_value(dtype, in_buf.data(), i,
+                  a.op == "allgather" ? input_value(0, global) + 0 : input_value(rank, global));
     }
     if (a.op == "broadcast")
       for (size_t i = 0; i < count; ++i)
         store_value(dtype, out_buf.data(), i, rank == 0 ? input_value(0, i) : -1.0);
-    BufferView in{in_buf.data(), in_count, dtype, {}};
-    BufferView out{out_buf.data(), out_count, dtype, {}};
+    Mirror in_mem(cuda, cuda_device, in_buf.data(), in_buf.size());
+    Mirror out_mem(cuda, cuda_device, out_buf.data(), out_buf.size());
+    in_mem.upload();
+    out_mem.upload();
+    BufferView in{in_mem.data(), in_count, dtype, in_mem.device()};
+    BufferView out{out_mem.data(), out_count, dtype, out_mem.device()};
     const bool in_place = a.in_place && a.op == "allreduce";
     if (in_place) out = in;
     std::vector<double> times;
     for (int it = 0; it < a.warmup + a.iters; ++it) {
-      if (in_place)  // restore the input that the previous iteration reduced in place
-        for (size_t i = 0; i < in_count; ++i) store_value(dtype, in_buf.data(), i, input_value(rank, i));
+      if (in_place) {  // restore the input that the previous iteration reduced in place
+        for (size_t i = 0; i < in_count; ++i)
+          store_value(dtype, in_buf.data(), i, input_value(rank, i));
+        in_mem.upload();
+      }
       auto t0 = Clock::now();
       runner->run(a.op, in, out, redop);
       auto dt = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
       if (it >= a.warmup) times.push_back(dt);
     }
+    (in_place ? in_mem : out_mem).download();
+    const void* result = in_place ? in_buf.data() : out_buf.data();
     std::sort(times.begin(), times.end());
     const double time_us = times.empty() ? 0 : times[times.size() / 2];
     int64_t wrong = 0;
     for (size_t i = 0; i < out_count; ++i) {
-      double got = load_value(dtype, out.data, i);
+      double got = load_value(dtype, result, i);
       double want;
       if (a.op == "allreduce") {
         want = expected_reduced(world, i, redop);
@@ -266,7 +357,8 @@ int run(const Args& a) {
         want = input_value(0, i);
       }
       if (a.op != "allgather" && a.op != "broadcast" && redop == ReduceOp::kAvg) {
-        double sum = expected_reduced(world, a.op == "allreduce" ? i : mine.offset + i, ReduceOp::kSum);
+        double sum =
+            expected_reduced(world, a.op == "allreduce" ? i : mine.offset + i, ReduceOp::kSum);
         want = dtype_is_floating(dtype) ? sum / world : std::floor(sum / world);
         if (std::abs(got - want) > 1e-2 * std::abs(want)) ++wrong;  // 16-bit rounding
         continue;
@@ -278,19 +370,22 @@ int run(const Args& a) {
     const double algbw = time_us > 0 ? static_cast<double>(count * esize) / (time_us * 1e3) : 0;
     double factor = 1.0;
     if (a.op == "allreduce") factor = 2.0 * (world - 1) / world;
-    if (a.op == "reduce_scatter" || a.op == "allgather") factor = static_cast<double>(world - 1) / world;
+    if (a.op == "reduce_scatter" || a.op == "allgather")
+      factor = static_cast<double>(world - 1) / world;
     const double busbw = algbw * factor;
     if (rank == 0) {
       if (a.json) {
-        nlohmann::json j{{"backend", a.backend}, {"op", a.op}, {"dtype", dtype_name(dtype)},
-                         {"redop", a.redop}, {"world_size", world}, {"bytes", count * esize},
-                         {"count", count}, {"time_us", time_us}, {"algbw_gbs", algbw},
-                         {"busbw_gbs", busbw}, {"wrong", wrong}};
+        nlohmann::json j{
+            {"backend", a.backend}, {"op", a.op},          {"dtype", dtype_name(dtype)},
+            {"redop", a.redop},     {"world_size", world}, {"bytes", count * esize},
+            {"count", count},       {"time_us", time_us},  {"algbw_gbs", algbw},
+            {"busbw_gbs", busbw},   {"wrong", wrong}};
         std::cout << j.dump() << std::endl;
       } else {
         fmt::print("{:>12} {:>12} {:>6} {:>6} {:>11.1f} {:>9.3f} {:>9.3f} {:>7}\n", count * esize,
-                   count, dtype_name(dtype), a.op == "allgather" || a.op == "broadcast" ? "none" : a.redop,
-                   time_us, algbw, busbw, wrong);
+                   count, dtype_name(dtype),
+                   a.op == "allgather" || a.op == "broadcast" ? "none" : a.redop, time_us, algbw,
+                   busbw, wrong);
         std::fflush(stdout);
       }
     }
@@ -310,7 +405,8 @@ int main(int argc, char** argv) {
   app.add_option("--min-bytes", a.min_bytes, "smallest message (bytes)");
   app.add_option("--max-bytes", a.max_bytes, "largest message (bytes); sizes double");
   app.add_option("--iters", a.iters, "timed iterations per size")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", a.warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", a.warmup, "untimed iterations per size")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--dtype", a.dtype, "fp32 | fp64 | fp16 | bf16 | int64 | int32");
   app.add_option("--redop", a.redop, "sum | avg | max");
   app.add_option("--timeout-s", a.timeout_s, "per-collective timeout in seconds");

@@ -51,7 +51,7 @@ inline uint16_t float_to_fp16(float f) {
   if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));
   int e = static_cast<int>(exp) - 127 + 15;
   if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to infinity
-  if (e <= 0) {                                                // subnormal or zero
+  if (e <= 0) {                                               // subnormal or zero
     if (e < -10) return static_cast<uint16_t>(sign);
     mant |= 0x800000u;
     int shift = 14 - e;

@@ -39,7 +39,8 @@ int main(int argc, char** argv) {
       const char* env = std::getenv("DNALLM_JOB_TOKEN");
       if (env != nullptr) token = env;
     }
-    if (token.empty()) spdlog::warn("no job token set (--token or DNALLM_JOB_TOKEN): any client is accepted");
+    if (token.empty())
+      spdlog::warn("no job token set (--token or DNALLM_JOB_TOKEN): any client is accepted");
     options.token = token;
     options.port = static_cast<uint16_t>(port);
     coordinator::StoreServer server(options);

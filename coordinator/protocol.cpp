@@ -6,17 +6,28 @@ namespace dnallm::coordinator {
 
 const char* op_name(uint8_t op) {
   switch (static_cast<Op>(op)) {
-    case Op::kHello: return "hello";
-    case Op::kSet: return "set";
-    case Op::kGet: return "get";
-    case Op::kWait: return "wait";
-    case Op::kAdd: return "add";
-    case Op::kCompareSet: return "compare_set";
-    case Op::kDelete: return "delete";
-    case Op::kCheck: return "check";
-    case Op::kNumKeys: return "num_keys";
-    case Op::kSetOwned: return "set_owned";
-    case Op::kPing: return "ping";
+    case Op::kHello:
+      return "hello";
+    case Op::kSet:
+      return "set";
+    case Op::kGet:
+      return "get";
+    case Op::kWait:
+      return "wait";
+    case Op::kAdd:
+      return "add";
+    case Op::kCompareSet:
+      return "compare_set";
+    case Op::kDelete:
+      return "delete";
+    case Op::kCheck:
+      return "check";
+    case Op::kNumKeys:
+      return "num_keys";
+    case Op::kSetOwned:
+      return "set_owned";
+    case Op::kPing:
+      return "ping";
   }
   return "unknown";
 }

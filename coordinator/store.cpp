@@ -15,8 +15,8 @@ int64_t parse_counter(const Bytes& value, const std::string& key) {
   errno = 0;
   long long v = std::strtoll(text.c_str(), &end, 10);
   DNALLM_CHECK(errno == 0 && end == text.c_str() + text.size(), ExitCode::kBadData,
-               "store key '{}' holds '{}', not an integer counter; use a fresh key for add()",
-               key, text);
+               "store key '{}' holds '{}', not an integer counter; use a fresh key for add()", key,
+               text);
   return v;
 }
 
@@ -54,8 +54,7 @@ std::optional<Bytes> InMemoryStore::try_get(const std::string& key) {
   return it->second;
 }
 
-void InMemoryStore::wait(const std::vector<std::string>& keys,
-                         std::chrono::milliseconds timeout) {
+void InMemoryStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto all_present = [&] {
     for (const auto& k : keys)
@@ -66,8 +65,8 @@ void InMemoryStore::wait(const std::vector<std::string>& keys,
   std::vector<std::string> missing;
   for (const auto& k : keys)
     if (data_.count(k) == 0) missing.push_back(k);
-  fail(ExitCode::kPeerFailed, "timed out after {} ms waiting for store keys: {}",
-       timeout.count(), detail::join_keys(missing));
+  fail(ExitCode::kPeerFailed, "timed out after {} ms waiting for store keys: {}", timeout.count(),
+       detail::join_keys(missing));
 }
 
 int64_t InMemoryStore::add(const std::string& key, int64_t delta) {

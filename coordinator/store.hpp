@@ -87,7 +87,7 @@ class InMemoryStore final : public Store {
 
  private:
   std::mutex mutex_;
-  std::condition_variable changed_;  // notified on every write
+  std::condition_variable changed_;    // notified on every write
   std::map<std::string, Bytes> data_;  // guarded by mutex_
 };
 

@@ -7,8 +7,8 @@
 #include <thread>
 #include <unordered_map>
 
-#include <boost/asio.hpp>
 #include <spdlog/spdlog.h>
+#include <boost/asio.hpp>
 
 #include "coordinator/store.hpp"
 #include "core/error.hpp"
@@ -105,32 +105,34 @@ Responder::Target::Target(StoreServer::Impl& server, tcp::socket socket, uint64_
 
 void Responder::Target::read_header() {
   auto self = shared_from_this();
-  asio::async_read(socket_, asio::buffer(header_), [this, self](boost::system::error_code ec, size_t) {
-    if (ec) {
-      close(ec == asio::error::eof ? "closed by peer" : ec.message(), false);
-      return;
-    }
-    uint32_t n = decode_u32_le(header_);
-    if (n == 0 || n > server_.options.max_frame_bytes) {
-      close(fmt::format("frame of {} bytes rejected (limit {} bytes)", n,
-                        server_.options.max_frame_bytes),
-            true);
-      return;
-    }
-    read_body(n);
-  });
+  asio::async_read(socket_, asio::buffer(header_),
+                   [this, self](boost::system::error_code ec, size_t) {
+                     if (ec) {
+                       close(ec == asio::error::eof ? "closed by peer" : ec.message(), false);
+                       return;
+                     }
+                     uint32_t n = decode_u32_le(header_);
+                     if (n == 0 || n > server_.options.max_frame_bytes) {
+                       close(fmt::format("frame of {} bytes rejected (limit {} bytes)", n,
+                                         server_.options.max_frame_bytes),
+                             true);
+                       return;
+                     }
+                     read_body(n);
+                   });
 }
 
 void Responder::Target::read_body(uint32_t n) {
   body_.resize(n);
   auto self = shared_from_this();
-  asio::async_read(socket_, asio::buffer(body_), [this, self](boost::system::error_code ec, size_t) {
-    if (ec) {
-      close("connection lost mid-frame: " + ec.message(), true);
-      return;
-    }
-    dispatch();
-  });
+  asio::async_read(socket_, asio::buffer(body_),
+                   [this, self](boost::system::error_code ec, size_t) {
+                     if (ec) {
+                       close("connection lost mid-frame: " + ec.message(), true);
+                       return;
+                     }
+                     dispatch();
+                   });
 }
 
 void Responder::Target::dispatch() {
@@ -174,7 +176,8 @@ void Responder::Target::dispatch() {
   } catch (const std::exception& e) {
     // A handler's own failure (e.g. add() on a non-integer value): report, keep the session.
     spdlog::warn("coordinator: request '{}' from {} failed: {}", op_name(op), peer_, e.what());
-    if (awaiting_reply_) Responder(shared_from_this()).send(Status::kBadRequest, FrameWriter().str(e.what()));
+    if (awaiting_reply_)
+      Responder(shared_from_this()).send(Status::kBadRequest, FrameWriter().str(e.what()));
   }
 }
 
@@ -389,7 +392,8 @@ void StoreServer::start() {
   if (!ec) acc.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) acc.bind(ep, ec);
   if (!ec) acc.listen(asio::socket_base::max_listen_connections, ec);
-  DNALLM_CHECK(!ec, ExitCode::kUsage, "coordinator: cannot listen on {}:{}: {}; choose another --port",
+  DNALLM_CHECK(!ec, ExitCode::kUsage,
+               "coordinator: cannot listen on {}:{}: {}; choose another --port",
                impl_->options.host, impl_->options.port, ec.message());
   impl_->port = acc.local_endpoint().port();
   impl_->accept();

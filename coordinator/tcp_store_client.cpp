@@ -2,8 +2,8 @@
 
 #include <thread>
 
-#include <boost/asio.hpp>
 #include <spdlog/spdlog.h>
+#include <boost/asio.hpp>
 
 #include "core/error.hpp"
 
@@ -79,8 +79,11 @@ void TcpStoreClient::connect_locked(Clock::time_point deadline) {
       conn->run([&](auto handler) { asio::async_connect(conn->socket, endpoints, handler); },
                 deadline, "connect");
       conn->socket.set_option(tcp::no_delay(true), ec);
-      auto hello = FrameWriter().u8(static_cast<uint8_t>(Op::kHello)).u32(kProtocolVersion)
-                       .str(options_.token).frame();
+      auto hello = FrameWriter()
+                       .u8(static_cast<uint8_t>(Op::kHello))
+                       .u32(kProtocolVersion)
+                       .str(options_.token)
+                       .frame();
       conn->run([&](auto h) { asio::async_write(conn->socket, asio::buffer(hello), h); }, deadline,
                 "hello");
       uint8_t header[4];
@@ -100,7 +103,8 @@ void TcpStoreClient::connect_locked(Clock::time_point deadline) {
       conn_ = std::move(conn);
       // Owned keys died with the previous session: put them back.
       for (const auto& [key, value] : owned_) {
-        auto frame = FrameWriter().u8(static_cast<uint8_t>(Op::kSetOwned)).str(key).blob(value).frame();
+        auto frame =
+            FrameWriter().u8(static_cast<uint8_t>(Op::kSetOwned)).str(key).blob(value).frame();
         conn_->run([&](auto h) { asio::async_write(conn_->socket, asio::buffer(frame), h); },
                    deadline, "set_owned");
         conn_->run([&](auto h) { asio::async_read(conn_->socket, asio::buffer(header), h); },
@@ -136,8 +140,7 @@ TcpStoreClient::Response TcpStoreClient::request(const FrameWriter& req,
     try {
       if (!conn_) connect_locked(std::min(deadline, Clock::now() + options_.connect_timeout));
       auto& c = *conn_;
-      c.run([&](auto h) { asio::async_write(c.socket, asio::buffer(frame), h); }, deadline,
-            "send");
+      c.run([&](auto h) { asio::async_write(c.socket, asio::buffer(frame), h); }, deadline, "send");
       sent = true;
       uint8_t header[4];
       c.run([&](auto h) { asio::async_read(c.socket, asio::buffer(header), h); }, deadline,
@@ -146,8 +149,7 @@ TcpStoreClient::Response TcpStoreClient::request(const FrameWriter& req,
       if (n == 0 || n > options_.max_frame_bytes)
         throw IoFailure{"reply frame of " + std::to_string(n) + " bytes"};
       std::vector<uint8_t> body(n);
-      c.run([&](auto h) { asio::async_read(c.socket, asio::buffer(body), h); }, deadline,
-            "reply");
+      c.run([&](auto h) { asio::async_read(c.socket, asio::buffer(body), h); }, deadline, "reply");
       auto status = static_cast<Status>(body[0]);
       body.erase(body.begin());
       if (status == Status::kBadRequest) {
@@ -160,9 +162,10 @@ TcpStoreClient::Response TcpStoreClient::request(const FrameWriter& req,
       conn_.reset();
       bool retry = (idempotent || !sent) && attempt == 0 && Clock::now() < deadline;
       if (!retry)
-        fail(ExitCode::kPeerFailed, "coordinator {} failed during '{}': {}", address(),
-             op_name(op), e.what);
-      spdlog::warn("coordinator {}: '{}' failed ({}), reconnecting", address(), op_name(op), e.what);
+        fail(ExitCode::kPeerFailed, "coordinator {} failed during '{}': {}", address(), op_name(op),
+             e.what);
+      spdlog::warn("coordinator {}: '{}' failed ({}), reconnecting", address(), op_name(op),
+                   e.what);
     }
   }
 }
@@ -180,8 +183,8 @@ void TcpStoreClient::set_owned(const std::string& key, const Bytes& value) {
 }
 
 std::optional<Bytes> TcpStoreClient::try_get(const std::string& key) {
-  auto r = request(FrameWriter().u8(static_cast<uint8_t>(Op::kGet)).str(key), options_.op_timeout,
-                   true);
+  auto r =
+      request(FrameWriter().u8(static_cast<uint8_t>(Op::kGet)).str(key), options_.op_timeout, true);
   if (r.status == Status::kNotFound) return std::nullopt;
   FrameReader reader(r.body.data(), r.body.size());
   return reader.blob();
@@ -194,11 +197,10 @@ Bytes TcpStoreClient::get(const std::string& key, std::chrono::milliseconds time
   return *v;
 }
 
-void TcpStoreClient::wait(const std::vector<std::string>& keys,
-                          std::chrono::milliseconds timeout) {
-  auto r = request(
-      FrameWriter().u8(static_cast<uint8_t>(Op::kWait)).keys(keys).i64(timeout.count()),
-      timeout + kReplySlack, true);
+void TcpStoreClient::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  auto r =
+      request(FrameWriter().u8(static_cast<uint8_t>(Op::kWait)).keys(keys).i64(timeout.count()),
+              timeout + kReplySlack, true);
   if (r.status == Status::kTimeout) {
     std::vector<std::string> missing;
     for (const auto& k : keys)
@@ -217,9 +219,9 @@ int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
 
 Bytes TcpStoreClient::compare_and_set(const std::string& key, const Bytes& expected,
                                       const Bytes& desired) {
-  auto r = request(FrameWriter().u8(static_cast<uint8_t>(Op::kCompareSet)).str(key).blob(expected)
-                       .blob(desired),
-                   options_.op_timeout, false);
+  auto r = request(
+      FrameWriter().u8(static_cast<uint8_t>(Op::kCompareSet)).str(key).blob(expected).blob(desired),
+      options_.op_timeout, false);
   FrameReader reader(r.body.data(), r.body.size());
   return reader.blob();
 }

@@ -67,9 +67,9 @@ class TcpStoreClient final : public Store {
   void connect_locked(std::chrono::steady_clock::time_point deadline);
 
   TcpStoreClientOptions options_;
-  std::mutex mutex_;                        // serialises requests
-  std::unique_ptr<Connection> conn_;        // guarded by mutex_
-  std::map<std::string, Bytes> owned_;      // guarded by mutex_; re-set on reconnect
+  std::mutex mutex_;                    // serialises requests
+  std::unique_ptr<Connection> conn_;    // guarded by mutex_
+  std::map<std::string, Bytes> owned_;  // guarded by mutex_; re-set on reconnect
 };
 
 }  // namespace dnallm::coordinator

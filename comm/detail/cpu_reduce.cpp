@@ -50,28 +50,44 @@ void divide_half(void* buf, size_t n, int d) {
 
 void reduce_elements(DType dtype, ReduceOp op, void* out, const void* a, const void* b, size_t n) {
   switch (dtype) {
-    case DType::kFloat32: return reduce_typed<float>(op, out, a, b, n);
-    case DType::kFloat64: return reduce_typed<double>(op, out, a, b, n);
-    case DType::kInt64: return reduce_typed<int64_t>(op, out, a, b, n);
-    case DType::kInt32: return reduce_typed<int32_t>(op, out, a, b, n);
-    case DType::kUInt8: return reduce_typed<uint8_t>(op, out, a, b, n);
-    case DType::kInt8: return reduce_typed<int8_t>(op, out, a, b, n);
-    case DType::kFloat16: return reduce_half<fp16_to_float, float_to_fp16>(op, out, a, b, n);
-    case DType::kBFloat16: return reduce_half<bf16_to_float, float_to_bf16>(op, out, a, b, n);
+    case DType::kFloat32:
+      return reduce_typed<float>(op, out, a, b, n);
+    case DType::kFloat64:
+      return reduce_typed<double>(op, out, a, b, n);
+    case DType::kInt64:
+      return reduce_typed<int64_t>(op, out, a, b, n);
+    case DType::kInt32:
+      return reduce_typed<int32_t>(op, out, a, b, n);
+    case DType::kUInt8:
+      return reduce_typed<uint8_t>(op, out, a, b, n);
+    case DType::kInt8:
+      return reduce_typed<int8_t>(op, out, a, b, n);
+    case DType::kFloat16:
+      return reduce_half<fp16_to_float, float_to_fp16>(op, out, a, b, n);
+    case DType::kBFloat16:
+      return reduce_half<bf16_to_float, float_to_bf16>(op, out, a, b, n);
   }
   fail(ExitCode::kFailure, "reduce_elements: unknown dtype {}", static_cast<int>(dtype));
 }
 
 void divide_elements(DType dtype, void* buf, size_t n, int d) {
   switch (dtype) {
-    case DType::kFloat32: return divide_typed<float>(buf, n, d);
-    case DType::kFloat64: return divide_typed<double>(buf, n, d);
-    case DType::kInt64: return divide_typed<int64_t>(buf, n, d);
-    case DType::kInt32: return divide_typed<int32_t>(buf, n, d);
-    case DType::kUInt8: return divide_typed<uint8_t>(buf, n, d);
-    case DType::kInt8: return divide_typed<int8_t>(buf, n, d);
-    case DType::kFloat16: return divide_half<fp16_to_float, float_to_fp16>(buf, n, d);
-    case DType::kBFloat16: return divide_half<bf16_to_float, float_to_bf16>(buf, n, d);
+    case DType::kFloat32:
+      return divide_typed<float>(buf, n, d);
+    case DType::kFloat64:
+      return divide_typed<double>(buf, n, d);
+    case DType::kInt64:
+      return divide_typed<int64_t>(buf, n, d);
+    case DType::kInt32:
+      return divide_typed<int32_t>(buf, n, d);
+    case DType::kUInt8:
+      return divide_typed<uint8_t>(buf, n, d);
+    case DType::kInt8:
+      return divide_typed<int8_t>(buf, n, d);
+    case DType::kFloat16:
+      return divide_half<fp16_to_float, float_to_fp16>(buf, n, d);
+    case DType::kBFloat16:
+      return divide_half<bf16_to_float, float_to_bf16>(buf, n, d);
   }
   fail(ExitCode::kFailure, "divide_elements: unknown dtype {}", static_cast<int>(dtype));
 }

@@ -19,8 +19,9 @@ using Clock = std::chrono::steady_clock;
 // variable. On virtual machines an idle vCPU halts and is woken late (we measured gloo
 // allreduce at a 4 ms floor, one scheduler tick, with blocking waits, and ~0.2 ms with a
 // busy vCPU), so a waiter that keeps its CPU busy during a collective makes it several
-// times faster; MPI polls for the same reason. Past kSpinWait the waiter sleeps, so long
-// waits cost no CPU.
+// times faster. Past kSpinWait the waiter sleeps, so long waits cost no CPU. Backends whose
+// library already busy-polls (MPI) turn it off: a second spinning thread per rank only
+// steals the CPU from the one making progress when ranks share cores.
 constexpr std::chrono::milliseconds kSpinWait{200};
 
 namespace {
@@ -81,13 +82,14 @@ std::string PeerMonitor::diagnose(uint64_t seq) const {
 struct WorkState {
   std::mutex mutex;
   std::condition_variable done_cv;
-  bool done = false;                // guarded by mutex
+  bool done = false;                   // guarded by mutex
   std::atomic<bool> done_flag{false};  // mirrors `done` for lock-free spinning
-  std::exception_ptr error;         // guarded by mutex
+  std::exception_ptr error;            // guarded by mutex
   uint64_t seq = 0;
-  std::string what;                 // "gloo allreduce"
+  std::string what;  // "gloo allreduce"
   int rank = 0;
   std::chrono::milliseconds timeout{0};
+  std::chrono::milliseconds spin{0};  // Note [Spin wait]
   std::shared_ptr<PeerMonitor> monitor;
 };
 
@@ -103,7 +105,7 @@ class QueuedWork final : public Work {
   void wait() override { wait(state_->timeout + kDiagnosisGrace); }
   void wait(std::chrono::milliseconds timeout) override {
     // See Note [Spin wait].
-    const auto spin_until = Clock::now() + std::min(timeout, kSpinWait);
+    const auto spin_until = Clock::now() + std::min(timeout, state_->spin);
     while (!state_->done_flag.load(std::memory_order_acquire) && Clock::now() < spin_until)
       std::this_thread::yield();
     std::unique_lock<std::mutex> lock(state_->mutex);
@@ -125,11 +127,12 @@ class QueuedWork final : public Work {
 // ---------------------------------------------------------------- QueuedCommunicator
 
 QueuedCommunicator::QueuedCommunicator(const CommOptions& options, int rank, int world_size,
-                                       const char* backend)
+                                       const char* backend, bool spin_wait)
     : rank_(rank),
       world_(world_size),
       backend_(backend),
       timeout_(options.timeout),
+      spin_wait_(spin_wait),
       monitor_(std::make_shared<PeerMonitor>(options.store, options.name, rank, world_size)) {}
 
 QueuedCommunicator::~QueuedCommunicator() { stop_worker(); }
@@ -163,10 +166,10 @@ void QueuedCommunicator::worker_loop() {
         task.fn();
       } catch (const std::exception& e) {
         std::string diagnosis = monitor_->diagnose(task.state->seq);
-        auto first = Error(ExitCode::kPeerFailed,
-                           fmt::format("{} #{} failed on rank {}@{}: {}; cause: {}",
-                                       task.state->what, task.state->seq, rank_, host_name(),
-                                       diagnosis, e.what()));
+        auto first =
+            Error(ExitCode::kPeerFailed,
+                  fmt::format("{} #{} failed on rank {}@{}: {}; cause: {}", task.state->what,
+                              task.state->seq, rank_, host_name(), diagnosis, e.what()));
         spdlog::error("{}", first.what());
         broken_ = std::make_exception_ptr(first);
         error = broken_;
@@ -192,6 +195,7 @@ WorkPtr QueuedCommunicator::submit(const char* what, std::function<void()> fn) {
   state->what = fmt::format("{} {}", backend_, what);
   state->rank = rank_;
   state->timeout = timeout_;
+  state->spin = spin_wait_ ? kSpinWait : std::chrono::milliseconds(0);
   state->monitor = monitor_;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -208,8 +212,8 @@ void QueuedCommunicator::check_cpu(const BufferView& b, const char* what, const 
   DNALLM_CHECK(!b.device.is_cuda(), ExitCode::kUsage,
                "{} {}: {} is a CUDA buffer; use the nccl backend for GPU tensors", backend_, what,
                arg);
-  DNALLM_CHECK(b.data != nullptr || b.count == 0, ExitCode::kFailure, "{} {}: {} is null",
-               backend_, what, arg);
+  DNALLM_CHECK(b.data != nullptr || b.count == 0, ExitCode::kFailure, "{} {}: {} is null", backend_,
+               what, arg);
 }
 
 WorkPtr QueuedCommunicator::allreduce(BufferView in, BufferView out, ReduceOp op) {
@@ -235,7 +239,8 @@ WorkPtr QueuedCommunicator::reduce_scatter(BufferView in, BufferView out, Reduce
   DNALLM_CHECK(out.count == shard.count && in.dtype == out.dtype, ExitCode::kFailure,
                "reduce_scatter on rank {}: output holds {} x {}, expected this rank's shard of "
                "{} x {} ({} elements)",
-               rank_, out.count, dtype_name(out.dtype), in.count, dtype_name(in.dtype), shard.count);
+               rank_, out.count, dtype_name(out.dtype), in.count, dtype_name(in.dtype),
+               shard.count);
   return submit("reduce_scatter", [this, in, out, op, shard] {
     if (world_ == 1) {
       if (in.data != out.data) std::memmove(out.data, in.data, in.bytes());
@@ -253,7 +258,8 @@ WorkPtr QueuedCommunicator::allgather(BufferView in, BufferView out) {
   DNALLM_CHECK(in.count == shard.count && in.dtype == out.dtype, ExitCode::kFailure,
                "allgather on rank {}: input holds {} x {}, expected this rank's shard of {} x {} "
                "({} elements)",
-               rank_, in.count, dtype_name(in.dtype), out.count, dtype_name(out.dtype), shard.count);
+               rank_, in.count, dtype_name(in.dtype), out.count, dtype_name(out.dtype),
+               shard.count);
   return submit("allgather", [this, in, out] {
     if (world_ == 1) {
       if (in.data != out.data) std::memmove(out.data, in.data, in.bytes());

@@ -38,7 +38,9 @@ struct WorkState;
 
 class QueuedCommunicator : public Communicator {
  public:
-  QueuedCommunicator(const CommOptions& options, int rank, int world_size, const char* backend);
+  // `spin_wait`: Work::wait polls before sleeping (Note [Spin wait] in the .cpp).
+  QueuedCommunicator(const CommOptions& options, int rank, int world_size, const char* backend,
+                     bool spin_wait);
   // Derived destructors must call stop_worker() first (the worker calls their run_*).
   ~QueuedCommunicator() override;
 
@@ -87,14 +89,15 @@ class QueuedCommunicator : public Communicator {
   const int world_;
   const char* backend_;
   const std::chrono::milliseconds timeout_;
+  const bool spin_wait_;
   std::shared_ptr<PeerMonitor> monitor_;
 
   std::mutex mutex_;
   std::condition_variable queue_changed_;
-  std::deque<Task> queue_;            // guarded by mutex_
-  bool stopping_ = false;             // guarded by mutex_
-  uint64_t next_seq_ = 1;             // guarded by mutex_
-  std::exception_ptr broken_;         // worker thread only: the first failure
+  std::deque<Task> queue_;     // guarded by mutex_
+  bool stopping_ = false;      // guarded by mutex_
+  uint64_t next_seq_ = 1;      // guarded by mutex_
+  std::exception_ptr broken_;  // worker thread only: the first failure
   std::thread worker_;
 };
 

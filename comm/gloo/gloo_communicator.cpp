@@ -12,6 +12,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 #include <spdlog/spdlog.h>
 
 #include "comm/detail/cpu_reduce.hpp"
@@ -23,6 +25,9 @@
 namespace dnallm::comm {
 
 namespace {
+
+// gloo slot prefix for our own ring reduce-scatter (gloo's use 0x01..0x08).
+constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 
 // Our Store seen as gloo's rendezvous store, under a key prefix, with our timeout.
 class GlooStoreAdapter final : public gloo::rendezvous::Store {
@@ -55,7 +60,7 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
 class GlooCommunicator final : public detail::QueuedCommunicator {
  public:
   explicit GlooCommunicator(const CommOptions& o)
-      : QueuedCommunicator(o, o.rank, o.world_size, "gloo") {
+      : QueuedCommunicator(o, o.rank, o.world_size, "gloo", /*spin_wait=*/true) {
     DNALLM_CHECK(o.store != nullptr, ExitCode::kUsage,
                  "the gloo backend needs a coordinator store (MASTER_ADDR/MASTER_PORT)");
     DNALLM_CHECK(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, ExitCode::kUsage,
@@ -75,8 +80,8 @@ class GlooCommunicator final : public detail::QueuedCommunicator {
       context->connectFullMesh(adapter, device_);
       context_ = context;
     } catch (const gloo::Exception& e) {
-      fail(ExitCode::kPeerFailed, "gloo: rank {} could not connect to its peers via {}: {}",
-           o.rank, attr.hostname, e.what());
+      fail(ExitCode::kPeerFailed, "gloo: rank {} could not connect to its peers via {}: {}", o.rank,
+           attr.hostname, e.what());
     }
     start_worker();
   }
@@ -84,28 +89,58 @@ class GlooCommunicator final : public detail::QueuedCommunicator {
   ~GlooCommunicator() override { stop_worker(); }
 
  protected:
-  void run_allreduce(const BufferView& in, const BufferView& out, ReduceOp op,
-                     uint32_t) override {
+  void run_allreduce(const BufferView& in, const BufferView& out, ReduceOp op, uint32_t) override {
     allreduce_bytes(in.data, out.data, in.count, in.dtype, op);
     if (op == ReduceOp::kAvg) detail::divide_elements(out.dtype, out.data, out.count, world_size());
   }
 
+  // A ring reduce-scatter on gloo's point-to-point buffers: W-1 steps; in step s rank r
+  // sends its partial sum of shard (r-s-1) to rank r+1 and adds the partial sum of shard
+  // (r-s-2) received from rank r-1, so after the last step it holds shard r reduced over
+  // all ranks. Each rank moves (W-1)/W of the buffer, the optimum.
   void run_reduce_scatter(const BufferView& in, const BufferView& out, ReduceOp op,
                           uint32_t) override {
-    scratch_.resize(in.bytes());
-    std::memcpy(scratch_.data(), in.data, in.bytes());
-    allreduce_bytes(scratch_.data(), scratch_.data(), in.count, in.dtype, op);
-    auto shard = shard_range(in.count, world_size(), rank());
-    const size_t esize = dtype_size(in.dtype);
-    std::memcpy(out.data, scratch_.data() + shard.offset * esize, shard.count * esize);
-    if (op == ReduceOp::kAvg) detail::divide_elements(out.dtype, out.data, out.count, world_size());
+    const int world = world_size();
+    const int me = rank();
+    const size_t es = dtype_size(in.dtype);
+    const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, next_tag());
+    if (in.count == 0) return;
+    const auto* src = static_cast<const uint8_t*>(in.data);
+    scratch_.assign(src, src + in.bytes());
+    recv_scratch_.resize(shard_range(in.count, world, 0).count * es);  // shard 0 is largest
+    auto acc = context_->createUnboundBuffer(scratch_.data(), scratch_.size());
+    auto incoming = context_->createUnboundBuffer(recv_scratch_.data(), recv_scratch_.size());
+    const int right = (me + 1) % world;
+    const int left = (me + world - 1) % world;
+    const ReduceOp reduce = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
+    auto shard_of = [&](int s, int k) {
+      return shard_range(in.count, world, ((me - s - k) % world + world) % world);
+    };
+    for (int s = 0; s < world - 1; ++s) {
+      const auto send = shard_of(s, 1);
+      const auto recv = shard_of(s, 2);
+      if (send.count > 0) acc->send(right, slot, send.offset * es, send.count * es);
+      if (recv.count > 0) incoming->recv(left, slot, 0, recv.count * es);
+      if (recv.count > 0 && !incoming->waitRecv(timeout()))
+        throw std::runtime_error("reduce_scatter: timed out receiving from rank " +
+                                 std::to_string(left));
+      if (send.count > 0 && !acc->waitSend(timeout()))
+        throw std::runtime_error("reduce_scatter: timed out sending to rank " +
+                                 std::to_string(right));
+      uint8_t* partial = scratch_.data() + recv.offset * es;
+      detail::reduce_elements(in.dtype, reduce, partial, partial, recv_scratch_.data(), recv.count);
+    }
+    const auto mine = shard_range(in.count, world, me);
+    std::memmove(out.data, scratch_.data() + mine.offset * es, mine.count * es);
+    if (op == ReduceOp::kAvg) detail::divide_elements(out.dtype, out.data, out.count, world);
   }
 
   void run_allgather(const BufferView& in, const BufferView& out, uint32_t) override {
     const size_t esize = dtype_size(out.dtype);
     std::vector<size_t> bytes_per_rank(static_cast<size_t>(world_size()));
     for (int r = 0; r < world_size(); ++r)
-      bytes_per_rank[static_cast<size_t>(r)] = shard_range(out.count, world_size(), r).count * esize;
+      bytes_per_rank[static_cast<size_t>(r)] =
+          shard_range(out.count, world_size(), r).count * esize;
     // gloo copies the input into its slot itself; an input aliasing the output (in place)
     // is staged so that the copy never overlaps.
     const uint8_t* src = static_cast<const uint8_t*>(in.data);
@@ -157,11 +192,20 @@ class GlooCommunicator final : public detail::QueuedCommunicator {
       opts.setOutput<T>(static_cast<T*>(out), count);
     };
     switch (esize) {
-      case 1: set(uint8_t{}); break;
-      case 2: set(uint16_t{}); break;
-      case 4: set(uint32_t{}); break;
-      case 8: set(uint64_t{}); break;
-      default: fail(ExitCode::kFailure, "gloo: unsupported element size {}", esize);
+      case 1:
+        set(uint8_t{});
+        break;
+      case 2:
+        set(uint16_t{});
+        break;
+      case 4:
+        set(uint32_t{});
+        break;
+      case 8:
+        set(uint64_t{});
+        break;
+      default:
+        fail(ExitCode::kFailure, "gloo: unsupported element size {}", esize);
     }
     const ReduceOp reduce = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
     opts.setReduceFunction([dtype, reduce, esize](void* o, const void* a, const void* b, size_t n) {
@@ -176,8 +220,9 @@ class GlooCommunicator final : public detail::QueuedCommunicator {
 
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
-  uint32_t tag_ = 0;              // worker thread only
-  std::vector<uint8_t> scratch_;  // worker thread only
+  uint32_t tag_ = 0;                   // worker thread only
+  std::vector<uint8_t> scratch_;       // worker thread only
+  std::vector<uint8_t> recv_scratch_;  // worker thread only
 };
 
 }  // namespace

@@ -5,11 +5,11 @@
 // "comm/<name>/gloo/". Collectives run on the QueuedCommunicator worker thread, one at a
 // time, each with gloo's own end-to-end timeout = CommOptions::timeout.
 //
-// Algorithms: allreduce = gloo::allreduce (ring / bcube); reduce_scatter = gloo::allreduce
-// into a scratch copy, then this rank's shard is copied out (gloo's reduce-scatter lacks
-// timeouts and bf16: this costs 2x the optimal traffic, see the bench); allgather =
-// gloo::allgatherv (shards may differ by one element); broadcast = gloo::broadcast;
-// barrier = gloo::barrier. Reductions use comm/detail/cpu_reduce.hpp (bf16/fp16: see
+// Algorithms: allreduce = gloo::allreduce (ring / bcube); reduce_scatter = our ring on
+// gloo's point-to-point unbound buffers (gloo's own reduce-scatter has no timeout and no
+// bf16), moving the optimal (W-1)/W of the buffer; allgather = gloo::allgatherv (shards
+// may differ by one element); broadcast = gloo::broadcast; barrier = gloo::barrier.
+// Reductions use comm/detail/cpu_reduce.hpp (bf16/fp16: see
 // Note [Half-precision reduction]).
 //
 // Side effect: constructing one sets SIGPIPE to SIG_IGN if it was SIG_DFL (gloo writes to

@@ -14,18 +14,18 @@
 #include "core/error.hpp"
 
 // DNALLM_MPI_CHECK(call): throws Error(kPeerFailed) with the call, file:line and MPI's text.
-#define DNALLM_MPI_CHECK(call)                                                                \
-  do {                                                                                        \
-    int dnallm_mpi_rc_ = (call);                                                              \
-    if (dnallm_mpi_rc_ != MPI_SUCCESS) {                                                      \
-      char dnallm_mpi_msg_[MPI_MAX_ERROR_STRING];                                             \
-      int dnallm_mpi_len_ = 0;                                                                \
-      MPI_Error_string(dnallm_mpi_rc_, dnallm_mpi_msg_, &dnallm_mpi_len_);                    \
-      throw ::dnallm::Error(::dnallm::ExitCode::kPeerFailed,                                  \
-                            ::fmt::format("{} failed: {} [{}:{}]", #call,                     \
-                                          std::string(dnallm_mpi_msg_, dnallm_mpi_len_),      \
-                                          __FILE__, __LINE__));                               \
-    }                                                                                         \
+#define DNALLM_MPI_CHECK(call)                                                               \
+  do {                                                                                       \
+    int dnallm_mpi_rc_ = (call);                                                             \
+    if (dnallm_mpi_rc_ != MPI_SUCCESS) {                                                     \
+      char dnallm_mpi_msg_[MPI_MAX_ERROR_STRING];                                            \
+      int dnallm_mpi_len_ = 0;                                                               \
+      MPI_Error_string(dnallm_mpi_rc_, dnallm_mpi_msg_, &dnallm_mpi_len_);                   \
+      throw ::dnallm::Error(                                                                 \
+          ::dnallm::ExitCode::kPeerFailed,                                                   \
+          ::fmt::format("{} failed: {} [{}:{}]", #call,                                      \
+                        std::string(dnallm_mpi_msg_, dnallm_mpi_len_), __FILE__, __LINE__)); \
+    }                                                                                        \
   } while (0)
 
 namespace dnallm::comm {
@@ -62,7 +62,8 @@ class MpiCommunicator final : public detail::QueuedCommunicator {
   }
 
   MpiCommunicator(const CommOptions& o, bool initialised_here, int rank, int size)
-      : QueuedCommunicator(o, rank, size, "mpi"), initialised_here_(initialised_here) {
+      : QueuedCommunicator(o, rank, size, "mpi", /*spin_wait=*/false),
+        initialised_here_(initialised_here) {
     DNALLM_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
     DNALLM_MPI_CHECK(MPI_Op_create(&half_reduce<DType::kFloat16, ReduceOp::kSum>, 1, &fp16_sum_));
     DNALLM_MPI_CHECK(MPI_Op_create(&half_reduce<DType::kFloat16, ReduceOp::kMax>, 1, &fp16_max_));
@@ -108,8 +109,8 @@ class MpiCommunicator final : public detail::QueuedCommunicator {
       counts[static_cast<size_t>(r)] = to_int(shard_range(in.count, world_size(), r).count);
     // MPI_IN_PLACE for reduce_scatter means "the input is in the receive buffer", which is
     // not our in-place layout (the output is a slice of the input): use a scratch output.
-    const bool aliased = out.data >= in.data &&
-                         static_cast<uint8_t*>(out.data) < static_cast<uint8_t*>(in.data) + in.bytes();
+    const bool aliased = out.data >= in.data && static_cast<uint8_t*>(out.data) <
+                                                    static_cast<uint8_t*>(in.data) + in.bytes();
     void* recv = out.data;
     if (aliased) {
       scratch_.resize(out.bytes());
@@ -163,14 +164,21 @@ class MpiCommunicator final : public detail::QueuedCommunicator {
 
   static MPI_Datatype mpi_type(DType t) {
     switch (t) {
-      case DType::kFloat32: return MPI_FLOAT;
-      case DType::kFloat64: return MPI_DOUBLE;
-      case DType::kInt64: return MPI_INT64_T;
-      case DType::kInt32: return MPI_INT32_T;
-      case DType::kUInt8: return MPI_UINT8_T;
-      case DType::kInt8: return MPI_INT8_T;
+      case DType::kFloat32:
+        return MPI_FLOAT;
+      case DType::kFloat64:
+        return MPI_DOUBLE;
+      case DType::kInt64:
+        return MPI_INT64_T;
+      case DType::kInt32:
+        return MPI_INT32_T;
+      case DType::kUInt8:
+        return MPI_UINT8_T;
+      case DType::kInt8:
+        return MPI_INT8_T;
       case DType::kFloat16:
-      case DType::kBFloat16: return MPI_UINT16_T;  // reduced by our own ops
+      case DType::kBFloat16:
+        return MPI_UINT16_T;  // reduced by our own ops
     }
     return MPI_BYTE;
   }

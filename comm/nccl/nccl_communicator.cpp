@@ -17,24 +17,24 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 
-#define DNALLM_CUDA_CHECK(call)                                                                  \
-  do {                                                                                           \
-    cudaError_t dnallm_cuda_rc_ = (call);                                                        \
-    if (dnallm_cuda_rc_ != cudaSuccess)                                                          \
-      throw ::dnallm::Error(::dnallm::ExitCode::kFailure,                                        \
-                            ::fmt::format("{} failed: {} [{}:{}]", #call,                        \
-                                          cudaGetErrorString(dnallm_cuda_rc_), __FILE__,         \
-                                          __LINE__));                                            \
+#define DNALLM_CUDA_CHECK(call)                                                              \
+  do {                                                                                       \
+    cudaError_t dnallm_cuda_rc_ = (call);                                                    \
+    if (dnallm_cuda_rc_ != cudaSuccess)                                                      \
+      throw ::dnallm::Error(                                                                 \
+          ::dnallm::ExitCode::kFailure,                                                      \
+          ::fmt::format("{} failed: {} [{}:{}]", #call, cudaGetErrorString(dnallm_cuda_rc_), \
+                        __FILE__, __LINE__));                                                \
   } while (0)
 
-#define DNALLM_NCCL_CHECK(call)                                                                  \
-  do {                                                                                           \
-    ncclResult_t dnallm_nccl_rc_ = (call);                                                       \
-    if (dnallm_nccl_rc_ != ncclSuccess)                                                          \
-      throw ::dnallm::Error(::dnallm::ExitCode::kPeerFailed,                                     \
-                            ::fmt::format("{} failed: {} [{}:{}]", #call,                        \
-                                          ncclGetErrorString(dnallm_nccl_rc_), __FILE__,         \
-                                          __LINE__));                                            \
+#define DNALLM_NCCL_CHECK(call)                                                              \
+  do {                                                                                       \
+    ncclResult_t dnallm_nccl_rc_ = (call);                                                   \
+    if (dnallm_nccl_rc_ != ncclSuccess)                                                      \
+      throw ::dnallm::Error(                                                                 \
+          ::dnallm::ExitCode::kPeerFailed,                                                   \
+          ::fmt::format("{} failed: {} [{}:{}]", #call, ncclGetErrorString(dnallm_nccl_rc_), \
+                        __FILE__, __LINE__));                                                \
   } while (0)
 
 namespace dnallm::comm {
@@ -45,23 +45,34 @@ using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kFloat16: return ncclFloat16;
-    case DType::kBFloat16: return ncclBfloat16;
-    case DType::kInt64: return ncclInt64;
-    case DType::kInt32: return ncclInt32;
-    case DType::kUInt8: return ncclUint8;
-    case DType::kInt8: return ncclInt8;
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kInt64:
+      return ncclInt64;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kUInt8:
+      return ncclUint8;
+    case DType::kInt8:
+      return ncclInt8;
   }
   return ncclFloat32;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
   }
   return ncclSum;
 }
@@ -110,7 +121,8 @@ class NcclWork final : public Work {
       cudaError_t rc = cudaEventQuery(op_->event);
       if (rc == cudaSuccess) return;
       if (rc != cudaErrorNotReady)
-        fail(ExitCode::kFailure, "{} #{}: CUDA error {}", op_->what, op_->seq, cudaGetErrorString(rc));
+        fail(ExitCode::kFailure, "{} #{}: CUDA error {}", op_->what, op_->seq,
+             cudaGetErrorString(rc));
       if (Clock::now() >= deadline)
         fail(ExitCode::kPeerFailed, "{} #{} did not complete within {} ms on rank {}@{}: {}",
              op_->what, op_->seq, timeout.count(), shared_->rank, host_name(),
@@ -127,7 +139,8 @@ class NcclWork final : public Work {
 class NcclCommunicator final : public Communicator {
  public:
   explicit NcclCommunicator(const CommOptions& o) : rank_(o.rank), world_(o.world_size) {
-    DNALLM_CHECK(o.store != nullptr, ExitCode::kUsage, "the nccl backend needs a coordinator store");
+    DNALLM_CHECK(o.store != nullptr, ExitCode::kUsage,
+                 "the nccl backend needs a coordinator store");
     DNALLM_CHECK(o.device.is_cuda(), ExitCode::kUsage, "the nccl backend needs a CUDA device");
     device_ = o.device.index;
     shared_ = std::make_shared<NcclShared>();
@@ -144,7 +157,8 @@ class NcclCommunicator final : public Communicator {
     } else {
       auto bytes = o.store->get(key, o.timeout);
       DNALLM_CHECK(bytes.size() == sizeof(id), ExitCode::kPeerFailed,
-                   "nccl: unique id at '{}' has {} bytes, expected {}", key, bytes.size(), sizeof(id));
+                   "nccl: unique id at '{}' has {} bytes, expected {}", key, bytes.size(),
+                   sizeof(id));
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
     DNALLM_NCCL_CHECK(ncclCommInitRank(&comm_, world_, id, rank_));
@@ -154,23 +168,28 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
+    // Let what was issued finish; the watchdog still aborts anything past its timeout.
+    const auto deadline = Clock::now() + shared_->timeout + kDiagnosisGrace;
+    while (!shared_->aborted && stream_ && cudaStreamQuery(stream_) == cudaErrorNotReady &&
+           Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     {
       std::lock_guard<std::mutex> lock(watch_mutex_);
       stopping_ = true;
     }
     watch_cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
-    // Never throw from here: keep going on errors.
-    if (!shared_->aborted) cudaStreamSynchronize(stream_);
-    in_flight_.clear();
-    if (barrier_buf_) cudaFree(barrier_buf_);
-    if (stream_) cudaStreamDestroy(stream_);
-    if (comm_) {
-      if (shared_->aborted)
+    // Never throw from here. The watchdog already aborted (and freed) an aborted comm.
+    const bool stuck = stream_ && cudaStreamQuery(stream_) == cudaErrorNotReady;
+    if (comm_ && !shared_->aborted) {
+      if (stuck)
         ncclCommAbort(comm_);
       else
         ncclCommDestroy(comm_);
     }
+    in_flight_.clear();
+    if (barrier_buf_) cudaFree(barrier_buf_);
+    if (stream_) cudaStreamDestroy(stream_);
   }
 
   int rank() const override { return rank_; }
@@ -220,8 +239,8 @@ class NcclCommunicator final : public Communicator {
     return enqueue("allgather", [&] {
       const size_t esize = dtype_size(out.dtype);
       if (out.count % static_cast<size_t>(world_) == 0) {
-        DNALLM_NCCL_CHECK(ncclAllGather(in.data, out.data, in.count, nccl_type(in.dtype), comm_,
-                                        stream_));
+        DNALLM_NCCL_CHECK(
+            ncclAllGather(in.data, out.data, in.count, nccl_type(in.dtype), comm_, stream_));
         return;
       }
       DNALLM_NCCL_CHECK(ncclGroupStart());
@@ -238,15 +257,15 @@ class NcclCommunicator final : public Communicator {
   WorkPtr broadcast(BufferView buf, int root) override {
     check(buf, "broadcast");
     return enqueue("broadcast", [&] {
-      DNALLM_NCCL_CHECK(ncclBroadcast(buf.data, buf.data, buf.count, nccl_type(buf.dtype), root,
-                                      comm_, stream_));
+      DNALLM_NCCL_CHECK(
+          ncclBroadcast(buf.data, buf.data, buf.count, nccl_type(buf.dtype), root, comm_, stream_));
     });
   }
 
   WorkPtr barrier() override {
     return enqueue("barrier", [&] {
-      DNALLM_NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_,
-                                      stream_));
+      DNALLM_NCCL_CHECK(
+          ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
     });
   }
 
@@ -293,15 +312,14 @@ class NcclCommunicator final : public Communicator {
           std::string why = shared_->monitor->diagnose(op->seq);
           {
             std::lock_guard<std::mutex> l(shared_->mutex);
-            shared_->abort_error =
-                fmt::format("{} #{} timed out after {} ms on rank {}@{}: {}; NCCL communicator "
-                            "aborted",
-                            op->what, op->seq, shared_->timeout.count(), rank_, host_name(), why);
+            shared_->abort_error = fmt::format(
+                "{} #{} timed out after {} ms on rank {}@{}: {}; NCCL communicator "
+                "aborted",
+                op->what, op->seq, shared_->timeout.count(), rank_, host_name(), why);
           }
           spdlog::error("{}", shared_->abort_error);
-          shared_->aborted = true;
+          shared_->aborted = true;  // enqueue() refuses new work from now on
           ncclCommAbort(comm_);
-          comm_ = nullptr;
         }
         ++it;
       }
@@ -320,8 +338,8 @@ class NcclCommunicator final : public Communicator {
 
   std::mutex watch_mutex_;
   std::condition_variable watch_cv_;
-  bool stopping_ = false;                            // guarded by watch_mutex_
-  std::list<std::shared_ptr<InFlight>> in_flight_;   // guarded by watch_mutex_
+  bool stopping_ = false;                           // guarded by watch_mutex_
+  std::list<std::shared_ptr<InFlight>> in_flight_;  // guarded by watch_mutex_
   std::thread watchdog_;
 };
 

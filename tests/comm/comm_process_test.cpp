@@ -46,10 +46,9 @@ std::vector<RankResult> run_ranks(int world, uint16_t port,
   std::vector<pid_t> pids(static_cast<size_t>(world));
   std::vector<std::string> logs;
   for (int r = 0; r < world; ++r) {
-    std::vector<std::string> env = {"RANK=" + std::to_string(r),
-                                    "WORLD_SIZE=" + std::to_string(world),
-                                    "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
-                                    "DNALLM_TEST_BACKEND=gloo"};
+    std::vector<std::string> env = {
+        "RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world), "MASTER_ADDR=127.0.0.1",
+        "MASTER_PORT=" + std::to_string(port), "DNALLM_TEST_BACKEND=gloo"};
     for (char** e = environ; *e; ++e) {
       std::string s(*e);
       if (s.rfind("RANK=", 0) != 0 && s.rfind("WORLD_SIZE=", 0) != 0) env.push_back(s);
@@ -62,11 +61,13 @@ std::vector<RankResult> run_ranks(int world, uint16_t port,
                    std::to_string(::getpid()) + ".log");
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, logs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, logs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
     std::string bin = kWorker;
     char* argv[] = {bin.data(), nullptr};
-    int rc = posix_spawn(&pids[static_cast<size_t>(r)], bin.c_str(), &fa, nullptr, argv, envp.data());
+    int rc =
+        posix_spawn(&pids[static_cast<size_t>(r)], bin.c_str(), &fa, nullptr, argv, envp.data());
     posix_spawn_file_actions_destroy(&fa);
     EXPECT_EQ(rc, 0) << "cannot start " << bin;
   }
@@ -96,7 +97,8 @@ std::vector<RankResult> run_ranks(int world, uint16_t port,
     }
     std::this_thread::sleep_for(5ms);
   }
-  for (int r = 0; r < world; ++r) results[static_cast<size_t>(r)].output = slurp(logs[static_cast<size_t>(r)]);
+  for (int r = 0; r < world; ++r)
+    results[static_cast<size_t>(r)].output = slurp(logs[static_cast<size_t>(r)]);
   return results;
 }
 
@@ -117,8 +119,9 @@ TEST_P(GlooWorld, EveryCollectiveDtypeAndLayoutMatchesClosedForm) {
   const int world = GetParam();
   auto results = run_ranks(world, server_->port(), {"DNALLM_TEST_MODE=matrix"}, 100s);
   for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 0) << "rank " << r << ":\n"
-                                                           << results[static_cast<size_t>(r)].output;
+    EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 0)
+        << "rank " << r << ":\n"
+        << results[static_cast<size_t>(r)].output;
     EXPECT_NE(results[static_cast<size_t>(r)].output.find("cases OK"), std::string::npos);
   }
 }
@@ -134,16 +137,16 @@ TEST(GlooFailure, KilledRankIsNamedByTheOthersWithinTimeout) {
   server.start();
   const int world = 3;
   const auto timeout = 3s;
-  auto results = run_ranks(world, server.port(),
-                           {"DNALLM_TEST_MODE=kill", "DNALLM_TEST_VICTIM=1",
-                            "DNALLM_TEST_TIMEOUT_MS=3000"},
-                           60s);
+  auto results = run_ranks(
+      world, server.port(),
+      {"DNALLM_TEST_MODE=kill", "DNALLM_TEST_VICTIM=1", "DNALLM_TEST_TIMEOUT_MS=3000"}, 60s);
   ASSERT_EQ(results[1].exit_code, -SIGKILL) << results[1].output;
   for (int r : {0, 2}) {
     const auto& res = results[static_cast<size_t>(r)];
     EXPECT_EQ(res.exit_code, 4) << "rank " << r << ":\n" << res.output;
     EXPECT_NE(res.output.find("rank(s) 1 died"), std::string::npos) << res.output;
-    auto after = std::chrono::duration_cast<std::chrono::milliseconds>(res.ended - results[1].ended);
+    auto after =
+        std::chrono::duration_cast<std::chrono::milliseconds>(res.ended - results[1].ended);
     std::cout << "rank " << r << " failed " << after.count() << " ms after rank 1 died\n";
     // timeout + 1 s, plus process exit on a loaded machine.
     EXPECT_LT(after, timeout + 1s + 500ms);
@@ -176,8 +179,8 @@ TEST(GlooFailure, StalledRankIsNamedAfterTheTimeout) {
 #ifdef DNALLM_TEST_HAVE_MPI
 int run_mpirun(int np, const std::string& log) {
   std::string cmd = "timeout 100 mpirun --allow-run-as-root --oversubscribe -np " +
-                    std::to_string(np) + " -x DNALLM_TEST_MODE=matrix " +
-                    kWorker + " > " + log + " 2>&1";
+                    std::to_string(np) + " -x DNALLM_TEST_MODE=matrix " + kWorker + " > " + log +
+                    " 2>&1";
   int rc = std::system(cmd.c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
@@ -191,7 +194,9 @@ TEST_P(MpiWorld, EveryCollectiveDtypeAndLayoutMatchesClosedForm) {
   std::string out = slurp(log);
   EXPECT_EQ(rc, 0) << out;
   size_t oks = 0;
-  for (size_t p = out.find("backend mpi"); p != std::string::npos; p = out.find("backend mpi", p + 1)) ++oks;
+  for (size_t p = out.find("backend mpi"); p != std::string::npos;
+       p = out.find("backend mpi", p + 1))
+    ++oks;
   EXPECT_EQ(oks, static_cast<size_t>(world)) << out;  // backend "auto" chose mpi under mpirun
 }
 
@@ -201,15 +206,16 @@ TEST(BenchComm, MpiAndRawMpiSweepsCheckEveryElement) {
   const std::string bench = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-bench-comm";
   const std::string log = ::testing::TempDir() + "/bench_mpi.log";
   for (const char* backend : {"mpi", "mpi-raw"}) {
-    std::string cmd = "timeout 60 mpirun --allow-run-as-root --oversubscribe -np 3 " + bench +
-                      " --backend " + backend +
-                      " --min-bytes 4 --max-bytes 65536 --iters 2 --warmup 1 --json > " + log + " 2>&1";
+    std::string cmd =
+        "timeout 60 mpirun --allow-run-as-root --oversubscribe -np 3 " + bench + " --backend " +
+        backend + " --min-bytes 4 --max-bytes 65536 --iters 2 --warmup 1 --json > " + log + " 2>&1";
     int rc = std::system(cmd.c_str());
     std::string out = slurp(log);
     EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << out;
     EXPECT_NE(out.find("\"bytes\":65536"), std::string::npos) << out;
     // Every line reports zero wrong elements (the bench also exits 1 otherwise).
-    for (size_t p = out.find("\"wrong\":"); p != std::string::npos; p = out.find("\"wrong\":", p + 1))
+    for (size_t p = out.find("\"wrong\":"); p != std::string::npos;
+         p = out.find("\"wrong\":", p + 1))
       EXPECT_EQ(out.compare(p, 10, "\"wrong\":0}"), 0) << out.substr(p, 20);
   }
 }
@@ -227,10 +233,10 @@ TEST(BenchComm, HelpAndGlooSweepForEveryOp) {
       // World size 1 with rank 0 hosting the store on a kernel-chosen port is not possible
       // through MASTER_PORT, so pick a port from this process's pid.
       std::string port = std::to_string(20000 + ::getpid() % 20000);
-      std::string cmd = "RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port +
-                        " timeout 60 " + bench + " --backend gloo --op " + op + " --dtype " + dtype +
-                        " --redop max --min-bytes 64 --max-bytes 4096 --iters 2 --warmup 1 > " + log +
-                        " 2>&1";
+      std::string cmd =
+          "RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " timeout 60 " + bench +
+          " --backend gloo --op " + op + " --dtype " + dtype +
+          " --redop max --min-bytes 64 --max-bytes 4096 --iters 2 --warmup 1 > " + log + " 2>&1";
       int rc = std::system(cmd.c_str());
       std::string out = slurp(log);
       EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << op << " " << dtype << "\n" << out;

@@ -51,7 +51,11 @@ class RawSocket {
     return ::recv(fd_, &b, 1, 0) == 0;
   }
   void hello(const std::string& token) {
-    send(FrameWriter().u8(static_cast<uint8_t>(Op::kHello)).u32(kProtocolVersion).str(token).frame());
+    send(FrameWriter()
+             .u8(static_cast<uint8_t>(Op::kHello))
+             .u32(kProtocolVersion)
+             .str(token)
+             .frame());
   }
 
  private:
@@ -134,10 +138,10 @@ TEST_F(StoreServerTest, OversizedFrameClosesConnection) {
 
 TEST_F(StoreServerTest, MalformedFramesCloseConnection) {
   std::vector<std::vector<uint8_t>> bad = {
-      {0, 0, 0, 0},                                           // empty body
-      FrameWriter().u8(200).frame(),                          // unknown op
-      FrameWriter().u8(static_cast<uint8_t>(Op::kSet)).u32(1000).frame(),  // truncated key
-      FrameWriter().u8(static_cast<uint8_t>(Op::kGet)).str("k").u8(7).frame(),  // trailing
+      {0, 0, 0, 0},                                                                // empty body
+      FrameWriter().u8(200).frame(),                                               // unknown op
+      FrameWriter().u8(static_cast<uint8_t>(Op::kSet)).u32(1000).frame(),          // truncated key
+      FrameWriter().u8(static_cast<uint8_t>(Op::kGet)).str("k").u8(7).frame(),     // trailing
       FrameWriter().u8(static_cast<uint8_t>(Op::kCheck)).u32(0xffffffff).frame(),  // count
   };
   for (const auto& frame : bad) {
@@ -184,6 +188,33 @@ TEST_F(StoreServerTest, ServerGoneRaisesPeerFailedWithinTimeout) {
     EXPECT_EQ(e.code(), ExitCode::kPeerFailed);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 8s);
+}
+
+TEST(StoreServerExtension, RegisteredOpIsDispatchedAndRepliesLater) {
+  // How rendezvous / heartbeats plug in: a new op code with its own handler, which may
+  // answer later on the io thread.
+  StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.token = "t";
+  StoreServer server(o);
+  constexpr uint8_t kEcho = 40;
+  server.register_handler(kEcho, [](FrameReader& args, Responder reply) {
+    auto text = args.str();
+    args.expect_done();
+    reply.send(Status::kOk, FrameWriter().str("echo:" + text));
+  });
+  EXPECT_THROW(server.register_handler(static_cast<uint8_t>(Op::kSet), {}), Error);
+  server.start();
+  EXPECT_THROW(server.register_handler(41, {}), Error);
+  RawSocket raw(server.port());
+  raw.hello("t");
+  ASSERT_TRUE(raw.recv_frame().has_value());
+  raw.send(FrameWriter().u8(kEcho).str("hi").frame());
+  auto reply = raw.recv_frame();
+  ASSERT_TRUE(reply.has_value());
+  FrameReader r(reply->data(), reply->size());
+  EXPECT_EQ(r.u8(), static_cast<uint8_t>(Status::kOk));
+  EXPECT_EQ(r.str(), "echo:hi");
 }
 
 TEST(CoordinatorMain, HelpAndBadUsage) {
