@@ -195,7 +195,7 @@ ShardFile::ShardFile(const fs::path& path) : path_(path) {
     corrupt("footer missing (file truncated or not finished)");
   const uint64_t ioff = get_u64(footer), isize = get_u64(footer + 8);
   file_hash_ = get_u64(footer + 24);
-  if (ioff < kHeaderBytes || ioff + isize != size_ - kFooterBytes)
+  if (ioff < kHeaderBytes || ioff > size_ || isize > size_ || ioff + isize != size_ - kFooterBytes)
     corrupt("index position does not match the file size (truncated?)");
   std::string itext(isize, '\0');
   pread_all(ioff, itext.data(), isize);
@@ -210,6 +210,9 @@ ShardFile::ShardFile(const fs::path& path) : path_(path) {
       t.spec.shape = jt.at("shape").get<std::vector<int64_t>>();
       t.begin = jt.at("begin").get<uint64_t>();
       t.end = jt.at("end").get<uint64_t>();
+      if (t.begin > t.end || t.end > t.spec.numel())
+        corrupt(fmt::format("range [{}, {}) of '{}' is outside its {} elements", t.begin, t.end,
+                            t.spec.name, t.spec.numel()));
       for (const auto& c : jt.at("chunks")) {
         ChunkEntry ch;
         ch.offset = c.at(0).get<uint64_t>();
@@ -218,7 +221,9 @@ ShardFile::ShardFile(const fs::path& path) : path_(path) {
         ch.elem_count = c.at(3).get<uint64_t>();
         ch.encoding = static_cast<ChunkEncoding>(c.at(4).get<int>());
         ch.xxh64 = c.at(5).get<uint64_t>();
-        if (ch.offset + ch.stored_size > ioff) corrupt("chunk lies outside the data region");
+        if (ch.offset > ioff || ch.stored_size > ioff - ch.offset || ch.elem_begin < t.begin ||
+            ch.elem_count > t.end - ch.elem_begin)
+          corrupt("chunk lies outside the data region or its tensor range");
         t.chunks.push_back(ch);
       }
       tensors_.push_back(std::move(t));
