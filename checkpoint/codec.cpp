@@ -74,6 +74,69 @@ void rotate_any(uint8_t* data, size_t count, DType dtype, bool left) {
       break;
   }
 }
+// Rotates each element left by one bit and scatters its bytes into planes, in one pass.
+template <typename U>
+void split_rotated(const uint8_t* in, size_t count, uint8_t* planes) {
+  constexpr size_t kS = sizeof(U);
+  for (size_t i = 0; i < count; ++i) {
+    U u;
+    std::memcpy(&u, in + i * kS, kS);
+    u = static_cast<U>((u << 1) | (u >> (kS * 8 - 1)));
+    for (size_t j = 0; j < kS; ++j) planes[j * count + i] = static_cast<uint8_t>(u >> (8 * j));
+  }
+}
+template <typename U>
+void join_rotated(const uint8_t* planes, size_t count, uint8_t* out) {
+  constexpr size_t kS = sizeof(U);
+  for (size_t i = 0; i < count; ++i) {
+    U u = 0;
+    for (size_t j = 0; j < kS; ++j)
+      u |= static_cast<U>(static_cast<U>(planes[j * count + i]) << (8 * j));
+    u = static_cast<U>((u >> 1) | (u << (kS * 8 - 1)));
+    std::memcpy(out + i * kS, &u, kS);
+  }
+}
+void split_planes(const uint8_t* in, size_t count, DType dtype, uint8_t* planes) {
+  switch (dtype_size(dtype)) {
+    case 2:
+      split_rotated<uint16_t>(in, count, planes);
+      break;
+    case 4:
+      split_rotated<uint32_t>(in, count, planes);
+      break;
+    case 8:
+      split_rotated<uint64_t>(in, count, planes);
+      break;
+    default:
+      std::memcpy(planes, in, count * dtype_size(dtype));
+  }
+}
+void join_planes(const uint8_t* planes, size_t count, DType dtype, uint8_t* out) {
+  switch (dtype_size(dtype)) {
+    case 2:
+      join_rotated<uint16_t>(planes, count, out);
+      break;
+    case 4:
+      join_rotated<uint32_t>(planes, count, out);
+      break;
+    case 8:
+      join_rotated<uint64_t>(planes, count, out);
+      break;
+    default:
+      std::memcpy(out, planes, count * dtype_size(dtype));
+  }
+}
+
+// True when a plane looks incompressible: a 64 KiB sample does not shrink by 2%.
+// Mantissa planes are; skipping them keeps grouped zstd close to memcpy speed there.
+bool looks_incompressible(const uint8_t* plane, size_t size, int level,
+                          std::vector<uint8_t>& scratch) {
+  constexpr size_t kSample = 64 * 1024;
+  if (size < 4 * kSample) return false;
+  scratch.resize(ZSTD_compressBound(kSample));
+  const size_t n = ZSTD_compress(scratch.data(), scratch.size(), plane + size / 2, kSample, level);
+  return ZSTD_isError(n) || n >= kSample - kSample / 50;
+}
 }  // namespace
 
 void rotate_sign_to_low_bit(uint8_t* data, size_t count, DType dtype) {
@@ -93,14 +156,16 @@ ChunkEncoding encode_grouped(const uint8_t* raw, size_t raw_size, DType dtype, i
                              std::vector<uint8_t>& out) {
   const size_t es = dtype_size(dtype);
   const size_t count = raw_size / es;
-  std::vector<uint8_t> rotated(raw, raw + raw_size), planes(raw_size);
-  rotate_sign_to_low_bit(rotated.data(), count, dtype);
-  group_bytes(rotated.data(), count, es, planes.data());
+  std::vector<uint8_t> planes(raw_size);
+  split_planes(raw, count, dtype, planes.data());
   out.assign(4 * es, 0);
-  std::vector<uint8_t> frame(ZSTD_compressBound(count));
+  out.reserve(raw_size + 4 * es);
+  std::vector<uint8_t> frame(ZSTD_compressBound(count)), probe;
   for (size_t j = 0; j < es; ++j) {
     const uint8_t* plane = planes.data() + j * count;
-    size_t n = ZSTD_compress(frame.data(), frame.size(), plane, count, level);
+    size_t n = looks_incompressible(plane, count, level, probe)
+                   ? count
+                   : ZSTD_compress(frame.data(), frame.size(), plane, count, level);
     DNALLM_CHECK(!ZSTD_isError(n), ExitCode::kFailure, "ZSTD_compress failed: {}",
                  ZSTD_getErrorName(n));
     const uint8_t* src = n < count ? frame.data() : plane;
@@ -181,8 +246,7 @@ void decode_chunk(const uint8_t* stored, size_t stored_size, ChunkEncoding enc, 
       if (at != stored_size)
         fail(ExitCode::kCheckpointCorrupt, "{}: grouped chunk has {} trailing bytes", where,
              stored_size - at);
-      ungroup_bytes(planes.data(), count, es, out);
-      rotate_sign_to_high_bit(out, count, dtype);
+      join_planes(planes.data(), count, dtype, out);
       return;
     }
   }

@@ -110,6 +110,34 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
   return m;
 }
 
+json descriptor_to_json(const ShardDescriptor& d) {
+  json tensors = json::array(), ranges = json::array();
+  for (const auto& t : d.tensors) tensors.push_back(spec_json(t));
+  for (const auto& r : d.ranges)
+    ranges.push_back({{"tensor", r.tensor}, {"begin", r.begin}, {"end", r.end}});
+  return {{"rank", d.rank},   {"file", d.file},     {"bytes", d.bytes},
+          {"xxh64", d.xxh64}, {"tensors", tensors}, {"ranges", ranges}};
+}
+
+ShardDescriptor descriptor_from_json(const json& j) {
+  ShardDescriptor d;
+  try {
+    d.rank = j.at("rank").get<int>();
+    d.file = j.at("file").get<std::string>();
+    d.bytes = j.at("bytes").get<uint64_t>();
+    d.xxh64 = j.at("xxh64").get<uint64_t>();
+    for (const auto& t : j.at("tensors")) d.tensors.push_back(spec_from(t));
+    for (const auto& r : j.at("ranges"))
+      d.ranges.push_back({r.at("tensor").get<std::string>(), r.at("begin").get<uint64_t>(),
+                          r.at("end").get<uint64_t>()});
+  } catch (const std::exception& e) {
+    fail(ExitCode::kBadData, "malformed shard descriptor {}: {}", j.dump(), e.what());
+  }
+  if (d.tensors.size() != d.ranges.size())
+    fail(ExitCode::kBadData, "malformed shard descriptor {}: tensors and ranges differ", j.dump());
+  return d;
+}
+
 std::string step_dir_name(int64_t step) { return fmt::format("step_{:09d}", step); }
 
 std::optional<int64_t> parse_step_dir_name(const std::string& name) {

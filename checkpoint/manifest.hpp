@@ -56,6 +56,12 @@ struct CommitInfo {
   nlohmann::json state = nlohmann::json::object();
 };
 
+// A descriptor as JSON (with its tensor specs), for sending it from a rank to the
+// committer (e.g. through the coordinator's KV store), and back. from_json throws
+// Error(kBadData) on a malformed descriptor.
+nlohmann::json descriptor_to_json(const ShardDescriptor& d);
+ShardDescriptor descriptor_from_json(const nlohmann::json& j);
+
 // Steps 3-5 of the protocol above. `shards` holds one descriptor per rank (any order).
 // Blocks on fsync. Throws Error(kUsage) on inconsistent descriptors (missing rank,
 // conflicting tensor specs) and Error(kCheckpointCorrupt) when a shard file is missing or

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <map>
 
 #include <fmt/format.h>
@@ -88,28 +89,57 @@ ShardDescriptor write_shard(const fs::path& step_dir, int rank,
     index["codec"] = codec_name(codec.codec);
     index["level"] = codec.level;
     index["byte_grouping"] = codec.byte_grouping;
-    json jtensors = json::array();
-    std::vector<uint8_t> stored;
-    for (const auto& s : slices) {
-      const size_t es = dtype_size(s.spec.dtype);
-      const uint64_t per_chunk = std::max<uint64_t>(1, codec.chunk_bytes / es);
-      json chunks = json::array();
-      const auto* base = static_cast<const uint8_t*>(s.data);
-      for (uint64_t e = s.begin; e < s.end; e += per_chunk) {
-        const uint64_t n = std::min(per_chunk, s.end - e);
-        ChunkEncoding enc =
-            encode_chunk(base + (e - s.begin) * es, n * es, s.spec.dtype, codec, stored);
-        const uint64_t off = w.offset();
-        w.write(stored.data(), stored.size());
-        chunks.push_back({off, stored.size(), e, n, static_cast<int>(enc),
-                          XXH64(stored.data(), stored.size(), 0)});
+    // Chunks are encoded `threads` at a time (std::async, joined before the next
+    // window) and written in order, so memory stays at threads x chunk_bytes.
+    struct Pending {
+      size_t slice;
+      uint64_t elem_begin, count;
+    };
+    std::vector<Pending> all;
+    for (size_t si = 0; si < slices.size(); ++si) {
+      const auto& s = slices[si];
+      const uint64_t per_chunk =
+          std::max<uint64_t>(1, codec.chunk_bytes / dtype_size(s.spec.dtype));
+      for (uint64_t e = s.begin; e < s.end; e += per_chunk)
+        all.push_back({si, e, std::min(per_chunk, s.end - e)});
+    }
+    std::vector<json> chunks(slices.size(), json::array());
+    const size_t window = static_cast<size_t>(std::max(1, codec.threads));
+    std::vector<std::vector<uint8_t>> stored(window);
+    std::vector<std::future<ChunkEncoding>> encoded(window);
+    for (size_t w0 = 0; w0 < all.size(); w0 += window) {
+      const size_t wn = std::min(window, all.size() - w0);
+      for (size_t k = 0; k < wn; ++k) {
+        const Pending& p = all[w0 + k];
+        const TensorSlice& s = slices[p.slice];
+        const size_t es = dtype_size(s.spec.dtype);
+        const auto* src = static_cast<const uint8_t*>(s.data) + (p.elem_begin - s.begin) * es;
+        auto job = [src, n = p.count * es, dtype = s.spec.dtype, &codec, out = &stored[k]] {
+          return encode_chunk(src, n, dtype, codec, *out);
+        };
+        encoded[k] =
+            wn == 1 ? std::async(std::launch::deferred, job) : std::async(std::launch::async, job);
       }
+      for (size_t k = 0; k < wn; ++k) encoded[k].wait();  // all joined before any rethrow
+      for (size_t k = 0; k < wn; ++k) {
+        const ChunkEncoding enc = encoded[k].get();  // rethrows an encoding error
+        const Pending& p = all[w0 + k];
+        const uint64_t off = w.offset();
+        w.write(stored[k].data(), stored[k].size());
+        chunks[p.slice].push_back({off, stored[k].size(), p.elem_begin, p.count,
+                                   static_cast<int>(enc),
+                                   XXH64(stored[k].data(), stored[k].size(), 0)});
+      }
+    }
+    json jtensors = json::array();
+    for (size_t si = 0; si < slices.size(); ++si) {
+      const auto& s = slices[si];
       jtensors.push_back({{"name", s.spec.name},
                           {"dtype", dtype_name(s.spec.dtype)},
                           {"shape", s.spec.shape},
                           {"begin", s.begin},
                           {"end", s.end},
-                          {"chunks", std::move(chunks)}});
+                          {"chunks", std::move(chunks[si])}});
       desc.tensors.push_back(s.spec);
       desc.ranges.push_back({s.spec.name, s.begin, s.end});
     }
@@ -165,7 +195,7 @@ ShardFile::ShardFile(const fs::path& path) : path_(path) {
     corrupt("footer missing (file truncated or not finished)");
   const uint64_t ioff = get_u64(footer), isize = get_u64(footer + 8);
   file_hash_ = get_u64(footer + 24);
-  if (ioff < kHeaderBytes || ioff + isize != size_ - kFooterBytes)
+  if (ioff < kHeaderBytes || ioff > size_ || isize > size_ || ioff + isize != size_ - kFooterBytes)
     corrupt("index position does not match the file size (truncated?)");
   std::string itext(isize, '\0');
   pread_all(ioff, itext.data(), isize);
@@ -180,6 +210,9 @@ ShardFile::ShardFile(const fs::path& path) : path_(path) {
       t.spec.shape = jt.at("shape").get<std::vector<int64_t>>();
       t.begin = jt.at("begin").get<uint64_t>();
       t.end = jt.at("end").get<uint64_t>();
+      if (t.begin > t.end || t.end > t.spec.numel())
+        corrupt(fmt::format("range [{}, {}) of '{}' is outside its {} elements", t.begin, t.end,
+                            t.spec.name, t.spec.numel()));
       for (const auto& c : jt.at("chunks")) {
         ChunkEntry ch;
         ch.offset = c.at(0).get<uint64_t>();
@@ -188,7 +221,9 @@ ShardFile::ShardFile(const fs::path& path) : path_(path) {
         ch.elem_count = c.at(3).get<uint64_t>();
         ch.encoding = static_cast<ChunkEncoding>(c.at(4).get<int>());
         ch.xxh64 = c.at(5).get<uint64_t>();
-        if (ch.offset + ch.stored_size > ioff) corrupt("chunk lies outside the data region");
+        if (ch.offset > ioff || ch.stored_size > ioff - ch.offset || ch.elem_begin < t.begin ||
+            ch.elem_count > t.end - ch.elem_begin)
+          corrupt("chunk lies outside the data region or its tensor range");
         t.chunks.push_back(ch);
       }
       tensors_.push_back(std::move(t));
@@ -245,24 +280,50 @@ void ShardFile::read_chunk(const ShardTensor& t, size_t i, uint8_t* out) const {
                c.elem_count * dtype_size(t.spec.dtype), where);
 }
 
-void ShardFile::read(const ShardTensor& t, uint64_t begin, uint64_t end, uint8_t* out) const {
+void ShardFile::read(const ShardTensor& t, uint64_t begin, uint64_t end, uint8_t* out,
+                     int threads) const {
   DNALLM_CHECK(t.begin <= begin && begin <= end && end <= t.end, ExitCode::kFailure,
                "read [{}, {}) outside shard range [{}, {}) of '{}'", begin, end, t.begin, t.end,
                t.spec.name);
   const size_t es = dtype_size(t.spec.dtype);
-  std::vector<uint8_t> buf;
-  for (size_t i = 0; i < t.chunks.size(); ++i) {
+  // One chunk: whole chunks decode in place, partial ones through a buffer.
+  auto read_one = [this, &t, begin, end, es, out](size_t i) {
     const ChunkEntry& c = t.chunks[i];
     const uint64_t lo = std::max(begin, c.elem_begin);
     const uint64_t hi = std::min(end, c.elem_begin + c.elem_count);
-    if (lo >= hi) continue;
     if (lo == c.elem_begin && hi == c.elem_begin + c.elem_count) {
-      read_chunk(t, i, out + (lo - begin) * es);  // whole chunk: decode in place
-      continue;
+      read_chunk(t, i, out + (lo - begin) * es);
+      return;
     }
-    buf.resize(c.elem_count * es);
+    std::vector<uint8_t> buf(c.elem_count * es);
     read_chunk(t, i, buf.data());
     std::memcpy(out + (lo - begin) * es, buf.data() + (lo - c.elem_begin) * es, (hi - lo) * es);
+  };
+  std::vector<size_t> wanted;
+  for (size_t i = 0; i < t.chunks.size(); ++i) {
+    const ChunkEntry& c = t.chunks[i];
+    if (std::max(begin, c.elem_begin) < std::min(end, c.elem_begin + c.elem_count))
+      wanted.push_back(i);
+  }
+  const size_t window = static_cast<size_t>(std::max(1, threads));
+  if (window == 1 || wanted.size() <= 1) {
+    for (size_t i : wanted) read_one(i);
+    return;
+  }
+  std::vector<std::future<void>> jobs;
+  for (size_t w0 = 0; w0 < wanted.size(); w0 += window) {
+    jobs.clear();
+    for (size_t k = w0; k < std::min(wanted.size(), w0 + window); ++k)
+      jobs.push_back(std::async(std::launch::async, read_one, wanted[k]));
+    std::exception_ptr first;
+    for (auto& j : jobs) {  // join all before rethrowing the first error
+      try {
+        j.get();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
   }
 }
 

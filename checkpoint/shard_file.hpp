@@ -69,8 +69,9 @@ class ShardFile {
   void verify() const;
 
   // Copies elements [begin, end) of `t` (within [t.begin, t.end)) to `out`, reading and
-  // verifying only the overlapping chunks.
-  void read(const ShardTensor& t, uint64_t begin, uint64_t end, uint8_t* out) const;
+  // verifying only the overlapping chunks, decoding up to `threads` chunks in parallel.
+  void read(const ShardTensor& t, uint64_t begin, uint64_t end, uint8_t* out,
+            int threads = 4) const;
 
   // Reads, verifies and decodes chunk `i` of `t` into `out` (elem_count elements).
   void read_chunk(const ShardTensor& t, size_t i, uint8_t* out) const;

@@ -56,6 +56,11 @@ TEST(CheckpointAsyncWriterTest, SecondSaveWaitsForFirstAndStopDrains) {
   ra.codec.level = 9;  // slow enough that the second save must wait
   writer.save(ra);
   writer.save(request(tmp.path(), 2, b));
+  // save() returned, so the first checkpoint is already durable and committed: at most
+  // one snapshot is in flight (Note [One checkpoint in flight]).
+  auto first = list_committed(tmp.path());
+  ASSERT_GE(first.size(), 1u);
+  EXPECT_EQ(first[0].first, 1);
   writer.stop();  // drains the queued save before joining
   auto committed = list_committed(tmp.path());
   ASSERT_EQ(committed.size(), 2u);

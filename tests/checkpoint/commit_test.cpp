@@ -78,6 +78,19 @@ TEST(CheckpointCommitTest, LayoutAndLatest) {
   EXPECT_EQ(m.shards[1].ranges[0].begin, 500u);
 }
 
+TEST(CheckpointCommitTest, DescriptorsTravelAsJson) {
+  TempDir tmp;
+  auto w = make_data(DType::kFloat32, 600, 1);
+  const auto dir = tmp.path() / step_dir_name(4);
+  auto d = write_shard(dir, 0, {{spec("w", DType::kFloat32, {20, 30}), 100, 600, w.data()}}, {});
+  auto back = descriptor_from_json(nlohmann::json::parse(descriptor_to_json(d).dump()));
+  EXPECT_EQ(back.xxh64, d.xxh64);
+  EXPECT_EQ(back.bytes, d.bytes);
+  EXPECT_EQ(back.tensors, d.tensors);
+  EXPECT_EQ(back.ranges[0].begin, 100u);
+  EXPECT_THROW(descriptor_from_json({{"rank", 0}}), Error);
+}
+
 TEST(CheckpointCommitTest, MissingRankOrWrongSizeIsNotCommitted) {
   TempDir tmp;
   save_two_ranks(tmp.path(), 1);
