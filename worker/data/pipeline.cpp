@@ -107,7 +107,9 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
       fail(ExitCode::kUsage,
            "evaluation on tables needs data.eval_files (eval_fraction splits genomes only)");
     }
-    return std::make_shared<TableDataset>(files, t);
+    auto table = std::make_shared<TableDataset>(files, t);
+    spdlog::info("data ({}): {}", split == Split::kEval ? "eval" : "train", table->describe());
+    return table;
   }
   if (config.model.task != "pretrain") {
     fail(ExitCode::kUsage,

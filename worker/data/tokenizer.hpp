@@ -10,7 +10,8 @@
 // (objectives.hpp). A tokenizer is immutable after construction and safe to use from many
 // threads at once.
 //
-// Serialisation: to_json() holds everything needed to rebuild an equal tokenizer (the BPE
+// Serialisation: to_json() ({"kind", "version", kind-specific fields, "special_tokens":
+// {"[PAD]": 0, ...}, "vocab_size"}) holds everything needed to rebuild an equal tokenizer (the BPE
 // model proto is embedded, base64). Checkpoints and exported models store it; loading
 // compares with operator== and refuses a mismatch.
 #pragma once
