@@ -74,7 +74,7 @@ TEST(DataLoader, DeterministicAcrossWorkerCounts) {
 }
 
 TEST(DataLoader, ResumeAcrossWorldSizes2To3To1) {
-  auto ds = genome();
+  auto ds = genome(30, 20);  // 48 samples cross two epoch boundaries
   auto tok = make_char_tokenizer();
   // Reference: one rank, global batch 12 (mbs 2, accum 6), 4 steps = 48 samples.
   std::map<uint64_t, std::vector<int64_t>> reference;
