@@ -6,7 +6,8 @@
 // and simpler than writing a decompressed cache beside a possibly read-only data directory
 // and keeping it coherent. The bound: total bases <= GenomeOptions::max_bases (default
 // 4 Gbases, i.e. up to 4 GB of host memory per rank; a human genome is 3.1 GB). Larger
-// inputs are refused with Error(kUsage) rather than swapping.
+// inputs are refused with Error(kUsage) rather than swapping. "tile" sampling adds 16 bytes
+// per window (e.g. 100 MB for a human genome tiled every 512 bases).
 //
 // Sampling ("random"): window i of an epoch is drawn from the sample's rng: a region
 // weighted by its number of window starts, then a uniform start. "tile": window i is the

@@ -142,7 +142,7 @@ Batch collate(std::vector<EncodedSample> samples, const ObjectiveOptions& option
     b.num_label_tokens = std::count_if(b.labels.begin(), b.labels.end(),
                                        [](int64_t l) { return l != kIgnoreIndex; });
   } else {
-    b.num_label_tokens = static_cast<int64_t>(b.labels.size());
+    b.num_label_tokens = b.rows;  // one class or target per row
   }
   return b;
 }

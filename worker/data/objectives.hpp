@@ -14,7 +14,8 @@
 //     as Hugging Face does (logits[i] predicts labels[i + 1]). labels is kIgnoreIndex at
 //     position 0 ([CLS], never a target), at padding, and at [UNK]/N tokens, so
 //     num_label_tokens counts exactly the scored targets.
-//   classification: labels = one class per row; regression: targets = one value per row.
+//   classification: labels = one class per row; regression: targets = one value per row
+//     (num_label_tokens = rows for both: the scored values).
 // Every random choice comes from the sample's own rng (Note [Sample seeding]).
 //
 // Collation: rows are padded with [PAD] to the longest row in the micro-batch

@@ -10,6 +10,10 @@
 namespace dnallm::data {
 namespace {
 
+// BPE training sample: the first 1 Mbases of the training genomes (~10 s of one core for a
+// 4096 vocabulary on E. coli; 2 Mbases took 2.5 times that).
+constexpr size_t kBpeSampleBases = 1'000'000;
+
 bool is_table_format(const std::string& f) { return f == "csv" || f == "tsv" || f == "jsonl"; }
 
 std::string resolve_format(const Config& config, const std::vector<std::string>& files) {
@@ -51,9 +55,9 @@ std::shared_ptr<const Tokenizer> make_tokenizer(const Config& config) {
            "tokenizer.kind = \"bpe\" needs tokenizer.path (a trained model) or data.train_files to "
            "train on");
     }
-    spdlog::info("training a BPE tokenizer (vocab {}) on up to 2 Mbases of {}", t.vocab_size,
-                 config.data.train_files.front());
-    auto tok = train_bpe_tokenizer(bpe_sample(config, 2'000'000), t.vocab_size);
+    spdlog::info("training a BPE tokenizer (vocab {}) on up to {} bases of {}", t.vocab_size,
+                 kBpeSampleBases, config.data.train_files.front());
+    auto tok = train_bpe_tokenizer(bpe_sample(config, kBpeSampleBases), t.vocab_size);
     if (!t.path.empty()) save_bpe_model(*tok, t.path);
     return tok;
   }
@@ -107,7 +111,9 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
       fail(ExitCode::kUsage,
            "evaluation on tables needs data.eval_files (eval_fraction splits genomes only)");
     }
-    return std::make_shared<TableDataset>(files, t);
+    auto table = std::make_shared<TableDataset>(files, t);
+    spdlog::info("data ({}): {}", split == Split::kEval ? "eval" : "train", table->describe());
+    return table;
   }
   if (config.model.task != "pretrain") {
     fail(ExitCode::kUsage,

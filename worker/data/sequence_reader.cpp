@@ -116,6 +116,14 @@ SequenceReader::SequenceReader(std::string path, const std::string& format_hint,
   if (handle_->fp == nullptr) {
     fail(ExitCode::kBadData, "cannot open sequence file {}: {}", path_, errno_string());
   }
+  // A BGZF file cut at a block boundary decompresses cleanly; only the missing end-of-file
+  // block (28 bytes) tells that data is lost.
+  if (bgzf_compression(handle_->fp) == 2 && bgzf_check_EOF(handle_->fp) == 0) {
+    fail(ExitCode::kBadData,
+         "{}: the BGZF file is truncated (its end-of-file block is missing); re-download or "
+         "re-compress it",
+         path_);
+  }
   std::string fmt_name = format_hint;
   if (fmt_name == "auto" || fmt_name.empty()) fmt_name = format_from_extension(path_);
   if (fmt_name.empty()) {

@@ -162,6 +162,8 @@ void TableDataset::open_file(const std::string& path) {
   // Column positions from the header (csv/tsv).
   if (f.format != "jsonl") {
     f.header_line = read_line_at(f.data_fd, 0, path);
+    if (f.header_line.rfind("\xEF\xBB\xBF", 0) == 0)
+      f.header_line.erase(0, 3);  // UTF-8 BOM (Excel)
     auto cols = split_table_line(f.header_line, f.format == "csv" ? ',' : '\t');
     for (size_t i = 0; i < cols.size(); ++i) {
       if (cols[i] == options_.sequence_column) f.sequence_col = static_cast<int>(i);

@@ -40,6 +40,17 @@ int base_index(char c) {
 }
 constexpr std::array<char, 4> kBases = {'A', 'C', 'G', 'T'};
 
+// Fields every tokenizer's JSON carries for readers of exported models (informational:
+// from_json rebuilds from the kind-specific fields).
+json with_common(json j, const Tokenizer& t) {
+  json specials = json::object();
+  const auto& names = special_token_names();
+  for (size_t id = 0; id < names.size(); ++id) specials[names[id]] = id;
+  j["special_tokens"] = specials;
+  j["vocab_size"] = t.vocab_size();
+  return j;
+}
+
 class CharTokenizer final : public Tokenizer {
  public:
   std::string kind() const override { return "char"; }
@@ -69,7 +80,9 @@ class CharTokenizer final : public Tokenizer {
     return std::string(1, "ACGTN"[id - kFirstRegularId]);
   }
   int64_t n_id() const override { return kFirstRegularId + 4; }
-  json to_json() const override { return json{{"kind", "char"}, {"version", 1}}; }
+  json to_json() const override {
+    return with_common(json{{"kind", "char"}, {"version", 1}}, *this);
+  }
 };
 
 class KmerTokenizer final : public Tokenizer {
@@ -125,7 +138,8 @@ class KmerTokenizer final : public Tokenizer {
     return piece;
   }
   json to_json() const override {
-    return json{{"kind", "kmer"}, {"version", 1}, {"k", k_}, {"stride", stride_}};
+    return with_common(json{{"kind", "kmer"}, {"version", 1}, {"k", k_}, {"stride", stride_}},
+                       *this);
   }
 
  private:
@@ -241,10 +255,11 @@ class BpeTokenizer final : public Tokenizer {
     return id >= kFirstRegularId ? id : -1;
   }
   json to_json() const override {
-    return json{{"kind", "bpe"},
-                {"version", 1},
-                {"bases_per_token", bases_per_token_},
-                {"model_proto_base64", base64_encode(proto_)}};
+    return with_common(json{{"kind", "bpe"},
+                            {"version", 1},
+                            {"bases_per_token", bases_per_token_},
+                            {"model_proto_base64", base64_encode(proto_)}},
+                       *this);
   }
   const std::string& proto() const { return proto_; }
 

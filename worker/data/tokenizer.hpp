@@ -10,7 +10,8 @@
 // (objectives.hpp). A tokenizer is immutable after construction and safe to use from many
 // threads at once.
 //
-// Serialisation: to_json() holds everything needed to rebuild an equal tokenizer (the BPE
+// Serialisation: to_json() ({"kind", "version", kind-specific fields, "special_tokens":
+// {"[PAD]": 0, ...}, "vocab_size"}) holds everything needed to rebuild an equal tokenizer (the BPE
 // model proto is embedded, base64). Checkpoints and exported models store it; loading
 // compares with operator== and refuses a mismatch.
 #pragma once
@@ -98,7 +99,10 @@ std::shared_ptr<const Tokenizer> load_bpe_model(const std::string& path);
 void save_bpe_model(const Tokenizer& bpe, const std::string& path);
 
 // From the config: char / kmer directly; bpe loads tokenizer.path when it exists, else
-// trains on a sample of data.train_files (see pipeline.hpp) and saves to tokenizer.path.
+// trains on the first 1 Mbases of data.train_files and saves to tokenizer.path (atomic
+// rename). Training is deterministic, so ranks that start together and all train get the
+// same model, but each spends ~10 s of CPU: for multi-rank runs train once beforehand
+// (one process with the same config) and point tokenizer.path at the file.
 // Throws Error(kUsage) for bad options (k out of range, stride not 1 or k, unknown kind).
 std::shared_ptr<const Tokenizer> make_tokenizer(const Config& config);
 

@@ -1,7 +1,10 @@
 #include "worker/data/data_loader.hpp"
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -71,7 +74,7 @@ TEST(DataLoader, DeterministicAcrossWorkerCounts) {
 }
 
 TEST(DataLoader, ResumeAcrossWorldSizes2To3To1) {
-  auto ds = genome();
+  auto ds = genome(30, 20);  // 48 samples cross two epoch boundaries
   auto tok = make_char_tokenizer();
   // Reference: one rank, global batch 12 (mbs 2, accum 6), 4 steps = 48 samples.
   std::map<uint64_t, std::vector<int64_t>> reference;
@@ -157,6 +160,41 @@ TEST(DataLoader, WorkerErrorsReachTheConsumer) {
     EXPECT_EQ(e.code(), ExitCode::kBadData);
     EXPECT_NE(std::string(e.what()).find("record 3"), std::string::npos);
   }
+}
+
+// Counts get() calls: how far the workers ran ahead of the consumer.
+class CountingDataset final : public Dataset {
+ public:
+  uint64_t size() const override { return 1000; }
+  Sample get(uint64_t, SampleRng&) const override {
+    ++calls;
+    return Sample{"ACGTACGTAC"};
+  }
+  int64_t skipped_records() const override { return 0; }
+  std::string describe() const override { return "counting"; }
+  mutable std::atomic<int64_t> calls{0};
+};
+
+TEST(DataLoader, PrefetchIsBounded) {
+  auto ds = std::make_shared<CountingDataset>();
+  auto o = options(0, 1, 4, 1, 2);
+  o.prefetch_factor = 2;  // at most 2 x 2 = 4 batches ahead of the consumer
+  DataLoader l(ds, make_char_tokenizer(), o);
+  // Wait (up to 10 s, the machine may be loaded) for the queue to fill, then check that the
+  // workers stay at the bound.
+  auto settle = [&](int64_t expected) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (ds->calls.load() < expected && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(ds->calls.load(), expected);
+  };
+  settle(4 * 4);
+  l.next();
+  settle(5 * 4);
+  l.stop();
+  EXPECT_EQ(l.state().consumed_samples, 4u);
 }
 
 // Variable-length dataset for group_by_length.

@@ -99,6 +99,13 @@ TEST(Objectives, PaddingAndAttentionMask) {
   EXPECT_TRUE(b.segment_ids.empty());
   EXPECT_EQ(b.sample_ids, (std::vector<uint64_t>{5, 10, 3}));
   EXPECT_EQ(b.num_bases, 18);
+  EXPECT_EQ(b.num_label_tokens, 3);
+  o.objective = Objective::kRegression;
+  for (auto& e : enc) e.target = 0.25F;
+  auto r = collate(enc, o);
+  EXPECT_TRUE(r.labels.empty());
+  EXPECT_EQ(r.targets, (std::vector<float>{0.25F, 0.25F, 0.25F}));
+  EXPECT_EQ(r.num_label_tokens, 3);
 }
 
 TEST(Objectives, PackingKeepsDocumentsApart) {

@@ -126,6 +126,23 @@ TEST(SequenceReader, TruncatedGzip) {
                   {"t.fa.gz", "truncated"});
 }
 
+TEST(SequenceReader, TruncatedBgzf) {
+  testing::TempDir dir;
+  std::string text = ">chr\n";
+  for (int i = 0; i < 3000; ++i) text += testing::random_bases(60, i) + "\n";
+  testing::write_bgzf(dir.file("cut.fa.gz"), text);
+  auto size = std::filesystem::file_size(dir.file("cut.fa.gz"));
+  // Without the 28-byte EOF block: every data block intact, the end missing.
+  std::filesystem::resize_file(dir.file("cut.fa.gz"), size - 28);
+  expect_bad_data([&] { read_sequences(dir.file("cut.fa.gz"), "auto", BadRecordPolicy::kError); },
+                  {"cut.fa.gz", "truncated"});
+  // Cut inside a block.
+  testing::write_bgzf(dir.file("mid.fa.gz"), text);
+  std::filesystem::resize_file(dir.file("mid.fa.gz"), size / 2);
+  expect_bad_data([&] { read_sequences(dir.file("mid.fa.gz"), "auto", BadRecordPolicy::kError); },
+                  {"mid.fa.gz", "truncated"});
+}
+
 TEST(SequenceReader, FastqQualityMismatchAndMissingHeader) {
   testing::TempDir dir;
   testing::write_text(dir.file("q.fastq"), "@r1\nACGT\n+\nIII\n");

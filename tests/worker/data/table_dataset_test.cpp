@@ -87,6 +87,13 @@ TEST(TableDataset, JsonlRegressionAndCacheDir) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("t.jsonl.dnaidx")));
 }
 
+TEST(TableDataset, Utf8BomHeader) {
+  testing::TempDir dir;
+  testing::write_text(dir.file("bom.csv"), "\xEF\xBB\xBFsequence,label\nACGT,1\n");
+  TableDataset ds({dir.file("bom.csv")}, classification());
+  EXPECT_EQ(get(ds, 0).label, 1);
+}
+
 TEST(TableDataset, MultipleFiles) {
   testing::TempDir dir;
   testing::write_text(dir.file("a.csv"), "sequence\nAAAA\nCCCC\n");

@@ -85,6 +85,9 @@ TEST(Tokenizer, JsonRoundTripAndEquality) {
   EXPECT_FALSE(*a == *make_kmer_tokenizer(4, 4));
   EXPECT_FALSE(*a == *make_char_tokenizer());
   EXPECT_TRUE(*tokenizer_from_json(make_char_tokenizer()->to_json()) == *make_char_tokenizer());
+  auto j = a->to_json();
+  EXPECT_EQ(j["special_tokens"]["[MASK]"], 4);
+  EXPECT_EQ(j["vocab_size"], 5 + 256);
   EXPECT_THROW(tokenizer_from_json(nlohmann::json{{"kind", "words"}}), Error);
   EXPECT_THROW(tokenizer_from_json(nlohmann::json{{"kind", "kmer"}}), Error);
 }
