@@ -15,13 +15,13 @@ TRAIN=${1:-build/bin/dnallm-train}
 WARMUP=${WARMUP:-3}
 STEPS=${STEPS:-5}
 ROUNDS=${ROUNDS:-2}
-THREADS=${THREADS:-$(nproc)}
+THREADS=${THREADS:-$(getconf _NPROCESSORS_ONLN)}
 PYTHON=${PYTHON:-/usr/bin/python3}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 export OMP_NUM_THREADS=$THREADS
 
-echo "bench/train: warmup $WARMUP, timed $STEPS x $ROUNDS rounds, threads $THREADS, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "bench/train: warmup $WARMUP, timed $STEPS x $ROUNDS rounds, threads $THREADS, $(getconf _NPROCESSORS_ONLN) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$ROUNDS"); do
   "$TRAIN" --config configs/bench-cpu.toml --set training.max_steps=$((WARMUP + STEPS)) \
     --set training.logging_steps=1 --set checkpoint.save_final=false \
