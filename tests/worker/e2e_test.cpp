@@ -127,7 +127,9 @@ TEST(TrainCli, HelpUsageAndWorldSize) {
   EXPECT_NE(help.out.find("--set"), std::string::npos);
   EXPECT_EQ(run(kBin + "dnallm-train --no-such-flag").code, 2);
   EXPECT_EQ(run(kBin + "dnallm-train --set model.arch=rnn").code, 2);
-  EXPECT_EQ(run("WORLD_SIZE=2 RANK=0 " + kBin + "dnallm-train").code, 2);
+  // An inconsistent rank environment is refused before anything connects.
+  auto bad_rank = run("WORLD_SIZE=2 RANK=2 " + kBin + "dnallm-train");
+  EXPECT_EQ(bad_rank.code, 2);
   EXPECT_EQ(run(kBin + "dnallm-eval --help").code, 0);
 }
 
