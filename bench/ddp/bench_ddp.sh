@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# bench/ddp: data-parallel training on configs/bench-cpu.toml, measured in one run:
+#   1. dnallm-launch --nproc-per-node 2 vs PyTorch DDP over Gloo (same model, same per-rank
+#      micro-batch of 8 x 512, 1 thread per rank): tokens/s ratio (target >= 1.15x);
+#   2. scaling: 2 ranks vs 1 rank (1 thread each): efficiency = tps2 / (2 x tps1) (target >= 0.9);
+#   3. exposed communication per step (waiting after backward) with overlap (default buckets)
+#      vs without (one bucket for the whole model, launched when backward is done);
+#   4. accumulate_sync "last" vs "every" with 2 micro-steps.
+#
+#   bench/ddp/bench_ddp.sh [build-dir]      env: WARMUP (2), STEPS (4), PYTHON
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${1:-build}
+WARMUP=${WARMUP:-2}
+STEPS=${STEPS:-4}
+PYTHON=${PYTHON:-/usr/bin/python3}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+N=$((WARMUP + STEPS))
+common=(--config configs/bench-cpu.toml --set training.max_steps=$N --set training.logging_steps=1
+        --set checkpoint.save_final=false --set parallel.backend=gloo --log-level warn)
+echo "bench/ddp: warmup $WARMUP, timed $STEPS, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+run_ours() {  # name nproc extra...
+  local name=$1 n=$2; shift 2
+  OMP_NUM_THREADS=1 "$BUILD/bin/dnallm-launch" --nproc-per-node "$n" "${common[@]}" \
+    --metrics-file "$TMP/$name.jsonl" "$@" > "$TMP/$name.log" 2>&1 || { cat "$TMP/$name.log"; exit 1; }
+}
+run_ours ddp2 2
+run_ours one 1
+run_ours noov 2 --set parallel.bucket_cap_mb=10000 --set parallel.first_bucket_mb=10000
+run_ours last 2 --set training.micro_batch_size=4 --set training.grad_accum_steps=2 --set parallel.accumulate_sync=last
+run_ours every 2 --set training.micro_batch_size=4 --set training.grad_accum_steps=2 --set parallel.accumulate_sync=every
+OMP_NUM_THREADS=1 "$PYTHON" bench/ddp/torch_ddp_peer.py --world 2 --threads 1 --warmup "$WARMUP" \
+  --steps "$STEPS" > "$TMP/peer.json"
+"$PYTHON" - "$TMP" "$WARMUP" <<'PY'
+import json, statistics, sys
+tmp, warmup = sys.argv[1], int(sys.argv[2])
+def ours(name):
+    lines = [json.loads(l) for l in open(f"{tmp}/{name}.jsonl")]
+    steps = [l for l in lines if "event" not in l and l["step"] > warmup]
+    world = [l for l in lines if l.get("event") == "summary"][0]["world_size"]
+    step_s = statistics.median(l["step_s"] for l in steps)
+    exposed = statistics.median(l["comm_exposed_s"] for l in steps)
+    return {"step_s": step_s, "tps": world * 8 * 512 / step_s, "exposed": exposed, "loss": steps[-1]["loss"]}
+r = {k: ours(k) for k in ["ddp2", "one", "noov", "last", "every"]}
+peer = json.load(open(f"{tmp}/peer.json"))
+print(f"{'run':<34}{'step_s':>9}{'tokens/s':>10}{'exposed_s':>11}")
+for name, label in [("ddp2", "dnallm 2 ranks (overlap)"), ("noov", "dnallm 2 ranks (no overlap)"),
+                    ("one", "dnallm 1 rank"), ("last", "dnallm 2 ranks accum=2 last"),
+                    ("every", "dnallm 2 ranks accum=2 every")]:
+    x = r[name]
+    print(f"{label:<34}{x['step_s']:>9.3f}{x['tps']:>10.0f}{x['exposed']:>11.4f}")
+print(f"{'pytorch DDP gloo 2 ranks ' + peer['torch']:<34}{peer['step_s_median']:>9.3f}{peer['tokens_per_s']:>10.0f}{'-':>11}")
+print(f"ratio dnallm/pytorch DDP tokens/s: {r['ddp2']['tps'] / peer['tokens_per_s']:.2f}x (target >= 1.15)")
+print(f"scaling efficiency 2 ranks vs 1: {r['ddp2']['tps'] / (2 * r['one']['tps']):.2f} (target >= 0.9)")
+print(f"exposed comm per step: overlap {r['ddp2']['exposed']:.4f} s vs no overlap {r['noov']['exposed']:.4f} s")
+print(f"accumulation: last {r['last']['tps']:.0f} tok/s vs every {r['every']['tps']:.0f} tok/s")
+PY

@@ -1,0 +1,75 @@
+"""PyTorch DDP over Gloo on the bench-cpu model: the peer for bench/ddp/bench_ddp.sh.
+
+Same model, initialisation and batch drawing as bench/train/torch_peer.py; each rank draws its
+own micro-batch of `--batch` sequences; torch.nn.parallel.DistributedDataParallel with its
+default 25 MB buckets overlaps the all-reduce with backward. Prints one JSON object (rank 0).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "train"))
+from torch_peer import BertMLM, make_batch, read_genome  # noqa: E402
+
+
+def worker(rank, args, out):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(args.port)
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", rank=rank, world_size=args.world)
+    torch.manual_seed(1)
+    genome = read_genome(args.fasta)
+    rng = torch.Generator().manual_seed(1 + rank)
+    model = torch.nn.parallel.DistributedDataParallel(BertMLM(seq=args.seq))
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=3e-4)
+    times = []
+    for step in range(args.warmup + args.steps):
+        ids, mask, labels = make_batch(genome, args.batch, args.seq, rng)
+        t0 = time.perf_counter()
+        loss = model(ids, mask, labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        dt = time.perf_counter() - t0
+        if step >= args.warmup:
+            times.append(dt)
+    if rank == 0:
+        med = statistics.median(times)
+        out.put({"peer": "pytorch-ddp-gloo", "torch": torch.__version__, "world": args.world,
+                 "threads_per_rank": torch.get_num_threads(), "step_s": times,
+                 "step_s_median": med,
+                 "tokens_per_s": args.world * args.batch * args.seq / med,
+                 "final_loss": loss.item()})
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fasta", default="data/ecoli_k12_mg1655.fa.gz")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--port", type=int, default=29631)
+    args = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    mp.spawn(worker, args=(args, out), nprocs=args.world)
+    print(json.dumps(out.get()))
+
+
+if __name__ == "__main__":
+    main()
