@@ -17,6 +17,11 @@ const char* op_name(uint8_t op) {
     case Op::kNumKeys: return "num_keys";
     case Op::kSetOwned: return "set_owned";
     case Op::kPing: return "ping";
+    case Op::kElasticJoin: return "elastic_join";
+    case Op::kElasticHeartbeat: return "elastic_heartbeat";
+    case Op::kElasticReportFailure: return "elastic_report_failure";
+    case Op::kElasticReportSuccess: return "elastic_report_success";
+    case Op::kElasticState: return "elastic_state";
   }
   return "unknown";
 }
