@@ -187,6 +187,9 @@ std::vector<ElasticEvent> ElasticState::tick(SteadyClock::time_point now) {
     }
     if (m.succeeded) continue;
     for (size_t i = 0; i < m.steps.size(); ++i) {
+      // A rank that never reported a step (-1: its worker writes no progress file) cannot be
+      // judged; without this every such job would be a "hang" after step_timeout.
+      if (m.steps[i] < 0) continue;
       if (now - m.step_changed_at[i] > options_.step_timeout) {
         FailureReport cause{
             m.info.node_id,

@@ -15,6 +15,7 @@
 //  d. While running, agents send heartbeat(node, steps) every heartbeat interval. A node not
 //     heard from for heartbeat_timeout is declared dead (membership change); a rank whose
 //     step does not advance for step_timeout is a hang (a failure, naming rank and host).
+//     Ranks still at step -1 (no progress known) are not judged.
 //  e. A worker failure (report_failure) or a dead or hung node opens a new round: every agent
 //     sees generation_open() > its generation, stops its workers and rejoins (step a).
 //     Failures consume max_restarts; joins and deaths consume max_membership_changes. When a

@@ -196,6 +196,17 @@ TEST_F(ElasticStateTest, HangIsDetectedAndNamesRank) {
   FAIL() << "hang not detected";
 }
 
+TEST_F(ElasticStateTest, RanksWithoutProgressAreNotHangs) {
+  ElasticState s(opts(1, 1));
+  s.join(node("a", 2), at(0));
+  for (int t = 1; t <= 100; ++t) {
+    s.heartbeat("a", {-1, -1}, at(t));  // workers that write no progress file
+    EXPECT_FALSE(has(s.tick(at(t)), ElasticEvent::Kind::kHang)) << "at " << t << " s";
+  }
+  EXPECT_EQ(s.phase(), JobPhase::kRunning);
+  EXPECT_EQ(s.restarts_used(), 0);
+}
+
 TEST_F(ElasticStateTest, SuccessWhenAllNodesFinish) {
   ElasticState s(opts(2, 2));
   s.join(node("a"), at(0));
