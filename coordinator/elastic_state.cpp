@@ -124,6 +124,9 @@ void ElasticState::heartbeat(const std::string& node_id, const std::vector<int64
 std::vector<ElasticEvent> ElasticState::tick(SteadyClock::time_point now) {
   std::vector<ElasticEvent> events;
   if (phase_ == JobPhase::kRendezvous) {
+    // The first round opens with its first join (round_opened_at_ is unset before): a
+    // coordinator ticking before any agent arrived must not time the join out.
+    if (generation_ == 0 && joined_.empty()) return events;
     // Joined nodes that went silent leave the round.
     joined_.erase(std::remove_if(joined_.begin(), joined_.end(),
                                  [&](const Joined& j) {

@@ -196,6 +196,15 @@ TEST_F(ElasticStateTest, HangIsDetectedAndNamesRank) {
   FAIL() << "hang not detected";
 }
 
+TEST_F(ElasticStateTest, TicksBeforeTheFirstJoinDoNotTimeTheJoinOut) {
+  ElasticState s(opts(2, 2));
+  EXPECT_TRUE(s.tick(at(1000)).empty());  // long after the clock's epoch, nobody joined yet
+  EXPECT_EQ(s.phase(), JobPhase::kRendezvous);
+  s.join(node("a", 1), at(1001));
+  s.join(node("b", 1), at(1002));
+  EXPECT_EQ(s.phase(), JobPhase::kRunning);
+}
+
 TEST_F(ElasticStateTest, RanksWithoutProgressAreNotHangs) {
   ElasticState s(opts(1, 1));
   s.join(node("a", 2), at(0));

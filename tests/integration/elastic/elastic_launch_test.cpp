@@ -293,5 +293,40 @@ TEST_F(ElasticLaunchTest, ExhaustedRestartBudgetExitsFourWithTheRootCause) {
   }
 }
 
+TEST_F(ElasticLaunchTest, StandaloneCoordinatorServesAgentsAndExitsWithTheJob) {
+  AgentProcess coordinator({std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-coordinator", "--host",
+                            "127.0.0.1", "--port", "0", "--min-nodes", "2", "--max-nodes", "2",
+                            "--rdzv-settle", "0.3", "--heartbeat-timeout", "1.5"},
+                           {"DNALLM_JOB_TOKEN=tok"}, file("coordinator"));
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!contains(coordinator.out(), "\n") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(coordinator.out().rfind("port ", 0), 0u) << coordinator.log();
+  port_ = std::atoi(coordinator.out().c_str() + 5);
+  // Without --node-rank (and outside Slurm) an agent joins and hosts nothing.
+  const std::string script = std::string(kEnvLine) + "exit 0";
+  std::vector<std::string> common = {launch_binary(),
+                                     "--nnodes",
+                                     "2",
+                                     "--nproc-per-node",
+                                     "2",
+                                     "--rdzv-endpoint",
+                                     "127.0.0.1:" + std::to_string(port_),
+                                     "--monitor-interval",
+                                     "0.1",
+                                     "--",
+                                     "/bin/sh",
+                                     "-c",
+                                     script};
+  AgentProcess a(common, {"DNALLM_JOB_TOKEN=tok", "T=" + dir_}, file("a"));
+  AgentProcess b(common, {"DNALLM_JOB_TOKEN=tok", "T=" + dir_}, file("b"));
+  ASSERT_EQ(a.wait(30s), 0) << a.log();
+  ASSERT_EQ(b.wait(30s), 0) << b.log();
+  EXPECT_EQ(count(a.out() + b.out(), " W=4 "), 4) << a.out() << b.out();
+  EXPECT_EQ(coordinator.wait(15s), 0) << coordinator.log();
+  EXPECT_TRUE(contains(coordinator.err(), "all 2 nodes finished")) << coordinator.err();
+}
+
 }  // namespace
 }  // namespace dnallm::elastic_testing
