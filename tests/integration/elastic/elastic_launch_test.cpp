@@ -328,5 +328,27 @@ TEST_F(ElasticLaunchTest, StandaloneCoordinatorServesAgentsAndExitsWithTheJob) {
   EXPECT_TRUE(contains(coordinator.err(), "all 2 nodes finished")) << coordinator.err();
 }
 
+TEST_F(ElasticLaunchTest, MultiNodeJobsNeedASharedTokenAndAnEndpoint) {
+  const std::string ep = "127.0.0.1:" + std::to_string(port_);
+  struct Case {
+    std::vector<std::string> args;
+    std::vector<std::string> env;
+    const char* needle;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--nnodes", "2", "--rdzv-endpoint", ep}, {"DNALLM_JOB_TOKEN="}, "DNALLM_JOB_TOKEN"},
+           {{"--nnodes", "1:2", "--rdzv-id", "x"}, {"DNALLM_JOB_TOKEN=t"}, "--rdzv-endpoint"},
+           {{"--nnodes", "3:2", "--rdzv-endpoint", ep}, {"DNALLM_JOB_TOKEN=t"}, "MIN"},
+           {{"--rdzv-endpoint", "nohost"}, {"DNALLM_JOB_TOKEN=t"}, "HOST:PORT"},
+           {{"--rdzv-endpoint", ep, "--token-file", dir_ + "/missing"}, {}, "--token-file"}}) {
+    std::vector<std::string> argv = {launch_binary()};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    argv.insert(argv.end(), {"--", "/bin/true"});
+    AgentProcess p(argv, c.env, file("usage"));
+    EXPECT_EQ(p.wait(10s), 2) << c.args[1] << ": " << p.log();
+    EXPECT_TRUE(contains(p.err(), c.needle)) << p.err();
+  }
+}
+
 }  // namespace
 }  // namespace dnallm::elastic_testing
