@@ -350,5 +350,69 @@ TEST_F(ElasticLaunchTest, MultiNodeJobsNeedASharedTokenAndAnEndpoint) {
   }
 }
 
+// Two network namespaces joined by a veth pair, 10.77.0.1/24 and 10.77.0.2/24 (only
+// inside the namespaces this test creates, deleted in its teardown): the agents talk over
+// a real (virtual) link instead of loopback.
+class ElasticNetnsTest : public ElasticLaunchTest {
+ protected:
+  void SetUp() override {
+    ElasticLaunchTest::SetUp();
+    if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+    if (::access("/usr/sbin/ip", X_OK) != 0 && ::access("/sbin/ip", X_OK) != 0) {
+      GTEST_SKIP() << "the ip command (iproute2) is missing";
+    }
+    ip_ = ::access("/usr/sbin/ip", X_OK) == 0 ? "/usr/sbin/ip" : "/sbin/ip";
+    const std::string id = std::to_string(::getpid());
+    ns_a_ = "dnallm-ea-" + id;
+    ns_b_ = "dnallm-eb-" + id;
+    const std::string veth_a = "dnea" + id, veth_b = "dneb" + id;
+    for (const std::string& cmd :
+         {ip_ + " netns add " + ns_a_, ip_ + " netns add " + ns_b_,
+          ip_ + " link add " + veth_a + " type veth peer name " + veth_b,
+          ip_ + " link set " + veth_a + " netns " + ns_a_,
+          ip_ + " link set " + veth_b + " netns " + ns_b_,
+          ip_ + " -n " + ns_a_ + " addr add 10.77.0.1/24 dev " + veth_a,
+          ip_ + " -n " + ns_b_ + " addr add 10.77.0.2/24 dev " + veth_b,
+          ip_ + " -n " + ns_a_ + " link set " + veth_a + " up",
+          ip_ + " -n " + ns_b_ + " link set " + veth_b + " up",
+          ip_ + " -n " + ns_a_ + " link set lo up", ip_ + " -n " + ns_b_ + " link set lo up"}) {
+      ASSERT_EQ(std::system((cmd + " 2>&1").c_str()), 0) << cmd;
+    }
+  }
+  void TearDown() override {
+    ElasticLaunchTest::TearDown();
+    // Deleting a namespace deletes the veth end inside it, and with it the pair.
+    if (!ns_a_.empty()) std::system((ip_ + " netns del " + ns_a_ + " 2>/dev/null").c_str());
+    if (!ns_b_.empty()) std::system((ip_ + " netns del " + ns_b_ + " 2>/dev/null").c_str());
+  }
+  AgentProcess& agent_in(const std::string& ns, const std::string& name,
+                         std::vector<std::string> args, const std::string& script) {
+    std::vector<std::string> argv = {ip_, "netns", "exec", ns, launch_binary()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"--", "/bin/sh", "-c", script});
+    agents_.push_back(std::make_unique<AgentProcess>(
+        argv, std::vector<std::string>{"DNALLM_JOB_TOKEN=tok", "T=" + dir_}, file(name)));
+    return *agents_.back();
+  }
+  std::string ip_, ns_a_, ns_b_;
+};
+
+TEST_F(ElasticNetnsTest, TwoNodesOverAVethLinkRecoverFromAKilledWorker) {
+  std::vector<std::string> common = {
+      "--nnodes",           "2",   "--nproc-per-node", "2",   "--rdzv-endpoint", "10.77.0.1:29400",
+      "--monitor-interval", "0.1", "--rdzv-settle",    "0.3", "--grace-period",  "1"};
+  std::vector<std::string> a_args = common;
+  a_args.insert(a_args.end(), {"--node-rank", "0", "--max-restarts", "1"});
+  const std::string script =
+      std::string(kEnvLine) + "echo \"M=$MASTER_ADDR:$MASTER_PORT\"; " + kKillScript;
+  AgentProcess& a = agent_in(ns_a_, "a", a_args, script);
+  AgentProcess& b = agent_in(ns_b_, "b", common, script);
+  double recovery = kill_one_worker_and_recover(this, a, b, dir_);
+  EXPECT_EQ(count(a.out() + b.out(), "gen=2"), 4) << a.out() << b.out();
+  EXPECT_EQ(count(a.out() + b.out(), "M=10.77.0.1:29400"), 8) << a.out() << b.out();
+  EXPECT_EQ(count(a.out() + b.out(), "finished"), 4);
+  std::printf("recovery time over veth: %.3f s\n", recovery);
+}
+
 }  // namespace
 }  // namespace dnallm::elastic_testing
