@@ -101,9 +101,9 @@ int main(int argc, char** argv) {
     if (!serve_forever) {
       outcome_watcher = std::thread([&] {
         while (!done.load()) {
-          // Returns once every live agent was told the outcome (bounded by the timeout).
-          if (service.view("").terminal() &&
-              (service.wait_outcome_delivered(elastic.state.heartbeat_timeout), true)) {
+          if (service.view("").terminal()) {
+            // Give every live agent the outcome (bounded), then end the io loop.
+            service.wait_outcome_delivered(elastic.state.heartbeat_timeout);
             signals_io.stop();
             return;
           }
