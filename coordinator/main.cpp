@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
   coordinator::ElasticServiceOptions elastic;
   double settle_s = 2.0, heartbeat_timeout_s = 10.0, hang_timeout_s = 300.0, join_timeout_s = 600.0;
   bool serve_forever = false;
-  app.add_option("--host", options.host, "address to bind (default 0.0.0.0)");
+  app.add_option("--host", options.host,
+                 "address to bind (default: $MASTER_ADDR, else 0.0.0.0 with a warning)");
   app.add_option("--port", port, "TCP port to listen on; 0 picks a free one (default 29500)")
       ->check(CLI::Range(0, 65535));
   app.add_option("--token", token, "job token clients must present (default: $DNALLM_JOB_TOKEN)");
@@ -75,6 +76,14 @@ int main(int argc, char** argv) {
     if (token.empty())
       spdlog::warn("no job token set (--token or DNALLM_JOB_TOKEN): any client is accepted");
     options.token = token;
+    if (app.count("--host") == 0) {
+      const char* master = std::getenv("MASTER_ADDR");
+      if (master != nullptr && *master != '\0') {
+        options.host = master;
+      } else {
+        spdlog::warn("no --host and no MASTER_ADDR: listening on every interface (0.0.0.0)");
+      }
+    }
     options.port = static_cast<uint16_t>(port);
     auto ms = [](double s) { return std::chrono::milliseconds(static_cast<long long>(s * 1000)); };
     elastic.state.settle = ms(settle_s);

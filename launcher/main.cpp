@@ -293,6 +293,8 @@ int main(int argc, char** argv) {
   Args args;
   CLI::App app{
       "dnallm-launch: start and watch the dnallm-train workers of this node.\n"
+      "Elastic multi-node jobs (--standalone, --rdzv-endpoint, --rdzv-id, --nnodes MIN:MAX):\n"
+      "see docs/elastic.md; the node-rank-0 agent hosts the coordinator.\n"
       "Workers get RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
       "MASTER_PORT, TORCHELASTIC_*, DNALLM_GENERATION and DNALLM_JOB_TOKEN. Exit codes:\n"
       "0 ok, 2 usage, 3/5 a worker's bad data / corrupt checkpoint, 4 a worker failed,\n"
