@@ -152,7 +152,9 @@ int run_elastic(const Args& args, const CLI::App& app, LaunchPlan plan,
   co.port = static_cast<uint16_t>(endpoint_port);
   co.token = token;
   co.connect_timeout = std::chrono::seconds(60);
-  co.op_timeout = std::chrono::seconds(30);
+  // A coordinator silent for a heartbeat timeout would declare this node dead: the agent
+  // gives up on it after as long (the first connect, above, may wait for node 0 to start).
+  co.op_timeout = std::max(ms(args.heartbeat_timeout_s), std::chrono::milliseconds(1000));
 
   ElasticAgentOptions ao;
   ao.node.host = this_host();

@@ -196,6 +196,29 @@ TEST_F(ElasticLaunchTest, KilledAgentLeavesTheSurvivorRunningAtWorldTwo) {
   EXPECT_TRUE(contains(a.err(), "node " + host_name() + ": no heartbeat")) << a.err();
 }
 
+TEST_F(ElasticLaunchTest, LosingTheHostingAgentFailsTheOthersWithExitFour) {
+  const std::string script = std::string(kEnvLine) + "exec sleep 30";
+  AgentProcess& a = agent("a", 0, "2", script);
+  AgentProcess& b = agent("b", 1, "2", script);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(wait_for_file(file("pid_g1_r" + std::to_string(r)), 20s)) << a.log() << b.log();
+  }
+  ::kill(a.pid(), SIGKILL);  // the coordinator dies with it
+  EXPECT_EQ(a.wait(5s), 128 + SIGKILL);
+  EXPECT_EQ(b.wait(20s), 4) << b.log();
+  EXPECT_TRUE(contains(b.err(), "coordinator 127.0.0.1:" + std::to_string(port_))) << b.err();
+  // No worker is left behind (a's died with it, b stopped its own); a's are reaped by
+  // init, so allow it a moment.
+  for (int r = 0; r < 4; ++r) {
+    const pid_t pid = read_pid("pid_g1_r" + std::to_string(r));
+    auto deadline = std::chrono::steady_clock::now() + 3s;
+    while (::kill(pid, 0) == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(20ms);
+    }
+    EXPECT_NE(::kill(pid, 0), 0) << "rank " << r << " (pid " << pid << ") still exists";
+  }
+}
+
 TEST_F(ElasticLaunchTest, LateAgentIsAdmittedAtTheNextRound) {
   const std::string script =
       std::string(kEnvLine) + "if [ \"$DNALLM_GENERATION\" = 1 ]; then exec sleep 30; fi; exit 0";
