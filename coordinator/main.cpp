@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -90,8 +91,12 @@ int main(int argc, char** argv) {
     elastic.state.heartbeat_timeout = ms(heartbeat_timeout_s);
     elastic.state.step_timeout = ms(hang_timeout_s);
     elastic.state.join_timeout = ms(join_timeout_s);
+    // The service outlives the server's io thread (which runs its handlers): on any exit
+    // from this scope the server is destroyed (stopped, joined) first.
+    std::unique_ptr<coordinator::ElasticService> service_holder;
     coordinator::StoreServer server(options);
-    coordinator::ElasticService service(server, elastic);
+    service_holder = std::make_unique<coordinator::ElasticService>(server, elastic);
+    coordinator::ElasticService& service = *service_holder;
     server.start();
     service.start();
     // Print the port on stdout so scripts using --port 0 can read it.

@@ -114,8 +114,10 @@ int run_elastic(const Args& args, const CLI::App& app, LaunchPlan plan,
   SignalFdStopSignals signals;
   auto ms = [](double s) { return std::chrono::milliseconds(static_cast<long long>(s * 1000)); };
 
-  std::unique_ptr<coordinator::StoreServer> server;
+  // Declared in this order so that on an exception the server (whose io thread runs the
+  // service's handlers) is stopped and joined before the service is destroyed.
   std::unique_ptr<coordinator::ElasticService> service;
+  std::unique_ptr<coordinator::StoreServer> server;
   coordinator::ElasticServiceOptions service_options;
   if (host_coordinator) {
     coordinator::StoreServerOptions so;
