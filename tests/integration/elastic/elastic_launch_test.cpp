@@ -80,7 +80,7 @@ class ElasticLaunchTest : public ::testing::Test {
                                      "--rdzv-settle",
                                      "0.3",
                                      "--heartbeat-timeout",
-                                     "1.5",
+                                     "3",
                                      "--grace-period",
                                      "1"};
     argv.insert(argv.end(), extra.begin(), extra.end());
@@ -240,7 +240,7 @@ TEST_F(ElasticLaunchTest, StoppedWorkerIsReportedAsAHangNamingRankAndHost) {
       std::string(kEnvLine) +
       "i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo $i > $DNALLM_PROGRESS_FILE; sleep 0.1; "
       "done; exit 0";
-  AgentProcess& a = agent("a", 0, "2", script, {"--hang-timeout", "1", "--max-restarts", "0"});
+  AgentProcess& a = agent("a", 0, "2", script, {"--hang-timeout", "2", "--max-restarts", "0"});
   AgentProcess& b = agent("b", 1, "2", script);
   ASSERT_TRUE(wait_for_file(file("pid_g1_r2"), 20s)) << a.log() << b.log();
   std::this_thread::sleep_for(500ms);
@@ -319,7 +319,7 @@ TEST_F(ElasticLaunchTest, ExhaustedRestartBudgetExitsFourWithTheRootCause) {
 TEST_F(ElasticLaunchTest, StandaloneCoordinatorServesAgentsAndExitsWithTheJob) {
   AgentProcess coordinator({std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-coordinator", "--host",
                             "127.0.0.1", "--port", "0", "--min-nodes", "2", "--max-nodes", "2",
-                            "--rdzv-settle", "0.3", "--heartbeat-timeout", "1.5"},
+                            "--rdzv-settle", "0.3", "--heartbeat-timeout", "3"},
                            {"DNALLM_JOB_TOKEN=tok"}, file("coordinator"));
   auto deadline = std::chrono::steady_clock::now() + 10s;
   while (!contains(coordinator.out(), "\n") && std::chrono::steady_clock::now() < deadline) {
