@@ -193,7 +193,12 @@ JobView ElasticService::view_locked(const std::string& node_id) {
   v.membership_changes_used = state_.membership_changes_used();
   v.assignment = state_.assignment(node_id);
   v.round_reason = round_reason_;
-  if (state_.root_cause()) v.root_cause = format_root_cause(*state_.root_cause());
+  if (state_.root_cause()) {
+    v.root_cause = format_root_cause(*state_.root_cause());
+    v.exit_code = is_worker_diagnosis(*state_.root_cause())
+                      ? state_.root_cause()->exit_code
+                      : static_cast<int64_t>(ExitCode::kPeerFailed);
+  }
   return v;
 }
 

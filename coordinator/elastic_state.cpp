@@ -33,6 +33,11 @@ std::string FailureReport::describe() const {
   return how.empty() ? who : who + ": " + how;
 }
 
+bool is_worker_diagnosis(const FailureReport& report) {
+  return report.signal == 0 && report.rank >= 0 &&
+         (report.exit_code == 2 || report.exit_code == 3 || report.exit_code == 5);
+}
+
 const char* job_phase_name(JobPhase phase) {
   switch (phase) {
     case JobPhase::kRendezvous:
@@ -225,6 +230,15 @@ std::vector<ElasticEvent> ElasticState::report_failure(const FailureReport& repo
   });
   if (!is_member) return events;
   events.push_back({ElasticEvent::Kind::kFailure, generation_, report.describe()});
+  if (is_worker_diagnosis(report)) {
+    // DESIGN.md exit codes: bad usage (2), bad data (3) or a corrupt checkpoint (5)
+    // fail the same way every time; restarting would only spend the budget.
+    FailureReport cause = report;
+    cause.reason += cause.reason.empty() ? "not restarted (the worker's own diagnosis)"
+                                         : "; not restarted (the worker's own diagnosis)";
+    fail_job(cause, events);
+    return events;
+  }
   if (!spend(restarts_used_, options_.max_restarts, report, events, "max_restarts")) return events;
   open_round(now, events, report.describe());
   return events;

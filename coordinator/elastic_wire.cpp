@@ -20,7 +20,7 @@ void encode_job_view(FrameWriter& w, const JobView& view) {
         .i64(a.rank_offset)
         .i64(a.local_world_size);
   }
-  w.str(view.round_reason).str(view.root_cause);
+  w.str(view.round_reason).str(view.root_cause).i64(view.exit_code);
 }
 
 JobView decode_job_view(FrameReader& r) {
@@ -46,6 +46,7 @@ JobView decode_job_view(FrameReader& r) {
   }
   v.round_reason = r.str();
   v.root_cause = r.str();
+  v.exit_code = r.i64();
   r.expect_done();
   return v;
 }

@@ -18,7 +18,8 @@
 //       i64 restarts_used, i64 membership_changes_used, u8 has_assignment, then (when 1)
 //       i64 generation, node_rank, nnodes, world_size, rank_offset, local_world_size;
 //       string round_reason (why the last round opened), string root_cause ("" unless
-//       the job failed).
+//       the job failed), i64 exit_code (0 running or succeeded; 4, or the failed worker's
+//       own 2/3/5, once failed).
 //  Values out of range (empty or > kMaxNodeIdBytes node id, nproc or step count outside
 //  [1, kMaxLocalRanks], more than kMaxLastLines lines) are answered kBadRequest.
 #pragma once
@@ -48,6 +49,7 @@ struct JobView {
   std::optional<NodeAssignment> assignment;  // this node's, in `generation`
   std::string round_reason;                  // why the newest round opened ("" for the first)
   std::string root_cause;                    // the root-cause report once the job failed
+  int64_t exit_code = 0;  // what agents exit with: 0, 4, or the worker's own 2/3/5
 
   bool terminal() const { return phase == JobPhase::kSucceeded || phase == JobPhase::kFailed; }
 };

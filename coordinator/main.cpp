@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
     server.join();
     if (outcome.phase == coordinator::JobPhase::kFailed) {
       std::cerr << "dnallm-coordinator: the job failed; root cause: " << outcome.root_cause << "\n";
-      return static_cast<int>(ExitCode::kPeerFailed);
+      return static_cast<int>(outcome.exit_code);
     }
     return 0;
   } catch (const Error& e) {

@@ -42,14 +42,16 @@ int parse_positive(const std::string& s, const std::string& what) {
   return v;
 }
 
-// The job ended: 0 or 4, printing the root cause on stderr (one block a script can grep).
+// The job ended: 0, 4 (or the failed worker's own 2/3/5), printing the root cause on stderr (one
+// block a script can grep).
 int finish(const JobView& view) {
   if (view.phase == JobPhase::kSucceeded) {
     spdlog::info("job succeeded (generation {})", view.generation);
     return 0;
   }
   std::cerr << "dnallm-launch: the job failed; root cause: " << view.root_cause << std::endl;
-  return static_cast<int>(ExitCode::kPeerFailed);
+  return view.exit_code > 0 && view.exit_code < 128 ? static_cast<int>(view.exit_code)
+                                                    : static_cast<int>(ExitCode::kPeerFailed);
 }
 
 }  // namespace

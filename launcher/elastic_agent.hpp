@@ -16,6 +16,8 @@
 //   4. all local workers succeeded: report_success, keep heartbeating until the job
 //      succeeded (exit 0), failed (exit 4) or a newer generation opened (go to 1: the whole
 //      world runs again, as torchrun does).
+//   A failed job exits 4, or with the failed worker's own 2, 3 or 5 (its diagnosis; the
+//   coordinator does not restart those: coordinator::is_worker_diagnosis).
 //   5. SIGINT/SIGTERM: forwarded to the workers, exit 128 + signal (the coordinator will
 //      declare this node dead after its heartbeat timeout).
 // Restart budgets are the coordinator's (job-wide); the agent has none of its own.

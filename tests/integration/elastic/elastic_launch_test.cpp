@@ -316,6 +316,22 @@ TEST_F(ElasticLaunchTest, ExhaustedRestartBudgetExitsFourWithTheRootCause) {
   }
 }
 
+TEST_F(ElasticLaunchTest, BadDataExitOfOneWorkerEndsTheJobWithItsCodeAndNoRestart) {
+  const std::string script = std::string(kEnvLine) +
+                             "if [ $RANK = 1 ]; then echo \"bad record at line 3\" >&2; exit 3; "
+                             "fi; exec sleep 30";
+  AgentProcess& a = agent("a", 0, "2", script, {"--max-restarts", "3"});
+  AgentProcess& b = agent("b", 1, "2", script);
+  EXPECT_EQ(a.wait(30s), 3) << a.log();
+  EXPECT_EQ(b.wait(30s), 3) << b.log();
+  EXPECT_EQ(count(a.out() + b.out(), "gen=2"), 0);
+  for (AgentProcess* p : {&a, &b}) {
+    EXPECT_TRUE(contains(p->err(), "rank 1 on " + host_name() + ": exited with code 3"))
+        << p->err();
+    EXPECT_TRUE(contains(p->err(), "bad record at line 3")) << p->err();
+  }
+}
+
 TEST_F(ElasticLaunchTest, StandaloneCoordinatorServesAgentsAndExitsWithTheJob) {
   AgentProcess coordinator({std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-coordinator", "--host",
                             "127.0.0.1", "--port", "0", "--min-nodes", "2", "--max-nodes", "2",
