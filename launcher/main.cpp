@@ -189,7 +189,7 @@ int run_elastic(const Args& args, const CLI::App& app, LaunchPlan plan,
   ::rmdir(progress_dir.c_str());
   if (service) {
     // Let the other agents learn the outcome before the coordinator goes away.
-    if (code == 0 || code == static_cast<int>(ExitCode::kPeerFailed)) {
+    if (code < 128) {  // the job ended (not this agent interrupted by a signal)
       service->wait_outcome_delivered(service_options.state.heartbeat_timeout);
     }
     service->stop();
