@@ -33,12 +33,21 @@ std::string FailureReport::describe() const {
   return how.empty() ? who : who + ": " + how;
 }
 
+bool is_worker_diagnosis(const FailureReport& report) {
+  return report.signal == 0 && report.rank >= 0 &&
+         (report.exit_code == 2 || report.exit_code == 3 || report.exit_code == 5);
+}
+
 const char* job_phase_name(JobPhase phase) {
   switch (phase) {
-    case JobPhase::kRendezvous: return "rendezvous";
-    case JobPhase::kRunning: return "running";
-    case JobPhase::kSucceeded: return "succeeded";
-    case JobPhase::kFailed: return "failed";
+    case JobPhase::kRendezvous:
+      return "rendezvous";
+    case JobPhase::kRunning:
+      return "running";
+    case JobPhase::kSucceeded:
+      return "succeeded";
+    case JobPhase::kFailed:
+      return "failed";
   }
   return "?";
 }
@@ -76,7 +85,8 @@ std::vector<ElasticEvent> ElasticState::join(const NodeInfo& node, SteadyClock::
     if (is_member) {
       // An agent that rejoins while its generation runs lost its workers (or restarted):
       // everyone must regroup.
-      FailureReport cause{node.node_id, node.host, -1, 0, 0, "its agent rejoined while running", {}};
+      FailureReport cause{
+          node.node_id, node.host, -1, 0, 0, "its agent rejoined while running", {}};
       if (!spend(membership_changes_used_, options_.max_membership_changes, cause, events,
                  "max_membership_changes")) {
         return events;
@@ -119,6 +129,9 @@ void ElasticState::heartbeat(const std::string& node_id, const std::vector<int64
 std::vector<ElasticEvent> ElasticState::tick(SteadyClock::time_point now) {
   std::vector<ElasticEvent> events;
   if (phase_ == JobPhase::kRendezvous) {
+    // The first round opens with its first join (round_opened_at_ is unset before): a
+    // coordinator ticking before any agent arrived must not time the join out.
+    if (generation_ == 0 && joined_.empty()) return events;
     // Joined nodes that went silent leave the round.
     joined_.erase(std::remove_if(joined_.begin(), joined_.end(),
                                  [&](const Joined& j) {
@@ -141,7 +154,11 @@ std::vector<ElasticEvent> ElasticState::tick(SteadyClock::time_point now) {
                (!missing_previous || overdue)) {
       close_round(now, events);
     } else if (count < options_.min_nodes && now - round_opened_at_ > options_.join_timeout) {
-      FailureReport cause{"", "", -1, 0, 0,
+      FailureReport cause{"",
+                          "",
+                          -1,
+                          0,
+                          0,
                           fmt::format("only {} of at least {} nodes joined within {:.0f} s", count,
                                       options_.min_nodes, seconds(options_.join_timeout)),
                           {}};
@@ -152,10 +169,14 @@ std::vector<ElasticEvent> ElasticState::tick(SteadyClock::time_point now) {
   if (phase_ != JobPhase::kRunning) return events;
   for (const auto& m : members_) {
     if (now - m.last_seen > options_.heartbeat_timeout) {
-      FailureReport cause{m.info.node_id, m.info.host, -1, 0, 0,
-                          fmt::format("no heartbeat for {:.1f} s (node declared dead)",
-                                      seconds(now - m.last_seen)),
-                          {}};
+      FailureReport cause{
+          m.info.node_id,
+          m.info.host,
+          -1,
+          0,
+          0,
+          fmt::format("no heartbeat for {:.1f} s (node declared dead)", seconds(now - m.last_seen)),
+          {}};
       events.push_back({ElasticEvent::Kind::kNodeDead, generation_, cause.describe()});
       // The dead node is not expected back in the next round.
       previous_order_.clear();
@@ -174,15 +195,19 @@ std::vector<ElasticEvent> ElasticState::tick(SteadyClock::time_point now) {
     }
     if (m.succeeded) continue;
     for (size_t i = 0; i < m.steps.size(); ++i) {
+      // A rank that never reported a step (-1: its worker writes no progress file) cannot be
+      // judged; without this every such job would be a "hang" after step_timeout.
+      if (m.steps[i] < 0) continue;
       if (now - m.step_changed_at[i] > options_.step_timeout) {
-        FailureReport cause{m.info.node_id,
-                            m.info.host,
-                            m.rank_offset + static_cast<int64_t>(i),
-                            0,
-                            0,
-                            fmt::format("no progress for {:.1f} s after step {} (hang or straggler)",
-                                        seconds(now - m.step_changed_at[i]), m.steps[i]),
-                            {}};
+        FailureReport cause{
+            m.info.node_id,
+            m.info.host,
+            m.rank_offset + static_cast<int64_t>(i),
+            0,
+            0,
+            fmt::format("no progress for {:.1f} s after step {} (hang or straggler)",
+                        seconds(now - m.step_changed_at[i]), m.steps[i]),
+            {}};
         events.push_back({ElasticEvent::Kind::kHang, generation_, cause.describe()});
         if (!spend(restarts_used_, options_.max_restarts, cause, events, "max_restarts")) {
           return events;
@@ -205,6 +230,15 @@ std::vector<ElasticEvent> ElasticState::report_failure(const FailureReport& repo
   });
   if (!is_member) return events;
   events.push_back({ElasticEvent::Kind::kFailure, generation_, report.describe()});
+  if (is_worker_diagnosis(report)) {
+    // DESIGN.md exit codes: bad usage (2), bad data (3) or a corrupt checkpoint (5)
+    // fail the same way every time; restarting would only spend the budget.
+    FailureReport cause = report;
+    cause.reason += cause.reason.empty() ? "not restarted (the worker's own diagnosis)"
+                                         : "; not restarted (the worker's own diagnosis)";
+    fail_job(cause, events);
+    return events;
+  }
   if (!spend(restarts_used_, options_.max_restarts, report, events, "max_restarts")) return events;
   open_round(now, events, report.describe());
   return events;
@@ -224,9 +258,9 @@ std::vector<ElasticEvent> ElasticState::report_success(const std::string& node_i
   }
   if (all) {
     phase_ = JobPhase::kSucceeded;
-    events.push_back({ElasticEvent::Kind::kJobSucceeded, generation_,
-                      fmt::format("all {} nodes finished (generation {})", members_.size(),
-                                  generation_)});
+    events.push_back(
+        {ElasticEvent::Kind::kJobSucceeded, generation_,
+         fmt::format("all {} nodes finished (generation {})", members_.size(), generation_)});
   }
   return events;
 }
@@ -237,8 +271,8 @@ std::optional<NodeAssignment> ElasticState::assignment(const std::string& node_i
   for (const auto& m : members_) world += m.info.nproc;
   for (const auto& m : members_) {
     if (m.info.node_id == node_id) {
-      return NodeAssignment{generation_,  m.node_rank, static_cast<int64_t>(members_.size()),
-                            world,        m.rank_offset, m.info.nproc};
+      return NodeAssignment{generation_, m.node_rank,   static_cast<int64_t>(members_.size()),
+                            world,       m.rank_offset, m.info.nproc};
     }
   }
   return std::nullopt;

@@ -15,10 +15,12 @@
 //  d. While running, agents send heartbeat(node, steps) every heartbeat interval. A node not
 //     heard from for heartbeat_timeout is declared dead (membership change); a rank whose
 //     step does not advance for step_timeout is a hang (a failure, naming rank and host).
+//     Ranks still at step -1 (no progress known) are not judged.
 //  e. A worker failure (report_failure) or a dead or hung node opens a new round: every agent
 //     sees generation_open() > its generation, stops its workers and rejoins (step a).
 //     Failures consume max_restarts; joins and deaths consume max_membership_changes. When a
 //     budget is exhausted the job fails and root_cause() says which rank on which host, why.
+//     A worker's own diagnosis (exit 2, 3 or 5: is_worker_diagnosis) fails the job at once.
 //  f. Each agent reports success when its workers finished; when all members have, the job
 //     has succeeded.
 #pragma once
@@ -63,21 +65,34 @@ struct NodeAssignment {
 struct FailureReport {
   std::string node_id;
   std::string host;
-  int64_t rank = -1;       // global rank, -1 when the whole node is concerned
-  int exit_code = 0;       // process exit code, when it exited
-  int signal = 0;          // terminating signal, when it was killed
-  std::string reason;      // one line: what happened
+  int64_t rank = -1;                    // global rank, -1 when the whole node is concerned
+  int exit_code = 0;                    // process exit code, when it exited
+  int signal = 0;                       // terminating signal, when it was killed
+  std::string reason;                   // one line: what happened
   std::vector<std::string> last_lines;  // the rank's last log lines
-  int64_t generation = -1;  // the generation the failed workers ran; older ones are ignored
-  std::string describe() const;          // "rank 3 on node2: killed by SIGKILL (...)"
+  int64_t generation = -1;       // the generation the failed workers ran; older ones are ignored
+  std::string describe() const;  // "rank 3 on node2: killed by SIGKILL (...)"
 };
+
+// A worker that exited with 2 (usage), 3 (bad data) or 5 (checkpoint corrupt) diagnosed
+// itself (DESIGN.md exit codes): report_failure() fails the job at once instead of
+// restarting, and the agents exit with that code.
+bool is_worker_diagnosis(const FailureReport& report);
 
 enum class JobPhase { kRendezvous, kRunning, kSucceeded, kFailed };
 const char* job_phase_name(JobPhase phase);
 
 // Something the server should log and put in the metrics (the "restart" events).
 struct ElasticEvent {
-  enum class Kind { kRoundClosed, kNodeDead, kHang, kFailure, kRoundOpened, kJobFailed, kJobSucceeded };
+  enum class Kind {
+    kRoundClosed,
+    kNodeDead,
+    kHang,
+    kFailure,
+    kRoundOpened,
+    kJobFailed,
+    kJobSucceeded
+  };
   Kind kind;
   int64_t generation = 0;
   std::string message;
@@ -99,7 +114,8 @@ class ElasticState {
                  SteadyClock::time_point now);
 
   // Step e. A failure reported by an agent about one of its ranks.
-  std::vector<ElasticEvent> report_failure(const FailureReport& report, SteadyClock::time_point now);
+  std::vector<ElasticEvent> report_failure(const FailureReport& report,
+                                           SteadyClock::time_point now);
 
   // Step f.
   std::vector<ElasticEvent> report_success(const std::string& node_id, SteadyClock::time_point now);
@@ -147,8 +163,8 @@ class ElasticState {
   int64_t generation_ = 0;
   int64_t restarts_used_ = 0;
   int64_t membership_changes_used_ = 0;
-  std::vector<Member> members_;          // current generation, by node rank
-  std::vector<Joined> joined_;           // the open round (or waiting for the next), join order
+  std::vector<Member> members_;              // current generation, by node rank
+  std::vector<Joined> joined_;               // the open round (or waiting for the next), join order
   std::vector<std::string> previous_order_;  // node ids of the last generation, by node rank
   SteadyClock::time_point round_opened_at_{};
   SteadyClock::time_point last_join_at_{};

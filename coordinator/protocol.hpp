@@ -28,7 +28,8 @@
 //       kNumKeys   (nothing)                           -> i64 count
 //       kPing      (nothing)                           -> (nothing)
 //  6. New message types (rendezvous, heartbeats) get new op codes and are registered with
-//     StoreServer::register_handler; the frame layer does not change.
+//     StoreServer::register_handler; the frame layer does not change. The elastic ops
+//     (32..36) are specified in coordinator/elastic_wire.hpp.
 #pragma once
 
 #include <cstdint>
@@ -52,7 +53,13 @@ enum class Op : uint8_t {
   kNumKeys = 9,
   kSetOwned = 10,
   kPing = 11,
-  // 32..127: reserved for rendezvous / heartbeats / checkpoint commit.
+  // 32..63: elastic membership (coordinator/elastic_wire.hpp, docs/elastic.md).
+  kElasticJoin = 32,
+  kElasticHeartbeat = 33,
+  kElasticReportFailure = 34,
+  kElasticReportSuccess = 35,
+  kElasticState = 36,
+  // 64..127: reserved for checkpoint commit.
 };
 
 enum class Status : uint8_t {

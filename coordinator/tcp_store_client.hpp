@@ -56,14 +56,19 @@ class TcpStoreClient final : public Store {
   void disconnect();
   std::string address() const;
 
-  struct Connection;
-
- private:
+  // One request of a registered (non-store) message type, e.g. the elastic ops: `req` is the
+  // whole body (op first). Same deadline, reconnect and retry rules as the store ops; a
+  // kBadRequest reply throws Error(kFailure) with the server's message.
   struct Response {
     Status status;
     std::vector<uint8_t> body;  // fields after the status byte
   };
   Response request(const FrameWriter& req, std::chrono::milliseconds timeout, bool idempotent);
+  const TcpStoreClientOptions& options() const { return options_; }
+
+  struct Connection;
+
+ private:
   void connect_locked(std::chrono::steady_clock::time_point deadline);
 
   TcpStoreClientOptions options_;

@@ -1,18 +1,27 @@
-// dnallm-launch: the per-node agent. This first version runs one node: it spawns
-// --nproc-per-node workers with the torchrun-compatible environment, prefixes their output
-// with the rank, forwards SIGINT/SIGTERM, stops the group when a worker fails and restarts
-// it up to --max-restarts times. See docs/launch.md.
+// dnallm-launch: the per-node agent. Without a rendezvous it runs one node (or a static
+// placement): it spawns --nproc-per-node workers with the torchrun-compatible environment,
+// prefixes their output with the rank, forwards SIGINT/SIGTERM, stops the group when a
+// worker fails and restarts it up to --max-restarts times (docs/launch.md). With
+// --standalone, --rdzv-endpoint, --rdzv-id or --nnodes MIN:MAX it is an elastic agent of a
+// coordinator-driven job (launcher/elastic_agent.hpp, docs/elastic.md); the node-rank-0
+// agent (and the --standalone one) hosts the coordinator.
 #include <unistd.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <thread>
 
 #include <CLI/CLI.hpp>
 
 #include "cluster/topology.hpp"
+#include "coordinator/elastic_client.hpp"
+#include "coordinator/elastic_service.hpp"
+#include "coordinator/store_server.hpp"
 #include "core/cli.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "launcher/elastic_agent.hpp"
 #include "launcher/launch_plan.hpp"
 #include "launcher/spawner.hpp"
 #include "launcher/stop_signals.hpp"
@@ -26,8 +35,21 @@ using namespace dnallm::launcher;
 struct Args {
   std::string nproc = "1";
   ConfigOptions config;  // --config, --set, --metrics-file, --log-level, --print-config
-  int nnodes = 1;
+  std::string nnodes = "1";
   int node_rank = 0;
+  // Elastic (docs/elastic.md).
+  bool standalone = false;
+  std::string rdzv_endpoint;
+  std::string rdzv_id;
+  std::string rdzv_host;
+  std::string node_id;
+  std::string token_file;
+  double monitor_interval_s = 1.0;
+  double settle_s = 2.0;
+  double heartbeat_timeout_s = 10.0;
+  double hang_timeout_s = 300.0;
+  double join_timeout_s = 600.0;
+  int max_membership_changes = 10;
   std::string master_addr;
   int master_port = 0;
   int max_restarts = 0;
@@ -36,6 +58,147 @@ struct Args {
   bool dry_run = false;
   std::vector<std::string> command;
 };
+
+std::string read_token_file(const std::string& path) {
+  std::ifstream f(path);
+  std::string token;
+  DNALLM_CHECK(f && std::getline(f, token) && !token.empty(), ExitCode::kUsage,
+               "--token-file {}: cannot read a token from its first line", path);
+  return token;
+}
+
+std::string this_host() {
+  char name[256] = {0};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+// The elastic path (docs/elastic.md): optionally host the coordinator, then run the agent.
+int run_elastic(const Args& args, const CLI::App& app, LaunchPlan plan,
+                const cluster::EnvMap& env) {
+  const auto [min_nodes, max_nodes] = parse_nnodes(args.nnodes);
+  const bool explicit_node_rank = app.count("--node-rank") > 0;
+  auto slurm_node = env.find("SLURM_NODEID");
+  const int node_rank = explicit_node_rank        ? args.node_rank
+                        : slurm_node != env.end() ? std::atoi(slurm_node->second.c_str())
+                                                  : -1;
+  const bool host_coordinator = args.standalone || node_rank == 0;
+
+  // Endpoint and token.
+  std::string endpoint_host = "127.0.0.1";
+  int endpoint_port = 0;
+  if (!args.rdzv_endpoint.empty()) {
+    std::tie(endpoint_host, endpoint_port) = parse_endpoint(args.rdzv_endpoint, "--rdzv-endpoint");
+  } else if (!args.standalone) {
+    DNALLM_CHECK(app.count("--master-addr") > 0 && app.count("--master-port") > 0, ExitCode::kUsage,
+                 "an elastic job needs the coordinator's address: give --rdzv-endpoint HOST:PORT "
+                 "(or --master-addr and --master-port), or --standalone for one node");
+    endpoint_host = args.master_addr;
+    endpoint_port = args.master_port;
+  }
+  std::string token;
+  if (!args.token_file.empty()) {
+    token = read_token_file(args.token_file);
+  } else if (env.count("DNALLM_JOB_TOKEN") > 0 && !env.at("DNALLM_JOB_TOKEN").empty()) {
+    token = env.at("DNALLM_JOB_TOKEN");
+  } else {
+    DNALLM_CHECK(args.standalone, ExitCode::kUsage,
+                 "the nodes of a job must share a job token: set DNALLM_JOB_TOKEN (the same on "
+                 "every node) or pass --token-file FILE");
+    token = plan.job_token;  // generated: only this node's workers need it
+  }
+  plan.job_token = token;
+  DNALLM_CHECK(args.monitor_interval_s > 0, ExitCode::kUsage, "--monitor-interval must be > 0");
+
+  // Before any thread exists: every thread inherits the blocked SIGINT/SIGTERM.
+  SignalFdStopSignals signals;
+  auto ms = [](double s) { return std::chrono::milliseconds(static_cast<long long>(s * 1000)); };
+
+  // Declared in this order so that on an exception the server (whose io thread runs the
+  // service's handlers) is stopped and joined before the service is destroyed.
+  std::unique_ptr<coordinator::ElasticService> service;
+  std::unique_ptr<coordinator::StoreServer> server;
+  coordinator::ElasticServiceOptions service_options;
+  if (host_coordinator) {
+    coordinator::StoreServerOptions so;
+    so.host = !args.rdzv_host.empty() ? args.rdzv_host : endpoint_host;
+    so.port = static_cast<uint16_t>(endpoint_port);
+    so.token = token;
+    auto& eo = service_options.state;
+    eo.min_nodes = args.standalone ? 1 : min_nodes;
+    eo.max_nodes = args.standalone ? 1 : max_nodes;
+    eo.settle = ms(args.settle_s);
+    eo.heartbeat_timeout = ms(args.heartbeat_timeout_s);
+    eo.step_timeout = ms(args.hang_timeout_s);
+    eo.join_timeout = ms(args.join_timeout_s);
+    eo.max_restarts = args.max_restarts;
+    eo.max_membership_changes = args.max_membership_changes;
+    server = std::make_unique<coordinator::StoreServer>(so);
+    service = std::make_unique<coordinator::ElasticService>(*server, service_options);
+    server->start();
+    service->start();
+    endpoint_port = server->port();
+    spdlog::info("hosting the coordinator on {}:{} (nodes {}..{}, max restarts {})", so.host,
+                 endpoint_port, eo.min_nodes, eo.max_nodes, eo.max_restarts);
+  }
+  plan.master_addr = endpoint_host;
+  plan.master_port = endpoint_port;
+
+  char tmpl[] = "/tmp/dnallm-progress-XXXXXX";
+  DNALLM_CHECK(::mkdtemp(tmpl) != nullptr, ExitCode::kFailure,
+               "cannot create a progress directory under /tmp");
+  const std::string progress_dir = tmpl;
+
+  coordinator::TcpStoreClientOptions co;
+  co.host = endpoint_host;
+  co.port = static_cast<uint16_t>(endpoint_port);
+  co.token = token;
+  co.connect_timeout = std::chrono::seconds(60);
+  // A coordinator silent for a heartbeat timeout would declare this node dead: the agent
+  // gives up on it after as long (the first connect, above, may wait for node 0 to start).
+  co.op_timeout = std::max(ms(args.heartbeat_timeout_s), std::chrono::milliseconds(1000));
+
+  ElasticAgentOptions ao;
+  ao.node.host = this_host();
+  ao.node.node_id =
+      !args.node_id.empty() ? args.node_id : fmt::format("{}:{}", ao.node.host, ::getpid());
+  ao.node.nproc = plan.nproc_per_node;
+  ao.monitor_interval = ms(args.monitor_interval_s);
+  ao.poll_interval = std::min(ao.monitor_interval, std::chrono::milliseconds(100));
+  ao.progress_dir = progress_dir;
+  ao.group.grace = ms(args.grace_s);
+
+  int code = 0;
+  {
+    PrefixedConsole console;
+    ProcessSpawner spawner(console);
+    coordinator::ElasticClient client(co);
+    ElasticAgent agent(client, spawner, signals, ao,
+                       [&](const coordinator::NodeAssignment& a, const std::string& reason) {
+                         return make_elastic_worker_specs(plan, env, a, reason, progress_dir);
+                       });
+    try {
+      code = agent.run();
+    } catch (...) {
+      for (int i = 0; i < ao.node.nproc; ++i) std::remove(progress_file(progress_dir, i).c_str());
+      ::rmdir(progress_dir.c_str());
+      throw;
+    }
+  }
+  for (int i = 0; i < ao.node.nproc; ++i) std::remove(progress_file(progress_dir, i).c_str());
+  ::rmdir(progress_dir.c_str());
+  if (service) {
+    // Let the other agents learn the outcome before the coordinator goes away.
+    if (code < 128) {  // the job ended (not this agent interrupted by a signal)
+      service->wait_outcome_delivered(service_options.state.heartbeat_timeout);
+    }
+    service->stop();
+    server->stop();
+    service->join();
+    server->join();
+  }
+  return code;
+}
 
 int run(const Args& args, const CLI::App& app) {
   const ConfigOptions& co = args.config;
@@ -60,12 +223,21 @@ int run(const Args& args, const CLI::App& app) {
 
   LaunchRequest request;
   request.nproc_per_node = args.nproc;
-  if (app.count("--nnodes") > 0) request.nnodes = args.nnodes;
+  const bool elastic = args.standalone || app.count("--rdzv-endpoint") > 0 ||
+                       app.count("--rdzv-id") > 0 || args.nnodes.find(':') != std::string::npos;
+  if (app.count("--nnodes") > 0 && !elastic) request.nnodes = parse_nnodes(args.nnodes).first;
   if (app.count("--node-rank") > 0) request.node_rank = args.node_rank;
   if (app.count("--master-addr") > 0) request.master_addr = args.master_addr;
   if (app.count("--master-port") > 0) request.master_port = args.master_port;
   request.max_restarts = args.max_restarts;
-  request.run_id = args.run_id;
+  request.run_id = !args.rdzv_id.empty() ? args.rdzv_id : args.run_id;
+  if (elastic) {
+    // The coordinator places this node; resolve the rest as for one node.
+    request.nnodes.reset();
+    request.node_rank.reset();
+    if (!request.master_addr) request.master_addr = "127.0.0.1";
+    if (!request.master_port) request.master_port = 0;
+  }
   request.command = args.command;
   request.config = co.config_path;
   request.sets = co.overrides;
@@ -79,6 +251,15 @@ int run(const Args& args, const CLI::App& app) {
   host.exe_dir = self_exe_dir();
   const LaunchPlan plan = resolve_launch_plan(request, env, host);
 
+  if (elastic && !args.dry_run) {
+    if (args.command.empty() && ::access(plan.command[0].c_str(), X_OK) != 0) {
+      fail(ExitCode::kUsage,
+           "dnallm-train was not found beside dnallm-launch ({}); build it, or give the worker "
+           "command after '--'",
+           plan.command[0]);
+    }
+    return run_elastic(args, app, plan, env);
+  }
   if (args.dry_run) {
     fmt::print("{}", describe_plan(plan, backend, backend_source));
     return 0;
@@ -116,6 +297,8 @@ int main(int argc, char** argv) {
   Args args;
   CLI::App app{
       "dnallm-launch: start and watch the dnallm-train workers of this node.\n"
+      "Elastic multi-node jobs (--standalone, --rdzv-endpoint, --rdzv-id, --nnodes MIN:MAX):\n"
+      "see docs/elastic.md; the node-rank-0 agent hosts the coordinator.\n"
       "Workers get RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
       "MASTER_PORT, TORCHELASTIC_*, DNALLM_GENERATION and DNALLM_JOB_TOKEN. Exit codes:\n"
       "0 ok, 2 usage, 3/5 a worker's bad data / corrupt checkpoint, 4 a worker failed,\n"
@@ -128,7 +311,8 @@ int main(int argc, char** argv) {
   // --print-config, as every configuration-reading binary has them.
   add_config_options(app, args.config);
   app.add_option("--nnodes", args.nnodes,
-                 "nodes in the job, one dnallm-launch each (default: from a Slurm step, else 1)");
+                 "nodes in the job, one dnallm-launch each: N, or MIN:MAX for an elastic job "
+                 "(default: from a Slurm step, else 1)");
   app.add_option("--node-rank", args.node_rank,
                  "this node's index in [0, nnodes) (default: SLURM_NODEID, else 0)");
   app.add_option("--master-addr", args.master_addr,
@@ -145,6 +329,37 @@ int main(int argc, char** argv) {
   app.add_option("--run-id", args.run_id,
                  "TORCHELASTIC_RUN_ID (default: SLURM_JOB_ID, else 'none')");
   app.add_flag("--dry-run", args.dry_run, "print the resolved plan and exit");
+  // Elastic (docs/elastic.md).
+  app.add_flag("--standalone", args.standalone,
+               "elastic job on this node alone, with its own coordinator on a free port");
+  app.add_option("--rdzv-endpoint", args.rdzv_endpoint,
+                 "HOST:PORT of the coordinator (hosted by the node-rank-0 agent); makes the "
+                 "job elastic");
+  app.add_option("--rdzv-id", args.rdzv_id, "job id (TORCHELASTIC_RUN_ID); makes the job elastic");
+  app.add_option("--rdzv-host", args.rdzv_host,
+                 "address the hosted coordinator binds (default: the endpoint's host)");
+  app.add_option("--node-id", args.node_id, "this agent's unique id (default: HOST:PID)");
+  app.add_option("--token-file", args.token_file,
+                 "file whose first line is the job token (default: $DNALLM_JOB_TOKEN)");
+  app.add_option("--monitor-interval", args.monitor_interval_s,
+                 "seconds between heartbeats (workers' progress) to the coordinator")
+      ->capture_default_str();
+  app.add_option("--rdzv-settle", args.settle_s,
+                 "hosted coordinator: seconds without a new join before a round closes with at "
+                 "least MIN nodes")
+      ->capture_default_str();
+  app.add_option("--heartbeat-timeout", args.heartbeat_timeout_s,
+                 "hosted coordinator: seconds of silence before a node is declared dead")
+      ->capture_default_str();
+  app.add_option("--hang-timeout", args.hang_timeout_s,
+                 "hosted coordinator: seconds without step progress before a rank is a hang")
+      ->capture_default_str();
+  app.add_option("--join-timeout", args.join_timeout_s,
+                 "hosted coordinator: seconds a round may stay below MIN nodes")
+      ->capture_default_str();
+  app.add_option("--max-membership-changes", args.max_membership_changes,
+                 "hosted coordinator: job-wide budget of node deaths and late joins")
+      ->capture_default_str();
   app.add_option("command", args.command,
                  "worker command after '--' (default: dnallm-train beside this program)");
 

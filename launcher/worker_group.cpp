@@ -53,6 +53,12 @@ GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
       result.failures.push_back({w.spec->rank, w.spec->local_rank, w.process->pid(), *exit, {}});
       failed.push_back(&w);
     }
+    if (result.failures.empty() && ended < workers.size() && options_.should_stop &&
+        options_.should_stop()) {
+      result.outcome = GenerationOutcome::kStopped;
+      stop_all(workers, SIGTERM, result);
+      return result;
+    }
     if (!result.failures.empty()) {
       result.outcome = GenerationOutcome::kWorkerFailed;
       if (ended < workers.size()) {
@@ -113,6 +119,8 @@ int exit_code_for(const GenerationResult& result) {
       return 0;
     case GenerationOutcome::kInterrupted:
       return 128 + result.stop_signal;
+    case GenerationOutcome::kStopped:
+      return static_cast<int>(ExitCode::kPeerFailed);
     case GenerationOutcome::kWorkerFailed:
       break;
   }

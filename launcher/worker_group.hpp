@@ -9,6 +9,9 @@
 //   4. a failure: SIGTERM the others' process groups, wait up to `grace`, SIGKILL the rest;
 //   5. a stop signal (SIGINT/SIGTERM) for the launcher: forward it to every worker's group,
 //      wait up to `grace`, SIGKILL the rest. A second stop signal kills at once.
+//   6. every tick, GroupOptions::should_stop (when set) is asked; true stops the workers
+//      as in step 4 (outcome kStopped): the elastic agent uses it for heartbeats and to
+//      leave a generation the coordinator has replaced.
 // Workers that end after step 4 or 5 started were stopped by us and are not failures.
 #pragma once
 
@@ -25,6 +28,8 @@ namespace dnallm::launcher {
 struct GroupOptions {
   std::chrono::milliseconds grace{10000};  // SIGTERM (or forwarded signal) -> SIGKILL
   std::chrono::milliseconds tick{50};      // monitor loop period
+  // Called on the monitor thread once per tick while workers run; must not block long.
+  std::function<bool()> should_stop;
 };
 
 struct WorkerFailure {
@@ -35,7 +40,8 @@ struct WorkerFailure {
   std::vector<std::string> last_lines;
 };
 
-enum class GenerationOutcome { kSucceeded, kWorkerFailed, kInterrupted };
+// kStopped: GroupOptions::should_stop asked for it (step 6).
+enum class GenerationOutcome { kSucceeded, kWorkerFailed, kInterrupted, kStopped };
 
 struct GenerationResult {
   GenerationOutcome outcome = GenerationOutcome::kSucceeded;

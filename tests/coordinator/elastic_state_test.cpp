@@ -16,7 +16,9 @@ class ElasticStateTest : public ::testing::Test {
   SteadyClock::time_point at(double s) {
     return t0 + std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(s));
   }
-  static NodeInfo node(const std::string& id, int64_t nproc = 2) { return {id, id + "-host", nproc}; }
+  static NodeInfo node(const std::string& id, int64_t nproc = 2) {
+    return {id, id + "-host", nproc};
+  }
   static bool has(const std::vector<ElasticEvent>& ev, ElasticEvent::Kind kind) {
     for (const auto& e : ev) {
       if (e.kind == kind) return true;
@@ -111,10 +113,12 @@ TEST_F(ElasticStateTest, ExhaustedRestartBudgetFailsWithRootCause) {
   for (int i = 0; i < 2; ++i) {
     s.join(node("a"), at(i * 10));
     ASSERT_EQ(s.phase(), JobPhase::kRunning);
-    s.report_failure(FailureReport{"a", "a-host", 1, 137, 0, "", {}, s.generation()}, at(i * 10 + 1));
+    s.report_failure(FailureReport{"a", "a-host", 1, 137, 0, "", {}, s.generation()},
+                     at(i * 10 + 1));
   }
   s.join(node("a"), at(30));
-  auto ev = s.report_failure(FailureReport{"a", "a-host", 1, 0, SIGSEGV, "", {}, s.generation()}, at(31));
+  auto ev =
+      s.report_failure(FailureReport{"a", "a-host", 1, 0, SIGSEGV, "", {}, s.generation()}, at(31));
   EXPECT_TRUE(has(ev, ElasticEvent::Kind::kJobFailed));
   EXPECT_EQ(s.phase(), JobPhase::kFailed);
   ASSERT_TRUE(s.root_cause());
@@ -188,12 +192,56 @@ TEST_F(ElasticStateTest, HangIsDetectedAndNamesRank) {
     auto ev = s.tick(at(t));
     if (has(ev, ElasticEvent::Kind::kHang)) {
       EXPECT_GE(t, 33);
-      EXPECT_NE(ev.front().message.find("rank 1 on a-host"), std::string::npos) << ev.front().message;
+      EXPECT_NE(ev.front().message.find("rank 1 on a-host"), std::string::npos)
+          << ev.front().message;
       EXPECT_EQ(s.restarts_used(), 1);
       return;
     }
   }
   FAIL() << "hang not detected";
+}
+
+TEST_F(ElasticStateTest, TicksBeforeTheFirstJoinDoNotTimeTheJoinOut) {
+  ElasticState s(opts(2, 2));
+  EXPECT_TRUE(s.tick(at(1000)).empty());  // long after the clock's epoch, nobody joined yet
+  EXPECT_EQ(s.phase(), JobPhase::kRendezvous);
+  s.join(node("a", 1), at(1001));
+  s.join(node("b", 1), at(1002));
+  EXPECT_EQ(s.phase(), JobPhase::kRunning);
+}
+
+TEST_F(ElasticStateTest, AWorkersOwnDiagnosisFailsTheJobAtOnce) {
+  for (int code : {2, 3, 5}) {
+    ElasticState s(opts(1, 1));  // max_restarts = 2 left unused
+    s.join(node("a", 2), at(0));
+    FailureReport f{"a", "a-host", 1, code, 0, "bad input", {"line"}};
+    f.generation = 1;
+    auto ev = s.report_failure(f, at(1));
+    EXPECT_TRUE(has(ev, ElasticEvent::Kind::kJobFailed)) << code;
+    EXPECT_EQ(s.phase(), JobPhase::kFailed);
+    EXPECT_EQ(s.restarts_used(), 0);
+    ASSERT_TRUE(s.root_cause());
+    EXPECT_EQ(s.root_cause()->exit_code, code);
+    EXPECT_NE(s.root_cause()->reason.find("not restarted"), std::string::npos);
+  }
+  // A code of its own that is not a diagnosis (7), or a signal, is restarted.
+  ElasticState s(opts(1, 1));
+  s.join(node("a", 2), at(0));
+  FailureReport f{"a", "a-host", 1, 7, 0, "", {}};
+  s.report_failure(f, at(1));
+  EXPECT_EQ(s.phase(), JobPhase::kRendezvous);
+  EXPECT_EQ(s.restarts_used(), 1);
+}
+
+TEST_F(ElasticStateTest, RanksWithoutProgressAreNotHangs) {
+  ElasticState s(opts(1, 1));
+  s.join(node("a", 2), at(0));
+  for (int t = 1; t <= 100; ++t) {
+    s.heartbeat("a", {-1, -1}, at(t));  // workers that write no progress file
+    EXPECT_FALSE(has(s.tick(at(t)), ElasticEvent::Kind::kHang)) << "at " << t << " s";
+  }
+  EXPECT_EQ(s.phase(), JobPhase::kRunning);
+  EXPECT_EQ(s.restarts_used(), 0);
 }
 
 TEST_F(ElasticStateTest, SuccessWhenAllNodesFinish) {

@@ -53,6 +53,37 @@ TEST(LocalWorkerGroup, AllWorkersSucceed) {
   for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(spawner.record(i).signals.empty());
 }
 
+TEST(LocalWorkerGroup, ShouldStopEndsTheGenerationWithSigterm) {
+  FakeSpawner spawner([](const WorkerSpec&, int) { return runs_forever(); });
+  FakeStopSignals signals;
+  GroupOptions o = fast();
+  int asked = 0;
+  o.should_stop = [&] { return ++asked == 3; };  // e.g. the coordinator opened a new round
+  LocalWorkerGroup group(spawner, signals, o);
+  GenerationResult r = group.run(specs(2));
+  EXPECT_EQ(r.outcome, GenerationOutcome::kStopped);
+  EXPECT_EQ(asked, 3);
+  EXPECT_TRUE(r.failures.empty());
+  EXPECT_EQ(exit_code_for(r), 4);
+  EXPECT_FALSE(should_restart(r, 0, 5));
+  for (std::size_t i = 0; i < 2; ++i)
+    EXPECT_EQ(spawner.record(i).signals, std::vector<int>{SIGTERM});
+}
+
+TEST(LocalWorkerGroup, AFailureInTheSameTickWinsOverShouldStop) {
+  FakeSpawner spawner(
+      [](const WorkerSpec& s, int) { return s.rank == 0 ? exits_after(0, 9) : runs_forever(); });
+  FakeStopSignals signals;
+  GroupOptions o = fast();
+  const bool stop = true;
+  o.should_stop = [&stop] { return stop; };
+  LocalWorkerGroup group(spawner, signals, o);
+  GenerationResult r = group.run(specs(2));
+  EXPECT_EQ(r.outcome, GenerationOutcome::kWorkerFailed);
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_EQ(r.failures[0].rank, 0);
+}
+
 TEST(LocalWorkerGroup, FailureStopsTheOthersWithSigterm) {
   FakeSpawner spawner([](const WorkerSpec& s, int) {
     if (s.rank != 1) return runs_forever();

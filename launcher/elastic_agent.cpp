@@ -1,0 +1,246 @@
+#include "launcher/elastic_agent.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "core/error.hpp"
+
+namespace dnallm::launcher {
+namespace {
+
+using coordinator::JobPhase;
+using coordinator::JobView;
+using Clock = std::chrono::steady_clock;
+
+void set_env(std::vector<std::string>& env, const std::string& key, const std::string& value) {
+  const std::string prefix = key + "=";
+  for (auto& kv : env) {
+    if (kv.compare(0, prefix.size(), prefix) == 0) {
+      kv = prefix + value;
+      return;
+    }
+  }
+  env.push_back(prefix + value);
+}
+
+int parse_positive(const std::string& s, const std::string& what) {
+  size_t used = 0;
+  int v = 0;
+  try {
+    v = std::stoi(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  DNALLM_CHECK(used == s.size() && !s.empty() && v >= 1, ExitCode::kUsage,
+               "{}: '{}' is not a positive integer", what, s);
+  return v;
+}
+
+// The job ended: 0, 4 (or the failed worker's own 2/3/5), printing the root cause on stderr (one
+// block a script can grep).
+int finish(const JobView& view) {
+  if (view.phase == JobPhase::kSucceeded) {
+    spdlog::info("job succeeded (generation {})", view.generation);
+    return 0;
+  }
+  std::cerr << "dnallm-launch: the job failed; root cause: " << view.root_cause << std::endl;
+  return view.exit_code > 0 && view.exit_code < 128 ? static_cast<int>(view.exit_code)
+                                                    : static_cast<int>(ExitCode::kPeerFailed);
+}
+
+}  // namespace
+
+std::string progress_file(const std::string& dir, int local_rank) {
+  return dir + "/local_rank_" + std::to_string(local_rank) + ".step";
+}
+
+int64_t read_progress(const std::string& path) {
+  std::ifstream f(path);
+  std::string text;
+  if (!f || !std::getline(f, text)) return -1;
+  try {
+    size_t used = 0;
+    long long v = std::stoll(text, &used);
+    while (used < text.size() && (text[used] == ' ' || text[used] == '\r')) ++used;
+    return used == text.size() && v >= 0 ? static_cast<int64_t>(v) : -1;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+std::vector<WorkerSpec> make_elastic_worker_specs(const LaunchPlan& plan,
+                                                  const cluster::EnvMap& base_env,
+                                                  const coordinator::NodeAssignment& a,
+                                                  const std::string& restart_reason,
+                                                  const std::string& progress_dir) {
+  LaunchPlan placed = plan;
+  placed.nproc_per_node = static_cast<int>(a.local_world_size);
+  placed.nnodes = static_cast<int>(a.nnodes);
+  placed.node_rank = static_cast<int>(a.node_rank);
+  std::vector<WorkerSpec> specs =
+      make_worker_specs(placed, base_env, static_cast<int>(a.generation - 1), restart_reason);
+  for (auto& spec : specs) {
+    spec.rank = static_cast<int>(a.rank_offset) + spec.local_rank;
+    set_env(spec.env, "RANK", std::to_string(spec.rank));
+    set_env(spec.env, "WORLD_SIZE", std::to_string(a.world_size));
+    set_env(spec.env, "GROUP_RANK", std::to_string(a.node_rank));
+    set_env(spec.env, "GROUP_WORLD_SIZE", std::to_string(a.nnodes));
+    set_env(spec.env, "DNALLM_GENERATION", std::to_string(a.generation));
+    set_env(spec.env, "TORCHELASTIC_RESTART_COUNT", std::to_string(a.generation - 1));
+    set_env(spec.env, "DNALLM_EXTERNAL_COORDINATOR", "1");
+    set_env(spec.env, "DNALLM_PROGRESS_FILE", progress_file(progress_dir, spec.local_rank));
+  }
+  return specs;
+}
+
+std::pair<std::string, int> parse_endpoint(const std::string& endpoint, const std::string& flag) {
+  const auto colon = endpoint.rfind(':');
+  DNALLM_CHECK(colon != std::string::npos && colon > 0, ExitCode::kUsage,
+               "{} '{}' must be HOST:PORT", flag, endpoint);
+  std::string host = endpoint.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  int port = parse_positive(endpoint.substr(colon + 1), flag + " port");
+  DNALLM_CHECK(port <= 65535, ExitCode::kUsage, "{} port {} is above 65535", flag, port);
+  return {host, port};
+}
+
+std::pair<int, int> parse_nnodes(const std::string& spec) {
+  const auto colon = spec.find(':');
+  if (colon == std::string::npos) {
+    int n = parse_positive(spec, "--nnodes");
+    return {n, n};
+  }
+  int lo = parse_positive(spec.substr(0, colon), "--nnodes MIN");
+  int hi = parse_positive(spec.substr(colon + 1), "--nnodes MAX");
+  DNALLM_CHECK(lo <= hi, ExitCode::kUsage, "--nnodes {}: MIN must not exceed MAX", spec);
+  return {lo, hi};
+}
+
+ElasticAgent::ElasticAgent(coordinator::ElasticClient& client, Spawner& spawner,
+                           StopSignals& signals, ElasticAgentOptions options,
+                           ElasticSpecFactory make_specs)
+    : client_(client),
+      spawner_(spawner),
+      signals_(signals),
+      options_(std::move(options)),
+      make_specs_(std::move(make_specs)) {}
+
+std::vector<int64_t> ElasticAgent::read_steps() const {
+  std::vector<int64_t> steps(static_cast<size_t>(options_.node.nproc));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    steps[i] = read_progress(progress_file(options_.progress_dir, static_cast<int>(i)));
+  }
+  return steps;
+}
+
+JobView ElasticAgent::wait_for_assignment(int& stop_signal) {
+  while (true) {
+    JobView v = client_.join(options_.node, generation_);
+    if (v.terminal()) return v;
+    if (v.assignment && v.assignment->generation > generation_) return v;
+    stop_signal = signals_.wait(options_.poll_interval);
+    if (stop_signal != 0) return v;
+  }
+}
+
+JobView ElasticAgent::wait_for_next(bool heartbeat, int& stop_signal) {
+  auto last = Clock::now() - options_.monitor_interval;
+  JobView v;
+  while (true) {
+    if (heartbeat && Clock::now() - last >= options_.monitor_interval) {
+      last = Clock::now();
+      v = client_.heartbeat(options_.node.node_id, generation_, {});
+    } else {
+      v = client_.state(options_.node.node_id);
+    }
+    if (v.terminal() || v.generation_open > generation_) return v;
+    stop_signal = signals_.wait(options_.poll_interval);
+    if (stop_signal != 0) return v;
+  }
+}
+
+int ElasticAgent::run() {
+  spdlog::info("joining the job at coordinator {} as {} ({} local rank(s))", client_.address(),
+               options_.node.node_id, options_.node.nproc);
+  while (true) {
+    int sig = 0;
+    JobView view = wait_for_assignment(sig);
+    if (sig != 0) return 128 + sig;
+    if (view.terminal()) return finish(view);
+    const coordinator::NodeAssignment a = *view.assignment;
+    generation_ = a.generation;
+    ++generations_run_;
+    spdlog::info("generation {}: node rank {} of {}, ranks {}..{} of world size {}", a.generation,
+                 a.node_rank, a.nnodes, a.rank_offset, a.rank_offset + a.local_world_size - 1,
+                 a.world_size);
+    for (int i = 0; i < options_.node.nproc; ++i) {
+      std::remove(progress_file(options_.progress_dir, i).c_str());
+    }
+
+    // Step 2: heartbeats from the monitor loop. An error talking to the coordinator stops
+    // the workers first and is rethrown once they are reaped.
+    GroupOptions group_options = options_.group;
+    auto last_heartbeat = Clock::now();
+    std::exception_ptr error;
+    JobView latest = view;
+    group_options.should_stop = [&] {
+      if (Clock::now() - last_heartbeat < options_.monitor_interval) return false;
+      last_heartbeat = Clock::now();
+      try {
+        latest = client_.heartbeat(options_.node.node_id, generation_, read_steps());
+      } catch (...) {
+        error = std::current_exception();
+        return true;
+      }
+      return latest.terminal() || latest.generation_open > generation_;
+    };
+    LocalWorkerGroup group(spawner_, signals_, group_options);
+    GenerationResult result = group.run(make_specs_(a, view.round_reason));
+    if (error) std::rethrow_exception(error);
+
+    switch (result.outcome) {
+      case GenerationOutcome::kInterrupted:
+        return 128 + result.stop_signal;
+      case GenerationOutcome::kStopped:
+        if (latest.terminal()) return finish(latest);
+        spdlog::warn("generation {} replaced by generation {}: {}", generation_,
+                     latest.generation_open, latest.round_reason);
+        continue;
+      case GenerationOutcome::kWorkerFailed: {
+        for (const auto& f : result.failures) spdlog::error("{}", describe_failure(f));
+        const WorkerFailure& first = result.failures.front();
+        coordinator::FailureReport report;
+        report.node_id = options_.node.node_id;
+        report.host = options_.node.host;
+        report.rank = first.rank;
+        report.exit_code = first.exit.signaled ? 0 : first.exit.code;
+        report.signal = first.exit.signaled ? first.exit.code : 0;
+        report.reason = fmt::format("local rank {}, pid {}", first.local_rank, first.pid);
+        report.last_lines = first.last_lines;
+        report.generation = generation_;
+        client_.report_failure(report);
+        view = wait_for_next(/*heartbeat=*/false, sig);
+        break;
+      }
+      case GenerationOutcome::kSucceeded:
+        spdlog::info("all {} local worker(s) finished generation {}", options_.node.nproc,
+                     generation_);
+        client_.report_success(options_.node.node_id, generation_);
+        view = wait_for_next(/*heartbeat=*/true, sig);
+        break;
+    }
+    if (sig != 0) return 128 + sig;
+    if (view.terminal()) return finish(view);
+    spdlog::warn("rejoining for generation {}: {}", view.generation_open, view.round_reason);
+  }
+}
+
+}  // namespace dnallm::launcher

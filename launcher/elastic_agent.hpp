@@ -1,0 +1,104 @@
+// The elastic, multi-node agent: dnallm-launch with a coordinator (docs/elastic.md).
+//
+// One agent per node runs this loop on the main thread (it spawns the workers, and
+// PR_SET_PDEATHSIG follows the spawning thread):
+//   1. join: ElasticClient::join, repeated every poll interval (it also keeps the waiting
+//      node alive) until this node has an assignment for a generation newer than the last
+//      one it ran. A failed job exits 4 with the coordinator's root cause; a job that
+//      succeeded meanwhile exits 0.
+//   2. run: start the local workers with make_elastic_worker_specs(); every monitor
+//      interval read their progress files and heartbeat the steps. When the coordinator
+//      has opened a newer generation (another node failed, died, hung, or a node joined)
+//      stop the workers (SIGTERM, SIGKILL after the grace period) and go to 1.
+//   3. a local worker failed: report_failure (rank, exit code or signal, its last lines,
+//      generation), the others were stopped; wait until the coordinator opens the next
+//      generation (go to 1) or fails the job (exit 4, printing the root cause).
+//   4. all local workers succeeded: report_success, keep heartbeating until the job
+//      succeeded (exit 0), failed (exit 4) or a newer generation opened (go to 1: the whole
+//      world runs again, as torchrun does).
+//   A failed job exits 4, or with the failed worker's own 2, 3 or 5 (its diagnosis; the
+//   coordinator does not restart those: coordinator::is_worker_diagnosis).
+//   5. SIGINT/SIGTERM: forwarded to the workers, exit 128 + signal (the coordinator will
+//      declare this node dead after its heartbeat timeout).
+// Restart budgets are the coordinator's (job-wide); the agent has none of its own.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cluster/topology.hpp"
+#include "coordinator/elastic_client.hpp"
+#include "launcher/launch_plan.hpp"
+#include "launcher/worker_group.hpp"
+
+namespace dnallm::launcher {
+
+struct ElasticAgentOptions {
+  coordinator::NodeInfo node;                        // id, host, nproc
+  std::chrono::milliseconds monitor_interval{1000};  // heartbeat period while running
+  std::chrono::milliseconds poll_interval{100};      // while waiting for the coordinator
+  std::string progress_dir;                          // where workers' progress files live
+  GroupOptions group;                                // grace, tick (should_stop is ours)
+};
+
+// Builds one generation's workers from the coordinator's assignment.
+using ElasticSpecFactory = std::function<std::vector<WorkerSpec>(
+    const coordinator::NodeAssignment& assignment, const std::string& restart_reason)>;
+
+class ElasticAgent {
+ public:
+  ElasticAgent(coordinator::ElasticClient& client, Spawner& spawner, StopSignals& signals,
+               ElasticAgentOptions options, ElasticSpecFactory make_specs);
+
+  // Runs the loop above; returns the exit code (0, 4, or 128 + signal). Throws
+  // Error(kPeerFailed) when the coordinator cannot be reached.
+  int run();
+
+  int generations_run() const { return generations_run_; }
+
+ private:
+  // Step 1. Returns the view holding the new assignment, or a terminal view.
+  coordinator::JobView wait_for_assignment(int& stop_signal);
+  // Steps 3 and 4: waits while the current generation is still the open one.
+  coordinator::JobView wait_for_next(bool heartbeat, int& stop_signal);
+  std::vector<int64_t> read_steps() const;
+
+  coordinator::ElasticClient& client_;
+  Spawner& spawner_;
+  StopSignals& signals_;
+  ElasticAgentOptions options_;
+  ElasticSpecFactory make_specs_;
+  int64_t generation_ = 0;  // the last generation this node ran
+  int generations_run_ = 0;
+};
+
+// Note [Progress file]: the worker of local rank i gets DNALLM_PROGRESS_FILE =
+// progress_file(dir, i) and may write its last completed step there as a decimal integer
+// (best replaced atomically: write a temporary file, rename it). The agent reads it every
+// monitor interval; a missing or unparsable file reads as -1 (no progress known), and ranks
+// at -1 are not checked for hangs. Files are removed before each generation starts.
+std::string progress_file(const std::string& dir, int local_rank);
+int64_t read_progress(const std::string& path);
+
+// The workers of one generation: make_worker_specs() of `plan` placed as the assignment
+// says, then RANK = rank_offset + local rank, WORLD_SIZE, GROUP_RANK = node rank,
+// GROUP_WORLD_SIZE, DNALLM_GENERATION = generation, TORCHELASTIC_RESTART_COUNT =
+// generation - 1 (job-wide), MASTER_ADDR/MASTER_PORT = the coordinator (whose key-value
+// store the workers bootstrap from), DNALLM_EXTERNAL_COORDINATOR=1 (rank 0 must not host a
+// store of its own) and DNALLM_PROGRESS_FILE (Note [Progress file]).
+std::vector<WorkerSpec> make_elastic_worker_specs(const LaunchPlan& plan,
+                                                  const cluster::EnvMap& base_env,
+                                                  const coordinator::NodeAssignment& assignment,
+                                                  const std::string& restart_reason,
+                                                  const std::string& progress_dir);
+
+// "host:port" -> (host, port); throws Error(kUsage) naming `flag` on anything else.
+std::pair<std::string, int> parse_endpoint(const std::string& endpoint, const std::string& flag);
+
+// "--nnodes" value: "N" or "MIN:MAX" with 1 <= MIN <= MAX. Throws Error(kUsage).
+std::pair<int, int> parse_nnodes(const std::string& spec);
+
+}  // namespace dnallm::launcher

@@ -1,0 +1,352 @@
+// The elastic service over real TCP on loopback: ElasticClient <-> StoreServer +
+// ElasticService, including the ticker thread (dead and hung nodes found without messages)
+// and hostile clients on raw sockets.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "coordinator/elastic_client.hpp"
+#include "coordinator/elastic_service.hpp"
+#include "core/error.hpp"
+
+namespace dnallm::coordinator {
+namespace {
+
+using namespace std::chrono_literals;
+
+class ElasticServiceTest : public ::testing::Test {
+ protected:
+  void start(ElasticOptions state, std::chrono::milliseconds tick = 20ms) {
+    StoreServerOptions so;
+    so.host = "127.0.0.1";
+    so.token = "secret";
+    so.max_frame_bytes = 4096;
+    server_ = std::make_unique<StoreServer>(so);
+    ElasticServiceOptions eo;
+    eo.state = state;
+    eo.tick = tick;
+    service_ = std::make_unique<ElasticService>(*server_, eo);
+    server_->start();
+    service_->start();
+  }
+  void TearDown() override {
+    if (service_) service_->stop();
+    if (server_) server_->stop();
+    if (service_) service_->join();
+    if (server_) server_->join();
+  }
+  std::unique_ptr<ElasticClient> client(const std::string& token = "secret") {
+    TcpStoreClientOptions o;
+    o.port = server_->port();
+    o.token = token;
+    o.connect_timeout = 5s;
+    o.op_timeout = 5s;
+    return std::make_unique<ElasticClient>(o);
+  }
+  static ElasticOptions two_nodes() {
+    ElasticOptions o;
+    o.min_nodes = 2;
+    o.max_nodes = 2;
+    o.settle = 100ms;
+    return o;
+  }
+  // Polls join() until this node has an assignment newer than `known`.
+  static JobView wait_assignment(ElasticClient& c, const NodeInfo& n, int64_t known) {
+    auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (true) {
+      JobView v = c.join(n, known);
+      if (v.assignment && v.assignment->generation > known) return v;
+      if (std::chrono::steady_clock::now() > deadline) {
+        ADD_FAILURE() << n.node_id << " got no assignment";
+        return v;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+  }
+  const NodeInfo a_{"a", "hosta", 2};
+  const NodeInfo b_{"b", "hostb", 2};
+  std::unique_ptr<StoreServer> server_;
+  std::unique_ptr<ElasticService> service_;
+};
+
+TEST_F(ElasticServiceTest, TwoAgentsFormOneGenerationOfWorldFour) {
+  start(two_nodes());
+  auto ca = client();
+  auto cb = client();
+  JobView first = ca->join(a_, 0);
+  EXPECT_EQ(first.phase, JobPhase::kRendezvous);
+  EXPECT_FALSE(first.assignment);
+  cb->join(b_, 0);
+  JobView va = wait_assignment(*ca, a_, 0);
+  JobView vb = wait_assignment(*cb, b_, 0);
+  ASSERT_TRUE(va.assignment && vb.assignment);
+  EXPECT_EQ(va.phase, JobPhase::kRunning);
+  EXPECT_EQ(va.assignment->generation, 1);
+  EXPECT_EQ(va.assignment->world_size, 4);
+  EXPECT_EQ(va.assignment->nnodes, 2);
+  EXPECT_EQ(va.assignment->node_rank, 0);
+  EXPECT_EQ(va.assignment->rank_offset, 0);
+  EXPECT_EQ(vb.assignment->node_rank, 1);
+  EXPECT_EQ(vb.assignment->rank_offset, 2);
+  EXPECT_EQ(vb.assignment->local_world_size, 2);
+  // A poll-join by a member that already knows generation 1 would be a rejoin; one that
+  // does not yet know it is only a poll and leaves the generation running.
+  JobView again = ca->join(a_, 0);
+  EXPECT_EQ(again.phase, JobPhase::kRunning);
+  EXPECT_EQ(again.generation, 1);
+  EXPECT_EQ(again.membership_changes_used, 0);
+}
+
+TEST_F(ElasticServiceTest, FailureOpensTheNextGenerationWhichBothRejoin) {
+  start(two_nodes());
+  auto ca = client();
+  auto cb = client();
+  ca->join(a_, 0);
+  cb->join(b_, 0);
+  wait_assignment(*ca, a_, 0);
+  wait_assignment(*cb, b_, 0);
+  ca->heartbeat("a", 1, {5, 6});
+  FailureReport f;
+  f.node_id = "a";
+  f.host = "hosta";
+  f.rank = 1;
+  f.signal = 9;
+  f.reason = "worker died";
+  f.generation = 1;
+  JobView v = ca->report_failure(f);
+  EXPECT_EQ(v.phase, JobPhase::kRendezvous);
+  EXPECT_EQ(v.generation_open, 2);
+  EXPECT_EQ(v.restarts_used, 1);
+  EXPECT_NE(v.round_reason.find("rank 1 on hosta: killed by SIGKILL"), std::string::npos)
+      << v.round_reason;
+  // The same report again (a retry) is stale now and costs nothing.
+  EXPECT_EQ(cb->report_failure(f).restarts_used, 1);
+  EXPECT_EQ(cb->state("b").generation_open, 2);
+  ca->join(a_, 1);
+  cb->join(b_, 1);
+  JobView va = wait_assignment(*ca, a_, 1);
+  EXPECT_EQ(va.assignment->generation, 2);
+  EXPECT_EQ(va.assignment->world_size, 4);
+  EXPECT_EQ(va.assignment->node_rank, 0);  // previous members keep their order
+}
+
+TEST_F(ElasticServiceTest, SuccessOfEveryMemberEndsTheJobAndIsDelivered) {
+  start(two_nodes());
+  auto ca = client();
+  auto cb = client();
+  ca->join(a_, 0);
+  cb->join(b_, 0);
+  wait_assignment(*ca, a_, 0);
+  wait_assignment(*cb, b_, 0);
+  EXPECT_EQ(ca->report_success("a", 1).phase, JobPhase::kRunning);
+  EXPECT_FALSE(service_->wait_outcome_delivered(50ms));
+  EXPECT_EQ(cb->report_success("b", 1).phase, JobPhase::kSucceeded);
+  EXPECT_FALSE(service_->wait_outcome_delivered(50ms));  // a has not been told yet
+  EXPECT_EQ(ca->state("a").phase, JobPhase::kSucceeded);
+  EXPECT_TRUE(service_->wait_outcome_delivered(1s));
+}
+
+TEST_F(ElasticServiceTest, ExhaustedBudgetFailsTheJobWithTheRootCause) {
+  ElasticOptions o = two_nodes();
+  o.max_restarts = 0;
+  start(o);
+  auto ca = client();
+  auto cb = client();
+  ca->join(a_, 0);
+  cb->join(b_, 0);
+  wait_assignment(*ca, a_, 0);
+  wait_assignment(*cb, b_, 0);
+  FailureReport f;
+  f.node_id = "b";
+  f.host = "hostb";
+  f.rank = 3;
+  f.exit_code = 7;
+  f.reason = "worker exited";
+  f.last_lines = {"loading", "CUDA error: out of memory"};
+  f.generation = 1;
+  JobView v = cb->report_failure(f);
+  EXPECT_EQ(v.phase, JobPhase::kFailed);
+  for (const char* needle : {"rank 3 on hostb", "exited with code 7", "max_restarts = 0 exhausted",
+                             "CUDA error: out of memory", "generation 1"}) {
+    EXPECT_NE(v.root_cause.find(needle), std::string::npos) << needle << " in " << v.root_cause;
+  }
+  EXPECT_EQ(ca->state("a").root_cause, v.root_cause);
+}
+
+TEST_F(ElasticServiceTest, TickerFindsAHungRankWithoutAnyMessage) {
+  ElasticOptions o = two_nodes();
+  o.step_timeout = 300ms;
+  start(o);
+  auto ca = client();
+  auto cb = client();
+  ca->join(a_, 0);
+  cb->join(b_, 0);
+  wait_assignment(*ca, a_, 0);
+  wait_assignment(*cb, b_, 0);
+  ca->heartbeat("a", 1, {1, 1});
+  cb->heartbeat("b", 1, {1, 1});
+  std::this_thread::sleep_for(600ms);  // no message: only the ticker can see it
+  JobView v = service_->view("a");
+  EXPECT_EQ(v.generation_open, 2);
+  EXPECT_EQ(v.restarts_used, 1);
+  EXPECT_NE(v.round_reason.find("no progress"), std::string::npos) << v.round_reason;
+  EXPECT_NE(v.round_reason.find("rank 0 on hosta"), std::string::npos) << v.round_reason;
+}
+
+TEST_F(ElasticServiceTest, SilentNodeIsDeclaredDeadAndTheSurvivorContinuesAlone) {
+  ElasticOptions o;
+  o.min_nodes = 1;
+  o.max_nodes = 2;
+  o.settle = 100ms;
+  o.heartbeat_timeout = 400ms;
+  start(o);
+  auto ca = client();
+  auto cb = client();
+  ca->join(a_, 0);
+  cb->join(b_, 0);
+  JobView va = wait_assignment(*ca, a_, 0);
+  ASSERT_EQ(va.assignment->world_size, 4);
+  auto deadline = std::chrono::steady_clock::now() + 3s;
+  JobView v;
+  do {  // only a keeps heartbeating
+    std::this_thread::sleep_for(50ms);
+    v = ca->heartbeat("a", 1, {});
+  } while (v.generation_open == 1 && std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(v.generation_open, 2);
+  EXPECT_NE(v.round_reason.find("node hostb"), std::string::npos) << v.round_reason;
+  va = wait_assignment(*ca, a_, 1);
+  EXPECT_EQ(va.assignment->generation, 2);
+  EXPECT_EQ(va.assignment->world_size, 2);
+  EXPECT_EQ(va.membership_changes_used, 1);
+}
+
+TEST_F(ElasticServiceTest, LateNodeIsAdmittedAtTheNextRound) {
+  ElasticOptions o;
+  o.min_nodes = 1;
+  o.max_nodes = 2;
+  o.settle = 100ms;
+  start(o);
+  auto ca = client();
+  auto cb = client();
+  ca->join(a_, 0);
+  JobView va = wait_assignment(*ca, a_, 0);
+  EXPECT_EQ(va.assignment->world_size, 2);
+  JobView vb = cb->join(b_, 0);
+  EXPECT_EQ(vb.generation_open, 2);
+  EXPECT_FALSE(vb.assignment);
+  ca->join(a_, 1);
+  va = wait_assignment(*ca, a_, 1);
+  vb = wait_assignment(*cb, b_, 0);
+  EXPECT_EQ(va.assignment->world_size, 4);
+  EXPECT_EQ(vb.assignment->node_rank, 1);
+  EXPECT_EQ(vb.assignment->generation, 2);
+}
+
+// A blocking raw socket (receive timeout 5 s so a test cannot hang).
+class Raw {
+ public:
+  explicit Raw(uint16_t port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    timeval tv{5, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  }
+  ~Raw() { ::close(fd_); }
+  void send(const std::vector<uint8_t>& b) { ::send(fd_, b.data(), b.size(), MSG_NOSIGNAL); }
+  // The status byte of the next reply; -1 when the server closed the connection.
+  int reply_status() {
+    uint8_t header[4];
+    if (!read_all(header, 4)) return -1;
+    std::vector<uint8_t> body(decode_u32_le(header));
+    if (body.empty() || !read_all(body.data(), body.size())) return -1;
+    return body[0];
+  }
+
+ private:
+  bool read_all(uint8_t* p, size_t n) {
+    while (n > 0) {
+      ssize_t k = ::recv(fd_, p, n, 0);
+      if (k <= 0) return false;
+      p += k;
+      n -= static_cast<size_t>(k);
+    }
+    return true;
+  }
+  int fd_;
+};
+
+std::vector<uint8_t> hello(const std::string& token) {
+  return FrameWriter()
+      .u8(static_cast<uint8_t>(Op::kHello))
+      .u32(kProtocolVersion)
+      .str(token)
+      .frame();
+}
+
+TEST_F(ElasticServiceTest, HostileClientsAreRefusedAndTheJobIsUnaffected) {
+  start(two_nodes());
+  auto ca = client();
+  ca->join(a_, 0);
+  try {
+    client("wrong");
+    ADD_FAILURE() << "a wrong token was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+  }
+  {  // an elastic op before HELLO
+    Raw r(server_->port());
+    r.send(FrameWriter().u8(static_cast<uint8_t>(Op::kElasticState)).str("a").frame());
+    EXPECT_EQ(r.reply_status(), -1);
+  }
+  {  // an oversized frame
+    Raw r(server_->port());
+    r.send(hello("secret"));
+    EXPECT_EQ(r.reply_status(), 0);
+    r.send({0xff, 0xff, 0xff, 0x7f, static_cast<uint8_t>(Op::kElasticJoin)});
+    EXPECT_EQ(r.reply_status(), -1);
+  }
+  {  // garbage: a join whose fields do not parse
+    Raw r(server_->port());
+    r.send(hello("secret"));
+    EXPECT_EQ(r.reply_status(), 0);
+    r.send(FrameWriter().u8(static_cast<uint8_t>(Op::kElasticJoin)).u32(1000).frame());
+    EXPECT_EQ(r.reply_status(), -1);
+  }
+  {  // well-formed but out of range: answered kBadRequest
+    Raw r(server_->port());
+    r.send(hello("secret"));
+    EXPECT_EQ(r.reply_status(), 0);
+    r.send(FrameWriter()
+               .u8(static_cast<uint8_t>(Op::kElasticJoin))
+               .str("evil")
+               .str("h")
+               .i64(0)
+               .i64(0)
+               .frame());
+    EXPECT_EQ(r.reply_status(), static_cast<int>(Status::kBadRequest));
+    r.send(FrameWriter()
+               .u8(static_cast<uint8_t>(Op::kElasticHeartbeat))
+               .str("")
+               .i64(0)
+               .u32(0)
+               .frame());
+    int status = r.reply_status();
+    EXPECT_TRUE(status == static_cast<int>(Status::kBadRequest) || status == -1) << status;
+  }
+  auto cb = client();
+  cb->join(b_, 0);
+  JobView v = wait_assignment(*ca, a_, 0);
+  EXPECT_EQ(v.assignment->world_size, 4);  // "evil" never joined
+  EXPECT_EQ(v.assignment->nnodes, 2);
+}
+
+}  // namespace
+}  // namespace dnallm::coordinator

@@ -1,0 +1,114 @@
+// The elastic agent's pure parts: flag parsing, the progress-file contract and the worker
+// environment of a generation.
+#include <unistd.h>
+
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "core/error.hpp"
+#include "launcher/elastic_agent.hpp"
+
+namespace dnallm::launcher {
+namespace {
+
+std::string env_of(const WorkerSpec& spec, const std::string& key) {
+  for (const auto& kv : spec.env) {
+    if (kv.compare(0, key.size() + 1, key + "=") == 0) return kv.substr(key.size() + 1);
+  }
+  return "<unset>";
+}
+
+ExitCode code_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return ExitCode::kOk;
+}
+
+TEST(ElasticAgentFlags, NnodesIsACountOrARange) {
+  EXPECT_EQ(parse_nnodes("3"), std::make_pair(3, 3));
+  EXPECT_EQ(parse_nnodes("1:4"), std::make_pair(1, 4));
+  for (const char* bad : {"", "0", "4:2", "a", "1:", ":2", "2:x", "-1"}) {
+    EXPECT_EQ(code_of([&] { parse_nnodes(bad); }), ExitCode::kUsage) << bad;
+  }
+}
+
+TEST(ElasticAgentFlags, EndpointIsHostColonPort) {
+  EXPECT_EQ(parse_endpoint("10.77.0.1:29400", "--rdzv-endpoint"),
+            std::make_pair(std::string("10.77.0.1"), 29400));
+  EXPECT_EQ(parse_endpoint("[::1]:5", "--rdzv-endpoint"), std::make_pair(std::string("::1"), 5));
+  for (const char* bad : {"host", ":1", "h:0", "h:70000", "h:p"}) {
+    EXPECT_EQ(code_of([&] { parse_endpoint(bad, "--rdzv-endpoint"); }), ExitCode::kUsage) << bad;
+  }
+}
+
+TEST(ElasticAgentProgress, ReadsTheLastCompletedStepElseMinusOne) {
+  char tmpl[] = "/tmp/dnallm-progress-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string path = progress_file(dir, 1);
+  EXPECT_EQ(path, dir + "/local_rank_1.step");
+  EXPECT_EQ(read_progress(path), -1);  // missing
+  auto write = [&](const std::string& text) { std::ofstream(path) << text; };
+  write("42\n");
+  EXPECT_EQ(read_progress(path), 42);
+  write("7");
+  EXPECT_EQ(read_progress(path), 7);
+  for (const char* bad : {"", "x", "12abc", "-3"}) {
+    write(bad);
+    EXPECT_EQ(read_progress(path), -1) << bad;
+  }
+  ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST(ElasticAgentSpecs, WorkersGetTheCoordinatorsPlacement) {
+  LaunchPlan plan;
+  plan.nproc_per_node = 2;
+  plan.master_addr = "10.77.0.1";
+  plan.master_port = 29400;
+  plan.command = {"/bin/true"};
+  plan.run_id = "job7";
+  plan.job_token = "tok";
+  plan.max_restarts = 3;
+  coordinator::NodeAssignment a;
+  a.generation = 3;
+  a.node_rank = 1;
+  a.nnodes = 3;
+  a.world_size = 5;
+  a.rank_offset = 2;
+  a.local_world_size = 2;
+  auto specs = make_elastic_worker_specs(plan, {{"PATH", "/bin"}, {"RANK", "99"}}, a,
+                                         "rank 4 on n2: killed by SIGKILL", "/tmp/p");
+  ASSERT_EQ(specs.size(), 2u);
+  for (int local = 0; local < 2; ++local) {
+    const WorkerSpec& s = specs[static_cast<size_t>(local)];
+    EXPECT_EQ(s.rank, 2 + local);
+    EXPECT_EQ(s.local_rank, local);
+    EXPECT_EQ(env_of(s, "RANK"), std::to_string(2 + local));
+    EXPECT_EQ(env_of(s, "LOCAL_RANK"), std::to_string(local));
+    EXPECT_EQ(env_of(s, "WORLD_SIZE"), "5");
+    EXPECT_EQ(env_of(s, "LOCAL_WORLD_SIZE"), "2");
+    EXPECT_EQ(env_of(s, "GROUP_RANK"), "1");
+    EXPECT_EQ(env_of(s, "GROUP_WORLD_SIZE"), "3");
+    EXPECT_EQ(env_of(s, "DNALLM_GENERATION"), "3");
+    EXPECT_EQ(env_of(s, "TORCHELASTIC_RESTART_COUNT"), "2");
+    EXPECT_EQ(env_of(s, "TORCHELASTIC_RUN_ID"), "job7");
+    EXPECT_EQ(env_of(s, "MASTER_ADDR"), "10.77.0.1");
+    EXPECT_EQ(env_of(s, "MASTER_PORT"), "29400");
+    EXPECT_EQ(env_of(s, "DNALLM_EXTERNAL_COORDINATOR"), "1");
+    EXPECT_EQ(env_of(s, "DNALLM_JOB_TOKEN"), "tok");
+    EXPECT_EQ(env_of(s, "DNALLM_RESTART_REASON"), "rank 4 on n2: killed by SIGKILL");
+    EXPECT_EQ(env_of(s, "DNALLM_PROGRESS_FILE"),
+              "/tmp/p/local_rank_" + std::to_string(local) + ".step");
+    int rank_entries = 0;
+    for (const auto& kv : s.env) rank_entries += kv.rfind("RANK=", 0) == 0 ? 1 : 0;
+    EXPECT_EQ(rank_entries, 1);
+  }
+}
+
+}  // namespace
+}  // namespace dnallm::launcher
