@@ -1,7 +1,11 @@
 // dnallm-train: one training worker. Alone it trains in one process; with a world size
 // above 1 (torchrun-style variables from dnallm-launch, OpenMPI under mpirun, or a Slurm
 // step) it joins the process group and trains data-parallel (DDP / ZeRO, [parallel]).
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 #include <iostream>
 
 #include "core/cli.hpp"
@@ -76,9 +80,30 @@ int main(int argc, char** argv) {
     trainer_options.write_tokenizer = [tokenizer](const std::string& dir) {
       data::save_tokenizer(*tokenizer, dir + "/tokenizer.json");
     };
+    // Elastic agents watch progress through this file (docs/elastic.md): the last completed
+    // step, written to a temporary name and renamed so a reader never sees half a number.
+    if (auto it = env.find("DNALLM_PROGRESS_FILE"); it != env.end() && !it->second.empty()) {
+      const std::string path = it->second;
+      trainer_options.on_step_end = [path](int64_t step) {
+        const std::string tmp = path + ".tmp";
+        {
+          std::ofstream out(tmp, std::ios::trunc);
+          out << step << "\n";
+        }
+        std::rename(tmp.c_str(), path.c_str());
+      };
+    }
     train::Trainer trainer(config, std::move(model), std::move(train_source),
                            std::move(eval_source), sync,
                            trainer_options);
+    if (auto it = env.find("DNALLM_GENERATION"); it != env.end() && std::atoi(it->second.c_str()) > 1) {
+      nlohmann::ordered_json line;
+      line["event"] = "restart";
+      line["generation"] = std::atoll(it->second.c_str());
+      auto reason = env.find("DNALLM_RESTART_REASON");
+      line["reason"] = reason != env.end() ? reason->second : "";
+      trainer.write_metrics(line.dump());
+    }
     trainer.run();
     return 0;
   });

@@ -7,12 +7,16 @@
 #      vs without (one bucket for the whole model, launched when backward is done);
 #   4. accumulate_sync "last" vs "every" with 2 micro-steps.
 #
-#   bench/ddp/bench_ddp.sh [build-dir]      env: WARMUP (2), STEPS (4), PYTHON
+#   bench/ddp/bench_ddp.sh [build-dir]      env: WARMUP (2), STEPS (4), ROUNDS (2), PYTHON
+#
+# Every configuration runs once per round, rounds alternate (so background load hits all
+# alike), and each figure is the median over all timed steps of all rounds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
 WARMUP=${WARMUP:-2}
 STEPS=${STEPS:-4}
+ROUNDS=${ROUNDS:-2}
 PYTHON=${PYTHON:-/usr/bin/python3}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -23,27 +27,32 @@ echo "bench/ddp: warmup $WARMUP, timed $STEPS, $(nproc) cores, load $(cut -d' ' 
 run_ours() {  # name nproc extra...
   local name=$1 n=$2; shift 2
   OMP_NUM_THREADS=1 "$BUILD/bin/dnallm-launch" --nproc-per-node "$n" "${common[@]}" \
-    --metrics-file "$TMP/$name.jsonl" "$@" > "$TMP/$name.log" 2>&1 || { cat "$TMP/$name.log"; exit 1; }
+    --metrics-file "$TMP/$name.$round.jsonl" "$@" > "$TMP/$name.log" 2>&1 || { cat "$TMP/$name.log"; exit 1; }
 }
-run_ours ddp2 2
-run_ours one 1
-run_ours noov 2 --set parallel.bucket_cap_mb=10000 --set parallel.first_bucket_mb=10000
-run_ours last 2 --set training.micro_batch_size=4 --set training.grad_accum_steps=2 --set parallel.accumulate_sync=last
-run_ours every 2 --set training.micro_batch_size=4 --set training.grad_accum_steps=2 --set parallel.accumulate_sync=every
-OMP_NUM_THREADS=1 "$PYTHON" bench/ddp/torch_ddp_peer.py --world 2 --threads 1 --warmup "$WARMUP" \
-  --steps "$STEPS" > "$TMP/peer.json"
-"$PYTHON" - "$TMP" "$WARMUP" <<'PY'
+for round in $(seq "$ROUNDS"); do
+  run_ours ddp2 2
+  run_ours one 1
+  run_ours noov 2 --set parallel.bucket_cap_mb=10000 --set parallel.first_bucket_mb=10000
+  run_ours last 2 --set training.micro_batch_size=4 --set training.grad_accum_steps=2 --set parallel.accumulate_sync=last
+  run_ours every 2 --set training.micro_batch_size=4 --set training.grad_accum_steps=2 --set parallel.accumulate_sync=every
+  OMP_NUM_THREADS=1 "$PYTHON" bench/ddp/torch_ddp_peer.py --world 2 --threads 1 --warmup "$WARMUP" \
+    --steps "$STEPS" > "$TMP/peer.$round.json"
+done
+"$PYTHON" - "$TMP" "$WARMUP" "$ROUNDS" <<'PY'
 import json, statistics, sys
-tmp, warmup = sys.argv[1], int(sys.argv[2])
+tmp, warmup, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def ours(name):
-    lines = [json.loads(l) for l in open(f"{tmp}/{name}.jsonl")]
+    lines = [json.loads(l) for r in range(1, rounds + 1) for l in open(f"{tmp}/{name}.{r}.jsonl")]
     steps = [l for l in lines if "event" not in l and l["step"] > warmup]
     world = [l for l in lines if l.get("event") == "summary"][0]["world_size"]
     step_s = statistics.median(l["step_s"] for l in steps)
     exposed = statistics.median(l["comm_exposed_s"] for l in steps)
     return {"step_s": step_s, "tps": world * 8 * 512 / step_s, "exposed": exposed, "loss": steps[-1]["loss"]}
 r = {k: ours(k) for k in ["ddp2", "one", "noov", "last", "every"]}
-peer = json.load(open(f"{tmp}/peer.json"))
+peers = [json.load(open(f"{tmp}/peer.{r}.json")) for r in range(1, rounds + 1)]
+peer_steps = [t for p in peers for t in p["step_s"]]
+peer = dict(peers[0], step_s_median=statistics.median(peer_steps),
+            tokens_per_s=peers[0]["world"] * 8 * 512 / statistics.median(peer_steps))
 print(f"{'run':<34}{'step_s':>9}{'tokens/s':>10}{'exposed_s':>11}")
 for name, label in [("ddp2", "dnallm 2 ranks (overlap)"), ("noov", "dnallm 2 ranks (no overlap)"),
                     ("one", "dnallm 1 rank"), ("last", "dnallm 2 ranks accum=2 last"),

@@ -388,6 +388,7 @@ void Trainer::run() {
   while (step_ < total_steps_) {
     auto r = train_step();
     train_s += r.step_s;
+    if (options_.on_step_end) options_.on_step_end(r.step);
     const double global_tokens = double(r.tokens) * sync_->world_size();
     tokens += global_tokens;
     final_loss = r.loss;

@@ -127,6 +127,9 @@ struct TrainerOptions {
   // Writes <dir>/tokenizer.json for the export (the trainer does not know the tokenizer).
   std::function<void(const std::string& dir)> write_tokenizer;
   bool console_progress = true;
+  // Called on every rank after each optimizer step with the step just completed (1-based):
+  // dnallm-train writes DNALLM_PROGRESS_FILE with it for the elastic agent's hang detection.
+  std::function<void(int64_t step)> on_step_end;
   double initial_loss_scale = 65536.0;  // fp16 dynamic loss scaling starts here
 };
 
@@ -172,8 +175,10 @@ class Trainer {
   // Where run() exports the final model.
   std::string export_dir() const;
 
- private:
+  // Appends one JSON line to the metrics file (rank 0; a no-op elsewhere).
   void write_metrics(const std::string& line);
+
+ private:
 
   Config config_;
   models::TransformerLM model_;
