@@ -96,6 +96,31 @@ int main(int argc, char** argv) {
     train::Trainer trainer(config, std::move(model), std::move(train_source),
                            std::move(eval_source), sync,
                            trainer_options);
+    // Model-state bytes on this rank, measured from the buffers, beside the ZeRO paper's
+    // accounting for the same parameter count, precision, stage and world size.
+    {
+      auto ddp = std::dynamic_pointer_cast<parallel::DdpGradientSync>(sync);
+      parallel::MemoryAccount allocated, paper;
+      if (ddp) {
+        allocated = ddp->allocated_memory();
+        paper = ddp->paper_memory();
+      } else {
+        const int64_t n = trainer.flat().numel();
+        allocated = {n * 4, n * 4, n * 8};
+        paper = parallel::account_memory(n, config.training.precision, 0, 1);
+      }
+      nlohmann::ordered_json line;
+      line["event"] = "memory";
+      line["rank"] = rank;
+      line["parameters"] = trainer.flat().numel();
+      line["zero_stage"] = config.parallel.zero_stage;
+      line["params_bytes"] = allocated.params;
+      line["grads_bytes"] = allocated.grads;
+      line["optimizer_bytes"] = allocated.optimizer;
+      line["zero_paper_bytes"] = {{"params", paper.params}, {"grads", paper.grads},
+                                  {"optimizer", paper.optimizer}};
+      trainer.write_metrics(line.dump());
+    }
     if (auto it = env.find("DNALLM_GENERATION"); it != env.end() && std::atoi(it->second.c_str()) > 1) {
       nlohmann::ordered_json line;
       line["event"] = "restart";

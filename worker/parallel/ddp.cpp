@@ -75,6 +75,17 @@ DataParallel::DataParallel(optim::FlatParameters& flat,
   const int64_t n = static_cast<int64_t>(entries.size());
   std::unordered_map<std::string, torch::Tensor> by_name;
   for (const auto& [name, p] : named_parameters) by_name[name] = p;
+  // See Note [Flat layout follows bucket order]: the flat buffer must hold the trainable
+  // parameters in reverse registration order, or buckets would not be contiguous slices.
+  const auto expected = bucket_order(named_parameters);
+  DNALLM_CHECK(expected.size() == entries.size(), ExitCode::kFailure,
+               "flat buffer has {} parameters, the model {} trainable ones", entries.size(),
+               expected.size());
+  for (size_t e = 0; e < entries.size(); ++e) {
+    DNALLM_CHECK(entries[e].name == expected[e].first, ExitCode::kFailure,
+                 "flat buffer holds '{}' where bucket order puts '{}'; build FlatParameters from "
+                 "parallel::bucket_order()", entries[e].name, expected[e].first);
+  }
   // Plan buckets over registration order; entries are in reverse registration order.
   std::vector<int64_t> numels(static_cast<size_t>(n));
   for (int64_t r = 0; r < n; ++r) numels[r] = entries[n - 1 - r].numel;
@@ -377,15 +388,5 @@ std::pair<int64_t, int64_t> DdpGradientSync::shard_range(int64_t numel) const {
 }
 
 void DdpGradientSync::after_optimizer_step(optim::FlatParameters&) { ddp_->gather_parameters(); }
-
-std::string DdpGradientSync::memory_json() const {
-  if (!ddp_) return "";
-  auto a = ddp_->allocated_memory(precision_);
-  auto p = ddp_->paper_memory(precision_);
-  return fmt::format(
-      "\"mem_params_bytes\":{},\"mem_grads_bytes\":{},\"mem_optimizer_bytes\":{},"
-      "\"zero_paper_bytes\":{},\"zero_stage\":{}",
-      a.params, a.grads, a.optimizer, p.total(), options_.zero_stage);
-}
 
 }  // namespace dnallm::parallel

@@ -170,8 +170,9 @@ class DdpGradientSync final : public train::GradientSync {
   double grad_sq_norm(const torch::Tensor& flat_grads) override;
   std::pair<int64_t, int64_t> shard_range(int64_t numel) const override;
   void after_optimizer_step(optim::FlatParameters& params) override;
-  // Per-rank model-state bytes as JSON fields, allocated and per the ZeRO paper.
-  std::string memory_json() const;
+  // Model-state bytes on this rank: allocated, and per the ZeRO paper's accounting.
+  MemoryAccount allocated_memory() const { return ddp_->allocated_memory(precision_); }
+  MemoryAccount paper_memory() const { return ddp_->paper_memory(precision_); }
 
  private:
   comm::Communicator& comm_;
