@@ -9,14 +9,13 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "train"))
-from torch_peer import BertMLM, make_batch, read_genome  # noqa: E402
+from torch_peer import BertMLM, make_optimizer, read_genome, timed_steps  # noqa: E402
 
 
 def worker(rank, args, out):
@@ -28,29 +27,16 @@ def worker(rank, args, out):
     genome = read_genome(args.fasta)
     rng = torch.Generator().manual_seed(1 + rank)
     model = torch.nn.parallel.DistributedDataParallel(BertMLM(seq=args.seq))
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=3e-4)
-    times = []
-    for step in range(args.warmup + args.steps):
-        ids, mask, labels = make_batch(genome, args.batch, args.seq, rng)
-        t0 = time.perf_counter()
-        loss = model(ids, mask, labels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        dt = time.perf_counter() - t0
-        if step >= args.warmup:
-            times.append(dt)
+    opt = make_optimizer(model)
+    times, final_loss = timed_steps(model, opt, genome, rng, args.warmup, args.steps, args.batch,
+                                    args.seq)
     if rank == 0:
         med = statistics.median(times)
         out.put({"peer": "pytorch-ddp-gloo", "torch": torch.__version__, "world": args.world,
                  "threads_per_rank": torch.get_num_threads(), "step_s": times,
                  "step_s_median": med,
                  "tokens_per_s": args.world * args.batch * args.seq / med,
-                 "final_loss": loss.item()})
+                 "final_loss": final_loss})
     dist.destroy_process_group()
 
 
