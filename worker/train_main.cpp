@@ -48,6 +48,14 @@ int main(int argc, char** argv) {
       po.rank = rank;
       po.world_size = world;
       po.master_addr = topo.master_addr;
+      // Under mpirun without MASTER_ADDR, MPI bootstraps itself: no store to host or reach.
+      const bool mpi = config.parallel.backend == "mpi" ||
+                       (config.parallel.backend == "auto" &&
+                        comm::resolve_backend(comm::CommOptions{}) == "mpi");
+      if (topo.source == cluster::TopologySource::kOpenMpi && mpi &&
+          env.count("MASTER_ADDR") == 0) {
+        po.master_addr.clear();
+      }
       po.master_port = topo.master_port > 0 ? topo.master_port : 29500;
       po.rank0_hosts_store = env.count("DNALLM_EXTERNAL_COORDINATOR") == 0;
       if (auto it = env.find("DNALLM_JOB_TOKEN"); it != env.end()) po.token = it->second;

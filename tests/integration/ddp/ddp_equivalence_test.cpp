@@ -23,22 +23,27 @@ struct TrainRun {
 };
 
 // Global batch 12 sequences of 64 tokens, 5 steps, tiny BERT, fp32, no dropout.
-TrainRun train(const std::string& name, int world, int micro, int accum, const std::string& extra) {
+// `starter` runs `world` workers; by default dnallm-launch.
+TrainRun train(const std::string& name, int world, int micro, int accum, const std::string& extra,
+               std::string starter = "") {
   std::string dir = make_temp_dir(name);
+  if (starter.empty()) starter = fmt::format("{}dnallm-launch --nproc-per-node {} --", kBin, world);
   std::string cmd = fmt::format(
-      "cd {src} && {bin}dnallm-launch --nproc-per-node {world} -- {bin}dnallm-train "
+      "cd {src} && {starter} {bin}dnallm-train "
       "--set model.hidden=32 --set model.layers=2 --set model.heads=2 --set model.ffn=64 "
       "--set model.max_seq_length=64 --set data.train_files=[\\\"data/ecoli_k12_mg1655.fa.gz\\\"] "
       "--set training.max_steps=5 --set training.micro_batch_size={micro} "
       "--set training.grad_accum_steps={accum} --set training.lr=3e-3 "
       "--set training.warmup_steps=0 --set training.logging_steps=1 --set training.seed=7 "
-      "--set data.dataloader_num_workers=1 --set parallel.backend=gloo "
+      "--set data.dataloader_num_workers=1 "
       "--set parallel.bucket_cap_mb=0.02 --set parallel.first_bucket_mb=0.005 "
       "--set checkpoint.dir={dir}/ckpt --set checkpoint.resume=none "
-      "--metrics-file {dir}/metrics.jsonl {extra}",
-      fmt::arg("src", kSrc), fmt::arg("bin", kBin), fmt::arg("world", world),
+      "--metrics-file {dir}/metrics.jsonl {backend} {extra}",
+      fmt::arg("src", kSrc), fmt::arg("bin", kBin), fmt::arg("starter", starter),
       fmt::arg("micro", micro), fmt::arg("accum", accum), fmt::arg("dir", dir),
-      fmt::arg("extra", extra));
+      fmt::arg("extra", extra),
+      fmt::arg("backend", extra.find("parallel.backend") == std::string::npos
+                              ? "--set parallel.backend=gloo" : ""));
   std::string log;
   int rc = run_command(cmd, &log);
   EXPECT_EQ(rc, 0) << cmd << "\n" << log;
@@ -104,6 +109,14 @@ TEST_F(DdpEquivalence, Zero1TwoRanksSyncEvery) {
                     train("z1e", 2, 2, 3,
                           "--set parallel.zero_stage=1 --set parallel.accumulate_sync=every"),
                     "ZeRO-1 2 ranks, every");
+}
+
+TEST_F(DdpEquivalence, MpirunThreeRanksWithoutLauncher) {
+  // A static MPI world: no launcher, no store; "auto" picks the mpi backend under mpirun.
+  expect_equivalent(*reference_,
+                    train("mpi3", 3, 4, 1, "--set parallel.backend=auto",
+                          "mpirun --allow-run-as-root --oversubscribe -np 3"),
+                    "mpirun -np 3");
 }
 
 TEST_F(DdpEquivalence, Bf16GradientReductionStaysClose) {
