@@ -54,8 +54,8 @@ EncodedSample encode_sample(const Sample& sample, uint64_t sample_id, const Toke
         if (unscorable(id, n_id)) continue;
         if (rng.uniform01() >= options.mlm_probability) continue;
         out.labels[i] = id;
-        const double r = rng.uniform01();
-        if (r < 0.8) {
+        const double r = rng.uniform01();  // drawn in both modes: same positions, same stream
+        if (options.mask_all_selected || r < 0.8) {
           out.input_ids[i] = kMaskId;
         } else if (r < 0.9) {
           out.input_ids[i] =

@@ -44,6 +44,9 @@ struct ObjectiveOptions {
   Objective objective = Objective::kMaskedLm;
   int64_t max_seq_length = 512;  // tokens per row, specials included
   double mlm_probability = 0.15;
+  // Evaluation: every selected position becomes [MASK] (no 10% random / 10% unchanged), so a
+  // scored position never shows its own base and bits_per_base is an honest code length.
+  bool mask_all_selected = false;
   bool packing = false;
   int64_t num_labels = 2;  // classification: labels must be in [0, num_labels)
 };

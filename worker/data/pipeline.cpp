@@ -159,6 +159,7 @@ LoaderOptions loader_options(const Config& config, int rank, int world_size, boo
   o.prefetch_factor = static_cast<int>(config.data.prefetch_factor);
   o.group_by_length = config.data.group_by_length;
   o.objective = objective_options(config);
+  o.objective.mask_all_selected = !train;
   return o;
 }
 

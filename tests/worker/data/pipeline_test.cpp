@@ -38,6 +38,30 @@ TEST(Pipeline, TrainAndEvalLoadersFromConfig) {
   EXPECT_EQ(make_eval_loader(c, tok, 0, 1), nullptr);
 }
 
+TEST(Pipeline, EvalMasksEverySelectedPositionTrainingUses801010) {
+  Config c = small_config();
+  c.data.mlm_probability = 0.5;  // many scored positions, so 80/10/10 is visible in training
+  auto tok = make_tokenizer(c);
+  auto count = [](const Batch& b) {
+    int64_t scored = 0, masked = 0;
+    for (size_t i = 0; i < b.labels.size(); ++i) {
+      if (b.labels[i] == kIgnoreIndex) continue;
+      ++scored;
+      masked += b.input_ids[i] == kMaskId;
+    }
+    return std::make_pair(scored, masked);
+  };
+  auto eval = make_eval_loader(c, tok, 0, 1);
+  ASSERT_NE(eval, nullptr);
+  auto [eval_scored, eval_masked] = count(eval->next());
+  ASSERT_GT(eval_scored, 20);
+  EXPECT_EQ(eval_masked, eval_scored) << "a scored eval position shows a base";
+  auto train = make_train_loader(c, tok, 0, 1);
+  auto [train_scored, train_masked] = count(train->next());
+  ASSERT_GT(train_scored, 20);
+  EXPECT_LT(train_masked, train_scored) << "training keeps BERT's 10% random / 10% unchanged";
+}
+
 TEST(Pipeline, KmerWindowAndCausal) {
   Config c = small_config();
   c.tokenizer.kind = "kmer";
