@@ -11,6 +11,7 @@
 #include "comm/bootstrap.hpp"
 #include "worker/parallel/ddp.hpp"
 #include "worker/data/pipeline.hpp"
+#include "worker/train/checkpointing.hpp"
 #include "worker/train/data_source.hpp"
 #include "worker/train/trainer.hpp"
 
@@ -57,9 +58,15 @@ int main(int argc, char** argv) {
           config.training.precision);
     }
     auto tokenizer = data::make_tokenizer(config);
+    const nlohmann::json tokenizer_json = tokenizer->to_json();
+    // Every rank picks (and verifies) the same newest committed checkpoint.
+    auto resume = train::open_resume(config, tokenizer_json);
+    std::optional<data::SamplerState> sampler_state;
+    if (resume) sampler_state = data::SamplerState::from_json(train::saved_sampler_state(*resume));
     auto model = train::build_model(config, tokenizer->vocab_size());
-    auto train_source = std::make_unique<train::LoaderSource>(
-        data::make_train_loader(config, tokenizer, rank, world));
+    auto train_loader = data::make_train_loader(config, tokenizer, rank, world, sampler_state);
+    const data::DataLoader* loader = train_loader.get();  // owned by the trainer below
+    auto train_source = std::make_unique<train::LoaderSource>(std::move(train_loader));
     std::unique_ptr<train::BatchSource> eval_source;
     if (config.training.eval_steps > 0) {
       auto eval_loader = data::make_eval_loader(config, tokenizer, rank, world);
@@ -76,9 +83,26 @@ int main(int argc, char** argv) {
     trainer_options.write_tokenizer = [tokenizer](const std::string& dir) {
       data::save_tokenizer(*tokenizer, dir + "/tokenizer.json");
     };
+    train::CheckpointerOptions ckpt_options;
+    ckpt_options.store = group.store;
+    if (auto it = env.find("DNALLM_GENERATION"); it != env.end()) {
+      ckpt_options.store_prefix = "ckpt/g" + it->second;
+    }
+    ckpt_options.sampler_state = [loader] { return loader->state().to_json(); };
+    ckpt_options.tokenizer = tokenizer_json;
+    ckpt_options.commit_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(config.parallel.timeout_s * 1000));
+    if (resume) ckpt_options.resumed_step = resume->step();
+    if (auto it = env.find("DNALLM_TEST_KILL_AFTER_SAVE_STEP"); it != env.end()) {
+      ckpt_options.kill_after_save_step = std::stoll(it->second);
+    }
+    // Declared before the trainer: its hooks call into the checkpointer.
+    train::Checkpointer checkpointer(config, ckpt_options);
+    checkpointer.install(trainer_options);
     train::Trainer trainer(config, std::move(model), std::move(train_source),
                            std::move(eval_source), sync,
                            trainer_options);
+    if (resume) train::restore(trainer, *resume);
     trainer.run();
     return 0;
   });

@@ -433,7 +433,9 @@ void Trainer::run() {
                      e.bits_per_base);
       }
     }
+    if (options_.after_step) options_.after_step(*this, r);
   }
+  if (options_.at_end) options_.at_end(*this);
   if (rank0 && config_.checkpoint.save_final) {
     const auto dir = export_dir();
     models::export_model(model_, dir, config_.model.arch);
