@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
 
@@ -151,6 +152,29 @@ TEST_F(Resume, DamagedLatestCheckpointFallsBackToThePreviousOne) {
   EXPECT_NE(resumed.log.find("step_000000002 at step 2"), std::string::npos) << resumed.log;
   ASSERT_EQ(resumed.losses.size(), 6u);
   expect_bit_identical(*reference_, resumed, "resumed from step 2 after step 4 was damaged");
+}
+
+TEST_F(Resume, RetentionKeepsTheNewestAndMetricsReportEveryCheckpoint) {
+  const std::string dir = make_temp_dir("resume_retention");
+  const std::string ckpt = dir + "/ckpt";
+  TrainRun run = train(ckpt, "run", 1, 4, 1, "--set checkpoint.keep_last=2");
+  ASSERT_EQ(run.rc, 0) << run.log;
+  EXPECT_FALSE(fs::exists(ckpt + "/step_000000001/manifest.json"));
+  EXPECT_FALSE(fs::exists(ckpt + "/step_000000002/manifest.json"));
+  EXPECT_TRUE(fs::exists(ckpt + "/step_000000003/manifest.json"));
+  EXPECT_TRUE(fs::exists(ckpt + "/step_000000004/manifest.json"));
+  std::ifstream in(dir + "/run.jsonl");
+  std::string line;
+  std::vector<int64_t> steps;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") != "checkpoint") continue;
+    steps.push_back(j.at("step").get<int64_t>());
+    EXPECT_GT(j.at("bytes").get<int64_t>(), 0);
+    EXPECT_GE(j.at("stall_s").get<double>(), 0.0);
+    EXPECT_GT(j.at("write_s").get<double>(), 0.0);
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4}));
 }
 
 // 2 ranks save at step 3, 3 ranks resume to step 6, 1 rank resumes to step 8.
