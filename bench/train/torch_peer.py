@@ -53,6 +53,11 @@ class BertMLM(nn.Module):
         self.dense = nn.Linear(h, h)
         self.ln_head = nn.LayerNorm(h, eps=1e-12)
         self.bias = nn.Parameter(torch.zeros(VOCAB))
+        for m in self.modules():  # the same initialisation as dnallm-train (BERT's)
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, 0.0, 0.02)
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
 
     def forward(self, ids, mask, labels):
         x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
@@ -126,6 +131,7 @@ def main():
     med = statistics.median(times)
     print(json.dumps({"peer": "pytorch", "torch": torch.__version__,
                       "threads": torch.get_num_threads(), "step_s_median": med,
+                      "step_s_min": min(times), "step_s": times,
                       "tokens_per_s": args.batch * args.seq / med, "final_loss": loss.item()}))
 
 
