@@ -15,6 +15,7 @@
 #include "comm/bootstrap.hpp"
 #include "worker/parallel/ddp.hpp"
 #include "worker/data/pipeline.hpp"
+#include "worker/train/checkpointing.hpp"
 #include "worker/train/data_source.hpp"
 #include "worker/train/trainer.hpp"
 
@@ -69,9 +70,15 @@ int main(int argc, char** argv) {
           config.training.precision);
     }
     auto tokenizer = data::make_tokenizer(config);
+    const nlohmann::json tokenizer_json = tokenizer->to_json();
+    // Every rank picks (and verifies) the same newest committed checkpoint.
+    auto resume = train::open_resume(config, tokenizer_json);
+    std::optional<data::SamplerState> sampler_state;
+    if (resume) sampler_state = data::SamplerState::from_json(train::saved_sampler_state(*resume));
     auto model = train::build_model(config, tokenizer->vocab_size());
-    auto train_source = std::make_unique<train::LoaderSource>(
-        data::make_train_loader(config, tokenizer, rank, world));
+    auto train_loader = data::make_train_loader(config, tokenizer, rank, world, sampler_state);
+    const data::DataLoader* loader = train_loader.get();  // owned by the trainer below
+    auto train_source = std::make_unique<train::LoaderSource>(std::move(train_loader));
     std::unique_ptr<train::BatchSource> eval_source;
     if (config.training.eval_steps > 0) {
       auto eval_loader = data::make_eval_loader(config, tokenizer, rank, world);
@@ -88,15 +95,34 @@ int main(int argc, char** argv) {
     trainer_options.write_tokenizer = [tokenizer](const std::string& dir) {
       data::save_tokenizer(*tokenizer, dir + "/tokenizer.json");
     };
+    train::CheckpointerOptions ckpt_options;
+    ckpt_options.store = group.store;
+    if (auto it = env.find("DNALLM_GENERATION"); it != env.end()) {
+      ckpt_options.store_prefix = "ckpt/g" + it->second;
+    }
+    ckpt_options.sampler_state = [loader] { return loader->state().to_json(); };
+    ckpt_options.tokenizer = tokenizer_json;
+    ckpt_options.commit_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(config.parallel.timeout_s * 1000));
+    if (resume) ckpt_options.resumed_step = resume->step();
+    if (auto it = env.find("DNALLM_TEST_KILL_AFTER_SAVE_STEP"); it != env.end()) {
+      ckpt_options.kill_after_save_step = std::stoll(it->second);
+    }
+    // Declared before the trainer: its hooks call into the checkpointer.
+    train::Checkpointer checkpointer(config, ckpt_options);
+    checkpointer.install(trainer_options);
     // Elastic agents watch progress through this file (docs/elastic.md): the last completed
     // step, written to a temporary name and renamed so a reader never sees half a number.
     if (auto it = env.find("DNALLM_PROGRESS_FILE"); it != env.end() && !it->second.empty()) {
       const std::string path = it->second;
-      trainer_options.on_step_end = [path](int64_t step) {
+      auto checkpoint_hook = trainer_options.after_step;
+      trainer_options.after_step = [path, checkpoint_hook](train::Trainer& t,
+                                                           const train::StepResult& r) {
+        if (checkpoint_hook) checkpoint_hook(t, r);
         const std::string tmp = path + ".tmp";
         {
           std::ofstream out(tmp, std::ios::trunc);
-          out << step << "\n";
+          out << r.step << "\n";
         }
         std::rename(tmp.c_str(), path.c_str());
       };
@@ -104,6 +130,7 @@ int main(int argc, char** argv) {
     train::Trainer trainer(config, std::move(model), std::move(train_source),
                            std::move(eval_source), sync,
                            trainer_options);
+    if (resume) train::restore(trainer, *resume);
     // Model-state bytes on this rank, measured from the buffers, beside the ZeRO paper's
     // accounting for the same parameter count, precision, stage and world size.
     {

@@ -187,5 +187,25 @@ TEST(OptimTest, LossScalerSkipsOverflowAndBacksOff) {
   EXPECT_FALSE(off.update(true));  // fp32: a non-finite step is still not applied
 }
 
+TEST(OptimTest, LossScalerRestoredStateContinuesLikeTheOriginal) {
+  LossScalerOptions o;
+  o.enabled = true;
+  o.init_scale = 1024;
+  o.growth_interval = 3;
+  LossScaler original(o);
+  original.update(true);   // skip: 512
+  original.update(false);  // 1 clean step
+  original.update(false);  // 2 clean steps
+  LossScaler restored(o);
+  restored.restore(original.raw_scale(), original.clean_steps(), original.skipped_steps());
+  EXPECT_EQ(restored.scale(), 512.0);
+  EXPECT_EQ(restored.skipped_steps(), 1);
+  original.update(false);  // third clean step: grows
+  restored.update(false);
+  EXPECT_EQ(restored.scale(), original.scale());
+  EXPECT_EQ(restored.scale(), 1024.0);
+  EXPECT_EQ(restored.clean_steps(), original.clean_steps());
+}
+
 }  // namespace
 }  // namespace dnallm::optim

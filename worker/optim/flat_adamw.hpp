@@ -122,6 +122,15 @@ class LossScaler {
   // step must be applied, false when it is skipped (then the scale backs off).
   bool update(bool found_inf);
   int64_t skipped_steps() const { return skipped_; }
+  // Checkpoint state: the raw scale (kept when disabled), clean steps since the last change.
+  double raw_scale() const { return scale_; }
+  int64_t clean_steps() const { return clean_steps_; }
+  // Restores what raw_scale(), clean_steps() and skipped_steps() returned when saved.
+  void restore(double raw_scale, int64_t clean_steps, int64_t skipped_steps) {
+    scale_ = raw_scale;
+    clean_steps_ = clean_steps;
+    skipped_ = skipped_steps;
+  }
 
  private:
   LossScalerOptions options_;

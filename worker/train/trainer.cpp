@@ -388,7 +388,6 @@ void Trainer::run() {
   while (step_ < total_steps_) {
     auto r = train_step();
     train_s += r.step_s;
-    if (options_.on_step_end) options_.on_step_end(r.step);
     const double global_tokens = double(r.tokens) * sync_->world_size();
     tokens += global_tokens;
     final_loss = r.loss;
@@ -434,7 +433,9 @@ void Trainer::run() {
                      e.bits_per_base);
       }
     }
+    if (options_.after_step) options_.after_step(*this, r);
   }
+  if (options_.at_end) options_.at_end(*this);
   if (rank0 && config_.checkpoint.save_final) {
     const auto dir = export_dir();
     models::export_model(model_, dir, config_.model.arch);

@@ -121,16 +121,20 @@ struct EvalResult {
 // overlapping k-mers the bases of neighbouring predictions overlap: it is the per-token code
 // length spread over the bases the token spells), the piece length for BPE. The trainer
 // gets the count from `TrainerOptions::bases_of_label`, defaulting to 1 base per token.
+class Trainer;
+
 struct TrainerOptions {
   // Bases spelled by token id `id` (for bits_per_base). Default: 1.
   std::function<int64_t(int64_t id)> bases_of_label;
   // Writes <dir>/tokenizer.json for the export (the trainer does not know the tokenizer).
   std::function<void(const std::string& dir)> write_tokenizer;
   bool console_progress = true;
-  // Called on every rank after each optimizer step with the step just completed (1-based):
-  // dnallm-train writes DNALLM_PROGRESS_FILE with it for the elastic agent's hang detection.
-  std::function<void(int64_t step)> on_step_end;
   double initial_loss_scale = 65536.0;  // fp16 dynamic loss scaling starts here
+  // Called on the training thread after every step of run() (after logging and evaluation),
+  // and once at the end of run() before the export: the checkpoint hooks
+  // (worker/train/checkpointing.hpp). Either may be empty.
+  std::function<void(Trainer&, const StepResult&)> after_step;
+  std::function<void(Trainer&)> at_end;
 };
 
 // Number of optimizer steps: training.max_steps, or epochs × samples / global batch.
@@ -169,17 +173,20 @@ class Trainer {
   optim::FlatParameters& flat() { return *flat_; }
   optim::FlatAdamW& optimizer() { return *adamw_; }
   const optim::LossScaler& loss_scaler() const { return scaler_; }
+  optim::LossScaler& loss_scaler() { return scaler_; }
+  GradientSync& sync() { return *sync_; }
+  const Config& config() const { return config_; }
   int64_t step() const { return step_; }
+  // Resume: the optimizer steps already done (the LR schedule position follows it).
+  void set_step(int64_t step) { step_ = step; }
+  // Appends a JSON line to the metrics file (rank 0; no-op without one). Training thread.
+  void write_metrics(const std::string& line);
   int64_t total_steps() const { return total_steps_; }
   const torch::Device& device() const { return device_; }
   // Where run() exports the final model.
   std::string export_dir() const;
 
-  // Appends one JSON line to the metrics file (rank 0; a no-op elsewhere).
-  void write_metrics(const std::string& line);
-
  private:
-
   Config config_;
   models::TransformerLM model_;
   std::unique_ptr<BatchSource> train_, eval_;

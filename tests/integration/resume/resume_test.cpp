@@ -1,0 +1,220 @@
+// Resume: a run stopped (or killed) and resumed continues exactly as an uninterrupted one
+// (same losses, bit-identical parameters), a damaged latest checkpoint falls back to the
+// previous one, and a checkpoint saved at one world size / ZeRO stage resumes at another
+// (2 -> 3 -> 1 ranks) with the same global batch, matching one rank within fp32 tolerance.
+// Real processes: dnallm-train alone, or under dnallm-launch over Gloo on loopback.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+
+namespace dnallm::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
+const std::string kSrc = DNALLM_SOURCE_DIR;
+
+struct TrainRun {
+  int rc = -1;
+  std::string log;
+  std::map<int64_t, double> losses;
+  std::map<std::string, std::vector<float>> params;
+};
+
+// Tiny BERT, fp32, no dropout, constant LR (a run stopped at step 4 has the same schedule
+// as one going to 8). Global batch 12 = micro × world. `ckpt` is the checkpoint root; the
+// metrics go to <ckpt>/../<name>.jsonl.
+TrainRun train(const std::string& ckpt, const std::string& name, int world, int steps,
+               int save_steps, const std::string& extra = "", const std::string& env = "") {
+  const std::string metrics = (fs::path(ckpt).parent_path() / (name + ".jsonl")).string();
+  const std::string launcher =
+      world > 1 ? fmt::format("{}dnallm-launch --nproc-per-node {} -- ", kBin, world) : "";
+  std::string cmd = fmt::format(
+      "cd {src} && {env} {launch}{bin}dnallm-train "
+      "--set model.hidden=32 --set model.layers=2 --set model.heads=2 --set model.ffn=64 "
+      "--set model.max_seq_length=64 --set data.train_files=[\\\"data/ecoli_k12_mg1655.fa.gz\\\"] "
+      "--set training.max_steps={steps} --set training.micro_batch_size={micro} "
+      "--set training.grad_accum_steps=1 --set training.lr=3e-3 "
+      "--set training.lr_scheduler=constant --set training.warmup_steps=0 "
+      "--set training.logging_steps=1 --set training.seed=7 "
+      "--set data.dataloader_num_workers=1 --set parallel.backend=gloo "
+      "--set parallel.bucket_cap_mb=0.02 --set parallel.first_bucket_mb=0.005 "
+      "--set checkpoint.dir={ckpt} --set checkpoint.save_steps={save} --set checkpoint.keep_last=0 "
+      "--metrics-file {metrics} {extra}",
+      fmt::arg("src", kSrc), fmt::arg("bin", kBin), fmt::arg("launch", launcher),
+      fmt::arg("env", env), fmt::arg("steps", steps), fmt::arg("micro", 12 / world),
+      fmt::arg("ckpt", ckpt), fmt::arg("save", save_steps), fmt::arg("metrics", metrics),
+      fmt::arg("extra", extra));
+  TrainRun r;
+  r.rc = run_command(cmd, &r.log);
+  r.log = cmd + "\n" + r.log;
+  if (fs::exists(metrics)) r.losses = read_step_losses(metrics);
+  const std::string weights = ckpt + "/final/model.safetensors";
+  if (r.rc == 0 && fs::exists(weights)) r.params = read_safetensors_f32(weights);
+  return r;
+}
+
+void expect_bit_identical(const TrainRun& ref, const TrainRun& run, const std::string& what) {
+  ASSERT_EQ(ref.params.size(), run.params.size()) << what;
+  ASSERT_FALSE(ref.params.empty()) << what;
+  for (const auto& [name, v] : ref.params) {
+    const auto& w = run.params.at(name);
+    ASSERT_EQ(v.size(), w.size()) << name;
+    for (size_t i = 0; i < v.size(); ++i) {
+      ASSERT_EQ(v[i], w[i]) << what << ": " << name << "[" << i << "] differs";
+    }
+  }
+}
+
+double max_param_diff(const TrainRun& ref, const TrainRun& run) {
+  double max_diff = 0;
+  for (const auto& [name, v] : ref.params) {
+    const auto& w = run.params.at(name);
+    for (size_t i = 0; i < v.size(); ++i)
+      max_diff = std::max(max_diff, double(std::abs(v[i] - w[i])));
+  }
+  return max_diff;
+}
+
+class Resume : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = make_temp_dir("resume_ref");
+    reference_ = new TrainRun(train(dir + "/ckpt", "ref", 1, 8, 0));
+  }
+  static void TearDownTestSuite() { delete reference_; }
+  void SetUp() override {
+    ASSERT_EQ(reference_->rc, 0) << reference_->log;
+    ASSERT_EQ(reference_->losses.size(), 8u);
+  }
+  static TrainRun* reference_;
+};
+TrainRun* Resume::reference_ = nullptr;
+
+TEST_F(Resume, StoppedAndResumedRunIsBitIdentical) {
+  const std::string ckpt = make_temp_dir("resume_stop") + "/ckpt";
+  TrainRun first = train(ckpt, "first", 1, 4, 4);
+  ASSERT_EQ(first.rc, 0) << first.log;
+  ASSERT_TRUE(fs::exists(ckpt + "/step_000000004/manifest.json"));
+  TrainRun second = train(ckpt, "second", 1, 8, 4);
+  ASSERT_EQ(second.rc, 0) << second.log;
+  EXPECT_NE(second.log.find("resumed from"), std::string::npos) << second.log;
+  ASSERT_EQ(second.losses.size(), 4u);
+  for (int64_t step = 5; step <= 8; ++step) {
+    EXPECT_EQ(second.losses.at(step), reference_->losses.at(step)) << "step " << step;
+  }
+  expect_bit_identical(*reference_, second, "resumed at step 4");
+}
+
+TEST_F(Resume, KilledRunResumesToTheSameParameters) {
+  const std::string ckpt = make_temp_dir("resume_kill") + "/ckpt";
+  // SIGKILL right after step 6's save was handed to the writer (step 4 is committed).
+  TrainRun killed = train(ckpt, "killed", 1, 8, 2, "", "DNALLM_TEST_KILL_AFTER_SAVE_STEP=6");
+  ASSERT_EQ(killed.rc, 128 + 9) << killed.log;
+  ASSERT_FALSE(fs::exists(ckpt + "/final")) << "the killed run must not have finished";
+  ASSERT_TRUE(fs::exists(ckpt + "/step_000000004/manifest.json"));
+  TrainRun resumed = train(ckpt, "resumed", 1, 8, 2);
+  ASSERT_EQ(resumed.rc, 0) << resumed.log;
+  ASSERT_FALSE(resumed.losses.empty());
+  for (const auto& [step, loss] : resumed.losses) {
+    EXPECT_GE(step, 5);
+    EXPECT_EQ(loss, reference_->losses.at(step)) << "step " << step;
+  }
+  expect_bit_identical(*reference_, resumed, "killed after step 6, resumed");
+}
+
+TEST_F(Resume, DamagedLatestCheckpointFallsBackToThePreviousOne) {
+  const std::string ckpt = make_temp_dir("resume_damaged") + "/ckpt";
+  TrainRun first = train(ckpt, "first", 1, 4, 2);
+  ASSERT_EQ(first.rc, 0) << first.log;
+  const std::string shard = ckpt + "/step_000000004/shard_00000.dnc";
+  ASSERT_TRUE(fs::exists(shard));
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(100);
+    f.write(&c, 1);
+  }
+  TrainRun resumed = train(ckpt, "resumed", 1, 8, 0);
+  ASSERT_EQ(resumed.rc, 0) << resumed.log;
+  EXPECT_NE(resumed.log.find("shard_00000.dnc"), std::string::npos) << resumed.log;
+  EXPECT_NE(resumed.log.find("step_000000002 at step 2"), std::string::npos) << resumed.log;
+  ASSERT_EQ(resumed.losses.size(), 6u);
+  expect_bit_identical(*reference_, resumed, "resumed from step 2 after step 4 was damaged");
+}
+
+TEST_F(Resume, RetentionKeepsTheNewestAndMetricsReportEveryCheckpoint) {
+  const std::string dir = make_temp_dir("resume_retention");
+  const std::string ckpt = dir + "/ckpt";
+  TrainRun run = train(ckpt, "run", 1, 4, 1, "--set checkpoint.keep_last=2");
+  ASSERT_EQ(run.rc, 0) << run.log;
+  EXPECT_FALSE(fs::exists(ckpt + "/step_000000001/manifest.json"));
+  EXPECT_FALSE(fs::exists(ckpt + "/step_000000002/manifest.json"));
+  EXPECT_TRUE(fs::exists(ckpt + "/step_000000003/manifest.json"));
+  EXPECT_TRUE(fs::exists(ckpt + "/step_000000004/manifest.json"));
+  std::ifstream in(dir + "/run.jsonl");
+  std::string line;
+  std::vector<int64_t> steps;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") != "checkpoint") continue;
+    steps.push_back(j.at("step").get<int64_t>());
+    EXPECT_GT(j.at("bytes").get<int64_t>(), 0);
+    EXPECT_GE(j.at("stall_s").get<double>(), 0.0);
+    EXPECT_GT(j.at("write_s").get<double>(), 0.0);
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4}));
+}
+
+// 2 ranks save at step 3, 3 ranks resume to step 6, 1 rank resumes to step 8.
+void reshard_chain(const TrainRun& reference, const std::string& name,
+                   const std::string& parallel) {
+  const std::string ckpt = make_temp_dir(name) + "/ckpt";
+  TrainRun two = train(ckpt, "two", 2, 3, 3, parallel);
+  ASSERT_EQ(two.rc, 0) << two.log;
+  ASSERT_TRUE(fs::exists(ckpt + "/step_000000003/shard_00001.dnc")) << two.log;
+  TrainRun three = train(ckpt, "three", 3, 6, 3, parallel);
+  ASSERT_EQ(three.rc, 0) << three.log;
+  EXPECT_NE(three.log.find("at step 3 (world size 2 -> 3)"), std::string::npos) << three.log;
+  ASSERT_TRUE(fs::exists(ckpt + "/step_000000006/shard_00002.dnc")) << three.log;
+  TrainRun one = train(ckpt, "one", 1, 8, 0, parallel);
+  ASSERT_EQ(one.rc, 0) << one.log;
+  EXPECT_NE(one.log.find("at step 6 (world size 3 -> 1)"), std::string::npos) << one.log;
+  std::map<int64_t, double> losses = two.losses;
+  losses.insert(three.losses.begin(), three.losses.end());
+  losses.insert(one.losses.begin(), one.losses.end());
+  ASSERT_EQ(losses.size(), 8u);
+  for (const auto& [step, loss] : reference.losses) {
+    EXPECT_NEAR(losses.at(step), loss, 2e-5 * std::abs(loss)) << name << " step " << step;
+  }
+  ASSERT_EQ(one.params.size(), reference.params.size());
+  // As in ddp_equivalence_test: summation-order differences stay far below the updates.
+  const double diff = max_param_diff(reference, one);
+  EXPECT_LT(diff, 2e-4) << name << ": largest parameter difference " << diff;
+}
+
+TEST_F(Resume, ReshardDdpTwoThreeOne) {
+  reshard_chain(*reference_, "reshard_ddp", "--set parallel.zero_stage=0");
+}
+
+TEST_F(Resume, ReshardZero1TwoThreeOne) {
+  reshard_chain(*reference_, "reshard_z1", "--set parallel.zero_stage=1");
+}
+
+TEST_F(Resume, ReshardZero2TwoThreeOne) {
+  reshard_chain(*reference_, "reshard_z2", "--set parallel.zero_stage=2");
+}
+
+}  // namespace
+}  // namespace dnallm::testing

@@ -1,0 +1,386 @@
+#include "worker/train/checkpointing.hpp"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "comm/communicator.hpp"
+#include "core/error.hpp"
+#include "worker/train/trainer.hpp"
+
+namespace dnallm::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string hash_text(uint64_t h) { return fmt::format("{:016x}", h); }
+
+checkpoint::TensorSpec flat_spec(const char* name, int64_t numel) {
+  return checkpoint::TensorSpec{name, DType::kFloat32, {numel}};
+}
+
+// A host fp32 tensor holding `t` (no copy when `t` already is one and contiguous).
+torch::Tensor host_f32(const torch::Tensor& t) {
+  return t.to(torch::kCPU, torch::kFloat32).contiguous();
+}
+
+// The range of the flat buffers this rank stores (Note [Checkpoint layout] in the header):
+// its optimizer range under ZeRO, else an even split so that every rank writes.
+std::pair<int64_t, int64_t> stored_range(const optim::FlatAdamW& adam, int64_t numel, int world,
+                                         int rank) {
+  if (adam.begin() != 0 || adam.end() != numel) return {adam.begin(), adam.end()};
+  const auto r = comm::shard_range(static_cast<size_t>(numel), world, rank);
+  return {int64_t(r.offset), int64_t(r.offset + r.count)};
+}
+
+struct SavedEntry {
+  int64_t offset = 0;
+  std::vector<int64_t> shape;
+};
+
+}  // namespace
+
+Checkpointer::Checkpointer(Config config, CheckpointerOptions options)
+    : config_(std::move(config)), options_(std::move(options)) {
+  if (config_.checkpoint.async) writer_.start();
+}
+
+Checkpointer::~Checkpointer() {
+  abort_ = true;
+  if (finisher_.joinable()) finisher_.join();
+  writer_.stop();
+}
+
+void Checkpointer::install(TrainerOptions& options) {
+  options.after_step = [this](Trainer& trainer, const StepResult&) { after_step(trainer); };
+  options.at_end = [this](Trainer& trainer) { finish(trainer); };
+}
+
+void Checkpointer::after_step(Trainer& trainer) {
+  report(trainer);
+  const int64_t every = config_.checkpoint.save_steps;
+  const int64_t step = trainer.step();
+  if (every <= 0 || step % every != 0) return;
+  save(trainer);
+  if (options_.kill_after_save_step > 0 && step == options_.kill_after_save_step) {
+    spdlog::warn("test hook: killing this process after handing step {}'s save over", step);
+    raise(SIGKILL);
+  }
+}
+
+void Checkpointer::finish(Trainer& trainer) {
+  const bool saved = last_saved_ == trainer.step() || options_.resumed_step == trainer.step();
+  if (config_.checkpoint.save_steps > 0 && trainer.step() > 0 && !saved) {
+    save(trainer);
+  }
+  join_finisher();
+  report(trainer);
+}
+
+void Checkpointer::join_finisher() {
+  if (finisher_.joinable()) finisher_.join();
+}
+
+void Checkpointer::report(Trainer& trainer) {
+  std::vector<Finished> done;
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done.swap(finished_);
+    std::swap(error, error_);
+  }
+  if (error) std::rethrow_exception(error);
+  for (const auto& f : done) {
+    nlohmann::ordered_json line;
+    line["event"] = "checkpoint";
+    line["step"] = f.step;
+    line["bytes"] = f.bytes;
+    line["stall_s"] = f.stall_s;
+    line["write_s"] = f.write_s;
+    trainer.write_metrics(line.dump());
+  }
+}
+
+double Checkpointer::save(Trainer& trainer) {
+  const auto t0 = Clock::now();
+  join_finisher();  // Note [One checkpoint in flight] (checkpoint/async_writer.hpp)
+  report(trainer);
+  rank_ = trainer.sync().rank();
+  world_ = trainer.sync().world_size();
+  auto& flat = trainer.flat();
+  auto& adam = trainer.optimizer();
+  const int64_t n = flat.numel();
+  const auto [begin, end] = stored_range(adam, n, world_, rank_);
+
+  // Host copies of the slices (on CPU these are views: AsyncWriter::save copies them).
+  torch::NoGradGuard no_grad;
+  const int64_t count = end - begin;
+  torch::Tensor params, exp_avg, exp_avg_sq;
+  std::vector<checkpoint::TensorSlice> slices;
+  if (count > 0) {
+    params = host_f32(flat.params().narrow(0, begin, count));
+    exp_avg = host_f32(adam.exp_avg().narrow(0, begin - adam.begin(), count));
+    exp_avg_sq = host_f32(adam.exp_avg_sq().narrow(0, begin - adam.begin(), count));
+    const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+    slices.push_back({flat_spec(kFlatParamsTensor, n), u(begin), u(end), params.data_ptr()});
+    slices.push_back({flat_spec(kExpAvgTensor, n), u(begin), u(end), exp_avg.data_ptr()});
+    slices.push_back({flat_spec(kExpAvgSqTensor, n), u(begin), u(end), exp_avg_sq.data_ptr()});
+  }
+
+  const int64_t step = trainer.step();
+  const int zero_stage = world_ > 1 ? static_cast<int>(config_.parallel.zero_stage) : 0;
+  nlohmann::json state;
+  state["step"] = step;
+  state["adam_steps"] = adam.steps();
+  const auto& scaler = trainer.loss_scaler();
+  state["loss_scaler"] = {{"scale", scaler.raw_scale()},
+                          {"clean_steps", scaler.clean_steps()},
+                          {"skipped", scaler.skipped_steps()}};
+  if (options_.sampler_state) state["sampler"] = options_.sampler_state();
+  state["config_hash"] = hash_text(model_config_hash(config_));
+  state["tokenizer"] = options_.tokenizer;
+  state["version"] = DNALLM_VERSION;
+  state["world_size"] = world_;
+  state["zero_stage"] = zero_stage;
+  nlohmann::json layout = nlohmann::json::array();
+  for (const auto& e : flat.entries()) {
+    layout.push_back({{"name", e.name}, {"offset", e.offset}, {"shape", e.shape}});
+  }
+  state["layout"] = std::move(layout);
+
+  checkpoint::SaveRequest request;
+  request.root = config_.checkpoint.dir;
+  request.step = step;
+  request.rank = rank_;
+  request.slices = std::move(slices);
+  request.codec = checkpoint::parse_codec(config_.checkpoint.compression);
+  if (request.codec.codec == checkpoint::Codec::kZstd) {
+    request.codec.level = static_cast<int>(config_.checkpoint.compression_level);
+  }
+  request.codec.chunk_bytes =
+      std::max<size_t>(4096, static_cast<size_t>(config_.checkpoint.chunk_mb * 1048576.0));
+
+  last_saved_ = step;
+  if (!config_.checkpoint.async) {
+    // Synchronous: write, publish and (rank 0) commit on this thread.
+    const auto shard = checkpoint::write_shard(
+        std::filesystem::path(request.root) / checkpoint::step_dir_name(step), rank_,
+        request.slices, request.codec);
+    const double stall_s = seconds_since(t0);
+    finish_save(step, stall_s, shard, 0.0, std::move(state), zero_stage, Clock::now());
+    report(trainer);
+    return stall_s;
+  }
+  writer_.save(request);
+  const double stall_s = seconds_since(t0);
+  const auto handed_over = Clock::now();
+  finisher_ = std::thread(
+      [this, step, stall_s, state = std::move(state), zero_stage, handed_over]() mutable {
+        try {
+          auto result = writer_.wait();
+          DNALLM_CHECK(result && result->step == step, ExitCode::kFailure,
+                       "checkpoint writer lost the save of step {}", step);
+          finish_save(step, stall_s, result->shard, result->write_s, std::move(state), zero_stage,
+                      handed_over);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu_);
+          error_ = std::current_exception();
+        }
+      });
+  return stall_s;
+}
+
+// Steps 2-3 of the save protocol (header). Runs on the finisher thread, or on the training
+// thread when checkpoint.async is off.
+void Checkpointer::finish_save(int64_t step, double stall_s, const checkpoint::ShardDescriptor& own,
+                               double write_s, nlohmann::json state, int zero_stage,
+                               Clock::time_point handed_over) {
+  const std::string prefix = fmt::format("{}/{}/", options_.store_prefix, step);
+  if (world_ > 1) {
+    DNALLM_CHECK(options_.store != nullptr, ExitCode::kFailure,
+                 "checkpoint of step {}: {} ranks but no store to publish shard descriptors", step,
+                 world_);
+    options_.store->set(prefix + std::to_string(rank_),
+                        coordinator::to_bytes(checkpoint::descriptor_to_json(own).dump()));
+  }
+  if (rank_ != 0) return;
+
+  std::vector<checkpoint::ShardDescriptor> shards{own};
+  if (world_ > 1) {
+    std::vector<std::string> keys;
+    for (int r = 1; r < world_; ++r) keys.push_back(prefix + std::to_string(r));
+    // Poll rather than block in Store::get: the store serialises calls per client, and the
+    // communicator may need it meanwhile.
+    const auto deadline = Clock::now() + options_.commit_timeout;
+    while (!options_.store->check(keys)) {
+      if (abort_) return;
+      DNALLM_CHECK(Clock::now() < deadline, ExitCode::kPeerFailed,
+                   "checkpoint of step {}: not every rank published its shard within {} s; "
+                   "the step stays uncommitted (check the other ranks' logs)",
+                   step, options_.commit_timeout.count() / 1000);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    for (const auto& key : keys) {
+      const auto value = options_.store->try_get(key);
+      DNALLM_CHECK(value.has_value(), ExitCode::kPeerFailed, "store key {} vanished", key);
+      shards.push_back(
+          checkpoint::descriptor_from_json(nlohmann::json::parse(coordinator::to_string(*value))));
+    }
+  }
+  uint64_t bytes = 0;
+  for (const auto& s : shards) bytes += s.bytes;
+  const std::filesystem::path root = config_.checkpoint.dir;
+  checkpoint::CommitInfo info{step, world_, zero_stage, std::move(state)};
+  checkpoint::commit_step(root, info, std::move(shards));
+  checkpoint::RetentionPolicy policy{static_cast<int>(config_.checkpoint.keep_last),
+                                     config_.checkpoint.keep_every};
+  checkpoint::apply_retention(root, policy, options_.resumed_step);
+  if (world_ > 1) {
+    for (int r = 0; r < world_; ++r) options_.store->remove(prefix + std::to_string(r));
+  }
+  // write_s: from the hand-over to the commit (the slowest rank's write plus the commit);
+  // without a writer thread the training thread did the write itself.
+  const double total_write_s = write_s > 0 || config_.checkpoint.async
+                                   ? seconds_since(handed_over)
+                                   : seconds_since(handed_over) + stall_s;
+  spdlog::info(
+      "checkpoint step {} committed: {:.1f} MB in {} shard(s), stall {:.3f} s, write {:.3f} s",
+      step, double(bytes) / 1e6, world_, stall_s, total_write_s);
+  std::lock_guard<std::mutex> lock(mu_);
+  finished_.push_back({step, bytes, stall_s, total_write_s});
+}
+
+std::optional<checkpoint::CheckpointReader> open_resume(const Config& config,
+                                                        const nlohmann::json& tokenizer) {
+  const auto& c = config.checkpoint;
+  if (c.resume == "none") {
+    spdlog::info("checkpoint.resume = \"none\": starting fresh");
+    return std::nullopt;
+  }
+  auto ckpt = checkpoint::find_resume(c.dir, c.resume);
+  if (!ckpt) {
+    spdlog::info("no committed checkpoint under {}: starting fresh", c.dir);
+    return std::nullopt;
+  }
+  checkpoint::Expectation expected;
+  expected.config_hash = hash_text(model_config_hash(config));
+  expected.tokenizer = tokenizer;
+  checkpoint::check_compatible(*ckpt, expected);
+  return ckpt;
+}
+
+nlohmann::json saved_sampler_state(const checkpoint::CheckpointReader& ckpt) {
+  const auto& state = ckpt.manifest().state;
+  DNALLM_CHECK(state.contains("sampler"), ExitCode::kCheckpointCorrupt,
+               "checkpoint {} has no sampler state: it was not written by dnallm-train",
+               ckpt.dir().string());
+  return state.at("sampler");
+}
+
+void restore(Trainer& trainer, const checkpoint::CheckpointReader& ckpt) {
+  const auto& m = ckpt.manifest();
+  const auto& state = m.state;
+  const std::string dir = ckpt.dir().string();
+  auto& flat = trainer.flat();
+  auto& adam = trainer.optimizer();
+  const int64_t n = flat.numel();
+
+  checkpoint::Expectation expected;
+  expected.layout = {flat_spec(kFlatParamsTensor, n), flat_spec(kExpAvgTensor, n),
+                     flat_spec(kExpAvgSqTensor, n)};
+  checkpoint::check_compatible(ckpt, expected);
+
+  std::map<std::string, SavedEntry> saved;
+  try {
+    for (const auto& e : state.at("layout")) {
+      saved[e.at("name").get<std::string>()] =
+          SavedEntry{e.at("offset").get<int64_t>(), e.at("shape").get<std::vector<int64_t>>()};
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail(ExitCode::kCheckpointCorrupt, "checkpoint {}: unreadable state.layout ({})", dir,
+         e.what());
+  }
+  DNALLM_CHECK(saved.size() == flat.entries().size(), ExitCode::kUsage,
+               "checkpoint {} holds {} parameters, the model has {}: resume with the same model "
+               "configuration or set checkpoint.resume = \"none\"",
+               dir, saved.size(), flat.entries().size());
+  for (const auto& e : flat.entries()) {
+    auto it = saved.find(e.name);
+    DNALLM_CHECK(it != saved.end() && it->second.shape == e.shape, ExitCode::kUsage,
+                 "checkpoint {} has no parameter {} of shape [{}]: resume with the same model "
+                 "configuration or set checkpoint.resume = \"none\"",
+                 dir, e.name, fmt::join(e.shape, ", "));
+  }
+
+  torch::NoGradGuard no_grad;
+  // Parameters: every rank needs all of them. Read the saved flat buffer once, then place
+  // each parameter at its offset in this run's layout.
+  {
+    std::vector<float> buffer(static_cast<size_t>(n));
+    ckpt.read_range(kFlatParamsTensor, 0, uint64_t(n), buffer.data());
+    auto host = torch::empty({n}, torch::kFloat32);
+    float* dst = host.data_ptr<float>();
+    std::copy(buffer.begin(), buffer.end(), dst);  // covers gaps between entries, if any
+    for (const auto& e : flat.entries()) {
+      const auto& s = saved.at(e.name);
+      std::copy_n(buffer.data() + s.offset, e.numel, dst + e.offset);
+    }
+    flat.params().copy_(host);
+  }
+  // Optimizer moments: only this rank's range [begin, end), mapped by name; pieces that are
+  // contiguous in both layouts are read together (one read when the layouts agree).
+  const int64_t begin = adam.begin(), end = adam.end();
+  if (end > begin) {
+    auto avg = torch::zeros({end - begin}, torch::kFloat32);
+    auto avg_sq = torch::zeros({end - begin}, torch::kFloat32);
+    struct Run {
+      int64_t dst = 0, src = 0, len = 0;
+    };
+    std::vector<Run> runs;
+    std::vector<const optim::FlatParameters::Entry*> entries;
+    for (const auto& e : flat.entries()) entries.push_back(&e);
+    std::sort(entries.begin(), entries.end(),
+              [](const auto* a, const auto* b) { return a->offset < b->offset; });
+    for (const auto* e : entries) {
+      const int64_t lo = std::max(begin, e->offset), hi = std::min(end, e->offset + e->numel);
+      if (lo >= hi) continue;
+      const Run piece{lo - begin, saved.at(e->name).offset + (lo - e->offset), hi - lo};
+      if (!runs.empty() && runs.back().dst + runs.back().len == piece.dst &&
+          runs.back().src + runs.back().len == piece.src) {
+        runs.back().len += piece.len;
+      } else {
+        runs.push_back(piece);
+      }
+    }
+    for (const auto& r : runs) {
+      const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+      ckpt.read_range(kExpAvgTensor, u(r.src), u(r.src + r.len), avg.data_ptr<float>() + r.dst);
+      ckpt.read_range(kExpAvgSqTensor, u(r.src), u(r.src + r.len),
+                      avg_sq.data_ptr<float>() + r.dst);
+    }
+    adam.exp_avg().copy_(avg);
+    adam.exp_avg_sq().copy_(avg_sq);
+  }
+  try {
+    adam.set_steps(state.at("adam_steps").get<int64_t>());
+    const auto& s = state.at("loss_scaler");
+    trainer.loss_scaler().restore(s.at("scale").get<double>(), s.at("clean_steps").get<int64_t>(),
+                                  s.at("skipped").get<int64_t>());
+    trainer.set_step(state.at("step").get<int64_t>());
+  } catch (const nlohmann::json::exception& e) {
+    fail(ExitCode::kCheckpointCorrupt, "checkpoint {}: unreadable training state ({})", dir,
+         e.what());
+  }
+  spdlog::info("resumed from {} at step {} (world size {} -> {})", dir, trainer.step(),
+               m.world_size, trainer.sync().world_size());
+}
+
+}  // namespace dnallm::train
