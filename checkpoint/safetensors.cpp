@@ -90,10 +90,40 @@ fs::path export_model(const CheckpointReader& ckpt, const fs::path& out_dir) {
   fs::create_directories(out_dir);
   // safetensors keeps header keys sorted when it writes; we keep manifest order for data
   // and let the JSON object be sorted (nlohmann::json default), which readers accept.
+  // What to write: (name, dtype, shape, source tensor, first element in it).
+  // See Note [Flat parameter exports].
+  struct Item {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::string source;
+    uint64_t begin;
+    uint64_t numel;
+  };
+  std::vector<Item> items;
+  const TensorSpec* flat = nullptr;
+  for (const auto& t : m.tensors) {
+    if (t.name == kFlatParameters) flat = &t;
+  }
+  if (flat != nullptr && m.state.contains("layout")) {
+    for (const auto& e : m.state.at("layout")) {
+      auto shape = e.at("shape").get<std::vector<int64_t>>();
+      uint64_t numel = 1;
+      for (auto d : shape) numel *= static_cast<uint64_t>(d);
+      const auto offset = e.at("offset").get<uint64_t>();
+      DNALLM_CHECK(offset + numel <= flat->numel(), ExitCode::kCheckpointCorrupt,
+                   "{}: state.layout entry {} lies outside {}", ckpt.dir().string(),
+                   e.at("name").get<std::string>(), kFlatParameters);
+      items.push_back({e.at("name").get<std::string>(), flat->dtype, shape, flat->name, offset,
+                       numel});
+    }
+  } else {
+    for (const auto& t : m.tensors) items.push_back({t.name, t.dtype, t.shape, t.name, 0, t.numel()});
+  }
   json header = json::object();
   uint64_t offset = 0;
-  for (const auto& t : m.tensors) {
-    const uint64_t bytes = t.numel() * dtype_size(t.dtype);
+  for (const auto& t : items) {
+    const uint64_t bytes = t.numel * dtype_size(t.dtype);
     header[t.name] = {{"dtype", safetensors_dtype(t.dtype)},
                       {"shape", t.shape},
                       {"data_offsets", {offset, offset + bytes}}};
@@ -112,13 +142,13 @@ fs::path export_model(const CheckpointReader& ckpt, const fs::path& out_dir) {
     f.write(len, 8);
     f.write(htext.data(), htext.size());
     std::vector<uint8_t> buf;
-    for (const auto& t : m.tensors) {
+    for (const auto& t : items) {
       const size_t es = dtype_size(t.dtype);
       const uint64_t piece = std::max<uint64_t>(1, (uint64_t{64} << 20) / es);
-      for (uint64_t b = 0; b < t.numel(); b += piece) {
-        const uint64_t e = std::min(t.numel(), b + piece);
+      for (uint64_t b = 0; b < t.numel; b += piece) {
+        const uint64_t e = std::min(t.numel, b + piece);
         buf.resize((e - b) * es);
-        ckpt.read_range(t.name, b, e, buf.data());
+        ckpt.read_range(t.source, t.begin + b, t.begin + e, buf.data());
         f.write(buf.data(), buf.size());
       }
     }

@@ -14,6 +14,13 @@
 
 namespace dnallm::checkpoint {
 
+// Note [Flat parameter exports]
+// Trainer checkpoints store the model as one flat buffer named kFlatParameters (plus the
+// optimizer moments) and record in state["layout"] each parameter's name, offset and shape.
+// export_model() then writes those named parameters (Hugging Face names, as the trainer's own
+// export) instead of the raw stored tensors, and no optimizer state.
+inline constexpr const char* kFlatParameters = "flat.params";
+
 // "F32", "BF16", ... for a DType.
 const char* safetensors_dtype(DType t);
 

@@ -805,6 +805,13 @@ void export_model(TransformerLM& model, const std::string& dir, const std::strin
   }
   save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
 
+  nlohmann::ordered_json c = export_config(o, arch_name);
+  std::ofstream f(dir + "/config.json");
+  f << c.dump(2) << "\n";
+  DNALLM_CHECK(f.good(), ExitCode::kFailure, "cannot write {}/config.json", dir);
+}
+
+nlohmann::ordered_json export_config(const ModelOptions& o, const std::string& arch_name) {
   nlohmann::ordered_json c;
   c["architectures"] = {o.arch == Arch::kBert
                             ? (o.task == Task::kPretrain ? "BertForMaskedLM"
@@ -830,9 +837,7 @@ void export_model(TransformerLM& model, const std::string& dir, const std::strin
   c["pad_token_id"] = o.pad_id;
   c["type_vocab_size"] = 0;
   c["shift_labels"] = o.shift_labels;
-  std::ofstream f(dir + "/config.json");
-  f << c.dump(2) << "\n";
-  DNALLM_CHECK(f.good(), ExitCode::kFailure, "cannot write {}/config.json", dir);
+  return c;
 }
 
 TransformerLM load_exported_model(const std::string& dir) {

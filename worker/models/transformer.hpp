@@ -25,6 +25,8 @@
 
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -219,6 +221,10 @@ std::map<std::string, torch::Tensor> load_safetensors(const std::string& path);
 // also <dir>/adapter_model.safetensors (the adapters alone, PEFT names
 // "base_model.model.<module>.lora_A.weight").
 void export_model(TransformerLM& model, const std::string& dir, const std::string& arch_name);
+// The config.json of an exported model (also stored in checkpoints, so dnallm-ckpt export
+// writes the same file).
+nlohmann::ordered_json export_config(const ModelOptions& options, const std::string& arch_name);
+
 // Reads config.json and model.safetensors written by export_model().
 TransformerLM load_exported_model(const std::string& dir);
 

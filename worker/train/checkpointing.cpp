@@ -155,6 +155,8 @@ double Checkpointer::save(Trainer& trainer) {
     layout.push_back({{"name", e.name}, {"offset", e.offset}, {"shape", e.shape}});
   }
   state["layout"] = std::move(layout);
+  // What dnallm-ckpt export writes as config.json: the same file as the trainer's export.
+  state["config"] = models::export_config(trainer.model()->options(), config_.model.arch);
 
   checkpoint::SaveRequest request;
   request.root = config_.checkpoint.dir;

@@ -47,7 +47,7 @@ namespace dnallm::train {
 class Trainer;
 struct TrainerOptions;
 
-inline constexpr const char* kFlatParamsTensor = "flat.params";
+inline constexpr const char* kFlatParamsTensor = checkpoint::kFlatParameters;
 inline constexpr const char* kExpAvgTensor = "optim.exp_avg";
 inline constexpr const char* kExpAvgSqTensor = "optim.exp_avg_sq";
 
