@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/dtype.hpp"
+
 namespace dnallm::comm {
 
 inline float bf16_to_float(uint16_t h) {
@@ -65,6 +67,59 @@ inline uint16_t float_to_fp16(float f) {
   uint32_t rem = mant & 0x1fffu;
   if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry rolls into the exponent
   return static_cast<uint16_t>(h);
+}
+
+// Element i of a typed buffer as a double, and back (fp16/bf16 rounded to nearest even).
+// For tests and benchmarks that fill buffers with closed-form values and check them.
+inline void store_element(DType t, void* p, size_t i, double v) {
+  switch (t) {
+    case DType::kFloat32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DType::kFloat64:
+      static_cast<double*>(p)[i] = v;
+      break;
+    case DType::kFloat16:
+      static_cast<uint16_t*>(p)[i] = float_to_fp16(static_cast<float>(v));
+      break;
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v));
+      break;
+    case DType::kInt64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      break;
+    case DType::kInt32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      break;
+    case DType::kUInt8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      break;
+    case DType::kInt8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+      break;
+  }
+}
+
+inline double load_element(DType t, const void* p, size_t i) {
+  switch (t) {
+    case DType::kFloat32:
+      return static_cast<const float*>(p)[i];
+    case DType::kFloat64:
+      return static_cast<const double*>(p)[i];
+    case DType::kFloat16:
+      return fp16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBFloat16:
+      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::kInt32:
+      return static_cast<const int32_t*>(p)[i];
+    case DType::kUInt8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DType::kInt8:
+      return static_cast<const int8_t*>(p)[i];
+  }
+  return 0;
 }
 
 }  // namespace dnallm::comm

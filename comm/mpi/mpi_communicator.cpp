@@ -1,5 +1,6 @@
 #define OMPI_SKIP_MPICXX 1
 #include "comm/mpi/mpi_communicator.hpp"
+#include "comm/mpi/mpi_types.hpp"
 
 #include <mpi.h>
 
@@ -162,26 +163,7 @@ class MpiCommunicator final : public detail::QueuedCommunicator {
     return static_cast<int>(n);
   }
 
-  static MPI_Datatype mpi_type(DType t) {
-    switch (t) {
-      case DType::kFloat32:
-        return MPI_FLOAT;
-      case DType::kFloat64:
-        return MPI_DOUBLE;
-      case DType::kInt64:
-        return MPI_INT64_T;
-      case DType::kInt32:
-        return MPI_INT32_T;
-      case DType::kUInt8:
-        return MPI_UINT8_T;
-      case DType::kInt8:
-        return MPI_INT8_T;
-      case DType::kFloat16:
-      case DType::kBFloat16:
-        return MPI_UINT16_T;  // reduced by our own ops
-    }
-    return MPI_BYTE;
-  }
+  static MPI_Datatype mpi_type(DType t) { return mpi_datatype(t); }
 
   MPI_Op mpi_op(DType t, ReduceOp op) const {
     const bool max = op == ReduceOp::kMax;

@@ -32,45 +32,6 @@ int env_int(const char* name, int fallback) {
   return v && *v ? std::atoi(v) : fallback;
 }
 
-void put(DType t, void* p, size_t i, double v) {
-  switch (t) {
-    case DType::kFloat32:
-      static_cast<float*>(p)[i] = static_cast<float>(v);
-      break;
-    case DType::kFloat64:
-      static_cast<double*>(p)[i] = v;
-      break;
-    case DType::kFloat16:
-      static_cast<uint16_t*>(p)[i] = float_to_fp16(static_cast<float>(v));
-      break;
-    case DType::kBFloat16:
-      static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v));
-      break;
-    case DType::kInt64:
-      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
-      break;
-    default:
-      std::abort();
-  }
-}
-
-double get(DType t, const void* p, size_t i) {
-  switch (t) {
-    case DType::kFloat32:
-      return static_cast<const float*>(p)[i];
-    case DType::kFloat64:
-      return static_cast<const double*>(p)[i];
-    case DType::kFloat16:
-      return fp16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBFloat16:
-      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::kInt64:
-      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    default:
-      std::abort();
-  }
-}
-
 // Rank r's element i: small integers, exact in every tested dtype, differing per rank.
 double value(int r, size_t i) {
   return static_cast<double>((i * 3 + static_cast<size_t>(r) * 5) % 11 + 1);
@@ -88,8 +49,8 @@ double reduced(DType t, int world, size_t i, ReduceOp op) {
   std::vector<uint8_t> tmp(8);
   if (t == DType::kInt64) return std::floor(sum / world);
   if (t == DType::kFloat64) return sum / world;
-  put(t, tmp.data(), 0, static_cast<double>(static_cast<float>(sum) / static_cast<float>(world)));
-  return get(t, tmp.data(), 0);
+  store_element(t, tmp.data(), 0, static_cast<double>(static_cast<float>(sum) / static_cast<float>(world)));
+  return load_element(t, tmp.data(), 0);
 }
 
 struct Checker {
@@ -124,26 +85,26 @@ void run_matrix(Communicator& comm) {
           const char* mode = in_place ? "in-place" : "out-of-place";
           // allreduce
           std::vector<uint8_t> in(n * es), out(n * es);
-          for (size_t i = 0; i < n; ++i) put(t, in.data(), i, value(rank, i));
+          for (size_t i = 0; i < n; ++i) store_element(t, in.data(), i, value(rank, i));
           BufferView vin{in.data(), n, t, {}};
           BufferView vout{in_place ? in.data() : out.data(), n, t, {}};
           comm.allreduce(vin, vout, op)->wait();
           for (size_t i = 0; i < n; ++i) {
-            double got = get(t, vout.data, i), want = reduced(t, world, i, op);
+            double got = load_element(t, vout.data, i), want = reduced(t, world, i, op);
             check.expect(got == want,
                          label("allreduce", mode, i, got, want) + " " + reduce_op_name(op));
           }
           if (!in_place)
             for (size_t i = 0; i < n; ++i)
-              check.expect(get(t, in.data(), i) == value(rank, i), "allreduce modified its input");
+              check.expect(load_element(t, in.data(), i) == value(rank, i), "allreduce modified its input");
           // reduce_scatter
-          for (size_t i = 0; i < n; ++i) put(t, in.data(), i, value(rank, i));
+          for (size_t i = 0; i < n; ++i) store_element(t, in.data(), i, value(rank, i));
           std::vector<uint8_t> shard(mine.count * es + 1);
           BufferView sout{
               in_place ? in.data() + mine.offset * es : shard.data(), mine.count, t, {}};
           comm.reduce_scatter(vin, sout, op)->wait();
           for (size_t i = 0; i < mine.count; ++i) {
-            double got = get(t, sout.data, i), want = reduced(t, world, mine.offset + i, op);
+            double got = load_element(t, sout.data, i), want = reduced(t, world, mine.offset + i, op);
             check.expect(got == want,
                          label("reduce_scatter", mode, i, got, want) + " " + reduce_op_name(op));
           }
@@ -154,15 +115,15 @@ void run_matrix(Communicator& comm) {
         const char* mode = in_place ? "in-place" : "out-of-place";
         // allgather: shard element j of rank r is value(r, offset_r + j) * (r + 1)
         std::vector<uint8_t> full(n * es), part(mine.count * es + 1);
-        for (size_t i = 0; i < n; ++i) put(t, full.data(), i, -1);
+        for (size_t i = 0; i < n; ++i) store_element(t, full.data(), i, -1);
         void* src = in_place ? full.data() + mine.offset * es : part.data();
-        for (size_t j = 0; j < mine.count; ++j) put(t, src, j, value(rank, mine.offset + j));
+        for (size_t j = 0; j < mine.count; ++j) store_element(t, src, j, value(rank, mine.offset + j));
         comm.allgather(BufferView{src, mine.count, t, {}}, BufferView{full.data(), n, t, {}})
             ->wait();
         for (int r = 0; r < world; ++r) {
           auto s = shard_range(n, world, r);
           for (size_t j = 0; j < s.count; ++j) {
-            double got = get(t, full.data(), s.offset + j), want = value(r, s.offset + j);
+            double got = load_element(t, full.data(), s.offset + j), want = value(r, s.offset + j);
             check.expect(got == want, label("allgather", mode, s.offset + j, got, want));
           }
         }
@@ -171,10 +132,10 @@ void run_matrix(Communicator& comm) {
       // broadcast from the last rank
       std::vector<uint8_t> buf(n * es);
       const int root = world - 1;
-      for (size_t i = 0; i < n; ++i) put(t, buf.data(), i, rank == root ? value(root, i) : -1);
+      for (size_t i = 0; i < n; ++i) store_element(t, buf.data(), i, rank == root ? value(root, i) : -1);
       comm.broadcast(BufferView{buf.data(), n, t, {}}, root)->wait();
       for (size_t i = 0; i < n; ++i) {
-        double got = get(t, buf.data(), i), want = value(root, i);
+        double got = load_element(t, buf.data(), i), want = value(root, i);
         check.expect(got == want, label("broadcast", "root=last", i, got, want));
       }
       ++cases;
