@@ -43,6 +43,14 @@ torch::ScalarType scalar_type(DType t) {
        dtype_name(t));
 }
 
+// Sum of one scalar over all ranks (collective, blocking).
+template <typename T>
+T sum_over_ranks(comm::Communicator& comm, T value, DType dtype) {
+  T v = value;
+  comm.allreduce(BufferView{&v, 1, dtype, Device{}}, comm::ReduceOp::kSum)->wait();
+  return v;
+}
+
 }  // namespace
 
 DdpOptions ddp_options_from_config(const ParallelConfig& parallel) {
@@ -168,15 +176,11 @@ void DataParallel::broadcast_parameters() {
 }
 
 int64_t DataParallel::allreduce_sum(int64_t value) {
-  int64_t v = value;
-  comm_.allreduce(BufferView{&v, 1, DType::kInt64, Device{}}, comm::ReduceOp::kSum)->wait();
-  return v;
+  return sum_over_ranks(comm_, value, DType::kInt64);
 }
 
 double DataParallel::allreduce_sum(double value) {
-  double v = value;
-  comm_.allreduce(BufferView{&v, 1, DType::kFloat64, Device{}}, comm::ReduceOp::kSum)->wait();
-  return v;
+  return sum_over_ranks(comm_, value, DType::kFloat64);
 }
 
 void DataParallel::point_grads_at(const torch::Tensor& buffer) {
@@ -360,9 +364,7 @@ DdpGradientSync::DdpGradientSync(comm::Communicator& comm, DdpOptions options,
     : comm_(comm), options_(options), precision_(std::move(precision)) {}
 
 double DdpGradientSync::sum_scalar(double value) {
-  double v = value;
-  comm_.allreduce(BufferView{&v, 1, DType::kFloat64, Device{}}, comm::ReduceOp::kSum)->wait();
-  return v;
+  return sum_over_ranks(comm_, value, DType::kFloat64);
 }
 
 void DdpGradientSync::attach(
