@@ -145,6 +145,10 @@ double Checkpointer::save(Trainer& trainer) {
                           {"clean_steps", scaler.clean_steps()},
                           {"skipped", scaler.skipped_steps()}};
   if (options_.sampler_state) state["sampler"] = options_.sampler_state();
+  // Note [Dropout randomness]: the generators' state at a step boundary is a function of
+  // (seed, step, rank); the scheme and the seed are the RNG state.
+  state["rng"] = {{"scheme", kRngScheme},
+                  {"seed", static_cast<uint64_t>(config_.training.seed)}};
   state["config_hash"] = hash_text(model_config_hash(config_));
   state["tokenizer"] = options_.tokenizer;
   state["version"] = DNALLM_VERSION;
@@ -370,6 +374,19 @@ void restore(Trainer& trainer, const checkpoint::CheckpointReader& ckpt) {
     }
     adam.exp_avg().copy_(avg);
     adam.exp_avg_sq().copy_(avg_sq);
+  }
+  if (state.contains("rng")) {
+    const auto scheme = state["rng"].value("scheme", std::string());
+    DNALLM_CHECK(scheme == kRngScheme, ExitCode::kCheckpointCorrupt,
+                 "checkpoint {} draws dropout masks by \"{}\", this dnallm-train by \"{}\": "
+                 "resume it with the dnallm-train version that wrote it ({})",
+                 dir, scheme, kRngScheme, state.value("version", std::string("unknown")));
+    const auto seed = state["rng"].value("seed", uint64_t{0});
+    if (seed != static_cast<uint64_t>(trainer.config().training.seed)) {
+      spdlog::warn("checkpoint {} was trained with training.seed = {}, this run has {}: the "
+                   "dropout masks from here on differ from an uninterrupted run",
+                   dir, seed, trainer.config().training.seed);
+    }
   }
   try {
     adam.set_steps(state.at("adam_steps").get<int64_t>());

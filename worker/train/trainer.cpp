@@ -113,6 +113,21 @@ torch::Device pick_device(const std::string& name) {
 
 }  // namespace
 
+uint64_t dropout_seed(uint64_t seed, int64_t step, int64_t micro_step, int rank) {
+  // splitmix64 finaliser over each coordinate in turn: distinct inputs give unrelated seeds.
+  auto mix = [](uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  uint64_t h = mix(seed);
+  h = mix(h ^ static_cast<uint64_t>(step));
+  h = mix(h ^ static_cast<uint64_t>(micro_step));
+  h = mix(h ^ static_cast<uint64_t>(rank));
+  return h;
+}
+
 int64_t total_steps(const Config& config, uint64_t samples_per_epoch, int world_size) {
   const auto& t = config.training;
   if (t.max_steps > 0) return t.max_steps;
@@ -334,6 +349,9 @@ StepResult Trainer::train_step() {
   for (int64_t j = 0; j < accum; ++j) {
     auto in = to_inputs(micro[j], model_, device_);
     in.logits_for_labels_only = true;
+    // Note [Dropout randomness]
+    torch::manual_seed(dropout_seed(static_cast<uint64_t>(config_.training.seed), r.step, j,
+                                    sync_->rank()));
     torch::Tensor loss;
     {
       AutocastGuard autocast(autocast_bf16_, autocast_fp16_, device_);

@@ -11,6 +11,14 @@
 // micro-steps and ranks are then exactly those of one big batch: k micro-steps == one step
 // with a k-times micro-batch, and N ranks == 1 rank (up to float summation order).
 // Classification/regression count rows instead of tokens.
+//
+// Note [Dropout randomness]: dropout (model.dropout, lora.dropout) draws from LibTorch's
+// default generators, which the trainer reseeds before every micro-step with
+// dropout_seed(training.seed, step, micro-step, rank). The random state of a step is then
+// a function of where training is, not of how it got there: a run resumed at step s (at
+// any world size) draws the same masks as an uninterrupted one, ranks draw different
+// masks, and the checkpoint needs no generator blobs (the manifest records the scheme and
+// the seed; restore refuses a checkpoint whose scheme it does not know).
 #pragma once
 
 #include <torch/torch.h>
@@ -31,6 +39,11 @@
 #include "worker/optim/flat_adamw.hpp"
 
 namespace dnallm::train {
+
+// The seed of the default generators for one micro-step (Note [Dropout randomness]).
+uint64_t dropout_seed(uint64_t seed, int64_t step, int64_t micro_step, int rank);
+// The name of that scheme, stored in checkpoints as state.rng.scheme.
+inline constexpr const char* kRngScheme = "splitmix64(seed,step,micro_step,rank)";
 
 // Micro-batches in (step, micro-step) order. Called from the trainer's thread only.
 class BatchSource {
