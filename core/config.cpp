@@ -134,6 +134,7 @@ const std::vector<KeyDesc>& schema() {
       {"training", "precision", Kind::kString, DNALLM_FIELD(training, precision), -kInf, kInf,
        {"fp32", "bf16", "fp16"}},
       {"training", "tf32", Kind::kBool, DNALLM_FIELD(training, tf32)},
+      {"training", "keep_global_batch", Kind::kBool, DNALLM_FIELD(training, keep_global_batch)},
       {"training", "seed", Kind::kInt, DNALLM_FIELD(training, seed), 0, kInf},
       {"training", "eval_steps", Kind::kInt, DNALLM_FIELD(training, eval_steps), 0, kInf},
       {"training", "eval_batches", Kind::kInt, DNALLM_FIELD(training, eval_batches), 1, kInf},

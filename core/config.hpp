@@ -85,6 +85,8 @@ struct TrainingConfig {
   double max_grad_norm = 1.0;         // 0 disables clipping
   std::string precision = "fp32";     // "fp32" | "bf16" | "fp16"
   bool tf32 = false;
+  // On resume at another world size, change grad_accum_steps so the global batch stays.
+  bool keep_global_batch = true;
   int64_t seed = 42;
   int64_t eval_steps = 0;             // 0 disables evaluation
   int64_t eval_batches = 8;           // micro-batches per evaluation

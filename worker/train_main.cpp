@@ -74,7 +74,10 @@ int main(int argc, char** argv) {
     // Every rank picks (and verifies) the same newest committed checkpoint.
     auto resume = train::open_resume(config, tokenizer_json);
     std::optional<data::SamplerState> sampler_state;
-    if (resume) sampler_state = data::SamplerState::from_json(train::saved_sampler_state(*resume));
+    if (resume) {
+      sampler_state = data::SamplerState::from_json(train::saved_sampler_state(*resume));
+      train::keep_global_batch(config, *resume, world);
+    }
     auto model = train::build_model(config, tokenizer->vocab_size());
     auto train_loader = data::make_train_loader(config, tokenizer, rank, world, sampler_state);
     const data::DataLoader* loader = train_loader.get();  // owned by the trainer below

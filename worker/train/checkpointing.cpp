@@ -153,6 +153,8 @@ double Checkpointer::save(Trainer& trainer) {
   state["tokenizer"] = options_.tokenizer;
   state["version"] = DNALLM_VERSION;
   state["world_size"] = world_;
+  state["micro_batch_size"] = config_.training.micro_batch_size;
+  state["grad_accum_steps"] = config_.training.grad_accum_steps;
   state["zero_stage"] = zero_stage;
   nlohmann::json layout = nlohmann::json::array();
   for (const auto& e : flat.entries()) {
@@ -262,6 +264,42 @@ void Checkpointer::finish_save(int64_t step, double stall_s, const checkpoint::S
       step, double(bytes) / 1e6, world_, stall_s, total_write_s);
   std::lock_guard<std::mutex> lock(mu_);
   finished_.push_back({step, bytes, stall_s, total_write_s});
+}
+
+void keep_global_batch(Config& config, const checkpoint::CheckpointReader& ckpt, int world) {
+  auto& t = config.training;
+  const auto& state = ckpt.manifest().state;
+  if (!t.keep_global_batch || !state.contains("micro_batch_size") ||
+      !state.contains("grad_accum_steps") || !state.contains("world_size")) {
+    return;
+  }
+  const int64_t saved_world = state["world_size"].get<int64_t>();
+  const int64_t saved_micro = state["micro_batch_size"].get<int64_t>();
+  const int64_t saved_accum = state["grad_accum_steps"].get<int64_t>();
+  // Only a changed world: a configuration that changed the batch on purpose is left alone.
+  if (saved_world == world || saved_micro != t.micro_batch_size ||
+      saved_accum != t.grad_accum_steps) {
+    return;
+  }
+  const int64_t global = saved_micro * saved_accum * saved_world;
+  const int64_t per_accum = t.micro_batch_size * world;
+  if (global % per_accum == 0) {
+    spdlog::info("keeping the global batch of {}: grad_accum_steps {} -> {} at world size {} "
+                 "(checkpoint {} was trained at world size {})",
+                 global, t.grad_accum_steps, global / per_accum, world, ckpt.dir().string(),
+                 saved_world);
+    t.grad_accum_steps = global / per_accum;
+  } else {
+    const std::string what =
+        global % world == 0
+            ? fmt::format("set training.micro_batch_size to a divisor of {} to keep it",
+                          global / world)
+            : fmt::format("no micro_batch_size keeps it at world size {}", world);
+    spdlog::warn("checkpoint {} was trained with a global batch of {} at world size {}; at world "
+                 "size {} the global batch becomes {}: {}",
+                 ckpt.dir().string(), global, saved_world, world,
+                 t.micro_batch_size * t.grad_accum_steps * world, what);
+  }
 }
 
 std::optional<checkpoint::CheckpointReader> open_resume(const Config& config,

@@ -119,6 +119,11 @@ class Checkpointer {
 std::optional<checkpoint::CheckpointReader> open_resume(const Config& config,
                                                         const nlohmann::json& tokenizer);
 
+// training.keep_global_batch: when the checkpoint was trained with this configuration's
+// micro_batch_size and grad_accum_steps at another world size, sets grad_accum_steps so that
+// micro × accum × world equals the checkpoint's global batch (when it divides; else warns).
+void keep_global_batch(Config& config, const checkpoint::CheckpointReader& ckpt, int world);
+
 // The sampler state saved with the checkpoint (for make_train_loader's resume state).
 nlohmann::json saved_sampler_state(const checkpoint::CheckpointReader& ckpt);
 

@@ -229,6 +229,33 @@ void reshard_chain(const TrainRun& reference, const std::string& name,
   EXPECT_LT(diff, 2e-4) << name << ": largest parameter difference " << diff;
 }
 
+// training.keep_global_batch: the same configuration (micro 6, accum 1) saved by 2 ranks
+// (global 12) and resumed by 1 rank trains with accum 2, so its steps equal the 1-rank
+// reference (micro 12) within fp32 tolerance instead of halving the global batch.
+TEST_F(Resume, ResumeAtAnotherWorldSizeKeepsTheGlobalBatch) {
+  const std::string ckpt = make_temp_dir("resume_keep_batch") + "/ckpt";
+  const std::string micro6 = "--set training.micro_batch_size=6";
+  TrainRun two = train(ckpt, "two", 2, 4, 4, micro6);
+  ASSERT_EQ(two.rc, 0) << two.log;
+  TrainRun one = train(ckpt, "one", 1, 8, 0, micro6);
+  ASSERT_EQ(one.rc, 0) << one.log;
+  EXPECT_NE(one.log.find("keeping the global batch of 12: grad_accum_steps 1 -> 2 at world size 1"),
+            std::string::npos)
+      << one.log;
+  ASSERT_EQ(one.losses.size(), 4u);
+  for (const auto& [step, loss] : one.losses) {
+    EXPECT_NEAR(loss, reference_->losses.at(step), 2e-5 * std::abs(loss)) << "step " << step;
+  }
+  const double diff = max_param_diff(*reference_, one);
+  EXPECT_LT(diff, 2e-4) << "largest parameter difference " << diff;
+  // Switched off, the resumed run halves the global batch and drifts from the reference.
+  const std::string ckpt_off = make_temp_dir("resume_keep_batch_off") + "/ckpt";
+  ASSERT_EQ(train(ckpt_off, "two", 2, 4, 4, micro6).rc, 0);
+  TrainRun off = train(ckpt_off, "off", 1, 8, 0, micro6 + " --set training.keep_global_batch=false");
+  ASSERT_EQ(off.rc, 0) << off.log;
+  EXPECT_GT(std::abs(off.losses.at(5) - reference_->losses.at(5)), 1e-4 * std::abs(off.losses.at(5)));
+}
+
 TEST_F(Resume, ReshardDdpTwoThreeOne) {
   reshard_chain(*reference_, "reshard_ddp", "--set parallel.zero_stage=0");
 }
