@@ -202,10 +202,10 @@ LaunchPlan resolve_launch_plan(const LaunchRequest& req, const cluster::EnvMap& 
   if (req.master_port && *req.master_port != 0) {
     plan.master_port_source = "from --master-port";
   } else if (plan.master_port != 0) {
-    plan.master_port_source =
-        env.count("MASTER_PORT")                          ? "from MASTER_PORT"
-        : placement.source == cluster::TopologySource::kOpenMpi ? "from the mpirun job id"
-                                                                 : "from the Slurm job id";
+    plan.master_port_source = env.count("MASTER_PORT") ? "from MASTER_PORT"
+                              : placement.source == cluster::TopologySource::kOpenMpi
+                                  ? "from the mpirun job id"
+                                  : "from the Slurm job id";
   } else {
     // detect_node_placement refuses port 0 with several nodes: this is one node.
     plan.master_port = host.pick_port();

@@ -352,10 +352,11 @@ int run(const Args& args, const CLI::App& app) {
          plan.command[0]);
   }
   if (plan.nnodes > 1 && plan.job_token_source == "generated") {
-    spdlog::warn("{} nodes with a job token generated on this node: the other nodes' workers "
-                 "will be refused by the store unless every node has the same token; set "
-                 "DNALLM_JOB_TOKEN (the --sbatch-script job does; mpirun: -x DNALLM_JOB_TOKEN)",
-                 plan.nnodes);
+    spdlog::warn(
+        "{} nodes with a job token generated on this node: the other nodes' workers "
+        "will be refused by the store unless every node has the same token; set "
+        "DNALLM_JOB_TOKEN (the --sbatch-script job does; mpirun: -x DNALLM_JOB_TOKEN)",
+        plan.nnodes);
   }
   auto path_it = env.find("PATH");
   resolve_executable(plan.command[0], path_it == env.end() ? "" : path_it->second);

@@ -32,8 +32,7 @@ std::string make_sbatch_script(const SbatchOptions& o) {
     fail(ExitCode::kUsage, "--signal-lead {} must be >= 0 seconds", o.signal_lead_s);
   }
   if (o.cpus_per_task < 0) {
-    fail(ExitCode::kUsage, "--cpus-per-task {} must be >= 0 (0: one per worker)",
-         o.cpus_per_task);
+    fail(ExitCode::kUsage, "--cpus-per-task {} must be >= 0 (0: one per worker)", o.cpus_per_task);
   }
   if (o.launch_argv.empty()) fail(ExitCode::kFailure, "make_sbatch_script: no launch command");
   for (const auto& line : o.extra_sbatch) {

@@ -30,22 +30,24 @@ GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
   std::vector<Running> workers;
   workers.reserve(specs.size());
   try {
-    for (const auto& spec : specs) workers.push_back({&spec, spawner_.spawn(spec), false, std::nullopt});
+    for (const auto& spec : specs)
+      workers.push_back({&spec, spawner_.spawn(spec), false, std::nullopt});
   } catch (...) {
     stop_all(workers, SIGTERM, result);
     throw;
   }
 
   std::size_t ended = 0;
-  std::size_t requeued = 0;  // workers that exited 75 (Note [Preemption])
+  std::size_t requeued = 0;      // workers that exited 75 (Note [Preemption])
   std::vector<Running*> failed;  // parallel to result.failures
   while (ended < workers.size()) {
     int sig = signals_.wait(options_.tick);
     if (sig == SIGUSR1) {
       // Step 7: a preemption notice. The workers checkpoint and exit 75 on their own.
-      spdlog::warn("received SIGUSR1 (preemption notice): forwarding it to {} worker(s); they "
-                   "checkpoint at the next step and exit {}",
-                   workers.size() - ended, kRequeueCode);
+      spdlog::warn(
+          "received SIGUSR1 (preemption notice): forwarding it to {} worker(s); they "
+          "checkpoint at the next step and exit {}",
+          workers.size() - ended, kRequeueCode);
       result.preempt_signal = SIGUSR1;
       for (auto& w : workers) {
         if (!w.ended) w.process->send_signal(SIGUSR1);
@@ -221,9 +223,10 @@ int RestartLoop::run() {
   }
   int code = exit_code_for(last_);
   if (last_.outcome == GenerationOutcome::kPreempted) {
-    spdlog::warn("the workers saved a checkpoint and stopped (preempted); exiting with code {} "
-                 "so that the job is requeued and resumes from it",
-                 code);
+    spdlog::warn(
+        "the workers saved a checkpoint and stopped (preempted); exiting with code {} "
+        "so that the job is requeued and resumes from it",
+        code);
   }
   if (last_.outcome == GenerationOutcome::kWorkerFailed) {
     spdlog::error("job failed after {} restart(s); exiting with code {}", restarts_, code);

@@ -59,7 +59,7 @@ struct GenerationResult {
   GenerationOutcome outcome = GenerationOutcome::kSucceeded;
   // Workers that failed on their own, in the order seen (lowest rank first within a tick).
   std::vector<WorkerFailure> failures;
-  int stop_signal = 0;  // kInterrupted (or kPreempted by one): the signal the launcher received
+  int stop_signal = 0;     // kInterrupted (or kPreempted by one): the signal the launcher received
   int preempt_signal = 0;  // SIGUSR1 when one was forwarded (step 7), else 0
 };
 

@@ -227,8 +227,10 @@ TEST(NodePlacement, SlurmStepWithOneTaskPerNode) {
 
 // Note [mpirun placement]: mpirun --map-by ppr:1:node dnallm-launch: each MPI rank a node.
 TEST(NodePlacement, MpirunOneLauncherPerNode) {
-  EnvMap env = {{"OMPI_COMM_WORLD_RANK", "1"},       {"OMPI_COMM_WORLD_SIZE", "3"},
-                {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}, {"OMPI_MCA_ess_base_jobid", "1399521281"},
+  EnvMap env = {{"OMPI_COMM_WORLD_RANK", "1"},
+                {"OMPI_COMM_WORLD_SIZE", "3"},
+                {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"},
+                {"OMPI_MCA_ess_base_jobid", "1399521281"},
                 {"MASTER_ADDR", "head"}};
   NodePlacement p = detect_node_placement(env);
   EXPECT_EQ(p.source, TopologySource::kOpenMpi);

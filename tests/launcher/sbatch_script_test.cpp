@@ -25,8 +25,13 @@ SbatchOptions two_nodes() {
   SbatchOptions o;
   o.nodes = 2;
   o.nproc_per_node = 4;
-  o.launch_argv = {"/opt/dnallm/bin/dnallm-launch", "--nproc-per-node", "4", "--config",
-                   "/home/me/run.toml", "--set", "training.lr=1e-3"};
+  o.launch_argv = {"/opt/dnallm/bin/dnallm-launch",
+                   "--nproc-per-node",
+                   "4",
+                   "--config",
+                   "/home/me/run.toml",
+                   "--set",
+                   "training.lr=1e-3"};
   return o;
 }
 
@@ -124,10 +129,10 @@ TEST(SbatchScriptCli, PrintsAbsolutePathsAndTakesGpusFromTheConfig) {
   TempDir dir;
   const std::string config = dir.path() + "/run.toml";
   { std::ofstream(config) << "[training]\ndevice = \"cuda\"\n"; }
-  LaunchResult r = run_launch({"--sbatch-script", "--nnodes", "3", "--nproc-per-node", "2",
-                               "--config", config, "--set", "training.max_steps=5",
-                               "--metrics-file", "m.jsonl", "--signal-lead", "60",
-                               "--sbatch-arg=--time=01:00:00"});
+  LaunchResult r =
+      run_launch({"--sbatch-script", "--nnodes", "3", "--nproc-per-node", "2", "--config", config,
+                  "--set", "training.max_steps=5", "--metrics-file", "m.jsonl", "--signal-lead",
+                  "60", "--sbatch-arg=--time=01:00:00"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string& s = r.out;
   EXPECT_TRUE(contains(s, "#SBATCH --nodes=3\n")) << s;

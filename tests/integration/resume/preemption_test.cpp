@@ -87,8 +87,7 @@ TEST(Preemption, Sigusr1CheckpointsExits75AndResumesBitIdentical) {
   std::ifstream latest(dir + "/ckpt/LATEST");
   std::string latest_name;
   std::getline(latest, latest_name);
-  EXPECT_NE(latest_name.find(fmt::format("step_{:09d}", p.step)), std::string::npos)
-      << latest_name;
+  EXPECT_NE(latest_name.find(fmt::format("step_{:09d}", p.step)), std::string::npos) << latest_name;
 
   // Resume to 3 steps past the preemption, and an uninterrupted run to the same step.
   const int64_t last = p.step + 3;

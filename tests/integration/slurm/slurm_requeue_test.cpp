@@ -53,9 +53,10 @@ class SlurmCluster {
     ::setenv("SLURM_CONF", conf_.c_str(), 1);
   }
   ~SlurmCluster() {
-    run_command("scancel --full --signal=KILL --user=$(id -un) 2>/dev/null; "
-                "for i in $(seq 100); do [ -z \"$(squeue -h -t R,CG 2>/dev/null)\" ] && break; "
-                "sleep 0.1; done");
+    run_command(
+        "scancel --full --signal=KILL --user=$(id -un) 2>/dev/null; "
+        "for i in $(seq 100); do [ -z \"$(squeue -h -t R,CG 2>/dev/null)\" ] && break; "
+        "sleep 0.1; done");
     run_command(fmt::format("bash {} stop {}", kFixture, dir_));
     ::unsetenv("SLURM_CONF");
   }
@@ -100,8 +101,8 @@ int64_t last_logged_step(const std::string& metrics) {
 }
 
 TEST(SlurmRequeue, Usr1CheckpointsRequeuesAndTheRequeuedRunResumesToTheEnd) {
-  for (const char* p : {"sbatch", "srun", "scontrol", "scancel", "squeue", "slurmctld", "slurmd",
-                        "munged"}) {
+  for (const char* p :
+       {"sbatch", "srun", "scontrol", "scancel", "squeue", "slurmctld", "slurmd", "munged"}) {
     if (!have(p)) {
       GTEST_SKIP() << "Slurm is not installed (" << p
                    << " not found): install slurm-wlm and munge (scripts/install-deps.sh) to run "
@@ -132,9 +133,9 @@ TEST(SlurmRequeue, Usr1CheckpointsRequeuesAndTheRequeuedRunResumesToTheEnd) {
       "--set data.dataloader_num_workers=1 "
       "--set checkpoint.dir={ckpt} --set checkpoint.save_steps=0 --set checkpoint.save_final=false "
       "--metrics-file {metrics} > {script}",
-      fmt::arg("src", kSrc), fmt::arg("bin", kBin), fmt::arg("out", output),
-      fmt::arg("dir", dir), fmt::arg("steps", kMaxSteps), fmt::arg("ckpt", ckpt),
-      fmt::arg("metrics", metrics), fmt::arg("script", script));
+      fmt::arg("src", kSrc), fmt::arg("bin", kBin), fmt::arg("out", output), fmt::arg("dir", dir),
+      fmt::arg("steps", kMaxSteps), fmt::arg("ckpt", ckpt), fmt::arg("metrics", metrics),
+      fmt::arg("script", script));
   ASSERT_EQ(run_command(gen, &gen_log), 0) << gen << "\n" << gen_log;
 
   // The test delay keeps the tiny model's run going long enough to be signalled; sbatch
@@ -148,9 +149,8 @@ TEST(SlurmRequeue, Usr1CheckpointsRequeuesAndTheRequeuedRunResumesToTheEnd) {
       << job;
   while (!job.empty() && (job.back() == '\n' || job.back() == ' ')) job.pop_back();
   auto context = [&] {
-    return fmt::format("job {}\n--- script ---\n{}\n--- output ---\n{}\n--- scontrol ---\n{}",
-                       job, read_all(script), read_all(output),
-                       [&] {
+    return fmt::format("job {}\n--- script ---\n{}\n--- output ---\n{}\n--- scontrol ---\n{}", job,
+                       read_all(script), read_all(output), [&] {
                          std::string s;
                          run_command("scontrol show job " + job, &s);
                          return s;
@@ -164,8 +164,8 @@ TEST(SlurmRequeue, Usr1CheckpointsRequeuesAndTheRequeuedRunResumesToTheEnd) {
 
   // The script requeues the job once the workers exited 75. Slurm holds a requeued job
   // for about two minutes (Reason=BeginTime); let it start now.
-  ASSERT_TRUE(wait_for([&] { return cluster.job_field(job, "Restarts") == "1"; },
-                       std::chrono::seconds(60)))
+  ASSERT_TRUE(
+      wait_for([&] { return cluster.job_field(job, "Restarts") == "1"; }, std::chrono::seconds(60)))
       << context();
   wait_for([&] { return cluster.job_field(job, "JobState") == "PENDING"; },
            std::chrono::seconds(30));
@@ -179,22 +179,22 @@ TEST(SlurmRequeue, Usr1CheckpointsRequeuesAndTheRequeuedRunResumesToTheEnd) {
   // The first run: the chain of forwards, the checkpoint, exit 75 and the requeue.
   const std::string out = read_all(output);
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(out, m, std::regex("preemption \\(received SIGUSR1\\): saving "
-                                                   "step ([0-9]+) and stopping")))
+  ASSERT_TRUE(std::regex_search(out, m,
+                                std::regex("preemption \\(received SIGUSR1\\): saving "
+                                           "step ([0-9]+) and stopping")))
       << context();
   const int64_t stopped = std::stoll(m[1]);
   EXPECT_GE(stopped, 3);
   EXPECT_LT(stopped, kMaxSteps);
   for (const std::string& line : std::vector<std::string>{
            "dnallm: received SIGUSR1: forwarding it to the job step",
-        "received SIGUSR1 (preemption notice): forwarding it to 2 worker(s)",
-        "exiting with code 75 so that the job is requeued",
-        "dnallm: the workers saved a checkpoint and stopped (exit 75): requeueing job " + job,
-        "dnallm: job " + job + " (restart 1)"}) {
+           "received SIGUSR1 (preemption notice): forwarding it to 2 worker(s)",
+           "exiting with code 75 so that the job is requeued",
+           "dnallm: the workers saved a checkpoint and stopped (exit 75): requeueing job " + job,
+           "dnallm: job " + job + " (restart 1)"}) {
     EXPECT_NE(out.find(line), std::string::npos) << line << "\n" << context();
   }
-  EXPECT_TRUE(fs::exists(fmt::format("{}/step_{:09d}/manifest.json", ckpt, stopped)))
-      << context();
+  EXPECT_TRUE(fs::exists(fmt::format("{}/step_{:09d}/manifest.json", ckpt, stopped))) << context();
   // The requeued run resumed from that checkpoint and trained on to max_steps.
   EXPECT_TRUE(std::regex_search(
       out, std::regex(fmt::format("resumed from [^ ]*step_{:09d} at step {} ", stopped, stopped))))
