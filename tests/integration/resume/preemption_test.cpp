@@ -54,7 +54,11 @@ Preempted run_and_signal(const std::string& dir, int sig) {
   const std::string cmd = fmt::format(
       "{{ cd {src} && {{ DNALLM_TEST_STEP_DELAY_MS=50 {launch} & }} ; pid=$! ; "
       "for i in $(seq 1200); do grep -q '\"step\":3,' {metrics} 2>/dev/null && break; "
-      "sleep 0.1; done ; kill -{sig} $pid ; wait $pid ; }}",
+      "sleep 0.1; done ; kill -{sig} $pid ; "
+      // A launcher that ignored the signal would train for hours: SIGKILL it after 60 s (its
+      // workers die with it) so the test fails with 137 instead of hanging.
+      "for i in $(seq 600); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done ; "
+      "kill -KILL $pid 2>/dev/null ; wait $pid ; }}",
       fmt::arg("src", kSrc), fmt::arg("launch", launch_command(dir + "/ckpt", metrics, 100000)),
       fmt::arg("metrics", metrics), fmt::arg("sig", sig));
   Preempted p;
