@@ -314,6 +314,33 @@ NodePlacement detect_node_placement(const EnvMap& env, const NodeOverrides& o) {
     p.nnodes = *o.nnodes;
     // 127.0.0.1 reaches node 0 only from node 0 itself.
     if (p.nnodes > 1) p.master_addr.clear();
+  } else if (find(env, "OMPI_COMM_WORLD_RANK") != nullptr) {
+    // Note [mpirun placement]: `mpirun --map-by ppr:1:node dnallm-launch ...` starts one
+    // launcher per node; each MPI rank is a node. Checked before Slurm: mpirun inside a
+    // Slurm allocation starts its daemons through srun, whose step variables describe them.
+    const char* src = "OpenMPI";
+    p.source = TopologySource::kOpenMpi;
+    p.node_rank = get_int(env, "OMPI_COMM_WORLD_RANK", src);
+    p.nnodes = get_int(env, "OMPI_COMM_WORLD_SIZE", src);
+    const int local = get_opt_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", src).value_or(1);
+    // mpirun tells nobody where rank 0 runs: on one host it is here, else MASTER_ADDR.
+    p.master_addr = local == p.nnodes ? "127.0.0.1" : "";
+    if (const std::string* a = find(env, "MASTER_ADDR"); a != nullptr && !a->empty()) {
+      p.master_addr = *a;
+    }
+    if (auto port = get_opt_int(env, "MASTER_PORT", src)) {
+      p.master_port = *port;
+    } else if (const std::string* job = find(env, "OMPI_MCA_ess_base_jobid")) {
+      // The same on every rank of this mpirun; Note [Slurm coordinator endpoint] for the range.
+      p.master_port = slurm_default_port(parse_int("OMPI_MCA_ess_base_jobid", *job, src));
+      p.job_id = *job;
+    }
+    if (p.nnodes > 1 && p.master_addr.empty()) {
+      fail(ExitCode::kUsage,
+           "mpirun started {} dnallm-launch on several hosts but did not say where rank 0 "
+           "runs: pass its address, e.g. mpirun -x MASTER_ADDR=<host of rank 0> ...",
+           p.nnodes);
+    }
   } else if (find(env, "SLURM_PROCID") != nullptr && find(env, "SLURM_STEP_NODELIST") != nullptr) {
     // Only an srun step: a batch script or salloc shell (no SLURM_STEP_NODELIST) runs
     // dnallm-launch on its own node, as a single node.

@@ -90,12 +90,17 @@ struct NodeOverrides {
 
 // The agent's placement, first match wins:
 //   1. command line: nnodes given (node_rank defaults to 0);
-//   2. a Slurm step (SLURM_PROCID and SLURM_STEP_NODELIST set; a batch script or an salloc
+//   2. mpirun (OMPI_COMM_WORLD_RANK set; checked before Slurm), as
+//      `mpirun --map-by ppr:1:node dnallm-launch ...` starts it (Note [mpirun placement]):
+//      node rank OMPI_COMM_WORLD_RANK, nnodes OMPI_COMM_WORLD_SIZE; the coordinator is
+//      MASTER_ADDR (required across hosts: `mpirun -x MASTER_ADDR=...`; 127.0.0.1 when every
+//      rank is on this host) and MASTER_PORT, else 20000 + OMPI_MCA_ess_base_jobid % 20000;
+//   3. a Slurm step (SLURM_PROCID and SLURM_STEP_NODELIST set; a batch script or an salloc
 //      shell is not a step and counts as a single node) with one task per node, as
 //      `srun --ntasks-per-node=1 dnallm-launch ...` starts it: node rank SLURM_NODEID, the
 //      step's node list, Note [Slurm coordinator endpoint]; a step with several tasks on
 //      this node is refused (each would start a full set of workers);
-//   3. a single node.
+//   4. a single node.
 // Command-line node_rank / master_addr / master_port then replace the detected ones, and
 // MASTER_ADDR / MASTER_PORT from the environment are honoured under Slurm. With more than
 // one node, master_addr and master_port must be known (each node cannot pick a free port

@@ -209,6 +209,8 @@ int ElasticAgent::run() {
     switch (result.outcome) {
       case GenerationOutcome::kInterrupted:
         return 128 + result.stop_signal;
+      case GenerationOutcome::kPreempted:  // Note [Preemption] (worker_group.hpp)
+        return static_cast<int>(ExitCode::kRequeue);
       case GenerationOutcome::kStopped:
         if (latest.terminal()) return finish(latest);
         spdlog::warn("generation {} replaced by generation {}: {}", generation_,

@@ -10,9 +10,11 @@
 #include <cctype>
 #include <climits>
 #include <cstring>
+#include <iterator>
 
 #include "cluster/hostlist.hpp"
 #include "core/error.hpp"
+#include "launcher/sbatch_script.hpp"
 
 namespace dnallm::launcher {
 
@@ -126,9 +128,21 @@ std::string self_exe_dir() {
 
 std::vector<WorkerSpec> make_worker_specs(const LaunchPlan& plan, const cluster::EnvMap& base_env,
                                           int restart_count, const std::string& restart_reason) {
+  // Note [mpirun placement] (cluster/topology.hpp): a launcher started by mpirun must not
+  // hand its own MPI identity to the workers: they would take OMPI_COMM_WORLD_* for their
+  // rank (or pick the MPI backend) and MPI_Init against the launcher's mpirun.
+  cluster::EnvMap clean_env = base_env;
+  if (clean_env.count("OMPI_COMM_WORLD_RANK") > 0) {
+    for (auto it = clean_env.begin(); it != clean_env.end();) {
+      const std::string& k = it->first;
+      const bool mpi = k.rfind("OMPI_", 0) == 0 || k.rfind("PMIX_", 0) == 0 ||
+                       k.rfind("OPAL_", 0) == 0 || k.rfind("ORTE_", 0) == 0;
+      it = mpi ? clean_env.erase(it) : std::next(it);
+    }
+  }
   std::vector<WorkerSpec> specs;
   for (int local = 0; local < plan.nproc_per_node; ++local) {
-    cluster::EnvMap env = base_env;
+    cluster::EnvMap env = clean_env;
     int rank = plan.node_rank * plan.nproc_per_node + local;
     env["RANK"] = std::to_string(rank);
     env["LOCAL_RANK"] = std::to_string(local);
@@ -188,8 +202,10 @@ LaunchPlan resolve_launch_plan(const LaunchRequest& req, const cluster::EnvMap& 
   if (req.master_port && *req.master_port != 0) {
     plan.master_port_source = "from --master-port";
   } else if (plan.master_port != 0) {
-    plan.master_port_source =
-        env.count("MASTER_PORT") ? "from MASTER_PORT" : "from the Slurm job id";
+    plan.master_port_source = env.count("MASTER_PORT") ? "from MASTER_PORT"
+                              : placement.source == cluster::TopologySource::kOpenMpi
+                                  ? "from the mpirun job id"
+                                  : "from the Slurm job id";
   } else {
     // detect_node_placement refuses port 0 with several nodes: this is one node.
     plan.master_port = host.pick_port();
@@ -231,21 +247,6 @@ LaunchPlan resolve_launch_plan(const LaunchRequest& req, const cluster::EnvMap& 
   }
   return plan;
 }
-
-namespace {
-std::string shell_quote(const std::string& s) {
-  bool plain = !s.empty();
-  for (char c : s) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_./=:,@%+", c))) {
-      plain = false;
-    }
-  }
-  if (plain) return s;
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-}  // namespace
 
 std::string describe_plan(const LaunchPlan& plan, const std::string& backend,
                           const std::string& backend_source) {

@@ -92,7 +92,8 @@ std::string self_exe_dir();
 // DNALLM_GENERATION, DNALLM_JOB_TOKEN (replaced when present), OMP_NUM_THREADS (only
 // when absent) and, after a restart, DNALLM_RESTART_REASON (removed otherwise). DNALLM_GENERATION
 // equals the restart count while the group is local; the coordinator will number generations
-// job-wide.
+// job-wide. Under mpirun (OMPI_COMM_WORLD_RANK in `base_env`) the MPI launcher's variables
+// (OMPI_*, PMIX_*, OPAL_*, ORTE_*) are removed: they describe the launcher, not the workers.
 std::vector<WorkerSpec> make_worker_specs(const LaunchPlan& plan, const cluster::EnvMap& base_env,
                                           int restart_count,
                                           const std::string& restart_reason = "");

@@ -1,6 +1,6 @@
 // dnallm-launch: the per-node agent. Without a rendezvous it runs one node (or a static
 // placement): it spawns --nproc-per-node workers with the torchrun-compatible environment,
-// prefixes their output with the rank, forwards SIGINT/SIGTERM, stops the group when a
+// prefixes their output with the rank, forwards SIGINT/SIGTERM/SIGUSR1, stops the group when a
 // worker fails and restarts it up to --max-restarts times (docs/launch.md). With
 // --standalone, --rdzv-endpoint, --rdzv-id or --nnodes MIN:MAX it is an elastic agent of a
 // coordinator-driven job (launcher/elastic_agent.hpp, docs/elastic.md); the node-rank-0
@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +25,7 @@
 #include "core/log.hpp"
 #include "launcher/elastic_agent.hpp"
 #include "launcher/launch_plan.hpp"
+#include "launcher/sbatch_script.hpp"
 #include "launcher/spawner.hpp"
 #include "launcher/stop_signals.hpp"
 #include "launcher/worker_group.hpp"
@@ -57,6 +60,15 @@ struct Args {
   std::string run_id;
   bool dry_run = false;
   std::vector<std::string> command;
+  // --sbatch-script (docs/slurm.md).
+  bool sbatch_script = false;
+  bool sbatch_gpus = false;
+  int cpus_per_task = 0;
+  int signal_lead_s = 120;
+  std::string job_name = "dnallm";
+  std::string sbatch_output = "dnallm-%j.out";
+  std::string job_dir;
+  std::vector<std::string> sbatch_args;
 };
 
 std::string read_token_file(const std::string& path) {
@@ -200,6 +212,72 @@ int run_elastic(const Args& args, const CLI::App& app, LaunchPlan plan,
   return code;
 }
 
+std::string absolute(const std::string& path) {
+  return path.empty() ? path : std::filesystem::absolute(path).lexically_normal().string();
+}
+
+// --sbatch-script: print an sbatch file that runs this launch on every node of a Slurm job
+// (launcher/sbatch_script.hpp). Paths become absolute so the job finds them from any node.
+int print_sbatch_script(const Args& args, const CLI::App& app, const Config* config) {
+  const bool elastic = args.standalone || app.count("--rdzv-endpoint") > 0 ||
+                       app.count("--rdzv-id") > 0 || args.nnodes.find(':') != std::string::npos;
+  if (elastic) {
+    fail(ExitCode::kUsage,
+         "--sbatch-script writes a static Slurm job (one dnallm-launch per node, placed by "
+         "srun); drop --standalone/--rdzv-*/--nnodes MIN:MAX");
+  }
+  if (app.count("--node-rank") > 0 || app.count("--master-addr") > 0) {
+    fail(ExitCode::kUsage,
+         "--sbatch-script: --node-rank and --master-addr come from the Slurm step on each node; "
+         "drop them");
+  }
+  SbatchOptions o;
+  o.nodes = parse_nnodes(args.nnodes).first;
+  if (args.nproc == "auto") {
+    fail(ExitCode::kUsage,
+         "--sbatch-script needs --nproc-per-node as a number (it sets --cpus-per-task and, for "
+         "GPU workers, --gpus-per-node), not 'auto'");
+  }
+  o.nproc_per_node = resolve_nproc(args.nproc, {}, 0);
+  const bool cuda_config = config != nullptr && (config->training.device == "cuda" ||
+                                                 config->parallel.backend == "nccl");
+  o.gpus = args.sbatch_gpus || cuda_config;
+  o.cpus_per_task = args.cpus_per_task;
+  o.signal_lead_s = args.signal_lead_s;
+  o.job_name = args.job_name;
+  o.output = args.sbatch_output;
+  o.job_dir = absolute(args.job_dir);
+  o.chdir = std::filesystem::current_path().string();
+  o.extra_sbatch = args.sbatch_args;
+
+  auto& a = o.launch_argv;
+  a = {self_exe_dir() + "/dnallm-launch", "--nproc-per-node", std::to_string(o.nproc_per_node)};
+  const ConfigOptions& co = args.config;
+  if (!co.config_path.empty()) a.insert(a.end(), {"--config", absolute(co.config_path)});
+  for (const auto& set : co.overrides) a.insert(a.end(), {"--set", set});
+  if (!co.metrics_file.empty()) a.insert(a.end(), {"--metrics-file", absolute(co.metrics_file)});
+  if (!co.log_level.empty()) a.insert(a.end(), {"--log-level", co.log_level});
+  if (app.count("--master-port") > 0) {
+    a.insert(a.end(), {"--master-port", std::to_string(args.master_port)});
+  }
+  if (app.count("--grace-period") > 0) {
+    a.insert(a.end(), {"--grace-period", fmt::format("{}", args.grace_s)});
+  }
+  if (app.count("--run-id") > 0) a.insert(a.end(), {"--run-id", args.run_id});
+  if (args.max_restarts != 0) {
+    fail(ExitCode::kUsage,
+         "--sbatch-script: --max-restarts {} needs the elastic coordinator across nodes; a "
+         "preempted or failed job is requeued by Slurm instead (use 0)",
+         args.max_restarts);
+  }
+  if (!args.command.empty()) {
+    a.push_back("--");
+    a.insert(a.end(), args.command.begin(), args.command.end());
+  }
+  fmt::print("{}", make_sbatch_script(o));
+  return 0;
+}
+
 int run(const Args& args, const CLI::App& app) {
   const ConfigOptions& co = args.config;
   init_logging("launch", co.log_level.empty() ? "info" : co.log_level);
@@ -210,16 +288,18 @@ int run(const Args& args, const CLI::App& app) {
   // it themselves.
   std::string backend = "auto";
   std::string backend_source = "default";
+  std::optional<Config> config;
   if (!co.config_path.empty() || !co.overrides.empty() || co.print_config) {
-    Config config = resolve_config(co);
+    config = resolve_config(co);
     if (co.print_config) {
-      fmt::print("{}", to_toml(config));
+      fmt::print("{}", to_toml(*config));
       return 0;
     }
-    backend = config.parallel.backend;
+    backend = config->parallel.backend;
     backend_source = co.config_path.empty() ? "--set" : "config " + co.config_path;
-    spdlog::set_level(parse_log_level(config.logging.level));
+    spdlog::set_level(parse_log_level(config->logging.level));
   }
+  if (args.sbatch_script) return print_sbatch_script(args, app, config ? &*config : nullptr);
 
   LaunchRequest request;
   request.nproc_per_node = args.nproc;
@@ -271,6 +351,13 @@ int run(const Args& args, const CLI::App& app) {
          "command after '--'",
          plan.command[0]);
   }
+  if (plan.nnodes > 1 && plan.job_token_source == "generated") {
+    spdlog::warn(
+        "{} nodes with a job token generated on this node: the other nodes' workers "
+        "will be refused by the store unless every node has the same token; set "
+        "DNALLM_JOB_TOKEN (the --sbatch-script job does; mpirun: -x DNALLM_JOB_TOKEN)",
+        plan.nnodes);
+  }
   auto path_it = env.find("PATH");
   resolve_executable(plan.command[0], path_it == env.end() ? "" : path_it->second);
   spdlog::info("starting {} worker(s), coordinator {}:{}, max restarts {}", plan.nproc_per_node,
@@ -302,7 +389,8 @@ int main(int argc, char** argv) {
       "Workers get RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
       "MASTER_PORT, TORCHELASTIC_*, DNALLM_GENERATION and DNALLM_JOB_TOKEN. Exit codes:\n"
       "0 ok, 2 usage, 3/5 a worker's bad data / corrupt checkpoint, 4 a worker failed,\n"
-      "128+N stopped by signal N.",
+      "75 preempted (SIGUSR1 forwarded; the workers checkpointed; run again to resume),\n"
+      "128+N stopped by signal N. Slurm: --sbatch-script, docs/slurm.md; mpirun: docs/mpirun.md.",
       "dnallm-launch"};
   app.add_option("--nproc-per-node", args.nproc,
                  "workers on this node: a number, or 'auto' (one per GPU, else 1)")
@@ -329,6 +417,31 @@ int main(int argc, char** argv) {
   app.add_option("--run-id", args.run_id,
                  "TORCHELASTIC_RUN_ID (default: SLURM_JOB_ID, else 'none')");
   app.add_flag("--dry-run", args.dry_run, "print the resolved plan and exit");
+  // Slurm batch script (docs/slurm.md).
+  app.add_flag("--sbatch-script", args.sbatch_script,
+               "print an sbatch file that runs this launch on --nnodes nodes (srun, preemption "
+               "signal, requeue on exit 75) and exit");
+  app.add_flag("--sbatch-gpus", args.sbatch_gpus,
+               "--sbatch-script: the workers are GPUs (--gpus-per-node = --nproc-per-node); "
+               "implied by training.device = \"cuda\" or parallel.backend = \"nccl\"");
+  app.add_option("--cpus-per-task", args.cpus_per_task,
+                 "--sbatch-script: cores per node for the launcher and its workers (default: "
+                 "one per worker)");
+  app.add_option("--signal-lead", args.signal_lead_s,
+                 "--sbatch-script: seconds before the time limit at which Slurm sends USR1 "
+                 "(the workers checkpoint and the job requeues)")
+      ->capture_default_str();
+  app.add_option("--job-name", args.job_name, "--sbatch-script: the job name")
+      ->capture_default_str();
+  app.add_option("--sbatch-output", args.sbatch_output,
+                 "--sbatch-script: sbatch --output (appended to across requeues)")
+      ->capture_default_str();
+  app.add_option("--job-dir", args.job_dir,
+                 "--sbatch-script: directory for the job token (default: "
+                 "$SLURM_SUBMIT_DIR/dnallm-job-$SLURM_JOB_ID)");
+  app.add_option("--sbatch-arg", args.sbatch_args,
+                 "--sbatch-script: one more #SBATCH line, e.g. --sbatch-arg=--time=04:00:00 "
+                 "(repeatable)");
   // Elastic (docs/elastic.md).
   app.add_flag("--standalone", args.standalone,
                "elastic job on this node alone, with its own coordinator on a free port");

@@ -15,10 +15,11 @@ SignalFdStopSignals::SignalFdStopSignals() {
   sigemptyset(&mask);
   sigaddset(&mask, SIGINT);
   sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGUSR1);  // preemption notice (Note [Preemption] in worker_group.hpp)
   int rc = ::pthread_sigmask(SIG_BLOCK, &mask, &old_mask_);
   if (rc != 0) fail(ExitCode::kFailure, "pthread_sigmask failed: {}", errno_string(rc));
   fd_ = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-  DNALLM_SYSCHECK(fd_, "signalfd(SIGINT, SIGTERM)");
+  DNALLM_SYSCHECK(fd_, "signalfd(SIGINT, SIGTERM, SIGUSR1)");
   ::signal(SIGPIPE, SIG_IGN);
 }
 

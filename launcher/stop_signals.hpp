@@ -1,4 +1,5 @@
-// How the launcher learns that it was asked to stop (SIGINT, SIGTERM).
+// How the launcher learns that it was asked to stop (SIGINT, SIGTERM) or that the job is
+// being preempted (SIGUSR1: forwarded to the workers, which checkpoint and exit 75).
 #pragma once
 
 #include <chrono>
@@ -12,11 +13,11 @@ class StopSignals {
  public:
   virtual ~StopSignals() = default;
   // Blocks up to `timeout` (this is also the monitor loop's tick). Returns the number of a
-  // stop signal received since the last call, or 0 if none arrived.
+  // signal (SIGINT, SIGTERM, SIGUSR1) received since the last call, or 0 if none arrived.
   virtual int wait(std::chrono::milliseconds timeout) = 0;
 };
 
-// SIGINT and SIGTERM through a signalfd: the constructor blocks them in the calling thread
+// SIGINT, SIGTERM and SIGUSR1 through a signalfd: the constructor blocks them in the calling thread
 // (construct it in main() before any thread starts, so every thread inherits the mask and
 // none runs a handler), the destructor restores the old mask. No global state, no
 // handler: the monitor loop reads them synchronously. Also ignores SIGPIPE so a closed

@@ -2,6 +2,7 @@
 
 #include <csignal>
 #include <memory>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -13,29 +14,62 @@ struct LocalWorkerGroup::Running {
   const WorkerSpec* spec;
   std::unique_ptr<WorkerProcess> process;
   bool ended = false;
+  std::optional<WorkerExit> exit;  // once ended
 };
+
+namespace {
+
+constexpr int kRequeueCode = static_cast<int>(ExitCode::kRequeue);
+
+bool is_requeue(const WorkerExit& e) { return !e.signaled && e.code == kRequeueCode; }
+
+}  // namespace
 
 GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
   GenerationResult result;
   std::vector<Running> workers;
   workers.reserve(specs.size());
   try {
-    for (const auto& spec : specs) workers.push_back({&spec, spawner_.spawn(spec), false});
+    for (const auto& spec : specs)
+      workers.push_back({&spec, spawner_.spawn(spec), false, std::nullopt});
   } catch (...) {
     stop_all(workers, SIGTERM, result);
     throw;
   }
 
   std::size_t ended = 0;
+  std::size_t requeued = 0;      // workers that exited 75 (Note [Preemption])
   std::vector<Running*> failed;  // parallel to result.failures
   while (ended < workers.size()) {
     int sig = signals_.wait(options_.tick);
+    if (sig == SIGUSR1) {
+      // Step 7: a preemption notice. The workers checkpoint and exit 75 on their own.
+      spdlog::warn(
+          "received SIGUSR1 (preemption notice): forwarding it to {} worker(s); they "
+          "checkpoint at the next step and exit {}",
+          workers.size() - ended, kRequeueCode);
+      result.preempt_signal = SIGUSR1;
+      for (auto& w : workers) {
+        if (!w.ended) w.process->send_signal(SIGUSR1);
+      }
+      sig = 0;
+    }
     if (sig != 0) {
       spdlog::warn("received {}: forwarding it to {} worker(s)", signal_name(sig),
                    workers.size() - ended);
       result.outcome = GenerationOutcome::kInterrupted;
       result.stop_signal = sig;
       stop_all(workers, sig, result);
+      // Workers that handle the signal save a checkpoint and exit 75 (Note [Preemption]).
+      bool requeue = false, all_clean = true;
+      for (const auto& w : workers) {
+        if (w.exit && is_requeue(*w.exit)) {
+          requeue = true;
+        } else if (!w.exit || !w.exit->ok()) {
+          all_clean = false;
+        }
+      }
+      if (requeue && all_clean) result.outcome = GenerationOutcome::kPreempted;
       return result;
     }
     for (auto& w : workers) {
@@ -43,9 +77,16 @@ GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
       auto exit = w.process->try_wait();
       if (!exit) continue;
       w.ended = true;
+      w.exit = exit;
       ++ended;
       if (exit->ok()) {
         spdlog::debug("rank {} exited with code 0", w.spec->rank);
+        continue;
+      }
+      if (is_requeue(*exit)) {
+        spdlog::info("rank {} saved a checkpoint and exited {} (preempted)", w.spec->rank,
+                     kRequeueCode);
+        ++requeued;
         continue;
       }
       // The output tail is collected after the others were stopped: reading it may wait
@@ -72,6 +113,7 @@ GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
       return result;
     }
   }
+  if (requeued > 0) result.outcome = GenerationOutcome::kPreempted;
   return result;
 }
 
@@ -83,7 +125,12 @@ void LocalWorkerGroup::stop_all(std::vector<Running>& workers, int first_signal,
   auto live = [&] {
     std::size_t n = 0;
     for (auto& w : workers) {
-      if (!w.ended && w.process->try_wait()) w.ended = true;
+      if (!w.ended) {
+        if (auto e = w.process->try_wait()) {
+          w.ended = true;
+          w.exit = e;
+        }
+      }
       if (!w.ended) ++n;
     }
     return n;
@@ -91,6 +138,12 @@ void LocalWorkerGroup::stop_all(std::vector<Running>& workers, int first_signal,
   auto deadline = std::chrono::steady_clock::now() + options_.grace;
   while (live() > 0 && std::chrono::steady_clock::now() < deadline) {
     int sig = signals_.wait(options_.tick);
+    if (sig == SIGUSR1) {  // a preemption notice is not a second stop signal
+      for (auto& w : workers) {
+        if (!w.ended) w.process->send_signal(SIGUSR1);
+      }
+      continue;
+    }
     if (sig != 0) {
       spdlog::warn("received {} again: killing the workers now", signal_name(sig));
       if (result.outcome == GenerationOutcome::kInterrupted && result.stop_signal == 0) {
@@ -117,6 +170,8 @@ int exit_code_for(const GenerationResult& result) {
   switch (result.outcome) {
     case GenerationOutcome::kSucceeded:
       return 0;
+    case GenerationOutcome::kPreempted:
+      return kRequeueCode;
     case GenerationOutcome::kInterrupted:
       return 128 + result.stop_signal;
     case GenerationOutcome::kStopped:
@@ -167,6 +222,12 @@ int RestartLoop::run() {
                  options_.max_restarts);
   }
   int code = exit_code_for(last_);
+  if (last_.outcome == GenerationOutcome::kPreempted) {
+    spdlog::warn(
+        "the workers saved a checkpoint and stopped (preempted); exiting with code {} "
+        "so that the job is requeued and resumes from it",
+        code);
+  }
   if (last_.outcome == GenerationOutcome::kWorkerFailed) {
     spdlog::error("job failed after {} restart(s); exiting with code {}", restarts_, code);
   }

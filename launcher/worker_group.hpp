@@ -12,7 +12,18 @@
 //   6. every tick, GroupOptions::should_stop (when set) is asked; true stops the workers
 //      as in step 4 (outcome kStopped): the elastic agent uses it for heartbeats and to
 //      leave a generation the coordinator has replaced.
+//   7. SIGUSR1 for the launcher: forwarded to every live worker's group; monitoring goes
+//      on (Note [Preemption]).
 // Workers that end after step 4 or 5 started were stopped by us and are not failures.
+//
+// Note [Preemption]: a scheduler about to preempt the job (Slurm's --signal=B:USR1@T, a
+// forwarded SIGTERM) asks the workers to save and stop. dnallm-train handles SIGUSR1 and
+// SIGTERM: at the next step boundary every rank agrees to stop at the same step, saves a
+// checkpoint synchronously (written and committed), and exits with ExitCode::kRequeue (75).
+// A worker that exits 75 did not fail: when every worker ended with 0 or 75 and at least
+// one with 75 (also after a forwarded SIGINT/SIGTERM, within the grace period), the outcome
+// is kPreempted, the group is not restarted in-job, and the launcher exits 75 so that the
+// batch script can requeue the job (docs/slurm.md).
 #pragma once
 
 #include <chrono>
@@ -40,14 +51,16 @@ struct WorkerFailure {
   std::vector<std::string> last_lines;
 };
 
-// kStopped: GroupOptions::should_stop asked for it (step 6).
-enum class GenerationOutcome { kSucceeded, kWorkerFailed, kInterrupted, kStopped };
+// kStopped: GroupOptions::should_stop asked for it (step 6). kPreempted: the workers saved a
+// checkpoint and exited 75 (Note [Preemption]).
+enum class GenerationOutcome { kSucceeded, kWorkerFailed, kInterrupted, kStopped, kPreempted };
 
 struct GenerationResult {
   GenerationOutcome outcome = GenerationOutcome::kSucceeded;
   // Workers that failed on their own, in the order seen (lowest rank first within a tick).
   std::vector<WorkerFailure> failures;
-  int stop_signal = 0;  // kInterrupted: the signal the launcher received
+  int stop_signal = 0;     // kInterrupted (or kPreempted by one): the signal the launcher received
+  int preempt_signal = 0;  // SIGUSR1 when one was forwarded (step 7), else 0
 };
 
 // Runs one generation of workers to its end. Called from one thread; blocks until every
@@ -70,8 +83,9 @@ class LocalWorkerGroup {
   GroupOptions options_;
 };
 
-// Note [Launcher exit code]: 0 when the group succeeded; 128 + signal when the launcher
-// was stopped by SIGINT/SIGTERM (the shell convention); for a worker failure, the failing
+// Note [Launcher exit code]: 0 when the group succeeded; 75 (kRequeue) when it was
+// preempted (Note [Preemption]); 128 + signal when the launcher was stopped by SIGINT/SIGTERM
+// and the workers did not all exit 75 (the shell convention); for a worker failure, the failing
 // worker's own code when it is 2 (usage), 3 (bad data) or 5 (checkpoint corrupt) and every
 // worker that failed on its own agrees on it — those are the worker's diagnosis and a
 // script can act on them — else 4 (kPeerFailed): a rank crashed or was killed.

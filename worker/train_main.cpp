@@ -1,9 +1,14 @@
 // dnallm-train: one training worker. Alone it trains in one process; with a world size
 // above 1 (torchrun-style variables from dnallm-launch, OpenMPI under mpirun, or a Slurm
 // step) it joins the process group and trains data-parallel (DDP / ZeRO, [parallel]).
+#include <signal.h>
+
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <iostream>
@@ -19,13 +24,49 @@
 #include "worker/train/data_source.hpp"
 #include "worker/train/trainer.hpp"
 
+namespace {
+
+// Note [Preemption] (the worker's side; the launcher's is in launcher/worker_group.hpp):
+// SIGUSR1 (Slurm's --signal=B:USR1@T, forwarded by the batch script, srun and dnallm-launch)
+// and SIGTERM ask this worker to save and stop. The handler only stores the first signal's
+// number (a lock-free atomic: async-signal-safe). Repeats are ignored on purpose: the same
+// notice often arrives twice (srun signals every process of the step and dnallm-launch
+// forwards it too); a stuck worker is ended by the launcher's SIGKILL after its grace period,
+// and SIGINT keeps its default action. After every step every rank
+// sums its flag over all ranks (one scalar allreduce, a max in effect), so all ranks stop at
+// the same step even when the signal reached them at different steps; each then saves that
+// step synchronously (waits for the writer and rank 0's commit), and exits with
+// ExitCode::kRequeue (75).
+std::atomic<int> g_preempt_signal{0};  // the only global: a signal handler needs one
+static_assert(std::atomic<int>::is_always_lock_free);
+
+extern "C" void on_preempt_signal(int sig) {
+  int expected = 0;
+  g_preempt_signal.compare_exchange_strong(expected, sig);
+}
+
+void install_preempt_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_preempt_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int sig : {SIGUSR1, SIGTERM}) ::sigaction(sig, &sa, nullptr);
+}
+
+// Thrown from the after-step hook once the preemption checkpoint is committed.
+struct Preempted {
+  int64_t step = 0;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace dnallm;
   CLI::App app{
       "dnallm-train: train a DNA language model (BERT masked LM, GPT causal LM, or a\n"
       "classification/regression fine-tune) from a TOML configuration. Writes JSON Lines\n"
-      "metrics from rank 0 and exports <checkpoint.dir>/final at the end."};
+      "metrics from rank 0 and exports <checkpoint.dir>/final at the end. SIGUSR1 or SIGTERM:\n"
+      "save a checkpoint at the next step (all ranks) and exit 75, resumable (docs/slurm.md)."};
   ConfigOptions options;
   add_config_options(app, options);
   return run_main("dnallm-train", app, argc, argv, [&]() -> int {
@@ -35,6 +76,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     init_logging("train", config.logging.level);
+    install_preempt_handlers();
     // DESIGN.md order: torchrun variables, OpenMPI, Slurm, else one process.
     const auto env = cluster::current_env();
     const cluster::Topology topo = cluster::detect_topology(env);
@@ -130,6 +172,44 @@ int main(int argc, char** argv) {
         std::rename(tmp.c_str(), path.c_str());
       };
     }
+    {
+      // Test only: sleep this long after every step, so that a test can signal a run of a
+      // tiny model while it still runs however fast the machine is.
+      std::chrono::milliseconds step_delay{0};
+      if (auto it = env.find("DNALLM_TEST_STEP_DELAY_MS"); it != env.end()) {
+        step_delay = std::chrono::milliseconds(std::atoll(it->second.c_str()));
+      }
+      auto inner = trainer_options.after_step;
+      const int64_t save_steps = config.checkpoint.save_steps;
+      trainer_options.after_step = [inner, &checkpointer, step_delay, save_steps](
+                                       train::Trainer& t, const train::StepResult& r) {
+        if (inner) inner(t, r);
+        if (step_delay.count() > 0) std::this_thread::sleep_for(step_delay);
+        // Collective: every rank calls it after every step (Note [Preemption]).
+        const int own = g_preempt_signal.load();
+        if (t.sync().sum_scalar(own != 0 ? 1.0 : 0.0) == 0.0) return;
+        const std::string why =
+            own != 0 ? fmt::format("received {}", own == SIGUSR1 ? "SIGUSR1" : "SIGTERM")
+                     : std::string("a peer rank was signalled");
+        spdlog::warn("preemption ({}): saving step {} and stopping", why, r.step);
+        if (save_steps <= 0) {
+          spdlog::warn("checkpoint.save_steps = 0: saving step {} anyway so that the requeued "
+                       "job can resume",
+                       r.step);
+          checkpointer.save(t);
+        }
+        // Saves this step unless the save_steps hook just did, then waits for the writer and
+        // rank 0's commit.
+        checkpointer.finish(t);
+        nlohmann::ordered_json line;
+        line["event"] = "preempted";
+        line["step"] = r.step;
+        line["reason"] = why;
+        line["exit_code"] = static_cast<int>(ExitCode::kRequeue);
+        t.write_metrics(line.dump());
+        throw Preempted{r.step};
+      };
+    }
     train::Trainer trainer(config, std::move(model), std::move(train_source),
                            std::move(eval_source), sync,
                            trainer_options);
@@ -167,7 +247,14 @@ int main(int argc, char** argv) {
       line["reason"] = reason != env.end() ? reason->second : "";
       trainer.write_metrics(line.dump());
     }
-    trainer.run();
+    try {
+      trainer.run();
+    } catch (const Preempted& p) {
+      spdlog::warn("checkpoint of step {} committed under {}; exiting with code {} so that the "
+                   "job is requeued and resumes from it",
+                   p.step, config.checkpoint.dir, static_cast<int>(ExitCode::kRequeue));
+      return static_cast<int>(ExitCode::kRequeue);
+    }
     return 0;
   });
 }

@@ -225,6 +225,63 @@ TEST(NodePlacement, SlurmStepWithOneTaskPerNode) {
   EXPECT_EQ(detect_node_placement(env).master_addr, "n9");
 }
 
+// Note [mpirun placement]: mpirun --map-by ppr:1:node dnallm-launch: each MPI rank a node.
+TEST(NodePlacement, MpirunOneLauncherPerNode) {
+  EnvMap env = {{"OMPI_COMM_WORLD_RANK", "1"},
+                {"OMPI_COMM_WORLD_SIZE", "3"},
+                {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"},
+                {"OMPI_MCA_ess_base_jobid", "1399521281"},
+                {"MASTER_ADDR", "head"}};
+  NodePlacement p = detect_node_placement(env);
+  EXPECT_EQ(p.source, TopologySource::kOpenMpi);
+  EXPECT_EQ(p.node_rank, 1);
+  EXPECT_EQ(p.nnodes, 3);
+  EXPECT_EQ(p.master_addr, "head");
+  EXPECT_EQ(p.master_port, 20000 + 1399521281 % 20000);
+  env["MASTER_PORT"] = "29999";
+  EXPECT_EQ(detect_node_placement(env).master_port, 29999);
+}
+
+TEST(NodePlacement, MpirunOnOneHostUsesLoopback) {
+  NodePlacement p = detect_node_placement({{"OMPI_COMM_WORLD_RANK", "0"},
+                                           {"OMPI_COMM_WORLD_SIZE", "2"},
+                                           {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                           {"OMPI_MCA_ess_base_jobid", "7"}});
+  EXPECT_EQ(p.nnodes, 2);
+  EXPECT_EQ(p.master_addr, "127.0.0.1");
+  EXPECT_EQ(p.master_port, 20007);
+}
+
+TEST(NodePlacement, MpirunAcrossHostsNeedsMasterAddr) {
+  EnvMap env = {{"OMPI_COMM_WORLD_RANK", "0"},
+                {"OMPI_COMM_WORLD_SIZE", "2"},
+                {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"},
+                {"OMPI_MCA_ess_base_jobid", "7"}};
+  try {
+    detect_node_placement(env);
+    FAIL() << "accepted several hosts without MASTER_ADDR";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("mpirun -x MASTER_ADDR="), std::string::npos) << e.what();
+  }
+}
+
+TEST(NodePlacement, MpirunWinsOverTheSlurmStepOfItsDaemons) {
+  NodePlacement p = detect_node_placement({{"OMPI_COMM_WORLD_RANK", "1"},
+                                           {"OMPI_COMM_WORLD_SIZE", "2"},
+                                           {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"},
+                                           {"OMPI_MCA_ess_base_jobid", "7"},
+                                           {"MASTER_ADDR", "n1"},
+                                           {"SLURM_PROCID", "0"},
+                                           {"SLURM_NTASKS", "2"},
+                                           {"SLURM_NODEID", "0"},
+                                           {"SLURM_STEP_NODELIST", "n[1-2]"},
+                                           {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+                                           {"SLURM_JOB_ID", "5"}});
+  EXPECT_EQ(p.source, TopologySource::kOpenMpi);
+  EXPECT_EQ(p.node_rank, 1);
+}
+
 TEST(NodePlacement, BatchScriptIsASingleNode) {
   // sbatch's environment has the job's layout but no step node list.
   NodePlacement p = detect_node_placement({{"SLURM_PROCID", "0"},

@@ -15,11 +15,14 @@
 namespace dnallm::launcher::testing {
 
 // How a fake worker behaves: ends on its own after `ticks` polls with `exit` (never when
-// `ticks` < 0); SIGTERM/SIGINT end it unless `ignores_term`; SIGKILL always does.
+// `ticks` < 0); SIGTERM/SIGINT end it unless `ignores_term`; SIGKILL always does. With
+// `on_stop_signal` set, SIGTERM/SIGINT/SIGUSR1 end it with that exit (a worker that saves a
+// checkpoint and exits 75); otherwise SIGUSR1 is recorded and ignored.
 struct FakeBehaviour {
   int ticks = -1;
   WorkerExit exit{};
   bool ignores_term = false;
+  std::optional<WorkerExit> on_stop_signal;
   std::vector<std::string> lines;
 };
 
@@ -41,7 +44,11 @@ class FakeWorker : public WorkerProcess {
   void send_signal(int sig) override {
     if (record_->exit) return;
     record_->signals.push_back(sig);
-    if (sig == SIGKILL || !b_.ignores_term) record_->exit = WorkerExit{true, sig};
+    if (sig != SIGKILL && b_.on_stop_signal) {
+      record_->exit = *b_.on_stop_signal;
+    } else if (sig == SIGKILL || (!b_.ignores_term && sig != SIGUSR1)) {
+      record_->exit = WorkerExit{true, sig};
+    }
   }
   std::vector<std::string> last_lines() override { return b_.lines; }
 

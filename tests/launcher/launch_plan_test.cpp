@@ -81,6 +81,27 @@ TEST(LaunchPlan, OmpThreadsSplitCores) {
   EXPECT_EQ(default_omp_threads(0, 1), 1);
 }
 
+TEST(LaunchPlan, WorkersOfALauncherUnderMpirunDoNotSeeItsMpiIdentity) {
+  LaunchPlan plan;
+  plan.nproc_per_node = 2;
+  plan.command = {"/bin/true"};
+  cluster::EnvMap base = {{"PATH", "/bin"},
+                          {"OMPI_COMM_WORLD_RANK", "1"},
+                          {"OMPI_COMM_WORLD_SIZE", "2"},
+                          {"OMPI_MCA_ess_base_jobid", "7"},
+                          {"PMIX_RANK", "1"},
+                          {"OMP_NUM_THREADS", "1"}};
+  for (const auto& spec : make_worker_specs(plan, base, 0)) {
+    auto env = env_of(spec);
+    EXPECT_EQ(env.count("OMPI_COMM_WORLD_RANK"), 0u);
+    EXPECT_EQ(env.count("OMPI_COMM_WORLD_SIZE"), 0u);
+    EXPECT_EQ(env.count("OMPI_MCA_ess_base_jobid"), 0u);
+    EXPECT_EQ(env.count("PMIX_RANK"), 0u);
+    EXPECT_EQ(env.at("OMP_NUM_THREADS"), "1");  // not an MPI variable
+    EXPECT_EQ(env.at("PATH"), "/bin");
+  }
+}
+
 TEST(LaunchPlan, WorkerEnvironment) {
   LaunchPlan plan;
   plan.nproc_per_node = 3;

@@ -159,6 +159,76 @@ TEST(LocalWorkerGroup, SecondStopSignalKillsAtOnce) {
   EXPECT_EQ(spawner.record(0).signals, (std::vector<int>{SIGTERM, SIGKILL}));
 }
 
+// Note [Preemption]: SIGUSR1 is forwarded and the workers go on until they exit 75.
+FakeBehaviour saves_and_exits_on_signal() {
+  FakeBehaviour b;
+  b.on_stop_signal = WorkerExit{false, 75};
+  return b;
+}
+
+TEST(LocalWorkerGroup, PreemptionNoticeIsForwardedAndEndsWithRequeue) {
+  FakeSpawner spawner([](const WorkerSpec&, int) { return saves_and_exits_on_signal(); });
+  FakeStopSignals signals(SIGUSR1, 2);
+  RestartOptions o;
+  o.max_restarts = 3;
+  o.group = fast();
+  RestartLoop loop(spawner, signals, o,
+                   [](int restart, const std::string&) { return specs(2, restart); });
+  EXPECT_EQ(loop.run(), 75);
+  EXPECT_EQ(loop.last_result().outcome, GenerationOutcome::kPreempted);
+  EXPECT_EQ(loop.last_result().preempt_signal, SIGUSR1);
+  EXPECT_TRUE(loop.last_result().failures.empty());
+  EXPECT_EQ(spawner.spawned(), 2u) << "a preempted group is not restarted in-job";
+  for (std::size_t i = 0; i < 2; ++i)
+    EXPECT_EQ(spawner.record(i).signals, std::vector<int>{SIGUSR1});
+}
+
+TEST(LocalWorkerGroup, PreemptionNoticeDoesNotStopWorkersThatIgnoreIt) {
+  // Workers without a handler keep running after SIGUSR1 and finish normally.
+  FakeSpawner spawner([](const WorkerSpec&, int) { return exits_after(20, 0); });
+  FakeStopSignals signals(SIGUSR1, 1);
+  LocalWorkerGroup group(spawner, signals, fast());
+  GenerationResult r = group.run(specs(2));
+  EXPECT_EQ(r.outcome, GenerationOutcome::kSucceeded);
+  EXPECT_EQ(exit_code_for(r), 0);
+  EXPECT_EQ(spawner.record(0).signals, std::vector<int>{SIGUSR1});
+}
+
+TEST(LocalWorkerGroup, SigtermAnsweredWithRequeueIsPreemption) {
+  FakeSpawner spawner([](const WorkerSpec&, int) { return saves_and_exits_on_signal(); });
+  FakeStopSignals signals(SIGTERM, 2);
+  LocalWorkerGroup group(spawner, signals, fast());
+  GenerationResult r = group.run(specs(2));
+  EXPECT_EQ(r.outcome, GenerationOutcome::kPreempted);
+  EXPECT_EQ(r.stop_signal, SIGTERM);
+  EXPECT_EQ(exit_code_for(r), 75);
+  EXPECT_FALSE(should_restart(r, 0, 5));
+}
+
+TEST(LocalWorkerGroup, SigtermWithOneWorkerKilledIsAnInterrupt) {
+  FakeSpawner spawner([](const WorkerSpec& s, int) {
+    if (s.rank == 0) return saves_and_exits_on_signal();
+    FakeBehaviour b;
+    b.ignores_term = true;  // killed after the grace period
+    return b;
+  });
+  FakeStopSignals signals(SIGTERM, 2);
+  LocalWorkerGroup group(spawner, signals, fast());
+  GenerationResult r = group.run(specs(2));
+  EXPECT_EQ(r.outcome, GenerationOutcome::kInterrupted);
+  EXPECT_EQ(exit_code_for(r), 128 + SIGTERM);
+}
+
+TEST(LocalWorkerGroup, AWorkerExiting75OnItsOwnIsNotAFailure) {
+  FakeSpawner spawner([](const WorkerSpec& s, int) { return exits_after(s.rank + 1, 75); });
+  FakeStopSignals signals;
+  LocalWorkerGroup group(spawner, signals, fast());
+  GenerationResult r = group.run(specs(2));
+  EXPECT_EQ(r.outcome, GenerationOutcome::kPreempted);
+  EXPECT_TRUE(r.failures.empty());
+  EXPECT_EQ(exit_code_for(r), 75);
+}
+
 TEST(LocalWorkerGroup, SpawnFailureStopsThoseStartedAndRethrows) {
   FakeSpawner spawner([](const WorkerSpec&, int) { return runs_forever(); });
   spawner.fail_at(2);

@@ -119,6 +119,22 @@ TEST_F(DdpEquivalence, MpirunThreeRanksWithoutLauncher) {
                     "mpirun -np 3");
 }
 
+TEST_F(DdpEquivalence, MpirunTwoLaunchersAsTwoNodes) {
+  // `mpirun --map-by ppr:1:node dnallm-launch` on one machine: each MPI rank is a "node"
+  // (Note [mpirun placement]); node rank from OMPI_COMM_WORLD_RANK, the port from the mpirun
+  // job id, 127.0.0.1 as every rank is here; the token is shared through -x. Two nodes of
+  // one worker each must train like one rank with the same global batch (if each launcher
+  // ran alone, its batch of 6 would give other losses).
+  expect_equivalent(
+      *reference_,
+      train("mpi_launch2", 2, 6, 1, "",
+            fmt::format("DNALLM_JOB_TOKEN=mpirun-test-token OMP_NUM_THREADS=1 mpirun "
+                        "--allow-run-as-root --oversubscribe -np 2 -x DNALLM_JOB_TOKEN "
+                        "-x OMP_NUM_THREADS {}dnallm-launch --nproc-per-node 1 --",
+                        kBin)),
+      "mpirun -np 2 dnallm-launch --nproc-per-node 1");
+}
+
 TEST_F(DdpEquivalence, Bf16GradientReductionStaysClose) {
   // Compression changes the numbers (bf16 has 8 bits of mantissa): close, not equal.
   TrainRun r = train("bf16red", 2, 6, 1, "--set parallel.grad_reduce_dtype=bf16");
