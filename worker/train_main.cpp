@@ -137,6 +137,7 @@ int main(int argc, char** argv) {
     }
     train::TrainerOptions trainer_options;
     trainer_options.bases_of_label = train::bases_of_label(tokenizer);
+    trainer_options.append_metrics = resume.has_value();
     trainer_options.write_tokenizer = [tokenizer](const std::string& dir) {
       data::save_tokenizer(*tokenizer, dir + "/tokenizer.json");
     };

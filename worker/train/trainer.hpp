@@ -142,6 +142,9 @@ struct TrainerOptions {
   // Writes <dir>/tokenizer.json for the export (the trainer does not know the tokenizer).
   std::function<void(const std::string& dir)> write_tokenizer;
   bool console_progress = true;
+  // Append to logging.metrics_file instead of truncating it: a resumed run (requeue,
+  // elastic restart, restart by hand) keeps the history of the runs before it.
+  bool append_metrics = false;
   double initial_loss_scale = 65536.0;  // fp16 dynamic loss scaling starts here
   // Called on the training thread after every step of run() (after logging and evaluation),
   // and once at the end of run() before the export: the checkpoint hooks

@@ -6,6 +6,7 @@
 // requeued run resumes from that checkpoint and finishes to max_steps with exit code 0.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -200,11 +202,26 @@ TEST(SlurmRequeue, Usr1CheckpointsRequeuesAndTheRequeuedRunResumesToTheEnd) {
       out, std::regex(fmt::format("resumed from [^ ]*step_{:09d} at step {} ", stopped, stopped))))
       << context();
   EXPECT_NE(out.find("dnallm: srun exited with code 0"), std::string::npos) << context();
-  const auto losses = read_step_losses(metrics);  // the requeued run's metrics file
+  // The resumed run appends to the metrics file: every step of both runs is there, and
+  // the second run's lines start after the first run's at step stopped + 1.
+  const auto losses = read_step_losses(metrics);
   ASSERT_FALSE(losses.empty()) << context();
-  EXPECT_EQ(losses.begin()->first, stopped + 1) << context();
+  EXPECT_EQ(losses.begin()->first, 1) << context();
   EXPECT_EQ(losses.rbegin()->first, kMaxSteps) << context();
-  EXPECT_EQ(losses.size(), static_cast<size_t>(kMaxSteps - stopped)) << context();
+  EXPECT_EQ(losses.size(), static_cast<size_t>(kMaxSteps)) << context();
+  {
+    std::ifstream in(metrics);
+    std::string line;
+    std::vector<int64_t> steps;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line);
+      if (!j.contains("event") && j.contains("step")) steps.push_back(j["step"].get<int64_t>());
+    }
+    const auto restart = std::find(steps.begin(), steps.end(), stopped + 1);
+    ASSERT_NE(restart, steps.end()) << context();
+    EXPECT_TRUE(std::is_sorted(steps.begin(), restart)) << context();
+    EXPECT_TRUE(std::is_sorted(restart, steps.end())) << context();
+  }
   // The token file is the user's only.
   const auto perms = fs::status(dir + "/job/token").permissions();
   EXPECT_EQ(perms & (fs::perms::group_all | fs::perms::others_all), fs::perms::none);
