@@ -91,6 +91,10 @@ int main(int argc, char** argv) {
       }
     }
     train::TrainerOptions trainer_options;
+    // A restarted elastic generation continues the metrics file of the ones before it.
+    if (auto it = env.find("DNALLM_GENERATION"); it != env.end()) {
+      trainer_options.append_metrics = std::atoll(it->second.c_str()) > 1;
+    }
     trainer_options.bases_of_label = train::bases_of_label(tokenizer);
     trainer_options.write_tokenizer = [tokenizer](const std::string& dir) {
       data::save_tokenizer(*tokenizer, dir + "/tokenizer.json");

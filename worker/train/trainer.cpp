@@ -278,7 +278,8 @@ Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<Bat
   if (!metrics_path.empty() && sync_->rank() == 0) {
     auto parent = std::filesystem::path(metrics_path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
-    metrics_.open(metrics_path, std::ios::out | std::ios::trunc);
+    metrics_.open(metrics_path,
+                  std::ios::out | (options_.append_metrics ? std::ios::app : std::ios::trunc));
     DNALLM_CHECK(metrics_.good(), ExitCode::kUsage, "cannot write logging.metrics_file \"{}\": {}",
                  metrics_path, errno_string());
   }

@@ -130,6 +130,9 @@ struct TrainerOptions {
   std::function<void(const std::string& dir)> write_tokenizer;
   bool console_progress = true;
   double initial_loss_scale = 65536.0;  // fp16 dynamic loss scaling starts here
+  // Append to logging.metrics_file instead of truncating it: a restarted elastic generation
+  // continues the file of the generations before it.
+  bool append_metrics = false;
   // Called on the training thread after every step of run() (after logging and evaluation),
   // and once at the end of run() before the export: the checkpoint hooks
   // (worker/train/checkpointing.hpp). Either may be empty.
