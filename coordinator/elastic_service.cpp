@@ -41,7 +41,7 @@ void log_event(const ElasticEvent& e) {
 }  // namespace
 
 ElasticService::ElasticService(StoreServer& server, ElasticServiceOptions options)
-    : options_(options), state_(options.state) {
+    : server_(server), options_(options), state_(options.state) {
   // Each handler parses its request under the lock, applies it, and answers the JobView.
   auto handle = [this](auto body) -> StoreServer::Handler {
     return [this, body](FrameReader& args, Responder reply) {
@@ -214,8 +214,23 @@ void ElasticService::apply_locked(const std::vector<ElasticEvent>& events) {
   for (const auto& e : events) {
     log_event(e);
     if (e.kind == ElasticEvent::Kind::kRoundOpened) round_reason_ = e.message;
+    if (e.kind == ElasticEvent::Kind::kRoundClosed) erase_old_generations_locked(e.generation);
   }
   if (!events.empty()) changed_.notify_all();
+}
+
+// See Note [Keys of old generations] in the header.
+void ElasticService::erase_old_generations_locked(int64_t current) {
+  if (current <= erased_below_) return;
+  std::vector<std::string> prefixes;
+  for (int64_t g = erased_below_; g < current; ++g) {
+    prefixes.push_back(fmt::format("comm/g{}/", g));
+    prefixes.push_back(fmt::format("ckpt/g{}/", g));
+  }
+  spdlog::info("elastic: generation {} started; deleting the store keys of generations {}..{}",
+               current, erased_below_, current - 1);
+  erased_below_ = current;
+  server_.erase_prefixes(std::move(prefixes));
 }
 
 bool ElasticService::wait_outcome_delivered(std::chrono::milliseconds timeout) {

@@ -57,7 +57,17 @@ class ElasticService {
   JobView reply_locked(const std::string& node_id, SteadyClock::time_point now);
   void run_ticker();
 
+  // Note [Keys of old generations]: when generation N's round closes, every member has
+  // stopped the workers of older generations (and a dead node's workers died with their
+  // agent), so the store keys those workers named after their generation can go:
+  // "comm/g<k>/" (communicator bootstrap and liveness) and "ckpt/g<k>/" (checkpoint shard
+  // descriptors) for every k < N. Without this a long elastic job leaks a communicator's
+  // worth of keys per restart.
+  void erase_old_generations_locked(int64_t current);
+
+  StoreServer& server_;
   ElasticServiceOptions options_;
+  int64_t erased_below_ = 1;  // keys of generations below this are gone; guarded by mutex_
   std::mutex mutex_;
   std::condition_variable changed_;                         // state or stop_ changed
   ElasticState state_;                                      // guarded by mutex_
