@@ -139,6 +139,36 @@ ElasticService::ElasticService(StoreServer& server, ElasticServiceOptions option
                             return node_id;
                           }));
 
+  // Checkpoint commit (coordinator/commit_registry.hpp, steps 1-4).
+  server.register_handler(static_cast<uint8_t>(Op::kCkptShardDurable),
+                          [this](FrameReader& args, Responder reply) {
+                            const ShardReport report = decode_shard_durable(args);
+                            std::optional<std::vector<std::string>> all;
+                            {
+                              std::lock_guard<std::mutex> lock(mutex_);
+                              all = commits_.shard_durable(report);
+                            }
+                            FrameWriter w;
+                            w.u8(all ? 1 : 0).keys(all ? *all : std::vector<std::string>{});
+                            reply.send(Status::kOk, w);
+                          });
+  server.register_handler(
+      static_cast<uint8_t>(Op::kCkptCommitted), [this](FrameReader& args, Responder reply) {
+        const CommittedReport report = decode_committed(args);
+        std::vector<int64_t> doomed;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          doomed = commits_.committed(report);
+        }
+        spdlog::info("commit registry: step {} committed under {}; retention deletes {} step(s){}",
+                     report.step, report.root, doomed.size(),
+                     doomed.empty() ? "" : fmt::format(" (oldest {})", doomed.front()));
+        FrameWriter w;
+        w.u32(static_cast<uint32_t>(doomed.size()));
+        for (int64_t s : doomed) w.i64(s);
+        reply.send(Status::kOk, w);
+      });
+
   // e. state
   server.register_handler(static_cast<uint8_t>(Op::kElasticState),
                           handle([](FrameReader& r, SteadyClock::time_point) {

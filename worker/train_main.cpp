@@ -13,6 +13,7 @@
 #include "core/log.hpp"
 #include "cluster/topology.hpp"
 #include "comm/bootstrap.hpp"
+#include "coordinator/tcp_store_client.hpp"
 #include "worker/parallel/ddp.hpp"
 #include "worker/data/pipeline.hpp"
 #include "worker/train/checkpointing.hpp"
@@ -101,6 +102,15 @@ int main(int argc, char** argv) {
     };
     train::CheckpointerOptions ckpt_options;
     ckpt_options.store = group.store;
+    // An elastic agent's coordinator keeps the commit registry (coordinator/commit_registry.hpp):
+    // shards are reported to it and it alone decides retention.
+    if (env.count("DNALLM_EXTERNAL_COORDINATOR") > 0) {
+      if (auto tcp = std::dynamic_pointer_cast<coordinator::TcpStoreClient>(group.store)) {
+        auto gen = env.find("DNALLM_GENERATION");
+        ckpt_options.commit = std::make_shared<coordinator::CommitClient>(
+            *tcp, gen != env.end() ? std::atoll(gen->second.c_str()) : 0);
+      }
+    }
     if (auto it = env.find("DNALLM_GENERATION"); it != env.end()) {
       ckpt_options.store_prefix = "ckpt/g" + it->second;
     }

@@ -3,7 +3,8 @@
 // the agent restarts the group as generation 2, the workers resume from the newest committed
 // checkpoint and finish. From the resumed step on, every loss and the exported parameters
 // must equal an uninterrupted run bit for bit (CPU fp32, the resume tests' deterministic
-// settings), and the metrics file must carry a "restart" event.
+// settings), the metrics file must carry a "restart" event, and the checkpoints must have
+// been committed (and pruned) through the coordinator's commit registry.
 #include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
 
 #include <fmt/format.h>
@@ -202,6 +204,19 @@ TEST_F(ElasticTrainTest, KilledWorkerRestartsAndResumesBitIdentical) {
   for (int64_t step = resumed + 1; step <= kSteps; ++step) {
     EXPECT_GE(m.losses.count(step), 1u) << "step " << step;
   }
+
+  // Commits went through the coordinator's registry, which alone decided retention
+  // (keep_last = 2; the step generation 2 resumed from is protected).
+  EXPECT_NE(log.find(fmt::format("commit registry: step {} committed", kSteps)), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("retention (decided by the coordinator)"), std::string::npos) << log;
+  std::set<int64_t> on_disk;
+  for (const auto& e : fs::directory_iterator(dir_ + "/killed_ckpt")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) == 0 && fs::exists(e.path() / "manifest.json"))
+      on_disk.insert(std::atoll(name.c_str() + 5));
+  }
+  EXPECT_EQ(on_disk, (std::set<int64_t>{resumed, kSteps - kSaveSteps, kSteps}));
 
   const auto want = final_params("ref");
   const auto got = final_params("killed");
