@@ -1,7 +1,7 @@
 // Elastic restart with real dnallm-train workers: `dnallm-launch --standalone` runs two
-// ranks over Gloo; once a checkpoint is committed one worker is SIGKILLed at a random step,
-// the agent restarts the group as generation 2, the workers resume from the newest committed
-// checkpoint and finish. From the resumed step on, every loss and the exported parameters
+// ranks over Gloo; once one of the first three checkpoints (chosen at random) is committed,
+// one worker is SIGKILLed at a random step, the agent restarts the group as generation 2,
+// the workers resume from the newest committed checkpoint and finish. From the resumed step on, every loss and the exported parameters
 // must equal an uninterrupted run bit for bit (CPU fp32, the resume tests' deterministic
 // settings), the metrics file must carry a "restart" event, and the checkpoints must have
 // been committed (and pruned) through the coordinator's commit registry.
@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -146,19 +147,25 @@ TEST_F(ElasticTrainTest, KilledWorkerRestartsAndResumesBitIdentical) {
   ASSERT_EQ(ref.losses.size(), size_t(kSteps)) << ref_agent->log();
   EXPECT_TRUE(ref.events("restart").empty());
 
-  // The killed run: wait for a committed checkpoint, then kill rank 1 a random 0..3 steps
-  // later (rank 0 writes the metrics, so the step lines show where training is).
+  // The killed run: wait for the commit of step 4, 8 or 12 (at random), then kill rank 1 a
+  // random 0..3 steps later (rank 0 writes the metrics, so the step lines show where
+  // training is).
   std::random_device rd;
+  const int64_t target = kSaveSteps * (1 + static_cast<int64_t>(rd() % 3));
   const int extra = static_cast<int>(rd() % 4);
+  std::printf("killing rank 1 %d step(s) after the commit of step %lld\n", extra,
+              static_cast<long long>(target));
   auto agent = launch("killed");
   const std::string metrics = dir_ + "/killed.jsonl";
   int64_t kill_step = -1;
   const auto deadline = std::chrono::steady_clock::now() + 180s;
   while (kill_step < 0 && std::chrono::steady_clock::now() < deadline) {
     const Metrics m = read_metrics(metrics);
-    const auto ckpts = m.events("checkpoint");
-    if (!ckpts.empty() && !m.losses.empty()) {
-      const int64_t committed = ckpts.front()["step"].get<int64_t>();
+    int64_t committed = -1;
+    for (const auto& c : m.events("checkpoint")) {
+      if (c["step"].get<int64_t>() >= target) committed = c["step"].get<int64_t>();
+    }
+    if (committed > 0 && !m.losses.empty()) {
       const int64_t at = m.losses.rbegin()->first;
       if (at >= committed + extra) {
         const pid_t victim = worker_of(agent->pid(), 1);
@@ -182,7 +189,7 @@ TEST_F(ElasticTrainTest, KilledWorkerRestartsAndResumesBitIdentical) {
   const auto resumed_at = log.find("at step ");
   ASSERT_NE(log.find("resumed from"), std::string::npos) << log;
   const int64_t resumed = std::atoll(log.c_str() + resumed_at + 8);
-  EXPECT_GE(resumed, kSaveSteps) << log;
+  EXPECT_GE(resumed, target) << log;
   EXPECT_EQ(resumed % kSaveSteps, 0) << log;
   EXPECT_LE(resumed, kill_step + 1) << log;
 
