@@ -39,20 +39,25 @@ std::vector<fs::path> apply_retention(const fs::path& root, const RetentionPolic
   if (auto dir = latest_step_dir(root)) latest = parse_step_dir_name(dir->filename().string());
   std::vector<fs::path> removed;
   for (int64_t s : steps_to_delete(steps, p, protected_step, latest)) {
-    const fs::path dir = root / step_dir_name(s);
-    std::error_code ec;
-    fs::remove(dir / kManifestName, ec);
-    if (ec) {
-      spdlog::warn("retention: cannot uncommit {}: {}", dir.string(), ec.message());
-      continue;
-    }
-    fsync_dir(dir);
-    fs::remove_all(dir, ec);
-    if (ec) spdlog::warn("retention: cannot remove {}: {}", dir.string(), ec.message());
-    removed.push_back(dir);
+    if (remove_checkpoint(root, s)) removed.push_back(root / step_dir_name(s));
   }
-  if (!removed.empty()) fsync_dir(root);
   return removed;
+}
+
+bool remove_checkpoint(const fs::path& root, int64_t step) {
+  const fs::path dir = root / step_dir_name(step);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return false;
+  fs::remove(dir / kManifestName, ec);
+  if (ec) {
+    spdlog::warn("retention: cannot uncommit {}: {}", dir.string(), ec.message());
+    return false;
+  }
+  fsync_dir(dir);
+  fs::remove_all(dir, ec);
+  if (ec) spdlog::warn("retention: cannot remove {}: {}", dir.string(), ec.message());
+  fsync_dir(root);
+  return true;
 }
 
 }  // namespace dnallm::checkpoint

@@ -20,6 +20,10 @@ std::vector<int64_t> steps_to_delete(std::vector<int64_t> committed, const Reten
                                      std::optional<int64_t> protected_step,
                                      std::optional<int64_t> latest_step);
 
+// Deletes the checkpoint of `step` under `root` the crash-safe way (manifest first, directory
+// fsync'ed, then the directory). Returns false (with a warning) when it cannot be uncommitted.
+bool remove_checkpoint(const std::filesystem::path& root, int64_t step);
+
 // Applies the policy to the committed checkpoints under `root`. A directory is
 // uncommitted first (its manifest removed, directory fsync'ed) so that a crash halfway
 // never leaves a damaged "committed" checkpoint. Returns the removed directories.

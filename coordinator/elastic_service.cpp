@@ -41,7 +41,7 @@ void log_event(const ElasticEvent& e) {
 }  // namespace
 
 ElasticService::ElasticService(StoreServer& server, ElasticServiceOptions options)
-    : options_(options), state_(options.state) {
+    : server_(server), options_(options), state_(options.state) {
   // Each handler parses its request under the lock, applies it, and answers the JobView.
   auto handle = [this](auto body) -> StoreServer::Handler {
     return [this, body](FrameReader& args, Responder reply) {
@@ -139,6 +139,36 @@ ElasticService::ElasticService(StoreServer& server, ElasticServiceOptions option
                             return node_id;
                           }));
 
+  // Checkpoint commit (coordinator/commit_registry.hpp, steps 1-4).
+  server.register_handler(static_cast<uint8_t>(Op::kCkptShardDurable),
+                          [this](FrameReader& args, Responder reply) {
+                            const ShardReport report = decode_shard_durable(args);
+                            std::optional<std::vector<std::string>> all;
+                            {
+                              std::lock_guard<std::mutex> lock(mutex_);
+                              all = commits_.shard_durable(report);
+                            }
+                            FrameWriter w;
+                            w.u8(all ? 1 : 0).keys(all ? *all : std::vector<std::string>{});
+                            reply.send(Status::kOk, w);
+                          });
+  server.register_handler(
+      static_cast<uint8_t>(Op::kCkptCommitted), [this](FrameReader& args, Responder reply) {
+        const CommittedReport report = decode_committed(args);
+        std::vector<int64_t> doomed;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          doomed = commits_.committed(report);
+        }
+        spdlog::info("commit registry: step {} committed under {}; retention deletes {} step(s){}",
+                     report.step, report.root, doomed.size(),
+                     doomed.empty() ? "" : fmt::format(" (oldest {})", doomed.front()));
+        FrameWriter w;
+        w.u32(static_cast<uint32_t>(doomed.size()));
+        for (int64_t s : doomed) w.i64(s);
+        reply.send(Status::kOk, w);
+      });
+
   // e. state
   server.register_handler(static_cast<uint8_t>(Op::kElasticState),
                           handle([](FrameReader& r, SteadyClock::time_point) {
@@ -214,8 +244,23 @@ void ElasticService::apply_locked(const std::vector<ElasticEvent>& events) {
   for (const auto& e : events) {
     log_event(e);
     if (e.kind == ElasticEvent::Kind::kRoundOpened) round_reason_ = e.message;
+    if (e.kind == ElasticEvent::Kind::kRoundClosed) erase_old_generations_locked(e.generation);
   }
   if (!events.empty()) changed_.notify_all();
+}
+
+// See Note [Keys of old generations] in the header.
+void ElasticService::erase_old_generations_locked(int64_t current) {
+  if (current <= erased_below_) return;
+  std::vector<std::string> prefixes;
+  for (int64_t g = erased_below_; g < current; ++g) {
+    prefixes.push_back(fmt::format("comm/g{}/", g));
+    prefixes.push_back(fmt::format("ckpt/g{}/", g));
+  }
+  spdlog::info("elastic: generation {} started; deleting the store keys of generations {}..{}",
+               current, erased_below_, current - 1);
+  erased_below_ = current;
+  server_.erase_prefixes(std::move(prefixes));
 }
 
 bool ElasticService::wait_outcome_delivered(std::chrono::milliseconds timeout) {

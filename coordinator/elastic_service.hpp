@@ -1,5 +1,6 @@
 // ElasticService: the elastic membership protocol (coordinator/elastic_state.hpp, steps a-f)
-// served over the coordinator's StoreServer. Registers the ops of coordinator/elastic_wire.hpp
+// and the checkpoint commit registry (coordinator/commit_registry.hpp, ops 37-38) served over
+// the coordinator's StoreServer. Registers the ops of coordinator/elastic_wire.hpp
 // on the server and owns one ElasticState behind a mutex, plus a ticker thread that calls
 // ElasticState::tick() every `tick` so rounds close and dead or hung nodes are detected
 // even when no message arrives. Every ElasticEvent is logged (spdlog, "elastic:" prefix).
@@ -18,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "coordinator/commit_registry.hpp"
 #include "coordinator/elastic_state.hpp"
 #include "coordinator/elastic_wire.hpp"
 #include "coordinator/store_server.hpp"
@@ -57,10 +59,21 @@ class ElasticService {
   JobView reply_locked(const std::string& node_id, SteadyClock::time_point now);
   void run_ticker();
 
+  // Note [Keys of old generations]: when generation N's round closes, every member has
+  // stopped the workers of older generations (and a dead node's workers died with their
+  // agent), so the store keys those workers named after their generation can go:
+  // "comm/g<k>/" (communicator bootstrap and liveness) and "ckpt/g<k>/" (checkpoint shard
+  // descriptors) for every k < N. Without this a long elastic job leaks a communicator's
+  // worth of keys per restart.
+  void erase_old_generations_locked(int64_t current);
+
+  StoreServer& server_;
   ElasticServiceOptions options_;
+  int64_t erased_below_ = 1;  // keys of generations below this are gone; guarded by mutex_
   std::mutex mutex_;
   std::condition_variable changed_;                         // state or stop_ changed
   ElasticState state_;                                      // guarded by mutex_
+  CommitRegistry commits_;                                  // guarded by mutex_
   std::string round_reason_;                                // guarded by mutex_
   std::map<std::string, SteadyClock::time_point> contact_;  // guarded by mutex_
   std::set<std::string> told_outcome_;                      // guarded by mutex_

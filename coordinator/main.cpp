@@ -2,6 +2,10 @@
 // elastic membership service (coordinator/elastic_service.hpp) until SIGINT or SIGTERM, or
 // until the elastic job is over (exit 0 when it succeeded, 4 when it failed). Normally the
 // node-rank-0 launcher hosts it; this is the standalone form (docs/elastic.md).
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
@@ -18,6 +22,43 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 
+namespace {
+
+// The address other nodes reach this one by: the first non-loopback IPv4 address the host
+// name resolves to, else 127.0.0.1 (logged either way).
+std::string host_address() {
+  char name[256] = {0};
+  ::gethostname(name, sizeof(name) - 1);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  std::string address;
+  if (::getaddrinfo(name, nullptr, &hints, &found) == 0) {
+    for (addrinfo* a = found; a != nullptr && address.empty(); a = a->ai_next) {
+      char text[INET_ADDRSTRLEN] = {0};
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) == nullptr) continue;
+      if (std::string(text).rfind("127.", 0) != 0) address = text;
+    }
+    ::freeaddrinfo(found);
+  }
+  if (address.empty()) {
+    spdlog::warn(
+        "no --host, no MASTER_ADDR, and host name '{}' has no non-loopback IPv4 "
+        "address: listening on 127.0.0.1 only (pass --host)",
+        name);
+    return "127.0.0.1";
+  }
+  spdlog::info(
+      "no --host and no MASTER_ADDR: binding {}, the address of host '{}' (pass --host "
+      "to choose another, --host 0.0.0.0 for every interface)",
+      address, name);
+  return address;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace dnallm;
   CLI::App app{"dnallm-coordinator: the job's key-value store and rendezvous service"};
@@ -29,7 +70,8 @@ int main(int argc, char** argv) {
   double settle_s = 2.0, heartbeat_timeout_s = 10.0, hang_timeout_s = 300.0, join_timeout_s = 600.0;
   bool serve_forever = false;
   app.add_option("--host", options.host,
-                 "address to bind (default: $MASTER_ADDR, else 0.0.0.0 with a warning)");
+                 "address to bind (default: $MASTER_ADDR, else this host's address; "
+                 "0.0.0.0 only when given)");
   app.add_option("--port", port, "TCP port to listen on; 0 picks a free one (default 29500)")
       ->check(CLI::Range(0, 65535));
   app.add_option("--token", token, "job token clients must present (default: $DNALLM_JOB_TOKEN)");
@@ -82,8 +124,11 @@ int main(int argc, char** argv) {
       if (master != nullptr && *master != '\0') {
         options.host = master;
       } else {
-        spdlog::warn("no --host and no MASTER_ADDR: listening on every interface (0.0.0.0)");
+        options.host = host_address();
       }
+    }
+    if (options.host == "0.0.0.0" || options.host == "::") {
+      spdlog::warn("--host {}: listening on every interface of this node", options.host);
     }
     options.port = static_cast<uint16_t>(port);
     auto ms = [](double s) { return std::chrono::milliseconds(static_cast<long long>(s * 1000)); };

@@ -22,6 +22,8 @@ const char* op_name(uint8_t op) {
     case Op::kElasticReportFailure: return "elastic_report_failure";
     case Op::kElasticReportSuccess: return "elastic_report_success";
     case Op::kElasticState: return "elastic_state";
+    case Op::kCkptShardDurable: return "ckpt_shard_durable";
+    case Op::kCkptCommitted: return "ckpt_committed";
   }
   return "unknown";
 }

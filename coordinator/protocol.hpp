@@ -59,7 +59,10 @@ enum class Op : uint8_t {
   kElasticReportFailure = 34,
   kElasticReportSuccess = 35,
   kElasticState = 36,
-  // 64..127: reserved for checkpoint commit.
+  // Checkpoint commit through the coordinator (coordinator/commit_registry.hpp).
+  kCkptShardDurable = 37,
+  kCkptCommitted = 38,
+  // 64..127: reserved.
 };
 
 enum class Status : uint8_t {

@@ -409,6 +409,22 @@ void StoreServer::start() {
 
 uint16_t StoreServer::port() const { return impl_->port; }
 
+void StoreServer::erase_prefixes(std::vector<std::string> prefixes) {
+  if (!impl_->thread.joinable() || impl_->stopped) return;
+  asio::post(impl_->io, [impl = impl_.get(), prefixes = std::move(prefixes)] {
+    size_t erased = 0;
+    for (const auto& prefix : prefixes) {
+      for (auto it = impl->data.lower_bound(prefix);
+           it != impl->data.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
+        impl->owner.erase(it->first);
+        it = impl->data.erase(it);
+        ++erased;
+      }
+    }
+    spdlog::debug("coordinator: erased {} key(s) under {} prefix(es)", erased, prefixes.size());
+  });
+}
+
 void StoreServer::stop() {
   if (impl_->stopped.exchange(true)) return;
   if (!impl_->thread.joinable()) return;

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "coordinator/protocol.hpp"
 
@@ -64,6 +65,10 @@ class StoreServer {
   void start();
   // The bound port (valid after start()).
   uint16_t port() const;
+  // Deletes every key that starts with one of `prefixes` (owned keys too). Any thread;
+  // asynchronous: it runs on the io thread after the requests queued before it, and
+  // waiters on those keys keep waiting (for a new value). A no-op before start().
+  void erase_prefixes(std::vector<std::string> prefixes);
   // Closes the listener and every connection and stops the io thread. Idempotent.
   void stop();
   // Waits for the io thread to end (after stop()).

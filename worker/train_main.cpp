@@ -18,6 +18,7 @@
 #include "core/log.hpp"
 #include "cluster/topology.hpp"
 #include "comm/bootstrap.hpp"
+#include "coordinator/tcp_store_client.hpp"
 #include "worker/parallel/ddp.hpp"
 #include "worker/data/pipeline.hpp"
 #include "worker/train/checkpointing.hpp"
@@ -137,12 +138,26 @@ int main(int argc, char** argv) {
     }
     train::TrainerOptions trainer_options;
     trainer_options.bases_of_label = train::bases_of_label(tokenizer);
+    // A resumed run, or a restarted elastic generation (even one with no checkpoint to
+    // resume yet), continues the metrics file of the runs before it.
     trainer_options.append_metrics = resume.has_value();
+    if (auto it = env.find("DNALLM_GENERATION"); it != env.end()) {
+      trainer_options.append_metrics |= std::atoll(it->second.c_str()) > 1;
+    }
     trainer_options.write_tokenizer = [tokenizer](const std::string& dir) {
       data::save_tokenizer(*tokenizer, dir + "/tokenizer.json");
     };
     train::CheckpointerOptions ckpt_options;
     ckpt_options.store = group.store;
+    // An elastic agent's coordinator keeps the commit registry (coordinator/commit_registry.hpp):
+    // shards are reported to it and it alone decides retention.
+    if (env.count("DNALLM_EXTERNAL_COORDINATOR") > 0) {
+      if (auto tcp = std::dynamic_pointer_cast<coordinator::TcpStoreClient>(group.store)) {
+        auto gen = env.find("DNALLM_GENERATION");
+        ckpt_options.commit = std::make_shared<coordinator::CommitClient>(
+            *tcp, gen != env.end() ? std::atoll(gen->second.c_str()) : 0);
+      }
+    }
     if (auto it = env.find("DNALLM_GENERATION"); it != env.end()) {
       ckpt_options.store_prefix = "ckpt/g" + it->second;
     }

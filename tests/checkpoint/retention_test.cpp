@@ -45,5 +45,21 @@ TEST(CheckpointRetentionTest, DeletesOnlyOlderCommittedCheckpoints) {
   EXPECT_EQ(CheckpointReader::open(tmp.path()).step(), 5);
 }
 
+TEST(CheckpointRetentionTest, RemoveCheckpointDeletesExactlyTheNamedStep) {
+  TempDir tmp;
+  auto data = make_data(DType::kFloat32, 10, 1);
+  for (int64_t s : {1, 2, 3})
+    save_single(tmp.path(), {s, 1, 0, {}}, {{spec("w", DType::kFloat32, {10}), 0, 10, data.data()}},
+                {});
+  EXPECT_TRUE(remove_checkpoint(tmp.path(), 2));
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / step_dir_name(2)));
+  EXPECT_FALSE(remove_checkpoint(tmp.path(), 2));  // already gone
+  EXPECT_FALSE(remove_checkpoint(tmp.path(), 9));  // never existed
+  auto left = list_committed(tmp.path());
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(left[0].first, 1);
+  EXPECT_EQ(left[1].first, 3);
+}
+
 }  // namespace
 }  // namespace dnallm::checkpoint

@@ -12,6 +12,7 @@
 
 #include "coordinator/elastic_client.hpp"
 #include "coordinator/elastic_service.hpp"
+#include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::coordinator {
@@ -133,6 +134,52 @@ TEST_F(ElasticServiceTest, FailureOpensTheNextGenerationWhichBothRejoin) {
   EXPECT_EQ(va.assignment->generation, 2);
   EXPECT_EQ(va.assignment->world_size, 4);
   EXPECT_EQ(va.assignment->node_rank, 0);  // previous members keep their order
+}
+
+TEST_F(ElasticServiceTest, KeysOfOlderGenerationsAreDeletedWhenTheNextOneStarts) {
+  start(two_nodes());
+  auto ca = client();
+  auto cb = client();
+  TcpStoreClientOptions so;
+  so.port = server_->port();
+  so.token = "secret";
+  TcpStoreClient store(so);
+  ca->join(a_, 0);
+  cb->join(b_, 0);
+  wait_assignment(*ca, a_, 0);
+  wait_assignment(*cb, b_, 0);
+  // Generation 1's workers: communicator bootstrap, a liveness key, a shard descriptor.
+  store.set("comm/g1/gloo/addr/0", to_bytes("x"));
+  store.set_owned("comm/g1/alive/0", to_bytes("1"));
+  store.set("ckpt/g1/4/0", to_bytes("{}"));
+  store.set("comm/g10/kept", to_bytes("y"));  // another generation's prefix, not g1's
+  store.set("user/key", to_bytes("z"));
+  FailureReport f;
+  f.node_id = "a";
+  f.host = "hosta";
+  f.rank = 0;
+  f.signal = 9;
+  f.generation = 1;
+  ca->report_failure(f);
+  // Still there while the round is open (nothing is deleted before every member rejoined).
+  EXPECT_TRUE(store.check({"comm/g1/gloo/addr/0", "ckpt/g1/4/0"}));
+  ca->join(a_, 1);
+  cb->join(b_, 1);
+  wait_assignment(*ca, a_, 1);
+  store.set("comm/g2/gloo/addr/0", to_bytes("x"));
+  // The erase runs on the io thread after the round closed; this client's requests are
+  // served in order after it, but the close may come from the ticker: poll (bounded).
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (store.try_get("comm/g1/gloo/addr/0") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_FALSE(store.try_get("comm/g1/gloo/addr/0"));
+  EXPECT_FALSE(store.try_get("comm/g1/alive/0"));
+  EXPECT_FALSE(store.try_get("ckpt/g1/4/0"));
+  EXPECT_TRUE(store.try_get("comm/g10/kept"));
+  EXPECT_TRUE(store.try_get("comm/g2/gloo/addr/0"));
+  EXPECT_TRUE(store.try_get("user/key"));
+  EXPECT_EQ(store.num_keys(), 3);
 }
 
 TEST_F(ElasticServiceTest, SuccessOfEveryMemberEndsTheJobAndIsDelivered) {

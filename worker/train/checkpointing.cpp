@@ -212,7 +212,32 @@ void Checkpointer::finish_save(int64_t step, double stall_s, const checkpoint::S
                                double write_s, nlohmann::json state, int zero_stage,
                                Clock::time_point handed_over) {
   const std::string prefix = fmt::format("{}/{}/", options_.store_prefix, step);
-  if (world_ > 1) {
+  const bool registry = world_ > 1 && options_.commit != nullptr;
+  std::vector<checkpoint::ShardDescriptor> shards{own};
+  if (registry) {
+    coordinator::ShardReport report;
+    report.root = config_.checkpoint.dir;
+    report.step = step;
+    report.rank = rank_;
+    report.world_size = world_;
+    report.descriptor = checkpoint::descriptor_to_json(own).dump();
+    auto all = options_.commit->shard_durable(report);
+    if (rank_ != 0) return;
+    const auto deadline = Clock::now() + options_.commit_timeout;
+    while (!all) {
+      if (abort_) return;
+      DNALLM_CHECK(Clock::now() < deadline, ExitCode::kPeerFailed,
+                   "checkpoint of step {}: the coordinator did not see every rank's shard within "
+                   "{} s; the step stays uncommitted (check the other ranks' logs)",
+                   step, options_.commit_timeout.count() / 1000);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      all = options_.commit->shard_durable(report);
+    }
+    shards.clear();
+    for (const auto& d : *all) {
+      shards.push_back(checkpoint::descriptor_from_json(nlohmann::json::parse(d)));
+    }
+  } else if (world_ > 1) {
     DNALLM_CHECK(options_.store != nullptr, ExitCode::kFailure,
                  "checkpoint of step {}: {} ranks but no store to publish shard descriptors", step,
                  world_);
@@ -221,8 +246,7 @@ void Checkpointer::finish_save(int64_t step, double stall_s, const checkpoint::S
   }
   if (rank_ != 0) return;
 
-  std::vector<checkpoint::ShardDescriptor> shards{own};
-  if (world_ > 1) {
+  if (world_ > 1 && !registry) {
     std::vector<std::string> keys;
     for (int r = 1; r < world_; ++r) keys.push_back(prefix + std::to_string(r));
     // Poll rather than block in Store::get: the store serialises calls per client, and the
@@ -250,8 +274,26 @@ void Checkpointer::finish_save(int64_t step, double stall_s, const checkpoint::S
   checkpoint::commit_step(root, info, std::move(shards));
   checkpoint::RetentionPolicy policy{static_cast<int>(config_.checkpoint.keep_last),
                                      config_.checkpoint.keep_every};
-  checkpoint::apply_retention(root, policy, options_.resumed_step);
-  if (world_ > 1) {
+  if (registry) {
+    coordinator::CommittedReport done;
+    done.root = config_.checkpoint.dir;
+    done.step = step;
+    for (const auto& c : checkpoint::list_committed(root)) done.on_disk.push_back(c.first);
+    done.keep_last = policy.keep_last;
+    done.keep_every = policy.keep_every;
+    done.protected_step = options_.resumed_step.value_or(-1);
+    done.latest_step = step;  // commit_step just pointed LATEST here
+    const auto doomed = options_.commit->committed(done);
+    for (int64_t s : doomed) checkpoint::remove_checkpoint(root, s);
+    if (!doomed.empty()) {
+      spdlog::info(
+          "retention (decided by the coordinator): deleted {} checkpoint(s), oldest step {}",
+          doomed.size(), doomed.front());
+    }
+  } else {
+    checkpoint::apply_retention(root, policy, options_.resumed_step);
+  }
+  if (world_ > 1 && !registry) {
     for (int r = 0; r < world_; ++r) options_.store->remove(prefix + std::to_string(r));
   }
   // write_s: from the hand-over to the commit (the slowest rank's write plus the commit);

@@ -20,6 +20,10 @@
 //   3. rank 0's finisher: polls the store until every rank's descriptor arrived (up to
 //      `commit_timeout`), commit_step(), apply_retention() (protecting the resumed step),
 //      removes the keys.
+//   With an elastic coordinator (options.commit), steps 2-3 go through its commit registry
+//   instead: every rank reports its durable shard, rank 0 repeats its report until the
+//   registry says the step is complete (and hands over every descriptor), commits, and
+//   deletes exactly the steps the registry's retention answer names.
 //   4. training thread, at the next step or finish(): rethrows a finisher error; rank 0
 //      writes {"event":"checkpoint","step","bytes","stall_s","write_s"}.
 #pragma once
@@ -39,6 +43,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.hpp"
+#include "coordinator/commit_registry.hpp"
 #include "coordinator/store.hpp"
 #include "core/config.hpp"
 
@@ -55,6 +60,10 @@ struct CheckpointerOptions {
   // The process group's store (descriptors reach rank 0 through it); null for one process.
   std::shared_ptr<coordinator::Store> store;
   std::string store_prefix = "ckpt";  // make it unique per restart generation
+  // With an elastic coordinator: shards are reported to its commit registry, and its answer
+  // alone decides which checkpoints retention deletes (coordinator/commit_registry.hpp).
+  // Null: descriptors travel through `store` and rank 0 applies retention itself.
+  std::shared_ptr<coordinator::CommitClient> commit;
   // The train loader's SamplerState::to_json() at a step boundary (training thread).
   std::function<nlohmann::json()> sampler_state;
   nlohmann::json tokenizer;  // Tokenizer::to_json()

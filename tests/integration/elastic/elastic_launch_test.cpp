@@ -162,24 +162,6 @@ TEST_F(ElasticLaunchTest, KilledWorkerRestartsTheWholeGroupAsGenerationTwo) {
               recovery);
 }
 
-// Not a correctness test: five recoveries, median printed. Run with DNALLM_ELASTIC_BENCH=1.
-TEST_F(ElasticLaunchTest, RecoveryTimeMedianOfFive) {
-  if (std::getenv("DNALLM_ELASTIC_BENCH") == nullptr) GTEST_SKIP() << "set DNALLM_ELASTIC_BENCH=1";
-  std::vector<double> times;
-  for (int i = 0; i < 5; ++i) {
-    port_ = free_port();
-    for (int r = 0; r < 4; ++r) std::remove(file("pid_g1_r" + std::to_string(r)).c_str());
-    const std::string script = std::string(kEnvLine) + kKillScript;
-    AgentProcess& a = agent("a" + std::to_string(i), 0, "2", script, {"--max-restarts", "1"});
-    AgentProcess& b = agent("b" + std::to_string(i), 1, "2", script);
-    times.push_back(kill_one_worker_and_recover(this, a, b, dir_));
-    std::printf("run %d: %.3f s\n", i, times.back());
-  }
-  std::sort(times.begin(), times.end());
-  std::printf("recovery time median of 5: %.3f s (min %.3f, max %.3f)\n", times[2], times[0],
-              times[4]);
-}
-
 TEST_F(ElasticLaunchTest, KilledAgentLeavesTheSurvivorRunningAtWorldTwo) {
   const std::string script =
       std::string(kEnvLine) + "if [ \"$DNALLM_GENERATION\" = 1 ]; then exec sleep 30; fi; exit 0";
@@ -365,6 +347,77 @@ TEST_F(ElasticLaunchTest, StandaloneCoordinatorServesAgentsAndExitsWithTheJob) {
   EXPECT_EQ(count(a.out() + b.out(), " W=4 "), 4) << a.out() << b.out();
   EXPECT_EQ(coordinator.wait(15s), 0) << coordinator.log();
   EXPECT_TRUE(contains(coordinator.err(), "all 2 nodes finished")) << coordinator.err();
+}
+
+// Whether a TCP connection to address:port is accepted.
+bool accepts(const std::string& address, int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, address.c_str(), &a.sin_addr);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// A loopback address other than `address` (every 127/8 address reaches this host, but a
+// socket bound to one of them accepts on that one only).
+std::string other_loopback(const std::string& address) {
+  return address == "127.0.0.2"          ? "127.0.0.3"
+         : address.rfind("127.", 0) == 0 ? "127.0.0.2"
+                                         : "127.0.0.1";
+}
+
+// Waits for "<needle>HOST:PORT" in the agent's or coordinator's stderr; returns HOST, PORT.
+std::pair<std::string, int> bound_address(AgentProcess& p, const std::string& needle) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string err = p.err();
+    const auto at = err.find(needle);
+    const auto colon = at == std::string::npos ? at : err.find(':', at + needle.size());
+    const auto end =
+        colon == std::string::npos ? colon : err.find_first_not_of("0123456789", colon + 1);
+    if (end != std::string::npos) {
+      return {err.substr(at + needle.size(), colon - at - needle.size()),
+              std::atoi(err.c_str() + colon + 1)};
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  ADD_FAILURE() << "no '" << needle << "' in the log:\n" << p.log();
+  return {"", 0};
+}
+
+TEST_F(ElasticLaunchTest, HostingAgentBindsTheEndpointHostOnly) {
+  // Node rank 0 of an endpoint on 127.0.0.2: the coordinator listens there and nowhere else.
+  AgentProcess a({launch_binary(), "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-endpoint",
+                  "127.0.0.2:" + std::to_string(port_), "--node-rank", "0", "--rdzv-settle", "0.1",
+                  "--", "/bin/sh", "-c", "echo \"M=$MASTER_ADDR\"; sleep 2"},
+                 {"DNALLM_JOB_TOKEN=tok"}, file("a"));
+  const auto [host, port] = bound_address(a, "coordinator: store listening on ");
+  EXPECT_EQ(host, "127.0.0.2");
+  EXPECT_EQ(port, port_);
+  EXPECT_TRUE(accepts("127.0.0.2", port_));
+  EXPECT_FALSE(accepts("127.0.0.1", port_)) << "the coordinator listens beyond its address";
+  EXPECT_TRUE(contains(a.err(), "hosting the coordinator on 127.0.0.2:")) << a.err();
+  ASSERT_EQ(a.wait(30s), 0) << a.log();
+  EXPECT_TRUE(contains(a.out(), "M=127.0.0.2")) << a.out();
+}
+
+TEST_F(ElasticLaunchTest, StandaloneCoordinatorWithoutHostBindsThisHostsAddressNotEveryInterface) {
+  AgentProcess coordinator({std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-coordinator", "--port",
+                            "0", "--min-nodes", "1", "--max-nodes", "1"},
+                           {"DNALLM_JOB_TOKEN=tok", "MASTER_ADDR="}, file("coordinator"));
+  const auto [host, port] = bound_address(coordinator, "coordinator: store listening on ");
+  EXPECT_NE(host, "0.0.0.0");
+  EXPECT_FALSE(host.empty());
+  EXPECT_TRUE(accepts(host, port)) << host << ":" << port;
+  EXPECT_FALSE(accepts(other_loopback(host), port)) << "listening on every interface";
+  EXPECT_TRUE(contains(coordinator.err(), "binding " + host) ||
+              contains(coordinator.err(), "listening on 127.0.0.1 only"))
+      << coordinator.err();
+  ::kill(coordinator.pid(), SIGTERM);
+  EXPECT_EQ(coordinator.wait(15s), 0) << coordinator.log();
 }
 
 TEST_F(ElasticLaunchTest, MultiNodeJobsNeedASharedTokenAndAnEndpoint) {

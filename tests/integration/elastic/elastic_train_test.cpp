@@ -1,0 +1,240 @@
+// Elastic restart with real dnallm-train workers: `dnallm-launch --standalone` runs two
+// ranks over Gloo; once one of the first three checkpoints (chosen at random) is committed,
+// one worker is SIGKILLed at a random step, the agent restarts the group as generation 2,
+// the workers resume from the newest committed checkpoint and finish. From the resumed step on, every loss and the exported parameters
+// must equal an uninterrupted run bit for bit (CPU fp32, the resume tests' deterministic
+// settings), the metrics file must carry a "restart" event, and the checkpoints must have
+// been committed (and pruned) through the coordinator's commit registry.
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+#include "tests/integration/elastic/agent_process.hpp"
+
+namespace dnallm::elastic_testing {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
+
+struct Metrics {
+  std::vector<nlohmann::json> lines;
+  // Step lines by step (a step run twice, before the kill and after the resume, keeps both).
+  std::multimap<int64_t, double> losses;
+  std::vector<nlohmann::json> events(const std::string& name) const {
+    std::vector<nlohmann::json> out;
+    for (const auto& l : lines)
+      if (l.value("event", "") == name) out.push_back(l);
+    return out;
+  }
+};
+
+// Reads the complete lines of a JSON Lines file written while we read it.
+Metrics read_metrics(const std::string& path) {
+  Metrics m;
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t start = 0;
+  for (size_t nl = text.find('\n'); nl != std::string::npos; nl = text.find('\n', start)) {
+    auto j = nlohmann::json::parse(text.substr(start, nl - start), nullptr, false);
+    start = nl + 1;
+    if (j.is_discarded()) continue;
+    if (!j.contains("event") && j.contains("step"))
+      m.losses.emplace(j["step"].get<int64_t>(), j["loss"].get<double>());
+    m.lines.push_back(std::move(j));
+  }
+  return m;
+}
+
+// The pid of the child of `parent` whose environment has RANK=<rank>, or -1.
+pid_t worker_of(pid_t parent, int rank) {
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return -1;
+  pid_t found = -1;
+  while (dirent* e = ::readdir(proc)) {
+    const pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::string stat = slurp(fmt::format("/proc/{}/stat", pid));
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    int ppid = 0;
+    char state = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != parent)
+      continue;
+    std::string env = slurp(fmt::format("/proc/{}/environ", pid));
+    if (env.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos) {
+      found = pid;
+      break;
+    }
+  }
+  ::closedir(proc);
+  return found;
+}
+
+class ElasticTrainTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = dnallm::testing::make_temp_dir("elastic_train"); }
+
+  // dnallm-launch --standalone, 2 workers, the tiny deterministic model of the resume tests.
+  std::unique_ptr<AgentProcess> launch(const std::string& name) {
+    const std::string ckpt = dir_ + "/" + name + "_ckpt";
+    std::vector<std::string> argv = {kBin + "dnallm-launch", "--standalone",
+                                     "--nproc-per-node",     "2",
+                                     "--max-restarts",       "2",
+                                     "--monitor-interval",   "0.1",
+                                     "--rdzv-settle",        "0.1",
+                                     "--grace-period",       "2",
+                                     "--metrics-file",       dir_ + "/" + name + ".jsonl"};
+    const std::vector<std::string> sets = {
+        "model.hidden=32",
+        "model.layers=2",
+        "model.heads=2",
+        "model.ffn=64",
+        "model.max_seq_length=64",
+        "data.train_files=[\"" + std::string(DNALLM_SOURCE_DIR) + "/data/ecoli_k12_mg1655.fa.gz\"]",
+        fmt::format("training.max_steps={}", kSteps),
+        "training.micro_batch_size=6",
+        "training.grad_accum_steps=1",
+        "training.lr=3e-3",
+        "training.lr_scheduler=constant",
+        "training.warmup_steps=0",
+        "training.logging_steps=1",
+        "training.seed=7",
+        "data.dataloader_num_workers=1",
+        "parallel.backend=gloo",
+        "parallel.bucket_cap_mb=0.02",
+        "parallel.first_bucket_mb=0.005",
+        "checkpoint.dir=" + ckpt,
+        fmt::format("checkpoint.save_steps={}", kSaveSteps),
+        "checkpoint.keep_last=2",
+        "checkpoint.resume=auto"};
+    for (const auto& s : sets) {
+      argv.push_back("--set");
+      argv.push_back(s);
+    }
+    return std::make_unique<AgentProcess>(argv, std::vector<std::string>{"OMP_NUM_THREADS=1"},
+                                          dir_ + "/" + name);
+  }
+  std::map<std::string, std::vector<float>> final_params(const std::string& name) const {
+    return dnallm::testing::read_safetensors_f32(dir_ + "/" + name +
+                                                 "_ckpt/final/model.safetensors");
+  }
+
+  static constexpr int kSteps = 40;
+  static constexpr int kSaveSteps = 4;
+  std::string dir_;
+};
+
+TEST_F(ElasticTrainTest, KilledWorkerRestartsAndResumesBitIdentical) {
+  // The uninterrupted reference.
+  auto ref_agent = launch("ref");
+  ASSERT_EQ(ref_agent->wait(240s), 0) << ref_agent->log();
+  const Metrics ref = read_metrics(dir_ + "/ref.jsonl");
+  ASSERT_EQ(ref.losses.size(), size_t(kSteps)) << ref_agent->log();
+  EXPECT_TRUE(ref.events("restart").empty());
+
+  // The killed run: wait for the commit of step 4, 8 or 12 (at random), then kill rank 1 a
+  // random 0..3 steps later (rank 0 writes the metrics, so the step lines show where
+  // training is).
+  std::random_device rd;
+  const int64_t target = kSaveSteps * (1 + static_cast<int64_t>(rd() % 3));
+  const int extra = static_cast<int>(rd() % 4);
+  std::printf("killing rank 1 %d step(s) after the commit of step %lld\n", extra,
+              static_cast<long long>(target));
+  auto agent = launch("killed");
+  const std::string metrics = dir_ + "/killed.jsonl";
+  int64_t kill_step = -1;
+  const auto deadline = std::chrono::steady_clock::now() + 180s;
+  while (kill_step < 0 && std::chrono::steady_clock::now() < deadline) {
+    const Metrics m = read_metrics(metrics);
+    int64_t committed = -1;
+    for (const auto& c : m.events("checkpoint")) {
+      if (c["step"].get<int64_t>() >= target) committed = c["step"].get<int64_t>();
+    }
+    if (committed > 0 && !m.losses.empty()) {
+      const int64_t at = m.losses.rbegin()->first;
+      if (at >= committed + extra) {
+        const pid_t victim = worker_of(agent->pid(), 1);
+        ASSERT_GT(victim, 0) << "no worker of rank 1 under the agent\n" << agent->log();
+        ASSERT_EQ(::kill(victim, SIGKILL), 0);
+        kill_step = at;
+        break;
+      }
+    }
+    ASSERT_EQ(agent->wait(0ms), -1) << "the job ended before a worker could be killed\n"
+                                    << agent->log();
+    std::this_thread::sleep_for(2ms);
+  }
+  ASSERT_GT(kill_step, 0) << "no checkpoint within 180 s\n" << agent->log();
+  ASSERT_LT(kill_step, kSteps) << "the run finished before the kill; slow the run down";
+  ASSERT_EQ(agent->wait(240s), 0) << agent->log();
+  const std::string log = agent->log();
+
+  // Generation 2 ran and resumed from a committed checkpoint (a multiple of save_steps).
+  EXPECT_NE(log.find("generation 2"), std::string::npos) << log;
+  const auto resumed_at = log.find("at step ");
+  ASSERT_NE(log.find("resumed from"), std::string::npos) << log;
+  const int64_t resumed = std::atoll(log.c_str() + resumed_at + 8);
+  EXPECT_GE(resumed, target) << log;
+  EXPECT_EQ(resumed % kSaveSteps, 0) << log;
+  EXPECT_LE(resumed, kill_step + 1) << log;
+
+  // The metrics file keeps generation 1's lines and gets the restart event.
+  const Metrics m = read_metrics(metrics);
+  const auto restarts = m.events("restart");
+  ASSERT_EQ(restarts.size(), 1u) << log;
+  EXPECT_EQ(restarts[0]["generation"].get<int64_t>(), 2);
+  EXPECT_NE(restarts[0]["reason"].get<std::string>().find("rank 1"), std::string::npos)
+      << restarts[0].dump();
+  EXPECT_EQ(m.losses.count(1), 1u) << "generation 1's step lines were lost";
+
+  // Every step line (both generations) equals the uninterrupted run's loss bit for bit, and
+  // generation 2 covers every step after the resumed one.
+  for (const auto& [step, loss] : m.losses) {
+    EXPECT_EQ(loss, ref.losses.find(step)->second)
+        << "step " << step << " (killed at " << kill_step << ", resumed at " << resumed << ")";
+  }
+  for (int64_t step = resumed + 1; step <= kSteps; ++step) {
+    EXPECT_GE(m.losses.count(step), 1u) << "step " << step;
+  }
+
+  // Commits went through the coordinator's registry, which alone decided retention
+  // (keep_last = 2; the step generation 2 resumed from is protected).
+  EXPECT_NE(log.find(fmt::format("commit registry: step {} committed", kSteps)), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("retention (decided by the coordinator)"), std::string::npos) << log;
+  std::set<int64_t> on_disk;
+  for (const auto& e : fs::directory_iterator(dir_ + "/killed_ckpt")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) == 0 && fs::exists(e.path() / "manifest.json"))
+      on_disk.insert(std::atoll(name.c_str() + 5));
+  }
+  EXPECT_EQ(on_disk, (std::set<int64_t>{resumed, kSteps - kSaveSteps, kSteps}));
+
+  const auto want = final_params("ref");
+  const auto got = final_params("killed");
+  ASSERT_FALSE(want.empty());
+  ASSERT_EQ(want.size(), got.size());
+  for (const auto& [name, v] : want) {
+    const auto& w = got.at(name);
+    ASSERT_EQ(v.size(), w.size()) << name;
+    for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], w[i]) << name << "[" << i << "]";
+  }
+}
+
+}  // namespace
+}  // namespace dnallm::elastic_testing
