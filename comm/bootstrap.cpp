@@ -1,9 +1,56 @@
 #include "comm/bootstrap.hpp"
 
+#include <netdb.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstdlib>
+
+#include <spdlog/spdlog.h>
+
 #include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::comm {
+namespace {
+
+bool is_loopback_name(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0;
+}
+
+// MASTER_ADDR resolved to an IPv4 dotted quad on this host; "" when it does not resolve.
+std::string resolve_ipv4(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) != 0 || result == nullptr) return "";
+  char text[INET_ADDRSTRLEN] = {};
+  const auto* sin = reinterpret_cast<const sockaddr_in*>(result->ai_addr);
+  const bool ok = ::inet_ntop(AF_INET, &sin->sin_addr, text, sizeof(text)) != nullptr;
+  ::freeaddrinfo(result);
+  return ok ? std::string(text) : std::string();
+}
+
+}  // namespace
+
+std::string store_bind_address(const std::string& master_addr, const std::string& resolved,
+                               const std::string& override_addr, std::string* warning) {
+  if (!override_addr.empty()) return override_addr;
+  if (is_loopback_name(master_addr)) return "127.0.0.1";
+  if (resolved.empty()) return master_addr;  // let bind() name the problem
+  if (resolved.rfind("127.", 0) == 0) {
+    if (warning) {
+      *warning = "MASTER_ADDR " + master_addr + " resolves to the loopback address " + resolved +
+                 " on rank 0's host, which peers on other hosts cannot reach: the store listens "
+                 "on every interface (0.0.0.0); set DNALLM_STORE_BIND to this host's address "
+                 "to restrict it";
+    }
+    return "0.0.0.0";
+  }
+  return resolved;
+}
 
 ProcessGroup::~ProcessGroup() {
   comm.reset();  // collectives reference the store: tear down first
@@ -30,13 +77,27 @@ ProcessGroup connect_process_group(const ProcessGroupOptions& options) {
       coordinator::StoreServerOptions so;
       so.port = static_cast<uint16_t>(options.master_port);
       so.token = options.token;
-      // Loopback jobs listen on loopback only; otherwise every interface of this node, since
-      // peers reach it through MASTER_ADDR, which may name any of them.
-      if (options.master_addr == "127.0.0.1" || options.master_addr == "localhost") {
-        so.host = "127.0.0.1";
-      }
+      // Note [Store bind address]
+      std::string warning;
+      const char* env_bind = std::getenv("DNALLM_STORE_BIND");
+      so.host = !options.store_bind.empty()
+                    ? options.store_bind
+                    : store_bind_address(options.master_addr,
+                                         is_loopback_name(options.master_addr)
+                                             ? std::string()
+                                             : resolve_ipv4(options.master_addr),
+                                         env_bind ? env_bind : "", &warning);
+      if (!warning.empty()) spdlog::warn("{}", warning);
       group.server = std::make_unique<coordinator::StoreServer>(so);
-      group.server->start();
+      try {
+        group.server->start();
+      } catch (const Error& e) {
+        fail(ExitCode::kUsage,
+             "rank 0 cannot host the store on {}:{} for MASTER_ADDR {}: {} (MASTER_ADDR must "
+             "name rank 0's host; DNALLM_STORE_BIND chooses another of its addresses)",
+             so.host, so.port, options.master_addr, e.what());
+      }
+      spdlog::debug("store listening on {}:{}", so.host, so.port);
     }
     coordinator::TcpStoreClientOptions to;
     to.host = options.master_addr;

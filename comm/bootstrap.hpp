@@ -25,6 +25,8 @@ struct ProcessGroupOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // per collective
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   std::string name = "default";  // communicator name (unique per group in a job)
+  // Where rank 0's store listens; "" = store_bind_address(master_addr, ...).
+  std::string store_bind;
   Device device{};
 };
 
@@ -42,5 +44,15 @@ struct ProcessGroup {
 // Connects this rank (blocking, collective over all ranks, up to connect_timeout + timeout).
 // Throws Error(kPeerFailed) when peers do not come, Error(kUsage) for a bad backend.
 ProcessGroup connect_process_group(const ProcessGroupOptions& options);
+
+// Note [Store bind address]: rank 0's store listens on the address MASTER_ADDR names on
+// this host, never on every interface silently. `resolved` is MASTER_ADDR resolved here
+// (IPv4 dotted quad, "" when it does not resolve). Loopback names bind 127.0.0.1. A name
+// that resolves to loopback although it is not a loopback name (Debian maps the host name
+// to 127.0.1.1 in /etc/hosts, while peers resolve it to the real address) cannot be bound
+// usefully: the result is "0.0.0.0" and *warning says why and what to set
+// (DNALLM_STORE_BIND). `override_addr` (DNALLM_STORE_BIND) wins when set.
+std::string store_bind_address(const std::string& master_addr, const std::string& resolved,
+                               const std::string& override_addr, std::string* warning);
 
 }  // namespace dnallm::comm

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "comm/bootstrap.hpp"
 #include "comm/communicator.hpp"
 #include "comm/detail/cpu_reduce.hpp"
 #include "comm/half.hpp"
@@ -11,6 +12,32 @@
 
 namespace dnallm::comm {
 namespace {
+
+// Note [Store bind address], table-driven: (MASTER_ADDR, its resolution here, override)
+// -> the address rank 0's store listens on, and whether a warning explains 0.0.0.0.
+TEST(StoreBind, NeverEveryInterfaceSilently) {
+  struct Case {
+    std::string master, resolved, override_addr, expect;
+    bool warns;
+  };
+  const Case cases[] = {
+      {"127.0.0.1", "", "", "127.0.0.1", false},
+      {"localhost", "", "", "127.0.0.1", false},
+      {"10.0.0.1", "10.0.0.1", "", "10.0.0.1", false},
+      {"node01", "192.168.1.7", "", "192.168.1.7", false},
+      {"node01", "127.0.1.1", "", "0.0.0.0", true},  // Debian's /etc/hosts entry
+      {"node01", "127.0.1.1", "192.168.1.7", "192.168.1.7", false},
+      {"10.0.0.1", "10.0.0.1", "0.0.0.0", "0.0.0.0", false},  // asked for explicitly
+      {"nosuchhost", "", "", "nosuchhost", false},            // bind() names the problem
+  };
+  for (const auto& c : cases) {
+    std::string warning;
+    EXPECT_EQ(comm::store_bind_address(c.master, c.resolved, c.override_addr, &warning), c.expect)
+        << c.master << " -> " << c.resolved;
+    EXPECT_EQ(!warning.empty(), c.warns) << c.master << ": " << warning;
+    if (c.warns) EXPECT_NE(warning.find("DNALLM_STORE_BIND"), std::string::npos) << warning;
+  }
+}
 
 TEST(ShardRange, CoversEveryElementOnceAndIsBalanced) {
   for (size_t n : {0, 1, 3, 7, 8, 13, 1000, 1031}) {
