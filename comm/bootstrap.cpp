@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
@@ -31,6 +32,31 @@ std::string resolve_ipv4(const std::string& host) {
   const bool ok = ::inet_ntop(AF_INET, &sin->sin_addr, text, sizeof(text)) != nullptr;
   ::freeaddrinfo(result);
   return ok ? std::string(text) : std::string();
+}
+
+// The local IPv4 address this host uses to reach host:port (a connected UDP socket sends
+// nothing; the kernel only picks the route and the source address). "" when unknown.
+std::string local_address_towards(const std::string& host, int port) {
+  const std::string ip = resolve_ipv4(host);
+  if (ip.empty()) return "";
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in peer{};
+  peer.sin_family = AF_INET;
+  peer.sin_port = htons(static_cast<uint16_t>(port));
+  std::string out;
+  if (::inet_pton(AF_INET, ip.c_str(), &peer.sin_addr) == 1 &&
+      ::connect(fd, reinterpret_cast<sockaddr*>(&peer), sizeof(peer)) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    char text[INET_ADDRSTRLEN] = {};
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
+      out = text;
+    }
+  }
+  ::close(fd);
+  return out;
 }
 
 }  // namespace
@@ -107,6 +133,15 @@ ProcessGroup connect_process_group(const ProcessGroupOptions& options) {
     group.store = std::make_shared<coordinator::TcpStoreClient>(to);
     co.store = group.store;
     co.loopback = options.master_addr == "127.0.0.1" || options.master_addr == "localhost";
+    // Note [Gloo address]: peers reach this rank at the address it uses to reach the store
+    // (the route towards MASTER_ADDR), not at whatever its host name resolves to, which is
+    // loopback on many machines (/etc/hosts) and wrong across network namespaces or
+    // multi-homed nodes. DNALLM_GLOO_HOST overrides.
+    if (const char* host = std::getenv("DNALLM_GLOO_HOST"); host != nullptr && *host != '\0') {
+      co.gloo_host = host;
+    } else if (!co.loopback) {
+      co.gloo_host = local_address_towards(options.master_addr, options.master_port);
+    }
   }
   group.comm = make_communicator(co);
   return group;

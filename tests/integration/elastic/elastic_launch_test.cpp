@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <memory>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "coordinator/protocol.hpp"
@@ -504,6 +505,38 @@ TEST_F(ElasticNetnsTest, TwoNodesOverAVethLinkRecoverFromAKilledWorker) {
   EXPECT_EQ(count(a.out() + b.out(), "M=10.77.0.1:29400"), 8) << a.out() << b.out();
   EXPECT_EQ(count(a.out() + b.out(), "finished"), 4);
   std::printf("recovery time over veth: %.3f s\n", recovery);
+}
+
+// The same two namespaces, real dnallm-train workers: 4 ranks over Gloo across the veth
+// link (rank 0's coordinator store on 10.77.0.1, Gloo pairs between 10.77.0.1 and
+// 10.77.0.2) train a tiny model to the end, and rank 0's metrics report world size 4.
+TEST_F(ElasticNetnsTest, TwoNodesOverAVethLinkTrainWithGloo) {
+  std::vector<std::string> common = {
+      "--nnodes",           "2",   "--nproc-per-node", "2",   "--rdzv-endpoint", "10.77.0.1:29400",
+      "--monitor-interval", "0.1", "--rdzv-settle",    "0.3", "--grace-period",  "1"};
+  std::vector<std::string> a_args = common;
+  a_args.insert(a_args.end(), {"--node-rank", "0"});
+  const std::string metrics = file("metrics.jsonl");
+  const std::string script = fmt::format(
+      "cd {src} && exec {bin}/dnallm-train --set model.hidden=32 --set model.layers=1 "
+      "--set model.heads=2 --set model.ffn=64 --set model.max_seq_length=64 "
+      "--set 'data.train_files=[\"data/ecoli_k12_mg1655.fa.gz\"]' --set training.max_steps=6 "
+      "--set training.micro_batch_size=3 --set training.logging_steps=1 "
+      "--set parallel.backend=gloo --set checkpoint.dir={dir}/ckpt --set checkpoint.save_steps=3 "
+      "--metrics-file {metrics}",
+      fmt::arg("src", DNALLM_SOURCE_DIR), fmt::arg("bin", std::string(DNALLM_BINARY_DIR) + "/bin"),
+      fmt::arg("dir", dir_), fmt::arg("metrics", metrics));
+  AgentProcess& a = agent_in(ns_a_, "a", a_args, script);
+  AgentProcess& b = agent_in(ns_b_, "b", common, script);
+  ASSERT_EQ(a.wait(90s), 0) << a.log() << b.log();
+  ASSERT_EQ(b.wait(30s), 0) << b.log();
+  const std::string m = slurp(metrics);
+  for (int step = 1; step <= 6; ++step) {
+    EXPECT_TRUE(contains(m, fmt::format("{{\"step\":{},\"loss\":", step))) << step << "\n" << m;
+  }
+  EXPECT_TRUE(contains(m, "\"event\":\"summary\"")) << m;
+  EXPECT_TRUE(contains(m, "\"world_size\":4")) << m;
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/ckpt/step_000000006/manifest.json")) << a.log();
 }
 
 }  // namespace
