@@ -15,6 +15,7 @@
 #include "comm/bootstrap.hpp"
 #include "worker/parallel/ddp.hpp"
 #include "worker/data/pipeline.hpp"
+#include "worker/train/auto_batch.hpp"
 #include "worker/train/checkpointing.hpp"
 #include "worker/train/data_source.hpp"
 #include "worker/train/trainer.hpp"
@@ -76,6 +77,8 @@ int main(int argc, char** argv) {
     std::optional<data::SamplerState> sampler_state;
     if (resume) sampler_state = data::SamplerState::from_json(train::saved_sampler_state(*resume));
     auto model = train::build_model(config, tokenizer->vocab_size());
+    // training.batch_size = "auto": before the loaders, which take the micro-batch size.
+    train::resolve_auto_batch(config, model, *sync, topo.local_world_size);
     auto train_loader = data::make_train_loader(config, tokenizer, rank, world, sampler_state);
     const data::DataLoader* loader = train_loader.get();  // owned by the trainer below
     auto train_source = std::make_unique<train::LoaderSource>(std::move(train_loader));
