@@ -3,6 +3,7 @@
 // step) it joins the process group and trains data-parallel (DDP / ZeRO, [parallel]).
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -72,6 +73,19 @@ int main(int argc, char** argv) {
     }
     auto tokenizer = data::make_tokenizer(config);
     const nlohmann::json tokenizer_json = tokenizer->to_json();
+    // A fine-tune must tokenize as its base model did: init_from loads tensors by name and shape,
+    // so another tokenizer would leave the embeddings untrained (other shape) or, with the same
+    // vocabulary size, silently give every id another meaning.
+    if (!config.model.init_from.empty()) {
+      const std::string base_path = config.model.init_from + "/tokenizer.json";
+      if (std::filesystem::exists(base_path)) {
+        const auto base_json = data::load_tokenizer(base_path)->to_json();
+        DNALLM_CHECK(base_json == tokenizer_json, ExitCode::kUsage,
+                     "model.init_from = \"{}\" was trained with the tokenizer {} but [tokenizer] "
+                     "here gives {}: set [tokenizer] to the base model's settings",
+                     config.model.init_from, base_json.dump(), tokenizer_json.dump());
+      }
+    }
     // Every rank picks (and verifies) the same newest committed checkpoint.
     auto resume = train::open_resume(config, tokenizer_json);
     std::optional<data::SamplerState> sampler_state;
