@@ -380,8 +380,16 @@ void Trainer::run() {
         }
         line["tokens"] = e.tokens;
         write_metrics(line.dump());
-        spdlog::info("eval at step {}: loss {:.4f} bits/base {:.4f}", r.step, e.loss,
-                     e.bits_per_base);
+        const auto task = model_->options().task;
+        if (task == models::Task::kPretrain) {
+          spdlog::info("eval at step {}: loss {:.4f} bits/base {:.4f}", r.step, e.loss,
+                       e.bits_per_base);
+        } else if (task == models::Task::kClassification) {
+          spdlog::info("eval at step {}: loss {:.4f} accuracy {:.4f} ({} rows)", r.step, e.loss,
+                       e.accuracy, e.rows);
+        } else {
+          spdlog::info("eval at step {}: loss {:.4f}", r.step, e.loss);
+        }
       }
     }
     if (options_.after_step) options_.after_step(*this, r);
