@@ -154,13 +154,13 @@ void resolve_auto_batch(Config& config, models::TransformerLM& model, GradientSy
     return all;
   };
   auto found = search_micro_batch(probe, {1, per_rank});
-  DNALLM_CHECK(found.largest_fit >= 1, ExitCode::kUsage,
-               "training.batch_size = \"auto\": not even a micro-batch of 1 sequence of {} tokens "
-               "fits{}: raise training.auto_batch_memory_mb, lower model.max_seq_length, or set "
-               "model.gradient_checkpointing = true",
-               model->options().max_seq_length,
-               device.is_cuda() ? " in GPU memory"
-                                : fmt::format(" in {:.0f} MiB", budget / 1048576.0));
+  DNALLM_CHECK(
+      found.largest_fit >= 1, ExitCode::kUsage,
+      "training.batch_size = \"auto\": not even a micro-batch of 1 sequence of {} tokens "
+      "fits{}: raise training.auto_batch_memory_mb, lower model.max_seq_length, or set "
+      "model.gradient_checkpointing = true",
+      model->options().max_seq_length,
+      device.is_cuda() ? " in GPU memory" : fmt::format(" in {:.0f} MiB", budget / 1048576.0));
   const auto plan = plan_accumulation(per_rank, found.largest_fit);
   const auto line = describe_batch_plan(plan, found.largest_fit, per_rank, world);
   if (plan.reduced_to_divide) {

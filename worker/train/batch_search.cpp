@@ -57,8 +57,8 @@ BatchPlan plan_accumulation(int64_t per_rank_batch, int64_t largest_fit) {
   return plan;
 }
 
-std::string describe_batch_plan(const BatchPlan& plan, int64_t largest_fit,
-                                int64_t per_rank_batch, int world_size) {
+std::string describe_batch_plan(const BatchPlan& plan, int64_t largest_fit, int64_t per_rank_batch,
+                                int world_size) {
   std::string line = fmt::format(
       "training.batch_size = \"auto\": micro_batch_size {} x grad_accum_steps {} x {} rank(s) = "
       "global batch {} (largest micro-batch that fits: {}{})",

@@ -31,8 +31,8 @@ struct MicroBatchSearchOptions {
 };
 
 struct MicroBatchSearchResult {
-  int64_t largest_fit = 0;                            // 0: not even `start` fits
-  std::vector<std::pair<int64_t, bool>> trials;       // (size, fits) in the order tried
+  int64_t largest_fit = 0;                       // 0: not even `start` fits
+  std::vector<std::pair<int64_t, bool>> trials;  // (size, fits) in the order tried
 };
 
 // See Note [Micro-batch search]. Throws Error(kUsage) on start < 1 or max < start.
@@ -55,7 +55,7 @@ BatchPlan plan_accumulation(int64_t per_rank_batch, int64_t largest_fit);
 
 // One line for the log: chosen micro-batch, accumulation, global batch, and (when reduced)
 // why the largest fitting size was not used and how to use it.
-std::string describe_batch_plan(const BatchPlan& plan, int64_t largest_fit,
-                                int64_t per_rank_batch, int world_size);
+std::string describe_batch_plan(const BatchPlan& plan, int64_t largest_fit, int64_t per_rank_batch,
+                                int world_size);
 
 }  // namespace dnallm::train
