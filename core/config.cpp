@@ -120,6 +120,8 @@ const std::vector<KeyDesc>& schema() {
        1 << 20},
       {"training", "grad_accum_steps", Kind::kInt, DNALLM_FIELD(training, grad_accum_steps), 1,
        1 << 20},
+      {"training", "auto_batch_memory_mb", Kind::kDouble,
+       DNALLM_FIELD(training, auto_batch_memory_mb), 0, kInf},
       {"training", "lr", Kind::kDouble, DNALLM_FIELD(training, lr), 0, 10},
       {"training", "weight_decay", Kind::kDouble, DNALLM_FIELD(training, weight_decay), 0, 10},
       {"training", "adam_beta1", Kind::kDouble, DNALLM_FIELD(training, adam_beta1), 0, 0.999999},

@@ -74,6 +74,10 @@ struct TrainingConfig {
   std::string batch_size = "";        // "" = micro_batch_size; "auto" = largest that fits
   int64_t micro_batch_size = 8;       // sequences per rank per micro-step
   int64_t grad_accum_steps = 1;
+  // batch_size = "auto" on CPU: a trial micro-step fits when the process's resident memory
+  // (plus the AdamW state still to come) stays within this many MiB; 0 = 80% of the memory
+  // available at start divided among the node's ranks, plus what the process already holds.
+  double auto_batch_memory_mb = 0.0;
   double lr = 3e-4;
   double weight_decay = 0.01;
   double adam_beta1 = 0.9;

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -21,6 +22,7 @@
 #include "coordinator/tcp_store_client.hpp"
 #include "worker/parallel/ddp.hpp"
 #include "worker/data/pipeline.hpp"
+#include "worker/train/auto_batch.hpp"
 #include "worker/train/checkpointing.hpp"
 #include "worker/train/data_source.hpp"
 #include "worker/train/trainer.hpp"
@@ -114,6 +116,19 @@ int main(int argc, char** argv) {
     }
     auto tokenizer = data::make_tokenizer(config);
     const nlohmann::json tokenizer_json = tokenizer->to_json();
+    // A fine-tune must tokenize as its base model did: init_from loads tensors by name and shape,
+    // so another tokenizer would leave the embeddings untrained (other shape) or, with the same
+    // vocabulary size, silently give every id another meaning.
+    if (!config.model.init_from.empty()) {
+      const std::string base_path = config.model.init_from + "/tokenizer.json";
+      if (std::filesystem::exists(base_path)) {
+        const auto base_json = data::load_tokenizer(base_path)->to_json();
+        DNALLM_CHECK(base_json == tokenizer_json, ExitCode::kUsage,
+                     "model.init_from = \"{}\" was trained with the tokenizer {} but [tokenizer] "
+                     "here gives {}: set [tokenizer] to the base model's settings",
+                     config.model.init_from, base_json.dump(), tokenizer_json.dump());
+      }
+    }
     // Every rank picks (and verifies) the same newest committed checkpoint.
     auto resume = train::open_resume(config, tokenizer_json);
     std::optional<data::SamplerState> sampler_state;
@@ -122,6 +137,8 @@ int main(int argc, char** argv) {
       train::keep_global_batch(config, *resume, world);
     }
     auto model = train::build_model(config, tokenizer->vocab_size());
+    // training.batch_size = "auto": before the loaders, which take the micro-batch size.
+    train::resolve_auto_batch(config, model, *sync, topo.local_world_size);
     auto train_loader = data::make_train_loader(config, tokenizer, rank, world, sampler_state);
     const data::DataLoader* loader = train_loader.get();  // owned by the trainer below
     auto train_source = std::make_unique<train::LoaderSource>(std::move(train_loader));

@@ -233,7 +233,8 @@ TEST(Config, LoadFileErrors) {
 }
 
 TEST(Config, BundledPresetsLoad) {
-  for (const char* name : {"quickstart.toml", "bench-cpu.toml"}) {
+  for (const char* name : {"quickstart.toml", "bench-cpu.toml", "pretrain-small.toml",
+                           "finetune-lora-cpu.toml", "pretrain-gpt-cpu.toml"}) {
     std::string path = std::string(DNALLM_SOURCE_DIR) + "/configs/" + name;
     EXPECT_NO_THROW(load_config(path)) << path;
   }

@@ -112,6 +112,16 @@ TEST_F(EndToEnd, TrainExportEvalAndFineTune) {
       " --set training.eval_steps=0" +
       " --set checkpoint.dir=" + ft + " --metrics-file " + ft + "/metrics.jsonl");
   ASSERT_EQ(finetune.code, 0) << finetune.out;
+  // A fine-tune whose [tokenizer] differs from its base model's is a usage error (exit 2),
+  // not a run with silently untrained or reinterpreted embeddings.
+  auto mismatch = run(
+      "cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
+      tiny_sets() + " --set model.task=classification --set model.init_from=" + ck + "/final" +
+      " --set tokenizer.kind=kmer --set tokenizer.k=3 --set lora.r=4" +
+      " --set 'data.train_files=[\"" + (dir_ / "train.csv").string() + "\"]'" +
+      " --set data.eval_fraction=0 --set training.max_steps=1 --set checkpoint.dir=" + ft +
+      "_mismatch");
+  EXPECT_EQ(mismatch.code, 2) << mismatch.out;
   auto scored = run(kBin + "dnallm-eval --model " + ft + "/final --table " +
                     (dir_ / "eval.csv").string());
   ASSERT_EQ(scored.code, 0) << scored.out;

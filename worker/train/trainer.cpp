@@ -1,6 +1,5 @@
 #include "worker/train/trainer.hpp"
 
-#include <ATen/autocast_mode.h>
 #include <sys/resource.h>
 #include <torch/version.h>
 
@@ -11,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.hpp"
+#include "worker/train/autocast.hpp"
 
 namespace dnallm::train {
 namespace {
@@ -35,55 +35,6 @@ std::string format_duration(double s) {
   return fmt::format("{}s", total);
 }
 
-// Note [Mixed precision on CPU]: bf16 uses LibTorch's autocast (CPU: bf16 matmuls and linear
-// layers, fp32 norms, softmax and loss) with fp32 master parameters in the flat buffer. fp16
-// autocast exists on CUDA only; on CPU precision = "fp16" computes in fp32 but still runs the
-// dynamic loss scaler (so its skip/backoff logic is exercised identically).
-class AutocastGuard {
- public:
-  AutocastGuard(bool bf16, bool fp16, const torch::Device& device) {
-    if (!bf16 && !fp16) return;
-    active_ = true;
-    cuda_ = device.is_cuda();
-    const auto dtype = bf16 ? at::kBFloat16 : at::kHalf;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    const auto type = cuda_ ? at::kCUDA : at::kCPU;
-    previous_ = at::autocast::is_autocast_enabled(type);
-    at::autocast::set_autocast_enabled(type, true);
-    at::autocast::set_autocast_dtype(type, dtype);
-#else
-    if (cuda_) {
-      previous_ = at::autocast::is_enabled();
-      at::autocast::set_enabled(true);
-      at::autocast::set_autocast_gpu_dtype(dtype);
-    } else {
-      previous_ = at::autocast::is_cpu_enabled();
-      at::autocast::set_cpu_enabled(true);
-      at::autocast::set_autocast_cpu_dtype(dtype);
-    }
-#endif
-    at::autocast::increment_nesting();
-  }
-  ~AutocastGuard() {
-    if (!active_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(cuda_ ? at::kCUDA : at::kCPU, previous_);
-#else
-    if (cuda_) {
-      at::autocast::set_enabled(previous_);
-    } else {
-      at::autocast::set_cpu_enabled(previous_);
-    }
-#endif
-  }
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  bool active_ = false, cuda_ = false, previous_ = false;
-};
-
 int64_t label_count(const data::Batch& b, models::Task task) {
   if (task == models::Task::kRegression) return b.rows;
   if (b.num_label_tokens > 0) return b.num_label_tokens;
@@ -99,6 +50,8 @@ int64_t real_tokens(const data::Batch& b) {
   return n;
 }
 
+}  // namespace
+
 torch::Device pick_device(const std::string& name) {
   if (name == "cpu") return torch::kCPU;
   if (name == "cuda") {
@@ -110,8 +63,6 @@ torch::Device pick_device(const std::string& name) {
                "training.device = \"{}\": use \"auto\", \"cpu\" or \"cuda\"", name);
   return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
 }
-
-}  // namespace
 
 uint64_t dropout_seed(uint64_t seed, int64_t step, int64_t micro_step, int rank) {
   // splitmix64 finaliser over each coordinate in turn: distinct inputs give unrelated seeds.
@@ -448,8 +399,16 @@ void Trainer::run() {
         }
         line["tokens"] = e.tokens;
         write_metrics(line.dump());
-        spdlog::info("eval at step {}: loss {:.4f} bits/base {:.4f}", r.step, e.loss,
-                     e.bits_per_base);
+        const auto task = model_->options().task;
+        if (task == models::Task::kPretrain) {
+          spdlog::info("eval at step {}: loss {:.4f} bits/base {:.4f}", r.step, e.loss,
+                       e.bits_per_base);
+        } else if (task == models::Task::kClassification) {
+          spdlog::info("eval at step {}: loss {:.4f} accuracy {:.4f} ({} rows)", r.step, e.loss,
+                       e.accuracy, e.rows);
+        } else {
+          spdlog::info("eval at step {}: loss {:.4f}", r.step, e.loss);
+        }
       }
     }
     if (options_.after_step) options_.after_step(*this, r);

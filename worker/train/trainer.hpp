@@ -153,6 +153,10 @@ struct TrainerOptions {
   std::function<void(Trainer&)> at_end;
 };
 
+// training.device ("auto" | "cpu" | "cuda") resolved; throws Error(kUsage) for "cuda" without
+// a CUDA device or an unknown name.
+torch::Device pick_device(const std::string& name);
+
 // Number of optimizer steps: training.max_steps, or epochs × samples / global batch.
 int64_t total_steps(const Config& config, uint64_t samples_per_epoch, int world_size);
 
