@@ -1,6 +1,7 @@
 // dnallm-eval: scores an exported model (dnallm-train's <checkpoint.dir>/final) on a FASTA
 // file (language models: bits per base) or a labelled table (classifiers: accuracy, MCC).
 // Prints ONE JSON object on stdout.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
@@ -18,6 +19,37 @@
 namespace {
 
 using namespace dnallm;
+
+// The loader fills its last batch by wrapping around to the first samples; a language
+// model's score must count each window once. Rows past the first `limit` keep their
+// inputs (the batch shape stays) but lose their labels, so they are not scored.
+class FirstRowsSource final : public train::BatchSource {
+ public:
+  FirstRowsSource(train::BatchSource& inner, uint64_t limit) : inner_(inner), limit_(limit) {}
+  data::Batch next() override {
+    data::Batch b = inner_.next();
+    const uint64_t rows = static_cast<uint64_t>(b.rows);
+    const uint64_t keep = delivered_ >= limit_ ? 0 : std::min(rows, limit_ - delivered_);
+    delivered_ += rows;
+    if (keep < rows && b.labels.size() == rows * static_cast<uint64_t>(b.seq_len)) {
+      for (size_t i = keep * static_cast<size_t>(b.seq_len); i < b.labels.size(); ++i) {
+        if (b.labels[i] == data::kIgnoreIndex) continue;
+        b.labels[i] = data::kIgnoreIndex;
+        --b.num_label_tokens;
+      }
+    }
+    return b;
+  }
+  void rewind() override {
+    inner_.rewind();
+    delivered_ = 0;
+  }
+
+ private:
+  train::BatchSource& inner_;
+  uint64_t limit_;
+  uint64_t delivered_ = 0;
+};
 
 // Entropy (bits) of the A/C/G/T frequencies of the first `max_bases` bases (0: all).
 double order0_bits_per_base(const std::string& path, int64_t max_bases) {
@@ -135,7 +167,8 @@ int main(int argc, char** argv) {
     out["input"] = input;
     torch::InferenceMode inference;
     if (o.task == models::Task::kPretrain) {
-      auto r = train::evaluate(model, source, batches, torch::kCPU,
+      FirstRowsSource once(source, samples);
+      auto r = train::evaluate(model, once, batches, torch::kCPU,
                                train::bases_of_label(tokenizer));
       out["bits_per_base"] = r.bits_per_base;
       out["order0_bits_per_base"] = order0_bits_per_base(input, max_bases);

@@ -131,6 +131,33 @@ TEST_F(EndToEnd, TrainExportEvalAndFineTune) {
   EXPECT_TRUE(c.contains("mcc"));
 }
 
+// A causal model scores every base once: the loader wraps around to fill the last batch,
+// and those repeated windows must not be scored again (17 windows, batches of 8 -> 24 rows).
+TEST_F(EndToEnd, CausalEvalScoresEachBaseAtMostOnce) {
+  const auto ck = (dir_ / "gpt").string();
+  auto train = run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/gpt.toml" +
+                   tiny_sets() + " --set training.max_steps=3 --set training.eval_steps=0" +
+                   " --set checkpoint.dir=" + ck + " --metrics-file " + ck + "/metrics.jsonl");
+  ASSERT_EQ(train.code, 0) << train.out;
+  const auto fasta = (dir_ / "small.fa").string();
+  {
+    std::ofstream out(fasta);
+    out << ">small\n";
+    const char* acgt = "ACGT";
+    uint32_t x = 12345;
+    for (int i = 0; i < 17 * 62 + 30; ++i) {
+      x = x * 1103515245u + 12345u;
+      out << acgt[(x >> 16) & 3];
+    }
+    out << "\n";
+  }
+  auto eval = run(kBin + "dnallm-eval --model " + ck + "/final --fasta " + fasta);
+  ASSERT_EQ(eval.code, 0) << eval.out;
+  auto j = nlohmann::json::parse(eval.out);
+  EXPECT_GT(j.at("bases").get<int64_t>(), 15 * 62) << eval.out;
+  EXPECT_LE(j.at("bases").get<int64_t>(), 17 * 62 + 30) << eval.out;
+}
+
 TEST(TrainCli, HelpUsageAndWorldSize) {
   auto help = run(kBin + "dnallm-train --help");
   EXPECT_EQ(help.code, 0);
