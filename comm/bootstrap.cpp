@@ -64,7 +64,8 @@ std::string local_address_towards(const std::string& host, int port) {
 std::string store_bind_address(const std::string& master_addr, const std::string& resolved,
                                const std::string& override_addr, std::string* warning) {
   if (!override_addr.empty()) return override_addr;
-  if (is_loopback_name(master_addr)) return "127.0.0.1";
+  if (master_addr == "localhost") return "127.0.0.1";
+  if (is_loopback_name(master_addr)) return master_addr;  // 127.0.0.2 binds 127.0.0.2
   if (resolved.empty()) return master_addr;  // let bind() name the problem
   if (resolved.rfind("127.", 0) == 0) {
     if (warning) {
@@ -132,7 +133,7 @@ ProcessGroup connect_process_group(const ProcessGroupOptions& options) {
     to.connect_timeout = options.connect_timeout;
     group.store = std::make_shared<coordinator::TcpStoreClient>(to);
     co.store = group.store;
-    co.loopback = options.master_addr == "127.0.0.1" || options.master_addr == "localhost";
+    co.loopback = is_loopback_name(options.master_addr);
     // Note [Gloo address]: peers reach this rank at the address it uses to reach the store
     // (the route towards MASTER_ADDR), not at whatever its host name resolves to, which is
     // loopback on many machines (/etc/hosts) and wrong across network namespaces or

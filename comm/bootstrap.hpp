@@ -47,7 +47,8 @@ ProcessGroup connect_process_group(const ProcessGroupOptions& options);
 
 // Note [Store bind address]: rank 0's store listens on the address MASTER_ADDR names on
 // this host, never on every interface silently. `resolved` is MASTER_ADDR resolved here
-// (IPv4 dotted quad, "" when it does not resolve). Loopback names bind 127.0.0.1. A name
+// (IPv4 dotted quad, "" when it does not resolve). "localhost" binds 127.0.0.1, a 127.x
+// address binds itself. A name
 // that resolves to loopback although it is not a loopback name (Debian maps the host name
 // to 127.0.1.1 in /etc/hosts, while peers resolve it to the real address) cannot be bound
 // usefully: the result is "0.0.0.0" and *warning says why and what to set

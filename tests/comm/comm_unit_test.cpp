@@ -23,6 +23,7 @@ TEST(StoreBind, NeverEveryInterfaceSilently) {
   const Case cases[] = {
       {"127.0.0.1", "", "", "127.0.0.1", false},
       {"localhost", "", "", "127.0.0.1", false},
+      {"127.0.0.2", "", "", "127.0.0.2", false},
       {"10.0.0.1", "10.0.0.1", "", "10.0.0.1", false},
       {"node01", "192.168.1.7", "", "192.168.1.7", false},
       {"node01", "127.0.1.1", "", "0.0.0.0", true},  // Debian's /etc/hosts entry
