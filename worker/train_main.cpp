@@ -86,6 +86,11 @@ int main(int argc, char** argv) {
     const int rank = topo.rank;
     const int world = topo.world_size;
     set_log_identity(rank);
+    // An elastic agent's generation (docs/elastic.md): names this generation's communicator
+    // and store keys; "" / 0 outside an elastic job.
+    const auto gen_it = env.find("DNALLM_GENERATION");
+    const std::string generation_name = gen_it != env.end() ? gen_it->second : "";
+    const int64_t generation = generation_name.empty() ? 0 : std::atoll(generation_name.c_str());
     comm::ProcessGroup group;
     std::shared_ptr<train::GradientSync> sync = std::make_shared<train::SingleProcessSync>();
     if (world > 1) {
@@ -106,7 +111,7 @@ int main(int argc, char** argv) {
       po.rank0_hosts_store = env.count("DNALLM_EXTERNAL_COORDINATOR") == 0;
       if (auto it = env.find("DNALLM_JOB_TOKEN"); it != env.end()) po.token = it->second;
       po.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.parallel.timeout_s * 1000));
-      if (auto it = env.find("DNALLM_GENERATION"); it != env.end()) po.name = "g" + it->second;
+      if (!generation_name.empty()) po.name = "g" + generation_name;
       group = comm::connect_process_group(po);
       spdlog::info("rank {} of {} ({} backend, topology from {})", rank, world,
                    group.comm->backend(), cluster::to_string(topo.source));
@@ -157,10 +162,7 @@ int main(int argc, char** argv) {
     trainer_options.bases_of_label = train::bases_of_label(tokenizer);
     // A resumed run, or a restarted elastic generation (even one with no checkpoint to
     // resume yet), continues the metrics file of the runs before it.
-    trainer_options.append_metrics = resume.has_value();
-    if (auto it = env.find("DNALLM_GENERATION"); it != env.end()) {
-      trainer_options.append_metrics |= std::atoll(it->second.c_str()) > 1;
-    }
+    trainer_options.append_metrics = resume.has_value() || generation > 1;
     trainer_options.write_tokenizer = [tokenizer](const std::string& dir) {
       data::save_tokenizer(*tokenizer, dir + "/tokenizer.json");
     };
@@ -170,14 +172,10 @@ int main(int argc, char** argv) {
     // shards are reported to it and it alone decides retention.
     if (env.count("DNALLM_EXTERNAL_COORDINATOR") > 0) {
       if (auto tcp = std::dynamic_pointer_cast<coordinator::TcpStoreClient>(group.store)) {
-        auto gen = env.find("DNALLM_GENERATION");
-        ckpt_options.commit = std::make_shared<coordinator::CommitClient>(
-            *tcp, gen != env.end() ? std::atoll(gen->second.c_str()) : 0);
+        ckpt_options.commit = std::make_shared<coordinator::CommitClient>(*tcp, generation);
       }
     }
-    if (auto it = env.find("DNALLM_GENERATION"); it != env.end()) {
-      ckpt_options.store_prefix = "ckpt/g" + it->second;
-    }
+    if (!generation_name.empty()) ckpt_options.store_prefix = "ckpt/g" + generation_name;
     ckpt_options.sampler_state = [loader] { return loader->state().to_json(); };
     ckpt_options.tokenizer = tokenizer_json;
     ckpt_options.commit_timeout =
@@ -272,10 +270,10 @@ int main(int argc, char** argv) {
                                   {"optimizer", paper.optimizer}};
       trainer.write_metrics(line.dump());
     }
-    if (auto it = env.find("DNALLM_GENERATION"); it != env.end() && std::atoi(it->second.c_str()) > 1) {
+    if (generation > 1) {
       nlohmann::ordered_json line;
       line["event"] = "restart";
-      line["generation"] = std::atoll(it->second.c_str());
+      line["generation"] = generation;
       auto reason = env.find("DNALLM_RESTART_REASON");
       line["reason"] = reason != env.end() ? reason->second : "";
       trainer.write_metrics(line.dump());
