@@ -1,6 +1,5 @@
 #include "comm/bootstrap.hpp"
 
-#include <netdb.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -10,6 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "coordinator/net.hpp"
 #include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
 
@@ -20,24 +20,16 @@ bool is_loopback_name(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0;
 }
 
-// MASTER_ADDR resolved to an IPv4 dotted quad on this host; "" when it does not resolve.
-std::string resolve_ipv4(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* result = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) != 0 || result == nullptr) return "";
-  char text[INET_ADDRSTRLEN] = {};
-  const auto* sin = reinterpret_cast<const sockaddr_in*>(result->ai_addr);
-  const bool ok = ::inet_ntop(AF_INET, &sin->sin_addr, text, sizeof(text)) != nullptr;
-  ::freeaddrinfo(result);
-  return ok ? std::string(text) : std::string();
+// MASTER_ADDR resolved to its first IPv4 address on this host; "" when it does not resolve.
+std::string first_ipv4(const std::string& host) {
+  const auto all = coordinator::resolve_ipv4(host);
+  return all.empty() ? std::string() : all.front();
 }
 
 // The local IPv4 address this host uses to reach host:port (a connected UDP socket sends
 // nothing; the kernel only picks the route and the source address). "" when unknown.
 std::string local_address_towards(const std::string& host, int port) {
-  const std::string ip = resolve_ipv4(host);
+  const std::string ip = first_ipv4(host);
   if (ip.empty()) return "";
   const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
   if (fd < 0) return "";
@@ -112,7 +104,7 @@ ProcessGroup connect_process_group(const ProcessGroupOptions& options) {
                     : store_bind_address(options.master_addr,
                                          is_loopback_name(options.master_addr)
                                              ? std::string()
-                                             : resolve_ipv4(options.master_addr),
+                                             : first_ipv4(options.master_addr),
                                          env_bind ? env_bind : "", &warning);
       if (!warning.empty()) spdlog::warn("{}", warning);
       group.server = std::make_unique<coordinator::StoreServer>(so);

@@ -2,8 +2,6 @@
 // elastic membership service (coordinator/elastic_service.hpp) until SIGINT or SIGTERM, or
 // until the elastic job is over (exit 0 when it succeeded, 4 when it failed). Normally the
 // node-rank-0 launcher hosts it; this is the standalone form (docs/elastic.md).
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +16,7 @@
 #include <boost/asio/signal_set.hpp>
 
 #include "coordinator/elastic_service.hpp"
+#include "coordinator/net.hpp"
 #include "coordinator/store_server.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -29,19 +28,12 @@ namespace {
 std::string host_address() {
   char name[256] = {0};
   ::gethostname(name, sizeof(name) - 1);
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
   std::string address;
-  if (::getaddrinfo(name, nullptr, &hints, &found) == 0) {
-    for (addrinfo* a = found; a != nullptr && address.empty(); a = a->ai_next) {
-      char text[INET_ADDRSTRLEN] = {0};
-      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
-      if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) == nullptr) continue;
-      if (std::string(text).rfind("127.", 0) != 0) address = text;
+  for (const auto& a : dnallm::coordinator::resolve_ipv4(name)) {
+    if (a.rfind("127.", 0) != 0) {
+      address = a;
+      break;
     }
-    ::freeaddrinfo(found);
   }
   if (address.empty()) {
     spdlog::warn(

@@ -1,0 +1,14 @@
+// Name resolution shared by whoever must pick an address to bind or to advertise: the
+// standalone coordinator (coordinator/main.cpp) and rank 0's store (comm/bootstrap.cpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dnallm::coordinator {
+
+// Every IPv4 address (dotted quad) `host` resolves to on this machine, in resolver order;
+// empty when it does not resolve.
+std::vector<std::string> resolve_ipv4(const std::string& host);
+
+}  // namespace dnallm::coordinator
