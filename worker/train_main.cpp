@@ -54,6 +54,13 @@ void install_preempt_handlers() {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   for (int sig : {SIGUSR1, SIGTERM}) ::sigaction(sig, &sa, nullptr);
+  // dnallm-launch starts workers with both blocked (Note [Early stop signals] in
+  // launcher/spawner.hpp): one that arrived before this point is delivered now.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGUSR1);
+  sigaddset(&stop, SIGTERM);
+  ::pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
 }
 
 // Thrown from the after-step hook once the preemption checkpoint is committed.
@@ -65,6 +72,7 @@ struct Preempted {
 
 int main(int argc, char** argv) {
   using namespace dnallm;
+  install_preempt_handlers();  // first: a stop signal must never find the default action
   CLI::App app{
       "dnallm-train: train a DNA language model (BERT masked LM, GPT causal LM, or a\n"
       "classification/regression fine-tune) from a TOML configuration. Writes JSON Lines\n"
@@ -79,7 +87,6 @@ int main(int argc, char** argv) {
       return 0;
     }
     init_logging("train", config.logging.level);
-    install_preempt_handlers();
     // DESIGN.md order: torchrun variables, OpenMPI, Slurm, else one process.
     const auto env = cluster::current_env();
     const cluster::Topology topo = cluster::detect_topology(env);
