@@ -17,6 +17,7 @@
 #include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "checkpoint/dir_lock.hpp"
 #include "cluster/topology.hpp"
 #include "comm/bootstrap.hpp"
 #include "coordinator/tcp_store_client.hpp"
@@ -93,6 +94,13 @@ int main(int argc, char** argv) {
     const int rank = topo.rank;
     const int world = topo.world_size;
     set_log_identity(rank);
+    // Note [Checkpoint directory lock] (checkpoint/dir_lock.hpp): the directory is checked and
+    // owned before any training time is spent; rank 0 (the committer) holds it to the end.
+    std::optional<checkpoint::DirLock> ckpt_lock;
+    if (config.checkpoint.save_steps > 0 || config.checkpoint.save_final) {
+      checkpoint::validate_checkpoint_dir(config.checkpoint.dir, "checkpoint.dir");
+      if (rank == 0) ckpt_lock = checkpoint::DirLock::acquire(config.checkpoint.dir);
+    }
     // An elastic agent's generation (docs/elastic.md): names this generation's communicator
     // and store keys; "" / 0 outside an elastic job.
     const auto gen_it = env.find("DNALLM_GENERATION");
@@ -143,6 +151,7 @@ int main(int argc, char** argv) {
     }
     // Every rank picks (and verifies) the same newest committed checkpoint.
     auto resume = train::open_resume(config, tokenizer_json);
+    if (ckpt_lock) checkpoint::set_aside_newer_steps(config.checkpoint.dir, resume ? resume->step() : 0);
     std::optional<data::SamplerState> sampler_state;
     if (resume) {
       sampler_state = data::SamplerState::from_json(train::saved_sampler_state(*resume));
