@@ -175,7 +175,7 @@ struct StoreServer::Impl {
   void accept();
   void accept_ready();
   void on_accepted(int fd);
-  void accept_failed(int err);
+  void accept_failed(int err, int accepted);
   // Closes the connection that has waited longest for its HELLO; false if none waits.
   bool evict_oldest_pending(const char* why);
   void warn(const std::string& message) {
@@ -436,15 +436,17 @@ void StoreServer::Impl::accept() {
 }
 
 void StoreServer::Impl::accept_ready() {
+  int accepted = 0;
   for (int i = 0; i < 64; ++i) {
     int fd = ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       const int err = errno;
       if (err == EAGAIN || err == EWOULDBLOCK) break;
       if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
-      accept_failed(err);  // re-arms accept() after a back-off
+      accept_failed(err, accepted);  // re-arms accept() after a back-off
       return;
     }
+    ++accepted;
     accept_backoff = std::chrono::milliseconds(0);
     on_accepted(fd);
   }
@@ -472,18 +474,23 @@ void StoreServer::Impl::on_accepted(int fd) {
   s->start();
 }
 
-void StoreServer::Impl::accept_failed(int err) {
-  accept_backoff = accept_backoff.count() == 0
-                       ? std::chrono::milliseconds(100)
-                       : std::min(accept_backoff * 2, std::chrono::milliseconds(1000));
+void StoreServer::Impl::accept_failed(int err, int accepted) {
+  // Progress (descriptors freed by the last eviction were used): come back soon, to drain
+  // the backlog where a legitimate client may wait. None: back off exponentially.
+  accept_backoff = accepted > 0                 ? std::chrono::milliseconds(10)
+                   : accept_backoff.count() == 0 ? std::chrono::milliseconds(100)
+                                                 : std::min(accept_backoff * 2,
+                                                            std::chrono::milliseconds(1000));
   warn(fmt::format("accept failed: {} ({} connections open, {} waiting for HELLO); retrying in "
                    "{} ms{}",
                    std::strerror(err), sessions.size(), pending.size(), accept_backoff.count(),
                    err == EMFILE || err == ENFILE
                        ? "; raise the descriptor limit (ulimit -n) if clients are legitimate"
                        : ""));
-  // A descriptor freed now lets the next legitimate client in.
-  evict_oldest_pending("the coordinator is out of descriptors");
+  // Descriptors freed now let the next clients in; a legitimate one sends HELLO at once and
+  // leaves the pending list before its turn to be evicted comes.
+  for (size_t n = std::max<size_t>(1, pending.size() / 2); n > 0; --n)
+    if (!evict_oldest_pending("the coordinator is out of descriptors")) break;
   accept_timer.expires_after(accept_backoff);
   accept_timer.async_wait([this](boost::system::error_code ec) {
     if (ec || stopped) return;

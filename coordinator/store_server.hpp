@@ -14,9 +14,9 @@
 //    beyond that evicts the oldest pending one (a legitimate client sends HELLO at once, so
 //    a flood cannot starve it), and at most max_connections are open in all;
 //  - frame bodies being received hold at most max_buffered_bytes in total;
-//  - when accept() fails (EMFILE: the descriptor limit), the server evicts the oldest
-//    pending connection and waits (100 ms, doubling to 1 s) before accepting again, and logs
-//    the failure at most once per second with a count;
+//  - when accept() fails (EMFILE: the descriptor limit), the server evicts the older half
+//    of the pending connections and accepts again after 10 ms if the last round accepted
+//    some, else after a back-off (100 ms, doubling to 1 s): never a busy loop;
 //  - every socket is close-on-exec, so workers spawned by the launcher never hold them.
 // Warnings about refused clients are rate limited (a burst, then a count once a second).
 //

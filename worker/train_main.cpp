@@ -4,6 +4,8 @@
 #include <signal.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -63,6 +65,60 @@ void install_preempt_handlers() {
   sigaddset(&stop, SIGTERM);
   ::pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
 }
+
+// Note [Stop while blocked]: the stop flag is read at step boundaries only. A worker blocked
+// outside a step (training data from a FIFO or a stalled file system, a peer that never
+// arrives) would ignore SIGTERM/SIGUSR1 until the launcher's SIGKILL. This thread gives the
+// step loop `grace` to reach a step boundary after a stop signal; if none comes, it says so
+// and exits 75 without a new checkpoint: the newest committed one stays the resume point,
+// so running again loses nothing that was committed. Once a boundary acknowledged the
+// signal (the preemption save runs), it stands down.
+class StopWatchdog {
+ public:
+  StopWatchdog(std::chrono::milliseconds grace, std::string checkpoint_dir)
+      : grace_(grace), dir_(std::move(checkpoint_dir)) {}
+  ~StopWatchdog() { stop(); }
+  void start() {
+    thread_ = std::thread([this] { run(); });
+  }
+  // Called by the training thread at every step boundary.
+  void step_boundary() { boundary_.fetch_add(1); }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    // Poll for the signal (a handler cannot notify a condition variable).
+    while (!stopping_ && g_preempt_signal.load() == 0)
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
+    if (stopping_) return;
+    const int sig = g_preempt_signal.load();
+    const auto seen = boundary_.load();
+    if (cv_.wait_for(lock, grace_, [&] { return stopping_ || boundary_.load() != seen; })) return;
+    spdlog::warn("received {} but no training step ended within {} ms (blocked reading the "
+                 "training data or waiting for a peer?): exiting with code {} without a new "
+                 "checkpoint; the newest committed checkpoint under {} stays the resume point",
+                 sig == SIGUSR1 ? "SIGUSR1" : "SIGTERM", grace_.count(),
+                 static_cast<int>(dnallm::ExitCode::kRequeue), dir_);
+    spdlog::default_logger()->flush();
+    std::_Exit(static_cast<int>(dnallm::ExitCode::kRequeue));
+  }
+
+  std::chrono::milliseconds grace_;
+  std::string dir_;
+  std::atomic<uint64_t> boundary_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;  // guarded by mu_
+  std::thread thread_;
+};
 
 // Thrown from the after-step hook once the preemption checkpoint is committed.
 struct Preempted {
@@ -219,6 +275,13 @@ int main(int argc, char** argv) {
         std::rename(tmp.c_str(), path.c_str());
       };
     }
+    // Note [Stop while blocked]: DNALLM_STOP_GRACE_MS (default 5000) must stay below the
+    // launcher's --grace-period (10 s) so that this, not SIGKILL, ends a blocked worker.
+    std::chrono::milliseconds stop_grace{5000};
+    if (auto it = env.find("DNALLM_STOP_GRACE_MS"); it != env.end())
+      stop_grace = std::chrono::milliseconds(std::atoll(it->second.c_str()));
+    StopWatchdog watchdog(stop_grace, config.checkpoint.dir);
+    watchdog.start();
     {
       // Test only: sleep this long after every step, so that a test can signal a run of a
       // tiny model while it still runs however fast the machine is.
@@ -228,8 +291,9 @@ int main(int argc, char** argv) {
       }
       auto inner = trainer_options.after_step;
       const int64_t save_steps = config.checkpoint.save_steps;
-      trainer_options.after_step = [inner, &checkpointer, step_delay, save_steps](
+      trainer_options.after_step = [inner, &checkpointer, step_delay, save_steps, &watchdog](
                                        train::Trainer& t, const train::StepResult& r) {
+        watchdog.step_boundary();
         if (inner) inner(t, r);
         if (step_delay.count() > 0) std::this_thread::sleep_for(step_delay);
         // Collective: every rank calls it after every step (Note [Preemption]).
