@@ -289,8 +289,16 @@ std::unique_ptr<WorkerProcess> ProcessSpawner::spawn(const WorkerSpec& spec) {
                          ? static_cast<int>(std::min<rlim_t>(nofile.rlim_cur, 1 << 20))
                          : 65536;
   const bool hold_stop_signals = spec.hold_stop_signals;
+  // Held from the child's first instruction: blocked in this thread across fork() (the
+  // launcher has them blocked anyway; a test or another caller may not).
+  sigset_t stop_signals, saved_mask;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGUSR1);
+  sigaddset(&stop_signals, SIGTERM);
+  if (hold_stop_signals) ::pthread_sigmask(SIG_BLOCK, &stop_signals, &saved_mask);
   const pid_t launcher_pid = ::getpid();
   pid_t pid = ::fork();
+  if (pid != 0 && hold_stop_signals) ::pthread_sigmask(SIG_SETMASK, &saved_mask, nullptr);
   if (pid < 0) {
     int e = errno;
     for (int fd : {devnull, out.read, out.write, err.read, err.write}) ::close(fd);
@@ -305,10 +313,7 @@ std::unique_ptr<WorkerProcess> ProcessSpawner::spawn(const WorkerSpec& spec) {
     ::setpgid(0, 0);
     sigset_t mask;
     sigemptyset(&mask);
-    if (hold_stop_signals) {  // Note [Early stop signals] (spawner.hpp)
-      sigaddset(&mask, SIGUSR1);
-      sigaddset(&mask, SIGTERM);
-    }
+    if (hold_stop_signals) mask = stop_signals;  // Note [Early stop signals] (spawner.hpp)
     ::sigprocmask(SIG_SETMASK, &mask, nullptr);
     for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGHUP, SIGQUIT, SIGCHLD}) ::signal(sig, SIG_DFL);
     ::dup2(devnull, STDIN_FILENO);
