@@ -2,6 +2,7 @@
 // above 1 (torchrun-style variables from dnallm-launch, OpenMPI under mpirun, or a Slurm
 // step) it joins the process group and trains data-parallel (DDP / ZeRO, [parallel]).
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -144,6 +145,14 @@ int main(int argc, char** argv) {
       return 0;
     }
     init_logging("train", config.logging.level);
+    // Note [Stop while blocked]: from here on (opening the data, joining the process group
+    // and resuming can all block). DNALLM_STOP_GRACE_MS (default 5000) must stay below the
+    // launcher's --grace-period (10 s) so that this, not SIGKILL, ends a blocked worker.
+    std::chrono::milliseconds stop_grace{5000};
+    if (const char* grace = std::getenv("DNALLM_STOP_GRACE_MS"); grace != nullptr && *grace)
+      stop_grace = std::chrono::milliseconds(std::atoll(grace));
+    StopWatchdog watchdog(stop_grace, config.checkpoint.dir);
+    watchdog.start();
     // DESIGN.md order: torchrun variables, OpenMPI, Slurm, else one process.
     const auto env = cluster::current_env();
     const cluster::Topology topo = cluster::detect_topology(env);
@@ -270,18 +279,13 @@ int main(int argc, char** argv) {
         const std::string tmp = path + ".tmp";
         {
           std::ofstream out(tmp, std::ios::trunc);
-          out << r.step << "\n";
+          // Line 2, the pid: the agent checks whether this process is stopped when the job
+          // stalls (Note [Hang culprit] in coordinator/elastic_state.cpp).
+          out << r.step << "\n" << ::getpid() << "\n";
         }
         std::rename(tmp.c_str(), path.c_str());
       };
     }
-    // Note [Stop while blocked]: DNALLM_STOP_GRACE_MS (default 5000) must stay below the
-    // launcher's --grace-period (10 s) so that this, not SIGKILL, ends a blocked worker.
-    std::chrono::milliseconds stop_grace{5000};
-    if (auto it = env.find("DNALLM_STOP_GRACE_MS"); it != env.end())
-      stop_grace = std::chrono::milliseconds(std::atoll(it->second.c_str()));
-    StopWatchdog watchdog(stop_grace, config.checkpoint.dir);
-    watchdog.start();
     {
       // Test only: sleep this long after every step, so that a test can signal a run of a
       // tiny model while it still runs however fast the machine is.
