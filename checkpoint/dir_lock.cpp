@@ -84,6 +84,8 @@ DirLock DirLock::acquire(const fs::path& dir) {
     const int err = errno;
     if (err == EWOULDBLOCK) {
       std::string holder = read_holder(lock.fd_);
+      ::close(lock.fd_);  // not ours: the destructor must not touch the holder's line
+      lock.fd_ = -1;
       fail(ExitCode::kUsage,
            "checkpoint.dir {} is in use by another job ({}): two jobs on one directory would "
            "replace each other's checkpoints; give this job another checkpoint.dir, or stop "
@@ -93,6 +95,8 @@ DirLock DirLock::acquire(const fs::path& dir) {
     spdlog::warn("cannot lock {} ({}): the file system does not support flock, so nothing "
                  "stops a second job from writing the same checkpoint.dir",
                  lock.path_.string(), errno_string(err));
+    ::close(lock.fd_);
+    lock.fd_ = -1;
     return lock;
   }
   const std::string previous = read_holder(lock.fd_);

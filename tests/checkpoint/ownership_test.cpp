@@ -94,6 +94,11 @@ TEST(CheckpointDirLockTest, ASecondJobIsRefusedNamingTheHolder) {
   EXPECT_NE(msg.find("in use by another job"), std::string::npos) << msg;
   EXPECT_NE(msg.find("pid " + std::to_string(holder.pid)), std::string::npos) << msg;
   EXPECT_NE(msg.find("another checkpoint.dir"), std::string::npos) << msg;
+  // The refused attempt leaves the holder's line alone (it is not its lock).
+  std::ifstream in(tmp.path() / kLockName);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_NE(line.find("pid " + std::to_string(holder.pid)), std::string::npos) << line;
 }
 
 TEST(CheckpointDirLockTest, ALockLeftByADeadHolderIsTakenOver) {
