@@ -170,8 +170,9 @@ int main(int argc, char** argv) {
   const auto end = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.duration_s * 1000));
   while (Clock::now() < end) {
     if (o.watch_pid > 0) {
-      if (::kill(o.watch_pid, 0) != 0) break;
+      // A process that exited (a zombie until its parent reaps it) has no VmRSS line.
       const double r = rss_mb(o.watch_pid);
+      if (r < 0) break;
       std::lock_guard<std::mutex> lock(mu);
       peak_rss = std::max(peak_rss, r);
     }
