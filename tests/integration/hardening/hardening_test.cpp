@@ -7,7 +7,9 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <fmt/format.h>
@@ -137,6 +139,48 @@ TEST(StopSignals, ElasticPreemptionExitsPromptlyAndHonestly) {
   EXPECT_FALSE(contains(launcher.log(), "generation 2")) << launcher.log();
   EXPECT_FALSE(contains(launcher.log(), "no heartbeat")) << launcher.log();
   EXPECT_TRUE(contains(launcher.log(), "preempted")) << launcher.log();
+}
+
+// The worker of `rank` among the dnallm-train children of `launcher` (from its environment).
+pid_t worker_of_rank(pid_t launcher, int rank) {
+  for (pid_t pid : processes_matching("dnallm-train")) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string s((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const auto close = s.rfind(')');
+    int ppid = 0;
+    char state = 0;
+    if (close == std::string::npos ||
+        std::sscanf(s.c_str() + close + 2, "%c %d", &state, &ppid) != 2 || ppid != launcher)
+      continue;
+    std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
+    // NUL-separated KEY=VALUE entries; a leading NUL makes every entry "\0KEY=VALUE\0".
+    const std::string e = std::string(1, '\0') +
+                          std::string(std::istreambuf_iterator<char>(env), {}) + '\0';
+    if (e.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos)
+      return pid;
+  }
+  return -1;
+}
+
+// Note [Hang culprit]: a SIGSTOPped rank of an elastic job is named, whichever it is (not
+// rank 0, the first of those that wait for it in the collective).
+TEST(Diagnosis, AStoppedRankIsNamedNotTheFirstOneWaiting) {
+  const std::string dir = make_temp_dir("hang_culprit");
+  Background launcher(
+      fmt::format("cd {} && exec env DNALLM_TEST_STEP_DELAY_MS=50 DNALLM_JOB_TOKEN=tok "
+                  "{}dnallm-launch --standalone --nproc-per-node 2 --grace-period 2 "
+                  "--hang-timeout 3 --max-restarts 0 --monitor-interval 0.2 {}",
+                  kSrc, kBin, tiny_settings(dir + "/ckpt", dir + "/m.jsonl", 100000, 0)),
+      dir + "/launch.log");
+  ASSERT_TRUE(wait_for_text(dir + "/m.jsonl", "\"step\":3,", 120s)) << launcher.log();
+  const pid_t victim = worker_of_rank(launcher.pid(), 1);
+  ASSERT_GT(victim, 0) << launcher.log();
+  ::kill(victim, SIGSTOP);
+  const int rc = launcher.wait(60s);
+  ::kill(victim, SIGCONT);
+  EXPECT_EQ(rc, 4) << launcher.log();
+  EXPECT_TRUE(contains(launcher.log(), "rank 1 on")) << launcher.log();
+  EXPECT_TRUE(contains(launcher.log(), "process is stopped")) << launcher.log();
 }
 
 TEST(BadData, AnAllNFastaIsNamedAsSuch) {
