@@ -52,7 +52,7 @@ struct StoreServerOptions {
   // Told to a client whose job token is wrong (in the UNAUTHORIZED reply), so that one that
   // reached another job's coordinator can say what it reached. Default: "dnallm coordinator
   // (pid P on host H)".
-  std::string identity;
+  std::string identity = "";
 };
 
 // Sends the single response to one request. Copyable; valid only on the io thread (a
