@@ -77,7 +77,8 @@ DirLock DirLock::acquire(const fs::path& dir) {
   lock.path_ = dir / kLockName;
   lock.fd_ = ::open(lock.path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock.fd_ < 0)
-    fail(ExitCode::kUsage, "cannot open the checkpoint directory lock {}: {}; choose a writable "
+    fail(ExitCode::kUsage,
+         "cannot open the checkpoint directory lock {}: {}; choose a writable "
          "checkpoint.dir",
          lock.path_.string(), errno_string(errno));
   if (::flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -92,18 +93,20 @@ DirLock DirLock::acquire(const fs::path& dir) {
            "the other job",
            dir.string(), holder.empty() ? std::string("holder unknown") : holder);
     }
-    spdlog::warn("cannot lock {} ({}): the file system does not support flock, so nothing "
-                 "stops a second job from writing the same checkpoint.dir",
-                 lock.path_.string(), errno_string(err));
+    spdlog::warn(
+        "cannot lock {} ({}): the file system does not support flock, so nothing "
+        "stops a second job from writing the same checkpoint.dir",
+        lock.path_.string(), errno_string(err));
     ::close(lock.fd_);
     lock.fd_ = -1;
     return lock;
   }
   const std::string previous = read_holder(lock.fd_);
   if (!previous.empty())
-    spdlog::info("took over the checkpoint directory lock {} from a job that is no longer "
-                 "running ({})",
-                 lock.path_.string(), previous);
+    spdlog::info(
+        "took over the checkpoint directory lock {} from a job that is no longer "
+        "running ({})",
+        lock.path_.string(), previous);
   const std::string line =
       fmt::format("host {} pid {} since {}\n", host_name(), ::getpid(), std::time(nullptr));
   if (::ftruncate(lock.fd_, 0) != 0 ||
@@ -119,15 +122,17 @@ std::vector<fs::path> set_aside_newer_steps(const fs::path& root, int64_t start_
   std::vector<std::pair<int64_t, fs::path>> newer;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
     const auto step = parse_step_dir_name(entry.path().filename().string());
-    if (step && *step > start_step && entry.is_directory(ec)) newer.emplace_back(*step, entry.path());
+    if (step && *step > start_step && entry.is_directory(ec))
+      newer.emplace_back(*step, entry.path());
   }
   const auto now = std::time(nullptr);
   for (const auto& [step, dir] : newer) {
     if (!fs::exists(dir / kManifestName, ec)) {
       fs::remove_all(dir, ec);
-      spdlog::info("removed the uncommitted checkpoint directory {} (newer than step {}, where "
-                   "this run starts)",
-                   dir.string(), start_step);
+      spdlog::info(
+          "removed the uncommitted checkpoint directory {} (newer than step {}, where "
+          "this run starts)",
+          dir.string(), start_step);
       continue;
     }
     fs::path aside = dir;
@@ -138,9 +143,10 @@ std::vector<fs::path> set_aside_newer_steps(const fs::path& root, int64_t start_
            "{} is newer than step {}, where this run starts, and cannot be moved aside ({}); "
            "move it away yourself or resume from it",
            dir.string(), start_step, ec.message());
-    spdlog::warn("{} is newer than step {}, where this run starts: moved aside to {} so that "
-                 "this run's saves do not overwrite it",
-                 dir.string(), start_step, aside.string());
+    spdlog::warn(
+        "{} is newer than step {}, where this run starts: moved aside to {} so that "
+        "this run's saves do not overwrite it",
+        dir.string(), start_step, aside.string());
     moved.push_back(aside);
   }
   if (!moved.empty()) {

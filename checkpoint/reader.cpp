@@ -115,11 +115,12 @@ std::optional<CheckpointReader> find_resume(const fs::path& root, const std::str
       latest.reset();
     }
     if (!latest || latest->filename() != all.back().second.filename())
-      spdlog::warn("{}/{} names {} but the newest committed checkpoint is {}: resuming from the "
-                   "newest (LATEST is only a hint)",
-                   base.string(), kLatestName,
-                   latest ? latest->filename().string() : std::string("no committed step"),
-                   all.back().second.filename().string());
+      spdlog::warn(
+          "{}/{} names {} but the newest committed checkpoint is {}: resuming from the "
+          "newest (LATEST is only a hint)",
+          base.string(), kLatestName,
+          latest ? latest->filename().string() : std::string("no committed step"),
+          all.back().second.filename().string());
   }
   if (candidates.empty()) return std::nullopt;
   std::string last_error;

@@ -25,7 +25,8 @@ namespace dnallm::checkpoint {
 class CheckpointReader {
  public:
   // `path`: a step directory, or a root (then the newest committed step under it; LATEST
-  // is only a hint, see Note [LATEST is a hint] in reader.cpp). Throws Error(kCheckpointCorrupt) naming the damaged file.
+  // is only a hint, see Note [LATEST is a hint] in reader.cpp). Throws Error(kCheckpointCorrupt)
+  // naming the damaged file.
   static CheckpointReader open(const std::filesystem::path& path);
 
   const Manifest& manifest() const { return manifest_; }
@@ -58,9 +59,9 @@ class CheckpointReader {
 // resume from, fully verified:
 //  - "none": nullopt.
 //  - "auto": the newest committed checkpoint under `root` (step_* directories with a
-//    manifest, newest first; a LATEST naming another step is reported, not followed). A damaged one (checksum mismatch,
-//    truncation, missing shard) is skipped with a warning naming the bad file, and the
-//    previous committed one is tried. nullopt when `root` holds no committed checkpoint;
+//    manifest, newest first; a LATEST naming another step is reported, not followed). A damaged one
+//    (checksum mismatch, truncation, missing shard) is skipped with a warning naming the bad file,
+//    and the previous committed one is tried. nullopt when `root` holds no committed checkpoint;
 //    Error(kCheckpointCorrupt) when some exist but none is usable.
 //  - PATH: a root is treated as "auto" on it; a step directory is opened and verified
 //    (Error(kCheckpointCorrupt) when damaged, no fallback).

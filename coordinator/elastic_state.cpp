@@ -260,8 +260,13 @@ FailureReport ElasticState::hang_culprit(const Member& first, size_t first_index
         "step, none is stopped: a deadlock in a collective?)",
         idle, step);
   }
-  return FailureReport{who->info.node_id, who->info.host,
-                       who->rank_offset + static_cast<int64_t>(index), 0, 0, reason, {}};
+  return FailureReport{who->info.node_id,
+                       who->info.host,
+                       who->rank_offset + static_cast<int64_t>(index),
+                       0,
+                       0,
+                       reason,
+                       {}};
 }
 
 std::vector<ElasticEvent> ElasticState::report_failure(const FailureReport& report,

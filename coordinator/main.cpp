@@ -7,10 +7,10 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <fstream>
 #include <csignal>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <thread>

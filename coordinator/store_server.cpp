@@ -72,9 +72,9 @@ class WarningBudget {
     auto now = std::chrono::steady_clock::now();
     if (now - window_start_ >= std::chrono::seconds(1)) {
       if (suppressed_ > 0)
-        spdlog::warn("coordinator: {} more warning(s) like the above suppressed in the last {:.1f} s",
-                     suppressed_,
-                     std::chrono::duration<double>(now - window_start_).count());
+        spdlog::warn(
+            "coordinator: {} more warning(s) like the above suppressed in the last {:.1f} s",
+            suppressed_, std::chrono::duration<double>(now - window_start_).count());
       window_start_ = now;
       in_window_ = 0;
       suppressed_ = 0;
@@ -167,8 +167,7 @@ struct StoreServer::Impl {
     bool done = false;
   };
 
-  explicit Impl(StoreServerOptions o)
-      : options(std::move(o)), acceptor(io), accept_timer(io) {
+  explicit Impl(StoreServerOptions o) : options(std::move(o)), acceptor(io), accept_timer(io) {
     if (options.identity.empty()) options.identity = default_identity();
   }
 
@@ -352,14 +351,14 @@ void Responder::Target::dispatch() {
       if (version != kProtocolVersion) {
         server_.warn(fmt::format("refused {}: protocol version {} (expected {})", peer_, version,
                                  kProtocolVersion));
-        Responder(shared_from_this()).send(Status::kUnauthorized,
-                                           FrameWriter().str(server_.options.identity));
+        Responder(shared_from_this())
+            .send(Status::kUnauthorized, FrameWriter().str(server_.options.identity));
         return;
       }
       if (token != server_.options.token) {
         server_.warn(fmt::format("refused {}: wrong job token (check DNALLM_JOB_TOKEN)", peer_));
-        Responder(shared_from_this()).send(Status::kUnauthorized,
-                                           FrameWriter().str(server_.options.identity));
+        Responder(shared_from_this())
+            .send(Status::kUnauthorized, FrameWriter().str(server_.options.identity));
         return;
       }
       authed_ = true;
@@ -477,16 +476,17 @@ void StoreServer::Impl::on_accepted(int fd) {
 void StoreServer::Impl::accept_failed(int err, int accepted) {
   // Progress (descriptors freed by the last eviction were used): come back soon, to drain
   // the backlog where a legitimate client may wait. None: back off exponentially.
-  accept_backoff = accepted > 0                 ? std::chrono::milliseconds(10)
-                   : accept_backoff.count() == 0 ? std::chrono::milliseconds(100)
-                                                 : std::min(accept_backoff * 2,
-                                                            std::chrono::milliseconds(1000));
-  warn(fmt::format("accept failed: {} ({} connections open, {} waiting for HELLO); retrying in "
-                   "{} ms{}",
-                   std::strerror(err), sessions.size(), pending.size(), accept_backoff.count(),
-                   err == EMFILE || err == ENFILE
-                       ? "; raise the descriptor limit (ulimit -n) if clients are legitimate"
-                       : ""));
+  accept_backoff = accepted > 0 ? std::chrono::milliseconds(10)
+                   : accept_backoff.count() == 0
+                       ? std::chrono::milliseconds(100)
+                       : std::min(accept_backoff * 2, std::chrono::milliseconds(1000));
+  warn(
+      fmt::format("accept failed: {} ({} connections open, {} waiting for HELLO); retrying in "
+                  "{} ms{}",
+                  std::strerror(err), sessions.size(), pending.size(), accept_backoff.count(),
+                  err == EMFILE || err == ENFILE
+                      ? "; raise the descriptor limit (ulimit -n) if clients are legitimate"
+                      : ""));
   // Descriptors freed now let the next clients in; a legitimate one sends HELLO at once and
   // leaves the pending list before its turn to be evicted comes.
   for (size_t n = std::max<size_t>(1, pending.size() / 2); n > 0; --n)
@@ -672,7 +672,8 @@ void StoreServer::start() {
   if (ec == asio::error::address_in_use) {
     const std::string what = describe_listener(address, impl_->options.port);
     acc.close(ec);
-    fail(ExitCode::kUsage, "coordinator: cannot listen on {}:{}: the port is taken by {}; choose "
+    fail(ExitCode::kUsage,
+         "coordinator: cannot listen on {}:{}: the port is taken by {}; choose "
          "another port (--port, MASTER_PORT or --rdzv-endpoint)",
          impl_->options.host, impl_->options.port, what);
   }

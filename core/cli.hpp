@@ -38,8 +38,8 @@ std::optional<std::string> allocation_failure(const std::string& what);
 std::string out_of_memory_message(const std::string& detail);
 
 // Runs `body` with the conventions above (a failed allocation exits 2 with
-// out_of_memory_message instead of an internal error); returns the process exit code. `parse` is called
-// with argc/argv to let CLI11 parse (it throws CLI::ParseError on bad usage).
+// out_of_memory_message instead of an internal error); returns the process exit code. `parse` is
+// called with argc/argv to let CLI11 parse (it throws CLI::ParseError on bad usage).
 int run_main(const std::string& prog, CLI::App& app, int argc, char** argv,
              const std::function<int()>& body);
 

@@ -219,8 +219,8 @@ int ElasticAgent::run() {
       if (Clock::now() - last_heartbeat < options_.monitor_interval) return false;
       last_heartbeat = Clock::now();
       try {
-        latest = client_.heartbeat(options_.node.node_id, generation_, read_steps(),
-                                   read_stopped());
+        latest =
+            client_.heartbeat(options_.node.node_id, generation_, read_steps(), read_stopped());
       } catch (...) {
         error = std::current_exception();
         return true;

@@ -6,12 +6,12 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <mutex>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -103,11 +103,12 @@ class StopWatchdog {
     const int sig = g_preempt_signal.load();
     const auto seen = boundary_.load();
     if (cv_.wait_for(lock, grace_, [&] { return stopping_ || boundary_.load() != seen; })) return;
-    spdlog::warn("received {} but no training step ended within {} ms (blocked reading the "
-                 "training data or waiting for a peer?): exiting with code {} without a new "
-                 "checkpoint; the newest committed checkpoint under {} stays the resume point",
-                 sig == SIGUSR1 ? "SIGUSR1" : "SIGTERM", grace_.count(),
-                 static_cast<int>(dnallm::ExitCode::kRequeue), dir_);
+    spdlog::warn(
+        "received {} but no training step ended within {} ms (blocked reading the "
+        "training data or waiting for a peer?): exiting with code {} without a new "
+        "checkpoint; the newest committed checkpoint under {} stays the resume point",
+        sig == SIGUSR1 ? "SIGUSR1" : "SIGTERM", grace_.count(),
+        static_cast<int>(dnallm::ExitCode::kRequeue), dir_);
     spdlog::default_logger()->flush();
     std::_Exit(static_cast<int>(dnallm::ExitCode::kRequeue));
   }
@@ -216,7 +217,8 @@ int main(int argc, char** argv) {
     }
     // Every rank picks (and verifies) the same newest committed checkpoint.
     auto resume = train::open_resume(config, tokenizer_json);
-    if (ckpt_lock) checkpoint::set_aside_newer_steps(config.checkpoint.dir, resume ? resume->step() : 0);
+    if (ckpt_lock)
+      checkpoint::set_aside_newer_steps(config.checkpoint.dir, resume ? resume->step() : 0);
     std::optional<data::SamplerState> sampler_state;
     if (resume) {
       sampler_state = data::SamplerState::from_json(train::saved_sampler_state(*resume));

@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <signal.h>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -24,7 +25,6 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
-#include <signal.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -167,7 +167,8 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> large_head = {0, 0, 0, 4, static_cast<uint8_t>(co::Op::kHello)};  // 64 MiB
   std::vector<uint8_t> garbage(64 << 10, 0x5a);
 
-  const auto end = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.duration_s * 1000));
+  const auto end =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.duration_s * 1000));
   while (Clock::now() < end) {
     if (o.watch_pid > 0) {
       // A process that exited (a zombie until its parent reaps it) has no VmRSS line.

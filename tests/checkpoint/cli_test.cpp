@@ -94,12 +94,12 @@ TEST(CheckpointCliTest, BadOutputsAreUsageErrorsThatWriteNothing) {
   make_checkpoint(tmp.path() / "ck", w);
   const std::string root = (tmp.path() / "ck").string();
   // reshard into a million shards: refused before the first file.
-  CliRun huge = run_ckpt("reshard " + root + " --world-size 1000000 --out " +
-                         (tmp.path() / "huge").string());
+  CliRun huge =
+      run_ckpt("reshard " + root + " --world-size 1000000 --out " + (tmp.path() / "huge").string());
   EXPECT_EQ(huge.code, 2) << huge.out;
   EXPECT_FALSE(std::filesystem::exists(tmp.path() / "huge" / step_dir_name(8))) << huge.out;
-  CliRun too_many = run_ckpt("reshard " + root + " --world-size 3001 --out " +
-                             (tmp.path() / "many").string());
+  CliRun too_many =
+      run_ckpt("reshard " + root + " --world-size 3001 --out " + (tmp.path() / "many").string());
   EXPECT_EQ(too_many.code, 2) << too_many.out;
   EXPECT_EQ(std::count(too_many.out.begin(), too_many.out.end(), '\n'), 1) << too_many.out;
   EXPECT_FALSE(std::filesystem::exists(tmp.path() / "many" / step_dir_name(8)));

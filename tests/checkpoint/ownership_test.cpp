@@ -129,8 +129,7 @@ TEST(CheckpointDirValidationTest, UnusableDirectoriesAreUsageErrorsAtStart) {
   EXPECT_NE(error_of([&] { validate_checkpoint_dir("", key); }, ExitCode::kUsage).find("empty"),
             std::string::npos);
   std::ofstream(tmp.path() / "a_file") << "x";
-  EXPECT_NE(error_of([&] { validate_checkpoint_dir(tmp.path() / "a_file", key); },
-                     ExitCode::kUsage)
+  EXPECT_NE(error_of([&] { validate_checkpoint_dir(tmp.path() / "a_file", key); }, ExitCode::kUsage)
                 .find("not a directory"),
             std::string::npos);
   EXPECT_NE(error_of([&] { validate_checkpoint_dir(tmp.path() / std::string(300, 'x'), key); },
@@ -139,9 +138,9 @@ TEST(CheckpointDirValidationTest, UnusableDirectoriesAreUsageErrorsAtStart) {
             std::string::npos);
   std::string deep = tmp.path().string();
   while (deep.size() < 5000) deep += "/abcdefgh";
-  EXPECT_NE(error_of([&] { validate_checkpoint_dir(deep, key); }, ExitCode::kUsage)
-                .find("shorter path"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { validate_checkpoint_dir(deep, key); }, ExitCode::kUsage).find("shorter path"),
+      std::string::npos);
   if (::geteuid() != 0) {  // root writes anywhere
     fs::create_directories(tmp.path() / "ro");
     fs::permissions(tmp.path() / "ro", fs::perms::owner_read | fs::perms::owner_exec);
@@ -180,8 +179,7 @@ TEST(CheckpointResumeTest, AManifestThatDoesNotBelongToItsDirectoryIsDamaged) {
   auto j = nlohmann::json::parse(std::ifstream(dir / kManifestName));
   j["step"] = 999;
   std::ofstream(dir / kManifestName) << j.dump();
-  const std::string msg =
-      error_of([&] { read_manifest(dir); }, ExitCode::kCheckpointCorrupt);
+  const std::string msg = error_of([&] { read_manifest(dir); }, ExitCode::kCheckpointCorrupt);
   EXPECT_NE(msg.find("says step 999"), std::string::npos) << msg;
   auto r = find_resume(tmp.path(), "auto");
   ASSERT_TRUE(r);
@@ -238,8 +236,8 @@ TEST(CheckpointReshardBoundTest, AnAbsurdWorldSizeWritesNothing) {
   TempDir tmp;
   save(tmp.path() / "src", 5);
   auto src = CheckpointReader::open(tmp.path() / "src");
-  const std::string msg = error_of(
-      [&] { reshard(src, tmp.path() / "out", 1000000, {}); }, ExitCode::kUsage);
+  const std::string msg =
+      error_of([&] { reshard(src, tmp.path() / "out", 1000000, {}); }, ExitCode::kUsage);
   EXPECT_NE(msg.find("must be between 1 and 64"), std::string::npos) << msg;
   EXPECT_FALSE(fs::exists(tmp.path() / "out" / step_dir_name(5)));
   // 65 shards of a 64-element tensor: one would be empty.

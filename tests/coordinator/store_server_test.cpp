@@ -255,8 +255,11 @@ TEST_F(HostileClientTest, IdleAndSlowDripClientsAreCutAtTheHandshakeDeadline) {
   start(o);
   RawSocket idle(server_->port());
   RawSocket drip(server_->port());
-  auto hello =
-      FrameWriter().u8(static_cast<uint8_t>(Op::kHello)).u32(kProtocolVersion).str("secret").frame();
+  auto hello = FrameWriter()
+                   .u8(static_cast<uint8_t>(Op::kHello))
+                   .u32(kProtocolVersion)
+                   .str("secret")
+                   .frame();
   const auto t0 = std::chrono::steady_clock::now();
   // One byte every 100 ms: the HELLO would take 1.5 s, far beyond the deadline.
   bool drip_cut = false;
@@ -429,7 +432,8 @@ class CoordinatorProcess {
     std::filesystem::create_directories(dir_);
     const std::string bin = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-coordinator";
     const std::string cmd = "cd " + dir_ + " && " + prefix + " " + bin +
-                            " --host 127.0.0.1 --port 0 " + args + " > out.txt 2> err.txt & echo $!";
+                            " --host 127.0.0.1 --port 0 " + args +
+                            " > out.txt 2> err.txt & echo $!";
     FILE* p = ::popen(cmd.c_str(), "r");
     if (p == nullptr || std::fscanf(p, "%d", &pid_) != 1) pid_ = 0;
     if (p) ::pclose(p);

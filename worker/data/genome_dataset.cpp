@@ -86,8 +86,8 @@ void GenomeDataset::build(std::string origin) {
     const std::string& s = records_[g.record].bases;
     for (int64_t i = g.begin; i < g.end && !any_base; ++i) {
       const char c = s[static_cast<size_t>(i)];
-      any_base = c == 'A' || c == 'C' || c == 'G' || c == 'T' || c == 'a' || c == 'c' ||
-                 c == 'g' || c == 't';
+      any_base = c == 'A' || c == 'C' || c == 'G' || c == 'T' || c == 'a' || c == 'c' || c == 'g' ||
+                 c == 't';
     }
     if (any_base) break;
   }

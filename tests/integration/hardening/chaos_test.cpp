@@ -53,8 +53,10 @@ std::vector<pid_t> workers_of(pid_t launcher) {
 }
 
 TEST(Chaos, EveryRunEndsDefinedLeavesNothingAndResumesExactly) {
-  const int runs = std::getenv("DNALLM_CHAOS_RUNS") ? std::atoi(std::getenv("DNALLM_CHAOS_RUNS")) : 4;
-  const int first = std::getenv("DNALLM_CHAOS_FIRST") ? std::atoi(std::getenv("DNALLM_CHAOS_FIRST")) : 0;
+  const int runs =
+      std::getenv("DNALLM_CHAOS_RUNS") ? std::atoi(std::getenv("DNALLM_CHAOS_RUNS")) : 4;
+  const int first =
+      std::getenv("DNALLM_CHAOS_FIRST") ? std::atoi(std::getenv("DNALLM_CHAOS_FIRST")) : 0;
   const std::string dir = make_temp_dir("chaos");
   std::string ref_log;
   const auto t_ref = std::chrono::steady_clock::now();
@@ -74,9 +76,9 @@ TEST(Chaos, EveryRunEndsDefinedLeavesNothingAndResumesExactly) {
     const auto at = std::chrono::milliseconds(rng() % static_cast<uint64_t>(ref_ms));
     const std::string name = fmt::format("run{}", run);
     const std::string ckpt = dir + "/" + name + "_ckpt";
-    const std::string what = fmt::format("run {} (seed {}): {} to the {} at {} ms", run, run,
-                                         strsignal(sig), to_launcher ? "launcher" : "worker",
-                                         at.count());
+    const std::string what =
+        fmt::format("run {} (seed {}): {} to the {} at {} ms", run, run, strsignal(sig),
+                    to_launcher ? "launcher" : "worker", at.count());
     SCOPED_TRACE(what);
     std::cout << "[chaos] " << what << std::endl;
     int rc = -1;

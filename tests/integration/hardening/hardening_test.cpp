@@ -6,8 +6,8 @@
 
 #include <chrono>
 #include <csignal>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <thread>
@@ -37,9 +37,9 @@ std::string train_command(const std::string& ckpt, const std::string& metrics, i
 
 TEST(CheckpointDirOwnership, ASecondJobIsRefusedAndADeadJobsLockIsTakenOver) {
   const std::string dir = make_temp_dir("own_lock");
-  Background a(train_command(dir + "/ckpt", dir + "/a.jsonl", 100000, 1000,
-                             "DNALLM_TEST_STEP_DELAY_MS=100"),
-               dir + "/a.log");
+  Background a(
+      train_command(dir + "/ckpt", dir + "/a.jsonl", 100000, 1000, "DNALLM_TEST_STEP_DELAY_MS=100"),
+      dir + "/a.log");
   ASSERT_TRUE(wait_for_text(dir + "/a.jsonl", "\"step\":1,", 120s)) << a.log();
   std::string log;
   const int rc = run_command(train_command(dir + "/ckpt", dir + "/b.jsonl", 2, 1000), &log);
@@ -65,10 +65,10 @@ TEST(CheckpointDirOwnership, AnUnusableDirectoryFailsBeforeAnyTraining) {
                {dir + "/" + std::string(300, 'd'), "characters long"}};
   for (const auto& c : cases) {
     std::string log;
-    const int rc = run_command(
-        fmt::format("cd {} && {}dnallm-train {} --set checkpoint.dir={}", kSrc, kBin,
-                    tiny_settings("unused", dir + "/m.jsonl", 2, 1), c.value),
-        &log);
+    const int rc =
+        run_command(fmt::format("cd {} && {}dnallm-train {} --set checkpoint.dir={}", kSrc, kBin,
+                                tiny_settings("unused", dir + "/m.jsonl", 2, 1), c.value),
+                    &log);
     EXPECT_EQ(rc, 2) << c.value << "\n" << log;
     EXPECT_TRUE(contains(log, c.needle)) << log;
     EXPECT_FALSE(fs::exists(dir + "/m.jsonl")) << "trained before failing: " << c.value;
@@ -99,11 +99,11 @@ class EarlyStopSignal : public ::testing::TestWithParam<int> {};
 TEST_P(EarlyStopSignal, EndsWithACommittedCheckpointAndExit75) {
   const int sig = GetParam();
   const std::string dir = make_temp_dir(fmt::format("early_{}", sig));
-  Background launcher(fmt::format("cd {} && exec env DNALLM_TEST_STEP_DELAY_MS=50 "
-                                  "{}dnallm-launch --nproc-per-node 2 --grace-period 60 {}",
-                                  kSrc, kBin,
-                                  tiny_settings(dir + "/ckpt", dir + "/m.jsonl", 100000, 0)),
-                      dir + "/launch.log");
+  Background launcher(
+      fmt::format("cd {} && exec env DNALLM_TEST_STEP_DELAY_MS=50 "
+                  "{}dnallm-launch --nproc-per-node 2 --grace-period 60 {}",
+                  kSrc, kBin, tiny_settings(dir + "/ckpt", dir + "/m.jsonl", 100000, 0)),
+      dir + "/launch.log");
   std::this_thread::sleep_for(150ms);  // the workers exist but are still loading
   ::kill(launcher.pid(), sig);
   const int rc = launcher.wait(120s);
@@ -154,8 +154,8 @@ pid_t worker_of_rank(pid_t launcher, int rank) {
       continue;
     std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
     // NUL-separated KEY=VALUE entries; a leading NUL makes every entry "\0KEY=VALUE\0".
-    const std::string e = std::string(1, '\0') +
-                          std::string(std::istreambuf_iterator<char>(env), {}) + '\0';
+    const std::string e =
+        std::string(1, '\0') + std::string(std::istreambuf_iterator<char>(env), {}) + '\0';
     if (e.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos)
       return pid;
   }
@@ -191,11 +191,10 @@ TEST(BadData, AnAllNFastaIsNamedAsSuch) {
     for (int i = 0; i < 50; ++i) fa << std::string(80, 'N') << "\n";
   }
   std::string log;
-  const int rc = run_command(fmt::format("cd {} && {}dnallm-train {} --set data.train_files=[\\\"{}\\\"]",
-                                         kSrc, kBin,
-                                         tiny_settings(dir + "/ckpt", dir + "/m.jsonl", 2, 0),
-                                         dir + "/n.fa"),
-                             &log);
+  const int rc = run_command(
+      fmt::format("cd {} && {}dnallm-train {} --set data.train_files=[\\\"{}\\\"]", kSrc, kBin,
+                  tiny_settings(dir + "/ckpt", dir + "/m.jsonl", 2, 0), dir + "/n.fa"),
+      &log);
   EXPECT_EQ(rc, 3) << log;
   EXPECT_TRUE(contains(log, "no A, C, G or T")) << log;
   EXPECT_FALSE(contains(log, "mlm_probability")) << log;

@@ -28,8 +28,7 @@ std::string tiny_settings(const std::string& ckpt, const std::string& metrics, i
       steps, ckpt, save_steps, metrics);
 }
 
-Background::Background(const std::string& cmd, const std::string& log_path)
-    : log_path_(log_path) {
+Background::Background(const std::string& cmd, const std::string& log_path) : log_path_(log_path) {
   pid_ = ::fork();
   if (pid_ == 0) {
     ::setpgid(0, 0);
@@ -99,9 +98,8 @@ std::vector<pid_t> processes_matching(const std::string& needle) {
     std::ifstream stat(entry.path() / "stat");
     std::string s((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
     const auto close_paren = s.rfind(')');
-    const char state = close_paren != std::string::npos && close_paren + 2 < s.size()
-                           ? s[close_paren + 2]
-                           : '?';
+    const char state =
+        close_paren != std::string::npos && close_paren + 2 < s.size() ? s[close_paren + 2] : '?';
     if (state != 'Z' && cmdline.find(needle) != std::string::npos) out.push_back(pid);
   }
   return out;

@@ -29,8 +29,7 @@ std::string standalone_job(const std::string& dir, const std::string& name, int 
   return fmt::format(
       "cd {} && exec env DNALLM_TEST_STEP_DELAY_MS=200 DNALLM_JOB_TOKEN=load-test-token "
       "{}dnallm-launch --standalone --nproc-per-node 2 --grace-period 30 {}",
-      kSrc, kBin,
-      tiny_settings(dir + "/ckpt_" + name, dir + "/" + name + ".jsonl", steps, 0));
+      kSrc, kBin, tiny_settings(dir + "/ckpt_" + name, dir + "/" + name + ".jsonl", steps, 0));
 }
 
 TEST(CoordinatorLoad, ALiveJobFinishesUnchangedUnderHostileClients) {
@@ -47,7 +46,8 @@ TEST(CoordinatorLoad, ALiveJobFinishesUnchangedUnderHostileClients) {
       << job.log();
   std::smatch m;
   const std::string head = job.log();
-  ASSERT_TRUE(std::regex_search(head, m, std::regex("hosting the coordinator on 127\\.0\\.0\\.1:(\\d+)")));
+  ASSERT_TRUE(
+      std::regex_search(head, m, std::regex("hosting the coordinator on 127\\.0\\.0\\.1:(\\d+)")));
   const int port = std::stoi(m[1]);
   std::string load_out;
   const int load_rc = run_command(
