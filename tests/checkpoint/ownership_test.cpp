@@ -28,6 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
+using testing::error_of;
 using testing::make_data;
 using testing::spec;
 using testing::TempDir;
@@ -37,17 +38,6 @@ std::vector<uint8_t> save(const fs::path& root, int64_t step) {
   save_single(root, {step, 1, 0, {{"step", step}}},
               {{spec("w", DType::kFloat32, {64}), 0, 64, w.data()}}, {});
   return w;
-}
-
-std::string error_of(const std::function<void()>& f, ExitCode want) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), want) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
 }
 
 // A child process that takes the lock, reports through a pipe, and holds it until killed.

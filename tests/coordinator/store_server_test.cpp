@@ -76,6 +76,16 @@ class RawSocket {
   int fd_;
 };
 
+// A legitimate client's options: `token`, generous deadlines (the server is under load).
+TcpStoreClientOptions patient_client(uint16_t port, const std::string& token) {
+  TcpStoreClientOptions o;
+  o.port = port;
+  o.token = token;
+  o.connect_timeout = 10s;
+  o.op_timeout = 10s;
+  return o;
+}
+
 class StoreServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -235,12 +245,7 @@ class HostileClientTest : public ::testing::Test {
   // A legitimate client connects, authenticates and round-trips a key; returns how long.
   std::chrono::milliseconds serve_legitimate_client() {
     const auto t0 = std::chrono::steady_clock::now();
-    TcpStoreClientOptions o;
-    o.port = server_->port();
-    o.token = "secret";
-    o.connect_timeout = 10s;
-    o.op_timeout = 10s;
-    TcpStoreClient c(o);
+    TcpStoreClient c(patient_client(server_->port(), "secret"));
     c.set("legit", to_bytes("yes"));
     EXPECT_EQ(to_string(c.get("legit", 1s)), "yes");
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
@@ -509,12 +514,7 @@ TEST(CoordinatorMain, DescriptorExhaustionBacksOffLogsLittleAndKeepsServing) {
   for (int i = 0; i < 150; ++i) flood.push_back(std::make_unique<RawSocket>(coord.port()));
   std::this_thread::sleep_for(1500ms);
   const auto t0 = std::chrono::steady_clock::now();
-  TcpStoreClientOptions o;
-  o.port = coord.port();
-  o.token = "t";
-  o.connect_timeout = 10s;
-  o.op_timeout = 5s;
-  TcpStoreClient c(o);
+  TcpStoreClient c(patient_client(coord.port(), "t"));
   c.set("k", to_bytes("v"));
   EXPECT_EQ(to_string(c.get("k", 1s)), "v");
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);

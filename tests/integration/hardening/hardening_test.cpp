@@ -124,12 +124,9 @@ INSTANTIATE_TEST_SUITE_P(UsrAndTerm, EarlyStopSignal, ::testing::Values(SIGUSR1,
 
 TEST(StopSignals, ElasticPreemptionExitsPromptlyAndHonestly) {
   const std::string dir = make_temp_dir("elastic_preempt");
-  Background launcher(
-      fmt::format("cd {} && exec env DNALLM_TEST_STEP_DELAY_MS=50 DNALLM_JOB_TOKEN=tok "
-                  "{}dnallm-launch --standalone --nproc-per-node 2 --grace-period 60 "
-                  "--heartbeat-timeout 10 {}",
-                  kSrc, kBin, tiny_settings(dir + "/ckpt", dir + "/m.jsonl", 100000, 0)),
-      dir + "/launch.log");
+  Background launcher(standalone_command(dir + "/ckpt", dir + "/m.jsonl", 100000, 50,
+                                         "--grace-period 60 --heartbeat-timeout 10"),
+                      dir + "/launch.log");
   ASSERT_TRUE(wait_for_text(dir + "/m.jsonl", "\"step\":3,", 120s)) << launcher.log();
   ::kill(launcher.pid(), SIGUSR1);
   const auto t0 = std::chrono::steady_clock::now();
@@ -167,10 +164,9 @@ pid_t worker_of_rank(pid_t launcher, int rank) {
 TEST(Diagnosis, AStoppedRankIsNamedNotTheFirstOneWaiting) {
   const std::string dir = make_temp_dir("hang_culprit");
   Background launcher(
-      fmt::format("cd {} && exec env DNALLM_TEST_STEP_DELAY_MS=50 DNALLM_JOB_TOKEN=tok "
-                  "{}dnallm-launch --standalone --nproc-per-node 2 --grace-period 2 "
-                  "--hang-timeout 3 --max-restarts 0 --monitor-interval 0.2 {}",
-                  kSrc, kBin, tiny_settings(dir + "/ckpt", dir + "/m.jsonl", 100000, 0)),
+      standalone_command(
+          dir + "/ckpt", dir + "/m.jsonl", 100000, 50,
+          "--grace-period 2 --hang-timeout 3 --max-restarts 0 --monitor-interval 0.2"),
       dir + "/launch.log");
   ASSERT_TRUE(wait_for_text(dir + "/m.jsonl", "\"step\":3,", 120s)) << launcher.log();
   const pid_t victim = worker_of_rank(launcher.pid(), 1);

@@ -28,6 +28,14 @@ std::string tiny_settings(const std::string& ckpt, const std::string& metrics, i
       steps, ckpt, save_steps, metrics);
 }
 
+std::string standalone_command(const std::string& ckpt, const std::string& metrics, int steps,
+                               int step_delay_ms, const std::string& launcher_flags) {
+  return fmt::format(
+      "cd {} && exec env DNALLM_TEST_STEP_DELAY_MS={} DNALLM_JOB_TOKEN={} {}dnallm-launch "
+      "--standalone --nproc-per-node 2 {} {}",
+      kSrc, step_delay_ms, kJobToken, kBin, launcher_flags, tiny_settings(ckpt, metrics, steps, 0));
+}
+
 Background::Background(const std::string& cmd, const std::string& log_path) : log_path_(log_path) {
   pid_ = ::fork();
   if (pid_ == 0) {

@@ -19,6 +19,15 @@ inline const std::string kSrc = DNALLM_SOURCE_DIR;
 std::string tiny_settings(const std::string& ckpt, const std::string& metrics, int steps,
                           int save_steps);
 
+// The job token of the standalone jobs below.
+inline const std::string kJobToken = "hardening-test-token";
+
+// `cd` to the source tree and exec dnallm-launch --standalone (the agent hosts the
+// coordinator, which the 2 workers use as their store) on the tiny model, with
+// DNALLM_TEST_STEP_DELAY_MS = `step_delay_ms` and `launcher_flags`.
+std::string standalone_command(const std::string& ckpt, const std::string& metrics, int steps,
+                               int step_delay_ms, const std::string& launcher_flags);
+
 // A process started through /bin/sh -c `cmd` (in its own process group), stdout+stderr to
 // `log_path`. The destructor SIGKILLs the group if it still runs.
 class Background {

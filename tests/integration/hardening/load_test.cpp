@@ -26,10 +26,8 @@ namespace {
 using namespace std::chrono_literals;
 
 std::string standalone_job(const std::string& dir, const std::string& name, int steps) {
-  return fmt::format(
-      "cd {} && exec env DNALLM_TEST_STEP_DELAY_MS=200 DNALLM_JOB_TOKEN=load-test-token "
-      "{}dnallm-launch --standalone --nproc-per-node 2 --grace-period 30 {}",
-      kSrc, kBin, tiny_settings(dir + "/ckpt_" + name, dir + "/" + name + ".jsonl", steps, 0));
+  return standalone_command(dir + "/ckpt_" + name, dir + "/" + name + ".jsonl", steps, 200,
+                            "--grace-period 30");
 }
 
 TEST(CoordinatorLoad, ALiveJobFinishesUnchangedUnderHostileClients) {
@@ -50,11 +48,11 @@ TEST(CoordinatorLoad, ALiveJobFinishesUnchangedUnderHostileClients) {
       std::regex_search(head, m, std::regex("hosting the coordinator on 127\\.0\\.0\\.1:(\\d+)")));
   const int port = std::stoi(m[1]);
   std::string load_out;
-  const int load_rc = run_command(
-      fmt::format("{}dnallm-coordinator-load --port {} --token load-test-token --idle {} "
-                  "--large {} --drip {} --duration 600 --watch-pid {} 2>/dev/null",
-                  kBin, port, idle, large, drip, job.pid()),
-      &load_out);
+  const int load_rc =
+      run_command(fmt::format("{}dnallm-coordinator-load --port {} --token {} --idle {} "
+                              "--large {} --drip {} --duration 600 --watch-pid {} 2>/dev/null",
+                              kBin, port, kJobToken, idle, large, drip, job.pid()),
+                  &load_out);
   ASSERT_EQ(load_rc, 0) << load_out;
   ASSERT_EQ(job.wait(120s), 0) << job.log().substr(0, 20000);
   const auto report = nlohmann::json::parse(load_out.substr(load_out.rfind('{')));
