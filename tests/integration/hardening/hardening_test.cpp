@@ -179,6 +179,43 @@ TEST(Diagnosis, AStoppedRankIsNamedNotTheFirstOneWaiting) {
   EXPECT_TRUE(contains(launcher.log(), "process is stopped")) << launcher.log();
 }
 
+TEST(CheckpointDirOwnership, ARunStartingBelowTheNewestStepSetsTheNewerOnesAside) {
+  const std::string dir = make_temp_dir("own_aside");
+  std::string log;
+  ASSERT_EQ(run_command(train_command(dir + "/ckpt", dir + "/a.jsonl", 4, 2), &log), 0) << log;
+  // Again from step 2 (an explicit step path): step 4 would be saved over in place.
+  const int rc =
+      run_command(train_command(dir + "/ckpt", dir + "/b.jsonl", 4, 2) +
+                      fmt::format(" --set checkpoint.resume={}/ckpt/step_000000002", dir),
+                  &log);
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_TRUE(contains(log, "moved aside")) << log;
+  int aside = 0;
+  for (const auto& e : fs::directory_iterator(dir + "/ckpt"))
+    aside += e.path().filename().string().rfind("step_000000004.superseded-", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(aside, 1);
+  EXPECT_TRUE(fs::exists(dir + "/ckpt/step_000000004/manifest.json"));
+  // The rerun of steps 3-4 equals the first run's.
+  const auto a = read_step_losses(dir + "/a.jsonl");
+  const auto b = read_step_losses(dir + "/b.jsonl");
+  for (int64_t step : {3, 4}) EXPECT_EQ(b.at(step), a.at(step)) << "step " << step;
+}
+
+TEST(Diagnosis, AnAllocationThatCannotSucceedIsExit2WithWhatToLower) {
+  const std::string dir = make_temp_dir("oom");
+  std::string log;
+  // Inside every allowed range, but ~360 GB of activations.
+  const int rc = run_command(
+      train_command(dir + "/ckpt", dir + "/m.jsonl", 1, 0) +
+          " --set model.layers=1 --set model.ffn=1048576 --set training.micro_batch_size=4096",
+      &log);
+  EXPECT_EQ(rc, 2) << log;
+  EXPECT_TRUE(contains(log, "out of memory")) << log;
+  EXPECT_TRUE(contains(log, "lower training.micro_batch_size")) << log;
+  EXPECT_FALSE(contains(log, "frame #")) << log;
+  EXPECT_FALSE(contains(log, "internal error")) << log;
+}
+
 TEST(BadData, AnAllNFastaIsNamedAsSuch) {
   const std::string dir = make_temp_dir("all_n");
   {
