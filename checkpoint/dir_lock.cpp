@@ -107,8 +107,12 @@ DirLock DirLock::acquire(const fs::path& dir) {
         "took over the checkpoint directory lock {} from a job that is no longer "
         "running ({})",
         lock.path_.string(), previous);
-  const std::string line =
-      fmt::format("host {} pid {} since {}\n", host_name(), ::getpid(), std::time(nullptr));
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char since[32] = {0};
+  std::strftime(since, sizeof(since), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  const std::string line = fmt::format("host {} pid {} since {}\n", host_name(), ::getpid(), since);
   if (::ftruncate(lock.fd_, 0) != 0 ||
       ::pwrite(lock.fd_, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()))
     spdlog::warn("cannot record this job in {}: {}", lock.path_.string(), errno_string(errno));
