@@ -5,13 +5,11 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -29,6 +27,7 @@
 #include "worker/train/auto_batch.hpp"
 #include "worker/train/checkpointing.hpp"
 #include "worker/train/data_source.hpp"
+#include "worker/train/stop_watchdog.hpp"
 #include "worker/train/trainer.hpp"
 
 namespace {
@@ -67,61 +66,6 @@ void install_preempt_handlers() {
   ::pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
 }
 
-// Note [Stop while blocked]: the stop flag is read at step boundaries only. A worker blocked
-// outside a step (training data from a FIFO or a stalled file system, a peer that never
-// arrives) would ignore SIGTERM/SIGUSR1 until the launcher's SIGKILL. This thread gives the
-// step loop `grace` to reach a step boundary after a stop signal; if none comes, it says so
-// and exits 75 without a new checkpoint: the newest committed one stays the resume point,
-// so running again loses nothing that was committed. Once a boundary acknowledged the
-// signal (the preemption save runs), it stands down.
-class StopWatchdog {
- public:
-  StopWatchdog(std::chrono::milliseconds grace, std::string checkpoint_dir)
-      : grace_(grace), dir_(std::move(checkpoint_dir)) {}
-  ~StopWatchdog() { stop(); }
-  void start() {
-    thread_ = std::thread([this] { run(); });
-  }
-  // Called by the training thread at every step boundary.
-  void step_boundary() { boundary_.fetch_add(1); }
-  void stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  void run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    // Poll for the signal (a handler cannot notify a condition variable).
-    while (!stopping_ && g_preempt_signal.load() == 0)
-      cv_.wait_for(lock, std::chrono::milliseconds(50));
-    if (stopping_) return;
-    const int sig = g_preempt_signal.load();
-    const auto seen = boundary_.load();
-    if (cv_.wait_for(lock, grace_, [&] { return stopping_ || boundary_.load() != seen; })) return;
-    spdlog::warn(
-        "received {} but no training step ended within {} ms (blocked reading the "
-        "training data or waiting for a peer?): exiting with code {} without a new "
-        "checkpoint; the newest committed checkpoint under {} stays the resume point",
-        sig == SIGUSR1 ? "SIGUSR1" : "SIGTERM", grace_.count(),
-        static_cast<int>(dnallm::ExitCode::kRequeue), dir_);
-    spdlog::default_logger()->flush();
-    std::_Exit(static_cast<int>(dnallm::ExitCode::kRequeue));
-  }
-
-  std::chrono::milliseconds grace_;
-  std::string dir_;
-  std::atomic<uint64_t> boundary_{0};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
-  std::thread thread_;
-};
-
 // Thrown from the after-step hook once the preemption checkpoint is committed.
 struct Preempted {
   int64_t step = 0;
@@ -152,7 +96,8 @@ int main(int argc, char** argv) {
     std::chrono::milliseconds stop_grace{5000};
     if (const char* grace = std::getenv("DNALLM_STOP_GRACE_MS"); grace != nullptr && *grace)
       stop_grace = std::chrono::milliseconds(std::atoll(grace));
-    StopWatchdog watchdog(stop_grace, config.checkpoint.dir);
+    train::StopWatchdog watchdog(g_preempt_signal, stop_grace, config.checkpoint.dir,
+                                 [](int) { std::_Exit(static_cast<int>(ExitCode::kRequeue)); });
     watchdog.start();
     // DESIGN.md order: torchrun variables, OpenMPI, Slurm, else one process.
     const auto env = cluster::current_env();
