@@ -36,6 +36,22 @@ TEST(StopWatchdog, AStepBoundaryAfterTheSignalStandsItDown) {
   w.stop();
 }
 
+TEST(StopWatchdog, SlowStepsGetTwiceTheLongestStepNotJustTheGrace) {
+  std::atomic<int> flag{0};
+  std::atomic<int> ended_with{0};
+  StopWatchdog w(flag, 100ms, "ckpt", [&](int sig) { ended_with = sig; });
+  w.start();
+  w.step_boundary();
+  std::this_thread::sleep_for(400ms);  // a 400 ms step (or step + save)
+  w.step_boundary();
+  flag = SIGUSR1;
+  std::this_thread::sleep_for(300ms);  // longer than the grace, shorter than 2 x 400 ms
+  EXPECT_EQ(ended_with.load(), 0) << "a slow step was cut short";
+  w.step_boundary();  // the step ended: the preemption save runs
+  std::this_thread::sleep_for(1000ms);
+  EXPECT_EQ(ended_with.load(), 0);
+}
+
 TEST(StopWatchdog, StopsPromptlyWithoutASignal) {
   std::atomic<int> flag{0};
   StopWatchdog w(flag, 10s, "ckpt", [](int) { FAIL() << "fired"; });

@@ -2,7 +2,9 @@
 // handler, Note [Preemption] in worker/train_main.cpp) at step boundaries only. A worker
 // blocked outside a step (training data from a FIFO or a stalled file system, a peer that
 // never arrives) would ignore the signal until the launcher's SIGKILL. StopWatchdog gives
-// the step loop `grace` to reach a step boundary after the flag is set; if none comes, it
+// the step loop a grace to reach a step boundary after the flag is set: `grace`, or twice the
+// longest interval between two boundaries seen so far (a step plus a save) if that is longer,
+// so that a slow step is never cut short by it. If no boundary comes, it
 // logs why and calls `on_timeout` (dnallm-train: exit 75 without a new checkpoint, so the
 // newest committed one stays the resume point and running again loses nothing committed).
 // Once a boundary acknowledged the signal (the preemption save runs), it stands down.
@@ -11,6 +13,7 @@
 // thread (lock-free); stop() (also the destructor) joins. Torch-free, header-only.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -44,7 +47,15 @@ class StopWatchdog {
     thread_ = std::thread([this] { run(); });
   }
   // Called by the training thread at every step boundary.
-  void step_boundary() { boundary_.fetch_add(1); }
+  void step_boundary() {
+    const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    const int64_t last = last_boundary_ms_.exchange(now);
+    if (last > 0 && now - last > longest_interval_ms_.load())
+      longest_interval_ms_.store(now - last);
+    boundary_.fetch_add(1);
+  }
   void stop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -62,7 +73,8 @@ class StopWatchdog {
     if (stopping_) return;
     const int sig = flag_.load();
     const auto seen = boundary_.load();
-    if (cv_.wait_for(lock, grace_, [&] { return stopping_ || boundary_.load() != seen; })) return;
+    const auto grace = std::max(grace_, std::chrono::milliseconds(2 * longest_interval_ms_.load()));
+    if (cv_.wait_for(lock, grace, [&] { return stopping_ || boundary_.load() != seen; })) return;
     spdlog::warn(
         "received {} but no training step ended within {} ms (blocked reading the training "
         "data or waiting for a peer?): exiting with code 75 without a new checkpoint; the "
@@ -70,7 +82,7 @@ class StopWatchdog {
         sig == SIGUSR1   ? "SIGUSR1"
         : sig == SIGTERM ? "SIGTERM"
                          : "a stop signal",
-        grace_.count(), dir_);
+        grace.count(), dir_);
     spdlog::default_logger()->flush();
     on_timeout_(sig);
   }
@@ -80,6 +92,8 @@ class StopWatchdog {
   std::string dir_;
   std::function<void(int)> on_timeout_;
   std::atomic<uint64_t> boundary_{0};
+  std::atomic<int64_t> last_boundary_ms_{0};     // steady clock, ms
+  std::atomic<int64_t> longest_interval_ms_{0};  // between two boundaries
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;  // guarded by mu_
