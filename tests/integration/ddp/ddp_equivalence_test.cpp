@@ -111,6 +111,16 @@ TEST_F(DdpEquivalence, Zero1TwoRanksSyncEvery) {
                     "ZeRO-1 2 ranks, every");
 }
 
+// Note [Staged collectives] on CPU: every collective copied through the staging thread's
+// host buffers (as a CUDA model's buckets are through pinned memory) trains like 1 rank.
+TEST_F(DdpEquivalence, StagedCollectivesTwoRanks) {
+  const std::string staged =
+      fmt::format("DNALLM_TEST_STAGE_HOST_BUFFERS=1 {}dnallm-launch --nproc-per-node 2 --", kBin);
+  expect_equivalent(*reference_, train("staged2", 2, 3, 2, "", staged), "staged DDP 2 ranks");
+  expect_equivalent(*reference_, train("staged_z2", 2, 3, 2, "--set parallel.zero_stage=2", staged),
+                    "staged ZeRO-2 2 ranks");
+}
+
 TEST_F(DdpEquivalence, MpirunThreeRanksWithoutLauncher) {
   // A static MPI world: no launcher, no store; "auto" picks the mpi backend under mpirun.
   expect_equivalent(*reference_,
