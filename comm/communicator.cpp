@@ -74,6 +74,10 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& options) {
                "the '{}' backend was not built into this binary ([parallel] backend); rebuild "
                "with its library installed or choose another",
                backend);
+  DNALLM_CHECK(backend != "nccl" || options.device.is_cuda(), ExitCode::kUsage,
+               "parallel.backend = \"nccl\" needs a CUDA device, but this rank trains on the "
+               "CPU (training.device, or no GPU visible): set parallel.backend = \"auto\", "
+               "\"gloo\" or \"mpi\"");
   DNALLM_CHECK(backend != "nccl" || !options.device_shared, ExitCode::kUsage,
                "parallel.backend = \"nccl\" cannot run two ranks on one GPU "
                "(parallel.share_gpus = true put them there): set parallel.backend = \"auto\" or "

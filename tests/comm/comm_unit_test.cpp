@@ -152,6 +152,21 @@ TEST(Factory, RanksSharingAGpuNeverPickNccl) {
   }
 }
 
+TEST(Factory, NcclOnTheCpuSaysWhatToSet) {
+  CommOptions o;
+  o.backend = "nccl";  // device stays the CPU
+  try {
+    make_communicator(o);
+    FAIL() << "nccl accepted a CPU rank";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    if (backend_available("nccl")) {
+      EXPECT_NE(std::string(e.what()).find("parallel.backend = \"auto\""), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(Factory, GlooNeedsAStore) {
   if (!backend_available("gloo")) GTEST_SKIP();
   CommOptions o;

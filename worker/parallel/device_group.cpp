@@ -409,6 +409,8 @@ std::unique_ptr<comm::Communicator> stage_for_device(std::unique_ptr<comm::Commu
   if (!nccl && device.is_cuda()) {
     spdlog::info("{} backend on {}: collectives are staged through pinned host memory",
                  inner->backend(), device.str());
+  } else if (options.stage_host_buffers) {
+    spdlog::info("{} backend: host buffers are staged too (test mode)", inner->backend());
   }
   return std::make_unique<StagingCommunicator>(std::move(inner), device, options);
 }
