@@ -62,7 +62,11 @@ fi
        "torch.utils.cmake_prefix_path)" >&2
   exit 2
 }
-torch_lib="$(cd "$libtorch/../../lib" && pwd)"
+torch_lib=""
+for d in "$libtorch/../../lib" "$libtorch/.."; do  # a wheel or libtorch; Debian's layout
+  if [ -e "$d/libtorch.so" ] || [ -e "$d/libtorch_cpu.so" ]; then torch_lib="$(cd "$d" && pwd)"; break; fi
+done
+[ -n "$torch_lib" ] || { echo "build.sh --cuda: no libtorch.so next to $libtorch" >&2; exit 2; }
 prefix_path="$libtorch"
 rpath="$torch_lib"
 nccl_root=""
