@@ -121,14 +121,29 @@ class MlmBatches:
 
 
 def build_model(args, vocab):
-    from transformers import BertConfig, BertForMaskedLM  # only here: the rest runs without
+    import transformers  # only here: the rest runs without it
+    from transformers import BertConfig, BertForMaskedLM
 
     config = BertConfig(vocab_size=vocab, hidden_size=args.hidden,
                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
                         intermediate_size=args.ffn, max_position_embeddings=args.seq,
                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                         pad_token_id=PAD)
-    return BertForMaskedLM._from_config(config, attn_implementation=args.attn)
+    auto = getattr(transformers, "AutoModelForMaskedLM", None)
+    try:  # the public spelling (transformers 4.36+)
+        model = auto.from_config(config, attn_implementation=args.attn)
+    except (AttributeError, TypeError, ValueError):
+        try:
+            model = BertForMaskedLM._from_config(config, attn_implementation=args.attn)
+        except (AttributeError, TypeError):  # older: set it on the config
+            config._attn_implementation = args.attn
+            model = BertForMaskedLM(config)
+    # What transformers really uses (it may fall back, e.g. to eager): reported in the JSON.
+    effective = getattr(model.config, "_attn_implementation", args.attn)
+    if effective != args.attn:
+        print(f"hf_peer: asked for attention '{args.attn}', transformers uses '{effective}'",
+              file=sys.stderr)
+    return model
 
 
 def train(args):
@@ -192,7 +207,7 @@ def train(args):
     fpt = flops_per_token(params, args.layers, args.hidden, args.seq)
     loss_values = [float(x) for x in torch.stack(losses).float().cpu()]
     result = {
-        "impl": "hf-bert-" + args.attn,
+        "impl": "hf-bert-" + str(getattr(model.config, "_attn_implementation", args.attn)),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "device": name,
@@ -275,6 +290,7 @@ class _StubTransformers:
     class BertForMaskedLM(torch.nn.Module):
         def __init__(self, config):
             super().__init__()
+            self.config = config
             self.emb = torch.nn.Embedding(config.vocab_size, config.hidden_size)
             self.out = torch.nn.Linear(config.hidden_size, config.vocab_size)
 
