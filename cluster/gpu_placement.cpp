@@ -55,12 +55,15 @@ int count_host_gpus(const std::string& dev_dir, const std::string& proc_dir) {
   return count_entries(proc_dir, [](const char*) { return true; });
 }
 
-GpuPlacement place_on_gpu(int local_rank, int local_world_size, int visible_gpus, bool share_gpus) {
+GpuPlacement place_on_gpu(int local_rank, int local_world_size, int visible_gpus, bool share_gpus,
+                          bool scheduler_binds_gpus) {
   DNALLM_CHECK(visible_gpus > 0, ExitCode::kUsage,
                "training.device asks for CUDA but no GPU is visible to this process (check "
                "CUDA_VISIBLE_DEVICES and nvidia-smi), or set training.device = \"cpu\"");
   DNALLM_CHECK(local_rank >= 0 && local_rank < local_world_size, ExitCode::kUsage,
                "LOCAL_RANK {} is outside [0, LOCAL_WORLD_SIZE {})", local_rank, local_world_size);
+  // One GPU per task bound by the scheduler: this rank's own GPU (Note [One GPU per rank]).
+  if (scheduler_binds_gpus && visible_gpus == 1) return GpuPlacement{0, false};
   const bool shared = local_world_size > visible_gpus;
   DNALLM_CHECK(!shared || share_gpus, ExitCode::kUsage,
                "{} ranks on this node (LOCAL_WORLD_SIZE) but only {} visible GPU(s): start at "

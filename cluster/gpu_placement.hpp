@@ -10,6 +10,11 @@
 // with parallel.share_gpus = true: then rank r uses GPU r mod n, and the ranks reduce over a
 // CPU backend staged through host memory (NCCL refuses two ranks on one GPU). See
 // worker/parallel/device_group.hpp for the staging.
+// A scheduler may bind one GPU per task instead (Slurm's --gpus-per-task=1, mpirun with a
+// binding wrapper): every rank then sees exactly one GPU, its own, as device 0. When the
+// ranks were started by such a scheduler (topology from Slurm or OpenMPI, not from a
+// launcher whose workers all inherit one CUDA_VISIBLE_DEVICES) one visible GPU is taken to
+// be that binding, not sharing.
 #pragma once
 
 #include <string>
@@ -35,7 +40,9 @@ struct GpuPlacement {
 };
 
 // See Note [One GPU per rank]. Throws Error(kUsage) when no GPU is visible, or when
-// local_world_size > visible_gpus and share_gpus is false (naming both numbers).
-GpuPlacement place_on_gpu(int local_rank, int local_world_size, int visible_gpus, bool share_gpus);
+// local_world_size > visible_gpus and share_gpus is false (naming both numbers), except for
+// one visible GPU when `scheduler_binds_gpus` (the ranks came from Slurm or OpenMPI).
+GpuPlacement place_on_gpu(int local_rank, int local_world_size, int visible_gpus, bool share_gpus,
+                          bool scheduler_binds_gpus = false);
 
 }  // namespace dnallm::cluster

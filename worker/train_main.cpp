@@ -94,8 +94,10 @@ int main(int argc, char** argv) {
     const std::string generation_name = gen_it != env.end() ? gen_it->second : "";
     const int64_t generation = generation_name.empty() ? 0 : std::atoll(generation_name.c_str());
     // One GPU per rank (Note [One GPU per rank]), current from here on.
-    const parallel::RankDevice rank_device =
-        parallel::select_rank_device(config, topo.local_rank, topo.local_world_size);
+    const parallel::RankDevice rank_device = parallel::select_rank_device(
+        config, topo.local_rank, topo.local_world_size,
+        topo.source == cluster::TopologySource::kSlurm ||
+            topo.source == cluster::TopologySource::kOpenMpi);
     comm::ProcessGroup group;
     std::shared_ptr<train::GradientSync> sync = std::make_shared<train::SingleProcessSync>();
     // An explicit nccl backend builds its communicator at world size 1 too (a store in

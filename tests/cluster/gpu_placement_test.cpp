@@ -58,6 +58,19 @@ TEST(PlaceOnGpu, SharingIsExplicitAndRoundRobin) {
   EXPECT_FALSE(place_on_gpu(1, 2, 2, true).shared);
 }
 
+TEST(PlaceOnGpu, OneGpuBoundPerTaskByTheSchedulerIsNotSharing) {
+  // srun --gpus-per-task=1: 4 tasks on the node, each sees only its own GPU.
+  for (int r = 0; r < 4; ++r) {
+    auto p = place_on_gpu(r, 4, 1, false, /*scheduler_binds_gpus=*/true);
+    EXPECT_EQ(p.device_index, 0);
+    EXPECT_FALSE(p.shared);
+  }
+  // A launcher's workers all see the same GPUs: one GPU for 4 ranks is sharing.
+  EXPECT_THROW(place_on_gpu(1, 4, 1, false, false), Error);
+  // Two GPUs visible to 4 scheduled tasks is no per-task binding: still an error.
+  EXPECT_THROW(place_on_gpu(1, 4, 2, false, true), Error);
+}
+
 TEST(PlaceOnGpu, NoVisibleGpuIsAUsageError) {
   try {
     place_on_gpu(0, 1, 0, true);

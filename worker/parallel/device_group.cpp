@@ -22,7 +22,8 @@
 
 namespace dnallm::parallel {
 
-RankDevice select_rank_device(const Config& config, int local_rank, int local_world_size) {
+RankDevice select_rank_device(const Config& config, int local_rank, int local_world_size,
+                              bool scheduler_binds_gpus) {
   const torch::Device base = train::pick_device(config.training.device);
   if (!base.is_cuda()) return RankDevice{base, false};
   const int visible = static_cast<int>(torch::cuda::device_count());

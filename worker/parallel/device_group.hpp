@@ -41,7 +41,10 @@ struct RankDevice {
 // rank]), made the current CUDA device of this process (call once at start, before any CUDA
 // allocation). Throws Error(kUsage) when the node has more ranks than visible GPUs and
 // parallel.share_gpus is false, or when "cuda" is asked for without a GPU.
-RankDevice select_rank_device(const Config& config, int local_rank, int local_world_size);
+// `scheduler_binds_gpus`: the ranks came from Slurm or OpenMPI, which may bind one GPU per
+// task (see cluster::place_on_gpu).
+RankDevice select_rank_device(const Config& config, int local_rank, int local_world_size,
+                              bool scheduler_binds_gpus = false);
 
 // comm/'s description of a LibTorch device.
 Device comm_device(const torch::Device& device);
