@@ -11,7 +11,8 @@
 #   folder made by scripts/stage-gpu-deps.sh (htslib, TOML++, xxHash, GoogleTest, Gloo).
 #   Binaries carry an RPATH to all of these: they run without LD_LIBRARY_PATH.
 #   --target limits the build to the named targets (repeatable); tests build when
-#   GoogleTest is found, unless --no-tests.
+#   GoogleTest is found, unless --no-tests. DNALLM_CMAKE_ARGS adds configure arguments
+#   (e.g. "-DDNALLM_WITH_MPI=OFF" where MPI's libraries are there but not its headers).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cuda=0
@@ -26,7 +27,7 @@ while [ $# -gt 0 ]; do
     --libtorch) libtorch="$2"; shift 2 ;;
     --target) targets+=(--target "$2"); shift 2 ;;
     --no-tests) tests=OFF; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -102,7 +103,7 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
     -DCMAKE_BUILD_RPATH="$rpath" \
     -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags" \
     -DCMAKE_SHARED_LINKER_FLAGS="-Wl,--disable-new-dtags" \
-    -DDNALLM_BUILD_TESTS="$tests" -DDNALLM_BUILD_BENCH=OFF
+    -DDNALLM_BUILD_TESTS="$tests" -DDNALLM_BUILD_BENCH=OFF ${DNALLM_CMAKE_ARGS:-}
 fi
 grep -q '^DNALLM_TORCH_CUDA_FOUND:INTERNAL=ON' "$build/CMakeCache.txt" 2>/dev/null ||
   echo "build.sh --cuda: warning: CMake found a LibTorch without CUDA (see the configuration" \
