@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     --libtorch) libtorch="$2"; shift 2 ;;
     --target) targets+=(--target "$2"); shift 2 ;;
     --no-tests) tests=OFF; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
