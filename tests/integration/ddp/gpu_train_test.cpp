@@ -75,8 +75,10 @@ TEST(GpuTraining, NcclAtWorldSizeOneThroughTheTrainer) {
   const TrainResult nccl = train("gpu_nccl1", "", 8, 1, "--set parallel.backend=nccl");
   ASSERT_EQ(nccl.rc, 0) << nccl.log;
   EXPECT_NE(nccl.log.find("nccl backend on cuda:0"), std::string::npos) << nccl.log;
-  // An all-reduce over one rank changes nothing: the same losses as without a communicator.
-  expect_same_losses(plain, nccl, 1e-6, "nccl world size 1 vs no communicator");
+  // An all-reduce over one rank changes nothing: the same losses as without a communicator,
+  // up to CUDA's run-to-run noise (atomic adds in the embedding backward, another flat
+  // layout order for the gradient norm).
+  expect_same_losses(plain, nccl, 1e-5, "nccl world size 1 vs no communicator");
 }
 
 TEST(GpuTraining, TwoRanksSharingTheGpuOverStagedGlooMatchOneRank) {
