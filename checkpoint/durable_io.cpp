@@ -58,13 +58,17 @@ void fsync_dir(const std::filesystem::path& dir) {
 void write_file_durable(const std::filesystem::path& path, const std::string& text) {
   std::filesystem::path tmp = path;
   tmp += ".tmp";
-  {
+  try {
     OutFile f(tmp);
     f.write(text.data(), text.size());
     f.sync();
     f.close();
+    DNALLM_SYSCHECK(::rename(tmp.c_str(), path.c_str()), path.string());
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);  // a failed save leaves no *.tmp behind
+    throw;
   }
-  DNALLM_SYSCHECK(::rename(tmp.c_str(), path.c_str()), path.string());
   fsync_dir(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
 }
 

@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   reshard->add_option("path", path, "step directory or checkpoint root")->required();
   reshard->add_option("--world-size", world_size, "number of output shards")
       ->required()
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(1, ck::kMaxReshardWorldSize));
   reshard->add_option("--out", out, "output checkpoint root")->required();
   reshard->add_option("--compression", compression, "none | zstd | zstd:<level>");
   auto* exp = app.add_subcommand("export", "write model.safetensors, config and tokenizer");

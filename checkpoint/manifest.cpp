@@ -213,7 +213,16 @@ Manifest read_manifest(const fs::path& step_dir) {
   } catch (const json::exception& e) {
     fail(ExitCode::kCheckpointCorrupt, "{} is not valid JSON: {}", p.string(), e.what());
   }
-  return Manifest::from_json(j, p.string());
+  Manifest m = Manifest::from_json(j, p.string());
+  // A manifest belongs to its directory: one copied or edited into another step's directory
+  // would resume at the wrong step (and data position).
+  fs::path name = step_dir.filename().empty() ? step_dir.parent_path() : step_dir;
+  const auto dir_step = parse_step_dir_name(name.filename().string());
+  if (dir_step && *dir_step != m.step)
+    fail(ExitCode::kCheckpointCorrupt,
+         "{} says step {} but its directory is {} (step {}): the manifest does not belong there",
+         p.string(), m.step, name.filename().string(), *dir_step);
+  return m;
 }
 
 std::vector<std::pair<int64_t, fs::path>> list_committed(const fs::path& root) {

@@ -14,16 +14,12 @@ namespace fs = std::filesystem;
 CheckpointReader CheckpointReader::open(const fs::path& path) {
   fs::path dir = path;
   if (!is_step_dir(path)) {
-    auto latest = latest_step_dir(path);
-    if (latest) {
-      dir = *latest;
-    } else {
-      auto all = list_committed(path);
-      if (all.empty())
-        fail(ExitCode::kCheckpointCorrupt, "{} holds no committed checkpoint (no step_*/{})",
-             path.string(), kManifestName);
-      dir = all.back().second;
-    }
+    // Note [LATEST is a hint]: the newest committed step wins.
+    auto all = list_committed(path);
+    if (all.empty())
+      fail(ExitCode::kCheckpointCorrupt, "{} holds no committed checkpoint (no step_*/{})",
+           path.string(), kManifestName);
+    dir = all.back().second;
   }
   CheckpointReader r;
   r.dir_ = dir;
@@ -104,12 +100,27 @@ std::optional<CheckpointReader> find_resume(const fs::path& root, const std::str
       return r;
     }
   }
+  // Note [LATEST is a hint]: LATEST is written after the manifest, so it can lag behind
+  // (a crash or a full disk between the two writes) or name an older step (restored by
+  // hand); resuming from it would then redo steps and save over committed directories.
+  // The newest committed step directory wins; a LATEST that disagrees is reported.
   std::vector<fs::path> candidates;
-  if (auto latest = latest_step_dir(base)) candidates.push_back(*latest);
   auto all = list_committed(base);
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (std::find(candidates.begin(), candidates.end(), it->second) == candidates.end())
-      candidates.push_back(it->second);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) candidates.push_back(it->second);
+  if (!all.empty()) {
+    std::optional<fs::path> latest;
+    try {
+      latest = latest_step_dir(base);
+    } catch (const Error&) {
+      latest.reset();
+    }
+    if (!latest || latest->filename() != all.back().second.filename())
+      spdlog::warn(
+          "{}/{} names {} but the newest committed checkpoint is {}: resuming from the "
+          "newest (LATEST is only a hint)",
+          base.string(), kLatestName,
+          latest ? latest->filename().string() : std::string("no committed step"),
+          all.back().second.filename().string());
   }
   if (candidates.empty()) return std::nullopt;
   std::string last_error;

@@ -24,8 +24,9 @@ namespace dnallm::checkpoint {
 // chunks they touch. Const methods are safe to call from several threads.
 class CheckpointReader {
  public:
-  // `path`: a step directory, or a root (then the checkpoint LATEST names, else the
-  // newest committed one). Throws Error(kCheckpointCorrupt) naming the damaged file.
+  // `path`: a step directory, or a root (then the newest committed step under it; LATEST
+  // is only a hint, see Note [LATEST is a hint] in reader.cpp). Throws Error(kCheckpointCorrupt)
+  // naming the damaged file.
   static CheckpointReader open(const std::filesystem::path& path);
 
   const Manifest& manifest() const { return manifest_; }
@@ -57,10 +58,10 @@ class CheckpointReader {
 // Resolves `resume` ("auto" | "none" | PATH) under `root` and returns the checkpoint to
 // resume from, fully verified:
 //  - "none": nullopt.
-//  - "auto": the newest committed checkpoint under `root` (LATEST first, then step_*
-//    directories with a manifest, newest first). A damaged one (checksum mismatch,
-//    truncation, missing shard) is skipped with a warning naming the bad file, and the
-//    previous committed one is tried. nullopt when `root` holds no committed checkpoint;
+//  - "auto": the newest committed checkpoint under `root` (step_* directories with a
+//    manifest, newest first; a LATEST naming another step is reported, not followed). A damaged one
+//    (checksum mismatch, truncation, missing shard) is skipped with a warning naming the bad file,
+//    and the previous committed one is tried. nullopt when `root` holds no committed checkpoint;
 //    Error(kCheckpointCorrupt) when some exist but none is usable.
 //  - PATH: a root is treated as "auto" on it; a step directory is opened and verified
 //    (Error(kCheckpointCorrupt) when damaged, no fallback).

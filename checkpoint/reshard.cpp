@@ -1,5 +1,7 @@
 #include "checkpoint/reshard.hpp"
 
+#include <algorithm>
+
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/shard_file.hpp"
 #include "core/error.hpp"
@@ -7,6 +9,12 @@
 namespace dnallm::checkpoint {
 
 namespace fs = std::filesystem;
+
+namespace {
+void write_all_shards(const CheckpointReader& src, const Manifest& m,
+                      const std::vector<std::vector<ShardRange>>& plan, const fs::path& dir,
+                      const CodecOptions& codec, std::vector<ShardDescriptor>& descs);
+}  // namespace
 
 std::vector<std::vector<ShardRange>> plan_reshard(const std::vector<TensorSpec>& layout,
                                                   int world_size) {
@@ -28,9 +36,38 @@ std::vector<std::vector<ShardRange>> plan_reshard(const std::vector<TensorSpec>&
 fs::path reshard(const CheckpointReader& src, const fs::path& out_root, int world_size,
                  const CodecOptions& codec) {
   const Manifest& m = src.manifest();
+  uint64_t largest = 0;
+  for (const auto& t : m.tensors) largest = std::max(largest, t.numel());
+  DNALLM_CHECK(world_size >= 1 && world_size <= kMaxReshardWorldSize &&
+                   static_cast<uint64_t>(world_size) <= largest,
+               ExitCode::kUsage,
+               "reshard --world-size {}: must be between 1 and {} (the largest tensor of {} "
+               "holds {} elements, and at most {} shards are supported); choose the job's "
+               "world size",
+               world_size, std::min<uint64_t>(largest, kMaxReshardWorldSize), src.dir().string(),
+               largest, kMaxReshardWorldSize);
   const auto plan = plan_reshard(m.tensors, world_size);
   const fs::path dir = out_root / step_dir_name(m.step);
+  std::error_code ec;
+  DNALLM_CHECK(!fs::exists(dir, ec), ExitCode::kUsage,
+               "reshard: {} already exists; choose another --out or remove it", dir.string());
   std::vector<ShardDescriptor> descs;
+  try {
+    write_all_shards(src, m, plan, dir, codec, descs);
+    CommitInfo info{m.step, world_size, m.zero_stage, m.state};
+    commit_step(out_root, info, std::move(descs));
+  } catch (...) {
+    fs::remove_all(dir, ec);  // never leave a partial step (or its *.tmp files) behind
+    throw;
+  }
+  return dir;
+}
+
+namespace {
+void write_all_shards(const CheckpointReader& src, const Manifest& m,
+                      const std::vector<std::vector<ShardRange>>& plan, const fs::path& dir,
+                      const CodecOptions& codec, std::vector<ShardDescriptor>& descs) {
+  const int world_size = static_cast<int>(plan.size());
   for (int r = 0; r < world_size; ++r) {
     std::vector<std::vector<uint8_t>> buffers;
     std::vector<TensorSlice> slices;
@@ -42,9 +79,7 @@ fs::path reshard(const CheckpointReader& src, const fs::path& out_root, int worl
     }
     descs.push_back(write_shard(dir, r, slices, codec));
   }
-  CommitInfo info{m.step, world_size, m.zero_stage, m.state};
-  commit_step(out_root, info, std::move(descs));
-  return dir;
 }
+}  // namespace
 
 }  // namespace dnallm::checkpoint

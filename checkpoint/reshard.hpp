@@ -19,9 +19,15 @@ namespace dnallm::checkpoint {
 std::vector<std::vector<ShardRange>> plan_reshard(const std::vector<TensorSpec>& layout,
                                                   int world_size);
 
+// The most shards a checkpoint may be resharded into (a rank per GPU of a very large job).
+inline constexpr int kMaxReshardWorldSize = 65536;
+
 // Writes `src` as a committed checkpoint of the same step and state under `out_root`
 // with `world_size` shards (manifest zero_stage kept). Holds one output shard in memory
-// at a time. Returns the new step directory.
+// at a time. Returns the new step directory. Throws Error(kUsage), before writing
+// anything, when world_size is outside [1, kMaxReshardWorldSize] or larger than the
+// largest stored tensor (every shard must hold something), or when out_root already holds
+// this step; a failed write removes the partial step directory.
 std::filesystem::path reshard(const CheckpointReader& src, const std::filesystem::path& out_root,
                               int world_size, const CodecOptions& codec);
 

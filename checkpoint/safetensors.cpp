@@ -87,7 +87,14 @@ SafetensorsFile read_safetensors_header(const fs::path& path) {
 
 fs::path export_model(const CheckpointReader& ckpt, const fs::path& out_dir) {
   const Manifest& m = ckpt.manifest();
-  fs::create_directories(out_dir);
+  std::error_code ec;
+  DNALLM_CHECK(!fs::exists(out_dir, ec) || fs::is_directory(out_dir, ec), ExitCode::kUsage,
+               "export --out {}: it exists and is not a directory; name a directory (created if "
+               "missing)",
+               out_dir.string());
+  fs::create_directories(out_dir, ec);
+  DNALLM_CHECK(!ec, ExitCode::kUsage, "export --out {}: cannot create the directory: {}",
+               out_dir.string(), ec.message());
   // safetensors keeps header keys sorted when it writes; we keep manifest order for data
   // and let the JSON object be sorted (nlohmann::json default), which readers accept.
   // What to write: (name, dtype, shape, source tensor, first element in it).
@@ -135,7 +142,7 @@ fs::path export_model(const CheckpointReader& ckpt, const fs::path& out_dir) {
   while ((8 + htext.size()) % 8 != 0) htext.push_back(' ');  // align the data section
   const fs::path path = out_dir / "model.safetensors";
   const fs::path tmp = out_dir / "model.safetensors.tmp";
-  {
+  try {
     OutFile f(tmp);
     uint8_t len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(htext.size() >> (8 * i));
@@ -154,6 +161,9 @@ fs::path export_model(const CheckpointReader& ckpt, const fs::path& out_dir) {
     }
     f.sync();
     f.close();
+  } catch (...) {
+    fs::remove(tmp, ec);  // no *.tmp left behind by a failed export
+    throw;
   }
   fs::rename(tmp, path);
   if (m.state.contains("config"))

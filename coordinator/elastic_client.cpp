@@ -32,10 +32,15 @@ JobView ElasticClient::join(const NodeInfo& node, int64_t known_generation) {
 }
 
 JobView ElasticClient::heartbeat(const std::string& node_id, int64_t generation,
-                                 const std::vector<int64_t>& steps) {
+                                 const std::vector<int64_t>& steps,
+                                 const std::vector<bool>& stopped) {
   FrameWriter w = op(Op::kElasticHeartbeat);
   w.str(node_id).i64(generation).u32(static_cast<uint32_t>(steps.size()));
   for (int64_t s : steps) w.i64(s);
+  if (!stopped.empty() && stopped.size() == steps.size()) {
+    w.u32(static_cast<uint32_t>(stopped.size()));
+    for (bool b : stopped) w.u8(b ? 1 : 0);
+  }
   return call(w);
 }
 

@@ -24,8 +24,9 @@ class ElasticClient {
   explicit ElasticClient(TcpStoreClientOptions options);
 
   JobView join(const NodeInfo& node, int64_t known_generation);
+  // `stopped` (optional, one flag per step): local ranks whose process is stopped.
   JobView heartbeat(const std::string& node_id, int64_t generation,
-                    const std::vector<int64_t>& steps);
+                    const std::vector<int64_t>& steps, const std::vector<bool>& stopped = {});
   JobView report_failure(const FailureReport& report);
   JobView report_success(const std::string& node_id, int64_t generation);
   JobView state(const std::string& node_id);

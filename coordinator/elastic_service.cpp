@@ -96,9 +96,17 @@ ElasticService::ElasticService(StoreServer& server, ElasticServiceOptions option
                                          "heartbeat with {} steps (at most {})", n, kMaxLocalRanks);
                             std::vector<int64_t> steps(n);
                             for (auto& s : steps) s = r.i64();
+                            // Optional (newer agents): u32 n, n x u8 "process stopped".
+                            std::vector<bool> stopped;
+                            if (!r.done()) {
+                              const uint32_t k = r.u32();
+                              DNALLM_CHECK(k == n, ExitCode::kUsage,
+                                           "heartbeat with {} steps but {} stopped flags", n, k);
+                              for (uint32_t i = 0; i < k; ++i) stopped.push_back(r.u8() != 0);
+                            }
                             r.expect_done();
                             if (generation != state_.generation()) steps.clear();
-                            state_.heartbeat(node_id, steps, now);
+                            state_.heartbeat(node_id, steps, now, stopped);
                             return node_id;
                           }));
 

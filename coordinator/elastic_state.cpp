@@ -110,10 +110,14 @@ std::vector<ElasticEvent> ElasticState::join(const NodeInfo& node, SteadyClock::
 }
 
 void ElasticState::heartbeat(const std::string& node_id, const std::vector<int64_t>& steps,
-                             SteadyClock::time_point now) {
+                             SteadyClock::time_point now, const std::vector<bool>& stopped) {
   for (auto& m : members_) {
     if (m.info.node_id != node_id) continue;
     m.last_seen = now;
+    if (!steps.empty()) {
+      m.stopped = stopped;
+      m.stopped.resize(m.steps.size(), false);
+    }
     for (size_t i = 0; i < steps.size() && i < m.steps.size(); ++i) {
       if (steps[i] != m.steps[i]) {
         m.steps[i] = steps[i];
@@ -199,15 +203,7 @@ std::vector<ElasticEvent> ElasticState::tick(SteadyClock::time_point now) {
       // judged; without this every such job would be a "hang" after step_timeout.
       if (m.steps[i] < 0) continue;
       if (now - m.step_changed_at[i] > options_.step_timeout) {
-        FailureReport cause{
-            m.info.node_id,
-            m.info.host,
-            m.rank_offset + static_cast<int64_t>(i),
-            0,
-            0,
-            fmt::format("no progress for {:.1f} s after step {} (hang or straggler)",
-                        seconds(now - m.step_changed_at[i]), m.steps[i]),
-            {}};
+        const FailureReport cause = hang_culprit(m, i, now);
         events.push_back({ElasticEvent::Kind::kHang, generation_, cause.describe()});
         if (!spend(restarts_used_, options_.max_restarts, cause, events, "max_restarts")) {
           return events;
@@ -218,6 +214,59 @@ std::vector<ElasticEvent> ElasticState::tick(SteadyClock::time_point now) {
     }
   }
   return events;
+}
+
+// Note [Hang culprit]: when one rank stops, every other rank soon stalls inside the next
+// collective, waiting for it, so "the first rank without progress" names an innocent one
+// (rank 0, in node order). The one to name: a rank whose process its agent saw stopped
+// (not scheduled: SIGSTOP, a debugger), else a rank behind the others (the rest completed
+// a step it did not), else, when all stalled at the same step with nothing stopped, the
+// first (a deadlock inside the collective or a peer outside the job's view).
+FailureReport ElasticState::hang_culprit(const Member& first, size_t first_index,
+                                         SteadyClock::time_point now) const {
+  const Member* who = &first;
+  size_t index = first_index;
+  int64_t most = first.steps[first_index];
+  bool stopped = false;
+  for (const auto& m : members_) {
+    for (size_t i = 0; i < m.steps.size(); ++i) {
+      if (m.steps[i] < 0) continue;
+      most = std::max(most, m.steps[i]);
+      const bool is_stopped = i < m.stopped.size() && m.stopped[i];
+      if (stopped && !is_stopped) continue;
+      if ((is_stopped && !stopped) || m.steps[i] < who->steps[index]) {
+        who = &m;
+        index = i;
+        stopped = is_stopped;
+      }
+    }
+  }
+  const int64_t step = who->steps[index];
+  const double idle = seconds(now - who->step_changed_at[index]);
+  std::string reason;
+  if (stopped) {
+    reason = fmt::format(
+        "no progress for {:.1f} s after step {}: its process is stopped (SIGSTOP or a "
+        "debugger), the other ranks wait for it in a collective",
+        idle, step);
+  } else if (step < most) {
+    reason = fmt::format(
+        "no progress for {:.1f} s after step {} while other ranks completed step {}: it is "
+        "the one the others wait for (hang or straggler)",
+        idle, step, most);
+  } else {
+    reason = fmt::format(
+        "no progress for {:.1f} s after step {} (hang or straggler; every rank stopped at this "
+        "step, none is stopped: a deadlock in a collective?)",
+        idle, step);
+  }
+  return FailureReport{who->info.node_id,
+                       who->info.host,
+                       who->rank_offset + static_cast<int64_t>(index),
+                       0,
+                       0,
+                       reason,
+                       {}};
 }
 
 std::vector<ElasticEvent> ElasticState::report_failure(const FailureReport& report,

@@ -109,9 +109,11 @@ class ElasticState {
   // message and at least every heartbeat interval.
   std::vector<ElasticEvent> tick(SteadyClock::time_point now);
 
-  // Step d. `steps[i]` is the last completed step of local rank i (-1: not started).
+  // Step d. `steps[i]` is the last completed step of local rank i (-1: not started);
+  // `stopped[i]`: the agent saw local rank i's process stopped (not scheduled), which names
+  // it as the culprit of a hang (Note [Hang culprit] in elastic_state.cpp).
   void heartbeat(const std::string& node_id, const std::vector<int64_t>& steps,
-                 SteadyClock::time_point now);
+                 SteadyClock::time_point now, const std::vector<bool>& stopped = {});
 
   // Step e. A failure reported by an agent about one of its ranks.
   std::vector<ElasticEvent> report_failure(const FailureReport& report,
@@ -144,6 +146,7 @@ class ElasticState {
     SteadyClock::time_point last_seen;
     std::vector<int64_t> steps;                            // last step per local rank
     std::vector<SteadyClock::time_point> step_changed_at;  // when each last advanced
+    std::vector<bool> stopped;                             // last heartbeat's, per local rank
     bool succeeded = false;
   };
   struct Joined {
@@ -151,6 +154,8 @@ class ElasticState {
     SteadyClock::time_point joined_at;
   };
 
+  FailureReport hang_culprit(const Member& first, size_t first_index,
+                             SteadyClock::time_point now) const;
   void open_round(SteadyClock::time_point now, std::vector<ElasticEvent>& events,
                   const std::string& why);
   void close_round(SteadyClock::time_point now, std::vector<ElasticEvent>& events);

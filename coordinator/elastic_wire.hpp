@@ -9,7 +9,9 @@
 //       does not count as a rejoin (see ElasticService).
 //  b. kElasticHeartbeat     node_id, i64 generation, u32 n, n x i64 steps     -> JobView
 //       steps[i]: last completed step of local rank i, -1 when unknown. Steps sent for a
-//       generation other than the current one refresh liveness only.
+//       generation other than the current one refresh liveness only. Optionally followed
+//       by u32 n, n x u8 stopped[i]: 1 when the agent saw local rank i's process stopped
+//       (names the culprit of a hang, Note [Hang culprit] in elastic_state.cpp).
 //  c. kElasticReportFailure node_id, host, i64 rank, i64 exit_code, i64 signal, reason,
 //                           key list last_lines, i64 generation                 -> JobView
 //  d. kElasticReportSuccess node_id, i64 generation                          -> JobView

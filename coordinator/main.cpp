@@ -2,11 +2,15 @@
 // elastic membership service (coordinator/elastic_service.hpp) until SIGINT or SIGTERM, or
 // until the elastic job is over (exit 0 when it succeeded, 4 when it failed). Normally the
 // node-rank-0 launcher hosts it; this is the standalone form (docs/elastic.md).
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -49,6 +53,48 @@ std::string host_address() {
   return address;
 }
 
+// 128 random bits as hex, from the kernel.
+std::string generate_token() {
+  unsigned char bytes[16];
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  DNALLM_SYSCHECK(fd, "/dev/urandom");
+  ssize_t n = ::read(fd, bytes, sizeof(bytes));
+  ::close(fd);
+  DNALLM_CHECK(n == static_cast<ssize_t>(sizeof(bytes)), dnallm::ExitCode::kFailure,
+               "cannot read 16 random bytes from /dev/urandom");
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+// The token in `path`'s first line if the file exists; otherwise a new one written there
+// (mode 0600) for the agents to read with --token-file.
+std::string token_from_file(const std::string& path) {
+  if (std::ifstream in(path); in) {
+    std::string token;
+    DNALLM_CHECK(std::getline(in, token) && !token.empty(), dnallm::ExitCode::kUsage,
+                 "--token-file {}: the file exists but its first line holds no token; remove it "
+                 "to have a new token generated",
+                 path);
+    spdlog::info("job token read from {}", path);
+    return token;
+  }
+  const std::string token = generate_token();
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  DNALLM_CHECK(fd >= 0, dnallm::ExitCode::kUsage,
+               "--token-file {}: cannot create it: {}; choose a writable path", path,
+               std::strerror(errno));
+  const std::string line = token + "\n";
+  const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  ::close(fd);
+  DNALLM_CHECK(ok, dnallm::ExitCode::kUsage, "--token-file {}: cannot write it", path);
+  spdlog::info(
+      "job token generated and written to {} (mode 0600): start the agents with --token-file {} "
+      "(or DNALLM_JOB_TOKEN set to its content)",
+      path, path);
+  return token;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -56,6 +102,8 @@ int main(int argc, char** argv) {
   CLI::App app{"dnallm-coordinator: the job's key-value store and rendezvous service"};
   coordinator::StoreServerOptions options;
   std::string token;
+  std::string token_file = "dnallm-job.token";
+  bool no_token = false;
   std::string log_level = "info";
   int port = 29500;
   coordinator::ElasticServiceOptions elastic;
@@ -67,6 +115,13 @@ int main(int argc, char** argv) {
   app.add_option("--port", port, "TCP port to listen on; 0 picks a free one (default 29500)")
       ->check(CLI::Range(0, 65535));
   app.add_option("--token", token, "job token clients must present (default: $DNALLM_JOB_TOKEN)");
+  app.add_option("--token-file", token_file,
+                 "without --token or $DNALLM_JOB_TOKEN: read the token from this file, or "
+                 "generate one and write it there (mode 0600) for the agents' --token-file")
+      ->capture_default_str();
+  app.add_flag("--no-token", no_token,
+               "serve any client without a job token (insecure: anyone who reaches the port "
+               "can join or disturb the job)");
   app.add_option("--max-frame-bytes", options.max_frame_bytes, "largest accepted frame");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   app.add_option("--min-nodes", elastic.state.min_nodes,
@@ -108,8 +163,13 @@ int main(int argc, char** argv) {
       const char* env = std::getenv("DNALLM_JOB_TOKEN");
       if (env != nullptr) token = env;
     }
-    if (token.empty())
-      spdlog::warn("no job token set (--token or DNALLM_JOB_TOKEN): any client is accepted");
+    DNALLM_CHECK(!(no_token && !token.empty()), ExitCode::kUsage,
+                 "--no-token contradicts the job token given by --token or DNALLM_JOB_TOKEN");
+    if (no_token) {
+      spdlog::warn("--no-token: any client that reaches this coordinator is served");
+    } else if (token.empty()) {
+      token = token_from_file(token_file);
+    }
     options.token = token;
     if (app.count("--host") == 0) {
       const char* master = std::getenv("MASTER_ADDR");

@@ -4,7 +4,11 @@
 //  1. The client connects and sends a HELLO frame: op kHello, u32 protocol version
 //     (kProtocolVersion), string job token. The server answers kOk, or kUnauthorized /
 //     kBadRequest and closes the connection (logged with the peer address). No other op is
-//     accepted before a successful HELLO.
+//     accepted before a successful HELLO. kUnauthorized carries a string naming the server
+//     (e.g. "dnallm coordinator (pid 123 on host n01)"), so a client that reached another
+//     job's coordinator can say so. The HELLO frame may hold at most kMaxHelloBytes and must
+//     arrive within the server's handshake timeout (10 s by default), else the connection
+//     is closed.
 //  2. Every frame is: u32 body length (little endian, excluding these 4 bytes), then the
 //     body: u8 op code, then op-specific fields. A body longer than the server's
 //     max_frame_bytes, an empty body, an unknown op or a body whose fields do not parse
@@ -40,6 +44,8 @@ namespace dnallm::coordinator {
 
 constexpr uint32_t kProtocolVersion = 1;
 constexpr uint32_t kDefaultMaxFrameBytes = 64u << 20;  // 64 MiB
+// The largest frame a server accepts before HELLO (a HELLO with a token of up to ~4 KB).
+constexpr uint32_t kMaxHelloBytes = 4096;
 
 enum class Op : uint8_t {
   kHello = 1,

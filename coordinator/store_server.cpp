@@ -1,6 +1,14 @@
 #include "coordinator/store_server.hpp"
 
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <list>
 #include <map>
 #include <set>
@@ -20,26 +28,136 @@ using tcp = asio::ip::tcp;
 
 // One client connection. Strictly sequential: read a frame, dispatch, wait for the
 // handler's single reply, write it, read the next frame. All on the io thread.
+// See Note [Hostile clients] in the header for the deadlines and budgets enforced here.
 struct Responder::Target : std::enable_shared_from_this<Responder::Target> {
   Target(StoreServer::Impl& server, tcp::socket socket, uint64_t id);
-  void start() { read_header(); }
+  void start();
   void read_header();
+  void on_header();
   void read_body(uint32_t n);
   void dispatch();
   void reply(std::vector<uint8_t> frame, bool close_after);
   void close(const std::string& why, bool warn);
+  // Arms the single deadline timer (the handshake's or the current frame's); a timer
+  // armed again or cancelled never fires its old expiry.
+  void arm_deadline(std::chrono::milliseconds after, std::string why);
+  void cancel_deadline();
+  void release_body();
 
   StoreServer::Impl& server_;
   tcp::socket socket_;
   uint64_t id_;
   std::string peer_;
   uint8_t header_[4] = {};
+  size_t header_got_ = 0;
   std::vector<uint8_t> body_;
+  uint64_t reserved_ = 0;  // bytes of body_ counted in the server's buffered_bytes
+  asio::steady_timer deadline_;
+  uint64_t deadline_seq_ = 0;
   bool authed_ = false;
   bool awaiting_reply_ = false;
   bool closed_ = false;
+  bool pending_ = false;  // in the server's list of connections waiting for HELLO
+  std::list<Target*>::iterator pending_it_;
   std::vector<std::string> owned_keys_;
 };
+
+namespace {
+
+// At most kBurst warnings a second; the rest are counted and reported as one line.
+class WarningBudget {
+ public:
+  static constexpr int kBurst = 10;
+  bool allow() {
+    auto now = std::chrono::steady_clock::now();
+    if (now - window_start_ >= std::chrono::seconds(1)) {
+      if (suppressed_ > 0)
+        spdlog::warn(
+            "coordinator: {} more warning(s) like the above suppressed in the last {:.1f} s",
+            suppressed_, std::chrono::duration<double>(now - window_start_).count());
+      window_start_ = now;
+      in_window_ = 0;
+      suppressed_ = 0;
+    }
+    if (in_window_ < kBurst) {
+      ++in_window_;
+      return true;
+    }
+    ++suppressed_;
+    return false;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point window_start_{};
+  int in_window_ = 0;
+  uint64_t suppressed_ = 0;
+};
+
+std::string default_identity() {
+  char name[256] = {0};
+  ::gethostname(name, sizeof(name) - 1);
+  return fmt::format("dnallm coordinator (pid {} on host {})", ::getpid(), name);
+}
+
+void set_cloexec(int fd) {
+  int flags = ::fcntl(fd, F_GETFD);
+  if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+}
+
+// What listens on address:port, for the port-clash message: a dnallm coordinator answers
+// a HELLO with a token it cannot know by UNAUTHORIZED and its identity.
+std::string describe_listener(const asio::ip::address& address, uint16_t port) {
+  if (!address.is_v4()) return "another program";
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "another program";
+  timeval tv{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  auto bytes = address.to_v4().to_bytes();
+  std::memcpy(&sa.sin_addr, bytes.data(), 4);
+  if (address.to_v4().is_unspecified()) sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string what = "another program (it does not speak the coordinator protocol)";
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
+    auto hello = FrameWriter()
+                     .u8(static_cast<uint8_t>(Op::kHello))
+                     .u32(kProtocolVersion)
+                     .str("\x01port-probe")
+                     .frame();
+    uint8_t buf[1024];
+    size_t got = 0;
+    if (::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) ==
+        static_cast<ssize_t>(hello.size())) {
+      while (got < sizeof(buf)) {
+        ssize_t k = ::recv(fd, buf + got, sizeof(buf) - got, 0);
+        if (k <= 0) break;
+        got += static_cast<size_t>(k);
+        if (got >= 4 && got >= 4 + decode_u32_le(buf)) break;
+      }
+    }
+    if (got >= 5 && got >= 4 + decode_u32_le(buf)) {
+      const uint32_t n = decode_u32_le(buf);
+      if (buf[4] == static_cast<uint8_t>(Status::kUnauthorized) && n > 1) {
+        try {
+          FrameReader r(buf + 5, n - 1);
+          what = r.str() + " of another job";
+        } catch (const ProtocolError&) {
+          what = "a dnallm coordinator of another job";
+        }
+      } else if (buf[4] == static_cast<uint8_t>(Status::kUnauthorized)) {
+        what = "a dnallm coordinator of another job";
+      } else if (buf[4] == static_cast<uint8_t>(Status::kOk)) {
+        what = "a dnallm coordinator that accepts any client (no job token)";
+      }
+    }
+  }
+  ::close(fd);
+  return what;
+}
+
+}  // namespace
 
 struct StoreServer::Impl {
   struct Waiter {
@@ -49,9 +167,19 @@ struct StoreServer::Impl {
     bool done = false;
   };
 
-  explicit Impl(StoreServerOptions o) : options(std::move(o)), acceptor(io) {}
+  explicit Impl(StoreServerOptions o) : options(std::move(o)), acceptor(io), accept_timer(io) {
+    if (options.identity.empty()) options.identity = default_identity();
+  }
 
   void accept();
+  void accept_ready();
+  void on_accepted(int fd);
+  void accept_failed(int err, int accepted);
+  // Closes the connection that has waited longest for its HELLO; false if none waits.
+  bool evict_oldest_pending(const char* why);
+  void warn(const std::string& message) {
+    if (warnings.allow()) spdlog::warn("coordinator: {}", message);
+  }
   void register_builtins();
   void on_write(const std::string& key);  // wakes waiters whose keys now all exist
   void on_session_closed(Responder::Target& s);
@@ -74,6 +202,11 @@ struct StoreServer::Impl {
   std::map<std::string, uint64_t> owner;  // owned key -> session id
   std::list<std::shared_ptr<Waiter>> waiters;
   std::set<std::shared_ptr<Responder::Target>> sessions;
+  std::list<Responder::Target*> pending;  // waiting for HELLO, oldest first
+  uint64_t buffered_bytes = 0;            // frame bodies being received, all sessions
+  asio::steady_timer accept_timer;
+  std::chrono::milliseconds accept_backoff{0};
+  WarningBudget warnings;
 };
 
 // ---------------------------------------------------------------- Responder
@@ -96,34 +229,98 @@ uint64_t Responder::session_id() const { return target_ ? target_->id_ : 0; }
 // ---------------------------------------------------------------- Session
 
 Responder::Target::Target(StoreServer::Impl& server, tcp::socket socket, uint64_t id)
-    : server_(server), socket_(std::move(socket)), id_(id) {
+    : server_(server), socket_(std::move(socket)), id_(id), deadline_(server.io) {
   boost::system::error_code ec;
   auto ep = socket_.remote_endpoint(ec);
   peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
   socket_.set_option(tcp::no_delay(true), ec);
 }
 
-void Responder::Target::read_header() {
+void Responder::Target::start() {
+  pending_ = true;
+  pending_it_ = server_.pending.insert(server_.pending.end(), this);
+  arm_deadline(server_.options.handshake_timeout,
+               fmt::format("no HELLO within {} ms of connecting",
+                           server_.options.handshake_timeout.count()));
+  read_header();
+}
+
+void Responder::Target::arm_deadline(std::chrono::milliseconds after, std::string why) {
+  const uint64_t seq = ++deadline_seq_;
+  deadline_.expires_after(after);
   auto self = shared_from_this();
-  asio::async_read(socket_, asio::buffer(header_),
-                   [this, self](boost::system::error_code ec, size_t) {
-                     if (ec) {
-                       close(ec == asio::error::eof ? "closed by peer" : ec.message(), false);
-                       return;
-                     }
-                     uint32_t n = decode_u32_le(header_);
-                     if (n == 0 || n > server_.options.max_frame_bytes) {
-                       close(fmt::format("frame of {} bytes rejected (limit {} bytes)", n,
-                                         server_.options.max_frame_bytes),
-                             true);
-                       return;
-                     }
-                     read_body(n);
-                   });
+  deadline_.async_wait([this, self, seq, why = std::move(why)](boost::system::error_code ec) {
+    if (ec || closed_ || seq != deadline_seq_) return;
+    close(why, true);
+  });
+}
+
+void Responder::Target::cancel_deadline() {
+  ++deadline_seq_;
+  deadline_.cancel();
+}
+
+void Responder::Target::release_body() {
+  server_.buffered_bytes -= reserved_;
+  reserved_ = 0;
+  std::vector<uint8_t>().swap(body_);
+}
+
+void Responder::Target::read_header() {
+  header_got_ = 0;
+  auto self = shared_from_this();
+  // The first byte starts the frame's deadline (after HELLO; before it the handshake's runs).
+  socket_.async_read_some(
+      asio::buffer(header_), [this, self](boost::system::error_code ec, size_t k) {
+        if (ec) {
+          close(ec == asio::error::eof ? "closed by peer" : ec.message(), false);
+          return;
+        }
+        header_got_ = k;
+        if (authed_)
+          arm_deadline(server_.options.frame_timeout,
+                       fmt::format("a frame was not complete {} ms after its first byte",
+                                   server_.options.frame_timeout.count()));
+        if (header_got_ == 4) {
+          on_header();
+          return;
+        }
+        asio::async_read(socket_, asio::buffer(header_ + header_got_, 4 - header_got_),
+                         [this, self](boost::system::error_code ec, size_t) {
+                           if (ec) {
+                             close("connection lost mid-frame: " + ec.message(), !authed_);
+                             return;
+                           }
+                           on_header();
+                         });
+      });
+}
+
+void Responder::Target::on_header() {
+  const uint32_t n = decode_u32_le(header_);
+  const uint32_t limit =
+      authed_ ? server_.options.max_frame_bytes
+              : std::min(server_.options.max_hello_bytes, server_.options.max_frame_bytes);
+  if (n == 0 || n > limit) {
+    close(fmt::format("frame of {} bytes rejected (limit {} bytes{})", n, limit,
+                      authed_ ? "" : " before HELLO"),
+          true);
+    return;
+  }
+  if (server_.buffered_bytes + n > server_.options.max_buffered_bytes) {
+    close(fmt::format("frame of {} bytes rejected: {} bytes of frames are being received from "
+                      "all clients (limit {})",
+                      n, server_.buffered_bytes, server_.options.max_buffered_bytes),
+          true);
+    return;
+  }
+  read_body(n);
 }
 
 void Responder::Target::read_body(uint32_t n) {
   body_.resize(n);
+  reserved_ = n;
+  server_.buffered_bytes += n;
   auto self = shared_from_this();
   asio::async_read(socket_, asio::buffer(body_),
                    [this, self](boost::system::error_code ec, size_t) {
@@ -131,7 +328,9 @@ void Responder::Target::read_body(uint32_t n) {
                        close("connection lost mid-frame: " + ec.message(), true);
                        return;
                      }
+                     if (authed_) cancel_deadline();
                      dispatch();
+                     if (!closed_) release_body();
                    });
 }
 
@@ -150,17 +349,24 @@ void Responder::Target::dispatch() {
       args.expect_done();
       awaiting_reply_ = true;
       if (version != kProtocolVersion) {
-        spdlog::warn("coordinator: refused {}: protocol version {} (expected {})", peer_, version,
-                     kProtocolVersion);
-        Responder(shared_from_this()).send(Status::kUnauthorized);
+        server_.warn(fmt::format("refused {}: protocol version {} (expected {})", peer_, version,
+                                 kProtocolVersion));
+        Responder(shared_from_this())
+            .send(Status::kUnauthorized, FrameWriter().str(server_.options.identity));
         return;
       }
       if (token != server_.options.token) {
-        spdlog::warn("coordinator: refused {}: wrong job token (check DNALLM_JOB_TOKEN)", peer_);
-        Responder(shared_from_this()).send(Status::kUnauthorized);
+        server_.warn(fmt::format("refused {}: wrong job token (check DNALLM_JOB_TOKEN)", peer_));
+        Responder(shared_from_this())
+            .send(Status::kUnauthorized, FrameWriter().str(server_.options.identity));
         return;
       }
       authed_ = true;
+      cancel_deadline();
+      if (pending_) {
+        server_.pending.erase(pending_it_);
+        pending_ = false;
+      }
       Responder(shared_from_this()).send(Status::kOk);
       return;
     }
@@ -202,9 +408,15 @@ void Responder::Target::close(const std::string& why, bool warn) {
   if (closed_) return;
   closed_ = true;
   if (warn)
-    spdlog::warn("coordinator: closing connection from {}: {}", peer_, why);
+    server_.warn(fmt::format("closing connection from {}: {}", peer_, why));
   else
     spdlog::debug("coordinator: connection from {} ended: {}", peer_, why);
+  cancel_deadline();
+  if (pending_) {
+    server_.pending.erase(pending_it_);
+    pending_ = false;
+  }
+  release_body();
   boost::system::error_code ec;
   socket_.shutdown(tcp::socket::shutdown_both, ec);
   socket_.close(ec);
@@ -213,19 +425,84 @@ void Responder::Target::close(const std::string& why, bool warn) {
 
 // ---------------------------------------------------------------- Server
 
+// Accepts with accept4(SOCK_CLOEXEC) ourselves (Asio's accept() leaves descriptors
+// inheritable), after the listener reports readiness.
 void StoreServer::Impl::accept() {
-  acceptor.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
-    if (ec) {
-      if (ec != asio::error::operation_aborted)
-        spdlog::warn("coordinator: accept failed: {}", ec.message());
-      if (!acceptor.is_open()) return;
-    } else {
-      auto s = std::make_shared<Responder::Target>(*this, std::move(socket), next_session_id++);
-      sessions.insert(s);
-      s->start();
+  acceptor.async_wait(tcp::acceptor::wait_read, [this](boost::system::error_code ec) {
+    if (ec || !acceptor.is_open() || stopped) return;
+    accept_ready();
+  });
+}
+
+void StoreServer::Impl::accept_ready() {
+  int accepted = 0;
+  for (int i = 0; i < 64; ++i) {
+    int fd = ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      const int err = errno;
+      if (err == EAGAIN || err == EWOULDBLOCK) break;
+      if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
+      accept_failed(err, accepted);  // re-arms accept() after a back-off
+      return;
     }
+    ++accepted;
+    accept_backoff = std::chrono::milliseconds(0);
+    on_accepted(fd);
+  }
+  accept();
+}
+
+void StoreServer::Impl::on_accepted(int fd) {
+  tcp::socket socket(io);
+  boost::system::error_code ec;
+  socket.assign(acceptor.local_endpoint(ec).protocol(), fd, ec);
+  if (ec) {
+    ::close(fd);
+    warn(fmt::format("cannot use an accepted connection: {}", ec.message()));
+    return;
+  }
+  if (sessions.size() >= options.max_connections) {
+    warn(fmt::format("refusing a connection: {} connections are open (limit {})", sessions.size(),
+                     options.max_connections));
+    return;  // the socket's destructor closes it
+  }
+  if (pending.size() >= options.max_pending_connections)
+    evict_oldest_pending("too many connections are waiting for their HELLO");
+  auto s = std::make_shared<Responder::Target>(*this, std::move(socket), next_session_id++);
+  sessions.insert(s);
+  s->start();
+}
+
+void StoreServer::Impl::accept_failed(int err, int accepted) {
+  // Progress (descriptors freed by the last eviction were used): come back soon, to drain
+  // the backlog where a legitimate client may wait. None: back off exponentially.
+  accept_backoff = accepted > 0 ? std::chrono::milliseconds(10)
+                   : accept_backoff.count() == 0
+                       ? std::chrono::milliseconds(100)
+                       : std::min(accept_backoff * 2, std::chrono::milliseconds(1000));
+  warn(
+      fmt::format("accept failed: {} ({} connections open, {} waiting for HELLO); retrying in "
+                  "{} ms{}",
+                  std::strerror(err), sessions.size(), pending.size(), accept_backoff.count(),
+                  err == EMFILE || err == ENFILE
+                      ? "; raise the descriptor limit (ulimit -n) if clients are legitimate"
+                      : ""));
+  // Descriptors freed now let the next clients in; a legitimate one sends HELLO at once and
+  // leaves the pending list before its turn to be evicted comes.
+  for (size_t n = std::max<size_t>(1, pending.size() / 2); n > 0; --n)
+    if (!evict_oldest_pending("the coordinator is out of descriptors")) break;
+  accept_timer.expires_after(accept_backoff);
+  accept_timer.async_wait([this](boost::system::error_code ec) {
+    if (ec || stopped) return;
     accept();
   });
+}
+
+bool StoreServer::Impl::evict_oldest_pending(const char* why) {
+  if (pending.empty()) return false;
+  Responder::Target* oldest = pending.front();
+  oldest->close(fmt::format("evicted before HELLO: {}", why), true);
+  return true;
 }
 
 void StoreServer::Impl::on_session_closed(Responder::Target& s) {
@@ -389,9 +666,19 @@ void StoreServer::start() {
   tcp::endpoint ep(address, impl_->options.port);
   auto& acc = impl_->acceptor;
   acc.open(ep.protocol(), ec);
+  if (!ec) set_cloexec(acc.native_handle());
   if (!ec) acc.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) acc.bind(ep, ec);
+  if (ec == asio::error::address_in_use) {
+    const std::string what = describe_listener(address, impl_->options.port);
+    acc.close(ec);
+    fail(ExitCode::kUsage,
+         "coordinator: cannot listen on {}:{}: the port is taken by {}; choose "
+         "another port (--port, MASTER_PORT or --rdzv-endpoint)",
+         impl_->options.host, impl_->options.port, what);
+  }
   if (!ec) acc.listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) acc.non_blocking(true, ec);
   DNALLM_CHECK(!ec, ExitCode::kUsage,
                "coordinator: cannot listen on {}:{}: {}; choose another --port",
                impl_->options.host, impl_->options.port, ec.message());
@@ -431,6 +718,7 @@ void StoreServer::stop() {
   asio::post(impl_->io, [impl = impl_.get()] {
     boost::system::error_code ec;
     impl->acceptor.close(ec);
+    impl->accept_timer.cancel();
     auto sessions = impl->sessions;
     for (auto& s : sessions) s->close("server stopping", false);
     for (auto& w : impl->waiters) w->timer->cancel();

@@ -5,6 +5,21 @@
 // an unknown op or a wrong job token closes only that connection, with a warning naming
 // the peer; the server and other clients are unaffected.
 //
+// Note [Hostile clients]: the coordinator is the job's single point of contact, so what an
+// unauthenticated client can cost is bounded:
+//  - before a successful HELLO a frame may hold at most max_hello_bytes, and the whole HELLO
+//    must arrive within handshake_timeout of the accept (idle and slow-drip clients are cut);
+//  - after HELLO, a frame whose first byte arrived must be complete within frame_timeout;
+//  - at most max_pending_connections connections may be waiting for their HELLO: a new one
+//    beyond that evicts the oldest pending one (a legitimate client sends HELLO at once, so
+//    a flood cannot starve it), and at most max_connections are open in all;
+//  - frame bodies being received hold at most max_buffered_bytes in total;
+//  - when accept() fails (EMFILE: the descriptor limit), the server evicts the older half
+//    of the pending connections and accepts again after 10 ms if the last round accepted
+//    some, else after a back-off (100 ms, doubling to 1 s): never a busy loop;
+//  - every socket is close-on-exec, so workers spawned by the launcher never hold them.
+// Warnings about refused clients are rate limited (a burst, then a count once a second).
+//
 // Threads: start() spawns the io thread that owns all server state (the key-value map,
 // waiters, sessions): handlers run on it and need no locks. stop() may be called from any
 // thread (including a signal-watching one); join() waits for the io thread. The
@@ -27,6 +42,17 @@ struct StoreServerOptions {
   uint16_t port = 0;             // 0: the kernel picks one; read it back with port()
   std::string token;             // job token every client must present in HELLO
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
+  // See Note [Hostile clients].
+  uint32_t max_hello_bytes = kMaxHelloBytes;
+  std::chrono::milliseconds handshake_timeout{10000};
+  std::chrono::milliseconds frame_timeout{30000};
+  size_t max_pending_connections = 128;
+  size_t max_connections = 4096;
+  uint64_t max_buffered_bytes = 256ull << 20;
+  // Told to a client whose job token is wrong (in the UNAUTHORIZED reply), so that one that
+  // reached another job's coordinator can say what it reached. Default: "dnallm coordinator
+  // (pid P on host H)".
+  std::string identity = "";
 };
 
 // Sends the single response to one request. Copyable; valid only on the io thread (a

@@ -94,11 +94,21 @@ void TcpStoreClient::connect_locked(Clock::time_point deadline) {
       std::vector<uint8_t> body(n);
       conn->run([&](auto h) { asio::async_read(conn->socket, asio::buffer(body), h); }, deadline,
                 "hello reply");
-      if (static_cast<Status>(body[0]) == Status::kUnauthorized)
+      if (static_cast<Status>(body[0]) == Status::kUnauthorized) {
+        // Servers name themselves in the refusal (protocol step 1): say what was reached.
+        std::string who;
+        try {
+          FrameReader r(body.data() + 1, body.size() - 1);
+          if (!r.done()) who = r.str();
+        } catch (const ProtocolError&) {
+          who.clear();
+        }
         fail(ExitCode::kUsage,
-             "coordinator {} refused this client's job token; set the same DNALLM_JOB_TOKEN on "
-             "every node",
-             address());
+             "coordinator {} refused this client's job token{}; if that is another job's "
+             "coordinator, give this job another port (MASTER_PORT or --rdzv-endpoint), else "
+             "set the same DNALLM_JOB_TOKEN on every node",
+             address(), who.empty() ? std::string() : " (the server there is " + who + ")");
+      }
       if (static_cast<Status>(body[0]) != Status::kOk) throw IoFailure{"hello refused"};
       conn_ = std::move(conn);
       // Owned keys died with the previous session: put them back.

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <new>
 
 #include <spdlog/spdlog.h>
 
@@ -61,10 +62,40 @@ int run_main(const std::string& prog, CLI::App& app, int argc, char** argv,
       std::cerr << prog << ": " << e.what() << "\n";
     }
     return e.exit_code();
+  } catch (const std::bad_alloc&) {
+    std::cerr << prog << ": " << out_of_memory_message("the allocator") << "\n";
+    return static_cast<int>(ExitCode::kUsage);
   } catch (const std::exception& e) {
+    if (const auto oom = allocation_failure(e.what())) {
+      std::cerr << prog << ": " << out_of_memory_message(*oom) << "\n";
+      return static_cast<int>(ExitCode::kUsage);
+    }
     std::cerr << prog << ": internal error: " << e.what() << "\n";
     return static_cast<int>(ExitCode::kFailure);
   }
+}
+
+std::optional<std::string> allocation_failure(const std::string& what) {
+  // LibTorch's allocators (CPU "DefaultCPUAllocator: can't allocate memory: you tried to
+  // allocate N bytes", CUDA "CUDA out of memory. Tried to allocate ...") report through
+  // c10::Error, whose what() continues with a stack trace: keep the first line only.
+  static const char* const kMarkers[] = {"can't allocate memory", "CUDA out of memory",
+                                         "out of memory", "std::bad_alloc"};
+  for (const char* marker : kMarkers) {
+    if (what.find(marker) == std::string::npos) continue;
+    std::string first = what.substr(0, what.find('\n'));
+    if (first.size() > 300) first = first.substr(0, 300) + "...";
+    return first;
+  }
+  return std::nullopt;
+}
+
+std::string out_of_memory_message(const std::string& detail) {
+  return "out of memory (" + detail +
+         "): the model, batch or sequence length is too big for this machine; lower "
+         "training.micro_batch_size (raise training.grad_accum_steps to keep the global batch), "
+         "model.max_seq_length, or model.hidden / model.layers, or shard the optimizer state "
+         "(parallel.zero_stage = 1 or 2)";
 }
 
 }  // namespace dnallm

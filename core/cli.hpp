@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,15 @@ void add_config_options(CLI::App& app, ConfigOptions& options);
 // shorthands... > file > defaults. Throws Error(kUsage).
 Config resolve_config(const ConfigOptions& options);
 
-// Runs `body` with the conventions above; returns the process exit code. `parse` is called
-// with argc/argv to let CLI11 parse (it throws CLI::ParseError on bad usage).
+// The first line of an exception text that reports a failed allocation (LibTorch's CPU or
+// CUDA allocator, std::bad_alloc), or nullopt for any other error.
+std::optional<std::string> allocation_failure(const std::string& what);
+// One sentence for a failed allocation: what was too big and what to lower.
+std::string out_of_memory_message(const std::string& detail);
+
+// Runs `body` with the conventions above (a failed allocation exits 2 with
+// out_of_memory_message instead of an internal error); returns the process exit code. `parse` is
+// called with argc/argv to let CLI11 parse (it throws CLI::ParseError on bad usage).
 int run_main(const std::string& prog, CLI::App& app, int argc, char** argv,
              const std::function<int()>& body);
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -126,7 +127,7 @@ const std::vector<KeyDesc>& schema() {
       {"training", "weight_decay", Kind::kDouble, DNALLM_FIELD(training, weight_decay), 0, 10},
       {"training", "adam_beta1", Kind::kDouble, DNALLM_FIELD(training, adam_beta1), 0, 0.999999},
       {"training", "adam_beta2", Kind::kDouble, DNALLM_FIELD(training, adam_beta2), 0, 0.999999},
-      {"training", "adam_epsilon", Kind::kDouble, DNALLM_FIELD(training, adam_epsilon), 0, 1},
+      {"training", "adam_epsilon", Kind::kDouble, DNALLM_FIELD(training, adam_epsilon), 1e-12, 1},
       {"training", "lr_scheduler", Kind::kString, DNALLM_FIELD(training, lr_scheduler), -kInf,
        kInf, {"constant", "linear", "cosine"}},
       {"training", "warmup_steps", Kind::kInt, DNALLM_FIELD(training, warmup_steps), 0, kInf},
@@ -587,6 +588,10 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   if (path.empty()) return parse_config("", "", overrides);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    fail(ExitCode::kUsage, "--config '{}' is a directory; name a TOML file (e.g. {}/run.toml)",
+         path, path);
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     fail(ExitCode::kUsage, "cannot read configuration file '{}': {}; check the --config path",

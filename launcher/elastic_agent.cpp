@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -141,6 +143,28 @@ std::vector<int64_t> ElasticAgent::read_steps() const {
   return steps;
 }
 
+std::vector<bool> ElasticAgent::read_stopped() const {
+  std::vector<bool> stopped(static_cast<size_t>(options_.node.nproc), false);
+  for (size_t i = 0; i < stopped.size(); ++i) {
+    // The progress file's second line is the worker's pid (dnallm-train writes it).
+    std::ifstream f(progress_file(options_.progress_dir, static_cast<int>(i)));
+    std::string step_line, pid_line;
+    if (!std::getline(f, step_line) || !std::getline(f, pid_line)) continue;
+    stopped[i] = process_stopped(std::atoi(pid_line.c_str()));
+  }
+  return stopped;
+}
+
+bool process_stopped(int pid) {
+  if (pid <= 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto close = s.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos || close + 2 >= s.size()) return false;
+  const char state = s[close + 2];
+  return state == 'T' || state == 't';
+}
+
 JobView ElasticAgent::wait_for_assignment(int& stop_signal) {
   while (true) {
     JobView v = client_.join(options_.node, generation_);
@@ -195,7 +219,8 @@ int ElasticAgent::run() {
       if (Clock::now() - last_heartbeat < options_.monitor_interval) return false;
       last_heartbeat = Clock::now();
       try {
-        latest = client_.heartbeat(options_.node.node_id, generation_, read_steps());
+        latest =
+            client_.heartbeat(options_.node.node_id, generation_, read_steps(), read_stopped());
       } catch (...) {
         error = std::current_exception();
         return true;

@@ -65,6 +65,8 @@ class ElasticAgent {
   // Steps 3 and 4: waits while the current generation is still the open one.
   coordinator::JobView wait_for_next(bool heartbeat, int& stop_signal);
   std::vector<int64_t> read_steps() const;
+  // Per local rank: is its worker process stopped (Note [Hang culprit], elastic_state.cpp)?
+  std::vector<bool> read_stopped() const;
 
   coordinator::ElasticClient& client_;
   Spawner& spawner_;
@@ -77,11 +79,14 @@ class ElasticAgent {
 
 // Note [Progress file]: the worker of local rank i gets DNALLM_PROGRESS_FILE =
 // progress_file(dir, i) and may write its last completed step there as a decimal integer
-// (best replaced atomically: write a temporary file, rename it). The agent reads it every
+// (best replaced atomically: write a temporary file, rename it), and its pid on a second line
+// (then a stalled job names a stopped rank, Note [Hang culprit]). The agent reads it every
 // monitor interval; a missing or unparsable file reads as -1 (no progress known), and ranks
 // at -1 are not checked for hangs. Files are removed before each generation starts.
 std::string progress_file(const std::string& dir, int local_rank);
 int64_t read_progress(const std::string& path);
+// True when process `pid` exists and is stopped (state T or t in /proc/<pid>/stat).
+bool process_stopped(int pid);
 
 // The workers of one generation: make_worker_specs() of `plan` placed as the assignment
 // says, then RANK = rank_offset + local rank, WORLD_SIZE, GROUP_RANK = node rank,

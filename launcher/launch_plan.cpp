@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <filesystem>
 #include <iterator>
 
 #include "cluster/gpu_placement.hpp"
@@ -137,6 +138,9 @@ std::vector<WorkerSpec> make_worker_specs(const LaunchPlan& plan, const cluster:
     spec.rank = rank;
     spec.local_rank = local;
     spec.argv = plan.command;
+    // dnallm-train unblocks them once its handlers are installed (Note [Early stop signals]).
+    spec.hold_stop_signals = !plan.command.empty() &&
+                             std::filesystem::path(plan.command[0]).filename() == "dnallm-train";
     for (const auto& kv : env) spec.env.push_back(kv.first + "=" + kv.second);
     specs.push_back(std::move(spec));
   }

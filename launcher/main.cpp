@@ -201,7 +201,15 @@ int run_elastic(const Args& args, const CLI::App& app, LaunchPlan plan,
   ::rmdir(progress_dir.c_str());
   if (service) {
     // Let the other agents learn the outcome before the coordinator goes away.
-    if (code < 128) {  // the job ended (not this agent interrupted by a signal)
+    if (code == static_cast<int>(ExitCode::kRequeue)) {
+      // Preempted: this node's workers committed and exited 75. The coordinator cannot
+      // know that (it would wait a heartbeat timeout, declare this node dead and open a new
+      // generation that nobody will run): stop it now. Other nodes got the same notice.
+      spdlog::warn(
+          "preempted: the workers committed a checkpoint and exited {}; stopping the "
+          "coordinator hosted here (the requeued job resumes from the checkpoint)",
+          code);
+    } else if (code < 128) {  // the job ended (not this agent interrupted by a signal)
       service->wait_outcome_delivered(service_options.state.heartbeat_timeout);
     }
     service->stop();

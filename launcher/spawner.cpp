@@ -4,10 +4,13 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -278,8 +281,24 @@ std::unique_ptr<WorkerProcess> ProcessSpawner::spawn(const WorkerSpec& spec) {
   Pipe out = make_pipe();
   Pipe err = make_pipe();
 
+  // Note [Inherited descriptors]: the child keeps only stdin/stdout/stderr. Sockets and
+  // files opened without close-on-exec (by us or by a library, in any thread) would
+  // otherwise live on in every worker, e.g. the coordinator's listening socket.
+  rlimit nofile{};
+  const int max_fd = ::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY
+                         ? static_cast<int>(std::min<rlim_t>(nofile.rlim_cur, 1 << 20))
+                         : 65536;
+  const bool hold_stop_signals = spec.hold_stop_signals;
+  // Held from the child's first instruction: blocked in this thread across fork() (the
+  // launcher has them blocked anyway; a test or another caller may not).
+  sigset_t stop_signals, saved_mask;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGUSR1);
+  sigaddset(&stop_signals, SIGTERM);
+  if (hold_stop_signals) ::pthread_sigmask(SIG_BLOCK, &stop_signals, &saved_mask);
   const pid_t launcher_pid = ::getpid();
   pid_t pid = ::fork();
+  if (pid != 0 && hold_stop_signals) ::pthread_sigmask(SIG_SETMASK, &saved_mask, nullptr);
   if (pid < 0) {
     int e = errno;
     for (int fd : {devnull, out.read, out.write, err.read, err.write}) ::close(fd);
@@ -292,13 +311,19 @@ std::unique_ptr<WorkerProcess> ProcessSpawner::spawn(const WorkerSpec& spec) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != launcher_pid) ::_exit(127);
     ::setpgid(0, 0);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    sigset_t mask;
+    sigemptyset(&mask);
+    if (hold_stop_signals) mask = stop_signals;  // Note [Early stop signals] (spawner.hpp)
+    ::sigprocmask(SIG_SETMASK, &mask, nullptr);
     for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGHUP, SIGQUIT, SIGCHLD}) ::signal(sig, SIG_DFL);
     ::dup2(devnull, STDIN_FILENO);
     ::dup2(out.write, STDOUT_FILENO);
     ::dup2(err.write, STDERR_FILENO);
+    // See Note [Inherited descriptors].
+#ifdef SYS_close_range
+    if (::syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
+#endif
+      for (int fd = 3; fd < max_fd; ++fd) ::close(fd);
     ::execve(program.c_str(), argv.data(), envp.data());
     const char msg[] = "dnallm-launch: exec of the worker command failed\n";
     ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);

@@ -24,6 +24,12 @@ struct WorkerSpec {
   int local_rank = 0;
   std::vector<std::string> argv;  // argv[0]: a path, or a name looked up in PATH of `env`
   std::vector<std::string> env;   // the complete environment, "KEY=VALUE"
+  // Note [Early stop signals]: start the worker with SIGUSR1 and SIGTERM blocked, so that a
+  // stop signal forwarded before the worker installed its handlers stays pending instead of
+  // killing it (their default action). For workers that unblock them once their handlers
+  // are in place (dnallm-train does, first thing in main()); any other command would never
+  // see them.
+  bool hold_stop_signals = false;
 };
 
 // How a worker ended.

@@ -191,6 +191,9 @@ int exit_code_for(const GenerationResult& result) {
 bool should_restart(const GenerationResult& result, int restarts_done, int max_restarts) {
   if (result.outcome != GenerationOutcome::kWorkerFailed) return false;
   if (restarts_done >= max_restarts) return false;
+  // The job is being preempted: a new generation would only be killed too, and would
+  // swallow the notice (the requeued job resumes from the newest committed checkpoint).
+  if (result.preempt_signal != 0) return false;
   return exit_code_for(result) == static_cast<int>(ExitCode::kPeerFailed);
 }
 

@@ -2,6 +2,7 @@
 // above 1 (torchrun-style variables from dnallm-launch, OpenMPI under mpirun, or a Slurm
 // step) it joins the process group and trains data-parallel (DDP / ZeRO, [parallel]).
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <csignal>
@@ -17,6 +18,7 @@
 #include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "checkpoint/dir_lock.hpp"
 #include "cluster/topology.hpp"
 #include "comm/bootstrap.hpp"
 #include "coordinator/store.hpp"
@@ -27,6 +29,7 @@
 #include "worker/train/auto_batch.hpp"
 #include "worker/train/checkpointing.hpp"
 #include "worker/train/data_source.hpp"
+#include "worker/train/stop_watchdog.hpp"
 #include "worker/train/trainer.hpp"
 
 namespace {
@@ -56,6 +59,13 @@ void install_preempt_handlers() {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   for (int sig : {SIGUSR1, SIGTERM}) ::sigaction(sig, &sa, nullptr);
+  // dnallm-launch starts workers with both blocked (Note [Early stop signals] in
+  // launcher/spawner.hpp): one that arrived before this point is delivered now.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGUSR1);
+  sigaddset(&stop, SIGTERM);
+  ::pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
 }
 
 // Thrown from the after-step hook once the preemption checkpoint is committed.
@@ -67,6 +77,7 @@ struct Preempted {
 
 int main(int argc, char** argv) {
   using namespace dnallm;
+  install_preempt_handlers();  // first: a stop signal must never find the default action
   CLI::App app{
       "dnallm-train: train a DNA language model (BERT masked LM, GPT causal LM, or a\n"
       "classification/regression fine-tune) from a TOML configuration. Writes JSON Lines\n"
@@ -81,13 +92,28 @@ int main(int argc, char** argv) {
       return 0;
     }
     init_logging("train", config.logging.level);
-    install_preempt_handlers();
+    // Note [Stop while blocked]: from here on (opening the data, joining the process group
+    // and resuming can all block). DNALLM_STOP_GRACE_MS (default 5000) must stay below the
+    // launcher's --grace-period (10 s) so that this, not SIGKILL, ends a blocked worker.
+    std::chrono::milliseconds stop_grace{5000};
+    if (const char* grace = std::getenv("DNALLM_STOP_GRACE_MS"); grace != nullptr && *grace)
+      stop_grace = std::chrono::milliseconds(std::atoll(grace));
+    train::StopWatchdog watchdog(g_preempt_signal, stop_grace, config.checkpoint.dir,
+                                 [](int) { std::_Exit(static_cast<int>(ExitCode::kRequeue)); });
+    watchdog.start();
     // DESIGN.md order: torchrun variables, OpenMPI, Slurm, else one process.
     const auto env = cluster::current_env();
     const cluster::Topology topo = cluster::detect_topology(env);
     const int rank = topo.rank;
     const int world = topo.world_size;
     set_log_identity(rank);
+    // Note [Checkpoint directory lock] (checkpoint/dir_lock.hpp): the directory is checked and
+    // owned before any training time is spent; rank 0 (the committer) holds it to the end.
+    std::optional<checkpoint::DirLock> ckpt_lock;
+    if (config.checkpoint.save_steps > 0 || config.checkpoint.save_final) {
+      checkpoint::validate_checkpoint_dir(config.checkpoint.dir, "checkpoint.dir");
+      if (rank == 0) ckpt_lock = checkpoint::DirLock::acquire(config.checkpoint.dir);
+    }
     // An elastic agent's generation (docs/elastic.md): names this generation's communicator
     // and store keys; "" / 0 outside an elastic job.
     const auto gen_it = env.find("DNALLM_GENERATION");
@@ -164,6 +190,8 @@ int main(int argc, char** argv) {
     }
     // Every rank picks (and verifies) the same newest committed checkpoint.
     auto resume = train::open_resume(config, tokenizer_json);
+    if (ckpt_lock)
+      checkpoint::set_aside_newer_steps(config.checkpoint.dir, resume ? resume->step() : 0);
     std::optional<data::SamplerState> sampler_state;
     if (resume) {
       sampler_state = data::SamplerState::from_json(train::saved_sampler_state(*resume));
@@ -226,7 +254,9 @@ int main(int argc, char** argv) {
         const std::string tmp = path + ".tmp";
         {
           std::ofstream out(tmp, std::ios::trunc);
-          out << r.step << "\n";
+          // Line 2, the pid: the agent checks whether this process is stopped when the job
+          // stalls (Note [Hang culprit] in coordinator/elastic_state.cpp).
+          out << r.step << "\n" << ::getpid() << "\n";
         }
         std::rename(tmp.c_str(), path.c_str());
       };
@@ -240,8 +270,9 @@ int main(int argc, char** argv) {
       }
       auto inner = trainer_options.after_step;
       const int64_t save_steps = config.checkpoint.save_steps;
-      trainer_options.after_step = [inner, &checkpointer, step_delay, save_steps](
+      trainer_options.after_step = [inner, &checkpointer, step_delay, save_steps, &watchdog](
                                        train::Trainer& t, const train::StepResult& r) {
+        watchdog.step_boundary();
         if (inner) inner(t, r);
         if (step_delay.count() > 0) std::this_thread::sleep_for(step_delay);
         // Collective: every rank calls it after every step (Note [Preemption]).

@@ -1,7 +1,9 @@
 // dnallm-ckpt end to end: the real binary on real checkpoint directories.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -84,6 +86,32 @@ TEST(CheckpointCliTest, InspectVerifyReshardExport) {
   EXPECT_EQ(st.tensors.at("w").spec.numel(), 3000u);
   EXPECT_TRUE(std::filesystem::exists(tmp.path() / "final" / "config.json"));
   EXPECT_TRUE(std::filesystem::exists(tmp.path() / "final" / "tokenizer.json"));
+}
+
+TEST(CheckpointCliTest, BadOutputsAreUsageErrorsThatWriteNothing) {
+  TempDir tmp;
+  std::vector<uint8_t> w;
+  make_checkpoint(tmp.path() / "ck", w);
+  const std::string root = (tmp.path() / "ck").string();
+  // reshard into a million shards: refused before the first file.
+  CliRun huge =
+      run_ckpt("reshard " + root + " --world-size 1000000 --out " + (tmp.path() / "huge").string());
+  EXPECT_EQ(huge.code, 2) << huge.out;
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "huge" / step_dir_name(8))) << huge.out;
+  CliRun too_many =
+      run_ckpt("reshard " + root + " --world-size 3001 --out " + (tmp.path() / "many").string());
+  EXPECT_EQ(too_many.code, 2) << too_many.out;
+  EXPECT_EQ(std::count(too_many.out.begin(), too_many.out.end(), '\n'), 1) << too_many.out;
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "many" / step_dir_name(8)));
+  // export --out naming an existing file.
+  std::ofstream(tmp.path() / "a_file") << "keep me";
+  CliRun ex = run_ckpt("export " + root + " --out " + (tmp.path() / "a_file").string());
+  EXPECT_EQ(ex.code, 2) << ex.out;
+  EXPECT_NE(ex.out.find("not a directory"), std::string::npos) << ex.out;
+  std::ifstream kept(tmp.path() / "a_file");
+  std::string text;
+  std::getline(kept, text);
+  EXPECT_EQ(text, "keep me");
 }
 
 TEST(CheckpointCliTest, VerifyNamesTheBadShardAndChunk) {

@@ -18,6 +18,7 @@ namespace dnallm::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::error_of;
 using testing::flip_byte;
 using testing::make_data;
 using testing::spec;
@@ -45,17 +46,6 @@ Saved save_two_ranks(const fs::path& root, int64_t step, bool commit = true) {
         root, {step, 2, 1, {{"step", step}, {"config_hash", "abc123"}, {"tokenizer", kTokenizer}}},
         {d0, d1});
   return s;
-}
-
-std::string error_of(const std::function<void()>& f, ExitCode want) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), want) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
 }
 
 TEST(CheckpointCommitTest, LayoutAndLatest) {

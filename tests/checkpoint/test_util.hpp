@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "checkpoint/types.hpp"
+#include "core/error.hpp"
 
 namespace dnallm::checkpoint::testing {
 
@@ -77,6 +79,19 @@ inline TensorSpec spec(const std::string& name, DType dtype, std::vector<int64_t
   s.dtype = dtype;
   s.shape = std::move(shape);
   return s;
+}
+
+// Runs `f`, expects an Error with exit code `want`, returns its message ("" and a failure
+// when nothing is thrown).
+inline std::string error_of(const std::function<void()>& f, ExitCode want) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), want) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
 }
 
 // Flips one byte of a file at `offset` (from the start; negative: from the end).

@@ -2,6 +2,7 @@
 
 #include <csignal>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace dnallm::coordinator {
@@ -195,6 +196,55 @@ TEST_F(ElasticStateTest, HangIsDetectedAndNamesRank) {
       EXPECT_NE(ev.front().message.find("rank 1 on a-host"), std::string::npos)
           << ev.front().message;
       EXPECT_EQ(s.restarts_used(), 1);
+      return;
+    }
+  }
+  FAIL() << "hang not detected";
+}
+
+// Note [Hang culprit]: one rank of two nodes stops; every other rank stalls in the next
+// collective at the same step. Named: the stopped one, not the first in node order.
+TEST_F(ElasticStateTest, HangNamesTheStoppedRankNotTheFirstWaiting) {
+  for (int culprit = 0; culprit < 4; ++culprit) {
+    ElasticState s(opts(2, 2));
+    s.join(node("a", 2), at(0));
+    s.join(node("b", 2), at(0));
+    for (int t = 1; t <= 40; ++t) {
+      const int step = std::min(t, 5);
+      std::vector<bool> stopped_a(2, false), stopped_b(2, false);
+      if (t > 5) (culprit < 2 ? stopped_a : stopped_b)[culprit % 2] = true;
+      s.heartbeat("a", {step, step}, at(t), stopped_a);
+      s.heartbeat("b", {step, step}, at(t), stopped_b);
+      auto ev = s.tick(at(t));
+      if (has(ev, ElasticEvent::Kind::kHang)) {
+        const std::string host = culprit < 2 ? "a-host" : "b-host";
+        EXPECT_NE(ev.front().message.find(fmt::format("rank {} on {}", culprit, host)),
+                  std::string::npos)
+            << ev.front().message;
+        EXPECT_NE(ev.front().message.find("process is stopped"), std::string::npos)
+            << ev.front().message;
+        break;
+      }
+      ASSERT_LT(t, 40) << "hang not detected";
+    }
+  }
+}
+
+// Without a stopped process, the rank behind the others is named.
+TEST_F(ElasticStateTest, HangNamesTheRankBehindTheOthers) {
+  ElasticState s(opts(2, 2));
+  s.join(node("a", 2), at(0));
+  s.join(node("b", 2), at(0));
+  for (int t = 1; t <= 40; ++t) {
+    // rank 3 never completed step 6; the others did and wait in step 7's collective.
+    s.heartbeat("a", {std::min(t, 6), std::min(t, 6)}, at(t));
+    s.heartbeat("b", {std::min(t, 6), std::min(t, 5)}, at(t));
+    auto ev = s.tick(at(t));
+    if (has(ev, ElasticEvent::Kind::kHang)) {
+      EXPECT_NE(ev.front().message.find("rank 3 on b-host"), std::string::npos)
+          << ev.front().message;
+      EXPECT_NE(ev.front().message.find("other ranks completed step 6"), std::string::npos)
+          << ev.front().message;
       return;
     }
   }

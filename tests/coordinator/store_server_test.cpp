@@ -1,10 +1,14 @@
 // The TCP store against hostile or broken clients, with raw sockets: every bad client is
 // cut off and the server keeps serving the good ones.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -33,6 +37,7 @@ class RawSocket {
     EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   }
   ~RawSocket() { ::close(fd_); }
+  int fd() const { return fd_; }
   void send(const std::vector<uint8_t>& bytes) {
     ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(bytes.size()));
@@ -70,6 +75,16 @@ class RawSocket {
   }
   int fd_;
 };
+
+// A legitimate client's options: `token`, generous deadlines (the server is under load).
+TcpStoreClientOptions patient_client(uint16_t port, const std::string& token) {
+  TcpStoreClientOptions o;
+  o.port = port;
+  o.token = token;
+  o.connect_timeout = 10s;
+  o.op_timeout = 10s;
+  return o;
+}
 
 class StoreServerTest : public ::testing::Test {
  protected:
@@ -217,6 +232,157 @@ TEST(StoreServerExtension, RegisteredOpIsDispatchedAndRepliesLater) {
   EXPECT_EQ(r.str(), "echo:hi");
 }
 
+// ---------------------------------------------------------------- Note [Hostile clients]
+
+class HostileClientTest : public ::testing::Test {
+ protected:
+  void start(StoreServerOptions o) {
+    o.host = "127.0.0.1";
+    o.token = "secret";
+    server_ = std::make_unique<StoreServer>(o);
+    server_->start();
+  }
+  // A legitimate client connects, authenticates and round-trips a key; returns how long.
+  std::chrono::milliseconds serve_legitimate_client() {
+    const auto t0 = std::chrono::steady_clock::now();
+    TcpStoreClient c(patient_client(server_->port(), "secret"));
+    c.set("legit", to_bytes("yes"));
+    EXPECT_EQ(to_string(c.get("legit", 1s)), "yes");
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 t0);
+  }
+  std::unique_ptr<StoreServer> server_;
+};
+
+TEST_F(HostileClientTest, IdleAndSlowDripClientsAreCutAtTheHandshakeDeadline) {
+  StoreServerOptions o;
+  o.handshake_timeout = 300ms;
+  start(o);
+  RawSocket idle(server_->port());
+  RawSocket drip(server_->port());
+  auto hello = FrameWriter()
+                   .u8(static_cast<uint8_t>(Op::kHello))
+                   .u32(kProtocolVersion)
+                   .str("secret")
+                   .frame();
+  const auto t0 = std::chrono::steady_clock::now();
+  // One byte every 100 ms: the HELLO would take 1.5 s, far beyond the deadline.
+  bool drip_cut = false;
+  for (size_t i = 0; i < hello.size() && !drip_cut; ++i) {
+    drip_cut = ::send(drip.fd(), &hello[i], 1, MSG_NOSIGNAL) != 1;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(drip_cut || drip.closed_by_server());
+  EXPECT_TRUE(idle.closed_by_server());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+  EXPECT_LT(serve_legitimate_client(), 1000ms);
+}
+
+TEST_F(HostileClientTest, LargeFrameBeforeHelloIsRefusedWithoutBuffering) {
+  start(StoreServerOptions{});  // default limits: 64 MiB after HELLO, 4 KiB before
+  RawSocket raw(server_->port());
+  const uint32_t n = 64u << 20;
+  raw.send({static_cast<uint8_t>(n), static_cast<uint8_t>(n >> 8), static_cast<uint8_t>(n >> 16),
+            static_cast<uint8_t>(n >> 24), static_cast<uint8_t>(Op::kHello)});
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(raw.closed_by_server());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s) << "the server waited for the body";
+  // A HELLO of exactly the limit is still a HELLO (a long token is refused, not cut).
+  RawSocket big(server_->port());
+  big.hello(std::string(kMaxHelloBytes - 9, 'x'));
+  auto reply = big.recv_frame();
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ((*reply)[0], static_cast<uint8_t>(Status::kUnauthorized));
+  EXPECT_LT(serve_legitimate_client(), 1000ms);
+}
+
+TEST_F(HostileClientTest, AFrameStalledAfterItsFirstByteIsCutAtTheFrameDeadline) {
+  StoreServerOptions o;
+  o.frame_timeout = 300ms;
+  start(o);
+  RawSocket raw(server_->port());
+  raw.hello("secret");
+  ASSERT_TRUE(raw.recv_frame().has_value());
+  std::this_thread::sleep_for(500ms);  // idle between frames is allowed after HELLO
+  raw.send({10, 0});                   // half a header, then nothing
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(raw.closed_by_server());
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(waited, 200ms);
+  EXPECT_LT(waited, 3s);
+}
+
+TEST_F(HostileClientTest, AFloodOfPendingConnectionsEvictsTheOldestAndServesNewClients) {
+  StoreServerOptions o;
+  o.max_pending_connections = 16;
+  start(o);
+  std::vector<std::unique_ptr<RawSocket>> flood;
+  for (int i = 0; i < 64; ++i) flood.push_back(std::make_unique<RawSocket>(server_->port()));
+  EXPECT_LT(serve_legitimate_client(), 1000ms);
+  // At most 16 may still be waiting: the 48 oldest were evicted (EOF), well before the
+  // 10 s handshake deadline.
+  int cut = 0;
+  for (int i = 0; i < 48; ++i) cut += flood[i]->closed_by_server() ? 1 : 0;
+  EXPECT_EQ(cut, 48);
+}
+
+TEST_F(HostileClientTest, RefusalNamesTheServer) {
+  StoreServerOptions o;
+  o.identity = "dnallm coordinator (pid 4242 on host test-node)";
+  start(o);
+  TcpStoreClientOptions co;
+  co.port = server_->port();
+  co.token = "another job's token";
+  try {
+    TcpStoreClient c(co);
+    FAIL() << "a wrong token was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("pid 4242 on host test-node"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("another port"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(HostileClientTest, APortTakenByAnotherCoordinatorIsNamedAtBind) {
+  StoreServerOptions o;
+  o.identity = "dnallm coordinator (pid 4242 on host test-node)";
+  start(o);
+  StoreServerOptions second;
+  second.host = "127.0.0.1";
+  second.port = server_->port();
+  second.token = "mine";
+  StoreServer clash(second);
+  try {
+    clash.start();
+    FAIL() << "two servers bound one port";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("taken by dnallm coordinator (pid 4242"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(HostileClientTest, SocketsAreCloseOnExec) {
+  start(StoreServerOptions{});
+  RawSocket raw(server_->port());
+  raw.hello("secret");
+  ASSERT_TRUE(raw.recv_frame().has_value());
+  // Every socket this process holds (the listener, the accepted connection) must be
+  // FD_CLOEXEC, else a spawned worker would inherit it.
+  int sockets = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(entry.path(), ec).string();
+    if (ec || target.rfind("socket:", 0) != 0 || fd == raw.fd()) continue;
+    ++sockets;
+    EXPECT_NE(::fcntl(fd, F_GETFD) & FD_CLOEXEC, 0) << "fd " << fd << " (" << target << ")";
+  }
+  EXPECT_GE(sockets, 2);
+}
+
 TEST(CoordinatorMain, HelpAndBadUsage) {
   std::string bin = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-coordinator";
   EXPECT_EQ(std::system((bin + " --help > /dev/null").c_str()), 0);
@@ -258,6 +424,107 @@ TEST(CoordinatorMain, ServesUntilSigterm) {
     gone = ::kill(pid, 0) != 0;
   }
   EXPECT_TRUE(gone);
+}
+
+// A standalone dnallm-coordinator started by a shell command line (`cmd`, which must end by
+// backgrounding it and echoing its pid); stdout (the "port N" line) and stderr go to files.
+class CoordinatorProcess {
+ public:
+  explicit CoordinatorProcess(const std::string& name, const std::string& prefix = "",
+                              const std::string& args = "") {
+    dir_ = ::testing::TempDir() + "/coord_" + name;
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    const std::string bin = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-coordinator";
+    const std::string cmd = "cd " + dir_ + " && " + prefix + " " + bin +
+                            " --host 127.0.0.1 --port 0 " + args +
+                            " > out.txt 2> err.txt & echo $!";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (p == nullptr || std::fscanf(p, "%d", &pid_) != 1) pid_ = 0;
+    if (p) ::pclose(p);
+    for (int i = 0; i < 400 && port_ == 0 && alive(); ++i) {
+      std::this_thread::sleep_for(25ms);
+      FILE* f = std::fopen((dir_ + "/out.txt").c_str(), "r");
+      if (f) {
+        if (std::fscanf(f, "port %d", &port_) != 1) port_ = 0;
+        std::fclose(f);
+      }
+    }
+  }
+  ~CoordinatorProcess() {
+    if (pid_ > 0 && alive()) {
+      ::kill(pid_, SIGKILL);
+      for (int i = 0; i < 200 && alive(); ++i) std::this_thread::sleep_for(10ms);
+    }
+  }
+  bool alive() const { return pid_ > 0 && ::kill(pid_, 0) == 0; }
+  uint16_t port() const { return static_cast<uint16_t>(port_); }
+  const std::string& dir() const { return dir_; }
+  std::string err() const {
+    std::ifstream in(dir_ + "/err.txt");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+ private:
+  std::string dir_;
+  int pid_ = 0;
+  int port_ = 0;
+};
+
+TEST(CoordinatorMain, WithoutATokenOneIsGeneratedIntoAFileOnlyItsReadersKnow) {
+  CoordinatorProcess coord("token", "env -u DNALLM_JOB_TOKEN");
+  ASSERT_GT(coord.port(), 0) << coord.err();
+  const std::string file = coord.dir() + "/dnallm-job.token";
+  ASSERT_TRUE(std::filesystem::exists(file)) << coord.err();
+  EXPECT_EQ(std::filesystem::status(file).permissions() & std::filesystem::perms::others_read,
+            std::filesystem::perms::none);
+  std::ifstream in(file);
+  std::string token;
+  std::getline(in, token);
+  EXPECT_EQ(token.size(), 32u);
+  TcpStoreClientOptions o;
+  o.port = coord.port();
+  o.connect_timeout = 5s;
+  o.token = "";  // what any client could send
+  EXPECT_THROW(TcpStoreClient{o}, Error);
+  o.token = token;
+  TcpStoreClient c(o);
+  c.set("k", to_bytes("v"));
+  EXPECT_EQ(to_string(c.get("k", 1s)), "v");
+  EXPECT_NE(coord.err().find("--token-file"), std::string::npos) << coord.err();
+}
+
+TEST(CoordinatorMain, NoTokenIsAnExplicitOptOut) {
+  CoordinatorProcess coord("notoken", "env -u DNALLM_JOB_TOKEN", "--no-token");
+  ASSERT_GT(coord.port(), 0) << coord.err();
+  EXPECT_FALSE(std::filesystem::exists(coord.dir() + "/dnallm-job.token"));
+  TcpStoreClientOptions o;
+  o.port = coord.port();
+  o.connect_timeout = 5s;
+  TcpStoreClient c(o);
+  c.ping();
+  EXPECT_NE(coord.err().find("--no-token: any client"), std::string::npos) << coord.err();
+}
+
+TEST(CoordinatorMain, DescriptorExhaustionBacksOffLogsLittleAndKeepsServing) {
+  // 64 descriptors: far below the pending-connection cap, so accept() itself fails (EMFILE).
+  CoordinatorProcess coord("emfile", "ulimit -n 64 && DNALLM_JOB_TOKEN=t");
+  ASSERT_GT(coord.port(), 0) << coord.err();
+  std::vector<std::unique_ptr<RawSocket>> flood;
+  for (int i = 0; i < 150; ++i) flood.push_back(std::make_unique<RawSocket>(coord.port()));
+  std::this_thread::sleep_for(1500ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  TcpStoreClient c(patient_client(coord.port(), "t"));
+  c.set("k", to_bytes("v"));
+  EXPECT_EQ(to_string(c.get("k", 1s)), "v");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  std::this_thread::sleep_for(1000ms);
+  EXPECT_TRUE(coord.alive());
+  const std::string err = coord.err();
+  EXPECT_NE(err.find("accept failed: Too many open files"), std::string::npos) << err;
+  // The unbounded version wrote ~1 million lines a second; the budget is ~10 a second.
+  const auto lines = std::count(err.begin(), err.end(), '\n');
+  EXPECT_LT(lines, 120) << err.substr(0, 4000);
 }
 
 }  // namespace

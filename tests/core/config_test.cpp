@@ -1,10 +1,12 @@
 #include "core/config.hpp"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include <gtest/gtest.h>
 
+#include "core/cli.hpp"
 #include "core/error.hpp"
 
 namespace dnallm {
@@ -230,6 +232,46 @@ TEST(Config, LoadFileErrors) {
   std::string path = ::testing::TempDir() + "/empty.toml";
   { std::ofstream(path) << ""; }
   EXPECT_TRUE(load_config(path) == parse_config("", ""));
+}
+
+TEST(Config, ADirectoryAsConfigIsAUsageErrorNotDefaults) {
+  const std::string dir = ::testing::TempDir() + "/config_is_a_dir";
+  std::filesystem::create_directories(dir);
+  try {
+    load_config(dir);
+    FAIL() << "a directory was read as an empty configuration";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Config, AdamEpsilonZeroIsRefused) {
+  try {
+    parse_config("[training]\nadam_epsilon = 0\n", "run.toml");
+    FAIL() << "adam_epsilon = 0 accepted (the loss would be nan)";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("adam_epsilon"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("run.toml"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(parse_config("[training]\nadam_epsilon = 1e-12\n", "run.toml"));
+}
+
+TEST(Config, AllocationFailuresBecomeOneSentence) {
+  const std::string torch_cpu =
+      "[enforce fail at alloc_cpu.cpp:75] err == 0. DefaultCPUAllocator: can't allocate memory: "
+      "you tried to allocate 1099511627776 bytes. Error code 12 (Cannot allocate memory)\n"
+      "frame #0: c10::ThrowEnforceNotMet(...)\nframe #1: ...";
+  auto first = allocation_failure(torch_cpu);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->find("frame #"), std::string::npos) << *first;
+  EXPECT_NE(first->find("1099511627776 bytes"), std::string::npos) << *first;
+  EXPECT_TRUE(allocation_failure("CUDA out of memory. Tried to allocate 20.00 GiB").has_value());
+  EXPECT_FALSE(allocation_failure("shape mismatch in linear").has_value());
+  const std::string msg = out_of_memory_message(*first);
+  EXPECT_NE(msg.find("training.micro_batch_size"), std::string::npos);
+  EXPECT_EQ(msg.find('\n'), std::string::npos);
 }
 
 TEST(Config, BundledPresetsLoad) {

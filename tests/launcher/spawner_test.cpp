@@ -2,6 +2,8 @@
 #include "launcher/spawner.hpp"
 
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <map>
@@ -118,6 +120,45 @@ TEST(ProcessSpawner, SignalReachesTheWholeProcessGroup) {
   // last_lines() waits up to a second for the pipes to close, long enough for "late".
   p->last_lines();
   EXPECT_EQ(sink.lines(0, OutputStream::kStdout), std::vector<std::string>{"ready"});
+}
+
+TEST(ProcessSpawner, WorkersInheritOnlyStdio) {
+  // A descriptor this process leaves inheritable (no O_CLOEXEC), like a listening socket.
+  int leaky = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(leaky, 3);
+  CapturingSink sink;
+  ProcessSpawner spawner(sink);
+  auto p = spawner.spawn(sh(0, "ls /proc/self/fd | sort -n | tr '\\n' ' '"));
+  EXPECT_TRUE(wait_exit(*p).ok());
+  p->last_lines();
+  ::close(leaky);
+  // 0, 1, 2 and the descriptor ls opened to read the directory.
+  const auto out = sink.lines(0, OutputStream::kStdout);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0], "0 1 2 3 ") << "leaked descriptors";
+}
+
+TEST(ProcessSpawner, HeldStopSignalsWaitForTheWorkerInsteadOfKillingIt) {
+  CapturingSink sink;
+  ProcessSpawner spawner(sink);
+  // SIGTERM at once, while the worker is still starting (before dnallm-train would have
+  // installed its handler and unblocked it): held, it stays pending and does not kill.
+  // (Not sh: dash clears its signal mask at start-up; sleep keeps the one it inherits.)
+  WorkerSpec spec = sh(0, "");
+  spec.argv = {"sleep", "0.3"};
+  spec.hold_stop_signals = true;
+  auto p = spawner.spawn(spec);
+  p->send_signal(SIGTERM);
+  WorkerExit held = wait_exit(*p, std::chrono::seconds(10));
+  EXPECT_TRUE(held.ok()) << held.describe();
+
+  WorkerSpec plain = sh(1, "");
+  plain.argv = {"sleep", "0.3"};
+  auto q = spawner.spawn(plain);
+  q->send_signal(SIGTERM);
+  WorkerExit killed = wait_exit(*q, std::chrono::seconds(10));
+  EXPECT_TRUE(killed.signaled);
+  EXPECT_EQ(killed.code, SIGTERM);
 }
 
 TEST(ProcessSpawner, MissingCommandIsUsageError) {

@@ -286,6 +286,10 @@ TEST(ExitCodePolicy, RestartOnlyCrashesWithBudgetLeft) {
   GenerationResult stopped;
   stopped.outcome = GenerationOutcome::kInterrupted;
   EXPECT_FALSE(should_restart(stopped, 0, 3));
+  // A crash after a preemption notice: the job is going away; restarting would swallow it.
+  GenerationResult preempted_crash = failed({{true, SIGUSR1}});
+  preempted_crash.preempt_signal = SIGUSR1;
+  EXPECT_FALSE(should_restart(preempted_crash, 0, 3));
 }
 
 TEST(WorkerExit, Describes) {

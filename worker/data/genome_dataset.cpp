@@ -79,6 +79,23 @@ void GenomeDataset::build(std::string origin) {
     total_starts_ += starts;
   }
   if (regions_.empty()) fail(ExitCode::kBadData, "{}: no bases left in this split", origin_);
+  // An all-N (or all-unknown) input has no position to mask or predict: say so here, not
+  // later as "no label tokens" (which reads like a data.mlm_probability problem).
+  bool any_base = false;
+  for (const auto& g : regions_) {
+    const std::string& s = records_[g.record].bases;
+    for (int64_t i = g.begin; i < g.end && !any_base; ++i) {
+      const char c = s[static_cast<size_t>(i)];
+      any_base = c == 'A' || c == 'C' || c == 'G' || c == 'T' || c == 'a' || c == 'c' || c == 'g' ||
+                 c == 't';
+    }
+    if (any_base) break;
+  }
+  if (!any_base)
+    fail(ExitCode::kBadData,
+         "{}: the sequences hold no A, C, G or T (only N or other symbols), so there is nothing "
+         "to learn; check the input files",
+         origin_);
   int64_t region_bases = 0;
   for (const auto& g : regions_) region_bases += g.end - g.begin;
   if (options_.sampling == "tile") {
