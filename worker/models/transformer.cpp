@@ -260,7 +260,8 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
   const int64_t b = x.size(0), t = x.size(1), nh = options_.heads, hidden = options_.hidden,
                 hd = hidden / nh;
   const double p = is_training() ? options_.dropout : 0.0;
-  auto h = norm(ln_attn, x);
+  const bool post_ln = options_.post_layer_norm;
+  auto h = post_ln ? x : norm(ln_attn, x);
   Tensor q, k, v;
   const bool plain_qkv = !query->has_lora() && !key->has_lora() && !value->has_lora();
   if (plain_qkv && !positions.defined()) {
@@ -310,9 +311,10 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
   auto out = attn_out(a);
   if (p > 0) out = torch::dropout(out, p, true);
   auto y = residual + out;
-  auto f = ffn_out(torch::gelu(ffn_in(norm(ln_ffn, y))));
+  if (post_ln) y = norm(ln_attn, y);
+  auto f = ffn_out(torch::gelu(ffn_in(post_ln ? y : norm(ln_ffn, y))));
   if (p > 0) f = torch::dropout(f, p, true);
-  return y + f;
+  return post_ln ? norm(ln_ffn, y + f) : y + f;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -374,14 +376,21 @@ TransformerLMImpl::TransformerLMImpl(ModelOptions options) : options_(std::move(
     position_embeddings = emb->register_module(
         "position_embeddings", torch::nn::Embedding(o.max_seq_length, o.hidden));
   }
+  if (o.embedding_layer_norm) {
+    embedding_norm = emb->register_module(
+        "LayerNorm",
+        torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden}).eps(o.layer_norm_eps)));
+  }
   auto encoder = holder(*root, "encoder");
   auto layer = holder(*encoder, "layer");
   for (int64_t i = 0; i < o.layers; ++i) {
     blocks_.push_back(layer->register_module(std::to_string(i), Block(o)));
   }
-  final_norm = encoder->register_module(
-      "final_layer_norm",
-      torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden}).eps(o.layer_norm_eps)));
+  if (!o.post_layer_norm) {
+    final_norm = encoder->register_module(
+        "final_layer_norm",
+        torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden}).eps(o.layer_norm_eps)));
+  }
 
   if (o.task == Task::kPretrain) {
     if (o.arch == Arch::kBert) {
@@ -457,10 +466,18 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
                o.max_seq_length);
   auto device = ids.device();
   auto x = word_embeddings(ids);
-  if (position_embeddings) {
+  if (position_embeddings && o.position_padding_idx >= 0) {
+    DNALLM_CHECK(past_len == 0, ExitCode::kFailure, "RoBERTa positions are not cached");
+    auto real = ids.ne(o.position_padding_idx).to(torch::kInt64);
+    x = x + position_embeddings(real.cumsum(1) * real + o.position_padding_idx);
+  } else if (position_embeddings) {
     auto pos = torch::arange(past_len, past_len + t, ids.options());
     x = x + position_embeddings(pos).unsqueeze(0);
   }
+  if (o.mask_embeddings && in.attention_mask.defined() && in.attention_mask.size(1) == t) {
+    x = x * in.attention_mask.unsqueeze(-1).to(x.dtype());
+  }
+  if (embedding_norm) x = norm(embedding_norm, x);
   const double p = is_training() ? o.dropout : 0.0;
   if (p > 0) x = torch::dropout(x, p, true);
 
@@ -510,7 +527,7 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
       x = blocks_[i]->forward(x, bias, kernel_causal, layer_cache, cos, sin);
     }
   }
-  return norm(final_norm, x);
+  return final_norm ? norm(final_norm, x) : x;
 }
 
 Tensor TransformerLMImpl::lm_logits(const Tensor& hidden) {
@@ -830,7 +847,10 @@ nlohmann::ordered_json export_config(const ModelOptions& o, const std::string& a
   c["position_embedding_type"] = o.rotary ? "rotary" : "absolute";
   c["hidden_act"] = "gelu";
   c["layer_norm_eps"] = o.layer_norm_eps;
-  c["pre_layer_norm"] = true;
+  c["pre_layer_norm"] = !o.post_layer_norm;
+  if (o.embedding_layer_norm) c["embedding_layer_norm"] = true;
+  if (o.mask_embeddings) c["mask_embeddings"] = true;
+  if (o.position_padding_idx >= 0) c["position_padding_idx"] = o.position_padding_idx;
   c["tie_word_embeddings"] = o.tie_embeddings;
   c["num_labels"] = o.num_labels;
   c["pooling"] = o.mean_pooling ? "mean" : "cls";
@@ -871,6 +891,10 @@ TransformerLM load_exported_model(const std::string& dir) {
     o.mean_pooling = c.value("pooling", std::string("cls")) == "mean";
     o.pad_id = c.value("pad_token_id", int64_t{0});
     o.shift_labels = c.value("shift_labels", true);
+    o.post_layer_norm = !c.value("pre_layer_norm", true);
+    o.embedding_layer_norm = c.value("embedding_layer_norm", false);
+    o.mask_embeddings = c.value("mask_embeddings", false);
+    o.position_padding_idx = c.value("position_padding_idx", int64_t{-1});
   } catch (const std::exception& e) {
     fail(ExitCode::kBadData, "{}: missing or bad field: {}", config_path, e.what());
   }

@@ -62,6 +62,17 @@ struct ModelOptions {
   // when false labels[i] is already the target of position i.
   bool shift_labels = true;
   int64_t pad_id = 0;
+  // Variants that imported Hugging Face models need (worker/models/hf_import.hpp); the
+  // defaults are this project's own pre-LN model.
+  // post_layer_norm: BERT's post-LN blocks, LN(x + Attn(x)) then LN(y + FFN(y)), and no final
+  // norm. embedding_layer_norm: a LayerNorm after the embedding sum (<root>.embeddings.LayerNorm).
+  bool post_layer_norm = false;
+  bool embedding_layer_norm = false;
+  // ESM: embeddings are multiplied by the attention mask (padding positions start at zero).
+  bool mask_embeddings = false;
+  // RoBERTa numbering: position of a real token = padding_idx + 1 + its index among the real
+  // tokens, padding tokens get padding_idx (-1: positions 0, 1, 2, ... as ours).
+  int64_t position_padding_idx = -1;
   // LoRA
   int64_t lora_r = 0;
   double lora_alpha = 16.0;
@@ -185,7 +196,8 @@ class TransformerLMImpl : public torch::nn::Module {
   ModelOptions options_;
   torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr};
   std::vector<Block> blocks_;
-  torch::nn::LayerNorm final_norm{nullptr};
+  torch::nn::LayerNorm embedding_norm{nullptr};  // options_.embedding_layer_norm
+  torch::nn::LayerNorm final_norm{nullptr};      // absent with options_.post_layer_norm
   // heads
   LoraLinear mlm_dense{nullptr};
   torch::nn::LayerNorm mlm_norm{nullptr};
