@@ -187,6 +187,7 @@ const std::vector<KeyDesc>& schema() {
       {"elastic", "settle_s", Kind::kDouble, DNALLM_FIELD(elastic, settle_s), 0, 3600},
       // [logging]
       {"logging", "metrics_file", Kind::kString, DNALLM_FIELD(logging, metrics_file)},
+      {"logging", "tensorboard_dir", Kind::kString, DNALLM_FIELD(logging, tensorboard_dir)},
       {"logging", "level", Kind::kString, DNALLM_FIELD(logging, level), -kInf, kInf,
        {"trace", "debug", "info", "warn", "error", "critical", "off"}},
   };
