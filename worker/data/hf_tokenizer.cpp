@@ -44,6 +44,22 @@ bool is_bases(const std::string& s) {
   });
 }
 
+// The length k of every DNA piece of a k-mer vocabulary (DNABERT: one k).
+int kmer_length(const std::vector<std::string>& pieces, const std::string& dir) {
+  int k = 0;
+  for (const auto& p : pieces) {
+    if (!is_bases(p)) continue;
+    if (k == 0) k = static_cast<int>(p.size());
+    DNALLM_CHECK(static_cast<int>(p.size()) == k, ExitCode::kUsage,
+                 "{}: the vocabulary mixes k-mers of length {} and {} (\"{}\"): only one k-mer "
+                 "length (DNABERT) is supported",
+                 dir, k, p.size(), p);
+  }
+  DNALLM_CHECK(k > 0, ExitCode::kUsage,
+               "{}: the vocabulary holds no DNA k-mer: not a DNABERT-style tokenizer", dir);
+  return k;
+}
+
 // The content of a special-token entry of tokenizer_config.json ("[CLS]" or {"content": ...}).
 std::string token_text(const json& config, const char* key) {
   if (!config.contains(key) || config[key].is_null()) return "";
@@ -147,16 +163,7 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
                  dir);
     t.scheme_ = Scheme::kOverlappingKmer;
     t.index();
-    for (const auto& p : t.pieces_) {
-      if (!is_bases(p)) continue;
-      if (t.k_ == 0) t.k_ = static_cast<int>(p.size());
-      DNALLM_CHECK(static_cast<int>(p.size()) == t.k_, ExitCode::kUsage,
-                   "{}: vocabulary mixes k-mers of length {} and {} (\"{}\"): only one k-mer "
-                   "length (DNABERT) is supported",
-                   dir, t.k_, p.size(), p);
-    }
-    DNALLM_CHECK(t.k_ > 0, ExitCode::kUsage,
-                 "{}: the vocabulary holds no DNA k-mer: not a DNABERT-style tokenizer", dir);
+    t.k_ = kmer_length(t.pieces_, dir);
     t.special_.unk = role("unk_token", "[UNK]");
     t.special_.pad = role("pad_token", "[PAD]");
     t.special_.cls = role("cls_token", "[CLS]");
@@ -184,9 +191,12 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
   const bool per_char = pre.is_object() && pre.value("type", std::string()) == "Split" &&
                         pre.contains("pattern") && pre["pattern"].value("String", "x").empty() &&
                         pre.value("behavior", std::string()) == "Isolated";
-  DNALLM_CHECK(per_char, ExitCode::kUsage,
-               "{}/tokenizer.json: pre_tokenizer {} is not supported: supported is Split on \"\" "
-               "(Isolated), one token a character",
+  // Words split at spaces: the input is the overlapping k-mers separated by spaces (DNABERT's
+  // convention, what export_hf_tokenizer writes for k-mer tokenizers).
+  const bool words = pre.is_object() && pre.value("type", std::string()) == "WhitespaceSplit";
+  DNALLM_CHECK(per_char || words, ExitCode::kUsage,
+               "{}/tokenizer.json: pre_tokenizer {} is not supported: supported are Split on \"\" "
+               "(Isolated), one token a character, and WhitespaceSplit over k-mers",
                dir, pre.dump());
   DNALLM_CHECK(tj.value("normalizer", json()).is_null(), ExitCode::kUsage,
                "{}/tokenizer.json: a normalizer ({}) is not supported", dir,
@@ -199,8 +209,9 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
                  "{}/tokenizer.json: id {} of \"{}\" is outside the vocabulary", dir, i, piece);
     t.pieces_[size_t(i)] = piece;
   }
-  t.scheme_ = Scheme::kCharacter;
+  t.scheme_ = per_char ? Scheme::kCharacter : Scheme::kOverlappingKmer;
   t.index();
+  if (words) t.k_ = kmer_length(t.pieces_, dir);
   t.special_.unk = t.id_of(model.value("unk_token", std::string("<unk>")));
   t.special_.pad = role("pad_token", "<pad>");
   t.special_.bos = role("bos_token", "<bos>");

@@ -1,0 +1,143 @@
+// The fine-tuning demo from a Hugging Face directory, end to end with the real binaries:
+// dnallm-launch --nproc-per-node 2 LoRA-fine-tunes the DNABERT-style fixture (post-LN BERT,
+// 3-mer vocab.txt) into a classifier over Gloo, writes TensorBoard events (read back here by
+// the format's rules and compared with the metrics JSON lines) and exports final/hf
+// (transformers layout: the merged model, the PEFT adapter and its base), whose adapter
+// logits equal the merged model's through dnallm-eval --logits.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/tensorboard.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
+const std::string kSrc = DNALLM_SOURCE_DIR;
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result run(const std::string& cmd) {
+  Result r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
+  const auto dir = fs::temp_directory_path() / ("dnallm_hf_finetune_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // Windows of the genome (label 0) vs the same windows with every A turned into C (label 1).
+  std::string genome;
+  {
+    auto unzip = run("gzip -dc " + kSrc + "/data/ecoli_k12_mg1655.fa.gz | head -c 200000");
+    std::istringstream in(unzip.out);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line[0] != '>') genome += line;
+    }
+  }
+  for (const auto& [name, offset] :
+       {std::pair<std::string, size_t>{"train", 0}, {"eval", 100000}}) {
+    std::ofstream csv(dir / (name + ".csv"));
+    csv << "sequence,label\n";
+    for (size_t i = 0; i < 64; ++i) {
+      auto w = genome.substr(offset + i * 60, 60);
+      if (i % 2 == 1) {
+        for (auto& c : w) c = c == 'A' ? 'C' : c;
+      }
+      csv << w << "," << (i % 2) << "\n";
+    }
+  }
+  const auto ck = (dir / "ck").string();
+  const auto tb = (dir / "tb").string();
+  auto train = run(
+      "cd " + kSrc + " && " + kBin + "dnallm-launch --nproc-per-node 2 --config " +
+      "configs/finetune-hf-dnabert.toml --set model.max_seq_length=64" +
+      " --set 'data.train_files=[\"" + (dir / "train.csv").string() + "\"]'" +
+      " --set 'data.eval_files=[\"" + (dir / "eval.csv").string() + "\"]'" +
+      " --set training.max_steps=40 --set training.micro_batch_size=8 --set training.lr=1e-2" +
+      " --set training.eval_steps=20 --set training.logging_steps=5 --set parallel.backend=gloo" +
+      " --set checkpoint.dir=" + ck + " --set logging.tensorboard_dir=" + tb + " --metrics-file " +
+      ck + "/metrics.jsonl");
+  ASSERT_EQ(train.code, 0) << train.out;
+  EXPECT_NE(train.out.find("from the Hugging Face BertForSequenceClassification"),
+            std::string::npos)
+      << train.out;
+
+  auto scored = run(kBin + "dnallm-eval --model " + ck + "/final --table " +
+                    (dir / "eval.csv").string() + " 2>/dev/null");
+  ASSERT_EQ(scored.code, 0) << scored.out;
+  auto c = nlohmann::json::parse(scored.out);
+  EXPECT_EQ(c.at("rows").get<int64_t>(), 64);
+  EXPECT_GE(c.at("accuracy").get<double>(), 0.8) << scored.out;
+
+  // The transformers export: a post-LN BERT goes out as bert, the adapter in PEFT's format.
+  const auto hf = ck + "/final/hf";
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(hf + "/config.json"));
+  EXPECT_EQ(config.at("model_type"), "bert");
+  EXPECT_EQ(config.at("architectures").at(0), "BertForSequenceClassification");
+  nlohmann::json adapter =
+      nlohmann::json::parse(std::ifstream(hf + "/adapter/adapter_config.json"));
+  EXPECT_EQ(adapter.at("peft_type"), "LORA");
+  EXPECT_EQ(adapter.at("r"), 8);
+  const auto seqs = (dir / "seqs.txt").string();
+  std::ofstream(seqs) << genome.substr(5000, 60) << "\n" << genome.substr(7000, 45) << "\n";
+  const auto merged = (dir / "merged.safetensors").string();
+  const auto adapted = (dir / "adapted.safetensors").string();
+  ASSERT_EQ(run(kBin + "dnallm-eval --model " + hf + " --logits " + seqs + " --out " + merged).code,
+            0);
+  auto with_adapter = run(kBin + "dnallm-eval --model " + hf + "/base --adapter " + hf +
+                          "/adapter --logits " + seqs + " --out " + adapted);
+  ASSERT_EQ(with_adapter.code, 0) << with_adapter.out;
+
+  // TensorBoard: every step line of the metrics file is an event with the same numbers.
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(tb)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  const auto events = dnallm::read_event_file(files[0].string());
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events[0].file_version, "brain.Event:2");
+  std::map<int64_t, float> tb_loss;
+  bool saw_eval = false;
+  for (const auto& e : events) {
+    for (const auto& [tag, value] : e.scalars) {
+      if (tag == "train/loss") tb_loss[e.step] = value;
+      if (tag == "eval/accuracy") saw_eval = true;
+    }
+  }
+  EXPECT_TRUE(saw_eval);
+  std::ifstream metrics(ck + "/metrics.jsonl");
+  std::string line;
+  int step_lines = 0;
+  while (std::getline(metrics, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("event")) continue;
+    ++step_lines;
+    const auto step = j.at("step").get<int64_t>();
+    ASSERT_TRUE(tb_loss.count(step)) << "step " << step << " missing from the event file";
+    EXPECT_EQ(tb_loss[step], static_cast<float>(j.at("loss").get<double>()));
+  }
+  EXPECT_GE(step_lines, 8);
+  EXPECT_EQ(static_cast<int>(tb_loss.size()), step_lines);
+  fs::remove_all(dir);
+}
+
+}  // namespace
