@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors.hpp"
 #include "core/tensorboard.hpp"
 
 namespace {
@@ -38,6 +39,17 @@ Result run(const std::string& cmd) {
   const int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// The float32 values of tensor `name` of a safetensors file.
+std::vector<float> floats(const std::string& path, const std::string& name) {
+  const auto file = dnallm::checkpoint::read_safetensors_header(path);
+  const auto& e = file.tensors.at(name);
+  std::vector<float> v((e.data_end - e.data_begin) / sizeof(float));
+  std::ifstream f(path, std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(file.data_offset + e.data_begin));
+  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+  return v;
 }
 
 TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
@@ -107,6 +119,16 @@ TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
   auto with_adapter = run(kBin + "dnallm-eval --model " + hf + "/base --adapter " + hf +
                           "/adapter --logits " + seqs + " --out " + adapted);
   ASSERT_EQ(with_adapter.code, 0) << with_adapter.out;
+  // PEFT's adapter on its base = its merge = the merged model exported next to it.
+  const auto full = floats(merged, "logits");
+  const auto via_adapter = floats(adapted, "logits");
+  const auto via_merge = floats(adapted, "merged_logits");
+  ASSERT_EQ(full.size(), 4u);  // 2 sequences x 2 labels
+  ASSERT_EQ(via_adapter.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) {
+    EXPECT_NEAR(via_adapter[i], full[i], 1e-4) << i;
+    EXPECT_NEAR(via_merge[i], full[i], 1e-4) << i;
+  }
 
   // TensorBoard: every step line of the metrics file is an event with the same numbers.
   std::vector<fs::path> files;

@@ -4,8 +4,8 @@
 #include <fstream>
 #include <map>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
 #include "worker/data/tokenizer.hpp"
@@ -237,7 +237,9 @@ std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(Tr
       const std::string ours = "gpt.encoder.layer." + std::to_string(i) + ".attention.self.";
       const std::string theirs =
           "gpt_neox.layers." + std::to_string(i) + ".attention.query_key_value.";
-      auto part = [&](const char* which, const char* kind) { return w.at(ours + which + kind); };
+      auto part = [&](const char* which, const char* kind) {
+        return w.at(ours + which + "." + kind);
+      };
       auto wq = torch::stack({part("query", "weight").view({o.heads, hd, o.hidden}),
                               part("key", "weight").view({o.heads, hd, o.hidden}),
                               part("value", "weight").view({o.heads, hd, o.hidden})},
