@@ -130,19 +130,58 @@ std::vector<std::string> read_sequences(const std::string& path) {
 // --logits: the model's own tokenizer, padded as it pads, one forward pass, and the layout of
 // the Hugging Face fixtures' expected.safetensors (input_ids, attention_mask, logits; with an
 // adapter also merged_logits, after merging it into the base).
+// Our own export (dnallm-train's final/): our tokenizer with our objectives' framing,
+// [CLS] bases [SEP] for encoders and [CLS] bases for causal models, right-padded with [PAD].
+data::HfBatch our_batch(const data::Tokenizer& tokenizer, bool causal,
+                        const std::vector<std::string>& sequences) {
+  std::vector<std::vector<int64_t>> rows;
+  size_t longest = 0;
+  for (const auto& s : sequences) {
+    std::vector<int64_t> ids = {data::kClsId};
+    for (auto id : tokenizer.encode(s)) ids.push_back(id);
+    if (!causal) ids.push_back(data::kSepId);
+    longest = std::max(longest, ids.size());
+    rows.push_back(std::move(ids));
+  }
+  data::HfBatch b;
+  b.rows = static_cast<int64_t>(rows.size());
+  b.seq_len = static_cast<int64_t>(longest);
+  for (const auto& r : rows) {
+    b.input_ids.insert(b.input_ids.end(), r.begin(), r.end());
+    b.input_ids.insert(b.input_ids.end(), longest - r.size(), data::kPadId);
+    b.attention_mask.insert(b.attention_mask.end(), r.size(), 1);
+    b.attention_mask.insert(b.attention_mask.end(), longest - r.size(), 0);
+  }
+  return b;
+}
+
 int write_logits(const std::string& model_dir, const std::string& tokenizer_dir,
                  const std::string& adapter_dir, const std::string& sequences_path,
                  const std::string& out_path) {
-  DNALLM_CHECK(models::is_hf_model_dir(model_dir), ExitCode::kUsage,
-               "--logits needs a Hugging Face model directory (config.json with model_type); {} "
-               "is not one",
-               model_dir);
-  const auto checkpoint = models::read_hf_checkpoint(model_dir);
-  const auto tokenizer = data::HfTokenizer::load(tokenizer_dir.empty() ? model_dir : tokenizer_dir);
-  DNALLM_CHECK(tokenizer.vocab_size() <= checkpoint.options.vocab_size, ExitCode::kUsage,
-               "the tokenizer has {} tokens but the model's vocab_size is {}",
-               tokenizer.vocab_size(), checkpoint.options.vocab_size);
-  const auto batch = tokenizer.encode_batch(read_sequences(sequences_path));
+  const auto sequences = read_sequences(sequences_path);
+  models::TransformerLM model{nullptr};
+  data::HfBatch batch;
+  if (models::is_hf_model_dir(model_dir)) {
+    const auto checkpoint = models::read_hf_checkpoint(model_dir);
+    const auto tokenizer =
+        data::HfTokenizer::load(tokenizer_dir.empty() ? model_dir : tokenizer_dir);
+    DNALLM_CHECK(tokenizer.vocab_size() <= checkpoint.options.vocab_size, ExitCode::kUsage,
+                 "the tokenizer has {} tokens but the model's vocab_size is {}",
+                 tokenizer.vocab_size(), checkpoint.options.vocab_size);
+    batch = tokenizer.encode_batch(sequences);
+    model = adapter_dir.empty()
+                ? models::build_hf_model(checkpoint)
+                : models::build_hf_model_with_adapter(
+                      checkpoint, models::read_peft_adapter(adapter_dir, checkpoint));
+  } else {
+    DNALLM_CHECK(adapter_dir.empty(), ExitCode::kUsage,
+                 "--adapter applies a PEFT adapter to a Hugging Face base directory; {} is this "
+                 "project's own export (its LoRA is merged already)",
+                 model_dir);
+    model = models::load_exported_model(model_dir);
+    const auto tokenizer = data::load_tokenizer(model_dir + "/tokenizer.json");
+    batch = our_batch(*tokenizer, model->options().arch == models::Arch::kGpt, sequences);
+  }
   auto opts = torch::TensorOptions().dtype(torch::kInt64);
   auto ids = torch::tensor(batch.input_ids, opts).view({batch.rows, batch.seq_len});
   auto mask = torch::tensor(batch.attention_mask, opts).view({batch.rows, batch.seq_len});
@@ -152,13 +191,8 @@ int write_logits(const std::string& model_dir, const std::string& tokenizer_dir,
   in.attention_mask = mask;
   std::vector<std::pair<std::string, torch::Tensor>> out = {{"input_ids", ids},
                                                             {"attention_mask", mask}};
-  if (adapter_dir.empty()) {
-    auto model = models::build_hf_model(checkpoint);
-    out.emplace_back("logits", model->forward(in).logits.to(torch::kFloat32));
-  } else {
-    auto model = models::build_hf_model_with_adapter(
-        checkpoint, models::read_peft_adapter(adapter_dir, checkpoint));
-    out.emplace_back("logits", model->forward(in).logits.to(torch::kFloat32));
+  out.emplace_back("logits", model->forward(in).logits.to(torch::kFloat32));
+  if (!adapter_dir.empty()) {
     model->merge_lora();
     out.emplace_back("merged_logits", model->forward(in).logits.to(torch::kFloat32));
   }
@@ -192,7 +226,7 @@ int main(int argc, char** argv) {
   auto* logits_opt = app.add_option(
       "--logits", logits_in,
       "one DNA sequence a line: tokenize them with the model's own tokenizer, pad, and write "
-      "input_ids, attention_mask and logits to --out (a Hugging Face model directory)");
+      "input_ids, attention_mask and logits to --out (a Hugging Face directory or our export)");
   logits_opt->excludes(fasta_opt)->excludes(table_opt);
   app.add_option("--out", logits_out, "safetensors file that --logits writes");
   app.add_option("--adapter", adapter_dir,

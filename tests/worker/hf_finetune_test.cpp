@@ -94,6 +94,16 @@ TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
             std::string::npos)
       << train.out;
 
+  // [tokenizer] must tokenize as the directory does: one token a base is refused (exit 2)
+  // with the settings that would match.
+  auto wrong = run("cd " + kSrc + " && " + kBin + "dnallm-train --config " +
+                   "configs/finetune-hf-dnabert.toml --set model.max_seq_length=64" +
+                   " --set tokenizer.kind=char --set 'data.train_files=[\"" +
+                   (dir / "train.csv").string() + "\"]' --set 'data.eval_files=[\"" +
+                   (dir / "eval.csv").string() + "\"]' --set checkpoint.dir=" + ck + "_wrong");
+  EXPECT_EQ(wrong.code, 2) << wrong.out;
+  EXPECT_NE(wrong.out.find("tokenizer.k = 3"), std::string::npos) << wrong.out;
+
   auto scored = run(kBin + "dnallm-eval --model " + ck + "/final --table " +
                     (dir / "eval.csv").string() + " 2>/dev/null");
   ASSERT_EQ(scored.code, 0) << scored.out;
@@ -119,8 +129,16 @@ TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
   auto with_adapter = run(kBin + "dnallm-eval --model " + hf + "/base --adapter " + hf +
                           "/adapter --logits " + seqs + " --out " + adapted);
   ASSERT_EQ(with_adapter.code, 0) << with_adapter.out;
-  // PEFT's adapter on its base = its merge = the merged model exported next to it.
+  // Our own export (final/, our tokenizer) = its transformers export (final/hf) = PEFT's adapter
+  // on its base = its merge.
+  const auto own = (dir / "own.safetensors").string();
+  ASSERT_EQ(
+      run(kBin + "dnallm-eval --model " + ck + "/final --logits " + seqs + " --out " + own).code,
+      0);
   const auto full = floats(merged, "logits");
+  const auto ours = floats(own, "logits");
+  ASSERT_EQ(ours.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) EXPECT_NEAR(ours[i], full[i], 1e-4) << i;
   const auto via_adapter = floats(adapted, "logits");
   const auto via_merge = floats(adapted, "merged_logits");
   ASSERT_EQ(full.size(), 4u);  // 2 sequences x 2 labels

@@ -84,6 +84,7 @@ TEST(HfImportTest, BertSequenceClassification) { expect_matches_fixture("bert_cl
 TEST(HfImportTest, EsmMaskedLmNucleotideTransformer) { expect_matches_fixture("esm_mlm"); }
 TEST(HfImportTest, EsmSequenceClassification) { expect_matches_fixture("esm_cls"); }
 TEST(HfImportTest, GptNeoXCausalLm) { expect_matches_fixture("gptneox_causal"); }
+TEST(HfImportTest, LlamaCausalLm) { expect_matches_fixture("llama_causal"); }
 TEST(HfImportTest, RobertaPreLayerNormMaskedLm) {
   expect_matches_fixture("roberta_prelayernorm_mlm");
 }
@@ -194,10 +195,18 @@ TEST_F(HfRefusalTest, MissingTensor) {
   expect_refused({"bert.encoder.layer.1.output.dense.weight", "lacks"});
 }
 
-TEST_F(HfRefusalTest, LlamaIsNotYetSupported) {
+TEST_F(HfRefusalTest, GroupedQueryAttention) {
   fs::remove_all(dir_);
   fs::copy(kFixtures + "/llama_causal", dir_);
-  expect_refused({"llama", "not supported"});
+  edit_config([](auto& c) { c["num_key_value_heads"] = 1; });
+  expect_refused({"num_key_value_heads", "grouped-query"});
+}
+
+TEST_F(HfRefusalTest, ScaledRotary) {
+  fs::remove_all(dir_);
+  fs::copy(kFixtures + "/llama_causal", dir_);
+  edit_config([](auto& c) { c["rope_parameters"]["rope_type"] = "yarn"; });
+  expect_refused({"rope_type", "default"});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -327,6 +336,18 @@ TEST(HfExportTest, ImportedBertExportsAsBert) {
   fs::remove_all(dir);
 }
 
+TEST(HfExportTest, ImportedLlamaExportsAsLlama) {
+  const std::string src = kFixtures + "/llama_causal";
+  auto model = build_hf_model(read_hf_checkpoint(src));
+  const auto dir = fs::temp_directory_path() / ("dnallm_hf_llama_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  EXPECT_EQ(export_hf_model(model, dir.string()), "llama");
+  auto got = run_family(dir.string(), src, "llama_causal");  // the fixture's tokenizer files
+  auto expected = load_safetensors(src + "/expected.safetensors");
+  EXPECT_LE(max_abs_diff(got.logits, expected.at("logits")), kTolerance);
+  fs::remove_all(dir);
+}
+
 TEST(HfExportTest, NoTransformersEquivalentIsSkippedNotWrong) {
   ModelOptions o;
   o.arch = Arch::kGpt;
@@ -367,8 +388,14 @@ TEST(HfEvalCliTest, LogitsFileMatchesTheFixture) {
   EXPECT_TRUE(torch::equal(got.at("input_ids"), expected.at("input_ids")));
   EXPECT_TRUE(torch::equal(got.at("attention_mask"), expected.at("attention_mask")));
   EXPECT_LE(max_abs_diff(got.at("logits"), expected.at("logits")), kTolerance);
-  // A refused model exits 2.
-  EXPECT_EQ(run(std::string(DNALLM_EVAL_BIN) + " --model " + kFixtures + "/llama_causal --logits " +
+  // A refused model (ALiBi) exits 2.
+  const auto alibi = tmp / "alibi";
+  fs::copy(kFixtures + "/bert_mlm", alibi);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(alibi / "config.json"));
+  config["position_embedding_type"] = "alibi";
+  fs::permissions(alibi / "config.json", fs::perms::owner_write, fs::perm_options::add);
+  std::ofstream(alibi / "config.json") << config.dump();
+  EXPECT_EQ(run(std::string(DNALLM_EVAL_BIN) + " --model " + alibi.string() + " --logits " +
                 (tmp / "seqs.txt").string() + " --out " + out + " 2> /dev/null"),
             2);
   fs::remove_all(tmp);

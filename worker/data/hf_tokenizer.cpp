@@ -44,6 +44,18 @@ bool is_bases(const std::string& s) {
   });
 }
 
+// tokenizer.json's {"piece": id} vocabulary as pieces indexed by id.
+std::vector<std::string> pieces_by_id(const json& vocab, const std::string& dir) {
+  std::vector<std::string> pieces(vocab.size());
+  for (const auto& [piece, id] : vocab.items()) {
+    const auto i = id.get<int64_t>();
+    DNALLM_CHECK(i >= 0 && i < int64_t(vocab.size()), ExitCode::kUsage,
+                 "{}/tokenizer.json: id {} of \"{}\" is outside the vocabulary", dir, i, piece);
+    pieces[size_t(i)] = piece;
+  }
+  return pieces;
+}
+
 // The length k of every DNA piece of a k-mer vocabulary (DNABERT: one k).
 int kmer_length(const std::vector<std::string>& pieces, const std::string& dir) {
   int k = 0;
@@ -148,14 +160,7 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
     } else {
       DNALLM_CHECK(has_tj && tj.contains("model") && tj["model"].contains("vocab"),
                    ExitCode::kUsage, "{}: BertTokenizer needs vocab.txt or tokenizer.json", dir);
-      const auto& vocab = tj["model"]["vocab"];
-      t.pieces_.assign(vocab.size(), "");
-      for (const auto& [piece, id] : vocab.items()) {
-        const auto i = id.get<int64_t>();
-        DNALLM_CHECK(i >= 0 && i < int64_t(vocab.size()), ExitCode::kUsage,
-                     "{}/tokenizer.json: id {} of \"{}\" is outside the vocabulary", dir, i, piece);
-        t.pieces_[size_t(i)] = piece;
-      }
+      t.pieces_ = pieces_by_id(tj["model"]["vocab"], dir);
     }
     DNALLM_CHECK(!config.value("do_lower_case", false), ExitCode::kUsage,
                  "{}/tokenizer_config.json: do_lower_case = true is not supported (DNA k-mers "
@@ -201,14 +206,7 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
   DNALLM_CHECK(tj.value("normalizer", json()).is_null(), ExitCode::kUsage,
                "{}/tokenizer.json: a normalizer ({}) is not supported", dir,
                tj["normalizer"].dump());
-  const auto& vocab = model.at("vocab");
-  t.pieces_.assign(vocab.size(), "");
-  for (const auto& [piece, id] : vocab.items()) {
-    const auto i = id.get<int64_t>();
-    DNALLM_CHECK(i >= 0 && i < int64_t(vocab.size()), ExitCode::kUsage,
-                 "{}/tokenizer.json: id {} of \"{}\" is outside the vocabulary", dir, i, piece);
-    t.pieces_[size_t(i)] = piece;
-  }
+  t.pieces_ = pieces_by_id(model.at("vocab"), dir);
   t.scheme_ = per_char ? Scheme::kCharacter : Scheme::kOverlappingKmer;
   t.index();
   if (words) t.k_ = kmer_length(t.pieces_, dir);

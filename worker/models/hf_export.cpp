@@ -16,12 +16,20 @@ namespace {
 using nlohmann::ordered_json;
 using torch::Tensor;
 
-enum class Family { kEsm, kBert, kRobertaPreLn, kGptNeoX };
+enum class Family { kEsm, kBert, kRobertaPreLn, kGptNeoX, kLlama };
 
 Family family_of(const ModelOptions& o) {
   DNALLM_CHECK(!o.mean_pooling || o.task == Task::kPretrain, ExitCode::kUsage,
                "model.pooling = \"mean\" has no transformers equivalent (its classification "
                "heads pool the first token): use pooling = \"cls\" for a Hugging Face export");
+  if (o.rms_norm || o.gated_mlp || !o.linear_bias) {
+    DNALLM_CHECK(o.rms_norm && o.gated_mlp && !o.linear_bias && o.arch == Arch::kGpt && o.rotary &&
+                     o.task == Task::kPretrain,
+                 ExitCode::kUsage,
+                 "only a causal, rotary model with RMSNorm, gated MLP and no biases (Llama) "
+                 "exports as llama");
+    return Family::kLlama;
+  }
   if (o.arch == Arch::kGpt) {
     DNALLM_CHECK(
         o.rotary && o.task == Task::kPretrain && !o.post_layer_norm && !o.embedding_layer_norm,
@@ -75,6 +83,21 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 std::string hf_name(Family f, const std::string& ours) {
   std::string n = ours;
   if (f == Family::kBert) return n;
+  if (f == Family::kLlama) {
+    n = replace_all(n, "gpt.embeddings.word_embeddings.", "model.embed_tokens.");
+    n = replace_all(n, "gpt.encoder.final_layer_norm.", "model.norm.");
+    n = replace_all(n, "gpt.encoder.layer.", "model.layers.");
+    n = replace_all(n, ".attention.output.LayerNorm.", ".input_layernorm.");
+    n = replace_all(n, ".output.LayerNorm.", ".post_attention_layernorm.");
+    n = replace_all(n, ".attention.self.query.", ".self_attn.q_proj.");
+    n = replace_all(n, ".attention.self.key.", ".self_attn.k_proj.");
+    n = replace_all(n, ".attention.self.value.", ".self_attn.v_proj.");
+    n = replace_all(n, ".attention.output.dense.", ".self_attn.o_proj.");
+    n = replace_all(n, ".intermediate.dense.", ".mlp.up_proj.");
+    n = replace_all(n, ".intermediate.gate.", ".mlp.gate_proj.");
+    n = replace_all(n, ".output.dense.", ".mlp.down_proj.");
+    return n;
+  }
   if (f == Family::kGptNeoX) {
     n = replace_all(n, "gpt.embeddings.word_embeddings.", "gpt_neox.embed_in.");
     n = replace_all(n, "gpt.encoder.final_layer_norm.", "gpt_neox.final_layer_norm.");
@@ -155,16 +178,21 @@ std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(Tr
       c["architectures"] = {"GPTNeoXForCausalLM"};
       c["model_type"] = "gpt_neox";
       break;
+    case Family::kLlama:
+      c["architectures"] = {"LlamaForCausalLM"};
+      c["model_type"] = "llama";
+      break;
   }
   c["vocab_size"] = o.vocab_size;
   c["hidden_size"] = o.hidden;
   c["num_hidden_layers"] = o.layers;
   c["num_attention_heads"] = o.heads;
   c["intermediate_size"] = o.ffn;
-  c["hidden_act"] = "gelu";
-  c["layer_norm_eps"] = o.layer_norm_eps;
+  c["hidden_act"] = f == Family::kLlama ? "silu" : "gelu";
+  c[f == Family::kLlama ? "rms_norm_eps" : "layer_norm_eps"] = o.layer_norm_eps;
   c["pad_token_id"] = data::kPadId;
-  c["tie_word_embeddings"] = o.tie_embeddings && f != Family::kGptNeoX;
+  const bool causal = f == Family::kGptNeoX || f == Family::kLlama;
+  c["tie_word_embeddings"] = o.tie_embeddings && !causal;
   if (o.task == Task::kClassification) {
     auto l = labels(o.num_labels);
     c["id2label"] = l[0];
@@ -201,6 +229,17 @@ std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(Tr
                          ? "bert.embeddings.token_type_embeddings.weight"
                          : "roberta_prelayernorm.embeddings.token_type_embeddings.weight",
                      torch::zeros({f == Family::kBert ? 2 : 1, o.hidden}));
+  } else if (f == Family::kLlama) {
+    c["max_position_embeddings"] = o.max_seq_length;
+    c["num_key_value_heads"] = o.heads;
+    c["head_dim"] = hd;
+    c["rope_theta"] = 10000.0;
+    c["rope_parameters"] = {{"rope_theta", 10000.0}, {"rope_type", "default"}};
+    c["attention_bias"] = false;
+    c["mlp_bias"] = false;
+    c["attention_dropout"] = 0.0;
+    c["bos_token_id"] = data::kClsId;
+    c["eos_token_id"] = data::kSepId;
   } else {
     c["max_position_embeddings"] = o.max_seq_length;
     c["rotary_pct"] = 1.0;
@@ -227,6 +266,7 @@ std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(Tr
   // Tied decoders, written out for loaders that do not tie (transformers ties them again).
   if (o.tie_embeddings && o.task == Task::kPretrain) {
     out.emplace_back(f == Family::kGptNeoX ? "embed_out.weight"
+                     : f == Family::kLlama ? "lm_head.weight"
                      : f == Family::kBert  ? "cls.predictions.decoder.weight"
                                            : "lm_head.decoder.weight",
                      w.at(word));
@@ -296,6 +336,10 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
     single.push_back(special("[SEP]"));
     specials["[SEP]"] = {{"id", "[SEP]"}, {"ids", {data::kSepId}}, {"tokens", {"[SEP]"}}};
   }
+  // Pairs (not used by our objectives) as BERT frames them: single, then B and [SEP].
+  ordered_json pair = single;
+  pair.push_back({{"Sequence", {{"id", "B"}, {"type_id", 1}}}});
+  if (arch == Arch::kBert) pair.push_back({{"SpecialToken", {{"id", "[SEP]"}, {"type_id", 1}}}});
   ordered_json tj;
   tj["version"] = "1.0";
   tj["truncation"] = nullptr;
@@ -312,7 +356,7 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
   }
   tj["post_processor"] = {{"type", "TemplateProcessing"},
                           {"single", single},
-                          {"pair", single},
+                          {"pair", pair},
                           {"special_tokens", specials}};
   tj["decoder"] = nullptr;
   tj["model"] = {{"type", "WordLevel"}, {"vocab", vocab}, {"unk_token", "[UNK]"}};
@@ -345,8 +389,8 @@ void export_peft_adapter(TransformerLM& model, const std::string& adapter_dir,
   const auto& o = model->options();
   DNALLM_CHECK(o.lora_r > 0, ExitCode::kFailure, "export_peft_adapter needs a model with LoRA");
   const Family f = family_of(o);
-  DNALLM_CHECK(f != Family::kGptNeoX, ExitCode::kUsage,
-               "LoRA on a causal model has no PEFT export yet (gpt_neox fuses query/key/value)");
+  DNALLM_CHECK(f != Family::kGptNeoX && f != Family::kLlama, ExitCode::kUsage,
+               "LoRA on a causal model has no PEFT export yet");
   for (const auto& t : o.lora_targets) {
     DNALLM_CHECK(t == "query" || t == "key" || t == "value", ExitCode::kUsage,
                  "lora.target_modules \"{}\" has no PEFT export yet: supported are query, key, "

@@ -9,6 +9,7 @@
 //   encoder, post-LN with embedding LayerNorm (an imported BERT) -> bert
 //   encoder, pre-LN with embedding LayerNorm and RoBERTa positions -> roberta-prelayernorm
 //   causal, rotary -> gpt_neox (GPTNeoXForCausalLM, sequential residual, full rotary)
+//   causal, rotary, RMSNorm + gated SiLU MLP + no biases (an imported Llama) -> llama
 // Not exportable (Error(kUsage) saying so): mean pooling (transformers pools the first
 // token), a causal model with learned positions or a task head.
 #pragma once

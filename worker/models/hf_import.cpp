@@ -24,21 +24,26 @@ using torch::Tensor;
 const char* const kSupported =
     "supported are bert (BertForMaskedLM, BertForSequenceClassification), esm "
     "(EsmForMaskedLM, EsmForSequenceClassification), roberta-prelayernorm "
-    "(RobertaPreLayerNormForMaskedLM, ...ForSequenceClassification) and gpt_neox "
-    "(GPTNeoXForCausalLM)";
+    "(RobertaPreLayerNormForMaskedLM, ...ForSequenceClassification), gpt_neox "
+    "(GPTNeoXForCausalLM) and llama (LlamaForCausalLM)";
 
-json read_config(const std::string& dir) {
-  const std::string path = dir + "/config.json";
+// A JSON file of a model or adapter directory; `holds` says what such a directory holds.
+json read_json_file(const std::string& path, const char* holds) {
   std::ifstream f(path);
-  DNALLM_CHECK(f.good(), ExitCode::kUsage,
-               "{} not found: a Hugging Face model directory holds config.json and "
-               "model.safetensors",
-               path);
+  DNALLM_CHECK(f.good(), ExitCode::kUsage, "{} not found: {}", path, holds);
   try {
     return json::parse(f);
   } catch (const std::exception& e) {
     fail(ExitCode::kUsage, "{} is not valid JSON: {}", path, e.what());
   }
+}
+
+// `c[key]`, when present and not null, must be `wanted`; else Error(kUsage) saying `what`.
+void expect_value(const json& c, const std::string& path, const char* key, const json& wanted,
+                  const char* what) {
+  if (!c.contains(key) || c[key].is_null()) return;
+  DNALLM_CHECK(c[key] == wanted, ExitCode::kUsage, "{}: {} = {} is not supported: {}", path, key,
+               c[key].dump(), what);
 }
 
 // Keys that do not change the function computed at inference (or are checked elsewhere).
@@ -112,6 +117,11 @@ const std::set<std::string>& neutral_keys() {
       "pruned_heads",
       "torchscript",
       "finetuning_task",
+      "num_key_value_heads",
+      "head_dim",
+      "rms_norm_eps",
+      "mlp_bias",
+      "pretraining_tp",
   };
   return keys;
 }
@@ -130,18 +140,33 @@ void check_config(const json& c, const std::string& path, const std::string& mod
                  path, key, value.dump(), model_type, kSupported);
   }
   auto expect = [&](const char* key, const json& wanted, const char* what) {
-    if (!c.contains(key) || c[key].is_null()) return;
-    DNALLM_CHECK(c[key] == wanted, ExitCode::kUsage, "{}: {} = {} is not supported: {}", path, key,
-                 c[key].dump(), what);
+    expect_value(c, path, key, wanted, what);
   };
   expect("is_decoder", false, "only encoders (is_decoder = false)");
   expect("add_cross_attention", false, "no cross-attention");
   expect("chunk_size_feed_forward", 0, "set it to 0");
   expect("pruned_heads", json::object(), "pruned heads are not supported");
+  const bool llama = model_type == "llama";
   if (c.contains("hidden_act")) {
-    DNALLM_CHECK(c["hidden_act"] == "gelu", ExitCode::kUsage,
-                 "{}: hidden_act = {} is not supported: supported is \"gelu\" (exact, erf)", path,
-                 c["hidden_act"].dump());
+    DNALLM_CHECK(c["hidden_act"] == (llama ? "silu" : "gelu"), ExitCode::kUsage,
+                 "{}: hidden_act = {} is not supported for {}: supported is {}", path,
+                 c["hidden_act"].dump(), model_type,
+                 llama ? "\"silu\" (gated)" : "\"gelu\" (exact, erf)");
+  }
+  if (llama) {
+    const auto heads = c.value("num_attention_heads", int64_t{0});
+    DNALLM_CHECK(c.value("num_key_value_heads", heads) == heads, ExitCode::kUsage,
+                 "{}: num_key_value_heads = {} (grouped-query attention) is not supported: "
+                 "supported is num_key_value_heads = num_attention_heads ({})",
+                 path, c.value("num_key_value_heads", heads), heads);
+    if (c.contains("head_dim") && !c["head_dim"].is_null() && heads > 0) {
+      DNALLM_CHECK(c["head_dim"] == c.value("hidden_size", int64_t{0}) / heads, ExitCode::kUsage,
+                   "{}: head_dim = {} is not supported: supported is hidden_size / "
+                   "num_attention_heads",
+                   path, c["head_dim"].dump());
+    }
+    expect("mlp_bias", false, "supported is false");
+    expect("pretraining_tp", 1, "supported is 1");
   }
   const std::string pos = c.value("position_embedding_type", std::string("absolute"));
   if (pos == "alibi" || c.contains("alibi") || c.value("use_alibi", false)) {
@@ -184,7 +209,11 @@ void check_config(const json& c, const std::string& path, const std::string& mod
                path, fraction);
   expect("use_parallel_residual", false,
          "supported is the sequential residual (use_parallel_residual = false)");
-  expect("attention_bias", true, "supported are biased attention projections (true)");
+  if (llama) {
+    expect("attention_bias", false, "supported are unbiased attention projections (false)");
+  } else {
+    expect("attention_bias", true, "supported are biased attention projections (true)");
+  }
   expect("token_dropout", false,
          "token_dropout rescales the embeddings at inference: supported is false");
   expect("vocab_list", json(), "supported is null (the vocabulary comes from vocab.txt)");
@@ -232,6 +261,21 @@ std::string rename(const std::string& model_type, std::string name) {
     replace("classifier.out_proj.", "classifier.");
     return name;
   }
+  if (model_type == "llama") {
+    replace("model.embed_tokens.", "gpt.embeddings.word_embeddings.");
+    replace("model.norm.", "gpt.encoder.final_layer_norm.");
+    replace("model.layers.", "gpt.encoder.layer.");
+    replace(".input_layernorm.", ".attention.output.LayerNorm.");
+    replace(".post_attention_layernorm.", ".output.LayerNorm.");
+    replace(".self_attn.q_proj.", ".attention.self.query.");
+    replace(".self_attn.k_proj.", ".attention.self.key.");
+    replace(".self_attn.v_proj.", ".attention.self.value.");
+    replace(".self_attn.o_proj.", ".attention.output.dense.");
+    replace(".mlp.up_proj.", ".intermediate.dense.");
+    replace(".mlp.gate_proj.", ".intermediate.gate.");
+    replace(".mlp.down_proj.", ".output.dense.");
+    return name;
+  }
   // gpt_neox
   replace("gpt_neox.embed_in.", "gpt.embeddings.word_embeddings.");
   replace("gpt_neox.final_layer_norm.", "gpt.encoder.final_layer_norm.");
@@ -262,7 +306,8 @@ bool is_hf_model_dir(const std::string& dir) {
 
 HfCheckpoint read_hf_checkpoint(const std::string& dir) {
   const std::string path = dir + "/config.json";
-  const json c = read_config(dir);
+  const json c = read_json_file(
+      path, "a Hugging Face model directory holds config.json and model.safetensors");
   HfCheckpoint h;
   h.dir = dir;
   h.model_type = c.value("model_type", std::string());
@@ -270,13 +315,9 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
                "{}: \"auto_map\" asks for the model's own remote code (trust_remote_code), "
                "which is not run here: {}",
                path, kSupported);
-  if (h.model_type == "llama" || h.model_type == "mistral" || h.model_type == "qwen2") {
-    fail(ExitCode::kUsage,
-         "{}: model_type = \"{}\" (RMSNorm, gated SiLU MLP) is not supported yet: {}", path,
-         h.model_type, kSupported);
-  }
   DNALLM_CHECK(h.model_type == "bert" || h.model_type == "esm" ||
-                   h.model_type == "roberta-prelayernorm" || h.model_type == "gpt_neox",
+                   h.model_type == "roberta-prelayernorm" || h.model_type == "gpt_neox" ||
+                   h.model_type == "llama",
                ExitCode::kUsage, "{}: model_type = \"{}\" is not supported: {}", path, h.model_type,
                kSupported);
   DNALLM_CHECK(c.contains("architectures") && c["architectures"].is_array() &&
@@ -292,10 +333,11 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
   auto ends = [&](const std::string& s) {
     return a.size() >= s.size() && a.compare(a.size() - s.size(), s.size(), s) == 0;
   };
-  const bool causal = h.model_type == "gpt_neox";
+  const bool causal = h.model_type == "gpt_neox" || h.model_type == "llama";
   if (causal) {
-    DNALLM_CHECK(a == "GPTNeoXForCausalLM", ExitCode::kUsage,
-                 "{}: architectures = [\"{}\"] is not supported: supported is GPTNeoXForCausalLM",
+    DNALLM_CHECK(a == "GPTNeoXForCausalLM" || a == "LlamaForCausalLM", ExitCode::kUsage,
+                 "{}: architectures = [\"{}\"] is not supported: supported are "
+                 "GPTNeoXForCausalLM and LlamaForCausalLM",
                  path, a);
     o.arch = Arch::kGpt;
     o.task = Task::kPretrain;
@@ -355,6 +397,12 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
     o.rotary = true;
     o.tie_embeddings = c.value("tie_word_embeddings", false);
     o.shift_labels = true;
+    if (h.model_type == "llama") {
+      o.rms_norm = true;
+      o.gated_mlp = true;
+      o.linear_bias = false;
+      o.layer_norm_eps = c.value("rms_norm_eps", 1e-6);
+    }
   }
 
   // Tensors.
@@ -390,6 +438,10 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
     if (hf_name.find("token_type_embeddings") != std::string::npos) {
       token_type = t.to(torch::kFloat32);
       used.insert(hf_name);
+      continue;
+    }
+    if (hf_name.find("rotary_emb.inv_freq") != std::string::npos) {
+      used.insert(hf_name);  // the rotary table we compute (base 10000, checked above)
       continue;
     }
     if (h.model_type == "gpt_neox" &&
@@ -490,21 +542,10 @@ TransformerLM build_hf_model(const HfCheckpoint& h) {
 
 PeftAdapter read_peft_adapter(const std::string& adapter_dir, const HfCheckpoint& base) {
   const std::string path = adapter_dir + "/adapter_config.json";
-  std::ifstream f(path);
-  DNALLM_CHECK(f.good(), ExitCode::kUsage,
-               "{} not found: a PEFT adapter directory holds "
-               "adapter_config.json and adapter_model.safetensors",
-               path);
-  json c;
-  try {
-    c = json::parse(f);
-  } catch (const std::exception& e) {
-    fail(ExitCode::kUsage, "{} is not valid JSON: {}", path, e.what());
-  }
+  const json c = read_json_file(
+      path, "a PEFT adapter directory holds adapter_config.json and adapter_model.safetensors");
   auto expect = [&](const char* key, const json& wanted, const char* what) {
-    if (!c.contains(key) || c[key].is_null()) return;
-    DNALLM_CHECK(c[key] == wanted, ExitCode::kUsage, "{}: {} = {} is not supported: {}", path, key,
-                 c[key].dump(), what);
+    expect_value(c, path, key, wanted, what);
   };
   DNALLM_CHECK(c.value("peft_type", std::string()) == "LORA", ExitCode::kUsage,
                "{}: peft_type = {} is not supported: supported is \"LORA\"", path,
@@ -616,9 +657,10 @@ TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours) {
                    ? std::string("set tokenizer.kind = \"char\"")
                    : std::string("fine-tuning with EsmTokenizer's split is not supported yet "
                                  "(dnallm-eval --logits scores such a model)"));
-  ModelOptions o = model_options_from_config(config, ours.vocab_size());
+  // The architecture from config.json; the task, heads, dropout and LoRA from `config`.
+  const ModelOptions wanted = model_options_from_config(config, ours.vocab_size());
   const ModelOptions& a = h.options;
-  DNALLM_CHECK(o.arch == a.arch, ExitCode::kUsage,
+  DNALLM_CHECK(wanted.arch == a.arch, ExitCode::kUsage,
                "model.init_from = \"{}\" is a {} ({}): set model.arch = \"{}\"", dir,
                h.architecture, a.arch == Arch::kBert ? "encoder" : "causal LM",
                a.arch == Arch::kBert ? "bert" : "gpt");
@@ -634,19 +676,20 @@ TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours) {
                "model.max_seq_length = {} exceeds the {} positions of model.init_from = \"{}\": "
                "set model.max_seq_length <= {}",
                config.model.max_seq_length, usable, dir, usable);
-  o.hidden = a.hidden;
-  o.layers = a.layers;
-  o.heads = a.heads;
-  o.ffn = a.ffn;
-  o.max_seq_length = a.rotary ? config.model.max_seq_length : a.max_seq_length;
-  o.rotary = a.rotary;
-  o.layer_norm_eps = a.layer_norm_eps;
-  o.tie_embeddings = a.tie_embeddings;
-  o.post_layer_norm = a.post_layer_norm;
-  o.embedding_layer_norm = a.embedding_layer_norm;
-  o.mask_embeddings = a.mask_embeddings;
-  o.position_padding_idx = a.position_padding_idx;
+  ModelOptions o = a;
+  o.task = wanted.task;
+  o.num_labels = wanted.num_labels;
+  o.mean_pooling = wanted.mean_pooling;
+  o.dropout = wanted.dropout;
+  o.attn = wanted.attn;
+  o.gradient_checkpointing = wanted.gradient_checkpointing;
+  o.lora_r = wanted.lora_r;
+  o.lora_alpha = wanted.lora_alpha;
+  o.lora_dropout = wanted.lora_dropout;
+  o.lora_targets = wanted.lora_targets;
+  o.vocab_size = ours.vocab_size();
   o.pad_id = data::kPadId;
+  if (a.rotary) o.max_seq_length = config.model.max_seq_length;
   const int64_t lora_r = o.lora_r;
   o.lora_r = 0;
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));

@@ -8,6 +8,8 @@
 //                         learned positions (Nucleotide Transformer)
 //   roberta-prelayernorm  RobertaPreLayerNormForMaskedLM / ...ForSequenceClassification
 //   gpt_neox              GPTNeoXForCausalLM: rotary (full head), sequential residual
+//   llama                 LlamaForCausalLM: RMSNorm, gated SiLU MLP, no biases, rotary
+//                         (grouped-query attention is refused)
 // Note [Nothing silently ignored]: every config.json key is either understood (and its value
 // checked against what the import computes) or on a list of keys that do not change the
 // function (dropout rates, token ids, bookkeeping); any other key, a value we do not compute
@@ -32,7 +34,7 @@ namespace dnallm::models {
 // directory's own id order).
 struct HfCheckpoint {
   std::string dir;
-  std::string model_type;    // "bert", "esm", "roberta-prelayernorm", "gpt_neox"
+  std::string model_type;    // "bert", "esm", "roberta-prelayernorm", "gpt_neox", "llama"
   std::string architecture;  // e.g. "BertForMaskedLM"
   ModelOptions options;      // lora_r = 0
   std::map<std::string, torch::Tensor> weights;  // by our names (TransformerLM::named_weights)
