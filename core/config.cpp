@@ -78,7 +78,7 @@ const std::vector<KeyDesc>& schema() {
       {"lora", "target_modules", Kind::kStringList, DNALLM_FIELD(lora, target_modules)},
       // [tokenizer]
       {"tokenizer", "kind", Kind::kString, DNALLM_FIELD(tokenizer, kind), -kInf, kInf,
-       {"char", "kmer", "bpe"}},
+       {"char", "kmer", "nt", "bpe"}},
       {"tokenizer", "k", Kind::kInt, DNALLM_FIELD(tokenizer, k), 3, 8},
       {"tokenizer", "stride", Kind::kInt, DNALLM_FIELD(tokenizer, stride), 1, 8},
       {"tokenizer", "vocab_size", Kind::kInt, DNALLM_FIELD(tokenizer, vocab_size), 16, 1 << 20},

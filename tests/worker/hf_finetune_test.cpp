@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -41,15 +42,19 @@ Result run(const std::string& cmd) {
   return r;
 }
 
-// The float32 values of tensor `name` of a safetensors file.
-std::vector<float> floats(const std::string& path, const std::string& name) {
+// The values of tensor `name` (float32 or int64, as T) of a safetensors file.
+template <typename T>
+std::vector<T> values(const std::string& path, const std::string& name) {
   const auto file = dnallm::checkpoint::read_safetensors_header(path);
   const auto& e = file.tensors.at(name);
-  std::vector<float> v((e.data_end - e.data_begin) / sizeof(float));
+  std::vector<T> v((e.data_end - e.data_begin) / sizeof(T));
   std::ifstream f(path, std::ios::binary);
   f.seekg(static_cast<std::streamoff>(file.data_offset + e.data_begin));
-  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
   return v;
+}
+std::vector<float> floats(const std::string& path, const std::string& name) {
+  return values<float>(path, name);
 }
 
 TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
@@ -178,6 +183,56 @@ TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
   EXPECT_GE(step_lines, 8);
   EXPECT_EQ(static_cast<int>(tb_loss.size()), step_lines);
   fs::remove_all(dir);
+}
+
+// Continued masked-LM pre-training from the Nucleotide-Transformer-style fixture (esm, rotary,
+// 6-mer vocab.txt) on the bundled genome with tokenizer.kind = "nt", and the export goes back
+// out as esm.
+TEST(HfFineTune, EsmContinuedPretrainingWithTheNtSplit) {
+  const auto ck = fs::temp_directory_path() / ("dnallm_hf_esm_" + std::to_string(::getpid()));
+  fs::remove_all(ck);
+  auto train = run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
+                   " --set model.init_from=tests/data/hf-fixtures/esm_mlm --set tokenizer.kind=nt" +
+                   " --set tokenizer.k=6 --set model.max_seq_length=32 --set training.max_steps=6" +
+                   " --set training.eval_steps=6 --set training.logging_steps=1" +
+                   " --set checkpoint.save_steps=0 --set checkpoint.dir=" + ck.string() +
+                   " --metrics-file " + (ck / "metrics.jsonl").string());
+  ASSERT_EQ(train.code, 0) << train.out;
+  EXPECT_NE(train.out.find("from the Hugging Face EsmForMaskedLM"), std::string::npos) << train.out;
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(ck / "final/hf/config.json"));
+  EXPECT_EQ(config.at("model_type"), "esm");
+  // Our export (our tokenizer) and its esm export (EsmTokenizer's vocab.txt) give the same ids
+  // and logits (sequences of one length: no padding, where ESM zeroes embeddings).
+  const auto seqs = (ck / "seqs.txt").string();
+  std::ofstream(seqs) << "ACGTACGTTAGCCGATAGGCTTACGATCGATCGGATCCATGCAAGTCNNACGTTGCA\n"
+                      << "TTGACAGCTAGCTCAGTCCTAGGTATAATGCTAGCACGTAGCTAGCAGTCAGTACGA\n";
+  const auto own = (ck / "own.safetensors").string(), hf = (ck / "hf.safetensors").string();
+  ASSERT_EQ(run(kBin + "dnallm-eval --model " + (ck / "final").string() + " --logits " + seqs +
+                " --out " + own)
+                .code,
+            0);
+  ASSERT_EQ(run(kBin + "dnallm-eval --model " + (ck / "final/hf").string() + " --logits " + seqs +
+                " --out " + hf)
+                .code,
+            0);
+  EXPECT_EQ(values<int64_t>(own, "input_ids"), values<int64_t>(hf, "input_ids"));
+  const auto a = floats(own, "logits"), b = floats(hf, "logits");
+  ASSERT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, double(std::fabs(a[i] - b[i])));
+  EXPECT_LE(worst, 1e-4);
+  // Every step logged a finite loss (the import's exactness is worker_hf_import_test's).
+  std::ifstream metrics(ck / "metrics.jsonl");
+  std::string line;
+  int steps = 0;
+  while (std::getline(metrics, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("event")) continue;
+    EXPECT_TRUE(std::isfinite(j.at("loss").get<double>())) << line;
+    ++steps;
+  }
+  EXPECT_EQ(steps, 6);
+  fs::remove_all(ck);
 }
 
 }  // namespace

@@ -11,8 +11,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/config.hpp"
 #include "core/error.hpp"
 #include "worker/data/hf_tokenizer.hpp"
+#include "worker/data/pipeline.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_export.hpp"
 #include "worker/models/hf_import.hpp"
@@ -99,6 +101,109 @@ TEST(HfImportTest, PeftLoraAdapterOnItsBase) {
   // The adapter matters: without it the logits are another function.
   auto base = run_family(dir + "/base", dir, "bert_cls_lora");
   EXPECT_GT(max_abs_diff(base.logits, expected.at("logits")), kTolerance);
+}
+
+// ---------------------------------------------------------------------------------------------
+// model.init_from = a Hugging Face directory (fine-tuning): [tokenizer]'s vocabulary is mapped
+// onto the directory's. With the fixture's ids written in our vocabulary, the model we train
+// computes the fixture's logits (the vocabulary axis mapped the same way), and our tokenizer
+// (with our framing) gives the family's ids.
+
+struct InitCase {
+  const char* family;
+  const char* arch;
+  const char* kind;
+  int k;
+};
+
+void PrintTo(const InitCase& c, std::ostream* os) { *os << c.family; }
+
+class HfInitFromTest : public ::testing::TestWithParam<InitCase> {};
+
+TEST_P(HfInitFromTest, OurVocabularyComputesTheFixture) {
+  const auto& c = GetParam();
+  const std::string dir = kFixtures + "/" + c.family;
+  Config config;
+  config.model.arch = c.arch;
+  config.model.task = "pretrain";
+  config.model.init_from = dir;
+  config.model.max_seq_length = 60;
+  config.tokenizer.kind = c.kind;
+  config.tokenizer.k = c.k;
+  config.tokenizer.stride = 1;
+  auto ours = data::make_tokenizer(config);
+  auto model = init_from_hf(config, *ours);
+  model->eval();
+  const auto theirs = data::HfTokenizer::load(dir);
+  const auto map = vocabulary_map(*ours, theirs, dir);
+  std::map<int64_t, int64_t> back;  // their id -> ours
+  for (size_t id = 0; id < map.size(); ++id) {
+    if (map[id] >= 0) back[map[id]] = static_cast<int64_t>(id);
+  }
+  auto expected = load_safetensors(dir + "/expected.safetensors");
+  auto their_ids = expected.at("input_ids");
+  auto mask = expected.at("attention_mask");
+  auto our_ids = torch::zeros_like(their_ids);
+  for (int64_t i = 0; i < their_ids.numel(); ++i) {
+    const auto t = their_ids.view(-1)[i].item<int64_t>();
+    ASSERT_TRUE(back.count(t)) << "their id " << t << " has no counterpart";
+    our_ids.view(-1)[i] = back[t];
+  }
+  // Our tokenizer with our framing gives the same tokens.
+  const auto seqs = fixture_sequences(c.family);
+  for (int64_t r = 0; r < their_ids.size(0); ++r) {
+    std::vector<int64_t> framed;
+    if (std::string(c.arch) == "bert") framed.push_back(data::kClsId);
+    for (auto id : ours->encode(seqs[size_t(r)])) framed.push_back(id);
+    if (std::string(c.arch) == "bert") framed.push_back(data::kSepId);
+    std::vector<int64_t> want;
+    for (int64_t t = 0; t < their_ids.size(1); ++t) {
+      if (mask[r][t].item<int64_t>() == 1) want.push_back(our_ids[r][t].item<int64_t>());
+    }
+    EXPECT_EQ(framed, want) << "row " << r;
+  }
+  ForwardInputs in;
+  in.input_ids = our_ids;
+  in.attention_mask = mask;
+  torch::NoGradGuard no_grad;
+  auto got = model->forward(in).logits;
+  std::vector<int64_t> cols_ours, cols_theirs;
+  for (size_t id = 0; id < map.size(); ++id) {
+    if (map[id] < 0) continue;
+    cols_ours.push_back(static_cast<int64_t>(id));
+    cols_theirs.push_back(map[id]);
+  }
+  auto real = mask.to(torch::kBool);
+  auto a = got.index_select(-1, torch::tensor(cols_ours)).index({real});
+  auto b = expected.at("logits").index_select(-1, torch::tensor(cols_theirs)).index({real});
+  EXPECT_LE(max_abs_diff(a, b), kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfInitFromTest,
+                         ::testing::Values(InitCase{"bert_mlm", "bert", "kmer", 3},
+                                           InitCase{"esm_mlm", "bert", "nt", 6},
+                                           InitCase{"roberta_prelayernorm_mlm", "bert", "kmer", 3},
+                                           InitCase{"gptneox_causal", "gpt", "char", 3},
+                                           InitCase{"llama_causal", "gpt", "char", 3}),
+                         [](const auto& info) { return std::string(info.param.family); });
+
+TEST(HfInitFromTest, AnotherTokenizationIsRefused) {
+  Config config;
+  config.model.arch = "bert";
+  config.model.init_from = kFixtures + "/esm_mlm";
+  config.model.max_seq_length = 60;
+  config.tokenizer.kind = "kmer";
+  config.tokenizer.k = 6;
+  config.tokenizer.stride = 6;
+  try {
+    init_from_hf(config, *data::make_tokenizer(config));
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("tokenizer.kind = \"nt\", tokenizer.k = 6"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -219,7 +324,7 @@ struct ExportCase {
   Arch arch;
   Task task;
   bool rotary;
-  const char* tokenizer;  // "char" | "kmer3"
+  const char* tokenizer;  // "char" | "kmer3" | "nt6"
   int64_t lora_r;
   const char* model_type;
 };
@@ -230,8 +335,11 @@ class HfExportTest : public ::testing::TestWithParam<ExportCase> {};
 
 TEST_P(HfExportTest, ReimportComputesOurLogits) {
   const auto& c = GetParam();
-  auto tok = std::string(c.tokenizer) == "char" ? data::make_char_tokenizer()
-                                                : data::make_kmer_tokenizer(3, 1);
+  const std::string kind = c.tokenizer;
+  auto tok = kind == "char"  ? data::make_char_tokenizer()
+             : kind == "nt6" ? data::make_nt_tokenizer(6)
+                             : data::make_kmer_tokenizer(3, 1);
+
   ModelOptions o;
   o.arch = c.arch;
   o.task = c.task;
@@ -314,6 +422,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         ExportCase{"bert_rotary_mlm", Arch::kBert, Task::kPretrain, true, "kmer3", 0, "esm"},
         ExportCase{"bert_learned_mlm", Arch::kBert, Task::kPretrain, false, "char", 0, "esm"},
+        ExportCase{"bert_nt_mlm", Arch::kBert, Task::kPretrain, true, "nt6", 0, "esm"},
         ExportCase{"bert_cls", Arch::kBert, Task::kClassification, false, "kmer3", 0, "esm"},
         ExportCase{"bert_regression", Arch::kBert, Task::kRegression, true, "char", 0, "esm"},
         ExportCase{"bert_cls_lora", Arch::kBert, Task::kClassification, false, "kmer3", 4, "esm"},

@@ -81,7 +81,99 @@ std::string token_text(const json& config, const char* key) {
   return "";
 }
 
+constexpr char kNtBases[] = {'A', 'C', 'G', 'T'};
+
+int nt_base(char c) {
+  switch (c) {
+    case 'A':
+      return 0;
+    case 'C':
+      return 1;
+    case 'G':
+      return 2;
+    case 'T':
+      return 3;
+    default:
+      return -1;
+  }
+}
+
+class NtTokenizer final : public Tokenizer {
+ public:
+  explicit NtTokenizer(int k) : k_(k), kmers_(int64_t{1} << (2 * k)) {
+    DNALLM_CHECK(k >= 2 && k <= 8, ExitCode::kUsage,
+                 "tokenizer.k = {} is out of range for kind = \"nt\": use 2..8 (6 for the "
+                 "Nucleotide Transformer)",
+                 k);
+  }
+  std::string kind() const override { return "nt"; }
+  int64_t vocab_size() const override { return kFirstRegularId + kmers_ + 5; }
+  std::vector<int64_t> encode(std::string_view bases) const override {
+    std::vector<int64_t> ids;
+    ids.reserve(bases.size() / size_t(k_) + 8);
+    for (size_t i = 0; i < bases.size();) {
+      int64_t value = 0;
+      int j = 0;
+      for (; j < k_ && i + size_t(j) < bases.size(); ++j) {
+        const int b = nt_base(bases[i + size_t(j)]);
+        if (b < 0) break;
+        value = value * 4 + b;
+      }
+      if (j == k_) {
+        ids.push_back(kFirstRegularId + value);
+        i += size_t(k_);
+      } else {
+        ids.push_back(single_id(bases[i]));
+        ++i;
+      }
+    }
+    return ids;
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::string out;
+    for (int64_t id : ids) {
+      if (id >= kFirstRegularId) out += id_to_piece(id);
+    }
+    return out;
+  }
+  int64_t bases_for_tokens(int64_t tokens) const override { return tokens <= 0 ? 0 : tokens * k_; }
+  std::string id_to_piece(int64_t id) const override {
+    if (id < kFirstRegularId) return special_token_names().at(static_cast<size_t>(id));
+    int64_t value = id - kFirstRegularId;
+    if (value >= kmers_) return std::string(1, "ACGTN"[value - kmers_]);
+    std::string piece(size_t(k_), 'A');
+    for (int j = k_ - 1; j >= 0; --j) {
+      piece[size_t(j)] = kNtBases[value & 3];
+      value >>= 2;
+    }
+    return piece;
+  }
+  int64_t n_id() const override { return kFirstRegularId + kmers_ + 4; }
+  json to_json() const override {
+    json specials = json::object();
+    const auto& names = special_token_names();
+    for (size_t id = 0; id < names.size(); ++id) specials[names[id]] = id;
+    return json{{"kind", "nt"},
+                {"version", 1},
+                {"k", k_},
+                {"special_tokens", specials},
+                {"vocab_size", vocab_size()}};
+  }
+
+ private:
+  int64_t single_id(char c) const {
+    const int b = nt_base(c);
+    return kFirstRegularId + kmers_ + (b < 0 ? 4 : b);
+  }
+  int k_;
+  int64_t kmers_;
+};
+
 }  // namespace
+
+std::shared_ptr<const Tokenizer> make_nt_tokenizer(int k) {
+  return std::make_shared<NtTokenizer>(k);
+}
 
 HfTokenizer::HfTokenizer(Scheme scheme, std::vector<std::string> pieces, HfSpecialTokens special,
                          int k, std::string tokenizer_class)
@@ -148,6 +240,7 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
     t.special_.cls = role("cls_token", "<cls>");
     t.special_.eos = role("eos_token", "<eos>");
     t.special_.bos = t.id_of("<bos>");
+    t.k_ = static_cast<int>(t.max_piece_);
     if (t.special_.cls >= 0) t.prefix_ = {t.special_.cls};
     if (t.special_.eos >= 0) t.suffix_ = {t.special_.eos};
     return t;

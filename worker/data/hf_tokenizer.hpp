@@ -25,7 +25,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "worker/data/tokenizer.hpp"
+
 namespace dnallm::data {
+
+// tokenizer.kind = "nt": the Nucleotide Transformer split (what EsmTokenizer does with its
+// 6-mer vocab.txt) for training: non-overlapping k-mers, a single base for N and for what is
+// left over; vocab = our 5 special tokens, the 4^k k-mers (A<C<G<T order), then A C G T N.
+// Fine-tuning an esm directory maps these pieces onto its vocabulary by name.
+std::shared_ptr<const Tokenizer> make_nt_tokenizer(int k);
 
 // Ids of the roles a model's special tokens play (-1: the vocabulary has none).
 struct HfSpecialTokens {
@@ -51,7 +59,7 @@ class HfTokenizer {
   HfBatch encode_batch(const std::vector<std::string>& sequences) const;
 
   Scheme scheme() const { return scheme_; }
-  int k() const { return k_; }  // k-mer length (overlapping k-mer scheme), else 0
+  int k() const { return k_; }  // k-mer length (k-mer and longest-match schemes), else 0
   int64_t vocab_size() const { return static_cast<int64_t>(pieces_.size()); }
   const HfSpecialTokens& special() const { return special_; }
   const std::string& piece(int64_t id) const { return pieces_.at(static_cast<size_t>(id)); }

@@ -11,6 +11,7 @@
 #include <sentencepiece_trainer.h>
 
 #include "core/error.hpp"
+#include "worker/data/hf_tokenizer.hpp"
 
 namespace dnallm::data {
 namespace {
@@ -373,6 +374,7 @@ std::shared_ptr<const Tokenizer> tokenizer_from_json(const nlohmann::json& j) {
     std::string kind = j.at("kind").get<std::string>();
     if (kind == "char") return make_char_tokenizer();
     if (kind == "kmer") return make_kmer_tokenizer(j.at("k").get<int>(), j.at("stride").get<int>());
+    if (kind == "nt") return make_nt_tokenizer(j.at("k").get<int>());
     if (kind == "bpe") {
       return std::make_shared<BpeTokenizer>(
           base64_decode(j.at("model_proto_base64").get<std::string>()),

@@ -305,12 +305,33 @@ std::string export_hf_model(TransformerLM& model, const std::string& dir) {
 
 void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::string& dir) {
   std::filesystem::create_directories(dir);
+  ordered_json map = {{"unk_token", "[UNK]"},
+                      {"pad_token", "[PAD]"},
+                      {"cls_token", "[CLS]"},
+                      {"sep_token", "[SEP]"},
+                      {"mask_token", "[MASK]"}};
+  if (tok.kind() == "nt" && arch == Arch::kBert) {
+    // The Nucleotide Transformer split is EsmTokenizer's (longest vocabulary piece at each
+    // position; <cls> = [CLS] before, <eos> = [SEP] after): vocab.txt in our id order.
+    std::ofstream vocab(dir + "/vocab.txt", std::ios::trunc);
+    for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab << tok.id_to_piece(id) << "\n";
+    DNALLM_CHECK(vocab.good(), ExitCode::kFailure, "cannot write {}/vocab.txt", dir);
+    map["eos_token"] = "[SEP]";
+    write_json(dir + "/special_tokens_map.json", map);
+    ordered_json config = map;
+    config["tokenizer_class"] = "EsmTokenizer";
+    config["model_max_length"] = 1000000;
+    config["padding_side"] = "right";
+    config["dnallm_input"] = "the bases as they are";
+    write_json(dir + "/tokenizer_config.json", config);
+    return;
+  }
   const bool kmer = tok.kind() == "kmer";
   DNALLM_CHECK(tok.kind() == "char" ||
                    (kmer && tok.to_json().value("stride", 0) == 1 && arch == Arch::kBert),
                ExitCode::kUsage,
-               "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\" "
-               "and overlapping k-mers (stride 1) for encoders",
+               "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\", "
+               "and for encoders overlapping k-mers (stride 1) and \"nt\"",
                tok.to_json().dump());
   const auto& names = data::special_token_names();
   ordered_json added = ordered_json::array();
@@ -362,11 +383,6 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
   tj["model"] = {{"type", "WordLevel"}, {"vocab", vocab}, {"unk_token", "[UNK]"}};
   write_json(dir + "/tokenizer.json", tj);
 
-  ordered_json map = {{"unk_token", "[UNK]"},
-                      {"pad_token", "[PAD]"},
-                      {"cls_token", "[CLS]"},
-                      {"sep_token", "[SEP]"},
-                      {"mask_token", "[MASK]"}};
   if (arch == Arch::kGpt) map["bos_token"] = "[CLS]";
   write_json(dir + "/special_tokens_map.json", map);
   ordered_json config = map;

@@ -633,6 +633,41 @@ TransformerLM build_hf_model_with_adapter(const HfCheckpoint& base, const PeftAd
   return model;
 }
 
+std::vector<int64_t> vocabulary_map(const data::Tokenizer& ours, const data::HfTokenizer& theirs,
+                                    const std::string& dir) {
+  const auto& sp = theirs.special();
+  std::vector<int64_t> map(static_cast<size_t>(ours.vocab_size()), -1);
+  for (int64_t id = 0; id < ours.vocab_size(); ++id) {
+    int64_t t = -1;
+    switch (id) {
+      case data::kPadId:
+        t = sp.pad;
+        break;
+      case data::kUnkId:
+        t = sp.unk;
+        break;
+      case data::kClsId:
+        t = sp.cls >= 0 ? sp.cls : sp.bos;
+        break;
+      case data::kSepId:
+        t = sp.sep >= 0 ? sp.sep : sp.eos;
+        break;
+      case data::kMaskId:
+        t = sp.mask;
+        break;
+      default:
+        t = theirs.id_of(ours.id_to_piece(id));
+        break;
+    }
+    DNALLM_CHECK(t >= 0 || ours.is_special(id), ExitCode::kUsage,
+                 "model.init_from = \"{}\": its vocabulary lacks \"{}\" of [tokenizer]: use the "
+                 "tokenizer settings the model was trained with",
+                 dir, ours.id_to_piece(id));
+    map[static_cast<size_t>(id)] = t;
+  }
+  return map;
+}
+
 TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours) {
   const std::string& dir = config.model.init_from;
   const HfCheckpoint h = read_hf_checkpoint(dir);
@@ -641,22 +676,29 @@ TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours) {
   // The same tokenization, else every id would mean another thing.
   const bool same_scheme = (theirs.scheme() == Scheme::kOverlappingKmer && ours.kind() == "kmer" &&
                             config.tokenizer.k == theirs.k() && config.tokenizer.stride == 1) ||
+                           (theirs.scheme() == Scheme::kLongestMatch && ours.kind() == "nt" &&
+                            config.tokenizer.k == theirs.k()) ||
                            (theirs.scheme() == Scheme::kCharacter && ours.kind() == "char");
+  std::string theirs_text, setting;
+  switch (theirs.scheme()) {
+    case Scheme::kOverlappingKmer:
+      theirs_text = fmt::format("overlapping {}-mers (DNABERT)", theirs.k());
+      setting = fmt::format("set tokenizer.kind = \"kmer\", tokenizer.k = {}, tokenizer.stride = 1",
+                            theirs.k());
+      break;
+    case Scheme::kLongestMatch:
+      theirs_text = fmt::format("non-overlapping {}-mers with single-base fallback (EsmTokenizer)",
+                                theirs.k());
+      setting = fmt::format("set tokenizer.kind = \"nt\", tokenizer.k = {}", theirs.k());
+      break;
+    case Scheme::kCharacter:
+      theirs_text = "one token a base";
+      setting = "set tokenizer.kind = \"char\"";
+      break;
+  }
   DNALLM_CHECK(same_scheme, ExitCode::kUsage,
                "model.init_from = \"{}\" tokenizes {}; [tokenizer] here is kind = \"{}\": {}", dir,
-               theirs.scheme() == Scheme::kOverlappingKmer
-                   ? fmt::format("overlapping {}-mers (DNABERT)", theirs.k())
-               : theirs.scheme() == Scheme::kCharacter ? std::string("one token a base")
-                                                       : std::string("with EsmTokenizer's split"),
-               ours.kind(),
-               theirs.scheme() == Scheme::kOverlappingKmer
-                   ? fmt::format("set tokenizer.kind = \"kmer\", tokenizer.k = {}, "
-                                 "tokenizer.stride = 1",
-                                 theirs.k())
-               : theirs.scheme() == Scheme::kCharacter
-                   ? std::string("set tokenizer.kind = \"char\"")
-                   : std::string("fine-tuning with EsmTokenizer's split is not supported yet "
-                                 "(dnallm-eval --logits scores such a model)"));
+               theirs_text, ours.kind(), setting);
   // The architecture from config.json; the task, heads, dropout and LoRA from `config`.
   const ModelOptions wanted = model_options_from_config(config, ours.vocab_size());
   const ModelOptions& a = h.options;
@@ -695,41 +737,13 @@ TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours) {
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
   TransformerLM model(o);
 
-  // Our id -> theirs (-1: none).
-  const auto& sp = theirs.special();
-  std::vector<int64_t> map(static_cast<size_t>(ours.vocab_size()), -1);
+  const auto map = vocabulary_map(ours, theirs, dir);
   std::vector<std::string> fresh;
-  for (int64_t id = 0; id < ours.vocab_size(); ++id) {
-    int64_t t = -1;
-    switch (id) {
-      case data::kPadId:
-        t = sp.pad;
-        break;
-      case data::kUnkId:
-        t = sp.unk;
-        break;
-      case data::kClsId:
-        t = sp.cls >= 0 ? sp.cls : sp.bos;
-        break;
-      case data::kSepId:
-        t = sp.sep >= 0 ? sp.sep : sp.eos;
-        break;
-      case data::kMaskId:
-        t = sp.mask;
-        break;
-      default:
-        t = theirs.id_of(ours.id_to_piece(id));
-        break;
-    }
-    DNALLM_CHECK(t >= 0 || ours.is_special(id), ExitCode::kUsage,
-                 "model.init_from = \"{}\": its vocabulary lacks \"{}\" of [tokenizer]: use the "
-                 "tokenizer settings the model was trained with",
-                 dir, ours.id_to_piece(id));
-    DNALLM_CHECK(t < a.vocab_size, ExitCode::kUsage,
-                 "model.init_from = \"{}\": token id {} is outside vocab_size {}", dir, t,
+  for (size_t id = 0; id < map.size(); ++id) {
+    DNALLM_CHECK(map[id] < a.vocab_size, ExitCode::kUsage,
+                 "model.init_from = \"{}\": token id {} is outside vocab_size {}", dir, map[id],
                  a.vocab_size);
-    map[static_cast<size_t>(id)] = t;
-    if (t < 0) fresh.push_back(ours.id_to_piece(id));
+    if (map[id] < 0) fresh.push_back(ours.id_to_piece(static_cast<int64_t>(id)));
   }
   const std::set<std::string> by_vocab = {model->root_name() + ".embeddings.word_embeddings.weight",
                                           "cls.predictions.bias", "cls.predictions.decoder.weight",

@@ -26,7 +26,8 @@
 
 namespace dnallm::data {
 class Tokenizer;
-}
+class HfTokenizer;
+}  // namespace dnallm::data
 
 namespace dnallm::models {
 
@@ -72,5 +73,10 @@ TransformerLM build_hf_model_with_adapter(const HfCheckpoint& base, const PeftAd
 // initialisation and are logged; heads the checkpoint lacks (a new classifier) too. Throws
 // Error(kUsage) naming the setting to change.
 TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours);
+
+// Our token id -> the directory's (-1: no counterpart, allowed for special tokens only), by
+// piece and, for special tokens, by role. Throws Error(kUsage) naming a missing piece.
+std::vector<int64_t> vocabulary_map(const data::Tokenizer& ours, const data::HfTokenizer& theirs,
+                                    const std::string& dir);
 
 }  // namespace dnallm::models

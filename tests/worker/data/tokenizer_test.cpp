@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "test_files.hpp"
+#include "worker/data/hf_tokenizer.hpp"
 
 namespace dnallm::data {
 namespace {
@@ -90,6 +91,23 @@ TEST(Tokenizer, JsonRoundTripAndEquality) {
   EXPECT_EQ(j["vocab_size"], 5 + 256);
   EXPECT_THROW(tokenizer_from_json(nlohmann::json{{"kind", "words"}}), Error);
   EXPECT_THROW(tokenizer_from_json(nlohmann::json{{"kind", "kmer"}}), Error);
+}
+
+// The Nucleotide Transformer split: non-overlapping k-mers, single bases for N and leftovers.
+TEST(NtTokenizer, KmersThenSingleBases) {
+  auto t = make_nt_tokenizer(3);
+  EXPECT_EQ(t->kind(), "nt");
+  EXPECT_EQ(t->vocab_size(), 5 + 64 + 5);
+  // ACG | T N (N breaks the k-mer) | N | ACG | T T (leftovers)
+  const auto ids = t->encode("ACGTNNACGTT");
+  std::vector<std::string> pieces;
+  for (auto id : ids) pieces.push_back(t->id_to_piece(id));
+  EXPECT_EQ(pieces, (std::vector<std::string>{"ACG", "T", "N", "N", "ACG", "T", "T"}));
+  EXPECT_EQ(ids[2], t->n_id());
+  EXPECT_EQ(t->decode(ids), "ACGTNNACGTT");
+  EXPECT_TRUE(*tokenizer_from_json(t->to_json()) == *t);
+  EXPECT_FALSE(*t == *make_nt_tokenizer(6));
+  EXPECT_THROW(make_nt_tokenizer(9), Error);
 }
 
 TEST(Tokenizer, RequireSameTokenizerNamesTheMismatch) {
