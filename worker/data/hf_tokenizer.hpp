@@ -25,15 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "worker/data/tokenizer.hpp"
-
 namespace dnallm::data {
-
-// tokenizer.kind = "nt": the Nucleotide Transformer split (what EsmTokenizer does with its
-// 6-mer vocab.txt) for training: non-overlapping k-mers, a single base for N and for what is
-// left over; vocab = our 5 special tokens, the 4^k k-mers (A<C<G<T order), then A C G T N.
-// Fine-tuning an esm directory maps these pieces onto its vocabulary by name.
-std::shared_ptr<const Tokenizer> make_nt_tokenizer(int k);
 
 // Ids of the roles a model's special tokens play (-1: the vocabulary has none).
 struct HfSpecialTokens {

@@ -4,7 +4,6 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/sequence_reader.hpp"
 #include "worker/data/table_dataset.hpp"
 

@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "worker/data/tokenizer.hpp"
+#include "worker/models/hf_names.hpp"
 
 namespace dnallm::models {
 namespace {
@@ -83,32 +84,9 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 std::string hf_name(Family f, const std::string& ours) {
   std::string n = ours;
   if (f == Family::kBert) return n;
-  if (f == Family::kLlama) {
-    n = replace_all(n, "gpt.embeddings.word_embeddings.", "model.embed_tokens.");
-    n = replace_all(n, "gpt.encoder.final_layer_norm.", "model.norm.");
-    n = replace_all(n, "gpt.encoder.layer.", "model.layers.");
-    n = replace_all(n, ".attention.output.LayerNorm.", ".input_layernorm.");
-    n = replace_all(n, ".output.LayerNorm.", ".post_attention_layernorm.");
-    n = replace_all(n, ".attention.self.query.", ".self_attn.q_proj.");
-    n = replace_all(n, ".attention.self.key.", ".self_attn.k_proj.");
-    n = replace_all(n, ".attention.self.value.", ".self_attn.v_proj.");
-    n = replace_all(n, ".attention.output.dense.", ".self_attn.o_proj.");
-    n = replace_all(n, ".intermediate.dense.", ".mlp.up_proj.");
-    n = replace_all(n, ".intermediate.gate.", ".mlp.gate_proj.");
-    n = replace_all(n, ".output.dense.", ".mlp.down_proj.");
-    return n;
-  }
-  if (f == Family::kGptNeoX) {
-    n = replace_all(n, "gpt.embeddings.word_embeddings.", "gpt_neox.embed_in.");
-    n = replace_all(n, "gpt.encoder.final_layer_norm.", "gpt_neox.final_layer_norm.");
-    n = replace_all(n, "gpt.encoder.layer.", "gpt_neox.layers.");
-    n = replace_all(n, ".attention.output.LayerNorm.", ".input_layernorm.");
-    n = replace_all(n, ".output.LayerNorm.", ".post_attention_layernorm.");
-    n = replace_all(n, ".attention.output.dense.", ".attention.dense.");
-    n = replace_all(n, ".intermediate.dense.", ".mlp.dense_h_to_4h.");
-    n = replace_all(n, ".output.dense.", ".mlp.dense_4h_to_h.");
-    if (n == "lm_head.weight") n = "embed_out.weight";
-    return n;
+  if (f == Family::kLlama || f == Family::kGptNeoX) {
+    return hf_names::translate(
+        n, hf_names::causal_rules(f == Family::kLlama ? "llama" : "gpt_neox"), true);
   }
   const std::string root = f == Family::kEsm ? "esm." : "roberta_prelayernorm.";
   if (n.rfind("bert.encoder.final_layer_norm.", 0) == 0) {

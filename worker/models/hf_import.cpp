@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
+#include "worker/models/hf_names.hpp"
 
 namespace dnallm::models {
 namespace {
@@ -261,32 +262,7 @@ std::string rename(const std::string& model_type, std::string name) {
     replace("classifier.out_proj.", "classifier.");
     return name;
   }
-  if (model_type == "llama") {
-    replace("model.embed_tokens.", "gpt.embeddings.word_embeddings.");
-    replace("model.norm.", "gpt.encoder.final_layer_norm.");
-    replace("model.layers.", "gpt.encoder.layer.");
-    replace(".input_layernorm.", ".attention.output.LayerNorm.");
-    replace(".post_attention_layernorm.", ".output.LayerNorm.");
-    replace(".self_attn.q_proj.", ".attention.self.query.");
-    replace(".self_attn.k_proj.", ".attention.self.key.");
-    replace(".self_attn.v_proj.", ".attention.self.value.");
-    replace(".self_attn.o_proj.", ".attention.output.dense.");
-    replace(".mlp.up_proj.", ".intermediate.dense.");
-    replace(".mlp.gate_proj.", ".intermediate.gate.");
-    replace(".mlp.down_proj.", ".output.dense.");
-    return name;
-  }
-  // gpt_neox
-  replace("gpt_neox.embed_in.", "gpt.embeddings.word_embeddings.");
-  replace("gpt_neox.final_layer_norm.", "gpt.encoder.final_layer_norm.");
-  replace("gpt_neox.layers.", "gpt.encoder.layer.");
-  replace(".input_layernorm.", ".attention.output.LayerNorm.");
-  replace(".post_attention_layernorm.", ".output.LayerNorm.");
-  replace(".attention.dense.", ".attention.output.dense.");
-  replace(".mlp.dense_h_to_4h.", ".intermediate.dense.");
-  replace(".mlp.dense_4h_to_h.", ".output.dense.");
-  if (name == "embed_out.weight") name = "lm_head.weight";
-  return name;
+  return hf_names::translate(name, hf_names::causal_rules(model_type), false);
 }
 
 std::string shape_of(const Tensor& t) { return fmt::format("{}", fmt::join(t.sizes(), "x")); }

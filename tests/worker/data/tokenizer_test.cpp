@@ -4,7 +4,6 @@
 
 #include "core/error.hpp"
 #include "test_files.hpp"
-#include "worker/data/hf_tokenizer.hpp"
 
 namespace dnallm::data {
 namespace {
