@@ -18,6 +18,7 @@
 
 #include "checkpoint/safetensors.hpp"
 #include "core/tensorboard.hpp"
+#include "run_command.hpp"
 
 namespace {
 
@@ -26,20 +27,8 @@ namespace fs = std::filesystem;
 const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
 const std::string kSrc = DNALLM_SOURCE_DIR;
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
-
-Result run(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+dnallm::testing::CommandResult run(const std::string& cmd) {
+  return dnallm::testing::run_command(cmd, /*with_stderr=*/true);
 }
 
 // The values of tensor `name` (float32 or int64, as T) of a safetensors file.
