@@ -14,16 +14,16 @@
 #include <nlohmann/json.hpp>
 #include <iostream>
 
-#include "cluster/topology.hpp"
-#include "comm/bootstrap.hpp"
-#include "coordinator/tcp_store_client.hpp"
 #include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "cluster/topology.hpp"
+#include "comm/bootstrap.hpp"
+#include "coordinator/tcp_store_client.hpp"
+#include "worker/parallel/ddp.hpp"
 #include "worker/data/pipeline.hpp"
 #include "worker/models/hf_export.hpp"
 #include "worker/models/hf_import.hpp"
-#include "worker/parallel/ddp.hpp"
 #include "worker/train/auto_batch.hpp"
 #include "worker/train/checkpointing.hpp"
 #include "worker/train/data_source.hpp"
