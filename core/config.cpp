@@ -79,7 +79,7 @@ const std::vector<KeyDesc>& schema() {
       {"lora", "target_modules", Kind::kStringList, DNALLM_FIELD(lora, target_modules)},
       // [tokenizer]
       {"tokenizer", "kind", Kind::kString, DNALLM_FIELD(tokenizer, kind), -kInf, kInf,
-       {"char", "kmer", "bpe"}},
+       {"char", "kmer", "nt", "bpe"}},
       {"tokenizer", "k", Kind::kInt, DNALLM_FIELD(tokenizer, k), 3, 8},
       {"tokenizer", "stride", Kind::kInt, DNALLM_FIELD(tokenizer, stride), 1, 8},
       {"tokenizer", "vocab_size", Kind::kInt, DNALLM_FIELD(tokenizer, vocab_size), 16, 1 << 20},
@@ -189,6 +189,7 @@ const std::vector<KeyDesc>& schema() {
       {"elastic", "settle_s", Kind::kDouble, DNALLM_FIELD(elastic, settle_s), 0, 3600},
       // [logging]
       {"logging", "metrics_file", Kind::kString, DNALLM_FIELD(logging, metrics_file)},
+      {"logging", "tensorboard_dir", Kind::kString, DNALLM_FIELD(logging, tensorboard_dir)},
       {"logging", "level", Kind::kString, DNALLM_FIELD(logging, level), -kInf, kInf,
        {"trace", "debug", "info", "warn", "error", "critical", "off"}},
   };

@@ -137,6 +137,7 @@ struct ElasticConfig {
 
 struct LoggingConfig {
   std::string metrics_file = "";
+  std::string tensorboard_dir = "";  // TensorBoard event files (rank 0); "" = none
   std::string level = "info";
 };
 

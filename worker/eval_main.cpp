@@ -2,8 +2,10 @@
 // file (language models: bits per base) or a labelled table (classifiers: accuracy, MCC).
 // Prints ONE JSON object on stdout.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
@@ -11,9 +13,11 @@
 #include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/pipeline.hpp"
 #include "worker/data/sequence_reader.hpp"
 #include "worker/train/data_source.hpp"
+#include "worker/models/hf_import.hpp"
 #include "worker/train/trainer.hpp"
 
 namespace {
@@ -101,6 +105,108 @@ double mcc(const std::vector<std::vector<double>>& confusion) {
   return den > 0 ? (c * s - tp) / den : 0.0;
 }
 
+std::vector<std::string> read_sequences(const std::string& path) {
+  std::ifstream f(path);
+  DNALLM_CHECK(f.good(), ExitCode::kBadData, "cannot read {}: {}", path, errno_string());
+  std::vector<std::string> out;
+  std::string line;
+  int64_t number = 0;
+  while (std::getline(f, line)) {
+    ++number;
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    if (line.empty()) continue;
+    for (auto& c : line) {
+      c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      DNALLM_CHECK(c == 'A' || c == 'C' || c == 'G' || c == 'T' || c == 'N', ExitCode::kBadData,
+                   "{}:{}: '{}' is not a base (A, C, G, T, N): give one DNA sequence a line", path,
+                   number, c);
+    }
+    out.push_back(line);
+  }
+  DNALLM_CHECK(!out.empty(), ExitCode::kBadData, "{} holds no sequence", path);
+  return out;
+}
+
+// --logits: the model's own tokenizer, padded as it pads, one forward pass, and the layout of
+// the Hugging Face fixtures' expected.safetensors (input_ids, attention_mask, logits; with an
+// adapter also merged_logits, after merging it into the base).
+// Our own export (dnallm-train's final/): our tokenizer with our objectives' framing,
+// [CLS] bases [SEP] for encoders and [CLS] bases for causal models, right-padded with [PAD].
+data::HfBatch our_batch(const data::Tokenizer& tokenizer, bool causal,
+                        const std::vector<std::string>& sequences) {
+  std::vector<std::vector<int64_t>> rows;
+  size_t longest = 0;
+  for (const auto& s : sequences) {
+    std::vector<int64_t> ids = {data::kClsId};
+    for (auto id : tokenizer.encode(s)) ids.push_back(id);
+    if (!causal) ids.push_back(data::kSepId);
+    longest = std::max(longest, ids.size());
+    rows.push_back(std::move(ids));
+  }
+  data::HfBatch b;
+  b.rows = static_cast<int64_t>(rows.size());
+  b.seq_len = static_cast<int64_t>(longest);
+  for (const auto& r : rows) {
+    b.input_ids.insert(b.input_ids.end(), r.begin(), r.end());
+    b.input_ids.insert(b.input_ids.end(), longest - r.size(), data::kPadId);
+    b.attention_mask.insert(b.attention_mask.end(), r.size(), 1);
+    b.attention_mask.insert(b.attention_mask.end(), longest - r.size(), 0);
+  }
+  return b;
+}
+
+int write_logits(const std::string& model_dir, const std::string& tokenizer_dir,
+                 const std::string& adapter_dir, const std::string& sequences_path,
+                 const std::string& out_path) {
+  const auto sequences = read_sequences(sequences_path);
+  models::TransformerLM model{nullptr};
+  data::HfBatch batch;
+  if (models::is_hf_model_dir(model_dir)) {
+    const auto checkpoint = models::read_hf_checkpoint(model_dir);
+    const auto tokenizer =
+        data::HfTokenizer::load(tokenizer_dir.empty() ? model_dir : tokenizer_dir);
+    DNALLM_CHECK(tokenizer.vocab_size() <= checkpoint.options.vocab_size, ExitCode::kUsage,
+                 "the tokenizer has {} tokens but the model's vocab_size is {}",
+                 tokenizer.vocab_size(), checkpoint.options.vocab_size);
+    batch = tokenizer.encode_batch(sequences);
+    model = adapter_dir.empty()
+                ? models::build_hf_model(checkpoint)
+                : models::build_hf_model_with_adapter(
+                      checkpoint, models::read_peft_adapter(adapter_dir, checkpoint));
+  } else {
+    DNALLM_CHECK(adapter_dir.empty(), ExitCode::kUsage,
+                 "--adapter applies a PEFT adapter to a Hugging Face base directory; {} is this "
+                 "project's own export (its LoRA is merged already)",
+                 model_dir);
+    model = models::load_exported_model(model_dir);
+    const auto tokenizer = data::load_tokenizer(model_dir + "/tokenizer.json");
+    batch = our_batch(*tokenizer, model->options().arch == models::Arch::kGpt, sequences);
+  }
+  auto opts = torch::TensorOptions().dtype(torch::kInt64);
+  auto ids = torch::tensor(batch.input_ids, opts).view({batch.rows, batch.seq_len});
+  auto mask = torch::tensor(batch.attention_mask, opts).view({batch.rows, batch.seq_len});
+  torch::InferenceMode inference;
+  models::ForwardInputs in;
+  in.input_ids = ids;
+  in.attention_mask = mask;
+  std::vector<std::pair<std::string, torch::Tensor>> out = {{"input_ids", ids},
+                                                            {"attention_mask", mask}};
+  out.emplace_back("logits", model->forward(in).logits.to(torch::kFloat32));
+  if (!adapter_dir.empty()) {
+    model->merge_lora();
+    out.emplace_back("merged_logits", model->forward(in).logits.to(torch::kFloat32));
+  }
+  models::save_safetensors(out_path, out, {{"format", "pt"}});
+  nlohmann::ordered_json summary;
+  summary["model"] = model_dir;
+  summary["out"] = out_path;
+  summary["rows"] = batch.rows;
+  summary["tokens"] = batch.seq_len;
+  summary["logits"] = out[2].second.sizes().vec();
+  std::cout << summary.dump() << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,6 +215,7 @@ int main(int argc, char** argv) {
       "the order-0 entropy of the same bases) or, for a classifier, on a labelled "
       "CSV/TSV/JSONL table (accuracy, MCC). Prints one JSON object."};
   std::string model_dir, fasta, table, log_level = "warn";
+  std::string logits_in, logits_out, adapter_dir, tokenizer_dir;
   int64_t max_bases = 0, batch_size = 8, seed = 42;
   app.add_option("--model", model_dir, "exported model directory (config.json, "
                                        "model.safetensors, tokenizer.json)")
@@ -116,6 +223,17 @@ int main(int argc, char** argv) {
   auto* fasta_opt = app.add_option("--fasta", fasta, "FASTA/FASTQ file (plain or gzip) to score");
   auto* table_opt = app.add_option("--table", table, "labelled table for a classification model");
   fasta_opt->excludes(table_opt);
+  auto* logits_opt = app.add_option(
+      "--logits", logits_in,
+      "one DNA sequence a line: tokenize them with the model's own tokenizer, pad, and write "
+      "input_ids, attention_mask and logits to --out (a Hugging Face directory or our export)");
+  logits_opt->excludes(fasta_opt)->excludes(table_opt);
+  app.add_option("--out", logits_out, "safetensors file that --logits writes");
+  app.add_option("--adapter", adapter_dir,
+                 "PEFT LoRA adapter directory applied on --model (with --logits; also writes "
+                 "merged_logits)");
+  app.add_option("--tokenizer", tokenizer_dir,
+                 "directory of the tokenizer files when not in --model (with --logits)");
   app.add_option("--max-bases", max_bases, "score about this many bases (0: the whole file)");
   app.add_option("--batch-size", batch_size, "sequences per forward pass")
       ->check(CLI::PositiveNumber);
@@ -123,6 +241,10 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   return run_main("dnallm-eval", app, argc, argv, [&]() -> int {
     init_logging("eval", log_level);
+    if (!logits_in.empty()) {
+      DNALLM_CHECK(!logits_out.empty(), ExitCode::kUsage, "--logits needs --out FILE.safetensors");
+      return write_logits(model_dir, tokenizer_dir, adapter_dir, logits_in, logits_out);
+    }
     DNALLM_CHECK(!fasta.empty() || !table.empty(), ExitCode::kUsage,
                  "give --fasta FILE (language model) or --table FILE (classifier)");
     const std::string input = fasta.empty() ? table : fasta;

@@ -26,6 +26,8 @@
 #include "worker/parallel/ddp.hpp"
 #include "worker/parallel/device_group.hpp"
 #include "worker/data/pipeline.hpp"
+#include "worker/models/hf_export.hpp"
+#include "worker/models/hf_import.hpp"
 #include "worker/train/auto_batch.hpp"
 #include "worker/train/checkpointing.hpp"
 #include "worker/train/data_source.hpp"
@@ -178,7 +180,9 @@ int main(int argc, char** argv) {
     // A fine-tune must tokenize as its base model did: init_from loads tensors by name and shape,
     // so another tokenizer would leave the embeddings untrained (other shape) or, with the same
     // vocabulary size, silently give every id another meaning.
-    if (!config.model.init_from.empty()) {
+    const bool init_from_hf =
+        !config.model.init_from.empty() && models::is_hf_model_dir(config.model.init_from);
+    if (!config.model.init_from.empty() && !init_from_hf) {
       const std::string base_path = config.model.init_from + "/tokenizer.json";
       if (std::filesystem::exists(base_path)) {
         const auto base_json = data::load_tokenizer(base_path)->to_json();
@@ -197,7 +201,8 @@ int main(int argc, char** argv) {
       sampler_state = data::SamplerState::from_json(train::saved_sampler_state(*resume));
       train::keep_global_batch(config, *resume, world);
     }
-    auto model = train::build_model(config, tokenizer->vocab_size());
+    auto model = init_from_hf ? models::init_from_hf(config, *tokenizer)
+                              : train::build_model(config, tokenizer->vocab_size());
     // training.batch_size = "auto": before the loaders, which take the micro-batch size.
     train::resolve_auto_batch(config, model, *sync, topo.local_world_size);
     auto train_loader = data::make_train_loader(config, tokenizer, rank, world, sampler_state);
@@ -219,8 +224,10 @@ int main(int argc, char** argv) {
     // A resumed run, or a restarted elastic generation (even one with no checkpoint to
     // resume yet), continues the metrics file of the runs before it.
     trainer_options.append_metrics = resume.has_value() || generation > 1;
-    trainer_options.write_tokenizer = [tokenizer](const std::string& dir) {
+    trainer_options.write_tokenizer = [tokenizer, model](const std::string& dir) mutable {
       data::save_tokenizer(*tokenizer, dir + "/tokenizer.json");
+      // The same model in a transformers layout that computes the same function.
+      models::export_hf_directory(model, *tokenizer, dir + "/hf");
     };
     train::CheckpointerOptions ckpt_options;
     ckpt_options.store = group.store;

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "run_command.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -18,20 +20,8 @@ namespace fs = std::filesystem;
 const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
 const std::string kSrc = DNALLM_SOURCE_DIR;
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
-
-Result run(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>/dev/null").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+dnallm::testing::CommandResult run(const std::string& cmd) {
+  return dnallm::testing::run_command(cmd, /*with_stderr=*/false);
 }
 
 std::string tiny_sets() {

@@ -48,6 +48,7 @@ std::shared_ptr<const Tokenizer> make_tokenizer(const Config& config) {
   if (t.kind == "char") return make_char_tokenizer();
   if (t.kind == "kmer")
     return make_kmer_tokenizer(static_cast<int>(t.k), static_cast<int>(t.stride));
+  if (t.kind == "nt") return make_nt_tokenizer(static_cast<int>(t.k));
   if (t.kind == "bpe") {
     if (!t.path.empty() && std::filesystem::exists(t.path)) return load_bpe_model(t.path);
     if (config.data.train_files.empty()) {
@@ -62,7 +63,7 @@ std::shared_ptr<const Tokenizer> make_tokenizer(const Config& config) {
     return tok;
   }
   fail(ExitCode::kUsage,
-       "tokenizer.kind = \"{}\" is not allowed: use \"char\", \"kmer\" or \"bpe\"", t.kind);
+       "tokenizer.kind = \"{}\" is not allowed: use \"char\", \"kmer\", \"nt\" or \"bpe\"", t.kind);
 }
 
 ObjectiveOptions objective_options(const Config& config) {

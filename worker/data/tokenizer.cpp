@@ -147,6 +147,79 @@ class KmerTokenizer final : public Tokenizer {
   int stride_;
 };
 
+// The Nucleotide Transformer split (EsmTokenizer's): non-overlapping k-mers, a single base for
+// N and for what is left over.
+class NtTokenizer final : public Tokenizer {
+ public:
+  explicit NtTokenizer(int k) : k_(k), kmers_(int64_t{1} << (2 * k)) {
+    DNALLM_CHECK(k >= 2 && k <= 8, ExitCode::kUsage,
+                 "tokenizer.k = {} is out of range for kind = \"nt\": use 2..8 (6 for the "
+                 "Nucleotide Transformer)",
+                 k);
+  }
+  std::string kind() const override { return "nt"; }
+  int64_t vocab_size() const override { return kFirstRegularId + kmers_ + 5; }
+  std::vector<int64_t> encode(std::string_view bases) const override {
+    std::vector<int64_t> ids;
+    ids.reserve(bases.size() / size_t(k_) + 8);
+    for (size_t i = 0; i < bases.size();) {
+      int64_t value = 0;
+      int j = 0;
+      for (; j < k_ && i + size_t(j) < bases.size(); ++j) {
+        const int b = base_index(bases[i + size_t(j)]);
+        if (b < 0) break;
+        value = value * 4 + b;
+      }
+      if (j == k_) {
+        ids.push_back(kFirstRegularId + value);
+        i += size_t(k_);
+      } else {
+        ids.push_back(single_id(bases[i]));
+        ++i;
+      }
+    }
+    return ids;
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::string out;
+    for (int64_t id : ids) {
+      if (id >= kFirstRegularId) out += id_to_piece(id);
+    }
+    return out;
+  }
+  int64_t bases_for_tokens(int64_t tokens) const override { return tokens <= 0 ? 0 : tokens * k_; }
+  std::string id_to_piece(int64_t id) const override {
+    if (id < kFirstRegularId) return special_token_names().at(static_cast<size_t>(id));
+    int64_t value = id - kFirstRegularId;
+    if (value >= kmers_) return std::string(1, "ACGTN"[value - kmers_]);
+    std::string piece(size_t(k_), 'A');
+    for (int j = k_ - 1; j >= 0; --j) {
+      piece[size_t(j)] = kBases[value & 3];
+      value >>= 2;
+    }
+    return piece;
+  }
+  int64_t n_id() const override { return kFirstRegularId + kmers_ + 4; }
+  json to_json() const override {
+    json specials = json::object();
+    const auto& names = special_token_names();
+    for (size_t id = 0; id < names.size(); ++id) specials[names[id]] = id;
+    return json{{"kind", "nt"},
+                {"version", 1},
+                {"k", k_},
+                {"special_tokens", specials},
+                {"vocab_size", vocab_size()}};
+  }
+
+ private:
+  int64_t single_id(char c) const {
+    const int b = base_index(c);
+    return kFirstRegularId + kmers_ + (b < 0 ? 4 : b);
+  }
+  int k_;
+  int64_t kmers_;
+};
+
 // ---- base64 for embedding the SentencePiece model proto in JSON ----
 const char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -319,6 +392,10 @@ std::shared_ptr<const Tokenizer> make_kmer_tokenizer(int k, int stride) {
   return std::make_shared<KmerTokenizer>(k, stride);
 }
 
+std::shared_ptr<const Tokenizer> make_nt_tokenizer(int k) {
+  return std::make_shared<NtTokenizer>(k);
+}
+
 std::shared_ptr<const Tokenizer> train_bpe_tokenizer(const std::vector<std::string>& sample_lines,
                                                      int64_t vocab_size) {
   if (vocab_size < kNumSpecialTokens + 8) {
@@ -373,6 +450,7 @@ std::shared_ptr<const Tokenizer> tokenizer_from_json(const nlohmann::json& j) {
     std::string kind = j.at("kind").get<std::string>();
     if (kind == "char") return make_char_tokenizer();
     if (kind == "kmer") return make_kmer_tokenizer(j.at("k").get<int>(), j.at("stride").get<int>());
+    if (kind == "nt") return make_nt_tokenizer(j.at("k").get<int>());
     if (kind == "bpe") {
       return std::make_shared<BpeTokenizer>(
           base64_decode(j.at("model_proto_base64").get<std::string>()),

@@ -1,4 +1,5 @@
-// Tokenizers for DNA: single nucleotide ("char"), k-mer ("kmer", DNABERT style) and BPE
+// Tokenizers for DNA: single nucleotide ("char"), k-mer ("kmer", DNABERT style), the
+// Nucleotide Transformer split ("nt") and BPE
 // through SentencePiece ("bpe").
 //
 // Special tokens have fixed ids in every tokenizer, first in the vocabulary:
@@ -46,7 +47,7 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  virtual std::string kind() const = 0;    // "char" | "kmer" | "bpe"
+  virtual std::string kind() const = 0;    // "char" | "kmer" | "nt" | "bpe"
   virtual int64_t vocab_size() const = 0;  // special tokens included
   // `bases`: upper-case A/C/G/T/N. Ids in [0, vocab_size), no special tokens added.
   virtual std::vector<int64_t> encode(std::string_view bases) const = 0;
@@ -87,6 +88,12 @@ std::shared_ptr<const Tokenizer> make_char_tokenizer();
 // floor(L / k) tokens). Id of a k-mer = 5 + its base-4 value with A<C<G<T (lexicographic,
 // as DNABERT's vocab.txt); a k-mer containing N is [UNK]. vocab = 5 + 4^k.
 std::shared_ptr<const Tokenizer> make_kmer_tokenizer(int k, int stride);
+
+// tokenizer.kind = "nt": the Nucleotide Transformer split (what EsmTokenizer does with its
+// 6-mer vocab.txt) for training: non-overlapping k-mers, a single base for N and for what is
+// left over; vocab = our 5 special tokens, the 4^k k-mers (A<C<G<T order), then A C G T N.
+// Fine-tuning an esm directory maps these pieces onto its vocabulary by name.
+std::shared_ptr<const Tokenizer> make_nt_tokenizer(int k);
 
 // BPE over SentencePiece. Trains on `sample_lines` (each a chunk of bases) to `vocab_size`
 // pieces (special tokens included), deterministic for the same input. Throws Error(kUsage)

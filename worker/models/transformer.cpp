@@ -48,6 +48,12 @@ Tensor norm(torch::nn::LayerNorm& ln, const Tensor& x) {
   return ln(x.scalar_type() == torch::kFloat32 ? x : x.to(torch::kFloat32));
 }
 
+// RMSNorm as Llama computes it: in fp32, x / sqrt(mean(x^2) + eps), times the weight.
+Tensor rms_norm(const Tensor& weight, const Tensor& x, double eps) {
+  auto xf = x.to(torch::kFloat32);
+  return weight * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps));
+}
+
 // Large negative additive value for masked scores: finite so a fully masked row stays finite.
 double mask_value(torch::ScalarType dtype) {
   return dtype == torch::kHalf ? -65504.0 : -1e9;
@@ -227,21 +233,32 @@ Tensor attention_with_dropout(const Tensor& q, const Tensor& k, const Tensor& v,
 
 BlockImpl::BlockImpl(const ModelOptions& options) : options_(options) {
   const int64_t h = options.hidden;
+  const bool b = options.linear_bias;
   auto attention = holder(*this, "attention");
   auto self = holder(*attention, "self");
-  query = self->register_module("query", LoraLinear(h, h));
-  key = self->register_module("key", LoraLinear(h, h));
-  value = self->register_module("value", LoraLinear(h, h));
+  query = self->register_module("query", LoraLinear(h, h, b));
+  key = self->register_module("key", LoraLinear(h, h, b));
+  value = self->register_module("value", LoraLinear(h, h, b));
   auto attn_output = holder(*attention, "output");
-  attn_out = attn_output->register_module("dense", LoraLinear(h, h));
-  ln_attn = attn_output->register_module(
-      "LayerNorm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h}).eps(options.layer_norm_eps)));
+  attn_out = attn_output->register_module("dense", LoraLinear(h, h, b));
+  auto layer_norm = [&](torch::nn::Module& parent, torch::nn::LayerNorm& ln, Tensor& rms) {
+    if (options.rms_norm) {
+      rms = holder(parent, "LayerNorm")->register_parameter("weight", torch::ones({h}));
+    } else {
+      ln = parent.register_module(
+          "LayerNorm",
+          torch::nn::LayerNorm(torch::nn::LayerNormOptions({h}).eps(options.layer_norm_eps)));
+    }
+  };
+  layer_norm(*attn_output, ln_attn, rms_attn);
   auto intermediate = holder(*this, "intermediate");
-  ffn_in = intermediate->register_module("dense", LoraLinear(h, options.ffn));
+  ffn_in = intermediate->register_module("dense", LoraLinear(h, options.ffn, b));
+  if (options.gated_mlp) {
+    ffn_gate = intermediate->register_module("gate", LoraLinear(h, options.ffn, b));
+  }
   auto output = holder(*this, "output");
-  ffn_out = output->register_module("dense", LoraLinear(options.ffn, h));
-  ln_ffn = output->register_module(
-      "LayerNorm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h}).eps(options.layer_norm_eps)));
+  ffn_out = output->register_module("dense", LoraLinear(options.ffn, h, b));
+  layer_norm(*output, ln_ffn, rms_ffn);
 }
 
 Tensor BlockImpl::forward(const Tensor& x, const Tensor& bias, bool causal, LayerCache* cache,
@@ -260,13 +277,21 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
   const int64_t b = x.size(0), t = x.size(1), nh = options_.heads, hidden = options_.hidden,
                 hd = hidden / nh;
   const double p = is_training() ? options_.dropout : 0.0;
-  auto h = norm(ln_attn, x);
+  const bool post_ln = options_.post_layer_norm;
+  auto norm_attn = [&](const Tensor& t) {
+    return ln_attn ? norm(ln_attn, t) : rms_norm(rms_attn, t, options_.layer_norm_eps);
+  };
+  auto norm_ffn = [&](const Tensor& t) {
+    return ln_ffn ? norm(ln_ffn, t) : rms_norm(rms_ffn, t, options_.layer_norm_eps);
+  };
+  auto h = post_ln ? x : norm_attn(x);
   Tensor q, k, v;
   const bool plain_qkv = !query->has_lora() && !key->has_lora() && !value->has_lora();
   if (plain_qkv && !positions.defined()) {
     // One GEMM for Q, K and V (the weights stay separate parameters, HF names).
     auto w = torch::cat({query->weight, key->weight, value->weight}, 0);
-    auto bqkv = torch::cat({query->bias, key->bias, value->bias}, 0);
+    auto bqkv =
+        query->bias.defined() ? torch::cat({query->bias, key->bias, value->bias}, 0) : Tensor();
     auto qkv = torch::nn::functional::linear(h, w, bqkv).view({b, t, 3, nh, hd}).permute(
         {2, 0, 3, 1, 4});
     q = qkv[0];
@@ -310,9 +335,11 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
   auto out = attn_out(a);
   if (p > 0) out = torch::dropout(out, p, true);
   auto y = residual + out;
-  auto f = ffn_out(torch::gelu(ffn_in(norm(ln_ffn, y))));
+  if (post_ln) y = norm_attn(y);
+  auto hf = post_ln ? y : norm_ffn(y);
+  auto f = ffn_out(ffn_gate ? torch::silu(ffn_gate(hf)) * ffn_in(hf) : torch::gelu(ffn_in(hf)));
   if (p > 0) f = torch::dropout(f, p, true);
-  return y + f;
+  return post_ln ? norm_ffn(y + f) : y + f;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -374,14 +401,24 @@ TransformerLMImpl::TransformerLMImpl(ModelOptions options) : options_(std::move(
     position_embeddings = emb->register_module(
         "position_embeddings", torch::nn::Embedding(o.max_seq_length, o.hidden));
   }
+  if (o.embedding_layer_norm) {
+    embedding_norm = emb->register_module(
+        "LayerNorm",
+        torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden}).eps(o.layer_norm_eps)));
+  }
   auto encoder = holder(*root, "encoder");
   auto layer = holder(*encoder, "layer");
   for (int64_t i = 0; i < o.layers; ++i) {
     blocks_.push_back(layer->register_module(std::to_string(i), Block(o)));
   }
-  final_norm = encoder->register_module(
-      "final_layer_norm",
-      torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden}).eps(o.layer_norm_eps)));
+  if (o.rms_norm) {
+    rms_final_ =
+        holder(*encoder, "final_layer_norm")->register_parameter("weight", torch::ones({o.hidden}));
+  } else if (!o.post_layer_norm) {
+    final_norm = encoder->register_module(
+        "final_layer_norm",
+        torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden}).eps(o.layer_norm_eps)));
+  }
 
   if (o.task == Task::kPretrain) {
     if (o.arch == Arch::kBert) {
@@ -457,10 +494,18 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
                o.max_seq_length);
   auto device = ids.device();
   auto x = word_embeddings(ids);
-  if (position_embeddings) {
+  if (position_embeddings && o.position_padding_idx >= 0) {
+    DNALLM_CHECK(past_len == 0, ExitCode::kFailure, "RoBERTa positions are not cached");
+    auto real = ids.ne(o.position_padding_idx).to(torch::kInt64);
+    x = x + position_embeddings(real.cumsum(1) * real + o.position_padding_idx);
+  } else if (position_embeddings) {
     auto pos = torch::arange(past_len, past_len + t, ids.options());
     x = x + position_embeddings(pos).unsqueeze(0);
   }
+  if (o.mask_embeddings && in.attention_mask.defined() && in.attention_mask.size(1) == t) {
+    x = x * in.attention_mask.unsqueeze(-1).to(x.dtype());
+  }
+  if (embedding_norm) x = norm(embedding_norm, x);
   const double p = is_training() ? o.dropout : 0.0;
   if (p > 0) x = torch::dropout(x, p, true);
 
@@ -510,7 +555,8 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
       x = blocks_[i]->forward(x, bias, kernel_causal, layer_cache, cos, sin);
     }
   }
-  return norm(final_norm, x);
+  if (rms_final_.defined()) return rms_norm(rms_final_, x, o.layer_norm_eps);
+  return final_norm ? norm(final_norm, x) : x;
 }
 
 Tensor TransformerLMImpl::lm_logits(const Tensor& hidden) {
@@ -830,7 +876,13 @@ nlohmann::ordered_json export_config(const ModelOptions& o, const std::string& a
   c["position_embedding_type"] = o.rotary ? "rotary" : "absolute";
   c["hidden_act"] = "gelu";
   c["layer_norm_eps"] = o.layer_norm_eps;
-  c["pre_layer_norm"] = true;
+  c["pre_layer_norm"] = !o.post_layer_norm;
+  if (o.embedding_layer_norm) c["embedding_layer_norm"] = true;
+  if (o.mask_embeddings) c["mask_embeddings"] = true;
+  if (o.position_padding_idx >= 0) c["position_padding_idx"] = o.position_padding_idx;
+  if (o.rms_norm) c["rms_norm"] = true;
+  if (o.gated_mlp) c["gated_mlp"] = true;
+  if (!o.linear_bias) c["linear_bias"] = false;
   c["tie_word_embeddings"] = o.tie_embeddings;
   c["num_labels"] = o.num_labels;
   c["pooling"] = o.mean_pooling ? "mean" : "cls";
@@ -871,6 +923,13 @@ TransformerLM load_exported_model(const std::string& dir) {
     o.mean_pooling = c.value("pooling", std::string("cls")) == "mean";
     o.pad_id = c.value("pad_token_id", int64_t{0});
     o.shift_labels = c.value("shift_labels", true);
+    o.post_layer_norm = !c.value("pre_layer_norm", true);
+    o.embedding_layer_norm = c.value("embedding_layer_norm", false);
+    o.mask_embeddings = c.value("mask_embeddings", false);
+    o.position_padding_idx = c.value("position_padding_idx", int64_t{-1});
+    o.rms_norm = c.value("rms_norm", false);
+    o.gated_mlp = c.value("gated_mlp", false);
+    o.linear_bias = c.value("linear_bias", true);
   } catch (const std::exception& e) {
     fail(ExitCode::kBadData, "{}: missing or bad field: {}", config_path, e.what());
   }

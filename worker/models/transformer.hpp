@@ -62,6 +62,23 @@ struct ModelOptions {
   // when false labels[i] is already the target of position i.
   bool shift_labels = true;
   int64_t pad_id = 0;
+  // Variants that imported Hugging Face models need (worker/models/hf_import.hpp); the
+  // defaults are this project's own pre-LN model.
+  // post_layer_norm: BERT's post-LN blocks, LN(x + Attn(x)) then LN(y + FFN(y)), and no final
+  // norm. embedding_layer_norm: a LayerNorm after the embedding sum (<root>.embeddings.LayerNorm).
+  bool post_layer_norm = false;
+  bool embedding_layer_norm = false;
+  // ESM: embeddings are multiplied by the attention mask (padding positions start at zero).
+  bool mask_embeddings = false;
+  // RoBERTa numbering: position of a real token = padding_idx + 1 + its index among the real
+  // tokens, padding tokens get padding_idx (-1: positions 0, 1, 2, ... as ours).
+  int64_t position_padding_idx = -1;
+  // Llama: RMSNorm (a weight, no bias) instead of LayerNorm, a gated SiLU feed-forward
+  // (output.dense(silu(intermediate.gate(x)) * intermediate.dense(x))) and no biases in the
+  // blocks' linears.
+  bool rms_norm = false;
+  bool gated_mlp = false;
+  bool linear_bias = true;
   // LoRA
   int64_t lora_r = 0;
   double lora_alpha = 16.0;
@@ -117,7 +134,9 @@ class BlockImpl : public torch::nn::Module {
 
   LoraLinear query{nullptr}, key{nullptr}, value{nullptr}, attn_out{nullptr};
   LoraLinear ffn_in{nullptr}, ffn_out{nullptr};
+  LoraLinear ffn_gate{nullptr};  // options.gated_mlp
   torch::nn::LayerNorm ln_attn{nullptr}, ln_ffn{nullptr};
+  torch::Tensor rms_attn, rms_ffn;  // options.rms_norm: the norms' weights instead
 
  private:
   torch::Tensor forward_impl(const torch::Tensor& x, const torch::Tensor& bias, bool causal,
@@ -185,7 +204,9 @@ class TransformerLMImpl : public torch::nn::Module {
   ModelOptions options_;
   torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr};
   std::vector<Block> blocks_;
-  torch::nn::LayerNorm final_norm{nullptr};
+  torch::nn::LayerNorm embedding_norm{nullptr};  // options_.embedding_layer_norm
+  torch::nn::LayerNorm final_norm{nullptr};      // absent with options_.post_layer_norm
+  torch::Tensor rms_final_;                      // options_.rms_norm
   // heads
   LoraLinear mlm_dense{nullptr};
   torch::nn::LayerNorm mlm_norm{nullptr};

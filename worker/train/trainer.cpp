@@ -256,6 +256,10 @@ Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<Bat
     DNALLM_CHECK(metrics_.good(), ExitCode::kUsage, "cannot write logging.metrics_file \"{}\": {}",
                  metrics_path, errno_string());
   }
+  if (!config_.logging.tensorboard_dir.empty() && sync_->rank() == 0) {
+    tensorboard_ = std::make_unique<EventFileWriter>(config_.logging.tensorboard_dir);
+    spdlog::info("TensorBoard events: {}", tensorboard_->path());
+  }
   spdlog::info("model {} ({} task): {} trainable parameters of {}, device {}, precision {}",
                config_.model.arch, config_.model.task, flat_->numel(),
                [&] {
@@ -274,6 +278,21 @@ std::string Trainer::export_dir() const {
 }
 
 void Trainer::write_metrics(const std::string& line) {
+  if (tensorboard_) {
+    // Every number of the line as a scalar tagged "<event>/<key>" (train/loss, eval/
+    // bits_per_base, checkpoint/stall_s, summary/mfu, ...) at the line's step.
+    const auto j = nlohmann::json::parse(line);
+    const std::string event = j.value("event", std::string("train"));
+    if (j.contains("step") && j["step"].is_number_integer()) {
+      tensorboard_step_ = j["step"].get<int64_t>();
+    }
+    std::vector<std::pair<std::string, double>> scalars;
+    for (const auto& [key, value] : j.items()) {
+      if (value.is_number() && key != "step")
+        scalars.emplace_back(event + "/" + key, value.get<double>());
+    }
+    tensorboard_->add_scalars(tensorboard_step_, scalars);
+  }
   if (!metrics_.is_open()) return;
   metrics_ << line << '\n';
   metrics_.flush();

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/tensorboard.hpp"
 #include "worker/data/batch.hpp"
 #include "worker/models/transformer.hpp"
 #include "worker/optim/flat_adamw.hpp"
@@ -221,6 +222,8 @@ class Trainer {
   int64_t step_ = 0;
   int64_t total_steps_ = 0;
   std::ofstream metrics_;
+  std::unique_ptr<EventFileWriter> tensorboard_;  // logging.tensorboard_dir, rank 0
+  int64_t tensorboard_step_ = 0;                  // step of the last line that had one
   bool autocast_bf16_ = false, autocast_fp16_ = false;
 };
 

@@ -92,6 +92,23 @@ TEST(Tokenizer, JsonRoundTripAndEquality) {
   EXPECT_THROW(tokenizer_from_json(nlohmann::json{{"kind", "kmer"}}), Error);
 }
 
+// The Nucleotide Transformer split: non-overlapping k-mers, single bases for N and leftovers.
+TEST(NtTokenizer, KmersThenSingleBases) {
+  auto t = make_nt_tokenizer(3);
+  EXPECT_EQ(t->kind(), "nt");
+  EXPECT_EQ(t->vocab_size(), 5 + 64 + 5);
+  // ACG | T N (N breaks the k-mer) | N | ACG | T T (leftovers)
+  const auto ids = t->encode("ACGTNNACGTT");
+  std::vector<std::string> pieces;
+  for (auto id : ids) pieces.push_back(t->id_to_piece(id));
+  EXPECT_EQ(pieces, (std::vector<std::string>{"ACG", "T", "N", "N", "ACG", "T", "T"}));
+  EXPECT_EQ(ids[2], t->n_id());
+  EXPECT_EQ(t->decode(ids), "ACGTNNACGTT");
+  EXPECT_TRUE(*tokenizer_from_json(t->to_json()) == *t);
+  EXPECT_FALSE(*t == *make_nt_tokenizer(6));
+  EXPECT_THROW(make_nt_tokenizer(9), Error);
+}
+
 TEST(Tokenizer, RequireSameTokenizerNamesTheMismatch) {
   auto kmer = make_kmer_tokenizer(6, 1);
   EXPECT_NO_THROW(require_same_tokenizer(*kmer, kmer->to_json(), "ckpt/step_1"));

@@ -1,0 +1,227 @@
+// The fine-tuning demo from a Hugging Face directory, end to end with the real binaries:
+// dnallm-launch --nproc-per-node 2 LoRA-fine-tunes the DNABERT-style fixture (post-LN BERT,
+// 3-mer vocab.txt) into a classifier over Gloo, writes TensorBoard events (read back here by
+// the format's rules and compared with the metrics JSON lines) and exports final/hf
+// (transformers layout: the merged model, the PEFT adapter and its base), whose adapter
+// logits equal the merged model's through dnallm-eval --logits.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/safetensors.hpp"
+#include "core/tensorboard.hpp"
+#include "run_command.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
+const std::string kSrc = DNALLM_SOURCE_DIR;
+
+dnallm::testing::CommandResult run(const std::string& cmd) {
+  return dnallm::testing::run_command(cmd, /*with_stderr=*/true);
+}
+
+// The values of tensor `name` (float32 or int64, as T) of a safetensors file.
+template <typename T>
+std::vector<T> values(const std::string& path, const std::string& name) {
+  const auto file = dnallm::checkpoint::read_safetensors_header(path);
+  const auto& e = file.tensors.at(name);
+  std::vector<T> v((e.data_end - e.data_begin) / sizeof(T));
+  std::ifstream f(path, std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(file.data_offset + e.data_begin));
+  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+  return v;
+}
+std::vector<float> floats(const std::string& path, const std::string& name) {
+  return values<float>(path, name);
+}
+
+TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
+  const auto dir = fs::temp_directory_path() / ("dnallm_hf_finetune_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // Windows of the genome (label 0) vs the same windows with every A turned into C (label 1).
+  std::string genome;
+  {
+    auto unzip = run("gzip -dc " + kSrc + "/data/ecoli_k12_mg1655.fa.gz | head -c 200000");
+    std::istringstream in(unzip.out);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line[0] != '>') genome += line;
+    }
+  }
+  for (const auto& [name, offset] :
+       {std::pair<std::string, size_t>{"train", 0}, {"eval", 100000}}) {
+    std::ofstream csv(dir / (name + ".csv"));
+    csv << "sequence,label\n";
+    for (size_t i = 0; i < 64; ++i) {
+      auto w = genome.substr(offset + i * 60, 60);
+      if (i % 2 == 1) {
+        for (auto& c : w) c = c == 'A' ? 'C' : c;
+      }
+      csv << w << "," << (i % 2) << "\n";
+    }
+  }
+  const auto ck = (dir / "ck").string();
+  const auto tb = (dir / "tb").string();
+  auto train = run(
+      "cd " + kSrc + " && " + kBin + "dnallm-launch --nproc-per-node 2 --config " +
+      "configs/finetune-hf-dnabert.toml --set model.max_seq_length=64" +
+      " --set 'data.train_files=[\"" + (dir / "train.csv").string() + "\"]'" +
+      " --set 'data.eval_files=[\"" + (dir / "eval.csv").string() + "\"]'" +
+      " --set training.max_steps=40 --set training.micro_batch_size=8 --set training.lr=1e-2" +
+      " --set training.eval_steps=20 --set training.logging_steps=5 --set parallel.backend=gloo" +
+      " --set checkpoint.dir=" + ck + " --set logging.tensorboard_dir=" + tb + " --metrics-file " +
+      ck + "/metrics.jsonl");
+  ASSERT_EQ(train.code, 0) << train.out;
+  EXPECT_NE(train.out.find("from the Hugging Face BertForSequenceClassification"),
+            std::string::npos)
+      << train.out;
+
+  // [tokenizer] must tokenize as the directory does: one token a base is refused (exit 2)
+  // with the settings that would match.
+  auto wrong = run("cd " + kSrc + " && " + kBin + "dnallm-train --config " +
+                   "configs/finetune-hf-dnabert.toml --set model.max_seq_length=64" +
+                   " --set tokenizer.kind=char --set 'data.train_files=[\"" +
+                   (dir / "train.csv").string() + "\"]' --set 'data.eval_files=[\"" +
+                   (dir / "eval.csv").string() + "\"]' --set checkpoint.dir=" + ck + "_wrong");
+  EXPECT_EQ(wrong.code, 2) << wrong.out;
+  EXPECT_NE(wrong.out.find("tokenizer.k = 3"), std::string::npos) << wrong.out;
+
+  auto scored = run(kBin + "dnallm-eval --model " + ck + "/final --table " +
+                    (dir / "eval.csv").string() + " 2>/dev/null");
+  ASSERT_EQ(scored.code, 0) << scored.out;
+  auto c = nlohmann::json::parse(scored.out);
+  EXPECT_EQ(c.at("rows").get<int64_t>(), 64);
+  EXPECT_GE(c.at("accuracy").get<double>(), 0.8) << scored.out;
+
+  // The transformers export: a post-LN BERT goes out as bert, the adapter in PEFT's format.
+  const auto hf = ck + "/final/hf";
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(hf + "/config.json"));
+  EXPECT_EQ(config.at("model_type"), "bert");
+  EXPECT_EQ(config.at("architectures").at(0), "BertForSequenceClassification");
+  nlohmann::json adapter =
+      nlohmann::json::parse(std::ifstream(hf + "/adapter/adapter_config.json"));
+  EXPECT_EQ(adapter.at("peft_type"), "LORA");
+  EXPECT_EQ(adapter.at("r"), 8);
+  const auto seqs = (dir / "seqs.txt").string();
+  std::ofstream(seqs) << genome.substr(5000, 60) << "\n" << genome.substr(7000, 45) << "\n";
+  const auto merged = (dir / "merged.safetensors").string();
+  const auto adapted = (dir / "adapted.safetensors").string();
+  ASSERT_EQ(run(kBin + "dnallm-eval --model " + hf + " --logits " + seqs + " --out " + merged).code,
+            0);
+  auto with_adapter = run(kBin + "dnallm-eval --model " + hf + "/base --adapter " + hf +
+                          "/adapter --logits " + seqs + " --out " + adapted);
+  ASSERT_EQ(with_adapter.code, 0) << with_adapter.out;
+  // Our own export (final/, our tokenizer) = its transformers export (final/hf) = PEFT's adapter
+  // on its base = its merge.
+  const auto own = (dir / "own.safetensors").string();
+  ASSERT_EQ(
+      run(kBin + "dnallm-eval --model " + ck + "/final --logits " + seqs + " --out " + own).code,
+      0);
+  const auto full = floats(merged, "logits");
+  const auto ours = floats(own, "logits");
+  ASSERT_EQ(ours.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) EXPECT_NEAR(ours[i], full[i], 1e-4) << i;
+  const auto via_adapter = floats(adapted, "logits");
+  const auto via_merge = floats(adapted, "merged_logits");
+  ASSERT_EQ(full.size(), 4u);  // 2 sequences x 2 labels
+  ASSERT_EQ(via_adapter.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) {
+    EXPECT_NEAR(via_adapter[i], full[i], 1e-4) << i;
+    EXPECT_NEAR(via_merge[i], full[i], 1e-4) << i;
+  }
+
+  // TensorBoard: every step line of the metrics file is an event with the same numbers.
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(tb)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  const auto events = dnallm::read_event_file(files[0].string());
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events[0].file_version, "brain.Event:2");
+  std::map<int64_t, float> tb_loss;
+  bool saw_eval = false;
+  for (const auto& e : events) {
+    for (const auto& [tag, value] : e.scalars) {
+      if (tag == "train/loss") tb_loss[e.step] = value;
+      if (tag == "eval/accuracy") saw_eval = true;
+    }
+  }
+  EXPECT_TRUE(saw_eval);
+  std::ifstream metrics(ck + "/metrics.jsonl");
+  std::string line;
+  int step_lines = 0;
+  while (std::getline(metrics, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("event")) continue;
+    ++step_lines;
+    const auto step = j.at("step").get<int64_t>();
+    ASSERT_TRUE(tb_loss.count(step)) << "step " << step << " missing from the event file";
+    EXPECT_EQ(tb_loss[step], static_cast<float>(j.at("loss").get<double>()));
+  }
+  EXPECT_GE(step_lines, 8);
+  EXPECT_EQ(static_cast<int>(tb_loss.size()), step_lines);
+  fs::remove_all(dir);
+}
+
+// Continued masked-LM pre-training from the Nucleotide-Transformer-style fixture (esm, rotary,
+// 6-mer vocab.txt) on the bundled genome with tokenizer.kind = "nt", and the export goes back
+// out as esm.
+TEST(HfFineTune, EsmContinuedPretrainingWithTheNtSplit) {
+  const auto ck = fs::temp_directory_path() / ("dnallm_hf_esm_" + std::to_string(::getpid()));
+  fs::remove_all(ck);
+  auto train = run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
+                   " --set model.init_from=tests/data/hf-fixtures/esm_mlm --set tokenizer.kind=nt" +
+                   " --set tokenizer.k=6 --set model.max_seq_length=32 --set training.max_steps=6" +
+                   " --set training.eval_steps=6 --set training.logging_steps=1" +
+                   " --set checkpoint.save_steps=0 --set checkpoint.dir=" + ck.string() +
+                   " --metrics-file " + (ck / "metrics.jsonl").string());
+  ASSERT_EQ(train.code, 0) << train.out;
+  EXPECT_NE(train.out.find("from the Hugging Face EsmForMaskedLM"), std::string::npos) << train.out;
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(ck / "final/hf/config.json"));
+  EXPECT_EQ(config.at("model_type"), "esm");
+  // Our export (our tokenizer) and its esm export (EsmTokenizer's vocab.txt) give the same ids
+  // and logits (sequences of one length: no padding, where ESM zeroes embeddings).
+  const auto seqs = (ck / "seqs.txt").string();
+  std::ofstream(seqs) << "ACGTACGTTAGCCGATAGGCTTACGATCGATCGGATCCATGCAAGTCNNACGTTGCA\n"
+                      << "TTGACAGCTAGCTCAGTCCTAGGTATAATGCTAGCACGTAGCTAGCAGTCAGTACGA\n";
+  const auto own = (ck / "own.safetensors").string(), hf = (ck / "hf.safetensors").string();
+  ASSERT_EQ(run(kBin + "dnallm-eval --model " + (ck / "final").string() + " --logits " + seqs +
+                " --out " + own)
+                .code,
+            0);
+  ASSERT_EQ(run(kBin + "dnallm-eval --model " + (ck / "final/hf").string() + " --logits " + seqs +
+                " --out " + hf)
+                .code,
+            0);
+  EXPECT_EQ(values<int64_t>(own, "input_ids"), values<int64_t>(hf, "input_ids"));
+  const auto a = floats(own, "logits"), b = floats(hf, "logits");
+  ASSERT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, double(std::fabs(a[i] - b[i])));
+  EXPECT_LE(worst, 1e-4);
+  // Every step logged a finite loss (the import's exactness is worker_hf_import_test's).
+  std::ifstream metrics(ck / "metrics.jsonl");
+  std::string line;
+  int steps = 0;
+  while (std::getline(metrics, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("event")) continue;
+    EXPECT_TRUE(std::isfinite(j.at("loss").get<double>())) << line;
+    ++steps;
+  }
+  EXPECT_EQ(steps, 6);
+  fs::remove_all(ck);
+}
+
+}  // namespace

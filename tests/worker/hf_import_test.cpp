@@ -1,0 +1,514 @@
+// Hugging Face import against golden fixtures that transformers itself wrote
+// (tests/data/hf-fixtures, made by make_fixtures.py there): the family's own tokenizer ids
+// exactly, and transformers' fp32 logits within 1e-4. Then every unsupported model or option
+// is refused with exit code 2 naming the key, and dnallm-eval --logits end to end.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "worker/data/hf_tokenizer.hpp"
+#include "worker/data/pipeline.hpp"
+#include "worker/data/tokenizer.hpp"
+#include "worker/models/hf_export.hpp"
+#include "worker/models/hf_import.hpp"
+
+namespace dnallm::models {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kFixtures = DNALLM_HF_FIXTURES;
+constexpr double kTolerance = 1e-4;
+
+std::vector<std::string> fixture_sequences(const std::string& family) {
+  std::ifstream f(kFixtures + "/" + family + "/fixture.json");
+  return nlohmann::json::parse(f).at("sequences").get<std::vector<std::string>>();
+}
+
+torch::Tensor tensor_of(const data::HfBatch& b, const std::vector<int64_t>& v) {
+  return torch::tensor(v, torch::kInt64).view({b.rows, b.seq_len});
+}
+
+struct Outputs {
+  torch::Tensor ids, mask, logits, merged;
+};
+
+// What our import computes for a fixture family (tokenizer files in `tokenizer_dir`).
+Outputs run_family(const std::string& model_dir, const std::string& tokenizer_dir,
+                   const std::string& family, const std::string& adapter_dir = "") {
+  auto checkpoint = read_hf_checkpoint(model_dir);
+  auto tokenizer = data::HfTokenizer::load(tokenizer_dir);
+  auto batch = tokenizer.encode_batch(fixture_sequences(family));
+  Outputs o;
+  o.ids = tensor_of(batch, batch.input_ids);
+  o.mask = tensor_of(batch, batch.attention_mask);
+  ForwardInputs in;
+  in.input_ids = o.ids;
+  in.attention_mask = o.mask;
+  torch::NoGradGuard no_grad;
+  if (adapter_dir.empty()) {
+    o.logits = build_hf_model(checkpoint)->forward(in).logits;
+  } else {
+    auto model =
+        build_hf_model_with_adapter(checkpoint, read_peft_adapter(adapter_dir, checkpoint));
+    o.logits = model->forward(in).logits;
+    model->merge_lora();
+    o.merged = model->forward(in).logits;
+  }
+  return o;
+}
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+void expect_matches_fixture(const std::string& family) {
+  SCOPED_TRACE(family);
+  const std::string dir = kFixtures + "/" + family;
+  auto expected = load_safetensors(dir + "/expected.safetensors");
+  auto got = run_family(dir, dir, family);
+  ASSERT_TRUE(torch::equal(got.ids, expected.at("input_ids"))) << "ids\n"
+                                                               << got.ids << "\nexpected\n"
+                                                               << expected.at("input_ids");
+  ASSERT_TRUE(torch::equal(got.mask, expected.at("attention_mask")));
+  ASSERT_EQ(got.logits.sizes(), expected.at("logits").sizes());
+  EXPECT_LE(max_abs_diff(got.logits, expected.at("logits")), kTolerance);
+}
+
+TEST(HfImportTest, BertMaskedLmDnabertKmers) { expect_matches_fixture("bert_mlm"); }
+TEST(HfImportTest, BertSequenceClassification) { expect_matches_fixture("bert_cls"); }
+TEST(HfImportTest, EsmMaskedLmNucleotideTransformer) { expect_matches_fixture("esm_mlm"); }
+TEST(HfImportTest, EsmSequenceClassification) { expect_matches_fixture("esm_cls"); }
+TEST(HfImportTest, GptNeoXCausalLm) { expect_matches_fixture("gptneox_causal"); }
+TEST(HfImportTest, LlamaCausalLm) { expect_matches_fixture("llama_causal"); }
+TEST(HfImportTest, RobertaPreLayerNormMaskedLm) {
+  expect_matches_fixture("roberta_prelayernorm_mlm");
+}
+
+TEST(HfImportTest, PeftLoraAdapterOnItsBase) {
+  const std::string dir = kFixtures + "/bert_cls_lora";
+  auto expected = load_safetensors(dir + "/expected.safetensors");
+  auto got = run_family(dir + "/base", dir, "bert_cls_lora", dir + "/adapter");
+  ASSERT_TRUE(torch::equal(got.ids, expected.at("input_ids")));
+  EXPECT_LE(max_abs_diff(got.logits, expected.at("logits")), kTolerance);
+  EXPECT_LE(max_abs_diff(got.merged, expected.at("merged_logits")), kTolerance);
+  // The adapter matters: without it the logits are another function.
+  auto base = run_family(dir + "/base", dir, "bert_cls_lora");
+  EXPECT_GT(max_abs_diff(base.logits, expected.at("logits")), kTolerance);
+}
+
+// ---------------------------------------------------------------------------------------------
+// model.init_from = a Hugging Face directory (fine-tuning): [tokenizer]'s vocabulary is mapped
+// onto the directory's. With the fixture's ids written in our vocabulary, the model we train
+// computes the fixture's logits (the vocabulary axis mapped the same way), and our tokenizer
+// (with our framing) gives the family's ids.
+
+struct InitCase {
+  const char* family;
+  const char* arch;
+  const char* kind;
+  int k;
+};
+
+void PrintTo(const InitCase& c, std::ostream* os) { *os << c.family; }
+
+class HfInitFromTest : public ::testing::TestWithParam<InitCase> {};
+
+TEST_P(HfInitFromTest, OurVocabularyComputesTheFixture) {
+  const auto& c = GetParam();
+  const std::string dir = kFixtures + "/" + c.family;
+  Config config;
+  config.model.arch = c.arch;
+  config.model.task = "pretrain";
+  config.model.init_from = dir;
+  config.model.max_seq_length = 60;
+  config.tokenizer.kind = c.kind;
+  config.tokenizer.k = c.k;
+  config.tokenizer.stride = 1;
+  auto ours = data::make_tokenizer(config);
+  auto model = init_from_hf(config, *ours);
+  model->eval();
+  const auto theirs = data::HfTokenizer::load(dir);
+  const auto map = vocabulary_map(*ours, theirs, dir);
+  std::map<int64_t, int64_t> back;  // their id -> ours
+  for (size_t id = 0; id < map.size(); ++id) {
+    if (map[id] >= 0) back[map[id]] = static_cast<int64_t>(id);
+  }
+  auto expected = load_safetensors(dir + "/expected.safetensors");
+  auto their_ids = expected.at("input_ids");
+  auto mask = expected.at("attention_mask");
+  auto our_ids = torch::zeros_like(their_ids);
+  for (int64_t i = 0; i < their_ids.numel(); ++i) {
+    const auto t = their_ids.view(-1)[i].item<int64_t>();
+    ASSERT_TRUE(back.count(t)) << "their id " << t << " has no counterpart";
+    our_ids.view(-1)[i] = back[t];
+  }
+  // Our tokenizer with our framing gives the same tokens.
+  const auto seqs = fixture_sequences(c.family);
+  for (int64_t r = 0; r < their_ids.size(0); ++r) {
+    std::vector<int64_t> framed;
+    if (std::string(c.arch) == "bert") framed.push_back(data::kClsId);
+    for (auto id : ours->encode(seqs[size_t(r)])) framed.push_back(id);
+    if (std::string(c.arch) == "bert") framed.push_back(data::kSepId);
+    std::vector<int64_t> want;
+    for (int64_t t = 0; t < their_ids.size(1); ++t) {
+      if (mask[r][t].item<int64_t>() == 1) want.push_back(our_ids[r][t].item<int64_t>());
+    }
+    EXPECT_EQ(framed, want) << "row " << r;
+  }
+  ForwardInputs in;
+  in.input_ids = our_ids;
+  in.attention_mask = mask;
+  torch::NoGradGuard no_grad;
+  auto got = model->forward(in).logits;
+  std::vector<int64_t> cols_ours, cols_theirs;
+  for (size_t id = 0; id < map.size(); ++id) {
+    if (map[id] < 0) continue;
+    cols_ours.push_back(static_cast<int64_t>(id));
+    cols_theirs.push_back(map[id]);
+  }
+  auto real = mask.to(torch::kBool);
+  auto a = got.index_select(-1, torch::tensor(cols_ours)).index({real});
+  auto b = expected.at("logits").index_select(-1, torch::tensor(cols_theirs)).index({real});
+  EXPECT_LE(max_abs_diff(a, b), kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfInitFromTest,
+                         ::testing::Values(InitCase{"bert_mlm", "bert", "kmer", 3},
+                                           InitCase{"esm_mlm", "bert", "nt", 6},
+                                           InitCase{"roberta_prelayernorm_mlm", "bert", "kmer", 3},
+                                           InitCase{"gptneox_causal", "gpt", "char", 3},
+                                           InitCase{"llama_causal", "gpt", "char", 3}),
+                         [](const auto& info) { return std::string(info.param.family); });
+
+TEST(HfInitFromTest, AnotherTokenizationIsRefused) {
+  Config config;
+  config.model.arch = "bert";
+  config.model.init_from = kFixtures + "/esm_mlm";
+  config.model.max_seq_length = 60;
+  config.tokenizer.kind = "kmer";
+  config.tokenizer.k = 6;
+  config.tokenizer.stride = 6;
+  try {
+    init_from_hf(config, *data::make_tokenizer(config));
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("tokenizer.kind = \"nt\", tokenizer.k = 6"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refusals (exit code 2, naming the key)
+
+class HfRefusalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("dnallm_hf_refusal_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::copy(kFixtures + "/bert_mlm", dir_);
+    for (auto& e : fs::directory_iterator(dir_)) {
+      fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void edit_config(const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json c;
+    {
+      std::ifstream f(dir_ / "config.json");
+      c = nlohmann::json::parse(f);
+    }
+    edit(c);
+    std::ofstream(dir_ / "config.json") << c.dump(2);
+  }
+
+  // Expects read_hf_checkpoint to fail with kUsage and a message holding every `needles`.
+  void expect_refused(const std::vector<std::string>& needles) {
+    try {
+      read_hf_checkpoint(dir_.string());
+      FAIL() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kUsage) << e.what();
+      for (const auto& n : needles)
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    }
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(HfRefusalTest, TheUnmodifiedCopyIsAccepted) {
+  EXPECT_NO_THROW(read_hf_checkpoint(dir_.string()));
+}
+
+TEST_F(HfRefusalTest, Alibi) {
+  edit_config([](auto& c) { c["position_embedding_type"] = "alibi"; });
+  expect_refused({"alibi", "supported"});
+}
+
+TEST_F(HfRefusalTest, RemoteCode) {
+  edit_config([](auto& c) { c["auto_map"] = {{"AutoModel", "dnabert_layer.BertModel"}}; });
+  expect_refused({"auto_map", "remote code"});
+}
+
+TEST_F(HfRefusalTest, UnknownConfigKey) {
+  edit_config([](auto& c) { c["flash_attention_variant"] = "triton"; });
+  expect_refused({"flash_attention_variant", "not understood"});
+}
+
+TEST_F(HfRefusalTest, UnsupportedArchitecture) {
+  edit_config([](auto& c) { c["model_type"] = "mamba"; });
+  expect_refused({"model_type = \"mamba\"", "supported are bert"});
+}
+
+TEST_F(HfRefusalTest, UnsupportedHead) {
+  edit_config([](auto& c) { c["architectures"] = {"BertForTokenClassification"}; });
+  expect_refused({"BertForTokenClassification", "*ForMaskedLM"});
+}
+
+TEST_F(HfRefusalTest, UnsupportedActivation) {
+  edit_config([](auto& c) { c["hidden_act"] = "gelu_new"; });
+  expect_refused({"hidden_act", "gelu"});
+}
+
+TEST_F(HfRefusalTest, UnusedTensor) {
+  auto weights = load_safetensors((dir_ / "model.safetensors").string());
+  std::vector<std::pair<std::string, torch::Tensor>> list(weights.begin(), weights.end());
+  list.emplace_back("bert.encoder.layer.0.attention.self.distance_embedding.weight",
+                    torch::zeros({127, 16}));
+  save_safetensors((dir_ / "model.safetensors").string(), list);
+  expect_refused({"distance_embedding", "not used"});
+}
+
+TEST_F(HfRefusalTest, MissingTensor) {
+  auto weights = load_safetensors((dir_ / "model.safetensors").string());
+  weights.erase("bert.encoder.layer.1.output.dense.weight");
+  save_safetensors(
+      (dir_ / "model.safetensors").string(),
+      std::vector<std::pair<std::string, torch::Tensor>>(weights.begin(), weights.end()));
+  expect_refused({"bert.encoder.layer.1.output.dense.weight", "lacks"});
+}
+
+TEST_F(HfRefusalTest, GroupedQueryAttention) {
+  fs::remove_all(dir_);
+  fs::copy(kFixtures + "/llama_causal", dir_);
+  edit_config([](auto& c) { c["num_key_value_heads"] = 1; });
+  expect_refused({"num_key_value_heads", "grouped-query"});
+}
+
+TEST_F(HfRefusalTest, ScaledRotary) {
+  fs::remove_all(dir_);
+  fs::copy(kFixtures + "/llama_causal", dir_);
+  edit_config([](auto& c) { c["rope_parameters"]["rope_type"] = "yarn"; });
+  expect_refused({"rope_type", "default"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Export: each of our model kinds written in a transformers layout and imported again through
+// the path the fixtures validate must compute our logits (at real tokens; padding positions
+// are not part of the function) and the tokenizer must give our pipeline's ids.
+
+struct ExportCase {
+  const char* name;
+  Arch arch;
+  Task task;
+  bool rotary;
+  const char* tokenizer;  // "char" | "kmer3" | "nt6"
+  int64_t lora_r;
+  const char* model_type;
+};
+
+void PrintTo(const ExportCase& c, std::ostream* os) { *os << c.name; }
+
+class HfExportTest : public ::testing::TestWithParam<ExportCase> {};
+
+TEST_P(HfExportTest, ReimportComputesOurLogits) {
+  const auto& c = GetParam();
+  const std::string kind = c.tokenizer;
+  auto tok = kind == "char"  ? data::make_char_tokenizer()
+             : kind == "nt6" ? data::make_nt_tokenizer(6)
+                             : data::make_kmer_tokenizer(3, 1);
+
+  ModelOptions o;
+  o.arch = c.arch;
+  o.task = c.task;
+  o.vocab_size = tok->vocab_size();
+  o.hidden = 32;
+  o.layers = 2;
+  o.heads = 2;
+  o.ffn = 64;
+  o.max_seq_length = 64;
+  o.rotary = c.rotary;
+  o.num_labels = c.task == Task::kRegression ? 1 : 3;
+  torch::manual_seed(7);
+  TransformerLM model(o);
+  {
+    torch::NoGradGuard no_grad;  // non-trivial norms and biases, so a wrong mapping shows
+    for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.05);
+  }
+  if (c.lora_r > 0) {
+    model->enable_lora(c.lora_r);
+    torch::NoGradGuard no_grad;
+    for (const auto& item : model->named_parameters()) {
+      if (item.key().find("lora_B") != std::string::npos) item.value().normal_(0, 0.1);
+    }
+  }
+  model->eval();
+  // DNALLM_HF_EXPORT_KEEP=DIR keeps the exports (DIR/<case>) for tests/hf/check_export.py.
+  const char* keep = std::getenv("DNALLM_HF_EXPORT_KEEP");
+  const auto dir = keep != nullptr
+                       ? fs::path(keep) / c.name
+                       : fs::temp_directory_path() /
+                             ("dnallm_hf_export_" + std::to_string(::getpid()) + "_" + c.name);
+  fs::remove_all(dir);
+  ASSERT_TRUE(export_hf_directory(model, *tok, dir.string()));
+
+  // Our pipeline's ids: [CLS] tokens [SEP] (encoders) or [CLS] tokens (causal).
+  const auto seqs = fixture_sequences("bert_mlm");
+  auto hf_tok = data::HfTokenizer::load(dir.string());
+  auto batch = hf_tok.encode_batch(seqs);
+  for (int64_t r = 0; r < batch.rows; ++r) {
+    std::vector<int64_t> ours = {data::kClsId};
+    for (auto id : tok->encode(seqs[size_t(r)])) ours.push_back(id);
+    if (c.arch == Arch::kBert) ours.push_back(data::kSepId);
+    std::vector<int64_t> theirs;
+    for (int64_t i = 0; i < batch.seq_len; ++i) {
+      if (batch.attention_mask[size_t(r * batch.seq_len + i)] == 1) {
+        theirs.push_back(batch.input_ids[size_t(r * batch.seq_len + i)]);
+      }
+    }
+    EXPECT_EQ(theirs, ours) << "row " << r;
+  }
+  ForwardInputs in;
+  in.input_ids = tensor_of(batch, batch.input_ids);
+  in.attention_mask = tensor_of(batch, batch.attention_mask);
+  torch::NoGradGuard no_grad;
+  auto expected = model->forward(in).logits;
+  auto checkpoint = read_hf_checkpoint(dir.string());
+  EXPECT_EQ(checkpoint.model_type, c.model_type);
+  auto real = in.attention_mask.to(torch::kBool);
+  auto compare = [&](TransformerLM& reimported, const char* what) {
+    auto got = reimported->forward(in).logits;
+    if (c.task == Task::kPretrain) {
+      EXPECT_LE(max_abs_diff(got.index({real}), expected.index({real})), 1e-5) << what;
+    } else {
+      EXPECT_LE(max_abs_diff(got.reshape({-1}), expected.reshape({-1})), 1e-5) << what;
+    }
+  };
+  auto merged = build_hf_model(checkpoint);
+  compare(merged, "merged export");
+  if (c.lora_r > 0) {
+    auto base = read_hf_checkpoint((dir / "base").string());
+    auto adapted =
+        build_hf_model_with_adapter(base, read_peft_adapter((dir / "adapter").string(), base));
+    compare(adapted, "PEFT adapter on its base");
+  }
+  if (keep == nullptr) fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, HfExportTest,
+    ::testing::Values(
+        ExportCase{"bert_rotary_mlm", Arch::kBert, Task::kPretrain, true, "kmer3", 0, "esm"},
+        ExportCase{"bert_learned_mlm", Arch::kBert, Task::kPretrain, false, "char", 0, "esm"},
+        ExportCase{"bert_nt_mlm", Arch::kBert, Task::kPretrain, true, "nt6", 0, "esm"},
+        ExportCase{"bert_cls", Arch::kBert, Task::kClassification, false, "kmer3", 0, "esm"},
+        ExportCase{"bert_regression", Arch::kBert, Task::kRegression, true, "char", 0, "esm"},
+        ExportCase{"bert_cls_lora", Arch::kBert, Task::kClassification, false, "kmer3", 4, "esm"},
+        ExportCase{"gpt_rotary", Arch::kGpt, Task::kPretrain, true, "char", 0, "gpt_neox"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(HfExportTest, ImportedBertExportsAsBert) {
+  // A post-LN BERT (imported) goes back out as bert and computes the fixture's logits.
+  const std::string src = kFixtures + "/bert_mlm";
+  auto model = build_hf_model(read_hf_checkpoint(src));
+  const auto dir = fs::temp_directory_path() / ("dnallm_hf_reexport_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto tok = data::make_kmer_tokenizer(3, 1);
+  ASSERT_TRUE(export_hf_directory(model, *tok, dir.string()));
+  auto got = run_family(dir.string(), dir.string(), "bert_mlm");
+  auto expected = load_safetensors(src + "/expected.safetensors");
+  EXPECT_EQ(read_hf_checkpoint(dir.string()).model_type, "bert");
+  EXPECT_TRUE(torch::equal(got.ids, expected.at("input_ids")));
+  EXPECT_LE(max_abs_diff(got.logits, expected.at("logits")), kTolerance);
+  fs::remove_all(dir);
+}
+
+TEST(HfExportTest, ImportedLlamaExportsAsLlama) {
+  const std::string src = kFixtures + "/llama_causal";
+  auto model = build_hf_model(read_hf_checkpoint(src));
+  const auto dir = fs::temp_directory_path() / ("dnallm_hf_llama_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  EXPECT_EQ(export_hf_model(model, dir.string()), "llama");
+  auto got = run_family(dir.string(), src, "llama_causal");  // the fixture's tokenizer files
+  auto expected = load_safetensors(src + "/expected.safetensors");
+  EXPECT_LE(max_abs_diff(got.logits, expected.at("logits")), kTolerance);
+  fs::remove_all(dir);
+}
+
+TEST(HfExportTest, NoTransformersEquivalentIsSkippedNotWrong) {
+  ModelOptions o;
+  o.arch = Arch::kGpt;
+  o.rotary = false;  // GPT with learned positions: no faithful model type
+  o.vocab_size = 10;
+  o.hidden = 16;
+  o.layers = 1;
+  o.heads = 2;
+  o.ffn = 32;
+  o.max_seq_length = 16;
+  TransformerLM model(o);
+  const auto dir = fs::temp_directory_path() / ("dnallm_hf_skip_" + std::to_string(::getpid()));
+  EXPECT_FALSE(export_hf_directory(model, *data::make_char_tokenizer(), dir.string()));
+  EXPECT_FALSE(fs::exists(dir));
+}
+
+// ---------------------------------------------------------------------------------------------
+// dnallm-eval --logits (the interface both directions use), end to end.
+
+int run(const std::string& command) {
+  const int status = std::system(command.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(HfEvalCliTest, LogitsFileMatchesTheFixture) {
+  const auto tmp = fs::temp_directory_path() / ("dnallm_hf_cli_" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  {
+    std::ofstream seqs(tmp / "seqs.txt");
+    for (const auto& s : fixture_sequences("esm_mlm")) seqs << s << "\n";
+  }
+  const std::string out = (tmp / "out.safetensors").string();
+  ASSERT_EQ(run(std::string(DNALLM_EVAL_BIN) + " --model " + kFixtures + "/esm_mlm --logits " +
+                (tmp / "seqs.txt").string() + " --out " + out + " > /dev/null"),
+            0);
+  auto got = load_safetensors(out);
+  auto expected = load_safetensors(kFixtures + "/esm_mlm/expected.safetensors");
+  EXPECT_TRUE(torch::equal(got.at("input_ids"), expected.at("input_ids")));
+  EXPECT_TRUE(torch::equal(got.at("attention_mask"), expected.at("attention_mask")));
+  EXPECT_LE(max_abs_diff(got.at("logits"), expected.at("logits")), kTolerance);
+  // A refused model (ALiBi) exits 2.
+  const auto alibi = tmp / "alibi";
+  fs::copy(kFixtures + "/bert_mlm", alibi);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(alibi / "config.json"));
+  config["position_embedding_type"] = "alibi";
+  fs::permissions(alibi / "config.json", fs::perms::owner_write, fs::perm_options::add);
+  std::ofstream(alibi / "config.json") << config.dump();
+  EXPECT_EQ(run(std::string(DNALLM_EVAL_BIN) + " --model " + alibi.string() + " --logits " +
+                (tmp / "seqs.txt").string() + " --out " + out + " 2> /dev/null"),
+            2);
+  fs::remove_all(tmp);
+}
+
+}  // namespace
+}  // namespace dnallm::models

@@ -1,0 +1,314 @@
+#include "worker/data/hf_tokenizer.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.hpp"
+
+namespace dnallm::data {
+namespace {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+bool read_json(const std::string& path, json& out) {
+  std::ifstream f(path);
+  if (!f.good()) return false;
+  try {
+    out = json::parse(f);
+  } catch (const std::exception& e) {
+    fail(ExitCode::kUsage, "{} is not valid JSON ({}): repair or re-download the file", path,
+         e.what());
+  }
+  return true;
+}
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream f(path);
+  DNALLM_CHECK(f.good(), ExitCode::kUsage, "cannot read {}: {}", path, errno_string());
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(f, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    lines.push_back(line);
+  }
+  while (!lines.empty() && lines.back().empty()) lines.pop_back();
+  return lines;
+}
+
+bool is_bases(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return c == 'A' || c == 'C' || c == 'G' || c == 'T' || c == 'N';
+  });
+}
+
+// tokenizer.json's {"piece": id} vocabulary as pieces indexed by id.
+std::vector<std::string> pieces_by_id(const json& vocab, const std::string& dir) {
+  std::vector<std::string> pieces(vocab.size());
+  for (const auto& [piece, id] : vocab.items()) {
+    const auto i = id.get<int64_t>();
+    DNALLM_CHECK(i >= 0 && i < int64_t(vocab.size()), ExitCode::kUsage,
+                 "{}/tokenizer.json: id {} of \"{}\" is outside the vocabulary", dir, i, piece);
+    pieces[size_t(i)] = piece;
+  }
+  return pieces;
+}
+
+// The length k of every DNA piece of a k-mer vocabulary (DNABERT: one k).
+int kmer_length(const std::vector<std::string>& pieces, const std::string& dir) {
+  int k = 0;
+  for (const auto& p : pieces) {
+    if (!is_bases(p)) continue;
+    if (k == 0) k = static_cast<int>(p.size());
+    DNALLM_CHECK(static_cast<int>(p.size()) == k, ExitCode::kUsage,
+                 "{}: the vocabulary mixes k-mers of length {} and {} (\"{}\"): only one k-mer "
+                 "length (DNABERT) is supported",
+                 dir, k, p.size(), p);
+  }
+  DNALLM_CHECK(k > 0, ExitCode::kUsage,
+               "{}: the vocabulary holds no DNA k-mer: not a DNABERT-style tokenizer", dir);
+  return k;
+}
+
+// The content of a special-token entry of tokenizer_config.json ("[CLS]" or {"content": ...}).
+std::string token_text(const json& config, const char* key) {
+  if (!config.contains(key) || config[key].is_null()) return "";
+  const auto& v = config[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content")) return v["content"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+HfTokenizer::HfTokenizer(Scheme scheme, std::vector<std::string> pieces, HfSpecialTokens special,
+                         int k, std::string tokenizer_class)
+    : scheme_(scheme),
+      pieces_(std::move(pieces)),
+      special_(special),
+      k_(k),
+      tokenizer_class_(std::move(tokenizer_class)) {
+  index();
+  if (scheme_ == Scheme::kCharacter) {
+    if (special_.bos >= 0) prefix_ = {special_.bos};
+  } else {
+    if (special_.cls >= 0) prefix_ = {special_.cls};
+    const int64_t end = scheme_ == Scheme::kLongestMatch ? special_.eos : special_.sep;
+    if (end >= 0) suffix_ = {end};
+  }
+}
+
+void HfTokenizer::index() {
+  ids_.clear();
+  max_piece_ = 1;
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    ids_.emplace(pieces_[i], static_cast<int64_t>(i));
+    if (is_bases(pieces_[i])) max_piece_ = std::max(max_piece_, pieces_[i].size());
+  }
+}
+
+int64_t HfTokenizer::id_of(const std::string& piece) const {
+  auto it = ids_.find(piece);
+  return it == ids_.end() ? -1 : it->second;
+}
+
+HfTokenizer HfTokenizer::load(const std::string& dir) {
+  namespace fs = std::filesystem;
+  HfTokenizer t;
+  json config = json::object(), tj;
+  read_json(dir + "/tokenizer_config.json", config);
+  const bool has_tj = read_json(dir + "/tokenizer.json", tj);
+  const bool has_vocab = fs::exists(dir + "/vocab.txt");
+  const std::string cls = config.value("tokenizer_class", std::string());
+  t.tokenizer_class_ = cls;
+  t.pad_left_ = config.value("padding_side", std::string("right")) == "left";
+  DNALLM_CHECK(!config.contains("auto_map"), ExitCode::kUsage,
+               "{}/tokenizer_config.json: \"auto_map\" asks for remote tokenizer code, which is "
+               "not run here: supported are BertTokenizer (DNABERT k-mers), EsmTokenizer "
+               "(Nucleotide Transformer) and a tokenizers WordLevel tokenizer.json (one token a "
+               "base)",
+               dir);
+
+  auto role = [&](const char* key, const std::string& fallback) {
+    std::string text = token_text(config, key);
+    if (text.empty()) text = fallback;
+    return text.empty() ? int64_t{-1} : t.id_of(text);
+  };
+
+  if (cls == "EsmTokenizer") {
+    DNALLM_CHECK(has_vocab, ExitCode::kUsage, "{}: EsmTokenizer needs vocab.txt", dir);
+    t.scheme_ = Scheme::kLongestMatch;
+    t.pieces_ = read_lines(dir + "/vocab.txt");
+    t.index();
+    t.special_.unk = role("unk_token", "<unk>");
+    t.special_.pad = role("pad_token", "<pad>");
+    t.special_.mask = role("mask_token", "<mask>");
+    t.special_.cls = role("cls_token", "<cls>");
+    t.special_.eos = role("eos_token", "<eos>");
+    t.special_.bos = t.id_of("<bos>");
+    t.k_ = static_cast<int>(t.max_piece_);
+    if (t.special_.cls >= 0) t.prefix_ = {t.special_.cls};
+    if (t.special_.eos >= 0) t.suffix_ = {t.special_.eos};
+    return t;
+  }
+
+  if (cls == "BertTokenizer" || cls == "BertTokenizerFast" || cls == "DNATokenizer" ||
+      (cls.empty() && has_vocab)) {
+    if (has_vocab) {
+      t.pieces_ = read_lines(dir + "/vocab.txt");
+    } else {
+      DNALLM_CHECK(has_tj && tj.contains("model") && tj["model"].contains("vocab"),
+                   ExitCode::kUsage, "{}: BertTokenizer needs vocab.txt or tokenizer.json", dir);
+      t.pieces_ = pieces_by_id(tj["model"]["vocab"], dir);
+    }
+    DNALLM_CHECK(!config.value("do_lower_case", false), ExitCode::kUsage,
+                 "{}/tokenizer_config.json: do_lower_case = true is not supported (DNA k-mers "
+                 "are upper case): set it to false",
+                 dir);
+    t.scheme_ = Scheme::kOverlappingKmer;
+    t.index();
+    t.k_ = kmer_length(t.pieces_, dir);
+    t.special_.unk = role("unk_token", "[UNK]");
+    t.special_.pad = role("pad_token", "[PAD]");
+    t.special_.cls = role("cls_token", "[CLS]");
+    t.special_.sep = role("sep_token", "[SEP]");
+    t.special_.mask = role("mask_token", "[MASK]");
+    DNALLM_CHECK(t.special_.cls >= 0 && t.special_.sep >= 0 && t.special_.unk >= 0,
+                 ExitCode::kUsage, "{}: BertTokenizer vocabulary lacks [CLS], [SEP] or [UNK]", dir);
+    t.prefix_ = {t.special_.cls};
+    t.suffix_ = {t.special_.sep};
+    return t;
+  }
+
+  DNALLM_CHECK(has_tj, ExitCode::kUsage,
+               "{}: tokenizer_class \"{}\" without a tokenizer.json is not supported: supported "
+               "are BertTokenizer (DNABERT k-mers, vocab.txt), EsmTokenizer (vocab.txt) and a "
+               "tokenizers WordLevel tokenizer.json",
+               dir, cls);
+  const auto& model = tj.value("model", json::object());
+  const std::string type = model.value("type", std::string());
+  DNALLM_CHECK(type == "WordLevel", ExitCode::kUsage,
+               "{}/tokenizer.json: model type \"{}\" is not supported: supported is WordLevel "
+               "(one token a base); BPE/Unigram DNA tokenizers are not yet",
+               dir, type);
+  const auto& pre = tj.value("pre_tokenizer", json());
+  const bool per_char = pre.is_object() && pre.value("type", std::string()) == "Split" &&
+                        pre.contains("pattern") && pre["pattern"].value("String", "x").empty() &&
+                        pre.value("behavior", std::string()) == "Isolated";
+  // Words split at spaces: the input is the overlapping k-mers separated by spaces (DNABERT's
+  // convention, what export_hf_tokenizer writes for k-mer tokenizers).
+  const bool words = pre.is_object() && pre.value("type", std::string()) == "WhitespaceSplit";
+  DNALLM_CHECK(per_char || words, ExitCode::kUsage,
+               "{}/tokenizer.json: pre_tokenizer {} is not supported: supported are Split on \"\" "
+               "(Isolated), one token a character, and WhitespaceSplit over k-mers",
+               dir, pre.dump());
+  DNALLM_CHECK(tj.value("normalizer", json()).is_null(), ExitCode::kUsage,
+               "{}/tokenizer.json: a normalizer ({}) is not supported", dir,
+               tj["normalizer"].dump());
+  t.pieces_ = pieces_by_id(model.at("vocab"), dir);
+  t.scheme_ = per_char ? Scheme::kCharacter : Scheme::kOverlappingKmer;
+  t.index();
+  if (words) t.k_ = kmer_length(t.pieces_, dir);
+  t.special_.unk = t.id_of(model.value("unk_token", std::string("<unk>")));
+  t.special_.pad = role("pad_token", "<pad>");
+  t.special_.bos = role("bos_token", "<bos>");
+  t.special_.eos = role("eos_token", "<eos>");
+  t.special_.mask = role("mask_token", "");
+  t.special_.cls = role("cls_token", "");
+  t.special_.sep = role("sep_token", "");
+  // TemplateProcessing "single": special tokens before and after $A.
+  const auto& post = tj.value("post_processor", json());
+  if (post.is_object()) {
+    DNALLM_CHECK(post.value("type", std::string()) == "TemplateProcessing", ExitCode::kUsage,
+                 "{}/tokenizer.json: post_processor \"{}\" is not supported: supported is "
+                 "TemplateProcessing",
+                 dir, post.value("type", std::string()));
+    bool seen_sequence = false;
+    for (const auto& item : post.at("single")) {
+      if (item.contains("Sequence")) {
+        seen_sequence = true;
+        continue;
+      }
+      const auto name = item.at("SpecialToken").at("id").get<std::string>();
+      const auto id = t.id_of(name);
+      DNALLM_CHECK(id >= 0, ExitCode::kUsage,
+                   "{}/tokenizer.json: post_processor names \"{}\", not in the vocabulary", dir,
+                   name);
+      (seen_sequence ? t.suffix_ : t.prefix_).push_back(id);
+    }
+  }
+  return t;
+}
+
+std::vector<int64_t> HfTokenizer::encode(std::string_view raw) const {
+  std::string bases(raw);
+  for (auto& c : bases) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  std::vector<int64_t> ids = prefix_;
+  switch (scheme_) {
+    case Scheme::kOverlappingKmer:
+      for (size_t i = 0; i + size_t(k_) <= bases.size(); ++i) {
+        const auto id = id_of(bases.substr(i, size_t(k_)));
+        ids.push_back(id >= 0 ? id : special_.unk);
+      }
+      break;
+    case Scheme::kLongestMatch:
+      for (size_t i = 0; i < bases.size();) {
+        size_t len = std::min(max_piece_, bases.size() - i);
+        int64_t id = -1;
+        for (; len > 0; --len) {
+          id = id_of(bases.substr(i, len));
+          if (id >= 0) break;
+        }
+        if (id < 0) {
+          ids.push_back(special_.unk);
+          ++i;
+        } else {
+          ids.push_back(id);
+          i += len;
+        }
+      }
+      break;
+    case Scheme::kCharacter:
+      for (char c : bases) {
+        const auto id = id_of(std::string(1, c));
+        ids.push_back(id >= 0 ? id : special_.unk);
+      }
+      break;
+  }
+  ids.insert(ids.end(), suffix_.begin(), suffix_.end());
+  return ids;
+}
+
+HfBatch HfTokenizer::encode_batch(const std::vector<std::string>& sequences) const {
+  std::vector<std::vector<int64_t>> rows;
+  size_t longest = 0;
+  for (const auto& s : sequences) {
+    rows.push_back(encode(s));
+    longest = std::max(longest, rows.back().size());
+  }
+  DNALLM_CHECK(
+      rows.size() <= 1 || special_.pad >= 0 ||
+          std::all_of(rows.begin(), rows.end(), [&](const auto& r) { return r.size() == longest; }),
+      ExitCode::kUsage, "the tokenizer has no pad token: give sequences of one length");
+  HfBatch b;
+  b.rows = static_cast<int64_t>(rows.size());
+  b.seq_len = static_cast<int64_t>(longest);
+  for (const auto& r : rows) {
+    const size_t pad = longest - r.size();
+    if (pad_left_) {
+      b.input_ids.insert(b.input_ids.end(), pad, special_.pad);
+      b.attention_mask.insert(b.attention_mask.end(), pad, 0);
+    }
+    b.input_ids.insert(b.input_ids.end(), r.begin(), r.end());
+    b.attention_mask.insert(b.attention_mask.end(), r.size(), 1);
+    if (!pad_left_) {
+      b.input_ids.insert(b.input_ids.end(), pad, special_.pad);
+      b.attention_mask.insert(b.attention_mask.end(), pad, 0);
+    }
+  }
+  return b;
+}
+
+}  // namespace dnallm::data

@@ -1,0 +1,79 @@
+// The tokenizer of a Hugging Face model directory, as that model's family tokenizes DNA, in
+// the directory's own id space (torch-free).
+//
+// Supported layouts (anything else throws Error(kUsage) naming the file and what is supported):
+//   - DNABERT (tokenizer_class "BertTokenizer", or a vocab.txt with [CLS]/[SEP]): every
+//     regular piece of vocab.txt (or tokenizer.json's WordPiece vocab) is a k-mer of one
+//     length k; a sequence becomes [CLS] + its overlapping k-mers + [SEP], a k-mer that is
+//     not in the vocabulary (one with N) is [UNK]. This is what BertTokenizer gives for the
+//     k-mers written space-separated, the input DNABERT expects.
+//   - Nucleotide Transformer (tokenizer_class "EsmTokenizer", vocab.txt): EsmTokenizer's
+//     split, the longest vocabulary piece at each position (non-overlapping 6-mers, single
+//     bases for N and leftovers), framed <cls> ... <eos>.
+//   - tokenizer.json with a WordLevel model and a pre-tokenizer that isolates every
+//     character (Split on ""): one token a base, the TemplateProcessing post-processor's
+//     special tokens around it.
+// Padding: to the longest sequence of a batch with the pad token, on the right (or left when
+// tokenizer_config.json says padding_side = "left").
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dnallm::data {
+
+// Ids of the roles a model's special tokens play (-1: the vocabulary has none).
+struct HfSpecialTokens {
+  int64_t pad = -1, unk = -1, cls = -1, sep = -1, mask = -1, bos = -1, eos = -1;
+};
+
+struct HfBatch {
+  std::vector<int64_t> input_ids;       // [rows, seq_len] row-major
+  std::vector<int64_t> attention_mask;  // [rows, seq_len]
+  int64_t rows = 0, seq_len = 0;
+};
+
+class HfTokenizer {
+ public:
+  enum class Scheme { kOverlappingKmer, kLongestMatch, kCharacter };
+
+  // Reads the tokenizer files of `dir` (tokenizer_config.json, vocab.txt, tokenizer.json).
+  static HfTokenizer load(const std::string& dir);
+
+  // `bases`: A/C/G/T/N (upper-cased here). Ids with the family's special tokens around them.
+  std::vector<int64_t> encode(std::string_view bases) const;
+  // encode() each sequence and pad them to the longest.
+  HfBatch encode_batch(const std::vector<std::string>& sequences) const;
+
+  Scheme scheme() const { return scheme_; }
+  int k() const { return k_; }  // k-mer length (k-mer and longest-match schemes), else 0
+  int64_t vocab_size() const { return static_cast<int64_t>(pieces_.size()); }
+  const HfSpecialTokens& special() const { return special_; }
+  const std::string& piece(int64_t id) const { return pieces_.at(static_cast<size_t>(id)); }
+  int64_t id_of(const std::string& piece) const;  // -1 when absent
+
+  // The same tokenizer built from parts (export of this project's own tokenizers).
+  HfTokenizer(Scheme scheme, std::vector<std::string> pieces, HfSpecialTokens special, int k,
+              std::string tokenizer_class);
+
+ private:
+  HfTokenizer() = default;
+  void index();
+
+  Scheme scheme_ = Scheme::kCharacter;
+  std::vector<std::string> pieces_;     // by id
+  std::map<std::string, int64_t> ids_;  // piece -> id
+  HfSpecialTokens special_;
+  std::vector<int64_t> prefix_, suffix_;  // framing around the sequence
+  int k_ = 0;
+  size_t max_piece_ = 1;
+  bool pad_left_ = false;
+  std::string tokenizer_class_;
+};
+
+}  // namespace dnallm::data

@@ -1,0 +1,464 @@
+#include "worker/models/hf_export.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "worker/data/tokenizer.hpp"
+#include "worker/models/hf_names.hpp"
+
+namespace dnallm::models {
+namespace {
+
+using nlohmann::ordered_json;
+using torch::Tensor;
+
+enum class Family { kEsm, kBert, kRobertaPreLn, kGptNeoX, kLlama };
+
+Family family_of(const ModelOptions& o) {
+  DNALLM_CHECK(!o.mean_pooling || o.task == Task::kPretrain, ExitCode::kUsage,
+               "model.pooling = \"mean\" has no transformers equivalent (its classification "
+               "heads pool the first token): use pooling = \"cls\" for a Hugging Face export");
+  if (o.rms_norm || o.gated_mlp || !o.linear_bias) {
+    DNALLM_CHECK(o.rms_norm && o.gated_mlp && !o.linear_bias && o.arch == Arch::kGpt && o.rotary &&
+                     o.task == Task::kPretrain,
+                 ExitCode::kUsage,
+                 "only a causal, rotary model with RMSNorm, gated MLP and no biases (Llama) "
+                 "exports as llama");
+    return Family::kLlama;
+  }
+  if (o.arch == Arch::kGpt) {
+    DNALLM_CHECK(
+        o.rotary && o.task == Task::kPretrain && !o.post_layer_norm && !o.embedding_layer_norm,
+        ExitCode::kUsage,
+        "a causal model exports to transformers as gpt_neox, which needs rotary "
+        "positions (model.position = \"rotary\") and the language-model task");
+    return Family::kGptNeoX;
+  }
+  if (o.post_layer_norm) {
+    DNALLM_CHECK(o.embedding_layer_norm && !o.rotary && o.position_padding_idx < 0,
+                 ExitCode::kUsage,
+                 "a post-LN encoder exports as bert, which has learned positions");
+    return Family::kBert;
+  }
+  if (o.embedding_layer_norm || o.position_padding_idx >= 0) {
+    DNALLM_CHECK(o.embedding_layer_norm && o.position_padding_idx >= 0 && !o.rotary,
+                 ExitCode::kUsage,
+                 "this encoder variant (embedding LayerNorm without RoBERTa positions) has no "
+                 "transformers equivalent");
+    return Family::kRobertaPreLn;
+  }
+  return Family::kEsm;
+}
+
+// Our weights with LoRA adapters merged into copies (or left out when !merge).
+std::map<std::string, Tensor> our_weights(TransformerLM& model, bool merge) {
+  std::map<std::string, Tensor> out;
+  for (auto& [name, t] : model->named_weights()) out[name] = t.detach().to(torch::kFloat32);
+  if (!merge) return out;
+  const auto& o = model->options();
+  for (const auto& item : model->named_modules()) {
+    auto* lin = item.value()->as<LoraLinearImpl>();
+    if (lin == nullptr || !lin->has_lora()) continue;
+    auto params = lin->named_parameters(false);
+    out[item.key() + ".weight"] = (lin->weight + torch::matmul(params["lora_B"], params["lora_A"]) *
+                                                     (o.lora_alpha / double(o.lora_r)))
+                                      .detach()
+                                      .to(torch::kFloat32);
+  }
+  return out;
+}
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) {
+    s.replace(pos, from.size(), to);
+  }
+  return s;
+}
+
+// Our parameter name -> the family's (the inverse of hf_import's rename()).
+std::string hf_name(Family f, const std::string& ours) {
+  std::string n = ours;
+  if (f == Family::kBert) return n;
+  if (f == Family::kLlama || f == Family::kGptNeoX) {
+    return hf_names::translate(
+        n, hf_names::causal_rules(f == Family::kLlama ? "llama" : "gpt_neox"), true);
+  }
+  const std::string root = f == Family::kEsm ? "esm." : "roberta_prelayernorm.";
+  if (n.rfind("bert.encoder.final_layer_norm.", 0) == 0) {
+    const std::string rest = n.substr(std::string("bert.encoder.final_layer_norm.").size());
+    return f == Family::kEsm ? "esm.encoder.emb_layer_norm_after." + rest
+                             : "roberta_prelayernorm.LayerNorm." + rest;
+  }
+  n = replace_all(n, ".attention.output.LayerNorm.",
+                  f == Family::kEsm ? ".attention.LayerNorm." : ".attention.LayerNorm.");
+  if (n.find(".output.LayerNorm.") != std::string::npos) {
+    n = replace_all(n, ".output.LayerNorm.",
+                    f == Family::kEsm ? ".LayerNorm." : ".intermediate.LayerNorm.");
+  }
+  n = replace_all(n, "cls.predictions.transform.dense.", "lm_head.dense.");
+  n = replace_all(n, "cls.predictions.transform.LayerNorm.", "lm_head.layer_norm.");
+  if (n == "cls.predictions.bias") n = "lm_head.bias";
+  if (n == "cls.predictions.decoder.weight") n = "lm_head.decoder.weight";
+  n = replace_all(n, "bert.pooler.dense.", "classifier.dense.");
+  if (n.rfind("classifier.", 0) == 0 && n.find("classifier.dense.") != 0) {
+    n = "classifier.out_proj." + n.substr(11);
+  }
+  if (n.rfind("bert.", 0) == 0) n = root + n.substr(5);
+  return n;
+}
+
+void write_json(const std::string& path, const ordered_json& j) {
+  std::ofstream f(path, std::ios::trunc);
+  f << j.dump(2) << "\n";
+  DNALLM_CHECK(f.good(), ExitCode::kFailure, "cannot write {}: {}", path, errno_string());
+}
+
+ordered_json labels(int64_t n) {
+  ordered_json id2label = ordered_json::object(), label2id = ordered_json::object();
+  for (int64_t i = 0; i < n; ++i) {
+    id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);
+    label2id["LABEL_" + std::to_string(i)] = i;
+  }
+  return {id2label, label2id};
+}
+
+}  // namespace
+
+std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(TransformerLM& model,
+                                                                              bool merge_lora) {
+  const auto& o = model->options();
+  const Family f = family_of(o);
+  auto w = our_weights(model, merge_lora);
+  std::vector<std::pair<std::string, Tensor>> out;
+  const int64_t hd = o.hidden / o.heads;
+  ordered_json c;
+  const char* task_suffix = o.task == Task::kPretrain ? "ForMaskedLM" : "ForSequenceClassification";
+  const std::string word = model->root_name() + ".embeddings.word_embeddings.weight";
+  switch (f) {
+    case Family::kEsm:
+      c["architectures"] = {std::string("Esm") + task_suffix};
+      c["model_type"] = "esm";
+      break;
+    case Family::kBert:
+      c["architectures"] = {std::string("Bert") + task_suffix};
+      c["model_type"] = "bert";
+      break;
+    case Family::kRobertaPreLn:
+      c["architectures"] = {std::string("RobertaPreLayerNorm") + task_suffix};
+      c["model_type"] = "roberta-prelayernorm";
+      break;
+    case Family::kGptNeoX:
+      c["architectures"] = {"GPTNeoXForCausalLM"};
+      c["model_type"] = "gpt_neox";
+      break;
+    case Family::kLlama:
+      c["architectures"] = {"LlamaForCausalLM"};
+      c["model_type"] = "llama";
+      break;
+  }
+  c["vocab_size"] = o.vocab_size;
+  c["hidden_size"] = o.hidden;
+  c["num_hidden_layers"] = o.layers;
+  c["num_attention_heads"] = o.heads;
+  c["intermediate_size"] = o.ffn;
+  c["hidden_act"] = f == Family::kLlama ? "silu" : "gelu";
+  c[f == Family::kLlama ? "rms_norm_eps" : "layer_norm_eps"] = o.layer_norm_eps;
+  c["pad_token_id"] = data::kPadId;
+  const bool causal = f == Family::kGptNeoX || f == Family::kLlama;
+  c["tie_word_embeddings"] = o.tie_embeddings && !causal;
+  if (o.task == Task::kClassification) {
+    auto l = labels(o.num_labels);
+    c["id2label"] = l[0];
+    c["label2id"] = l[1];
+  }
+  if (o.task == Task::kRegression) {
+    c["id2label"] = labels(1)[0];
+    c["label2id"] = labels(1)[1];
+    c["problem_type"] = "regression";
+  }
+  // Learned positions: ours count from 0; ESM and RoBERTa from padding_idx + 1.
+  int64_t position_offset = 0;
+  if (f == Family::kEsm) {
+    c["position_embedding_type"] = o.rotary ? "rotary" : "absolute";
+    c["mask_token_id"] = data::kMaskId;
+    c["token_dropout"] = false;
+    c["emb_layer_norm_before"] = false;
+    c["hidden_dropout_prob"] = 0.0;
+    c["attention_probs_dropout_prob"] = 0.0;
+    if (!o.rotary) position_offset = data::kPadId + 1;
+    c["max_position_embeddings"] = o.max_seq_length + position_offset;
+    c["is_folding_model"] = false;
+    // EsmModel always has a contact head (attention maps -> contacts): zeros, unused by LM/cls.
+    out.emplace_back("esm.contact_head.regression.weight", torch::zeros({1, o.layers * o.heads}));
+    out.emplace_back("esm.contact_head.regression.bias", torch::zeros({1}));
+  } else if (f == Family::kBert || f == Family::kRobertaPreLn) {
+    c["position_embedding_type"] = "absolute";
+    c["max_position_embeddings"] = o.max_seq_length;
+    c["type_vocab_size"] = f == Family::kBert ? 2 : 1;
+    c["hidden_dropout_prob"] = 0.0;
+    c["attention_probs_dropout_prob"] = 0.0;
+    // Our positions hold token type 0 folded in: the token-type table is zero.
+    out.emplace_back(f == Family::kBert
+                         ? "bert.embeddings.token_type_embeddings.weight"
+                         : "roberta_prelayernorm.embeddings.token_type_embeddings.weight",
+                     torch::zeros({f == Family::kBert ? 2 : 1, o.hidden}));
+  } else if (f == Family::kLlama) {
+    c["max_position_embeddings"] = o.max_seq_length;
+    c["num_key_value_heads"] = o.heads;
+    c["head_dim"] = hd;
+    c["rope_theta"] = 10000.0;
+    c["rope_parameters"] = {{"rope_theta", 10000.0}, {"rope_type", "default"}};
+    c["attention_bias"] = false;
+    c["mlp_bias"] = false;
+    c["attention_dropout"] = 0.0;
+    c["bos_token_id"] = data::kClsId;
+    c["eos_token_id"] = data::kSepId;
+  } else {
+    c["max_position_embeddings"] = o.max_seq_length;
+    c["rotary_pct"] = 1.0;
+    c["rotary_emb_base"] = 10000;
+    c["rope_parameters"] = {
+        {"partial_rotary_factor", 1.0}, {"rope_theta", 10000.0}, {"rope_type", "default"}};
+    c["use_parallel_residual"] = false;
+    c["attention_bias"] = true;
+    c["hidden_dropout"] = 0.0;
+    c["attention_dropout"] = 0.0;
+    c["bos_token_id"] = data::kClsId;
+    c["eos_token_id"] = data::kSepId;
+  }
+  for (auto& [name, t] : w) {
+    if (name.find(".attention.self.") != std::string::npos && f == Family::kGptNeoX) continue;
+    if (name == "bert.embeddings.position_embeddings.weight" && position_offset > 0) {
+      auto table = torch::zeros({t.size(0) + position_offset, t.size(1)});
+      table.narrow(0, position_offset, t.size(0)).copy_(t);
+      out.emplace_back(hf_name(f, name), table);
+      continue;
+    }
+    out.emplace_back(hf_name(f, name), t.contiguous());
+  }
+  // Tied decoders, written out for loaders that do not tie (transformers ties them again).
+  if (o.tie_embeddings && o.task == Task::kPretrain) {
+    out.emplace_back(f == Family::kGptNeoX ? "embed_out.weight"
+                     : f == Family::kLlama ? "lm_head.weight"
+                     : f == Family::kBert  ? "cls.predictions.decoder.weight"
+                                           : "lm_head.decoder.weight",
+                     w.at(word));
+  }
+  if (f == Family::kGptNeoX) {
+    // Fused per head: rows [head][q|k|v][head_dim].
+    for (int64_t i = 0; i < o.layers; ++i) {
+      const std::string ours = "gpt.encoder.layer." + std::to_string(i) + ".attention.self.";
+      const std::string theirs =
+          "gpt_neox.layers." + std::to_string(i) + ".attention.query_key_value.";
+      auto part = [&](const char* which, const char* kind) {
+        return w.at(ours + which + "." + kind);
+      };
+      auto wq = torch::stack({part("query", "weight").view({o.heads, hd, o.hidden}),
+                              part("key", "weight").view({o.heads, hd, o.hidden}),
+                              part("value", "weight").view({o.heads, hd, o.hidden})},
+                             1);
+      auto bq = torch::stack(
+          {part("query", "bias").view({o.heads, hd}), part("key", "bias").view({o.heads, hd}),
+           part("value", "bias").view({o.heads, hd})},
+          1);
+      out.emplace_back(theirs + "weight", wq.reshape({3 * o.hidden, o.hidden}).contiguous());
+      out.emplace_back(theirs + "bias", bq.reshape({3 * o.hidden}).contiguous());
+    }
+  }
+  return {out, c};
+}
+
+std::string export_hf_model(TransformerLM& model, const std::string& dir) {
+  auto [tensors, config] = hf_state(model, true);
+  std::filesystem::create_directories(dir);
+  save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  write_json(dir + "/config.json", config);
+  return config["model_type"].get<std::string>();
+}
+
+void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  ordered_json map = {{"unk_token", "[UNK]"},
+                      {"pad_token", "[PAD]"},
+                      {"cls_token", "[CLS]"},
+                      {"sep_token", "[SEP]"},
+                      {"mask_token", "[MASK]"}};
+  if (tok.kind() == "nt" && arch == Arch::kBert) {
+    // The Nucleotide Transformer split is EsmTokenizer's (longest vocabulary piece at each
+    // position; <cls> = [CLS] before, <eos> = [SEP] after): vocab.txt in our id order.
+    std::ofstream vocab(dir + "/vocab.txt", std::ios::trunc);
+    for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab << tok.id_to_piece(id) << "\n";
+    DNALLM_CHECK(vocab.good(), ExitCode::kFailure, "cannot write {}/vocab.txt", dir);
+    map["eos_token"] = "[SEP]";
+    write_json(dir + "/special_tokens_map.json", map);
+    ordered_json config = map;
+    config["tokenizer_class"] = "EsmTokenizer";
+    config["model_max_length"] = 1000000;
+    config["padding_side"] = "right";
+    config["dnallm_input"] = "the bases as they are";
+    write_json(dir + "/tokenizer_config.json", config);
+    return;
+  }
+  const bool kmer = tok.kind() == "kmer";
+  DNALLM_CHECK(tok.kind() == "char" ||
+                   (kmer && tok.to_json().value("stride", 0) == 1 && arch == Arch::kBert),
+               ExitCode::kUsage,
+               "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\", "
+               "and for encoders overlapping k-mers (stride 1) and \"nt\"",
+               tok.to_json().dump());
+  const auto& names = data::special_token_names();
+  ordered_json added = ordered_json::array();
+  for (size_t id = 0; id < names.size(); ++id) {
+    added.push_back({{"id", id},
+                     {"content", names[id]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  }
+  ordered_json vocab = ordered_json::object();
+  for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab[tok.id_to_piece(id)] = id;
+  auto special = [](const char* name) {
+    return ordered_json{{"SpecialToken", {{"id", name}, {"type_id", 0}}}};
+  };
+  ordered_json single = ordered_json::array({special("[CLS]")});
+  single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+  ordered_json specials = {
+      {"[CLS]", {{"id", "[CLS]"}, {"ids", {data::kClsId}}, {"tokens", {"[CLS]"}}}}};
+  if (arch == Arch::kBert) {
+    single.push_back(special("[SEP]"));
+    specials["[SEP]"] = {{"id", "[SEP]"}, {"ids", {data::kSepId}}, {"tokens", {"[SEP]"}}};
+  }
+  // Pairs (not used by our objectives) as BERT frames them: single, then B and [SEP].
+  ordered_json pair = single;
+  pair.push_back({{"Sequence", {{"id", "B"}, {"type_id", 1}}}});
+  if (arch == Arch::kBert) pair.push_back({{"SpecialToken", {{"id", "[SEP]"}, {"type_id", 1}}}});
+  ordered_json tj;
+  tj["version"] = "1.0";
+  tj["truncation"] = nullptr;
+  tj["padding"] = nullptr;
+  tj["added_tokens"] = added;
+  tj["normalizer"] = nullptr;
+  if (kmer) {
+    tj["pre_tokenizer"] = {{"type", "WhitespaceSplit"}};
+  } else {
+    tj["pre_tokenizer"] = {{"type", "Split"},
+                           {"pattern", {{"String", ""}}},
+                           {"behavior", "Isolated"},
+                           {"invert", false}};
+  }
+  tj["post_processor"] = {{"type", "TemplateProcessing"},
+                          {"single", single},
+                          {"pair", pair},
+                          {"special_tokens", specials}};
+  tj["decoder"] = nullptr;
+  tj["model"] = {{"type", "WordLevel"}, {"vocab", vocab}, {"unk_token", "[UNK]"}};
+  write_json(dir + "/tokenizer.json", tj);
+
+  if (arch == Arch::kGpt) map["bos_token"] = "[CLS]";
+  write_json(dir + "/special_tokens_map.json", map);
+  ordered_json config = map;
+  config["tokenizer_class"] = "PreTrainedTokenizerFast";
+  config["model_max_length"] = 1000000;
+  config["padding_side"] = "right";
+  if (kmer) {
+    config["do_lower_case"] = false;
+    // DNABERT's convention: the input string is the overlapping k-mers separated by spaces.
+    config["dnallm_input"] =
+        "overlapping " + std::to_string(tok.to_json().value("k", 0)) + "-mers separated by spaces";
+  } else {
+    config["dnallm_input"] = "the bases as they are";
+  }
+  write_json(dir + "/tokenizer_config.json", config);
+}
+
+void export_peft_adapter(TransformerLM& model, const std::string& adapter_dir,
+                         const std::string& base_dir) {
+  const auto& o = model->options();
+  DNALLM_CHECK(o.lora_r > 0, ExitCode::kFailure, "export_peft_adapter needs a model with LoRA");
+  const Family f = family_of(o);
+  DNALLM_CHECK(f != Family::kGptNeoX && f != Family::kLlama, ExitCode::kUsage,
+               "LoRA on a causal model has no PEFT export yet");
+  for (const auto& t : o.lora_targets) {
+    DNALLM_CHECK(t == "query" || t == "key" || t == "value", ExitCode::kUsage,
+                 "lora.target_modules \"{}\" has no PEFT export yet: supported are query, key, "
+                 "value",
+                 t);
+  }
+  // The base: frozen weights, adapters not merged.
+  auto [base, config] = hf_state(model, false);
+  std::filesystem::create_directories(base_dir);
+  save_safetensors(base_dir + "/model.safetensors", base, {{"format", "pt"}});
+  write_json(base_dir + "/config.json", config);
+
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::vector<std::string> modules_to_save;
+  for (const auto& item : model->named_parameters()) {
+    const auto& name = item.key();
+    const auto pos = name.rfind(".lora_");
+    if (pos != std::string::npos) {
+      const std::string module = hf_name(f, name.substr(0, pos) + ".weight");
+      tensors.emplace_back(
+          "base_model.model." + module.substr(0, module.size() - 7) + name.substr(pos) + ".weight",
+          item.value().detach().to(torch::kFloat32));
+    }
+  }
+  if (o.task != Task::kPretrain) {
+    // Task heads train in full: PEFT's modules_to_save.
+    for (auto& [name, t] : base) {
+      if (name.rfind("classifier.", 0) == 0 ||
+          (f == Family::kBert && name.rfind("bert.pooler.", 0) == 0)) {
+        tensors.emplace_back("base_model.model." + name, t);
+      }
+    }
+    modules_to_save = f == Family::kBert ? std::vector<std::string>{"classifier", "pooler"}
+                                         : std::vector<std::string>{"classifier"};
+  }
+  std::filesystem::create_directories(adapter_dir);
+  save_safetensors(adapter_dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+  ordered_json a;
+  a["peft_type"] = "LORA";
+  a["task_type"] = o.task == Task::kPretrain ? "FEATURE_EXTRACTION" : "SEQ_CLS";
+  a["base_model_name_or_path"] = std::filesystem::absolute(base_dir).string();
+  a["r"] = o.lora_r;
+  a["lora_alpha"] = o.lora_alpha;
+  a["lora_dropout"] = o.lora_dropout;
+  a["target_modules"] = o.lora_targets;
+  a["bias"] = "none";
+  a["fan_in_fan_out"] = false;
+  a["use_rslora"] = false;
+  a["use_dora"] = false;
+  a["inference_mode"] = true;
+  a["modules_to_save"] =
+      modules_to_save.empty() ? ordered_json(nullptr) : ordered_json(modules_to_save);
+  write_json(adapter_dir + "/adapter_config.json", a);
+}
+
+bool export_hf_directory(TransformerLM& model, const data::Tokenizer& tokenizer,
+                         const std::string& dir) {
+  try {
+    const auto arch = model->options().arch;
+    export_hf_tokenizer(tokenizer, arch, dir);
+    const auto type = export_hf_model(model, dir);
+    if (model->options().lora_r > 0) {
+      export_peft_adapter(model, dir + "/adapter", dir + "/base");
+      export_hf_tokenizer(tokenizer, arch, dir + "/base");
+    }
+    spdlog::info("exported a transformers {} model to {}", type, dir);
+    return true;
+  } catch (const Error& e) {
+    if (e.code() != ExitCode::kUsage) throw;
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    spdlog::warn("no Hugging Face export: {}", e.what());
+    return false;
+  }
+}
+
+}  // namespace dnallm::models

@@ -1,0 +1,54 @@
+// Export in Hugging Face layouts that compute the same function as our model (the inverse of
+// hf_import.hpp; CI proves it by importing the export again and comparing logits, and
+// tests/hf/check_export.py does it with transformers' Auto classes and PEFT).
+//
+// Our model -> transformers model type:
+//   encoder, pre-LN, no embedding LayerNorm (this project's BERT), rotary or learned
+//       -> esm (EsmForMaskedLM / EsmForSequenceClassification; learned positions are
+//          written at ESM's offset padding_idx + 1)
+//   encoder, post-LN with embedding LayerNorm (an imported BERT) -> bert
+//   encoder, pre-LN with embedding LayerNorm and RoBERTa positions -> roberta-prelayernorm
+//   causal, rotary -> gpt_neox (GPTNeoXForCausalLM, sequential residual, full rotary)
+//   causal, rotary, RMSNorm + gated SiLU MLP + no biases (an imported Llama) -> llama
+// Not exportable (Error(kUsage) saying so): mean pooling (transformers pools the first
+// token), a causal model with learned positions or a task head.
+#pragma once
+
+#include <string>
+
+#include "worker/models/transformer.hpp"
+
+namespace dnallm::data {
+class Tokenizer;
+}
+
+namespace dnallm::models {
+
+// config.json + model.safetensors (LoRA merged into copies; the live model is unchanged).
+// Returns the model type written.
+std::string export_hf_model(TransformerLM& model, const std::string& dir);
+
+// Our weights as `export_hf_model` writes them: (HF name, tensor) and the config.json.
+std::pair<std::vector<std::pair<std::string, torch::Tensor>>, nlohmann::ordered_json> hf_state(
+    TransformerLM& model, bool merge_lora);
+
+// tokenizer.json (tokenizers' WordLevel format, loaded by PreTrainedTokenizerFast),
+// tokenizer_config.json and special_tokens_map.json for `tokenizer` with the framing our objectives
+// use ([CLS] ... [SEP] for encoders, [CLS] ... for causal models). One token a base, or overlapping
+// k-mers (the input transformers expects is then the k-mers separated by spaces, as for DNABERT).
+void export_hf_tokenizer(const data::Tokenizer& tokenizer, Arch arch, const std::string& dir);
+
+// PEFT's format for a model with LoRA: adapter_config.json + adapter_model.safetensors
+// ("base_model.model.<HF module>.lora_A.weight", task heads as modules_to_save), and the base
+// it applies to (the frozen weights, adapters not merged) in `base_dir`.
+void export_peft_adapter(TransformerLM& model, const std::string& adapter_dir,
+                         const std::string& base_dir);
+
+// All of the above into `dir` (dnallm-train's <final>/hf): the merged model and tokenizer
+// in `dir`, with LoRA also `dir`/adapter (PEFT) and `dir`/base (its base, with the
+// tokenizer). What has no transformers equivalent is skipped with a warning naming why (the
+// model's own export next to it is unaffected); returns false then.
+bool export_hf_directory(TransformerLM& model, const data::Tokenizer& tokenizer,
+                         const std::string& dir);
+
+}  // namespace dnallm::models

@@ -1,0 +1,754 @@
+#include "worker/models/hf_import.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "worker/data/hf_tokenizer.hpp"
+#include "worker/data/tokenizer.hpp"
+#include "worker/models/hf_names.hpp"
+
+namespace dnallm::models {
+namespace {
+
+using nlohmann::json;
+using torch::Tensor;
+
+const char* const kSupported =
+    "supported are bert (BertForMaskedLM, BertForSequenceClassification), esm "
+    "(EsmForMaskedLM, EsmForSequenceClassification), roberta-prelayernorm "
+    "(RobertaPreLayerNormForMaskedLM, ...ForSequenceClassification), gpt_neox "
+    "(GPTNeoXForCausalLM) and llama (LlamaForCausalLM)";
+
+// A JSON file of a model or adapter directory; `holds` says what such a directory holds.
+json read_json_file(const std::string& path, const char* holds) {
+  std::ifstream f(path);
+  DNALLM_CHECK(f.good(), ExitCode::kUsage, "{} not found: {}", path, holds);
+  try {
+    return json::parse(f);
+  } catch (const std::exception& e) {
+    fail(ExitCode::kUsage, "{} is not valid JSON: {}", path, e.what());
+  }
+}
+
+// `c[key]`, when present and not null, must be `wanted`; else Error(kUsage) saying `what`.
+void expect_value(const json& c, const std::string& path, const char* key, const json& wanted,
+                  const char* what) {
+  if (!c.contains(key) || c[key].is_null()) return;
+  DNALLM_CHECK(c[key] == wanted, ExitCode::kUsage, "{}: {} = {} is not supported: {}", path, key,
+               c[key].dump(), what);
+}
+
+// Keys that do not change the function computed at inference (or are checked elsewhere).
+const std::set<std::string>& neutral_keys() {
+  static const std::set<std::string> keys = {
+      "architectures",
+      "model_type",
+      "transformers_version",
+      "dtype",
+      "torch_dtype",
+      "_name_or_path",
+      "initializer_range",
+      "use_cache",
+      "id2label",
+      "label2id",
+      "bos_token_id",
+      "eos_token_id",
+      "pad_token_id",
+      "mask_token_id",
+      "sep_token_id",
+      "cls_token_id",
+      "decoder_start_token_id",
+      "attention_probs_dropout_prob",
+      "hidden_dropout_prob",
+      "hidden_dropout",
+      "attention_dropout",
+      "classifier_dropout",
+      "gradient_checkpointing",
+      "output_past",
+      "tokenizer_class",
+      "max_length",
+      "output_attentions",
+      "output_hidden_states",
+      "return_dict",
+      "tie_encoder_decoder",
+      "chunk_size_feed_forward",
+      "prefix",
+      "task_specific_params",
+      "problem_type",
+      "num_labels",
+      "vocab_size",
+      "hidden_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "intermediate_size",
+      "max_position_embeddings",
+      "layer_norm_eps",
+      "tie_word_embeddings",
+      "hidden_act",
+      "type_vocab_size",
+      "position_embedding_type",
+      "is_decoder",
+      "add_cross_attention",
+      "rope_theta",
+      "rope_parameters",
+      "rope_scaling",
+      "rotary_pct",
+      "rotary_emb_base",
+      "partial_rotary_factor",
+      "use_parallel_residual",
+      "attention_bias",
+      "emb_layer_norm_before",
+      "token_dropout",
+      "vocab_list",
+      "esmfold_config",
+      "is_folding_model",
+      "layer_norm_epsilon",
+      "bos_token",
+      "eos_token",
+      "is_encoder_decoder",
+      "pruned_heads",
+      "torchscript",
+      "finetuning_task",
+      "num_key_value_heads",
+      "head_dim",
+      "rms_norm_eps",
+      "mlp_bias",
+      "pretraining_tp",
+  };
+  return keys;
+}
+
+// Note [Nothing silently ignored]: checks of the keys that change the function.
+void check_config(const json& c, const std::string& path, const std::string& model_type) {
+  DNALLM_CHECK(!c.contains("auto_map"), ExitCode::kUsage,
+               "{}: \"auto_map\" asks for the model's own remote code (trust_remote_code), "
+               "which is not run here: {}",
+               path, kSupported);
+  for (const auto& [key, value] : c.items()) {
+    DNALLM_CHECK(neutral_keys().count(key) == 1, ExitCode::kUsage,
+                 "{}: key \"{}\" (= {}) is not understood by the {} import, so the model it "
+                 "describes may compute something else: remove it if it does not change the "
+                 "model; {}",
+                 path, key, value.dump(), model_type, kSupported);
+  }
+  auto expect = [&](const char* key, const json& wanted, const char* what) {
+    expect_value(c, path, key, wanted, what);
+  };
+  expect("is_decoder", false, "only encoders (is_decoder = false)");
+  expect("add_cross_attention", false, "no cross-attention");
+  expect("chunk_size_feed_forward", 0, "set it to 0");
+  expect("pruned_heads", json::object(), "pruned heads are not supported");
+  const bool llama = model_type == "llama";
+  if (c.contains("hidden_act")) {
+    DNALLM_CHECK(c["hidden_act"] == (llama ? "silu" : "gelu"), ExitCode::kUsage,
+                 "{}: hidden_act = {} is not supported for {}: supported is {}", path,
+                 c["hidden_act"].dump(), model_type,
+                 llama ? "\"silu\" (gated)" : "\"gelu\" (exact, erf)");
+  }
+  if (llama) {
+    const auto heads = c.value("num_attention_heads", int64_t{0});
+    DNALLM_CHECK(c.value("num_key_value_heads", heads) == heads, ExitCode::kUsage,
+                 "{}: num_key_value_heads = {} (grouped-query attention) is not supported: "
+                 "supported is num_key_value_heads = num_attention_heads ({})",
+                 path, c.value("num_key_value_heads", heads), heads);
+    if (c.contains("head_dim") && !c["head_dim"].is_null() && heads > 0) {
+      DNALLM_CHECK(c["head_dim"] == c.value("hidden_size", int64_t{0}) / heads, ExitCode::kUsage,
+                   "{}: head_dim = {} is not supported: supported is hidden_size / "
+                   "num_attention_heads",
+                   path, c["head_dim"].dump());
+    }
+    expect("mlp_bias", false, "supported is false");
+    expect("pretraining_tp", 1, "supported is 1");
+  }
+  const std::string pos = c.value("position_embedding_type", std::string("absolute"));
+  if (pos == "alibi" || c.contains("alibi") || c.value("use_alibi", false)) {
+    fail(ExitCode::kUsage,
+         "{}: position_embedding_type = \"alibi\" (ALiBi) is not supported: supported are "
+         "\"absolute\" (learned) and \"rotary\" (esm, gpt_neox)",
+         path);
+  }
+  DNALLM_CHECK(pos == "absolute" || (pos == "rotary" && model_type == "esm"), ExitCode::kUsage,
+               "{}: position_embedding_type = \"{}\" is not supported for {}: supported are "
+               "\"absolute\" (learned) and, for esm, \"rotary\"",
+               path, pos, model_type);
+  // Rotary: our tables are base 10000 over the whole head (rotate-half form).
+  double theta = c.value("rope_theta", c.value("rotary_emb_base", 10000.0));
+  double fraction = c.value("rotary_pct", c.value("partial_rotary_factor", 1.0));
+  if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
+    const auto& rp = c["rope_parameters"];
+    for (const auto& [key, value] : rp.items()) {
+      DNALLM_CHECK(key == "rope_theta" || key == "rope_type" || key == "partial_rotary_factor",
+                   ExitCode::kUsage,
+                   "{}: rope_parameters.{} is not supported: supported are rope_theta, "
+                   "rope_type = \"default\" and partial_rotary_factor = 1.0",
+                   path, key);
+    }
+    theta = rp.value("rope_theta", theta);
+    fraction = rp.value("partial_rotary_factor", fraction);
+    DNALLM_CHECK(rp.value("rope_type", std::string("default")) == "default", ExitCode::kUsage,
+                 "{}: rope_parameters.rope_type = \"{}\" is not supported: supported is "
+                 "\"default\"",
+                 path, rp.value("rope_type", std::string()));
+  }
+  DNALLM_CHECK(c.value("rope_scaling", json()).is_null(), ExitCode::kUsage,
+               "{}: rope_scaling = {} is not supported (unscaled rotary only)", path,
+               c["rope_scaling"].dump());
+  DNALLM_CHECK(theta == 10000.0, ExitCode::kUsage,
+               "{}: rope_theta = {} is not supported: supported is 10000", path, theta);
+  DNALLM_CHECK(fraction == 1.0, ExitCode::kUsage,
+               "{}: a rotary fraction (rotary_pct / partial_rotary_factor) of {} is not "
+               "supported: supported is 1.0 (the whole head)",
+               path, fraction);
+  expect("use_parallel_residual", false,
+         "supported is the sequential residual (use_parallel_residual = false)");
+  if (llama) {
+    expect("attention_bias", false, "supported are unbiased attention projections (false)");
+  } else {
+    expect("attention_bias", true, "supported are biased attention projections (true)");
+  }
+  expect("token_dropout", false,
+         "token_dropout rescales the embeddings at inference: supported is false");
+  expect("vocab_list", json(), "supported is null (the vocabulary comes from vocab.txt)");
+  expect("esmfold_config", json(), "ESMFold is not supported");
+  expect("is_folding_model", false, "ESMFold is not supported");
+}
+
+int64_t get_int(const json& c, const char* key, const std::string& path) {
+  DNALLM_CHECK(c.contains(key) && c[key].is_number_integer(), ExitCode::kUsage,
+               "{}: \"{}\" is missing or not an integer", path, key);
+  return c[key].get<int64_t>();
+}
+
+// HF parameter name -> ours ("" = handled separately). `root` is the HF model prefix.
+std::string rename(const std::string& model_type, std::string name) {
+  auto replace = [&](const std::string& from, const std::string& to) {
+    const auto pos = name.find(from);
+    if (pos != std::string::npos) name.replace(pos, from.size(), to);
+  };
+  auto ends = [&](const std::string& s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  // Old LayerNorm spellings.
+  if (ends(".gamma")) name.replace(name.size() - 6, 6, ".weight");
+  if (ends(".beta")) name.replace(name.size() - 5, 5, ".bias");
+  if (model_type == "bert") return name;
+  if (model_type == "esm" || model_type == "roberta-prelayernorm") {
+    const std::string root = model_type == "esm" ? "esm." : "roberta_prelayernorm.";
+    if (name.rfind(root, 0) == 0) name = "bert." + name.substr(root.size());
+    replace(".embeddings.layer_norm.", ".embeddings.LayerNorm.");
+    replace(".attention.LayerNorm.", ".attention.output.LayerNorm.");
+    replace(".intermediate.LayerNorm.", ".output.LayerNorm.");
+    static const std::regex layer_ln(R"(^bert\.encoder\.layer\.(\d+)\.LayerNorm\.)");
+    name = std::regex_replace(name, layer_ln, "bert.encoder.layer.$1.output.LayerNorm.");
+    replace("bert.encoder.emb_layer_norm_after.", "bert.encoder.final_layer_norm.");
+    if (name.rfind("bert.LayerNorm.", 0) == 0) {
+      name = "bert.encoder.final_layer_norm." + name.substr(15);
+    }
+    replace("lm_head.dense.", "cls.predictions.transform.dense.");
+    replace("lm_head.layer_norm.", "cls.predictions.transform.LayerNorm.");
+    if (name == "lm_head.bias") name = "cls.predictions.bias";
+    if (name == "lm_head.decoder.weight") name = "cls.predictions.decoder.weight";
+    if (name == "lm_head.decoder.bias") name = "cls.predictions.decoder.bias";
+    replace("classifier.dense.", "bert.pooler.dense.");
+    replace("classifier.out_proj.", "classifier.");
+    return name;
+  }
+  return hf_names::translate(name, hf_names::causal_rules(model_type), false);
+}
+
+std::string shape_of(const Tensor& t) { return fmt::format("{}", fmt::join(t.sizes(), "x")); }
+
+}  // namespace
+
+bool is_hf_model_dir(const std::string& dir) {
+  std::ifstream f(dir + "/config.json");
+  if (!f.good()) return false;
+  try {
+    const auto c = json::parse(f);
+    return c.contains("model_type") && !c.contains("dnallm_arch");
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+HfCheckpoint read_hf_checkpoint(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  const json c = read_json_file(
+      path, "a Hugging Face model directory holds config.json and model.safetensors");
+  HfCheckpoint h;
+  h.dir = dir;
+  h.model_type = c.value("model_type", std::string());
+  DNALLM_CHECK(!c.contains("auto_map"), ExitCode::kUsage,
+               "{}: \"auto_map\" asks for the model's own remote code (trust_remote_code), "
+               "which is not run here: {}",
+               path, kSupported);
+  DNALLM_CHECK(h.model_type == "bert" || h.model_type == "esm" ||
+                   h.model_type == "roberta-prelayernorm" || h.model_type == "gpt_neox" ||
+                   h.model_type == "llama",
+               ExitCode::kUsage, "{}: model_type = \"{}\" is not supported: {}", path, h.model_type,
+               kSupported);
+  DNALLM_CHECK(c.contains("architectures") && c["architectures"].is_array() &&
+                   c["architectures"].size() == 1,
+               ExitCode::kUsage,
+               "{}: \"architectures\" must name exactly one class (e.g. [\"BertForMaskedLM\"])",
+               path);
+  h.architecture = c["architectures"][0].get<std::string>();
+  check_config(c, path, h.model_type);
+
+  ModelOptions& o = h.options;
+  const auto& a = h.architecture;
+  auto ends = [&](const std::string& s) {
+    return a.size() >= s.size() && a.compare(a.size() - s.size(), s.size(), s) == 0;
+  };
+  const bool causal = h.model_type == "gpt_neox" || h.model_type == "llama";
+  if (causal) {
+    DNALLM_CHECK(a == "GPTNeoXForCausalLM" || a == "LlamaForCausalLM", ExitCode::kUsage,
+                 "{}: architectures = [\"{}\"] is not supported: supported are "
+                 "GPTNeoXForCausalLM and LlamaForCausalLM",
+                 path, a);
+    o.arch = Arch::kGpt;
+    o.task = Task::kPretrain;
+  } else if (ends("ForMaskedLM")) {
+    o.arch = Arch::kBert;
+    o.task = Task::kPretrain;
+  } else if (ends("ForSequenceClassification")) {
+    o.arch = Arch::kBert;
+    const std::string problem = c.value("problem_type", std::string());
+    o.task = problem == "regression" ? Task::kRegression : Task::kClassification;
+    DNALLM_CHECK(
+        problem.empty() || problem == "regression" || problem == "single_label_classification",
+        ExitCode::kUsage,
+        "{}: problem_type = \"{}\" is not supported: supported are "
+        "single_label_classification and regression",
+        path, problem);
+  } else {
+    fail(ExitCode::kUsage,
+         "{}: architectures = [\"{}\"] is not supported: supported are *ForMaskedLM, "
+         "*ForSequenceClassification and GPTNeoXForCausalLM",
+         path, a);
+  }
+  o.vocab_size = get_int(c, "vocab_size", path);
+  o.hidden = get_int(c, "hidden_size", path);
+  o.layers = get_int(c, "num_hidden_layers", path);
+  o.heads = get_int(c, "num_attention_heads", path);
+  o.ffn = get_int(c, "intermediate_size", path);
+  o.max_seq_length = get_int(c, "max_position_embeddings", path);
+  DNALLM_CHECK(o.hidden % o.heads == 0, ExitCode::kUsage,
+               "{}: hidden_size {} is not a multiple of num_attention_heads {}", path, o.hidden,
+               o.heads);
+  o.layer_norm_eps = c.value("layer_norm_eps", c.value("layer_norm_epsilon", 1e-12));
+  o.tie_embeddings = c.value("tie_word_embeddings", true);
+  o.pad_id =
+      c.value("pad_token_id", json()).is_number_integer() ? c["pad_token_id"].get<int64_t>() : 0;
+  o.dropout = 0.0;
+  o.lora_r = 0;
+  if (o.task == Task::kRegression) {
+    o.num_labels = 1;
+  } else if (o.task == Task::kClassification) {
+    o.num_labels =
+        c.contains("id2label") ? int64_t(c["id2label"].size()) : c.value("num_labels", int64_t{2});
+  }
+  const std::string pos = c.value("position_embedding_type", std::string("absolute"));
+  if (h.model_type == "bert") {
+    o.post_layer_norm = true;
+    o.embedding_layer_norm = true;
+  } else if (h.model_type == "esm") {
+    o.rotary = pos == "rotary";
+    o.mask_embeddings = true;
+    o.embedding_layer_norm = c.value("emb_layer_norm_before", false);
+    if (!o.rotary) o.position_padding_idx = o.pad_id;
+  } else if (h.model_type == "roberta-prelayernorm") {
+    o.embedding_layer_norm = true;
+    o.position_padding_idx = o.pad_id;
+  } else {
+    o.rotary = true;
+    o.tie_embeddings = c.value("tie_word_embeddings", false);
+    o.shift_labels = true;
+    if (h.model_type == "llama") {
+      o.rms_norm = true;
+      o.gated_mlp = true;
+      o.linear_bias = false;
+      o.layer_norm_eps = c.value("rms_norm_eps", 1e-6);
+    }
+  }
+
+  // Tensors.
+  const std::string weights_path = dir + "/model.safetensors";
+  DNALLM_CHECK(
+      std::filesystem::exists(weights_path), ExitCode::kUsage,
+      "{} not found{}: save the model with safe_serialization (model.safetensors); "
+      "sharded and .bin checkpoints are not read",
+      weights_path,
+      std::filesystem::exists(dir + "/pytorch_model.bin") ? " (pytorch_model.bin is)" : "");
+  auto raw = load_safetensors(weights_path);
+  std::set<std::string> used;
+  std::vector<std::string> skipped;
+  const int64_t hd = o.hidden / o.heads;
+  // Tied decoders and token-type row 0 are folded below.
+  Tensor token_type;
+  for (auto& [hf_name, t] : raw) {
+    if (hf_name.rfind("esm.contact_head.", 0) == 0) {  // contact prediction: another task
+      skipped.push_back(hf_name);
+      used.insert(hf_name);
+      continue;
+    }
+    if (hf_name.find("rotary_embeddings.inv_freq") != std::string::npos) {
+      auto expected = torch::pow(10000.0, -torch::arange(0, hd, 2, torch::kFloat64) / double(hd));
+      DNALLM_CHECK(o.rotary && t.numel() == expected.numel() &&
+                       torch::allclose(t.to(torch::kFloat64).flatten(), expected, 1e-6, 0),
+                   ExitCode::kUsage,
+                   "{}: {} is not the base-10000 rotary frequency table this import computes",
+                   weights_path, hf_name);
+      used.insert(hf_name);
+      continue;
+    }
+    if (hf_name.find("token_type_embeddings") != std::string::npos) {
+      token_type = t.to(torch::kFloat32);
+      used.insert(hf_name);
+      continue;
+    }
+    if (hf_name.find("rotary_emb.inv_freq") != std::string::npos) {
+      used.insert(hf_name);  // the rotary table we compute (base 10000, checked above)
+      continue;
+    }
+    if (h.model_type == "gpt_neox" &&
+        hf_name.find(".attention.query_key_value.") != std::string::npos) {
+      // Fused per head: rows [head][q|k|v][head_dim].
+      const bool is_weight =
+          hf_name.size() > 7 && hf_name.compare(hf_name.size() - 7, 7, ".weight") == 0;
+      DNALLM_CHECK(t.size(0) == 3 * o.hidden, ExitCode::kUsage, "{}: {} has shape {}", weights_path,
+                   hf_name, shape_of(t));
+      auto split = is_weight ? t.view({o.heads, 3, hd, o.hidden}) : t.view({o.heads, 3, hd});
+      const std::string prefix =
+          rename(h.model_type, hf_name.substr(0, hf_name.find(".attention.")));
+      const char* parts[] = {"query", "key", "value"};
+      for (int i = 0; i < 3; ++i) {
+        auto part = split.select(1, i).reshape(is_weight ? std::vector<int64_t>{o.hidden, o.hidden}
+                                                         : std::vector<int64_t>{o.hidden});
+        h.weights[prefix + ".attention.self." + parts[i] + (is_weight ? ".weight" : ".bias")] =
+            part.to(torch::kFloat32).contiguous();
+      }
+      used.insert(hf_name);
+      continue;
+    }
+    if (h.model_type == "gpt_neox" &&
+        (hf_name.find(".attention.bias") != std::string::npos ||
+         hf_name.find(".attention.masked_bias") != std::string::npos ||
+         hf_name.find(".rotary_emb.inv_freq") != std::string::npos)) {
+      used.insert(hf_name);  // old buffers: the causal mask and rotary table we compute
+      continue;
+    }
+    h.weights[rename(h.model_type, hf_name)] = t.to(torch::kFloat32);
+    used.insert(hf_name);
+  }
+  if (!skipped.empty()) {
+    spdlog::info("{}: not part of the {} model, not loaded: {}", weights_path, a,
+                 fmt::join(skipped, ", "));
+  }
+  // Fold token-type row 0 (every token is segment 0) into the learned positions.
+  if (token_type.defined()) {
+    auto it = h.weights.find("bert.embeddings.position_embeddings.weight");
+    DNALLM_CHECK(it != h.weights.end(), ExitCode::kUsage,
+                 "{}: token_type_embeddings without position_embeddings", weights_path);
+    it->second = it->second + token_type[0];
+  }
+  // Tied decoders: a stored copy must equal the embedding it is tied to.
+  for (const char* tied : {"cls.predictions.decoder.weight", "lm_head.weight"}) {
+    auto it = h.weights.find(tied);
+    if (it == h.weights.end() || !o.tie_embeddings) continue;
+    const std::string emb = o.arch == Arch::kBert ? "bert.embeddings.word_embeddings.weight"
+                                                  : "gpt.embeddings.word_embeddings.weight";
+    DNALLM_CHECK(h.weights.count(emb) && torch::equal(h.weights[emb], it->second), ExitCode::kUsage,
+                 "{}: {} differs from the word embeddings although tie_word_embeddings is true",
+                 weights_path, tied);
+    h.weights.erase(it);
+  }
+  if (auto it = h.weights.find("cls.predictions.decoder.bias"); it != h.weights.end()) {
+    auto bias = h.weights.find("cls.predictions.bias");
+    DNALLM_CHECK(bias != h.weights.end() && torch::equal(bias->second, it->second),
+                 ExitCode::kUsage, "{}: lm_head.decoder.bias differs from lm_head.bias",
+                 weights_path);
+    h.weights.erase(it);
+  }
+  // Every mapped tensor must be a parameter of the model, with its shape.
+  TransformerLM probe(o);
+  std::map<std::string, Tensor> ours;
+  for (auto& [name, p] : probe->named_weights()) ours.emplace(name, p);
+  std::vector<std::string> unused;
+  for (const auto& [name, t] : h.weights) {
+    auto it = ours.find(name);
+    if (it == ours.end()) {
+      unused.push_back(name);
+      continue;
+    }
+    DNALLM_CHECK(it->second.sizes() == t.sizes(), ExitCode::kUsage,
+                 "{}: {} has shape {} but config.json implies {}", weights_path, name, shape_of(t),
+                 shape_of(it->second));
+  }
+  DNALLM_CHECK(unused.empty(), ExitCode::kUsage,
+               "{}: tensors not used by the {} import (the model they belong to computes "
+               "something this import does not): {} (our names); {}",
+               weights_path, a, fmt::join(unused, ", "), kSupported);
+  std::vector<std::string> missing;
+  for (const auto& [name, p] : ours) {
+    if (!h.weights.count(name)) missing.push_back(name);
+  }
+  DNALLM_CHECK(missing.empty(), ExitCode::kUsage,
+               "{}: {} needs tensors the file lacks: {} (our names)", weights_path, a,
+               fmt::join(missing, ", "));
+  return h;
+}
+
+TransformerLM build_hf_model(const HfCheckpoint& h) {
+  TransformerLM model(h.options);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : model->named_weights()) p.copy_(h.weights.at(name));
+  model->eval();
+  return model;
+}
+
+PeftAdapter read_peft_adapter(const std::string& adapter_dir, const HfCheckpoint& base) {
+  const std::string path = adapter_dir + "/adapter_config.json";
+  const json c = read_json_file(
+      path, "a PEFT adapter directory holds adapter_config.json and adapter_model.safetensors");
+  auto expect = [&](const char* key, const json& wanted, const char* what) {
+    expect_value(c, path, key, wanted, what);
+  };
+  DNALLM_CHECK(c.value("peft_type", std::string()) == "LORA", ExitCode::kUsage,
+               "{}: peft_type = {} is not supported: supported is \"LORA\"", path,
+               c.value("peft_type", json()).dump());
+  expect("use_dora", false, "DoRA is not supported");
+  expect("use_rslora", false, "rsLoRA scaling is not supported");
+  expect("fan_in_fan_out", false, "supported is false (nn.Linear layout)");
+  expect("bias", "none", "supported is \"none\"");
+  expect("lora_bias", false, "supported is false");
+  expect("rank_pattern", json::object(), "per-module ranks are not supported");
+  expect("alpha_pattern", json::object(), "per-module alphas are not supported");
+  expect("layers_to_transform", json(), "supported is every layer (null)");
+  expect("layer_replication", json(), "supported is null");
+  expect("target_parameters", json(), "supported is null");
+  expect("trainable_token_indices", json(), "supported is null");
+  PeftAdapter a;
+  a.r = c.value("r", int64_t{0});
+  a.alpha = c.value("lora_alpha", 8.0);
+  a.dropout = c.value("lora_dropout", 0.0);
+  DNALLM_CHECK(a.r > 0, ExitCode::kUsage, "{}: r must be > 0", path);
+  const auto& targets = c.value("target_modules", json());
+  DNALLM_CHECK(targets.is_array(), ExitCode::kUsage,
+               "{}: target_modules = {} is not supported: give a list of module names", path,
+               targets.dump());
+  for (const auto& t : targets) {
+    const auto name = t.get<std::string>();
+    DNALLM_CHECK(name == "query" || name == "key" || name == "value", ExitCode::kUsage,
+                 "{}: target_modules has \"{}\": supported are \"query\", \"key\", \"value\"", path,
+                 name);
+    a.targets.push_back(name);
+  }
+  const std::string weights_path = adapter_dir + "/adapter_model.safetensors";
+  DNALLM_CHECK(std::filesystem::exists(weights_path), ExitCode::kUsage, "{} not found",
+               weights_path);
+  const std::string prefix = "base_model.model.";
+  for (auto& [name, t] : load_safetensors(weights_path)) {
+    DNALLM_CHECK(name.rfind(prefix, 0) == 0, ExitCode::kUsage,
+                 "{}: tensor {} does not start with \"{}\"", weights_path, name, prefix);
+    std::string rest = name.substr(prefix.size());
+    std::string ours;
+    for (const char* part : {".lora_A.weight", ".lora_B.weight"}) {
+      const auto pos = rest.find(part);
+      if (pos != std::string::npos && pos + std::strlen(part) == rest.size()) {
+        ours = rename(base.model_type, rest.substr(0, pos) + ".weight");
+        ours = ours.substr(0, ours.size() - 7) + std::string(part).substr(0, 7);
+      }
+    }
+    if (ours.empty()) ours = rename(base.model_type, rest);  // modules_to_save
+    a.weights[ours] = t.to(torch::kFloat32);
+  }
+  return a;
+}
+
+TransformerLM build_hf_model_with_adapter(const HfCheckpoint& base, const PeftAdapter& a) {
+  ModelOptions o = base.options;
+  o.lora_r = a.r;
+  o.lora_alpha = a.alpha;
+  o.lora_dropout = a.dropout;
+  o.lora_targets = a.targets;
+  TransformerLM model(o);
+  std::map<std::string, Tensor> params;
+  for (const auto& item : model->named_parameters()) params.emplace(item.key(), item.value());
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : model->named_weights()) p.copy_(base.weights.at(name));
+  std::set<std::string> adapters_seen;
+  for (const auto& [name, t] : a.weights) {
+    auto it = params.find(name);
+    DNALLM_CHECK(it != params.end(), ExitCode::kUsage,
+                 "adapter tensor {} (our name) has no place in the {} base: the adapter was "
+                 "made for another model",
+                 name, base.architecture);
+    DNALLM_CHECK(it->second.sizes() == t.sizes(), ExitCode::kUsage,
+                 "adapter tensor {} has shape {} but the base needs {}", name, shape_of(t),
+                 shape_of(it->second));
+    it->second.copy_(t);
+    adapters_seen.insert(name);
+  }
+  for (const auto& [name, p] : params) {
+    const bool lora =
+        name.find(".lora_A") != std::string::npos || name.find(".lora_B") != std::string::npos;
+    DNALLM_CHECK(!lora || adapters_seen.count(name), ExitCode::kUsage,
+                 "the adapter lacks {} (our name) for its target_modules", name);
+  }
+  model->eval();
+  return model;
+}
+
+std::vector<int64_t> vocabulary_map(const data::Tokenizer& ours, const data::HfTokenizer& theirs,
+                                    const std::string& dir) {
+  const auto& sp = theirs.special();
+  std::vector<int64_t> map(static_cast<size_t>(ours.vocab_size()), -1);
+  for (int64_t id = 0; id < ours.vocab_size(); ++id) {
+    int64_t t = -1;
+    switch (id) {
+      case data::kPadId:
+        t = sp.pad;
+        break;
+      case data::kUnkId:
+        t = sp.unk;
+        break;
+      case data::kClsId:
+        t = sp.cls >= 0 ? sp.cls : sp.bos;
+        break;
+      case data::kSepId:
+        t = sp.sep >= 0 ? sp.sep : sp.eos;
+        break;
+      case data::kMaskId:
+        t = sp.mask;
+        break;
+      default:
+        t = theirs.id_of(ours.id_to_piece(id));
+        break;
+    }
+    DNALLM_CHECK(t >= 0 || ours.is_special(id), ExitCode::kUsage,
+                 "model.init_from = \"{}\": its vocabulary lacks \"{}\" of [tokenizer]: use the "
+                 "tokenizer settings the model was trained with",
+                 dir, ours.id_to_piece(id));
+    map[static_cast<size_t>(id)] = t;
+  }
+  return map;
+}
+
+TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours) {
+  const std::string& dir = config.model.init_from;
+  const HfCheckpoint h = read_hf_checkpoint(dir);
+  const auto theirs = data::HfTokenizer::load(dir);
+  using Scheme = data::HfTokenizer::Scheme;
+  // The same tokenization, else every id would mean another thing.
+  const bool same_scheme = (theirs.scheme() == Scheme::kOverlappingKmer && ours.kind() == "kmer" &&
+                            config.tokenizer.k == theirs.k() && config.tokenizer.stride == 1) ||
+                           (theirs.scheme() == Scheme::kLongestMatch && ours.kind() == "nt" &&
+                            config.tokenizer.k == theirs.k()) ||
+                           (theirs.scheme() == Scheme::kCharacter && ours.kind() == "char");
+  std::string theirs_text, setting;
+  switch (theirs.scheme()) {
+    case Scheme::kOverlappingKmer:
+      theirs_text = fmt::format("overlapping {}-mers (DNABERT)", theirs.k());
+      setting = fmt::format("set tokenizer.kind = \"kmer\", tokenizer.k = {}, tokenizer.stride = 1",
+                            theirs.k());
+      break;
+    case Scheme::kLongestMatch:
+      theirs_text = fmt::format("non-overlapping {}-mers with single-base fallback (EsmTokenizer)",
+                                theirs.k());
+      setting = fmt::format("set tokenizer.kind = \"nt\", tokenizer.k = {}", theirs.k());
+      break;
+    case Scheme::kCharacter:
+      theirs_text = "one token a base";
+      setting = "set tokenizer.kind = \"char\"";
+      break;
+  }
+  DNALLM_CHECK(same_scheme, ExitCode::kUsage,
+               "model.init_from = \"{}\" tokenizes {}; [tokenizer] here is kind = \"{}\": {}", dir,
+               theirs_text, ours.kind(), setting);
+  // The architecture from config.json; the task, heads, dropout and LoRA from `config`.
+  const ModelOptions wanted = model_options_from_config(config, ours.vocab_size());
+  const ModelOptions& a = h.options;
+  DNALLM_CHECK(wanted.arch == a.arch, ExitCode::kUsage,
+               "model.init_from = \"{}\" is a {} ({}): set model.arch = \"{}\"", dir,
+               h.architecture, a.arch == Arch::kBert ? "encoder" : "causal LM",
+               a.arch == Arch::kBert ? "bert" : "gpt");
+  DNALLM_CHECK(a.position_padding_idx < 0 || a.position_padding_idx == data::kPadId,
+               ExitCode::kUsage,
+               "model.init_from = \"{}\": RoBERTa-style positions with pad_token_id {} are not "
+               "supported for fine-tuning (our [PAD] is {})",
+               dir, a.position_padding_idx, data::kPadId);
+  const int64_t usable =
+      a.rotary ? config.model.max_seq_length
+               : a.max_seq_length - (a.position_padding_idx >= 0 ? a.position_padding_idx + 1 : 0);
+  DNALLM_CHECK(config.model.max_seq_length <= usable, ExitCode::kUsage,
+               "model.max_seq_length = {} exceeds the {} positions of model.init_from = \"{}\": "
+               "set model.max_seq_length <= {}",
+               config.model.max_seq_length, usable, dir, usable);
+  ModelOptions o = a;
+  o.task = wanted.task;
+  o.num_labels = wanted.num_labels;
+  o.mean_pooling = wanted.mean_pooling;
+  o.dropout = wanted.dropout;
+  o.attn = wanted.attn;
+  o.gradient_checkpointing = wanted.gradient_checkpointing;
+  o.lora_r = wanted.lora_r;
+  o.lora_alpha = wanted.lora_alpha;
+  o.lora_dropout = wanted.lora_dropout;
+  o.lora_targets = wanted.lora_targets;
+  o.vocab_size = ours.vocab_size();
+  o.pad_id = data::kPadId;
+  if (a.rotary) o.max_seq_length = config.model.max_seq_length;
+  const int64_t lora_r = o.lora_r;
+  o.lora_r = 0;
+  torch::manual_seed(static_cast<uint64_t>(config.training.seed));
+  TransformerLM model(o);
+
+  const auto map = vocabulary_map(ours, theirs, dir);
+  std::vector<std::string> fresh;
+  for (size_t id = 0; id < map.size(); ++id) {
+    DNALLM_CHECK(map[id] < a.vocab_size, ExitCode::kUsage,
+                 "model.init_from = \"{}\": token id {} is outside vocab_size {}", dir, map[id],
+                 a.vocab_size);
+    if (map[id] < 0) fresh.push_back(ours.id_to_piece(static_cast<int64_t>(id)));
+  }
+  const std::set<std::string> by_vocab = {model->root_name() + ".embeddings.word_embeddings.weight",
+                                          "cls.predictions.bias", "cls.predictions.decoder.weight",
+                                          "lm_head.weight"};
+  int64_t loaded = 0;
+  std::vector<std::string> kept;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : model->named_weights()) {
+    auto it = h.weights.find(name);
+    if (it == h.weights.end() || (by_vocab.count(name) == 0 && it->second.sizes() != p.sizes())) {
+      kept.push_back(name);  // a new head
+      continue;
+    }
+    if (by_vocab.count(name) != 0) {
+      for (size_t id = 0; id < map.size(); ++id) {
+        if (map[id] >= 0) p[static_cast<int64_t>(id)].copy_(it->second[map[id]]);
+      }
+    } else {
+      p.copy_(it->second);
+    }
+    ++loaded;
+  }
+  spdlog::info(
+      "initialised {} tensors from the Hugging Face {} in {}{}{}", loaded, h.architecture, dir,
+      kept.empty() ? std::string() : fmt::format("; newly initialised: {}", fmt::join(kept, ", ")),
+      fresh.empty() ? std::string()
+                    : fmt::format("; tokens without a row there: {}", fmt::join(fresh, " ")));
+  if (lora_r > 0) model->enable_lora(lora_r);
+  return model;
+}
+
+}  // namespace dnallm::models

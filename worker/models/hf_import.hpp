@@ -1,0 +1,82 @@
+// Import of Hugging Face model directories (config.json + model.safetensors + tokenizer
+// files) into this project's TransformerLM, computing the same function as transformers.
+//
+// Families (config.json "model_type"; the class from "architectures"):
+//   bert                  BertForMaskedLM / BertForSequenceClassification: post-LN
+//                         (DNABERT-1), learned positions, embedding LayerNorm
+//   esm                   EsmForMaskedLM / EsmForSequenceClassification: pre-LN, rotary or
+//                         learned positions (Nucleotide Transformer)
+//   roberta-prelayernorm  RobertaPreLayerNormForMaskedLM / ...ForSequenceClassification
+//   gpt_neox              GPTNeoXForCausalLM: rotary (full head), sequential residual
+//   llama                 LlamaForCausalLM: RMSNorm, gated SiLU MLP, no biases, rotary
+//                         (grouped-query attention is refused)
+// Note [Nothing silently ignored]: every config.json key is either understood (and its value
+// checked against what the import computes) or on a list of keys that do not change the
+// function (dropout rates, token ids, bookkeeping); any other key, a value we do not compute
+// (ALiBi, relative positions, partial rotary, parallel residual, remote code "auto_map"), and
+// any tensor of model.safetensors the model does not use is an Error(kUsage) naming the key
+// or tensor and what is supported. Tensors that exist only for another task (ESM's contact
+// head) are listed by name in the log.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "worker/models/transformer.hpp"
+
+namespace dnallm::data {
+class Tokenizer;
+class HfTokenizer;
+}  // namespace dnallm::data
+
+namespace dnallm::models {
+
+// A Hugging Face directory read and mapped onto our parameter names (vocabulary in the
+// directory's own id order).
+struct HfCheckpoint {
+  std::string dir;
+  std::string model_type;    // "bert", "esm", "roberta-prelayernorm", "gpt_neox", "llama"
+  std::string architecture;  // e.g. "BertForMaskedLM"
+  ModelOptions options;      // lora_r = 0
+  std::map<std::string, torch::Tensor> weights;  // by our names (TransformerLM::named_weights)
+};
+
+// True when `dir`/config.json is a Hugging Face config (not one written by export_model).
+bool is_hf_model_dir(const std::string& dir);
+
+// Reads and validates `dir` (see Note [Nothing silently ignored]). Throws Error(kUsage).
+HfCheckpoint read_hf_checkpoint(const std::string& dir);
+
+// A model with the checkpoint's weights loaded (eval mode).
+TransformerLM build_hf_model(const HfCheckpoint& checkpoint);
+
+// A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors).
+struct PeftAdapter {
+  int64_t r = 0;
+  double alpha = 0;
+  double dropout = 0;
+  std::vector<std::string> targets;              // our target names (query/key/value)
+  std::map<std::string, torch::Tensor> weights;  // lora_A/lora_B and modules_to_save, our names
+};
+// Reads `adapter_dir` for a base of `base.model_type`; unsupported options (DoRA, rsLoRA,
+// fan_in_fan_out, bias, layer patterns, other targets) are Error(kUsage).
+PeftAdapter read_peft_adapter(const std::string& adapter_dir, const HfCheckpoint& base);
+// `base` with the adapter applied (LoRA enabled on the targets, its tensors loaded).
+TransformerLM build_hf_model_with_adapter(const HfCheckpoint& base, const PeftAdapter& adapter);
+
+// model.init_from = a Hugging Face directory (fine-tuning): the architecture comes from its
+// config.json, the task, heads, dropout and LoRA from `config`; `ours` (from [tokenizer]) must
+// tokenize as the directory's tokenizer does (DNABERT k-mers: kind = "kmer", the same k,
+// stride 1; one token a base: kind = "char"), and its vocabulary is mapped piece by piece
+// onto the directory's (special tokens by role: [CLS] = <cls> or <bos>, [SEP] = <sep> or
+// <eos>). Rows without a counterpart (e.g. [MASK] for a causal model) keep their fresh
+// initialisation and are logged; heads the checkpoint lacks (a new classifier) too. Throws
+// Error(kUsage) naming the setting to change.
+TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours);
+
+// Our token id -> the directory's (-1: no counterpart, allowed for special tokens only), by
+// piece and, for special tokens, by role. Throws Error(kUsage) naming a missing piece.
+std::vector<int64_t> vocabulary_map(const data::Tokenizer& ours, const data::HfTokenizer& theirs,
+                                    const std::string& dir);
+
+}  // namespace dnallm::models
