@@ -1,0 +1,207 @@
+// GPU-only tests of the training step and checkpoints (issue 13, items 3-5). They compile in
+// every build and skip themselves with a reason where there is no CUDA device; the sync-debug
+// test needs CUDA's headers and is compiled only against a CUDA LibTorch (DNALLM_TORCH_CUDA).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#ifdef DNALLM_TORCH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "core/error.hpp"
+#include "worker/train/checkpointing.hpp"
+#include "worker/train/device_stats.hpp"
+#include "worker/train/trainer.hpp"
+
+namespace dnallm::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+#define DNALLM_REQUIRE_GPU()                                                 \
+  if (!torch::cuda::is_available())                                          \
+  GTEST_SKIP() << "GPU-only test: no CUDA device visible (this LibTorch is " \
+               << (cuda_build() ? "a CUDA build" : "CPU-only") << ")"
+
+// LM rows as in step_test.cpp: row r is a function of r; `padded` shortens some rows.
+data::Batch make_batch(uint64_t first_row, int64_t rows, int64_t seq, bool padded) {
+  data::Batch b;
+  b.rows = rows;
+  b.seq_len = seq;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::mt19937_64 rng(900 + first_row + r);
+    const int64_t len = padded ? seq - 4 * int64_t((first_row + r) % 3) : seq;
+    for (int64_t i = 0; i < seq; ++i) {
+      const bool real = i < len;
+      const int64_t base = 5 + int64_t(rng() % 4);
+      const bool masked = real && i > 0 && rng() % 100 < 15;
+      b.input_ids.push_back(!real ? 0 : i == 0 ? 2 : (masked ? 4 : base));
+      b.attention_mask.push_back(real ? 1 : 0);
+      b.labels.push_back(masked ? base : data::kIgnoreIndex);
+      b.num_label_tokens += masked;
+    }
+  }
+  return b;
+}
+
+class Source : public BatchSource {
+ public:
+  Source(int64_t rows, int64_t seq, bool padded, uint64_t first_row = 0)
+      : rows_(rows), seq_(seq), padded_(padded), cursor_(first_row) {}
+  data::Batch next() override {
+    auto b = make_batch(cursor_, rows_, seq_, padded_);
+    cursor_ += rows_;
+    return b;
+  }
+
+ private:
+  int64_t rows_, seq_;
+  bool padded_;
+  uint64_t cursor_;
+};
+
+Config gpu_config(const std::string& arch, const std::string& precision) {
+  Config c;
+  c.model.arch = arch;
+  c.model.hidden = 128;
+  c.model.layers = 2;
+  c.model.heads = 4;
+  c.model.ffn = 256;
+  c.model.max_seq_length = 64;
+  c.training.max_steps = 6;
+  c.training.micro_batch_size = 8;
+  c.training.grad_accum_steps = 2;
+  c.training.lr = 1e-3;
+  c.training.lr_scheduler = "constant";
+  c.training.logging_steps = 3;
+  c.training.max_grad_norm = 1.0;
+  c.training.precision = precision;
+  c.training.device = "cuda";
+  c.checkpoint.save_final = false;
+  return c;
+}
+
+TrainerOptions quiet(bool sync_free) {
+  TrainerOptions o;
+  o.console_progress = false;
+  o.sync_free = sync_free;
+  return o;
+}
+
+TEST(GpuTest, SyncFreeStepsRunUnderCudaSyncDebugError) {
+#ifndef DNALLM_TORCH_CUDA
+  GTEST_SKIP() << "built against a CPU-only LibTorch: CUDA's sync-debug mode needs CUDA headers";
+#else
+  DNALLM_REQUIRE_GPU();
+  for (const std::string arch : {"bert", "gpt"}) {
+    for (const bool padded : {false, true}) {
+      SCOPED_TRACE(arch + (padded ? " padded" : " full"));
+      auto cfg = gpu_config(arch, "bf16");
+      Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<Source>(8, 64, padded), nullptr,
+                      nullptr, quiet(true));
+      trainer.train_step(true);  // warm-up: allocator, cuBLAS handles, pinned blocks
+      trainer.train_step(false);
+      std::string error;
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+      try {
+        for (int i = 0; i < 3; ++i) trainer.train_step(false);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+      EXPECT_TRUE(error.empty()) << "a non-logging step synchronised with the host: " << error;
+      const auto r = trainer.train_step(true);
+      EXPECT_TRUE(std::isfinite(r.loss));
+    }
+  }
+#endif
+}
+
+TEST(GpuTest, SyncFreeStepMatchesTheHostPathOnTheGpu) {
+  DNALLM_REQUIRE_GPU();
+  auto cfg = gpu_config("bert", "fp32");
+  Trainer host(cfg, build_model(cfg, 9), std::make_unique<Source>(8, 64, true), nullptr, nullptr,
+               quiet(false));
+  Trainer free(cfg, build_model(cfg, 9), std::make_unique<Source>(8, 64, true), nullptr, nullptr,
+               quiet(true));
+  std::printf("sync-free AdamW: %s\n", free.optimizer().fused() ? "fused" : "flat");
+  for (int s = 0; s < 4; ++s) {
+    const auto h = host.train_step();
+    const auto f = free.train_step(true);
+    EXPECT_NEAR(f.loss, h.loss, 1e-4 * std::abs(h.loss)) << "step " << h.step;
+  }
+  EXPECT_TRUE(torch::allclose(free.flat().params(), host.flat().params(), 1e-3, 1e-5));
+}
+
+TEST(GpuTest, SaveResumeSaveOnTheGpu) {
+  DNALLM_REQUIRE_GPU();
+  const auto root = fs::temp_directory_path() / ("dnallm-gpu-test-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  auto cfg = gpu_config("bert", "bf16");
+  cfg.checkpoint.save_steps = 2;
+  cfg.checkpoint.keep_last = 0;
+  cfg.checkpoint.dir = root.string();
+  const uint64_t rows_per_step = 8 * 2;
+  torch::Tensor at_step_2;  // the parameters right after step 2, for the snapshot check
+  {
+    auto first = cfg;
+    first.training.max_steps = 4;
+    Checkpointer ck(first, CheckpointerOptions{});
+    TrainerOptions o = quiet(true);
+    ck.install(o);
+    auto save_hook = o.after_step;
+    o.after_step = [&](Trainer& t, const StepResult& r) {
+      if (r.step == 2) at_step_2 = t.flat().params().to(torch::kCPU);
+      save_hook(t, r);
+    };
+    Trainer t(first, build_model(first, 9), std::make_unique<Source>(8, 64, true), nullptr, nullptr,
+              o);
+    t.run();
+  }
+  // The side-stream snapshot holds step 2's parameters, not a later update's.
+  {
+    auto step2 = checkpoint::CheckpointReader::open(root / checkpoint::step_dir_name(2));
+    std::vector<float> saved(static_cast<size_t>(at_step_2.numel()));
+    step2.read_range(kFlatParamsTensor, 0, saved.size(), saved.data());
+    EXPECT_TRUE(torch::equal(torch::from_blob(saved.data(), {at_step_2.numel()}), at_step_2));
+  }
+  auto reader = open_resume(cfg, nlohmann::json());
+  ASSERT_TRUE(reader.has_value());
+  ASSERT_EQ(reader->step(), 4);
+  CheckpointerOptions co;
+  co.resumed_step = 4;
+  Checkpointer ck(cfg, co);
+  TrainerOptions o = quiet(true);
+  ck.install(o);
+  Trainer t(cfg, build_model(cfg, 9), std::make_unique<Source>(8, 64, true, 4 * rows_per_step),
+            nullptr, nullptr, o);
+  restore(t, *reader);
+  EXPECT_NO_THROW(check_on_device(t));
+  EXPECT_TRUE(t.optimizer().exp_avg().is_cuda());
+  t.run();  // saves step 6: the save after a resume
+  auto latest = open_resume(cfg, nlohmann::json());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->step(), 6);
+  fs::remove_all(root);
+}
+
+TEST(GpuTest, PeakMemoryAndDeviceName) {
+  DNALLM_REQUIRE_GPU();
+  const torch::Device gpu(torch::kCUDA, 0);
+  reset_device_memory_peaks(gpu);
+  auto x = torch::empty({64, 1024, 1024}, torch::TensorOptions().device(gpu));  // 256 MiB
+  const auto stats = device_memory_stats(gpu);
+  ASSERT_TRUE(stats.available);
+  EXPECT_GE(stats.peak_allocated_mb, 256.0);
+  EXPECT_GE(stats.peak_reserved_mb, stats.peak_allocated_mb);
+  EXPECT_NE(device_name(gpu), gpu.str());
+  std::printf("device: %s\n", device_name(gpu).c_str());
+}
+
+}  // namespace
+}  // namespace dnallm::train
