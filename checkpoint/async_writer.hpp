@@ -28,16 +28,16 @@ struct SaveRequest {
   int64_t step = 0;
   int rank = 0;
   std::vector<TensorSlice> slices;  // copied by save(); the caller may reuse its memory
+  CodecOptions codec;
+  // Set by a single process (world size 1): the writer commits right after the shard is
+  // durable. Multi-rank jobs leave it empty and send SaveResult::shard to the committer.
+  std::optional<CommitInfo> commit;
   // Zero-copy hand-over (Note [Snapshot on a side stream] in worker/train/checkpointing.hpp):
   // when `borrowed` is set, save() does NOT copy the slices; the job keeps `borrowed` (the
   // owner of the memory they point into) alive until the write is done, and the writer
   // thread calls `ready()` (if set) before it reads them, e.g. to wait for a device copy.
   std::shared_ptr<void> borrowed;
   std::function<void()> ready;
-  CodecOptions codec;
-  // Set by a single process (world size 1): the writer commits right after the shard is
-  // durable. Multi-rank jobs leave it empty and send SaveResult::shard to the committer.
-  std::optional<CommitInfo> commit;
 };
 
 struct SaveResult {

@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -135,7 +136,8 @@ TEST(GpuTest, SyncFreeStepMatchesTheHostPathOnTheGpu) {
     const auto f = free.train_step(true);
     EXPECT_NEAR(f.loss, h.loss, 1e-4 * std::abs(h.loss)) << "step " << h.step;
   }
-  EXPECT_TRUE(torch::allclose(free.flat().params(), host.flat().params(), 1e-3, 1e-5));
+  // Updates are ~lr = 1e-3 a step: a wrong clip or scale differs by far more than lr / 10.
+  EXPECT_TRUE(torch::allclose(free.flat().params(), host.flat().params(), 1e-3, 1e-4));
 }
 
 TEST(GpuTest, SaveResumeSaveOnTheGpu) {
@@ -148,6 +150,7 @@ TEST(GpuTest, SaveResumeSaveOnTheGpu) {
   cfg.checkpoint.dir = root.string();
   const uint64_t rows_per_step = 8 * 2;
   torch::Tensor at_step_2;  // the parameters right after step 2, for the snapshot check
+  std::vector<double> fresh_s, resumed_s;  // step times (printed: resumed ~ fresh expected)
   {
     auto first = cfg;
     first.training.max_steps = 4;
@@ -157,6 +160,7 @@ TEST(GpuTest, SaveResumeSaveOnTheGpu) {
     auto save_hook = o.after_step;
     o.after_step = [&](Trainer& t, const StepResult& r) {
       if (r.step == 2) at_step_2 = t.flat().params().to(torch::kCPU);
+      fresh_s.push_back(r.step_s);
       save_hook(t, r);
     };
     Trainer t(first, build_model(first, 9), std::make_unique<Source>(8, 64, true), nullptr, nullptr,
@@ -178,12 +182,22 @@ TEST(GpuTest, SaveResumeSaveOnTheGpu) {
   Checkpointer ck(cfg, co);
   TrainerOptions o = quiet(true);
   ck.install(o);
+  auto resumed_hook = o.after_step;
+  o.after_step = [&](Trainer& t, const StepResult& r) {
+    resumed_s.push_back(r.step_s);
+    resumed_hook(t, r);
+  };
   Trainer t(cfg, build_model(cfg, 9), std::make_unique<Source>(8, 64, true, 4 * rows_per_step),
             nullptr, nullptr, o);
   restore(t, *reader);
   EXPECT_NO_THROW(check_on_device(t));
   EXPECT_TRUE(t.optimizer().exp_avg().is_cuda());
   t.run();  // saves step 6: the save after a resume
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  std::printf("median step: fresh %.4f s, resumed %.4f s\n", median(fresh_s), median(resumed_s));
   auto latest = open_resume(cfg, nlohmann::json());
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->step(), 6);

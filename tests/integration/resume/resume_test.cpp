@@ -114,6 +114,38 @@ TEST_F(Resume, StoppedAndResumedRunIsBitIdentical) {
   expect_bit_identical(*reference_, second, "resumed at step 4");
 }
 
+// The sync-free step (Note [Sync-free step], the GPU default, forced on here) through the real
+// binary: its losses match the host path's (the reference) within fp32 tolerance; stopped at
+// step 4 and resumed, it saves and commits again (steps 6 and 8) and ends bit-identical to
+// an uninterrupted sync-free run.
+TEST_F(Resume, SyncFreeRunResumesSavesAgainAndMatchesTheHostPath) {
+  const std::string sync_free = "--set training.sync_free=on";
+  const std::string dir = make_temp_dir("resume_sync_free");
+  TrainRun straight = train(dir + "/straight", "straight", 1, 8, 0, sync_free);
+  ASSERT_EQ(straight.rc, 0) << straight.log;
+  ASSERT_EQ(straight.losses.size(), 8u);
+  for (int64_t step = 1; step <= 8; ++step) {
+    EXPECT_NEAR(straight.losses.at(step), reference_->losses.at(step),
+                1e-5 * std::abs(reference_->losses.at(step)))
+        << "step " << step;
+  }
+  EXPECT_LT(max_param_diff(*reference_, straight), 1e-4);
+  const std::string ckpt = dir + "/ckpt";
+  TrainRun first = train(ckpt, "first", 1, 4, 2, sync_free);
+  ASSERT_EQ(first.rc, 0) << first.log;
+  TrainRun second = train(ckpt, "second", 1, 8, 2, sync_free);
+  ASSERT_EQ(second.rc, 0) << second.log;
+  EXPECT_NE(second.log.find("resumed from"), std::string::npos) << second.log;
+  for (int step : {6, 8}) {
+    EXPECT_TRUE(fs::exists(fmt::format("{}/step_{:09d}/manifest.json", ckpt, step)))
+        << "the save of step " << step << " after the resume did not commit";
+  }
+  for (int64_t step = 5; step <= 8; ++step) {
+    EXPECT_EQ(second.losses.at(step), straight.losses.at(step)) << "step " << step;
+  }
+  expect_bit_identical(straight, second, "sync-free, resumed at step 4");
+}
+
 TEST_F(Resume, KilledRunResumesToTheSameParameters) {
   const std::string ckpt = make_temp_dir("resume_kill") + "/ckpt";
   // SIGKILL right after step 6's save was handed to the writer (step 4 is committed).
