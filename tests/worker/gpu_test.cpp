@@ -12,9 +12,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <random>
 
 #include "core/error.hpp"
+#include "lm_batches.hpp"
 #include "worker/train/checkpointing.hpp"
 #include "worker/train/device_stats.hpp"
 #include "worker/train/trainer.hpp"
@@ -29,69 +29,18 @@ namespace fs = std::filesystem;
   GTEST_SKIP() << "GPU-only test: no CUDA device visible (this LibTorch is " \
                << (cuda_build() ? "a CUDA build" : "CPU-only") << ")"
 
-// LM rows as in step_test.cpp: row r is a function of r; `padded` shortens some rows.
-data::Batch make_batch(uint64_t first_row, int64_t rows, int64_t seq, bool padded) {
-  data::Batch b;
-  b.rows = rows;
-  b.seq_len = seq;
-  for (int64_t r = 0; r < rows; ++r) {
-    std::mt19937_64 rng(900 + first_row + r);
-    const int64_t len = padded ? seq - 4 * int64_t((first_row + r) % 3) : seq;
-    for (int64_t i = 0; i < seq; ++i) {
-      const bool real = i < len;
-      const int64_t base = 5 + int64_t(rng() % 4);
-      const bool masked = real && i > 0 && rng() % 100 < 15;
-      b.input_ids.push_back(!real ? 0 : i == 0 ? 2 : (masked ? 4 : base));
-      b.attention_mask.push_back(real ? 1 : 0);
-      b.labels.push_back(masked ? base : data::kIgnoreIndex);
-      b.num_label_tokens += masked;
-    }
-  }
-  return b;
-}
+using testing::LmRows;
+using testing::LmSource;
 
-class Source : public BatchSource {
- public:
-  Source(int64_t rows, int64_t seq, bool padded, uint64_t first_row = 0)
-      : rows_(rows), seq_(seq), padded_(padded), cursor_(first_row) {}
-  data::Batch next() override {
-    auto b = make_batch(cursor_, rows_, seq_, padded_);
-    cursor_ += rows_;
-    return b;
-  }
-
- private:
-  int64_t rows_, seq_;
-  bool padded_;
-  uint64_t cursor_;
-};
-
+// The rows of these tests; `padded`: some rows end in padding.
+LmRows rows_of(bool padded) { return LmRows{900, 15, padded ? 4 : 0}; }
 Config gpu_config(const std::string& arch, const std::string& precision) {
-  Config c;
-  c.model.arch = arch;
-  c.model.hidden = 128;
-  c.model.layers = 2;
-  c.model.heads = 4;
-  c.model.ffn = 256;
-  c.model.max_seq_length = 64;
-  c.training.max_steps = 6;
-  c.training.micro_batch_size = 8;
-  c.training.grad_accum_steps = 2;
-  c.training.lr = 1e-3;
+  Config c = testing::small_lm_config(arch, 128, 64, 8, 1e-3);
   c.training.lr_scheduler = "constant";
   c.training.logging_steps = 3;
-  c.training.max_grad_norm = 1.0;
   c.training.precision = precision;
   c.training.device = "cuda";
-  c.checkpoint.save_final = false;
   return c;
-}
-
-TrainerOptions quiet(bool sync_free) {
-  TrainerOptions o;
-  o.console_progress = false;
-  o.sync_free = sync_free;
-  return o;
 }
 
 TEST(GpuTest, SyncFreeStepsRunUnderCudaSyncDebugError) {
@@ -103,8 +52,8 @@ TEST(GpuTest, SyncFreeStepsRunUnderCudaSyncDebugError) {
     for (const bool padded : {false, true}) {
       SCOPED_TRACE(arch + (padded ? " padded" : " full"));
       auto cfg = gpu_config(arch, "bf16");
-      Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<Source>(8, 64, padded), nullptr,
-                      nullptr, quiet(true));
+      Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<LmSource>(8, 64, rows_of(padded)),
+                      nullptr, nullptr, testing::quiet_options(true));
       trainer.train_step(true);  // warm-up: allocator, cuBLAS handles, pinned blocks
       trainer.train_step(false);
       std::string error;
@@ -126,10 +75,10 @@ TEST(GpuTest, SyncFreeStepsRunUnderCudaSyncDebugError) {
 TEST(GpuTest, SyncFreeStepMatchesTheHostPathOnTheGpu) {
   DNALLM_REQUIRE_GPU();
   auto cfg = gpu_config("bert", "fp32");
-  Trainer host(cfg, build_model(cfg, 9), std::make_unique<Source>(8, 64, true), nullptr, nullptr,
-               quiet(false));
-  Trainer free(cfg, build_model(cfg, 9), std::make_unique<Source>(8, 64, true), nullptr, nullptr,
-               quiet(true));
+  Trainer host(cfg, build_model(cfg, 9), std::make_unique<LmSource>(8, 64, rows_of(true)), nullptr,
+               nullptr, testing::quiet_options(false));
+  Trainer free(cfg, build_model(cfg, 9), std::make_unique<LmSource>(8, 64, rows_of(true)), nullptr,
+               nullptr, testing::quiet_options(true));
   std::printf("sync-free AdamW: %s\n", free.optimizer().fused() ? "fused" : "flat");
   for (int s = 0; s < 4; ++s) {
     const auto h = host.train_step();
@@ -155,7 +104,7 @@ TEST(GpuTest, SaveResumeSaveOnTheGpu) {
     auto first = cfg;
     first.training.max_steps = 4;
     Checkpointer ck(first, CheckpointerOptions{});
-    TrainerOptions o = quiet(true);
+    TrainerOptions o = testing::quiet_options(true);
     ck.install(o);
     auto save_hook = o.after_step;
     o.after_step = [&](Trainer& t, const StepResult& r) {
@@ -163,8 +112,8 @@ TEST(GpuTest, SaveResumeSaveOnTheGpu) {
       fresh_s.push_back(r.step_s);
       save_hook(t, r);
     };
-    Trainer t(first, build_model(first, 9), std::make_unique<Source>(8, 64, true), nullptr, nullptr,
-              o);
+    Trainer t(first, build_model(first, 9), std::make_unique<LmSource>(8, 64, rows_of(true)),
+              nullptr, nullptr, o);
     t.run();
   }
   // The side-stream snapshot holds step 2's parameters, not a later update's.
@@ -174,25 +123,14 @@ TEST(GpuTest, SaveResumeSaveOnTheGpu) {
     step2.read_range(kFlatParamsTensor, 0, saved.size(), saved.data());
     EXPECT_TRUE(torch::equal(torch::from_blob(saved.data(), {at_step_2.numel()}), at_step_2));
   }
-  auto reader = open_resume(cfg, nlohmann::json());
-  ASSERT_TRUE(reader.has_value());
-  ASSERT_EQ(reader->step(), 4);
-  CheckpointerOptions co;
-  co.resumed_step = 4;
-  Checkpointer ck(cfg, co);
-  TrainerOptions o = quiet(true);
-  ck.install(o);
-  auto resumed_hook = o.after_step;
-  o.after_step = [&](Trainer& t, const StepResult& r) {
-    resumed_s.push_back(r.step_s);
-    resumed_hook(t, r);
-  };
-  Trainer t(cfg, build_model(cfg, 9), std::make_unique<Source>(8, 64, true, 4 * rows_per_step),
-            nullptr, nullptr, o);
-  restore(t, *reader);
-  EXPECT_NO_THROW(check_on_device(t));
-  EXPECT_TRUE(t.optimizer().exp_avg().is_cuda());
-  t.run();  // saves step 6: the save after a resume
+  // The save after a resume (step 6) must commit.
+  testing::resume_to_end(
+      cfg, 4, std::make_unique<LmSource>(8, 64, rows_of(true), 4 * rows_per_step),
+      [](Trainer& t) {
+        EXPECT_NO_THROW(check_on_device(t));
+        EXPECT_TRUE(t.optimizer().exp_avg().is_cuda());
+      },
+      [&](const StepResult& r) { resumed_s.push_back(r.step_s); });
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.empty() ? 0.0 : v[v.size() / 2];

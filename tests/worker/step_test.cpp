@@ -12,11 +12,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <set>
 #include <sstream>
 
 #include "core/error.hpp"
+#include "lm_batches.hpp"
 #include "worker/train/checkpointing.hpp"
 #include "worker/train/device_stats.hpp"
 #include "worker/train/mfu.hpp"
@@ -28,69 +28,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Deterministic LM rows (row r is a function of r); with `padded`, row r is 2 * (r % 3)
-// tokens shorter than `seq` (id 0, mask 0, not scored).
+using testing::LmRows;
+using testing::LmSource;
+using testing::make_lm_batch;
+
+// The rows of these tests; `padded`: some rows end in padding.
+LmRows rows_of(bool padded) { return LmRows{500, 30, padded ? 2 : 0}; }
 data::Batch make_batch(uint64_t first_row, int64_t rows, int64_t seq, bool padded) {
-  data::Batch b;
-  b.rows = rows;
-  b.seq_len = seq;
-  for (int64_t r = 0; r < rows; ++r) {
-    std::mt19937_64 rng(500 + first_row + r);
-    const int64_t len = padded ? seq - 2 * int64_t((first_row + r) % 3) : seq;
-    for (int64_t i = 0; i < seq; ++i) {
-      const bool real = i < len;
-      const int64_t base = 5 + int64_t(rng() % 4);
-      const bool masked = real && i > 0 && rng() % 100 < 30;
-      b.input_ids.push_back(!real ? 0 : i == 0 ? 2 : (masked ? 4 : base));
-      b.attention_mask.push_back(real ? 1 : 0);
-      b.labels.push_back(masked ? base : data::kIgnoreIndex);
-      b.num_label_tokens += masked;
-    }
-  }
-  return b;
+  return make_lm_batch(first_row, rows, seq, rows_of(padded));
 }
-
-class Source : public BatchSource {
- public:
-  Source(int64_t rows, int64_t seq, bool padded, uint64_t first_row = 0)
-      : rows_(rows), seq_(seq), padded_(padded), cursor_(first_row) {}
-  data::Batch next() override {
-    auto b = make_batch(cursor_, rows_, seq_, padded_);
-    cursor_ += rows_;
-    return b;
-  }
-
- private:
-  int64_t rows_, seq_;
-  bool padded_;
-  uint64_t cursor_;
-};
-
 Config tiny(const std::string& arch) {
-  Config c;
-  c.model.arch = arch;
-  c.model.hidden = 32;
-  c.model.layers = 2;
-  c.model.heads = 4;
-  c.model.ffn = 64;
-  c.model.max_seq_length = 16;
-  c.training.max_steps = 6;
-  c.training.micro_batch_size = 3;
-  c.training.grad_accum_steps = 2;
-  c.training.lr = 1e-2;
+  Config c = testing::small_lm_config(arch, 32, 16, 3, 1e-2);
   c.training.warmup_steps = 1;
   c.training.logging_steps = 1;
   c.training.max_grad_norm = 0.5;  // clips: the device-side coefficient is exercised
   c.training.device = "cpu";
-  c.checkpoint.save_final = false;
   return c;
-}
-
-TrainerOptions options(bool sync_free) {
-  TrainerOptions o;
-  o.console_progress = false;
-  o.sync_free = sync_free;
-  return o;
 }
 
 // Counts the operators that read a tensor back to the host while it is alive (this thread).
@@ -154,10 +107,10 @@ TEST_P(SyncFree, HostBatchFactsGiveTheDeviceResultBitForBit) {
 TEST_P(SyncFree, StepsMatchTheHostPath) {
   const auto [arch, padded] = GetParam();
   auto cfg = tiny(arch);
-  Trainer host(cfg, build_model(cfg, 9), std::make_unique<Source>(3, 16, padded), nullptr, nullptr,
-               options(false));
-  Trainer free(cfg, build_model(cfg, 9), std::make_unique<Source>(3, 16, padded), nullptr, nullptr,
-               options(true));
+  Trainer host(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(padded)),
+               nullptr, nullptr, testing::quiet_options(false));
+  Trainer free(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(padded)),
+               nullptr, nullptr, testing::quiet_options(true));
   ASSERT_FALSE(host.sync_free());
   ASSERT_TRUE(free.sync_free());
   for (int s = 0; s < 4; ++s) {
@@ -177,8 +130,8 @@ TEST_P(SyncFree, StepsMatchTheHostPath) {
 TEST_P(SyncFree, NonLoggingStepsReadNothingBack) {
   const auto [arch, padded] = GetParam();
   auto cfg = tiny(arch);
-  Trainer free(cfg, build_model(cfg, 9), std::make_unique<Source>(3, 16, padded), nullptr, nullptr,
-               options(true));
+  Trainer free(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(padded)),
+               nullptr, nullptr, testing::quiet_options(true));
   free.train_step(true);  // warm-up
   {
     HostReadProbe probe;
@@ -196,8 +149,8 @@ TEST_P(SyncFree, NonLoggingStepsReadNothingBack) {
     EXPECT_TRUE(std::isfinite(r.loss));
   }
   // The probe sees the host path's reads (it can fail).
-  Trainer host(cfg, build_model(cfg, 9), std::make_unique<Source>(3, 16, padded), nullptr, nullptr,
-               options(false));
+  Trainer host(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(padded)),
+               nullptr, nullptr, testing::quiet_options(false));
   HostReadProbe probe;
   const auto r = host.train_step(false);
   EXPECT_GE(probe.count(), 3);  // a loss per micro-step and the norm
@@ -213,8 +166,8 @@ INSTANTIATE_TEST_SUITE_P(Models, SyncFree,
 
 TEST(SyncFreeTest, NanLossIsReportedAtTheNextLoggingStep) {
   auto cfg = tiny("bert");
-  Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<Source>(3, 16, false), nullptr,
-                  nullptr, options(true));
+  Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(false)),
+                  nullptr, nullptr, testing::quiet_options(true));
   trainer.flat().params().narrow(0, 0, 1000).fill_(std::nan(""));
   EXPECT_NO_THROW(trainer.train_step(false));
   try {
@@ -230,13 +183,13 @@ TEST(SyncFreeTest, ConfigKeyChoosesThePath) {
   TrainerOptions o;
   o.console_progress = false;
   cfg.training.sync_free = "on";
-  EXPECT_TRUE(
-      Trainer(cfg, build_model(cfg, 9), std::make_unique<Source>(3, 16, false), nullptr, nullptr, o)
-          .sync_free());
+  EXPECT_TRUE(Trainer(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(false)),
+                      nullptr, nullptr, o)
+                  .sync_free());
   cfg.training.sync_free = "auto";  // CPU: off
-  EXPECT_FALSE(
-      Trainer(cfg, build_model(cfg, 9), std::make_unique<Source>(3, 16, false), nullptr, nullptr, o)
-          .sync_free());
+  EXPECT_FALSE(Trainer(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(false)),
+                       nullptr, nullptr, o)
+                   .sync_free());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -255,8 +208,8 @@ TEST(MfuTest, FlopsPerTokenCountsTrainableFrozenAndAttention) {
 
   auto cfg = tiny("bert");
   cfg.lora.r = 4;
-  Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<Source>(3, 16, false), nullptr,
-                  nullptr, options(false));
+  Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(false)),
+                  nullptr, nullptr, testing::quiet_options(false));
   int64_t trainable = 0, frozen = 0;
   for (const auto& p : trainer.model()->parameters()) {
     (p.requires_grad() ? trainable : frozen) += p.numel();
@@ -323,8 +276,8 @@ TEST(ProfilerTest, WritesATraceOrRefusesClearly) {
 
 TEST(ResumeOnDeviceTest, NamesATensorLeftOffTheDevice) {
   auto cfg = tiny("bert");
-  Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<Source>(3, 16, false), nullptr,
-                  nullptr, options(false));
+  Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(false)),
+                  nullptr, nullptr, testing::quiet_options(false));
   EXPECT_NO_THROW(check_on_device(trainer));
   trainer.optimizer().exp_avg() = torch::zeros({trainer.flat().numel()}, torch::kMeta);
   try {
@@ -352,9 +305,10 @@ TEST(ResumeOnDeviceTest, SaveResumeSaveCommitsAndMatchesAnUninterruptedRun) {
   torch::Tensor straight;
   {
     Checkpointer ck(cfg, CheckpointerOptions{});
-    TrainerOptions o = options(true);
+    TrainerOptions o = testing::quiet_options(true);
     ck.install(o);
-    Trainer t(cfg, build_model(cfg, 9), std::make_unique<Source>(3, 16, true), nullptr, nullptr, o);
+    Trainer t(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(true)), nullptr,
+              nullptr, o);
     t.run();
     straight = t.flat().params().clone();
   }
@@ -364,29 +318,16 @@ TEST(ResumeOnDeviceTest, SaveResumeSaveCommitsAndMatchesAnUninterruptedRun) {
     auto first = cfg;
     first.training.max_steps = 4;
     Checkpointer ck(first, CheckpointerOptions{});
-    TrainerOptions o = options(true);
+    TrainerOptions o = testing::quiet_options(true);
     ck.install(o);
-    Trainer t(first, build_model(first, 9), std::make_unique<Source>(3, 16, true), nullptr, nullptr,
-              o);
-    t.run();
-  }
-  auto reader = open_resume(cfg, nlohmann::json());
-  ASSERT_TRUE(reader.has_value());
-  ASSERT_EQ(reader->step(), 4);
-  {
-    CheckpointerOptions co;
-    co.resumed_step = 4;
-    Checkpointer ck(cfg, co);
-    TrainerOptions o = options(true);
-    ck.install(o);
-    Trainer t(cfg, build_model(cfg, 9), std::make_unique<Source>(3, 16, true, 4 * rows_per_step),
+    Trainer t(first, build_model(first, 9), std::make_unique<LmSource>(3, 16, rows_of(true)),
               nullptr, nullptr, o);
-    restore(t, *reader);
-    EXPECT_EQ(t.step(), 4);
     t.run();
-    EXPECT_TRUE(torch::equal(t.flat().params(), straight))
-        << "resumed run differs from the uninterrupted one";
   }
+  const auto resumed = testing::resume_to_end(
+      cfg, 4, std::make_unique<LmSource>(3, 16, rows_of(true), 4 * rows_per_step),
+      [](Trainer& t) { EXPECT_EQ(t.step(), 4); });
+  EXPECT_TRUE(torch::equal(resumed, straight)) << "resumed run differs from the uninterrupted one";
   auto latest = open_resume(cfg, nlohmann::json());
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->step(), 6);

@@ -58,7 +58,7 @@ FlatAdamW::FlatAdamW(AdamWOptions options, int64_t begin, int64_t end,
   exp_avg_ = torch::zeros_like(decay_mask_);
   exp_avg_sq_ = torch::zeros_like(decay_mask_);
   scratch_ = torch::empty_like(decay_mask_);
-#if TORCH_VERSION_MAJOR >= 2
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
   if (decay_mask_.is_cuda()) {
     // Runs of equal decay: the fused kernel takes one weight decay per call. Read once here
     // (construction, not a training step).
@@ -80,7 +80,7 @@ void FlatAdamW::step(torch::Tensor params, const torch::Tensor& grads, double lr
                      const torch::Tensor& grad_scale) {
   torch::NoGradGuard no_grad;
   ++step_;
-#if TORCH_VERSION_MAJOR >= 2
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
   if (fused()) {
     step_tensor_.add_(1.0);
     // The kernel divides the gradients by grad_scale (and writes them back unscaled).

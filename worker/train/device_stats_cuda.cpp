@@ -1,7 +1,7 @@
 // CUDA LibTorch: see Note [Device seam] in device_stats.hpp. Compiled only in CUDA builds.
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
 
 #include "worker/train/device_stats.hpp"
 
@@ -37,7 +37,9 @@ void reset_device_memory_peaks(const c10::Device& device) {
 
 std::string device_name(const c10::Device& device) {
   if (!device.is_cuda()) return device.str();
-  return at::cuda::getDeviceProperties(index_of(device))->name;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, index_of(device)) != cudaSuccess) return device.str();
+  return prop.name;
 }
 
 }  // namespace dnallm::train
