@@ -58,7 +58,8 @@ bool backend_available(const std::string& name) {
 
 std::string resolve_backend(const CommOptions& options) {
   if (options.backend != "auto") return options.backend;
-  if (options.device.is_cuda() && backend_available("nccl")) return "nccl";
+  if (options.device.is_cuda() && !options.device_shared && backend_available("nccl"))
+    return "nccl";
   if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr && backend_available("mpi")) return "mpi";
   return "gloo";
 }
@@ -73,6 +74,14 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& options) {
                "the '{}' backend was not built into this binary ([parallel] backend); rebuild "
                "with its library installed or choose another",
                backend);
+  DNALLM_CHECK(backend != "nccl" || options.device.is_cuda(), ExitCode::kUsage,
+               "parallel.backend = \"nccl\" needs a CUDA device, but this rank trains on the "
+               "CPU (training.device, or no GPU visible): set parallel.backend = \"auto\", "
+               "\"gloo\" or \"mpi\"");
+  DNALLM_CHECK(backend != "nccl" || !options.device_shared, ExitCode::kUsage,
+               "parallel.backend = \"nccl\" cannot run two ranks on one GPU "
+               "(parallel.share_gpus = true put them there): set parallel.backend = \"auto\" or "
+               "\"gloo\" to reduce through host memory, or start one rank per GPU");
 #ifdef DNALLM_HAVE_GLOO
   if (backend == "gloo") return make_gloo_communicator(options);
 #endif

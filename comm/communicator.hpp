@@ -95,8 +95,10 @@ class Communicator {
 };
 
 struct CommOptions {
-  // "auto": nccl when `device` is CUDA (and NCCL was built), mpi when started by mpirun
-  // (OMPI_COMM_WORLD_SIZE set and MPI was built), else gloo.
+  // "auto": nccl when `device` is CUDA, not shared with another rank, and NCCL was built;
+  // else mpi when started by mpirun (OMPI_COMM_WORLD_SIZE set and MPI was built), else
+  // gloo. gloo and mpi reduce host memory: a CUDA model's buckets are staged through it by
+  // the worker (Note [Staged collectives] in worker/parallel/device_group.hpp).
   std::string backend = "auto";
   int rank = 0;        // ignored by mpi (MPI decides; must match if the store is shared)
   int world_size = 1;  // ignored by mpi
@@ -110,7 +112,11 @@ struct CommOptions {
   // when `loopback` is set).
   std::string gloo_host;
   bool loopback = false;
-  Device device{};  // nccl: the GPU this rank drives
+  Device device{};  // the device this rank trains on; nccl: the GPU it drives
+  // Another rank of this node drives the same GPU (parallel.share_gpus, Note [One GPU per
+  // rank] in cluster/gpu_placement.hpp): NCCL cannot, so "auto" picks a CPU backend and an
+  // explicit "nccl" is a usage error.
+  bool device_shared = false;
 };
 
 // Builds and connects the communicator (collective over all ranks: blocks until every

@@ -161,6 +161,7 @@ const std::vector<KeyDesc>& schema() {
       {"parallel", "find_unused_parameters", Kind::kBool,
        DNALLM_FIELD(parallel, find_unused_parameters)},
       {"parallel", "timeout_s", Kind::kDouble, DNALLM_FIELD(parallel, timeout_s), 0.1, 86400},
+      {"parallel", "share_gpus", Kind::kBool, DNALLM_FIELD(parallel, share_gpus)},
       // [checkpoint]
       {"checkpoint", "dir", Kind::kString, DNALLM_FIELD(checkpoint, dir)},
       {"checkpoint", "save_steps", Kind::kInt, DNALLM_FIELD(checkpoint, save_steps), 0, kInf},

@@ -110,6 +110,7 @@ struct ParallelConfig {
   std::string grad_reduce_dtype = "fp32";  // "fp32" | "bf16" | "fp16"
   bool find_unused_parameters = false;
   double timeout_s = 300.0;           // collective timeout
+  bool share_gpus = false;            // allow more ranks on a node than visible GPUs
 };
 
 struct CheckpointConfig {

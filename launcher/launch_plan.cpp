@@ -1,17 +1,15 @@
 #include "launcher/launch_plan.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <climits>
-#include <cstring>
 #include <iterator>
 
+#include "cluster/gpu_placement.hpp"
 #include "cluster/hostlist.hpp"
 #include "core/error.hpp"
 #include "launcher/sbatch_script.hpp"
@@ -19,25 +17,7 @@
 namespace dnallm::launcher {
 
 int resolve_nproc(const std::string& spec, const cluster::EnvMap& env, int gpu_device_count) {
-  if (spec == "auto") {
-    auto it = env.find("CUDA_VISIBLE_DEVICES");
-    if (it != env.end()) {
-      // "0,1,3" -> 3; "" or "-1" hide every GPU -> fall back to one CPU worker.
-      int n = 0;
-      std::size_t pos = 0;
-      const std::string& v = it->second;
-      while (pos <= v.size()) {
-        std::size_t end = v.find(',', pos);
-        if (end == std::string::npos) end = v.size();
-        std::string item = v.substr(pos, end - pos);
-        if (item.empty() || item[0] == '-') break;  // CUDA stops at the first invalid id
-        ++n;
-        pos = end + 1;
-      }
-      return std::max(1, n);
-    }
-    return std::max(1, gpu_device_count);
-  }
+  if (spec == "auto") return std::max(1, cluster::visible_gpu_count(env, gpu_device_count));
   std::size_t used = 0;
   long v = 0;
   try {
@@ -52,20 +32,7 @@ int resolve_nproc(const std::string& spec, const cluster::EnvMap& env, int gpu_d
 }
 
 int count_nvidia_devices(const std::string& dev_dir) {
-  DIR* d = ::opendir(dev_dir.c_str());
-  if (d == nullptr) return 0;
-  int n = 0;
-  while (dirent* e = ::readdir(d)) {
-    const char* name = e->d_name;
-    if (std::strncmp(name, "nvidia", 6) != 0 || name[6] == '\0') continue;
-    bool digits = true;
-    for (const char* p = name + 6; *p != '\0'; ++p) {
-      if (!std::isdigit(static_cast<unsigned char>(*p))) digits = false;
-    }
-    if (digits) ++n;
-  }
-  ::closedir(d);
-  return n;
+  return cluster::count_host_gpus(dev_dir, dev_dir == "/dev" ? "/proc/driver/nvidia/gpus" : "");
 }
 
 // Note [OMP_NUM_THREADS]: each worker's intra-op pool (OpenMP in LibTorch and BLAS) sizes

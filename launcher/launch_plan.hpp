@@ -73,11 +73,13 @@ LaunchPlan resolve_launch_plan(const LaunchRequest& request, const cluster::EnvM
                                const HostFacts& host);
 
 // "--nproc-per-node" value: a positive integer, or "auto" = one per GPU (the entries of
-// CUDA_VISIBLE_DEVICES when it is set, else `gpu_device_count`), at least 1.
+// CUDA_VISIBLE_DEVICES when it is set, else `gpu_device_count`), and 1 (one CPU worker)
+// when no GPU is visible.
 // Throws Error(kUsage) on anything else.
 int resolve_nproc(const std::string& spec, const cluster::EnvMap& env, int gpu_device_count);
 
-// Counts /dev/nvidia0, /dev/nvidia1, ... (not nvidiactl, nvidia-uvm).
+// Counts /dev/nvidia0, /dev/nvidia1, ... (not nvidiactl, nvidia-uvm); for "/dev" with none
+// there, the driver's /proc/driver/nvidia/gpus entries (cluster::count_host_gpus).
 int count_nvidia_devices(const std::string& dev_dir = "/dev");
 
 // Note [OMP_NUM_THREADS]: max(1, cores / nproc).

@@ -21,8 +21,10 @@
 #include "core/log.hpp"
 #include "cluster/topology.hpp"
 #include "comm/bootstrap.hpp"
+#include "coordinator/store.hpp"
 #include "coordinator/tcp_store_client.hpp"
 #include "worker/parallel/ddp.hpp"
+#include "worker/parallel/device_group.hpp"
 #include "worker/data/pipeline.hpp"
 #include "worker/train/auto_batch.hpp"
 #include "worker/train/checkpointing.hpp"
@@ -101,18 +103,30 @@ int main(int argc, char** argv) {
     const auto gen_it = env.find("DNALLM_GENERATION");
     const std::string generation_name = gen_it != env.end() ? gen_it->second : "";
     const int64_t generation = generation_name.empty() ? 0 : std::atoll(generation_name.c_str());
+    // One GPU per rank (Note [One GPU per rank]), current from here on.
+    const parallel::RankDevice rank_device = parallel::select_rank_device(
+        config, topo.local_rank, topo.local_world_size,
+        topo.source == cluster::TopologySource::kSlurm ||
+            topo.source == cluster::TopologySource::kOpenMpi);
     comm::ProcessGroup group;
     std::shared_ptr<train::GradientSync> sync = std::make_shared<train::SingleProcessSync>();
-    if (world > 1) {
+    // An explicit nccl backend builds its communicator at world size 1 too (a store in
+    // memory: nothing to reach), so one GPU runs the same code path as many.
+    const bool nccl_alone = world == 1 && config.parallel.backend == "nccl";
+    if (world > 1 || nccl_alone) {
+      comm::CommOptions wanted;
+      wanted.backend = config.parallel.backend;
+      wanted.device = parallel::comm_device(rank_device.device);
+      wanted.device_shared = rank_device.shared;
       comm::ProcessGroupOptions po;
       po.backend = config.parallel.backend;
       po.rank = rank;
       po.world_size = world;
       po.master_addr = topo.master_addr;
+      po.device = wanted.device;
+      po.device_shared = wanted.device_shared;
       // Under mpirun without MASTER_ADDR, MPI bootstraps itself: no store to host or reach.
-      const bool mpi = config.parallel.backend == "mpi" ||
-                       (config.parallel.backend == "auto" &&
-                        comm::resolve_backend(comm::CommOptions{}) == "mpi");
+      const bool mpi = comm::resolve_backend(wanted) == "mpi";
       if (topo.source == cluster::TopologySource::kOpenMpi && mpi &&
           env.count("MASTER_ADDR") == 0) {
         po.master_addr.clear();
@@ -122,9 +136,23 @@ int main(int argc, char** argv) {
       if (auto it = env.find("DNALLM_JOB_TOKEN"); it != env.end()) po.token = it->second;
       po.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.parallel.timeout_s * 1000));
       if (!generation_name.empty()) po.name = "g" + generation_name;
-      group = comm::connect_process_group(po);
-      spdlog::info("rank {} of {} ({} backend, topology from {})", rank, world,
-                   group.comm->backend(), cluster::to_string(topo.source));
+      if (nccl_alone) {
+        wanted.store = std::make_shared<coordinator::InMemoryStore>();
+        wanted.timeout = po.timeout;
+        group.store = wanted.store;
+        group.comm = comm::make_communicator(wanted);
+      } else {
+        group = comm::connect_process_group(po);
+      }
+      // Note [Staged collectives]: gloo/mpi with a CUDA model, or nccl with host scalars.
+      parallel::StagingOptions staging;
+      if (auto it = env.find("DNALLM_TEST_STAGE_HOST_BUFFERS"); it != env.end()) {
+        staging.stage_host_buffers = it->second == "1";  // tests: the staging path on CPU
+      }
+      group.comm = parallel::stage_for_device(std::move(group.comm), rank_device.device, staging);
+      spdlog::info("rank {} of {} ({} backend on {}, topology from {})", rank, world,
+                   group.comm->backend(), rank_device.device.str(),
+                   cluster::to_string(topo.source));
       sync = std::make_shared<parallel::DdpGradientSync>(
           *group.comm, parallel::ddp_options_from_config(config.parallel),
           config.training.precision);

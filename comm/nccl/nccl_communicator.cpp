@@ -77,6 +77,14 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// Note [Producer stream]
+// Buffers handed to a collective were written by kernels on the caller's stream: LibTorch's
+// default stream, i.e. the legacy default stream, which a cudaStreamNonBlocking stream does
+// not wait for by itself. Each enqueue records an event there and makes the communicator's
+// stream wait for it, so NCCL reads the gradients only after backward wrote them, while the
+// host returns at once (the overlap of DDP is kept). Work on another torch stream must be
+// ordered before the collective by its issuer.
+
 // State shared by the communicator, its Works and its watchdog.
 struct NcclShared {
   std::mutex mutex;
@@ -164,6 +172,7 @@ class NcclCommunicator final : public Communicator {
     DNALLM_NCCL_CHECK(ncclCommInitRank(&comm_, world_, id, rank_));
     DNALLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DNALLM_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
+    DNALLM_CUDA_CHECK(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming));
     watchdog_ = std::thread([this] { watchdog_loop(); });
   }
 
@@ -188,6 +197,7 @@ class NcclCommunicator final : public Communicator {
         ncclCommDestroy(comm_);
     }
     in_flight_.clear();
+    if (produced_) cudaEventDestroy(produced_);
     if (barrier_buf_) cudaFree(barrier_buf_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -287,6 +297,9 @@ class NcclCommunicator final : public Communicator {
     op->seq = next_seq_++;
     op->what = std::string("nccl ") + what;
     DNALLM_CUDA_CHECK(cudaSetDevice(device_));
+    // See Note [Producer stream].
+    DNALLM_CUDA_CHECK(cudaEventRecord(produced_, cudaStreamLegacy));
+    DNALLM_CUDA_CHECK(cudaStreamWaitEvent(stream_, produced_, 0));
     launch();
     DNALLM_CUDA_CHECK(cudaEventCreateWithFlags(&op->event, cudaEventDisableTiming));
     DNALLM_CUDA_CHECK(cudaEventRecord(op->event, stream_));
@@ -302,6 +315,7 @@ class NcclCommunicator final : public Communicator {
     std::unique_lock<std::mutex> lock(watch_mutex_);
     while (!stopping_) {
       watch_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      check_async_error();
       for (auto it = in_flight_.begin(); it != in_flight_.end();) {
         auto& op = *it;
         if (cudaEventQuery(op->event) != cudaErrorNotReady) {
@@ -326,12 +340,46 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  // Note [NCCL asynchronous errors]: a peer that dies mid-collective makes NCCL's proxy
+  // thread report ncclRemoteError / ncclSystemError on the communicator long before our
+  // timeout. The watchdog polls for it, aborts at once, and names the peer(s) the store saw
+  // die (Note [Peer failure]) next to NCCL's own last error. Called with watch_mutex_ held.
+  void check_async_error() {
+    if (shared_->aborted || comm_ == nullptr) return;
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess) return;
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= 21400
+    if (async == ncclInProgress) return;
+#endif
+    if (async == ncclSuccess) return;
+    const uint64_t seq = in_flight_.empty() ? 0 : in_flight_.front()->seq;
+    const std::string what = in_flight_.empty() ? std::string("nccl") : in_flight_.front()->what;
+    std::string detail = ncclGetErrorString(async);
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= 21300
+    if (const char* last = ncclGetLastError(comm_); last != nullptr && *last != '\0') {
+      detail += std::string(": ") + last;
+    }
+#endif
+    const std::string why = shared_->monitor->diagnose(seq);
+    {
+      std::lock_guard<std::mutex> l(shared_->mutex);
+      shared_->abort_error = fmt::format(
+          "{} #{} failed on rank {}@{}: NCCL reported {}; {}; NCCL communicator "
+          "aborted",
+          what, seq, rank_, host_name(), detail, why);
+    }
+    spdlog::error("{}", shared_->abort_error);
+    shared_->aborted = true;
+    ncclCommAbort(comm_);
+  }
+
   int rank_;
   int world_;
   int device_ = 0;
   std::shared_ptr<NcclShared> shared_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t produced_ = nullptr;  // guarded by issue_mutex_; Note [Producer stream]
   void* barrier_buf_ = nullptr;
   std::mutex issue_mutex_;
   uint64_t next_seq_ = 1;  // guarded by issue_mutex_

@@ -130,6 +130,43 @@ TEST(Factory, AutoPicksMpiUnderMpirunElseGloo) {
   EXPECT_EQ(resolve_backend(o), backend_available("nccl") ? "nccl" : "gloo");
 }
 
+TEST(Factory, RanksSharingAGpuNeverPickNccl) {
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  CommOptions o;
+  o.device = Device{DeviceType::kCUDA, 0};
+  o.device_shared = true;  // parallel.share_gpus put two ranks on this GPU
+  EXPECT_EQ(resolve_backend(o), "gloo");
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  EXPECT_EQ(resolve_backend(o), backend_available("mpi") ? "mpi" : "gloo");
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  // Asking for nccl there is a usage error that says what to do, built with NCCL or not.
+  o.backend = "nccl";
+  try {
+    make_communicator(o);
+    FAIL() << "nccl accepted two ranks on one GPU";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    if (backend_available("nccl")) {
+      EXPECT_NE(std::string(e.what()).find("two ranks on one GPU"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Factory, NcclOnTheCpuSaysWhatToSet) {
+  CommOptions o;
+  o.backend = "nccl";  // device stays the CPU
+  try {
+    make_communicator(o);
+    FAIL() << "nccl accepted a CPU rank";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    if (backend_available("nccl")) {
+      EXPECT_NE(std::string(e.what()).find("parallel.backend = \"auto\""), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(Factory, GlooNeedsAStore) {
   if (!backend_available("gloo")) GTEST_SKIP();
   CommOptions o;

@@ -9,6 +9,9 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#if __has_include(<fmt/ranges.h>)
+#include <fmt/ranges.h>  // fmt::join lives here from fmt 11 on
+#endif
 
 #include "core/error.hpp"
 

@@ -12,6 +12,9 @@
 #include <thread>
 
 #include <fmt/format.h>
+#if __has_include(<fmt/ranges.h>)
+#include <fmt/ranges.h>  // fmt::join lives here from fmt 11 on
+#endif
 #include <spdlog/spdlog.h>
 
 #include "comm/communicator.hpp"

@@ -1,5 +1,6 @@
 #include "worker/train/trainer.hpp"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <sys/resource.h>
 #include <torch/version.h>
 
@@ -56,15 +57,21 @@ int64_t real_tokens(const data::Batch& b) {
 }  // namespace
 
 torch::Device pick_device(const std::string& name) {
+  // Indexed: the current CUDA device, which dnallm-train sets once at start to the rank's
+  // GPU (Note [One GPU per rank] in cluster/gpu_placement.hpp).
+  auto current_cuda = [] {
+    return torch::Device(torch::kCUDA,
+                         c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getDevice().index());
+  };
   if (name == "cpu") return torch::kCPU;
   if (name == "cuda") {
     DNALLM_CHECK(torch::cuda::is_available(), ExitCode::kUsage,
                  "training.device = \"cuda\" but LibTorch sees no CUDA device: use \"cpu\"");
-    return torch::kCUDA;
+    return current_cuda();
   }
   DNALLM_CHECK(name == "auto", ExitCode::kUsage,
                "training.device = \"{}\": use \"auto\", \"cpu\" or \"cuda\"", name);
-  return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  return torch::cuda::is_available() ? current_cuda() : torch::Device(torch::kCPU);
 }
 
 uint64_t dropout_seed(uint64_t seed, int64_t step, int64_t micro_step, int rank) {

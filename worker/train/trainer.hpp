@@ -184,8 +184,9 @@ struct TrainerOptions {
   std::function<void(Trainer&, int64_t step)> before_step;
 };
 
-// training.device ("auto" | "cpu" | "cuda") resolved; throws Error(kUsage) for "cuda" without
-// a CUDA device or an unknown name.
+// training.device ("auto" | "cpu" | "cuda") resolved; CUDA comes with the index of the current
+// CUDA device (the rank's GPU in dnallm-train). Throws Error(kUsage) for "cuda" without a
+// CUDA device or an unknown name.
 torch::Device pick_device(const std::string& name);
 
 // Number of optimizer steps: training.max_steps, or epochs × samples / global batch.

@@ -15,7 +15,6 @@ namespace dnallm::testing {
 namespace {
 
 const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
-const std::string kSrc = DNALLM_SOURCE_DIR;
 
 struct TrainRun {
   std::map<int64_t, double> losses;
@@ -28,22 +27,11 @@ TrainRun train(const std::string& name, int world, int micro, int accum, const s
                std::string starter = "") {
   std::string dir = make_temp_dir(name);
   if (starter.empty()) starter = fmt::format("{}dnallm-launch --nproc-per-node {} --", kBin, world);
-  std::string cmd = fmt::format(
-      "cd {src} && {starter} {bin}dnallm-train "
-      "--set model.hidden=32 --set model.layers=2 --set model.heads=2 --set model.ffn=64 "
-      "--set model.max_seq_length=64 --set data.train_files=[\\\"data/ecoli_k12_mg1655.fa.gz\\\"] "
-      "--set training.max_steps=5 --set training.micro_batch_size={micro} "
-      "--set training.grad_accum_steps={accum} --set training.lr=3e-3 "
-      "--set training.warmup_steps=0 --set training.logging_steps=1 --set training.seed=7 "
-      "--set data.dataloader_num_workers=1 "
-      "--set parallel.bucket_cap_mb=0.02 --set parallel.first_bucket_mb=0.005 "
-      "--set checkpoint.dir={dir}/ckpt --set checkpoint.resume=none "
-      "--metrics-file {dir}/metrics.jsonl {backend} {extra}",
-      fmt::arg("src", kSrc), fmt::arg("bin", kBin), fmt::arg("starter", starter),
-      fmt::arg("micro", micro), fmt::arg("accum", accum), fmt::arg("dir", dir),
-      fmt::arg("extra", extra),
-      fmt::arg("backend", extra.find("parallel.backend") == std::string::npos
-                              ? "--set parallel.backend=gloo" : ""));
+  std::string cmd = tiny_train_command(
+      starter, dir, micro, accum,
+      (extra.find("parallel.backend") == std::string::npos ? "--set parallel.backend=gloo "
+                                                           : "") +
+          extra);
   std::string log;
   int rc = run_command(cmd, &log);
   EXPECT_EQ(rc, 0) << cmd << "\n" << log;
@@ -109,6 +97,16 @@ TEST_F(DdpEquivalence, Zero1TwoRanksSyncEvery) {
                     train("z1e", 2, 2, 3,
                           "--set parallel.zero_stage=1 --set parallel.accumulate_sync=every"),
                     "ZeRO-1 2 ranks, every");
+}
+
+// Note [Staged collectives] on CPU: every collective copied through the staging thread's
+// host buffers (as a CUDA model's buckets are through pinned memory) trains like 1 rank.
+TEST_F(DdpEquivalence, StagedCollectivesTwoRanks) {
+  const std::string staged =
+      fmt::format("DNALLM_TEST_STAGE_HOST_BUFFERS=1 {}dnallm-launch --nproc-per-node 2 --", kBin);
+  expect_equivalent(*reference_, train("staged2", 2, 3, 2, "", staged), "staged DDP 2 ranks");
+  expect_equivalent(*reference_, train("staged_z2", 2, 3, 2, "--set parallel.zero_stage=2", staged),
+                    "staged ZeRO-2 2 ranks");
 }
 
 TEST_F(DdpEquivalence, MpirunThreeRanksWithoutLauncher) {

@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
 namespace dnallm::testing {
 
 int run_command(const std::string& cmd, std::string* log) {
@@ -57,6 +59,24 @@ std::map<int64_t, double> read_step_losses(const std::string& metrics_path) {
     out[j["step"].get<int64_t>()] = j["loss"].get<double>();
   }
   return out;
+}
+
+std::string tiny_train_command(const std::string& starter, const std::string& dir, int micro,
+                               int accum, const std::string& extra) {
+  return fmt::format(
+      "cd {src} && {starter} {src_bin}/bin/dnallm-train "
+      "--set model.hidden=32 --set model.layers=2 --set model.heads=2 --set model.ffn=64 "
+      "--set model.max_seq_length=64 --set data.train_files=[\\\"data/ecoli_k12_mg1655.fa.gz\\\"] "
+      "--set training.max_steps=5 --set training.micro_batch_size={micro} "
+      "--set training.grad_accum_steps={accum} --set training.lr=3e-3 "
+      "--set training.warmup_steps=0 --set training.logging_steps=1 --set training.seed=7 "
+      "--set data.dataloader_num_workers=1 "
+      "--set parallel.bucket_cap_mb=0.02 --set parallel.first_bucket_mb=0.005 "
+      "--set checkpoint.dir={dir}/ckpt --set checkpoint.resume=none "
+      "--metrics-file {dir}/metrics.jsonl {extra}",
+      fmt::arg("src", DNALLM_SOURCE_DIR), fmt::arg("src_bin", DNALLM_BINARY_DIR),
+      fmt::arg("starter", starter), fmt::arg("micro", micro), fmt::arg("accum", accum),
+      fmt::arg("dir", dir), fmt::arg("extra", extra));
 }
 
 std::string make_temp_dir(const std::string& name) {

@@ -17,6 +17,14 @@ std::map<std::string, std::vector<float>> read_safetensors_f32(const std::string
 // The "loss" of every step line of a metrics JSON Lines file, by step.
 std::map<int64_t, double> read_step_losses(const std::string& metrics_path);
 
+// dnallm-train on a tiny BERT (hidden 32, 2 layers, 64 tokens) over the bundled E. coli
+// genome: 5 steps, fp32, lr 3e-3 without warm-up, seed 7, a loss line every step in
+// <dir>/metrics.jsonl, small DDP buckets, checkpoints under <dir>/ckpt. `starter` runs the
+// workers ("" = one process, or e.g. "dnallm-launch --nproc-per-node 2 --"); `extra` adds
+// arguments. The runs the equivalence tests compare.
+std::string tiny_train_command(const std::string& starter, const std::string& dir, int micro,
+                               int accum, const std::string& extra);
+
 // A fresh directory under the test's temp dir.
 std::string make_temp_dir(const std::string& name);
 

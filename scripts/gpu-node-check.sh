@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Proves the GPU path on a fresh GPU node in one invocation (about 8 minutes on one H100
+# with 16 cores): from a clone plus the tarball of scripts/stage-gpu-deps.sh,
+#   1. builds the CUDA flavour (scripts/build.sh --cuda, only the targets needed here),
+#   2. runs the GPU tests (ctest -L gpu: staged collectives, NCCL at world size 1 through
+#      dnallm-train, 2 ranks sharing the GPU over staged gloo vs 1 rank, too many ranks),
+#   3. NCCL through dnallm-bench-comm at world size 1,
+#   4. a first bf16 training run of configs/dnabert-mlm.toml (the README's command),
+#   5. 2 ranks sharing the GPU (parallel.share_gpus) vs 1 rank, and the too-many-ranks exit,
+#   6. the bench/gpu table against Hugging Face.
+# Every result goes under OUTDIR (summary.txt first); a failing step is recorded and the
+# next one runs anyway. Exit status: 0 when every step passed, else 1.
+#
+#   scripts/gpu-node-check.sh OUTDIR [--deps-tarball FILE | --deps PREFIX] [--skip-bench]
+#   env: DNALLM_JOBS (nproc), BENCH_STEPS (100), PYTHON (python3)
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+[ $# -ge 1 ] || { sed -n '2,15p' "$0"; exit 2; }
+out="$(mkdir -p "$1" && cd "$1" && pwd)"; shift
+deps=""
+tarball=""
+bench=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deps) deps="$2"; shift 2 ;;
+    --deps-tarball) tarball="$2"; shift 2 ;;
+    --skip-bench) bench=0; shift ;;
+    *) echo "gpu-node-check.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+export DNALLM_JOBS="${DNALLM_JOBS:-$(nproc)}"
+build="${DNALLM_BUILD_DIR:-$root/build-cuda}"
+export DNALLM_BUILD_DIR="$build"
+bin="$build/bin"
+summary="$out/summary.txt"
+: > "$summary"
+failed=0
+t_start=$(date +%s)
+
+# step NAME COMMAND...: runs it with its output in OUTDIR/NAME.log, records the outcome.
+step() {
+  local name=$1; shift
+  local t0=$(date +%s) rc=0
+  echo "== $name: $*" | tee -a "$out/$name.log" >/dev/null
+  (cd "$root" && "$@") >> "$out/$name.log" 2>&1 || rc=$?
+  local verdict=PASS
+  [ $rc -eq 0 ] || { verdict="FAIL (exit $rc)"; failed=1; }
+  printf '%-28s %-16s %4ss  %s\n' "$name" "$verdict" $(( $(date +%s) - t0 )) "$name.log" | tee -a "$summary"
+  return 0
+}
+
+# gpu_step NAME COMMAND...: step, or a recorded skip where no GPU is visible.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+gpu_step() {
+  if [ "${gpus:-0}" -gt 0 ]; then step "$@"; return 0; fi
+  printf '%-28s %-16s %4ss  %s\n' "$1" "SKIP (no GPU)" 0 "nvidia-smi -L lists none" | tee -a "$summary"
+}
+
+{
+  echo "dnallm-dist GPU node check, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+  "${PYTHON:-python3}" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null
+  echo "cores $(nproc), jobs $DNALLM_JOBS"
+} | tee -a "$summary"
+
+if [ -n "$tarball" ]; then
+  mkdir -p "$out/deps"
+  step unpack-deps tar xzf "$tarball" -C "$out/deps"
+  deps="$out/deps/prefix"
+fi
+
+# 1. Build: the binaries and the GPU tests only.
+targets=(dnallm-train dnallm-launch dnallm-bench-comm dnallm-eval worker_device_group_test
+         integration_gpu_train_test cluster_gpu_placement_test)
+targs=()
+for t in "${targets[@]}"; do targs+=(--target "$t"); done
+step build scripts/build.sh --cuda ${deps:+--deps "$deps"} "${targs[@]}"
+grep -E "LibTorch|backend|torch-include-shadow|bundles fmt" "$out/build.log" | head -8 >> "$summary"
+
+# 2. GPU tests (each skips itself with a reason where it cannot run).
+step ctest-gpu ctest --test-dir "$build" -L gpu --output-on-failure --timeout 600 --no-tests=error
+grep -E "tests passed|Skipped|\*\*\*Failed|Not Run" "$out/ctest-gpu.log" | head -20 >> "$summary"
+
+# 3. NCCL through the comm bench at world size 1.
+gpu_step bench-comm-nccl "$bin/dnallm-bench-comm" --backend nccl --op allreduce --min-bytes 1024 \
+  --max-bytes 268435456 --iters 20 --warmup 5
+tail -3 "$out/bench-comm-nccl.log" >> "$summary" 2>/dev/null
+
+# 4. A first bf16 training run (README "GPU nodes").
+gpu_step first-bf16-run "$bin/dnallm-train" --config configs/dnabert-mlm.toml \
+  --set training.max_steps=40 --set training.logging_steps=10 --set training.eval_steps=0 \
+  --set checkpoint.save_steps=0 --set checkpoint.dir="$out/first-run/ckpt" \
+  --set checkpoint.resume=none --metrics-file "$out/first-run/metrics.jsonl"
+tail -2 "$out/first-run/metrics.jsonl" >> "$summary" 2>/dev/null
+
+# 5. One GPU per rank, by hand: 2 ranks sharing the GPU vs 1 rank, and too many ranks.
+tiny=(--config configs/dnabert-mlm.toml --set model.hidden=128 --set model.layers=2
+      --set model.heads=2 --set model.ffn=256 --set model.max_seq_length=128
+      --set model.dropout=0 --set training.precision=fp32 --set training.max_steps=20
+      --set training.logging_steps=1 --set training.eval_steps=0 --set training.warmup_ratio=0
+      --set training.device=cuda --set checkpoint.save_steps=0 --set checkpoint.save_final=false
+      --set checkpoint.resume=none --set data.dataloader_num_workers=1)
+gpu_step one-rank "$bin/dnallm-train" "${tiny[@]}" --set training.micro_batch_size=8 \
+  --set training.grad_accum_steps=1 --set checkpoint.dir="$out/one/ckpt" \
+  --metrics-file "$out/one/metrics.jsonl"
+gpu_step two-ranks-shared-gpu "$bin/dnallm-launch" --nproc-per-node 2 -- "$bin/dnallm-train" \
+  "${tiny[@]}" --set training.micro_batch_size=4 --set training.grad_accum_steps=1 \
+  --set parallel.share_gpus=true --set checkpoint.dir="$out/two/ckpt" \
+  --metrics-file "$out/two/metrics.jsonl"
+gpu_step compare-one-two "${PYTHON:-python3}" - "$out/one/metrics.jsonl" "$out/two/metrics.jsonl" <<'PY'
+import json, sys
+def losses(p):
+    return {j["step"]: j["loss"] for j in map(json.loads, open(p)) if "event" not in j}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
+for s in sorted(a):
+    print(f"step {s:3d}  1 rank {a[s]:.6f}  2 ranks sharing the GPU {b[s]:.6f}")
+print(f"largest relative loss difference over {len(a)} steps: {worst:.2e}")
+sys.exit(0 if len(a) == len(b) == 20 and worst < 1e-3 else 1)
+PY
+tail -1 "$out/compare-one-two.log" >> "$summary" 2>/dev/null
+too_many_ranks() {
+  local rc=0
+  "$bin/dnallm-launch" --nproc-per-node $((gpus + 1)) -- "$bin/dnallm-train" "${tiny[@]}" \
+    --set checkpoint.dir="$out/toomany/ckpt" || rc=$?
+  echo "exit code $rc with $((gpus + 1)) ranks on $gpus GPU(s) (expected 2)"
+  [ $rc -eq 2 ]
+}
+gpu_step too-many-ranks too_many_ranks
+grep -m1 "ranks on this node" "$out/too-many-ranks.log" >> "$summary" 2>/dev/null
+
+# 6. Throughput against Hugging Face.
+if [ "$bench" = 1 ]; then
+  gpu_step bench-gpu bench/gpu/bench_gpu.sh --bin "$bin" --out "$out/bench" \
+    --steps "${BENCH_STEPS:-100}" --warmup 20
+  [ -f "$out/bench/table.txt" ] && cat "$out/bench/table.txt" >> "$summary"
+fi
+
+echo "total $(( $(date +%s) - t_start ))s; $( [ $failed -eq 0 ] && echo 'all steps passed' || echo 'some steps FAILED')" | tee -a "$summary"
+exit $failed

@@ -1,0 +1,204 @@
+// Note [Staged collectives] with a real Gloo world of 2 ranks in one process (threads, an
+// in-memory store): every collective through the staging thread gives the closed-form
+// result, in issue order, and a failure reaches the waiter and breaks later collectives.
+// On CPU the staging copies host buffers (StagingOptions::stage_host_buffers); the CUDA
+// variant runs only where LibTorch sees a GPU (two ranks sharing it, as share_gpus does).
+#include "worker/parallel/device_group.hpp"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <thread>
+
+#include "coordinator/store.hpp"
+#include "core/error.hpp"
+
+namespace dnallm::parallel {
+namespace {
+
+BufferView view(const torch::Tensor& t) {
+  BufferView v;
+  v.data = t.data_ptr();
+  v.count = static_cast<size_t>(t.numel());
+  v.dtype = t.scalar_type() == torch::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+  v.device = comm_device(t.device());
+  return v;
+}
+
+BufferView slice(const torch::Tensor& t, int64_t begin, int64_t count) {
+  BufferView v = view(t);
+  v.data = static_cast<char*>(v.data) + begin * static_cast<int64_t>(t.element_size());
+  v.count = static_cast<size_t>(count);
+  return v;
+}
+
+// Runs `body(rank, communicator)` on 2 ranks, each a staging communicator over gloo.
+void on_two_ranks(const torch::Device& device, std::chrono::milliseconds timeout,
+                  const std::function<void(int, comm::Communicator&)>& body) {
+  if (!comm::backend_available("gloo")) GTEST_SKIP() << "gloo was not built";
+  auto store = std::make_shared<coordinator::InMemoryStore>();
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(2);
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        comm::CommOptions o;
+        o.backend = "gloo";
+        o.rank = r;
+        o.world_size = 2;
+        o.store = store;
+        o.loopback = true;
+        o.timeout = timeout;
+        o.name = "staged";
+        StagingOptions so;
+        so.stage_host_buffers = !device.is_cuda();
+        auto comm = stage_for_device(comm::make_communicator(o), device, so);
+        body(r, *comm);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+// Every collective, issued all at once before any wait (as DDP's hooks do), then checked
+// against closed-form values: rank r contributes (r + 1) * (i + 1) at element i.
+void check_collectives(const torch::Device& device) {
+  on_two_ranks(device, std::chrono::seconds(20), [&](int r, comm::Communicator& c) {
+    auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+    const auto ramp = torch::arange(1, 8, opts);  // 1..7: 7 elements, uneven shards
+    torch::Tensor in_place = ramp * (r + 1);
+    torch::Tensor src = ramp * (r + 1), dst = torch::zeros({7}, opts);
+    torch::Tensor scatter = ramp * (r + 1);
+    const auto shard = comm::shard_range(7, 2, r);
+    torch::Tensor gather = torch::zeros({7}, opts);
+    gather.narrow(0, shard.offset, shard.count).fill_(r + 1);
+    torch::Tensor bcast = torch::full({5}, double(r + 10), opts);
+    double scalar = r + 1.0;
+    std::vector<comm::WorkPtr> works;
+    works.push_back(c.allreduce(view(in_place), comm::ReduceOp::kSum));
+    works.push_back(c.allreduce(view(src), view(dst), comm::ReduceOp::kMax));
+    works.push_back(c.reduce_scatter(view(scatter), slice(scatter, shard.offset, shard.count),
+                                     comm::ReduceOp::kSum));
+    works.push_back(c.allgather(slice(gather, shard.offset, shard.count), view(gather)));
+    works.push_back(c.broadcast(view(bcast), 1));
+    works.push_back(
+        c.allreduce(BufferView{&scalar, 1, DType::kFloat64, Device{}}, comm::ReduceOp::kSum));
+    works.push_back(c.barrier());
+    for (auto& w : works) w->wait();
+    const auto cpu = [](const torch::Tensor& t) { return t.to(torch::kCPU); };
+    EXPECT_TRUE(cpu(in_place).equal(cpu(ramp) * 3));
+    EXPECT_TRUE(cpu(dst).equal(cpu(ramp) * 2));
+    EXPECT_TRUE(cpu(scatter)
+                    .narrow(0, shard.offset, shard.count)
+                    .equal(cpu(ramp).narrow(0, shard.offset, shard.count) * 3));
+    const auto s0 = comm::shard_range(7, 2, 0);
+    auto expect_gather = torch::full({7}, 2.0f);
+    expect_gather.narrow(0, s0.offset, s0.count).fill_(1.0f);
+    EXPECT_TRUE(cpu(gather).equal(expect_gather)) << cpu(gather);
+    EXPECT_TRUE(cpu(bcast).equal(torch::full({5}, 11.0f)));
+    EXPECT_EQ(scalar, 3.0);
+  });
+}
+
+TEST(StagedCollectives, HostStagingGivesClosedFormResultsInIssueOrder) {
+  check_collectives(torch::kCPU);
+}
+
+TEST(StagedCollectives, ManyQueuedBucketsKeepTheirOrder) {
+  // 40 allreduces issued without waiting, each a different size: a reordering anywhere
+  // would pair different collectives across ranks and fail or mix values.
+  on_two_ranks(torch::kCPU, std::chrono::seconds(20), [](int r, comm::Communicator& c) {
+    std::vector<torch::Tensor> buckets;
+    std::vector<comm::WorkPtr> works;
+    for (int i = 0; i < 40; ++i) {
+      buckets.push_back(torch::full({i + 1}, float(i * 2 + r)));
+      works.push_back(c.allreduce(view(buckets.back()), comm::ReduceOp::kSum));
+    }
+    for (int i = 0; i < 40; ++i) {
+      works[i]->wait();
+      EXPECT_TRUE(buckets[i].equal(torch::full({i + 1}, float(i * 4 + 1)))) << i;
+    }
+  });
+}
+
+TEST(StagedCollectives, AFailureReachesTheWaiterAndBreaksTheCommunicator) {
+  // Rank 1 issues one collective fewer: rank 0's last one times out in gloo, the error
+  // comes back through the staged Work, and the next collective fails at once.
+  on_two_ranks(torch::kCPU, std::chrono::milliseconds(800), [](int r, comm::Communicator& c) {
+    torch::Tensor t = torch::ones({4});
+    c.allreduce(view(t), comm::ReduceOp::kSum)->wait();
+    if (r == 1) return;
+    try {
+      c.allreduce(view(t), comm::ReduceOp::kSum)->wait();
+      ADD_FAILURE() << "a collective without its peer completed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kPeerFailed) << e.what();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_THROW(c.allreduce(view(t), comm::ReduceOp::kSum)->wait(), Error);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
+  });
+}
+
+TEST(StagedCollectives, NothingToStageOnCpuReturnsTheBackendItself) {
+  if (!comm::backend_available("gloo")) GTEST_SKIP() << "gloo was not built";
+  comm::CommOptions o;
+  o.backend = "gloo";
+  o.store = std::make_shared<coordinator::InMemoryStore>();
+  o.loopback = true;
+  auto inner = comm::make_communicator(o);
+  comm::Communicator* raw = inner.get();
+  EXPECT_EQ(stage_for_device(std::move(inner), torch::kCPU).get(), raw);
+}
+
+TEST(RankDevice, CpuStaysCpuAndCudaWithoutAGpuIsAUsageError) {
+  Config config;
+  config.training.device = "cpu";
+  auto d = select_rank_device(config, 1, 4);  // any local layout is fine on the CPU
+  EXPECT_TRUE(d.device.is_cpu());
+  EXPECT_FALSE(d.shared);
+  if (torch::cuda::is_available()) return;
+  config.training.device = "cuda";
+  try {
+    select_rank_device(config, 0, 1);
+    FAIL() << "cuda accepted without a GPU";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+  }
+}
+
+// GPU: two ranks sharing one GPU (parallel.share_gpus) reduce CUDA buffers through pinned
+// host memory.
+TEST(StagedCollectivesGpu, TwoRanksShareOneGpuThroughHostMemory) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: LibTorch sees no GPU here";
+  check_collectives(torch::Device(torch::kCUDA, 0));
+}
+
+TEST(RankDeviceGpu, IndexedCurrentDeviceAndTooManyRanks) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: LibTorch sees no GPU here";
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  Config config;
+  config.training.device = "cuda";
+  auto d = select_rank_device(config, gpus - 1, gpus);
+  EXPECT_TRUE(d.device.is_cuda());
+  EXPECT_EQ(d.device.index(), gpus - 1);
+  EXPECT_FALSE(d.shared);
+  try {
+    select_rank_device(config, 0, gpus + 1);
+    FAIL() << gpus + 1 << " ranks accepted on " << gpus << " GPU(s)";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find(std::to_string(gpus + 1) + " ranks"), std::string::npos);
+  }
+  config.parallel.share_gpus = true;
+  auto shared = select_rank_device(config, gpus, gpus + 1);
+  EXPECT_TRUE(shared.shared);
+  EXPECT_EQ(shared.device.index(), 0);
+  select_rank_device(config, 0, 1);  // leave cuda:0 current
+}
+
+}  // namespace
+}  // namespace dnallm::parallel
