@@ -53,8 +53,8 @@ double AsyncWriter::save(const SaveRequest& request) {
   // The worker is idle and only the caller's thread queues jobs: copy without the lock.
   Job job;
   job.request = request;
-  job.buffers.resize(request.slices.size());
-  for (size_t i = 0; i < request.slices.size(); ++i) {
+  if (!request.borrowed) job.buffers.resize(request.slices.size());
+  for (size_t i = 0; i < job.buffers.size(); ++i) {
     TensorSlice& s = job.request.slices[i];
     auto& buf = job.buffers[i];
     buf.resize(s.bytes());
@@ -111,6 +111,7 @@ void AsyncWriter::run() {
       const SaveRequest& r = job->request;
       result.step = r.step;
       result.stall_s = job->stall_s;
+      if (r.ready) r.ready();
       result.shard = write_shard(r.root / step_dir_name(r.step), r.rank, r.slices, r.codec);
       if (r.commit) {
         CommitInfo info = *r.commit;

@@ -10,6 +10,8 @@
 #include <condition_variable>
 #include <exception>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -30,6 +32,12 @@ struct SaveRequest {
   // Set by a single process (world size 1): the writer commits right after the shard is
   // durable. Multi-rank jobs leave it empty and send SaveResult::shard to the committer.
   std::optional<CommitInfo> commit;
+  // Zero-copy hand-over (Note [Snapshot on a side stream] in worker/train/checkpointing.hpp):
+  // when `borrowed` is set, save() does NOT copy the slices; the job keeps `borrowed` (the
+  // owner of the memory they point into) alive until the write is done, and the writer
+  // thread calls `ready()` (if set) before it reads them, e.g. to wait for a device copy.
+  std::shared_ptr<void> borrowed;
+  std::function<void()> ready;
 };
 
 struct SaveResult {
@@ -54,8 +62,9 @@ class AsyncWriter {
   void stop();
 
   // Called from the training thread. Blocks until the previous save finished (see Note
-  // [One checkpoint in flight]), copies the slices, queues the write and returns the
-  // stall in seconds. Throws the previous save's error if wait() has not reported it.
+  // [One checkpoint in flight]), copies the slices (unless request.borrowed is set), queues
+  // the write and returns the stall in seconds. Throws the previous save's error if wait()
+  // has not reported it.
   double save(const SaveRequest& request);
 
   // Blocks until no save is in flight; returns the last save's result (nullopt if none

@@ -137,6 +137,8 @@ const std::vector<KeyDesc>& schema() {
       {"training", "precision", Kind::kString, DNALLM_FIELD(training, precision), -kInf, kInf,
        {"fp32", "bf16", "fp16"}},
       {"training", "tf32", Kind::kBool, DNALLM_FIELD(training, tf32)},
+      {"training", "sync_free", Kind::kString, DNALLM_FIELD(training, sync_free), -kInf, kInf,
+       {"auto", "on", "off"}},
       {"training", "keep_global_batch", Kind::kBool, DNALLM_FIELD(training, keep_global_batch)},
       {"training", "seed", Kind::kInt, DNALLM_FIELD(training, seed), 0, kInf},
       {"training", "eval_steps", Kind::kInt, DNALLM_FIELD(training, eval_steps), 0, kInf},
@@ -192,6 +194,7 @@ const std::vector<KeyDesc>& schema() {
       {"logging", "tensorboard_dir", Kind::kString, DNALLM_FIELD(logging, tensorboard_dir)},
       {"logging", "level", Kind::kString, DNALLM_FIELD(logging, level), -kInf, kInf,
        {"trace", "debug", "info", "warn", "error", "critical", "off"}},
+      {"logging", "peak_tflops", Kind::kDouble, DNALLM_FIELD(logging, peak_tflops), 0, 1e6},
   };
   return keys;
 }

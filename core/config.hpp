@@ -89,6 +89,8 @@ struct TrainingConfig {
   double max_grad_norm = 1.0;         // 0 disables clipping
   std::string precision = "fp32";     // "fp32" | "bf16" | "fp16"
   bool tf32 = false;
+  // Note [Sync-free step] (worker/train/trainer.hpp): "auto" = on for accelerators.
+  std::string sync_free = "auto";  // "auto" | "on" | "off"
   // On resume at another world size, change grad_accum_steps so the global batch stays.
   bool keep_global_batch = true;
   int64_t seed = 42;
@@ -139,6 +141,9 @@ struct LoggingConfig {
   std::string metrics_file = "";
   std::string tensorboard_dir = "";  // TensorBoard event files (rank 0); "" = none
   std::string level = "info";
+  // Peak dense TFLOP/s of one device for MFU; 0: known devices by name (H100/H200 989,
+  // A100 312 bf16), none on CPU (then MFU is not reported).
+  double peak_tflops = 0.0;
 };
 
 struct Config {

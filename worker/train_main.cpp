@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -31,6 +33,8 @@
 #include "worker/train/auto_batch.hpp"
 #include "worker/train/checkpointing.hpp"
 #include "worker/train/data_source.hpp"
+#include "worker/train/device_stats.hpp"
+#include "worker/train/profiler.hpp"
 #include "worker/train/stop_watchdog.hpp"
 #include "worker/train/trainer.hpp"
 
@@ -87,6 +91,10 @@ int main(int argc, char** argv) {
       "save a checkpoint at the next step (all ranks) and exit 75, resumable (docs/slurm.md)."};
   ConfigOptions options;
   add_config_options(app, options);
+  std::string profile;
+  app.add_option("--profile", profile,
+                 "write a Chrome/Perfetto trace of optimizer steps START:END (Kineto) to "
+                 "<checkpoint.dir>/trace_steps_START-END_rank_R.json");
   return run_main("dnallm-train", app, argc, argv, [&]() -> int {
     Config config = resolve_config(options);
     if (options.print_config) {
@@ -94,6 +102,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     init_logging("train", config.logging.level);
+    std::optional<train::ProfileRange> profile_range;
+    if (!profile.empty()) profile_range = train::parse_profile_range(profile, "--profile");
     // Note [Stop while blocked]: from here on (opening the data, joining the process group
     // and resuming can all block). DNALLM_STOP_GRACE_MS (default 5000) must stay below the
     // launcher's --grace-period (10 s) so that this, not SIGKILL, ends a blocked worker.
@@ -247,6 +257,18 @@ int main(int argc, char** argv) {
     if (auto it = env.find("DNALLM_TEST_KILL_AFTER_SAVE_STEP"); it != env.end()) {
       ckpt_options.kill_after_save_step = std::stoll(it->second);
     }
+    // --profile: refused here (exit 2) when this LibTorch has no Kineto.
+    std::unique_ptr<train::StepProfiler> profiler;
+    if (profile_range) {
+      const std::string dir = config.checkpoint.dir.empty() ? "." : config.checkpoint.dir;
+      profiler = std::make_unique<train::StepProfiler>(
+          *profile_range, fmt::format("{}/trace_steps_{}-{}_rank_{}.json", dir,
+                                      profile_range->first, profile_range->last, rank));
+      train::StepProfiler* p = profiler.get();
+      trainer_options.before_step = [p](train::Trainer& t, int64_t step) {
+        p->before_step(step, t.device());
+      };
+    }
     // Declared before the trainer: its hooks call into the checkpointer.
     train::Checkpointer checkpointer(config, ckpt_options);
     checkpointer.install(trainer_options);
@@ -307,6 +329,14 @@ int main(int argc, char** argv) {
         throw Preempted{r.step};
       };
     }
+    if (profiler) {
+      auto inner = trainer_options.after_step;
+      train::StepProfiler* p = profiler.get();
+      trainer_options.after_step = [inner, p](train::Trainer& t, const train::StepResult& r) {
+        p->after_step(r.step);  // before the checkpoint hooks: the trace holds the steps only
+        if (inner) inner(t, r);
+      };
+    }
     train::Trainer trainer(config, std::move(model), std::move(train_source),
                            std::move(eval_source), sync,
                            trainer_options);
@@ -334,6 +364,11 @@ int main(int argc, char** argv) {
       line["optimizer_bytes"] = allocated.optimizer;
       line["zero_paper_bytes"] = {{"params", paper.params}, {"grads", paper.grads},
                                   {"optimizer", paper.optimizer}};
+      const auto gpu = train::device_memory_stats(trainer.device());
+      if (gpu.available) {
+        line["peak_gpu_mb"] = gpu.peak_allocated_mb;
+        line["peak_gpu_reserved_mb"] = gpu.peak_reserved_mb;
+      }
       trainer.write_metrics(line.dump());
     }
     if (generation > 1) {

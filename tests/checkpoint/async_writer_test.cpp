@@ -45,6 +45,29 @@ TEST(CheckpointAsyncWriterTest, SnapshotIsCopiedAndWaitFlushes) {
   writer.stop();
 }
 
+// Zero-copy hand-over (SaveRequest::borrowed): the writer reads the caller's memory only after
+// ready() returned, and keeps `borrowed` alive until the write is done.
+TEST(CheckpointAsyncWriterTest, BorrowedMemoryIsReadAfterReadyAndKeptAlive) {
+  TempDir tmp;
+  AsyncWriter writer;
+  writer.start();
+  const auto expected = make_data(DType::kFloat32, 1 << 16, 4);
+  // Zeros at hand-over: ready() stands for the device copy that fills the buffer.
+  auto owner = std::make_shared<std::vector<uint8_t>>(expected.size(), 0);
+  SaveRequest r = request(tmp.path(), 3, *owner);
+  r.borrowed = owner;
+  std::weak_ptr<std::vector<uint8_t>> watch = owner;
+  r.ready = [raw = owner.get(), &expected] { *raw = expected; };
+  owner.reset();  // the request (and then the writer's job) is the only owner
+  writer.save(r);
+  r = SaveRequest{};  // drop the caller's copy of `borrowed` too
+  auto result = writer.wait();
+  ASSERT_TRUE(result);
+  EXPECT_TRUE(watch.expired()) << "the job kept the borrowed memory after the write";
+  EXPECT_EQ(CheckpointReader::open(tmp.path()).read_tensor("w"), expected);
+  writer.stop();
+}
+
 TEST(CheckpointAsyncWriterTest, SecondSaveWaitsForFirstAndStopDrains) {
   TempDir tmp;
   AsyncWriter writer;

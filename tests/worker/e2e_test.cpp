@@ -148,6 +148,60 @@ TEST_F(EndToEnd, CausalEvalScoresEachBaseAtMostOnce) {
   EXPECT_LE(j.at("bases").get<int64_t>(), 17 * 62 + 30) << eval.out;
 }
 
+// --profile START:END writes a Kineto trace, or (a LibTorch without Kineto, as Debian's)
+// exits 2 naming Kineto before training; logging.peak_tflops puts MFU into the step lines and
+// the summary; sync-free steps still log loss and grad norm on logging steps.
+TEST_F(EndToEnd, ProfileTraceAndMfu) {
+  const auto ck = (dir_ / "profile").string();
+  const std::string base = "cd " + kSrc + " && " + kBin +
+                           "dnallm-train --config configs/quickstart.toml" + tiny_sets() +
+                           " --set training.max_steps=4 --set training.logging_steps=2" +
+                           " --set training.sync_free=on --set checkpoint.dir=" + ck;
+  auto profiled = run("{ " + base + " --profile 2:3 2>&1 ; }");
+  const std::string trace = ck + "/trace_steps_2-3_rank_0.json";
+  if (profiled.code == 2) {
+    EXPECT_NE(profiled.out.find("Kineto"), std::string::npos) << profiled.out;
+    EXPECT_FALSE(fs::exists(trace));
+  } else {
+    ASSERT_EQ(profiled.code, 0) << profiled.out;
+    std::ifstream in(trace);
+    ASSERT_TRUE(in.good()) << "no trace at " << trace << "\n" << profiled.out;
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_NE(text.str().find("traceEvents"), std::string::npos);
+    EXPECT_NE(profiled.out.find(trace), std::string::npos) << "the log does not say where";
+  }
+  auto bad = run("{ " + base + " --profile 3:2 2>&1 ; }");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("START:END"), std::string::npos) << bad.out;
+
+  const std::string metrics = ck + "/metrics.jsonl";
+  auto train =
+      run("{ " + base + " --set logging.peak_tflops=0.5 --metrics-file " + metrics + " 2>&1 ; }");
+  ASSERT_EQ(train.code, 0) << train.out;
+  EXPECT_NE(train.out.find("MFU"), std::string::npos) << train.out;
+  std::ifstream in(metrics);
+  std::string line;
+  int steps = 0;
+  bool summary = false;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("step") && !j.contains("event")) {
+      ++steps;
+      EXPECT_GT(j.at("mfu").get<double>(), 0.0) << line;
+      EXPECT_GT(j.at("loss").get<double>(), 0.0) << line;
+      EXPECT_GT(j.at("grad_norm").get<double>(), 0.0) << line;
+    }
+    if (j.value("event", "") == "summary") {
+      summary = true;
+      EXPECT_GT(j.at("mfu").get<double>(), 0.0) << line;
+      EXPECT_FALSE(j.contains("peak_gpu_mb")) << "CPU run reports GPU memory: " << line;
+    }
+  }
+  EXPECT_EQ(steps, 3);  // steps 1, 2 and 4
+  EXPECT_TRUE(summary);
+}
+
 TEST(TrainCli, HelpUsageAndWorldSize) {
   auto help = run(kBin + "dnallm-train --help");
   EXPECT_EQ(help.code, 0);

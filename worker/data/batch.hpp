@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace dnallm::data {
@@ -31,6 +32,9 @@ struct Batch {
   std::vector<uint64_t> sample_ids;     // global sample index of each row
   int64_t num_label_tokens = 0;         // entries of `labels` != kIgnoreIndex
   int64_t num_bases = 0;                // real (non-special, non-pad) bases in the batch
+  // Whether any attention_mask entry is 0 (set by the collator; unset: the trainer scans the
+  // mask). Known on the host so the model needs no device read to choose a mask-free SDPA.
+  std::optional<bool> padded;
 };
 
 }  // namespace dnallm::data

@@ -133,6 +133,8 @@ Batch collate(std::vector<EncodedSample> samples, const ObjectiveOptions& option
       b.sample_ids.push_back(s.sample_id);
     }
   }
+  b.padded =
+      std::find(b.attention_mask.begin(), b.attention_mask.end(), 0) != b.attention_mask.end();
   if (options.objective == Objective::kClassification) {
     for (const auto& s : samples) b.labels.push_back(s.label);
   } else if (options.objective == Objective::kRegression) {

@@ -54,6 +54,17 @@ Tensor rms_norm(const Tensor& weight, const Tensor& x, double eps) {
   return weight * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps));
 }
 
+// Note [Embedding backward without a sync]: CUDA's embedding backward (sort + unique of the
+// ids) reads the number of unique ids back to the host: a synchronisation in every step.
+// index_select's backward is an index_add_ (atomics, no read-back). On CPU the embedding
+// op is kept: its results stay bit-identical to earlier releases.
+Tensor embed(torch::nn::Embedding& table, const Tensor& ids) {
+  if (ids.device().is_cpu()) return table(ids);
+  auto sizes = ids.sizes().vec();
+  sizes.push_back(table->weight.size(1));
+  return table->weight.index_select(0, ids.reshape({-1})).view(sizes);
+}
+
 // Large negative additive value for masked scores: finite so a fully masked row stays finite.
 double mask_value(torch::ScalarType dtype) {
   return dtype == torch::kHalf ? -65504.0 : -1e9;
@@ -493,14 +504,14 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
                "sequence of {} tokens exceeds model.max_seq_length = {}", past_len + t,
                o.max_seq_length);
   auto device = ids.device();
-  auto x = word_embeddings(ids);
+  auto x = embed(word_embeddings, ids);
   if (position_embeddings && o.position_padding_idx >= 0) {
     DNALLM_CHECK(past_len == 0, ExitCode::kFailure, "RoBERTa positions are not cached");
     auto real = ids.ne(o.position_padding_idx).to(torch::kInt64);
-    x = x + position_embeddings(real.cumsum(1) * real + o.position_padding_idx);
+    x = x + embed(position_embeddings, real.cumsum(1) * real + o.position_padding_idx);
   } else if (position_embeddings) {
     auto pos = torch::arange(past_len, past_len + t, ids.options());
-    x = x + position_embeddings(pos).unsqueeze(0);
+    x = x + embed(position_embeddings, pos).unsqueeze(0);
   }
   if (o.mask_embeddings && in.attention_mask.defined() && in.attention_mask.size(1) == t) {
     x = x * in.attention_mask.unsqueeze(-1).to(x.dtype());
@@ -521,7 +532,10 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
     if (key_ok.size(1) == t && past_len > 0) {
       key_ok = torch::cat({torch::ones({b, past_len}, key_ok.options()), key_ok}, 1);
     }
-    if (!key_ok.all().item<bool>()) allowed = key_ok.view({b, 1, 1, tk});
+    // See Note [Host-known batch facts]: the host says whether anything is padded.
+    const bool any_padding =
+        in.padded.has_value() && past_len == 0 ? *in.padded : !key_ok.all().item<bool>();
+    if (any_padding) allowed = key_ok.view({b, 1, 1, tk});
   }
   if (in.segment_ids.defined()) {
     DNALLM_CHECK(past_len == 0, ExitCode::kFailure, "packed segments are not cached");
@@ -576,8 +590,20 @@ ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
   // at 15% masking).
   Tensor selected_valid, selected_labels;
   Tensor hidden;
-  if (o.task == Task::kPretrain && o.arch == Arch::kBert && in.logits_for_labels_only &&
-      in.labels.defined() && !in.segment_ids.defined() && in.labels.dim() == 2) {
+  const bool mlm_selected = o.task == Task::kPretrain && o.arch == Arch::kBert &&
+                            in.logits_for_labels_only && in.labels.defined() &&
+                            !in.segment_ids.defined() && in.labels.dim() == 2;
+  if (mlm_selected && in.mlm_positions.defined() && in.mlm_selected.defined()) {
+    // The same selection as below, with the positions and picks computed on the host (Note
+    // [Host-known batch facts]): index_select of the row-major picks equals the boolean index.
+    ForwardInputs sub = in;
+    sub.scored_positions = in.mlm_positions;
+    auto h = encode(sub);  // [B, M, hidden]
+    hidden = h.reshape({-1, o.hidden}).index_select(0, in.mlm_selected);
+    selected_labels =
+        in.labels.gather(1, in.mlm_positions).reshape({-1}).index_select(0, in.mlm_selected);
+    selected_valid = in.mlm_selected;
+  } else if (mlm_selected) {
     auto scored = in.labels.ne(-100);
     const int64_t t = in.labels.size(1);
     auto ar = torch::arange(t, in.labels.options());
@@ -606,7 +632,8 @@ ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
       auto flat_labels = labels.reshape({-1});
       auto flat_hidden = hidden.reshape({-1, o.hidden});
       if (!selected_valid.defined() && in.logits_for_labels_only) {
-        auto idx = flat_labels.ne(-100).nonzero().squeeze(1);
+        auto idx =
+            in.label_index.defined() ? in.label_index : flat_labels.ne(-100).nonzero().squeeze(1);
         flat_hidden = flat_hidden.index_select(0, idx);
         flat_labels = flat_labels.index_select(0, idx);
       }
@@ -615,7 +642,8 @@ ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
           logits.to(torch::kFloat32), flat_labels,
           torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(
               torch::kSum));
-      out.loss_count = flat_labels.ne(-100).sum().item<int64_t>();
+      out.loss_count =
+          in.label_count >= 0 ? in.label_count : flat_labels.ne(-100).sum().item<int64_t>();
       out.logits = in.logits_for_labels_only ? logits : logits.view({hidden.size(0), hidden.size(1), -1});
     } else {
       out.logits = lm_logits(hidden);
@@ -647,7 +675,8 @@ ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
           logits.to(torch::kFloat32), in.labels,
           torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(
               torch::kSum));
-      out.loss_count = in.labels.ne(-100).sum().item<int64_t>();
+      out.loss_count =
+          in.label_count >= 0 ? in.label_count : in.labels.ne(-100).sum().item<int64_t>();
     }
   }
   return out;

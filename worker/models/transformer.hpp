@@ -156,6 +156,19 @@ struct ForwardInputs {
   bool logits_for_labels_only = false;
   // Internal (set by forward()): run the last block for these positions [B, M] only.
   torch::Tensor scored_positions;
+  // Note [Host-known batch facts]: what the host knows when it builds a batch, so that
+  // forward() reads nothing back from the device (no host synchronisation inside a step).
+  // All optional: unset, forward() computes them on the device and reads them back.
+  std::optional<bool> padded;  // any attention_mask == 0 (false: SDPA gets no mask at all)
+  int64_t label_count = -1;    // labels != -100 (after the causal shift); -1: unknown
+  // Flat indices of the scored labels in the layout forward() flattens them to: [B*T], or
+  // [B*(T-1)] for a shifted causal LM. Replaces a nonzero() on the device. int64 [N].
+  torch::Tensor label_index;
+  // Masked LM with logits_for_labels_only (Note [Scored positions only]): per row the
+  // scored positions ascending, then the others ascending, the first M of them [B, M] (M >= the
+  // largest scored count of a row); and the flat indices into [B*M] of the scored ones [N].
+  torch::Tensor mlm_positions;
+  torch::Tensor mlm_selected;
 };
 
 struct ModelOutput {

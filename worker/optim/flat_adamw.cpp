@@ -1,5 +1,7 @@
 #include "worker/optim/flat_adamw.hpp"
 
+#include <torch/version.h>
+
 #include <cmath>
 
 #include "core/error.hpp"
@@ -56,6 +58,67 @@ FlatAdamW::FlatAdamW(AdamWOptions options, int64_t begin, int64_t end,
   exp_avg_ = torch::zeros_like(decay_mask_);
   exp_avg_sq_ = torch::zeros_like(decay_mask_);
   scratch_ = torch::empty_like(decay_mask_);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  if (decay_mask_.is_cuda()) {
+    // Runs of equal decay: the fused kernel takes one weight decay per call. Read once here
+    // (construction, not a training step).
+    auto mask = decay_mask_.to(torch::kCPU);
+    const float* m = mask.data_ptr<float>();
+    const int64_t n = mask.numel();
+    for (int64_t i = 0; i < n;) {
+      int64_t j = i;
+      while (j < n && m[j] == m[i]) ++j;
+      (m[i] != 0.0f ? decay_runs_ : plain_runs_).emplace_back(i, j);
+      i = j;
+    }
+    step_tensor_ = torch::zeros({}, decay_mask_.options());
+  }
+#endif
+}
+
+void FlatAdamW::step(torch::Tensor params, const torch::Tensor& grads, double lr,
+                     const torch::Tensor& grad_scale) {
+  torch::NoGradGuard no_grad;
+  ++step_;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  if (fused()) {
+    step_tensor_.add_(1.0);
+    // The kernel divides the gradients by grad_scale (and writes them back unscaled).
+    const auto divisor = grad_scale.reciprocal();
+    const std::vector<torch::Tensor> steps_list(std::max(decay_runs_.size(), plain_runs_.size()),
+                                                step_tensor_);
+    auto run = [&](const std::vector<std::pair<int64_t, int64_t>>& runs, double wd) {
+      if (runs.empty()) return;
+      std::vector<torch::Tensor> p, g, m, v;
+      for (const auto& [a, b] : runs) {
+        p.push_back(params.narrow(0, a, b - a));
+        g.push_back(grads.narrow(0, a, b - a));
+        m.push_back(exp_avg_.narrow(0, a, b - a));
+        v.push_back(exp_avg_sq_.narrow(0, a, b - a));
+      }
+      const std::vector<torch::Tensor> steps(steps_list.begin(), steps_list.begin() + runs.size());
+      at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1,
+                        options_.beta2, wd, options_.eps, /*amsgrad=*/false, /*maximize=*/false,
+                        divisor, /*found_inf=*/c10::nullopt);
+    };
+    run(decay_runs_, options_.weight_decay);
+    run(plain_runs_, 0.0);
+    return;
+  }
+#endif
+  const double b1 = options_.beta1, b2 = options_.beta2;
+  const double bc1 = 1.0 - std::pow(b1, double(step_));
+  const double bc2 = 1.0 - std::pow(b2, double(step_));
+  // s g in the scratch buffer, then the update of step(double) with s = 1.
+  torch::mul_out(scratch_, grads, grad_scale);
+  exp_avg_.mul_(b1).add_(scratch_, 1.0 - b1);
+  exp_avg_sq_.mul_(b2).addcmul_(scratch_, scratch_, 1.0 - b2);
+  if (options_.weight_decay != 0.0) {
+    params.addcmul_(params, decay_mask_, -lr * options_.weight_decay);
+  }
+  torch::sqrt_out(scratch_, exp_avg_sq_);
+  scratch_.div_(std::sqrt(bc2)).add_(options_.eps);
+  params.addcdiv_(exp_avg_, scratch_, -lr / bc1);
 }
 
 void FlatAdamW::step(torch::Tensor params, const torch::Tensor& grads, double lr,
@@ -81,6 +144,11 @@ void FlatAdamW::step(torch::Tensor params, const torch::Tensor& grads, double lr
 double grad_sq_sum(const torch::Tensor& grads) {
   torch::NoGradGuard no_grad;
   return grads.dot(grads).item<double>();
+}
+
+torch::Tensor grad_sq_sum_tensor(const torch::Tensor& grads) {
+  torch::NoGradGuard no_grad;
+  return grads.dot(grads);
 }
 
 double clip_coefficient(double total_norm, double max_norm) {

@@ -71,24 +71,41 @@ class FlatAdamW {
   // `grad_scale` (clip coefficient / loss scale) on the fly; they are not modified.
   void step(torch::Tensor params, const torch::Tensor& grads, double lr, double grad_scale = 1.0);
 
+  // The same update with the gradient multiplier a 0-dim fp32 device tensor (clip coefficient
+  // / loss scale computed on the device): nothing is read back. On LibTorch 2.x CUDA it is
+  // torch's fused AdamW kernel over the decayed and the undecayed runs of the range.
+  void step(torch::Tensor params, const torch::Tensor& grads, double lr,
+            const torch::Tensor& grad_scale);
+
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }
   int64_t steps() const { return step_; }
   // State for checkpoints: moments [end - begin] and the step count.
   torch::Tensor& exp_avg() { return exp_avg_; }
   torch::Tensor& exp_avg_sq() { return exp_avg_sq_; }
-  void set_steps(int64_t steps) { step_ = steps; }
+  void set_steps(int64_t steps) {
+    step_ = steps;
+    if (step_tensor_.defined()) step_tensor_.fill_(static_cast<double>(steps));
+  }
+  // Whether step(Tensor) runs torch's fused kernel (LibTorch 2.x, CUDA).
+  bool fused() const { return step_tensor_.defined(); }
 
  private:
   AdamWOptions options_;
   int64_t begin_, end_;
   int64_t step_ = 0;
   torch::Tensor decay_mask_, exp_avg_, exp_avg_sq_, scratch_;
+  // Fused path: [begin, end) runs of equal decay (read from the mask once, at construction)
+  // and the step count as a device tensor (the kernel reads it).
+  std::vector<std::pair<int64_t, int64_t>> decay_runs_, plain_runs_;
+  torch::Tensor step_tensor_;
 };
 
 // Sum of squares of a gradient range as a double (a partial: add partials across shards,
 // then sqrt). Non-finite values propagate (inf/nan detection for the loss scaler).
 double grad_sq_sum(const torch::Tensor& grads);
+// The same as a 0-dim fp32 tensor on the gradients' device (nothing read back).
+torch::Tensor grad_sq_sum_tensor(const torch::Tensor& grads);
 // min(1, max_norm / (total_norm + 1e-6)); 1 when max_norm <= 0 (clipping off).
 double clip_coefficient(double total_norm, double max_norm);
 
@@ -121,6 +138,7 @@ class LossScaler {
   // Call once per optimizer step with whether any gradient was inf/nan. Returns true when the
   // step must be applied, false when it is skipped (then the scale backs off).
   bool update(bool found_inf);
+  bool enabled() const { return options_.enabled; }
   int64_t skipped_steps() const { return skipped_; }
   // Checkpoint state: the raw scale (kept when disabled), clean steps since the last change.
   double raw_scale() const { return scale_; }

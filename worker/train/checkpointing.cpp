@@ -2,8 +2,14 @@
 
 #include <signal.h>
 
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <algorithm>
 #include <map>
+
+#include <thread>
 
 #include <fmt/format.h>
 #if __has_include(<fmt/ranges.h>)
@@ -51,6 +57,20 @@ struct SavedEntry {
 
 }  // namespace
 
+// Note [Snapshot on a side stream] (header).
+struct Checkpointer::Snapshot {
+  torch::Tensor host;                  // [3, count] fp32, pinned: params, exp_avg, exp_avg_sq
+  std::optional<c10::Stream> stream;   // the side stream (from the device's pool)
+  std::unique_ptr<c10::Event> copied;  // recorded on `stream` after the copies
+
+  // Host wait for the copies (any thread). c10::Event has no synchronize() in every LibTorch
+  // version: poll; the copy of ~1 GB takes tens of milliseconds.
+  void wait() const {
+    if (!copied) return;
+    while (!copied->query()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+};
+
 Checkpointer::Checkpointer(Config config, CheckpointerOptions options)
     : config_(std::move(config)), options_(std::move(options)) {
   if (config_.checkpoint.async) writer_.start();
@@ -60,6 +80,14 @@ Checkpointer::~Checkpointer() {
   abort_ = true;
   if (finisher_.joinable()) finisher_.join();
   writer_.stop();
+  wait_snapshot();
+}
+
+void Checkpointer::wait_snapshot() noexcept {
+  try {
+    if (snapshot_) snapshot_->wait();
+  } catch (...) {
+  }
 }
 
 void Checkpointer::install(TrainerOptions& options) {
@@ -123,15 +151,50 @@ double Checkpointer::save(Trainer& trainer) {
   const int64_t n = flat.numel();
   const auto [begin, end] = stored_range(adam, n, world_, rank_);
 
-  // Host copies of the slices (on CPU these are views: AsyncWriter::save copies them).
+  // Host copies of the slices (on CPU these are views: AsyncWriter::save copies them; on a
+  // device, Note [Snapshot on a side stream]).
   torch::NoGradGuard no_grad;
   const int64_t count = end - begin;
   torch::Tensor params, exp_avg, exp_avg_sq;
   std::vector<checkpoint::TensorSlice> slices;
-  if (count > 0) {
+  const auto device = trainer.device();
+  const bool side_stream = count > 0 && !device.is_cpu();
+  if (side_stream) {
+    if (!snapshot_) snapshot_ = std::make_shared<Snapshot>();
+    auto& snap = *snapshot_;
+    snap.wait();  // the previous save's copy (long done: its write has finished)
+    if (!snap.host.defined() || snap.host.size(1) != count) {
+      snap.host = torch::empty({3, count},
+                               torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
+    }
+    c10::impl::VirtualGuardImpl impl(device.type());
+    const c10::Stream compute = impl.getStream(device);
+    if (!snap.stream) snap.stream = impl.getStreamFromGlobalPool(device);
+    c10::Event computed(device.type());
+    computed.record(compute);
+    computed.block(*snap.stream);  // the copies see this step's update
+    {
+      c10::StreamGuard on_side(*snap.stream);
+      snap.host[0].copy_(flat.params().narrow(0, begin, count), /*non_blocking=*/true);
+      snap.host[1].copy_(adam.exp_avg().narrow(0, begin - adam.begin(), count), true);
+      snap.host[2].copy_(adam.exp_avg_sq().narrow(0, begin - adam.begin(), count), true);
+    }
+    snap.copied = std::make_unique<c10::Event>(device.type());
+    snap.copied->record(*snap.stream);
+    // The next optimizer update must not overwrite what the copies still read.
+    trainer.before_next_update([snap = snapshot_, device] {
+      c10::impl::VirtualGuardImpl guard(device.type());
+      snap->copied->block(guard.getStream(device));
+    });
+    params = snap.host[0];
+    exp_avg = snap.host[1];
+    exp_avg_sq = snap.host[2];
+  } else if (count > 0) {
     params = host_f32(flat.params().narrow(0, begin, count));
     exp_avg = host_f32(adam.exp_avg().narrow(0, begin - adam.begin(), count));
     exp_avg_sq = host_f32(adam.exp_avg_sq().narrow(0, begin - adam.begin(), count));
+  }
+  if (count > 0) {
     const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
     slices.push_back({flat_spec(kFlatParamsTensor, n), u(begin), u(end), params.data_ptr()});
     slices.push_back({flat_spec(kExpAvgTensor, n), u(begin), u(end), exp_avg.data_ptr()});
@@ -179,8 +242,14 @@ double Checkpointer::save(Trainer& trainer) {
   request.codec.chunk_bytes =
       std::max<size_t>(4096, static_cast<size_t>(config_.checkpoint.chunk_mb * 1048576.0));
 
+  if (side_stream) {
+    request.borrowed = snapshot_;  // zero-copy: the writer reads the pinned buffers
+    auto snap = snapshot_;
+    request.ready = [snap] { snap->wait(); };
+  }
   last_saved_ = step;
   if (!config_.checkpoint.async) {
+    if (side_stream) snapshot_->wait();
     // Synchronous: write, publish and (rank 0) commit on this thread.
     const auto shard = checkpoint::write_shard(
         std::filesystem::path(request.root) / checkpoint::step_dir_name(step), rank_,
@@ -481,8 +550,32 @@ void restore(Trainer& trainer, const checkpoint::CheckpointReader& ckpt) {
     fail(ExitCode::kCheckpointCorrupt, "checkpoint {}: unreadable training state ({})", dir,
          e.what());
   }
+  check_on_device(trainer);
   spdlog::info("resumed from {} at step {} (world size {} -> {})", dir, trainer.step(),
                m.world_size, trainer.sync().world_size());
+}
+
+void check_on_device(Trainer& trainer) {
+  const auto device = trainer.device();
+  auto check = [&](const torch::Tensor& t, const std::string& what) {
+    if (!t.defined()) return;
+    const auto d = t.device();
+    DNALLM_CHECK(d.type() == device.type() && (!device.has_index() || d.index() == device.index()),
+                 ExitCode::kFailure,
+                 "after resume {} is on {} but the trainer trains on {}: every parameter, "
+                 "gradient and optimizer buffer must live on the rank's device (a bug; please "
+                 "report it)",
+                 what, d.str(), device.str());
+  };
+  for (const auto& p : trainer.model()->named_parameters()) {
+    check(p.value(), "parameter " + p.key());
+    check(p.value().grad(), "the gradient of " + p.key());
+  }
+  check(trainer.flat().params(), "the flat parameter buffer");
+  check(trainer.flat().grads(), "the flat gradient buffer");
+  check(trainer.flat().decay_mask(), "the weight-decay mask");
+  check(trainer.optimizer().exp_avg(), std::string(kExpAvgTensor));
+  check(trainer.optimizer().exp_avg_sq(), std::string(kExpAvgSqTensor));
 }
 
 }  // namespace dnallm::train

@@ -26,6 +26,21 @@
 //   deletes exactly the steps the registry's retention answer names.
 //   4. training thread, at the next step or finish(): rethrows a finisher error; rank 0
 //      writes {"event":"checkpoint","step","bytes","stall_s","write_s"}.
+//
+// Note [Snapshot on a side stream]: on an accelerator step 1 reads nothing back. The side
+// stream (from the device's pool, via the device-generic c10 stream/event API) waits for the
+// compute stream, copies the three slices into pinned host buffers the Checkpointer owns
+// (non-blocking), and records an event. The compute stream waits for that event only right
+// before the next optimizer update (Trainer::before_next_update), so the copy overlaps the
+// next step's forward and backward; the writer thread polls the event before it reads the
+// host copy (AsyncWriter's zero-copy hand-over). The pinned buffers are reused by the next
+// save (the finisher has joined by then) and freed only after the event completed.
+//
+// Note [Resume on the device]: restore() copies every tensor into the trainer's own buffers,
+// which live on its device (parameters are views of the flat buffer, moments are the
+// optimizer's), and check_on_device() then verifies that every parameter, gradient, flat
+// buffer and moment is on the trainer's device: state left on the host fails loudly at
+// resume instead of slowing every step.
 #pragma once
 
 #include <atomic>
@@ -108,8 +123,14 @@ class Checkpointer {
   void join_finisher();
   void report(Trainer& trainer);
 
+  // Waits (host) until the last side-stream snapshot has landed. Never throws.
+  void wait_snapshot() noexcept;
+
+  struct Snapshot;  // pinned host buffers and the copy's event (checkpointing.cpp)
   Config config_;
   CheckpointerOptions options_;
+  // Declared before writer_: destroyed after it, so never freed under a running write.
+  std::shared_ptr<Snapshot> snapshot_;
   checkpoint::AsyncWriter writer_;
   std::thread finisher_;  // one per checkpoint, joined before the next save
   int64_t last_saved_ = -1;
@@ -140,5 +161,9 @@ nlohmann::json saved_sampler_state(const checkpoint::CheckpointReader& ckpt);
 // and step into a freshly built trainer. Throws Error(kUsage) when the parameter layout
 // (names, shapes) differs. Logs "resumed from <dir> at step N (world size A -> B)".
 void restore(Trainer& trainer, const checkpoint::CheckpointReader& ckpt);
+
+// Note [Resume on the device]: throws Error(kFailure) naming the first parameter, gradient,
+// flat buffer or optimizer moment that is not on trainer.device().
+void check_on_device(Trainer& trainer);
 
 }  // namespace dnallm::train

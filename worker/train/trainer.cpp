@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -12,6 +13,8 @@
 
 #include "core/error.hpp"
 #include "worker/train/autocast.hpp"
+#include "worker/train/device_stats.hpp"
+#include "worker/train/mfu.hpp"
 
 namespace dnallm::train {
 namespace {
@@ -128,24 +131,120 @@ models::TransformerLM build_model(const Config& config, int64_t vocab_size) {
   return model;
 }
 
+namespace {
+
+// Note [Host-known batch facts] (worker/models/transformer.hpp): the facts the model would
+// otherwise read back from the device, computed here from the host batch. Every int64 array
+// of the micro-batch goes into ONE host buffer (pinned on CUDA) and one non-blocking copy.
+class HostPack {
+ public:
+  int64_t add(const int64_t* data, size_t n) {
+    const auto offset = static_cast<int64_t>(values_.size());
+    values_.insert(values_.end(), data, data + n);
+    return offset;
+  }
+  int64_t add(const std::vector<int64_t>& v) { return add(v.data(), v.size()); }
+  // The buffer on `device`: one copy (non-blocking from pinned memory on CUDA).
+  torch::Tensor to(const torch::Device& device) const {
+    const auto n = static_cast<int64_t>(values_.size());
+    auto options = torch::TensorOptions().dtype(torch::kInt64);
+    if (!device.is_cpu()) options = options.pinned_memory(true);
+    auto host = torch::empty({n}, options);
+    std::copy(values_.begin(), values_.end(), host.data_ptr<int64_t>());
+    // The caching host allocator keeps the pinned block until the copy has run.
+    return device.is_cpu() ? host : host.to(device, /*non_blocking=*/true);
+  }
+
+ private:
+  std::vector<int64_t> values_;
+};
+
+// Masked LM, scored positions only: per row the scored positions ascending, then the others
+// ascending (the first M), and the row-major flat indices into [rows*M] of the scored ones.
+// M = the largest scored count of a row (>= 1), rounded up to `multiple` (at most seq_len).
+void mlm_selection(const data::Batch& b, int64_t multiple, std::vector<int64_t>& positions,
+                   std::vector<int64_t>& selected, int64_t& m) {
+  const int64_t t = b.seq_len;
+  std::vector<int64_t> counts(static_cast<size_t>(b.rows), 0);
+  for (int64_t r = 0; r < b.rows; ++r) {
+    for (int64_t i = 0; i < t; ++i) counts[r] += b.labels[r * t + i] != data::kIgnoreIndex;
+  }
+  m = std::max<int64_t>(1, *std::max_element(counts.begin(), counts.end()));
+  if (multiple > 1) m = std::min(t, (m + multiple - 1) / multiple * multiple);
+  positions.assign(static_cast<size_t>(b.rows * m), 0);
+  for (int64_t r = 0; r < b.rows; ++r) {
+    int64_t k = 0;
+    for (int pass = 0; pass < 2 && k < m; ++pass) {
+      for (int64_t i = 0; i < t && k < m; ++i) {
+        const bool scored = b.labels[r * t + i] != data::kIgnoreIndex;
+        if (scored == (pass == 0)) positions[r * m + k++] = i;
+      }
+    }
+    for (int64_t j = 0; j < counts[r]; ++j) selected.push_back(r * m + j);
+  }
+}
+
+}  // namespace
+
 models::ForwardInputs to_inputs(const data::Batch& b, const models::TransformerLM& model,
                                 const torch::Device& device) {
-  const auto i64 = torch::TensorOptions().dtype(torch::kInt64);
-  auto wrap = [&](const std::vector<int64_t>& v, std::vector<int64_t> shape) {
-    // from_blob + to(): one copy into an owning tensor (on the device).
-    return torch::from_blob(const_cast<int64_t*>(v.data()), shape, i64).to(device, false, true);
-  };
   DNALLM_CHECK(int64_t(b.input_ids.size()) == b.rows * b.seq_len, ExitCode::kFailure,
                "batch has {} input ids for {} x {}", b.input_ids.size(), b.rows, b.seq_len);
+  const auto& o = model->options();
+  const int64_t rows = b.rows, t = b.seq_len;
+  HostPack pack;
+  const int64_t ids_at = pack.add(b.input_ids);
+  const int64_t mask_at = b.attention_mask.empty() ? -1 : pack.add(b.attention_mask);
+  const int64_t seg_at = b.segment_ids.empty() ? -1 : pack.add(b.segment_ids);
+  const int64_t labels_at = b.labels.empty() ? -1 : pack.add(b.labels);
+
   models::ForwardInputs in;
-  in.input_ids = wrap(b.input_ids, {b.rows, b.seq_len});
-  if (!b.attention_mask.empty()) in.attention_mask = wrap(b.attention_mask, {b.rows, b.seq_len});
-  if (!b.segment_ids.empty()) in.segment_ids = wrap(b.segment_ids, {b.rows, b.seq_len});
-  const auto task = model->options().task;
-  if (!b.labels.empty()) {
-    in.labels = task == models::Task::kPretrain ? wrap(b.labels, {b.rows, b.seq_len})
-                                                : wrap(b.labels, {b.rows});
+  in.padded = b.padded.has_value() ? *b.padded
+                                   : std::find(b.attention_mask.begin(), b.attention_mask.end(),
+                                               0) != b.attention_mask.end();
+  // Host-known label facts for the loss (no nonzero()/item() on the device).
+  int64_t positions_at = -1, selected_at = -1, index_at = -1, m = 0;
+  std::vector<int64_t> index;
+  const bool lm = o.task == models::Task::kPretrain && !b.labels.empty();
+  if (lm && o.arch == models::Arch::kBert && b.segment_ids.empty()) {
+    std::vector<int64_t> positions, selected;
+    // Static-ish shapes on accelerators (the allocator reuses blocks); exact M on CPU.
+    mlm_selection(b, device.is_cpu() ? 1 : 8, positions, selected, m);
+    positions_at = pack.add(positions);
+    selected_at = pack.add(selected);
+    in.label_count = static_cast<int64_t>(selected.size());
+    index = std::move(selected);
+  } else if (lm) {
+    const bool shift = o.arch == models::Arch::kGpt && o.shift_labels;
+    const int64_t width = shift ? t - 1 : t;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < width; ++i) {
+        if (b.labels[r * t + i + (shift ? 1 : 0)] != data::kIgnoreIndex) {
+          index.push_back(r * width + i);
+        }
+      }
+    }
+    index_at = pack.add(index);
+    in.label_count = static_cast<int64_t>(index.size());
+  } else if (o.task == models::Task::kClassification && !b.labels.empty()) {
+    in.label_count = std::count_if(b.labels.begin(), b.labels.end(),
+                                   [](int64_t l) { return l != data::kIgnoreIndex; });
   }
+
+  auto all = pack.to(device);
+  auto slice = [&](int64_t at, int64_t n) { return all.narrow(0, at, n); };
+  in.input_ids = slice(ids_at, rows * t).view({rows, t});
+  if (mask_at >= 0) in.attention_mask = slice(mask_at, rows * t).view({rows, t});
+  if (seg_at >= 0) in.segment_ids = slice(seg_at, rows * t).view({rows, t});
+  if (labels_at >= 0) {
+    in.labels = o.task == models::Task::kPretrain ? slice(labels_at, rows * t).view({rows, t})
+                                                  : slice(labels_at, rows);
+  }
+  if (positions_at >= 0) {
+    in.mlm_positions = slice(positions_at, rows * m).view({rows, m});
+    in.mlm_selected = slice(selected_at, static_cast<int64_t>(index.size()));
+  }
+  if (index_at >= 0) in.label_index = slice(index_at, static_cast<int64_t>(index.size()));
   if (!b.targets.empty()) {
     in.targets = torch::from_blob(const_cast<float*>(b.targets.data()), {b.rows},
                                   torch::kFloat32).to(device, false, true);
@@ -226,6 +325,8 @@ Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<Bat
   }
   autocast_bf16_ = t.precision == "bf16";
   autocast_fp16_ = t.precision == "fp16" && device_.is_cuda();
+  sync_free_ =
+      options_.sync_free.value_or(t.sync_free == "auto" ? !device_.is_cpu() : t.sync_free == "on");
   optim::LossScalerOptions scaler_options;
   scaler_options.enabled = t.precision == "fp16";
   scaler_options.init_scale = options_.initial_loss_scale;
@@ -260,6 +361,9 @@ Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<Bat
     tensorboard_ = std::make_unique<EventFileWriter>(config_.logging.tensorboard_dir);
     spdlog::info("TensorBoard events: {}", tensorboard_->path());
   }
+  peak_tflops_ = config_.logging.peak_tflops > 0 ? config_.logging.peak_tflops
+                                                 : known_peak_tflops(device_name(device_));
+  reset_device_memory_peaks(device_);
   spdlog::info("model {} ({} task): {} trainable parameters of {}, device {}, precision {}",
                config_.model.arch, config_.model.task, flat_->numel(),
                [&] {
@@ -271,6 +375,13 @@ Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<Bat
 }
 
 Trainer::~Trainer() = default;
+
+double Trainer::flops_per_token(int64_t seq_len) const {
+  int64_t trainable = 0, frozen = 0;
+  for (const auto& p : model_->parameters()) (p.requires_grad() ? trainable : frozen) += p.numel();
+  const auto& o = model_->options();
+  return model_flops_per_token(trainable, frozen, o.layers, o.hidden, seq_len);
+}
 
 std::string Trainer::export_dir() const {
   if (!config_.training.output_dir.empty()) return config_.training.output_dir;
@@ -298,13 +409,19 @@ void Trainer::write_metrics(const std::string& line) {
   metrics_.flush();
 }
 
-StepResult Trainer::train_step() {
+StepResult Trainer::train_step(bool read_host_values) {
   const auto t0 = Clock::now();
   const double wait0 = train_->data_wait_s();
   const int64_t accum = config_.training.grad_accum_steps;
   const auto task = model_->options().task;
   StepResult r;
   r.step = step_ + 1;
+
+  // Every device -> host read of this step goes through here (Note [Sync-free step]).
+  auto read = [&r](const torch::Tensor& t) {
+    ++r.host_reads;
+    return t.item<double>();
+  };
 
   // Note [Loss normalisation]: the whole step's batches first, then the global count.
   std::vector<data::Batch> micro;
@@ -314,6 +431,7 @@ StepResult Trainer::train_step() {
     micro.push_back(train_->next());
     local_count += label_count(micro.back(), task);
     r.tokens += real_tokens(micro.back());
+    r.seq_len = std::max(r.seq_len, micro.back().seq_len);
   }
   const double global_count = sync_->sum_scalar(double(local_count));
   DNALLM_CHECK(global_count > 0, ExitCode::kBadData,
@@ -324,6 +442,7 @@ StepResult Trainer::train_step() {
   flat_->zero_grad();
   const double scale = scaler_.scale();
   double local_loss_sum = 0.0;
+  torch::Tensor device_loss_sum;  // sync-free: the step's loss sum, on the device
   for (int64_t j = 0; j < accum; ++j) {
     auto in = to_inputs(micro[j], model_, device_);
     in.logits_for_labels_only = true;
@@ -336,35 +455,88 @@ StepResult Trainer::train_step() {
       auto out = model_->forward(in);
       loss = out.loss_sum;
     }
-    const double value = loss.item<double>();
-    if (!std::isfinite(value)) {
-      fail(ExitCode::kFailure,
-           "loss is {} at step {} (micro-step {}): training diverged; lower training.lr, keep "
-           "training.max_grad_norm > 0, or use training.precision = \"fp32\" or \"bf16\"",
-           value, r.step, j);
+    if (sync_free_) {
+      auto detached = loss.detach().to(torch::kFloat32);
+      device_loss_sum = device_loss_sum.defined() ? device_loss_sum + detached : detached;
+    } else {
+      const double value = read(loss);
+      if (!std::isfinite(value)) {
+        fail(ExitCode::kFailure,
+             "loss is {} at step {} (micro-step {}): training diverged; lower training.lr, keep "
+             "training.max_grad_norm > 0, or use training.precision = \"fp32\" or \"bf16\"",
+             value, r.step, j);
+      }
+      local_loss_sum += value;
     }
-    local_loss_sum += value;
     sync_->before_backward(j, j + 1 == accum);
     (loss * (scale / global_count)).backward();
     sync_->after_backward(j, j + 1 == accum);
   }
   r.comm_exposed_s = sync_->wait_gradients();
-  r.loss = sync_->sum_scalar(local_loss_sum) / global_count;
-
   const auto [begin, end] = std::make_pair(adamw_->begin(), adamw_->end());
   auto grads = flat_->grads().narrow(0, begin, end - begin);
-  const double norm = std::sqrt(sync_->grad_sq_norm(grads)) / scale;
-  const bool found_inf = !std::isfinite(norm);
-  r.grad_norm = norm;
+  auto params = flat_->params().narrow(0, begin, end - begin);
   r.lr = optim::lr_at(schedule_, step_);
-  if (scaler_.update(found_inf)) {
-    const double coef = optim::clip_coefficient(norm, config_.training.max_grad_norm);
-    adamw_->step(flat_->params().narrow(0, begin, end - begin), grads, r.lr, coef / scale);
-    sync_->after_optimizer_step(*flat_);
+  if (!pending_reads_.empty()) {
+    // Note [Snapshot on a side stream]: the optimizer must not overwrite what a checkpoint
+    // copy still reads. The compute stream waits for those copies (no host wait).
+    for (auto& wait : pending_reads_) wait();
+    pending_reads_.clear();
+  }
+
+  if (!sync_free_) {
+    r.loss = sync_->sum_scalar(local_loss_sum) / global_count;
+    const double norm = std::sqrt(sync_->grad_sq_norm(grads)) / scale;
+    const bool found_inf = !std::isfinite(norm);
+    r.grad_norm = norm;
+    if (scaler_.update(found_inf)) {
+      const double coef = optim::clip_coefficient(norm, config_.training.max_grad_norm);
+      adamw_->step(params, grads, r.lr, coef / scale);
+      sync_->after_optimizer_step(*flat_);
+    } else {
+      r.skipped = true;
+      spdlog::warn("step {}: gradient overflow (norm {}), step skipped; loss scale now {}", r.step,
+                   norm, scaler_.scale());
+    }
   } else {
-    r.skipped = true;
-    spdlog::warn("step {}: gradient overflow (norm {}), step skipped; loss scale now {}", r.step,
-                 norm, scaler_.scale());
+    // Note [Sync-free step]: norm, clip coefficient and update stay on the device.
+    torch::NoGradGuard no_grad;
+    const auto norm = sync_->grad_sq_norm_tensor(grads).sqrt() / scale;
+    const double max_norm = config_.training.max_grad_norm;
+    // clip_coefficient() on the device: min(1, max / (norm + 1e-6)), 1 when off or non-finite.
+    auto coef = torch::ones_like(norm);
+    if (max_norm > 0.0) {
+      coef = torch::where(torch::isfinite(norm), (max_norm / (norm + 1e-6)).clamp_max(1.0), coef);
+    }
+    bool apply = true;
+    if (scaler_.enabled()) {
+      // fp16: the scaler's skip decision is read once per step (see the Note).
+      apply = scaler_.update(!std::isfinite(read(norm)));
+    }
+    if (apply) {
+      adamw_->step(params, grads, r.lr, coef / scale);
+      sync_->after_optimizer_step(*flat_);
+    } else {
+      r.skipped = true;
+      spdlog::warn("step {}: gradient overflow, step skipped; loss scale now {}", r.step,
+                   scaler_.scale());
+    }
+    r.host_values = read_host_values;
+    if (read_host_values) {
+      const double loss_sum = read(device_loss_sum);
+      r.loss = sync_->sum_scalar(loss_sum) / global_count;
+      r.grad_norm = read(norm);
+      if (!std::isfinite(r.loss)) {
+        fail(ExitCode::kFailure,
+             "loss is {} at step {} (or a step since the last logged one): training diverged; "
+             "lower training.lr, keep training.max_grad_norm > 0, or use training.precision = "
+             "\"fp32\" or \"bf16\"",
+             r.loss, r.step);
+      }
+    } else {
+      r.loss = std::nan("");
+      r.grad_norm = std::nan("");
+    }
   }
   ++step_;
   r.data_wait_s = train_->data_wait_s() - wait0;
@@ -381,22 +553,35 @@ void Trainer::run() {
   double final_loss = std::nan("");
   spdlog::info("training {} steps (global batch {} sequences)", total_steps_,
                t.micro_batch_size * t.grad_accum_steps * sync_->world_size());
+  double flops = 0.0;  // model FLOPs of the steps so far (Note [Model FLOPs])
+  int64_t flops_seq = -1;
+  double flops_per_token_at_seq = 0.0;
   while (step_ < total_steps_) {
-    auto r = train_step();
+    const int64_t next = step_ + 1;
+    const bool log_now =
+        t.logging_steps > 0 && (next % t.logging_steps == 0 || next == total_steps_ || next == 1);
+    if (options_.before_step) options_.before_step(*this, next);
+    // Note [Sync-free step]: the loss and norm are read back on logging steps only.
+    auto r = train_step(log_now);
     train_s += r.step_s;
     const double global_tokens = double(r.tokens) * sync_->world_size();
     tokens += global_tokens;
-    final_loss = r.loss;
-    const bool log_now = t.logging_steps > 0 &&
-                         (r.step % t.logging_steps == 0 || r.step == total_steps_ || r.step == 1);
+    if (r.seq_len != flops_seq) {
+      flops_seq = r.seq_len;
+      flops_per_token_at_seq = flops_per_token(r.seq_len);
+    }
+    flops += global_tokens * flops_per_token_at_seq;
+    if (r.host_values) final_loss = r.loss;
     if (log_now && rank0) {
       const double tps = global_tokens / std::max(r.step_s, 1e-9);
+      const double step_mfu = mfu(tps, flops_per_token_at_seq, peak_tflops_, sync_->world_size());
       nlohmann::ordered_json line;
       line["step"] = r.step;
       line["loss"] = r.loss;
       line["lr"] = r.lr;
       line["grad_norm"] = std::isfinite(r.grad_norm) ? r.grad_norm : -1.0;
       line["tokens_per_s"] = tps;
+      if (peak_tflops_ > 0) line["mfu"] = step_mfu;
       line["step_s"] = r.step_s;
       line["comm_exposed_s"] = r.comm_exposed_s;
       line["data_wait_s"] = r.data_wait_s;
@@ -405,8 +590,13 @@ void Trainer::run() {
       write_metrics(line.dump());
       if (options_.console_progress) {
         const double eta = train_s / double(r.step) * double(total_steps_ - r.step);
-        spdlog::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s ETA {}",
-                     r.step, total_steps_, r.loss, r.lr, r.grad_norm, tokens / train_s,
+        const std::string mfu_text =
+            peak_tflops_ > 0
+                ? fmt::format(" MFU {:.1f}%",
+                              100.0 * mfu(flops / train_s, 1.0, peak_tflops_, sync_->world_size()))
+                : std::string();
+        spdlog::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s{} ETA {}",
+                     r.step, total_steps_, r.loss, r.lr, r.grad_norm, tokens / train_s, mfu_text,
                      format_duration(eta));
       }
     }
@@ -456,6 +646,14 @@ void Trainer::run() {
     line["final_loss"] = std::isfinite(final_loss) ? final_loss : -1.0;
     line["world_size"] = sync_->world_size();
     line["peak_rss_mb"] = peak_rss_mb();
+    const auto gpu = device_memory_stats(device_);
+    if (gpu.available) {
+      line["peak_gpu_mb"] = gpu.peak_allocated_mb;
+      line["peak_gpu_reserved_mb"] = gpu.peak_reserved_mb;
+    }
+    if (peak_tflops_ > 0 && train_s > 0) {
+      line["mfu"] = mfu(flops / train_s, 1.0, peak_tflops_, sync_->world_size());
+    }
     line["skipped_steps"] = scaler_.skipped_steps();
     write_metrics(line.dump());
     spdlog::info("done: {} steps, {:.0f} tokens/s, final loss {:.4f}, {:.1f} s", step_,

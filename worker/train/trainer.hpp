@@ -12,6 +12,16 @@
 // with a k-times micro-batch, and N ranks == 1 rank (up to float summation order).
 // Classification/regression count rows instead of tokens.
 //
+// Note [Sync-free step]: on an accelerator the step never waits for the host. What the host
+// needs (label counts, "is anything padded", the scored positions) is computed from the host
+// batch (Note [Host-known batch facts]); the loss is summed on the device and the gradient
+// norm, the clip coefficient and the AdamW update stay device tensors (fused AdamW on
+// LibTorch 2.x CUDA). Loss and norm are read back only on logging steps (run() asks for
+// them; train_step() called directly always reads). A NaN loss is then reported at the next
+// logging step, not at the step it appeared. fp16's loss scaler still reads the overflow flag
+// once per step (as torch's GradScaler with a non-fused optimizer). StepResult::host_reads
+// counts the trainer's own reads; tests check the model's with an operator observer.
+//
 // Note [Dropout randomness]: dropout (model.dropout, lora.dropout) draws from LibTorch's
 // default generators, which the trainer reseeds before every micro-step with
 // dropout_seed(training.seed, step, micro-step, rank). The random state of a step is then
@@ -96,6 +106,13 @@ class GradientSync {
   virtual double grad_sq_norm(const torch::Tensor& flat_grads) {
     return optim::grad_sq_sum(flat_grads);
   }
+  // The same as a 0-dim fp32 tensor on the gradients' device, for the sync-free step (Note
+  // [Sync-free step]). The default reads grad_sq_norm() back (one host synchronisation);
+  // a sync that can reduce on the device overrides it.
+  virtual torch::Tensor grad_sq_norm_tensor(const torch::Tensor& flat_grads) {
+    return torch::scalar_tensor(grad_sq_norm(flat_grads),
+                                flat_grads.options().dtype(torch::kFloat32));
+  }
   // The [begin, end) range of the flat buffer this rank's optimizer updates.
   virtual std::pair<int64_t, int64_t> shard_range(int64_t numel) const { return {0, numel}; }
   // After the optimizer updated this rank's range (ZeRO: all-gather the parameters).
@@ -108,6 +125,9 @@ class SingleProcessSync final : public GradientSync {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   double sum_scalar(double value) override { return value; }
+  torch::Tensor grad_sq_norm_tensor(const torch::Tensor& flat_grads) override {
+    return optim::grad_sq_sum_tensor(flat_grads);
+  }
 };
 
 struct StepResult {
@@ -117,7 +137,13 @@ struct StepResult {
   double grad_norm = 0.0;  // before clipping, unscaled
   bool skipped = false;    // fp16 overflow: parameters untouched
   int64_t tokens = 0;      // real tokens processed by this rank (attention_mask = 1)
+  int64_t seq_len = 0;     // padded sequence length of the step's batches (for MFU)
   double step_s = 0.0, comm_exposed_s = 0.0, data_wait_s = 0.0;
+  // Whether loss, grad_norm and skipped were read back (Note [Sync-free step]); when false
+  // they are NaN / false.
+  bool host_values = true;
+  // Device -> host reads the trainer made in this step (Note [Sync-free step]).
+  int64_t host_reads = 0;
 };
 
 struct EvalResult {
@@ -147,11 +173,16 @@ struct TrainerOptions {
   // elastic restart, restart by hand) keeps the history of the runs before it.
   bool append_metrics = false;
   double initial_loss_scale = 65536.0;  // fp16 dynamic loss scaling starts here
+  // Note [Sync-free step]: unset = on for accelerators, off on CPU (where reading a value
+  // costs nothing and the host path keeps the historical bit-exact results).
+  std::optional<bool> sync_free;
   // Called on the training thread after every step of run() (after logging and evaluation),
   // and once at the end of run() before the export: the checkpoint hooks
   // (worker/train/checkpointing.hpp). Either may be empty.
   std::function<void(Trainer&, const StepResult&)> after_step;
   std::function<void(Trainer&)> at_end;
+  // Called on the training thread before step `step` (1-based) of run(): the profiler.
+  std::function<void(Trainer&, int64_t step)> before_step;
 };
 
 // training.device ("auto" | "cpu" | "cuda") resolved; CUDA comes with the index of the current
@@ -185,8 +216,12 @@ class Trainer {
           TrainerOptions options = {});
   ~Trainer();
 
-  // One optimizer step (all micro-steps). Throws Error on a NaN/inf loss.
-  StepResult train_step();
+  // One optimizer step (all micro-steps). Throws Error on a NaN/inf loss. With
+  // `read_host_values` false a sync-free step (Note [Sync-free step]) leaves loss, grad_norm
+  // and skipped unread; the host path always reads them.
+  StepResult train_step(bool read_host_values = true);
+  // Whether steps run sync-free (Note [Sync-free step]).
+  bool sync_free() const { return sync_free_; }
   // Trains to total_steps(), evaluating every eval_steps, logging every logging_steps,
   // writes the summary and (rank 0, checkpoint.save_final) exports <dir>/final.
   void run();
@@ -208,6 +243,13 @@ class Trainer {
   // Where run() exports the final model.
   std::string export_dir() const;
 
+  // Note [Snapshot on a side stream]: `wait` (e.g. "the compute stream waits for the copy's
+  // event") runs once, right before the next optimizer update overwrites the parameters and
+  // moments. Training thread.
+  void before_next_update(std::function<void()> wait) { pending_reads_.push_back(std::move(wait)); }
+  // Note [Model FLOPs] (worker/train/mfu.hpp) per token at sequence length `seq_len`.
+  double flops_per_token(int64_t seq_len) const;
+
  private:
   Config config_;
   models::TransformerLM model_;
@@ -225,6 +267,9 @@ class Trainer {
   std::unique_ptr<EventFileWriter> tensorboard_;  // logging.tensorboard_dir, rank 0
   int64_t tensorboard_step_ = 0;                  // step of the last line that had one
   bool autocast_bf16_ = false, autocast_fp16_ = false;
+  bool sync_free_ = false;
+  std::vector<std::function<void()>> pending_reads_;
+  double peak_tflops_ = 0.0;  // one device's peak for MFU; 0: unknown (no MFU)
 };
 
 }  // namespace dnallm::train

@@ -84,6 +84,19 @@ double max_param_diff(const TrainRun& ref, const TrainRun& run) {
   return max_diff;
 }
 
+// A run stopped at step 4 and one resumed from its checkpoint to step 8 (same `extra`); the
+// second must have resumed. Fatal failures end the calling test.
+std::pair<TrainRun, TrainRun> stop_at_4_and_resume(const std::string& ckpt, int world,
+                                                   int save_steps, const std::string& extra) {
+  std::pair<TrainRun, TrainRun> runs{train(ckpt, "first", world, 4, save_steps, extra), {}};
+  EXPECT_EQ(runs.first.rc, 0) << runs.first.log;
+  if (runs.first.rc != 0) return runs;
+  runs.second = train(ckpt, "second", world, 8, save_steps, extra);
+  EXPECT_EQ(runs.second.rc, 0) << runs.second.log;
+  EXPECT_NE(runs.second.log.find("resumed from"), std::string::npos) << runs.second.log;
+  return runs;
+}
+
 class Resume : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -112,6 +125,35 @@ TEST_F(Resume, StoppedAndResumedRunIsBitIdentical) {
     EXPECT_EQ(second.losses.at(step), reference_->losses.at(step)) << "step " << step;
   }
   expect_bit_identical(*reference_, second, "resumed at step 4");
+}
+
+// The sync-free step (Note [Sync-free step], the GPU default, forced on here) through the real
+// binary: its losses match the host path's (the reference) within fp32 tolerance; stopped at
+// step 4 and resumed, it saves and commits again (steps 6 and 8) and ends bit-identical to
+// an uninterrupted sync-free run.
+TEST_F(Resume, SyncFreeRunResumesSavesAgainAndMatchesTheHostPath) {
+  const std::string sync_free = "--set training.sync_free=on";
+  const std::string dir = make_temp_dir("resume_sync_free");
+  TrainRun straight = train(dir + "/straight", "straight", 1, 8, 0, sync_free);
+  ASSERT_EQ(straight.rc, 0) << straight.log;
+  ASSERT_EQ(straight.losses.size(), 8u);
+  for (int64_t step = 1; step <= 8; ++step) {
+    EXPECT_NEAR(straight.losses.at(step), reference_->losses.at(step),
+                1e-5 * std::abs(reference_->losses.at(step)))
+        << "step " << step;
+  }
+  EXPECT_LT(max_param_diff(*reference_, straight), 1e-4);
+  const std::string ckpt = dir + "/ckpt";
+  const auto [first, second] = stop_at_4_and_resume(ckpt, 1, 2, sync_free);
+  ASSERT_EQ(second.rc, 0);
+  for (int step : {6, 8}) {
+    EXPECT_TRUE(fs::exists(fmt::format("{}/step_{:09d}/manifest.json", ckpt, step)))
+        << "the save of step " << step << " after the resume did not commit";
+  }
+  for (int64_t step = 5; step <= 8; ++step) {
+    EXPECT_EQ(second.losses.at(step), straight.losses.at(step)) << "step " << step;
+  }
+  expect_bit_identical(straight, second, "sync-free, resumed at step 4");
 }
 
 TEST_F(Resume, KilledRunResumesToTheSameParameters) {
@@ -143,12 +185,8 @@ TEST_F(Resume, DropoutRunResumesBitIdentical) {
   // Dropout is on: the losses differ from the dropout-free reference (else this test could
   // not tell a restored generator from an unused one).
   EXPECT_NE(ref.losses.at(2), reference_->losses.at(2));
-  const std::string ckpt = dir + "/ckpt";
-  TrainRun first = train(ckpt, "first", 2, 4, 4, dropout);
-  ASSERT_EQ(first.rc, 0) << first.log;
-  TrainRun second = train(ckpt, "second", 2, 8, 4, dropout);
-  ASSERT_EQ(second.rc, 0) << second.log;
-  EXPECT_NE(second.log.find("resumed from"), std::string::npos) << second.log;
+  const auto [first, second] = stop_at_4_and_resume(dir + "/ckpt", 2, 4, dropout);
+  ASSERT_EQ(second.rc, 0);
   ASSERT_EQ(second.losses.size(), 4u);
   for (int64_t step = 5; step <= 8; ++step) {
     EXPECT_EQ(second.losses.at(step), ref.losses.at(step)) << "step " << step;
