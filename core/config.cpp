@@ -76,6 +76,8 @@ const std::vector<KeyDesc>& schema() {
       {"lora", "alpha", Kind::kDouble, DNALLM_FIELD(lora, alpha), 0, kInf},
       {"lora", "dropout", Kind::kDouble, DNALLM_FIELD(lora, dropout), 0, 0.99},
       {"lora", "target_modules", Kind::kStringList, DNALLM_FIELD(lora, target_modules)},
+      {"lora", "quantize_base", Kind::kString, DNALLM_FIELD(lora, quantize_base), -kInf, kInf,
+       {"none", "nf4"}},
       // [tokenizer]
       {"tokenizer", "kind", Kind::kString, DNALLM_FIELD(tokenizer, kind), -kInf, kInf,
        {"char", "kmer", "bpe"}},

@@ -118,6 +118,17 @@ models::TransformerLM build_model(const Config& config, int64_t vocab_size) {
     spdlog::info("initialised {} tensors from {}", loaded, path);
   }
   if (lora_r > 0) model->enable_lora(lora_r);
+  if (config.lora.quantize_base != "none") {  // QLoRA: adapters over a 4-bit frozen base
+    DNALLM_CHECK(lora_r > 0, ExitCode::kUsage,
+                 "lora.quantize_base = \"{}\" quantizes the frozen base of a LoRA fine-tune: "
+                 "set lora.r > 0",
+                 config.lora.quantize_base);
+    const auto r = models::quantize_linears(
+        *model, models::parse_weight_format(config.lora.quantize_base, "lora.quantize_base"));
+    spdlog::info("QLoRA: {} base linears in {} ({:.2f} MB, {:.3f}x bf16)", r.linears,
+                 config.lora.quantize_base, r.quantized_bytes / 1e6,
+                 double(r.quantized_bytes) / double(std::max<int64_t>(r.bf16_bytes(), 1)));
+  }
   return model;
 }
 
