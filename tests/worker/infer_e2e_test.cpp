@@ -4,7 +4,6 @@
 // bad input fails with the documented exit codes; a QLoRA fine-tune (lora.quantize_base =
 // "nf4") trains and exports through dnallm-train.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -13,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "tests/integration/ddp/test_util.hpp"
 #include "worker/infer/embedding_writer.hpp"
 
 namespace {
@@ -29,12 +29,7 @@ struct Result {
 
 Result run(const std::string& cmd) {
   Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.code = dnallm::testing::run_command(cmd, &r.out);
   return r;
 }
 

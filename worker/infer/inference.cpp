@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "worker/data/rng.hpp"
 #include "worker/data/sequence_reader.hpp"
 #include "worker/data/table_dataset.hpp"
@@ -20,14 +21,6 @@ using torch::Tensor;
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::string format_eta(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  const auto total = static_cast<int64_t>(s + 0.5);
-  if (total >= 3600) return fmt::format("{}h{:02}m", total / 3600, (total % 3600) / 60);
-  if (total >= 60) return fmt::format("{}m{:02}s", total / 60, total % 60);
-  return fmt::format("{}s", total);
 }
 
 bool is_table(const std::string& format) {
@@ -233,7 +226,7 @@ void Progress::advance(uint64_t n) {
   last_ = t;
   const double rate = double(done_) / std::max(t - start_, 1e-9);
   spdlog::info("{}: {}/{} ({:.1f}/s), ETA {}", what_, done_, total_, rate,
-               format_eta(double(total_ - std::min(done_, total_)) / rate));
+               format_duration(double(total_ - std::min(done_, total_)) / rate));
 }
 
 void Progress::finish() {

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "worker/train/autocast.hpp"
 
 namespace dnallm::train {
@@ -25,14 +26,6 @@ double peak_rss_mb() {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   return double(usage.ru_maxrss) / 1024.0;  // Linux: kilobytes
-}
-
-std::string format_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  const auto total = static_cast<int64_t>(s + 0.5);
-  if (total >= 3600) return fmt::format("{}h{:02}m", total / 3600, (total % 3600) / 60);
-  if (total >= 60) return fmt::format("{}m{:02}s", total / 60, total % 60);
-  return fmt::format("{}s", total);
 }
 
 int64_t label_count(const data::Batch& b, models::Task task) {
