@@ -3,7 +3,7 @@
 //
 // Sequences are framed as in training ([CLS] tokens [SEP] for BERT, [CLS] tokens for GPT) and
 // cut to model.max_seq_length tokens (the number cut is counted and reported). A batch pads
-// its rows to its longest one; padded positions are masked out of attention and pooling, so a
+// its rows to its longest one (see Note [Length-sorted batches] in inference.cpp); padded positions are masked out of attention and pooling, so a
 // sequence's result does not depend on its batch (up to float rounding of batched GEMMs).
 #pragma once
 
@@ -25,9 +25,8 @@ namespace dnallm::infer {
 // "cuda:N", "cpu". Throws Error(kUsage) when a GPU is asked for and none is visible.
 torch::Device resolve_device(const std::string& spec, int local_rank);
 
-// One input sequence. FASTA/FASTQ ids are the record names; tables have no id column, so a
-// row's id is "row<N>" (N: 1-based data row, the header not counted) unless the table has an
-// "id" column.
+// One input sequence. FASTA/FASTQ ids are the record names; a table row's id is "row<N>"
+// (N: 1-based among the good records, the header not counted; other columns are not read).
 struct InputSequence {
   std::string id;
   std::string bases;  // upper-case A C G T N
