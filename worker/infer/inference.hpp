@@ -3,8 +3,9 @@
 //
 // Sequences are framed as in training ([CLS] tokens [SEP] for BERT, [CLS] tokens for GPT) and
 // cut to model.max_seq_length tokens (the number cut is counted and reported). A batch pads
-// its rows to its longest one (see Note [Length-sorted batches] in inference.cpp); padded positions are masked out of attention and pooling, so a
-// sequence's result does not depend on its batch (up to float rounding of batched GEMMs).
+// its rows to its longest one (see Note [Length-sorted batches] in inference.cpp); padded positions
+// are masked out of attention and pooling, so a sequence's result does not depend on its batch (up
+// to float rounding of batched GEMMs).
 #pragma once
 
 #include <torch/torch.h>
