@@ -77,6 +77,8 @@ const std::vector<KeyDesc>& schema() {
       {"lora", "alpha", Kind::kDouble, DNALLM_FIELD(lora, alpha), 0, kInf},
       {"lora", "dropout", Kind::kDouble, DNALLM_FIELD(lora, dropout), 0, 0.99},
       {"lora", "target_modules", Kind::kStringList, DNALLM_FIELD(lora, target_modules)},
+      {"lora", "quantize_base", Kind::kString, DNALLM_FIELD(lora, quantize_base), -kInf, kInf,
+       {"none", "nf4"}},
       // [tokenizer]
       {"tokenizer", "kind", Kind::kString, DNALLM_FIELD(tokenizer, kind), -kInf, kInf,
        {"char", "kmer", "nt", "bpe"}},
@@ -553,12 +555,20 @@ std::string value_text(Config& c, const KeyDesc& k) {
   return "";
 }
 
-std::string sections_toml(const Config& config, const std::vector<std::string>& only) {
+// `omit_at_default`: keys left out while they hold their default value (see
+// model_config_hash).
+std::string sections_toml(const Config& config, const std::vector<std::string>& only,
+                          const std::vector<std::string>& omit_at_default = {}) {
   Config c = config;  // value_text needs a mutable Config for the field accessors
+  Config defaults;
   std::string out;
   std::string current;
   for (const auto& k : schema()) {
     if (!only.empty() && std::find(only.begin(), only.end(), k.section) == only.end()) continue;
+    if (std::find(omit_at_default.begin(), omit_at_default.end(), k.full()) !=
+            omit_at_default.end() &&
+        value_text(c, k) == value_text(defaults, k))
+      continue;
     if (current != k.section) {
       if (!current.empty()) out += "\n";
       out += fmt::format("[{}]\n", k.section);
@@ -611,7 +621,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 std::string to_toml(const Config& config) { return sections_toml(config, {}); }
 
 uint64_t model_config_hash(const Config& config) {
-  std::string text = sections_toml(config, {"model", "lora", "tokenizer"});
+  // Note [Model hash across releases]: checkpoints store this hash and resume refuses another
+  // one, so a [model]/[lora]/[tokenizer] key added after checkpoints exist joins the hash only
+  // when it is set to something other than its default; list such keys here.
+  static const std::vector<std::string> kAddedLater = {"lora.quantize_base"};
+  std::string text = sections_toml(config, {"model", "lora", "tokenizer"}, kAddedLater);
   return XXH64(text.data(), text.size(), 0);
 }
 

@@ -35,6 +35,8 @@ struct LoraConfig {
   double alpha = 16.0;                // scaling = alpha / r
   double dropout = 0.0;
   std::vector<std::string> target_modules = {"query", "value"};
+  // "nf4": QLoRA, the frozen base linears of the blocks stored in 4 bits (docs/inference.md).
+  std::string quantize_base = "none";
 };
 
 struct TokenizerConfig {

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
+#include <cstdint>
 #include <mutex>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -60,5 +62,13 @@ void init_logging(const std::string& role, const std::string& level) {
 }
 
 void set_log_identity(int rank) { apply_pattern(rank); }
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const auto total = static_cast<int64_t>(s + 0.5);
+  if (total >= 3600) return fmt::format("{}h{:02}m", total / 3600, (total % 3600) / 60);
+  if (total >= 60) return fmt::format("{}m{:02}s", total / 60, total % 60);
+  return fmt::format("{}s", total);
+}
 
 }  // namespace dnallm

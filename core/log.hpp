@@ -22,4 +22,7 @@ void set_log_identity(int rank);
 // The short host name of this machine (cached).
 const std::string& host_name();
 
+// A duration for progress lines ("42s", "3m07s", "2h05m"); "?" when negative or not finite.
+std::string format_duration(double seconds);
+
 }  // namespace dnallm

@@ -178,9 +178,23 @@ void LoraLinearImpl::enable_lora(int64_t r, double alpha, double dropout) {
   lora_dropout_ = dropout;
 }
 
+void LoraLinearImpl::set_quantized(std::shared_ptr<QuantizedWeight> q) {
+  quantized_ = std::move(q);
+  torch::NoGradGuard no_grad;
+  weight.set_data(torch::empty({0}, weight.options()));
+}
+
+Tensor LoraLinearImpl::full_weight() const {
+  return quantized_ ? quantized_->dequantize().to(weight.dtype()) : weight;
+}
+
 void LoraLinearImpl::merge_lora() {
   if (!has_lora()) return;
   torch::NoGradGuard no_grad;
+  if (quantized_) {  // merging needs the full-precision base back
+    weight.set_data(full_weight());
+    quantized_.reset();
+  }
   weight.add_(torch::matmul(lora_b_, lora_a_), scaling_);
   // LibTorch cannot unregister a parameter; zeroing B makes the adapter a no-op and the
   // export skips lora_* tensors. Mark merged so forward skips the adapter path.
@@ -191,8 +205,9 @@ void LoraLinearImpl::merge_lora() {
 }
 
 Tensor LoraLinearImpl::forward(const Tensor& x) {
-  auto y = bias.defined() ? torch::nn::functional::linear(x, weight, bias)
-                          : torch::nn::functional::linear(x, weight);
+  auto y = quantized_       ? quantized_->linear(x, bias)
+           : bias.defined() ? torch::nn::functional::linear(x, weight, bias)
+                            : torch::nn::functional::linear(x, weight);
   if (has_lora() && scaling_ != 0.0) {
     auto xd = lora_dropout_ > 0 && is_training() ? torch::dropout(x, lora_dropout_, true) : x;
     y = y + torch::nn::functional::linear(torch::nn::functional::linear(xd, lora_a_), lora_b_) *
@@ -297,7 +312,8 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
   };
   auto h = post_ln ? x : norm_attn(x);
   Tensor q, k, v;
-  const bool plain_qkv = !query->has_lora() && !key->has_lora() && !value->has_lora();
+  const bool plain_qkv = !query->has_lora() && !key->has_lora() && !value->has_lora() &&
+                         !query->quantized() && !key->quantized() && !value->quantized();
   if (plain_qkv && !positions.defined()) {
     // One GEMM for Q, K and V (the weights stay separate parameters, HF names).
     auto w = torch::cat({query->weight, key->weight, value->weight}, 0);
@@ -851,15 +867,19 @@ void export_model(TransformerLM& model, const std::string& dir, const std::strin
     torch::NoGradGuard no_grad;
     for (const auto& item : model->named_modules()) {
       auto* lin = item.value()->as<LoraLinearImpl>();
-      if (lin == nullptr || !lin->has_lora()) continue;
+      if (lin == nullptr || (!lin->has_lora() && !lin->quantized())) continue;
+      if (!lin->has_lora()) {  // a quantized base exports dequantized (full precision)
+        merged[item.key() + ".weight"] = lin->full_weight();
+        continue;
+      }
       auto params = lin->named_parameters(false);
       auto a = params["lora_A"], b = params["lora_B"];
       merged[item.key() + ".weight"] =
-          lin->weight + torch::matmul(b, a) * (o.lora_alpha / double(o.lora_r));
+          lin->full_weight() + torch::matmul(b, a) * (o.lora_alpha / double(o.lora_r));
     }
   }
   // The adapters alone as well, under PEFT's names, for users who keep the base separate.
-  if (!merged.empty()) {
+  if (!merged.empty() && o.lora_r > 0) {  // (a quantized base alone has no adapters)
     std::vector<std::pair<std::string, Tensor>> adapters;
     for (const auto& item : model->named_parameters()) {
       const auto& name = item.key();

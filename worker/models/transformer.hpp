@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "worker/models/quantized_linear.hpp"
 
 namespace dnallm::models {
 
@@ -99,6 +100,12 @@ class LoraLinearImpl : public torch::nn::Module {
   // Folds B A into W and removes the adapter (export path).
   void merge_lora();
   bool has_lora() const { return lora_a_.defined(); }
+  // Replaces the base weight by a quantized one (INT8/NF4, quantized_linear.hpp): `weight`
+  // becomes an empty tensor and forward computes the base product through `q`.
+  void set_quantized(std::shared_ptr<QuantizedWeight> q);
+  const std::shared_ptr<QuantizedWeight>& quantized() const { return quantized_; }
+  // The base weight in full precision (dequantized when quantized).
+  torch::Tensor full_weight() const;
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::Tensor weight, bias;
@@ -107,6 +114,7 @@ class LoraLinearImpl : public torch::nn::Module {
   torch::Tensor lora_a_, lora_b_;
   double scaling_ = 0.0;
   double lora_dropout_ = 0.0;
+  std::shared_ptr<QuantizedWeight> quantized_;
 };
 TORCH_MODULE(LoraLinear);
 

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "worker/train/autocast.hpp"
 #include "worker/train/device_stats.hpp"
 #include "worker/train/mfu.hpp"
@@ -29,14 +30,6 @@ double peak_rss_mb() {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   return double(usage.ru_maxrss) / 1024.0;  // Linux: kilobytes
-}
-
-std::string format_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  const auto total = static_cast<int64_t>(s + 0.5);
-  if (total >= 3600) return fmt::format("{}h{:02}m", total / 3600, (total % 3600) / 60);
-  if (total >= 60) return fmt::format("{}m{:02}s", total / 60, total % 60);
-  return fmt::format("{}s", total);
 }
 
 int64_t label_count(const data::Batch& b, models::Task task) {
@@ -128,6 +121,17 @@ models::TransformerLM build_model(const Config& config, int64_t vocab_size) {
     spdlog::info("initialised {} tensors from {}", loaded, path);
   }
   if (lora_r > 0) model->enable_lora(lora_r);
+  if (config.lora.quantize_base != "none") {  // QLoRA: adapters over a 4-bit frozen base
+    DNALLM_CHECK(lora_r > 0, ExitCode::kUsage,
+                 "lora.quantize_base = \"{}\" quantizes the frozen base of a LoRA fine-tune: "
+                 "set lora.r > 0",
+                 config.lora.quantize_base);
+    const auto r = models::quantize_linears(
+        *model, models::parse_weight_format(config.lora.quantize_base, "lora.quantize_base"));
+    spdlog::info("QLoRA: {} base linears in {} ({:.2f} MB, {:.3f}x bf16)", r.linears,
+                 config.lora.quantize_base, r.quantized_bytes / 1e6,
+                 double(r.quantized_bytes) / double(std::max<int64_t>(r.bf16_bytes(), 1)));
+  }
   return model;
 }
 

@@ -1,0 +1,299 @@
+// dnallm-infer: batched inference with an exported model directory (dnallm-train's
+// <checkpoint.dir>/final): `embed` (pooled or per-token embeddings to .npy/.safetensors),
+// `generate` (causal LM continuation of prompts, KV cache), `predict` (classifier labels and
+// probabilities). A separate binary from dnallm-eval (which scores) so that each stays small;
+// see docs/inference.md.
+//
+// Multi-process embedding (Note [Embedding shares]): under dnallm-launch, mpirun or srun every
+// rank embeds a contiguous share of the records ([r*N/W, (r+1)*N/W)) into
+// <out>.part<r>.{f32,ids.txt,rows}; after a barrier over the process group, rank 0 appends
+// the parts in rank order into the final file (input order) and deletes them. The output
+// directory must be shared by all ranks.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "cluster/topology.hpp"
+#include "comm/bootstrap.hpp"
+#include "core/cli.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "worker/infer/inference.hpp"
+
+namespace {
+
+using namespace dnallm;
+
+struct CommonArgs {
+  std::string model_dir;
+  std::string device = "auto";
+  std::string quantize = "none";
+  int64_t batch_size = 32;
+  std::string log_level = "info";
+};
+
+void add_common(CLI::App& cmd, CommonArgs& a) {
+  cmd.add_option("--model", a.model_dir,
+                 "exported model directory (config.json, model.safetensors, tokenizer.json)")
+      ->required();
+  cmd.add_option("--device", a.device,
+                 "auto (cuda:LOCAL_RANK when there is a GPU) | cpu | "
+                 "cuda | cuda:N")
+      ->capture_default_str();
+  cmd.add_option("--quantize", a.quantize,
+                 "none | int8 (dynamic quantisation of the block linears, CPU) | nf4 (4-bit "
+                 "weights dequantised on the fly)")
+      ->capture_default_str();
+  cmd.add_option("--batch-size", a.batch_size, "sequences per forward pass")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--log-level", a.log_level, "trace|debug|info|warn|error")->capture_default_str();
+}
+
+struct Loaded {
+  models::TransformerLM model{nullptr};
+  std::shared_ptr<const data::Tokenizer> tokenizer;
+  torch::Device device{torch::kCPU};
+};
+
+Loaded load(const CommonArgs& a, int local_rank) {
+  Loaded l;
+  l.device = infer::resolve_device(a.device, local_rank);
+  const auto format = models::parse_weight_format(a.quantize, "--quantize");
+  DNALLM_CHECK(format != models::WeightFormat::kInt8 || l.device.is_cpu(), ExitCode::kUsage,
+               "--quantize int8 is CPU inference (dynamic quantisation): add --device cpu");
+  l.model = models::load_exported_model(a.model_dir);
+  const std::string tok_path = a.model_dir + "/tokenizer.json";
+  DNALLM_CHECK(std::filesystem::exists(tok_path), ExitCode::kBadData,
+               "{} is missing: --model must be a directory exported by dnallm-train", tok_path);
+  l.tokenizer = data::load_tokenizer(tok_path);
+  DNALLM_CHECK(l.tokenizer->vocab_size() == l.model->options().vocab_size, ExitCode::kBadData,
+               "{}: tokenizer has {} tokens but the model {}", a.model_dir,
+               l.tokenizer->vocab_size(), l.model->options().vocab_size);
+  l.model->to(l.device);
+  l.model->eval();
+  if (format != models::WeightFormat::kFull) {
+    const auto r = models::quantize_linears(*l.model, format);
+    spdlog::info("{}: {} linears, {:.2f} MB -> {:.2f} MB ({:.3f}x fp32)", a.quantize, r.linears,
+                 r.fp32_bytes() / 1e6, r.quantized_bytes / 1e6,
+                 double(r.quantized_bytes) / double(std::max<int64_t>(r.fp32_bytes(), 1)));
+  }
+  spdlog::info("model {} on {}", a.model_dir, l.device.str());
+  return l;
+}
+
+void check_input(const std::string& path) {
+  DNALLM_CHECK(std::filesystem::is_regular_file(path), ExitCode::kBadData,
+               "--input {} does not exist or is not a file", path);
+}
+
+void report_truncated(const infer::RunCounts& c, int64_t max_seq) {
+  if (c.truncated > 0) {
+    spdlog::warn("{} of {} sequences were longer than max_seq_length = {} tokens and were cut",
+                 c.truncated, c.sequences, max_seq);
+  }
+}
+
+// The job's process group (Note [Embedding shares]); world_size 1: none.
+comm::ProcessGroup connect(const cluster::Topology& topo, const cluster::EnvMap& env) {
+  comm::ProcessGroupOptions po;
+  po.backend = "gloo";  // a barrier between host processes
+  po.rank = topo.rank;
+  po.world_size = topo.world_size;
+  po.master_addr = topo.master_addr;
+  po.master_port = topo.master_port > 0 ? topo.master_port : 29500;
+  po.rank0_hosts_store = env.count("DNALLM_EXTERNAL_COORDINATOR") == 0;
+  if (auto it = env.find("DNALLM_JOB_TOKEN"); it != env.end()) po.token = it->second;
+  if (auto it = env.find("DNALLM_GENERATION"); it != env.end() && !it->second.empty()) {
+    po.name = "infer-g" + it->second;
+  } else {
+    po.name = "infer";
+  }
+  return comm::connect_process_group(po);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "dnallm-infer: batched inference with an exported model. Exit codes: 0 ok, 2 usage, 3 bad "
+      "data, 4 a peer rank failed."};
+  app.require_subcommand(1);
+
+  CommonArgs embed_args, gen_args, pred_args;
+  std::string embed_input, embed_out, pooling = "mean", sequence_column = "sequence";
+  auto* embed = app.add_subcommand(
+      "embed",
+      "embeddings of every sequence of a FASTA/FASTQ/CSV/TSV/JSONL file: --out F.npy or "
+      "F.safetensors, ids in F.ids.txt (docs/inference.md). Under dnallm-launch each rank "
+      "embeds its share and rank 0 merges them in input order.");
+  add_common(*embed, embed_args);
+  embed->add_option("--input", embed_input, "sequences (FASTA/FASTQ, plain or gzip; CSV/TSV/JSONL)")
+      ->required();
+  embed->add_option("--out", embed_out, "output file, *.npy or *.safetensors")->required();
+  embed
+      ->add_option("--pooling", pooling,
+                   "mean (over real tokens) | cls (first token) | tokens (every token)")
+      ->capture_default_str();
+  embed->add_option("--sequence-column", sequence_column, "tables: the sequence column")
+      ->capture_default_str();
+
+  std::string gen_input, gen_out = "-";
+  std::vector<std::string> prompts;
+  models::GenerateOptions g;
+  g.greedy = false;
+  bool no_cache = false;
+  auto* gen = app.add_subcommand(
+      "generate", "continue prompts with a causal LM (KV cache, batched); writes FASTA");
+  add_common(*gen, gen_args);
+  gen->add_option("--input", gen_input, "prompts: FASTA/FASTQ or a table");
+  gen->add_option("--prompt", prompts, "a prompt sequence (repeatable; instead of --input)");
+  gen->add_option("--out", gen_out, "FASTA output ('-': stdout)")->capture_default_str();
+  gen->add_option("--max-new-tokens", g.max_new_tokens, "tokens to generate per prompt")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  gen->add_option("--temperature", g.temperature, "sampling temperature; 0: greedy")
+      ->capture_default_str();
+  gen->add_option("--top-k", g.top_k, "sample among the k most likely tokens (0: all)")
+      ->capture_default_str();
+  gen->add_option("--seed", g.seed, "sampling seed")->capture_default_str();
+  gen->add_flag("--no-cache", no_cache, "recompute the whole prefix for every token (slow)");
+
+  std::string pred_input, pred_out = "-";
+  auto* pred = app.add_subcommand(
+      "predict",
+      "a classifier's label and class probabilities (or a regressor's value) for "
+      "every sequence; writes CSV");
+  add_common(*pred, pred_args);
+  pred->add_option("--input", pred_input, "sequences (FASTA/FASTQ or a table)")->required();
+  pred->add_option("--out", pred_out, "CSV output ('-': stdout)")->capture_default_str();
+
+  return run_main("dnallm-infer", app, argc, argv, [&]() -> int {
+    const auto env = cluster::current_env();
+    const auto topo = cluster::detect_topology(env);
+    if (embed->parsed()) {
+      init_logging("infer", embed_args.log_level);
+      set_log_identity(topo.rank);
+      check_input(embed_input);
+      const auto pool = infer::parse_pooling(pooling);
+      auto loaded = load(embed_args, topo.local_rank);
+      infer::SequenceInput input(embed_input, sequence_column);
+      const uint64_t n = input.count();
+      const uint64_t w = static_cast<uint64_t>(topo.world_size);
+      const uint64_t r = static_cast<uint64_t>(topo.rank);
+      const uint64_t begin = n * r / w, end = n * (r + 1) / w;
+      input.select(begin, end);
+      const int64_t dim = loaded.model->options().hidden;
+      infer::EmbedOptions eo;
+      eo.pooling = pool;
+      eo.batch_size = embed_args.batch_size;
+      comm::ProcessGroup group;
+      if (topo.world_size > 1) group = connect(topo, env);
+      std::unique_ptr<infer::EmbeddingSink> sink;
+      const auto part = [&](uint64_t rank) { return fmt::format("{}.part{}", embed_out, rank); };
+      if (topo.world_size > 1) {
+        sink = std::make_unique<infer::EmbeddingPartWriter>(part(r), dim);
+      } else {
+        sink = std::make_unique<infer::EmbeddingFileWriter>(embed_out, dim,
+                                                            pool == infer::Pooling::kTokens);
+      }
+      const auto counts = infer::embed(loaded.model, *loaded.tokenizer, input, end - begin, *sink,
+                                       eo, loaded.device);
+      sink->close();
+      report_truncated(counts, loaded.model->options().max_seq_length);
+      if (topo.world_size > 1) {
+        group.comm->barrier()->wait();  // every part is closed
+        if (topo.rank == 0) {
+          infer::EmbeddingFileWriter out(embed_out, dim, pool == infer::Pooling::kTokens);
+          std::vector<std::string> parts;
+          for (uint64_t k = 0; k < w; ++k) parts.push_back(part(k));
+          infer::merge_embedding_parts(parts, dim, out);
+          out.close();
+          spdlog::info("merged {} parts: {} sequences, {} rows -> {}", w, out.sequences(),
+                       out.rows(), embed_out);
+        }
+      } else {
+        spdlog::info("{} sequences -> {}", counts.sequences, embed_out);
+      }
+      return 0;
+    }
+    DNALLM_CHECK(topo.world_size == 1, ExitCode::kUsage,
+                 "generate and predict run as one process (this is rank {} of {}); only embed "
+                 "splits its input over ranks",
+                 topo.rank, topo.world_size);
+    if (gen->parsed()) {
+      init_logging("infer", gen_args.log_level);
+      DNALLM_CHECK(gen_input.empty() != prompts.empty(), ExitCode::kUsage,
+                   "give either --input FILE or one or more --prompt SEQ");
+      std::string prompt_file = gen_input;
+      std::filesystem::path tmp;
+      if (!prompts.empty()) {  // --prompt: a small FASTA of them
+        tmp = std::filesystem::temp_directory_path() /
+              fmt::format("dnallm-infer-prompts-{}.fa", ::getpid());
+        std::ofstream f(tmp);
+        for (size_t i = 0; i < prompts.size(); ++i)
+          f << ">prompt" << i + 1 << "\n" << prompts[i] << "\n";
+        prompt_file = tmp.string();
+      }
+      check_input(prompt_file);
+      g.use_cache = !no_cache;
+      g.greedy = g.temperature <= 0;
+      auto loaded = load(gen_args, topo.local_rank);
+      infer::SequenceInput input(prompt_file);
+      const uint64_t n = input.count();
+      infer::GenerateRun run;
+      run.generate = g;
+      run.batch_size = gen_args.batch_size;
+      std::ofstream file;
+      if (gen_out != "-") {
+        file.open(gen_out);
+        DNALLM_CHECK(file.good(), ExitCode::kUsage, "cannot write --out {}", gen_out);
+      }
+      std::ostream& os = gen_out == "-" ? std::cout : file;
+      const auto counts =
+          infer::generate(loaded.model, *loaded.tokenizer, input, n, run, loaded.device,
+                          [&](const std::string& id, const std::string& bases) {
+                            os << '>' << id << " generated\n" << bases << '\n';
+                          });
+      if (!tmp.empty()) std::filesystem::remove(tmp);
+      report_truncated(counts, loaded.model->options().max_seq_length - g.max_new_tokens);
+      os.flush();
+      return 0;
+    }
+    init_logging("infer", pred_args.log_level);
+    check_input(pred_input);
+    auto loaded = load(pred_args, topo.local_rank);
+    infer::SequenceInput input(pred_input);
+    const uint64_t n = input.count();
+    std::ofstream file;
+    if (pred_out != "-") {
+      file.open(pred_out);
+      DNALLM_CHECK(file.good(), ExitCode::kUsage, "cannot write --out {}", pred_out);
+    }
+    std::ostream& os = pred_out == "-" ? std::cout : file;
+    const auto& o = loaded.model->options();
+    const bool classify = o.task == models::Task::kClassification;
+    os << "id," << (classify ? "label" : "value");
+    for (int64_t k = 0; classify && k < o.num_labels; ++k) os << ",prob_" << k;
+    os << '\n';
+    const auto counts =
+        infer::predict(loaded.model, *loaded.tokenizer, input, n, pred_args.batch_size,
+                       loaded.device, [&](const std::string& id, const std::vector<float>& v) {
+                         if (!classify) {
+                           os << id << ',' << fmt::format("{:.6g}", v[0]) << '\n';
+                           return;
+                         }
+                         const auto best = std::max_element(v.begin(), v.end()) - v.begin();
+                         os << id << ',' << best;
+                         for (float p : v) os << ',' << fmt::format("{:.6f}", p);
+                         os << '\n';
+                       });
+    report_truncated(counts, o.max_seq_length);
+    os.flush();
+    return 0;
+  });
+}

@@ -1,0 +1,379 @@
+#include "worker/infer/inference.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "worker/data/rng.hpp"
+#include "worker/data/sequence_reader.hpp"
+#include "worker/data/table_dataset.hpp"
+
+namespace dnallm::infer {
+namespace {
+
+using torch::Tensor;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool is_table(const std::string& format) {
+  return format == "csv" || format == "tsv" || format == "jsonl";
+}
+
+// Reads up to `n` selected records; their framed token ids go to `rows`.
+size_t read_batch(SequenceInput& input, const data::Tokenizer& tokenizer,
+                  const models::ModelOptions& options, size_t n,
+                  std::vector<InputSequence>& records, std::vector<std::vector<int64_t>>& rows,
+                  RunCounts& counts) {
+  records.clear();
+  rows.clear();
+  InputSequence rec;
+  while (records.size() < n && input.next(rec)) {
+    bool cut = false;
+    rows.push_back(frame_sequence(tokenizer, options, rec.bases, &cut));
+    counts.truncated += cut ? 1 : 0;
+    records.push_back(std::move(rec));
+  }
+  counts.sequences += records.size();
+  return records.size();
+}
+
+}  // namespace
+
+torch::Device resolve_device(const std::string& spec, int local_rank) {
+  const bool have_cuda = torch::cuda::is_available();
+  if (spec == "auto") {
+    return have_cuda ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank))
+                     : torch::Device(torch::kCPU);
+  }
+  if (spec == "cpu") return torch::kCPU;
+  if (spec == "cuda" || spec.rfind("cuda:", 0) == 0) {
+    DNALLM_CHECK(have_cuda, ExitCode::kUsage,
+                 "--device {}: LibTorch sees no CUDA device here; use --device cpu or auto", spec);
+    const int index = spec == "cuda" ? local_rank : std::atoi(spec.c_str() + 5);
+    DNALLM_CHECK(index >= 0 && index < static_cast<int>(torch::cuda::device_count()),
+                 ExitCode::kUsage, "--device {}: only {} CUDA device(s) visible", spec,
+                 torch::cuda::device_count());
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  fail(ExitCode::kUsage, "--device \"{}\": use auto, cpu, cuda or cuda:N", spec);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Input
+
+struct SequenceInput::Impl {
+  std::string path;
+  std::string format;
+  std::string sequence_column;
+  // FASTA/FASTQ
+  std::unique_ptr<data::SequenceReader> reader;
+  uint64_t position = 0;  // records consumed from `reader`
+  // tables
+  std::unique_ptr<data::TableDataset> table;
+  uint64_t begin = 0, end = UINT64_MAX, next_index = 0;
+  bool selected = false;
+
+  void open_reader() {
+    reader = std::make_unique<data::SequenceReader>(path, format.empty() ? "auto" : format);
+    position = 0;
+  }
+};
+
+SequenceInput::SequenceInput(const std::string& path, const std::string& sequence_column)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->path = path;
+  impl_->format = data::format_from_extension(path);
+  impl_->sequence_column = sequence_column;
+  if (is_table(impl_->format)) {
+    data::TableOptions to;
+    to.format = impl_->format;
+    to.sequence_column = sequence_column;
+    to.task = "pretrain";  // labels, when present, are not needed
+    impl_->table = std::make_unique<data::TableDataset>(std::vector<std::string>{path}, to);
+  } else {
+    impl_->open_reader();
+  }
+}
+
+SequenceInput::~SequenceInput() = default;
+
+uint64_t SequenceInput::count() {
+  if (impl_->table) return impl_->table->size();
+  data::SequenceReader scan(impl_->path, impl_->format.empty() ? "auto" : impl_->format);
+  data::SequenceRecord rec;
+  uint64_t n = 0;
+  while (scan.next(rec)) ++n;
+  return n;
+}
+
+void SequenceInput::select(uint64_t begin, uint64_t end) {
+  impl_->begin = begin;
+  impl_->end = end;
+  impl_->next_index = begin;
+  if (!impl_->table && impl_->position > begin) impl_->open_reader();
+}
+
+bool SequenceInput::next(InputSequence& out) {
+  auto& s = *impl_;
+  if (s.next_index >= s.end) return false;
+  if (s.table) {
+    if (s.next_index >= s.table->size()) return false;
+    data::SampleRng rng(0);
+    auto sample = s.table->get(s.next_index, rng);
+    out.id = fmt::format("row{}", s.next_index + 1);
+    out.bases = std::move(sample.bases);
+    ++s.next_index;
+    return true;
+  }
+  data::SequenceRecord rec;
+  while (s.position < s.next_index) {  // skip to the selection
+    if (!s.reader->next(rec)) return false;
+    ++s.position;
+  }
+  if (!s.reader->next(rec)) return false;
+  ++s.position;
+  ++s.next_index;
+  out.id = std::move(rec.name);
+  out.bases = std::move(rec.bases);
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batches
+
+std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
+                                    const models::ModelOptions& options, const std::string& bases,
+                                    bool* truncated) {
+  // Same framing as data::encode_sample: [CLS] tokens [SEP] (BERT) or [CLS] tokens (GPT).
+  const bool bert = options.arch == models::Arch::kBert;
+  const int64_t budget = options.max_seq_length - (bert ? 2 : 1);
+  auto tokens = tokenizer.encode(bases);
+  const bool cut = static_cast<int64_t>(tokens.size()) > budget;
+  if (cut) tokens.resize(static_cast<size_t>(budget));
+  if (truncated != nullptr) *truncated = cut;
+  std::vector<int64_t> ids;
+  ids.reserve(tokens.size() + 2);
+  ids.push_back(data::kClsId);
+  ids.insert(ids.end(), tokens.begin(), tokens.end());
+  if (bert) ids.push_back(data::kSepId);
+  return ids;
+}
+
+models::ForwardInputs pad_batch(const std::vector<std::vector<int64_t>>& rows, int64_t pad_id,
+                                const torch::Device& device) {
+  size_t longest = 0;
+  for (const auto& r : rows) longest = std::max(longest, r.size());
+  const auto b = static_cast<int64_t>(rows.size());
+  const auto t = static_cast<int64_t>(longest);
+  auto ids = torch::full({b, t}, pad_id, torch::kInt64);
+  auto mask = torch::zeros({b, t}, torch::kInt64);
+  auto ids_a = ids.accessor<int64_t, 2>();
+  auto mask_a = mask.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < b; ++i) {
+    const auto& r = rows[static_cast<size_t>(i)];
+    for (size_t j = 0; j < r.size(); ++j) {
+      ids_a[i][static_cast<int64_t>(j)] = r[j];
+      mask_a[i][static_cast<int64_t>(j)] = 1;
+    }
+  }
+  models::ForwardInputs in;
+  in.input_ids = ids.to(device, /*non_blocking=*/true);
+  in.attention_mask = mask.to(device, /*non_blocking=*/true);
+  return in;
+}
+
+Pooling parse_pooling(const std::string& name) {
+  if (name == "mean") return Pooling::kMean;
+  if (name == "cls") return Pooling::kCls;
+  if (name == "tokens") return Pooling::kTokens;
+  fail(ExitCode::kUsage, "--pooling \"{}\": use mean, cls or tokens", name);
+}
+
+Tensor pool_hidden(const Tensor& hidden, const Tensor& attention_mask, Pooling pooling) {
+  switch (pooling) {
+    case Pooling::kCls:
+      return hidden.select(1, 0);
+    case Pooling::kTokens:
+      return hidden;
+    case Pooling::kMean: {
+      auto mask = attention_mask.to(hidden.dtype()).unsqueeze(-1);
+      return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0);
+    }
+  }
+  return hidden;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Progress
+
+Progress::Progress(std::string what, uint64_t total, double period_s)
+    : what_(std::move(what)), total_(total), period_s_(period_s) {
+  start_ = last_ = now_s();
+}
+
+void Progress::advance(uint64_t n) {
+  done_ += n;
+  const double t = now_s();
+  if (t - last_ < period_s_) return;
+  last_ = t;
+  const double rate = double(done_) / std::max(t - start_, 1e-9);
+  spdlog::info("{}: {}/{} ({:.1f}/s), ETA {}", what_, done_, total_, rate,
+               format_duration(double(total_ - std::min(done_, total_)) / rate));
+}
+
+void Progress::finish() {
+  const double s = now_s() - start_;
+  spdlog::info("{}: {} in {:.1f} s ({:.1f}/s)", what_, done_, s, double(done_) / std::max(s, 1e-9));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Commands
+
+RunCounts embed(models::TransformerLM& model, const data::Tokenizer& tokenizer,
+                SequenceInput& input, uint64_t total, EmbeddingSink& sink,
+                const EmbedOptions& options, const torch::Device& device) {
+  torch::InferenceMode inference;
+  RunCounts counts;
+  Progress progress("embed", total);
+  std::vector<InputSequence> records;
+  std::vector<std::vector<int64_t>> rows;
+  const int64_t pad = model->options().pad_id;
+  const bool per_token = options.pooling == Pooling::kTokens;
+  // Note [Length-sorted batches]: pooled embeddings are computed over a chunk of
+  // kSortChunk batches sorted by length, so rows of a batch have similar lengths and little
+  // of each forward pass is padding; they are written back in input order. Per-token output
+  // (a chunk of it would hold chunk x T x H floats) goes batch by batch, in order.
+  constexpr size_t kSortChunk = 8;
+  const size_t batch = static_cast<size_t>(options.batch_size);
+  const size_t chunk = per_token ? batch : batch * kSortChunk;
+  while (read_batch(input, tokenizer, model->options(), chunk, records, rows, counts) > 0) {
+    std::vector<size_t> order(records.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if (!per_token) {
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return rows[a].size() < rows[b].size(); });
+    }
+    std::vector<torch::Tensor> results(records.size());
+    for (size_t start = 0; start < order.size(); start += batch) {
+      const size_t stop = std::min(order.size(), start + batch);
+      std::vector<std::vector<int64_t>> group;
+      for (size_t i = start; i < stop; ++i) group.push_back(std::move(rows[order[i]]));
+      auto in = pad_batch(group, pad, device);
+      auto pooled = pool_hidden(model->encode(in), in.attention_mask, options.pooling)
+                        .to(torch::kFloat32)
+                        .to(torch::kCPU);
+      for (size_t i = start; i < stop; ++i) {
+        auto r = pooled[static_cast<int64_t>(i - start)];
+        // Per-token rows: the real positions only (padding dropped).
+        if (per_token) r = r.narrow(0, 0, static_cast<int64_t>(group[i - start].size()));
+        results[order[i]] = r.contiguous();
+      }
+    }
+    for (size_t i = 0; i < records.size(); ++i) {
+      const int64_t n = per_token ? results[i].size(0) : 1;
+      sink.append(records[i].id, results[i].data_ptr<float>(), n);
+    }
+    progress.advance(records.size());
+  }
+  progress.finish();
+  return counts;
+}
+
+RunCounts predict(models::TransformerLM& model, const data::Tokenizer& tokenizer,
+                  SequenceInput& input, uint64_t total, int64_t batch_size,
+                  const torch::Device& device,
+                  const std::function<void(const std::string&, const std::vector<float>&)>& row) {
+  const auto& o = model->options();
+  DNALLM_CHECK(o.task != models::Task::kPretrain, ExitCode::kUsage,
+               "predict needs a fine-tuned classifier or regressor (config.json \"task\" is "
+               "\"pretrain\"): use embed or generate for a language model");
+  torch::InferenceMode inference;
+  RunCounts counts;
+  Progress progress("predict", total);
+  std::vector<InputSequence> records;
+  std::vector<std::vector<int64_t>> rows;
+  while (read_batch(input, tokenizer, o, static_cast<size_t>(batch_size), records, rows, counts) >
+         0) {
+    auto in = pad_batch(rows, o.pad_id, device);
+    auto logits = model->forward(in).logits.to(torch::kFloat32);
+    auto values = (o.task == models::Task::kClassification ? torch::softmax(logits, -1)
+                                                           : logits.unsqueeze(-1))
+                      .to(torch::kCPU)
+                      .contiguous();
+    const int64_t k = values.size(1);
+    const float* p = values.data_ptr<float>();
+    for (size_t i = 0; i < records.size(); ++i) {
+      row(records[i].id, std::vector<float>(p + int64_t(i) * k, p + int64_t(i + 1) * k));
+    }
+    progress.advance(records.size());
+  }
+  progress.finish();
+  return counts;
+}
+
+RunCounts generate(models::TransformerLM& model, const data::Tokenizer& tokenizer,
+                   SequenceInput& input, uint64_t total, const GenerateRun& run,
+                   const torch::Device& device,
+                   const std::function<void(const std::string&, const std::string&)>& out) {
+  const auto& o = model->options();
+  DNALLM_CHECK(o.arch == models::Arch::kGpt && o.task == models::Task::kPretrain, ExitCode::kUsage,
+               "generate needs a causal language model (model_type \"dnallm-gpt\", task "
+               "\"pretrain\" in config.json)");
+  // Room for the new tokens: prompts are cut so prompt + new tokens fit max_seq_length.
+  models::ModelOptions prompt_options = o;
+  if (!o.rotary) {
+    DNALLM_CHECK(run.generate.max_new_tokens < o.max_seq_length - 1, ExitCode::kUsage,
+                 "--max-new-tokens {} leaves no room for a prompt in max_seq_length = {}",
+                 run.generate.max_new_tokens, o.max_seq_length);
+    prompt_options.max_seq_length = o.max_seq_length - run.generate.max_new_tokens;
+  }
+  torch::InferenceMode inference;
+  RunCounts counts;
+  Progress progress("generate", total);
+  // A chunk of prompts is grouped by token length (generate() needs equal lengths in a batch)
+  // and written back in input order; the chunk bounds memory.
+  const size_t chunk = static_cast<size_t>(run.batch_size) * 16;
+  std::vector<InputSequence> records;
+  std::vector<std::vector<int64_t>> rows;
+  uint64_t batch_index = 0;
+  while (read_batch(input, tokenizer, prompt_options, chunk, records, rows, counts) > 0) {
+    std::vector<size_t> order(records.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return rows[a].size() < rows[b].size(); });
+    std::vector<std::string> results(records.size());
+    for (size_t start = 0; start < order.size();) {
+      size_t stop = start + 1;
+      while (stop < order.size() && stop - start < static_cast<size_t>(run.batch_size) &&
+             rows[order[stop]].size() == rows[order[start]].size()) {
+        ++stop;
+      }
+      std::vector<std::vector<int64_t>> group;
+      for (size_t i = start; i < stop; ++i) group.push_back(rows[order[i]]);
+      auto prompt = pad_batch(group, o.pad_id, device).input_ids;
+      auto options = run.generate;
+      options.seed = run.generate.seed + batch_index++;
+      auto tokens = model->generate(prompt, options).to(torch::kCPU).contiguous();
+      for (size_t i = start; i < stop; ++i) {
+        auto row = tokens[static_cast<int64_t>(i - start)];
+        std::vector<int64_t> ids(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+        results[order[i]] = tokenizer.decode(ids);
+      }
+      start = stop;
+    }
+    for (size_t i = 0; i < records.size(); ++i) out(records[i].id, results[i]);
+    progress.advance(records.size());
+  }
+  progress.finish();
+  return counts;
+}
+
+}  // namespace dnallm::infer

@@ -1,0 +1,118 @@
+// Batched inference with an exported model: embeddings, generation, classifier predictions.
+// Used by dnallm-infer (worker/infer/infer_main.cpp); see docs/inference.md.
+//
+// Sequences are framed as in training ([CLS] tokens [SEP] for BERT, [CLS] tokens for GPT) and
+// cut to model.max_seq_length tokens (the number cut is counted and reported). A batch pads
+// its rows to its longest one (see Note [Length-sorted batches] in inference.cpp); padded positions
+// are masked out of attention and pooling, so a sequence's result does not depend on its batch (up
+// to float rounding of batched GEMMs).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/data/tokenizer.hpp"
+#include "worker/infer/embedding_writer.hpp"
+#include "worker/models/transformer.hpp"
+
+namespace dnallm::infer {
+
+// "auto": cuda:LOCAL_RANK when LibTorch sees a GPU, else cpu; "cuda": cuda:LOCAL_RANK;
+// "cuda:N", "cpu". Throws Error(kUsage) when a GPU is asked for and none is visible.
+torch::Device resolve_device(const std::string& spec, int local_rank);
+
+// One input sequence. FASTA/FASTQ ids are the record names; a table row's id is "row<N>"
+// (N: 1-based among the good records, the header not counted; other columns are not read).
+struct InputSequence {
+  std::string id;
+  std::string bases;  // upper-case A C G T N
+};
+
+// Streams the records [begin, end) of a FASTA/FASTQ (plain or gzip) or CSV/TSV/JSONL file in
+// file order. Tables are read through their offset index, FASTA by a sequential scan.
+class SequenceInput {
+ public:
+  explicit SequenceInput(const std::string& path, const std::string& sequence_column = "sequence");
+  ~SequenceInput();
+  // Records in the file (a FASTA file is scanned once for this).
+  uint64_t count();
+  // Restricts next() to records [begin, end).
+  void select(uint64_t begin, uint64_t end);
+  bool next(InputSequence& out);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Token ids of a framed sequence (see the header comment); `truncated` is set when cut.
+std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
+                                    const models::ModelOptions& options, const std::string& bases,
+                                    bool* truncated = nullptr);
+
+// Pads rows to the longest: input_ids [B, T] and attention_mask [B, T] on `device`.
+models::ForwardInputs pad_batch(const std::vector<std::vector<int64_t>>& rows, int64_t pad_id,
+                                const torch::Device& device);
+
+enum class Pooling { kMean, kCls, kTokens };
+Pooling parse_pooling(const std::string& name);
+
+// Final hidden states [B, T, H] pooled: kMean averages the real (unpadded) positions, kCls
+// takes position 0 ([CLS]); both give [B, H]. kTokens returns the hidden states [B, T, H].
+torch::Tensor pool_hidden(const torch::Tensor& hidden, const torch::Tensor& attention_mask,
+                          Pooling pooling);
+
+// Prints "<what>: done/total (rate/s), ETA" to the log at most every `period_s`.
+class Progress {
+ public:
+  Progress(std::string what, uint64_t total, double period_s = 10.0);
+  void advance(uint64_t n);
+  void finish();
+
+ private:
+  std::string what_;
+  uint64_t total_, done_ = 0;
+  double period_s_;
+  double start_, last_;
+};
+
+struct EmbedOptions {
+  Pooling pooling = Pooling::kMean;
+  int64_t batch_size = 32;  // sequences per forward pass
+};
+
+struct RunCounts {
+  uint64_t sequences = 0;
+  uint64_t truncated = 0;  // sequences cut to max_seq_length
+};
+
+// Embeds every selected record of `input` into `sink`, in input order.
+RunCounts embed(models::TransformerLM& model, const data::Tokenizer& tokenizer,
+                SequenceInput& input, uint64_t total, EmbeddingSink& sink,
+                const EmbedOptions& options, const torch::Device& device);
+
+// Classifier / regression predictions: calls `row(id, probabilities or {value})` in order.
+RunCounts predict(models::TransformerLM& model, const data::Tokenizer& tokenizer,
+                  SequenceInput& input, uint64_t total, int64_t batch_size,
+                  const torch::Device& device,
+                  const std::function<void(const std::string&, const std::vector<float>&)>& row);
+
+struct GenerateRun {
+  models::GenerateOptions generate;
+  int64_t batch_size = 16;  // prompts per batch (prompts of equal token length batch together)
+};
+
+// Generation from every selected record as a prompt: calls `out(id, bases)` with the prompt
+// followed by the generated bases, in input order. Deterministic for a given seed and
+// batch size (batch i samples with seed + i).
+RunCounts generate(models::TransformerLM& model, const data::Tokenizer& tokenizer,
+                   SequenceInput& input, uint64_t total, const GenerateRun& run,
+                   const torch::Device& device,
+                   const std::function<void(const std::string&, const std::string&)>& out);
+
+}  // namespace dnallm::infer
