@@ -36,7 +36,9 @@ TEST(StoreBind, NeverEveryInterfaceSilently) {
     EXPECT_EQ(comm::store_bind_address(c.master, c.resolved, c.override_addr, &warning), c.expect)
         << c.master << " -> " << c.resolved;
     EXPECT_EQ(!warning.empty(), c.warns) << c.master << ": " << warning;
-    if (c.warns) EXPECT_NE(warning.find("DNALLM_STORE_BIND"), std::string::npos) << warning;
+    if (c.warns) {
+      EXPECT_NE(warning.find("DNALLM_STORE_BIND"), std::string::npos) << warning;
+    }
   }
 }
 
