@@ -59,17 +59,9 @@ Family family_of(const ModelOptions& o) {
 std::map<std::string, Tensor> our_weights(TransformerLM& model, bool merge) {
   std::map<std::string, Tensor> out;
   for (auto& [name, t] : model->named_weights()) out[name] = t.detach().to(torch::kFloat32);
-  if (!merge) return out;
-  const auto& o = model->options();
-  for (const auto& item : model->named_modules()) {
-    auto* lin = item.value()->as<LoraLinearImpl>();
-    if (lin == nullptr || !lin->has_lora()) continue;
-    auto params = lin->named_parameters(false);
-    out[item.key() + ".weight"] = (lin->weight + torch::matmul(params["lora_B"], params["lora_A"]) *
-                                                     (o.lora_alpha / double(o.lora_r)))
-                                      .detach()
-                                      .to(torch::kFloat32);
-  }
+  // Quantized bases come back dequantized (their live parameter is empty); adapters merged
+  // when asked.
+  for (auto& [name, t] : full_linear_weights(model, merge)) out[name] = t.to(torch::kFloat32);
   return out;
 }
 

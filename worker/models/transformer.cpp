@@ -858,26 +858,27 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
 // ---------------------------------------------------------------------------------------------
 // Export / load
 
+std::map<std::string, Tensor> full_linear_weights(TransformerLM& model, bool merge_adapters) {
+  const auto& o = model->options();
+  std::map<std::string, Tensor> out;
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model->named_modules()) {
+    auto* lin = item.value()->as<LoraLinearImpl>();
+    if (lin == nullptr || (!lin->has_lora() && !lin->quantized())) continue;
+    auto w = lin->full_weight();
+    if (merge_adapters && lin->has_lora()) {
+      auto params = lin->named_parameters(false);
+      w = w + torch::matmul(params["lora_B"], params["lora_A"]) * (o.lora_alpha / double(o.lora_r));
+    }
+    out[item.key() + ".weight"] = w.detach();
+  }
+  return out;
+}
+
 void export_model(TransformerLM& model, const std::string& dir, const std::string& arch_name) {
   std::filesystem::create_directories(dir);
   const auto& o = model->options();
-  // Merge LoRA into copies so the live model keeps training with its adapters.
-  std::map<std::string, Tensor> merged;
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& item : model->named_modules()) {
-      auto* lin = item.value()->as<LoraLinearImpl>();
-      if (lin == nullptr || (!lin->has_lora() && !lin->quantized())) continue;
-      if (!lin->has_lora()) {  // a quantized base exports dequantized (full precision)
-        merged[item.key() + ".weight"] = lin->full_weight();
-        continue;
-      }
-      auto params = lin->named_parameters(false);
-      auto a = params["lora_A"], b = params["lora_B"];
-      merged[item.key() + ".weight"] =
-          lin->full_weight() + torch::matmul(b, a) * (o.lora_alpha / double(o.lora_r));
-    }
-  }
+  const auto merged = full_linear_weights(model, /*merge_adapters=*/true);
   // The adapters alone as well, under PEFT's names, for users who keep the base separate.
   if (!merged.empty() && o.lora_r > 0) {  // (a quantized base alone has no adapters)
     std::vector<std::pair<std::string, Tensor>> adapters;

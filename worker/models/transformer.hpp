@@ -259,6 +259,12 @@ void save_safetensors(const std::string& path,
                       const std::map<std::string, std::string>& metadata = {});
 std::map<std::string, torch::Tensor> load_safetensors(const std::string& path);
 
+// The full-precision weight of every LoRA or quantized linear, by parameter name
+// ("<module>.weight"): a quantized base dequantized, plus the adapter when `merge_adapters`.
+// Copies: the live model keeps training with its adapters. Every export goes through this.
+std::map<std::string, torch::Tensor> full_linear_weights(TransformerLM& model,
+                                                         bool merge_adapters);
+
 // Writes <dir>/model.safetensors (LoRA merged into a copy), <dir>/config.json, and with LoRA
 // also <dir>/adapter_model.safetensors (the adapters alone, PEFT names
 // "base_model.model.<module>.lora_A.weight").
