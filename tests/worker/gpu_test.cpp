@@ -176,9 +176,10 @@ TEST(GpuTest, OptimizerOffloadKeepsTheMomentsOffTheDevice) {
   const Measured plain = measure(false);
   const Measured off = measure(true);
   const double moments_mb = 8.0 * double(plain.parameters) / 1048576.0;
-  std::printf("optimizer offload: %lld parameters, peak device memory %.2f MiB -> %.2f MiB "
-              "(moments %.2f MiB)\n",
-              static_cast<long long>(plain.parameters), plain.peak_mb, off.peak_mb, moments_mb);
+  std::printf(
+      "optimizer offload: %lld parameters, peak device memory %.2f MiB -> %.2f MiB "
+      "(moments %.2f MiB)\n",
+      static_cast<long long>(plain.parameters), plain.peak_mb, off.peak_mb, moments_mb);
   EXPECT_LE(off.peak_mb, plain.peak_mb - 0.9 * moments_mb);
   EXPECT_NEAR(off.loss, plain.loss, 1e-4 * std::abs(plain.loss));
 }

@@ -164,7 +164,9 @@ std::vector<nlohmann::json> metric_lines(const std::string& dir, const std::stri
 void expect_identical(const TrainRun& a, const TrainRun& b, const std::string& what) {
   ASSERT_EQ(a.losses.size(), 5u) << what;
   ASSERT_EQ(b.losses.size(), 5u) << what;
-  for (const auto& [step, loss] : a.losses) EXPECT_EQ(b.losses.at(step), loss) << what << " step " << step;
+  for (const auto& [step, loss] : a.losses) {
+    EXPECT_EQ(b.losses.at(step), loss) << what << " step " << step;
+  }
   ASSERT_EQ(a.params.size(), b.params.size()) << what;
   for (const auto& [name, v] : a.params) {
     const auto& w = b.params.at(name);
@@ -212,10 +214,9 @@ TEST_F(DdpEquivalence, EvalCountsEveryTableRowOnceAtAnyWorldSize) {
   const std::string dir = make_temp_dir("eval_rows");
   std::string genome;
   {
-    std::string log;
     // The first 20 kB of the bundled genome, without headers and line breaks.
-    std::string cmd = fmt::format("gzip -dc {}/data/ecoli_k12_mg1655.fa.gz | head -c 20000",
-                                  DNALLM_SOURCE_DIR);
+    std::string cmd =
+        fmt::format("gzip -dc {}/data/ecoli_k12_mg1655.fa.gz | head -c 20000", DNALLM_SOURCE_DIR);
     FILE* p = popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr);
     char buf[4096];
