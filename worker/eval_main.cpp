@@ -27,9 +27,10 @@ namespace {
 
 using namespace dnallm;
 
-// The loader fills its last batch by wrapping around to the first samples; a language
-// model's score must count each window once. Rows past the first `limit` keep their
-// inputs (the batch shape stays) but lose their labels, so they are not scored.
+// --max-bases: a language model's score counts the first `limit` windows, each once. Rows
+// past them keep their inputs (the batch shape stays) but lose their labels, so they are not
+// scored. (The loader itself stops at the end of the file: Note [Evaluation covers each
+// sample once] in worker/data/pipeline.hpp.)
 class FirstRowsSource final : public train::BatchSource {
  public:
   FirstRowsSource(train::BatchSource& inner, uint64_t limit) : inner_(inner), limit_(limit) {}
