@@ -141,6 +141,7 @@ const std::vector<KeyDesc>& schema() {
       {"training", "tf32", Kind::kBool, DNALLM_FIELD(training, tf32)},
       {"training", "sync_free", Kind::kString, DNALLM_FIELD(training, sync_free), -kInf, kInf,
        {"auto", "on", "off"}},
+      {"training", "optimizer_offload", Kind::kBool, DNALLM_FIELD(training, optimizer_offload)},
       {"training", "keep_global_batch", Kind::kBool, DNALLM_FIELD(training, keep_global_batch)},
       {"training", "seed", Kind::kInt, DNALLM_FIELD(training, seed), 0, kInf},
       {"training", "eval_steps", Kind::kInt, DNALLM_FIELD(training, eval_steps), 0, kInf},

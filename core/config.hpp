@@ -93,6 +93,8 @@ struct TrainingConfig {
   bool tf32 = false;
   // Note [Sync-free step] (worker/train/trainer.hpp): "auto" = on for accelerators.
   std::string sync_free = "auto";  // "auto" | "on" | "off"
+  // Note [Optimizer offload] (worker/train/trainer.hpp): AdamW moments in host memory.
+  bool optimizer_offload = false;
   // On resume at another world size, change grad_accum_steps so the global batch stays.
   bool keep_global_batch = true;
   int64_t seed = 42;

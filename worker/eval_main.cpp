@@ -7,15 +7,18 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
+#include "cluster/topology.hpp"
 #include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/pipeline.hpp"
 #include "worker/data/sequence_reader.hpp"
+#include "worker/infer/inference.hpp"
 #include "worker/train/data_source.hpp"
 #include "worker/models/hf_import.hpp"
 #include "worker/train/trainer.hpp"
@@ -24,9 +27,10 @@ namespace {
 
 using namespace dnallm;
 
-// The loader fills its last batch by wrapping around to the first samples; a language
-// model's score must count each window once. Rows past the first `limit` keep their
-// inputs (the batch shape stays) but lose their labels, so they are not scored.
+// --max-bases: a language model's score counts the first `limit` windows, each once. Rows
+// past them keep their inputs (the batch shape stays) but lose their labels, so they are not
+// scored. (The loader itself stops at the end of the file: Note [Evaluation covers each
+// sample once] in worker/data/pipeline.hpp.)
 class FirstRowsSource final : public train::BatchSource {
  public:
   FirstRowsSource(train::BatchSource& inner, uint64_t limit) : inner_(inner), limit_(limit) {}
@@ -214,7 +218,7 @@ int main(int argc, char** argv) {
       "dnallm-eval: score an exported model directory on a FASTA file (bits per base, against "
       "the order-0 entropy of the same bases) or, for a classifier, on a labelled "
       "CSV/TSV/JSONL table (accuracy, MCC). Prints one JSON object."};
-  std::string model_dir, fasta, table, log_level = "warn";
+  std::string model_dir, fasta, table, log_level = "warn", device_spec = "auto";
   std::string logits_in, logits_out, adapter_dir, tokenizer_dir;
   int64_t max_bases = 0, batch_size = 8, seed = 42;
   app.add_option("--model", model_dir, "exported model directory (config.json, "
@@ -236,7 +240,11 @@ int main(int argc, char** argv) {
                  "directory of the tokenizer files when not in --model (with --logits)");
   app.add_option("--max-bases", max_bases, "score about this many bases (0: the whole file)");
   app.add_option("--batch-size", batch_size, "sequences per forward pass")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--device", device_spec,
+                 "auto (cuda:LOCAL_RANK when there is a GPU) | cpu | cuda | cuda:N")
+      ->capture_default_str();
   app.add_option("--seed", seed, "seed of the masked-LM masking");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   return run_main("dnallm-eval", app, argc, argv, [&]() -> int {
@@ -250,7 +258,12 @@ int main(int argc, char** argv) {
     const std::string input = fasta.empty() ? table : fasta;
     DNALLM_CHECK(std::filesystem::is_regular_file(input), ExitCode::kBadData,
                  "{} does not exist or is not a file", input);
+    // The same choice as dnallm-infer's --device (docs/inference.md).
+    const auto device = infer::resolve_device(
+        device_spec, cluster::detect_topology(cluster::current_env()).local_rank);
     auto model = models::load_exported_model(model_dir);
+    model->to(device);
+    model->eval();
     const std::string tok_path = model_dir + "/tokenizer.json";
     DNALLM_CHECK(std::filesystem::exists(tok_path), ExitCode::kBadData,
                  "{} is missing: --model must be an exported directory", tok_path);
@@ -273,7 +286,9 @@ int main(int argc, char** argv) {
     config.training.seed = seed;
     config.data.n_policy = "mask";
     config.data.max_n_fraction = 1.0;
-    auto loader = data::make_eval_loader(config, tokenizer, 0, 1);
+    // The whole file once (Note [Evaluation covers each sample once]); --max-bases cuts below.
+    auto loader =
+        data::make_eval_loader(config, tokenizer, 0, 1, std::numeric_limits<uint64_t>::max());
     DNALLM_CHECK(loader != nullptr && loader->dataset_size() > 0, ExitCode::kBadData,
                  "{} holds no sequence long enough to score", input);
     uint64_t samples = loader->dataset_size();
@@ -287,10 +302,11 @@ int main(int argc, char** argv) {
     nlohmann::ordered_json out;
     out["model"] = model_dir;
     out["input"] = input;
+    out["device"] = device.str();
     torch::InferenceMode inference;
     if (o.task == models::Task::kPretrain) {
       FirstRowsSource once(source, samples);
-      auto r = train::evaluate(model, once, batches, torch::kCPU,
+      auto r = train::evaluate(model, once, batches, device,
                                train::bases_of_label(tokenizer));
       out["bits_per_base"] = r.bits_per_base;
       out["order0_bits_per_base"] = order0_bits_per_base(input, max_bases);
@@ -303,14 +319,16 @@ int main(int argc, char** argv) {
       double nll = 0, rows = 0;
       for (int64_t i = 0; i < batches; ++i) {
         auto batch = source.next();
-        auto in = train::to_inputs(batch, model, torch::kCPU);
+        auto in = train::to_inputs(batch, model, device);
         auto result = model->forward(in);
         nll += result.loss_sum.item<double>();
-        auto pred = result.logits.argmax(-1);
+        // One read of the batch's predictions (not one per row: each is a device sync).
+        const auto pred = result.logits.argmax(-1).to(torch::kCPU).contiguous();
+        const int64_t* predicted = pred.data_ptr<int64_t>();
         for (int64_t r = 0; r < batch.rows; ++r) {
           const auto truth = batch.labels[r];
           if (truth < 0 || truth >= o.num_labels) continue;
-          confusion[truth][pred[r].item<int64_t>()] += 1;
+          confusion[truth][predicted[r]] += 1;
           rows += 1;
         }
       }
@@ -324,7 +342,7 @@ int main(int argc, char** argv) {
       double se = 0, rows = 0;
       for (int64_t i = 0; i < batches; ++i) {
         auto batch = source.next();
-        auto in = train::to_inputs(batch, model, torch::kCPU);
+        auto in = train::to_inputs(batch, model, device);
         se += model->forward(in).loss_sum.item<double>();
         rows += double(batch.rows);
       }

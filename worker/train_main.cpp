@@ -362,6 +362,12 @@ int main(int argc, char** argv) {
       line["params_bytes"] = allocated.params;
       line["grads_bytes"] = allocated.grads;
       line["optimizer_bytes"] = allocated.optimizer;
+      // Note [Optimizer offload] (worker/train/trainer.hpp): where the optimizer state lives;
+      // with offload the host also holds the master copy of the range and its gradients.
+      const int64_t owned = trainer.optimizer().end() - trainer.optimizer().begin();
+      line["optimizer_offload"] = trainer.offloaded();
+      line["optimizer_device_bytes"] = trainer.offloaded() ? 0 : allocated.optimizer;
+      line["optimizer_host_bytes"] = trainer.offloaded() ? allocated.optimizer + owned * 8 : 0;
       line["zero_paper_bytes"] = {{"params", paper.params}, {"grads", paper.grads},
                                   {"optimizer", paper.optimizer}};
       const auto gpu = train::device_memory_stats(trainer.device());

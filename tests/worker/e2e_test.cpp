@@ -61,6 +61,18 @@ TEST_F(EndToEnd, TrainExportEvalAndFineTune) {
   EXPECT_LT(bpb, 2.6);  // 30 steps learn at least the base composition (uniform = 2 bits)
   EXPECT_NEAR(j.at("order0_bits_per_base").get<double>(), 2.0, 0.01);  // E. coli ~50% GC
   EXPECT_GT(j.at("tokens").get<int64_t>(), 1000);
+  EXPECT_TRUE(j.contains("device"));  // --device auto: cuda:LOCAL_RANK with a GPU, else cpu
+  // --device as dnallm-infer's: the CPU asked for by name scores the same; a bad name is 2.
+  auto on_cpu = run(kBin + "dnallm-eval --model " + ck + "/final --fasta " + kSrc +
+                    "/data/ecoli_k12_mg1655.fa.gz --max-bases 20000 --device cpu --batch-size 5");
+  ASSERT_EQ(on_cpu.code, 0) << on_cpu.out;
+  auto jc = nlohmann::json::parse(on_cpu.out);
+  EXPECT_EQ(jc.at("device").get<std::string>(), "cpu");
+  EXPECT_EQ(jc.at("tokens").get<int64_t>(), j.at("tokens").get<int64_t>());
+  EXPECT_NEAR(jc.at("bits_per_base").get<double>(), bpb, 1e-4);
+  const auto bad_device = run(kBin + "dnallm-eval --model " + ck + "/final --fasta " + kSrc +
+                              "/data/ecoli_k12_mg1655.fa.gz --device tpu");
+  EXPECT_EQ(bad_device.code, 2);
 
   // Bad input: exit 3 with a message.
   const auto bad = (dir_ / "bad.fa").string();

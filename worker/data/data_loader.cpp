@@ -171,9 +171,12 @@ Batch DataLoader::build(uint64_t job) const {
   }
   std::vector<uint64_t> positions;
   std::vector<Sample> samples;
+  const uint64_t limit = options_.max_samples;  // 0: unlimited
   if (options_.group_by_length) {
-    // Read the whole global batch, sort by length (stable), take this rank's slice.
-    const uint64_t g = sampler_.global_batch_size();
+    // Read the whole global batch (up to the limit), sort by length (stable), take this
+    // rank's slice.
+    uint64_t g = sampler_.global_batch_size();
+    if (limit > 0) g = cursor >= limit ? 0 : std::min(g, limit - cursor);
     std::vector<Sample> all(g);
     for (uint64_t k = 0; k < g; ++k) {
       SamplePosition sp = sampler_.resolve(cursor + k);
@@ -186,19 +189,25 @@ Batch DataLoader::build(uint64_t job) const {
       return all[a].bases.size() < all[b].bases.size();
     });
     const uint64_t off = sampler_.slice_offset(micro);
-    for (int64_t k = 0; k < options_.micro_batch_size; ++k) {
+    for (uint64_t k = 0; k < static_cast<uint64_t>(options_.micro_batch_size) && off + k < g; ++k) {
       uint64_t i = order[off + k];
       positions.push_back(cursor + i);
       samples.push_back(std::move(all[i]));
     }
   } else {
     positions = sampler_.micro_batch_positions(cursor, micro);
+    if (limit > 0) {
+      positions.erase(std::remove_if(positions.begin(), positions.end(),
+                                     [limit](uint64_t p) { return p >= limit; }),
+                      positions.end());
+    }
     for (uint64_t p : positions) {
       SamplePosition sp = sampler_.resolve(p);
       SampleRng rng(options_.seed, sp.epoch, sp.position, 0);
       samples.push_back(dataset_->get(sp.index, rng));
     }
   }
+  if (positions.empty()) return Batch{};  // past max_samples: nothing left to evaluate
   std::vector<EncodedSample> encoded;
   encoded.reserve(samples.size());
   for (size_t k = 0; k < samples.size(); ++k) {

@@ -45,6 +45,10 @@ struct LoaderOptions {
   int prefetch_factor = 2;  // batches queued per worker (>= 1)
   bool group_by_length = false;
   ObjectiveOptions objective;
+  // Note [Evaluation covers each sample once]: when > 0, stream positions >= max_samples are
+  // dropped (a micro-batch may come out short, or empty: rows == 0). Evaluation sets it so
+  // that no rank wraps around to samples already scored. 0: the infinite stream (training).
+  uint64_t max_samples = 0;
 };
 
 class DataLoader {

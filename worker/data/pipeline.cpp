@@ -1,5 +1,6 @@
 #include "worker/data/pipeline.hpp"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/error.hpp"
@@ -176,11 +177,17 @@ std::unique_ptr<DataLoader> make_train_loader(const Config& config,
 
 std::unique_ptr<DataLoader> make_eval_loader(const Config& config,
                                              std::shared_ptr<const Tokenizer> tokenizer, int rank,
-                                             int world_size) {
+                                             int world_size, uint64_t max_samples) {
   if (config.data.eval_files.empty() && config.data.eval_fraction <= 0) return nullptr;
   auto ds = make_dataset(config, *tokenizer, Split::kEval);
-  return std::make_unique<DataLoader>(ds, std::move(tokenizer),
-                                      loader_options(config, rank, world_size, false));
+  auto options = loader_options(config, rank, world_size, false);
+  // Note [Evaluation covers each sample once] (pipeline.hpp).
+  if (max_samples == 0) {
+    max_samples = static_cast<uint64_t>(std::max<int64_t>(1, config.training.eval_batches) *
+                                        config.training.micro_batch_size * world_size);
+  }
+  options.max_samples = std::max<uint64_t>(1, std::min<uint64_t>(ds->size(), max_samples));
+  return std::make_unique<DataLoader>(ds, std::move(tokenizer), options);
 }
 
 }  // namespace dnallm::data

@@ -44,8 +44,15 @@ std::unique_ptr<DataLoader> make_train_loader(
     const std::optional<SamplerState>& resume = std::nullopt);
 
 // nullptr when the config has no evaluation data.
+// Note [Evaluation covers each sample once]: an evaluation scores the first
+// min(dataset size, `max_samples`) samples of the eval stream (in order), each exactly once
+// over all ranks together: rank r takes its slices of each global micro-batch of
+// micro_batch_size x world_size samples, and micro-batches past the end come out short or
+// empty (rows == 0). `max_samples` 0 means training.eval_batches x micro_batch_size x
+// world_size: each rank runs at most eval_batches micro-batches, and a set smaller than that
+// is scored once, not wrapped around (which counted rows twice on 2 ranks).
 std::unique_ptr<DataLoader> make_eval_loader(const Config& config,
                                              std::shared_ptr<const Tokenizer> tokenizer, int rank,
-                                             int world_size);
+                                             int world_size, uint64_t max_samples = 0);
 
 }  // namespace dnallm::data

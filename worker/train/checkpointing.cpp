@@ -492,6 +492,7 @@ void restore(Trainer& trainer, const checkpoint::CheckpointReader& ckpt) {
       std::copy_n(buffer.data() + s.offset, e.numel, dst + e.offset);
     }
     flat.params().copy_(host);
+    trainer.reload_host_params();  // Note [Optimizer offload]: the host master copy too
   }
   // Optimizer moments: only this rank's range [begin, end), mapped by name; pieces that are
   // contiguous in both layouts are read together (one read when the layouts agree).
@@ -574,6 +575,16 @@ void check_on_device(Trainer& trainer) {
   check(trainer.flat().params(), "the flat parameter buffer");
   check(trainer.flat().grads(), "the flat gradient buffer");
   check(trainer.flat().decay_mask(), "the weight-decay mask");
+  if (trainer.offloaded()) {
+    // Note [Optimizer offload]: the moments belong on the host.
+    for (const auto* t : {&trainer.optimizer().exp_avg(), &trainer.optimizer().exp_avg_sq()}) {
+      DNALLM_CHECK(t->is_cpu(), ExitCode::kFailure,
+                   "after resume an offloaded optimizer moment is on {}, not the host (a bug; "
+                   "please report it)",
+                   t->device().str());
+    }
+    return;
+  }
   check(trainer.optimizer().exp_avg(), std::string(kExpAvgTensor));
   check(trainer.optimizer().exp_avg_sq(), std::string(kExpAvgSqTensor));
 }

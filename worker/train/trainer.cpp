@@ -347,8 +347,17 @@ Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<Bat
   DNALLM_CHECK(flat_->numel() > 0, ExitCode::kUsage, "the model has no trainable parameters");
   const auto [begin, end] = sync_->shard_range(flat_->numel());
   optim::AdamWOptions adam{t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.weight_decay};
-  adamw_ = std::make_unique<optim::FlatAdamW>(adam, begin, end,
-                                              flat_->decay_mask().narrow(0, begin, end - begin));
+  torch::Tensor mask = flat_->decay_mask().narrow(0, begin, end - begin);
+  if (t.optimizer_offload) {
+    // Note [Optimizer offload]: the optimizer's state follows its decay mask to the host.
+    auto host = torch::TensorOptions().dtype(torch::kFloat32);
+    if (!device_.is_cpu()) host = host.pinned_memory(true);
+    mask = torch::empty({end - begin}, host).copy_(mask);
+    host_params_ = torch::empty({end - begin}, host);
+    host_grads_ = torch::empty({end - begin}, host);
+    reload_host_params();
+  }
+  adamw_ = std::make_unique<optim::FlatAdamW>(adam, begin, end, mask);
   total_steps_ = train::total_steps(config_, train_->samples_per_epoch(), sync_->world_size());
   schedule_ = optim::schedule_from_config(t, total_steps_);
 
@@ -379,6 +388,23 @@ Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<Bat
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::reload_host_params() {
+  if (!offloaded()) return;
+  torch::NoGradGuard no_grad;
+  const int64_t begin = adamw_ ? adamw_->begin() : sync_->shard_range(flat_->numel()).first;
+  host_params_.copy_(flat_->params().narrow(0, begin, host_params_.numel()));
+}
+
+void Trainer::offloaded_update(const torch::Tensor& params, const torch::Tensor& grads, double lr,
+                               double grad_scale) {
+  // Note [Optimizer offload]: gradients down (the host must see them: a blocking copy), the
+  // update on the host over the shard's master copy, the parameters up without a host wait.
+  torch::NoGradGuard no_grad;
+  host_grads_.copy_(grads);
+  adamw_->step(host_params_, host_grads_, lr, grad_scale);
+  params.copy_(host_params_, /*non_blocking=*/!device_.is_cpu());
+}
 
 double Trainer::flops_per_token(int64_t seq_len) const {
   int64_t trainable = 0, frozen = 0;
@@ -495,7 +521,11 @@ StepResult Trainer::train_step(bool read_host_values) {
     r.grad_norm = norm;
     if (scaler_.update(found_inf)) {
       const double coef = optim::clip_coefficient(norm, config_.training.max_grad_norm);
-      adamw_->step(params, grads, r.lr, coef / scale);
+      if (offloaded()) {
+        offloaded_update(params, grads, r.lr, coef / scale);
+      } else {
+        adamw_->step(params, grads, r.lr, coef / scale);
+      }
       sync_->after_optimizer_step(*flat_);
     } else {
       r.skipped = true;
@@ -517,7 +547,11 @@ StepResult Trainer::train_step(bool read_host_values) {
       // fp16: the scaler's skip decision is read once per step (see the Note).
       apply = scaler_.update(!std::isfinite(read(norm)));
     }
-    if (apply) {
+    if (apply && offloaded()) {
+      // The host update needs the coefficient on the host (one read; see the Note).
+      offloaded_update(params, grads, r.lr, read(coef) / scale);
+      sync_->after_optimizer_step(*flat_);
+    } else if (apply) {
       adamw_->step(params, grads, r.lr, coef / scale);
       sync_->after_optimizer_step(*flat_);
     } else {
@@ -616,6 +650,7 @@ void Trainer::run() {
           line["bits_per_base"] = std::isfinite(e.bits_per_base) ? e.bits_per_base : -1.0;
         } else if (model_->options().task == models::Task::kClassification) {
           line["accuracy"] = std::isfinite(e.accuracy) ? e.accuracy : -1.0;
+          line["rows"] = e.rows;
         }
         line["tokens"] = e.tokens;
         write_metrics(line.dump());

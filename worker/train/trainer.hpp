@@ -29,6 +29,23 @@
 // any world size) draws the same masks as an uninterrupted one, ranks draw different
 // masks, and the checkpoint needs no generator blobs (the manifest records the scheme and
 // the seed; restore refuses a checkpoint whose scheme it does not know).
+//
+// Note [Optimizer offload]: training.optimizer_offload = true keeps this rank's AdamW state
+// (exp_avg, exp_avg_sq and its scratch buffer) and an fp32 master copy of its parameter
+// range (the ZeRO shard, or the whole buffer without ZeRO) in host memory, pinned on CUDA.
+// The device then holds no optimizer state: 8 bytes (+4 of scratch) per owned parameter
+// less. Each step: the reduced gradient range is copied to the host (blocking: the host
+// update needs it), FlatAdamW's host path updates the master copy, and the range is copied
+// back to the flat buffer with non_blocking = true; ZeRO's all-gather then spreads it as
+// usual. The master copy is refreshed from the device only when something else writes the
+// parameters (construction, restore()). What overlaps: the upload with the host's work for
+// the next step (fetching and packing the batch, queueing its forward); the next forward's
+// kernels are queued behind the upload on the compute stream, so the upload does not overlap
+// the forward's compute, and the download and the host update do not overlap anything (the
+// device idles meanwhile). On CPU the update is the same sequence of operations on the same
+// values as without offload, so results are bit for bit the same; on CUDA the step stops
+// being sync-free (one host wait per step for the gradients) and runs the host AdamW
+// instead of the fused kernel. Checkpoints save and restore the moments as without offload.
 #pragma once
 
 #include <torch/torch.h>
@@ -222,6 +239,12 @@ class Trainer {
   StepResult train_step(bool read_host_values = true);
   // Whether steps run sync-free (Note [Sync-free step]).
   bool sync_free() const { return sync_free_; }
+  // Whether the optimizer state lives in host memory (Note [Optimizer offload]).
+  bool offloaded() const { return host_params_.defined(); }
+  // Offload: refreshes the host master copy of this rank's parameter range from the flat
+  // buffer. Call after anything other than the optimizer wrote the parameters (restore()
+  // does). No-op without offload. Training thread; blocks until the copy is done.
+  void reload_host_params();
   // Trains to total_steps(), evaluating every eval_steps, logging every logging_steps,
   // writes the summary and (rank 0, checkpoint.save_final) exports <dir>/final.
   void run();
@@ -269,6 +292,11 @@ class Trainer {
   bool autocast_bf16_ = false, autocast_fp16_ = false;
   bool sync_free_ = false;
   std::vector<std::function<void()>> pending_reads_;
+  // Note [Optimizer offload]: the host master copy of this rank's parameter range and the
+  // host landing buffer of its gradients (pinned on CUDA); undefined without offload.
+  torch::Tensor host_params_, host_grads_;
+  void offloaded_update(const torch::Tensor& params, const torch::Tensor& grads, double lr,
+                        double grad_scale);
   double peak_tflops_ = 0.0;  // one device's peak for MFU; 0: unknown (no MFU)
 };
 

@@ -4,10 +4,13 @@
 // reduce gradients over Gloo on loopback.
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
 
@@ -17,6 +20,7 @@ namespace {
 const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
 
 struct TrainRun {
+  std::string dir;
   std::map<int64_t, double> losses;
   std::map<std::string, std::vector<float>> params;
 };
@@ -36,6 +40,7 @@ TrainRun train(const std::string& name, int world, int micro, int accum, const s
   int rc = run_command(cmd, &log);
   EXPECT_EQ(rc, 0) << cmd << "\n" << log;
   TrainRun r;
+  r.dir = dir;
   if (rc != 0) return r;
   r.losses = read_step_losses(dir + "/metrics.jsonl");
   r.params = read_safetensors_f32(dir + "/ckpt/final/model.safetensors");
@@ -140,6 +145,121 @@ TEST_F(DdpEquivalence, Bf16GradientReductionStaysClose) {
   for (const auto& [step, loss] : reference_->losses) {
     EXPECT_NEAR(r.losses.at(step), loss, 2e-2 * std::abs(loss)) << "step " << step;
   }
+}
+
+// The lines of `event` in a run's metrics file.
+std::vector<nlohmann::json> metric_lines(const std::string& dir, const std::string& event) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("event", std::string()) == event) out.push_back(j);
+  }
+  return out;
+}
+
+// Note [Optimizer offload] (worker/train/trainer.hpp): on CPU the host update is the same
+// arithmetic on the same values, so offload changes nothing, bit for bit.
+void expect_identical(const TrainRun& a, const TrainRun& b, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), 5u) << what;
+  ASSERT_EQ(b.losses.size(), 5u) << what;
+  for (const auto& [step, loss] : a.losses) {
+    EXPECT_EQ(b.losses.at(step), loss) << what << " step " << step;
+  }
+  ASSERT_EQ(a.params.size(), b.params.size()) << what;
+  for (const auto& [name, v] : a.params) {
+    const auto& w = b.params.at(name);
+    ASSERT_EQ(v.size(), w.size()) << name;
+    for (size_t i = 0; i < v.size(); ++i) {
+      ASSERT_EQ(v[i], w[i]) << what << ": " << name << "[" << i << "] differs";
+    }
+  }
+}
+
+TEST_F(DdpEquivalence, OptimizerOffloadOneRankIsBitIdentical) {
+  TrainRun off = train("offload1", 1, 12, 1, "--set training.optimizer_offload=true");
+  expect_identical(*reference_, off, "offload, 1 rank");
+  const auto memory = metric_lines(off.dir, "memory");
+  ASSERT_EQ(memory.size(), 1u);
+  EXPECT_TRUE(memory[0].at("optimizer_offload").get<bool>());
+  EXPECT_EQ(memory[0].at("optimizer_device_bytes").get<int64_t>(), 0);
+  // Moments (8 bytes) + the host master copy and gradient landing buffer (8 bytes).
+  EXPECT_EQ(memory[0].at("optimizer_host_bytes").get<int64_t>(),
+            16 * memory[0].at("parameters").get<int64_t>());
+}
+
+TEST_F(DdpEquivalence, OptimizerOffloadZero1TwoRanksIsBitIdentical) {
+  const std::string z1 = "--set parallel.zero_stage=1";
+  TrainRun plain = train("z1_two", 2, 6, 1, z1);
+  TrainRun off = train("z1_two_offload", 2, 6, 1, z1 + " --set training.optimizer_offload=true");
+  expect_identical(plain, off, "ZeRO-1 2 ranks, offload vs not");
+  expect_equivalent(*reference_, off, "ZeRO-1 2 ranks with offload vs 1 rank");
+  const auto plain_memory = metric_lines(plain.dir, "memory");
+  const auto off_memory = metric_lines(off.dir, "memory");
+  ASSERT_EQ(plain_memory.size(), 1u);
+  ASSERT_EQ(off_memory.size(), 1u);
+  // Rank 0's optimizer state: on the "device" without offload, none there with it.
+  const int64_t state = plain_memory[0].at("optimizer_bytes").get<int64_t>();
+  EXPECT_GT(state, 0);
+  EXPECT_LT(state, 8 * plain_memory[0].at("parameters").get<int64_t>());  // a ZeRO shard
+  EXPECT_EQ(plain_memory[0].at("optimizer_device_bytes").get<int64_t>(), state);
+  EXPECT_EQ(off_memory[0].at("optimizer_device_bytes").get<int64_t>(), 0);
+  EXPECT_EQ(off_memory[0].at("optimizer_host_bytes").get<int64_t>(), 2 * state);
+}
+
+// Note [Evaluation covers each sample once] (worker/data/pipeline.hpp): a 64-row eval table
+// is scored once at any world size: 64 rows, the same accuracy, on 1 rank and on 2.
+TEST_F(DdpEquivalence, EvalCountsEveryTableRowOnceAtAnyWorldSize) {
+  const std::string dir = make_temp_dir("eval_rows");
+  std::string genome;
+  {
+    // The first 20 kB of the bundled genome, without headers and line breaks.
+    std::string cmd =
+        fmt::format("gzip -dc {}/data/ecoli_k12_mg1655.fa.gz | head -c 20000", DNALLM_SOURCE_DIR);
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char buf[4096];
+    size_t n;
+    std::string text;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
+    pclose(p);
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line[0] != '>') genome += line;
+    }
+  }
+  ASSERT_GT(genome.size(), 64u * 60u);
+  const std::string table = dir + "/table.csv";
+  {
+    std::ofstream csv(table);
+    csv << "sequence,label\n";
+    for (size_t i = 0; i < 64; ++i) csv << genome.substr(i * 60, 60) << "," << (i % 2) << "\n";
+  }
+  const std::string sets = fmt::format(
+      "--set model.task=classification --set model.num_labels=2 "
+      "--set data.train_files=[\\\"{0}\\\"] --set data.eval_files=[\\\"{0}\\\"] "
+      "--set data.eval_fraction=0 --set training.max_steps=2 --set training.eval_steps=2 "
+      "--set training.lr=1e-6 --set training.eval_batches=8",
+      table);
+  // 1 rank x 8 rows and 2 ranks x 4 rows: 8 micro-batches of 8 / 2 x 8 of 4 cover 64 rows;
+  // 2 ranks x 8 rows could cover 128, the table holds 64.
+  TrainRun one = train("eval_rows1", 1, 8, 1, sets);
+  TrainRun two = train("eval_rows2", 2, 4, 1, sets);
+  TrainRun two_big = train("eval_rows2_big", 2, 8, 1, sets);
+  const auto e1 = metric_lines(one.dir, "eval");
+  const auto e2 = metric_lines(two.dir, "eval");
+  const auto e3 = metric_lines(two_big.dir, "eval");
+  ASSERT_EQ(e1.size(), 1u);
+  ASSERT_EQ(e2.size(), 1u);
+  ASSERT_EQ(e3.size(), 1u);
+  EXPECT_EQ(e1[0].at("rows").get<int64_t>(), 64);
+  EXPECT_EQ(e2[0].at("rows").get<int64_t>(), 64);
+  EXPECT_EQ(e3[0].at("rows").get<int64_t>(), 64);
+  EXPECT_EQ(e2[0].at("accuracy").get<double>(), e1[0].at("accuracy").get<double>());
+  EXPECT_NEAR(e2[0].at("loss").get<double>(), e1[0].at("loss").get<double>(), 1e-4);
+  EXPECT_NEAR(e3[0].at("loss").get<double>(), e2[0].at("loss").get<double>(), 1e-4);
 }
 
 }  // namespace

@@ -156,6 +156,44 @@ TEST_F(Resume, SyncFreeRunResumesSavesAgainAndMatchesTheHostPath) {
   expect_bit_identical(straight, second, "sync-free, resumed at step 4");
 }
 
+// Note [Optimizer offload]: moments kept in host memory are saved and restored as without
+// offload. Saved with offload and resumed with it, or without it, the run ends bit-identical to
+// the uninterrupted reference (on CPU offload is the same arithmetic); ZeRO-1 on 2 ranks
+// stopped and resumed with offload equals its uninterrupted run without offload.
+TEST_F(Resume, OffloadedOptimizerSavesAndResumesBitIdentical) {
+  const std::string offload = "--set training.optimizer_offload=true";
+  const std::string dir = make_temp_dir("resume_offload");
+  {
+    const auto [first, second] = stop_at_4_and_resume(dir + "/ckpt", 1, 4, offload);
+    ASSERT_EQ(second.rc, 0);
+    for (int64_t step = 5; step <= 8; ++step) {
+      EXPECT_EQ(second.losses.at(step), reference_->losses.at(step)) << "step " << step;
+    }
+    expect_bit_identical(*reference_, second, "offload, resumed at step 4");
+  }
+  {
+    // Saved with offload, resumed without it.
+    const std::string ckpt = dir + "/mixed";
+    TrainRun first = train(ckpt, "first", 1, 4, 4, offload);
+    ASSERT_EQ(first.rc, 0) << first.log;
+    TrainRun second = train(ckpt, "second", 1, 8, 4);
+    ASSERT_EQ(second.rc, 0) << second.log;
+    EXPECT_NE(second.log.find("resumed from"), std::string::npos) << second.log;
+    expect_bit_identical(*reference_, second, "saved with offload, resumed without");
+  }
+  {
+    const std::string z1 = "--set parallel.zero_stage=1";
+    TrainRun straight = train(dir + "/z1_straight", "z1_straight", 2, 8, 0, z1);
+    ASSERT_EQ(straight.rc, 0) << straight.log;
+    const auto [first, second] = stop_at_4_and_resume(dir + "/z1", 2, 4, z1 + " " + offload);
+    ASSERT_EQ(second.rc, 0);
+    for (int64_t step = 5; step <= 8; ++step) {
+      EXPECT_EQ(second.losses.at(step), straight.losses.at(step)) << "step " << step;
+    }
+    expect_bit_identical(straight, second, "ZeRO-1 2 ranks with offload, resumed at step 4");
+  }
+}
+
 TEST_F(Resume, KilledRunResumesToTheSameParameters) {
   const std::string ckpt = make_temp_dir("resume_kill") + "/ckpt";
   // SIGKILL right after step 6's save was handed to the writer (step 4 is committed).

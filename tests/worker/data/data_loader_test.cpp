@@ -149,6 +149,42 @@ class FailingDataset final : public Dataset {
   std::string describe() const override { return "failing"; }
 };
 
+// Note [Evaluation covers each sample once]: with max_samples the ranks together see the
+// first max_samples stream positions exactly once (short, then empty micro-batches), with and
+// without group_by_length; a limit above the dataset size would otherwise wrap around.
+TEST(DataLoader, MaxSamplesCoversEachPositionOnceAcrossRanks) {
+  auto ds = genome(30, 50);
+  auto tok = make_char_tokenizer();
+  for (bool grouped : {false, true}) {
+    for (int world : {1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << "world " << world << (grouped ? " grouped" : ""));
+      std::map<uint64_t, std::vector<int64_t>> seen;
+      for (int rank = 0; rank < world; ++rank) {
+        auto o = options(rank, world, 4, 1, 1);
+        o.shuffle = false;
+        o.group_by_length = grouped;
+        o.max_samples = 22;
+        DataLoader loader(ds, tok, o);
+        bool ended = false;
+        for (int i = 0; i < 12; ++i) {
+          Batch b = loader.next();
+          if (ended) {
+            EXPECT_EQ(b.rows, 0) << "a batch after an empty one";
+          }
+          if (b.rows == 0) {
+            ended = true;
+            continue;
+          }
+          for (auto id : b.sample_ids) EXPECT_LT(id, 22u);
+          collect(b, seen);
+        }
+        EXPECT_TRUE(ended);
+      }
+      EXPECT_EQ(seen.size(), 22u);
+    }
+  }
+}
+
 TEST(DataLoader, WorkerErrorsReachTheConsumer) {
   auto opts = options(0, 1, 8, 1, 2);
   opts.shuffle = false;
