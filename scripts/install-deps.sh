@@ -15,8 +15,9 @@ build_pkgs=(
   libzstd-dev libxxhash-dev libhts-dev libsentencepiece-dev
   libcli11-dev libspdlog-dev nlohmann-json3-dev
 )
-# Used by the integration tests: a real one-node Slurm cluster and network namespaces.
-test_pkgs=(slurm-wlm munge iproute2 procps)
+# Used by the integration tests: a real one-node Slurm cluster and network namespaces
+# (python3: a test compiles tests/hf/check_export.py, the transformers-side export check).
+test_pkgs=(slurm-wlm munge iproute2 procps python3)
 bench_pkgs=(python3-torch python3-numpy)
 
 want=("${build_pkgs[@]}" "${test_pkgs[@]}")
