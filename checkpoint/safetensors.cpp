@@ -121,11 +121,12 @@ fs::path export_model(const CheckpointReader& ckpt, const fs::path& out_dir) {
       DNALLM_CHECK(offset + numel <= flat->numel(), ExitCode::kCheckpointCorrupt,
                    "{}: state.layout entry {} lies outside {}", ckpt.dir().string(),
                    e.at("name").get<std::string>(), kFlatParameters);
-      items.push_back({e.at("name").get<std::string>(), flat->dtype, shape, flat->name, offset,
-                       numel});
+      items.push_back(
+          {e.at("name").get<std::string>(), flat->dtype, shape, flat->name, offset, numel});
     }
   } else {
-    for (const auto& t : m.tensors) items.push_back({t.name, t.dtype, t.shape, t.name, 0, t.numel()});
+    for (const auto& t : m.tensors)
+      items.push_back({t.name, t.dtype, t.shape, t.name, 0, t.numel()});
   }
   json header = json::object();
   uint64_t offset = 0;

@@ -58,7 +58,7 @@ std::string store_bind_address(const std::string& master_addr, const std::string
   if (!override_addr.empty()) return override_addr;
   if (master_addr == "localhost") return "127.0.0.1";
   if (is_loopback_name(master_addr)) return master_addr;  // 127.0.0.2 binds 127.0.0.2
-  if (resolved.empty()) return master_addr;  // let bind() name the problem
+  if (resolved.empty()) return master_addr;               // let bind() name the problem
   if (resolved.rfind("127.", 0) == 0) {
     if (warning) {
       *warning = "MASTER_ADDR " + master_addr + " resolves to the loopback address " + resolved +

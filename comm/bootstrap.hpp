@@ -19,7 +19,7 @@ struct ProcessGroupOptions {
   int world_size = 1;
   std::string master_addr = "127.0.0.1";  // "" = no store (mpi only: MPI bootstraps itself)
   int master_port = 29500;
-  std::string token;                      // DNALLM_JOB_TOKEN
+  std::string token;  // DNALLM_JOB_TOKEN
   // Rank 0 serves the store at master_port unless an external coordinator already does.
   bool rank0_hosts_store = true;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // per collective

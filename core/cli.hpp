@@ -18,11 +18,11 @@ namespace dnallm {
 
 // Options every configuration-reading binary accepts.
 struct ConfigOptions {
-  std::string config_path;              // --config FILE
-  std::vector<std::string> overrides;   // --set section.key=value (repeatable)
-  std::string metrics_file;             // --metrics-file PATH (= --set logging.metrics_file=PATH)
-  std::string log_level;                // --log-level LEVEL (= --set logging.level=LEVEL)
-  bool print_config = false;            // --print-config: print resolved TOML and exit 0
+  std::string config_path;             // --config FILE
+  std::vector<std::string> overrides;  // --set section.key=value (repeatable)
+  std::string metrics_file;            // --metrics-file PATH (= --set logging.metrics_file=PATH)
+  std::string log_level;               // --log-level LEVEL (= --set logging.level=LEVEL)
+  bool print_config = false;           // --print-config: print resolved TOML and exit 0
 };
 
 void add_config_options(CLI::App& app, ConfigOptions& options);

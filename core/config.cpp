@@ -23,11 +23,16 @@ enum class Kind { kInt, kDouble, kBool, kString, kStringList };
 
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::kInt: return "an integer";
-    case Kind::kDouble: return "a number";
-    case Kind::kBool: return "true or false";
-    case Kind::kString: return "a string";
-    case Kind::kStringList: return "a list of strings";
+    case Kind::kInt:
+      return "an integer";
+    case Kind::kDouble:
+      return "a number";
+    case Kind::kBool:
+      return "true or false";
+    case Kind::kString:
+      return "a string";
+    case Kind::kStringList:
+      return "a list of strings";
   }
   return "?";
 }
@@ -54,22 +59,41 @@ const std::vector<KeyDesc>& schema() {
   static const std::vector<KeyDesc> keys = {
       // [model]
       {"model", "arch", Kind::kString, DNALLM_FIELD(model, arch), -kInf, kInf, {"bert", "gpt"}},
-      {"model", "task", Kind::kString, DNALLM_FIELD(model, task), -kInf, kInf,
+      {"model",
+       "task",
+       Kind::kString,
+       DNALLM_FIELD(model, task),
+       -kInf,
+       kInf,
        {"pretrain", "classification", "regression"}},
       {"model", "hidden", Kind::kInt, DNALLM_FIELD(model, hidden), 1, 65536},
       {"model", "layers", Kind::kInt, DNALLM_FIELD(model, layers), 1, 1024},
       {"model", "heads", Kind::kInt, DNALLM_FIELD(model, heads), 1, 1024},
       {"model", "ffn", Kind::kInt, DNALLM_FIELD(model, ffn), 1, 1 << 20},
       {"model", "max_seq_length", Kind::kInt, DNALLM_FIELD(model, max_seq_length), 4, 1 << 20},
-      {"model", "position", Kind::kString, DNALLM_FIELD(model, position), -kInf, kInf,
+      {"model",
+       "position",
+       Kind::kString,
+       DNALLM_FIELD(model, position),
+       -kInf,
+       kInf,
        {"learned", "rotary"}},
-      {"model", "attn_implementation", Kind::kString, DNALLM_FIELD(model, attn_implementation),
-       -kInf, kInf, {"auto", "sdpa", "eager"}},
+      {"model",
+       "attn_implementation",
+       Kind::kString,
+       DNALLM_FIELD(model, attn_implementation),
+       -kInf,
+       kInf,
+       {"auto", "sdpa", "eager"}},
       {"model", "dropout", Kind::kDouble, DNALLM_FIELD(model, dropout), 0, 0.99},
-      {"model", "gradient_checkpointing", Kind::kBool,
-       DNALLM_FIELD(model, gradient_checkpointing)},
+      {"model", "gradient_checkpointing", Kind::kBool, DNALLM_FIELD(model, gradient_checkpointing)},
       {"model", "num_labels", Kind::kInt, DNALLM_FIELD(model, num_labels), 1, 1 << 20},
-      {"model", "pooling", Kind::kString, DNALLM_FIELD(model, pooling), -kInf, kInf,
+      {"model",
+       "pooling",
+       Kind::kString,
+       DNALLM_FIELD(model, pooling),
+       -kInf,
+       kInf,
        {"cls", "mean"}},
       {"model", "init_from", Kind::kString, DNALLM_FIELD(model, init_from)},
       // [lora]
@@ -77,10 +101,20 @@ const std::vector<KeyDesc>& schema() {
       {"lora", "alpha", Kind::kDouble, DNALLM_FIELD(lora, alpha), 0, kInf},
       {"lora", "dropout", Kind::kDouble, DNALLM_FIELD(lora, dropout), 0, 0.99},
       {"lora", "target_modules", Kind::kStringList, DNALLM_FIELD(lora, target_modules)},
-      {"lora", "quantize_base", Kind::kString, DNALLM_FIELD(lora, quantize_base), -kInf, kInf,
+      {"lora",
+       "quantize_base",
+       Kind::kString,
+       DNALLM_FIELD(lora, quantize_base),
+       -kInf,
+       kInf,
        {"none", "nf4"}},
       // [tokenizer]
-      {"tokenizer", "kind", Kind::kString, DNALLM_FIELD(tokenizer, kind), -kInf, kInf,
+      {"tokenizer",
+       "kind",
+       Kind::kString,
+       DNALLM_FIELD(tokenizer, kind),
+       -kInf,
+       kInf,
        {"char", "kmer", "nt", "bpe"}},
       {"tokenizer", "k", Kind::kInt, DNALLM_FIELD(tokenizer, k), 3, 8},
       {"tokenizer", "stride", Kind::kInt, DNALLM_FIELD(tokenizer, stride), 1, 8},
@@ -89,14 +123,34 @@ const std::vector<KeyDesc>& schema() {
       // [data]
       {"data", "train_files", Kind::kStringList, DNALLM_FIELD(data, train_files)},
       {"data", "eval_files", Kind::kStringList, DNALLM_FIELD(data, eval_files)},
-      {"data", "format", Kind::kString, DNALLM_FIELD(data, format), -kInf, kInf,
+      {"data",
+       "format",
+       Kind::kString,
+       DNALLM_FIELD(data, format),
+       -kInf,
+       kInf,
        {"auto", "fasta", "fastq", "csv", "tsv", "jsonl"}},
-      {"data", "on_bad_record", Kind::kString, DNALLM_FIELD(data, on_bad_record), -kInf, kInf,
+      {"data",
+       "on_bad_record",
+       Kind::kString,
+       DNALLM_FIELD(data, on_bad_record),
+       -kInf,
+       kInf,
        {"error", "skip"}},
-      {"data", "sampling", Kind::kString, DNALLM_FIELD(data, sampling), -kInf, kInf,
+      {"data",
+       "sampling",
+       Kind::kString,
+       DNALLM_FIELD(data, sampling),
+       -kInf,
+       kInf,
        {"random", "tile"}},
       {"data", "window_stride", Kind::kInt, DNALLM_FIELD(data, window_stride), 0, kInf},
-      {"data", "n_policy", Kind::kString, DNALLM_FIELD(data, n_policy), -kInf, kInf,
+      {"data",
+       "n_policy",
+       Kind::kString,
+       DNALLM_FIELD(data, n_policy),
+       -kInf,
+       kInf,
        {"skip", "mask"}},
       {"data", "max_n_fraction", Kind::kDouble, DNALLM_FIELD(data, max_n_fraction), 0, 1},
       {"data", "reverse_complement", Kind::kDouble, DNALLM_FIELD(data, reverse_complement), 0, 1},
@@ -104,10 +158,9 @@ const std::vector<KeyDesc>& schema() {
       {"data", "samples_per_epoch", Kind::kInt, DNALLM_FIELD(data, samples_per_epoch), 0, kInf},
       {"data", "sequence_column", Kind::kString, DNALLM_FIELD(data, sequence_column)},
       {"data", "label_column", Kind::kString, DNALLM_FIELD(data, label_column)},
-      {"data", "mlm_probability", Kind::kDouble, DNALLM_FIELD(data, mlm_probability), 0.001,
-       0.999},
-      {"data", "dataloader_num_workers", Kind::kInt, DNALLM_FIELD(data, dataloader_num_workers),
-       0, 64},
+      {"data", "mlm_probability", Kind::kDouble, DNALLM_FIELD(data, mlm_probability), 0.001, 0.999},
+      {"data", "dataloader_num_workers", Kind::kInt, DNALLM_FIELD(data, dataloader_num_workers), 0,
+       64},
       {"data", "prefetch_factor", Kind::kInt, DNALLM_FIELD(data, prefetch_factor), 1, 64},
       {"data", "pin_memory", Kind::kBool, DNALLM_FIELD(data, pin_memory)},
       {"data", "group_by_length", Kind::kBool, DNALLM_FIELD(data, group_by_length)},
@@ -117,7 +170,12 @@ const std::vector<KeyDesc>& schema() {
       {"training", "max_steps", Kind::kInt, DNALLM_FIELD(training, max_steps), 0, kInf},
       {"training", "num_train_epochs", Kind::kDouble, DNALLM_FIELD(training, num_train_epochs), 0,
        kInf},
-      {"training", "batch_size", Kind::kString, DNALLM_FIELD(training, batch_size), -kInf, kInf,
+      {"training",
+       "batch_size",
+       Kind::kString,
+       DNALLM_FIELD(training, batch_size),
+       -kInf,
+       kInf,
        {"", "auto"}},
       {"training", "micro_batch_size", Kind::kInt, DNALLM_FIELD(training, micro_batch_size), 1,
        1 << 20},
@@ -130,16 +188,30 @@ const std::vector<KeyDesc>& schema() {
       {"training", "adam_beta1", Kind::kDouble, DNALLM_FIELD(training, adam_beta1), 0, 0.999999},
       {"training", "adam_beta2", Kind::kDouble, DNALLM_FIELD(training, adam_beta2), 0, 0.999999},
       {"training", "adam_epsilon", Kind::kDouble, DNALLM_FIELD(training, adam_epsilon), 1e-12, 1},
-      {"training", "lr_scheduler", Kind::kString, DNALLM_FIELD(training, lr_scheduler), -kInf,
-       kInf, {"constant", "linear", "cosine"}},
+      {"training",
+       "lr_scheduler",
+       Kind::kString,
+       DNALLM_FIELD(training, lr_scheduler),
+       -kInf,
+       kInf,
+       {"constant", "linear", "cosine"}},
       {"training", "warmup_steps", Kind::kInt, DNALLM_FIELD(training, warmup_steps), 0, kInf},
       {"training", "warmup_ratio", Kind::kDouble, DNALLM_FIELD(training, warmup_ratio), 0, 1},
-      {"training", "max_grad_norm", Kind::kDouble, DNALLM_FIELD(training, max_grad_norm), 0,
-       kInf},
-      {"training", "precision", Kind::kString, DNALLM_FIELD(training, precision), -kInf, kInf,
+      {"training", "max_grad_norm", Kind::kDouble, DNALLM_FIELD(training, max_grad_norm), 0, kInf},
+      {"training",
+       "precision",
+       Kind::kString,
+       DNALLM_FIELD(training, precision),
+       -kInf,
+       kInf,
        {"fp32", "bf16", "fp16"}},
       {"training", "tf32", Kind::kBool, DNALLM_FIELD(training, tf32)},
-      {"training", "sync_free", Kind::kString, DNALLM_FIELD(training, sync_free), -kInf, kInf,
+      {"training",
+       "sync_free",
+       Kind::kString,
+       DNALLM_FIELD(training, sync_free),
+       -kInf,
+       kInf,
        {"auto", "on", "off"}},
       {"training", "optimizer_offload", Kind::kBool, DNALLM_FIELD(training, optimizer_offload)},
       {"training", "keep_global_batch", Kind::kBool, DNALLM_FIELD(training, keep_global_batch)},
@@ -147,21 +219,41 @@ const std::vector<KeyDesc>& schema() {
       {"training", "eval_steps", Kind::kInt, DNALLM_FIELD(training, eval_steps), 0, kInf},
       {"training", "eval_batches", Kind::kInt, DNALLM_FIELD(training, eval_batches), 1, kInf},
       {"training", "logging_steps", Kind::kInt, DNALLM_FIELD(training, logging_steps), 1, kInf},
-      {"training", "device", Kind::kString, DNALLM_FIELD(training, device), -kInf, kInf,
+      {"training",
+       "device",
+       Kind::kString,
+       DNALLM_FIELD(training, device),
+       -kInf,
+       kInf,
        {"auto", "cpu", "cuda"}},
       {"training", "output_dir", Kind::kString, DNALLM_FIELD(training, output_dir)},
       // [parallel]
-      {"parallel", "backend", Kind::kString, DNALLM_FIELD(parallel, backend), -kInf, kInf,
+      {"parallel",
+       "backend",
+       Kind::kString,
+       DNALLM_FIELD(parallel, backend),
+       -kInf,
+       kInf,
        {"auto", "gloo", "mpi", "nccl"}},
       {"parallel", "zero_stage", Kind::kInt, DNALLM_FIELD(parallel, zero_stage), 0, 2},
       {"parallel", "bucket_cap_mb", Kind::kDouble, DNALLM_FIELD(parallel, bucket_cap_mb), 0.001,
        65536},
-      {"parallel", "first_bucket_mb", Kind::kDouble, DNALLM_FIELD(parallel, first_bucket_mb),
-       0.001, 65536},
-      {"parallel", "accumulate_sync", Kind::kString, DNALLM_FIELD(parallel, accumulate_sync),
-       -kInf, kInf, {"last", "every"}},
-      {"parallel", "grad_reduce_dtype", Kind::kString, DNALLM_FIELD(parallel, grad_reduce_dtype),
-       -kInf, kInf, {"fp32", "bf16", "fp16"}},
+      {"parallel", "first_bucket_mb", Kind::kDouble, DNALLM_FIELD(parallel, first_bucket_mb), 0.001,
+       65536},
+      {"parallel",
+       "accumulate_sync",
+       Kind::kString,
+       DNALLM_FIELD(parallel, accumulate_sync),
+       -kInf,
+       kInf,
+       {"last", "every"}},
+      {"parallel",
+       "grad_reduce_dtype",
+       Kind::kString,
+       DNALLM_FIELD(parallel, grad_reduce_dtype),
+       -kInf,
+       kInf,
+       {"fp32", "bf16", "fp16"}},
       {"parallel", "find_unused_parameters", Kind::kBool,
        DNALLM_FIELD(parallel, find_unused_parameters)},
       {"parallel", "timeout_s", Kind::kDouble, DNALLM_FIELD(parallel, timeout_s), 0.1, 86400},
@@ -172,8 +264,13 @@ const std::vector<KeyDesc>& schema() {
       {"checkpoint", "keep_last", Kind::kInt, DNALLM_FIELD(checkpoint, keep_last), 0, kInf},
       {"checkpoint", "keep_every", Kind::kInt, DNALLM_FIELD(checkpoint, keep_every), 0, kInf},
       {"checkpoint", "resume", Kind::kString, DNALLM_FIELD(checkpoint, resume)},
-      {"checkpoint", "compression", Kind::kString, DNALLM_FIELD(checkpoint, compression), -kInf,
-       kInf, {"zstd", "none"}},
+      {"checkpoint",
+       "compression",
+       Kind::kString,
+       DNALLM_FIELD(checkpoint, compression),
+       -kInf,
+       kInf,
+       {"zstd", "none"}},
       {"checkpoint", "compression_level", Kind::kInt, DNALLM_FIELD(checkpoint, compression_level),
        1, 19},
       {"checkpoint", "chunk_mb", Kind::kDouble, DNALLM_FIELD(checkpoint, chunk_mb), 0.0625, 1024},
@@ -195,7 +292,12 @@ const std::vector<KeyDesc>& schema() {
       // [logging]
       {"logging", "metrics_file", Kind::kString, DNALLM_FIELD(logging, metrics_file)},
       {"logging", "tensorboard_dir", Kind::kString, DNALLM_FIELD(logging, tensorboard_dir)},
-      {"logging", "level", Kind::kString, DNALLM_FIELD(logging, level), -kInf, kInf,
+      {"logging",
+       "level",
+       Kind::kString,
+       DNALLM_FIELD(logging, level),
+       -kInf,
+       kInf,
        {"trace", "debug", "info", "warn", "error", "critical", "off"}},
       {"logging", "peak_tflops", Kind::kDouble, DNALLM_FIELD(logging, peak_tflops), 0, 1e6},
   };
@@ -417,8 +519,8 @@ void assign_alias(Config& c, const Alias& a, const toml::node& node, const std::
 }
 
 // Sets `section.name` (or an alias) from `node`; unknown keys fail with a suggestion.
-void set_key(Config& c, const std::string& section, const std::string& name,
-             const toml::node& node, const std::string& at) {
+void set_key(Config& c, const std::string& section, const std::string& name, const toml::node& node,
+             const std::string& at) {
   if (const KeyDesc* k = find_key(section, name)) {
     assign(c, *k, node, at);
     return;
@@ -429,8 +531,8 @@ void set_key(Config& c, const std::string& section, const std::string& name,
   }
   std::string full = section.empty() ? name : section + "." + name;
   std::string hint = suggest_key(section, name);
-  fail(ExitCode::kUsage, "{}: unknown key '{}'{}; see docs/config.md for the valid keys", at,
-       full, hint.empty() ? std::string() : "; did you mean '" + hint + "'?");
+  fail(ExitCode::kUsage, "{}: unknown key '{}'{}; see docs/config.md for the valid keys", at, full,
+       hint.empty() ? std::string() : "; did you mean '" + hint + "'?");
 }
 
 void validate(const Config& c, const std::string& origin) {
@@ -462,8 +564,8 @@ void apply_table(Config& c, const toml::table& root, const std::string& origin) 
     std::string name(key.str());
     std::string at = where(origin, key.source().begin.line ? key.source() : node.source());
     if (const auto* table = node.as_table()) {
-      bool known = std::find(section_names().begin(), section_names().end(), name) !=
-                   section_names().end();
+      bool known =
+          std::find(section_names().begin(), section_names().end(), name) != section_names().end();
       if (!known) {
         std::string hint = suggest_section(name);
         fail(ExitCode::kUsage, "{}: unknown section [{}]{}; valid sections are [{}]", at, name,
@@ -471,8 +573,8 @@ void apply_table(Config& c, const toml::table& root, const std::string& origin) 
              fmt::format("{}", fmt::join(section_names(), "] [")));
       }
       for (const auto& [sub, subnode] : *table) {
-        std::string sub_at = where(origin, sub.source().begin.line ? sub.source()
-                                                                   : subnode.source());
+        std::string sub_at =
+            where(origin, sub.source().begin.line ? sub.source() : subnode.source());
         set_key(c, name, std::string(sub.str()), subnode, sub_at);
       }
     } else {
@@ -517,11 +619,21 @@ std::string toml_string(const std::string& s) {
   std::string out = "\"";
   for (char ch : s) {
     switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (static_cast<unsigned char>(ch) < 0x20) {
           out += fmt::format("\\u{:04x}", static_cast<int>(ch));
@@ -543,13 +655,18 @@ std::string toml_double(double v) {
 std::string value_text(Config& c, const KeyDesc& k) {
   void* f = k.ptr(c);
   switch (k.kind) {
-    case Kind::kInt: return fmt::format("{}", *static_cast<int64_t*>(f));
-    case Kind::kDouble: return toml_double(*static_cast<double*>(f));
-    case Kind::kBool: return *static_cast<bool*>(f) ? "true" : "false";
-    case Kind::kString: return toml_string(*static_cast<std::string*>(f));
+    case Kind::kInt:
+      return fmt::format("{}", *static_cast<int64_t*>(f));
+    case Kind::kDouble:
+      return toml_double(*static_cast<double*>(f));
+    case Kind::kBool:
+      return *static_cast<bool*>(f) ? "true" : "false";
+    case Kind::kString:
+      return toml_string(*static_cast<std::string*>(f));
     case Kind::kStringList: {
       std::vector<std::string> parts;
-      for (const auto& s : *static_cast<std::vector<std::string>*>(f)) parts.push_back(toml_string(s));
+      for (const auto& s : *static_cast<std::vector<std::string>*>(f))
+        parts.push_back(toml_string(s));
       return "[" + fmt::format("{}", fmt::join(parts, ", ")) + "]";
     }
   }
@@ -609,8 +726,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
          path, path);
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    fail(ExitCode::kUsage, "cannot read configuration file '{}': {}; check the --config path",
-         path, errno_string());
+    fail(ExitCode::kUsage, "cannot read configuration file '{}': {}; check the --config path", path,
+         errno_string());
   }
   std::stringstream ss;
   ss << in.rdbuf();

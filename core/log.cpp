@@ -39,7 +39,7 @@ const std::string& host_name() {
 }
 
 spdlog::level::level_enum parse_log_level(const std::string& name) {
-  static const std::array<const char*, 7> kNames = {"trace", "debug", "info", "warn",
+  static const std::array<const char*, 7> kNames = {"trace", "debug",    "info", "warn",
                                                     "error", "critical", "off"};
   for (size_t i = 0; i < kNames.size(); ++i) {
     if (name == kNames[i]) return static_cast<spdlog::level::level_enum>(i);

@@ -19,8 +19,8 @@
 #include "worker/data/pipeline.hpp"
 #include "worker/data/sequence_reader.hpp"
 #include "worker/infer/inference.hpp"
-#include "worker/train/data_source.hpp"
 #include "worker/models/hf_import.hpp"
+#include "worker/train/data_source.hpp"
 #include "worker/train/trainer.hpp"
 
 namespace {
@@ -70,11 +70,20 @@ double order0_bits_per_base(const std::string& path, int64_t max_bases) {
       if (max_bases > 0 && seen >= max_bases) break;
       ++seen;
       switch (c) {
-        case 'A': ++counts[0]; break;
-        case 'C': ++counts[1]; break;
-        case 'G': ++counts[2]; break;
-        case 'T': ++counts[3]; break;
-        default: break;
+        case 'A':
+          ++counts[0];
+          break;
+        case 'C':
+          ++counts[1];
+          break;
+        case 'G':
+          ++counts[2];
+          break;
+        case 'T':
+          ++counts[3];
+          break;
+        default:
+          break;
       }
     }
   }
@@ -221,8 +230,9 @@ int main(int argc, char** argv) {
   std::string model_dir, fasta, table, log_level = "warn", device_spec = "auto";
   std::string logits_in, logits_out, adapter_dir, tokenizer_dir;
   int64_t max_bases = 0, batch_size = 8, seed = 42;
-  app.add_option("--model", model_dir, "exported model directory (config.json, "
-                                       "model.safetensors, tokenizer.json)")
+  app.add_option("--model", model_dir,
+                 "exported model directory (config.json, "
+                 "model.safetensors, tokenizer.json)")
       ->required();
   auto* fasta_opt = app.add_option("--fasta", fasta, "FASTA/FASTQ file (plain or gzip) to score");
   auto* table_opt = app.add_option("--table", table, "labelled table for a classification model");
@@ -270,14 +280,14 @@ int main(int argc, char** argv) {
     auto tokenizer = data::load_tokenizer(tok_path);
     const auto& o = model->options();
     DNALLM_CHECK(tokenizer->vocab_size() == o.vocab_size, ExitCode::kBadData,
-                 "{}: tokenizer has {} tokens but the model {}", model_dir,
-                 tokenizer->vocab_size(), o.vocab_size);
+                 "{}: tokenizer has {} tokens but the model {}", model_dir, tokenizer->vocab_size(),
+                 o.vocab_size);
 
     Config config;
     config.model.arch = o.arch == models::Arch::kBert ? "bert" : "gpt";
-    config.model.task = o.task == models::Task::kPretrain ? "pretrain"
+    config.model.task = o.task == models::Task::kPretrain         ? "pretrain"
                         : o.task == models::Task::kClassification ? "classification"
-                                                                   : "regression";
+                                                                  : "regression";
     config.model.max_seq_length = o.max_seq_length;
     config.model.num_labels = o.num_labels;
     config.tokenizer.kind = tokenizer->kind();
@@ -306,8 +316,7 @@ int main(int argc, char** argv) {
     torch::InferenceMode inference;
     if (o.task == models::Task::kPretrain) {
       FirstRowsSource once(source, samples);
-      auto r = train::evaluate(model, once, batches, device,
-                               train::bases_of_label(tokenizer));
+      auto r = train::evaluate(model, once, batches, device, train::bases_of_label(tokenizer));
       out["bits_per_base"] = r.bits_per_base;
       out["order0_bits_per_base"] = order0_bits_per_base(input, max_bases);
       out["loss"] = r.loss;

@@ -14,22 +14,22 @@
 #include <optional>
 #include <thread>
 
-#include <nlohmann/json.hpp>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
-#include "core/cli.hpp"
-#include "core/error.hpp"
-#include "core/log.hpp"
 #include "checkpoint/dir_lock.hpp"
 #include "cluster/topology.hpp"
 #include "comm/bootstrap.hpp"
 #include "coordinator/store.hpp"
 #include "coordinator/tcp_store_client.hpp"
-#include "worker/parallel/ddp.hpp"
-#include "worker/parallel/device_group.hpp"
+#include "core/cli.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
 #include "worker/data/pipeline.hpp"
 #include "worker/models/hf_export.hpp"
 #include "worker/models/hf_import.hpp"
+#include "worker/parallel/ddp.hpp"
+#include "worker/parallel/device_group.hpp"
 #include "worker/train/auto_batch.hpp"
 #include "worker/train/checkpointing.hpp"
 #include "worker/train/data_source.hpp"
@@ -132,10 +132,10 @@ int main(int argc, char** argv) {
     const std::string generation_name = gen_it != env.end() ? gen_it->second : "";
     const int64_t generation = generation_name.empty() ? 0 : std::atoll(generation_name.c_str());
     // One GPU per rank (Note [One GPU per rank]), current from here on.
-    const parallel::RankDevice rank_device = parallel::select_rank_device(
-        config, topo.local_rank, topo.local_world_size,
-        topo.source == cluster::TopologySource::kSlurm ||
-            topo.source == cluster::TopologySource::kOpenMpi);
+    const parallel::RankDevice rank_device =
+        parallel::select_rank_device(config, topo.local_rank, topo.local_world_size,
+                                     topo.source == cluster::TopologySource::kSlurm ||
+                                         topo.source == cluster::TopologySource::kOpenMpi);
     comm::ProcessGroup group;
     std::shared_ptr<train::GradientSync> sync = std::make_shared<train::SingleProcessSync>();
     // An explicit nccl backend builds its communicator at world size 1 too (a store in
@@ -162,7 +162,8 @@ int main(int argc, char** argv) {
       po.master_port = topo.master_port > 0 ? topo.master_port : 29500;
       po.rank0_hosts_store = env.count("DNALLM_EXTERNAL_COORDINATOR") == 0;
       if (auto it = env.find("DNALLM_JOB_TOKEN"); it != env.end()) po.token = it->second;
-      po.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.parallel.timeout_s * 1000));
+      po.timeout =
+          std::chrono::milliseconds(static_cast<int64_t>(config.parallel.timeout_s * 1000));
       if (!generation_name.empty()) po.name = "g" + generation_name;
       if (nccl_alone) {
         wanted.store = std::make_shared<coordinator::InMemoryStore>();
@@ -224,9 +225,10 @@ int main(int argc, char** argv) {
       if (eval_loader) {
         eval_source = std::make_unique<train::LoaderSource>(std::move(eval_loader));
       } else {
-        spdlog::warn("training.eval_steps = {} but there is no evaluation data (set "
-                     "data.eval_files or data.eval_fraction): evaluation is off",
-                     config.training.eval_steps);
+        spdlog::warn(
+            "training.eval_steps = {} but there is no evaluation data (set "
+            "data.eval_files or data.eval_fraction): evaluation is off",
+            config.training.eval_steps);
       }
     }
     train::TrainerOptions trainer_options;
@@ -312,9 +314,10 @@ int main(int argc, char** argv) {
                      : std::string("a peer rank was signalled");
         spdlog::warn("preemption ({}): saving step {} and stopping", why, r.step);
         if (save_steps <= 0) {
-          spdlog::warn("checkpoint.save_steps = 0: saving step {} anyway so that the requeued "
-                       "job can resume",
-                       r.step);
+          spdlog::warn(
+              "checkpoint.save_steps = 0: saving step {} anyway so that the requeued "
+              "job can resume",
+              r.step);
           checkpointer.save(t);
         }
         // Saves this step unless the save_steps hook just did, then waits for the writer and
@@ -338,8 +341,7 @@ int main(int argc, char** argv) {
       };
     }
     train::Trainer trainer(config, std::move(model), std::move(train_source),
-                           std::move(eval_source), sync,
-                           trainer_options);
+                           std::move(eval_source), sync, trainer_options);
     if (resume) train::restore(trainer, *resume);
     // Model-state bytes on this rank, measured from the buffers, beside the ZeRO paper's
     // accounting for the same parameter count, precision, stage and world size.
@@ -368,8 +370,8 @@ int main(int argc, char** argv) {
       line["optimizer_offload"] = trainer.offloaded();
       line["optimizer_device_bytes"] = trainer.offloaded() ? 0 : allocated.optimizer;
       line["optimizer_host_bytes"] = trainer.offloaded() ? allocated.optimizer + owned * 8 : 0;
-      line["zero_paper_bytes"] = {{"params", paper.params}, {"grads", paper.grads},
-                                  {"optimizer", paper.optimizer}};
+      line["zero_paper_bytes"] = {
+          {"params", paper.params}, {"grads", paper.grads}, {"optimizer", paper.optimizer}};
       const auto gpu = train::device_memory_stats(trainer.device());
       if (gpu.available) {
         line["peak_gpu_mb"] = gpu.peak_allocated_mb;
@@ -388,9 +390,10 @@ int main(int argc, char** argv) {
     try {
       trainer.run();
     } catch (const Preempted& p) {
-      spdlog::warn("checkpoint of step {} committed under {}; exiting with code {} so that the "
-                   "job is requeued and resumes from it",
-                   p.step, config.checkpoint.dir, static_cast<int>(ExitCode::kRequeue));
+      spdlog::warn(
+          "checkpoint of step {} committed under {}; exiting with code {} so that the "
+          "job is requeued and resumes from it",
+          p.step, config.checkpoint.dir, static_cast<int>(ExitCode::kRequeue));
       return static_cast<int>(ExitCode::kRequeue);
     }
     return 0;

@@ -70,11 +70,11 @@ bucket_cap_mb = 4   # an integer is accepted for a number
 }
 
 TEST(Config, SetOverridesBeatFileAndTakeTomlOrBareWords) {
-  Config c = parse_config("[training]\nmax_steps = 7\nprecision = \"bf16\"\n", "run.toml",
-                          {"training.max_steps=20", "training.precision=fp32",
-                           "data.train_files=[\"x.fa\",\"y.fa\"]", "training.lr=3e-5",
-                           "checkpoint.dir=/tmp/run 1/ckpt", "model.gradient_checkpointing=true",
-                           "data.eval_files=held.fa"});
+  Config c = parse_config(
+      "[training]\nmax_steps = 7\nprecision = \"bf16\"\n", "run.toml",
+      {"training.max_steps=20", "training.precision=fp32", "data.train_files=[\"x.fa\",\"y.fa\"]",
+       "training.lr=3e-5", "checkpoint.dir=/tmp/run 1/ckpt", "model.gradient_checkpointing=true",
+       "data.eval_files=held.fa"});
   EXPECT_EQ(c.training.max_steps, 20);
   EXPECT_EQ(c.training.precision, "fp32");
   EXPECT_EQ(c.data.train_files, (std::vector<std::string>{"x.fa", "y.fa"}));
@@ -148,7 +148,8 @@ TEST(Config, UnknownKeyNamesKeyLineAndSuggestion) {
 }
 
 TEST(Config, UnknownSectionSuggestsNearest) {
-  expect_usage_error("[trainig]\nlr = 1e-3\n", {"run.toml:1", "[trainig]", "did you mean [training]"});
+  expect_usage_error("[trainig]\nlr = 1e-3\n",
+                     {"run.toml:1", "[trainig]", "did you mean [training]"});
 }
 
 TEST(Config, WrongTypeNamesKeyLineAndExpectedType) {
@@ -165,7 +166,8 @@ TEST(Config, OutOfRangeNamesAllowedValues) {
                      {"run.toml:2", "parallel.zero_stage", "between 0 and 2"});
   expect_usage_error("[training]\nprecision = \"fp8\"\n",
                      {"run.toml:2", "training.precision", "\"fp32\", \"bf16\", \"fp16\""});
-  expect_usage_error("[training]\nmicro_batch_size = 0\n", {"training.micro_batch_size", "between 1"});
+  expect_usage_error("[training]\nmicro_batch_size = 0\n",
+                     {"training.micro_batch_size", "between 1"});
   expect_usage_error("[tokenizer]\nk = 12\n", {"tokenizer.k", "between 3 and 8"});
   expect_usage_error("", {"--set parallel.backend=ucx", "\"gloo\""}, {"parallel.backend=ucx"});
 }

@@ -45,8 +45,8 @@ TEST_F(EndToEnd, TrainExportEvalAndFineTune) {
   const auto ck = (dir_ / "mlm").string();
   auto train = run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
                    tiny_sets() + " --set training.max_steps=30 --set training.lr=3e-3" +
-                   " --set training.eval_steps=30 --set checkpoint.dir=" + ck +
-                   " --metrics-file " + ck + "/metrics.jsonl");
+                   " --set training.eval_steps=30 --set checkpoint.dir=" + ck + " --metrics-file " +
+                   ck + "/metrics.jsonl");
   ASSERT_EQ(train.code, 0) << train.out;
   ASSERT_TRUE(fs::exists(ck + "/final/model.safetensors"));
   ASSERT_TRUE(fs::exists(ck + "/final/tokenizer.json"));
@@ -95,7 +95,8 @@ TEST_F(EndToEnd, TrainExportEvalAndFineTune) {
     for (auto& c : s) c = c == 'A' ? 'C' : c;
     return s;
   };
-  for (const auto& [name, offset] : {std::pair<std::string, size_t>{"train", 0}, {"eval", 100000}}) {
+  for (const auto& [name, offset] :
+       {std::pair<std::string, size_t>{"train", 0}, {"eval", 100000}}) {
     std::ofstream csv(dir_ / (name + ".csv"));
     csv << "sequence,label\n";
     for (size_t i = 0; i < 64; ++i) {
@@ -104,28 +105,28 @@ TEST_F(EndToEnd, TrainExportEvalAndFineTune) {
     }
   }
   const auto ft = (dir_ / "ft").string();
-  auto finetune = run(
-      "cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
-      tiny_sets() + " --set model.task=classification --set model.init_from=" + ck + "/final" +
-      " --set lora.r=4 --set 'lora.target_modules=[\"query\",\"value\",\"dense\"]'" +
-      " --set 'data.train_files=[\"" + (dir_ / "train.csv").string() + "\"]'" +
-      " --set 'data.eval_files=[\"" + (dir_ / "eval.csv").string() + "\"]'" +
-      " --set data.eval_fraction=0 --set training.max_steps=40 --set training.lr=1e-2"
-      " --set training.eval_steps=0" +
-      " --set checkpoint.dir=" + ft + " --metrics-file " + ft + "/metrics.jsonl");
+  auto finetune =
+      run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
+          tiny_sets() + " --set model.task=classification --set model.init_from=" + ck + "/final" +
+          " --set lora.r=4 --set 'lora.target_modules=[\"query\",\"value\",\"dense\"]'" +
+          " --set 'data.train_files=[\"" + (dir_ / "train.csv").string() + "\"]'" +
+          " --set 'data.eval_files=[\"" + (dir_ / "eval.csv").string() + "\"]'" +
+          " --set data.eval_fraction=0 --set training.max_steps=40 --set training.lr=1e-2"
+          " --set training.eval_steps=0" +
+          " --set checkpoint.dir=" + ft + " --metrics-file " + ft + "/metrics.jsonl");
   ASSERT_EQ(finetune.code, 0) << finetune.out;
   // A fine-tune whose [tokenizer] differs from its base model's is a usage error (exit 2),
   // not a run with silently untrained or reinterpreted embeddings.
-  auto mismatch = run(
-      "cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
-      tiny_sets() + " --set model.task=classification --set model.init_from=" + ck + "/final" +
-      " --set tokenizer.kind=kmer --set tokenizer.k=3 --set lora.r=4" +
-      " --set 'data.train_files=[\"" + (dir_ / "train.csv").string() + "\"]'" +
-      " --set data.eval_fraction=0 --set training.max_steps=1 --set checkpoint.dir=" + ft +
-      "_mismatch");
+  auto mismatch =
+      run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
+          tiny_sets() + " --set model.task=classification --set model.init_from=" + ck + "/final" +
+          " --set tokenizer.kind=kmer --set tokenizer.k=3 --set lora.r=4" +
+          " --set 'data.train_files=[\"" + (dir_ / "train.csv").string() + "\"]'" +
+          " --set data.eval_fraction=0 --set training.max_steps=1 --set checkpoint.dir=" + ft +
+          "_mismatch");
   EXPECT_EQ(mismatch.code, 2) << mismatch.out;
-  auto scored = run(kBin + "dnallm-eval --model " + ft + "/final --table " +
-                    (dir_ / "eval.csv").string());
+  auto scored =
+      run(kBin + "dnallm-eval --model " + ft + "/final --table " + (dir_ / "eval.csv").string());
   ASSERT_EQ(scored.code, 0) << scored.out;
   auto c = nlohmann::json::parse(scored.out);
   EXPECT_EQ(c.at("rows").get<int64_t>(), 64);

@@ -23,15 +23,15 @@ struct Batch {
   std::vector<int64_t> attention_mask;  // [rows * seq_len]: 1 real token, 0 padding
   // Packing: document id of each token within its row (1, 2, ...; 0 padding). Tokens attend
   // only within their document. Empty when the batch is not packed.
-  std::vector<int64_t> segment_ids;     // [rows * seq_len] or empty
+  std::vector<int64_t> segment_ids;  // [rows * seq_len] or empty
   // Language modelling: per-token targets, kIgnoreIndex where not scored  [rows * seq_len].
   // Classification: one class per row [rows]. Empty for regression.
   std::vector<int64_t> labels;
-  std::vector<float> targets;           // regression: one value per row [rows]
+  std::vector<float> targets;  // regression: one value per row [rows]
 
-  std::vector<uint64_t> sample_ids;     // global sample index of each row
-  int64_t num_label_tokens = 0;         // entries of `labels` != kIgnoreIndex
-  int64_t num_bases = 0;                // real (non-special, non-pad) bases in the batch
+  std::vector<uint64_t> sample_ids;  // global sample index of each row
+  int64_t num_label_tokens = 0;      // entries of `labels` != kIgnoreIndex
+  int64_t num_bases = 0;             // real (non-special, non-pad) bases in the batch
   // Whether any attention_mask entry is 0 (set by the collator; unset: the trainer scans the
   // mask). Known on the host so the model needs no device read to choose a mask-free SDPA.
   std::optional<bool> padded;

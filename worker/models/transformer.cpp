@@ -66,9 +66,7 @@ Tensor embed(torch::nn::Embedding& table, const Tensor& ids) {
 }
 
 // Large negative additive value for masked scores: finite so a fully masked row stays finite.
-double mask_value(torch::ScalarType dtype) {
-  return dtype == torch::kHalf ? -65504.0 : -1e9;
-}
+double mask_value(torch::ScalarType dtype) { return dtype == torch::kHalf ? -65504.0 : -1e9; }
 
 }  // namespace
 
@@ -123,7 +121,8 @@ ModelOptions model_options_from_config(const Config& config, int64_t vocab_size)
   } else if (m.attn_implementation == "eager") {
     o.attn = AttnImpl::kEager;
   } else {
-    fail(ExitCode::kUsage, "model.attn_implementation = \"{}\": use \"auto\", \"sdpa\" or \"eager\"",
+    fail(ExitCode::kUsage,
+         "model.attn_implementation = \"{}\": use \"auto\", \"sdpa\" or \"eager\"",
          m.attn_implementation);
   }
   DNALLM_CHECK(m.dropout >= 0.0 && m.dropout < 1.0, ExitCode::kUsage,
@@ -146,8 +145,7 @@ ModelOptions model_options_from_config(const Config& config, int64_t vocab_size)
   o.lora_targets = config.lora.target_modules;
   for (const auto& t : o.lora_targets) {
     DNALLM_CHECK(t == "query" || t == "key" || t == "value" || t == "dense", ExitCode::kUsage,
-                 "lora.target_modules has \"{}\": use \"query\", \"key\", \"value\", \"dense\"",
-                 t);
+                 "lora.target_modules has \"{}\": use \"query\", \"key\", \"value\", \"dense\"", t);
   }
   return o;
 }
@@ -224,8 +222,8 @@ Tensor LoraLinearImpl::forward(const Tensor& x) {
 // with nothing to attend to gives a uniform, not NaN, distribution). Padding, packing
 // (segment_ids, block-diagonal) and causality are combined into one such tensor by encode();
 // `causal` without a mask uses the kernel's own causal path.
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
-                 bool causal, AttnImpl impl) {
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, bool causal,
+                 AttnImpl impl) {
   return attention_with_dropout(q, k, v, bias, causal, impl, 0.0);
 }
 
@@ -319,8 +317,8 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
     auto w = torch::cat({query->weight, key->weight, value->weight}, 0);
     auto bqkv =
         query->bias.defined() ? torch::cat({query->bias, key->bias, value->bias}, 0) : Tensor();
-    auto qkv = torch::nn::functional::linear(h, w, bqkv).view({b, t, 3, nh, hd}).permute(
-        {2, 0, 3, 1, 4});
+    auto qkv =
+        torch::nn::functional::linear(h, w, bqkv).view({b, t, 3, nh, hd}).permute({2, 0, 3, 1, 4});
     q = qkv[0];
     k = qkv[1];
     v = qkv[2];
@@ -422,11 +420,11 @@ TransformerLMImpl::TransformerLMImpl(ModelOptions options) : options_(std::move(
   const auto& o = options_;
   auto root = holder(*this, root_name());
   auto emb = holder(*root, "embeddings");
-  word_embeddings = emb->register_module("word_embeddings",
-                                         torch::nn::Embedding(o.vocab_size, o.hidden));
+  word_embeddings =
+      emb->register_module("word_embeddings", torch::nn::Embedding(o.vocab_size, o.hidden));
   if (!o.rotary) {
-    position_embeddings = emb->register_module(
-        "position_embeddings", torch::nn::Embedding(o.max_seq_length, o.hidden));
+    position_embeddings = emb->register_module("position_embeddings",
+                                               torch::nn::Embedding(o.max_seq_length, o.hidden));
   }
   if (o.embedding_layer_norm) {
     embedding_norm = emb->register_module(
@@ -660,7 +658,8 @@ ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
               torch::kSum));
       out.loss_count =
           in.label_count >= 0 ? in.label_count : flat_labels.ne(-100).sum().item<int64_t>();
-      out.logits = in.logits_for_labels_only ? logits : logits.view({hidden.size(0), hidden.size(1), -1});
+      out.logits =
+          in.logits_for_labels_only ? logits : logits.view({hidden.size(0), hidden.size(1), -1});
     } else {
       out.logits = lm_logits(hidden);
     }
@@ -741,8 +740,8 @@ std::vector<std::pair<std::string, Tensor>> TransformerLMImpl::named_weights() c
   std::vector<std::pair<std::string, Tensor>> out;
   for (const auto& item : named_parameters()) {
     const auto& name = item.key();
-    if (name.size() > 7 && (name.rfind(".lora_A") == name.size() - 7 ||
-                            name.rfind(".lora_B") == name.size() - 7)) {
+    if (name.size() > 7 &&
+        (name.rfind(".lora_A") == name.size() - 7 || name.rfind(".lora_B") == name.size() - 7)) {
       continue;
     }
     out.emplace_back(name, item.value());
@@ -757,13 +756,20 @@ namespace {
 
 std::string st_dtype(torch::ScalarType t) {
   switch (t) {
-    case torch::kFloat32: return "F32";
-    case torch::kBFloat16: return "BF16";
-    case torch::kFloat16: return "F16";
-    case torch::kInt64: return "I64";
-    case torch::kInt32: return "I32";
-    case torch::kFloat64: return "F64";
-    default: fail(ExitCode::kFailure, "safetensors: unsupported dtype {}", c10::toString(t));
+    case torch::kFloat32:
+      return "F32";
+    case torch::kBFloat16:
+      return "BF16";
+    case torch::kFloat16:
+      return "F16";
+    case torch::kInt64:
+      return "I64";
+    case torch::kInt32:
+      return "I32";
+    case torch::kFloat64:
+      return "F64";
+    default:
+      fail(ExitCode::kFailure, "safetensors: unsupported dtype {}", c10::toString(t));
   }
 }
 
@@ -844,9 +850,9 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
     auto offs = info.at("data_offsets").get<std::vector<uint64_t>>();
     auto t = torch::empty(shape, torch::TensorOptions().dtype(dtype));
     const uint64_t bytes = t.numel() * t.element_size();
-    DNALLM_CHECK(offs.size() == 2 && offs[1] - offs[0] == bytes &&
-                     data_start + offs[1] <= file_size,
-                 ExitCode::kBadData, "{}: tensor {} has inconsistent offsets", path, name);
+    DNALLM_CHECK(
+        offs.size() == 2 && offs[1] - offs[0] == bytes && data_start + offs[1] <= file_size,
+        ExitCode::kBadData, "{}: tensor {} has inconsistent offsets", path, name);
     f.seekg(static_cast<std::streamoff>(data_start + offs[0]));
     f.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes));
     DNALLM_CHECK(f.good(), ExitCode::kBadData, "{}: truncated data for {}", path, name);
@@ -909,14 +915,15 @@ void export_model(TransformerLM& model, const std::string& dir, const std::strin
 
 nlohmann::ordered_json export_config(const ModelOptions& o, const std::string& arch_name) {
   nlohmann::ordered_json c;
-  c["architectures"] = {o.arch == Arch::kBert
-                            ? (o.task == Task::kPretrain ? "BertForMaskedLM"
-                                                         : "BertForSequenceClassification")
-                            : "DnallmGptForCausalLM"};
+  c["architectures"] = {
+      o.arch == Arch::kBert
+          ? (o.task == Task::kPretrain ? "BertForMaskedLM" : "BertForSequenceClassification")
+          : "DnallmGptForCausalLM"};
   c["model_type"] = o.arch == Arch::kBert ? "bert" : "dnallm-gpt";
   c["dnallm_arch"] = arch_name;
-  c["task"] = o.task == Task::kPretrain ? "pretrain"
-              : o.task == Task::kClassification ? "classification" : "regression";
+  c["task"] = o.task == Task::kPretrain         ? "pretrain"
+              : o.task == Task::kClassification ? "classification"
+                                                : "regression";
   c["vocab_size"] = o.vocab_size;
   c["hidden_size"] = o.hidden;
   c["num_hidden_layers"] = o.layers;
@@ -958,8 +965,9 @@ TransformerLM load_exported_model(const std::string& dir) {
   try {
     o.arch = c.at("model_type").get<std::string>() == "bert" ? Arch::kBert : Arch::kGpt;
     const auto task = c.value("task", std::string("pretrain"));
-    o.task = task == "pretrain" ? Task::kPretrain
-             : task == "classification" ? Task::kClassification : Task::kRegression;
+    o.task = task == "pretrain"         ? Task::kPretrain
+             : task == "classification" ? Task::kClassification
+                                        : Task::kRegression;
     o.vocab_size = c.at("vocab_size").get<int64_t>();
     o.hidden = c.at("hidden_size").get<int64_t>();
     o.layers = c.at("num_hidden_layers").get<int64_t>();

@@ -180,9 +180,9 @@ struct ForwardInputs {
 };
 
 struct ModelOutput {
-  torch::Tensor logits;     // LM [B, T, vocab]; classification [B, num_labels]; regression [B]
-  torch::Tensor loss_sum;   // SUM of per-token (per-row) losses, fp32 scalar; undefined w/o labels
-  int64_t loss_count = 0;   // tokens (rows) that contributed to loss_sum
+  torch::Tensor logits;    // LM [B, T, vocab]; classification [B, num_labels]; regression [B]
+  torch::Tensor loss_sum;  // SUM of per-token (per-row) losses, fp32 scalar; undefined w/o labels
+  int64_t loss_count = 0;  // tokens (rows) that contributed to loss_sum
 };
 
 struct GenerateOptions {
@@ -240,8 +240,8 @@ TORCH_MODULE(TransformerLM);
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& bias, bool causal, AttnImpl impl);
 torch::Tensor attention_with_dropout(const torch::Tensor& q, const torch::Tensor& k,
-                                     const torch::Tensor& v, const torch::Tensor& bias,
-                                     bool causal, AttnImpl impl, double dropout_p);
+                                     const torch::Tensor& v, const torch::Tensor& bias, bool causal,
+                                     AttnImpl impl, double dropout_p);
 
 // Runs `block` without keeping activations; backward reruns it under grad mode.
 // Note [Activation checkpointing]: a custom autograd Function whose forward runs under no_grad
@@ -262,8 +262,7 @@ std::map<std::string, torch::Tensor> load_safetensors(const std::string& path);
 // The full-precision weight of every LoRA or quantized linear, by parameter name
 // ("<module>.weight"): a quantized base dequantized, plus the adapter when `merge_adapters`.
 // Copies: the live model keeps training with its adapters. Every export goes through this.
-std::map<std::string, torch::Tensor> full_linear_weights(TransformerLM& model,
-                                                         bool merge_adapters);
+std::map<std::string, torch::Tensor> full_linear_weights(TransformerLM& model, bool merge_adapters);
 
 // Writes <dir>/model.safetensors (LoRA merged into a copy), <dir>/config.json, and with LoRA
 // also <dir>/adapter_model.safetensors (the adapters alone, PEFT names

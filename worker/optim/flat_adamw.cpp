@@ -52,9 +52,9 @@ FlatParameters::FlatParameters(
 FlatAdamW::FlatAdamW(AdamWOptions options, int64_t begin, int64_t end,
                      torch::Tensor decay_mask_range)
     : options_(options), begin_(begin), end_(end), decay_mask_(std::move(decay_mask_range)) {
-  DNALLM_CHECK(begin >= 0 && end >= begin && decay_mask_.numel() == end - begin,
-               ExitCode::kFailure, "FlatAdamW range [{}, {}) does not match its decay mask ({})",
-               begin, end, decay_mask_.numel());
+  DNALLM_CHECK(begin >= 0 && end >= begin && decay_mask_.numel() == end - begin, ExitCode::kFailure,
+               "FlatAdamW range [{}, {}) does not match its decay mask ({})", begin, end,
+               decay_mask_.numel());
   exp_avg_ = torch::zeros_like(decay_mask_);
   exp_avg_sq_ = torch::zeros_like(decay_mask_);
   scratch_ = torch::empty_like(decay_mask_);
@@ -182,7 +182,8 @@ Schedule schedule_from_config(const TrainingConfig& t, int64_t total_steps) {
 }
 
 double lr_at(const Schedule& s, int64_t step) {
-  if (step < s.warmup_steps) return s.base_lr * double(step) / double(std::max<int64_t>(1, s.warmup_steps));
+  if (step < s.warmup_steps)
+    return s.base_lr * double(step) / double(std::max<int64_t>(1, s.warmup_steps));
   if (s.kind == ScheduleKind::kConstant) return s.base_lr;
   const double span = double(std::max<int64_t>(1, s.total_steps - s.warmup_steps));
   const double progress = std::min(1.0, double(step - s.warmup_steps) / span);
@@ -190,8 +191,7 @@ double lr_at(const Schedule& s, int64_t step) {
   return s.base_lr * 0.5 * (1.0 + std::cos(M_PI * progress));
 }
 
-LossScaler::LossScaler(LossScalerOptions options)
-    : options_(options), scale_(options.init_scale) {}
+LossScaler::LossScaler(LossScalerOptions options) : options_(options), scale_(options.init_scale) {}
 
 bool LossScaler::update(bool found_inf) {
   if (!options_.enabled) return !found_inf;

@@ -19,7 +19,9 @@ namespace dnallm::parallel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // Fires after AccumulateGrad wrote a parameter's gradient (DESIGN.md "Verified facts").
 class ReadyHook : public torch::autograd::FunctionPostHook {
@@ -37,10 +39,14 @@ class ReadyHook : public torch::autograd::FunctionPostHook {
 
 torch::ScalarType scalar_type(DType t) {
   switch (t) {
-    case DType::kFloat32: return torch::kFloat32;
-    case DType::kBFloat16: return torch::kBFloat16;
-    case DType::kFloat16: return torch::kFloat16;
-    default: break;
+    case DType::kFloat32:
+      return torch::kFloat32;
+    case DType::kBFloat16:
+      return torch::kBFloat16;
+    case DType::kFloat16:
+      return torch::kFloat16;
+    default:
+      break;
   }
   fail(ExitCode::kUsage, "parallel.grad_reduce_dtype must be fp32, bf16 or fp16, not {}",
        dtype_name(t));
@@ -76,9 +82,10 @@ std::vector<std::pair<std::string, torch::Tensor>> bucket_order(
   return out;
 }
 
-DataParallel::DataParallel(optim::FlatParameters& flat,
-                           const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
-                           comm::Communicator& comm, DdpOptions options)
+DataParallel::DataParallel(
+    optim::FlatParameters& flat,
+    const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
+    comm::Communicator& comm, DdpOptions options)
     : flat_(flat), comm_(comm), options_(options), alive_(std::make_shared<bool>(true)) {
   DNALLM_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 2, ExitCode::kUsage,
                "parallel.zero_stage must be 0, 1 or 2");
@@ -95,7 +102,8 @@ DataParallel::DataParallel(optim::FlatParameters& flat,
   for (size_t e = 0; e < entries.size(); ++e) {
     DNALLM_CHECK(entries[e].name == expected[e].first, ExitCode::kFailure,
                  "flat buffer holds '{}' where bucket order puts '{}'; build FlatParameters from "
-                 "parallel::bucket_order()", entries[e].name, expected[e].first);
+                 "parallel::bucket_order()",
+                 entries[e].name, expected[e].first);
   }
   // Plan buckets over registration order; entries are in reverse registration order.
   std::vector<int64_t> numels(static_cast<size_t>(n));
@@ -115,7 +123,8 @@ DataParallel::DataParallel(optim::FlatParameters& flat,
       int64_t e = n - 1 - r;
       DNALLM_CHECK(entries[e].offset == layout_.offsets[r], ExitCode::kFailure,
                    "flat buffer of '{}' is not in bucket order; build FlatParameters from "
-                   "parallel::bucket_order()", entries[e].name);
+                   "parallel::bucket_order()",
+                   entries[e].name);
       b.entries.push_back(e);
       bucket_of_entry_[e] = static_cast<int64_t>(buckets_.size());
     }
@@ -138,7 +147,8 @@ DataParallel::DataParallel(optim::FlatParameters& flat,
   }
   // ZeRO: this rank's contiguous share of the flat buffer (balanced like reduce_scatter).
   if (options_.zero_stage > 0) {
-    auto s = comm::shard_range(static_cast<size_t>(flat_.numel()), comm_.world_size(), comm_.rank());
+    auto s =
+        comm::shard_range(static_cast<size_t>(flat_.numel()), comm_.world_size(), comm_.rank());
     owned_ = {static_cast<int64_t>(s.offset), static_cast<int64_t>(s.offset + s.count)};
   } else {
     owned_ = {0, flat_.numel()};
@@ -270,7 +280,8 @@ void DataParallel::end_micro_step() {
            "{} parameter(s) received no gradient in this step ({}{}); every rank must use every "
            "parameter, or set parallel.find_unused_parameters = true",
            unused.size(),
-           fmt::format("{}", fmt::join(unused.begin(), unused.begin() + std::min<size_t>(5, unused.size()), ", ")),
+           fmt::format("{}", fmt::join(unused.begin(),
+                                       unused.begin() + std::min<size_t>(5, unused.size()), ", ")),
            unused.size() > 5 ? ", ..." : "");
     }
     // Unused parameters keep a zero gradient contribution; launch the rest in order.
@@ -304,12 +315,16 @@ double DataParallel::finish_step() {
     // One reduce_scatter of the whole flat gradient into this rank's shard (in place).
     torch::Tensor g = flat_.grads();
     if (options_.reduce_dtype == DType::kFloat32) {
-      comm_.reduce_scatter(view(g, 0, g.numel()), view(g, owned_.begin, owned_.end),
-                           comm::ReduceOp::kSum)->wait();
+      comm_
+          .reduce_scatter(view(g, 0, g.numel()), view(g, owned_.begin, owned_.end),
+                          comm::ReduceOp::kSum)
+          ->wait();
     } else {
       torch::Tensor staging = g.to(scalar_type(options_.reduce_dtype));
-      comm_.reduce_scatter(view(staging, 0, staging.numel()),
-                           view(staging, owned_.begin, owned_.end), comm::ReduceOp::kSum)->wait();
+      comm_
+          .reduce_scatter(view(staging, 0, staging.numel()),
+                          view(staging, owned_.begin, owned_.end), comm::ReduceOp::kSum)
+          ->wait();
       g.slice(0, owned_.begin, owned_.end).copy_(staging.slice(0, owned_.begin, owned_.end));
     }
   } else if (options_.sync_every_micro_step) {

@@ -213,8 +213,7 @@ double Checkpointer::save(Trainer& trainer) {
   if (options_.sampler_state) state["sampler"] = options_.sampler_state();
   // Note [Dropout randomness]: the generators' state at a step boundary is a function of
   // (seed, step, rank); the scheme and the seed are the RNG state.
-  state["rng"] = {{"scheme", kRngScheme},
-                  {"seed", static_cast<uint64_t>(config_.training.seed)}};
+  state["rng"] = {{"scheme", kRngScheme}, {"seed", static_cast<uint64_t>(config_.training.seed)}};
   state["config_hash"] = hash_text(model_config_hash(config_));
   state["tokenizer"] = options_.tokenizer;
   state["version"] = DNALLM_VERSION;
@@ -398,10 +397,10 @@ void keep_global_batch(Config& config, const checkpoint::CheckpointReader& ckpt,
   const int64_t global = saved_micro * saved_accum * saved_world;
   const int64_t per_accum = t.micro_batch_size * world;
   if (global % per_accum == 0) {
-    spdlog::info("keeping the global batch of {}: grad_accum_steps {} -> {} at world size {} "
-                 "(checkpoint {} was trained at world size {})",
-                 global, t.grad_accum_steps, global / per_accum, world, ckpt.dir().string(),
-                 saved_world);
+    spdlog::info(
+        "keeping the global batch of {}: grad_accum_steps {} -> {} at world size {} "
+        "(checkpoint {} was trained at world size {})",
+        global, t.grad_accum_steps, global / per_accum, world, ckpt.dir().string(), saved_world);
     t.grad_accum_steps = global / per_accum;
   } else {
     const std::string what =
@@ -409,10 +408,11 @@ void keep_global_batch(Config& config, const checkpoint::CheckpointReader& ckpt,
             ? fmt::format("set training.micro_batch_size to a divisor of {} to keep it",
                           global / world)
             : fmt::format("no micro_batch_size keeps it at world size {}", world);
-    spdlog::warn("checkpoint {} was trained with a global batch of {} at world size {}; at world "
-                 "size {} the global batch becomes {}: {}",
-                 ckpt.dir().string(), global, saved_world, world,
-                 t.micro_batch_size * t.grad_accum_steps * world, what);
+    spdlog::warn(
+        "checkpoint {} was trained with a global batch of {} at world size {}; at world "
+        "size {} the global batch becomes {}: {}",
+        ckpt.dir().string(), global, saved_world, world,
+        t.micro_batch_size * t.grad_accum_steps * world, what);
   }
 }
 
@@ -536,9 +536,10 @@ void restore(Trainer& trainer, const checkpoint::CheckpointReader& ckpt) {
                  dir, scheme, kRngScheme, state.value("version", std::string("unknown")));
     const auto seed = state["rng"].value("seed", uint64_t{0});
     if (seed != static_cast<uint64_t>(trainer.config().training.seed)) {
-      spdlog::warn("checkpoint {} was trained with training.seed = {}, this run has {}: the "
-                   "dropout masks from here on differ from an uninterrupted run",
-                   dir, seed, trainer.config().training.seed);
+      spdlog::warn(
+          "checkpoint {} was trained with training.seed = {}, this run has {}: the "
+          "dropout masks from here on differ from an uninterrupted run",
+          dir, seed, trainer.config().training.seed);
     }
   }
   try {

@@ -8,8 +8,8 @@
 #include <cmath>
 #include <filesystem>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -90,8 +90,8 @@ int64_t total_steps(const Config& config, uint64_t samples_per_epoch, int world_
   DNALLM_CHECK(samples_per_epoch > 0, ExitCode::kUsage,
                "training.num_train_epochs needs a dataset of known size: set training.max_steps");
   const double global = double(t.micro_batch_size * t.grad_accum_steps * world_size);
-  return std::max<int64_t>(1, static_cast<int64_t>(
-                                  std::ceil(t.num_train_epochs * double(samples_per_epoch) / global)));
+  return std::max<int64_t>(
+      1, static_cast<int64_t>(std::ceil(t.num_train_epochs * double(samples_per_epoch) / global)));
 }
 
 models::TransformerLM build_model(const Config& config, int64_t vocab_size) {
@@ -250,8 +250,8 @@ models::ForwardInputs to_inputs(const data::Batch& b, const models::TransformerL
   }
   if (index_at >= 0) in.label_index = slice(index_at, static_cast<int64_t>(index.size()));
   if (!b.targets.empty()) {
-    in.targets = torch::from_blob(const_cast<float*>(b.targets.data()), {b.rows},
-                                  torch::kFloat32).to(device, false, true);
+    in.targets = torch::from_blob(const_cast<float*>(b.targets.data()), {b.rows}, torch::kFloat32)
+                     .to(device, false, true);
   }
   return in;
 }
@@ -377,14 +377,15 @@ Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<Bat
   peak_tflops_ = config_.logging.peak_tflops > 0 ? config_.logging.peak_tflops
                                                  : known_peak_tflops(device_name(device_));
   reset_device_memory_peaks(device_);
-  spdlog::info("model {} ({} task): {} trainable parameters of {}, device {}, precision {}",
-               config_.model.arch, config_.model.task, flat_->numel(),
-               [&] {
-                 int64_t n = 0;
-                 for (const auto& p : model_->parameters()) n += p.numel();
-                 return n;
-               }(),
-               device_.str(), t.precision);
+  spdlog::info(
+      "model {} ({} task): {} trainable parameters of {}, device {}, precision {}",
+      config_.model.arch, config_.model.task, flat_->numel(),
+      [&] {
+        int64_t n = 0;
+        for (const auto& p : model_->parameters()) n += p.numel();
+        return n;
+      }(),
+      device_.str(), t.precision);
 }
 
 Trainer::~Trainer() = default;
@@ -477,8 +478,8 @@ StepResult Trainer::train_step(bool read_host_values) {
     auto in = to_inputs(micro[j], model_, device_);
     in.logits_for_labels_only = true;
     // Note [Dropout randomness]
-    torch::manual_seed(dropout_seed(static_cast<uint64_t>(config_.training.seed), r.step, j,
-                                    sync_->rank()));
+    torch::manual_seed(
+        dropout_seed(static_cast<uint64_t>(config_.training.seed), r.step, j, sync_->rank()));
     torch::Tensor loss;
     {
       AutocastGuard autocast(autocast_bf16_, autocast_fp16_, device_);
@@ -639,8 +640,8 @@ void Trainer::run() {
       }
     }
     if (eval_ && t.eval_steps > 0 && (r.step % t.eval_steps == 0 || r.step == total_steps_)) {
-      auto e = evaluate(model_, *eval_, t.eval_batches, device_, options_.bases_of_label,
-                        sync_.get());
+      auto e =
+          evaluate(model_, *eval_, t.eval_batches, device_, options_.bases_of_label, sync_.get());
       if (rank0) {
         nlohmann::ordered_json line;
         line["event"] = "eval";

@@ -148,8 +148,8 @@ class SingleProcessSync final : public GradientSync {
 };
 
 struct StepResult {
-  int64_t step = 0;        // 1-based optimizer step just finished
-  double loss = 0.0;       // mean over the global batch
+  int64_t step = 0;   // 1-based optimizer step just finished
+  double loss = 0.0;  // mean over the global batch
   double lr = 0.0;
   double grad_norm = 0.0;  // before clipping, unscaled
   bool skipped = false;    // fp16 overflow: parameters untouched
@@ -170,7 +170,7 @@ struct EvalResult {
   int64_t bases = 0;           // bases predicted
   int64_t correct = 0;         // classification: rows predicted right
   int64_t rows = 0;
-  double accuracy = 0.0;       // classification only
+  double accuracy = 0.0;  // classification only
 };
 
 // Note [Bits per base]: bits_per_base = sum of NLL over predicted tokens / ln 2, divided by

@@ -33,8 +33,7 @@ TrainRun train(const std::string& name, int world, int micro, int accum, const s
   if (starter.empty()) starter = fmt::format("{}dnallm-launch --nproc-per-node {} --", kBin, world);
   std::string cmd = tiny_train_command(
       starter, dir, micro, accum,
-      (extra.find("parallel.backend") == std::string::npos ? "--set parallel.backend=gloo "
-                                                           : "") +
+      (extra.find("parallel.backend") == std::string::npos ? "--set parallel.backend=gloo " : "") +
           extra);
   std::string log;
   int rc = run_command(cmd, &log);
@@ -58,7 +57,8 @@ void expect_equivalent(const TrainRun& one, const TrainRun& many, const std::str
   for (const auto& [name, v] : one.params) {
     const auto& w = many.params.at(name);
     ASSERT_EQ(v.size(), w.size()) << name;
-    for (size_t i = 0; i < v.size(); ++i) max_diff = std::max(max_diff, double(std::abs(v[i] - w[i])));
+    for (size_t i = 0; i < v.size(); ++i)
+      max_diff = std::max(max_diff, double(std::abs(v[i] - w[i])));
   }
   // 5 Adam steps of lr 3e-3 move parameters by up to ~1.5e-2; summation order differences
   // stay orders of magnitude below that.
@@ -93,15 +93,15 @@ TEST_F(DdpEquivalence, Zero1ThreeRanks) {
 }
 
 TEST_F(DdpEquivalence, Zero2TwoRanks) {
-  expect_equivalent(*reference_,
-                    train("z2", 2, 3, 2, "--set parallel.zero_stage=2"), "ZeRO-2 2 ranks");
+  expect_equivalent(*reference_, train("z2", 2, 3, 2, "--set parallel.zero_stage=2"),
+                    "ZeRO-2 2 ranks");
 }
 
 TEST_F(DdpEquivalence, Zero1TwoRanksSyncEvery) {
-  expect_equivalent(*reference_,
-                    train("z1e", 2, 2, 3,
-                          "--set parallel.zero_stage=1 --set parallel.accumulate_sync=every"),
-                    "ZeRO-1 2 ranks, every");
+  expect_equivalent(
+      *reference_,
+      train("z1e", 2, 2, 3, "--set parallel.zero_stage=1 --set parallel.accumulate_sync=every"),
+      "ZeRO-1 2 ranks, every");
 }
 
 // Note [Staged collectives] on CPU: every collective copied through the staging thread's

@@ -327,9 +327,11 @@ TEST_F(Resume, ResumeAtAnotherWorldSizeKeepsTheGlobalBatch) {
   // Switched off, the resumed run halves the global batch and drifts from the reference.
   const std::string ckpt_off = make_temp_dir("resume_keep_batch_off") + "/ckpt";
   ASSERT_EQ(train(ckpt_off, "two", 2, 4, 4, micro6).rc, 0);
-  TrainRun off = train(ckpt_off, "off", 1, 8, 0, micro6 + " --set training.keep_global_batch=false");
+  TrainRun off =
+      train(ckpt_off, "off", 1, 8, 0, micro6 + " --set training.keep_global_batch=false");
   ASSERT_EQ(off.rc, 0) << off.log;
-  EXPECT_GT(std::abs(off.losses.at(5) - reference_->losses.at(5)), 1e-4 * std::abs(off.losses.at(5)));
+  EXPECT_GT(std::abs(off.losses.at(5) - reference_->losses.at(5)),
+            1e-4 * std::abs(off.losses.at(5)));
 }
 
 TEST_F(Resume, ReshardDdpTwoThreeOne) {
