@@ -85,8 +85,6 @@ void FlatAdamW::step(torch::Tensor params, const torch::Tensor& grads, double lr
     step_tensor_.add_(1.0);
     // The kernel divides the gradients by grad_scale (and writes them back unscaled).
     const auto divisor = grad_scale.reciprocal();
-    const std::vector<torch::Tensor> steps_list(std::max(decay_runs_.size(), plain_runs_.size()),
-                                                step_tensor_);
     auto run = [&](const std::vector<std::pair<int64_t, int64_t>>& runs, double wd) {
       if (runs.empty()) return;
       std::vector<torch::Tensor> p, g, m, v;
@@ -96,7 +94,7 @@ void FlatAdamW::step(torch::Tensor params, const torch::Tensor& grads, double lr
         m.push_back(exp_avg_.narrow(0, a, b - a));
         v.push_back(exp_avg_sq_.narrow(0, a, b - a));
       }
-      const std::vector<torch::Tensor> steps(steps_list.begin(), steps_list.begin() + runs.size());
+      const std::vector<torch::Tensor> steps(runs.size(), step_tensor_);
       at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1,
                         options_.beta2, wd, options_.eps, /*amsgrad=*/false, /*maximize=*/false,
                         divisor, /*found_inf=*/c10::nullopt);
