@@ -104,27 +104,24 @@ std::optional<CheckpointReader> find_resume(const fs::path& root, const std::str
   // (a crash or a full disk between the two writes) or name an older step (restored by
   // hand); resuming from it would then redo steps and save over committed directories.
   // The newest committed step directory wins; a LATEST that disagrees is reported.
-  std::vector<fs::path> candidates;
-  auto all = list_committed(base);
-  for (auto it = all.rbegin(); it != all.rend(); ++it) candidates.push_back(it->second);
-  if (!all.empty()) {
-    std::optional<fs::path> latest;
-    try {
-      latest = latest_step_dir(base);
-    } catch (const Error&) {
-      latest.reset();
-    }
-    if (!latest || latest->filename() != all.back().second.filename())
-      spdlog::warn(
-          "{}/{} names {} but the newest committed checkpoint is {}: resuming from the "
-          "newest (LATEST is only a hint)",
-          base.string(), kLatestName,
-          latest ? latest->filename().string() : std::string("no committed step"),
-          all.back().second.filename().string());
+  const auto all = list_committed(base);
+  if (all.empty()) return std::nullopt;
+  std::optional<fs::path> latest;
+  try {
+    latest = latest_step_dir(base);
+  } catch (const Error&) {
+    latest.reset();
   }
-  if (candidates.empty()) return std::nullopt;
+  if (!latest || latest->filename() != all.back().second.filename())
+    spdlog::warn(
+        "{}/{} names {} but the newest committed checkpoint is {}: resuming from the "
+        "newest (LATEST is only a hint)",
+        base.string(), kLatestName,
+        latest ? latest->filename().string() : std::string("no committed step"),
+        all.back().second.filename().string());
   std::string last_error;
-  for (const auto& dir : candidates) {
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const fs::path& dir = it->second;
     try {
       CheckpointReader r = CheckpointReader::open(dir);
       r.verify();
@@ -139,7 +136,7 @@ std::optional<CheckpointReader> find_resume(const fs::path& root, const std::str
   fail(ExitCode::kCheckpointCorrupt,
        "no usable checkpoint under {}: all {} committed checkpoints are damaged (last: {}); "
        "restore the directory or start with resume = \"none\"",
-       base.string(), candidates.size(), last_error);
+       base.string(), all.size(), last_error);
 }
 
 void check_compatible(const CheckpointReader& ckpt, const Expectation& expected) {

@@ -53,20 +53,6 @@ std::string host_address() {
   return address;
 }
 
-// 128 random bits as hex, from the kernel.
-std::string generate_token() {
-  unsigned char bytes[16];
-  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  DNALLM_SYSCHECK(fd, "/dev/urandom");
-  ssize_t n = ::read(fd, bytes, sizeof(bytes));
-  ::close(fd);
-  DNALLM_CHECK(n == static_cast<ssize_t>(sizeof(bytes)), dnallm::ExitCode::kFailure,
-               "cannot read 16 random bytes from /dev/urandom");
-  std::string hex;
-  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
-  return hex;
-}
-
 // The token in `path`'s first line if the file exists; otherwise a new one written there
 // (mode 0600) for the agents to read with --token-file.
 std::string token_from_file(const std::string& path) {
@@ -79,7 +65,7 @@ std::string token_from_file(const std::string& path) {
     spdlog::info("job token read from {}", path);
     return token;
   }
-  const std::string token = generate_token();
+  const std::string token = dnallm::coordinator::generate_job_token();
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   DNALLM_CHECK(fd >= 0, dnallm::ExitCode::kUsage,
                "--token-file {}: cannot create it: {}; choose a writable path", path,

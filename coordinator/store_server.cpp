@@ -43,6 +43,7 @@ struct Responder::Target : std::enable_shared_from_this<Responder::Target> {
   void arm_deadline(std::chrono::milliseconds after, std::string why);
   void cancel_deadline();
   void release_body();
+  void leave_pending();  // out of the server's list of connections waiting for HELLO
 
   StoreServer::Impl& server_;
   tcp::socket socket_;
@@ -260,6 +261,12 @@ void Responder::Target::cancel_deadline() {
   deadline_.cancel();
 }
 
+void Responder::Target::leave_pending() {
+  if (!pending_) return;
+  server_.pending.erase(pending_it_);
+  pending_ = false;
+}
+
 void Responder::Target::release_body() {
   server_.buffered_bytes -= reserved_;
   reserved_ = 0;
@@ -363,10 +370,7 @@ void Responder::Target::dispatch() {
       }
       authed_ = true;
       cancel_deadline();
-      if (pending_) {
-        server_.pending.erase(pending_it_);
-        pending_ = false;
-      }
+      leave_pending();
       Responder(shared_from_this()).send(Status::kOk);
       return;
     }
@@ -412,10 +416,7 @@ void Responder::Target::close(const std::string& why, bool warn) {
   else
     spdlog::debug("coordinator: connection from {} ended: {}", peer_, why);
   cancel_deadline();
-  if (pending_) {
-    server_.pending.erase(pending_it_);
-    pending_ = false;
-  }
+  leave_pending();
   release_body();
   boost::system::error_code ec;
   socket_.shutdown(tcp::socket::shutdown_both, ec);

@@ -45,26 +45,6 @@ int default_omp_threads(int cores, int nproc_per_node) {
   return std::max(1, cores / std::max(1, nproc_per_node));
 }
 
-std::string generate_job_token() {
-  unsigned char bytes[16];
-  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  DNALLM_SYSCHECK(fd, "/dev/urandom");
-  std::size_t got = 0;
-  while (got < sizeof(bytes)) {
-    ssize_t n = ::read(fd, bytes + got, sizeof(bytes) - got);
-    if (n <= 0) {
-      int e = errno;
-      ::close(fd);
-      fail(ExitCode::kFailure, "cannot read /dev/urandom: {}", errno_string(e));
-    }
-    got += static_cast<std::size_t>(n);
-  }
-  ::close(fd);
-  std::string hex;
-  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
-  return hex;
-}
-
 int pick_free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   DNALLM_SYSCHECK(fd, "socket for a free port");

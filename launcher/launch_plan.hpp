@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cluster/topology.hpp"
+#include "coordinator/net.hpp"
 #include "launcher/spawner.hpp"
 
 namespace dnallm::launcher {
@@ -31,8 +32,8 @@ struct LaunchPlan {
   int world_size() const { return nnodes * nproc_per_node; }
 };
 
-// 32 hex characters from /dev/urandom.
-std::string generate_job_token();
+// 32 hex characters from /dev/urandom (coordinator/net.hpp).
+using coordinator::generate_job_token;
 
 // Binds port 0 on all interfaces, reads the port the kernel chose, and releases it. Another
 // process may take it before rank 0 binds it (small window); the coordinator will own its

@@ -36,22 +36,6 @@ std::string job(const std::string& ckpt, const std::string& metrics) {
       kSrc, kBin, tiny_settings(ckpt, metrics, kSteps, 2));
 }
 
-// Worker pids of a launcher (its children running dnallm-train).
-std::vector<pid_t> workers_of(pid_t launcher) {
-  std::vector<pid_t> out;
-  for (pid_t pid : processes_matching("dnallm-train")) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string s((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    const auto close = s.rfind(')');
-    if (close == std::string::npos) continue;
-    int ppid = 0;
-    char state = 0;
-    if (std::sscanf(s.c_str() + close + 2, "%c %d", &state, &ppid) == 2 && ppid == launcher)
-      out.push_back(pid);
-  }
-  return out;
-}
-
 TEST(Chaos, EveryRunEndsDefinedLeavesNothingAndResumesExactly) {
   const int runs =
       std::getenv("DNALLM_CHAOS_RUNS") ? std::atoi(std::getenv("DNALLM_CHAOS_RUNS")) : 4;

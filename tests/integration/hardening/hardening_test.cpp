@@ -140,15 +140,7 @@ TEST(StopSignals, ElasticPreemptionExitsPromptlyAndHonestly) {
 
 // The worker of `rank` among the dnallm-train children of `launcher` (from its environment).
 pid_t worker_of_rank(pid_t launcher, int rank) {
-  for (pid_t pid : processes_matching("dnallm-train")) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string s((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    const auto close = s.rfind(')');
-    int ppid = 0;
-    char state = 0;
-    if (close == std::string::npos ||
-        std::sscanf(s.c_str() + close + 2, "%c %d", &state, &ppid) != 2 || ppid != launcher)
-      continue;
+  for (pid_t pid : workers_of(launcher)) {
     std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
     // NUL-separated KEY=VALUE entries; a leading NUL makes every entry "\0KEY=VALUE\0".
     const std::string e =

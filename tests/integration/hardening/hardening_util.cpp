@@ -4,8 +4,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -109,6 +111,21 @@ std::vector<pid_t> processes_matching(const std::string& needle) {
     const char state =
         close_paren != std::string::npos && close_paren + 2 < s.size() ? s[close_paren + 2] : '?';
     if (state != 'Z' && cmdline.find(needle) != std::string::npos) out.push_back(pid);
+  }
+  return out;
+}
+
+std::vector<pid_t> workers_of(pid_t launcher) {
+  std::vector<pid_t> out;
+  for (pid_t pid : processes_matching("dnallm-train")) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string s((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const auto close = s.rfind(')');
+    if (close == std::string::npos) continue;
+    int ppid = 0;
+    char state = 0;
+    if (std::sscanf(s.c_str() + close + 2, "%c %d", &state, &ppid) == 2 && ppid == launcher)
+      out.push_back(pid);
   }
   return out;
 }

@@ -54,4 +54,7 @@ bool wait_for_text(const std::string& path, const std::string& needle,
 // Pids of live processes whose command line contains `needle` (not this process).
 std::vector<pid_t> processes_matching(const std::string& needle);
 
+// Worker pids of a launcher (its children running dnallm-train).
+std::vector<pid_t> workers_of(pid_t launcher);
+
 }  // namespace dnallm::testing
