@@ -274,14 +274,8 @@ int main(int argc, char** argv) {
     auto model = models::load_exported_model(model_dir);
     model->to(device);
     model->eval();
-    const std::string tok_path = model_dir + "/tokenizer.json";
-    DNALLM_CHECK(std::filesystem::exists(tok_path), ExitCode::kBadData,
-                 "{} is missing: --model must be an exported directory", tok_path);
-    auto tokenizer = data::load_tokenizer(tok_path);
     const auto& o = model->options();
-    DNALLM_CHECK(tokenizer->vocab_size() == o.vocab_size, ExitCode::kBadData,
-                 "{}: tokenizer has {} tokens but the model {}", model_dir, tokenizer->vocab_size(),
-                 o.vocab_size);
+    auto tokenizer = infer::load_model_tokenizer(model_dir, o);
 
     Config config;
     config.model.arch = o.arch == models::Arch::kBert ? "bert" : "gpt";

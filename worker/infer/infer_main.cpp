@@ -67,13 +67,7 @@ Loaded load(const CommonArgs& a, int local_rank) {
   DNALLM_CHECK(format != models::WeightFormat::kInt8 || l.device.is_cpu(), ExitCode::kUsage,
                "--quantize int8 is CPU inference (dynamic quantisation): add --device cpu");
   l.model = models::load_exported_model(a.model_dir);
-  const std::string tok_path = a.model_dir + "/tokenizer.json";
-  DNALLM_CHECK(std::filesystem::exists(tok_path), ExitCode::kBadData,
-               "{} is missing: --model must be a directory exported by dnallm-train", tok_path);
-  l.tokenizer = data::load_tokenizer(tok_path);
-  DNALLM_CHECK(l.tokenizer->vocab_size() == l.model->options().vocab_size, ExitCode::kBadData,
-               "{}: tokenizer has {} tokens but the model {}", a.model_dir,
-               l.tokenizer->vocab_size(), l.model->options().vocab_size);
+  l.tokenizer = infer::load_model_tokenizer(a.model_dir, l.model->options());
   l.model->to(l.device);
   l.model->eval();
   if (format != models::WeightFormat::kFull) {

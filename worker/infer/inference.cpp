@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include <fmt/format.h>
@@ -64,6 +65,18 @@ torch::Device resolve_device(const std::string& spec, int local_rank) {
     return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
   }
   fail(ExitCode::kUsage, "--device \"{}\": use auto, cpu, cuda or cuda:N", spec);
+}
+
+std::shared_ptr<const data::Tokenizer> load_model_tokenizer(const std::string& model_dir,
+                                                            const models::ModelOptions& options) {
+  const std::string path = model_dir + "/tokenizer.json";
+  DNALLM_CHECK(std::filesystem::exists(path), ExitCode::kBadData,
+               "{} is missing: --model must be a directory exported by dnallm-train", path);
+  auto tokenizer = data::load_tokenizer(path);
+  DNALLM_CHECK(tokenizer->vocab_size() == options.vocab_size, ExitCode::kBadData,
+               "{}: tokenizer has {} tokens but the model {}", model_dir, tokenizer->vocab_size(),
+               options.vocab_size);
+  return tokenizer;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -26,6 +26,11 @@ namespace dnallm::infer {
 // "cuda:N", "cpu". Throws Error(kUsage) when a GPU is asked for and none is visible.
 torch::Device resolve_device(const std::string& spec, int local_rank);
 
+// The tokenizer of a directory exported by dnallm-train (its tokenizer.json); Error(kBadData)
+// when it is missing or its vocabulary is not the model's (`options.vocab_size`).
+std::shared_ptr<const data::Tokenizer> load_model_tokenizer(const std::string& model_dir,
+                                                            const models::ModelOptions& options);
+
 // One input sequence. FASTA/FASTQ ids are the record names; a table row's id is "row<N>"
 // (N: 1-based among the good records, the header not counted; other columns are not read).
 struct InputSequence {

@@ -86,12 +86,9 @@ std::string hf_name(Family f, const std::string& ours) {
     return f == Family::kEsm ? "esm.encoder.emb_layer_norm_after." + rest
                              : "roberta_prelayernorm.LayerNorm." + rest;
   }
-  n = replace_all(n, ".attention.output.LayerNorm.",
-                  f == Family::kEsm ? ".attention.LayerNorm." : ".attention.LayerNorm.");
-  if (n.find(".output.LayerNorm.") != std::string::npos) {
-    n = replace_all(n, ".output.LayerNorm.",
-                    f == Family::kEsm ? ".LayerNorm." : ".intermediate.LayerNorm.");
-  }
+  n = replace_all(n, ".attention.output.LayerNorm.", ".attention.LayerNorm.");
+  n = replace_all(n, ".output.LayerNorm.",
+                  f == Family::kEsm ? ".LayerNorm." : ".intermediate.LayerNorm.");
   n = replace_all(n, "cls.predictions.transform.dense.", "lm_head.dense.");
   n = replace_all(n, "cls.predictions.transform.LayerNorm.", "lm_head.layer_norm.");
   if (n == "cls.predictions.bias") n = "lm_head.bias";
