@@ -183,7 +183,8 @@ class Trainer;
 struct TrainerOptions {
   // Bases spelled by token id `id` (for bits_per_base). Default: 1.
   std::function<int64_t(int64_t id)> bases_of_label;
-  // Writes <dir>/tokenizer.json for the export (the trainer does not know the tokenizer).
+  // Writes what the export needs beyond the weights and config.json, which the trainer cannot:
+  // <dir>/tokenizer.json and the transformers layout <dir>/hf (train_main.cpp).
   std::function<void(const std::string& dir)> write_tokenizer;
   bool console_progress = true;
   // Append to logging.metrics_file instead of truncating it: a resumed run (requeue,
