@@ -171,8 +171,7 @@ struct RawMpiRunner final : Runner {
   static MPI_Datatype type(DType t) {
     // MPI's built-in MPI_SUM cannot add fp16/bf16 (the backend uses its own op for them);
     // the bench checks values in the four types below only.
-    if (t != DType::kFloat32 && t != DType::kFloat64 && t != DType::kInt64 &&
-        t != DType::kInt32) {
+    if (t != DType::kFloat32 && t != DType::kFloat64 && t != DType::kInt64 && t != DType::kInt32) {
       fail(ExitCode::kUsage, "--backend mpi-raw supports fp32, fp64, int64, int32");
     }
     return mpi_datatype(t);
@@ -262,7 +261,7 @@ int run(const Args& a) {
     for (size_t i = 0; i < in_count; ++i) {
       size_t global = a.op == "allgather" ? mine.offset + i : i;
       store_element(dtype, in_buf.data(), i,
-                  a.op == "allgather" ? input_value(0, global) + 0 : input_value(rank, global));
+                    a.op == "allgather" ? input_value(0, global) + 0 : input_value(rank, global));
     }
     if (a.op == "broadcast")
       for (size_t i = 0; i < count; ++i)

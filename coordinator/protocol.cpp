@@ -6,24 +6,42 @@ namespace dnallm::coordinator {
 
 const char* op_name(uint8_t op) {
   switch (static_cast<Op>(op)) {
-    case Op::kHello: return "hello";
-    case Op::kSet: return "set";
-    case Op::kGet: return "get";
-    case Op::kWait: return "wait";
-    case Op::kAdd: return "add";
-    case Op::kCompareSet: return "compare_set";
-    case Op::kDelete: return "delete";
-    case Op::kCheck: return "check";
-    case Op::kNumKeys: return "num_keys";
-    case Op::kSetOwned: return "set_owned";
-    case Op::kPing: return "ping";
-    case Op::kElasticJoin: return "elastic_join";
-    case Op::kElasticHeartbeat: return "elastic_heartbeat";
-    case Op::kElasticReportFailure: return "elastic_report_failure";
-    case Op::kElasticReportSuccess: return "elastic_report_success";
-    case Op::kElasticState: return "elastic_state";
-    case Op::kCkptShardDurable: return "ckpt_shard_durable";
-    case Op::kCkptCommitted: return "ckpt_committed";
+    case Op::kHello:
+      return "hello";
+    case Op::kSet:
+      return "set";
+    case Op::kGet:
+      return "get";
+    case Op::kWait:
+      return "wait";
+    case Op::kAdd:
+      return "add";
+    case Op::kCompareSet:
+      return "compare_set";
+    case Op::kDelete:
+      return "delete";
+    case Op::kCheck:
+      return "check";
+    case Op::kNumKeys:
+      return "num_keys";
+    case Op::kSetOwned:
+      return "set_owned";
+    case Op::kPing:
+      return "ping";
+    case Op::kElasticJoin:
+      return "elastic_join";
+    case Op::kElasticHeartbeat:
+      return "elastic_heartbeat";
+    case Op::kElasticReportFailure:
+      return "elastic_report_failure";
+    case Op::kElasticReportSuccess:
+      return "elastic_report_success";
+    case Op::kElasticState:
+      return "elastic_state";
+    case Op::kCkptShardDurable:
+      return "ckpt_shard_durable";
+    case Op::kCkptCommitted:
+      return "ckpt_committed";
   }
   return "unknown";
 }

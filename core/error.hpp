@@ -26,8 +26,7 @@ enum class ExitCode : int {
 
 class Error : public std::runtime_error {
  public:
-  Error(ExitCode code, std::string message)
-      : std::runtime_error(std::move(message)), code_(code) {}
+  Error(ExitCode code, std::string message) : std::runtime_error(std::move(message)), code_(code) {}
   ExitCode code() const noexcept { return code_; }
   int exit_code() const noexcept { return static_cast<int>(code_); }
 
@@ -47,23 +46,23 @@ inline std::string errno_string(int err = errno) { return std::strerror(err); }
 }  // namespace dnallm
 
 // DNALLM_CHECK(cond, code, fmt, args...): throw an Error with file:line when cond is false.
-#define DNALLM_CHECK(cond, code, ...)                                                  \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      throw ::dnallm::Error((code), ::fmt::format(__VA_ARGS__) +                       \
-                                        ::fmt::format(" [{}:{}]", __FILE__, __LINE__)); \
-    }                                                                                  \
+#define DNALLM_CHECK(cond, code, ...)                                                          \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      throw ::dnallm::Error(                                                                   \
+          (code), ::fmt::format(__VA_ARGS__) + ::fmt::format(" [{}:{}]", __FILE__, __LINE__)); \
+    }                                                                                          \
   } while (0)
 
 // DNALLM_SYSCHECK(expr, what): for POSIX calls returning -1 on error. Records the
 // expression, file:line and strerror(errno). `what` names the object (a path, a socket).
-#define DNALLM_SYSCHECK(expr, what)                                                          \
-  do {                                                                                       \
-    if ((expr) == -1) {                                                                      \
-      int dnallm_errno_ = errno;                                                             \
-      throw ::dnallm::Error(::dnallm::ExitCode::kFailure,                                    \
-                            ::fmt::format("{} failed for {}: {} [{}:{}]", #expr, (what),     \
-                                          ::dnallm::errno_string(dnallm_errno_), __FILE__,   \
-                                          __LINE__));                                        \
-    }                                                                                        \
+#define DNALLM_SYSCHECK(expr, what)                                                  \
+  do {                                                                               \
+    if ((expr) == -1) {                                                              \
+      int dnallm_errno_ = errno;                                                     \
+      throw ::dnallm::Error(                                                         \
+          ::dnallm::ExitCode::kFailure,                                              \
+          ::fmt::format("{} failed for {}: {} [{}:{}]", #expr, (what),               \
+                        ::dnallm::errno_string(dnallm_errno_), __FILE__, __LINE__)); \
+    }                                                                                \
   } while (0)

@@ -16,8 +16,9 @@ build_pkgs=(
   libcli11-dev libspdlog-dev nlohmann-json3-dev
 )
 # Used by the integration tests: a real one-node Slurm cluster and network namespaces
-# (python3: a test compiles tests/hf/check_export.py, the transformers-side export check).
-test_pkgs=(slurm-wlm munge iproute2 procps python3)
+# (python3: a test compiles tests/hf/check_export.py, the transformers-side export check;
+# clang-format: scripts/check-format.sh, run by scripts/test.sh).
+test_pkgs=(slurm-wlm munge iproute2 procps python3 clang-format)
 bench_pkgs=(python3-torch python3-numpy)
 
 want=("${build_pkgs[@]}" "${test_pkgs[@]}")

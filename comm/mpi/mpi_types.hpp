@@ -12,14 +12,21 @@ namespace dnallm::comm {
 // own MPI_Op (a caller using MPI's built-in ops must refuse them).
 inline MPI_Datatype mpi_datatype(DType t) {
   switch (t) {
-    case DType::kFloat32: return MPI_FLOAT;
-    case DType::kFloat64: return MPI_DOUBLE;
-    case DType::kInt64: return MPI_INT64_T;
-    case DType::kInt32: return MPI_INT32_T;
-    case DType::kUInt8: return MPI_UINT8_T;
-    case DType::kInt8: return MPI_INT8_T;
+    case DType::kFloat32:
+      return MPI_FLOAT;
+    case DType::kFloat64:
+      return MPI_DOUBLE;
+    case DType::kInt64:
+      return MPI_INT64_T;
+    case DType::kInt32:
+      return MPI_INT32_T;
+    case DType::kUInt8:
+      return MPI_UINT8_T;
+    case DType::kInt8:
+      return MPI_INT8_T;
     case DType::kFloat16:
-    case DType::kBFloat16: return MPI_UINT16_T;
+    case DType::kBFloat16:
+      return MPI_UINT16_T;
   }
   return MPI_BYTE;
 }

@@ -49,7 +49,8 @@ double reduced(DType t, int world, size_t i, ReduceOp op) {
   std::vector<uint8_t> tmp(8);
   if (t == DType::kInt64) return std::floor(sum / world);
   if (t == DType::kFloat64) return sum / world;
-  store_element(t, tmp.data(), 0, static_cast<double>(static_cast<float>(sum) / static_cast<float>(world)));
+  store_element(t, tmp.data(), 0,
+                static_cast<double>(static_cast<float>(sum) / static_cast<float>(world)));
   return load_element(t, tmp.data(), 0);
 }
 
@@ -96,7 +97,8 @@ void run_matrix(Communicator& comm) {
           }
           if (!in_place)
             for (size_t i = 0; i < n; ++i)
-              check.expect(load_element(t, in.data(), i) == value(rank, i), "allreduce modified its input");
+              check.expect(load_element(t, in.data(), i) == value(rank, i),
+                           "allreduce modified its input");
           // reduce_scatter
           for (size_t i = 0; i < n; ++i) store_element(t, in.data(), i, value(rank, i));
           std::vector<uint8_t> shard(mine.count * es + 1);
@@ -104,7 +106,8 @@ void run_matrix(Communicator& comm) {
               in_place ? in.data() + mine.offset * es : shard.data(), mine.count, t, {}};
           comm.reduce_scatter(vin, sout, op)->wait();
           for (size_t i = 0; i < mine.count; ++i) {
-            double got = load_element(t, sout.data, i), want = reduced(t, world, mine.offset + i, op);
+            double got = load_element(t, sout.data, i),
+                   want = reduced(t, world, mine.offset + i, op);
             check.expect(got == want,
                          label("reduce_scatter", mode, i, got, want) + " " + reduce_op_name(op));
           }
@@ -117,7 +120,8 @@ void run_matrix(Communicator& comm) {
         std::vector<uint8_t> full(n * es), part(mine.count * es + 1);
         for (size_t i = 0; i < n; ++i) store_element(t, full.data(), i, -1);
         void* src = in_place ? full.data() + mine.offset * es : part.data();
-        for (size_t j = 0; j < mine.count; ++j) store_element(t, src, j, value(rank, mine.offset + j));
+        for (size_t j = 0; j < mine.count; ++j)
+          store_element(t, src, j, value(rank, mine.offset + j));
         comm.allgather(BufferView{src, mine.count, t, {}}, BufferView{full.data(), n, t, {}})
             ->wait();
         for (int r = 0; r < world; ++r) {
@@ -132,7 +136,8 @@ void run_matrix(Communicator& comm) {
       // broadcast from the last rank
       std::vector<uint8_t> buf(n * es);
       const int root = world - 1;
-      for (size_t i = 0; i < n; ++i) store_element(t, buf.data(), i, rank == root ? value(root, i) : -1);
+      for (size_t i = 0; i < n; ++i)
+        store_element(t, buf.data(), i, rank == root ? value(root, i) : -1);
       comm.broadcast(BufferView{buf.data(), n, t, {}}, root)->wait();
       for (size_t i = 0; i < n; ++i) {
         double got = load_element(t, buf.data(), i), want = value(root, i);

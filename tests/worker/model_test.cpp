@@ -150,8 +150,8 @@ TEST(ModelTest, PackedSegmentsAttendWithinTheirDocument) {
   auto ids = random_ids(1, 16);
   ForwardInputs packed;
   packed.input_ids = ids;
-  packed.segment_ids = torch::cat({torch::ones({1, 8}, torch::kInt64),
-                                   torch::full({1, 8}, 2, torch::kInt64)}, 1);
+  packed.segment_ids =
+      torch::cat({torch::ones({1, 8}, torch::kInt64), torch::full({1, 8}, 2, torch::kInt64)}, 1);
   auto p = bert->forward(packed).logits;
   ForwardInputs first;
   first.input_ids = ids.narrow(1, 0, 8);
@@ -274,7 +274,9 @@ TEST(ModelTest, LoraTrainsOnlyAdaptersAndMergesOnExport) {
   export_model(model, dir.string(), "bert");
   auto adapters = load_safetensors((dir / "adapter_model.safetensors").string());
   EXPECT_EQ(adapters.size(), 2u * 2 * 5);  // A and B for 5 linears in 2 layers
-  EXPECT_EQ(adapters.count("base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.weight"), 1u);
+  EXPECT_EQ(
+      adapters.count("base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.weight"),
+      1u);
   auto loaded = load_exported_model(dir.string());
   for (const auto& p : loaded->named_parameters()) {
     EXPECT_EQ(p.key().find("lora_"), std::string::npos) << p.key();

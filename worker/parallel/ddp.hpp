@@ -43,9 +43,9 @@ namespace dnallm::parallel {
 struct DdpOptions {
   int64_t bucket_cap_bytes = 25 << 20;
   int64_t first_bucket_bytes = 1 << 20;
-  bool sync_every_micro_step = false;   // accumulate_sync = "every"
-  DType reduce_dtype = DType::kFloat32; // grad_reduce_dtype: bf16/fp16 halve the bytes sent
-  int zero_stage = 0;                   // 0, 1, 2
+  bool sync_every_micro_step = false;    // accumulate_sync = "every"
+  DType reduce_dtype = DType::kFloat32;  // grad_reduce_dtype: bf16/fp16 halve the bytes sent
+  int zero_stage = 0;                    // 0, 1, 2
   bool find_unused_parameters = false;
 };
 
@@ -119,7 +119,7 @@ class DataParallel {
   FlatRange owned_;
   std::vector<Bucket> buckets_;
   std::vector<int64_t> bucket_of_entry_;
-  std::vector<torch::Tensor> params_;  // by flat entry index
+  std::vector<torch::Tensor> params_;                                 // by flat entry index
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep hooks alive
   std::shared_ptr<bool> alive_;  // hooks outlive us inside autograd; they check this
   std::vector<bool> ready_;
@@ -138,12 +138,12 @@ class DataParallel {
     std::vector<Launched> launched;
     bool in_flight = false;
   };
-  void end_micro_step();        // launches buckets left unlaunched (unused parameters)
-  void drain(Stage& stage);     // waits a stage's reductions and adds it into flat_.grads()
+  void end_micro_step();     // launches buckets left unlaunched (unused parameters)
+  void drain(Stage& stage);  // waits a stage's reductions and adds it into flat_.grads()
   Stage stages_[2];
-  int micro_ = 0;               // micro-steps begun in this step
+  int micro_ = 0;  // micro-steps begun in this step
   bool step_open_ = false;
-  double exposed_s_ = 0;        // waiting done inside begin_micro_step ("every")
+  double exposed_s_ = 0;  // waiting done inside begin_micro_step ("every")
 };
 
 }  // namespace dnallm::parallel

@@ -42,8 +42,7 @@ FlatLayout plan_flat_layout(const std::vector<int64_t>& numels, const LayoutOpti
   }
   close();
   layout.total = cursor;
-  layout.padded_total =
-      (cursor + options.world_size - 1) / options.world_size * options.world_size;
+  layout.padded_total = (cursor + options.world_size - 1) / options.world_size * options.world_size;
   // The alignment gap after the last parameter and the world-size padding belong to the last
   // bucket, so buckets tile the whole padded buffer.
   if (!layout.buckets.empty()) layout.buckets.back().range.end = layout.padded_total;

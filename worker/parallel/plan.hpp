@@ -42,11 +42,11 @@ struct FlatLayout {
 };
 
 struct LayoutOptions {
-  int64_t element_bytes = 4;              // bytes of one gradient element
-  int64_t bucket_cap_bytes = 25 << 20;    // DDP's bucket_cap_mb, in bytes
-  int64_t first_bucket_bytes = 1 << 20;   // the first bucket is small so communication starts early
-  int64_t align_elements = 16;            // each parameter starts at a multiple of this (64 B for fp32)
-  int64_t world_size = 1;                 // padded_total is a multiple of this (reduce_scatter)
+  int64_t element_bytes = 4;             // bytes of one gradient element
+  int64_t bucket_cap_bytes = 25 << 20;   // DDP's bucket_cap_mb, in bytes
+  int64_t first_bucket_bytes = 1 << 20;  // the first bucket is small so communication starts early
+  int64_t align_elements = 16;  // each parameter starts at a multiple of this (64 B for fp32)
+  int64_t world_size = 1;       // padded_total is a multiple of this (reduce_scatter)
 };
 
 // Lays out parameters of the given element counts (registration order) into buckets and a

@@ -35,7 +35,8 @@ inline std::function<int64_t(int64_t)> bases_of_label(std::shared_ptr<const data
   for (int64_t id = 0; id < tok->vocab_size(); ++id) {
     if (tok->is_special(id)) continue;
     int64_t n = 0;
-    for (char c : tok->id_to_piece(id)) n += c == 'A' || c == 'C' || c == 'G' || c == 'T' || c == 'N';
+    for (char c : tok->id_to_piece(id))
+      n += c == 'A' || c == 'C' || c == 'G' || c == 'T' || c == 'N';
     (*cache)[id] = std::max<int64_t>(n, 1);
   }
   return [cache](int64_t id) {

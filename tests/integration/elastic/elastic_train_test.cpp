@@ -1,10 +1,10 @@
 // Elastic restart with real dnallm-train workers: `dnallm-launch --standalone` runs two
 // ranks over Gloo; once one of the first three checkpoints (chosen at random) is committed,
 // one worker is SIGKILLed at a random step, the agent restarts the group as generation 2,
-// the workers resume from the newest committed checkpoint and finish. From the resumed step on, every loss and the exported parameters
-// must equal an uninterrupted run bit for bit (CPU fp32, the resume tests' deterministic
-// settings), the metrics file must carry a "restart" event, and the checkpoints must have
-// been committed (and pruned) through the coordinator's commit registry.
+// the workers resume from the newest committed checkpoint and finish. From the resumed step on,
+// every loss and the exported parameters must equal an uninterrupted run bit for bit (CPU fp32, the
+// resume tests' deterministic settings), the metrics file must carry a "restart" event, and the
+// checkpoints must have been committed (and pruned) through the coordinator's commit registry.
 #include <dirent.h>
 #include <signal.h>
 #include <unistd.h>

@@ -18,21 +18,21 @@ TEST(CheckpointExport, StepCheckpointExportsLikeTheFinalModel) {
   const std::string dir = make_temp_dir("ckpt_export");
   std::string log;
   // 2 ranks with ZeRO-1: each shard holds half of the flat buffer.
-  ASSERT_EQ(run_command(fmt::format(
-                "cd {src} && {bin}dnallm-launch --nproc-per-node 2 -- {bin}dnallm-train "
-                "--set model.hidden=32 --set model.layers=2 --set model.heads=2 "
-                "--set model.ffn=64 --set model.max_seq_length=64 "
-                "--set data.train_files=[\\\"data/ecoli_k12_mg1655.fa.gz\\\"] "
-                "--set training.max_steps=3 --set training.micro_batch_size=4 "
-                "--set parallel.backend=gloo --set parallel.zero_stage=1 "
-                "--set checkpoint.save_steps=3 --set checkpoint.dir={dir}/ck "
-                "--set checkpoint.resume=none",
-                fmt::arg("src", kSrc), fmt::arg("bin", kBin), fmt::arg("dir", dir)),
-                            &log),
-            0)
+  ASSERT_EQ(
+      run_command(
+          fmt::format("cd {src} && {bin}dnallm-launch --nproc-per-node 2 -- {bin}dnallm-train "
+                      "--set model.hidden=32 --set model.layers=2 --set model.heads=2 "
+                      "--set model.ffn=64 --set model.max_seq_length=64 "
+                      "--set data.train_files=[\\\"data/ecoli_k12_mg1655.fa.gz\\\"] "
+                      "--set training.max_steps=3 --set training.micro_batch_size=4 "
+                      "--set parallel.backend=gloo --set parallel.zero_stage=1 "
+                      "--set checkpoint.save_steps=3 --set checkpoint.dir={dir}/ck "
+                      "--set checkpoint.resume=none",
+                      fmt::arg("src", kSrc), fmt::arg("bin", kBin), fmt::arg("dir", dir)),
+          &log),
+      0)
       << log;
-  ASSERT_EQ(run_command(fmt::format("{}dnallm-ckpt export {}/ck --out {}/exported", kBin, dir,
-                                    dir),
+  ASSERT_EQ(run_command(fmt::format("{}dnallm-ckpt export {}/ck --out {}/exported", kBin, dir, dir),
                         &log),
             0)
       << log;
