@@ -9,6 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "coordinator/commit_registry.hpp"
 #include "coordinator/net.hpp"
 #include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
@@ -109,6 +110,8 @@ ProcessGroup connect_process_group(const ProcessGroupOptions& options) {
                                          env_bind ? env_bind : "", &warning);
       if (!warning.empty()) spdlog::warn("{}", warning);
       group.server = std::make_unique<coordinator::StoreServer>(so);
+      // Checkpoints commit through this store's registry (coordinator/commit_registry.hpp).
+      coordinator::register_commit_ops(*group.server);
       try {
         group.server->start();
       } catch (const Error& e) {
