@@ -105,8 +105,7 @@ class CommitChannel {
   virtual std::optional<std::vector<std::string>> shard_durable(const ShardReport& report) = 0;
   // Step 4: the steps rank 0 must delete.
   virtual std::vector<int64_t> committed(const CommittedReport& report) = 0;
-  // Names the committer in logs and errors ("the in-process registry", "the coordinator at
-  // host:port").
+  // Names the committer in logs and errors ("the in-process registry", "the coordinator").
   virtual std::string describe() const = 0;
 };
 

@@ -140,7 +140,7 @@ TEST(CommitRegistryTest, OpsOverTcpThroughAPlainStoreServer) {
   auto store = std::make_shared<TcpStoreClient>(o);
   auto channel = commit_channel_for(store, 0);
   ASSERT_NE(channel, nullptr);
-  EXPECT_NE(channel->describe().find("the coordinator at 127.0.0.1:"), std::string::npos);
+  EXPECT_EQ(channel->describe(), "the coordinator");
   EXPECT_EQ(commit_channel_for(std::make_shared<InMemoryStore>(), 0), nullptr);
   EXPECT_EQ(commit_channel_for(nullptr, 0), nullptr);
   ShardReport r = shard(6, 1, 2, 0);
