@@ -276,6 +276,22 @@ TEST(ProfilerTest, WritesATraceOrRefusesClearly) {
 // ---------------------------------------------------------------------------------------------
 // Checkpoints: Note [Resume on the device], save -> resume -> save on the sync-free path
 
+// Trains `cfg` from scratch on padded rows with checkpoints on (checkpoint.save_steps);
+// returns the final flat parameters and the flat layout.
+struct Trained {
+  torch::Tensor params;
+  std::vector<optim::FlatParameters::Entry> entries;
+};
+Trained train_with_checkpoints(const Config& cfg) {
+  Checkpointer ck(cfg, CheckpointerOptions{});
+  TrainerOptions o = testing::quiet_options(true);
+  ck.install(o);
+  Trainer t(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(true)), nullptr,
+            nullptr, o);
+  t.run();
+  return {t.flat().params().clone(), t.flat().entries()};
+}
+
 TEST(ResumeOnDeviceTest, NamesATensorLeftOffTheDevice) {
   auto cfg = tiny("bert");
   Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(false)),
@@ -304,27 +320,13 @@ TEST(ResumeOnDeviceTest, SaveResumeSaveCommitsAndMatchesAnUninterruptedRun) {
 
   // Uninterrupted to 6.
   cfg.checkpoint.dir = (root / "straight").string();
-  torch::Tensor straight;
-  {
-    Checkpointer ck(cfg, CheckpointerOptions{});
-    TrainerOptions o = testing::quiet_options(true);
-    ck.install(o);
-    Trainer t(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(true)), nullptr,
-              nullptr, o);
-    t.run();
-    straight = t.flat().params().clone();
-  }
+  const torch::Tensor straight = train_with_checkpoints(cfg).params;
   // Stopped at 4 (saves 2 and 4), resumed to 6 (saves 6).
   cfg.checkpoint.dir = (root / "resumed").string();
   {
     auto first = cfg;
     first.training.max_steps = 4;
-    Checkpointer ck(first, CheckpointerOptions{});
-    TrainerOptions o = testing::quiet_options(true);
-    ck.install(o);
-    Trainer t(first, build_model(first, 9), std::make_unique<LmSource>(3, 16, rows_of(true)),
-              nullptr, nullptr, o);
-    t.run();
+    train_with_checkpoints(first);
   }
   const auto resumed = testing::resume_to_end(
       cfg, 4, std::make_unique<LmSource>(3, 16, rows_of(true), 4 * rows_per_step),
@@ -345,16 +347,7 @@ TEST(ResumeOnDeviceTest, SavedStateIsTheTrainersAndADamagedStateIsRefused) {
   cfg.training.max_steps = 2;
   cfg.checkpoint.save_steps = 2;
   cfg.checkpoint.dir = root.string();
-  std::vector<optim::FlatParameters::Entry> entries;
-  {
-    Checkpointer ck(cfg, CheckpointerOptions{});
-    TrainerOptions o = testing::quiet_options(true);
-    ck.install(o);
-    Trainer t(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(true)), nullptr,
-              nullptr, o);
-    t.run();
-    entries = t.flat().entries();
-  }
+  const auto entries = train_with_checkpoints(cfg).entries;
   const auto state = checkpoint::read_train_state(*open_resume(cfg, nlohmann::json()));
   EXPECT_EQ(state.step, 2);
   EXPECT_EQ(state.adam_steps, 2);
