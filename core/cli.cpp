@@ -25,6 +25,37 @@ void add_config_options(CLI::App& app, ConfigOptions& options) {
                "print the resolved configuration as TOML and exit");
 }
 
+CLI::Option* add_key_option(CLI::App& app, ConfigOptions& options, const std::string& flag,
+                            const std::string& key, const std::string& help) {
+  auto record = [&options, flag, key](const std::string& value) {
+    options.key_flags.push_back({key, value, flag + " " + value});
+  };
+  return app.add_option_function<std::string>(flag, record, help + " (" + key + ")")
+      ->default_str(config_default(key));
+}
+
+void add_coordinator_key_options(CLI::App& app, ConfigOptions& options,
+                                 const std::string& help_prefix) {
+  struct Flag {
+    const char* flag;
+    const char* key;
+    const char* help;
+  };
+  static const Flag kFlags[] = {
+      {"--max-membership-changes", "elastic.max_membership_changes",
+       "job-wide budget of node deaths and late joins"},
+      {"--rdzv-settle", "elastic.settle_s",
+       "seconds without a new join before a round closes with at least MIN nodes"},
+      {"--heartbeat-timeout", "elastic.heartbeat_timeout_s",
+       "seconds of silence before a node is declared dead"},
+      {"--hang-timeout", "elastic.step_timeout_s",
+       "seconds without step progress before a rank is a hang"},
+      {"--join-timeout", "elastic.join_timeout_s",
+       "seconds a round may stay below MIN nodes before the job fails"},
+  };
+  for (const Flag& f : kFlags) add_key_option(app, options, f.flag, f.key, help_prefix + f.help);
+}
+
 Config resolve_config(const ConfigOptions& options) {
   std::vector<std::string> overrides;
   if (!options.metrics_file.empty()) {
@@ -32,7 +63,9 @@ Config resolve_config(const ConfigOptions& options) {
   }
   if (!options.log_level.empty()) overrides.push_back("logging.level=" + options.log_level);
   overrides.insert(overrides.end(), options.overrides.begin(), options.overrides.end());
-  return load_config(options.config_path, overrides);
+  Config config = load_config(options.config_path, overrides);
+  if (!options.key_flags.empty()) apply_key_overrides(config, options.key_flags);
+  return config;
 }
 
 int run_main(const std::string& prog, CLI::App& app, int argc, char** argv,
