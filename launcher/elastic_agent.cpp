@@ -62,18 +62,22 @@ std::string progress_file(const std::string& dir, int local_rank) {
   return dir + "/local_rank_" + std::to_string(local_rank) + ".step";
 }
 
-int64_t read_progress(const std::string& path) {
+WorkerProgress read_progress(const std::string& path) {
+  WorkerProgress progress;
   std::ifstream f(path);
-  std::string text;
-  if (!f || !std::getline(f, text)) return -1;
+  std::string step_line, pid_line;
+  if (!f || !std::getline(f, step_line)) return progress;
   try {
     size_t used = 0;
-    long long v = std::stoll(text, &used);
-    while (used < text.size() && (text[used] == ' ' || text[used] == '\r')) ++used;
-    return used == text.size() && v >= 0 ? static_cast<int64_t>(v) : -1;
+    long long v = std::stoll(step_line, &used);
+    while (used < step_line.size() && (step_line[used] == ' ' || step_line[used] == '\r')) ++used;
+    if (used == step_line.size() && v >= 0) progress.step = static_cast<int64_t>(v);
   } catch (const std::exception&) {
-    return -1;
+    // an unparsable step reads as -1
   }
+  // The second line is the worker's pid (dnallm-train writes it).
+  if (std::getline(f, pid_line)) progress.pid = std::atoi(pid_line.c_str());
+  return progress;
 }
 
 std::vector<WorkerSpec> make_elastic_worker_specs(const LaunchPlan& plan,
@@ -135,24 +139,14 @@ ElasticAgent::ElasticAgent(coordinator::ElasticClient& client, Spawner& spawner,
       options_(std::move(options)),
       make_specs_(std::move(make_specs)) {}
 
-std::vector<int64_t> ElasticAgent::read_steps() const {
-  std::vector<int64_t> steps(static_cast<size_t>(options_.node.nproc));
-  for (size_t i = 0; i < steps.size(); ++i) {
-    steps[i] = read_progress(progress_file(options_.progress_dir, static_cast<int>(i)));
+ElasticAgent::LocalProgress ElasticAgent::read_local_progress() const {
+  LocalProgress out;
+  for (int i = 0; i < options_.node.nproc; ++i) {
+    const WorkerProgress p = read_progress(progress_file(options_.progress_dir, i));
+    out.steps.push_back(p.step);
+    out.stopped.push_back(process_stopped(p.pid));
   }
-  return steps;
-}
-
-std::vector<bool> ElasticAgent::read_stopped() const {
-  std::vector<bool> stopped(static_cast<size_t>(options_.node.nproc), false);
-  for (size_t i = 0; i < stopped.size(); ++i) {
-    // The progress file's second line is the worker's pid (dnallm-train writes it).
-    std::ifstream f(progress_file(options_.progress_dir, static_cast<int>(i)));
-    std::string step_line, pid_line;
-    if (!std::getline(f, step_line) || !std::getline(f, pid_line)) continue;
-    stopped[i] = process_stopped(std::atoi(pid_line.c_str()));
-  }
-  return stopped;
+  return out;
 }
 
 bool process_stopped(int pid) {
@@ -219,8 +213,9 @@ int ElasticAgent::run() {
       if (Clock::now() - last_heartbeat < options_.monitor_interval) return false;
       last_heartbeat = Clock::now();
       try {
+        const LocalProgress progress = read_local_progress();
         latest =
-            client_.heartbeat(options_.node.node_id, generation_, read_steps(), read_stopped());
+            client_.heartbeat(options_.node.node_id, generation_, progress.steps, progress.stopped);
       } catch (...) {
         error = std::current_exception();
         return true;

@@ -20,7 +20,9 @@
 //   coordinator does not restart those: coordinator::is_worker_diagnosis).
 //   5. SIGINT/SIGTERM: forwarded to the workers, exit 128 + signal (the coordinator will
 //      declare this node dead after its heartbeat timeout).
-// Restart budgets are the coordinator's (job-wide); the agent has none of its own.
+// Restart budgets are the coordinator's (job-wide); the agent has none of its own. The
+// options come from the job's [elastic] section and dnallm-launch's flags (Note [Elastic
+// settings], core/config.hpp).
 #pragma once
 
 #include <chrono>
@@ -64,9 +66,13 @@ class ElasticAgent {
   coordinator::JobView wait_for_assignment(int& stop_signal);
   // Steps 3 and 4: waits while the current generation is still the open one.
   coordinator::JobView wait_for_next(bool heartbeat, int& stop_signal);
-  std::vector<int64_t> read_steps() const;
-  // Per local rank: is its worker process stopped (Note [Hang culprit], elastic_state.cpp)?
-  std::vector<bool> read_stopped() const;
+  // Per local rank, from one read of its progress file: the last step, and whether its worker
+  // process is stopped (Note [Hang culprit], elastic_state.cpp).
+  struct LocalProgress {
+    std::vector<int64_t> steps;
+    std::vector<bool> stopped;
+  };
+  LocalProgress read_local_progress() const;
 
   coordinator::ElasticClient& client_;
   Spawner& spawner_;
@@ -84,7 +90,11 @@ class ElasticAgent {
 // monitor interval; a missing or unparsable file reads as -1 (no progress known), and ranks
 // at -1 are not checked for hangs. Files are removed before each generation starts.
 std::string progress_file(const std::string& dir, int local_rank);
-int64_t read_progress(const std::string& path);
+struct WorkerProgress {
+  int64_t step = -1;  // -1: missing or unparsable
+  int pid = 0;        // 0: no second line
+};
+WorkerProgress read_progress(const std::string& path);
 // True when process `pid` exists and is stopped (state T or t in /proc/<pid>/stat).
 bool process_stopped(int pid);
 
