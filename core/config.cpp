@@ -556,68 +556,80 @@ std::string range_text(const KeyDesc& k) {
   return "any value";
 }
 
+[[noreturn]] void type_error(const KeyDesc& k, const std::string& at) {
+  fail(ExitCode::kUsage, "{}: key '{}' must be {}{}; fix the value", at, k.full(),
+       kind_name(k.kind), k.allowed.empty() ? std::string() : " (one of " + join(k.allowed) + ")");
+}
+
+void check_range(const KeyDesc& k, double v, const std::string& shown, const std::string& at) {
+  if (!std::isfinite(v) || v < k.min || v > k.max) {
+    fail(ExitCode::kUsage, "{}: key '{}' is {}, must be {}", at, k.full(), shown, range_text(k));
+  }
+}
+
+int64_t read_int(const KeyDesc& k, const toml::node& node, const std::string& at) {
+  auto v = node.value_exact<int64_t>();
+  if (!v) type_error(k, at);
+  check_range(k, static_cast<double>(*v), fmt::format("{}", *v), at);
+  return *v;
+}
+
+double read_double(const KeyDesc& k, const toml::node& node, const std::string& at) {
+  std::optional<double> v;
+  if (node.is_floating_point()) v = node.value_exact<double>();
+  if (node.is_integer()) v = static_cast<double>(*node.value_exact<int64_t>());
+  if (!v) type_error(k, at);
+  check_range(k, *v, fmt::format("{}", *v), at);
+  return *v;
+}
+
+std::string read_string(const KeyDesc& k, const toml::node& node, const std::string& at) {
+  auto v = node.value_exact<std::string>();
+  if (!v) type_error(k, at);
+  if (!k.allowed.empty() && std::find(k.allowed.begin(), k.allowed.end(), *v) == k.allowed.end()) {
+    fail(ExitCode::kUsage, "{}: key '{}' is \"{}\", allowed values are {}", at, k.full(), *v,
+         join(k.allowed));
+  }
+  return *v;
+}
+
+// A list of strings; a single string is a list of one.
+std::vector<std::string> read_string_list(const KeyDesc& k, const toml::node& node,
+                                          const std::string& at) {
+  if (auto s = node.value_exact<std::string>()) return {*s};
+  const auto* arr = node.as_array();
+  if (arr == nullptr) type_error(k, at);
+  std::vector<std::string> out;
+  for (const auto& el : *arr) {
+    auto s = el.value_exact<std::string>();
+    if (!s) type_error(k, at);
+    out.push_back(*s);
+  }
+  return out;
+}
+
 // Reads `node` into the field described by `k`; `at` is "file:line" or "--set key=value".
 void assign(Config& c, const KeyDesc& k, const toml::node& node, const std::string& at) {
   void* field = k.ptr(c);
-  auto type_error = [&]() -> void {
-    fail(ExitCode::kUsage, "{}: key '{}' must be {}{}; fix the value", at, k.full(),
-         kind_name(k.kind),
-         k.allowed.empty() ? std::string() : " (one of " + join(k.allowed) + ")");
-  };
   switch (k.kind) {
-    case Kind::kInt: {
-      auto v = node.value_exact<int64_t>();
-      if (!v) type_error();
-      if (static_cast<double>(*v) < k.min || static_cast<double>(*v) > k.max) {
-        fail(ExitCode::kUsage, "{}: key '{}' is {}, must be {}", at, k.full(), *v, range_text(k));
-      }
-      *static_cast<int64_t*>(field) = *v;
+    case Kind::kInt:
+      *static_cast<int64_t*>(field) = read_int(k, node, at);
       break;
-    }
-    case Kind::kDouble: {
-      std::optional<double> v;
-      if (node.is_floating_point()) v = node.value_exact<double>();
-      if (node.is_integer()) v = static_cast<double>(*node.value_exact<int64_t>());
-      if (!v) type_error();
-      if (!std::isfinite(*v) || *v < k.min || *v > k.max) {
-        fail(ExitCode::kUsage, "{}: key '{}' is {}, must be {}", at, k.full(), *v, range_text(k));
-      }
-      *static_cast<double*>(field) = *v;
+    case Kind::kDouble:
+      *static_cast<double*>(field) = read_double(k, node, at);
       break;
-    }
     case Kind::kBool: {
       auto v = node.value_exact<bool>();
-      if (!v) type_error();
+      if (!v) type_error(k, at);
       *static_cast<bool*>(field) = *v;
       break;
     }
-    case Kind::kString: {
-      auto v = node.value_exact<std::string>();
-      if (!v) type_error();
-      if (!k.allowed.empty() &&
-          std::find(k.allowed.begin(), k.allowed.end(), *v) == k.allowed.end()) {
-        fail(ExitCode::kUsage, "{}: key '{}' is \"{}\", allowed values are {}", at, k.full(), *v,
-             join(k.allowed));
-      }
-      *static_cast<std::string*>(field) = *v;
+    case Kind::kString:
+      *static_cast<std::string*>(field) = read_string(k, node, at);
       break;
-    }
-    case Kind::kStringList: {
-      std::vector<std::string> out;
-      if (auto s = node.value_exact<std::string>()) {
-        out.push_back(*s);  // a single string is a list of one
-      } else if (const auto* arr = node.as_array()) {
-        for (const auto& el : *arr) {
-          auto s2 = el.value_exact<std::string>();
-          if (!s2) type_error();
-          out.push_back(*s2);
-        }
-      } else {
-        type_error();
-      }
-      *static_cast<std::vector<std::string>*>(field) = std::move(out);
+    case Kind::kStringList:
+      *static_cast<std::vector<std::string>*>(field) = read_string_list(k, node, at);
       break;
-    }
   }
 }
 

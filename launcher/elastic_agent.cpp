@@ -185,6 +185,56 @@ JobView ElasticAgent::wait_for_next(bool heartbeat, int& stop_signal) {
   }
 }
 
+void ElasticAgent::begin_generation(const coordinator::NodeAssignment& a) {
+  generation_ = a.generation;
+  ++generations_run_;
+  spdlog::info("generation {}: node rank {} of {}, ranks {}..{} of world size {}", a.generation,
+               a.node_rank, a.nnodes, a.rank_offset, a.rank_offset + a.local_world_size - 1,
+               a.world_size);
+  for (int i = 0; i < options_.node.nproc; ++i) {
+    std::remove(progress_file(options_.progress_dir, i).c_str());
+  }
+}
+
+GenerationResult ElasticAgent::run_generation(const JobView& view, JobView& latest) {
+  GroupOptions group_options = options_.group;
+  auto last_heartbeat = Clock::now();
+  std::exception_ptr error;
+  latest = view;
+  group_options.should_stop = [&] {
+    if (Clock::now() - last_heartbeat < options_.monitor_interval) return false;
+    last_heartbeat = Clock::now();
+    try {
+      const LocalProgress progress = read_local_progress();
+      latest =
+          client_.heartbeat(options_.node.node_id, generation_, progress.steps, progress.stopped);
+    } catch (...) {
+      error = std::current_exception();
+      return true;
+    }
+    return latest.terminal() || latest.generation_open > generation_;
+  };
+  LocalWorkerGroup group(spawner_, signals_, group_options);
+  GenerationResult result = group.run(make_specs_(*view.assignment, view.round_reason));
+  if (error) std::rethrow_exception(error);
+  return result;
+}
+
+void ElasticAgent::report_failure(const GenerationResult& result) {
+  for (const auto& f : result.failures) spdlog::error("{}", describe_failure(f));
+  const WorkerFailure& first = result.failures.front();
+  coordinator::FailureReport report;
+  report.node_id = options_.node.node_id;
+  report.host = options_.node.host;
+  report.rank = first.rank;
+  report.exit_code = first.exit.signaled ? 0 : first.exit.code;
+  report.signal = first.exit.signaled ? first.exit.code : 0;
+  report.reason = fmt::format("local rank {}, pid {}", first.local_rank, first.pid);
+  report.last_lines = first.last_lines;
+  report.generation = generation_;
+  client_.report_failure(report);
+}
+
 int ElasticAgent::run() {
   spdlog::info("joining the job at coordinator {} as {} ({} local rank(s))", client_.address(),
                options_.node.node_id, options_.node.nproc);
@@ -193,39 +243,9 @@ int ElasticAgent::run() {
     JobView view = wait_for_assignment(sig);
     if (sig != 0) return 128 + sig;
     if (view.terminal()) return finish(view);
-    const coordinator::NodeAssignment a = *view.assignment;
-    generation_ = a.generation;
-    ++generations_run_;
-    spdlog::info("generation {}: node rank {} of {}, ranks {}..{} of world size {}", a.generation,
-                 a.node_rank, a.nnodes, a.rank_offset, a.rank_offset + a.local_world_size - 1,
-                 a.world_size);
-    for (int i = 0; i < options_.node.nproc; ++i) {
-      std::remove(progress_file(options_.progress_dir, i).c_str());
-    }
-
-    // Step 2: heartbeats from the monitor loop. An error talking to the coordinator stops
-    // the workers first and is rethrown once they are reaped.
-    GroupOptions group_options = options_.group;
-    auto last_heartbeat = Clock::now();
-    std::exception_ptr error;
-    JobView latest = view;
-    group_options.should_stop = [&] {
-      if (Clock::now() - last_heartbeat < options_.monitor_interval) return false;
-      last_heartbeat = Clock::now();
-      try {
-        const LocalProgress progress = read_local_progress();
-        latest =
-            client_.heartbeat(options_.node.node_id, generation_, progress.steps, progress.stopped);
-      } catch (...) {
-        error = std::current_exception();
-        return true;
-      }
-      return latest.terminal() || latest.generation_open > generation_;
-    };
-    LocalWorkerGroup group(spawner_, signals_, group_options);
-    GenerationResult result = group.run(make_specs_(a, view.round_reason));
-    if (error) std::rethrow_exception(error);
-
+    begin_generation(*view.assignment);
+    JobView latest;
+    const GenerationResult result = run_generation(view, latest);
     switch (result.outcome) {
       case GenerationOutcome::kInterrupted:
         return 128 + result.stop_signal;
@@ -236,22 +256,10 @@ int ElasticAgent::run() {
         spdlog::warn("generation {} replaced by generation {}: {}", generation_,
                      latest.generation_open, latest.round_reason);
         continue;
-      case GenerationOutcome::kWorkerFailed: {
-        for (const auto& f : result.failures) spdlog::error("{}", describe_failure(f));
-        const WorkerFailure& first = result.failures.front();
-        coordinator::FailureReport report;
-        report.node_id = options_.node.node_id;
-        report.host = options_.node.host;
-        report.rank = first.rank;
-        report.exit_code = first.exit.signaled ? 0 : first.exit.code;
-        report.signal = first.exit.signaled ? first.exit.code : 0;
-        report.reason = fmt::format("local rank {}, pid {}", first.local_rank, first.pid);
-        report.last_lines = first.last_lines;
-        report.generation = generation_;
-        client_.report_failure(report);
+      case GenerationOutcome::kWorkerFailed:
+        report_failure(result);
         view = wait_for_next(/*heartbeat=*/false, sig);
         break;
-      }
       case GenerationOutcome::kSucceeded:
         spdlog::info("all {} local worker(s) finished generation {}", options_.node.nproc,
                      generation_);

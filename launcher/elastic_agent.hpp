@@ -64,6 +64,15 @@ class ElasticAgent {
  private:
   // Step 1. Returns the view holding the new assignment, or a terminal view.
   coordinator::JobView wait_for_assignment(int& stop_signal);
+  // Step 2: the generation of `assignment` becomes this node's; its old progress files go.
+  void begin_generation(const coordinator::NodeAssignment& assignment);
+  // Step 2: runs the workers of view.assignment, heartbeating every monitor interval, until
+  // they end or the coordinator opens a newer generation; `latest` is the last view heard.
+  // An error talking to the coordinator stops the workers first and is rethrown once they
+  // are reaped.
+  GenerationResult run_generation(const coordinator::JobView& view, coordinator::JobView& latest);
+  // Step 3: logs every failed worker and reports the first to the coordinator.
+  void report_failure(const GenerationResult& result);
   // Steps 3 and 4: waits while the current generation is still the open one.
   coordinator::JobView wait_for_next(bool heartbeat, int& stop_signal);
   // Per local rank, from one read of its progress file: the last step, and whether its worker

@@ -4,7 +4,8 @@
 // worker fails and restarts it up to --max-restarts times (docs/launch.md). With
 // --standalone, --rdzv-endpoint, --rdzv-id or --nnodes MIN:MAX it is an elastic agent of a
 // coordinator-driven job (launcher/elastic_agent.hpp, docs/elastic.md); the node-rank-0
-// agent (and the --standalone one) hosts the coordinator.
+// agent (and the --standalone one) hosts the coordinator. The [elastic] keys of its
+// --config/--set are the defaults of its flags (Note [Elastic settings], core/config.hpp).
 #include <unistd.h>
 
 #include <cstdlib>
