@@ -30,8 +30,15 @@ CLI::Option* add_key_option(CLI::App& app, ConfigOptions& options, const std::st
   auto record = [&options, flag, key](const std::string& value) {
     options.key_flags.push_back({key, value, flag + " " + value});
   };
+  // The help's type column from the default: "2.0" is a number, "3" an integer.
+  const std::string fallback = config_default(key);
+  const bool text = fallback.empty() || fallback.front() == '"' || fallback.front() == '[';
+  const bool number = fallback.find_first_of(".eE") != std::string::npos;
   return app.add_option_function<std::string>(flag, record, help + " (" + key + ")")
-      ->default_str(config_default(key));
+      ->type_name(text     ? "TEXT"
+                  : number ? "FLOAT"
+                           : "INT")
+      ->default_str(fallback);
 }
 
 void add_coordinator_key_options(CLI::App& app, ConfigOptions& options,
