@@ -112,13 +112,9 @@ int main(int argc, char** argv) {
                "can join or disturb the job)");
   app.add_option("--max-frame-bytes", options.max_frame_bytes, "largest accepted frame");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
-  app.add_option("--config,-c", config.config_path,
-                 "the job's TOML configuration: its [elastic] section sets what the flags below "
-                 "do not (docs/config.md)");
-  app.add_option("--set", config.overrides, "override a key: section.key=value (repeatable)")
-      ->type_name("KEY=VALUE")
-      ->take_all()
-      ->allow_extra_args(false);
+  add_config_file_options(app, config,
+                          "the job's TOML configuration: its [elastic] section sets what the "
+                          "flags below do not (docs/config.md)");
   add_key_option(app, config, "--min-nodes", "elastic.min_nodes",
                  "elastic: fewest nodes a round closes with");
   add_key_option(app, config, "--max-nodes", "elastic.max_nodes",

@@ -10,13 +10,18 @@
 
 namespace dnallm {
 
-void add_config_options(CLI::App& app, ConfigOptions& options) {
-  app.add_option("--config,-c", options.config_path, "TOML configuration file");
+void add_config_file_options(CLI::App& app, ConfigOptions& options,
+                             const std::string& config_help) {
+  app.add_option("--config,-c", options.config_path, config_help);
   app.add_option("--set", options.overrides,
                  "override a key: section.key=value (TOML value or bare word; repeatable)")
       ->type_name("KEY=VALUE")
       ->take_all()
       ->allow_extra_args(false);
+}
+
+void add_config_options(CLI::App& app, ConfigOptions& options) {
+  add_config_file_options(app, options, "TOML configuration file");
   app.add_option("--metrics-file", options.metrics_file,
                  "write JSON Lines metrics here (same as --set logging.metrics_file=PATH)");
   app.add_option("--log-level", options.log_level,

@@ -27,6 +27,8 @@ struct ConfigOptions {
 };
 
 void add_config_options(CLI::App& app, ConfigOptions& options);
+// Only --config/-c (help `config_help`) and --set, for binaries with a log level of their own.
+void add_config_file_options(CLI::App& app, ConfigOptions& options, const std::string& config_help);
 
 // A flag that stands for one configuration key (dnallm-launch --max-restarts R =
 // elastic.max_restarts): its help shows the key's default; given, its value goes through the
