@@ -19,9 +19,11 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 
+#include "coordinator/elastic_config.hpp"
 #include "coordinator/elastic_service.hpp"
 #include "coordinator/net.hpp"
 #include "coordinator/store_server.hpp"
+#include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
@@ -93,7 +95,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   int port = 29500;
   coordinator::ElasticServiceOptions elastic;
-  double settle_s = 2.0, heartbeat_timeout_s = 10.0, hang_timeout_s = 300.0, join_timeout_s = 600.0;
+  ConfigOptions config;  // [elastic] and the flags standing for its keys
   bool serve_forever = false;
   app.add_option("--host", options.host,
                  "address to bind (default: $MASTER_ADDR, else this host's address; "
@@ -110,29 +112,16 @@ int main(int argc, char** argv) {
                "can join or disturb the job)");
   app.add_option("--max-frame-bytes", options.max_frame_bytes, "largest accepted frame");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
-  app.add_option("--min-nodes", elastic.state.min_nodes,
-                 "elastic: fewest nodes a round closes with")
-      ->capture_default_str();
-  app.add_option("--max-nodes", elastic.state.max_nodes, "elastic: most nodes in a generation")
-      ->capture_default_str();
-  app.add_option("--max-restarts", elastic.state.max_restarts,
-                 "elastic: job-wide budget of worker failures and hangs")
-      ->capture_default_str();
-  app.add_option("--max-membership-changes", elastic.state.max_membership_changes,
-                 "elastic: job-wide budget of node deaths and late joins")
-      ->capture_default_str();
-  app.add_option("--rdzv-settle", settle_s,
-                 "elastic: seconds without a join before a round closes with >= min nodes")
-      ->capture_default_str();
-  app.add_option("--heartbeat-timeout", heartbeat_timeout_s,
-                 "elastic: seconds of silence before a node is declared dead")
-      ->capture_default_str();
-  app.add_option("--hang-timeout", hang_timeout_s,
-                 "elastic: seconds without step progress before a rank is a hang")
-      ->capture_default_str();
-  app.add_option("--join-timeout", join_timeout_s,
-                 "elastic: seconds a round may stay below min nodes before the job fails")
-      ->capture_default_str();
+  add_config_file_options(app, config,
+                          "the job's TOML configuration: its [elastic] section sets what the "
+                          "flags below do not (docs/config.md)");
+  add_key_option(app, config, "--min-nodes", "elastic.min_nodes",
+                 "elastic: fewest nodes a round closes with");
+  add_key_option(app, config, "--max-nodes", "elastic.max_nodes",
+                 "elastic: most nodes in a generation");
+  add_key_option(app, config, "--max-restarts", "elastic.max_restarts",
+                 "elastic: job-wide budget of worker failures and hangs");
+  add_coordinator_key_options(app, config, "elastic: ");
   app.add_flag("--serve-forever", serve_forever,
                "keep serving after the elastic job ended (until SIGINT/SIGTERM)");
   try {
@@ -169,11 +158,7 @@ int main(int argc, char** argv) {
       spdlog::warn("--host {}: listening on every interface of this node", options.host);
     }
     options.port = static_cast<uint16_t>(port);
-    auto ms = [](double s) { return std::chrono::milliseconds(static_cast<long long>(s * 1000)); };
-    elastic.state.settle = ms(settle_s);
-    elastic.state.heartbeat_timeout = ms(heartbeat_timeout_s);
-    elastic.state.step_timeout = ms(hang_timeout_s);
-    elastic.state.join_timeout = ms(join_timeout_s);
+    elastic.state = coordinator::elastic_options(resolve_config(config).elastic);
     // The service outlives the server's io thread (which runs its handlers): on any exit
     // from this scope the server is destroyed (stopped, joined) first.
     std::unique_ptr<coordinator::ElasticService> service_holder;
