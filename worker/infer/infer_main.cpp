@@ -223,11 +223,11 @@ int run_embed(const EmbedArgs& a, const cluster::Topology& topo, const cluster::
   eo.pooling = pool;
   eo.batch_size = a.common.batch_size;
   comm::ProcessGroup group;
-  if (w > 1) group = connect(topo, env);
-  std::vector<std::string> parts;
-  for (uint64_t k = 0; k < w && w > 1; ++k) parts.push_back(fmt::format("{}.part{}", a.out, k));
+  std::vector<std::string> parts;  // one a rank (Note [Embedding shares])
   std::unique_ptr<infer::EmbeddingSink> sink;
   if (w > 1) {
+    group = connect(topo, env);
+    for (uint64_t k = 0; k < w; ++k) parts.push_back(fmt::format("{}.part{}", a.out, k));
     sink = std::make_unique<infer::EmbeddingPartWriter>(parts[r], dim);
   } else {
     sink = std::make_unique<infer::EmbeddingFileWriter>(a.out, dim, per_token);
