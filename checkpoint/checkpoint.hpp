@@ -3,6 +3,7 @@
 //   save:      AsyncWriter::save / wait (async_writer.hpp), or write_shard (shard_file.hpp)
 //   commit:    commit_shard through a CommitChannel (commit.hpp; commit_step in manifest.hpp)
 //   resume:    find_resume, check_compatible, CheckpointReader::read_range (reader.hpp)
+//   state:     TrainState, the manifest's training state (train_state.hpp)
 //   retention: decided by the CommitRegistry (commit.hpp; steps_to_delete in retention.hpp)
 //   export:    export_model (safetensors.hpp), reshard (reshard.hpp)
 #pragma once
@@ -16,4 +17,5 @@
 #include "checkpoint/retention.hpp"
 #include "checkpoint/safetensors.hpp"
 #include "checkpoint/shard_file.hpp"
+#include "checkpoint/train_state.hpp"
 #include "checkpoint/types.hpp"
