@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,8 @@ class FrameWriter {
   FrameWriter& str(const std::string& s) { return bytes(s.data(), s.size()); }
   FrameWriter& blob(const std::vector<uint8_t>& b) { return bytes(b.data(), b.size()); }
   FrameWriter& keys(const std::vector<std::string>& ks);
+  // Appends another writer's body (e.g. a reply's fields after its status byte).
+  FrameWriter& append(const FrameWriter& other);
   // The whole frame: 4-byte length prefix + body.
   std::vector<uint8_t> frame() const;
   const std::vector<uint8_t>& body() const { return body_; }
@@ -110,6 +113,7 @@ class FrameReader {
   std::string str();
   std::vector<std::string> keys();
   bool done() const { return pos_ == n_; }
+  size_t remaining() const { return n_ - pos_; }
   // Throws ProtocolError unless every byte was consumed.
   void expect_done() const;
 
@@ -127,5 +131,134 @@ struct ProtocolError : std::exception {
 };
 
 uint32_t decode_u32_le(const uint8_t* p);
+
+// ---------------------------------------------------------------- Message codecs
+//
+// Every op's request and reply is a struct whose fields are listed once, in wire order, by
+// a specialisation of WireFields next to the op's documentation (coordinator/store_wire.hpp,
+// coordinator/elastic_wire.hpp):
+//
+//   template <> struct WireFields<AddRequest> {
+//     template <class M, class F> static auto of(M& m, F&& f) { return f(m.key, m.delta); }
+//   };
+//
+// encode_request / encode_reply and decode_message all follow that one list, so an op's
+// encoder and decoder cannot disagree. A field is written by write_field and read by
+// read_field:
+//   uint8_t, bool (u8 0/1; any non-zero byte reads as true), uint32_t, int64_t,
+//   int (as i64), std::string (string), std::vector<uint8_t> (bytes),
+//   std::vector<std::string> (key list), std::vector<int64_t> (u32 count + i64 each),
+//   std::optional<T> (u8 present, then T when 1), and any type with a WireFields list
+//   (its fields inline). An enum gets its own write_field/read_field overloads (found by
+//   argument-dependent lookup) that check its range.
+template <class M>
+struct WireFields;  // specialised per message type
+
+void write_field(FrameWriter& w, uint8_t v);
+void write_field(FrameWriter& w, bool v);
+void write_field(FrameWriter& w, uint32_t v);
+void write_field(FrameWriter& w, int64_t v);
+void write_field(FrameWriter& w, int v);
+void write_field(FrameWriter& w, const std::string& v);
+void write_field(FrameWriter& w, const std::vector<uint8_t>& v);
+void write_field(FrameWriter& w, const std::vector<std::string>& v);
+void write_field(FrameWriter& w, const std::vector<int64_t>& v);
+void read_field(FrameReader& r, uint8_t& v);
+void read_field(FrameReader& r, bool& v);
+void read_field(FrameReader& r, uint32_t& v);
+void read_field(FrameReader& r, int64_t& v);
+void read_field(FrameReader& r, int& v);
+void read_field(FrameReader& r, std::string& v);
+void read_field(FrameReader& r, std::vector<uint8_t>& v);
+void read_field(FrameReader& r, std::vector<std::string>& v);
+// Throws ProtocolError when the count exceeds what the frame can hold.
+void read_field(FrameReader& r, std::vector<int64_t>& v);
+
+template <class T>
+void write_field(FrameWriter& w, const std::optional<T>& v);
+template <class T>
+void read_field(FrameReader& r, std::optional<T>& v);
+template <class M>
+void write_field(FrameWriter& w, const M& m);
+template <class M>
+void read_field(FrameReader& r, M& m);
+
+namespace detail {
+struct FieldWriter {
+  FrameWriter& w;
+  template <class... T>
+  void operator()(const T&... v) const {
+    (write_field(w, v), ...);
+  }
+};
+struct FieldReader {
+  FrameReader& r;
+  template <class... T>
+  void operator()(T&... v) const {
+    (read_field(r, v), ...);
+  }
+};
+}  // namespace detail
+
+template <class T>
+void write_field(FrameWriter& w, const std::optional<T>& v) {
+  write_field(w, v.has_value());
+  if (v) write_field(w, *v);
+}
+
+template <class T>
+void read_field(FrameReader& r, std::optional<T>& v) {
+  bool present = false;
+  read_field(r, present);
+  v.reset();
+  if (!present) return;
+  T t{};
+  read_field(r, t);
+  v = std::move(t);
+}
+
+template <class M>
+void write_field(FrameWriter& w, const M& m) {
+  WireFields<M>::of(m, detail::FieldWriter{w});
+}
+
+template <class M>
+void read_field(FrameReader& r, M& m) {
+  WireFields<M>::of(m, detail::FieldReader{r});
+}
+
+// A request body: the op byte, then the message's fields.
+template <class M>
+FrameWriter encode_request(Op op, const M& m) {
+  FrameWriter w;
+  w.u8(static_cast<uint8_t>(op));
+  write_field(w, m);
+  return w;
+}
+
+// A reply's fields (Responder::send puts the status byte in front).
+template <class M>
+FrameWriter encode_reply(const M& m) {
+  FrameWriter w;
+  write_field(w, m);
+  return w;
+}
+
+// Reads a whole message (a request after its op byte, or a reply after its status byte):
+// throws ProtocolError on truncation or trailing bytes.
+template <class M>
+M decode_message(FrameReader& r) {
+  M m{};
+  read_field(r, m);
+  r.expect_done();
+  return m;
+}
+
+// The same, over a reply's fields as TcpStoreClient returns them.
+template <class M>
+M decode_message(const std::vector<uint8_t>& body) {
+  FrameReader r(body.data(), body.size());
+  return decode_message<M>(r);
+}
 
 }  // namespace dnallm::coordinator
