@@ -12,6 +12,14 @@ void check_node_id(const std::string& id) {
                "node id must have 1..{} bytes (got {})", kMaxNodeIdBytes, id.size());
 }
 
+// A request that names its sender: decoded, and the node id checked.
+template <class Request>
+Request decode_from_node(FrameReader& r) {
+  auto request = decode_message<Request>(r);
+  check_node_id(request.node_id);
+  return request;
+}
+
 }  // namespace
 
 void write_field(FrameWriter& w, JobPhase phase) { w.u8(static_cast<uint8_t>(phase)); }
@@ -76,8 +84,7 @@ FrameWriter encode_report_failure(const FailureReport& report) {
 }
 
 FailureReport decode_report_failure(FrameReader& r) {
-  FailureReport report = decode_message<FailureReport>(r);
-  check_node_id(report.node_id);
+  FailureReport report = decode_from_node<FailureReport>(r);
   DNALLM_CHECK(report.last_lines.size() <= kMaxLastLines, ExitCode::kUsage,
                "failure report with {} lines (at most {})", report.last_lines.size(),
                kMaxLastLines);
@@ -90,20 +97,14 @@ FrameWriter encode_report_success(const ReportSuccessRequest& request) {
 }
 
 ReportSuccessRequest decode_report_success(FrameReader& r) {
-  auto request = decode_message<ReportSuccessRequest>(r);
-  check_node_id(request.node_id);
-  return request;
+  return decode_from_node<ReportSuccessRequest>(r);
 }
 
 FrameWriter encode_state(const StateRequest& request) {
   return encode_request(Op::kElasticState, request);
 }
 
-StateRequest decode_state(FrameReader& r) {
-  auto request = decode_message<StateRequest>(r);
-  check_node_id(request.node_id);
-  return request;
-}
+StateRequest decode_state(FrameReader& r) { return decode_from_node<StateRequest>(r); }
 
 FrameWriter encode_job_view(const JobView& view) { return encode_reply(view); }
 

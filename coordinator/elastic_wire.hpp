@@ -1,7 +1,7 @@
 // The elastic message types on the coordinator's frame protocol (coordinator/protocol.hpp):
 // how a node agent talks to the ElasticState the coordinator holds. Each op's request and
 // its JobView reply have an encode/decode pair here, shared by ElasticService (server) and
-// ElasticClient (agent); the field lists (WireFields) define the wire layout once.
+// ElasticClient (agent); the field lists (wire_fields, at the end) define the wire layout once.
 //
 // Requests (every field as in protocol.hpp step 3), named by the steps a-f of the protocol
 // in coordinator/elastic_state.hpp that they carry, and their kOk reply:
@@ -119,54 +119,31 @@ std::vector<std::string> clip_last_lines(const std::vector<std::string>& lines);
 void write_field(FrameWriter& w, JobPhase phase);
 void read_field(FrameReader& r, JobPhase& phase);
 
-template <>
-struct WireFields<NodeAssignment> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.generation, m.node_rank, m.nnodes, m.world_size, m.rank_offset, m.local_world_size);
-  }
-};
-
-template <>
-struct WireFields<JobView> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.phase, m.generation, m.generation_open, m.restarts_used, m.membership_changes_used,
-             m.assignment, m.round_reason, m.root_cause, m.exit_code);
-  }
-};
-
-template <>
-struct WireFields<JoinRequest> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.node.node_id, m.node.host, m.node.nproc, m.known_generation);
-  }
-};
-
-template <>
-struct WireFields<FailureReport> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.node_id, m.host, m.rank, m.exit_code, m.signal, m.reason, m.last_lines,
-             m.generation);
-  }
-};
-
-template <>
-struct WireFields<ReportSuccessRequest> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.node_id, m.generation);
-  }
-};
-
-template <>
-struct WireFields<StateRequest> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.node_id);
-  }
-};
+constexpr auto wire_fields(const NodeAssignment*) {
+  return std::make_tuple(&NodeAssignment::generation, &NodeAssignment::node_rank,
+                         &NodeAssignment::nnodes, &NodeAssignment::world_size,
+                         &NodeAssignment::rank_offset, &NodeAssignment::local_world_size);
+}
+constexpr auto wire_fields(const JobView*) {
+  return std::make_tuple(&JobView::phase, &JobView::generation, &JobView::generation_open,
+                         &JobView::restarts_used, &JobView::membership_changes_used,
+                         &JobView::assignment, &JobView::round_reason, &JobView::root_cause,
+                         &JobView::exit_code);
+}
+constexpr auto wire_fields(const NodeInfo*) {
+  return std::make_tuple(&NodeInfo::node_id, &NodeInfo::host, &NodeInfo::nproc);
+}
+constexpr auto wire_fields(const JoinRequest*) {
+  return std::make_tuple(&JoinRequest::node, &JoinRequest::known_generation);
+}
+constexpr auto wire_fields(const FailureReport*) {
+  return std::make_tuple(&FailureReport::node_id, &FailureReport::host, &FailureReport::rank,
+                         &FailureReport::exit_code, &FailureReport::signal, &FailureReport::reason,
+                         &FailureReport::last_lines, &FailureReport::generation);
+}
+constexpr auto wire_fields(const ReportSuccessRequest*) {
+  return std::make_tuple(&ReportSuccessRequest::node_id, &ReportSuccessRequest::generation);
+}
+constexpr auto wire_fields(const StateRequest*) { return std::make_tuple(&StateRequest::node_id); }
 
 }  // namespace dnallm::coordinator

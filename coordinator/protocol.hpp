@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace dnallm::coordinator {
@@ -135,12 +136,12 @@ uint32_t decode_u32_le(const uint8_t* p);
 // ---------------------------------------------------------------- Message codecs
 //
 // Every op's request and reply is a struct whose fields are listed once, in wire order, by
-// a specialisation of WireFields next to the op's documentation (coordinator/store_wire.hpp,
-// coordinator/elastic_wire.hpp):
+// a `wire_fields` function next to the op's documentation (coordinator/store_wire.hpp,
+// coordinator/elastic_wire.hpp), found by argument-dependent lookup:
 //
-//   template <> struct WireFields<AddRequest> {
-//     template <class M, class F> static auto of(M& m, F&& f) { return f(m.key, m.delta); }
-//   };
+//   constexpr auto wire_fields(const AddRequest*) {
+//     return std::make_tuple(&AddRequest::key, &AddRequest::delta);
+//   }
 //
 // encode_request / encode_reply and decode_message all follow that one list, so an op's
 // encoder and decoder cannot disagree. A field is written by write_field and read by
@@ -148,12 +149,9 @@ uint32_t decode_u32_le(const uint8_t* p);
 //   uint8_t, bool (u8 0/1; any non-zero byte reads as true), uint32_t, int64_t,
 //   int (as i64), std::string (string), std::vector<uint8_t> (bytes),
 //   std::vector<std::string> (key list), std::vector<int64_t> (u32 count + i64 each),
-//   std::optional<T> (u8 present, then T when 1), and any type with a WireFields list
+//   std::optional<T> (u8 present, then T when 1), and any type with a wire_fields list
 //   (its fields inline). An enum gets its own write_field/read_field overloads (found by
 //   argument-dependent lookup) that check its range.
-template <class M>
-struct WireFields;  // specialised per message type
-
 void write_field(FrameWriter& w, uint8_t v);
 void write_field(FrameWriter& w, bool v);
 void write_field(FrameWriter& w, uint32_t v);
@@ -175,32 +173,6 @@ void read_field(FrameReader& r, std::vector<std::string>& v);
 void read_field(FrameReader& r, std::vector<int64_t>& v);
 
 template <class T>
-void write_field(FrameWriter& w, const std::optional<T>& v);
-template <class T>
-void read_field(FrameReader& r, std::optional<T>& v);
-template <class M>
-void write_field(FrameWriter& w, const M& m);
-template <class M>
-void read_field(FrameReader& r, M& m);
-
-namespace detail {
-struct FieldWriter {
-  FrameWriter& w;
-  template <class... T>
-  void operator()(const T&... v) const {
-    (write_field(w, v), ...);
-  }
-};
-struct FieldReader {
-  FrameReader& r;
-  template <class... T>
-  void operator()(T&... v) const {
-    (read_field(r, v), ...);
-  }
-};
-}  // namespace detail
-
-template <class T>
 void write_field(FrameWriter& w, const std::optional<T>& v) {
   write_field(w, v.has_value());
   if (v) write_field(w, *v);
@@ -217,14 +189,17 @@ void read_field(FrameReader& r, std::optional<T>& v) {
   v = std::move(t);
 }
 
+// A message: its wire_fields, in order.
 template <class M>
 void write_field(FrameWriter& w, const M& m) {
-  WireFields<M>::of(m, detail::FieldWriter{w});
+  std::apply([&](auto... field) { (write_field(w, m.*field), ...); },
+             wire_fields(static_cast<const M*>(nullptr)));
 }
 
 template <class M>
 void read_field(FrameReader& r, M& m) {
-  WireFields<M>::of(m, detail::FieldReader{r});
+  std::apply([&](auto... field) { (read_field(r, m.*field), ...); },
+             wire_fields(static_cast<const M*>(nullptr)));
 }
 
 // A request body: the op byte, then the message's fields.

@@ -1,5 +1,5 @@
 // The key-value store's messages on the frame protocol (coordinator/protocol.hpp, steps 1
-// and 5): one struct per request and reply shape, with its field list (WireFields), so that
+// and 5): one struct per request and reply shape, with its field list (wire_fields), so that
 // TcpStoreClient (encode_request, decode_message of the reply) and StoreServer
 // (decode_message of the request, encode_reply) share one definition of each op.
 //
@@ -72,82 +72,28 @@ FrameWriter encode_reason(const std::string& reason);
 // refusal is reported either way).
 std::string decode_reason(const uint8_t* fields, size_t n);
 
-template <>
-struct WireFields<HelloRequest> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.version, m.token);
-  }
-};
-template <>
-struct WireFields<KeyValueRequest> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.key, m.value);
-  }
-};
-template <>
-struct WireFields<KeyRequest> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.key);
-  }
-};
-template <>
-struct WireFields<KeysRequest> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.keys);
-  }
-};
-template <>
-struct WireFields<WaitRequest> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.keys, m.timeout_ms);
-  }
-};
-template <>
-struct WireFields<AddRequest> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.key, m.delta);
-  }
-};
-template <>
-struct WireFields<CompareSetRequest> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.key, m.expected, m.desired);
-  }
-};
-template <>
-struct WireFields<NoFields> {
-  template <class M, class F>
-  static auto of(M&, F&& f) {
-    return f();
-  }
-};
-template <>
-struct WireFields<ValueReply> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.value);
-  }
-};
-template <>
-struct WireFields<CountReply> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.value);
-  }
-};
-template <>
-struct WireFields<FlagReply> {
-  template <class M, class F>
-  static auto of(M& m, F&& f) {
-    return f(m.value);
-  }
-};
+// Field lists (protocol.hpp, "Message codecs").
+constexpr auto wire_fields(const HelloRequest*) {
+  return std::make_tuple(&HelloRequest::version, &HelloRequest::token);
+}
+constexpr auto wire_fields(const KeyValueRequest*) {
+  return std::make_tuple(&KeyValueRequest::key, &KeyValueRequest::value);
+}
+constexpr auto wire_fields(const KeyRequest*) { return std::make_tuple(&KeyRequest::key); }
+constexpr auto wire_fields(const KeysRequest*) { return std::make_tuple(&KeysRequest::keys); }
+constexpr auto wire_fields(const WaitRequest*) {
+  return std::make_tuple(&WaitRequest::keys, &WaitRequest::timeout_ms);
+}
+constexpr auto wire_fields(const AddRequest*) {
+  return std::make_tuple(&AddRequest::key, &AddRequest::delta);
+}
+constexpr auto wire_fields(const CompareSetRequest*) {
+  return std::make_tuple(&CompareSetRequest::key, &CompareSetRequest::expected,
+                         &CompareSetRequest::desired);
+}
+constexpr auto wire_fields(const NoFields*) { return std::make_tuple(); }
+constexpr auto wire_fields(const ValueReply*) { return std::make_tuple(&ValueReply::value); }
+constexpr auto wire_fields(const CountReply*) { return std::make_tuple(&CountReply::value); }
+constexpr auto wire_fields(const FlagReply*) { return std::make_tuple(&FlagReply::value); }
 
 }  // namespace dnallm::coordinator
