@@ -18,7 +18,8 @@
 //  4. The client sends one request and reads one response before the next request
 //     (no pipelining is needed; the server queues responses in order anyway).
 //     A response frame's body is: u8 status (Status), then op-specific fields.
-//  5. Requests and their OK responses:
+//  5. Requests and their OK responses (each op's request and reply struct, encoded and
+//     decoded from one field list, in coordinator/store_wire.hpp; "Message codecs" below):
 //       kSet       key, value                          -> (nothing)
 //       kSetOwned  key, value                          -> (nothing); the key is deleted
 //                                                         when this connection closes
@@ -33,7 +34,9 @@
 //       kPing      (nothing)                           -> (nothing)
 //  6. New message types (rendezvous, heartbeats) get new op codes and are registered with
 //     StoreServer::register_handler; the frame layer does not change. The elastic ops
-//     (32..36) are specified in coordinator/elastic_wire.hpp.
+//     (32..36) are specified, with their encode/decode pairs, in
+//     coordinator/elastic_wire.hpp; the checkpoint commit ops (37..38) in
+//     coordinator/commit_registry.hpp.
 #pragma once
 
 #include <cstdint>
