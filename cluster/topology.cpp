@@ -58,12 +58,20 @@ void apply_master_env(const EnvMap& env, Topology& t, const char* source) {
   if (auto p = get_opt_int(env, "MASTER_PORT", source)) t.master_port = *p;
 }
 
+// What every launcher's environment must give: this process's rank and the world size.
+// `src` names the launcher in errors.
+Topology rank_and_world(const EnvMap& env, TopologySource source, const char* src,
+                        const char* rank_var, const char* world_size_var) {
+  Topology t;
+  t.source = source;
+  t.rank = get_int(env, rank_var, src);
+  t.world_size = get_int(env, world_size_var, src);
+  return t;
+}
+
 Topology from_torchrun(const EnvMap& env) {
   const char* src = "torchrun";
-  Topology t;
-  t.source = TopologySource::kTorchrun;
-  t.rank = get_int(env, "RANK", src);
-  t.world_size = get_int(env, "WORLD_SIZE", src);
+  Topology t = rank_and_world(env, TopologySource::kTorchrun, src, "RANK", "WORLD_SIZE");
   // Missing local values: assume a single node, as torchrun --standalone would export.
   t.local_world_size = get_opt_int(env, "LOCAL_WORLD_SIZE", src).value_or(t.world_size);
   t.local_rank =
@@ -78,10 +86,8 @@ Topology from_torchrun(const EnvMap& env) {
 
 Topology from_openmpi(const EnvMap& env) {
   const char* src = "OpenMPI";
-  Topology t;
-  t.source = TopologySource::kOpenMpi;
-  t.rank = get_int(env, "OMPI_COMM_WORLD_RANK", src);
-  t.world_size = get_int(env, "OMPI_COMM_WORLD_SIZE", src);
+  Topology t = rank_and_world(env, TopologySource::kOpenMpi, src, "OMPI_COMM_WORLD_RANK",
+                              "OMPI_COMM_WORLD_SIZE");
   t.local_world_size = get_opt_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", src).value_or(t.world_size);
   t.local_rank = get_opt_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", src).value_or(t.rank);
   // OpenMPI exports no node index. Assume the default by-slot mapping (ranks fill a node
@@ -97,14 +103,9 @@ Topology from_openmpi(const EnvMap& env) {
 
 Topology from_slurm(const EnvMap& env) {
   const char* src = "Slurm";
-  Topology t;
-  t.source = TopologySource::kSlurm;
-  t.rank = get_int(env, "SLURM_PROCID", src);
-  if (find(env, "SLURM_NTASKS") != nullptr) {
-    t.world_size = get_int(env, "SLURM_NTASKS", src);
-  } else {
-    t.world_size = get_int(env, "SLURM_NPROCS", src);
-  }
+  Topology t =
+      rank_and_world(env, TopologySource::kSlurm, src, "SLURM_PROCID",
+                     find(env, "SLURM_NTASKS") != nullptr ? "SLURM_NTASKS" : "SLURM_NPROCS");
   t.local_rank = get_opt_int(env, "SLURM_LOCALID", src).value_or(0);
   t.node_rank = get_opt_int(env, "SLURM_NODEID", src).value_or(0);
 
@@ -307,62 +308,60 @@ Topology detect_topology(const EnvMap& env, const TopologyOverrides& o) {
   return t;
 }
 
-NodePlacement detect_node_placement(const EnvMap& env, const NodeOverrides& o) {
-  NodePlacement p;
-  if (o.nnodes) {
-    p.source = TopologySource::kCommandLine;
-    p.nnodes = *o.nnodes;
-    // 127.0.0.1 reaches node 0 only from node 0 itself.
-    if (p.nnodes > 1) p.master_addr.clear();
-  } else if (find(env, "OMPI_COMM_WORLD_RANK") != nullptr) {
-    // Note [mpirun placement]: `mpirun --map-by ppr:1:node dnallm-launch ...` starts one
-    // launcher per node; each MPI rank is a node. Checked before Slurm: mpirun inside a
-    // Slurm allocation starts its daemons through srun, whose step variables describe them.
-    const char* src = "OpenMPI";
-    p.source = TopologySource::kOpenMpi;
-    p.node_rank = get_int(env, "OMPI_COMM_WORLD_RANK", src);
-    p.nnodes = get_int(env, "OMPI_COMM_WORLD_SIZE", src);
-    const int local = get_opt_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", src).value_or(1);
-    // mpirun tells nobody where rank 0 runs: on one host it is here, else MASTER_ADDR.
-    p.master_addr = local == p.nnodes ? "127.0.0.1" : "";
-    if (const std::string* a = find(env, "MASTER_ADDR"); a != nullptr && !a->empty()) {
-      p.master_addr = *a;
-    }
-    if (auto port = get_opt_int(env, "MASTER_PORT", src)) {
-      p.master_port = *port;
-    } else if (const std::string* job = find(env, "OMPI_MCA_ess_base_jobid")) {
-      // The same on every rank of this mpirun; Note [Slurm coordinator endpoint] for the range.
-      p.master_port = slurm_default_port(parse_int("OMPI_MCA_ess_base_jobid", *job, src));
-      p.job_id = *job;
-    }
-    if (p.nnodes > 1 && p.master_addr.empty()) {
-      fail(ExitCode::kUsage,
-           "mpirun started {} dnallm-launch on several hosts but did not say where rank 0 "
-           "runs: pass its address, e.g. mpirun -x MASTER_ADDR=<host of rank 0> ...",
-           p.nnodes);
-    }
-  } else if (find(env, "SLURM_PROCID") != nullptr && find(env, "SLURM_STEP_NODELIST") != nullptr) {
-    // Only an srun step: a batch script or salloc shell (no SLURM_STEP_NODELIST) runs
-    // dnallm-launch on its own node, as a single node.
-    Topology t = from_slurm(env);
-    if (t.local_world_size != 1) {
-      fail(ExitCode::kUsage,
-           "the Slurm step runs {} tasks on this node ({}): start one dnallm-launch per node "
-           "(srun --ntasks-per-node=1) and let it start the workers",
-           t.local_world_size, t.hosts.empty() ? std::string("?") : t.hosts[0]);
-    }
-    p.source = TopologySource::kSlurm;
-    p.node_rank = t.node_rank;
-    p.nnodes = t.nnodes;
-    p.master_addr = t.master_addr;
-    p.master_port = t.master_port;
-    p.hosts = t.hosts;
-    p.job_id = t.job_id;
-  }
-  if (o.node_rank) p.node_rank = *o.node_rank;
-  if (o.master_addr) p.master_addr = *o.master_addr;
-  if (o.master_port) p.master_port = *o.master_port;
+namespace {
 
+// Note [mpirun placement]: `mpirun --map-by ppr:1:node dnallm-launch ...` starts one
+// launcher per node; each MPI rank is a node. Checked before Slurm: mpirun inside a
+// Slurm allocation starts its daemons through srun, whose step variables describe them.
+NodePlacement placement_from_mpirun(const EnvMap& env) {
+  const char* src = "OpenMPI";
+  NodePlacement p;
+  p.source = TopologySource::kOpenMpi;
+  p.node_rank = get_int(env, "OMPI_COMM_WORLD_RANK", src);
+  p.nnodes = get_int(env, "OMPI_COMM_WORLD_SIZE", src);
+  const int local = get_opt_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", src).value_or(1);
+  // mpirun tells nobody where rank 0 runs: on one host it is here, else MASTER_ADDR.
+  p.master_addr = local == p.nnodes ? "127.0.0.1" : "";
+  if (const std::string* a = find(env, "MASTER_ADDR"); a != nullptr && !a->empty()) {
+    p.master_addr = *a;
+  }
+  if (auto port = get_opt_int(env, "MASTER_PORT", src)) {
+    p.master_port = *port;
+  } else if (const std::string* job = find(env, "OMPI_MCA_ess_base_jobid")) {
+    // The same on every rank of this mpirun; Note [Slurm coordinator endpoint] for the range.
+    p.master_port = slurm_default_port(parse_int("OMPI_MCA_ess_base_jobid", *job, src));
+    p.job_id = *job;
+  }
+  if (p.nnodes > 1 && p.master_addr.empty()) {
+    fail(ExitCode::kUsage,
+         "mpirun started {} dnallm-launch on several hosts but did not say where rank 0 "
+         "runs: pass its address, e.g. mpirun -x MASTER_ADDR=<host of rank 0> ...",
+         p.nnodes);
+  }
+  return p;
+}
+
+// An srun step with one dnallm-launch per node.
+NodePlacement placement_from_srun(const EnvMap& env) {
+  Topology t = from_slurm(env);
+  if (t.local_world_size != 1) {
+    fail(ExitCode::kUsage,
+         "the Slurm step runs {} tasks on this node ({}): start one dnallm-launch per node "
+         "(srun --ntasks-per-node=1) and let it start the workers",
+         t.local_world_size, t.hosts.empty() ? std::string("?") : t.hosts[0]);
+  }
+  NodePlacement p;
+  p.source = TopologySource::kSlurm;
+  p.node_rank = t.node_rank;
+  p.nnodes = t.nnodes;
+  p.master_addr = t.master_addr;
+  p.master_port = t.master_port;
+  p.hosts = t.hosts;
+  p.job_id = t.job_id;
+  return p;
+}
+
+void validate_placement(const NodePlacement& p) {
   const char* src = to_string(p.source);
   if (p.nnodes < 1) fail(ExitCode::kUsage, "nnodes {} (from {}) must be >= 1", p.nnodes, src);
   if (p.node_rank < 0 || p.node_rank >= p.nnodes) {
@@ -384,6 +383,28 @@ NodePlacement detect_node_placement(const EnvMap& env, const NodeOverrides& o) {
          "MASTER_PORT)",
          p.nnodes);
   }
+}
+
+}  // namespace
+
+NodePlacement detect_node_placement(const EnvMap& env, const NodeOverrides& o) {
+  NodePlacement p;
+  if (o.nnodes) {
+    p.source = TopologySource::kCommandLine;
+    p.nnodes = *o.nnodes;
+    // 127.0.0.1 reaches node 0 only from node 0 itself.
+    if (p.nnodes > 1) p.master_addr.clear();
+  } else if (find(env, "OMPI_COMM_WORLD_RANK") != nullptr) {
+    p = placement_from_mpirun(env);  // See Note [mpirun placement].
+  } else if (find(env, "SLURM_PROCID") != nullptr && find(env, "SLURM_STEP_NODELIST") != nullptr) {
+    // Only an srun step: a batch script or salloc shell (no SLURM_STEP_NODELIST) runs
+    // dnallm-launch on its own node, as a single node.
+    p = placement_from_srun(env);
+  }
+  if (o.node_rank) p.node_rank = *o.node_rank;
+  if (o.master_addr) p.master_addr = *o.master_addr;
+  if (o.master_port) p.master_port = *o.master_port;
+  validate_placement(p);
   return p;
 }
 

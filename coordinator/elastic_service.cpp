@@ -7,156 +7,112 @@
 namespace dnallm::coordinator {
 namespace {
 
-std::string read_node_id(FrameReader& r) {
-  std::string id = r.str();
-  DNALLM_CHECK(!id.empty() && id.size() <= kMaxNodeIdBytes, ExitCode::kUsage,
-               "node id must have 1..{} bytes (got {})", kMaxNodeIdBytes, id.size());
-  return id;
+// The level and prefix each event kind is logged with.
+std::pair<spdlog::level::level_enum, const char*> log_style(ElasticEvent::Kind kind) {
+  switch (kind) {
+    case ElasticEvent::Kind::kRoundClosed:
+    case ElasticEvent::Kind::kJobSucceeded:
+      return {spdlog::level::info, ""};
+    case ElasticEvent::Kind::kRoundOpened:
+      return {spdlog::level::warn, ""};
+    case ElasticEvent::Kind::kNodeDead:
+      return {spdlog::level::err, "node dead: "};
+    case ElasticEvent::Kind::kHang:
+      return {spdlog::level::err, "hang: "};
+    case ElasticEvent::Kind::kFailure:
+      return {spdlog::level::err, "failure: "};
+    case ElasticEvent::Kind::kJobFailed:
+      return {spdlog::level::err, "job failed: "};
+  }
+  return {spdlog::level::err, ""};
 }
 
 void log_event(const ElasticEvent& e) {
-  switch (e.kind) {
-    case ElasticEvent::Kind::kRoundClosed:
-    case ElasticEvent::Kind::kJobSucceeded:
-      spdlog::info("elastic: {}", e.message);
-      break;
-    case ElasticEvent::Kind::kRoundOpened:
-      spdlog::warn("elastic: {}", e.message);
-      break;
-    case ElasticEvent::Kind::kNodeDead:
-      spdlog::error("elastic: node dead: {}", e.message);
-      break;
-    case ElasticEvent::Kind::kHang:
-      spdlog::error("elastic: hang: {}", e.message);
-      break;
-    case ElasticEvent::Kind::kFailure:
-      spdlog::error("elastic: failure: {}", e.message);
-      break;
-    case ElasticEvent::Kind::kJobFailed:
-      spdlog::error("elastic: job failed: {}", e.message);
-      break;
-  }
+  const auto [level, prefix] = log_style(e.kind);
+  spdlog::log(level, "elastic: {}{}", prefix, e.message);
 }
 
 }  // namespace
 
+// Each elastic request is decoded, applied under the lock, and answered with the JobView of
+// the node that sent it.
+template <class Request>
+void ElasticService::serve(Op op, Request (*decode)(FrameReader&),
+                           std::string (ElasticService::*apply)(const Request&,
+                                                                SteadyClock::time_point)) {
+  server_.register_handler(static_cast<uint8_t>(op),
+                           [this, decode, apply](FrameReader& args, Responder reply) {
+                             const Request request = decode(args);
+                             const auto now = SteadyClock::now();
+                             JobView view;
+                             {
+                               std::lock_guard<std::mutex> lock(mutex_);
+                               const std::string node_id = (this->*apply)(request, now);
+                               view = reply_locked(node_id, now);
+                             }
+                             changed_.notify_all();
+                             reply.send(Status::kOk, encode_job_view(view));
+                           });
+}
+
+// The elastic ops (coordinator/elastic_wire.hpp), one named handler each.
 ElasticService::ElasticService(StoreServer& server, ElasticServiceOptions options)
     : server_(server), options_(options), state_(options.state) {
-  // Each handler parses its request under the lock, applies it, and answers the JobView.
-  auto handle = [this](auto body) -> StoreServer::Handler {
-    return [this, body](FrameReader& args, Responder reply) {
-      const auto now = SteadyClock::now();
-      JobView view;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        std::string node_id = body(args, now);
-        view = reply_locked(node_id, now);
-      }
-      changed_.notify_all();
-      FrameWriter w;
-      encode_job_view(w, view);
-      reply.send(Status::kOk, w);
-    };
-  };
-
-  // a. join
-  server.register_handler(static_cast<uint8_t>(Op::kElasticJoin),
-                          handle([this](FrameReader& r, SteadyClock::time_point now) {
-                            NodeInfo node;
-                            node.node_id = read_node_id(r);
-                            node.host = r.str();
-                            node.nproc = r.i64();
-                            const int64_t known_generation = r.i64();
-                            r.expect_done();
-                            DNALLM_CHECK(node.nproc >= 1 && node.nproc <= kMaxLocalRanks,
-                                         ExitCode::kUsage, "nproc {} of node {} out of range 1..{}",
-                                         node.nproc, node.node_id, kMaxLocalRanks);
-                            DNALLM_CHECK(node.host.size() <= kMaxNodeIdBytes, ExitCode::kUsage,
-                                         "host name too long");
-                            auto a = state_.assignment(node.node_id);
-                            if (a && a->generation > known_generation) {
-                              // Its round closed while it polled: a member learning its assignment,
-                              // not a rejoin.
-                              state_.heartbeat(node.node_id, {}, now);
-                            } else {
-                              spdlog::debug("elastic: join from {} ({}, {} local ranks)",
-                                            node.node_id, node.host, node.nproc);
-                              apply_locked(state_.join(node, now));
-                            }
-                            return node.node_id;
-                          }));
-
-  // b. heartbeat
-  server.register_handler(static_cast<uint8_t>(Op::kElasticHeartbeat),
-                          handle([this](FrameReader& r, SteadyClock::time_point now) {
-                            std::string node_id = read_node_id(r);
-                            const int64_t generation = r.i64();
-                            const uint32_t n = r.u32();
-                            DNALLM_CHECK(n <= kMaxLocalRanks, ExitCode::kUsage,
-                                         "heartbeat with {} steps (at most {})", n, kMaxLocalRanks);
-                            std::vector<int64_t> steps(n);
-                            for (auto& s : steps) s = r.i64();
-                            // Optional (newer agents): u32 n, n x u8 "process stopped".
-                            std::vector<bool> stopped;
-                            if (!r.done()) {
-                              const uint32_t k = r.u32();
-                              DNALLM_CHECK(k == n, ExitCode::kUsage,
-                                           "heartbeat with {} steps but {} stopped flags", n, k);
-                              for (uint32_t i = 0; i < k; ++i) stopped.push_back(r.u8() != 0);
-                            }
-                            r.expect_done();
-                            if (generation != state_.generation()) steps.clear();
-                            state_.heartbeat(node_id, steps, now, stopped);
-                            return node_id;
-                          }));
-
-  // c. report_failure
-  server.register_handler(static_cast<uint8_t>(Op::kElasticReportFailure),
-                          handle([this](FrameReader& r, SteadyClock::time_point now) {
-                            FailureReport f;
-                            f.node_id = read_node_id(r);
-                            f.host = r.str();
-                            f.rank = r.i64();
-                            f.exit_code = static_cast<int>(r.i64());
-                            f.signal = static_cast<int>(r.i64());
-                            f.reason = r.str();
-                            f.last_lines = r.keys();
-                            f.generation = r.i64();
-                            r.expect_done();
-                            DNALLM_CHECK(f.last_lines.size() <= kMaxLastLines, ExitCode::kUsage,
-                                         "failure report with {} lines (at most {})",
-                                         f.last_lines.size(), kMaxLastLines);
-                            f.last_lines = clip_last_lines(f.last_lines);
-                            spdlog::error("elastic: {} reports: {}", f.node_id,
-                                          format_root_cause(f));
-                            apply_locked(state_.report_failure(f, now));
-                            return f.node_id;
-                          }));
-
-  // d. report_success
-  server.register_handler(static_cast<uint8_t>(Op::kElasticReportSuccess),
-                          handle([this](FrameReader& r, SteadyClock::time_point now) {
-                            std::string node_id = read_node_id(r);
-                            const int64_t generation = r.i64();
-                            r.expect_done();
-                            if (generation == state_.generation()) {
-                              spdlog::info("elastic: {} finished generation {}", node_id,
-                                           generation);
-                              apply_locked(state_.report_success(node_id, now));
-                            }
-                            return node_id;
-                          }));
+  serve(Op::kElasticJoin, decode_join, &ElasticService::on_join);
+  serve(Op::kElasticHeartbeat, decode_heartbeat, &ElasticService::on_heartbeat);
+  serve(Op::kElasticReportFailure, decode_report_failure, &ElasticService::on_report_failure);
+  serve(Op::kElasticReportSuccess, decode_report_success, &ElasticService::on_report_success);
+  serve(Op::kElasticState, decode_state, &ElasticService::on_state);
 
   // Checkpoint commit (coordinator/commit_registry.hpp, ops 37-38).
   register_commit_ops(server);
+}
 
-  // e. state
-  server.register_handler(static_cast<uint8_t>(Op::kElasticState),
-                          handle([](FrameReader& r, SteadyClock::time_point) {
-                            std::string node_id = read_node_id(r);
-                            r.expect_done();
-                            return node_id;
-                          }));
+// Steps a and c of elastic_state.hpp.
+std::string ElasticService::on_join(const JoinRequest& request, SteadyClock::time_point now) {
+  const NodeInfo& node = request.node;
+  auto a = state_.assignment(node.node_id);
+  if (a && a->generation > request.known_generation) {
+    // Its round closed while it polled: a member learning its assignment, not a rejoin.
+    state_.heartbeat(node.node_id, {}, now);
+  } else {
+    spdlog::debug("elastic: join from {} ({}, {} local ranks)", node.node_id, node.host,
+                  node.nproc);
+    apply_locked(state_.join(node, now));
+  }
+  return node.node_id;
+}
+
+// Step d.
+std::string ElasticService::on_heartbeat(const HeartbeatRequest& request,
+                                         SteadyClock::time_point now) {
+  std::vector<int64_t> steps = request.steps;
+  if (request.generation != state_.generation()) steps.clear();
+  state_.heartbeat(request.node_id, steps, now, request.stopped);
+  return request.node_id;
+}
+
+// Step e.
+std::string ElasticService::on_report_failure(const FailureReport& report,
+                                              SteadyClock::time_point now) {
+  spdlog::error("elastic: {} reports: {}", report.node_id, format_root_cause(report));
+  apply_locked(state_.report_failure(report, now));
+  return report.node_id;
+}
+
+// Step f.
+std::string ElasticService::on_report_success(const ReportSuccessRequest& request,
+                                              SteadyClock::time_point now) {
+  if (request.generation == state_.generation()) {
+    spdlog::info("elastic: {} finished generation {}", request.node_id, request.generation);
+    apply_locked(state_.report_success(request.node_id, now));
+  }
+  return request.node_id;
+}
+
+// Read only: the reply alone (reply_locked ticks the state).
+std::string ElasticService::on_state(const StateRequest& request, SteadyClock::time_point) {
+  return request.node_id;
 }
 
 ElasticService::~ElasticService() {

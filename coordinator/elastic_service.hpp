@@ -1,7 +1,7 @@
 // ElasticService: the elastic membership protocol (coordinator/elastic_state.hpp, steps a-f)
 // and the checkpoint commit registry (coordinator/commit_registry.hpp, ops 37-38) served over
-// the coordinator's StoreServer. Registers the ops of coordinator/elastic_wire.hpp
-// on the server and owns one ElasticState behind a mutex, plus a ticker thread that calls
+// the coordinator's StoreServer. Registers the ops of coordinator/elastic_wire.hpp (decoded
+// there) on the server and owns one ElasticState behind a mutex, plus a ticker thread that calls
 // ElasticState::tick() every `tick` so rounds close and dead or hung nodes are detected
 // even when no message arrives. Every ElasticEvent is logged (spdlog, "elastic:" prefix).
 //
@@ -53,6 +53,18 @@ class ElasticService {
   bool wait_outcome_delivered(std::chrono::milliseconds timeout);
 
  private:
+  // Registers the handler of one elastic op: decode, then apply under mutex_ (returns the
+  // sender's node id), then answer that node's JobView.
+  template <class Request>
+  void serve(Op op, Request (*decode)(FrameReader&),
+             std::string (ElasticService::*apply)(const Request&, SteadyClock::time_point));
+  // The ops' effects on the state (coordinator/elastic_wire.hpp), under mutex_.
+  std::string on_join(const JoinRequest& request, SteadyClock::time_point now);
+  std::string on_heartbeat(const HeartbeatRequest& request, SteadyClock::time_point now);
+  std::string on_report_failure(const FailureReport& report, SteadyClock::time_point now);
+  std::string on_report_success(const ReportSuccessRequest& request, SteadyClock::time_point now);
+  std::string on_state(const StateRequest& request, SteadyClock::time_point now);
+
   // All under mutex_.
   JobView view_locked(const std::string& node_id);
   void apply_locked(const std::vector<ElasticEvent>& events);

@@ -133,44 +133,55 @@ void ElasticState::heartbeat(const std::string& node_id, const std::vector<int64
 std::vector<ElasticEvent> ElasticState::tick(SteadyClock::time_point now) {
   std::vector<ElasticEvent> events;
   if (phase_ == JobPhase::kRendezvous) {
-    // The first round opens with its first join (round_opened_at_ is unset before): a
-    // coordinator ticking before any agent arrived must not time the join out.
-    if (generation_ == 0 && joined_.empty()) return events;
-    // Joined nodes that went silent leave the round.
-    joined_.erase(std::remove_if(joined_.begin(), joined_.end(),
-                                 [&](const Joined& j) {
-                                   return now - j.joined_at > options_.heartbeat_timeout;
-                                 }),
-                  joined_.end());
-    const auto count = static_cast<int64_t>(joined_.size());
-    // Previous members not back yet: wait for them (they may be stopping their workers)
-    // unless they are overdue by a heartbeat timeout.
-    bool missing_previous = false;
-    for (const auto& id : previous_order_) {
-      bool back = std::any_of(joined_.begin(), joined_.end(),
-                              [&](const Joined& j) { return j.info.node_id == id; });
-      if (!back) missing_previous = true;
-    }
-    const bool overdue = now - round_opened_at_ > options_.heartbeat_timeout + options_.settle;
-    if (count >= options_.max_nodes) {
-      close_round(now, events);
-    } else if (count >= options_.min_nodes && now - last_join_at_ >= options_.settle &&
-               (!missing_previous || overdue)) {
-      close_round(now, events);
-    } else if (count < options_.min_nodes && now - round_opened_at_ > options_.join_timeout) {
-      FailureReport cause{"",
-                          "",
-                          -1,
-                          0,
-                          0,
-                          fmt::format("only {} of at least {} nodes joined within {:.0f} s", count,
-                                      options_.min_nodes, seconds(options_.join_timeout)),
-                          {}};
-      fail_job(cause, events);
-    }
-    return events;
+    tick_rendezvous(now, events);
+  } else if (phase_ == JobPhase::kRunning) {
+    tick_running(now, events);
   }
-  if (phase_ != JobPhase::kRunning) return events;
+  return events;
+}
+
+// Step b: closes the open round when due, or fails the job when too few joined in time.
+void ElasticState::tick_rendezvous(SteadyClock::time_point now, std::vector<ElasticEvent>& events) {
+  // The first round opens with its first join (round_opened_at_ is unset before): a
+  // coordinator ticking before any agent arrived must not time the join out.
+  if (generation_ == 0 && joined_.empty()) return;
+  // Joined nodes that went silent leave the round.
+  joined_.erase(std::remove_if(joined_.begin(), joined_.end(),
+                               [&](const Joined& j) {
+                                 return now - j.joined_at > options_.heartbeat_timeout;
+                               }),
+                joined_.end());
+  const auto count = static_cast<int64_t>(joined_.size());
+  // Previous members not back yet: wait for them (they may be stopping their workers)
+  // unless they are overdue by a heartbeat timeout.
+  bool missing_previous = false;
+  for (const auto& id : previous_order_) {
+    bool back = std::any_of(joined_.begin(), joined_.end(),
+                            [&](const Joined& j) { return j.info.node_id == id; });
+    if (!back) missing_previous = true;
+  }
+  const bool overdue = now - round_opened_at_ > options_.heartbeat_timeout + options_.settle;
+  if (count >= options_.max_nodes) {
+    close_round(now, events);
+  } else if (count >= options_.min_nodes && now - last_join_at_ >= options_.settle &&
+             (!missing_previous || overdue)) {
+    close_round(now, events);
+  } else if (count < options_.min_nodes && now - round_opened_at_ > options_.join_timeout) {
+    FailureReport cause{"",
+                        "",
+                        -1,
+                        0,
+                        0,
+                        fmt::format("only {} of at least {} nodes joined within {:.0f} s", count,
+                                    options_.min_nodes, seconds(options_.join_timeout)),
+                        {}};
+    fail_job(cause, events);
+  }
+}
+
+// Step d: a node not heard from is dead, a rank without progress hangs; either opens the
+// next round (step e) while the budget lasts.
+void ElasticState::tick_running(SteadyClock::time_point now, std::vector<ElasticEvent>& events) {
   for (const auto& m : members_) {
     if (now - m.last_seen > options_.heartbeat_timeout) {
       FailureReport cause{
@@ -190,12 +201,12 @@ std::vector<ElasticEvent> ElasticState::tick(SteadyClock::time_point now) {
       }
       if (!spend(membership_changes_used_, options_.max_membership_changes, cause, events,
                  "max_membership_changes")) {
-        return events;
+        return;
       }
       auto survivors = previous_order_;
       open_round(now, events, cause.describe());
       previous_order_ = survivors;
-      return events;
+      return;
     }
     if (m.succeeded) continue;
     for (size_t i = 0; i < m.steps.size(); ++i) {
@@ -206,14 +217,13 @@ std::vector<ElasticEvent> ElasticState::tick(SteadyClock::time_point now) {
         const FailureReport cause = hang_culprit(m, i, now);
         events.push_back({ElasticEvent::Kind::kHang, generation_, cause.describe()});
         if (!spend(restarts_used_, options_.max_restarts, cause, events, "max_restarts")) {
-          return events;
+          return;
         }
         open_round(now, events, cause.describe());
-        return events;
+        return;
       }
     }
   }
-  return events;
 }
 
 // Note [Hang culprit]: when one rank stops, every other rank soon stalls inside the next

@@ -3,7 +3,8 @@
 // threads, time passed in by the caller, so every transition is unit-tested. The server
 // holds one ElasticState behind a mutex and feeds it the agents' messages.
 //
-// Protocol, as seen by a node agent (dnallm-launch):
+// Protocol, as seen by a node agent (dnallm-launch); these step letters are the ones
+// coordinator/elastic_wire.hpp names its messages by:
 //  a. join(node): the node enters the open round (or waits for the next one if the job is
 //     running and full).
 //  b. The round closes when max_nodes have joined, or when at least min_nodes have joined and
@@ -157,6 +158,8 @@ class ElasticState {
     SteadyClock::time_point joined_at;
   };
 
+  void tick_rendezvous(SteadyClock::time_point now, std::vector<ElasticEvent>& events);
+  void tick_running(SteadyClock::time_point now, std::vector<ElasticEvent>& events);
   FailureReport hang_culprit(const Member& first, size_t first_index,
                              SteadyClock::time_point now) const;
   void open_round(SteadyClock::time_point now, std::vector<ElasticEvent>& events,

@@ -2,54 +2,113 @@
 
 #include <fmt/format.h>
 
+#include "core/error.hpp"
+
 namespace dnallm::coordinator {
+namespace {
 
-void encode_job_view(FrameWriter& w, const JobView& view) {
-  w.u8(static_cast<uint8_t>(view.phase))
-      .i64(view.generation)
-      .i64(view.generation_open)
-      .i64(view.restarts_used)
-      .i64(view.membership_changes_used)
-      .u8(view.assignment ? 1 : 0);
-  if (view.assignment) {
-    const NodeAssignment& a = *view.assignment;
-    w.i64(a.generation)
-        .i64(a.node_rank)
-        .i64(a.nnodes)
-        .i64(a.world_size)
-        .i64(a.rank_offset)
-        .i64(a.local_world_size);
-  }
-  w.str(view.round_reason).str(view.root_cause).i64(view.exit_code);
+void check_node_id(const std::string& id) {
+  DNALLM_CHECK(!id.empty() && id.size() <= kMaxNodeIdBytes, ExitCode::kUsage,
+               "node id must have 1..{} bytes (got {})", kMaxNodeIdBytes, id.size());
 }
 
-JobView decode_job_view(FrameReader& r) {
-  JobView v;
-  uint8_t phase = r.u8();
-  if (phase > static_cast<uint8_t>(JobPhase::kFailed)) {
-    throw ProtocolError(fmt::format("job phase {} out of range", phase));
+// A request that names its sender: decoded, and the node id checked.
+template <class Request>
+Request decode_from_node(FrameReader& r) {
+  auto request = decode_message<Request>(r);
+  check_node_id(request.node_id);
+  return request;
+}
+
+}  // namespace
+
+void write_field(FrameWriter& w, JobPhase phase) { w.u8(static_cast<uint8_t>(phase)); }
+
+void read_field(FrameReader& r, JobPhase& phase) {
+  const uint8_t v = r.u8();
+  if (v > static_cast<uint8_t>(JobPhase::kFailed)) {
+    throw ProtocolError(fmt::format("job phase {} out of range", v));
   }
-  v.phase = static_cast<JobPhase>(phase);
-  v.generation = r.i64();
-  v.generation_open = r.i64();
-  v.restarts_used = r.i64();
-  v.membership_changes_used = r.i64();
-  if (r.u8() != 0) {
-    NodeAssignment a;
-    a.generation = r.i64();
-    a.node_rank = r.i64();
-    a.nnodes = r.i64();
-    a.world_size = r.i64();
-    a.rank_offset = r.i64();
-    a.local_world_size = r.i64();
-    v.assignment = a;
+  phase = static_cast<JobPhase>(v);
+}
+
+FrameWriter encode_join(const JoinRequest& request) {
+  return encode_request(Op::kElasticJoin, request);
+}
+
+JoinRequest decode_join(FrameReader& r) {
+  JoinRequest request = decode_message<JoinRequest>(r);
+  const NodeInfo& node = request.node;
+  check_node_id(node.node_id);
+  DNALLM_CHECK(node.nproc >= 1 && node.nproc <= kMaxLocalRanks, ExitCode::kUsage,
+               "nproc {} of node {} out of range 1..{}", node.nproc, node.node_id, kMaxLocalRanks);
+  DNALLM_CHECK(node.host.size() <= kMaxNodeIdBytes, ExitCode::kUsage, "host name too long");
+  return request;
+}
+
+// Written by hand for its optional tail (the stopped flags, sent by newer agents only).
+FrameWriter encode_heartbeat(const HeartbeatRequest& request) {
+  FrameWriter w;
+  w.u8(static_cast<uint8_t>(Op::kElasticHeartbeat)).str(request.node_id).i64(request.generation);
+  write_field(w, request.steps);
+  if (!request.stopped.empty() && request.stopped.size() == request.steps.size()) {
+    w.u32(static_cast<uint32_t>(request.stopped.size()));
+    for (bool b : request.stopped) w.u8(b ? 1 : 0);
   }
-  v.round_reason = r.str();
-  v.root_cause = r.str();
-  v.exit_code = r.i64();
+  return w;
+}
+
+HeartbeatRequest decode_heartbeat(FrameReader& r) {
+  HeartbeatRequest request;
+  request.node_id = r.str();
+  check_node_id(request.node_id);
+  request.generation = r.i64();
+  const uint32_t n = r.u32();
+  DNALLM_CHECK(n <= kMaxLocalRanks, ExitCode::kUsage, "heartbeat with {} steps (at most {})", n,
+               kMaxLocalRanks);
+  request.steps.resize(n);
+  for (auto& s : request.steps) s = r.i64();
+  if (!r.done()) {
+    const uint32_t k = r.u32();
+    DNALLM_CHECK(k == n, ExitCode::kUsage, "heartbeat with {} steps but {} stopped flags", n, k);
+    for (uint32_t i = 0; i < k; ++i) request.stopped.push_back(r.u8() != 0);
+  }
   r.expect_done();
-  return v;
+  return request;
 }
+
+FrameWriter encode_report_failure(const FailureReport& report) {
+  FailureReport clipped = report;
+  clipped.last_lines = clip_last_lines(report.last_lines);
+  return encode_request(Op::kElasticReportFailure, clipped);
+}
+
+FailureReport decode_report_failure(FrameReader& r) {
+  FailureReport report = decode_from_node<FailureReport>(r);
+  DNALLM_CHECK(report.last_lines.size() <= kMaxLastLines, ExitCode::kUsage,
+               "failure report with {} lines (at most {})", report.last_lines.size(),
+               kMaxLastLines);
+  report.last_lines = clip_last_lines(report.last_lines);
+  return report;
+}
+
+FrameWriter encode_report_success(const ReportSuccessRequest& request) {
+  return encode_request(Op::kElasticReportSuccess, request);
+}
+
+ReportSuccessRequest decode_report_success(FrameReader& r) {
+  return decode_from_node<ReportSuccessRequest>(r);
+}
+
+FrameWriter encode_state(const StateRequest& request) {
+  return encode_request(Op::kElasticState, request);
+}
+
+StateRequest decode_state(FrameReader& r) { return decode_from_node<StateRequest>(r); }
+
+FrameWriter encode_job_view(const JobView& view) { return encode_reply(view); }
+
+JobView decode_job_view(FrameReader& r) { return decode_message<JobView>(r); }
 
 std::string format_root_cause(const FailureReport& report) {
   std::string out = report.describe();

@@ -75,6 +75,11 @@ FrameWriter& FrameWriter::keys(const std::vector<std::string>& ks) {
   return *this;
 }
 
+FrameWriter& FrameWriter::append(const FrameWriter& other) {
+  body_.insert(body_.end(), other.body_.begin(), other.body_.end());
+  return *this;
+}
+
 std::vector<uint8_t> FrameWriter::frame() const {
   std::vector<uint8_t> out(4 + body_.size());
   auto n = static_cast<uint32_t>(body_.size());
@@ -138,6 +143,36 @@ std::vector<std::string> FrameReader::keys() {
   out.reserve(count);
   for (uint32_t i = 0; i < count; ++i) out.push_back(str());
   return out;
+}
+
+void write_field(FrameWriter& w, uint8_t v) { w.u8(v); }
+void write_field(FrameWriter& w, bool v) { w.u8(v ? 1 : 0); }
+void write_field(FrameWriter& w, uint32_t v) { w.u32(v); }
+void write_field(FrameWriter& w, int64_t v) { w.i64(v); }
+void write_field(FrameWriter& w, int v) { w.i64(v); }
+void write_field(FrameWriter& w, const std::string& v) { w.str(v); }
+void write_field(FrameWriter& w, const std::vector<uint8_t>& v) { w.blob(v); }
+void write_field(FrameWriter& w, const std::vector<std::string>& v) { w.keys(v); }
+
+void write_field(FrameWriter& w, const std::vector<int64_t>& v) {
+  w.u32(static_cast<uint32_t>(v.size()));
+  for (int64_t x : v) w.i64(x);
+}
+
+void read_field(FrameReader& r, uint8_t& v) { v = r.u8(); }
+void read_field(FrameReader& r, bool& v) { v = r.u8() != 0; }
+void read_field(FrameReader& r, uint32_t& v) { v = r.u32(); }
+void read_field(FrameReader& r, int64_t& v) { v = r.i64(); }
+void read_field(FrameReader& r, int& v) { v = static_cast<int>(r.i64()); }
+void read_field(FrameReader& r, std::string& v) { v = r.str(); }
+void read_field(FrameReader& r, std::vector<uint8_t>& v) { v = r.blob(); }
+void read_field(FrameReader& r, std::vector<std::string>& v) { v = r.keys(); }
+
+void read_field(FrameReader& r, std::vector<int64_t>& v) {
+  const uint32_t count = r.u32();
+  if (count > r.remaining() / 8) throw ProtocolError("i64 count exceeds frame size");
+  v.resize(count);
+  for (auto& x : v) x = r.i64();
 }
 
 void FrameReader::expect_done() const {

@@ -18,7 +18,8 @@
 //  4. The client sends one request and reads one response before the next request
 //     (no pipelining is needed; the server queues responses in order anyway).
 //     A response frame's body is: u8 status (Status), then op-specific fields.
-//  5. Requests and their OK responses:
+//  5. Requests and their OK responses (each op's request and reply struct, encoded and
+//     decoded from one field list, in coordinator/store_wire.hpp; "Message codecs" below):
 //       kSet       key, value                          -> (nothing)
 //       kSetOwned  key, value                          -> (nothing); the key is deleted
 //                                                         when this connection closes
@@ -33,11 +34,15 @@
 //       kPing      (nothing)                           -> (nothing)
 //  6. New message types (rendezvous, heartbeats) get new op codes and are registered with
 //     StoreServer::register_handler; the frame layer does not change. The elastic ops
-//     (32..36) are specified in coordinator/elastic_wire.hpp.
+//     (32..36) are specified, with their encode/decode pairs, in
+//     coordinator/elastic_wire.hpp; the checkpoint commit ops (37..38) in
+//     coordinator/commit_registry.hpp.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace dnallm::coordinator {
@@ -91,6 +96,8 @@ class FrameWriter {
   FrameWriter& str(const std::string& s) { return bytes(s.data(), s.size()); }
   FrameWriter& blob(const std::vector<uint8_t>& b) { return bytes(b.data(), b.size()); }
   FrameWriter& keys(const std::vector<std::string>& ks);
+  // Appends another writer's body (e.g. a reply's fields after its status byte).
+  FrameWriter& append(const FrameWriter& other);
   // The whole frame: 4-byte length prefix + body.
   std::vector<uint8_t> frame() const;
   const std::vector<uint8_t>& body() const { return body_; }
@@ -110,6 +117,7 @@ class FrameReader {
   std::string str();
   std::vector<std::string> keys();
   bool done() const { return pos_ == n_; }
+  size_t remaining() const { return n_ - pos_; }
   // Throws ProtocolError unless every byte was consumed.
   void expect_done() const;
 
@@ -127,5 +135,108 @@ struct ProtocolError : std::exception {
 };
 
 uint32_t decode_u32_le(const uint8_t* p);
+
+// ---------------------------------------------------------------- Message codecs
+//
+// Every op's request and reply is a struct whose fields are listed once, in wire order, by
+// a `wire_fields` function next to the op's documentation (coordinator/store_wire.hpp,
+// coordinator/elastic_wire.hpp), found by argument-dependent lookup:
+//
+//   constexpr auto wire_fields(const AddRequest*) {
+//     return std::make_tuple(&AddRequest::key, &AddRequest::delta);
+//   }
+//
+// encode_request / encode_reply and decode_message all follow that one list, so an op's
+// encoder and decoder cannot disagree. A field is written by write_field and read by
+// read_field:
+//   uint8_t, bool (u8 0/1; any non-zero byte reads as true), uint32_t, int64_t,
+//   int (as i64), std::string (string), std::vector<uint8_t> (bytes),
+//   std::vector<std::string> (key list), std::vector<int64_t> (u32 count + i64 each),
+//   std::optional<T> (u8 present, then T when 1), and any type with a wire_fields list
+//   (its fields inline). An enum gets its own write_field/read_field overloads (found by
+//   argument-dependent lookup) that check its range.
+void write_field(FrameWriter& w, uint8_t v);
+void write_field(FrameWriter& w, bool v);
+void write_field(FrameWriter& w, uint32_t v);
+void write_field(FrameWriter& w, int64_t v);
+void write_field(FrameWriter& w, int v);
+void write_field(FrameWriter& w, const std::string& v);
+void write_field(FrameWriter& w, const std::vector<uint8_t>& v);
+void write_field(FrameWriter& w, const std::vector<std::string>& v);
+void write_field(FrameWriter& w, const std::vector<int64_t>& v);
+void read_field(FrameReader& r, uint8_t& v);
+void read_field(FrameReader& r, bool& v);
+void read_field(FrameReader& r, uint32_t& v);
+void read_field(FrameReader& r, int64_t& v);
+void read_field(FrameReader& r, int& v);
+void read_field(FrameReader& r, std::string& v);
+void read_field(FrameReader& r, std::vector<uint8_t>& v);
+void read_field(FrameReader& r, std::vector<std::string>& v);
+// Throws ProtocolError when the count exceeds what the frame can hold.
+void read_field(FrameReader& r, std::vector<int64_t>& v);
+
+template <class T>
+void write_field(FrameWriter& w, const std::optional<T>& v) {
+  write_field(w, v.has_value());
+  if (v) write_field(w, *v);
+}
+
+template <class T>
+void read_field(FrameReader& r, std::optional<T>& v) {
+  bool present = false;
+  read_field(r, present);
+  v.reset();
+  if (!present) return;
+  T t{};
+  read_field(r, t);
+  v = std::move(t);
+}
+
+// A message: its wire_fields, in order.
+template <class M>
+void write_field(FrameWriter& w, const M& m) {
+  std::apply([&](auto... field) { (write_field(w, m.*field), ...); },
+             wire_fields(static_cast<const M*>(nullptr)));
+}
+
+template <class M>
+void read_field(FrameReader& r, M& m) {
+  std::apply([&](auto... field) { (read_field(r, m.*field), ...); },
+             wire_fields(static_cast<const M*>(nullptr)));
+}
+
+// A request body: the op byte, then the message's fields.
+template <class M>
+FrameWriter encode_request(Op op, const M& m) {
+  FrameWriter w;
+  w.u8(static_cast<uint8_t>(op));
+  write_field(w, m);
+  return w;
+}
+
+// A reply's fields (Responder::send puts the status byte in front).
+template <class M>
+FrameWriter encode_reply(const M& m) {
+  FrameWriter w;
+  write_field(w, m);
+  return w;
+}
+
+// Reads a whole message (a request after its op byte, or a reply after its status byte):
+// throws ProtocolError on truncation or trailing bytes.
+template <class M>
+M decode_message(FrameReader& r) {
+  M m{};
+  read_field(r, m);
+  r.expect_done();
+  return m;
+}
+
+// The same, over a reply's fields as TcpStoreClient returns them.
+template <class M>
+M decode_message(const std::vector<uint8_t>& body) {
+  FrameReader r(body.data(), body.size());
+  return decode_message<M>(r);
+}
 
 }  // namespace dnallm::coordinator

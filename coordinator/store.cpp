@@ -20,6 +20,37 @@ int64_t parse_counter(const Bytes& value, const std::string& key) {
   return v;
 }
 
+int64_t add_to_counter(KeyValues& data, const std::string& key, int64_t delta) {
+  auto it = data.find(key);
+  const int64_t v = (it == data.end() ? 0 : parse_counter(it->second, key)) + delta;
+  data[key] = to_bytes(std::to_string(v));
+  return v;
+}
+
+Bytes compare_and_set(KeyValues& data, const std::string& key, const Bytes& expected,
+                      const Bytes& desired, bool* changed) {
+  auto it = data.find(key);
+  *changed = (it == data.end() && expected.empty()) || (it != data.end() && it->second == expected);
+  if (*changed) {
+    data[key] = desired;
+    return desired;
+  }
+  return it == data.end() ? Bytes{} : it->second;
+}
+
+std::vector<std::string> missing_keys(const KeyValues& data, const std::vector<std::string>& keys) {
+  std::vector<std::string> missing;
+  for (const auto& k : keys)
+    if (data.count(k) == 0) missing.push_back(k);
+  return missing;
+}
+
+bool has_all(const KeyValues& data, const std::vector<std::string>& keys) {
+  for (const auto& k : keys)
+    if (data.count(k) == 0) return false;
+  return true;
+}
+
 std::string join_keys(const std::vector<std::string>& keys) {
   std::string out;
   for (const auto& k : keys) {
@@ -31,20 +62,19 @@ std::string join_keys(const std::vector<std::string>& keys) {
 
 }  // namespace detail
 
+Bytes Store::get(const std::string& key, std::chrono::milliseconds timeout) {
+  wait({key}, timeout);
+  auto v = try_get(key);
+  DNALLM_CHECK(v.has_value(), ExitCode::kPeerFailed, "store key '{}' was deleted while read", key);
+  return *v;
+}
+
 void InMemoryStore::set(const std::string& key, const Bytes& value) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     data_[key] = value;
   }
   changed_.notify_all();
-}
-
-Bytes InMemoryStore::get(const std::string& key, std::chrono::milliseconds timeout) {
-  wait({key}, timeout);
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = data_.find(key);
-  DNALLM_CHECK(it != data_.end(), ExitCode::kPeerFailed, "store key '{}' was deleted", key);
-  return it->second;
 }
 
 std::optional<Bytes> InMemoryStore::try_get(const std::string& key) {
@@ -56,26 +86,16 @@ std::optional<Bytes> InMemoryStore::try_get(const std::string& key) {
 
 void InMemoryStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
-  auto all_present = [&] {
-    for (const auto& k : keys)
-      if (data_.count(k) == 0) return false;
-    return true;
-  };
-  if (changed_.wait_for(lock, timeout, all_present)) return;
-  std::vector<std::string> missing;
-  for (const auto& k : keys)
-    if (data_.count(k) == 0) missing.push_back(k);
+  if (changed_.wait_for(lock, timeout, [&] { return detail::has_all(data_, keys); })) return;
   fail(ExitCode::kPeerFailed, "timed out after {} ms waiting for store keys: {}", timeout.count(),
-       detail::join_keys(missing));
+       detail::join_keys(detail::missing_keys(data_, keys)));
 }
 
 int64_t InMemoryStore::add(const std::string& key, int64_t delta) {
   int64_t v = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& slot = data_[key];
-    v = detail::parse_counter(slot, key) + delta;
-    slot = to_bytes(std::to_string(v));
+    v = detail::add_to_counter(data_, key, delta);
   }
   changed_.notify_all();
   return v;
@@ -84,15 +104,10 @@ int64_t InMemoryStore::add(const std::string& key, int64_t delta) {
 Bytes InMemoryStore::compare_and_set(const std::string& key, const Bytes& expected,
                                      const Bytes& desired) {
   Bytes result;
+  bool changed = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = data_.find(key);
-    if ((it == data_.end() && expected.empty()) || (it != data_.end() && it->second == expected)) {
-      data_[key] = desired;
-      result = desired;
-    } else {
-      result = it == data_.end() ? Bytes{} : it->second;
-    }
+    result = detail::compare_and_set(data_, key, expected, desired, &changed);
   }
   changed_.notify_all();
   return result;
@@ -105,9 +120,7 @@ bool InMemoryStore::remove(const std::string& key) {
 
 bool InMemoryStore::check(const std::vector<std::string>& keys) {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& k : keys)
-    if (data_.count(k) == 0) return false;
-  return true;
+  return detail::has_all(data_, keys);
 }
 
 int64_t InMemoryStore::num_keys() {

@@ -43,8 +43,9 @@ class Store {
   // InMemoryStore treats it as `set` (there is no session).
   virtual void set_owned(const std::string& key, const Bytes& value) = 0;
 
-  // Waits until `key` exists (up to `timeout`) and returns its value.
-  virtual Bytes get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Waits until `key` exists (up to `timeout`) and returns its value: wait() then try_get()
+  // (a key deleted in between throws Error(kPeerFailed)). Implementations may override it.
+  virtual Bytes get(const std::string& key, std::chrono::milliseconds timeout);
 
   // Returns the value if `key` exists now, without waiting.
   virtual std::optional<Bytes> try_get(const std::string& key) = 0;
@@ -75,7 +76,6 @@ class InMemoryStore final : public Store {
  public:
   void set(const std::string& key, const Bytes& value) override;
   void set_owned(const std::string& key, const Bytes& value) override { set(key, value); }
-  Bytes get(const std::string& key, std::chrono::milliseconds timeout) override;
   std::optional<Bytes> try_get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
@@ -91,10 +91,20 @@ class InMemoryStore final : public Store {
   std::map<std::string, Bytes> data_;  // guarded by mutex_
 };
 
-// Shared semantics of `add` and `compare_and_set`, used by InMemoryStore and StoreServer.
+// Shared semantics of `add`, `compare_and_set`, `check` and `wait`, used by InMemoryStore
+// and StoreServer (each holds its keys in such a map).
 namespace detail {
+using KeyValues = std::map<std::string, Bytes>;
 // Parses a counter value ("" or missing = 0); throws Error(kBadData) if not an integer.
 int64_t parse_counter(const Bytes& value, const std::string& key);
+// `add`: stores and returns the counter at `key` plus `delta`.
+int64_t add_to_counter(KeyValues& data, const std::string& key, int64_t delta);
+// `compare_and_set`: returns the value stored afterwards; `*changed` says whether it set.
+Bytes compare_and_set(KeyValues& data, const std::string& key, const Bytes& expected,
+                      const Bytes& desired, bool* changed);
+// The keys of `keys` that `data` lacks, in order.
+std::vector<std::string> missing_keys(const KeyValues& data, const std::vector<std::string>& keys);
+bool has_all(const KeyValues& data, const std::vector<std::string>& keys);
 std::string join_keys(const std::vector<std::string>& keys);
 }  // namespace detail
 

@@ -19,6 +19,7 @@
 #include <boost/asio.hpp>
 
 #include "coordinator/store.hpp"
+#include "coordinator/store_wire.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::coordinator {
@@ -36,6 +37,7 @@ struct Responder::Target : std::enable_shared_from_this<Responder::Target> {
   void on_header();
   void read_body(uint32_t n);
   void dispatch();
+  void on_hello(FrameReader& args);
   void reply(std::vector<uint8_t> frame, bool close_after);
   void close(const std::string& why, bool warn);
   // Arms the single deadline timer (the handshake's or the current frame's); a timer
@@ -105,6 +107,26 @@ void set_cloexec(int fd) {
   if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
 }
 
+// Sends a HELLO with a token no job uses on the connected socket `fd`; returns the reply's
+// body (status byte first), or nothing when no whole frame came back within the socket's
+// timeouts.
+std::vector<uint8_t> probe_hello(int fd) {
+  const auto hello = encode_request(Op::kHello, HelloRequest{kProtocolVersion, "\x01port-probe"});
+  const auto frame = hello.frame();
+  uint8_t buf[1024];
+  size_t got = 0;
+  if (::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(frame.size())) {
+    while (got < sizeof(buf)) {
+      ssize_t k = ::recv(fd, buf + got, sizeof(buf) - got, 0);
+      if (k <= 0) break;
+      got += static_cast<size_t>(k);
+      if (got >= 4 && got >= 4 + decode_u32_le(buf)) break;
+    }
+  }
+  if (got < 5 || got < 4 + decode_u32_le(buf)) return {};
+  return std::vector<uint8_t>(buf + 4, buf + 4 + decode_u32_le(buf));
+}
+
 // What listens on address:port, for the port-clash message: a dnallm coordinator answers
 // a HELLO with a token it cannot know by UNAUTHORIZED and its identity.
 std::string describe_listener(const asio::ip::address& address, uint16_t port) {
@@ -121,40 +143,15 @@ std::string describe_listener(const asio::ip::address& address, uint16_t port) {
   std::memcpy(&sa.sin_addr, bytes.data(), 4);
   if (address.to_v4().is_unspecified()) sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string what = "another program (it does not speak the coordinator protocol)";
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
-    auto hello = FrameWriter()
-                     .u8(static_cast<uint8_t>(Op::kHello))
-                     .u32(kProtocolVersion)
-                     .str("\x01port-probe")
-                     .frame();
-    uint8_t buf[1024];
-    size_t got = 0;
-    if (::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) ==
-        static_cast<ssize_t>(hello.size())) {
-      while (got < sizeof(buf)) {
-        ssize_t k = ::recv(fd, buf + got, sizeof(buf) - got, 0);
-        if (k <= 0) break;
-        got += static_cast<size_t>(k);
-        if (got >= 4 && got >= 4 + decode_u32_le(buf)) break;
-      }
-    }
-    if (got >= 5 && got >= 4 + decode_u32_le(buf)) {
-      const uint32_t n = decode_u32_le(buf);
-      if (buf[4] == static_cast<uint8_t>(Status::kUnauthorized) && n > 1) {
-        try {
-          FrameReader r(buf + 5, n - 1);
-          what = r.str() + " of another job";
-        } catch (const ProtocolError&) {
-          what = "a dnallm coordinator of another job";
-        }
-      } else if (buf[4] == static_cast<uint8_t>(Status::kUnauthorized)) {
-        what = "a dnallm coordinator of another job";
-      } else if (buf[4] == static_cast<uint8_t>(Status::kOk)) {
-        what = "a dnallm coordinator that accepts any client (no job token)";
-      }
-    }
-  }
+  std::vector<uint8_t> reply;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) reply = probe_hello(fd);
   ::close(fd);
+  if (!reply.empty() && reply[0] == static_cast<uint8_t>(Status::kUnauthorized)) {
+    const std::string identity = decode_reason(reply.data() + 1, reply.size() - 1);
+    what = (identity.empty() ? "a dnallm coordinator" : identity) + " of another job";
+  } else if (!reply.empty() && reply[0] == static_cast<uint8_t>(Status::kOk)) {
+    what = "a dnallm coordinator that accepts any client (no job token)";
+  }
   return what;
 }
 
@@ -182,13 +179,20 @@ struct StoreServer::Impl {
     if (warnings.allow()) spdlog::warn("coordinator: {}", message);
   }
   void register_builtins();
-  void on_write(const std::string& key);  // wakes waiters whose keys now all exist
+  // The built-in ops' handlers (coordinator/store_wire.hpp).
+  void on_ping(FrameReader& a, Responder r);
+  void on_set(FrameReader& a, Responder r);
+  void on_set_owned(FrameReader& a, Responder r);
+  void on_get(FrameReader& a, Responder r);
+  void on_wait(FrameReader& a, Responder r);
+  void on_add(FrameReader& a, Responder r);
+  void on_compare_set(FrameReader& a, Responder r);
+  void on_delete(FrameReader& a, Responder r);
+  void on_check(FrameReader& a, Responder r);
+  void on_num_keys(FrameReader& a, Responder r);
+  void set_value(const std::string& key, Bytes value);  // set: a plain (not owned) key
+  void on_write(const std::string& key);                // wakes waiters whose keys now all exist
   void on_session_closed(Responder::Target& s);
-  bool has_all(const std::vector<std::string>& keys) const {
-    for (const auto& k : keys)
-      if (data.count(k) == 0) return false;
-    return true;
-  }
 
   StoreServerOptions options;
   asio::io_context io;
@@ -199,7 +203,7 @@ struct StoreServer::Impl {
   uint64_t next_session_id = 1;
   // Everything below: io thread only.
   std::unordered_map<uint8_t, Handler> handlers;
-  std::map<std::string, Bytes> data;
+  detail::KeyValues data;
   std::map<std::string, uint64_t> owner;  // owned key -> session id
   std::list<std::shared_ptr<Waiter>> waiters;
   std::set<std::shared_ptr<Responder::Target>> sessions;
@@ -215,14 +219,8 @@ struct StoreServer::Impl {
 void Responder::send(Status status, const FrameWriter& fields) const {
   if (!target_ || target_->closed_) return;
   FrameWriter out;
-  out.u8(static_cast<uint8_t>(status));
-  std::vector<uint8_t> body = out.body();
-  body.insert(body.end(), fields.body().begin(), fields.body().end());
-  std::vector<uint8_t> frame(4 + body.size());
-  auto n = static_cast<uint32_t>(body.size());
-  for (int i = 0; i < 4; ++i) frame[i] = static_cast<uint8_t>(n >> (8 * i));
-  std::copy(body.begin(), body.end(), frame.begin() + 4);
-  target_->reply(std::move(frame), status == Status::kUnauthorized);
+  out.u8(static_cast<uint8_t>(status)).append(fields);
+  target_->reply(out.frame(), status == Status::kUnauthorized);
 }
 
 uint64_t Responder::session_id() const { return target_ ? target_->id_ : 0; }
@@ -351,27 +349,7 @@ void Responder::Target::dispatch() {
         close(fmt::format("op '{}' ({}) before HELLO", op_name(op), op), true);
         return;
       }
-      uint32_t version = args.u32();
-      std::string token = args.str();
-      args.expect_done();
-      awaiting_reply_ = true;
-      if (version != kProtocolVersion) {
-        server_.warn(fmt::format("refused {}: protocol version {} (expected {})", peer_, version,
-                                 kProtocolVersion));
-        Responder(shared_from_this())
-            .send(Status::kUnauthorized, FrameWriter().str(server_.options.identity));
-        return;
-      }
-      if (token != server_.options.token) {
-        server_.warn(fmt::format("refused {}: wrong job token (check DNALLM_JOB_TOKEN)", peer_));
-        Responder(shared_from_this())
-            .send(Status::kUnauthorized, FrameWriter().str(server_.options.identity));
-        return;
-      }
-      authed_ = true;
-      cancel_deadline();
-      leave_pending();
-      Responder(shared_from_this()).send(Status::kOk);
+      on_hello(args);
       return;
     }
     auto it = server_.handlers.find(op);
@@ -387,8 +365,30 @@ void Responder::Target::dispatch() {
     // A handler's own failure (e.g. add() on a non-integer value): report, keep the session.
     spdlog::warn("coordinator: request '{}' from {} failed: {}", op_name(op), peer_, e.what());
     if (awaiting_reply_)
-      Responder(shared_from_this()).send(Status::kBadRequest, FrameWriter().str(e.what()));
+      Responder(shared_from_this()).send(Status::kBadRequest, encode_reason(e.what()));
   }
+}
+
+// Protocol step 1: the version and the job token decide whether this session may go on.
+void Responder::Target::on_hello(FrameReader& args) {
+  const auto hello = decode_message<HelloRequest>(args);
+  awaiting_reply_ = true;
+  std::string refusal;
+  if (hello.version != kProtocolVersion) {
+    refusal = fmt::format("protocol version {} (expected {})", hello.version, kProtocolVersion);
+  } else if (hello.token != server_.options.token) {
+    refusal = "wrong job token (check DNALLM_JOB_TOKEN)";
+  }
+  if (!refusal.empty()) {
+    server_.warn(fmt::format("refused {}: {}", peer_, refusal));
+    Responder(shared_from_this())
+        .send(Status::kUnauthorized, encode_reason(server_.options.identity));
+    return;
+  }
+  authed_ = true;
+  cancel_deadline();
+  leave_pending();
+  Responder(shared_from_this()).send(Status::kOk);
 }
 
 void Responder::Target::reply(std::vector<uint8_t> frame, bool close_after) {
@@ -524,7 +524,7 @@ void StoreServer::Impl::on_write(const std::string& key) {
     auto& w = **it;
     bool relevant = false;
     for (const auto& k : w.keys) relevant = relevant || k == key;
-    if (relevant && has_all(w.keys)) {
+    if (relevant && detail::has_all(data, w.keys)) {
       w.done = true;
       w.timer->cancel();
       w.reply.send(Status::kOk);
@@ -535,103 +535,115 @@ void StoreServer::Impl::on_write(const std::string& key) {
   }
 }
 
+// The built-in store ops (coordinator/store_wire.hpp), one named handler each.
 void StoreServer::Impl::register_builtins() {
-  auto set_value = [this](const std::string& key, Bytes value) {
-    data[key] = std::move(value);
-    owner.erase(key);
-    on_write(key);
+  using Method = void (Impl::*)(FrameReader&, Responder);
+  const std::pair<Op, Method> table[] = {
+      {Op::kPing, &Impl::on_ping},
+      {Op::kSet, &Impl::on_set},
+      {Op::kSetOwned, &Impl::on_set_owned},
+      {Op::kGet, &Impl::on_get},
+      {Op::kWait, &Impl::on_wait},
+      {Op::kAdd, &Impl::on_add},
+      {Op::kCompareSet, &Impl::on_compare_set},
+      {Op::kDelete, &Impl::on_delete},
+      {Op::kCheck, &Impl::on_check},
+      {Op::kNumKeys, &Impl::on_num_keys},
   };
-  handlers[static_cast<uint8_t>(Op::kPing)] = [](FrameReader& a, Responder r) {
-    a.expect_done();
+  for (const auto& [op, method] : table) {
+    handlers[static_cast<uint8_t>(op)] = [this, method = method](FrameReader& a, Responder r) {
+      (this->*method)(a, std::move(r));
+    };
+  }
+}
+
+void StoreServer::Impl::set_value(const std::string& key, Bytes value) {
+  data[key] = std::move(value);
+  owner.erase(key);
+  on_write(key);
+}
+
+void StoreServer::Impl::on_ping(FrameReader& a, Responder r) {
+  decode_message<NoFields>(a);
+  r.send(Status::kOk);
+}
+
+void StoreServer::Impl::on_set(FrameReader& a, Responder r) {
+  auto m = decode_message<KeyValueRequest>(a);
+  set_value(m.key, std::move(m.value));
+  r.send(Status::kOk);
+}
+
+void StoreServer::Impl::on_set_owned(FrameReader& a, Responder r) {
+  auto m = decode_message<KeyValueRequest>(a);
+  set_value(m.key, std::move(m.value));
+  owner[m.key] = r.session_id();
+  for (auto& s : sessions)
+    if (s->id_ == r.session_id()) s->owned_keys_.push_back(m.key);
+  r.send(Status::kOk);
+}
+
+void StoreServer::Impl::on_get(FrameReader& a, Responder r) {
+  const auto m = decode_message<KeyRequest>(a);
+  auto it = data.find(m.key);
+  if (it == data.end())
+    r.send(Status::kNotFound);
+  else
+    r.send(Status::kOk, encode_reply(ValueReply{it->second}));
+}
+
+void StoreServer::Impl::on_wait(FrameReader& a, Responder r) {
+  auto m = decode_message<WaitRequest>(a);
+  if (detail::has_all(data, m.keys)) {
     r.send(Status::kOk);
-  };
-  handlers[static_cast<uint8_t>(Op::kSet)] = [set_value](FrameReader& a, Responder r) {
-    auto key = a.str();
-    auto value = a.blob();
-    a.expect_done();
-    set_value(key, std::move(value));
-    r.send(Status::kOk);
-  };
-  handlers[static_cast<uint8_t>(Op::kSetOwned)] = [this, set_value](FrameReader& a, Responder r) {
-    auto key = a.str();
-    auto value = a.blob();
-    a.expect_done();
-    set_value(key, std::move(value));
-    owner[key] = r.session_id();
-    for (auto& s : sessions)
-      if (s->id_ == r.session_id()) s->owned_keys_.push_back(key);
-    r.send(Status::kOk);
-  };
-  handlers[static_cast<uint8_t>(Op::kGet)] = [this](FrameReader& a, Responder r) {
-    auto key = a.str();
-    a.expect_done();
-    auto it = data.find(key);
-    if (it == data.end())
-      r.send(Status::kNotFound);
-    else
-      r.send(Status::kOk, FrameWriter().blob(it->second));
-  };
-  handlers[static_cast<uint8_t>(Op::kWait)] = [this](FrameReader& a, Responder r) {
-    auto keys = a.keys();
-    int64_t timeout_ms = a.i64();
-    a.expect_done();
-    if (has_all(keys)) {
-      r.send(Status::kOk);
-      return;
-    }
-    auto w = std::make_shared<Waiter>();
-    w->keys = std::move(keys);
-    w->reply = r;
-    w->timer = std::make_unique<asio::steady_timer>(io);
-    w->timer->expires_after(std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms)));
-    waiters.push_back(w);
-    w->timer->async_wait([this, w](boost::system::error_code ec) {
-      if (ec || w->done) return;
-      w->done = true;
-      waiters.remove(w);
-      w->reply.send(Status::kTimeout);
-    });
-  };
-  handlers[static_cast<uint8_t>(Op::kAdd)] = [this](FrameReader& a, Responder r) {
-    auto key = a.str();
-    int64_t delta = a.i64();
-    a.expect_done();
-    auto it = data.find(key);
-    int64_t v = (it == data.end() ? 0 : detail::parse_counter(it->second, key)) + delta;
-    data[key] = to_bytes(std::to_string(v));
-    on_write(key);
-    r.send(Status::kOk, FrameWriter().i64(v));
-  };
-  handlers[static_cast<uint8_t>(Op::kCompareSet)] = [this](FrameReader& a, Responder r) {
-    auto key = a.str();
-    auto expected = a.blob();
-    auto desired = a.blob();
-    a.expect_done();
-    auto it = data.find(key);
-    if ((it == data.end() && expected.empty()) || (it != data.end() && it->second == expected)) {
-      data[key] = desired;
-      owner.erase(key);
-      on_write(key);
-      r.send(Status::kOk, FrameWriter().blob(desired));
-    } else {
-      r.send(Status::kOk, FrameWriter().blob(it == data.end() ? Bytes{} : it->second));
-    }
-  };
-  handlers[static_cast<uint8_t>(Op::kDelete)] = [this](FrameReader& a, Responder r) {
-    auto key = a.str();
-    a.expect_done();
-    owner.erase(key);
-    r.send(Status::kOk, FrameWriter().u8(data.erase(key) > 0 ? 1 : 0));
-  };
-  handlers[static_cast<uint8_t>(Op::kCheck)] = [this](FrameReader& a, Responder r) {
-    auto keys = a.keys();
-    a.expect_done();
-    r.send(Status::kOk, FrameWriter().u8(has_all(keys) ? 1 : 0));
-  };
-  handlers[static_cast<uint8_t>(Op::kNumKeys)] = [this](FrameReader& a, Responder r) {
-    a.expect_done();
-    r.send(Status::kOk, FrameWriter().i64(static_cast<int64_t>(data.size())));
-  };
+    return;
+  }
+  auto w = std::make_shared<Waiter>();
+  w->keys = std::move(m.keys);
+  w->reply = r;
+  w->timer = std::make_unique<asio::steady_timer>(io);
+  w->timer->expires_after(std::chrono::milliseconds(std::max<int64_t>(0, m.timeout_ms)));
+  waiters.push_back(w);
+  w->timer->async_wait([this, w](boost::system::error_code ec) {
+    if (ec || w->done) return;
+    w->done = true;
+    waiters.remove(w);
+    w->reply.send(Status::kTimeout);
+  });
+}
+
+void StoreServer::Impl::on_add(FrameReader& a, Responder r) {
+  const auto m = decode_message<AddRequest>(a);
+  const int64_t v = detail::add_to_counter(data, m.key, m.delta);
+  on_write(m.key);
+  r.send(Status::kOk, encode_reply(CountReply{v}));
+}
+
+void StoreServer::Impl::on_compare_set(FrameReader& a, Responder r) {
+  const auto m = decode_message<CompareSetRequest>(a);
+  bool changed = false;
+  Bytes stored = detail::compare_and_set(data, m.key, m.expected, m.desired, &changed);
+  if (changed) {
+    owner.erase(m.key);
+    on_write(m.key);
+  }
+  r.send(Status::kOk, encode_reply(ValueReply{std::move(stored)}));
+}
+
+void StoreServer::Impl::on_delete(FrameReader& a, Responder r) {
+  const auto m = decode_message<KeyRequest>(a);
+  owner.erase(m.key);
+  r.send(Status::kOk, encode_reply(FlagReply{data.erase(m.key) > 0}));
+}
+
+void StoreServer::Impl::on_check(FrameReader& a, Responder r) {
+  const auto m = decode_message<KeysRequest>(a);
+  r.send(Status::kOk, encode_reply(FlagReply{detail::has_all(data, m.keys)}));
+}
+
+void StoreServer::Impl::on_num_keys(FrameReader& a, Responder r) {
+  decode_message<NoFields>(a);
+  r.send(Status::kOk, encode_reply(CountReply{static_cast<int64_t>(data.size())}));
 }
 
 StoreServer::StoreServer(StoreServerOptions options)

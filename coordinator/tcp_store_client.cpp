@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <boost/asio.hpp>
 
+#include "coordinator/store_wire.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::coordinator {
@@ -49,6 +50,23 @@ struct TcpStoreClient::Connection {
     }
     if (result) throw IoFailure{std::string(what) + ": " + result.message()};
   }
+
+  void send(const std::vector<uint8_t>& frame, Clock::time_point deadline, const char* what) {
+    run([&](auto h) { asio::async_write(socket, asio::buffer(frame), h); }, deadline, what);
+  }
+
+  // One reply frame's body (status byte first), of 1..max_bytes bytes.
+  std::vector<uint8_t> receive(Clock::time_point deadline, const char* what, uint32_t max_bytes) {
+    uint8_t header[4];
+    run([&](auto h) { asio::async_read(socket, asio::buffer(header), h); }, deadline, what);
+    const uint32_t n = decode_u32_le(header);
+    if (n == 0 || n > max_bytes) {
+      throw IoFailure{std::string(what) + ": a frame of " + std::to_string(n) + " bytes"};
+    }
+    std::vector<uint8_t> body(n);
+    run([&](auto h) { asio::async_read(socket, asio::buffer(body), h); }, deadline, what);
+    return body;
+  }
 };
 
 TcpStoreClient::TcpStoreClient(TcpStoreClientOptions options) : options_(std::move(options)) {
@@ -70,63 +88,11 @@ void TcpStoreClient::disconnect() {
 void TcpStoreClient::connect_locked(Clock::time_point deadline) {
   std::string last_error = "no attempt";
   while (true) {
-    auto conn = std::make_unique<Connection>();
+    conn_.reset();
     try {
-      tcp::resolver resolver(conn->io);
-      boost::system::error_code ec;
-      auto endpoints = resolver.resolve(options_.host, std::to_string(options_.port), ec);
-      if (ec) throw IoFailure{"resolve: " + ec.message()};
-      conn->run([&](auto handler) { asio::async_connect(conn->socket, endpoints, handler); },
-                deadline, "connect");
-      conn->socket.set_option(tcp::no_delay(true), ec);
-      auto hello = FrameWriter()
-                       .u8(static_cast<uint8_t>(Op::kHello))
-                       .u32(kProtocolVersion)
-                       .str(options_.token)
-                       .frame();
-      conn->run([&](auto h) { asio::async_write(conn->socket, asio::buffer(hello), h); }, deadline,
-                "hello");
-      uint8_t header[4];
-      conn->run([&](auto h) { asio::async_read(conn->socket, asio::buffer(header), h); }, deadline,
-                "hello reply");
-      uint32_t n = decode_u32_le(header);
-      if (n == 0 || n > 1024) throw IoFailure{"bad hello reply"};
-      std::vector<uint8_t> body(n);
-      conn->run([&](auto h) { asio::async_read(conn->socket, asio::buffer(body), h); }, deadline,
-                "hello reply");
-      if (static_cast<Status>(body[0]) == Status::kUnauthorized) {
-        // Servers name themselves in the refusal (protocol step 1): say what was reached.
-        std::string who;
-        try {
-          FrameReader r(body.data() + 1, body.size() - 1);
-          if (!r.done()) who = r.str();
-        } catch (const ProtocolError&) {
-          who.clear();
-        }
-        fail(ExitCode::kUsage,
-             "coordinator {} refused this client's job token{}; if that is another job's "
-             "coordinator, give this job another port (MASTER_PORT or --rdzv-endpoint), else "
-             "set the same DNALLM_JOB_TOKEN on every node",
-             address(), who.empty() ? std::string() : " (the server there is " + who + ")");
-      }
-      if (static_cast<Status>(body[0]) != Status::kOk) throw IoFailure{"hello refused"};
-      conn_ = std::move(conn);
-      // Owned keys died with the previous session: put them back.
-      for (const auto& [key, value] : owned_) {
-        auto frame =
-            FrameWriter().u8(static_cast<uint8_t>(Op::kSetOwned)).str(key).blob(value).frame();
-        conn_->run([&](auto h) { asio::async_write(conn_->socket, asio::buffer(frame), h); },
-                   deadline, "set_owned");
-        conn_->run([&](auto h) { asio::async_read(conn_->socket, asio::buffer(header), h); },
-                   deadline, "set_owned reply");
-        std::vector<uint8_t> reply(decode_u32_le(header));
-        if (reply.empty() || reply.size() > 1024) throw IoFailure{"bad set_owned reply"};
-        conn_->run([&](auto h) { asio::async_read(conn_->socket, asio::buffer(reply), h); },
-                   deadline, "set_owned reply");
-      }
+      conn_ = try_connect_locked(deadline);
       return;
     } catch (const IoFailure& e) {
-      conn_.reset();
       last_error = e.what;
     }
     if (Clock::now() + std::chrono::milliseconds(100) >= deadline)
@@ -135,6 +101,42 @@ void TcpStoreClient::connect_locked(Clock::time_point deadline) {
            "rank 0 is running",
            address(), last_error);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+std::unique_ptr<TcpStoreClient::Connection> TcpStoreClient::try_connect_locked(
+    Clock::time_point deadline) {
+  auto conn = std::make_unique<Connection>();
+  tcp::resolver resolver(conn->io);
+  boost::system::error_code ec;
+  auto endpoints = resolver.resolve(options_.host, std::to_string(options_.port), ec);
+  if (ec) throw IoFailure{"resolve: " + ec.message()};
+  conn->run([&](auto handler) { asio::async_connect(conn->socket, endpoints, handler); }, deadline,
+            "connect");
+  conn->socket.set_option(tcp::no_delay(true), ec);
+  conn->send(encode_request(Op::kHello, HelloRequest{kProtocolVersion, options_.token}).frame(),
+             deadline, "hello");
+  const std::vector<uint8_t> reply = conn->receive(deadline, "hello reply", 1024);
+  if (static_cast<Status>(reply[0]) == Status::kUnauthorized) {
+    // Servers name themselves in the refusal (protocol step 1): say what was reached.
+    const std::string who = decode_reason(reply.data() + 1, reply.size() - 1);
+    fail(ExitCode::kUsage,
+         "coordinator {} refused this client's job token{}; if that is another job's "
+         "coordinator, give this job another port (MASTER_PORT or --rdzv-endpoint), else "
+         "set the same DNALLM_JOB_TOKEN on every node",
+         address(), who.empty() ? std::string() : " (the server there is " + who + ")");
+  }
+  if (static_cast<Status>(reply[0]) != Status::kOk) throw IoFailure{"hello refused"};
+  restore_owned_locked(*conn, deadline);
+  return conn;
+}
+
+// Owned keys died with the previous session: put them back.
+void TcpStoreClient::restore_owned_locked(Connection& conn, Clock::time_point deadline) {
+  for (const auto& [key, value] : owned_) {
+    conn.send(encode_request(Op::kSetOwned, KeyValueRequest{key, value}).frame(), deadline,
+              "set_owned");
+    conn.receive(deadline, "set_owned reply", 1024);
   }
 }
 
@@ -149,23 +151,15 @@ TcpStoreClient::Response TcpStoreClient::request(const FrameWriter& req,
     bool sent = false;
     try {
       if (!conn_) connect_locked(std::min(deadline, Clock::now() + options_.connect_timeout));
-      auto& c = *conn_;
-      c.run([&](auto h) { asio::async_write(c.socket, asio::buffer(frame), h); }, deadline, "send");
+      conn_->send(frame, deadline, "send");
       sent = true;
-      uint8_t header[4];
-      c.run([&](auto h) { asio::async_read(c.socket, asio::buffer(header), h); }, deadline,
-            "reply");
-      uint32_t n = decode_u32_le(header);
-      if (n == 0 || n > options_.max_frame_bytes)
-        throw IoFailure{"reply frame of " + std::to_string(n) + " bytes"};
-      std::vector<uint8_t> body(n);
-      c.run([&](auto h) { asio::async_read(c.socket, asio::buffer(body), h); }, deadline, "reply");
+      std::vector<uint8_t> body = conn_->receive(deadline, "reply", options_.max_frame_bytes);
       auto status = static_cast<Status>(body[0]);
       body.erase(body.begin());
       if (status == Status::kBadRequest) {
-        FrameReader r(body.data(), body.size());
-        std::string why = body.empty() ? std::string("bad request") : r.str();
-        fail(ExitCode::kFailure, "coordinator {} rejected '{}': {}", address(), op_name(op), why);
+        std::string why = decode_reason(body.data(), body.size());
+        fail(ExitCode::kFailure, "coordinator {} rejected '{}': {}", address(), op_name(op),
+             why.empty() ? std::string("bad request") : why);
       }
       return Response{status, std::move(body)};
     } catch (const IoFailure& e) {
@@ -180,37 +174,30 @@ TcpStoreClient::Response TcpStoreClient::request(const FrameWriter& req,
   }
 }
 
+template <class Message>
+TcpStoreClient::Response TcpStoreClient::send(Op op, const Message& message,
+                                              std::chrono::milliseconds timeout, bool idempotent) {
+  return request(encode_request(op, message), timeout, idempotent);
+}
+
 void TcpStoreClient::set(const std::string& key, const Bytes& value) {
-  request(FrameWriter().u8(static_cast<uint8_t>(Op::kSet)).str(key).blob(value),
-          options_.op_timeout, true);
+  send(Op::kSet, KeyValueRequest{key, value}, options_.op_timeout, true);
 }
 
 void TcpStoreClient::set_owned(const std::string& key, const Bytes& value) {
-  request(FrameWriter().u8(static_cast<uint8_t>(Op::kSetOwned)).str(key).blob(value),
-          options_.op_timeout, true);
+  send(Op::kSetOwned, KeyValueRequest{key, value}, options_.op_timeout, true);
   std::lock_guard<std::mutex> lock(mutex_);
   owned_[key] = value;
 }
 
 std::optional<Bytes> TcpStoreClient::try_get(const std::string& key) {
-  auto r =
-      request(FrameWriter().u8(static_cast<uint8_t>(Op::kGet)).str(key), options_.op_timeout, true);
+  auto r = send(Op::kGet, KeyRequest{key}, options_.op_timeout, true);
   if (r.status == Status::kNotFound) return std::nullopt;
-  FrameReader reader(r.body.data(), r.body.size());
-  return reader.blob();
-}
-
-Bytes TcpStoreClient::get(const std::string& key, std::chrono::milliseconds timeout) {
-  wait({key}, timeout);
-  auto v = try_get(key);
-  DNALLM_CHECK(v.has_value(), ExitCode::kPeerFailed, "store key '{}' was deleted while read", key);
-  return *v;
+  return decode_reply<ValueReply>(r, static_cast<uint8_t>(Op::kGet)).value;
 }
 
 void TcpStoreClient::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  auto r =
-      request(FrameWriter().u8(static_cast<uint8_t>(Op::kWait)).keys(keys).i64(timeout.count()),
-              timeout + kReplySlack, true);
+  auto r = send(Op::kWait, WaitRequest{keys, timeout.count()}, timeout + kReplySlack, true);
   if (r.status == Status::kTimeout) {
     std::vector<std::string> missing;
     for (const auto& k : keys)
@@ -221,47 +208,36 @@ void TcpStoreClient::wait(const std::vector<std::string>& keys, std::chrono::mil
 }
 
 int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
-  auto r = request(FrameWriter().u8(static_cast<uint8_t>(Op::kAdd)).str(key).i64(delta),
-                   options_.op_timeout, false);
-  FrameReader reader(r.body.data(), r.body.size());
-  return reader.i64();
+  auto r = send(Op::kAdd, AddRequest{key, delta}, options_.op_timeout, false);
+  return decode_reply<CountReply>(r, static_cast<uint8_t>(Op::kAdd)).value;
 }
 
 Bytes TcpStoreClient::compare_and_set(const std::string& key, const Bytes& expected,
                                       const Bytes& desired) {
-  auto r = request(
-      FrameWriter().u8(static_cast<uint8_t>(Op::kCompareSet)).str(key).blob(expected).blob(desired),
-      options_.op_timeout, false);
-  FrameReader reader(r.body.data(), r.body.size());
-  return reader.blob();
+  auto r =
+      send(Op::kCompareSet, CompareSetRequest{key, expected, desired}, options_.op_timeout, false);
+  return decode_reply<ValueReply>(r, static_cast<uint8_t>(Op::kCompareSet)).value;
 }
 
 bool TcpStoreClient::remove(const std::string& key) {
-  auto r = request(FrameWriter().u8(static_cast<uint8_t>(Op::kDelete)).str(key),
-                   options_.op_timeout, true);
+  auto r = send(Op::kDelete, KeyRequest{key}, options_.op_timeout, true);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     owned_.erase(key);
   }
-  FrameReader reader(r.body.data(), r.body.size());
-  return reader.u8() != 0;
+  return decode_reply<FlagReply>(r, static_cast<uint8_t>(Op::kDelete)).value;
 }
 
 bool TcpStoreClient::check(const std::vector<std::string>& keys) {
-  auto r = request(FrameWriter().u8(static_cast<uint8_t>(Op::kCheck)).keys(keys),
-                   options_.op_timeout, true);
-  FrameReader reader(r.body.data(), r.body.size());
-  return reader.u8() != 0;
+  auto r = send(Op::kCheck, KeysRequest{keys}, options_.op_timeout, true);
+  return decode_reply<FlagReply>(r, static_cast<uint8_t>(Op::kCheck)).value;
 }
 
 int64_t TcpStoreClient::num_keys() {
-  auto r = request(FrameWriter().u8(static_cast<uint8_t>(Op::kNumKeys)), options_.op_timeout, true);
-  FrameReader reader(r.body.data(), r.body.size());
-  return reader.i64();
+  auto r = send(Op::kNumKeys, NoFields{}, options_.op_timeout, true);
+  return decode_reply<CountReply>(r, static_cast<uint8_t>(Op::kNumKeys)).value;
 }
 
-void TcpStoreClient::ping() {
-  request(FrameWriter().u8(static_cast<uint8_t>(Op::kPing)), options_.op_timeout, true);
-}
+void TcpStoreClient::ping() { send(Op::kPing, NoFields{}, options_.op_timeout, true); }
 
 }  // namespace dnallm::coordinator

@@ -21,6 +21,7 @@
 
 #include "coordinator/protocol.hpp"
 #include "coordinator/store.hpp"
+#include "core/error.hpp"
 
 namespace dnallm::coordinator {
 
@@ -41,7 +42,6 @@ class TcpStoreClient final : public Store {
 
   void set(const std::string& key, const Bytes& value) override;
   void set_owned(const std::string& key, const Bytes& value) override;
-  Bytes get(const std::string& key, std::chrono::milliseconds timeout) override;
   std::optional<Bytes> try_get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
@@ -64,12 +64,30 @@ class TcpStoreClient final : public Store {
     std::vector<uint8_t> body;  // fields after the status byte
   };
   Response request(const FrameWriter& req, std::chrono::milliseconds timeout, bool idempotent);
+  // The fields of a reply to `op` as message M (decode_message); a malformed reply throws
+  // Error(kPeerFailed) naming the coordinator and the op.
+  template <class M>
+  M decode_reply(const Response& reply, uint8_t op) const {
+    try {
+      return decode_message<M>(reply.body);
+    } catch (const ProtocolError& e) {
+      fail(ExitCode::kPeerFailed, "coordinator {} sent a malformed '{}' reply: {}", address(),
+           op_name(op), e.what());
+    }
+  }
   const TcpStoreClientOptions& options() const { return options_; }
 
   struct Connection;
 
  private:
   void connect_locked(std::chrono::steady_clock::time_point deadline);
+  // One connection attempt: connects, says HELLO and re-sets the owned keys. Throws
+  // IoFailure (tcp_store_client.cpp) on a failure worth retrying.
+  std::unique_ptr<Connection> try_connect_locked(std::chrono::steady_clock::time_point deadline);
+  void restore_owned_locked(Connection& conn, std::chrono::steady_clock::time_point deadline);
+  // request() of a store op's message (coordinator/store_wire.hpp).
+  template <class Message>
+  Response send(Op op, const Message& message, std::chrono::milliseconds timeout, bool idempotent);
 
   TcpStoreClientOptions options_;
   std::mutex mutex_;                    // serialises requests
