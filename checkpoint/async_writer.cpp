@@ -113,12 +113,7 @@ void AsyncWriter::run() {
       result.stall_s = job->stall_s;
       if (r.ready) r.ready();
       result.shard = write_shard(r.root / step_dir_name(r.step), r.rank, r.slices, r.codec);
-      if (r.commit) {
-        CommitInfo info = *r.commit;
-        info.step = r.step;
-        commit_step(r.root, info, {result.shard});
-        result.committed = true;
-      }
+      if (r.on_durable) r.on_durable(result.shard);
       result.write_s = seconds_since(t0);
     } catch (const std::exception& e) {
       spdlog::error("checkpoint of step {} failed: {}", job->request.step, e.what());

@@ -1,5 +1,7 @@
 // Background checkpoint writing: the training thread only copies its state into
-// writer-owned host buffers; compression, writes and fsyncs run on the writer's thread.
+// writer-owned host buffers; compression, writes, fsyncs and what follows the durable shard
+// (SaveRequest::on_durable: the commit, checkpoint/commit.hpp) run on the writer's thread,
+// one thread for every save.
 //
 // Note [One checkpoint in flight]: save() first waits for the previous save to finish,
 // so memory is bounded by one snapshot. The time the caller spends in save() (waiting
@@ -29,9 +31,9 @@ struct SaveRequest {
   int rank = 0;
   std::vector<TensorSlice> slices;  // copied by save(); the caller may reuse its memory
   CodecOptions codec;
-  // Set by a single process (world size 1): the writer commits right after the shard is
-  // durable. Multi-rank jobs leave it empty and send SaveResult::shard to the committer.
-  std::optional<CommitInfo> commit;
+  // Runs on the writer thread once the shard is durable, with its descriptor (e.g.
+  // commit_shard); what it throws is the save's error. Optional.
+  std::function<void(const ShardDescriptor&)> on_durable;
   // Zero-copy hand-over (Note [Snapshot on a side stream] in worker/train/checkpointing.hpp):
   // when `borrowed` is set, save() does NOT copy the slices; the job keeps `borrowed` (the
   // owner of the memory they point into) alive until the write is done, and the writer
@@ -43,9 +45,8 @@ struct SaveRequest {
 struct SaveResult {
   int64_t step = 0;
   ShardDescriptor shard;
-  bool committed = false;
   double stall_s = 0;  // time the caller was blocked in save()
-  double write_s = 0;  // compression + write + fsync (+ commit) on the writer thread
+  double write_s = 0;  // compression + write + fsync + on_durable on the writer thread
 };
 
 class AsyncWriter {

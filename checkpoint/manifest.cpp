@@ -257,13 +257,4 @@ bool is_step_dir(const fs::path& path) {
          parse_step_dir_name(norm.filename().string()).has_value();
 }
 
-ShardDescriptor save_single(const fs::path& root, const CommitInfo& info,
-                            const std::vector<TensorSlice>& slices, const CodecOptions& codec) {
-  DNALLM_CHECK(info.world_size == 1, ExitCode::kUsage, "save_single is for world size 1, got {}",
-               info.world_size);
-  ShardDescriptor d = write_shard(root / step_dir_name(info.step), 0, slices, codec);
-  commit_step(root, info, {d});
-  return d;
-}
-
 }  // namespace dnallm::checkpoint

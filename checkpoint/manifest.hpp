@@ -3,7 +3,8 @@
 // Commit protocol (one checkpoint of step S under root R):
 //   1. Every rank writes R/step_S/shard_<rank>.dnc with write_shard(): temporary name,
 //      fsync, rename, fsync of the directory. It returns a ShardDescriptor.
-//   2. The descriptors reach the committer (rank 0, later the coordinator).
+//   2. The descriptors reach the committer (checkpoint/commit.hpp: commit_shard() through a
+//      CommitChannel; rank 0 receives them all).
 //   3. commit_step() checks that there is one descriptor per rank and that each file
 //      exists with the recorded size, then writes R/step_S/manifest.json (temporary,
 //      fsync, rename, fsync dir). From this moment the step is committed.
@@ -81,9 +82,5 @@ std::optional<std::filesystem::path> latest_step_dir(const std::filesystem::path
 
 // True when `path` is a step directory (has a manifest or a step_* name) rather than a root.
 bool is_step_dir(const std::filesystem::path& path);
-
-// Convenience for a single process: write_shard(rank 0) + commit_step(world size 1).
-ShardDescriptor save_single(const std::filesystem::path& root, const CommitInfo& info,
-                            const std::vector<TensorSlice>& slices, const CodecOptions& codec);
 
 }  // namespace dnallm::checkpoint

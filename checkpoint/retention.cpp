@@ -30,20 +30,6 @@ std::vector<int64_t> steps_to_delete(std::vector<int64_t> committed, const Reten
   return out;
 }
 
-std::vector<fs::path> apply_retention(const fs::path& root, const RetentionPolicy& p,
-                                      std::optional<int64_t> protected_step) {
-  auto committed = list_committed(root);
-  std::vector<int64_t> steps;
-  for (const auto& c : committed) steps.push_back(c.first);
-  std::optional<int64_t> latest;
-  if (auto dir = latest_step_dir(root)) latest = parse_step_dir_name(dir->filename().string());
-  std::vector<fs::path> removed;
-  for (int64_t s : steps_to_delete(steps, p, protected_step, latest)) {
-    if (remove_checkpoint(root, s)) removed.push_back(root / step_dir_name(s));
-  }
-  return removed;
-}
-
 bool remove_checkpoint(const fs::path& root, int64_t step) {
   const fs::path dir = root / step_dir_name(step);
   std::error_code ec;

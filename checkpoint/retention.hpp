@@ -1,4 +1,5 @@
-// Which committed checkpoints to delete. The policy is a pure function; the action
+// Which committed checkpoints to delete. The policy is a pure function, called only by the
+// CommitRegistry (checkpoint/commit.hpp: the one place retention is decided); the action
 // removes directories under a root.
 #pragma once
 
@@ -23,13 +24,5 @@ std::vector<int64_t> steps_to_delete(std::vector<int64_t> committed, const Reten
 // Deletes the checkpoint of `step` under `root` the crash-safe way (manifest first, directory
 // fsync'ed, then the directory). Returns false (with a warning) when it cannot be uncommitted.
 bool remove_checkpoint(const std::filesystem::path& root, int64_t step);
-
-// Applies the policy to the committed checkpoints under `root`. A directory is
-// uncommitted first (its manifest removed, directory fsync'ed) so that a crash halfway
-// never leaves a damaged "committed" checkpoint. Returns the removed directories.
-// Called by the committer after commit_step(), never concurrently with itself.
-std::vector<std::filesystem::path> apply_retention(const std::filesystem::path& root,
-                                                   const RetentionPolicy& p,
-                                                   std::optional<int64_t> protected_step);
 
 }  // namespace dnallm::checkpoint

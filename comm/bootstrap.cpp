@@ -9,6 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "coordinator/commit_registry.hpp"
 #include "coordinator/net.hpp"
 #include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
@@ -80,6 +81,40 @@ ProcessGroup::~ProcessGroup() {
   }
 }
 
+namespace {
+
+// Rank 0's store server at MASTER_PORT, started. It also serves the checkpoint commit ops
+// (coordinator/commit_registry.hpp): static multi-rank runs commit through it.
+std::unique_ptr<coordinator::StoreServer> host_store(const ProcessGroupOptions& options) {
+  coordinator::StoreServerOptions so;
+  so.port = static_cast<uint16_t>(options.master_port);
+  so.token = options.token;
+  // Note [Store bind address]
+  std::string warning;
+  const char* env_bind = std::getenv("DNALLM_STORE_BIND");
+  so.host = !options.store_bind.empty() ? options.store_bind
+                                        : store_bind_address(options.master_addr,
+                                                             is_loopback_name(options.master_addr)
+                                                                 ? std::string()
+                                                                 : first_ipv4(options.master_addr),
+                                                             env_bind ? env_bind : "", &warning);
+  if (!warning.empty()) spdlog::warn("{}", warning);
+  auto server = std::make_unique<coordinator::StoreServer>(so);
+  coordinator::register_commit_ops(*server);
+  try {
+    server->start();
+  } catch (const Error& e) {
+    fail(ExitCode::kUsage,
+         "rank 0 cannot host the store on {}:{} for MASTER_ADDR {}: {} (MASTER_ADDR must "
+         "name rank 0's host; DNALLM_STORE_BIND chooses another of its addresses)",
+         so.host, so.port, options.master_addr, e.what());
+  }
+  spdlog::debug("store listening on {}:{}", so.host, so.port);
+  return server;
+}
+
+}  // namespace
+
 ProcessGroup connect_process_group(const ProcessGroupOptions& options) {
   ProcessGroup group;
   CommOptions co;
@@ -93,32 +128,7 @@ ProcessGroup connect_process_group(const ProcessGroupOptions& options) {
   if (!options.master_addr.empty()) {
     DNALLM_CHECK(options.master_port > 0 && options.master_port < 65536, ExitCode::kUsage,
                  "MASTER_PORT {} is not a valid port", options.master_port);
-    if (options.rank == 0 && options.rank0_hosts_store) {
-      coordinator::StoreServerOptions so;
-      so.port = static_cast<uint16_t>(options.master_port);
-      so.token = options.token;
-      // Note [Store bind address]
-      std::string warning;
-      const char* env_bind = std::getenv("DNALLM_STORE_BIND");
-      so.host = !options.store_bind.empty()
-                    ? options.store_bind
-                    : store_bind_address(options.master_addr,
-                                         is_loopback_name(options.master_addr)
-                                             ? std::string()
-                                             : first_ipv4(options.master_addr),
-                                         env_bind ? env_bind : "", &warning);
-      if (!warning.empty()) spdlog::warn("{}", warning);
-      group.server = std::make_unique<coordinator::StoreServer>(so);
-      try {
-        group.server->start();
-      } catch (const Error& e) {
-        fail(ExitCode::kUsage,
-             "rank 0 cannot host the store on {}:{} for MASTER_ADDR {}: {} (MASTER_ADDR must "
-             "name rank 0's host; DNALLM_STORE_BIND chooses another of its addresses)",
-             so.host, so.port, options.master_addr, e.what());
-      }
-      spdlog::debug("store listening on {}:{}", so.host, so.port);
-    }
+    if (options.rank == 0 && options.rank0_hosts_store) group.server = host_store(options);
     coordinator::TcpStoreClientOptions to;
     to.host = options.master_addr;
     to.port = static_cast<uint16_t>(options.master_port);

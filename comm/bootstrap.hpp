@@ -33,7 +33,9 @@ struct ProcessGroupOptions {
 
 // Holds what keeps the group alive; destroy the communicator before the store.
 struct ProcessGroup {
-  std::unique_ptr<coordinator::StoreServer> server;  // rank 0 only, when it hosts the store
+  // Rank 0 only, when it hosts the store; it also serves the checkpoint commit ops
+  // (coordinator::register_commit_ops).
+  std::unique_ptr<coordinator::StoreServer> server;
   std::shared_ptr<coordinator::Store> store;
   std::unique_ptr<Communicator> comm;
   ~ProcessGroup();

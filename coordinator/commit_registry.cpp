@@ -1,58 +1,49 @@
 #include "coordinator/commit_registry.hpp"
 
-#include "checkpoint/retention.hpp"
+#include <spdlog/spdlog.h>
+
 #include "core/error.hpp"
 
 namespace dnallm::coordinator {
 
-std::optional<std::vector<std::string>> CommitRegistry::shard_durable(const ShardReport& r) {
-  DNALLM_CHECK(!r.root.empty(), ExitCode::kUsage, "shard report without a checkpoint root");
-  DNALLM_CHECK(r.world_size >= 1 && r.world_size <= kMaxCheckpointRanks, ExitCode::kUsage,
-               "shard report of step {}: world size {} out of range 1..{}", r.step, r.world_size,
-               kMaxCheckpointRanks);
-  DNALLM_CHECK(r.rank >= 0 && r.rank < r.world_size, ExitCode::kUsage,
-               "shard report of step {}: rank {} outside world size {}", r.step, r.rank,
-               r.world_size);
-  DNALLM_CHECK(r.step >= 0, ExitCode::kUsage, "shard report of negative step {}", r.step);
-  Root& root = roots_[r.root];
-  PendingStep& pending = root.pending[r.step];
-  DNALLM_CHECK(r.generation >= pending.generation, ExitCode::kUsage,
-               "shard report of step {} from generation {}, which generation {} replaced", r.step,
-               r.generation, pending.generation);
-  if (r.generation > pending.generation) pending = PendingStep{r.generation, 0, {}};
-  if (pending.descriptors.empty()) pending.world_size = r.world_size;
-  DNALLM_CHECK(pending.world_size == r.world_size, ExitCode::kUsage,
-               "shard report of step {} under {}: rank {} says world size {}, earlier ranks {}",
-               r.step, r.root, r.rank, r.world_size, pending.world_size);
-  pending.descriptors[r.rank] = r.descriptor;
-  if (static_cast<int64_t>(pending.descriptors.size()) < pending.world_size) return std::nullopt;
-  std::vector<std::string> out;
-  for (const auto& [rank, d] : pending.descriptors) out.push_back(d);
-  return out;
+using checkpoint::CommittedReport;
+using checkpoint::kMaxCheckpointRanks;
+using checkpoint::ShardReport;
+
+void register_commit_ops(StoreServer& server) {
+  // Handlers run on the server's io thread only: the registry needs no lock.
+  auto registry = std::make_shared<checkpoint::CommitRegistry>();
+  server.register_handler(static_cast<uint8_t>(Op::kCkptShardDurable),
+                          [registry](FrameReader& args, Responder reply) {
+                            const auto all = registry->shard_durable(decode_shard_durable(args));
+                            FrameWriter w;
+                            w.u8(all ? 1 : 0).keys(all ? *all : std::vector<std::string>{});
+                            reply.send(Status::kOk, w);
+                          });
+  server.register_handler(
+      static_cast<uint8_t>(Op::kCkptCommitted), [registry](FrameReader& args, Responder reply) {
+        const CommittedReport report = decode_committed(args);
+        const std::vector<int64_t> doomed = registry->committed(report);
+        spdlog::info("commit registry: step {} committed under {}; retention deletes {} step(s){}",
+                     report.step, report.root, doomed.size(),
+                     doomed.empty() ? "" : fmt::format(" (oldest {})", doomed.front()));
+        FrameWriter w;
+        w.u32(static_cast<uint32_t>(doomed.size()));
+        for (int64_t s : doomed) w.i64(s);
+        reply.send(Status::kOk, w);
+      });
 }
 
-std::vector<int64_t> CommitRegistry::committed(const CommittedReport& r) {
-  DNALLM_CHECK(!r.root.empty() && r.step >= 0, ExitCode::kUsage,
-               "commit report without a root or with a negative step");
-  Root& root = roots_[r.root];
-  root.committed.insert(r.step);
-  root.committed.insert(r.on_disk.begin(), r.on_disk.end());
-  // Shards of this step and older ones are settled (committed, or never will be).
-  root.pending.erase(root.pending.begin(), root.pending.upper_bound(r.step));
-  checkpoint::RetentionPolicy policy{static_cast<int>(r.keep_last), r.keep_every};
-  auto opt = [](int64_t s) { return s >= 0 ? std::optional<int64_t>(s) : std::nullopt; };
-  std::vector<int64_t> steps(root.committed.begin(), root.committed.end());
-  auto doomed =
-      checkpoint::steps_to_delete(steps, policy, opt(r.protected_step), opt(r.latest_step));
-  for (int64_t s : doomed) root.committed.erase(s);
-  return doomed;
+std::shared_ptr<checkpoint::CommitChannel> commit_channel_for(const std::shared_ptr<Store>& store,
+                                                              int64_t generation) {
+  auto tcp = std::dynamic_pointer_cast<TcpStoreClient>(store);
+  if (!tcp) return nullptr;
+  return std::make_shared<CommitClient>(std::move(tcp), generation);
 }
 
-std::vector<int64_t> CommitRegistry::committed_steps(const std::string& root) const {
-  auto it = roots_.find(root);
-  if (it == roots_.end()) return {};
-  return {it->second.committed.begin(), it->second.committed.end()};
-}
+// The same words as before the channels existed: logs and scripts look for
+// "retention (decided by the coordinator)".
+std::string CommitClient::describe() const { return "the coordinator"; }
 
 namespace {
 
@@ -66,9 +57,10 @@ FrameReader checked_reply(TcpStoreClient& store, const FrameWriter& req,
 
 }  // namespace
 
-std::optional<std::vector<std::string>> CommitClient::shard_durable(ShardReport report) {
-  report.generation = generation_;
-  const FrameWriter req = encode_shard_durable(report);
+std::optional<std::vector<std::string>> CommitClient::shard_durable(const ShardReport& report) {
+  ShardReport stamped = report;
+  stamped.generation = generation_;
+  const FrameWriter req = encode_shard_durable(stamped);
   const auto r = store_.request(req, store_.options().op_timeout, /*idempotent=*/true);
   try {
     FrameReader reader = checked_reply(store_, req, r);

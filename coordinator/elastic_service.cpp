@@ -64,35 +64,8 @@ ElasticService::ElasticService(StoreServer& server, ElasticServiceOptions option
   serve(Op::kElasticReportSuccess, decode_report_success, &ElasticService::on_report_success);
   serve(Op::kElasticState, decode_state, &ElasticService::on_state);
 
-  // Checkpoint commit (coordinator/commit_registry.hpp, steps 1-4).
-  server.register_handler(static_cast<uint8_t>(Op::kCkptShardDurable),
-                          [this](FrameReader& args, Responder reply) {
-                            const ShardReport report = decode_shard_durable(args);
-                            std::optional<std::vector<std::string>> all;
-                            {
-                              std::lock_guard<std::mutex> lock(mutex_);
-                              all = commits_.shard_durable(report);
-                            }
-                            FrameWriter w;
-                            w.u8(all ? 1 : 0).keys(all ? *all : std::vector<std::string>{});
-                            reply.send(Status::kOk, w);
-                          });
-  server.register_handler(
-      static_cast<uint8_t>(Op::kCkptCommitted), [this](FrameReader& args, Responder reply) {
-        const CommittedReport report = decode_committed(args);
-        std::vector<int64_t> doomed;
-        {
-          std::lock_guard<std::mutex> lock(mutex_);
-          doomed = commits_.committed(report);
-        }
-        spdlog::info("commit registry: step {} committed under {}; retention deletes {} step(s){}",
-                     report.step, report.root, doomed.size(),
-                     doomed.empty() ? "" : fmt::format(" (oldest {})", doomed.front()));
-        FrameWriter w;
-        w.u32(static_cast<uint32_t>(doomed.size()));
-        for (int64_t s : doomed) w.i64(s);
-        reply.send(Status::kOk, w);
-      });
+  // Checkpoint commit (coordinator/commit_registry.hpp, ops 37-38).
+  register_commit_ops(server);
 }
 
 // Steps a and c of elastic_state.hpp.
@@ -217,10 +190,7 @@ void ElasticService::apply_locked(const std::vector<ElasticEvent>& events) {
 void ElasticService::erase_old_generations_locked(int64_t current) {
   if (current <= erased_below_) return;
   std::vector<std::string> prefixes;
-  for (int64_t g = erased_below_; g < current; ++g) {
-    prefixes.push_back(fmt::format("comm/g{}/", g));
-    prefixes.push_back(fmt::format("ckpt/g{}/", g));
-  }
+  for (int64_t g = erased_below_; g < current; ++g) prefixes.push_back(fmt::format("comm/g{}/", g));
   spdlog::info("elastic: generation {} started; deleting the store keys of generations {}..{}",
                current, erased_below_, current - 1);
   erased_below_ = current;

@@ -74,9 +74,9 @@ class ElasticService {
   // Note [Keys of old generations]: when generation N's round closes, every member has
   // stopped the workers of older generations (and a dead node's workers died with their
   // agent), so the store keys those workers named after their generation can go:
-  // "comm/g<k>/" (communicator bootstrap and liveness) and "ckpt/g<k>/" (checkpoint shard
-  // descriptors) for every k < N. Without this a long elastic job leaks a communicator's
-  // worth of keys per restart.
+  // "comm/g<k>/" (communicator bootstrap and liveness) for every k < N. Without this a long
+  // elastic job leaks a communicator's worth of keys per restart. (Checkpoint shards go to the
+  // commit registry, ops 37-38, not to store keys.)
   void erase_old_generations_locked(int64_t current);
 
   StoreServer& server_;
@@ -85,7 +85,6 @@ class ElasticService {
   std::mutex mutex_;
   std::condition_variable changed_;                         // state or stop_ changed
   ElasticState state_;                                      // guarded by mutex_
-  CommitRegistry commits_;                                  // guarded by mutex_
   std::string round_reason_;                                // guarded by mutex_
   std::map<std::string, SteadyClock::time_point> contact_;  // guarded by mutex_
   std::set<std::string> told_outcome_;                      // guarded by mutex_

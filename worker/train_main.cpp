@@ -20,8 +20,8 @@
 #include "checkpoint/dir_lock.hpp"
 #include "cluster/topology.hpp"
 #include "comm/bootstrap.hpp"
+#include "coordinator/commit_registry.hpp"
 #include "coordinator/store.hpp"
-#include "coordinator/tcp_store_client.hpp"
 #include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -242,15 +242,10 @@ int main(int argc, char** argv) {
       models::export_hf_directory(model, *tokenizer, dir + "/hf");
     };
     train::CheckpointerOptions ckpt_options;
-    ckpt_options.store = group.store;
-    // An elastic agent's coordinator keeps the commit registry (coordinator/commit_registry.hpp):
-    // shards are reported to it and it alone decides retention.
-    if (env.count("DNALLM_EXTERNAL_COORDINATOR") > 0) {
-      if (auto tcp = std::dynamic_pointer_cast<coordinator::TcpStoreClient>(group.store)) {
-        ckpt_options.commit = std::make_shared<coordinator::CommitClient>(*tcp, generation);
-      }
-    }
-    if (!generation_name.empty()) ckpt_options.store_prefix = "ckpt/g" + generation_name;
+    // The store's server (the coordinator, or rank 0's store) keeps the commit registry
+    // (coordinator/commit_registry.hpp): shards are reported to it and it alone decides
+    // retention. Without a TCP store a single process commits in process.
+    ckpt_options.commit = coordinator::commit_channel_for(group.store, generation);
     ckpt_options.sampler_state = [loader] { return loader->state().to_json(); };
     ckpt_options.tokenizer = tokenizer_json;
     ckpt_options.commit_timeout =

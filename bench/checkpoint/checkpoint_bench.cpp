@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/codec.hpp"
+#include "checkpoint/commit.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/reader.hpp"
 #include "checkpoint/shard_file.hpp"
@@ -143,157 +144,194 @@ uint64_t compressed_bytes(const std::vector<const Tensor*>& tensors, const ck::C
   return total;
 }
 
+struct Args {
+  int hidden = 512, layers = 4, iters = 3;
+  std::string dir = "/tmp/dnallm_bench_ckpt", python = "/usr/bin/python3";
+  std::string peer = DNALLM_BENCH_PEER;
+};
+
+// The state's tensors by dtype.
+struct ByDtype {
+  std::vector<const Tensor*> fp32, bf16;
+  uint64_t fp32_bytes = 0, bf16_bytes = 0;
+};
+
+ByDtype split_by_dtype(const std::vector<Tensor>& state) {
+  ByDtype out;
+  for (const auto& t : state) {
+    const bool fp32 = t.spec.dtype == DType::kFloat32;
+    (fp32 ? out.fp32 : out.bf16).push_back(&t);
+    (fp32 ? out.fp32_bytes : out.bf16_bytes) += t.bytes.size();
+  }
+  return out;
+}
+
+// Compression ratio: byte grouping + zstd vs plain zstd, per dtype and level, then per kind
+// of fp32 tensor (weights, exp_avg, exp_avg_sq) at level 3.
+void print_compression(const ByDtype& s) {
+  std::printf("\n%-28s %6s %10s %10s %8s\n", "data", "level", "grouped", "plain", "gain");
+  for (int level : {1, 3}) {
+    for (const auto* set : {&s.fp32, &s.bf16}) {
+      const uint64_t raw = set == &s.fp32 ? s.fp32_bytes : s.bf16_bytes;
+      ck::CodecOptions g;
+      g.level = level;
+      ck::CodecOptions p = g;
+      p.byte_grouping = false;
+      const double rg = double(raw) / compressed_bytes(*set, g);
+      const double rp = double(raw) / compressed_bytes(*set, p);
+      std::printf("%-28s %6d %9.3fx %9.3fx %7.3fx\n",
+                  set == &s.fp32 ? "fp32 weights+Adam m,v" : "bf16 weights", level, rg, rp,
+                  rg / rp);
+    }
+  }
+  std::vector<std::pair<std::string, std::vector<const Tensor*>>> sets = {
+      {"fp32 weights", {}}, {"fp32 exp_avg", {}}, {"fp32 exp_avg_sq", {}}};
+  for (const Tensor* t : s.fp32) {
+    const auto& n = t->spec.name;
+    int k = n.size() > 11 && n.compare(n.size() - 11, 11, ".exp_avg_sq") == 0 ? 2
+            : n.size() > 8 && n.compare(n.size() - 8, 8, ".exp_avg") == 0     ? 1
+                                                                              : 0;
+    sets[k].second.push_back(t);
+  }
+  for (const auto& [name, set] : sets) {
+    uint64_t raw = 0;
+    for (const Tensor* t : set) raw += t->bytes.size();
+    ck::CodecOptions g, p;
+    p.byte_grouping = false;
+    std::printf("%-28s %6d %9.3fx %9.3fx\n", name.c_str(), 3,
+                double(raw) / compressed_bytes(set, g), double(raw) / compressed_bytes(set, p));
+  }
+}
+
+struct SaveLoad {
+  double save_s = 0, load_s = 0;
+  uint64_t file_bytes = 0;
+};
+
+// One save (write and commit through the one commit path, checkpoint/commit.hpp) and one
+// verified load of `tensors` under `root`.
+SaveLoad save_and_load(const fs::path& root, const std::vector<const Tensor*>& tensors,
+                       const ck::CodecOptions& opts) {
+  std::vector<ck::TensorSlice> slices;
+  for (const Tensor* t : tensors) slices.push_back({t->spec, 0, t->spec.numel(), t->bytes.data()});
+  fs::remove_all(root);
+  SaveLoad out;
+  double t0 = now_s();
+  out.file_bytes = ck::save_single(root, {1000, 1, 0, {{"step", 1000}}}, slices, opts).bytes;
+  out.save_s = now_s() - t0;
+  t0 = now_s();
+  auto r = ck::CheckpointReader::open(root);
+  std::vector<uint8_t> buf;
+  uint64_t mismatches = 0;
+  for (const Tensor* t : tensors) {
+    buf.resize(t->bytes.size());
+    r.read_range(t->spec.name, 0, t->spec.numel(), buf.data());
+    mismatches += buf != t->bytes;
+  }
+  out.load_s = now_s() - t0;
+  if (mismatches) dnallm::fail(dnallm::ExitCode::kFailure, "{} tensors differ", mismatches);
+  return out;
+}
+
+struct Throughput {
+  double save_mb_s = 0, load_mb_s = 0;
+};
+
+// Save/load MB/s of the fp32 training state per codec (medians after one warm-up); returns
+// zstd:1's.
+Throughput print_our_throughput(const Args& a, const ByDtype& s) {
+  std::printf("\n%-22s %10s %10s %10s %10s %8s\n", "writer", "MB", "save_MB/s", "load_MB/s",
+              "file_MB", "ratio");
+  Throughput zstd1;
+  for (const char* codec : {"none", "zstd:1", "zstd:3"}) {
+    std::vector<double> saves, loads;
+    uint64_t file_bytes = 0;
+    for (int it = 0; it <= a.iters; ++it) {
+      const auto r = save_and_load(fs::path(a.dir) / codec, s.fp32, ck::parse_codec(codec));
+      file_bytes = r.file_bytes;
+      if (it > 0) {  // the first iteration warms up
+        saves.push_back(r.save_s);
+        loads.push_back(r.load_s);
+      }
+    }
+    const double mb = s.fp32_bytes / 1e6;
+    const Throughput t{mb / median(saves), mb / median(loads)};
+    std::printf("%-22s %10.1f %10.1f %10.1f %10.1f %7.3fx\n",
+                (std::string("dnallm ") + codec).c_str(), mb, t.save_mb_s, t.load_mb_s,
+                file_bytes / 1e6, double(s.fp32_bytes) / file_bytes);
+    if (std::string(codec) == "zstd:1") zstd1 = t;
+  }
+  return zstd1;
+}
+
+// The same bytes for torch: one raw file and its layout.
+void write_peer_input(const std::vector<const Tensor*>& fp32, const fs::path& data,
+                      const fs::path& layout) {
+  nlohmann::json jl = nlohmann::json::array();
+  std::ofstream out(data, std::ios::binary);
+  uint64_t off = 0;
+  for (const Tensor* t : fp32) {
+    out.write(reinterpret_cast<const char*>(t->bytes.data()),
+              static_cast<std::streamsize>(t->bytes.size()));
+    jl.push_back(
+        {{"name", t->spec.name}, {"dtype", "fp32"}, {"numel", t->spec.numel()}, {"offset", off}});
+    off += t->bytes.size();
+  }
+  std::ofstream(layout) << jl.dump();
+}
+
+// torch.save/torch.load of the same state (bench/checkpoint/torch_peer.py), and our ratio.
+void print_torch_peer(const Args& a, const ByDtype& s, const Throughput& ours) {
+  const fs::path data = fs::path(a.dir) / "state.bin", layout = fs::path(a.dir) / "layout.json";
+  write_peer_input(s.fp32, data, layout);
+  const std::string cmd = a.python + " " + a.peer + " " + layout.string() + " " + data.string() +
+                          " " + (fs::path(a.dir) / "torch.pt").string() + " " +
+                          std::to_string(a.iters + 1);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while (p && (n = std::fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
+  const int rc = p ? ::pclose(p) : -1;
+  if (rc != 0 || text.empty()) {
+    std::printf("torch peer failed (rc %d): %s\n", rc, text.c_str());
+    return;
+  }
+  auto j = nlohmann::json::parse(text);
+  const double mb = j["bytes"].get<double>() / 1e6;
+  const double ts = mb / j["save_s"].get<double>(), tl = mb / j["load_s"].get<double>();
+  std::printf("%-22s %10.1f %10.1f %10.1f %10.1f %7.3fx\n", "torch.save/load", mb, ts, tl,
+              j["file_bytes"].get<double>() / 1e6, mb * 1e6 / j["file_bytes"].get<double>());
+  std::printf("\n# dnallm zstd:1 vs torch: save %.2fx, load %.2fx\n", ours.save_mb_s / ts,
+              ours.load_mb_s / tl);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   dnallm::init_logging("bench-ckpt", "warn");
   CLI::App app{"dnallm-bench-ckpt: checkpoint save/load vs torch.save/torch.load"};
-  int hidden = 512, layers = 4, iters = 3;
-  std::string dir = "/tmp/dnallm_bench_ckpt", python = "/usr/bin/python3";
-  std::string peer = DNALLM_BENCH_PEER;
-  app.add_option("--hidden", hidden, "model width");
-  app.add_option("--layers", layers, "layers (12.6 * hidden^2 fp32 elements each, x3 for Adam)");
-  app.add_option("--iters", iters, "timed iterations after one warm-up");
-  app.add_option("--dir", dir, "scratch directory");
-  app.add_option("--python", python, "python with torch for the peer ('' skips it)");
+  Args a;
+  app.add_option("--hidden", a.hidden, "model width");
+  app.add_option("--layers", a.layers, "layers (12.6 * hidden^2 fp32 elements each, x3 for Adam)");
+  app.add_option("--iters", a.iters, "timed iterations after one warm-up");
+  app.add_option("--dir", a.dir, "scratch directory");
+  app.add_option("--python", a.python, "python with torch for the peer ('' skips it)");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    std::printf("# generating state: hidden=%d layers=%d\n", hidden, layers);
+    std::printf("# generating state: hidden=%d layers=%d\n", a.hidden, a.layers);
     std::fflush(stdout);
-    auto state = generate_state(hidden, layers, 1234, true);
-    std::vector<const Tensor*> fp32, bf16;
-    uint64_t fp32_bytes = 0, bf16_bytes = 0;
-    for (const auto& t : state) {
-      if (t.spec.dtype == DType::kFloat32) {
-        fp32.push_back(&t);
-        fp32_bytes += t.bytes.size();
-      } else {
-        bf16.push_back(&t);
-        bf16_bytes += t.bytes.size();
-      }
-    }
+    const auto state = generate_state(a.hidden, a.layers, 1234, true);
+    const ByDtype s = split_by_dtype(state);
     std::printf("# fp32 master weights + exp_avg + exp_avg_sq: %.1f MB; bf16 weights: %.1f MB\n",
-                fp32_bytes / 1e6, bf16_bytes / 1e6);
-
-    // --- Compression ratio: byte grouping + zstd vs plain zstd, per dtype. ---
-    std::printf("\n%-28s %6s %10s %10s %8s\n", "data", "level", "grouped", "plain", "gain");
-    for (int level : {1, 3}) {
-      for (auto* set : {&fp32, &bf16}) {
-        const uint64_t raw = set == &fp32 ? fp32_bytes : bf16_bytes;
-        ck::CodecOptions g;
-        g.level = level;
-        ck::CodecOptions p = g;
-        p.byte_grouping = false;
-        const double rg = double(raw) / compressed_bytes(*set, g);
-        const double rp = double(raw) / compressed_bytes(*set, p);
-        std::printf("%-28s %6d %9.3fx %9.3fx %7.3fx\n",
-                    set == &fp32 ? "fp32 weights+Adam m,v" : "bf16 weights", level, rg, rp,
-                    rg / rp);
-      }
-    }
-    std::vector<std::pair<std::string, std::vector<const Tensor*>>> sets = {
-        {"fp32 weights", {}}, {"fp32 exp_avg", {}}, {"fp32 exp_avg_sq", {}}};
-    for (const Tensor* t : fp32) {
-      const auto& n = t->spec.name;
-      int k = n.size() > 11 && n.compare(n.size() - 11, 11, ".exp_avg_sq") == 0 ? 2
-              : n.size() > 8 && n.compare(n.size() - 8, 8, ".exp_avg") == 0     ? 1
-                                                                                : 0;
-      sets[k].second.push_back(t);
-    }
-    for (const auto& [name, set] : sets) {
-      uint64_t raw = 0;
-      for (const Tensor* t : set) raw += t->bytes.size();
-      ck::CodecOptions g, p;
-      p.byte_grouping = false;
-      std::printf("%-28s %6d %9.3fx %9.3fx\n", name.c_str(), 3,
-                  double(raw) / compressed_bytes(set, g), double(raw) / compressed_bytes(set, p));
-    }
-
-    // --- Save / load throughput of the fp32 training state vs torch. ---
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    std::vector<ck::TensorSlice> slices;
-    for (const Tensor* t : fp32) slices.push_back({t->spec, 0, t->spec.numel(), t->bytes.data()});
-    std::printf("\n%-22s %10s %10s %10s %10s %8s\n", "writer", "MB", "save_MB/s", "load_MB/s",
-                "file_MB", "ratio");
-    double our_save_zstd1 = 0, our_load_zstd1 = 0;
-    for (const char* codec : {"none", "zstd:1", "zstd:3"}) {
-      const auto opts = ck::parse_codec(codec);
-      std::vector<double> saves, loads;
-      uint64_t file_bytes = 0;
-      for (int it = 0; it <= iters; ++it) {
-        const fs::path root = fs::path(dir) / codec;
-        fs::remove_all(root);
-        double t0 = now_s();
-        auto d = ck::save_single(root, {1000, 1, 0, {{"step", 1000}}}, slices, opts);
-        const double ts = now_s() - t0;
-        file_bytes = d.bytes;
-        t0 = now_s();
-        auto r = ck::CheckpointReader::open(root);
-        std::vector<uint8_t> buf;
-        uint64_t mismatches = 0;
-        for (const Tensor* t : fp32) {
-          buf.resize(t->bytes.size());
-          r.read_range(t->spec.name, 0, t->spec.numel(), buf.data());
-          mismatches += buf != t->bytes;
-        }
-        const double tl = now_s() - t0;
-        if (mismatches) dnallm::fail(dnallm::ExitCode::kFailure, "{} tensors differ", mismatches);
-        if (it > 0) {  // the first iteration warms up
-          saves.push_back(ts);
-          loads.push_back(tl);
-        }
-      }
-      const double mb = fp32_bytes / 1e6;
-      std::printf("%-22s %10.1f %10.1f %10.1f %10.1f %7.3fx\n",
-                  (std::string("dnallm ") + codec).c_str(), mb, mb / median(saves),
-                  mb / median(loads), file_bytes / 1e6, double(fp32_bytes) / file_bytes);
-      if (std::string(codec) == "zstd:1") {
-        our_save_zstd1 = mb / median(saves);
-        our_load_zstd1 = mb / median(loads);
-      }
-    }
-    if (!python.empty()) {
-      // The same bytes for torch: one raw file and its layout.
-      const fs::path data = fs::path(dir) / "state.bin", layout = fs::path(dir) / "layout.json";
-      nlohmann::json jl = nlohmann::json::array();
-      {
-        std::ofstream out(data, std::ios::binary);
-        uint64_t off = 0;
-        for (const Tensor* t : fp32) {
-          out.write(reinterpret_cast<const char*>(t->bytes.data()),
-                    static_cast<std::streamsize>(t->bytes.size()));
-          jl.push_back({{"name", t->spec.name},
-                        {"dtype", "fp32"},
-                        {"numel", t->spec.numel()},
-                        {"offset", off}});
-          off += t->bytes.size();
-        }
-        std::ofstream(layout) << jl.dump();
-      }
-      const std::string cmd = python + " " + peer + " " + layout.string() + " " + data.string() +
-                              " " + (fs::path(dir) / "torch.pt").string() + " " +
-                              std::to_string(iters + 1);
-      FILE* p = ::popen(cmd.c_str(), "r");
-      std::string text;
-      char buf[4096];
-      size_t n;
-      while (p && (n = std::fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
-      const int rc = p ? ::pclose(p) : -1;
-      if (rc != 0 || text.empty()) {
-        std::printf("torch peer failed (rc %d): %s\n", rc, text.c_str());
-      } else {
-        auto j = nlohmann::json::parse(text);
-        const double mb = j["bytes"].get<double>() / 1e6;
-        const double ts = mb / j["save_s"].get<double>(), tl = mb / j["load_s"].get<double>();
-        std::printf("%-22s %10.1f %10.1f %10.1f %10.1f %7.3fx\n", "torch.save/load", mb, ts, tl,
-                    j["file_bytes"].get<double>() / 1e6, mb * 1e6 / j["file_bytes"].get<double>());
-        std::printf("\n# dnallm zstd:1 vs torch: save %.2fx, load %.2fx\n", our_save_zstd1 / ts,
-                    our_load_zstd1 / tl);
-      }
-    }
-    fs::remove_all(dir);
+                s.fp32_bytes / 1e6, s.bf16_bytes / 1e6);
+    print_compression(s);
+    fs::remove_all(a.dir);
+    fs::create_directories(a.dir);
+    const Throughput ours = print_our_throughput(a, s);
+    if (!a.python.empty()) print_torch_peer(a, s, ours);
+    fs::remove_all(a.dir);
   } catch (const dnallm::Error& e) {
     std::fprintf(stderr, "dnallm-bench-ckpt: %s\n", e.what());
     return e.exit_code();

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "checkpoint/commit.hpp"
+
 #include "checkpoint/reader.hpp"
 #include "core/error.hpp"
 #include "test_util.hpp"
@@ -19,7 +21,13 @@ SaveRequest request(const std::filesystem::path& root, int64_t step, std::vector
   r.step = step;
   r.slices = {{spec("w", DType::kFloat32, {static_cast<int64_t>(data.size() / 4)}), 0,
                data.size() / 4, data.data()}};
-  r.commit = CommitInfo{step, 1, 0, {{"step", step}}};
+  r.on_durable = [root, step](const ShardDescriptor& d) {
+    LocalCommitChannel channel;  // the one commit path, world size 1
+    ShardCommit commit;
+    commit.root = root;
+    commit.info = CommitInfo{step, 1, 0, {{"step", step}}};
+    commit_shard(channel, d, commit);
+  };
   return r;
 }
 
@@ -35,7 +43,7 @@ TEST(CheckpointAsyncWriterTest, SnapshotIsCopiedAndWaitFlushes) {
   auto result = writer.wait();
   ASSERT_TRUE(result);
   EXPECT_EQ(result->step, 10);
-  EXPECT_TRUE(result->committed);
+  EXPECT_EQ(list_committed(tmp.path()).size(), 1u);  // on_durable ran on the writer thread
   EXPECT_GT(result->write_s, 0.0);
   EXPECT_EQ(result->stall_s, stall);
   EXPECT_GT(result->shard.bytes, 0u);
@@ -99,7 +107,15 @@ TEST(CheckpointAsyncWriterTest, ErrorIsReportedOnceByWait) {
   writer.start();
   auto data = make_data(DType::kFloat32, 100, 1);
   SaveRequest bad = request(tmp.path(), 1, data);
-  bad.commit->world_size = 2;  // commit of a single shard for world size 2 fails
+  // A commit whose step never completes (rank 1 of 2 never reports) fails on the writer.
+  bad.on_durable = [root = tmp.path()](const ShardDescriptor& d) {
+    LocalCommitChannel channel;
+    ShardCommit commit;
+    commit.root = root;
+    commit.info = CommitInfo{1, 2, 0, {}};
+    commit.timeout = std::chrono::milliseconds(0);
+    commit_shard(channel, d, commit);
+  };
   writer.save(bad);
   EXPECT_THROW(writer.wait(), Error);
   EXPECT_FALSE(writer.wait_for(std::chrono::milliseconds(10)).has_value());  // reported

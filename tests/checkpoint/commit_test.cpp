@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "checkpoint/commit.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/reader.hpp"
 #include "checkpoint/shard_file.hpp"

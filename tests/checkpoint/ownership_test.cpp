@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "checkpoint/commit.hpp"
 #include "checkpoint/dir_lock.hpp"
 #include "checkpoint/durable_io.hpp"
 #include "checkpoint/manifest.hpp"

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "checkpoint/commit.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/reshard.hpp"
 #include "checkpoint/shard_file.hpp"

@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include "checkpoint/commit.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/reader.hpp"
+#include "checkpoint/shard_file.hpp"
 #include "test_util.hpp"
 
 namespace dnallm::checkpoint {
@@ -24,17 +26,28 @@ TEST(CheckpointRetentionTest, PolicyKeepsLastEveryProtectedAndLatest) {
   EXPECT_TRUE(steps_to_delete(steps, {10, 0}, std::nullopt, std::nullopt).empty());
 }
 
-TEST(CheckpointRetentionTest, DeletesOnlyOlderCommittedCheckpoints) {
+// Retention through the one commit path (commit_shard, the registry decides): every commit
+// of a run applies keep_last = 2 with step 1 protected (the step resumed from).
+TEST(CheckpointRetentionTest, CommitPathDeletesOnlyOlderCommittedCheckpoints) {
   TempDir tmp;
   auto data = make_data(DType::kFloat32, 10, 1);
-  for (int64_t s : {1, 2, 3, 4, 5})
-    save_single(tmp.path(), {s, 1, 0, {}}, {{spec("w", DType::kFloat32, {10}), 0, 10, data.data()}},
-                {});
+  const std::vector<TensorSlice> slices{{spec("w", DType::kFloat32, {10}), 0, 10, data.data()}};
   // An uncommitted newer directory (in flight) must survive retention.
-  write_shard(tmp.path() / step_dir_name(6), 0,
-              {{spec("w", DType::kFloat32, {10}), 0, 10, data.data()}}, {});
-  auto removed = apply_retention(tmp.path(), {2, 0}, /*protected_step=*/1);
-  EXPECT_EQ(removed.size(), 2u);  // steps 2 and 3
+  write_shard(tmp.path() / step_dir_name(6), 0, slices, {});
+  LocalCommitChannel channel;  // one registry for the whole run
+  std::vector<std::vector<int64_t>> deleted;
+  for (int64_t s : {1, 2, 3, 4, 5}) {
+    ShardCommit commit;
+    commit.root = tmp.path();
+    commit.info = {s, 1, 0, {}};
+    commit.retention = {2, 0};
+    commit.protected_step = 1;
+    const auto own = write_shard(tmp.path() / step_dir_name(s), 0, slices, {});
+    const auto outcome = commit_shard(channel, own, commit);
+    EXPECT_TRUE(outcome.committed);
+    deleted.push_back(outcome.deleted);
+  }
+  EXPECT_EQ(deleted, (std::vector<std::vector<int64_t>>{{}, {}, {}, {2}, {3}}));
   auto left = list_committed(tmp.path());
   ASSERT_EQ(left.size(), 3u);
   EXPECT_EQ(left[0].first, 1);

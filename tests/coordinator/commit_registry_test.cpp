@@ -1,7 +1,8 @@
-// The coordinator's checkpoint commit registry: a step completes only when every rank's
-// durable shard was reported, reports are idempotent, inconsistent and stale reports are
-// refused, retention is decided here (newest, protected and LATEST steps are never
-// deleted); and the two ops over real TCP through the ElasticService and CommitClient.
+// The checkpoint commit registry (checkpoint/commit.hpp): a step completes only when every
+// rank's durable shard was reported, reports are idempotent, inconsistent and stale reports
+// are refused, retention is decided here (newest, protected and LATEST steps are never
+// deleted); and the two ops over real TCP through the ElasticService and CommitClient, and
+// through a plain StoreServer (register_commit_ops, as rank 0's store in static runs).
 #include <gtest/gtest.h>
 
 #include "coordinator/commit_registry.hpp"
@@ -10,6 +11,10 @@
 
 namespace dnallm::coordinator {
 namespace {
+
+using checkpoint::CommitRegistry;
+using checkpoint::CommittedReport;
+using checkpoint::ShardReport;
 
 ShardReport shard(int64_t step, int64_t rank, int64_t world, int64_t generation = 1) {
   ShardReport r;
@@ -116,6 +121,43 @@ TEST(CommitRegistryTest, OpsOverTcpThroughTheElasticService) {
   service.stop();
   server.stop();
   service.join();
+  server.join();
+}
+
+// Static multi-rank runs: rank 0's store (a StoreServer without the ElasticService) serves
+// the same ops once register_commit_ops() ran; commit_channel_for picks the TCP channel for a
+// TcpStoreClient and none for an in-memory store.
+TEST(CommitRegistryTest, OpsOverTcpThroughAPlainStoreServer) {
+  StoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.token = "t";
+  StoreServer server(so);
+  register_commit_ops(server);
+  server.start();
+  TcpStoreClientOptions o;
+  o.port = server.port();
+  o.token = "t";
+  auto store = std::make_shared<TcpStoreClient>(o);
+  auto channel = commit_channel_for(store, 0);
+  ASSERT_NE(channel, nullptr);
+  EXPECT_EQ(channel->describe(), "the coordinator");
+  EXPECT_EQ(commit_channel_for(std::make_shared<InMemoryStore>(), 0), nullptr);
+  EXPECT_EQ(commit_channel_for(nullptr, 0), nullptr);
+  ShardReport r = shard(6, 1, 2, 0);
+  EXPECT_FALSE(channel->shard_durable(r));
+  r = shard(6, 0, 2, 0);
+  auto all = channel->shard_durable(r);
+  ASSERT_TRUE(all);
+  EXPECT_EQ(*all, (std::vector<std::string>{"d6.0.g0", "d6.1.g0"}));  // rank order
+  CommittedReport done;
+  done.root = "/ckpt";
+  done.step = 6;
+  done.on_disk = {2, 4, 6};
+  done.keep_last = 1;
+  done.protected_step = 2;
+  done.latest_step = 6;
+  EXPECT_EQ(channel->committed(done), (std::vector<int64_t>{4}));
+  server.stop();
   server.join();
 }
 

@@ -149,10 +149,9 @@ TEST_F(ElasticServiceTest, KeysOfOlderGenerationsAreDeletedWhenTheNextOneStarts)
   cb->join(b_, 0);
   wait_assignment(*ca, a_, 0);
   wait_assignment(*cb, b_, 0);
-  // Generation 1's workers: communicator bootstrap, a liveness key, a shard descriptor.
+  // Generation 1's workers: communicator bootstrap and a liveness key.
   store.set("comm/g1/gloo/addr/0", to_bytes("x"));
   store.set_owned("comm/g1/alive/0", to_bytes("1"));
-  store.set("ckpt/g1/4/0", to_bytes("{}"));
   store.set("comm/g10/kept", to_bytes("y"));  // another generation's prefix, not g1's
   store.set("user/key", to_bytes("z"));
   FailureReport f;
@@ -163,7 +162,7 @@ TEST_F(ElasticServiceTest, KeysOfOlderGenerationsAreDeletedWhenTheNextOneStarts)
   f.generation = 1;
   ca->report_failure(f);
   // Still there while the round is open (nothing is deleted before every member rejoined).
-  EXPECT_TRUE(store.check({"comm/g1/gloo/addr/0", "ckpt/g1/4/0"}));
+  EXPECT_TRUE(store.check({"comm/g1/gloo/addr/0", "comm/g1/alive/0"}));
   ca->join(a_, 1);
   cb->join(b_, 1);
   wait_assignment(*ca, a_, 1);
@@ -176,7 +175,6 @@ TEST_F(ElasticServiceTest, KeysOfOlderGenerationsAreDeletedWhenTheNextOneStarts)
   }
   EXPECT_FALSE(store.try_get("comm/g1/gloo/addr/0"));
   EXPECT_FALSE(store.try_get("comm/g1/alive/0"));
-  EXPECT_FALSE(store.try_get("ckpt/g1/4/0"));
   EXPECT_TRUE(store.try_get("comm/g10/kept"));
   EXPECT_TRUE(store.try_get("comm/g2/gloo/addr/0"));
   EXPECT_TRUE(store.try_get("user/key"));

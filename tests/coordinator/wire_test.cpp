@@ -291,6 +291,9 @@ TEST(ElasticWire, DecodersRefuseValuesOutOfRange) {
 
 // ---------------------------------------------------------------- commit ops (37-38)
 
+using checkpoint::CommittedReport;  // the commit registry's reports (checkpoint/commit.hpp)
+using checkpoint::ShardReport;
+
 TEST(CommitWire, ShardDurableRoundTrips) {
   ShardReport m{"/ckpt", 2, 40, 1, 4, "{\"a\":1}"};
   auto d = decode_request(

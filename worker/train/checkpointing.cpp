@@ -98,8 +98,7 @@ Checkpointer::Checkpointer(Config config, CheckpointerOptions options)
 }
 
 Checkpointer::~Checkpointer() {
-  abort_ = true;
-  if (finisher_.joinable()) finisher_.join();
+  abort_ = true;  // a commit waiting for peers on the writer thread gives up
   writer_.stop();
   wait_snapshot();
 }
@@ -133,37 +132,43 @@ void Checkpointer::finish(Trainer& trainer) {
   if (config_.checkpoint.save_steps > 0 && trainer.step() > 0 && !saved) {
     save(trainer);
   }
-  join_finisher();
+  wait_writer();
   report(trainer);
 }
 
-void Checkpointer::join_finisher() {
-  if (finisher_.joinable()) finisher_.join();
+void Checkpointer::wait_writer() {
+  if (config_.checkpoint.async) writer_.wait();  // rethrows a failed save's error
 }
 
 void Checkpointer::report(Trainer& trainer) {
-  std::vector<Finished> done;
-  std::exception_ptr error;
+  // A failed save (write or commit, on the writer thread) surfaces at the next step.
+  if (config_.checkpoint.async) writer_.wait_for(std::chrono::milliseconds(0));
+  std::vector<Committed> done;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    done.swap(finished_);
-    std::swap(error, error_);
+    done.swap(committed_);
   }
-  if (error) std::rethrow_exception(error);
-  for (const auto& f : done) {
+  for (const auto& c : done) {
+    // write_s: from the hand-over to the commit (the slowest rank's write plus the commit);
+    // without a writer thread the training thread did the write itself (in stall_s).
+    const double write_s = std::chrono::duration<double>(c.at - in_flight_.handed_over).count() +
+                           (config_.checkpoint.async ? 0.0 : in_flight_.stall_s);
+    spdlog::info(
+        "checkpoint step {} committed: {:.1f} MB in {} shard(s), stall {:.3f} s, write {:.3f} s",
+        c.step, double(c.bytes) / 1e6, world_, in_flight_.stall_s, write_s);
     nlohmann::ordered_json line;
     line["event"] = "checkpoint";
-    line["step"] = f.step;
-    line["bytes"] = f.bytes;
-    line["stall_s"] = f.stall_s;
-    line["write_s"] = f.write_s;
+    line["step"] = c.step;
+    line["bytes"] = c.bytes;
+    line["stall_s"] = in_flight_.stall_s;
+    line["write_s"] = write_s;
     trainer.write_metrics(line.dump());
   }
 }
 
 double Checkpointer::save(Trainer& trainer) {
   const auto t0 = Clock::now();
-  join_finisher();  // Note [One checkpoint in flight] (checkpoint/async_writer.hpp)
+  wait_writer();  // Note [One checkpoint in flight] (checkpoint/async_writer.hpp)
   report(trainer);
   rank_ = trainer.sync().rank();
   world_ = trainer.sync().world_size();
@@ -227,6 +232,45 @@ double Checkpointer::save(Trainer& trainer) {
   const int zero_stage = train_state.zero_stage;
   nlohmann::json state = train_state.to_json();
 
+  const double stall_s = hand_over(t0, step, std::move(slices), side_stream,
+                                   shard_commit(step, zero_stage, std::move(state)));
+  if (!config_.checkpoint.async) report(trainer);  // committed on this thread
+  return stall_s;
+}
+
+checkpoint::ShardCommit Checkpointer::shard_commit(int64_t step, int zero_stage,
+                                                   nlohmann::json state) const {
+  checkpoint::ShardCommit c;
+  c.root = config_.checkpoint.dir;
+  c.rank = rank_;
+  c.info = checkpoint::CommitInfo{step, world_, zero_stage, std::move(state)};
+  c.retention = checkpoint::RetentionPolicy{static_cast<int>(config_.checkpoint.keep_last),
+                                            config_.checkpoint.keep_every};
+  c.protected_step = options_.resumed_step;
+  c.timeout = options_.commit_timeout;
+  c.abort = &abort_;
+  return c;
+}
+
+// The committer of this run (checkpoint/commit.hpp): the one the options name, else the
+// in-process registry, which only a single process can use.
+checkpoint::CommitChannel& Checkpointer::channel(int64_t step) {
+  if (!options_.commit) {
+    DNALLM_CHECK(world_ == 1, ExitCode::kFailure,
+                 "checkpoint of step {}: {} ranks but no store to publish shard descriptors "
+                 "(the process group has no TCP store; set MASTER_ADDR and MASTER_PORT so that "
+                 "rank 0 hosts one, or set checkpoint.save_steps = 0)",
+                 step, world_);
+    options_.commit = std::make_shared<checkpoint::LocalCommitChannel>();
+  }
+  return *options_.commit;
+}
+
+// Step 2 of the save protocol (header): the writer thread (or this one when checkpoint.async
+// is off) writes the shard, then commits it.
+double Checkpointer::hand_over(Clock::time_point t0, int64_t step,
+                               std::vector<checkpoint::TensorSlice> slices, bool side_stream,
+                               checkpoint::ShardCommit commit) {
   checkpoint::SaveRequest request;
   request.root = config_.checkpoint.dir;
   request.step = step;
@@ -238,143 +282,39 @@ double Checkpointer::save(Trainer& trainer) {
   }
   request.codec.chunk_bytes =
       std::max<size_t>(4096, static_cast<size_t>(config_.checkpoint.chunk_mb * 1048576.0));
-
   if (side_stream) {
     request.borrowed = snapshot_;  // zero-copy: the writer reads the pinned buffers
     auto snap = snapshot_;
     request.ready = [snap] { snap->wait(); };
   }
+  checkpoint::CommitChannel& committer = channel(step);
   last_saved_ = step;
   if (!config_.checkpoint.async) {
     if (side_stream) snapshot_->wait();
-    // Synchronous: write, publish and (rank 0) commit on this thread.
     const auto shard = checkpoint::write_shard(
         std::filesystem::path(request.root) / checkpoint::step_dir_name(step), rank_,
         request.slices, request.codec);
-    const double stall_s = seconds_since(t0);
-    finish_save(step, stall_s, shard, 0.0, std::move(state), zero_stage, Clock::now());
-    report(trainer);
-    return stall_s;
+    in_flight_ = InFlight{seconds_since(t0), Clock::now()};
+    commit_saved(committer, shard, commit);
+    return in_flight_.stall_s;
   }
+  request.on_durable = [this, &committer,
+                        commit = std::move(commit)](const checkpoint::ShardDescriptor& own) {
+    commit_saved(committer, own, commit);
+  };
   writer_.save(request);
-  const double stall_s = seconds_since(t0);
-  const auto handed_over = Clock::now();
-  finisher_ = std::thread(
-      [this, step, stall_s, state = std::move(state), zero_stage, handed_over]() mutable {
-        try {
-          auto result = writer_.wait();
-          DNALLM_CHECK(result && result->step == step, ExitCode::kFailure,
-                       "checkpoint writer lost the save of step {}", step);
-          finish_save(step, stall_s, result->shard, result->write_s, std::move(state), zero_stage,
-                      handed_over);
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(mu_);
-          error_ = std::current_exception();
-        }
-      });
-  return stall_s;
+  in_flight_ = InFlight{seconds_since(t0), Clock::now()};
+  return in_flight_.stall_s;
 }
 
-// Steps 2-3 of the save protocol (header). Runs on the finisher thread, or on the training
-// thread when checkpoint.async is off.
-void Checkpointer::finish_save(int64_t step, double stall_s, const checkpoint::ShardDescriptor& own,
-                               double write_s, nlohmann::json state, int zero_stage,
-                               Clock::time_point handed_over) {
-  const std::string prefix = fmt::format("{}/{}/", options_.store_prefix, step);
-  const bool registry = world_ > 1 && options_.commit != nullptr;
-  std::vector<checkpoint::ShardDescriptor> shards{own};
-  if (registry) {
-    coordinator::ShardReport report;
-    report.root = config_.checkpoint.dir;
-    report.step = step;
-    report.rank = rank_;
-    report.world_size = world_;
-    report.descriptor = checkpoint::descriptor_to_json(own).dump();
-    auto all = options_.commit->shard_durable(report);
-    if (rank_ != 0) return;
-    const auto deadline = Clock::now() + options_.commit_timeout;
-    while (!all) {
-      if (abort_) return;
-      DNALLM_CHECK(Clock::now() < deadline, ExitCode::kPeerFailed,
-                   "checkpoint of step {}: the coordinator did not see every rank's shard within "
-                   "{} s; the step stays uncommitted (check the other ranks' logs)",
-                   step, options_.commit_timeout.count() / 1000);
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      all = options_.commit->shard_durable(report);
-    }
-    shards.clear();
-    for (const auto& d : *all) {
-      shards.push_back(checkpoint::descriptor_from_json(nlohmann::json::parse(d)));
-    }
-  } else if (world_ > 1) {
-    DNALLM_CHECK(options_.store != nullptr, ExitCode::kFailure,
-                 "checkpoint of step {}: {} ranks but no store to publish shard descriptors", step,
-                 world_);
-    options_.store->set(prefix + std::to_string(rank_),
-                        coordinator::to_bytes(checkpoint::descriptor_to_json(own).dump()));
-  }
-  if (rank_ != 0) return;
-
-  if (world_ > 1 && !registry) {
-    std::vector<std::string> keys;
-    for (int r = 1; r < world_; ++r) keys.push_back(prefix + std::to_string(r));
-    // Poll rather than block in Store::get: the store serialises calls per client, and the
-    // communicator may need it meanwhile.
-    const auto deadline = Clock::now() + options_.commit_timeout;
-    while (!options_.store->check(keys)) {
-      if (abort_) return;
-      DNALLM_CHECK(Clock::now() < deadline, ExitCode::kPeerFailed,
-                   "checkpoint of step {}: not every rank published its shard within {} s; "
-                   "the step stays uncommitted (check the other ranks' logs)",
-                   step, options_.commit_timeout.count() / 1000);
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    for (const auto& key : keys) {
-      const auto value = options_.store->try_get(key);
-      DNALLM_CHECK(value.has_value(), ExitCode::kPeerFailed, "store key {} vanished", key);
-      shards.push_back(
-          checkpoint::descriptor_from_json(nlohmann::json::parse(coordinator::to_string(*value))));
-    }
-  }
-  uint64_t bytes = 0;
-  for (const auto& s : shards) bytes += s.bytes;
-  const std::filesystem::path root = config_.checkpoint.dir;
-  checkpoint::CommitInfo info{step, world_, zero_stage, std::move(state)};
-  checkpoint::commit_step(root, info, std::move(shards));
-  checkpoint::RetentionPolicy policy{static_cast<int>(config_.checkpoint.keep_last),
-                                     config_.checkpoint.keep_every};
-  if (registry) {
-    coordinator::CommittedReport done;
-    done.root = config_.checkpoint.dir;
-    done.step = step;
-    for (const auto& c : checkpoint::list_committed(root)) done.on_disk.push_back(c.first);
-    done.keep_last = policy.keep_last;
-    done.keep_every = policy.keep_every;
-    done.protected_step = options_.resumed_step.value_or(-1);
-    done.latest_step = step;  // commit_step just pointed LATEST here
-    const auto doomed = options_.commit->committed(done);
-    for (int64_t s : doomed) checkpoint::remove_checkpoint(root, s);
-    if (!doomed.empty()) {
-      spdlog::info(
-          "retention (decided by the coordinator): deleted {} checkpoint(s), oldest step {}",
-          doomed.size(), doomed.front());
-    }
-  } else {
-    checkpoint::apply_retention(root, policy, options_.resumed_step);
-  }
-  if (world_ > 1 && !registry) {
-    for (int r = 0; r < world_; ++r) options_.store->remove(prefix + std::to_string(r));
-  }
-  // write_s: from the hand-over to the commit (the slowest rank's write plus the commit);
-  // without a writer thread the training thread did the write itself.
-  const double total_write_s = write_s > 0 || config_.checkpoint.async
-                                   ? seconds_since(handed_over)
-                                   : seconds_since(handed_over) + stall_s;
-  spdlog::info(
-      "checkpoint step {} committed: {:.1f} MB in {} shard(s), stall {:.3f} s, write {:.3f} s",
-      step, double(bytes) / 1e6, world_, stall_s, total_write_s);
+// Steps 2-3 of the save protocol: the one commit path (checkpoint::commit_shard).
+void Checkpointer::commit_saved(checkpoint::CommitChannel& committer,
+                                const checkpoint::ShardDescriptor& own,
+                                const checkpoint::ShardCommit& commit) {
+  const auto outcome = checkpoint::commit_shard(committer, own, commit);
+  if (!outcome.committed) return;  // not rank 0, or aborted
   std::lock_guard<std::mutex> lock(mu_);
-  finished_.push_back({step, bytes, stall_s, total_write_s});
+  committed_.push_back({commit.info.step, outcome.bytes, Clock::now()});
 }
 
 void keep_global_batch(Config& config, const checkpoint::CheckpointReader& ckpt, int world) {

@@ -13,19 +13,18 @@
 // flat order may differ between runs (DDP orders by buckets), so a resume maps every range by
 // parameter name.
 //
-// Save protocol (Checkpointer, see the commit protocol in checkpoint/manifest.hpp):
-//   1. training thread, step S: waits for the previous checkpoint's finisher (at most one
-//      in flight), copies its slices to host (AsyncWriter::save) -> stall_s.
-//   2. finisher thread: waits for the shard to be durable; world > 1: publishes its
-//      descriptor in the store under "<prefix>/<S>/<rank>".
-//   3. rank 0's finisher: polls the store until every rank's descriptor arrived (up to
-//      `commit_timeout`), commit_step(), apply_retention() (protecting the resumed step),
-//      removes the keys.
-//   With an elastic coordinator (options.commit), steps 2-3 go through its commit registry
-//   instead: every rank reports its durable shard, rank 0 repeats its report until the
-//   registry says the step is complete (and hands over every descriptor), commits, and
-//   deletes exactly the steps the registry's retention answer names.
-//   4. training thread, at the next step or finish(): rethrows a finisher error; rank 0
+// Save protocol (Checkpointer; the commit is checkpoint/commit.hpp's, the one path of every
+// run):
+//   1. training thread, step S: waits for the previous save (at most one in flight), copies
+//      its slices to host and hands them to the writer (AsyncWriter::save) -> stall_s.
+//   2. writer thread: writes the shard durably, then commits it with commit_shard through
+//      the run's CommitChannel (options.commit: the coordinator's or rank 0's store server's
+//      registry; a single process: an in-process one). Every rank reports its shard; rank 0
+//      repeats its report until the registry says S is complete (up to `commit_timeout`, or
+//      until the destructor aborts), writes the manifest and LATEST, and deletes exactly
+//      the steps the registry's retention answer names (never the resumed step).
+//   With checkpoint.async off the training thread does step 2 itself.
+//   3. training thread, at the next step or finish(): rethrows a failed save's error; rank 0
 //      writes {"event":"checkpoint","step","bytes","stall_s","write_s"}.
 //
 // Note [Snapshot on a side stream]: on an accelerator step 1 reads nothing back. The side
@@ -35,7 +34,7 @@
 // before the next optimizer update (Trainer::before_next_update), so the copy overlaps the
 // next step's forward and backward; the writer thread polls the event before it reads the
 // host copy (AsyncWriter's zero-copy hand-over). The pinned buffers are reused by the next
-// save (the finisher has joined by then) and freed only after the event completed.
+// save (the writer has finished the previous one by then) and freed only after the event completed.
 //
 // Note [Resume on the device]: restore() copies every tensor into the trainer's own buffers,
 // which live on its device (parameters are views of the flat buffer, moments are the
@@ -47,20 +46,16 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.hpp"
-#include "coordinator/commit_registry.hpp"
-#include "coordinator/store.hpp"
 #include "core/config.hpp"
 
 namespace dnallm::train {
@@ -73,17 +68,15 @@ inline constexpr const char* kExpAvgTensor = "optim.exp_avg";
 inline constexpr const char* kExpAvgSqTensor = "optim.exp_avg_sq";
 
 struct CheckpointerOptions {
-  // The process group's store (descriptors reach rank 0 through it); null for one process.
-  std::shared_ptr<coordinator::Store> store;
-  std::string store_prefix = "ckpt";  // make it unique per restart generation
-  // With an elastic coordinator: shards are reported to its commit registry, and its answer
-  // alone decides which checkpoints retention deletes (coordinator/commit_registry.hpp).
-  // Null: descriptors travel through `store` and rank 0 applies retention itself.
-  std::shared_ptr<coordinator::CommitClient> commit;
+  // Where shards are reported and retention is decided (checkpoint/commit.hpp); for a
+  // process group coordinator::commit_channel_for(its store, generation). Null: an in-process
+  // registry, which only a single process (world size 1) can use: with more ranks the first
+  // save fails with Error(kFailure).
+  std::shared_ptr<checkpoint::CommitChannel> commit;
   // The train loader's SamplerState::to_json() at a step boundary (training thread).
   std::function<nlohmann::json()> sampler_state;
   nlohmann::json tokenizer;  // Tokenizer::to_json()
-  // Rank 0 waits this long for every rank's descriptor before failing the commit.
+  // Rank 0 waits this long for every rank's shard before failing the commit (kPeerFailed).
   std::chrono::milliseconds commit_timeout{std::chrono::seconds(300)};
   // The step resumed from (never deleted by retention); nullopt on a fresh start.
   std::optional<int64_t> resumed_step;
@@ -96,7 +89,7 @@ struct CheckpointerOptions {
 class Checkpointer {
  public:
   Checkpointer(Config config, CheckpointerOptions options);
-  ~Checkpointer();  // joins the finisher and the writer; never throws
+  ~Checkpointer();  // stops the writer (a waiting commit gives up); never throws
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
@@ -113,15 +106,23 @@ class Checkpointer {
   double save(Trainer& trainer);
 
  private:
-  struct Finished {
+  using Clock = std::chrono::steady_clock;
+  struct Committed {  // rank 0: a committed step, from the thread that committed it
     int64_t step = 0;
     uint64_t bytes = 0;
-    double stall_s = 0, write_s = 0;
+    Clock::time_point at;
   };
-  void finish_save(int64_t step, double stall_s, const checkpoint::ShardDescriptor& own,
-                   double write_s, nlohmann::json state, int zero_stage,
-                   std::chrono::steady_clock::time_point handed_over);
-  void join_finisher();
+  struct InFlight {  // the last save (training thread only)
+    double stall_s = 0;
+    Clock::time_point handed_over;
+  };
+  checkpoint::ShardCommit shard_commit(int64_t step, int zero_stage, nlohmann::json state) const;
+  checkpoint::CommitChannel& channel(int64_t step);
+  double hand_over(Clock::time_point t0, int64_t step, std::vector<checkpoint::TensorSlice> slices,
+                   bool side_stream, checkpoint::ShardCommit commit);
+  void commit_saved(checkpoint::CommitChannel& committer, const checkpoint::ShardDescriptor& own,
+                    const checkpoint::ShardCommit& commit);
+  void wait_writer();
   void report(Trainer& trainer);
 
   // Waits (host) until the last side-stream snapshot has landed. Never throws.
@@ -132,15 +133,13 @@ class Checkpointer {
   CheckpointerOptions options_;
   // Declared before writer_: destroyed after it, so never freed under a running write.
   std::shared_ptr<Snapshot> snapshot_;
-  checkpoint::AsyncWriter writer_;
-  std::thread finisher_;  // one per checkpoint, joined before the next save
+  checkpoint::AsyncWriter writer_;  // writes and commits (Save protocol, step 2)
+  InFlight in_flight_;
   int64_t last_saved_ = -1;
   int rank_ = 0, world_ = 1;
   std::atomic<bool> abort_{false};  // set by the destructor: stop waiting for peers
   std::mutex mu_;
-  // Guarded by mu_:
-  std::vector<Finished> finished_;
-  std::exception_ptr error_;
+  std::vector<Committed> committed_;  // guarded by mu_
 };
 
 // Picks the checkpoint to resume from (checkpoint.resume: "auto" | "none" | PATH) under

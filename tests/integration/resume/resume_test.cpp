@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "agent_process.hpp"  // free_port
 #include "test_util.hpp"
 
 namespace dnallm::testing {
@@ -26,16 +27,34 @@ struct TrainRun {
   std::map<std::string, std::vector<float>> params;
 };
 
+// How a multi-rank run is started: under dnallm-launch (whose coordinator serves the commit
+// registry), or static, torchrun-style: the processes started by hand, rank 0 hosting the
+// process group's store (which then serves the commit registry).
+enum class Starter { kLauncher, kStatic };
+
+// `world` dnallm-train processes with `args`, started by hand on a free loopback port.
+std::string static_group_command(int world, const std::string& env, const std::string& args) {
+  const int port = elastic_testing::free_port();
+  std::string cmd = fmt::format("cd {} && (pids=; ", kSrc);
+  for (int r = world - 1; r >= 0; --r) {
+    cmd += fmt::format(
+        "{env} RANK={r} LOCAL_RANK={r} GROUP_RANK=0 WORLD_SIZE={w} LOCAL_WORLD_SIZE={w} "
+        "MASTER_ADDR=127.0.0.1 MASTER_PORT={port} {bin}dnallm-train {args}{sep}",
+        fmt::arg("env", env), fmt::arg("r", r), fmt::arg("w", world), fmt::arg("port", port),
+        fmt::arg("bin", kBin), fmt::arg("args", args),
+        fmt::arg("sep", r > 0 ? " & pids=\"$pids $!\"; " : "; rc=$?; "));
+  }
+  return cmd + "for p in $pids; do wait $p || rc=$((rc ? rc : $?)); done; exit $rc)";
+}
+
 // Tiny BERT, fp32, no dropout, constant LR (a run stopped at step 4 has the same schedule
 // as one going to 8). Global batch 12 = micro × world. `ckpt` is the checkpoint root; the
 // metrics go to <ckpt>/../<name>.jsonl.
 TrainRun train(const std::string& ckpt, const std::string& name, int world, int steps,
-               int save_steps, const std::string& extra = "", const std::string& env = "") {
+               int save_steps, const std::string& extra = "", const std::string& env = "",
+               Starter starter = Starter::kLauncher) {
   const std::string metrics = (fs::path(ckpt).parent_path() / (name + ".jsonl")).string();
-  const std::string launcher =
-      world > 1 ? fmt::format("{}dnallm-launch --nproc-per-node {} -- ", kBin, world) : "";
-  std::string cmd = fmt::format(
-      "cd {src} && {env} {launch}{bin}dnallm-train "
+  const std::string args = fmt::format(
       "--set model.hidden=32 --set model.layers=2 --set model.heads=2 --set model.ffn=64 "
       "--set model.max_seq_length=64 --set data.train_files=[\\\"data/ecoli_k12_mg1655.fa.gz\\\"] "
       "--set training.max_steps={steps} --set training.micro_batch_size={micro} "
@@ -46,10 +65,14 @@ TrainRun train(const std::string& ckpt, const std::string& name, int world, int 
       "--set parallel.bucket_cap_mb=0.02 --set parallel.first_bucket_mb=0.005 "
       "--set checkpoint.dir={ckpt} --set checkpoint.save_steps={save} --set checkpoint.keep_last=0 "
       "--metrics-file {metrics} {extra}",
-      fmt::arg("src", kSrc), fmt::arg("bin", kBin), fmt::arg("launch", launcher),
-      fmt::arg("env", env), fmt::arg("steps", steps), fmt::arg("micro", 12 / world),
-      fmt::arg("ckpt", ckpt), fmt::arg("save", save_steps), fmt::arg("metrics", metrics),
-      fmt::arg("extra", extra));
+      fmt::arg("steps", steps), fmt::arg("micro", 12 / world), fmt::arg("ckpt", ckpt),
+      fmt::arg("save", save_steps), fmt::arg("metrics", metrics), fmt::arg("extra", extra));
+  const std::string launcher =
+      world > 1 ? fmt::format("{}dnallm-launch --nproc-per-node {} -- ", kBin, world) : "";
+  const std::string cmd =
+      starter == Starter::kStatic && world > 1
+          ? static_group_command(world, env, args)
+          : fmt::format("cd {} && {} {}{}dnallm-train {}", kSrc, env, launcher, kBin, args);
   TrainRun r;
   r.rc = run_command(cmd, &r.log);
   r.log = cmd + "\n" + r.log;
@@ -273,6 +296,43 @@ TEST_F(Resume, RetentionKeepsTheNewestAndMetricsReportEveryCheckpoint) {
     EXPECT_GT(j.at("write_s").get<double>(), 0.0);
   }
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4}));
+}
+
+// A checkpoint's committed steps (manifest present) and the "checkpoint" metrics lines.
+std::vector<int64_t> checkpoint_events(const std::string& metrics) {
+  std::ifstream in(metrics);
+  std::string line;
+  std::vector<int64_t> steps;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "checkpoint") steps.push_back(j.at("step").get<int64_t>());
+  }
+  return steps;
+}
+
+// A static 2-rank Gloo run (no launcher, no coordinator): the shards are committed through
+// the commit registry that rank 0's store server serves (ops 37-38), and retention deletes
+// the same steps as the one-rank run above (keep_last = 2 of steps 1-4: 1 and 2).
+TEST(StaticCommit, TwoRanksCommitThroughRank0StoreAndRetentionMatchesOneRank) {
+  const std::string dir = make_temp_dir("static_commit");
+  const std::string ckpt = dir + "/ckpt";
+  TrainRun run = train(ckpt, "run", 2, 4, 1, "--set checkpoint.keep_last=2", "OMP_NUM_THREADS=1",
+                       Starter::kStatic);
+  ASSERT_EQ(run.rc, 0) << run.log;
+  EXPECT_EQ(run.log.find("dnallm-launch"), std::string::npos) << run.log;
+  // Rank 0's store served the ops: its registry logged every commit, and the retention
+  // decision came back over TCP.
+  EXPECT_NE(run.log.find("commit registry: step 4 committed under " + ckpt), std::string::npos)
+      << run.log;
+  EXPECT_NE(run.log.find("retention (decided by the coordinator): deleted"), std::string::npos)
+      << run.log;
+  EXPECT_FALSE(fs::exists(ckpt + "/step_000000001"));
+  EXPECT_FALSE(fs::exists(ckpt + "/step_000000002"));
+  for (const char* step : {"/step_000000003", "/step_000000004"}) {
+    EXPECT_TRUE(fs::exists(ckpt + step + "/manifest.json")) << step;
+    EXPECT_TRUE(fs::exists(ckpt + step + "/shard_00001.dnc")) << step;
+  }
+  EXPECT_EQ(checkpoint_events(dir + "/run.jsonl"), (std::vector<int64_t>{1, 2, 3, 4}));
 }
 
 // 2 ranks save at step 3, 3 ranks resume to step 6, 1 rank resumes to step 8.
