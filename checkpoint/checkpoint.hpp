@@ -4,7 +4,7 @@
 //   commit:    commit_step, descriptor_to_json / descriptor_from_json (manifest.hpp)
 //   resume:    find_resume, check_compatible, CheckpointReader::read_range (reader.hpp)
 //   retention: apply_retention (retention.hpp)
-//   export:    export_model (safetensors.hpp), reshard (reshard.hpp)
+//   export:    export_checkpoint_model (safetensors.hpp), reshard (reshard.hpp)
 #pragma once
 
 #include "checkpoint/async_writer.hpp"

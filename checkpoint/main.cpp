@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
       auto dir = ck::reshard(reader, out, world_size, ck::parse_codec(compression));
       std::cout << "wrote " << dir.string() << " with " << world_size << " shards\n";
     } else if (*exp) {
-      auto file = ck::export_model(reader, out);
+      auto file = ck::export_checkpoint_model(reader, out);
       std::cout << "wrote " << file.string() << "\n";
     }
   } catch (const dnallm::Error& e) {

@@ -645,7 +645,7 @@ void Trainer::run() {
   if (options_.at_end) options_.at_end(*this);
   if (rank0 && config_.checkpoint.save_final) {
     const auto dir = export_dir();
-    models::export_model(model_, dir, config_.model.arch);
+    models::export_live_model(model_, dir, config_.model.arch);
     if (options_.write_tokenizer) options_.write_tokenizer(dir);
     spdlog::info("exported the model to {}", dir);
   }
