@@ -296,36 +296,26 @@ std::string export_hf_model(TransformerLM& model, const std::string& dir) {
   return config["model_type"].get<std::string>();
 }
 
-void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::string& dir) {
-  std::filesystem::create_directories(dir);
-  ordered_json map = {{"unk_token", "[UNK]"},
-                      {"pad_token", "[PAD]"},
-                      {"cls_token", "[CLS]"},
-                      {"sep_token", "[SEP]"},
-                      {"mask_token", "[MASK]"}};
-  if (tok.kind() == "nt" && arch == Arch::kBert) {
-    // The Nucleotide Transformer split is EsmTokenizer's (longest vocabulary piece at each
-    // position; <cls> = [CLS] before, <eos> = [SEP] after): vocab.txt in our id order.
-    std::ofstream vocab(dir + "/vocab.txt", std::ios::trunc);
-    for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab << tok.id_to_piece(id) << "\n";
-    DNALLM_CHECK(vocab.good(), ExitCode::kFailure, "cannot write {}/vocab.txt", dir);
-    map["eos_token"] = "[SEP]";
-    write_json(dir + "/special_tokens_map.json", map);
-    ordered_json config = map;
-    config["tokenizer_class"] = "EsmTokenizer";
-    config["model_max_length"] = 1000000;
-    config["padding_side"] = "right";
-    config["dnallm_input"] = "the bases as they are";
-    write_json(dir + "/tokenizer_config.json", config);
-    return;
-  }
-  const bool kmer = tok.kind() == "kmer";
-  DNALLM_CHECK(tok.kind() == "char" ||
-                   (kmer && tok.to_json().value("stride", 0) == 1 && arch == Arch::kBert),
-               ExitCode::kUsage,
-               "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\", "
-               "and for encoders overlapping k-mers (stride 1) and \"nt\"",
-               tok.to_json().dump());
+namespace {
+
+// The Nucleotide Transformer split is EsmTokenizer's (longest vocabulary piece at each
+// position; <cls> = [CLS] before, <eos> = [SEP] after): vocab.txt in our id order.
+void export_esm_tokenizer(const data::Tokenizer& tok, ordered_json map, const std::string& dir) {
+  std::ofstream vocab(dir + "/vocab.txt", std::ios::trunc);
+  for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab << tok.id_to_piece(id) << "\n";
+  DNALLM_CHECK(vocab.good(), ExitCode::kFailure, "cannot write {}/vocab.txt", dir);
+  map["eos_token"] = "[SEP]";
+  write_json(dir + "/special_tokens_map.json", map);
+  ordered_json config = map;
+  config["tokenizer_class"] = "EsmTokenizer";
+  config["model_max_length"] = 1000000;
+  config["padding_side"] = "right";
+  config["dnallm_input"] = "the bases as they are";
+  write_json(dir + "/tokenizer_config.json", config);
+}
+
+// Our special tokens, ids 0.., as the tokenizers library lists them.
+ordered_json added_tokens() {
   const auto& names = data::special_token_names();
   ordered_json added = ordered_json::array();
   for (size_t id = 0; id < names.size(); ++id) {
@@ -337,8 +327,12 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
                      {"normalized", false},
                      {"special", true}});
   }
-  ordered_json vocab = ordered_json::object();
-  for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab[tok.id_to_piece(id)] = id;
+  return added;
+}
+
+// [CLS] sequence (then [SEP] for encoders); pairs (not used by our objectives) as BERT frames
+// them: single, then B and [SEP].
+ordered_json post_processor(Arch arch) {
   auto special = [](const char* name) {
     return ordered_json{{"SpecialToken", {{"id", name}, {"type_id", 0}}}};
   };
@@ -350,15 +344,25 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
     single.push_back(special("[SEP]"));
     specials["[SEP]"] = {{"id", "[SEP]"}, {"ids", {data::kSepId}}, {"tokens", {"[SEP]"}}};
   }
-  // Pairs (not used by our objectives) as BERT frames them: single, then B and [SEP].
   ordered_json pair = single;
   pair.push_back({{"Sequence", {{"id", "B"}, {"type_id", 1}}}});
   if (arch == Arch::kBert) pair.push_back({{"SpecialToken", {{"id", "[SEP]"}, {"type_id", 1}}}});
+  return {{"type", "TemplateProcessing"},
+          {"single", single},
+          {"pair", pair},
+          {"special_tokens", specials}};
+}
+
+// tokenizer.json: a WordLevel model over our vocabulary, split per base (char) or on spaces
+// (k-mers, DNABERT's input convention).
+ordered_json word_level_tokenizer(const data::Tokenizer& tok, Arch arch, bool kmer) {
+  ordered_json vocab = ordered_json::object();
+  for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab[tok.id_to_piece(id)] = id;
   ordered_json tj;
   tj["version"] = "1.0";
   tj["truncation"] = nullptr;
   tj["padding"] = nullptr;
-  tj["added_tokens"] = added;
+  tj["added_tokens"] = added_tokens();
   tj["normalizer"] = nullptr;
   if (kmer) {
     tj["pre_tokenizer"] = {{"type", "WhitespaceSplit"}};
@@ -368,14 +372,30 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
                            {"behavior", "Isolated"},
                            {"invert", false}};
   }
-  tj["post_processor"] = {{"type", "TemplateProcessing"},
-                          {"single", single},
-                          {"pair", pair},
-                          {"special_tokens", specials}};
+  tj["post_processor"] = post_processor(arch);
   tj["decoder"] = nullptr;
   tj["model"] = {{"type", "WordLevel"}, {"vocab", vocab}, {"unk_token", "[UNK]"}};
-  write_json(dir + "/tokenizer.json", tj);
+  return tj;
+}
 
+}  // namespace
+
+void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  ordered_json map = {{"unk_token", "[UNK]"},
+                      {"pad_token", "[PAD]"},
+                      {"cls_token", "[CLS]"},
+                      {"sep_token", "[SEP]"},
+                      {"mask_token", "[MASK]"}};
+  if (tok.kind() == "nt" && arch == Arch::kBert) return export_esm_tokenizer(tok, map, dir);
+  const bool kmer = tok.kind() == "kmer";
+  DNALLM_CHECK(tok.kind() == "char" ||
+                   (kmer && tok.to_json().value("stride", 0) == 1 && arch == Arch::kBert),
+               ExitCode::kUsage,
+               "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\", "
+               "and for encoders overlapping k-mers (stride 1) and \"nt\"",
+               tok.to_json().dump());
+  write_json(dir + "/tokenizer.json", word_level_tokenizer(tok, arch, kmer));
   if (arch == Arch::kGpt) map["bos_token"] = "[CLS]";
   write_json(dir + "/special_tokens_map.json", map);
   ordered_json config = map;

@@ -7,6 +7,7 @@
 // first. "bert" names are ours unchanged. Torch-free.
 #pragma once
 
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,34 +16,39 @@ namespace dnallm::models::hf_names {
 
 using Rule = std::pair<const char*, const char*>;  // (ours, theirs)
 
+// An encoder family's rules: its own, then the masked-LM and classification heads that ESM
+// and RoBERTa share, then its root prefix (last: the rules before it match ours "bert.").
+inline std::vector<Rule> encoder_rules(std::vector<Rule> own, Rule root) {
+  static const Rule heads[] = {
+      {"cls.predictions.transform.dense.", "lm_head.dense."},
+      {"cls.predictions.transform.LayerNorm.", "lm_head.layer_norm."},
+      {"cls.predictions.decoder.", "lm_head.decoder."},
+      {"cls.predictions.bias", "lm_head.bias"},
+      {"bert.pooler.dense.", "classifier.dense."},
+      {"classifier.", "classifier.out_proj."},
+  };
+  own.insert(own.end(), std::begin(heads), std::end(heads));
+  own.push_back(root);
+  return own;
+}
+
 // `model_type` as in config.json: "bert", "esm", "roberta-prelayernorm", "gpt_neox", "llama".
 inline const std::vector<Rule>& rules(const std::string& model_type) {
-  // The masked-LM and classification heads of the encoder families (ESM, RoBERTa).
-  static const std::vector<Rule> esm = {
-      {"bert.encoder.final_layer_norm.", "esm.encoder.emb_layer_norm_after."},
-      {".embeddings.LayerNorm.", ".embeddings.layer_norm."},
-      {".attention.output.LayerNorm.", ".attention.LayerNorm."},
-      {".output.LayerNorm.", ".LayerNorm."},
-      {"cls.predictions.transform.dense.", "lm_head.dense."},
-      {"cls.predictions.transform.LayerNorm.", "lm_head.layer_norm."},
-      {"cls.predictions.decoder.", "lm_head.decoder."},
-      {"cls.predictions.bias", "lm_head.bias"},
-      {"bert.pooler.dense.", "classifier.dense."},
-      {"classifier.", "classifier.out_proj."},
-      {"bert.", "esm."},
-  };
-  static const std::vector<Rule> roberta_pre_ln = {
-      {"bert.encoder.final_layer_norm.", "roberta_prelayernorm.LayerNorm."},
-      {".attention.output.LayerNorm.", ".attention.LayerNorm."},
-      {".output.LayerNorm.", ".intermediate.LayerNorm."},
-      {"cls.predictions.transform.dense.", "lm_head.dense."},
-      {"cls.predictions.transform.LayerNorm.", "lm_head.layer_norm."},
-      {"cls.predictions.decoder.", "lm_head.decoder."},
-      {"cls.predictions.bias", "lm_head.bias"},
-      {"bert.pooler.dense.", "classifier.dense."},
-      {"classifier.", "classifier.out_proj."},
-      {"bert.", "roberta_prelayernorm."},
-  };
+  static const std::vector<Rule> esm = encoder_rules(
+      {
+          {"bert.encoder.final_layer_norm.", "esm.encoder.emb_layer_norm_after."},
+          {".embeddings.LayerNorm.", ".embeddings.layer_norm."},
+          {".attention.output.LayerNorm.", ".attention.LayerNorm."},
+          {".output.LayerNorm.", ".LayerNorm."},
+      },
+      {"bert.", "esm."});
+  static const std::vector<Rule> roberta_pre_ln = encoder_rules(
+      {
+          {"bert.encoder.final_layer_norm.", "roberta_prelayernorm.LayerNorm."},
+          {".attention.output.LayerNorm.", ".attention.LayerNorm."},
+          {".output.LayerNorm.", ".intermediate.LayerNorm."},
+      },
+      {"bert.", "roberta_prelayernorm."});
   static const std::vector<Rule> llama = {
       {"gpt.embeddings.word_embeddings.", "model.embed_tokens."},
       {"gpt.encoder.final_layer_norm.", "model.norm."},
