@@ -37,7 +37,7 @@ inline const std::vector<Rule>& rules(const std::string& model_type) {
   static const std::vector<Rule> esm = encoder_rules(
       {
           {"bert.encoder.final_layer_norm.", "esm.encoder.emb_layer_norm_after."},
-          {".embeddings.LayerNorm.", ".embeddings.layer_norm."},
+          {"embeddings.LayerNorm.", "embeddings.layer_norm."},  // no leading dot: "esm." ends in it
           {".attention.output.LayerNorm.", ".attention.LayerNorm."},
           {".output.LayerNorm.", ".LayerNorm."},
       },
