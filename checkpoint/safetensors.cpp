@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "checkpoint/durable_io.hpp"
+#include "checkpoint/train_state.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::checkpoint {
@@ -204,24 +205,22 @@ SafetensorsTensor stored_tensor(const CheckpointReader& ckpt, std::string name, 
 }
 
 // The tensors to export (Note [Flat parameter exports]).
-std::vector<SafetensorsTensor> checkpoint_weights(const CheckpointReader& ckpt) {
+std::vector<SafetensorsTensor> checkpoint_weights(const CheckpointReader& ckpt,
+                                                  const ModelInfo& info) {
   const Manifest& m = ckpt.manifest();
   std::vector<SafetensorsTensor> out;
   const TensorSpec* flat = nullptr;
   for (const auto& t : m.tensors) {
     if (t.name == kFlatParameters) flat = &t;
   }
-  if (flat != nullptr && m.state.contains("layout")) {
-    for (const auto& e : m.state.at("layout")) {
-      auto shape = e.at("shape").get<std::vector<int64_t>>();
-      uint64_t numel = 1;
-      for (auto d : shape) numel *= static_cast<uint64_t>(d);
-      const auto offset = e.at("offset").get<uint64_t>();
-      DNALLM_CHECK(offset + numel <= flat->numel(), ExitCode::kCheckpointCorrupt,
-                   "{}: state.layout entry {} lies outside {}", ckpt.dir().string(),
-                   e.at("name").get<std::string>(), kFlatParameters);
-      out.push_back(stored_tensor(ckpt, e.at("name").get<std::string>(), flat->dtype, shape,
-                                  {flat->name, offset, numel}));
+  if (flat != nullptr && info.layout) {
+    for (const auto& e : *info.layout) {
+      const auto numel = static_cast<uint64_t>(e.numel());
+      const auto offset = static_cast<uint64_t>(e.offset);
+      DNALLM_CHECK(e.offset >= 0 && offset + numel <= flat->numel(), ExitCode::kCheckpointCorrupt,
+                   "{}: state.layout entry {} lies outside {}", ckpt.dir().string(), e.name,
+                   kFlatParameters);
+      out.push_back(stored_tensor(ckpt, e.name, flat->dtype, e.shape, {flat->name, offset, numel}));
     }
   } else {
     for (const auto& t : m.tensors)
@@ -243,11 +242,12 @@ fs::path export_checkpoint_model(const CheckpointReader& ckpt, const fs::path& o
   DNALLM_CHECK(!ec, ExitCode::kUsage, "export --out {}: cannot create the directory: {}",
                out_dir.string(), ec.message());
   ModelDirectory model;
-  model.weights = checkpoint_weights(ckpt);
+  const ModelInfo info = read_model_info(ckpt);
+  model.weights = checkpoint_weights(ckpt, info);
   model.weights_metadata = {
       {"format", "pt"}, {"step", std::to_string(m.step)}, {"producer", "dnallm-ckpt"}};
-  if (m.state.contains("config")) model.config = m.state.at("config");
-  if (m.state.contains("tokenizer")) model.tokenizer = m.state.at("tokenizer");
+  if (info.config) model.config = *info.config;
+  if (info.tokenizer) model.tokenizer = *info.tokenizer;
   return write_model_directory(out_dir, model);
 }
 
