@@ -3,16 +3,11 @@
 #include <cstring>
 
 #include "checkpoint/shard_file.hpp"
+#include "core/clock.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
 namespace dnallm::checkpoint {
-
-namespace {
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-}  // namespace
 
 AsyncWriter::~AsyncWriter() {
   try {

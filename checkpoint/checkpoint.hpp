@@ -5,7 +5,7 @@
 //   resume:    find_resume, check_compatible, CheckpointReader::read_range (reader.hpp)
 //   state:     TrainState, the manifest's training state (train_state.hpp)
 //   retention: decided by the CommitRegistry (commit.hpp; steps_to_delete in retention.hpp)
-//   export:    export_model (safetensors.hpp), reshard (reshard.hpp)
+//   export:    export_checkpoint_model (safetensors.hpp), reshard (reshard.hpp)
 #pragma once
 
 #include "checkpoint/async_writer.hpp"

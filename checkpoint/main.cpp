@@ -131,7 +131,7 @@ void run(const Commands& c, const CkptArgs& a) {
     auto dir = ck::reshard(reader, a.out, a.world_size, ck::parse_codec(a.compression));
     std::cout << "wrote " << dir.string() << " with " << a.world_size << " shards\n";
   } else if (*c.exp) {
-    auto file = ck::export_model(reader, a.out);
+    auto file = ck::export_checkpoint_model(reader, a.out);
     std::cout << "wrote " << file.string() << "\n";
   }
 }

@@ -7,16 +7,12 @@
 #include <fmt/format.h>
 
 #include "core/error.hpp"
+#include "core/signals.hpp"
 
 namespace dnallm::coordinator {
 namespace {
 
 double seconds(SteadyClock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-std::string signal_name(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  return abbrev ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
-}
 
 }  // namespace
 
@@ -34,8 +30,7 @@ std::string FailureReport::describe() const {
 }
 
 bool is_worker_diagnosis(const FailureReport& report) {
-  return report.signal == 0 && report.rank >= 0 &&
-         (report.exit_code == 2 || report.exit_code == 3 || report.exit_code == 5);
+  return report.signal == 0 && report.rank >= 0 && dnallm::is_worker_diagnosis(report.exit_code);
 }
 
 const char* job_phase_name(JobPhase phase) {

@@ -78,9 +78,9 @@ struct FailureReport {
   std::string describe() const;  // "rank 3 on node2: killed by SIGKILL (...)"
 };
 
-// A worker that exited with 2 (usage), 3 (bad data) or 5 (checkpoint corrupt) diagnosed
-// itself (DESIGN.md exit codes): report_failure() fails the job at once instead of
-// restarting, and the agents exit with that code.
+// A worker (rank >= 0, not killed by a signal) whose exit code is its own diagnosis
+// (Note [Worker diagnosis] in core/error.hpp): report_failure() fails the job at once
+// instead of restarting, and the agents exit with that code.
 bool is_worker_diagnosis(const FailureReport& report);
 
 enum class JobPhase { kRendezvous, kRunning, kSucceeded, kFailed };

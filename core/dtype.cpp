@@ -3,40 +3,63 @@
 #include "core/error.hpp"
 
 namespace dnallm {
+namespace {
+
+// The one table of dtype names: ours (configuration, logs, checkpoint manifests), the
+// safetensors header's, and the aliases parse_dtype() accepts.
+struct DTypeNames {
+  DType type;
+  const char* name;
+  const char* safetensors;
+  const char* aliases[2];
+};
+
+constexpr DTypeNames kDTypeNames[] = {
+    {DType::kFloat32, "fp32", "F32", {"float32", "float"}},
+    {DType::kFloat64, "fp64", "F64", {"float64", "double"}},
+    {DType::kFloat16, "fp16", "F16", {"float16", "half"}},
+    {DType::kBFloat16, "bf16", "BF16", {"bfloat16", nullptr}},
+    {DType::kInt64, "int64", "I64", {nullptr, nullptr}},
+    {DType::kInt32, "int32", "I32", {nullptr, nullptr}},
+    {DType::kUInt8, "uint8", "U8", {nullptr, nullptr}},
+    {DType::kInt8, "int8", "I8", {nullptr, nullptr}},
+};
+
+const DTypeNames* names_of(DType t) {
+  for (const auto& n : kDTypeNames) {
+    if (n.type == t) return &n;
+  }
+  return nullptr;
+}
+
+}  // namespace
 
 const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::kFloat32:
-      return "fp32";
-    case DType::kFloat64:
-      return "fp64";
-    case DType::kFloat16:
-      return "fp16";
-    case DType::kBFloat16:
-      return "bf16";
-    case DType::kInt64:
-      return "int64";
-    case DType::kInt32:
-      return "int32";
-    case DType::kUInt8:
-      return "uint8";
-    case DType::kInt8:
-      return "int8";
-  }
-  return "?";
+  const auto* n = names_of(t);
+  return n != nullptr ? n->name : "?";
 }
 
 DType parse_dtype(const std::string& name) {
-  if (name == "fp32" || name == "float32" || name == "float") return DType::kFloat32;
-  if (name == "fp64" || name == "float64" || name == "double") return DType::kFloat64;
-  if (name == "fp16" || name == "float16" || name == "half") return DType::kFloat16;
-  if (name == "bf16" || name == "bfloat16") return DType::kBFloat16;
-  if (name == "int64") return DType::kInt64;
-  if (name == "int32") return DType::kInt32;
-  if (name == "uint8") return DType::kUInt8;
-  if (name == "int8") return DType::kInt8;
+  for (const auto& n : kDTypeNames) {
+    if (name == n.name) return n.type;
+    for (const char* alias : n.aliases) {
+      if (alias != nullptr && name == alias) return n.type;
+    }
+  }
   fail(ExitCode::kUsage,
        "unknown dtype '{}'; use fp32, fp64, fp16, bf16, int64, int32, uint8 or int8", name);
+}
+
+const char* safetensors_dtype_name(DType t) {
+  const auto* n = names_of(t);
+  return n != nullptr ? n->safetensors : "?";
+}
+
+std::optional<DType> dtype_from_safetensors_name(const std::string& name) {
+  for (const auto& n : kDTypeNames) {
+    if (name == n.safetensors) return n.type;
+  }
+  return std::nullopt;
 }
 
 }  // namespace dnallm

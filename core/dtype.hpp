@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace dnallm {
@@ -44,8 +45,14 @@ constexpr bool dtype_is_floating(DType t) {
 
 // "fp32", "fp64", "fp16", "bf16", "int64", "int32", "uint8", "int8".
 const char* dtype_name(DType t);
-// Inverse of dtype_name; also accepts "float32", "float16", "bfloat16". Throws Error(kUsage).
+// Inverse of dtype_name; also accepts "float32", "float", "float64", "double", "float16",
+// "half", "bfloat16". Throws Error(kUsage).
 DType parse_dtype(const std::string& name);
+// The safetensors header's names: "F32", "F64", "F16", "BF16", "I64", "I32", "U8", "I8".
+const char* safetensors_dtype_name(DType t);
+// Inverse of safetensors_dtype_name; nullopt for a name we do not support (e.g. "BOOL").
+std::optional<DType> dtype_from_safetensors_name(const std::string& name);
+// The element types as LibTorch's ScalarType: worker/tensor_buffer.hpp (worker/ only).
 
 enum class DeviceType : uint8_t { kCPU = 0, kCUDA = 1 };
 

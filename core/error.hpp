@@ -24,6 +24,15 @@ enum class ExitCode : int {
   kRequeue = 75,           // preempted after a checkpoint: asks the scheduler to requeue
 };
 
+// Note [Worker diagnosis]: a worker that exits with 2 (usage), 3 (bad data) or 5 (checkpoint
+// corrupt) diagnosed the failure itself; it fails the same way every time, so neither the
+// launcher nor the coordinator restarts it, and the launcher exits with that code.
+constexpr bool is_worker_diagnosis(int exit_code) {
+  return exit_code == static_cast<int>(ExitCode::kUsage) ||
+         exit_code == static_cast<int>(ExitCode::kBadData) ||
+         exit_code == static_cast<int>(ExitCode::kCheckpointCorrupt);
+}
+
 class Error : public std::runtime_error {
  public:
   Error(ExitCode code, std::string message) : std::runtime_error(std::move(message)), code_(code) {}

@@ -17,49 +17,9 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/signals.hpp"
 
 namespace dnallm::launcher {
-
-std::string signal_name(int sig) {
-  switch (sig) {
-    case SIGHUP:
-      return "SIGHUP";
-    case SIGINT:
-      return "SIGINT";
-    case SIGQUIT:
-      return "SIGQUIT";
-    case SIGILL:
-      return "SIGILL";
-    case SIGTRAP:
-      return "SIGTRAP";
-    case SIGABRT:
-      return "SIGABRT";
-    case SIGBUS:
-      return "SIGBUS";
-    case SIGFPE:
-      return "SIGFPE";
-    case SIGKILL:
-      return "SIGKILL";
-    case SIGUSR1:
-      return "SIGUSR1";
-    case SIGSEGV:
-      return "SIGSEGV";
-    case SIGUSR2:
-      return "SIGUSR2";
-    case SIGPIPE:
-      return "SIGPIPE";
-    case SIGALRM:
-      return "SIGALRM";
-    case SIGTERM:
-      return "SIGTERM";
-    case SIGXCPU:
-      return "SIGXCPU";
-    case SIGSYS:
-      return "SIGSYS";
-    default:
-      return fmt::format("signal {}", sig);
-  }
-}
 
 std::string WorkerExit::describe() const {
   if (signaled) return fmt::format("was killed by signal {} ({})", code, signal_name(code));

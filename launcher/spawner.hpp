@@ -145,7 +145,4 @@ class ProcessSpawner : public Spawner {
 // '/'. Throws Error(kUsage) when nothing executable is found.
 std::string resolve_executable(const std::string& name, const std::string& path_env);
 
-// "SIGTERM", "SIGKILL", ... or "signal N".
-std::string signal_name(int sig);
-
 }  // namespace dnallm::launcher

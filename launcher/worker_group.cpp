@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.hpp"
+#include "core/signals.hpp"
 
 namespace dnallm::launcher {
 
@@ -181,7 +182,7 @@ int exit_code_for(const GenerationResult& result) {
   }
   if (result.failures.empty()) return static_cast<int>(ExitCode::kPeerFailed);
   const WorkerExit& first = result.failures.front().exit;
-  bool own_code = !first.signaled && (first.code == 2 || first.code == 3 || first.code == 5);
+  bool own_code = !first.signaled && is_worker_diagnosis(first.code);
   for (const auto& f : result.failures) {
     if (f.exit.signaled || f.exit.code != first.code) own_code = false;
   }

@@ -87,8 +87,9 @@ class LocalWorkerGroup {
 // preempted (Note [Preemption]); 128 + signal when the launcher was stopped by SIGINT/SIGTERM
 // and the workers did not all exit 75 (the shell convention); for a worker failure, the failing
 // worker's own code when it is 2 (usage), 3 (bad data) or 5 (checkpoint corrupt) and every
-// worker that failed on its own agrees on it — those are the worker's diagnosis and a
-// script can act on them — else 4 (kPeerFailed): a rank crashed or was killed.
+// worker that failed on its own agrees on it — those are the worker's diagnosis (Note [Worker
+// diagnosis] in core/error.hpp) and a script can act on them — else 4 (kPeerFailed): a rank crashed
+// or was killed.
 int exit_code_for(const GenerationResult& result);
 
 // Whether the group is started again: only after a worker failure, while restarts are

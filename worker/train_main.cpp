@@ -323,7 +323,7 @@ int main(int argc, char** argv) {
         line["step"] = r.step;
         line["reason"] = why;
         line["exit_code"] = static_cast<int>(ExitCode::kRequeue);
-        t.write_metrics(line.dump());
+        t.write_metrics(line);
         throw Preempted{r.step};
       };
     }
@@ -372,7 +372,7 @@ int main(int argc, char** argv) {
         line["peak_gpu_mb"] = gpu.peak_allocated_mb;
         line["peak_gpu_reserved_mb"] = gpu.peak_reserved_mb;
       }
-      trainer.write_metrics(line.dump());
+      trainer.write_metrics(line);
     }
     if (generation > 1) {
       nlohmann::ordered_json line;
@@ -380,7 +380,7 @@ int main(int argc, char** argv) {
       line["generation"] = generation;
       auto reason = env.find("DNALLM_RESTART_REASON");
       line["reason"] = reason != env.end() ? reason->second : "";
-      trainer.write_metrics(line.dump());
+      trainer.write_metrics(line);
     }
     try {
       trainer.run();

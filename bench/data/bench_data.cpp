@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "worker/data/pipeline.hpp"
@@ -27,11 +28,9 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using dnallm::seconds_since;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using Clock = std::chrono::steady_clock;
 
 // Peak resident set (VmHWM) in MiB.
 double peak_rss_mb() {

@@ -1,5 +1,7 @@
 #include "checkpoint/safetensors.hpp"
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -34,7 +36,7 @@ TEST(CheckpointSafetensorsTest, ExportParsesBackWithEveryByte) {
   commit_step(tmp.path() / "ckpt", {42, 2, 1, state}, {d0, d1});
 
   const auto out = tmp.path() / "final";
-  auto path = export_model(CheckpointReader::open(tmp.path() / "ckpt"), out);
+  auto path = export_checkpoint_model(CheckpointReader::open(tmp.path() / "ckpt"), out);
   auto st = read_safetensors_header(path);
   EXPECT_EQ(st.data_offset % 8, 0u);
   EXPECT_EQ(st.metadata.at("step"), "42");
@@ -43,7 +45,7 @@ TEST(CheckpointSafetensorsTest, ExportParsesBackWithEveryByte) {
   auto check = [&](const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
                    const std::vector<uint8_t>& want) {
     const auto& e = st.tensors.at(name);
-    EXPECT_EQ(safetensors_dtype(e.spec.dtype), dtype);
+    EXPECT_EQ(safetensors_dtype_name(e.spec.dtype), dtype);
     EXPECT_EQ(e.spec.shape, shape);
     std::vector<uint8_t> got(e.data_end - e.data_begin);
     in.seekg(static_cast<std::streamoff>(st.data_offset + e.data_begin));
@@ -62,6 +64,85 @@ TEST(CheckpointSafetensorsTest, RejectsGarbage) {
   TempDir tmp;
   std::ofstream(tmp.path() / "x.safetensors") << "not a safetensors file at all";
   EXPECT_THROW(read_safetensors_header(tmp.path() / "x.safetensors"), Error);
+}
+
+// A tensor whose bytes come in pieces of `piece` bytes (as the checkpoint export streams).
+SafetensorsTensor tensor_of(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                            const std::vector<uint8_t>& bytes, size_t piece) {
+  return {name, dtype, std::move(shape), [&bytes, piece](const ByteSink& sink) {
+            for (size_t b = 0; b < bytes.size(); b += piece)
+              sink(bytes.data() + b, std::min(piece, bytes.size() - b));
+          }};
+}
+
+TEST(CheckpointSafetensorsTest, WriterAndReaderAgreeOnEveryByte) {
+  TempDir tmp;
+  const auto q = make_data(DType::kBFloat16, 6, 1);
+  const auto ids = make_data(DType::kInt64, 5, 2);
+  const auto small = make_data(DType::kInt8, 3, 3);
+  const auto path = tmp.path() / "m.safetensors";
+  write_safetensors(path,
+                    {tensor_of("z.last", DType::kBFloat16, {2, 3}, q, 5),
+                     tensor_of("a.first", DType::kInt64, {5}, ids, 7),
+                     tensor_of("i8", DType::kInt8, {3}, small, 1)},
+                    {{"format", "pt"}});
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "m.safetensors.tmp"));
+  SafetensorsReader reader(path);
+  EXPECT_EQ(reader.file().data_offset % 8, 0u);
+  EXPECT_EQ(reader.file().metadata.at("format"), "pt");
+  // Data in the order given (not sorted by name): "z.last" first.
+  EXPECT_EQ(reader.file().tensors.at("z.last").data_begin, 0u);
+  auto read = [&](const std::string& name) {
+    const auto& e = reader.file().tensors.at(name);
+    std::vector<uint8_t> got(e.data_end - e.data_begin);
+    reader.read(e, got.data());
+    return got;
+  };
+  EXPECT_EQ(read("z.last"), q);
+  EXPECT_EQ(read("a.first"), ids);
+  EXPECT_EQ(read("i8"), small);
+  EXPECT_EQ(reader.file().tensors.at("a.first").spec.shape, (std::vector<int64_t>{5}));
+}
+
+TEST(CheckpointSafetensorsTest, AWrongByteCountWritesNothing) {
+  TempDir tmp;
+  const auto bytes = make_data(DType::kFloat32, 4, 1);
+  const auto path = tmp.path() / "bad.safetensors";
+  // Claims 5 floats, produces 4.
+  EXPECT_THROW(write_safetensors(path, {tensor_of("w", DType::kFloat32, {5}, bytes, 16)}), Error);
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "bad.safetensors.tmp"));
+}
+
+TEST(CheckpointSafetensorsTest, TruncatedDataIsBadData) {
+  TempDir tmp;
+  const auto bytes = make_data(DType::kFloat32, 64, 1);
+  const auto path = tmp.path() / "t.safetensors";
+  write_safetensors(path, {tensor_of("w", DType::kFloat32, {64}, bytes, 256)});
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 4);
+  try {
+    read_safetensors_header(path);
+    FAIL() << "a tensor past the end of the file was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kBadData);
+  }
+}
+
+TEST(CheckpointSafetensorsTest, ModelDirectoryHoldsWhatItWasGiven) {
+  TempDir tmp;
+  const auto w = make_data(DType::kFloat32, 4, 1);
+  const auto a = make_data(DType::kFloat32, 2, 2);
+  ModelDirectory model;
+  model.weights = {tensor_of("w", DType::kFloat32, {4}, w, 16)};
+  model.config = nlohmann::ordered_json{{"model_type", "bert"}, {"hidden_size", 4}};
+  model.adapters = {tensor_of("base_model.model.w.lora_A.weight", DType::kFloat32, {1, 2}, a, 8)};
+  const auto dir = tmp.path() / "out" / "final";
+  EXPECT_EQ(write_model_directory(dir, model), dir / "model.safetensors");
+  EXPECT_EQ(read_safetensors_header(dir / "model.safetensors").tensors.size(), 1u);
+  EXPECT_EQ(read_safetensors_header(dir / "adapter_model.safetensors").tensors.size(), 1u);
+  std::ifstream cfg(dir / "config.json");
+  EXPECT_EQ(nlohmann::ordered_json::parse(cfg), *model.config);
+  EXPECT_FALSE(std::filesystem::exists(dir / "tokenizer.json"));  // none given
 }
 
 }  // namespace

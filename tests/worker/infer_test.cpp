@@ -382,7 +382,7 @@ TEST(QLoRA, FineTuneOverAnNf4BaseLearnsTheBundledClassification) {
 
   // Export merges the adapters into a full-precision copy of the dequantised base.
   auto dir = temp_dir("qlora_export");
-  models::export_model(model, dir.string(), "bert");
+  models::export_live_model(model, dir.string(), "bert");
   auto weights = models::load_safetensors((dir / "model.safetensors").string());
   const auto& q = weights.at("bert.encoder.layer.0.attention.self.query.weight");
   EXPECT_EQ(q.sizes(), (std::vector<int64_t>{32, 32}));

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <numeric>
 
+#include "core/clock.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::data {
@@ -122,7 +123,7 @@ Batch DataLoader::next() {
     }
     auto t0 = std::chrono::steady_clock::now();
     Batch b = build(job);  // on error the cursor stays, so a retry rebuilds the same batch
-    data_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    data_wait_s_ += seconds_since(t0);
     std::lock_guard<std::mutex> lock(mutex_);
     ++next_consume_;
     return b;
@@ -139,7 +140,7 @@ Batch DataLoader::next() {
     ++next_consume_;
   }
   cv_.notify_all();
-  data_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  data_wait_s_ += seconds_since(t0);
   if (slot.error) std::rethrow_exception(slot.error);
   return std::move(slot.batch);
 }

@@ -7,6 +7,8 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/durable_io.hpp"
+#include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_names.hpp"
@@ -65,46 +67,40 @@ std::map<std::string, Tensor> our_weights(TransformerLM& model, bool merge) {
   return out;
 }
 
-std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) {
-    s.replace(pos, from.size(), to);
+const char* model_type_of(Family f) {
+  switch (f) {
+    case Family::kEsm:
+      return "esm";
+    case Family::kBert:
+      return "bert";
+    case Family::kRobertaPreLn:
+      return "roberta-prelayernorm";
+    case Family::kGptNeoX:
+      return "gpt_neox";
+    case Family::kLlama:
+      return "llama";
   }
-  return s;
+  return "bert";
 }
 
-// Our parameter name -> the family's (the inverse of hf_import's rename()).
+// Our parameter name -> the family's (hf_names.hpp; hf_import's rename() reads it backwards).
 std::string hf_name(Family f, const std::string& ours) {
-  std::string n = ours;
-  if (f == Family::kBert) return n;
-  if (f == Family::kLlama || f == Family::kGptNeoX) {
-    return hf_names::translate(
-        n, hf_names::causal_rules(f == Family::kLlama ? "llama" : "gpt_neox"), true);
-  }
-  const std::string root = f == Family::kEsm ? "esm." : "roberta_prelayernorm.";
-  if (n.rfind("bert.encoder.final_layer_norm.", 0) == 0) {
-    const std::string rest = n.substr(std::string("bert.encoder.final_layer_norm.").size());
-    return f == Family::kEsm ? "esm.encoder.emb_layer_norm_after." + rest
-                             : "roberta_prelayernorm.LayerNorm." + rest;
-  }
-  n = replace_all(n, ".attention.output.LayerNorm.", ".attention.LayerNorm.");
-  n = replace_all(n, ".output.LayerNorm.",
-                  f == Family::kEsm ? ".LayerNorm." : ".intermediate.LayerNorm.");
-  n = replace_all(n, "cls.predictions.transform.dense.", "lm_head.dense.");
-  n = replace_all(n, "cls.predictions.transform.LayerNorm.", "lm_head.layer_norm.");
-  if (n == "cls.predictions.bias") n = "lm_head.bias";
-  if (n == "cls.predictions.decoder.weight") n = "lm_head.decoder.weight";
-  n = replace_all(n, "bert.pooler.dense.", "classifier.dense.");
-  if (n.rfind("classifier.", 0) == 0 && n.find("classifier.dense.") != 0) {
-    n = "classifier.out_proj." + n.substr(11);
-  }
-  if (n.rfind("bert.", 0) == 0) n = root + n.substr(5);
-  return n;
+  return hf_names::translate(ours, hf_names::rules(model_type_of(f)), /*to_theirs=*/true);
 }
 
 void write_json(const std::string& path, const ordered_json& j) {
-  std::ofstream f(path, std::ios::trunc);
-  f << j.dump(2) << "\n";
-  DNALLM_CHECK(f.good(), ExitCode::kFailure, "cannot write {}: {}", path, errno_string());
+  checkpoint::write_file_durable(path, j.dump(2) + "\n");
+}
+
+// model.safetensors and config.json in `dir` (Note [Exported model directory]).
+void write_hf_model(const std::string& dir,
+                    const std::vector<std::pair<std::string, Tensor>>& tensors,
+                    const ordered_json& config) {
+  checkpoint::ModelDirectory out;
+  out.weights = safetensors_tensors(tensors);
+  out.weights_metadata = {{"format", "pt"}};
+  out.config = config;
+  checkpoint::write_model_directory(dir, out);
 }
 
 ordered_json labels(int64_t n) {
@@ -118,38 +114,32 @@ ordered_json labels(int64_t n) {
 
 }  // namespace
 
-std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(TransformerLM& model,
-                                                                              bool merge_lora) {
-  const auto& o = model->options();
-  const Family f = family_of(o);
-  auto w = our_weights(model, merge_lora);
-  std::vector<std::pair<std::string, Tensor>> out;
-  const int64_t hd = o.hidden / o.heads;
+namespace {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// architectures, model_type and the fields every family's config.json has.
+ordered_json common_config(Family f, const ModelOptions& o) {
   ordered_json c;
   const char* task_suffix = o.task == Task::kPretrain ? "ForMaskedLM" : "ForSequenceClassification";
-  const std::string word = model->root_name() + ".embeddings.word_embeddings.weight";
   switch (f) {
     case Family::kEsm:
       c["architectures"] = {std::string("Esm") + task_suffix};
-      c["model_type"] = "esm";
       break;
     case Family::kBert:
       c["architectures"] = {std::string("Bert") + task_suffix};
-      c["model_type"] = "bert";
       break;
     case Family::kRobertaPreLn:
       c["architectures"] = {std::string("RobertaPreLayerNorm") + task_suffix};
-      c["model_type"] = "roberta-prelayernorm";
       break;
     case Family::kGptNeoX:
       c["architectures"] = {"GPTNeoXForCausalLM"};
-      c["model_type"] = "gpt_neox";
       break;
     case Family::kLlama:
       c["architectures"] = {"LlamaForCausalLM"};
-      c["model_type"] = "llama";
       break;
   }
+  c["model_type"] = model_type_of(f);
   c["vocab_size"] = o.vocab_size;
   c["hidden_size"] = o.hidden;
   c["num_hidden_layers"] = o.layers;
@@ -170,7 +160,13 @@ std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(Tr
     c["label2id"] = labels(1)[1];
     c["problem_type"] = "regression";
   }
-  // Learned positions: ours count from 0; ESM and RoBERTa from padding_idx + 1.
+  return c;
+}
+
+// The encoder families' config fields and the tensors they have that we do not (ESM's contact
+// head, the zero token-type table). Returns how far their learned positions are shifted:
+// ours count from 0; ESM and RoBERTa from padding_idx + 1.
+int64_t add_encoder_config(Family f, const ModelOptions& o, ordered_json& c, NamedTensors& out) {
   int64_t position_offset = 0;
   if (f == Family::kEsm) {
     c["position_embedding_type"] = o.rotary ? "rotary" : "absolute";
@@ -185,30 +181,33 @@ std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(Tr
     // EsmModel always has a contact head (attention maps -> contacts): zeros, unused by LM/cls.
     out.emplace_back("esm.contact_head.regression.weight", torch::zeros({1, o.layers * o.heads}));
     out.emplace_back("esm.contact_head.regression.bias", torch::zeros({1}));
-  } else if (f == Family::kBert || f == Family::kRobertaPreLn) {
-    c["position_embedding_type"] = "absolute";
-    c["max_position_embeddings"] = o.max_seq_length;
-    c["type_vocab_size"] = f == Family::kBert ? 2 : 1;
-    c["hidden_dropout_prob"] = 0.0;
-    c["attention_probs_dropout_prob"] = 0.0;
-    // Our positions hold token type 0 folded in: the token-type table is zero.
-    out.emplace_back(f == Family::kBert
-                         ? "bert.embeddings.token_type_embeddings.weight"
-                         : "roberta_prelayernorm.embeddings.token_type_embeddings.weight",
-                     torch::zeros({f == Family::kBert ? 2 : 1, o.hidden}));
-  } else if (f == Family::kLlama) {
-    c["max_position_embeddings"] = o.max_seq_length;
+    return position_offset;
+  }
+  c["position_embedding_type"] = "absolute";
+  c["max_position_embeddings"] = o.max_seq_length;
+  c["type_vocab_size"] = f == Family::kBert ? 2 : 1;
+  c["hidden_dropout_prob"] = 0.0;
+  c["attention_probs_dropout_prob"] = 0.0;
+  // Our positions hold token type 0 folded in: the token-type table is zero.
+  out.emplace_back(f == Family::kBert
+                       ? "bert.embeddings.token_type_embeddings.weight"
+                       : "roberta_prelayernorm.embeddings.token_type_embeddings.weight",
+                   torch::zeros({f == Family::kBert ? 2 : 1, o.hidden}));
+  return position_offset;
+}
+
+// The causal families' config fields (rotary positions, no biases for Llama).
+void add_causal_config(Family f, const ModelOptions& o, ordered_json& c) {
+  c["max_position_embeddings"] = o.max_seq_length;
+  if (f == Family::kLlama) {
     c["num_key_value_heads"] = o.heads;
-    c["head_dim"] = hd;
+    c["head_dim"] = o.hidden / o.heads;
     c["rope_theta"] = 10000.0;
     c["rope_parameters"] = {{"rope_theta", 10000.0}, {"rope_type", "default"}};
     c["attention_bias"] = false;
     c["mlp_bias"] = false;
     c["attention_dropout"] = 0.0;
-    c["bos_token_id"] = data::kClsId;
-    c["eos_token_id"] = data::kSepId;
   } else {
-    c["max_position_embeddings"] = o.max_seq_length;
     c["rotary_pct"] = 1.0;
     c["rotary_emb_base"] = 10000;
     c["rope_parameters"] = {
@@ -217,9 +216,16 @@ std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(Tr
     c["attention_bias"] = true;
     c["hidden_dropout"] = 0.0;
     c["attention_dropout"] = 0.0;
-    c["bos_token_id"] = data::kClsId;
-    c["eos_token_id"] = data::kSepId;
   }
+  c["bos_token_id"] = data::kClsId;
+  c["eos_token_id"] = data::kSepId;
+}
+
+// Our weights under the family's names (GPT-NeoX's attention projections: add_fused_qkv), and
+// the tied decoder written out for loaders that do not tie (transformers ties them again).
+void add_renamed_weights(Family f, TransformerLM& model, const std::map<std::string, Tensor>& w,
+                         int64_t position_offset, NamedTensors& out) {
+  const auto& o = model->options();
   for (auto& [name, t] : w) {
     if (name.find(".attention.self.") != std::string::npos && f == Family::kGptNeoX) continue;
     if (name == "bert.embeddings.position_embeddings.weight" && position_offset > 0) {
@@ -230,76 +236,86 @@ std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(Tr
     }
     out.emplace_back(hf_name(f, name), t.contiguous());
   }
-  // Tied decoders, written out for loaders that do not tie (transformers ties them again).
   if (o.tie_embeddings && o.task == Task::kPretrain) {
     out.emplace_back(f == Family::kGptNeoX ? "embed_out.weight"
                      : f == Family::kLlama ? "lm_head.weight"
                      : f == Family::kBert  ? "cls.predictions.decoder.weight"
                                            : "lm_head.decoder.weight",
-                     w.at(word));
+                     w.at(model->root_name() + ".embeddings.word_embeddings.weight"));
   }
-  if (f == Family::kGptNeoX) {
-    // Fused per head: rows [head][q|k|v][head_dim].
-    for (int64_t i = 0; i < o.layers; ++i) {
-      const std::string ours = "gpt.encoder.layer." + std::to_string(i) + ".attention.self.";
-      const std::string theirs =
-          "gpt_neox.layers." + std::to_string(i) + ".attention.query_key_value.";
-      auto part = [&](const char* which, const char* kind) {
-        return w.at(ours + which + "." + kind);
-      };
-      auto wq = torch::stack({part("query", "weight").view({o.heads, hd, o.hidden}),
-                              part("key", "weight").view({o.heads, hd, o.hidden}),
-                              part("value", "weight").view({o.heads, hd, o.hidden})},
-                             1);
-      auto bq = torch::stack(
-          {part("query", "bias").view({o.heads, hd}), part("key", "bias").view({o.heads, hd}),
-           part("value", "bias").view({o.heads, hd})},
-          1);
-      out.emplace_back(theirs + "weight", wq.reshape({3 * o.hidden, o.hidden}).contiguous());
-      out.emplace_back(theirs + "bias", bq.reshape({3 * o.hidden}).contiguous());
-    }
+}
+
+// GPT-NeoX fuses query, key and value per head: rows [head][q|k|v][head_dim].
+void add_fused_qkv(const ModelOptions& o, const std::map<std::string, Tensor>& w,
+                   NamedTensors& out) {
+  const int64_t hd = o.hidden / o.heads;
+  for (int64_t i = 0; i < o.layers; ++i) {
+    const std::string ours = "gpt.encoder.layer." + std::to_string(i) + ".attention.self.";
+    const std::string theirs =
+        "gpt_neox.layers." + std::to_string(i) + ".attention.query_key_value.";
+    auto part = [&](const char* which, const char* kind) {
+      return w.at(ours + which + "." + kind);
+    };
+    auto wq = torch::stack({part("query", "weight").view({o.heads, hd, o.hidden}),
+                            part("key", "weight").view({o.heads, hd, o.hidden}),
+                            part("value", "weight").view({o.heads, hd, o.hidden})},
+                           1);
+    auto bq = torch::stack(
+        {part("query", "bias").view({o.heads, hd}), part("key", "bias").view({o.heads, hd}),
+         part("value", "bias").view({o.heads, hd})},
+        1);
+    out.emplace_back(theirs + "weight", wq.reshape({3 * o.hidden, o.hidden}).contiguous());
+    out.emplace_back(theirs + "bias", bq.reshape({3 * o.hidden}).contiguous());
   }
+}
+
+}  // namespace
+
+std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(TransformerLM& model,
+                                                                              bool merge_lora) {
+  const auto& o = model->options();
+  const Family f = family_of(o);
+  const auto w = our_weights(model, merge_lora);
+  NamedTensors out;
+  ordered_json c = common_config(f, o);
+  const bool causal = f == Family::kGptNeoX || f == Family::kLlama;
+  int64_t position_offset = 0;
+  if (causal) {
+    add_causal_config(f, o, c);
+  } else {
+    position_offset = add_encoder_config(f, o, c, out);
+  }
+  add_renamed_weights(f, model, w, position_offset, out);
+  if (f == Family::kGptNeoX) add_fused_qkv(o, w, out);
   return {out, c};
 }
 
 std::string export_hf_model(TransformerLM& model, const std::string& dir) {
   auto [tensors, config] = hf_state(model, true);
-  std::filesystem::create_directories(dir);
-  save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
-  write_json(dir + "/config.json", config);
+  write_hf_model(dir, tensors, config);
   return config["model_type"].get<std::string>();
 }
 
-void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::string& dir) {
-  std::filesystem::create_directories(dir);
-  ordered_json map = {{"unk_token", "[UNK]"},
-                      {"pad_token", "[PAD]"},
-                      {"cls_token", "[CLS]"},
-                      {"sep_token", "[SEP]"},
-                      {"mask_token", "[MASK]"}};
-  if (tok.kind() == "nt" && arch == Arch::kBert) {
-    // The Nucleotide Transformer split is EsmTokenizer's (longest vocabulary piece at each
-    // position; <cls> = [CLS] before, <eos> = [SEP] after): vocab.txt in our id order.
-    std::ofstream vocab(dir + "/vocab.txt", std::ios::trunc);
-    for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab << tok.id_to_piece(id) << "\n";
-    DNALLM_CHECK(vocab.good(), ExitCode::kFailure, "cannot write {}/vocab.txt", dir);
-    map["eos_token"] = "[SEP]";
-    write_json(dir + "/special_tokens_map.json", map);
-    ordered_json config = map;
-    config["tokenizer_class"] = "EsmTokenizer";
-    config["model_max_length"] = 1000000;
-    config["padding_side"] = "right";
-    config["dnallm_input"] = "the bases as they are";
-    write_json(dir + "/tokenizer_config.json", config);
-    return;
-  }
-  const bool kmer = tok.kind() == "kmer";
-  DNALLM_CHECK(tok.kind() == "char" ||
-                   (kmer && tok.to_json().value("stride", 0) == 1 && arch == Arch::kBert),
-               ExitCode::kUsage,
-               "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\", "
-               "and for encoders overlapping k-mers (stride 1) and \"nt\"",
-               tok.to_json().dump());
+namespace {
+
+// The Nucleotide Transformer split is EsmTokenizer's (longest vocabulary piece at each
+// position; <cls> = [CLS] before, <eos> = [SEP] after): vocab.txt in our id order.
+void export_esm_tokenizer(const data::Tokenizer& tok, ordered_json map, const std::string& dir) {
+  std::ofstream vocab(dir + "/vocab.txt", std::ios::trunc);
+  for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab << tok.id_to_piece(id) << "\n";
+  DNALLM_CHECK(vocab.good(), ExitCode::kFailure, "cannot write {}/vocab.txt", dir);
+  map["eos_token"] = "[SEP]";
+  write_json(dir + "/special_tokens_map.json", map);
+  ordered_json config = map;
+  config["tokenizer_class"] = "EsmTokenizer";
+  config["model_max_length"] = 1000000;
+  config["padding_side"] = "right";
+  config["dnallm_input"] = "the bases as they are";
+  write_json(dir + "/tokenizer_config.json", config);
+}
+
+// Our special tokens, ids 0.., as the tokenizers library lists them.
+ordered_json added_tokens() {
   const auto& names = data::special_token_names();
   ordered_json added = ordered_json::array();
   for (size_t id = 0; id < names.size(); ++id) {
@@ -311,8 +327,12 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
                      {"normalized", false},
                      {"special", true}});
   }
-  ordered_json vocab = ordered_json::object();
-  for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab[tok.id_to_piece(id)] = id;
+  return added;
+}
+
+// [CLS] sequence (then [SEP] for encoders); pairs (not used by our objectives) as BERT frames
+// them: single, then B and [SEP].
+ordered_json post_processor(Arch arch) {
   auto special = [](const char* name) {
     return ordered_json{{"SpecialToken", {{"id", name}, {"type_id", 0}}}};
   };
@@ -324,15 +344,25 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
     single.push_back(special("[SEP]"));
     specials["[SEP]"] = {{"id", "[SEP]"}, {"ids", {data::kSepId}}, {"tokens", {"[SEP]"}}};
   }
-  // Pairs (not used by our objectives) as BERT frames them: single, then B and [SEP].
   ordered_json pair = single;
   pair.push_back({{"Sequence", {{"id", "B"}, {"type_id", 1}}}});
   if (arch == Arch::kBert) pair.push_back({{"SpecialToken", {{"id", "[SEP]"}, {"type_id", 1}}}});
+  return {{"type", "TemplateProcessing"},
+          {"single", single},
+          {"pair", pair},
+          {"special_tokens", specials}};
+}
+
+// tokenizer.json: a WordLevel model over our vocabulary, split per base (char) or on spaces
+// (k-mers, DNABERT's input convention).
+ordered_json word_level_tokenizer(const data::Tokenizer& tok, Arch arch, bool kmer) {
+  ordered_json vocab = ordered_json::object();
+  for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab[tok.id_to_piece(id)] = id;
   ordered_json tj;
   tj["version"] = "1.0";
   tj["truncation"] = nullptr;
   tj["padding"] = nullptr;
-  tj["added_tokens"] = added;
+  tj["added_tokens"] = added_tokens();
   tj["normalizer"] = nullptr;
   if (kmer) {
     tj["pre_tokenizer"] = {{"type", "WhitespaceSplit"}};
@@ -342,14 +372,30 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
                            {"behavior", "Isolated"},
                            {"invert", false}};
   }
-  tj["post_processor"] = {{"type", "TemplateProcessing"},
-                          {"single", single},
-                          {"pair", pair},
-                          {"special_tokens", specials}};
+  tj["post_processor"] = post_processor(arch);
   tj["decoder"] = nullptr;
   tj["model"] = {{"type", "WordLevel"}, {"vocab", vocab}, {"unk_token", "[UNK]"}};
-  write_json(dir + "/tokenizer.json", tj);
+  return tj;
+}
 
+}  // namespace
+
+void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  ordered_json map = {{"unk_token", "[UNK]"},
+                      {"pad_token", "[PAD]"},
+                      {"cls_token", "[CLS]"},
+                      {"sep_token", "[SEP]"},
+                      {"mask_token", "[MASK]"}};
+  if (tok.kind() == "nt" && arch == Arch::kBert) return export_esm_tokenizer(tok, map, dir);
+  const bool kmer = tok.kind() == "kmer";
+  DNALLM_CHECK(tok.kind() == "char" ||
+                   (kmer && tok.to_json().value("stride", 0) == 1 && arch == Arch::kBert),
+               ExitCode::kUsage,
+               "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\", "
+               "and for encoders overlapping k-mers (stride 1) and \"nt\"",
+               tok.to_json().dump());
+  write_json(dir + "/tokenizer.json", word_level_tokenizer(tok, arch, kmer));
   if (arch == Arch::kGpt) map["bos_token"] = "[CLS]";
   write_json(dir + "/special_tokens_map.json", map);
   ordered_json config = map;
@@ -382,9 +428,7 @@ void export_peft_adapter(TransformerLM& model, const std::string& adapter_dir,
   }
   // The base: frozen weights, adapters not merged.
   auto [base, config] = hf_state(model, false);
-  std::filesystem::create_directories(base_dir);
-  save_safetensors(base_dir + "/model.safetensors", base, {{"format", "pt"}});
-  write_json(base_dir + "/config.json", config);
+  write_hf_model(base_dir, base, config);
 
   std::vector<std::pair<std::string, Tensor>> tensors;
   std::vector<std::string> modules_to_save;

@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <regex>
 #include <set>
 
 #include <fmt/ranges.h>
@@ -235,41 +234,15 @@ int64_t get_int(const json& c, const char* key, const std::string& path) {
   return c[key].get<int64_t>();
 }
 
-// HF parameter name -> ours ("" = handled separately). `root` is the HF model prefix.
+// HF parameter name -> ours: old LayerNorm spellings (gamma, beta) first, then the family's
+// table read backwards (hf_names.hpp; hf_export.cpp reads it forwards).
 std::string rename(const std::string& model_type, std::string name) {
-  auto replace = [&](const std::string& from, const std::string& to) {
-    const auto pos = name.find(from);
-    if (pos != std::string::npos) name.replace(pos, from.size(), to);
-  };
   auto ends = [&](const std::string& s) {
     return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
   };
-  // Old LayerNorm spellings.
   if (ends(".gamma")) name.replace(name.size() - 6, 6, ".weight");
   if (ends(".beta")) name.replace(name.size() - 5, 5, ".bias");
-  if (model_type == "bert") return name;
-  if (model_type == "esm" || model_type == "roberta-prelayernorm") {
-    const std::string root = model_type == "esm" ? "esm." : "roberta_prelayernorm.";
-    if (name.rfind(root, 0) == 0) name = "bert." + name.substr(root.size());
-    replace(".embeddings.layer_norm.", ".embeddings.LayerNorm.");
-    replace(".attention.LayerNorm.", ".attention.output.LayerNorm.");
-    replace(".intermediate.LayerNorm.", ".output.LayerNorm.");
-    static const std::regex layer_ln(R"(^bert\.encoder\.layer\.(\d+)\.LayerNorm\.)");
-    name = std::regex_replace(name, layer_ln, "bert.encoder.layer.$1.output.LayerNorm.");
-    replace("bert.encoder.emb_layer_norm_after.", "bert.encoder.final_layer_norm.");
-    if (name.rfind("bert.LayerNorm.", 0) == 0) {
-      name = "bert.encoder.final_layer_norm." + name.substr(15);
-    }
-    replace("lm_head.dense.", "cls.predictions.transform.dense.");
-    replace("lm_head.layer_norm.", "cls.predictions.transform.LayerNorm.");
-    if (name == "lm_head.bias") name = "cls.predictions.bias";
-    if (name == "lm_head.decoder.weight") name = "cls.predictions.decoder.weight";
-    if (name == "lm_head.decoder.bias") name = "cls.predictions.decoder.bias";
-    replace("classifier.dense.", "bert.pooler.dense.");
-    replace("classifier.out_proj.", "classifier.");
-    return name;
-  }
-  return hf_names::translate(name, hf_names::causal_rules(model_type), false);
+  return hf_names::translate(name, hf_names::rules(model_type), /*to_theirs=*/false);
 }
 
 std::string shape_of(const Tensor& t) { return fmt::format("{}", fmt::join(t.sizes(), "x")); }

@@ -41,7 +41,7 @@ struct HfCheckpoint {
   std::map<std::string, torch::Tensor> weights;  // by our names (TransformerLM::named_weights)
 };
 
-// True when `dir`/config.json is a Hugging Face config (not one written by export_model).
+// True when `dir`/config.json is a Hugging Face config (not one written by export_live_model).
 bool is_hf_model_dir(const std::string& dir);
 
 // Reads and validates `dir` (see Note [Nothing silently ignored]). Throws Error(kUsage).

@@ -11,7 +11,9 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
+#include "worker/tensor_buffer.hpp"
 
 namespace dnallm::models {
 namespace {
@@ -750,112 +752,41 @@ std::vector<std::pair<std::string, Tensor>> TransformerLMImpl::named_weights() c
 }
 
 // ---------------------------------------------------------------------------------------------
-// safetensors
+// safetensors: the format is checkpoint/safetensors.hpp's; here only tensors meet it.
 
-namespace {
-
-std::string st_dtype(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat32:
-      return "F32";
-    case torch::kBFloat16:
-      return "BF16";
-    case torch::kFloat16:
-      return "F16";
-    case torch::kInt64:
-      return "I64";
-    case torch::kInt32:
-      return "I32";
-    case torch::kFloat64:
-      return "F64";
-    default:
-      fail(ExitCode::kFailure, "safetensors: unsupported dtype {}", c10::toString(t));
-  }
+checkpoint::SafetensorsTensor safetensors_tensor(const std::string& name, const Tensor& t) {
+  auto c = t.detach().to(torch::kCPU).contiguous();
+  const auto dtype = dtype_of(c.scalar_type());
+  DNALLM_CHECK(dtype.has_value(), ExitCode::kFailure, "safetensors: unsupported dtype {} of {}",
+               c10::toString(c.scalar_type()), name);
+  checkpoint::SafetensorsTensor out{name, *dtype, c.sizes().vec(), nullptr};
+  out.write_data = [c](const checkpoint::ByteSink& sink) {  // little-endian host (x86-64, aarch64)
+    sink(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
+  };
+  return out;
 }
 
-torch::ScalarType st_scalar(const std::string& s, const std::string& path) {
-  if (s == "F32") return torch::kFloat32;
-  if (s == "BF16") return torch::kBFloat16;
-  if (s == "F16") return torch::kFloat16;
-  if (s == "I64") return torch::kInt64;
-  if (s == "I32") return torch::kInt32;
-  if (s == "F64") return torch::kFloat64;
-  fail(ExitCode::kBadData, "{}: unsupported safetensors dtype \"{}\"", path, s);
+std::vector<checkpoint::SafetensorsTensor> safetensors_tensors(
+    const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::vector<checkpoint::SafetensorsTensor> out;
+  out.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) out.push_back(safetensors_tensor(name, t));
+  return out;
 }
-
-}  // namespace
 
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header;
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<Tensor> data;
-  uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    auto c = t.detach().to(torch::kCPU).contiguous();
-    const uint64_t bytes = c.numel() * c.element_size();
-    header[name] = {{"dtype", st_dtype(c.scalar_type())},
-                    {"shape", c.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-    data.push_back(c);
-  }
-  std::string text = header.dump();
-  while (text.size() % 8 != 0) text.push_back(' ');
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    DNALLM_CHECK(f.good(), ExitCode::kFailure, "cannot write {}: {}", tmp, errno_string());
-    uint64_t len = text.size();
-    unsigned char le[8];
-    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(len >> (8 * i));
-    f.write(reinterpret_cast<const char*>(le), 8);
-    f.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& c : data) {  // little-endian host assumed (x86-64, aarch64)
-      f.write(static_cast<const char*>(c.data_ptr()),
-              static_cast<std::streamsize>(c.numel() * c.element_size()));
-    }
-    DNALLM_CHECK(f.good(), ExitCode::kFailure, "write to {} failed: {}", tmp, errno_string());
-  }
-  std::filesystem::rename(tmp, path);
+  checkpoint::write_safetensors(path, safetensors_tensors(tensors), metadata);
 }
 
 std::map<std::string, Tensor> load_safetensors(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  DNALLM_CHECK(f.good(), ExitCode::kBadData, "cannot open {}: {}", path, errno_string());
-  unsigned char le[8];
-  f.read(reinterpret_cast<char*>(le), 8);
-  DNALLM_CHECK(f.gcount() == 8, ExitCode::kBadData, "{} is not a safetensors file (too short)",
-               path);
-  uint64_t len = 0;
-  for (int i = 0; i < 8; ++i) len |= uint64_t(le[i]) << (8 * i);
-  const auto file_size = std::filesystem::file_size(path);
-  DNALLM_CHECK(len <= file_size - 8 && len < (100u << 20), ExitCode::kBadData,
-               "{}: safetensors header length {} is invalid", path, len);
-  std::string text(len, '\0');
-  f.read(text.data(), static_cast<std::streamsize>(len));
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    fail(ExitCode::kBadData, "{}: bad safetensors header: {}", path, e.what());
-  }
-  const uint64_t data_start = 8 + len;
+  checkpoint::SafetensorsReader reader(path);
   std::map<std::string, Tensor> out;
-  for (const auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
-    auto dtype = st_scalar(info.at("dtype").get<std::string>(), path);
-    auto shape = info.at("shape").get<std::vector<int64_t>>();
-    auto offs = info.at("data_offsets").get<std::vector<uint64_t>>();
-    auto t = torch::empty(shape, torch::TensorOptions().dtype(dtype));
-    const uint64_t bytes = t.numel() * t.element_size();
-    DNALLM_CHECK(
-        offs.size() == 2 && offs[1] - offs[0] == bytes && data_start + offs[1] <= file_size,
-        ExitCode::kBadData, "{}: tensor {} has inconsistent offsets", path, name);
-    f.seekg(static_cast<std::streamoff>(data_start + offs[0]));
-    f.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes));
-    DNALLM_CHECK(f.good(), ExitCode::kBadData, "{}: truncated data for {}", path, name);
+  for (const auto& [name, entry] : reader.file().tensors) {
+    auto t =
+        torch::empty(entry.spec.shape, torch::TensorOptions().dtype(torch_dtype(entry.spec.dtype)));
+    reader.read(entry, t.data_ptr());
     out.emplace(name, t);
   }
   return out;
@@ -881,36 +812,40 @@ std::map<std::string, Tensor> full_linear_weights(TransformerLM& model, bool mer
   return out;
 }
 
-void export_model(TransformerLM& model, const std::string& dir, const std::string& arch_name) {
-  std::filesystem::create_directories(dir);
+namespace {
+
+// The LoRA adapters alone, under PEFT's names, for users who keep the base separate.
+std::vector<std::pair<std::string, Tensor>> lora_adapters(TransformerLM& model) {
+  std::vector<std::pair<std::string, Tensor>> adapters;
+  for (const auto& item : model->named_parameters()) {
+    const auto& name = item.key();
+    if (name.rfind(".lora_") == std::string::npos) continue;
+    adapters.emplace_back("base_model.model." + name + ".weight",
+                          item.value().detach().to(torch::kFloat32));
+  }
+  return adapters;
+}
+
+}  // namespace
+
+void export_live_model(TransformerLM& model, const std::string& dir, const std::string& arch_name) {
   const auto& o = model->options();
   const auto merged = full_linear_weights(model, /*merge_adapters=*/true);
-  // The adapters alone as well, under PEFT's names, for users who keep the base separate.
+  checkpoint::ModelDirectory out;
   if (!merged.empty() && o.lora_r > 0) {  // (a quantized base alone has no adapters)
-    std::vector<std::pair<std::string, Tensor>> adapters;
-    for (const auto& item : model->named_parameters()) {
-      const auto& name = item.key();
-      const auto pos = name.rfind(".lora_");
-      if (pos == std::string::npos) continue;
-      adapters.emplace_back("base_model.model." + name + ".weight",
-                            item.value().detach().to(torch::kFloat32));
-    }
-    save_safetensors(dir + "/adapter_model.safetensors", adapters,
-                     {{"format", "pt"},
-                      {"lora_r", std::to_string(o.lora_r)},
-                      {"lora_alpha", std::to_string(o.lora_alpha)}});
+    out.adapters = safetensors_tensors(lora_adapters(model));
+    out.adapters_metadata = {{"format", "pt"},
+                             {"lora_r", std::to_string(o.lora_r)},
+                             {"lora_alpha", std::to_string(o.lora_alpha)}};
   }
-  std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, t] : model->named_weights()) {
     auto it = merged.find(name);
-    tensors.emplace_back(name, (it != merged.end() ? it->second : t).to(torch::kFloat32));
+    out.weights.push_back(
+        safetensors_tensor(name, (it != merged.end() ? it->second : t).to(torch::kFloat32)));
   }
-  save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
-
-  nlohmann::ordered_json c = export_config(o, arch_name);
-  std::ofstream f(dir + "/config.json");
-  f << c.dump(2) << "\n";
-  DNALLM_CHECK(f.good(), ExitCode::kFailure, "cannot write {}/config.json", dir);
+  out.weights_metadata = {{"format", "pt"}};
+  out.config = export_config(o, arch_name);
+  checkpoint::write_model_directory(dir, out);
 }
 
 nlohmann::ordered_json export_config(const ModelOptions& o, const std::string& arch_name) {

@@ -19,7 +19,7 @@
 //   cls/reg:    <root>.pooler.dense.*, classifier.* [num_labels, hidden]
 // <root> is "bert" for arch = "bert" and "gpt" for arch = "gpt". HF BERT is post-LN, so the
 // weights load by name and shape but the computation differs: config.json records
-// "pre_layer_norm": true and our own loader (load_safetensors_into) is the exact inverse.
+// "pre_layer_norm": true and our own loader (load_exported_model) is the exact inverse.
 // LoRA adds <linear>.lora_A [r, in] and <linear>.lora_B [out, r] (PEFT's shapes).
 #pragma once
 
@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/safetensors.hpp"
 #include "core/config.hpp"
 #include "worker/models/quantized_linear.hpp"
 
@@ -253,7 +254,11 @@ torch::Tensor checkpointed_block(Block& block, const torch::Tensor& x, const tor
                                  bool causal, const torch::Tensor& rope_cos,
                                  const torch::Tensor& rope_sin);
 
-// safetensors: `u64 little-endian header length | JSON header | raw little-endian data`.
+// safetensors (the format: checkpoint/safetensors.hpp), tensors as torch tensors. The file is
+// written durably; a tensor is copied to the host, contiguous, in its own dtype.
+checkpoint::SafetensorsTensor safetensors_tensor(const std::string& name, const torch::Tensor& t);
+std::vector<checkpoint::SafetensorsTensor> safetensors_tensors(
+    const std::vector<std::pair<std::string, torch::Tensor>>& tensors);
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
@@ -264,15 +269,18 @@ std::map<std::string, torch::Tensor> load_safetensors(const std::string& path);
 // Copies: the live model keeps training with its adapters. Every export goes through this.
 std::map<std::string, torch::Tensor> full_linear_weights(TransformerLM& model, bool merge_adapters);
 
-// Writes <dir>/model.safetensors (LoRA merged into a copy), <dir>/config.json, and with LoRA
-// also <dir>/adapter_model.safetensors (the adapters alone, PEFT names
-// "base_model.model.<module>.lora_A.weight").
-void export_model(TransformerLM& model, const std::string& dir, const std::string& arch_name);
+// The live model as a model directory (Note [Exported model directory] in
+// checkpoint/safetensors.hpp): <dir>/model.safetensors (fp32, LoRA merged into a copy),
+// <dir>/config.json, and with LoRA also <dir>/adapter_model.safetensors (the adapters alone,
+// PEFT names "base_model.model.<module>.lora_A.weight"). tokenizer.json is the caller's
+// (the trainer's write_tokenizer hook).
+void export_live_model(TransformerLM& model, const std::string& dir, const std::string& arch_name);
 // The config.json of an exported model (also stored in checkpoints, so dnallm-ckpt export
 // writes the same file).
 nlohmann::ordered_json export_config(const ModelOptions& options, const std::string& arch_name);
 
-// Reads config.json and model.safetensors written by export_model().
+// Reads config.json and model.safetensors written by export_live_model() or
+// checkpoint::export_checkpoint_model().
 TransformerLM load_exported_model(const std::string& dir);
 
 }  // namespace dnallm::models

@@ -82,41 +82,16 @@ void FlatAdamW::step(torch::Tensor params, const torch::Tensor& grads, double lr
   ++step_;
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
   if (fused()) {
-    step_tensor_.add_(1.0);
-    // The kernel divides the gradients by grad_scale (and writes them back unscaled).
-    const auto divisor = grad_scale.reciprocal();
-    auto run = [&](const std::vector<std::pair<int64_t, int64_t>>& runs, double wd) {
-      if (runs.empty()) return;
-      std::vector<torch::Tensor> p, g, m, v;
-      for (const auto& [a, b] : runs) {
-        p.push_back(params.narrow(0, a, b - a));
-        g.push_back(grads.narrow(0, a, b - a));
-        m.push_back(exp_avg_.narrow(0, a, b - a));
-        v.push_back(exp_avg_sq_.narrow(0, a, b - a));
-      }
-      const std::vector<torch::Tensor> steps(runs.size(), step_tensor_);
-      at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1,
-                        options_.beta2, wd, options_.eps, /*amsgrad=*/false, /*maximize=*/false,
-                        divisor, /*found_inf=*/c10::nullopt);
-    };
-    run(decay_runs_, options_.weight_decay);
-    run(plain_runs_, 0.0);
+    fused_step(params, grads, lr, grad_scale);
     return;
   }
 #endif
   const double b1 = options_.beta1, b2 = options_.beta2;
-  const double bc1 = 1.0 - std::pow(b1, double(step_));
-  const double bc2 = 1.0 - std::pow(b2, double(step_));
-  // s g in the scratch buffer, then the update of step(double) with s = 1.
+  // s g in the scratch buffer, then the moments as step(double) with s = 1.
   torch::mul_out(scratch_, grads, grad_scale);
   exp_avg_.mul_(b1).add_(scratch_, 1.0 - b1);
   exp_avg_sq_.mul_(b2).addcmul_(scratch_, scratch_, 1.0 - b2);
-  if (options_.weight_decay != 0.0) {
-    params.addcmul_(params, decay_mask_, -lr * options_.weight_decay);
-  }
-  torch::sqrt_out(scratch_, exp_avg_sq_);
-  scratch_.div_(std::sqrt(bc2)).add_(options_.eps);
-  params.addcdiv_(exp_avg_, scratch_, -lr / bc1);
+  apply_update(params, lr);
 }
 
 void FlatAdamW::step(torch::Tensor params, const torch::Tensor& grads, double lr,
@@ -124,11 +99,15 @@ void FlatAdamW::step(torch::Tensor params, const torch::Tensor& grads, double lr
   torch::NoGradGuard no_grad;
   ++step_;
   const double b1 = options_.beta1, b2 = options_.beta2;
-  const double bc1 = 1.0 - std::pow(b1, double(step_));
-  const double bc2 = 1.0 - std::pow(b2, double(step_));
   // m = b1 m + (1 - b1) s g ;  v = b2 v + (1 - b2) s^2 g^2
   exp_avg_.mul_(b1).add_(grads, (1.0 - b1) * grad_scale);
   exp_avg_sq_.mul_(b2).addcmul_(grads, grads, (1.0 - b2) * grad_scale * grad_scale);
+  apply_update(params, lr);
+}
+
+void FlatAdamW::apply_update(torch::Tensor& params, double lr) {
+  const double bc1 = 1.0 - std::pow(options_.beta1, double(step_));
+  const double bc2 = 1.0 - std::pow(options_.beta2, double(step_));
   // Decoupled decay, as torch.optim.AdamW: p -= lr * wd * mask * p (before the Adam update).
   if (options_.weight_decay != 0.0) {
     params.addcmul_(params, decay_mask_, -lr * options_.weight_decay);
@@ -138,6 +117,31 @@ void FlatAdamW::step(torch::Tensor params, const torch::Tensor& grads, double lr
   scratch_.div_(std::sqrt(bc2)).add_(options_.eps);
   params.addcdiv_(exp_avg_, scratch_, -lr / bc1);
 }
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+void FlatAdamW::fused_step(torch::Tensor& params, const torch::Tensor& grads, double lr,
+                           const torch::Tensor& grad_scale) {
+  step_tensor_.add_(1.0);
+  // The kernel divides the gradients by grad_scale (and writes them back unscaled).
+  const auto divisor = grad_scale.reciprocal();
+  auto run = [&](const std::vector<std::pair<int64_t, int64_t>>& runs, double wd) {
+    if (runs.empty()) return;
+    std::vector<torch::Tensor> p, g, m, v;
+    for (const auto& [a, b] : runs) {
+      p.push_back(params.narrow(0, a, b - a));
+      g.push_back(grads.narrow(0, a, b - a));
+      m.push_back(exp_avg_.narrow(0, a, b - a));
+      v.push_back(exp_avg_sq_.narrow(0, a, b - a));
+    }
+    const std::vector<torch::Tensor> steps(runs.size(), step_tensor_);
+    at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1, options_.beta2,
+                      wd, options_.eps, /*amsgrad=*/false, /*maximize=*/false, divisor,
+                      /*found_inf=*/c10::nullopt);
+  };
+  run(decay_runs_, options_.weight_decay);
+  run(plain_runs_, 0.0);
+}
+#endif
 
 double grad_sq_sum(const torch::Tensor& grads) {
   torch::NoGradGuard no_grad;

@@ -91,6 +91,13 @@ class FlatAdamW {
   bool fused() const { return step_tensor_.defined(); }
 
  private:
+  // The update both step()s share once the moments are updated for step_: decoupled weight
+  // decay, then p -= lr / bc1 * m / (sqrt(v / bc2) + eps). Uses scratch_.
+  void apply_update(torch::Tensor& params, double lr);
+  // step(Tensor) on torch's fused kernel (LibTorch >= 2.1, CUDA).
+  void fused_step(torch::Tensor& params, const torch::Tensor& grads, double lr,
+                  const torch::Tensor& grad_scale);
+
   AdamWOptions options_;
   int64_t begin_, end_;
   int64_t step_ = 0;

@@ -13,15 +13,14 @@
 #include <fmt/ranges.h>  // fmt::join lives here from fmt 11 on
 #endif
 
+#include "core/clock.hpp"
 #include "core/error.hpp"
+#include "worker/tensor_buffer.hpp"
 
 namespace dnallm::parallel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // Fires after AccumulateGrad wrote a parameter's gradient (DESIGN.md "Verified facts").
 class ReadyHook : public torch::autograd::FunctionPostHook {
@@ -37,19 +36,12 @@ class ReadyHook : public torch::autograd::FunctionPostHook {
   std::function<void()> fn_;
 };
 
-torch::ScalarType scalar_type(DType t) {
-  switch (t) {
-    case DType::kFloat32:
-      return torch::kFloat32;
-    case DType::kBFloat16:
-      return torch::kBFloat16;
-    case DType::kFloat16:
-      return torch::kFloat16;
-    default:
-      break;
-  }
-  fail(ExitCode::kUsage, "parallel.grad_reduce_dtype must be fp32, bf16 or fp16, not {}",
-       dtype_name(t));
+// The gradient reduction dtype as a ScalarType (validated: a floating type of 2 or 4 bytes).
+torch::ScalarType reduce_scalar_type(DType t) {
+  DNALLM_CHECK(t == DType::kFloat32 || t == DType::kBFloat16 || t == DType::kFloat16,
+               ExitCode::kUsage, "parallel.grad_reduce_dtype must be fp32, bf16 or fp16, not {}",
+               dtype_name(t));
+  return torch_dtype(t);
 }
 
 // Sum of one scalar over all ranks (collective, blocking).
@@ -171,16 +163,10 @@ DataParallel::~DataParallel() {
 }
 
 BufferView DataParallel::view(const torch::Tensor& t, int64_t begin, int64_t end) const {
-  BufferView v;
-  v.data = static_cast<char*>(t.data_ptr()) + begin * static_cast<int64_t>(t.element_size());
-  v.count = static_cast<size_t>(end - begin);
-  v.dtype = t.scalar_type() == torch::kFloat32    ? DType::kFloat32
-            : t.scalar_type() == torch::kBFloat16 ? DType::kBFloat16
-            : t.scalar_type() == torch::kFloat16  ? DType::kFloat16
-            : t.scalar_type() == torch::kFloat64  ? DType::kFloat64
-                                                  : DType::kInt64;
-  if (t.is_cuda()) v.device = Device{DeviceType::kCUDA, static_cast<int>(t.get_device())};
-  return v;
+  const auto dtype = dtype_of(t.scalar_type());
+  DNALLM_CHECK(dtype.has_value(), ExitCode::kFailure, "DDP: no collective dtype for a {} tensor",
+               c10::toString(t.scalar_type()));
+  return buffer_view(t, begin, end - begin, *dtype);
 }
 
 void DataParallel::broadcast_parameters() {
@@ -219,7 +205,7 @@ void DataParallel::begin_micro_step(bool last_micro_step) {
     if (st.in_flight) {
       auto t = Clock::now();
       drain(st);
-      exposed_s_ += since(t);
+      exposed_s_ += seconds_since(t);
     }
     point_grads_at(st.grads);
     launch_buffer_ = st.grads;
@@ -261,7 +247,7 @@ void DataParallel::launch(Bucket& bucket) {
   if (options_.reduce_dtype == DType::kFloat32) {
     l.work = comm_.allreduce(view(target, 0, target.numel()), comm::ReduceOp::kSum);
   } else {
-    l.staging = target.to(scalar_type(options_.reduce_dtype));
+    l.staging = target.to(reduce_scalar_type(options_.reduce_dtype));
     l.work = comm_.allreduce(view(l.staging, 0, l.staging.numel()), comm::ReduceOp::kSum);
   }
   launch_into_->push_back(std::move(l));
@@ -320,7 +306,7 @@ double DataParallel::finish_step() {
                           comm::ReduceOp::kSum)
           ->wait();
     } else {
-      torch::Tensor staging = g.to(scalar_type(options_.reduce_dtype));
+      torch::Tensor staging = g.to(reduce_scalar_type(options_.reduce_dtype));
       comm_
           .reduce_scatter(view(staging, 0, staging.numel()),
                           view(staging, owned_.begin, owned_.end), comm::ReduceOp::kSum)
@@ -338,7 +324,7 @@ double DataParallel::finish_step() {
     complete(flat_launched_);
   }
   step_open_ = false;
-  return exposed_s_ + since(t);
+  return exposed_s_ + seconds_since(t);
 }
 
 double DataParallel::global_grad_norm() {

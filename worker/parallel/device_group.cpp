@@ -18,6 +18,7 @@
 
 #include "cluster/gpu_placement.hpp"
 #include "core/error.hpp"
+#include "worker/tensor_buffer.hpp"
 #include "worker/train/trainer.hpp"
 
 namespace dnallm::parallel {
@@ -51,28 +52,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-torch::ScalarType torch_type(DType t) {
-  switch (t) {
-    case DType::kFloat32:
-      return torch::kFloat32;
-    case DType::kFloat64:
-      return torch::kFloat64;
-    case DType::kFloat16:
-      return torch::kFloat16;
-    case DType::kBFloat16:
-      return torch::kBFloat16;
-    case DType::kInt64:
-      return torch::kInt64;
-    case DType::kInt32:
-      return torch::kInt32;
-    case DType::kUInt8:
-      return torch::kUInt8;
-    case DType::kInt8:
-      return torch::kInt8;
-  }
-  return torch::kUInt8;
-}
-
 torch::Device torch_device(const Device& d) {
   if (!d.is_cuda()) return torch::kCPU;
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(d.index));
@@ -82,16 +61,7 @@ torch::Device torch_device(const Device& d) {
 torch::Tensor wrap(const BufferView& v) {
   return torch::from_blob(
       v.data, {static_cast<int64_t>(v.count)},
-      torch::TensorOptions().dtype(torch_type(v.dtype)).device(torch_device(v.device)));
-}
-
-BufferView view_of(const torch::Tensor& t, int64_t begin, int64_t count, DType dtype) {
-  BufferView v;
-  v.data = static_cast<char*>(t.data_ptr()) + begin * static_cast<int64_t>(dtype_size(dtype));
-  v.count = static_cast<size_t>(count);
-  v.dtype = dtype;
-  if (t.is_cuda()) v.device = Device{DeviceType::kCUDA, static_cast<int>(t.get_device())};
-  return v;
+      torch::TensorOptions().dtype(torch_dtype(v.dtype)).device(torch_device(v.device)));
 }
 
 void wait_event(const c10::Event& e) {
@@ -185,7 +155,7 @@ class StagingCommunicator final : public comm::Communicator {
       return direct("allreduce", [=] { return inner_->allreduce(in, out, op); });
     // In place on one staging copy of `in`, then into `out`.
     return staged("allreduce", in, 0, in.count, out, 0, [this, op](const torch::Tensor& s) {
-      BufferView v = view_of(s, 0, s.numel(), dtype_of(s));
+      BufferView v = buffer_view(s, 0, s.numel(), dtype_of(s));
       return inner_->allreduce(v, v, op);
     });
   }
@@ -198,9 +168,9 @@ class StagingCommunicator final : public comm::Communicator {
     return staged("reduce_scatter", in, 0, in.count, out, static_cast<int64_t>(shard.offset),
                   [this, op, shard](const torch::Tensor& s) {
                     const DType t = dtype_of(s);
-                    return inner_->reduce_scatter(view_of(s, 0, s.numel(), t),
-                                                  view_of(s, static_cast<int64_t>(shard.offset),
-                                                          static_cast<int64_t>(shard.count), t),
+                    return inner_->reduce_scatter(buffer_view(s, 0, s.numel(), t),
+                                                  buffer_view(s, static_cast<int64_t>(shard.offset),
+                                                              static_cast<int64_t>(shard.count), t),
                                                   op);
                   });
   }
@@ -212,9 +182,9 @@ class StagingCommunicator final : public comm::Communicator {
     return staged("allgather", in, static_cast<int64_t>(shard.offset), out.count, out, 0,
                   [this, shard](const torch::Tensor& s) {
                     const DType t = dtype_of(s);
-                    return inner_->allgather(view_of(s, static_cast<int64_t>(shard.offset),
-                                                     static_cast<int64_t>(shard.count), t),
-                                             view_of(s, 0, s.numel(), t));
+                    return inner_->allgather(buffer_view(s, static_cast<int64_t>(shard.offset),
+                                                         static_cast<int64_t>(shard.count), t),
+                                             buffer_view(s, 0, s.numel(), t));
                   });
   }
 
@@ -222,7 +192,7 @@ class StagingCommunicator final : public comm::Communicator {
     if (!needs_staging(buf))
       return direct("broadcast", [=] { return inner_->broadcast(buf, root); });
     return staged("broadcast", buf, 0, buf.count, buf, 0, [this, root](const torch::Tensor& s) {
-      return inner_->broadcast(view_of(s, 0, s.numel(), dtype_of(s)), root);
+      return inner_->broadcast(buffer_view(s, 0, s.numel(), dtype_of(s)), root);
     });
   }
 
@@ -231,25 +201,9 @@ class StagingCommunicator final : public comm::Communicator {
   }
 
  private:
+  // A byte view of a type we do not carry (bool) as uint8, as the collectives only copy it.
   static DType dtype_of(const torch::Tensor& t) {
-    switch (t.scalar_type()) {
-      case torch::kFloat32:
-        return DType::kFloat32;
-      case torch::kFloat64:
-        return DType::kFloat64;
-      case torch::kFloat16:
-        return DType::kFloat16;
-      case torch::kBFloat16:
-        return DType::kBFloat16;
-      case torch::kInt64:
-        return DType::kInt64;
-      case torch::kInt32:
-        return DType::kInt32;
-      case torch::kInt8:
-        return DType::kInt8;
-      default:
-        return DType::kUInt8;
-    }
+    return dnallm::dtype_of(t.scalar_type()).value_or(DType::kUInt8);
   }
 
   bool needs_staging(const BufferView& v) const {

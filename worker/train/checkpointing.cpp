@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "comm/communicator.hpp"
+#include "core/clock.hpp"
 #include "core/error.hpp"
 #include "worker/train/trainer.hpp"
 
@@ -25,10 +26,6 @@ namespace dnallm::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 std::string hash_text(uint64_t h) { return fmt::format("{:016x}", h); }
 
@@ -162,7 +159,7 @@ void Checkpointer::report(Trainer& trainer) {
     line["bytes"] = c.bytes;
     line["stall_s"] = in_flight_.stall_s;
     line["write_s"] = write_s;
-    trainer.write_metrics(line.dump());
+    trainer.write_metrics(line);
   }
 }
 

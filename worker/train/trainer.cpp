@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "core/clock.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "worker/train/autocast.hpp"
@@ -21,10 +22,6 @@ namespace dnallm::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 double peak_rss_mb() {
   struct rusage usage {};
@@ -361,18 +358,11 @@ Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<Bat
   total_steps_ = train::total_steps(config_, train_->samples_per_epoch(), sync_->world_size());
   schedule_ = optim::schedule_from_config(t, total_steps_);
 
-  std::string metrics_path = config_.logging.metrics_file;
-  if (!metrics_path.empty() && sync_->rank() == 0) {
-    auto parent = std::filesystem::path(metrics_path).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent);
-    metrics_.open(metrics_path,
-                  std::ios::out | (options_.append_metrics ? std::ios::app : std::ios::trunc));
-    DNALLM_CHECK(metrics_.good(), ExitCode::kUsage, "cannot write logging.metrics_file \"{}\": {}",
-                 metrics_path, errno_string());
-  }
-  if (!config_.logging.tensorboard_dir.empty() && sync_->rank() == 0) {
-    tensorboard_ = std::make_unique<EventFileWriter>(config_.logging.tensorboard_dir);
-    spdlog::info("TensorBoard events: {}", tensorboard_->path());
+  if (sync_->rank() == 0) {
+    metrics_ = std::make_unique<MetricsWriter>(MetricsOptions{
+        config_.logging.metrics_file, options_.append_metrics, config_.logging.tensorboard_dir});
+    if (!metrics_->tensorboard_path().empty())
+      spdlog::info("TensorBoard events: {}", metrics_->tensorboard_path());
   }
   peak_tflops_ = config_.logging.peak_tflops > 0 ? config_.logging.peak_tflops
                                                  : known_peak_tflops(device_name(device_));
@@ -419,25 +409,8 @@ std::string Trainer::export_dir() const {
   return config_.checkpoint.dir + "/final";
 }
 
-void Trainer::write_metrics(const std::string& line) {
-  if (tensorboard_) {
-    // Every number of the line as a scalar tagged "<event>/<key>" (train/loss, eval/
-    // bits_per_base, checkpoint/stall_s, summary/mfu, ...) at the line's step.
-    const auto j = nlohmann::json::parse(line);
-    const std::string event = j.value("event", std::string("train"));
-    if (j.contains("step") && j["step"].is_number_integer()) {
-      tensorboard_step_ = j["step"].get<int64_t>();
-    }
-    std::vector<std::pair<std::string, double>> scalars;
-    for (const auto& [key, value] : j.items()) {
-      if (value.is_number() && key != "step")
-        scalars.emplace_back(event + "/" + key, value.get<double>());
-    }
-    tensorboard_->add_scalars(tensorboard_step_, scalars);
-  }
-  if (!metrics_.is_open()) return;
-  metrics_ << line << '\n';
-  metrics_.flush();
+void Trainer::write_metrics(const nlohmann::ordered_json& event) {
+  if (metrics_) metrics_->write(event);
 }
 
 StepResult Trainer::train_step(bool read_host_values) {
@@ -626,7 +599,7 @@ void Trainer::run() {
       line["data_wait_s"] = r.data_wait_s;
       if (r.skipped) line["skipped"] = true;
       if (scaler_.scale() != 1.0) line["loss_scale"] = scaler_.scale();
-      write_metrics(line.dump());
+      write_metrics(line);
       if (options_.console_progress) {
         const double eta = train_s / double(r.step) * double(total_steps_ - r.step);
         const std::string mfu_text =
@@ -654,7 +627,7 @@ void Trainer::run() {
           line["rows"] = e.rows;
         }
         line["tokens"] = e.tokens;
-        write_metrics(line.dump());
+        write_metrics(line);
         const auto task = model_->options().task;
         if (task == models::Task::kPretrain) {
           spdlog::info("eval at step {}: loss {:.4f} bits/base {:.4f}", r.step, e.loss,
@@ -672,7 +645,7 @@ void Trainer::run() {
   if (options_.at_end) options_.at_end(*this);
   if (rank0 && config_.checkpoint.save_final) {
     const auto dir = export_dir();
-    models::export_model(model_, dir, config_.model.arch);
+    models::export_live_model(model_, dir, config_.model.arch);
     if (options_.write_tokenizer) options_.write_tokenizer(dir);
     spdlog::info("exported the model to {}", dir);
   }
@@ -695,7 +668,7 @@ void Trainer::run() {
       line["mfu"] = mfu(flops / train_s, 1.0, peak_tflops_, sync_->world_size());
     }
     line["skipped_steps"] = scaler_.skipped_steps();
-    write_metrics(line.dump());
+    write_metrics(line);
     spdlog::info("done: {} steps, {:.0f} tokens/s, final loss {:.4f}, {:.1f} s", step_,
                  train_s > 0 ? tokens / train_s : 0.0, final_loss, seconds_since(t_start));
   }

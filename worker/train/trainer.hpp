@@ -61,7 +61,7 @@
 #include <vector>
 
 #include "core/config.hpp"
-#include "core/tensorboard.hpp"
+#include "core/metrics.hpp"
 #include "worker/data/batch.hpp"
 #include "worker/models/transformer.hpp"
 #include "worker/optim/flat_adamw.hpp"
@@ -260,8 +260,9 @@ class Trainer {
   int64_t step() const { return step_; }
   // Resume: the optimizer steps already done (the LR schedule position follows it).
   void set_step(int64_t step) { step_ = step; }
-  // Appends a JSON line to the metrics file (rank 0; no-op without one). Training thread.
-  void write_metrics(const std::string& line);
+  // One metrics event (docs/metrics.md; core/metrics.hpp): a JSON line and TensorBoard
+  // scalars (rank 0; no-op without a metrics file or TensorBoard). Training thread.
+  void write_metrics(const nlohmann::ordered_json& event);
   int64_t total_steps() const { return total_steps_; }
   const torch::Device& device() const { return device_; }
   // Where run() exports the final model.
@@ -287,9 +288,7 @@ class Trainer {
   optim::LossScaler scaler_;
   int64_t step_ = 0;
   int64_t total_steps_ = 0;
-  std::ofstream metrics_;
-  std::unique_ptr<EventFileWriter> tensorboard_;  // logging.tensorboard_dir, rank 0
-  int64_t tensorboard_step_ = 0;                  // step of the last line that had one
+  std::unique_ptr<MetricsWriter> metrics_;  // rank 0: logging.metrics_file, tensorboard_dir
   bool autocast_bf16_ = false, autocast_fp16_ = false;
   bool sync_free_ = false;
   std::vector<std::function<void()>> pending_reads_;
