@@ -24,6 +24,7 @@
 #include "coordinator/store_server.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/worker_env.hpp"
 
 namespace {
 
@@ -145,10 +146,7 @@ int main(int argc, char** argv) {
   }
   try {
     init_logging("coordinator", log_level);
-    if (token.empty()) {
-      const char* env = std::getenv("DNALLM_JOB_TOKEN");
-      if (env != nullptr) token = env;
-    }
+    if (token.empty()) token = job_token_of();
     DNALLM_CHECK(!(no_token && !token.empty()), ExitCode::kUsage,
                  "--no-token contradicts the job token given by --token or DNALLM_JOB_TOKEN");
     if (no_token) {
