@@ -336,28 +336,7 @@ Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<Bat
   scaler_options.init_scale = options_.initial_loss_scale;
   scaler_ = optim::LossScaler(scaler_options);
 
-  model_->to(device_);
-  model_->train();
-  std::vector<std::pair<std::string, torch::Tensor>> named;
-  for (const auto& p : model_->named_parameters()) {
-    if (p.value().requires_grad()) named.emplace_back(p.key(), p.value());
-  }
-  flat_ = std::make_unique<optim::FlatParameters>(sync_->order_parameters(named), device_);
-  sync_->attach(*flat_, named);
-  DNALLM_CHECK(flat_->numel() > 0, ExitCode::kUsage, "the model has no trainable parameters");
-  const auto [begin, end] = sync_->shard_range(flat_->numel());
-  optim::AdamWOptions adam{t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.weight_decay};
-  torch::Tensor mask = flat_->decay_mask().narrow(0, begin, end - begin);
-  if (t.optimizer_offload) {
-    // Note [Optimizer offload]: the optimizer's state follows its decay mask to the host.
-    auto host = torch::TensorOptions().dtype(torch::kFloat32);
-    if (!device_.is_cpu()) host = host.pinned_memory(true);
-    mask = torch::empty({end - begin}, host).copy_(mask);
-    host_params_ = torch::empty({end - begin}, host);
-    host_grads_ = torch::empty({end - begin}, host);
-    reload_host_params();
-  }
-  adamw_ = std::make_unique<optim::FlatAdamW>(adam, begin, end, mask);
+  place_parameters();
   total_steps_ = train::total_steps(config_, train_->samples_per_epoch(), sync_->world_size());
   schedule_ = optim::schedule_from_config(t, total_steps_);
 
@@ -389,6 +368,32 @@ Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<Bat
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::place_parameters() {
+  const auto& t = config_.training;
+  model_->to(device_);
+  model_->train();
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& p : model_->named_parameters()) {
+    if (p.value().requires_grad()) named.emplace_back(p.key(), p.value());
+  }
+  flat_ = std::make_unique<optim::FlatParameters>(sync_->order_parameters(named), device_);
+  sync_->attach(*flat_, named);
+  DNALLM_CHECK(flat_->numel() > 0, ExitCode::kUsage, "the model has no trainable parameters");
+  const auto [begin, end] = sync_->shard_range(flat_->numel());
+  optim::AdamWOptions adam{t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.weight_decay};
+  torch::Tensor mask = flat_->decay_mask().narrow(0, begin, end - begin);
+  if (t.optimizer_offload) {
+    // Note [Optimizer offload]: the optimizer's state follows its decay mask to the host.
+    auto host = torch::TensorOptions().dtype(torch::kFloat32);
+    if (!device_.is_cpu()) host = host.pinned_memory(true);
+    mask = torch::empty({end - begin}, host).copy_(mask);
+    host_params_ = torch::empty({end - begin}, host);
+    host_grads_ = torch::empty({end - begin}, host);
+    reload_host_params();
+  }
+  adamw_ = std::make_unique<optim::FlatAdamW>(adam, begin, end, mask);
+}
 
 void Trainer::reload_host_params() {
   if (!offloaded()) return;

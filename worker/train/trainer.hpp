@@ -317,6 +317,9 @@ class Trainer {
   torch::Tensor host_params_, host_grads_;
   void offloaded_update(const torch::Tensor& params, const torch::Tensor& grads, double lr,
                         double grad_scale);
+  // Construction: the model on the device, its trainable parameters in the flat buffers
+  // (GradientSync::order_parameters, attach) and the optimizer over this rank's range.
+  void place_parameters();
 
   // The parts of train_step(), in order.
   struct LossSum {
