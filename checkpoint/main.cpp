@@ -58,33 +58,48 @@ json summary(const ck::CheckpointReader& r) {
   return j;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  dnallm::init_logging("ckpt", "warn");
-  CLI::App app{"dnallm-ckpt: inspect, verify, reshard and export dnallm checkpoints"};
-  app.require_subcommand(1);
+struct CkptArgs {
   std::string path, out, compression = "zstd";
   int world_size = 0;
+};
 
-  auto* inspect = app.add_subcommand("inspect", "print a JSON summary of a checkpoint");
-  inspect->add_option("path", path, "step directory or checkpoint root")->required();
-  auto* verify = app.add_subcommand("verify", "check every shard and chunk checksum");
-  verify->add_option("path", path, "step directory or checkpoint root")->required();
-  auto* reshard = app.add_subcommand("reshard", "rewrite into N shards (even flat ranges)");
-  reshard->add_option("path", path, "step directory or checkpoint root")->required();
-  reshard->add_option("--world-size", world_size, "number of output shards")
+// The subcommands, in the order of the help text.
+struct Commands {
+  CLI::App* inspect = nullptr;
+  CLI::App* verify = nullptr;
+  CLI::App* reshard = nullptr;
+  CLI::App* exp = nullptr;
+};
+
+Commands add_commands(CLI::App& app, CkptArgs& a) {
+  Commands c;
+  c.inspect = app.add_subcommand("inspect", "print a JSON summary of a checkpoint");
+  c.inspect->add_option("path", a.path, "step directory or checkpoint root")->required();
+  c.verify = app.add_subcommand("verify", "check every shard and chunk checksum");
+  c.verify->add_option("path", a.path, "step directory or checkpoint root")->required();
+  c.reshard = app.add_subcommand("reshard", "rewrite into N shards (even flat ranges)");
+  c.reshard->add_option("path", a.path, "step directory or checkpoint root")->required();
+  c.reshard->add_option("--world-size", a.world_size, "number of output shards")
       ->required()
       ->check(CLI::Range(1, ck::kMaxReshardWorldSize));
-  reshard->add_option("--out", out, "output checkpoint root")->required();
-  reshard->add_option("--compression", compression, "none | zstd | zstd:<level>");
-  auto* exp = app.add_subcommand("export", "write model.safetensors, config and tokenizer");
-  exp->add_option("path", path, "step directory or checkpoint root")->required();
-  exp->add_option("--out", out, "output directory")->required();
+  c.reshard->add_option("--out", a.out, "output checkpoint root")->required();
+  c.reshard->add_option("--compression", a.compression, "none | zstd | zstd:<level>");
+  c.exp = app.add_subcommand("export", "write model.safetensors, config and tokenizer");
+  c.exp->add_option("path", a.path, "step directory or checkpoint root")->required();
+  c.exp->add_option("--out", a.out, "output directory")->required();
+  return c;
+}
 
-  if (argc > 1 && argv[1][0] != '-' && std::string(argv[1]) != "inspect" &&
-      std::string(argv[1]) != "verify" && std::string(argv[1]) != "reshard" &&
-      std::string(argv[1]) != "export") {
+// A first argument that is neither an option nor a command: one line naming the commands.
+bool unknown_command(int argc, char** argv) {
+  if (argc <= 1 || argv[1][0] == '-') return false;
+  const std::string first = argv[1];
+  return first != "inspect" && first != "verify" && first != "reshard" && first != "export";
+}
+
+// -1 when the command line parsed; otherwise the exit code (help: 0, bad usage: 2).
+int parse(CLI::App& app, int argc, char** argv) {
+  if (unknown_command(argc, argv)) {
     std::fprintf(stderr,
                  "dnallm-ckpt: unknown command '%s'; use inspect, verify, reshard or export\n",
                  argv[1]);
@@ -101,22 +116,37 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dnallm-ckpt: %s (run with --help for usage)\n", msg.c_str());
     return static_cast<int>(dnallm::ExitCode::kUsage);
   }
+  return -1;
+}
 
+void run(const Commands& c, const CkptArgs& a) {
+  auto reader = ck::CheckpointReader::open(a.path);
+  if (*c.inspect) {
+    std::cout << summary(reader).dump(2) << "\n";
+  } else if (*c.verify) {
+    reader.verify();
+    std::cout << "ok: " << reader.dir().string() << " (step " << reader.step() << ", "
+              << reader.shards().size() << " shards) verified\n";
+  } else if (*c.reshard) {
+    auto dir = ck::reshard(reader, a.out, a.world_size, ck::parse_codec(a.compression));
+    std::cout << "wrote " << dir.string() << " with " << a.world_size << " shards\n";
+  } else if (*c.exp) {
+    auto file = ck::export_model(reader, a.out);
+    std::cout << "wrote " << file.string() << "\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dnallm::init_logging("ckpt", "warn");
+  CLI::App app{"dnallm-ckpt: inspect, verify, reshard and export dnallm checkpoints"};
+  app.require_subcommand(1);
+  CkptArgs args;
+  const Commands commands = add_commands(app, args);
+  if (const int code = parse(app, argc, argv); code >= 0) return code;
   try {
-    auto reader = ck::CheckpointReader::open(path);
-    if (*inspect) {
-      std::cout << summary(reader).dump(2) << "\n";
-    } else if (*verify) {
-      reader.verify();
-      std::cout << "ok: " << reader.dir().string() << " (step " << reader.step() << ", "
-                << reader.shards().size() << " shards) verified\n";
-    } else if (*reshard) {
-      auto dir = ck::reshard(reader, out, world_size, ck::parse_codec(compression));
-      std::cout << "wrote " << dir.string() << " with " << world_size << " shards\n";
-    } else if (*exp) {
-      auto file = ck::export_model(reader, out);
-      std::cout << "wrote " << file.string() << "\n";
-    }
+    run(commands, args);
   } catch (const dnallm::Error& e) {
     std::fprintf(stderr, "dnallm-ckpt: %s\n", e.what());
     return e.exit_code();

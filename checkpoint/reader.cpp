@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/train_state.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
@@ -159,10 +160,10 @@ void check_compatible(const CheckpointReader& ckpt, const Expectation& expected)
   if (expected.layout.size() && m.tensors.size() != expected.layout.size())
     fail(ExitCode::kUsage, "checkpoint {} holds {} tensors, the model has {}", dir,
          m.tensors.size(), expected.layout.size());
+  if (!expected.config_hash && !expected.tokenizer) return;
+  const ModelInfo info = read_model_info(ckpt);
   if (expected.config_hash) {
-    const auto it = m.state.find("config_hash");
-    const std::string have =
-        (it != m.state.end() && it->is_string()) ? it->get<std::string>() : std::string("<none>");
+    const std::string have = info.config_hash.value_or("<none>");
     if (have != *expected.config_hash)
       fail(ExitCode::kUsage,
            "checkpoint {} was saved with config hash {}, this run has {}: the model or "
@@ -170,12 +171,11 @@ void check_compatible(const CheckpointReader& ckpt, const Expectation& expected)
            dir, have, *expected.config_hash);
   }
   if (expected.tokenizer) {
-    const auto it = m.state.find("tokenizer");
-    if (it == m.state.end() || *it != *expected.tokenizer)
+    if (info.tokenizer != expected.tokenizer)
       fail(ExitCode::kUsage,
            "checkpoint {} was saved with tokenizer {}, this run uses {}: resume with the same "
            "[tokenizer] settings",
-           dir, it == m.state.end() ? std::string("<none>") : it->dump(),
+           dir, info.tokenizer ? info.tokenizer->dump() : std::string("<none>"),
            expected.tokenizer->dump());
   }
 }

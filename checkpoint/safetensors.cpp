@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/durable_io.hpp"
+#include "checkpoint/train_state.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::checkpoint {
@@ -112,17 +113,15 @@ fs::path export_model(const CheckpointReader& ckpt, const fs::path& out_dir) {
   for (const auto& t : m.tensors) {
     if (t.name == kFlatParameters) flat = &t;
   }
-  if (flat != nullptr && m.state.contains("layout")) {
-    for (const auto& e : m.state.at("layout")) {
-      auto shape = e.at("shape").get<std::vector<int64_t>>();
-      uint64_t numel = 1;
-      for (auto d : shape) numel *= static_cast<uint64_t>(d);
-      const auto offset = e.at("offset").get<uint64_t>();
-      DNALLM_CHECK(offset + numel <= flat->numel(), ExitCode::kCheckpointCorrupt,
-                   "{}: state.layout entry {} lies outside {}", ckpt.dir().string(),
-                   e.at("name").get<std::string>(), kFlatParameters);
-      items.push_back(
-          {e.at("name").get<std::string>(), flat->dtype, shape, flat->name, offset, numel});
+  const ModelInfo info = read_model_info(ckpt);
+  if (flat != nullptr && info.layout) {
+    for (const auto& e : *info.layout) {
+      const auto numel = static_cast<uint64_t>(e.numel());
+      const auto offset = static_cast<uint64_t>(e.offset);
+      DNALLM_CHECK(e.offset >= 0 && offset + numel <= flat->numel(), ExitCode::kCheckpointCorrupt,
+                   "{}: state.layout entry {} lies outside {}", ckpt.dir().string(), e.name,
+                   kFlatParameters);
+      items.push_back({e.name, flat->dtype, e.shape, flat->name, offset, numel});
     }
   } else {
     for (const auto& t : m.tensors)
@@ -167,10 +166,10 @@ fs::path export_model(const CheckpointReader& ckpt, const fs::path& out_dir) {
     throw;
   }
   fs::rename(tmp, path);
-  if (m.state.contains("config"))
-    write_file_durable(out_dir / "config.json", m.state.at("config").dump(2) + "\n");
-  if (m.state.contains("tokenizer"))
-    write_file_durable(out_dir / "tokenizer.json", m.state.at("tokenizer").dump(2) + "\n");
+  if (info.config) write_file_durable(out_dir / "config.json", info.config->dump(2) + "\n");
+  if (info.tokenizer) {
+    write_file_durable(out_dir / "tokenizer.json", info.tokenizer->dump(2) + "\n");
+  }
   fsync_dir(out_dir);
   return path;
 }

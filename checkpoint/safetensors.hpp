@@ -16,7 +16,8 @@ namespace dnallm::checkpoint {
 
 // Note [Flat parameter exports]
 // Trainer checkpoints store the model as one flat buffer named kFlatParameters (plus the
-// optimizer moments) and record in state["layout"] each parameter's name, offset and shape.
+// optimizer moments) and record in the state's layout (TrainState::layout, read here through
+// ModelInfo) each parameter's name, offset and shape.
 // export_model() then writes those named parameters (Hugging Face names, as the trainer's own
 // export) instead of the raw stored tensors, and no optimizer state.
 inline constexpr const char* kFlatParameters = "flat.params";

@@ -229,111 +229,169 @@ std::unique_ptr<Runner> make_runner(const Args& a) {
   return r;
 }
 
+// What one message size is run with.
+struct Sweep {
+  const Args& args;
+  Runner& runner;
+  DType dtype;
+  ReduceOp redop;
+  int rank = 0, world = 1;
+  bool cuda = false;
+  int cuda_device = 0;
+};
+
+// One size's host buffers: the input (each rank's closed-form values) and the output
+// (broadcast: the root's values on rank 0, -1 elsewhere).
+struct HostBuffers {
+  std::vector<uint8_t> in, out;
+  size_t in_count = 0, out_count = 0;
+};
+
+HostBuffers make_buffers(const Sweep& s, size_t count, ShardRange mine) {
+  const std::string& op = s.args.op;
+  const size_t esize = dtype_size(s.dtype);
+  HostBuffers b;
+  b.in_count = op == "allgather" ? mine.count : count;
+  b.out_count = op == "reduce_scatter" ? mine.count : count;
+  b.in.resize(b.in_count * esize);
+  b.out.resize(b.out_count * esize);
+  for (size_t i = 0; i < b.in_count; ++i) {
+    size_t global = op == "allgather" ? mine.offset + i : i;
+    store_element(s.dtype, b.in.data(), i,
+                  op == "allgather" ? input_value(0, global) + 0 : input_value(s.rank, global));
+  }
+  if (op == "broadcast")
+    for (size_t i = 0; i < count; ++i)
+      store_element(s.dtype, b.out.data(), i, s.rank == 0 ? input_value(0, i) : -1.0);
+  return b;
+}
+
+// Elements of `result` (out_count of them) that differ from the closed-form value.
+int64_t count_wrong(const Sweep& s, const void* result, size_t out_count, ShardRange mine) {
+  const std::string& op = s.args.op;
+  int64_t wrong = 0;
+  for (size_t i = 0; i < out_count; ++i) {
+    double got = load_element(s.dtype, result, i);
+    double want;
+    if (op == "allreduce") {
+      want = expected_reduced(s.world, i, s.redop);
+    } else if (op == "reduce_scatter") {
+      want = expected_reduced(s.world, mine.offset + i, s.redop);
+    } else {
+      want = input_value(0, i);
+    }
+    if (op != "allgather" && op != "broadcast" && s.redop == ReduceOp::kAvg) {
+      double sum =
+          expected_reduced(s.world, op == "allreduce" ? i : mine.offset + i, ReduceOp::kSum);
+      want = dtype_is_floating(s.dtype) ? sum / s.world : std::floor(sum / s.world);
+      if (std::abs(got - want) > 1e-2 * std::abs(want)) ++wrong;  // 16-bit rounding
+      continue;
+    }
+    if (got != want) ++wrong;
+  }
+  return wrong;
+}
+
+struct SizeResult {
+  double time_us = 0;  // median of the timed iterations
+  int64_t wrong = 0;   // over every rank
+};
+
+// --warmup + --iters runs of the collective on `count` elements, then the check.
+SizeResult run_size(const Sweep& s, size_t count) {
+  const Args& a = s.args;
+  const auto mine = shard_range(count, s.world, s.rank);
+  HostBuffers b = make_buffers(s, count, mine);
+  Mirror in_mem(s.cuda, s.cuda_device, b.in.data(), b.in.size());
+  Mirror out_mem(s.cuda, s.cuda_device, b.out.data(), b.out.size());
+  in_mem.upload();
+  out_mem.upload();
+  BufferView in{in_mem.data(), b.in_count, s.dtype, in_mem.device()};
+  BufferView out{out_mem.data(), b.out_count, s.dtype, out_mem.device()};
+  const bool in_place = a.in_place && a.op == "allreduce";
+  if (in_place) out = in;
+  std::vector<double> times;
+  for (int it = 0; it < a.warmup + a.iters; ++it) {
+    if (in_place) {  // restore the input that the previous iteration reduced in place
+      for (size_t i = 0; i < b.in_count; ++i)
+        store_element(s.dtype, b.in.data(), i, input_value(s.rank, i));
+      in_mem.upload();
+    }
+    auto t0 = Clock::now();
+    s.runner.run(a.op, in, out, s.redop);
+    auto dt = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    if (it >= a.warmup) times.push_back(dt);
+  }
+  (in_place ? in_mem : out_mem).download();
+  const void* result = in_place ? b.in.data() : b.out.data();
+  std::sort(times.begin(), times.end());
+  SizeResult r;
+  r.time_us = times.empty() ? 0 : times[times.size() / 2];
+  r.wrong = s.runner.sum_wrong(count_wrong(s, result, b.out_count, mine));
+  return r;
+}
+
+// nccl-tests' bus bandwidth factor of the collective at `world` ranks.
+double busbw_factor(const std::string& op, int world) {
+  if (op == "allreduce") return 2.0 * (world - 1) / world;
+  if (op == "reduce_scatter" || op == "allgather") return static_cast<double>(world - 1) / world;
+  return 1.0;
+}
+
+// Rank 0's line for one size: a table row, or one JSON object with --json.
+void report_size(const Sweep& s, size_t count, const SizeResult& r) {
+  const Args& a = s.args;
+  const size_t bytes = count * dtype_size(s.dtype);
+  const double algbw = r.time_us > 0 ? static_cast<double>(bytes) / (r.time_us * 1e3) : 0;
+  const double busbw = algbw * busbw_factor(a.op, s.world);
+  if (a.json) {
+    nlohmann::json j{{"backend", a.backend},
+                     {"op", a.op},
+                     {"dtype", dtype_name(s.dtype)},
+                     {"redop", a.redop},
+                     {"world_size", s.world},
+                     {"bytes", bytes},
+                     {"count", count},
+                     {"time_us", r.time_us},
+                     {"algbw_gbs", algbw},
+                     {"busbw_gbs", busbw},
+                     {"wrong", r.wrong}};
+    std::cout << j.dump() << std::endl;
+    return;
+  }
+  fmt::print("{:>12} {:>12} {:>6} {:>6} {:>11.1f} {:>9.3f} {:>9.3f} {:>7}\n", bytes, count,
+             dtype_name(s.dtype), a.op == "allgather" || a.op == "broadcast" ? "none" : a.redop,
+             r.time_us, algbw, busbw, r.wrong);
+  std::fflush(stdout);
+}
+
 int run(const Args& a) {
   const DType dtype = parse_dtype(a.dtype);
   const ReduceOp redop = parse_reduce_op(a.redop);
   DNALLM_CHECK(
       a.op == "allreduce" || a.op == "reduce_scatter" || a.op == "allgather" || a.op == "broadcast",
       ExitCode::kUsage, "--op {}: use allreduce, reduce_scatter, allgather or broadcast", a.op);
-  const bool cuda = a.backend == "nccl";
   const int cuda_device = env_int("LOCAL_RANK", 0);
   auto runner = make_runner(a);
-  const int rank = runner->rank();
-  const int world = runner->world();
-  set_log_identity(rank);
+  Sweep s{a, *runner, dtype, redop};
+  s.rank = runner->rank();
+  s.world = runner->world();
+  s.cuda = a.backend == "nccl";
+  s.cuda_device = cuda_device;
+  set_log_identity(s.rank);
   const size_t esize = dtype_size(dtype);
-  if (rank == 0 && !a.json) {
+  if (s.rank == 0 && !a.json) {
     fmt::print("# dnallm-bench-comm backend={} op={} world={} warmup={} iters={}\n", a.backend,
-               a.op, world, a.warmup, a.iters);
+               a.op, s.world, a.warmup, a.iters);
     fmt::print("{:>12} {:>12} {:>6} {:>6} {:>11} {:>9} {:>9} {:>7}\n", "size(B)", "count", "type",
                "redop", "time(us)", "algbw", "busbw", "#wrong");
   }
   int64_t total_wrong = 0;
   for (size_t bytes = std::max(a.min_bytes, esize); bytes <= a.max_bytes; bytes *= 2) {
     const size_t count = bytes / esize;
-    const auto mine = shard_range(count, world, rank);
-    std::vector<uint8_t> in_buf, out_buf(count * esize);
-    size_t in_count = count, out_count = count;
-    if (a.op == "reduce_scatter") out_count = mine.count;
-    if (a.op == "allgather") in_count = mine.count;
-    in_buf.resize(in_count * esize);
-    out_buf.resize(out_count * esize);
-    for (size_t i = 0; i < in_count; ++i) {
-      size_t global = a.op == "allgather" ? mine.offset + i : i;
-      store_element(dtype, in_buf.data(), i,
-                    a.op == "allgather" ? input_value(0, global) + 0 : input_value(rank, global));
-    }
-    if (a.op == "broadcast")
-      for (size_t i = 0; i < count; ++i)
-        store_element(dtype, out_buf.data(), i, rank == 0 ? input_value(0, i) : -1.0);
-    Mirror in_mem(cuda, cuda_device, in_buf.data(), in_buf.size());
-    Mirror out_mem(cuda, cuda_device, out_buf.data(), out_buf.size());
-    in_mem.upload();
-    out_mem.upload();
-    BufferView in{in_mem.data(), in_count, dtype, in_mem.device()};
-    BufferView out{out_mem.data(), out_count, dtype, out_mem.device()};
-    const bool in_place = a.in_place && a.op == "allreduce";
-    if (in_place) out = in;
-    std::vector<double> times;
-    for (int it = 0; it < a.warmup + a.iters; ++it) {
-      if (in_place) {  // restore the input that the previous iteration reduced in place
-        for (size_t i = 0; i < in_count; ++i)
-          store_element(dtype, in_buf.data(), i, input_value(rank, i));
-        in_mem.upload();
-      }
-      auto t0 = Clock::now();
-      runner->run(a.op, in, out, redop);
-      auto dt = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-      if (it >= a.warmup) times.push_back(dt);
-    }
-    (in_place ? in_mem : out_mem).download();
-    const void* result = in_place ? in_buf.data() : out_buf.data();
-    std::sort(times.begin(), times.end());
-    const double time_us = times.empty() ? 0 : times[times.size() / 2];
-    int64_t wrong = 0;
-    for (size_t i = 0; i < out_count; ++i) {
-      double got = load_element(dtype, result, i);
-      double want;
-      if (a.op == "allreduce") {
-        want = expected_reduced(world, i, redop);
-      } else if (a.op == "reduce_scatter") {
-        want = expected_reduced(world, mine.offset + i, redop);
-      } else {
-        want = input_value(0, i);
-      }
-      if (a.op != "allgather" && a.op != "broadcast" && redop == ReduceOp::kAvg) {
-        double sum =
-            expected_reduced(world, a.op == "allreduce" ? i : mine.offset + i, ReduceOp::kSum);
-        want = dtype_is_floating(dtype) ? sum / world : std::floor(sum / world);
-        if (std::abs(got - want) > 1e-2 * std::abs(want)) ++wrong;  // 16-bit rounding
-        continue;
-      }
-      if (got != want) ++wrong;
-    }
-    wrong = runner->sum_wrong(wrong);
-    total_wrong += wrong;
-    const double algbw = time_us > 0 ? static_cast<double>(count * esize) / (time_us * 1e3) : 0;
-    double factor = 1.0;
-    if (a.op == "allreduce") factor = 2.0 * (world - 1) / world;
-    if (a.op == "reduce_scatter" || a.op == "allgather")
-      factor = static_cast<double>(world - 1) / world;
-    const double busbw = algbw * factor;
-    if (rank == 0) {
-      if (a.json) {
-        nlohmann::json j{
-            {"backend", a.backend}, {"op", a.op},          {"dtype", dtype_name(dtype)},
-            {"redop", a.redop},     {"world_size", world}, {"bytes", count * esize},
-            {"count", count},       {"time_us", time_us},  {"algbw_gbs", algbw},
-            {"busbw_gbs", busbw},   {"wrong", wrong}};
-        std::cout << j.dump() << std::endl;
-      } else {
-        fmt::print("{:>12} {:>12} {:>6} {:>6} {:>11.1f} {:>9.3f} {:>9.3f} {:>7}\n", count * esize,
-                   count, dtype_name(dtype),
-                   a.op == "allgather" || a.op == "broadcast" ? "none" : a.redop, time_us, algbw,
-                   busbw, wrong);
-        std::fflush(stdout);
-      }
-    }
+    const SizeResult r = run_size(s, count);
+    total_wrong += r.wrong;
+    if (s.rank == 0) report_size(s, count, r);
   }
   return total_wrong == 0 ? 0 : 1;
 }

@@ -36,6 +36,9 @@ namespace dnallm::coordinator {
 
 using SteadyClock = std::chrono::steady_clock;
 
+// The binaries fill these from the configuration's [elastic] section, where the defaults users
+// get are (coordinator::elastic_options, coordinator/elastic_config.hpp); the initialisers
+// below only serve code that builds an ElasticState directly (tests).
 struct ElasticOptions {
   int64_t min_nodes = 1;
   int64_t max_nodes = 1;

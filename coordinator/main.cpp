@@ -19,9 +19,11 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 
+#include "coordinator/elastic_config.hpp"
 #include "coordinator/elastic_service.hpp"
 #include "coordinator/net.hpp"
 #include "coordinator/store_server.hpp"
+#include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/worker_env.hpp"
@@ -82,60 +84,149 @@ std::string token_from_file(const std::string& path) {
   return token;
 }
 
-}  // namespace
+using namespace dnallm;
 
-int main(int argc, char** argv) {
-  using namespace dnallm;
-  CLI::App app{"dnallm-coordinator: the job's key-value store and rendezvous service"};
-  coordinator::StoreServerOptions options;
+struct CoordinatorArgs {
+  coordinator::StoreServerOptions server;
   std::string token;
   std::string token_file = "dnallm-job.token";
   bool no_token = false;
   std::string log_level = "info";
   int port = 29500;
   coordinator::ElasticServiceOptions elastic;
-  double settle_s = 2.0, heartbeat_timeout_s = 10.0, hang_timeout_s = 300.0, join_timeout_s = 600.0;
+  ConfigOptions config;  // [elastic] and the flags standing for its keys
   bool serve_forever = false;
-  app.add_option("--host", options.host,
+};
+
+void add_options(CLI::App& app, CoordinatorArgs& a) {
+  app.add_option("--host", a.server.host,
                  "address to bind (default: $MASTER_ADDR, else this host's address; "
                  "0.0.0.0 only when given)");
-  app.add_option("--port", port, "TCP port to listen on; 0 picks a free one (default 29500)")
+  app.add_option("--port", a.port, "TCP port to listen on; 0 picks a free one (default 29500)")
       ->check(CLI::Range(0, 65535));
-  app.add_option("--token", token, "job token clients must present (default: $DNALLM_JOB_TOKEN)");
-  app.add_option("--token-file", token_file,
+  app.add_option("--token", a.token, "job token clients must present (default: $DNALLM_JOB_TOKEN)");
+  app.add_option("--token-file", a.token_file,
                  "without --token or $DNALLM_JOB_TOKEN: read the token from this file, or "
                  "generate one and write it there (mode 0600) for the agents' --token-file")
       ->capture_default_str();
-  app.add_flag("--no-token", no_token,
+  app.add_flag("--no-token", a.no_token,
                "serve any client without a job token (insecure: anyone who reaches the port "
                "can join or disturb the job)");
-  app.add_option("--max-frame-bytes", options.max_frame_bytes, "largest accepted frame");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
-  app.add_option("--min-nodes", elastic.state.min_nodes,
-                 "elastic: fewest nodes a round closes with")
-      ->capture_default_str();
-  app.add_option("--max-nodes", elastic.state.max_nodes, "elastic: most nodes in a generation")
-      ->capture_default_str();
-  app.add_option("--max-restarts", elastic.state.max_restarts,
-                 "elastic: job-wide budget of worker failures and hangs")
-      ->capture_default_str();
-  app.add_option("--max-membership-changes", elastic.state.max_membership_changes,
-                 "elastic: job-wide budget of node deaths and late joins")
-      ->capture_default_str();
-  app.add_option("--rdzv-settle", settle_s,
-                 "elastic: seconds without a join before a round closes with >= min nodes")
-      ->capture_default_str();
-  app.add_option("--heartbeat-timeout", heartbeat_timeout_s,
-                 "elastic: seconds of silence before a node is declared dead")
-      ->capture_default_str();
-  app.add_option("--hang-timeout", hang_timeout_s,
-                 "elastic: seconds without step progress before a rank is a hang")
-      ->capture_default_str();
-  app.add_option("--join-timeout", join_timeout_s,
-                 "elastic: seconds a round may stay below min nodes before the job fails")
-      ->capture_default_str();
-  app.add_flag("--serve-forever", serve_forever,
+  app.add_option("--max-frame-bytes", a.server.max_frame_bytes, "largest accepted frame");
+  app.add_option("--log-level", a.log_level, "trace|debug|info|warn|error");
+}
+
+// [elastic] from --config/--set, and the flags standing for its keys (given flags win).
+void add_elastic_options(CLI::App& app, CoordinatorArgs& a) {
+  add_config_file_options(app, a.config,
+                          "the job's TOML configuration: its [elastic] section sets what the "
+                          "flags below do not (docs/config.md)");
+  add_key_option(app, a.config, "--min-nodes", "elastic.min_nodes",
+                 "elastic: fewest nodes a round closes with");
+  add_key_option(app, a.config, "--max-nodes", "elastic.max_nodes",
+                 "elastic: most nodes in a generation");
+  add_key_option(app, a.config, "--max-restarts", "elastic.max_restarts",
+                 "elastic: job-wide budget of worker failures and hangs");
+  add_coordinator_key_options(app, a.config, "elastic: ");
+  app.add_flag("--serve-forever", a.serve_forever,
                "keep serving after the elastic job ended (until SIGINT/SIGTERM)");
+}
+
+// The job token: --token, else $DNALLM_JOB_TOKEN, else --token-file's (none with --no-token).
+std::string resolve_token(const CoordinatorArgs& a) {
+  std::string token = a.token;
+  if (token.empty()) token = job_token_of();
+  DNALLM_CHECK(!(a.no_token && !token.empty()), ExitCode::kUsage,
+               "--no-token contradicts the job token given by --token or DNALLM_JOB_TOKEN");
+  if (a.no_token) {
+    spdlog::warn("--no-token: any client that reaches this coordinator is served");
+  } else if (token.empty()) {
+    token = token_from_file(a.token_file);
+  }
+  return token;
+}
+
+// The bind address: --host, else $MASTER_ADDR, else this host's address.
+std::string resolve_host(const CLI::App& app, const CoordinatorArgs& a) {
+  std::string host = a.server.host;
+  if (app.count("--host") == 0) {
+    const char* master = std::getenv("MASTER_ADDR");
+    host = master != nullptr && *master != '\0' ? std::string(master) : host_address();
+  }
+  if (host == "0.0.0.0" || host == "::") {
+    spdlog::warn("--host {}: listening on every interface of this node", host);
+  }
+  return host;
+}
+
+// Blocks until SIGINT/SIGTERM or (without --serve-forever) until the elastic job is over and
+// every live agent has its outcome (bounded by the heartbeat timeout).
+void serve_until_done(coordinator::ElasticService& service, std::chrono::milliseconds deliver,
+                      bool serve_forever) {
+  // The signal watcher and the job-outcome watcher each end the io loop below.
+  boost::asio::io_context signals_io;
+  boost::asio::signal_set signals(signals_io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    spdlog::info("coordinator: signal {}, stopping", sig);
+    signals_io.stop();
+  });
+  std::atomic<bool> done{false};
+  std::thread outcome_watcher;
+  if (!serve_forever) {
+    outcome_watcher = std::thread([&] {
+      while (!done.load()) {
+        if (service.view("").terminal()) {
+          service.wait_outcome_delivered(deliver);
+          signals_io.stop();
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+  }
+  signals_io.run();
+  done.store(true);
+  if (outcome_watcher.joinable()) outcome_watcher.join();
+}
+
+int run(const CLI::App& app, CoordinatorArgs& a) {
+  init_logging("coordinator", a.log_level);
+  coordinator::StoreServerOptions options = a.server;
+  options.token = resolve_token(a);
+  options.host = resolve_host(app, a);
+  options.port = static_cast<uint16_t>(a.port);
+  a.elastic.state = coordinator::elastic_options(resolve_config(a.config).elastic);
+  // The service outlives the server's io thread (which runs its handlers): on any exit
+  // from this scope the server is destroyed (stopped, joined) first.
+  std::unique_ptr<coordinator::ElasticService> service_holder;
+  coordinator::StoreServer server(options);
+  service_holder = std::make_unique<coordinator::ElasticService>(server, a.elastic);
+  coordinator::ElasticService& service = *service_holder;
+  server.start();
+  service.start();
+  // Print the port on stdout so scripts using --port 0 can read it.
+  std::cout << "port " << server.port() << std::endl;
+  serve_until_done(service, a.elastic.state.heartbeat_timeout, a.serve_forever);
+  const coordinator::JobView outcome = service.view("");
+  service.stop();
+  server.stop();
+  service.join();
+  server.join();
+  if (outcome.phase == coordinator::JobPhase::kFailed) {
+    std::cerr << "dnallm-coordinator: the job failed; root cause: " << outcome.root_cause << "\n";
+    return static_cast<int>(outcome.exit_code);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dnallm-coordinator: the job's key-value store and rendezvous service"};
+  CoordinatorArgs args;
+  add_options(app, args);
+  add_elastic_options(app, args);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -145,80 +236,7 @@ int main(int argc, char** argv) {
     return static_cast<int>(ExitCode::kUsage);
   }
   try {
-    init_logging("coordinator", log_level);
-    if (token.empty()) token = job_token_of();
-    DNALLM_CHECK(!(no_token && !token.empty()), ExitCode::kUsage,
-                 "--no-token contradicts the job token given by --token or DNALLM_JOB_TOKEN");
-    if (no_token) {
-      spdlog::warn("--no-token: any client that reaches this coordinator is served");
-    } else if (token.empty()) {
-      token = token_from_file(token_file);
-    }
-    options.token = token;
-    if (app.count("--host") == 0) {
-      const char* master = std::getenv("MASTER_ADDR");
-      if (master != nullptr && *master != '\0') {
-        options.host = master;
-      } else {
-        options.host = host_address();
-      }
-    }
-    if (options.host == "0.0.0.0" || options.host == "::") {
-      spdlog::warn("--host {}: listening on every interface of this node", options.host);
-    }
-    options.port = static_cast<uint16_t>(port);
-    auto ms = [](double s) { return std::chrono::milliseconds(static_cast<long long>(s * 1000)); };
-    elastic.state.settle = ms(settle_s);
-    elastic.state.heartbeat_timeout = ms(heartbeat_timeout_s);
-    elastic.state.step_timeout = ms(hang_timeout_s);
-    elastic.state.join_timeout = ms(join_timeout_s);
-    // The service outlives the server's io thread (which runs its handlers): on any exit
-    // from this scope the server is destroyed (stopped, joined) first.
-    std::unique_ptr<coordinator::ElasticService> service_holder;
-    coordinator::StoreServer server(options);
-    service_holder = std::make_unique<coordinator::ElasticService>(server, elastic);
-    coordinator::ElasticService& service = *service_holder;
-    server.start();
-    service.start();
-    // Print the port on stdout so scripts using --port 0 can read it.
-    std::cout << "port " << server.port() << std::endl;
-
-    // The signal watcher and the job-outcome watcher each end the io loop below.
-    boost::asio::io_context signals_io;
-    boost::asio::signal_set signals(signals_io, SIGINT, SIGTERM);
-    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
-      if (ec) return;
-      spdlog::info("coordinator: signal {}, stopping", sig);
-      signals_io.stop();
-    });
-    std::atomic<bool> done{false};
-    std::thread outcome_watcher;
-    if (!serve_forever) {
-      outcome_watcher = std::thread([&] {
-        while (!done.load()) {
-          if (service.view("").terminal()) {
-            // Give every live agent the outcome (bounded), then end the io loop.
-            service.wait_outcome_delivered(elastic.state.heartbeat_timeout);
-            signals_io.stop();
-            return;
-          }
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        }
-      });
-    }
-    signals_io.run();
-    done.store(true);
-    if (outcome_watcher.joinable()) outcome_watcher.join();
-    const coordinator::JobView outcome = service.view("");
-    service.stop();
-    server.stop();
-    service.join();
-    server.join();
-    if (outcome.phase == coordinator::JobPhase::kFailed) {
-      std::cerr << "dnallm-coordinator: the job failed; root cause: " << outcome.root_cause << "\n";
-      return static_cast<int>(outcome.exit_code);
-    }
-    return 0;
+    return run(app, args);
   } catch (const Error& e) {
     std::cerr << "dnallm-coordinator: " << e.what() << "\n";
     return e.exit_code();

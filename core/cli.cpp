@@ -10,19 +10,62 @@
 
 namespace dnallm {
 
-void add_config_options(CLI::App& app, ConfigOptions& options) {
-  app.add_option("--config,-c", options.config_path, "TOML configuration file");
+void add_config_file_options(CLI::App& app, ConfigOptions& options,
+                             const std::string& config_help) {
+  app.add_option("--config,-c", options.config_path, config_help);
   app.add_option("--set", options.overrides,
                  "override a key: section.key=value (TOML value or bare word; repeatable)")
       ->type_name("KEY=VALUE")
       ->take_all()
       ->allow_extra_args(false);
+}
+
+void add_config_options(CLI::App& app, ConfigOptions& options) {
+  add_config_file_options(app, options, "TOML configuration file");
   app.add_option("--metrics-file", options.metrics_file,
                  "write JSON Lines metrics here (same as --set logging.metrics_file=PATH)");
   app.add_option("--log-level", options.log_level,
                  "trace|debug|info|warn|error|critical|off (same as --set logging.level=...)");
   app.add_flag("--print-config", options.print_config,
                "print the resolved configuration as TOML and exit");
+}
+
+CLI::Option* add_key_option(CLI::App& app, ConfigOptions& options, const std::string& flag,
+                            const std::string& key, const std::string& help) {
+  auto record = [&options, flag, key](const std::string& value) {
+    options.key_flags.push_back({key, value, flag + " " + value});
+  };
+  // The help's type column from the default: "2.0" is a number, "3" an integer.
+  const std::string fallback = config_default(key);
+  const bool text = fallback.empty() || fallback.front() == '"' || fallback.front() == '[';
+  const bool number = fallback.find_first_of(".eE") != std::string::npos;
+  return app.add_option_function<std::string>(flag, record, help + " (" + key + ")")
+      ->type_name(text     ? "TEXT"
+                  : number ? "FLOAT"
+                           : "INT")
+      ->default_str(fallback);
+}
+
+void add_coordinator_key_options(CLI::App& app, ConfigOptions& options,
+                                 const std::string& help_prefix) {
+  struct Flag {
+    const char* flag;
+    const char* key;
+    const char* help;
+  };
+  static const Flag kFlags[] = {
+      {"--max-membership-changes", "elastic.max_membership_changes",
+       "job-wide budget of node deaths and late joins"},
+      {"--rdzv-settle", "elastic.settle_s",
+       "seconds without a new join before a round closes with at least MIN nodes"},
+      {"--heartbeat-timeout", "elastic.heartbeat_timeout_s",
+       "seconds of silence before a node is declared dead"},
+      {"--hang-timeout", "elastic.step_timeout_s",
+       "seconds without step progress before a rank is a hang"},
+      {"--join-timeout", "elastic.join_timeout_s",
+       "seconds a round may stay below MIN nodes before the job fails"},
+  };
+  for (const Flag& f : kFlags) add_key_option(app, options, f.flag, f.key, help_prefix + f.help);
 }
 
 Config resolve_config(const ConfigOptions& options) {
@@ -32,7 +75,9 @@ Config resolve_config(const ConfigOptions& options) {
   }
   if (!options.log_level.empty()) overrides.push_back("logging.level=" + options.log_level);
   overrides.insert(overrides.end(), options.overrides.begin(), options.overrides.end());
-  return load_config(options.config_path, overrides);
+  Config config = load_config(options.config_path, overrides);
+  if (!options.key_flags.empty()) apply_key_overrides(config, options.key_flags);
+  return config;
 }
 
 int run_main(const std::string& prog, CLI::App& app, int argc, char** argv,

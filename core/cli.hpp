@@ -23,12 +23,28 @@ struct ConfigOptions {
   std::string metrics_file;            // --metrics-file PATH (= --set logging.metrics_file=PATH)
   std::string log_level;               // --log-level LEVEL (= --set logging.level=LEVEL)
   bool print_config = false;           // --print-config: print resolved TOML and exit 0
+  std::vector<KeyOverride> key_flags;  // flags standing for keys, as given (add_key_option)
 };
 
 void add_config_options(CLI::App& app, ConfigOptions& options);
+// Only --config/-c (help `config_help`) and --set, for binaries with a log level of their own.
+void add_config_file_options(CLI::App& app, ConfigOptions& options, const std::string& config_help);
 
-// Loads the configuration with the options' precedence: --set > --metrics-file/--log-level
-// shorthands... > file > defaults. Throws Error(kUsage).
+// A flag that stands for one configuration key (dnallm-launch --max-restarts R =
+// elastic.max_restarts): its help shows the key's default; given, its value goes through the
+// key's checks and overrides the file and --set (resolve_config); absent, the configuration's
+// value holds. See Note [Elastic settings] (core/config.hpp).
+CLI::Option* add_key_option(CLI::App& app, ConfigOptions& options, const std::string& flag,
+                            const std::string& key, const std::string& help);
+
+// The [elastic] flags of whoever hosts the coordinator (dnallm-launch, dnallm-coordinator):
+// --max-membership-changes, --rdzv-settle, --heartbeat-timeout, --hang-timeout, --join-timeout;
+// `help_prefix` starts each help text.
+void add_coordinator_key_options(CLI::App& app, ConfigOptions& options,
+                                 const std::string& help_prefix);
+
+// Loads the configuration with the options' precedence: flags standing for keys > --set >
+// --metrics-file/--log-level shorthands > file > defaults. Throws Error(kUsage).
 Config resolve_config(const ConfigOptions& options);
 
 // The first line of an exception text that reports a failed allocation (LibTorch's CPU or

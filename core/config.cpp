@@ -37,6 +37,8 @@ const char* kind_name(Kind k) {
   return "?";
 }
 
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
 // One configuration key. `ptr` returns the field inside a Config; the constraints are
 // checked where the value is read, so the message can name the file and line.
 struct KeyDesc {
@@ -44,266 +46,383 @@ struct KeyDesc {
   const char* name;
   Kind kind;
   std::function<void*(Config&)> ptr;
-  double min = -std::numeric_limits<double>::infinity();  // numbers: inclusive bounds
-  double max = std::numeric_limits<double>::infinity();
+  double min = -kInf;  // numbers: inclusive bounds
+  double max = kInf;
   std::vector<std::string> allowed = {};  // strings: allowed values (empty: any)
+  const char* doc = "";                   // the key's meaning (Markdown, docs/config.md)
 
   std::string full() const { return std::string(section) + "." + name; }
 };
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+template <class T>
+constexpr Kind kind_of();
+template <>
+constexpr Kind kind_of<int64_t>() {
+  return Kind::kInt;
+}
+template <>
+constexpr Kind kind_of<double>() {
+  return Kind::kDouble;
+}
+template <>
+constexpr Kind kind_of<bool>() {
+  return Kind::kBool;
+}
+template <>
+constexpr Kind kind_of<std::string>() {
+  return Kind::kString;
+}
+template <>
+constexpr Kind kind_of<std::vector<std::string>>() {
+  return Kind::kStringList;
+}
 
-#define DNALLM_FIELD(sec, field) [](Config& c) -> void* { return &c.sec.field; }
+// Declares the keys of one section, in the order docs/config.md and to_toml() list them. The
+// field's C++ type gives the key's kind; `doc` is the key's meaning in Markdown.
+template <class Section>
+class SectionKeys {
+ public:
+  SectionKeys(std::vector<KeyDesc>& out, const char* section, Section Config::*member)
+      : out_(out), section_(section), member_(member) {}
+
+  template <class T>
+  SectionKeys& key(const char* name, T Section::*field, const char* doc) {
+    return add(name, field, -kInf, kInf, {}, doc);
+  }
+  template <class T>
+  SectionKeys& range(const char* name, T Section::*field, double min, double max, const char* doc) {
+    return add(name, field, min, max, {}, doc);
+  }
+  SectionKeys& choice(const char* name, std::string Section::*field,
+                      std::vector<std::string> allowed, const char* doc) {
+    return add(name, field, -kInf, kInf, std::move(allowed), doc);
+  }
+
+ private:
+  template <class T>
+  SectionKeys& add(const char* name, T Section::*field, double min, double max,
+                   std::vector<std::string> allowed, const char* doc) {
+    Section Config::*member = member_;
+    out_.push_back({section_, name, kind_of<T>(),
+                    [member, field](Config& c) -> void* { return &(c.*member.*field); }, min, max,
+                    std::move(allowed), doc});
+    return *this;
+  }
+
+  std::vector<KeyDesc>& out_;
+  const char* section_;
+  Section Config::*member_;
+};
+
+void model_keys(std::vector<KeyDesc>& out) {
+  SectionKeys<ModelConfig>(out, "model", &Config::model)
+      .choice("arch", &ModelConfig::arch, {"bert", "gpt"},
+              "`bert`: bidirectional encoder trained as a masked LM; `gpt`: decoder trained as a "
+              "causal LM")
+      .choice("task", &ModelConfig::task, {"pretrain", "classification", "regression"},
+              "`pretrain`: the language-model objective of `arch`; `classification` / "
+              "`regression`: a sequence-level head on labelled tables (`data.label_column`)")
+      .range("hidden", &ModelConfig::hidden, 1, 65536, "model width")
+      .range("layers", &ModelConfig::layers, 1, 1024, "transformer blocks")
+      .range("heads", &ModelConfig::heads, 1, 1024, "attention heads; `hidden` % `heads` == 0")
+      .range("ffn", &ModelConfig::ffn, 1, 1 << 20, "feed-forward inner width")
+      .range("max_seq_length", &ModelConfig::max_seq_length, 4, 1 << 20,
+             "tokens per sequence, [CLS]/[SEP] included")
+      .choice("position", &ModelConfig::position, {"learned", "rotary"},
+              "position encoding: learned absolute embeddings or rotary (RoPE)")
+      .choice("attn_implementation", &ModelConfig::attn_implementation, {"auto", "sdpa", "eager"},
+              "attention kernel: `sdpa` (LibTorch's scaled_dot_product_attention), `eager` "
+              "(explicit matmul and softmax); `auto` is `sdpa`")
+      .range("dropout", &ModelConfig::dropout, 0, 0.99,
+             "dropout probability (0 keeps runs deterministic)")
+      .key("gradient_checkpointing", &ModelConfig::gradient_checkpointing,
+           "recompute each block's activations in the backward pass instead of keeping them: "
+           "less memory for about one more forward pass of compute")
+      .range("num_labels", &ModelConfig::num_labels, 1, 1 << 20,
+             "classification classes (regression: 1)")
+      .choice("pooling", &ModelConfig::pooling, {"cls", "mean"},
+              "how classification/regression heads summarise a sequence: the first token's "
+              "state, or the mean over its tokens")
+      .key("init_from", &ModelConfig::init_from,
+           "model directory to start from (fine-tuning): one of our exports (`[tokenizer]` must "
+           "match its `tokenizer.json`, else exit 2) or a Hugging Face directory (config.json + "
+           "model.safetensors + vocab.txt/tokenizer.json of a bert, esm, roberta-prelayernorm, "
+           "gpt_neox or llama model; its config.json sets the architecture, `[model]` the task, "
+           "heads and dropout; see [hugging-face.md](hugging-face.md))");
+}
+
+void lora_keys(std::vector<KeyDesc>& out) {
+  SectionKeys<LoraConfig>(out, "lora", &Config::lora)
+      .range("r", &LoraConfig::r, 0, 4096, "adapter rank; 0 disables LoRA")
+      .range("alpha", &LoraConfig::alpha, 0, kInf, "scaling = alpha / r")
+      .range("dropout", &LoraConfig::dropout, 0, 0.99,
+             "dropout probability on the adapters' input (training only)")
+      .key("target_modules", &LoraConfig::target_modules, "module names that get adapters")
+      .choice("quantize_base", &LoraConfig::quantize_base, {"none", "nf4"},
+              "`nf4`: QLoRA, the frozen linears of the blocks stored as 4-bit NF4 (block "
+              "scales, double quantisation) and dequantised on the fly; adapters and heads "
+              "train in full precision; the export merges into full precision "
+              "([inference.md](inference.md#qlora))");
+}
+
+void tokenizer_keys(std::vector<KeyDesc>& out) {
+  SectionKeys<TokenizerConfig>(out, "tokenizer", &Config::tokenizer)
+      .choice("kind", &TokenizerConfig::kind, {"char", "kmer", "nt", "bpe"},
+              "`char`: one token per base; `kmer`: k-mers every `stride` bases; `nt`: the "
+              "Nucleotide Transformer split (EsmTokenizer's): non-overlapping k-mers, single "
+              "bases for N and leftovers; `bpe`: byte-pair encoding trained on the data")
+      .range("k", &TokenizerConfig::k, 3, 8, "k-mer length")
+      .range("stride", &TokenizerConfig::stride, 1, 8,
+             "k-mer stride: 1 overlapping, k non-overlapping")
+      .range("vocab_size", &TokenizerConfig::vocab_size, 16, 1 << 20,
+             "bpe: vocabulary size to train")
+      .key("path", &TokenizerConfig::path,
+           "bpe: model file to load, or where to save a trained one");
+}
+
+void data_keys(std::vector<KeyDesc>& out) {
+  SectionKeys<DataConfig>(out, "data", &Config::data)
+      .key("train_files", &DataConfig::train_files,
+           "FASTA/FASTQ (plain, gzip, BGZF) or CSV/TSV/JSONL files to train on")
+      .key("eval_files", &DataConfig::eval_files, "held-out files for evaluation")
+      .choice("format", &DataConfig::format, {"auto", "fasta", "fastq", "csv", "tsv", "jsonl"},
+              "file format; `auto`: from the first file's extension (sequence files without a "
+              "known one are recognised by their first character)")
+      .choice("on_bad_record", &DataConfig::on_bad_record, {"error", "skip"},
+              "a malformed record: `error` stops the run (exit 3, naming file and line); "
+              "`skip` drops it and counts it")
+      .choice("sampling", &DataConfig::sampling, {"random", "tile"},
+              "genomes: `random` windows, or `tile`: windows at a fixed stride")
+      .range("window_stride", &DataConfig::window_stride, 0, kInf,
+             "`tile`: bases between window starts; 0 = window length")
+      .choice("n_policy", &DataConfig::n_policy, {"skip", "mask"},
+              "runs of N: `skip` windows with N, or `mask` them")
+      .range("max_n_fraction", &DataConfig::max_n_fraction, 0, 1,
+             "`skip`: windows with more N than this are skipped")
+      .range("reverse_complement", &DataConfig::reverse_complement, 0, 1,
+             "probability of reverse-complementing a window")
+      .range("eval_fraction", &DataConfig::eval_fraction, 0, 0.9,
+             "hold out the last fraction of each genome for evaluation")
+      .range("samples_per_epoch", &DataConfig::samples_per_epoch, 0, kInf,
+             "`random`: windows per epoch; 0 = genome length / window")
+      .key("sequence_column", &DataConfig::sequence_column,
+           "tables (CSV/TSV header, JSONL field): the column holding the sequence")
+      .key("label_column", &DataConfig::label_column,
+           "tables: the column holding the label (`model.task` classification or regression)")
+      .range("mlm_probability", &DataConfig::mlm_probability, 0.001, 0.999,
+             "masked LM: fraction of tokens selected")
+      .range("dataloader_num_workers", &DataConfig::dataloader_num_workers, 0, 64,
+             "background threads preparing batches")
+      .range("prefetch_factor", &DataConfig::prefetch_factor, 1, 64, "batches queued per worker")
+      .key("pin_memory", &DataConfig::pin_memory, "pinned host buffers when training on CUDA")
+      .key("group_by_length", &DataConfig::group_by_length,
+           "tables: batch records of similar length together")
+      .key("packing", &DataConfig::packing, "pack short records into `max_seq_length` rows")
+      .key("cache_dir", &DataConfig::cache_dir,
+           "where .fai / offset indexes go when the data directory is read-only");
+}
+
+// [training], part 1: how long, how big a batch, and the optimizer.
+void training_optimizer_keys(std::vector<KeyDesc>& out) {
+  SectionKeys<TrainingConfig>(out, "training", &Config::training)
+      .range("max_steps", &TrainingConfig::max_steps, 0, kInf,
+             "optimizer steps; 0 = use `num_train_epochs`")
+      .range("num_train_epochs", &TrainingConfig::num_train_epochs, 0, kInf,
+             "with `max_steps` = 0: passes over the training set (may be fractional); the run "
+             "takes ceil(epochs × samples per epoch / global batch) steps")
+      .choice("batch_size", &TrainingConfig::batch_size, {"", "auto"},
+              "`\"\"` = `micro_batch_size`; `\"auto\"` = the largest that fits (see "
+              "[batch_size = \"auto\"](#batch_size--auto))")
+      .range("micro_batch_size", &TrainingConfig::micro_batch_size, 1, 1 << 20,
+             "sequences per rank per micro-step")
+      .range("grad_accum_steps", &TrainingConfig::grad_accum_steps, 1, 1 << 20,
+             "micro-steps whose gradients add up to one optimizer step")
+      .range("auto_batch_memory_mb", &TrainingConfig::auto_batch_memory_mb, 0, kInf,
+             "`batch_size = \"auto\"` on CPU: resident-memory budget per rank in MiB; 0 = 80% of "
+             "available memory / ranks on the node + what the process holds")
+      .range("lr", &TrainingConfig::lr, 0, 10, "peak learning rate of AdamW")
+      .range("weight_decay", &TrainingConfig::weight_decay, 0, 10,
+             "AdamW's decoupled weight decay; biases and layer norms are not decayed")
+      .range("adam_beta1", &TrainingConfig::adam_beta1, 0, 0.999999,
+             "AdamW's decay of the first moment")
+      .range("adam_beta2", &TrainingConfig::adam_beta2, 0, 0.999999,
+             "AdamW's decay of the second moment")
+      .range("adam_epsilon", &TrainingConfig::adam_epsilon, 1e-12, 1,
+             "AdamW's epsilon (0 would divide 0 by 0 for parameters without gradient: loss nan)")
+      .choice("lr_scheduler", &TrainingConfig::lr_scheduler, {"constant", "linear", "cosine"},
+              "learning rate after the warm-up: constant, or decaying to 0 at the last step "
+              "linearly or along a cosine")
+      .range("warmup_steps", &TrainingConfig::warmup_steps, 0, kInf,
+             "steps of linear warm-up from 0 to `lr`")
+      .range("warmup_ratio", &TrainingConfig::warmup_ratio, 0, 1,
+             "warm-up as a fraction of all steps, used when `warmup_steps` = 0")
+      .range("max_grad_norm", &TrainingConfig::max_grad_norm, 0, kInf,
+             "clip the global gradient norm (over all ranks) to this; 0 disables clipping");
+}
+
+// [training], part 2: numerics, evaluation, logging and where it runs.
+void training_run_keys(std::vector<KeyDesc>& out) {
+  SectionKeys<TrainingConfig>(out, "training", &Config::training)
+      .choice("precision", &TrainingConfig::precision, {"fp32", "bf16", "fp16"},
+              "compute precision of forward and backward (parameters stay fp32); `fp16` needs a "
+              "GPU and uses a loss scaler")
+      .key("tf32", &TrainingConfig::tf32,
+           "CUDA: allow TF32 tensor-core math in fp32 matmuls and convolutions")
+      .choice("sync_free", &TrainingConfig::sync_free, {"auto", "on", "off"},
+              "steps that never wait for the host (loss and grad norm read on logging steps "
+              "only; a NaN loss is reported at the next logging step); `auto` = on for GPUs, "
+              "off on CPU")
+      .key("optimizer_offload", &TrainingConfig::optimizer_offload,
+           "keep this rank's AdamW moments and an fp32 master copy of its parameter range (the "
+           "ZeRO shard, or all of it) in host memory (pinned on CUDA): the update runs on the "
+           "host and the parameters are copied back without a host wait. Frees 8 bytes (+4 of "
+           "scratch) per owned parameter on the device; costs a host wait and two PCIe copies "
+           "of the range per step (see [Optimizer offload](#optimizer-offload))")
+      .key("keep_global_batch", &TrainingConfig::keep_global_batch,
+           "resuming at another world size: adjust `grad_accum_steps` so micro × accum × world "
+           "equals the checkpoint's global batch")
+      .range("seed", &TrainingConfig::seed, 0, kInf,
+             "seeds the model's initialisation, the sampler's order and masking: with the step "
+             "it decides which samples a global batch holds")
+      .range("eval_steps", &TrainingConfig::eval_steps, 0, kInf,
+             "evaluate every this many steps; 0 disables evaluation")
+      .range("eval_batches", &TrainingConfig::eval_batches, 1, kInf,
+             "micro-batches per rank per evaluation: an evaluation scores the first min(eval "
+             "set, eval_batches × micro_batch_size × world size) samples, each exactly once (a "
+             "smaller set is not wrapped around)")
+      .range("logging_steps", &TrainingConfig::logging_steps, 1, kInf,
+             "write a step line (log and metrics file) every this many steps, and at the first "
+             "and last step")
+      .choice("device", &TrainingConfig::device, {"auto", "cpu", "cuda"},
+              "`auto` = CUDA when a GPU is visible; a CUDA rank trains on cuda:LOCAL_RANK, "
+              "counted within CUDA_VISIBLE_DEVICES ([gpu.md](gpu.md))")
+      .key("output_dir", &TrainingConfig::output_dir,
+           "where the exported model goes; empty: `<checkpoint.dir>/final`");
+}
+
+void parallel_keys(std::vector<KeyDesc>& out) {
+  SectionKeys<ParallelConfig>(out, "parallel", &Config::parallel)
+      .choice("backend", &ParallelConfig::backend, {"auto", "gloo", "mpi", "nccl"},
+              "`auto` = nccl for a CUDA model (one GPU per rank, NCCL built), else mpi under "
+              "mpirun, else gloo; gloo/mpi reduce a CUDA model's buckets through pinned host "
+              "memory")
+      .range("zero_stage", &ParallelConfig::zero_stage, 0, 2,
+             "0: every rank keeps the whole optimizer state; 1: optimizer state sharded across "
+             "ranks; 2: gradients sharded too (reduce-scatter)")
+      .range("bucket_cap_mb", &ParallelConfig::bucket_cap_mb, 0.001, 65536,
+             "size of a gradient bucket (MiB): a bucket is reduced as soon as its last gradient "
+             "is written, while the backward pass goes on")
+      .range("first_bucket_mb", &ParallelConfig::first_bucket_mb, 0.001, 65536,
+             "size of the first bucket (MiB), small so communication starts early")
+      .choice("accumulate_sync", &ParallelConfig::accumulate_sync, {"last", "every"},
+              "with `grad_accum_steps` > 1: reduce gradients on the `last` micro-step only, or "
+              "on `every` one")
+      .choice("grad_reduce_dtype", &ParallelConfig::grad_reduce_dtype, {"fp32", "bf16", "fp16"},
+              "dtype gradients are reduced in; bf16/fp16 halve the bytes sent")
+      .key("find_unused_parameters", &ParallelConfig::find_unused_parameters,
+           "allow parameters that get no gradient in a step (they contribute a zero gradient "
+           "to the reduction); without it such a step exits 2 naming them")
+      .range("timeout_s", &ParallelConfig::timeout_s, 0.1, 86400, "collective timeout (seconds)")
+      .key("share_gpus", &ParallelConfig::share_gpus,
+           "allow more ranks on a node (LOCAL_WORLD_SIZE) than visible GPUs: rank r uses GPU r "
+           "mod n and the ranks reduce over gloo/mpi through host memory (NCCL cannot put two "
+           "ranks on one GPU). Without it that case exits 2 naming both numbers");
+}
+
+void checkpoint_keys(std::vector<KeyDesc>& out) {
+  SectionKeys<CheckpointConfig>(out, "checkpoint", &Config::checkpoint)
+      .key("dir", &CheckpointConfig::dir,
+           "checked at start when the run writes checkpoints (not empty, not overlong, a "
+           "writable directory, created if missing; exit 2 otherwise); owned by one job at a "
+           "time (`<dir>/.dnallm-lock`, a second job exits 2 naming the holder)")
+      .range("save_steps", &CheckpointConfig::save_steps, 0, kInf,
+             "save every this many steps; 0 disables checkpoints")
+      .range("keep_last", &CheckpointConfig::keep_last, 0, kInf,
+             "committed checkpoints kept; 0 keeps all")
+      .range("keep_every", &CheckpointConfig::keep_every, 0, kInf,
+             "also keep every K-th step; 0 off")
+      .key("resume", &CheckpointConfig::resume,
+           "`\"auto\"`: the newest committed checkpoint in `dir`, if any; `\"none\"`: start "
+           "fresh; else a step directory to resume from")
+      .choice("compression", &CheckpointConfig::compression, {"zstd", "none"},
+              "compression of shard chunks")
+      .range("compression_level", &CheckpointConfig::compression_level, 1, 19, "zstd level")
+      .range("chunk_mb", &CheckpointConfig::chunk_mb, 0.0625, 1024,
+             "chunk size of shard files (MiB)")
+      .key("async", &CheckpointConfig::async, "write on a background thread")
+      .key("save_final", &CheckpointConfig::save_final, "export `<dir>/final` at the end");
+}
+
+// Read by dnallm-launch and dnallm-coordinator, not by the workers: see
+// Note [Elastic settings] in core/config.hpp.
+void elastic_keys(std::vector<KeyDesc>& out) {
+  SectionKeys<ElasticConfig>(out, "elastic", &Config::elastic)
+      .range("min_nodes", &ElasticConfig::min_nodes, 1, 1 << 20,
+             "elastic job: fewest nodes a rendezvous round closes with (`dnallm-launch --nnodes "
+             "MIN:MAX`, `dnallm-coordinator --min-nodes`); equal to a `max_nodes` other than 1: "
+             "the node count of a static `dnallm-launch` job, as `--nnodes N`")
+      .range("max_nodes", &ElasticConfig::max_nodes, 1, 1 << 20,
+             "elastic job: most nodes in a generation; `min_nodes` < `max_nodes` makes a "
+             "`dnallm-launch` job elastic, as `--nnodes MIN:MAX` does")
+      .range("max_restarts", &ElasticConfig::max_restarts, 0, 1 << 20,
+             "worker failures (and hangs) tolerated for the whole job before it fails: "
+             "dnallm-launch restarts the worker group up to this many times "
+             "(`--max-restarts`)")
+      .range("max_membership_changes", &ElasticConfig::max_membership_changes, 0, 1 << 20,
+             "elastic job: node deaths and late joins tolerated for the whole job "
+             "(`--max-membership-changes`)")
+      .range("heartbeat_interval_s", &ElasticConfig::heartbeat_interval_s, 0.01, 3600,
+             "elastic job: seconds between an agent's heartbeats, which carry its workers' "
+             "progress (`dnallm-launch --monitor-interval`)")
+      .range("heartbeat_timeout_s", &ElasticConfig::heartbeat_timeout_s, 0.1, 86400,
+             "elastic job: a node silent this long is declared dead; an agent gives up on a "
+             "coordinator silent this long (`--heartbeat-timeout`)")
+      .range("step_timeout_s", &ElasticConfig::step_timeout_s, 1, 864000,
+             "elastic job: a rank whose step has not advanced for this long is a hang "
+             "(`--hang-timeout`)")
+      .range("settle_s", &ElasticConfig::settle_s, 0, 3600,
+             "elastic job: seconds without a new join before a round with at least "
+             "`min_nodes` closes (`--rdzv-settle`)")
+      .range("join_timeout_s", &ElasticConfig::join_timeout_s, 1, 864000,
+             "elastic job: seconds a round may stay below `min_nodes` before the job fails "
+             "(`--join-timeout`)");
+}
+
+void logging_keys(std::vector<KeyDesc>& out) {
+  SectionKeys<LoggingConfig>(out, "logging", &Config::logging)
+      .key("metrics_file", &LoggingConfig::metrics_file,
+           "JSON Lines from rank 0; a run that resumes from a checkpoint appends, a fresh run "
+           "truncates")
+      .key("tensorboard_dir", &LoggingConfig::tensorboard_dir,
+           "TensorBoard event files (rank 0): every number of the metrics lines as a scalar, "
+           "tagged `train/loss`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`, "
+           "`eval/loss`, `eval/bits_per_base`, `eval/accuracy`, `checkpoint/stall_s`, "
+           "`summary/...`; view with `tensorboard --logdir DIR`")
+      .choice("level", &LoggingConfig::level,
+              {"trace", "debug", "info", "warn", "error", "critical", "off"},
+              "least severe log lines written (stderr)")
+      .range("peak_tflops", &LoggingConfig::peak_tflops, 0, 1e6,
+             "one device's peak dense TFLOP/s for `mfu`; 0: known GPUs by name (H100, H200: "
+             "989; A100: 312, bf16), no MFU on CPU");
+}
 
 const std::vector<KeyDesc>& schema() {
-  static const std::vector<KeyDesc> keys = {
-      // [model]
-      {"model", "arch", Kind::kString, DNALLM_FIELD(model, arch), -kInf, kInf, {"bert", "gpt"}},
-      {"model",
-       "task",
-       Kind::kString,
-       DNALLM_FIELD(model, task),
-       -kInf,
-       kInf,
-       {"pretrain", "classification", "regression"}},
-      {"model", "hidden", Kind::kInt, DNALLM_FIELD(model, hidden), 1, 65536},
-      {"model", "layers", Kind::kInt, DNALLM_FIELD(model, layers), 1, 1024},
-      {"model", "heads", Kind::kInt, DNALLM_FIELD(model, heads), 1, 1024},
-      {"model", "ffn", Kind::kInt, DNALLM_FIELD(model, ffn), 1, 1 << 20},
-      {"model", "max_seq_length", Kind::kInt, DNALLM_FIELD(model, max_seq_length), 4, 1 << 20},
-      {"model",
-       "position",
-       Kind::kString,
-       DNALLM_FIELD(model, position),
-       -kInf,
-       kInf,
-       {"learned", "rotary"}},
-      {"model",
-       "attn_implementation",
-       Kind::kString,
-       DNALLM_FIELD(model, attn_implementation),
-       -kInf,
-       kInf,
-       {"auto", "sdpa", "eager"}},
-      {"model", "dropout", Kind::kDouble, DNALLM_FIELD(model, dropout), 0, 0.99},
-      {"model", "gradient_checkpointing", Kind::kBool, DNALLM_FIELD(model, gradient_checkpointing)},
-      {"model", "num_labels", Kind::kInt, DNALLM_FIELD(model, num_labels), 1, 1 << 20},
-      {"model",
-       "pooling",
-       Kind::kString,
-       DNALLM_FIELD(model, pooling),
-       -kInf,
-       kInf,
-       {"cls", "mean"}},
-      {"model", "init_from", Kind::kString, DNALLM_FIELD(model, init_from)},
-      // [lora]
-      {"lora", "r", Kind::kInt, DNALLM_FIELD(lora, r), 0, 4096},
-      {"lora", "alpha", Kind::kDouble, DNALLM_FIELD(lora, alpha), 0, kInf},
-      {"lora", "dropout", Kind::kDouble, DNALLM_FIELD(lora, dropout), 0, 0.99},
-      {"lora", "target_modules", Kind::kStringList, DNALLM_FIELD(lora, target_modules)},
-      {"lora",
-       "quantize_base",
-       Kind::kString,
-       DNALLM_FIELD(lora, quantize_base),
-       -kInf,
-       kInf,
-       {"none", "nf4"}},
-      // [tokenizer]
-      {"tokenizer",
-       "kind",
-       Kind::kString,
-       DNALLM_FIELD(tokenizer, kind),
-       -kInf,
-       kInf,
-       {"char", "kmer", "nt", "bpe"}},
-      {"tokenizer", "k", Kind::kInt, DNALLM_FIELD(tokenizer, k), 3, 8},
-      {"tokenizer", "stride", Kind::kInt, DNALLM_FIELD(tokenizer, stride), 1, 8},
-      {"tokenizer", "vocab_size", Kind::kInt, DNALLM_FIELD(tokenizer, vocab_size), 16, 1 << 20},
-      {"tokenizer", "path", Kind::kString, DNALLM_FIELD(tokenizer, path)},
-      // [data]
-      {"data", "train_files", Kind::kStringList, DNALLM_FIELD(data, train_files)},
-      {"data", "eval_files", Kind::kStringList, DNALLM_FIELD(data, eval_files)},
-      {"data",
-       "format",
-       Kind::kString,
-       DNALLM_FIELD(data, format),
-       -kInf,
-       kInf,
-       {"auto", "fasta", "fastq", "csv", "tsv", "jsonl"}},
-      {"data",
-       "on_bad_record",
-       Kind::kString,
-       DNALLM_FIELD(data, on_bad_record),
-       -kInf,
-       kInf,
-       {"error", "skip"}},
-      {"data",
-       "sampling",
-       Kind::kString,
-       DNALLM_FIELD(data, sampling),
-       -kInf,
-       kInf,
-       {"random", "tile"}},
-      {"data", "window_stride", Kind::kInt, DNALLM_FIELD(data, window_stride), 0, kInf},
-      {"data",
-       "n_policy",
-       Kind::kString,
-       DNALLM_FIELD(data, n_policy),
-       -kInf,
-       kInf,
-       {"skip", "mask"}},
-      {"data", "max_n_fraction", Kind::kDouble, DNALLM_FIELD(data, max_n_fraction), 0, 1},
-      {"data", "reverse_complement", Kind::kDouble, DNALLM_FIELD(data, reverse_complement), 0, 1},
-      {"data", "eval_fraction", Kind::kDouble, DNALLM_FIELD(data, eval_fraction), 0, 0.9},
-      {"data", "samples_per_epoch", Kind::kInt, DNALLM_FIELD(data, samples_per_epoch), 0, kInf},
-      {"data", "sequence_column", Kind::kString, DNALLM_FIELD(data, sequence_column)},
-      {"data", "label_column", Kind::kString, DNALLM_FIELD(data, label_column)},
-      {"data", "mlm_probability", Kind::kDouble, DNALLM_FIELD(data, mlm_probability), 0.001, 0.999},
-      {"data", "dataloader_num_workers", Kind::kInt, DNALLM_FIELD(data, dataloader_num_workers), 0,
-       64},
-      {"data", "prefetch_factor", Kind::kInt, DNALLM_FIELD(data, prefetch_factor), 1, 64},
-      {"data", "pin_memory", Kind::kBool, DNALLM_FIELD(data, pin_memory)},
-      {"data", "group_by_length", Kind::kBool, DNALLM_FIELD(data, group_by_length)},
-      {"data", "packing", Kind::kBool, DNALLM_FIELD(data, packing)},
-      {"data", "cache_dir", Kind::kString, DNALLM_FIELD(data, cache_dir)},
-      // [training]
-      {"training", "max_steps", Kind::kInt, DNALLM_FIELD(training, max_steps), 0, kInf},
-      {"training", "num_train_epochs", Kind::kDouble, DNALLM_FIELD(training, num_train_epochs), 0,
-       kInf},
-      {"training",
-       "batch_size",
-       Kind::kString,
-       DNALLM_FIELD(training, batch_size),
-       -kInf,
-       kInf,
-       {"", "auto"}},
-      {"training", "micro_batch_size", Kind::kInt, DNALLM_FIELD(training, micro_batch_size), 1,
-       1 << 20},
-      {"training", "grad_accum_steps", Kind::kInt, DNALLM_FIELD(training, grad_accum_steps), 1,
-       1 << 20},
-      {"training", "auto_batch_memory_mb", Kind::kDouble,
-       DNALLM_FIELD(training, auto_batch_memory_mb), 0, kInf},
-      {"training", "lr", Kind::kDouble, DNALLM_FIELD(training, lr), 0, 10},
-      {"training", "weight_decay", Kind::kDouble, DNALLM_FIELD(training, weight_decay), 0, 10},
-      {"training", "adam_beta1", Kind::kDouble, DNALLM_FIELD(training, adam_beta1), 0, 0.999999},
-      {"training", "adam_beta2", Kind::kDouble, DNALLM_FIELD(training, adam_beta2), 0, 0.999999},
-      {"training", "adam_epsilon", Kind::kDouble, DNALLM_FIELD(training, adam_epsilon), 1e-12, 1},
-      {"training",
-       "lr_scheduler",
-       Kind::kString,
-       DNALLM_FIELD(training, lr_scheduler),
-       -kInf,
-       kInf,
-       {"constant", "linear", "cosine"}},
-      {"training", "warmup_steps", Kind::kInt, DNALLM_FIELD(training, warmup_steps), 0, kInf},
-      {"training", "warmup_ratio", Kind::kDouble, DNALLM_FIELD(training, warmup_ratio), 0, 1},
-      {"training", "max_grad_norm", Kind::kDouble, DNALLM_FIELD(training, max_grad_norm), 0, kInf},
-      {"training",
-       "precision",
-       Kind::kString,
-       DNALLM_FIELD(training, precision),
-       -kInf,
-       kInf,
-       {"fp32", "bf16", "fp16"}},
-      {"training", "tf32", Kind::kBool, DNALLM_FIELD(training, tf32)},
-      {"training",
-       "sync_free",
-       Kind::kString,
-       DNALLM_FIELD(training, sync_free),
-       -kInf,
-       kInf,
-       {"auto", "on", "off"}},
-      {"training", "optimizer_offload", Kind::kBool, DNALLM_FIELD(training, optimizer_offload)},
-      {"training", "keep_global_batch", Kind::kBool, DNALLM_FIELD(training, keep_global_batch)},
-      {"training", "seed", Kind::kInt, DNALLM_FIELD(training, seed), 0, kInf},
-      {"training", "eval_steps", Kind::kInt, DNALLM_FIELD(training, eval_steps), 0, kInf},
-      {"training", "eval_batches", Kind::kInt, DNALLM_FIELD(training, eval_batches), 1, kInf},
-      {"training", "logging_steps", Kind::kInt, DNALLM_FIELD(training, logging_steps), 1, kInf},
-      {"training",
-       "device",
-       Kind::kString,
-       DNALLM_FIELD(training, device),
-       -kInf,
-       kInf,
-       {"auto", "cpu", "cuda"}},
-      {"training", "output_dir", Kind::kString, DNALLM_FIELD(training, output_dir)},
-      // [parallel]
-      {"parallel",
-       "backend",
-       Kind::kString,
-       DNALLM_FIELD(parallel, backend),
-       -kInf,
-       kInf,
-       {"auto", "gloo", "mpi", "nccl"}},
-      {"parallel", "zero_stage", Kind::kInt, DNALLM_FIELD(parallel, zero_stage), 0, 2},
-      {"parallel", "bucket_cap_mb", Kind::kDouble, DNALLM_FIELD(parallel, bucket_cap_mb), 0.001,
-       65536},
-      {"parallel", "first_bucket_mb", Kind::kDouble, DNALLM_FIELD(parallel, first_bucket_mb), 0.001,
-       65536},
-      {"parallel",
-       "accumulate_sync",
-       Kind::kString,
-       DNALLM_FIELD(parallel, accumulate_sync),
-       -kInf,
-       kInf,
-       {"last", "every"}},
-      {"parallel",
-       "grad_reduce_dtype",
-       Kind::kString,
-       DNALLM_FIELD(parallel, grad_reduce_dtype),
-       -kInf,
-       kInf,
-       {"fp32", "bf16", "fp16"}},
-      {"parallel", "find_unused_parameters", Kind::kBool,
-       DNALLM_FIELD(parallel, find_unused_parameters)},
-      {"parallel", "timeout_s", Kind::kDouble, DNALLM_FIELD(parallel, timeout_s), 0.1, 86400},
-      {"parallel", "share_gpus", Kind::kBool, DNALLM_FIELD(parallel, share_gpus)},
-      // [checkpoint]
-      {"checkpoint", "dir", Kind::kString, DNALLM_FIELD(checkpoint, dir)},
-      {"checkpoint", "save_steps", Kind::kInt, DNALLM_FIELD(checkpoint, save_steps), 0, kInf},
-      {"checkpoint", "keep_last", Kind::kInt, DNALLM_FIELD(checkpoint, keep_last), 0, kInf},
-      {"checkpoint", "keep_every", Kind::kInt, DNALLM_FIELD(checkpoint, keep_every), 0, kInf},
-      {"checkpoint", "resume", Kind::kString, DNALLM_FIELD(checkpoint, resume)},
-      {"checkpoint",
-       "compression",
-       Kind::kString,
-       DNALLM_FIELD(checkpoint, compression),
-       -kInf,
-       kInf,
-       {"zstd", "none"}},
-      {"checkpoint", "compression_level", Kind::kInt, DNALLM_FIELD(checkpoint, compression_level),
-       1, 19},
-      {"checkpoint", "chunk_mb", Kind::kDouble, DNALLM_FIELD(checkpoint, chunk_mb), 0.0625, 1024},
-      {"checkpoint", "async", Kind::kBool, DNALLM_FIELD(checkpoint, async)},
-      {"checkpoint", "save_final", Kind::kBool, DNALLM_FIELD(checkpoint, save_final)},
-      // [elastic]
-      {"elastic", "min_nodes", Kind::kInt, DNALLM_FIELD(elastic, min_nodes), 1, 1 << 20},
-      {"elastic", "max_nodes", Kind::kInt, DNALLM_FIELD(elastic, max_nodes), 1, 1 << 20},
-      {"elastic", "max_restarts", Kind::kInt, DNALLM_FIELD(elastic, max_restarts), 0, 1 << 20},
-      {"elastic", "max_membership_changes", Kind::kInt,
-       DNALLM_FIELD(elastic, max_membership_changes), 0, 1 << 20},
-      {"elastic", "heartbeat_interval_s", Kind::kDouble,
-       DNALLM_FIELD(elastic, heartbeat_interval_s), 0.01, 3600},
-      {"elastic", "heartbeat_timeout_s", Kind::kDouble, DNALLM_FIELD(elastic, heartbeat_timeout_s),
-       0.1, 86400},
-      {"elastic", "step_timeout_s", Kind::kDouble, DNALLM_FIELD(elastic, step_timeout_s), 1,
-       864000},
-      {"elastic", "settle_s", Kind::kDouble, DNALLM_FIELD(elastic, settle_s), 0, 3600},
-      // [logging]
-      {"logging", "metrics_file", Kind::kString, DNALLM_FIELD(logging, metrics_file)},
-      {"logging", "tensorboard_dir", Kind::kString, DNALLM_FIELD(logging, tensorboard_dir)},
-      {"logging",
-       "level",
-       Kind::kString,
-       DNALLM_FIELD(logging, level),
-       -kInf,
-       kInf,
-       {"trace", "debug", "info", "warn", "error", "critical", "off"}},
-      {"logging", "peak_tflops", Kind::kDouble, DNALLM_FIELD(logging, peak_tflops), 0, 1e6},
-  };
+  static const std::vector<KeyDesc> keys = [] {
+    std::vector<KeyDesc> out;
+    model_keys(out);
+    lora_keys(out);
+    tokenizer_keys(out);
+    data_keys(out);
+    training_optimizer_keys(out);
+    training_run_keys(out);
+    parallel_keys(out);
+    checkpoint_keys(out);
+    elastic_keys(out);
+    logging_keys(out);
+    return out;
+  }();
   return keys;
 }
-#undef DNALLM_FIELD
 
 const std::vector<std::string>& section_names() {
   static const std::vector<std::string> names = [] {
@@ -437,68 +556,80 @@ std::string range_text(const KeyDesc& k) {
   return "any value";
 }
 
+[[noreturn]] void type_error(const KeyDesc& k, const std::string& at) {
+  fail(ExitCode::kUsage, "{}: key '{}' must be {}{}; fix the value", at, k.full(),
+       kind_name(k.kind), k.allowed.empty() ? std::string() : " (one of " + join(k.allowed) + ")");
+}
+
+void check_range(const KeyDesc& k, double v, const std::string& shown, const std::string& at) {
+  if (!std::isfinite(v) || v < k.min || v > k.max) {
+    fail(ExitCode::kUsage, "{}: key '{}' is {}, must be {}", at, k.full(), shown, range_text(k));
+  }
+}
+
+int64_t read_int(const KeyDesc& k, const toml::node& node, const std::string& at) {
+  auto v = node.value_exact<int64_t>();
+  if (!v) type_error(k, at);
+  check_range(k, static_cast<double>(*v), fmt::format("{}", *v), at);
+  return *v;
+}
+
+double read_double(const KeyDesc& k, const toml::node& node, const std::string& at) {
+  std::optional<double> v;
+  if (node.is_floating_point()) v = node.value_exact<double>();
+  if (node.is_integer()) v = static_cast<double>(*node.value_exact<int64_t>());
+  if (!v) type_error(k, at);
+  check_range(k, *v, fmt::format("{}", *v), at);
+  return *v;
+}
+
+std::string read_string(const KeyDesc& k, const toml::node& node, const std::string& at) {
+  auto v = node.value_exact<std::string>();
+  if (!v) type_error(k, at);
+  if (!k.allowed.empty() && std::find(k.allowed.begin(), k.allowed.end(), *v) == k.allowed.end()) {
+    fail(ExitCode::kUsage, "{}: key '{}' is \"{}\", allowed values are {}", at, k.full(), *v,
+         join(k.allowed));
+  }
+  return *v;
+}
+
+// A list of strings; a single string is a list of one.
+std::vector<std::string> read_string_list(const KeyDesc& k, const toml::node& node,
+                                          const std::string& at) {
+  if (auto s = node.value_exact<std::string>()) return {*s};
+  const auto* arr = node.as_array();
+  if (arr == nullptr) type_error(k, at);
+  std::vector<std::string> out;
+  for (const auto& el : *arr) {
+    auto s = el.value_exact<std::string>();
+    if (!s) type_error(k, at);
+    out.push_back(*s);
+  }
+  return out;
+}
+
 // Reads `node` into the field described by `k`; `at` is "file:line" or "--set key=value".
 void assign(Config& c, const KeyDesc& k, const toml::node& node, const std::string& at) {
   void* field = k.ptr(c);
-  auto type_error = [&]() -> void {
-    fail(ExitCode::kUsage, "{}: key '{}' must be {}{}; fix the value", at, k.full(),
-         kind_name(k.kind),
-         k.allowed.empty() ? std::string() : " (one of " + join(k.allowed) + ")");
-  };
   switch (k.kind) {
-    case Kind::kInt: {
-      auto v = node.value_exact<int64_t>();
-      if (!v) type_error();
-      if (static_cast<double>(*v) < k.min || static_cast<double>(*v) > k.max) {
-        fail(ExitCode::kUsage, "{}: key '{}' is {}, must be {}", at, k.full(), *v, range_text(k));
-      }
-      *static_cast<int64_t*>(field) = *v;
+    case Kind::kInt:
+      *static_cast<int64_t*>(field) = read_int(k, node, at);
       break;
-    }
-    case Kind::kDouble: {
-      std::optional<double> v;
-      if (node.is_floating_point()) v = node.value_exact<double>();
-      if (node.is_integer()) v = static_cast<double>(*node.value_exact<int64_t>());
-      if (!v) type_error();
-      if (!std::isfinite(*v) || *v < k.min || *v > k.max) {
-        fail(ExitCode::kUsage, "{}: key '{}' is {}, must be {}", at, k.full(), *v, range_text(k));
-      }
-      *static_cast<double*>(field) = *v;
+    case Kind::kDouble:
+      *static_cast<double*>(field) = read_double(k, node, at);
       break;
-    }
     case Kind::kBool: {
       auto v = node.value_exact<bool>();
-      if (!v) type_error();
+      if (!v) type_error(k, at);
       *static_cast<bool*>(field) = *v;
       break;
     }
-    case Kind::kString: {
-      auto v = node.value_exact<std::string>();
-      if (!v) type_error();
-      if (!k.allowed.empty() &&
-          std::find(k.allowed.begin(), k.allowed.end(), *v) == k.allowed.end()) {
-        fail(ExitCode::kUsage, "{}: key '{}' is \"{}\", allowed values are {}", at, k.full(), *v,
-             join(k.allowed));
-      }
-      *static_cast<std::string*>(field) = *v;
+    case Kind::kString:
+      *static_cast<std::string*>(field) = read_string(k, node, at);
       break;
-    }
-    case Kind::kStringList: {
-      std::vector<std::string> out;
-      if (auto s = node.value_exact<std::string>()) {
-        out.push_back(*s);  // a single string is a list of one
-      } else if (const auto* arr = node.as_array()) {
-        for (const auto& el : *arr) {
-          auto s2 = el.value_exact<std::string>();
-          if (!s2) type_error();
-          out.push_back(*s2);
-        }
-      } else {
-        type_error();
-      }
-      *static_cast<std::vector<std::string>*>(field) = std::move(out);
+    case Kind::kStringList:
+      *static_cast<std::vector<std::string>*>(field) = read_string_list(k, node, at);
       break;
-    }
   }
 }
 
@@ -583,15 +714,10 @@ void apply_table(Config& c, const toml::table& root, const std::string& origin) 
   }
 }
 
-// `--set section.key=value`: the value is TOML, or a bare word taken as a string.
-void apply_override(Config& c, const std::string& spec) {
-  auto eq = spec.find('=');
-  if (eq == std::string::npos || eq == 0) {
-    fail(ExitCode::kUsage, "--set '{}': expected section.key=value (e.g. training.lr=3e-4)", spec);
-  }
-  std::string path = spec.substr(0, eq);
-  std::string value = spec.substr(eq + 1);
-  std::string at = fmt::format("--set {}", spec);
+// Sets `path` ("section.key", or an alias) from `value`: TOML, or a bare word taken as a
+// string. `at` names where the value came from in messages.
+void set_from_text(Config& c, const std::string& path, const std::string& value,
+                   const std::string& at) {
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + value);
@@ -603,16 +729,24 @@ void apply_override(Config& c, const std::string& spec) {
   auto dot = path.find('.');
   if (dot == std::string::npos) {
     set_key(c, "", path, node, at);
-  } else {
-    std::string section = path.substr(0, dot);
-    if (std::find(section_names().begin(), section_names().end(), section) ==
-        section_names().end()) {
-      std::string hint = suggest_section(section);
-      fail(ExitCode::kUsage, "{}: unknown section '{}'{}", at, section,
-           hint.empty() ? std::string() : "; did you mean '" + hint + "'?");
-    }
-    set_key(c, section, path.substr(dot + 1), node, at);
+    return;
   }
+  std::string section = path.substr(0, dot);
+  if (std::find(section_names().begin(), section_names().end(), section) == section_names().end()) {
+    std::string hint = suggest_section(section);
+    fail(ExitCode::kUsage, "{}: unknown section '{}'{}", at, section,
+         hint.empty() ? std::string() : "; did you mean '" + hint + "'?");
+  }
+  set_key(c, section, path.substr(dot + 1), node, at);
+}
+
+// `--set section.key=value`.
+void apply_override(Config& c, const std::string& spec) {
+  auto eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    fail(ExitCode::kUsage, "--set '{}': expected section.key=value (e.g. training.lr=3e-4)", spec);
+  }
+  set_from_text(c, spec.substr(0, eq), spec.substr(eq + 1), fmt::format("--set {}", spec));
 }
 
 std::string toml_string(const std::string& s) {
@@ -697,6 +831,76 @@ std::string sections_toml(const Config& config, const std::vector<std::string>& 
   return out;
 }
 
+// A Markdown table cell: '|' would end it.
+std::string cell(const std::string& text) {
+  std::string out;
+  for (char ch : text) out += ch == '|' ? std::string("\\|") : std::string(1, ch);
+  return out;
+}
+
+// What a key accepts, for the reference's "allowed" column.
+std::string allowed_text(const KeyDesc& k) {
+  if (!k.allowed.empty()) {
+    std::vector<std::string> quoted;
+    for (const auto& a : k.allowed) quoted.push_back("`\"" + a + "\"`");
+    return fmt::format("{}", fmt::join(quoted, " | "));
+  }
+  switch (k.kind) {
+    case Kind::kInt:
+      return "integer, " + range_text(k);
+    case Kind::kDouble:
+      return "number, " + range_text(k);
+    case Kind::kBool:
+      return "`true`, `false`";
+    case Kind::kString:
+      return "string";
+    case Kind::kStringList:
+      return "list of strings";
+  }
+  return "";
+}
+
+// One table per section: key, default, allowed values, meaning.
+std::string keys_markdown() {
+  Config defaults;
+  std::string out;
+  std::string current;
+  for (const auto& k : schema()) {
+    if (current != k.section) {
+      out += fmt::format(
+          "{}### [{}]\n\n| key | default | allowed | meaning |\n"
+          "| --- | --- | --- | --- |\n",
+          current.empty() ? "" : "\n", k.section);
+      current = k.section;
+    }
+    out += fmt::format("| `{}` | `{}` | {} | {} |\n", k.name, value_text(defaults, k),
+                       cell(allowed_text(k)), cell(k.doc));
+  }
+  return out;
+}
+
+std::string aliases_markdown() {
+  std::string out = "| alias | key |\n| --- | --- |\n";
+  for (const auto& a : aliases()) {
+    const std::string name = a.name;
+    const std::string key = fmt::format("`{}.{}`", a.section, a.key);
+    if (name == "bf16" || name == "fp16") {  // see assign_alias
+      out += fmt::format("| `{0} = true` | {1} = `\"{0}\"` (`false`: back to `\"fp32\"`) |\n", name,
+                         key);
+    } else {
+      out += fmt::format("| `{}` | {} |\n", name, key);
+    }
+  }
+  return out;
+}
+
+void replace_marker(std::string& text, const std::string& marker, const std::string& with) {
+  const auto at = text.find(marker);
+  DNALLM_CHECK(at != std::string::npos, ExitCode::kUsage,
+               "the configuration reference template has no {} marker", marker);
+  text.replace(at, marker.size(), with);
+}
+
 }  // namespace
 
 Config parse_config(const std::string& toml_text, const std::string& origin,
@@ -754,5 +958,25 @@ std::vector<std::string> config_keys() {
 }
 
 bool operator==(const Config& a, const Config& b) { return to_toml(a) == to_toml(b); }
+
+void apply_key_overrides(Config& config, const std::vector<KeyOverride>& overrides) {
+  for (const auto& o : overrides) set_from_text(config, o.key, o.value, o.origin);
+  validate(config, config.source_file);
+}
+
+std::string config_default(const std::string& key) {
+  Config defaults;
+  for (const auto& k : schema()) {
+    if (k.full() == key) return value_text(defaults, k);
+  }
+  fail(ExitCode::kFailure, "config_default: no key '{}'", key);
+}
+
+std::string config_reference(const std::string& page_template) {
+  std::string page = page_template;
+  replace_marker(page, "{{aliases}}", aliases_markdown());
+  replace_marker(page, "{{keys}}", keys_markdown());
+  return page;
+}
 
 }  // namespace dnallm

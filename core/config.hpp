@@ -1,4 +1,7 @@
 // The run configuration: typed sections with defaults, loaded from TOML and `--set` overrides.
+// The defaults are the member initialisers below; what each key means, and what values it
+// takes, is its entry in the schema (core/config.cpp), from which docs/config.md is generated
+// (config_reference()).
 //
 // Precedence: `--set section.key=value` > file > defaults. Keys and sections follow
 // DESIGN.md; Hugging Face / DNALLM spellings are accepted as aliases (see docs/config.md).
@@ -14,139 +17,136 @@
 namespace dnallm {
 
 struct ModelConfig {
-  std::string arch = "bert";                 // "bert" (masked LM) | "gpt" (causal LM)
-  std::string task = "pretrain";             // "pretrain" | "classification" | "regression"
-  int64_t hidden = 256;                      // model width
-  int64_t layers = 4;                        // transformer blocks
-  int64_t heads = 4;                         // attention heads; hidden % heads == 0
-  int64_t ffn = 1024;                        // feed-forward inner width
-  int64_t max_seq_length = 512;              // tokens per sequence, [CLS]/[SEP] included
-  std::string position = "learned";          // "learned" | "rotary"
-  std::string attn_implementation = "auto";  // "auto" | "sdpa" | "eager"
-  double dropout = 0.0;                      // dropout probability (0 keeps runs deterministic)
+  std::string arch = "bert";
+  std::string task = "pretrain";
+  int64_t hidden = 256;
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t ffn = 1024;
+  int64_t max_seq_length = 512;
+  std::string position = "learned";
+  std::string attn_implementation = "auto";
+  double dropout = 0.0;
   bool gradient_checkpointing = false;
-  int64_t num_labels = 2;       // classification classes (regression: 1)
-  std::string pooling = "cls";  // "cls" | "mean", for classification/regression heads
-  std::string init_from = "";   // exported model directory to start from (fine-tuning)
+  int64_t num_labels = 2;
+  std::string pooling = "cls";
+  std::string init_from = "";
 };
 
 struct LoraConfig {
-  int64_t r = 0;        // adapter rank; 0 disables LoRA
-  double alpha = 16.0;  // scaling = alpha / r
+  int64_t r = 0;
+  double alpha = 16.0;
   double dropout = 0.0;
   std::vector<std::string> target_modules = {"query", "value"};
-  // "nf4": QLoRA, the frozen base linears of the blocks stored in 4 bits (docs/inference.md).
   std::string quantize_base = "none";
 };
 
 struct TokenizerConfig {
-  std::string kind = "char";  // "char" | "kmer" | "bpe"
-  int64_t k = 6;              // k-mer length (3..8)
-  int64_t stride = 1;         // k-mer stride: 1 overlapping, k non-overlapping
-  int64_t vocab_size = 4096;  // bpe: vocabulary size to train
-  std::string path = "";      // bpe: model file to load, or where to save a trained one
+  std::string kind = "char";
+  int64_t k = 6;
+  int64_t stride = 1;
+  int64_t vocab_size = 4096;
+  std::string path = "";
 };
 
 struct DataConfig {
   std::vector<std::string> train_files;
   std::vector<std::string> eval_files;
-  std::string format = "auto";          // "auto" | "fasta" | "fastq" | "csv" | "tsv" | "jsonl"
-  std::string on_bad_record = "error";  // "error" | "skip"
-  std::string sampling = "random";      // genomes: "random" windows | "tile" (strided)
-  int64_t window_stride = 0;            // "tile": bases between window starts; 0 = window length
-  std::string n_policy = "skip";        // runs of N: "skip" windows with N | "mask" them
-  double max_n_fraction = 0.0;          // "skip": windows with more N than this are skipped
-  double reverse_complement = 0.0;      // probability of reverse-complementing a window
-  double eval_fraction = 0.0;           // hold out the last fraction of each genome for eval
-  int64_t samples_per_epoch = 0;        // "random": windows per epoch; 0 = genome length / window
+  std::string format = "auto";
+  std::string on_bad_record = "error";
+  std::string sampling = "random";
+  int64_t window_stride = 0;
+  std::string n_policy = "skip";
+  double max_n_fraction = 0.0;
+  double reverse_complement = 0.0;
+  double eval_fraction = 0.0;
+  int64_t samples_per_epoch = 0;
   std::string sequence_column = "sequence";
   std::string label_column = "label";
-  double mlm_probability = 0.15;       // masked LM: fraction of tokens selected
-  int64_t dataloader_num_workers = 1;  // background threads preparing batches
-  int64_t prefetch_factor = 2;         // batches queued per worker
-  bool pin_memory = true;              // pinned host buffers when training on CUDA
-  bool group_by_length = false;        // bucket similar lengths together (tables)
-  bool packing = false;                // pack short records into max_seq_length rows
-  std::string cache_dir = "";          // where .fai / offset indexes go when data dir is read-only
+  double mlm_probability = 0.15;
+  int64_t dataloader_num_workers = 1;
+  int64_t prefetch_factor = 2;
+  bool pin_memory = true;
+  bool group_by_length = false;
+  bool packing = false;
+  std::string cache_dir = "";
 };
 
 struct TrainingConfig {
-  int64_t max_steps = 100;  // optimizer steps; 0 = use num_train_epochs
+  int64_t max_steps = 100;
   double num_train_epochs = 0.0;
-  std::string batch_size = "";   // "" = micro_batch_size; "auto" = largest that fits
-  int64_t micro_batch_size = 8;  // sequences per rank per micro-step
+  std::string batch_size = "";
+  int64_t micro_batch_size = 8;
   int64_t grad_accum_steps = 1;
-  // batch_size = "auto" on CPU: a trial micro-step fits when the process's resident memory
-  // (plus the AdamW state still to come) stays within this many MiB; 0 = 80% of the memory
-  // available at start divided among the node's ranks, plus what the process already holds.
   double auto_batch_memory_mb = 0.0;
   double lr = 3e-4;
   double weight_decay = 0.01;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_epsilon = 1e-8;
-  std::string lr_scheduler = "linear";  // "constant" | "linear" | "cosine"
+  std::string lr_scheduler = "linear";
   int64_t warmup_steps = 0;
-  double warmup_ratio = 0.0;       // used when warmup_steps == 0
-  double max_grad_norm = 1.0;      // 0 disables clipping
-  std::string precision = "fp32";  // "fp32" | "bf16" | "fp16"
+  double warmup_ratio = 0.0;
+  double max_grad_norm = 1.0;
+  std::string precision = "fp32";
   bool tf32 = false;
-  // Note [Sync-free step] (worker/train/trainer.hpp): "auto" = on for accelerators.
-  std::string sync_free = "auto";  // "auto" | "on" | "off"
-  // Note [Optimizer offload] (worker/train/trainer.hpp): AdamW moments in host memory.
+  std::string sync_free = "auto";
   bool optimizer_offload = false;
-  // On resume at another world size, change grad_accum_steps so the global batch stays.
   bool keep_global_batch = true;
   int64_t seed = 42;
-  int64_t eval_steps = 0;    // 0 disables evaluation
-  int64_t eval_batches = 8;  // micro-batches per evaluation
+  int64_t eval_steps = 0;
+  int64_t eval_batches = 8;
   int64_t logging_steps = 10;
-  std::string device = "auto";  // "auto" | "cpu" | "cuda"
-  std::string output_dir = "";  // exported model goes to <checkpoint.dir>/final when empty
+  std::string device = "auto";
+  std::string output_dir = "";
 };
 
 struct ParallelConfig {
-  std::string backend = "auto";  // "auto" | "gloo" | "mpi" | "nccl"
-  int64_t zero_stage = 0;        // 0 | 1 | 2
+  std::string backend = "auto";
+  int64_t zero_stage = 0;
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;
-  std::string accumulate_sync = "last";    // "last" | "every"
-  std::string grad_reduce_dtype = "fp32";  // "fp32" | "bf16" | "fp16"
+  std::string accumulate_sync = "last";
+  std::string grad_reduce_dtype = "fp32";
   bool find_unused_parameters = false;
-  double timeout_s = 300.0;  // collective timeout
-  bool share_gpus = false;   // allow more ranks on a node than visible GPUs
+  double timeout_s = 300.0;
+  bool share_gpus = false;
 };
 
 struct CheckpointConfig {
   std::string dir = "checkpoints";
-  int64_t save_steps = 0;            // 0 disables checkpoints
-  int64_t keep_last = 3;             // 0 keeps all
-  int64_t keep_every = 0;            // also keep every K-th step; 0 off
-  std::string resume = "auto";       // "auto" | "none" | a step directory
-  std::string compression = "zstd";  // "zstd" | "none"
-  int64_t compression_level = 3;     // zstd level 1..19
-  double chunk_mb = 4.0;             // chunk size of shard files
-  bool async = true;                 // write on a background thread
-  bool save_final = true;            // export <dir>/final at the end
+  int64_t save_steps = 0;
+  int64_t keep_last = 3;
+  int64_t keep_every = 0;
+  std::string resume = "auto";
+  std::string compression = "zstd";
+  int64_t compression_level = 3;
+  double chunk_mb = 4.0;
+  bool async = true;
+  bool save_final = true;
 };
 
+// Note [Elastic settings]: [elastic] is read by dnallm-launch (from its own --config and
+// --set, the ones it passes to the workers) and by dnallm-coordinator (--config), never by the
+// workers. A flag of theirs given on the command line (--max-restarts, --nnodes,
+// --heartbeat-timeout, ...) overrides the key; an absent flag leaves the configuration's value,
+// so these defaults are the flags' defaults too.
 struct ElasticConfig {
   int64_t min_nodes = 1;
   int64_t max_nodes = 1;
-  int64_t max_restarts = 3;  // worker failures tolerated for the whole job
+  int64_t max_restarts = 0;
   int64_t max_membership_changes = 10;
   double heartbeat_interval_s = 1.0;
   double heartbeat_timeout_s = 10.0;
-  double step_timeout_s = 300.0;  // no step progress for this long: hang
-  double settle_s = 2.0;          // wait after min_nodes joined before closing a round
+  double step_timeout_s = 300.0;
+  double settle_s = 2.0;
+  double join_timeout_s = 600.0;
 };
 
 struct LoggingConfig {
   std::string metrics_file = "";
-  std::string tensorboard_dir = "";  // TensorBoard event files (rank 0); "" = none
+  std::string tensorboard_dir = "";
   std::string level = "info";
-  // Peak dense TFLOP/s of one device for MFU; 0: known devices by name (H100/H200 989,
-  // A100 312 bf16), none on CPU (then MFU is not reported).
   double peak_tflops = 0.0;
 };
 
@@ -185,5 +185,27 @@ uint64_t model_config_hash(const Config& config);
 std::vector<std::string> config_keys();
 
 bool operator==(const Config& a, const Config& b);
+
+// One key set from outside the configuration, e.g. by a command-line flag that stands for it
+// (dnallm-launch --max-restarts 3 = {"elastic.max_restarts", "3", "--max-restarts 3"}).
+struct KeyOverride {
+  std::string key;     // "section.key"
+  std::string value;   // TOML value or bare word, as in --set
+  std::string origin;  // names the value in messages
+};
+
+// Sets each key as --set would (same checks, messages naming `origin`), then checks the
+// whole configuration again. Throws Error(kUsage).
+void apply_key_overrides(Config& config, const std::vector<KeyOverride>& overrides);
+
+// The default of "section.key" as TOML text ("0", "\"auto\"", "2.0"), e.g. for help texts.
+std::string config_default(const std::string& key);
+
+// docs/config.md: `page_template` (docs/config.md.in) with "{{aliases}}" replaced by the
+// table of accepted Hugging Face / DNALLM spellings and "{{keys}}" by one table per section
+// (key, default, allowed values, meaning), all rendered from the schema. Regenerate the page
+// with `cmake --build build --target config-reference`. Throws Error(kUsage) when a marker is
+// missing.
+std::string config_reference(const std::string& page_template);
 
 }  // namespace dnallm

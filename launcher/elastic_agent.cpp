@@ -51,18 +51,22 @@ std::string progress_file(const std::string& dir, int local_rank) {
   return dir + "/local_rank_" + std::to_string(local_rank) + ".step";
 }
 
-int64_t read_progress(const std::string& path) {
+WorkerProgress read_progress(const std::string& path) {
+  WorkerProgress progress;
   std::ifstream f(path);
-  std::string text;
-  if (!f || !std::getline(f, text)) return -1;
+  std::string step_line, pid_line;
+  if (!f || !std::getline(f, step_line)) return progress;
   try {
     size_t used = 0;
-    long long v = std::stoll(text, &used);
-    while (used < text.size() && (text[used] == ' ' || text[used] == '\r')) ++used;
-    return used == text.size() && v >= 0 ? static_cast<int64_t>(v) : -1;
+    long long v = std::stoll(step_line, &used);
+    while (used < step_line.size() && (step_line[used] == ' ' || step_line[used] == '\r')) ++used;
+    if (used == step_line.size() && v >= 0) progress.step = static_cast<int64_t>(v);
   } catch (const std::exception&) {
-    return -1;
+    // an unparsable step reads as -1
   }
+  // The second line is the worker's pid (dnallm-train writes it).
+  if (std::getline(f, pid_line)) progress.pid = std::atoi(pid_line.c_str());
+  return progress;
 }
 
 std::vector<WorkerSpec> make_elastic_worker_specs(const LaunchPlan& plan,
@@ -121,24 +125,14 @@ ElasticAgent::ElasticAgent(coordinator::ElasticClient& client, Spawner& spawner,
       options_(std::move(options)),
       make_specs_(std::move(make_specs)) {}
 
-std::vector<int64_t> ElasticAgent::read_steps() const {
-  std::vector<int64_t> steps(static_cast<size_t>(options_.node.nproc));
-  for (size_t i = 0; i < steps.size(); ++i) {
-    steps[i] = read_progress(progress_file(options_.progress_dir, static_cast<int>(i)));
+ElasticAgent::LocalProgress ElasticAgent::read_local_progress() const {
+  LocalProgress out;
+  for (int i = 0; i < options_.node.nproc; ++i) {
+    const WorkerProgress p = read_progress(progress_file(options_.progress_dir, i));
+    out.steps.push_back(p.step);
+    out.stopped.push_back(process_stopped(p.pid));
   }
-  return steps;
-}
-
-std::vector<bool> ElasticAgent::read_stopped() const {
-  std::vector<bool> stopped(static_cast<size_t>(options_.node.nproc), false);
-  for (size_t i = 0; i < stopped.size(); ++i) {
-    // The progress file's second line is the worker's pid (dnallm-train writes it).
-    std::ifstream f(progress_file(options_.progress_dir, static_cast<int>(i)));
-    std::string step_line, pid_line;
-    if (!std::getline(f, step_line) || !std::getline(f, pid_line)) continue;
-    stopped[i] = process_stopped(std::atoi(pid_line.c_str()));
-  }
-  return stopped;
+  return out;
 }
 
 bool process_stopped(int pid) {
@@ -177,6 +171,56 @@ JobView ElasticAgent::wait_for_next(bool heartbeat, int& stop_signal) {
   }
 }
 
+void ElasticAgent::begin_generation(const coordinator::NodeAssignment& a) {
+  generation_ = a.generation;
+  ++generations_run_;
+  spdlog::info("generation {}: node rank {} of {}, ranks {}..{} of world size {}", a.generation,
+               a.node_rank, a.nnodes, a.rank_offset, a.rank_offset + a.local_world_size - 1,
+               a.world_size);
+  for (int i = 0; i < options_.node.nproc; ++i) {
+    std::remove(progress_file(options_.progress_dir, i).c_str());
+  }
+}
+
+GenerationResult ElasticAgent::run_generation(const JobView& view, JobView& latest) {
+  GroupOptions group_options = options_.group;
+  auto last_heartbeat = Clock::now();
+  std::exception_ptr error;
+  latest = view;
+  group_options.should_stop = [&] {
+    if (Clock::now() - last_heartbeat < options_.monitor_interval) return false;
+    last_heartbeat = Clock::now();
+    try {
+      const LocalProgress progress = read_local_progress();
+      latest =
+          client_.heartbeat(options_.node.node_id, generation_, progress.steps, progress.stopped);
+    } catch (...) {
+      error = std::current_exception();
+      return true;
+    }
+    return latest.terminal() || latest.generation_open > generation_;
+  };
+  LocalWorkerGroup group(spawner_, signals_, group_options);
+  GenerationResult result = group.run(make_specs_(*view.assignment, view.round_reason));
+  if (error) std::rethrow_exception(error);
+  return result;
+}
+
+void ElasticAgent::report_failure(const GenerationResult& result) {
+  for (const auto& f : result.failures) spdlog::error("{}", describe_failure(f));
+  const WorkerFailure& first = result.failures.front();
+  coordinator::FailureReport report;
+  report.node_id = options_.node.node_id;
+  report.host = options_.node.host;
+  report.rank = first.rank;
+  report.exit_code = first.exit.signaled ? 0 : first.exit.code;
+  report.signal = first.exit.signaled ? first.exit.code : 0;
+  report.reason = fmt::format("local rank {}, pid {}", first.local_rank, first.pid);
+  report.last_lines = first.last_lines;
+  report.generation = generation_;
+  client_.report_failure(report);
+}
+
 int ElasticAgent::run() {
   spdlog::info("joining the job at coordinator {} as {} ({} local rank(s))", client_.address(),
                options_.node.node_id, options_.node.nproc);
@@ -185,38 +229,9 @@ int ElasticAgent::run() {
     JobView view = wait_for_assignment(sig);
     if (sig != 0) return 128 + sig;
     if (view.terminal()) return finish(view);
-    const coordinator::NodeAssignment a = *view.assignment;
-    generation_ = a.generation;
-    ++generations_run_;
-    spdlog::info("generation {}: node rank {} of {}, ranks {}..{} of world size {}", a.generation,
-                 a.node_rank, a.nnodes, a.rank_offset, a.rank_offset + a.local_world_size - 1,
-                 a.world_size);
-    for (int i = 0; i < options_.node.nproc; ++i) {
-      std::remove(progress_file(options_.progress_dir, i).c_str());
-    }
-
-    // Step 2: heartbeats from the monitor loop. An error talking to the coordinator stops
-    // the workers first and is rethrown once they are reaped.
-    GroupOptions group_options = options_.group;
-    auto last_heartbeat = Clock::now();
-    std::exception_ptr error;
-    JobView latest = view;
-    group_options.should_stop = [&] {
-      if (Clock::now() - last_heartbeat < options_.monitor_interval) return false;
-      last_heartbeat = Clock::now();
-      try {
-        latest =
-            client_.heartbeat(options_.node.node_id, generation_, read_steps(), read_stopped());
-      } catch (...) {
-        error = std::current_exception();
-        return true;
-      }
-      return latest.terminal() || latest.generation_open > generation_;
-    };
-    LocalWorkerGroup group(spawner_, signals_, group_options);
-    GenerationResult result = group.run(make_specs_(a, view.round_reason));
-    if (error) std::rethrow_exception(error);
-
+    begin_generation(*view.assignment);
+    JobView latest;
+    const GenerationResult result = run_generation(view, latest);
     switch (result.outcome) {
       case GenerationOutcome::kInterrupted:
         return 128 + result.stop_signal;
@@ -227,22 +242,10 @@ int ElasticAgent::run() {
         spdlog::warn("generation {} replaced by generation {}: {}", generation_,
                      latest.generation_open, latest.round_reason);
         continue;
-      case GenerationOutcome::kWorkerFailed: {
-        for (const auto& f : result.failures) spdlog::error("{}", describe_failure(f));
-        const WorkerFailure& first = result.failures.front();
-        coordinator::FailureReport report;
-        report.node_id = options_.node.node_id;
-        report.host = options_.node.host;
-        report.rank = first.rank;
-        report.exit_code = first.exit.signaled ? 0 : first.exit.code;
-        report.signal = first.exit.signaled ? first.exit.code : 0;
-        report.reason = fmt::format("local rank {}, pid {}", first.local_rank, first.pid);
-        report.last_lines = first.last_lines;
-        report.generation = generation_;
-        client_.report_failure(report);
+      case GenerationOutcome::kWorkerFailed:
+        report_failure(result);
         view = wait_for_next(/*heartbeat=*/false, sig);
         break;
-      }
       case GenerationOutcome::kSucceeded:
         spdlog::info("all {} local worker(s) finished generation {}", options_.node.nproc,
                      generation_);

@@ -20,7 +20,9 @@
 //   coordinator does not restart those: coordinator::is_worker_diagnosis).
 //   5. SIGINT/SIGTERM: forwarded to the workers, exit 128 + signal (the coordinator will
 //      declare this node dead after its heartbeat timeout).
-// Restart budgets are the coordinator's (job-wide); the agent has none of its own.
+// Restart budgets are the coordinator's (job-wide); the agent has none of its own. The
+// options come from the job's [elastic] section and dnallm-launch's flags (Note [Elastic
+// settings], core/config.hpp).
 #pragma once
 
 #include <chrono>
@@ -62,11 +64,24 @@ class ElasticAgent {
  private:
   // Step 1. Returns the view holding the new assignment, or a terminal view.
   coordinator::JobView wait_for_assignment(int& stop_signal);
+  // Step 2: the generation of `assignment` becomes this node's; its old progress files go.
+  void begin_generation(const coordinator::NodeAssignment& assignment);
+  // Step 2: runs the workers of view.assignment, heartbeating every monitor interval, until
+  // they end or the coordinator opens a newer generation; `latest` is the last view heard.
+  // An error talking to the coordinator stops the workers first and is rethrown once they
+  // are reaped.
+  GenerationResult run_generation(const coordinator::JobView& view, coordinator::JobView& latest);
+  // Step 3: logs every failed worker and reports the first to the coordinator.
+  void report_failure(const GenerationResult& result);
   // Steps 3 and 4: waits while the current generation is still the open one.
   coordinator::JobView wait_for_next(bool heartbeat, int& stop_signal);
-  std::vector<int64_t> read_steps() const;
-  // Per local rank: is its worker process stopped (Note [Hang culprit], elastic_state.cpp)?
-  std::vector<bool> read_stopped() const;
+  // Per local rank, from one read of its progress file: the last step, and whether its worker
+  // process is stopped (Note [Hang culprit], elastic_state.cpp).
+  struct LocalProgress {
+    std::vector<int64_t> steps;
+    std::vector<bool> stopped;
+  };
+  LocalProgress read_local_progress() const;
 
   coordinator::ElasticClient& client_;
   Spawner& spawner_;
@@ -84,7 +99,11 @@ class ElasticAgent {
 // monitor interval; a missing or unparsable file reads as -1 (no progress known), and ranks
 // at -1 are not checked for hangs. Files are removed before each generation starts.
 std::string progress_file(const std::string& dir, int local_rank);
-int64_t read_progress(const std::string& path);
+struct WorkerProgress {
+  int64_t step = -1;  // -1: missing or unparsable
+  int pid = 0;        // 0: no second line
+};
+WorkerProgress read_progress(const std::string& path);
 // True when process `pid` exists and is stopped (state T or t in /proc/<pid>/stat).
 bool process_stopped(int pid);
 

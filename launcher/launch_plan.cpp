@@ -167,8 +167,9 @@ LaunchPlan resolve_launch_plan(const LaunchRequest& req, const cluster::EnvMap& 
   }
   if (plan.nnodes > 1 && req.max_restarts > 0) {
     fail(ExitCode::kUsage,
-         "--max-restarts {} with {} nodes needs the elastic coordinator, which is not there "
-         "yet; use --max-restarts 0",
+         "--max-restarts (elastic.max_restarts) {} with {} static nodes needs the elastic "
+         "coordinator: run an elastic job (--nnodes MIN:MAX or --rdzv-endpoint, "
+         "docs/elastic.md), or use 0",
          req.max_restarts, plan.nnodes);
   }
   plan.max_restarts = req.max_restarts;

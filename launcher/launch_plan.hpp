@@ -41,14 +41,15 @@ using coordinator::generate_job_token;
 // port once it exists.
 int pick_free_port();
 
-// What the command line asked for (dnallm-launch's flags), before resolution.
+// What the command line and the configuration's [elastic] section asked for (dnallm-launch's
+// flags override the keys), before resolution.
 struct LaunchRequest {
   std::string nproc_per_node = "1";  // a number or "auto"
   std::optional<int> nnodes;
   std::optional<int> node_rank;
   std::optional<std::string> master_addr;
-  std::optional<int> master_port;  // 0: pick a free one (single node only)
-  int max_restarts = 0;
+  std::optional<int> master_port;    // 0: pick a free one (single node only)
+  int max_restarts = 0;              // elastic.max_restarts, or --max-restarts
   std::string run_id;                // "": SLURM_JOB_ID, else "none"
   std::vector<std::string> command;  // "": dnallm-train beside dnallm-launch
   // Passed through to the default command only.

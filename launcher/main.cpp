@@ -4,7 +4,8 @@
 // worker fails and restarts it up to --max-restarts times (docs/launch.md). With
 // --standalone, --rdzv-endpoint, --rdzv-id or --nnodes MIN:MAX it is an elastic agent of a
 // coordinator-driven job (launcher/elastic_agent.hpp, docs/elastic.md); the node-rank-0
-// agent (and the --standalone one) hosts the coordinator.
+// agent (and the --standalone one) hosts the coordinator. The [elastic] keys of its
+// --config/--set are the defaults of its flags (Note [Elastic settings], core/config.hpp).
 #include <unistd.h>
 
 #include <cstdlib>
@@ -17,12 +18,14 @@
 
 #include "cluster/topology.hpp"
 #include "coordinator/elastic_client.hpp"
+#include "coordinator/elastic_config.hpp"
 #include "coordinator/elastic_service.hpp"
 #include "coordinator/store_server.hpp"
 #include "core/cli.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/worker_env.hpp"
 #include "launcher/elastic_agent.hpp"
 #include "launcher/launch_plan.hpp"
 #include "launcher/sbatch_script.hpp"
@@ -37,8 +40,10 @@ using namespace dnallm::launcher;
 
 struct Args {
   std::string nproc = "1";
-  ConfigOptions config;  // --config, --set, --metrics-file, --log-level, --print-config
-  std::string nnodes = "1";
+  // --config, --set, --metrics-file, --log-level, --print-config, and the flags that stand
+  // for [elastic] keys (--max-restarts, --monitor-interval, ...; Note [Elastic settings]).
+  ConfigOptions config;
+  std::string nnodes;  // "" = [elastic] min_nodes:max_nodes when not 1, else Slurm, else 1
   int node_rank = 0;
   // Elastic (docs/elastic.md).
   bool standalone = false;
@@ -47,15 +52,8 @@ struct Args {
   std::string rdzv_host;
   std::string node_id;
   std::string token_file;
-  double monitor_interval_s = 1.0;
-  double settle_s = 2.0;
-  double heartbeat_timeout_s = 10.0;
-  double hang_timeout_s = 300.0;
-  double join_timeout_s = 600.0;
-  int max_membership_changes = 10;
   std::string master_addr;
   int master_port = 0;
-  int max_restarts = 0;
   double grace_s = 10.0;
   std::string run_id;
   bool dry_run = false;
@@ -85,138 +83,165 @@ std::string this_host() {
   return name;
 }
 
-// The elastic path (docs/elastic.md): optionally host the coordinator, then run the agent.
-int run_elastic(const Args& args, const CLI::App& app, LaunchPlan plan,
-                const cluster::EnvMap& env) {
-  const auto [min_nodes, max_nodes] = parse_nnodes(args.nnodes);
-  const bool explicit_node_rank = app.count("--node-rank") > 0;
+// An elastic job: --standalone, --rdzv-endpoint, --rdzv-id, --nnodes MIN:MAX, or (without
+// --nnodes) [elastic] min_nodes < max_nodes.
+bool is_elastic(const Args& args, const CLI::App& app, const ElasticConfig& elastic) {
+  return args.standalone || app.count("--rdzv-endpoint") > 0 || app.count("--rdzv-id") > 0 ||
+         args.nnodes.find(':') != std::string::npos || elastic.min_nodes < elastic.max_nodes;
+}
+
+// This agent's node rank in an elastic job: --node-rank, else SLURM_NODEID, else -1 (unknown:
+// the coordinator places it).
+int elastic_node_rank(const Args& args, const CLI::App& app, const cluster::EnvMap& env) {
+  if (app.count("--node-rank") > 0) return args.node_rank;
   auto slurm_node = env.find("SLURM_NODEID");
-  const int node_rank = explicit_node_rank        ? args.node_rank
-                        : slurm_node != env.end() ? std::atoi(slurm_node->second.c_str())
-                                                  : -1;
-  const bool host_coordinator = args.standalone || node_rank == 0;
+  return slurm_node != env.end() ? std::atoi(slurm_node->second.c_str()) : -1;
+}
 
-  // Endpoint and token.
-  std::string endpoint_host = "127.0.0.1";
-  int endpoint_port = 0;
-  if (!args.rdzv_endpoint.empty()) {
-    std::tie(endpoint_host, endpoint_port) = parse_endpoint(args.rdzv_endpoint, "--rdzv-endpoint");
-  } else if (!args.standalone) {
-    DNALLM_CHECK(app.count("--master-addr") > 0 && app.count("--master-port") > 0, ExitCode::kUsage,
-                 "an elastic job needs the coordinator's address: give --rdzv-endpoint HOST:PORT "
-                 "(or --master-addr and --master-port), or --standalone for one node");
-    endpoint_host = args.master_addr;
-    endpoint_port = args.master_port;
-  }
-  std::string token;
-  if (!args.token_file.empty()) {
-    token = read_token_file(args.token_file);
-  } else if (env.count("DNALLM_JOB_TOKEN") > 0 && !env.at("DNALLM_JOB_TOKEN").empty()) {
-    token = env.at("DNALLM_JOB_TOKEN");
-  } else {
-    DNALLM_CHECK(args.standalone, ExitCode::kUsage,
-                 "the nodes of a job must share a job token: set DNALLM_JOB_TOKEN (the same on "
-                 "every node) or pass --token-file FILE");
-    token = plan.job_token;  // generated: only this node's workers need it
-  }
-  plan.job_token = token;
-  DNALLM_CHECK(args.monitor_interval_s > 0, ExitCode::kUsage, "--monitor-interval must be > 0");
+// Where the coordinator is (or will be, for the agent hosting it: port 0 = a free one).
+std::pair<std::string, int> coordinator_endpoint(const Args& args, const CLI::App& app) {
+  if (!args.rdzv_endpoint.empty()) return parse_endpoint(args.rdzv_endpoint, "--rdzv-endpoint");
+  if (args.standalone) return {"127.0.0.1", 0};
+  DNALLM_CHECK(app.count("--master-addr") > 0 && app.count("--master-port") > 0, ExitCode::kUsage,
+               "an elastic job needs the coordinator's address: give --rdzv-endpoint HOST:PORT "
+               "(or --master-addr and --master-port), or --standalone for one node");
+  return {args.master_addr, args.master_port};
+}
 
-  // Before any thread exists: every thread inherits the blocked SIGINT/SIGTERM.
-  SignalFdStopSignals signals;
-  auto ms = [](double s) { return std::chrono::milliseconds(static_cast<long long>(s * 1000)); };
+// The job token every node shares: --token-file, else DNALLM_JOB_TOKEN, else (--standalone
+// only) the one the plan generated.
+std::string elastic_job_token(const Args& args, const cluster::EnvMap& env,
+                              const std::string& generated) {
+  if (!args.token_file.empty()) return read_token_file(args.token_file);
+  if (std::string token = job_token_of(env); !token.empty()) return token;
+  DNALLM_CHECK(args.standalone, ExitCode::kUsage,
+               "the nodes of a job must share a job token: set DNALLM_JOB_TOKEN (the same on "
+               "every node) or pass --token-file FILE");
+  return generated;  // only this node's workers need it
+}
 
-  // Declared in this order so that on an exception the server (whose io thread runs the
-  // service's handlers) is stopped and joined before the service is destroyed.
+// The coordinator this agent hosts (--standalone or node rank 0). Declared in this order so
+// that the server (whose io thread runs the service's handlers) is stopped and joined before
+// the service is destroyed, also on an exception.
+struct HostedCoordinator {
+  coordinator::ElasticServiceOptions options;
   std::unique_ptr<coordinator::ElasticService> service;
   std::unique_ptr<coordinator::StoreServer> server;
-  coordinator::ElasticServiceOptions service_options;
-  if (host_coordinator) {
-    coordinator::StoreServerOptions so;
-    so.host = !args.rdzv_host.empty() ? args.rdzv_host : endpoint_host;
-    so.port = static_cast<uint16_t>(endpoint_port);
-    so.token = token;
-    auto& eo = service_options.state;
-    eo.min_nodes = args.standalone ? 1 : min_nodes;
-    eo.max_nodes = args.standalone ? 1 : max_nodes;
-    eo.settle = ms(args.settle_s);
-    eo.heartbeat_timeout = ms(args.heartbeat_timeout_s);
-    eo.step_timeout = ms(args.hang_timeout_s);
-    eo.join_timeout = ms(args.join_timeout_s);
-    eo.max_restarts = args.max_restarts;
-    eo.max_membership_changes = args.max_membership_changes;
-    server = std::make_unique<coordinator::StoreServer>(so);
-    service = std::make_unique<coordinator::ElasticService>(*server, service_options);
-    server->start();
-    service->start();
-    endpoint_port = server->port();
-    spdlog::info("hosting the coordinator on {}:{} (nodes {}..{}, max restarts {})", so.host,
-                 endpoint_port, eo.min_nodes, eo.max_nodes, eo.max_restarts);
+};
+
+std::unique_ptr<HostedCoordinator> host_coordinator(const Args& args, const ElasticConfig& elastic,
+                                                    const std::string& endpoint_host,
+                                                    int endpoint_port, const std::string& token) {
+  auto hosted = std::make_unique<HostedCoordinator>();
+  coordinator::StoreServerOptions so;
+  so.host = !args.rdzv_host.empty() ? args.rdzv_host : endpoint_host;
+  so.port = static_cast<uint16_t>(endpoint_port);
+  so.token = token;
+  auto& eo = hosted->options.state;
+  eo = coordinator::elastic_options(elastic);
+  if (args.standalone) eo.min_nodes = eo.max_nodes = 1;
+  hosted->server = std::make_unique<coordinator::StoreServer>(so);
+  hosted->service = std::make_unique<coordinator::ElasticService>(*hosted->server, hosted->options);
+  hosted->server->start();
+  hosted->service->start();
+  spdlog::info("hosting the coordinator on {}:{} (nodes {}..{}, max restarts {})", so.host,
+               hosted->server->port(), eo.min_nodes, eo.max_nodes, eo.max_restarts);
+  return hosted;
+}
+
+// Lets the other agents learn the job's outcome (`code`), then stops the coordinator.
+void stop_coordinator(HostedCoordinator& hosted, int code) {
+  if (code == static_cast<int>(ExitCode::kRequeue)) {
+    // Preempted: this node's workers committed and exited 75. The coordinator cannot
+    // know that (it would wait a heartbeat timeout, declare this node dead and open a new
+    // generation that nobody will run): stop it now. Other nodes got the same notice.
+    spdlog::warn(
+        "preempted: the workers committed a checkpoint and exited {}; stopping the "
+        "coordinator hosted here (the requeued job resumes from the checkpoint)",
+        code);
+  } else if (code < 128) {  // the job ended (not this agent interrupted by a signal)
+    hosted.service->wait_outcome_delivered(hosted.options.state.heartbeat_timeout);
   }
-  plan.master_addr = endpoint_host;
-  plan.master_port = endpoint_port;
+  hosted.service->stop();
+  hosted.server->stop();
+  hosted.service->join();
+  hosted.server->join();
+}
 
-  char tmpl[] = "/tmp/dnallm-progress-XXXXXX";
-  DNALLM_CHECK(::mkdtemp(tmpl) != nullptr, ExitCode::kFailure,
-               "cannot create a progress directory under /tmp");
-  const std::string progress_dir = tmpl;
+// The directory of the workers' progress files (Note [Progress file]), removed with them.
+class ProgressDir {
+ public:
+  explicit ProgressDir(int nproc) : nproc_(nproc) {
+    char tmpl[] = "/tmp/dnallm-progress-XXXXXX";
+    DNALLM_CHECK(::mkdtemp(tmpl) != nullptr, ExitCode::kFailure,
+                 "cannot create a progress directory under /tmp");
+    path_ = tmpl;
+  }
+  ~ProgressDir() {
+    for (int i = 0; i < nproc_; ++i) std::remove(progress_file(path_, i).c_str());
+    ::rmdir(path_.c_str());
+  }
+  ProgressDir(const ProgressDir&) = delete;
+  ProgressDir& operator=(const ProgressDir&) = delete;
+  const std::string& path() const { return path_; }
 
+ private:
+  int nproc_;
+  std::string path_;
+};
+
+// Runs this node's agent against the coordinator at plan.master_addr:master_port.
+int run_agent(const Args& args, const LaunchPlan& plan, const cluster::EnvMap& env,
+              StopSignals& signals, const ElasticConfig& elastic) {
   coordinator::TcpStoreClientOptions co;
-  co.host = endpoint_host;
-  co.port = static_cast<uint16_t>(endpoint_port);
-  co.token = token;
+  co.host = plan.master_addr;
+  co.port = static_cast<uint16_t>(plan.master_port);
+  co.token = plan.job_token;
   co.connect_timeout = std::chrono::seconds(60);
   // A coordinator silent for a heartbeat timeout would declare this node dead: the agent
   // gives up on it after as long (the first connect, above, may wait for node 0 to start).
-  co.op_timeout = std::max(ms(args.heartbeat_timeout_s), std::chrono::milliseconds(1000));
+  co.op_timeout = std::max(coordinator::to_millis(elastic.heartbeat_timeout_s),
+                           std::chrono::milliseconds(1000));
 
+  const ProgressDir progress(plan.nproc_per_node);
   ElasticAgentOptions ao;
   ao.node.host = this_host();
   ao.node.node_id =
       !args.node_id.empty() ? args.node_id : fmt::format("{}:{}", ao.node.host, ::getpid());
   ao.node.nproc = plan.nproc_per_node;
-  ao.monitor_interval = ms(args.monitor_interval_s);
+  ao.monitor_interval = coordinator::to_millis(elastic.heartbeat_interval_s);
   ao.poll_interval = std::min(ao.monitor_interval, std::chrono::milliseconds(100));
-  ao.progress_dir = progress_dir;
-  ao.group.grace = ms(args.grace_s);
+  ao.progress_dir = progress.path();
+  ao.group.grace = coordinator::to_millis(args.grace_s);
 
-  int code = 0;
-  {
-    PrefixedConsole console;
-    ProcessSpawner spawner(console);
-    coordinator::ElasticClient client(co);
-    ElasticAgent agent(client, spawner, signals, ao,
-                       [&](const coordinator::NodeAssignment& a, const std::string& reason) {
-                         return make_elastic_worker_specs(plan, env, a, reason, progress_dir);
-                       });
-    try {
-      code = agent.run();
-    } catch (...) {
-      for (int i = 0; i < ao.node.nproc; ++i) std::remove(progress_file(progress_dir, i).c_str());
-      ::rmdir(progress_dir.c_str());
-      throw;
-    }
+  PrefixedConsole console;
+  ProcessSpawner spawner(console);
+  coordinator::ElasticClient client(co);
+  ElasticAgent agent(client, spawner, signals, ao,
+                     [&](const coordinator::NodeAssignment& a, const std::string& reason) {
+                       return make_elastic_worker_specs(plan, env, a, reason, progress.path());
+                     });
+  return agent.run();
+}
+
+// The elastic path (docs/elastic.md): optionally host the coordinator, then run the agent.
+int run_elastic(const Args& args, const CLI::App& app, LaunchPlan plan, const cluster::EnvMap& env,
+                const ElasticConfig& elastic) {
+  const int node_rank = elastic_node_rank(args, app, env);
+  auto [endpoint_host, endpoint_port] = coordinator_endpoint(args, app);
+  plan.job_token = elastic_job_token(args, env, plan.job_token);
+
+  // Before any thread exists: every thread inherits the blocked SIGINT/SIGTERM.
+  SignalFdStopSignals signals;
+  std::unique_ptr<HostedCoordinator> hosted;
+  if (args.standalone || node_rank == 0) {
+    hosted = host_coordinator(args, elastic, endpoint_host, endpoint_port, plan.job_token);
+    endpoint_port = hosted->server->port();
   }
-  for (int i = 0; i < ao.node.nproc; ++i) std::remove(progress_file(progress_dir, i).c_str());
-  ::rmdir(progress_dir.c_str());
-  if (service) {
-    // Let the other agents learn the outcome before the coordinator goes away.
-    if (code == static_cast<int>(ExitCode::kRequeue)) {
-      // Preempted: this node's workers committed and exited 75. The coordinator cannot
-      // know that (it would wait a heartbeat timeout, declare this node dead and open a new
-      // generation that nobody will run): stop it now. Other nodes got the same notice.
-      spdlog::warn(
-          "preempted: the workers committed a checkpoint and exited {}; stopping the "
-          "coordinator hosted here (the requeued job resumes from the checkpoint)",
-          code);
-    } else if (code < 128) {  // the job ended (not this agent interrupted by a signal)
-      service->wait_outcome_delivered(service_options.state.heartbeat_timeout);
-    }
-    service->stop();
-    server->stop();
-    service->join();
-    server->join();
-  }
+  plan.master_addr = endpoint_host;
+  plan.master_port = endpoint_port;
+  const int code = run_agent(args, plan, env, signals, elastic);
+  if (hosted) stop_coordinator(*hosted, code);
   return code;
 }
 
@@ -224,42 +249,11 @@ std::string absolute(const std::string& path) {
   return path.empty() ? path : std::filesystem::absolute(path).lexically_normal().string();
 }
 
-// --sbatch-script: print an sbatch file that runs this launch on every node of a Slurm job
-// (launcher/sbatch_script.hpp). Paths become absolute so the job finds them from any node.
-int print_sbatch_script(const Args& args, const CLI::App& app, const Config* config) {
-  const bool elastic = args.standalone || app.count("--rdzv-endpoint") > 0 ||
-                       app.count("--rdzv-id") > 0 || args.nnodes.find(':') != std::string::npos;
-  if (elastic) {
-    fail(ExitCode::kUsage,
-         "--sbatch-script writes a static Slurm job (one dnallm-launch per node, placed by "
-         "srun); drop --standalone/--rdzv-*/--nnodes MIN:MAX");
-  }
-  if (app.count("--node-rank") > 0 || app.count("--master-addr") > 0) {
-    fail(ExitCode::kUsage,
-         "--sbatch-script: --node-rank and --master-addr come from the Slurm step on each node; "
-         "drop them");
-  }
-  SbatchOptions o;
-  o.nodes = parse_nnodes(args.nnodes).first;
-  if (args.nproc == "auto") {
-    fail(ExitCode::kUsage,
-         "--sbatch-script needs --nproc-per-node as a number (it sets --cpus-per-task and, for "
-         "GPU workers, --gpus-per-node), not 'auto'");
-  }
-  o.nproc_per_node = resolve_nproc(args.nproc, {}, 0);
-  const bool cuda_config = config != nullptr && (config->training.device == "cuda" ||
-                                                 config->parallel.backend == "nccl");
-  o.gpus = args.sbatch_gpus || cuda_config;
-  o.cpus_per_task = args.cpus_per_task;
-  o.signal_lead_s = args.signal_lead_s;
-  o.job_name = args.job_name;
-  o.output = args.sbatch_output;
-  o.job_dir = absolute(args.job_dir);
-  o.chdir = std::filesystem::current_path().string();
-  o.extra_sbatch = args.sbatch_args;
-
-  auto& a = o.launch_argv;
-  a = {self_exe_dir() + "/dnallm-launch", "--nproc-per-node", std::to_string(o.nproc_per_node)};
+// The dnallm-launch command line that --sbatch-script runs on every node.
+std::vector<std::string> sbatch_launch_argv(const Args& args, const CLI::App& app,
+                                            int nproc_per_node) {
+  std::vector<std::string> a = {self_exe_dir() + "/dnallm-launch", "--nproc-per-node",
+                                std::to_string(nproc_per_node)};
   const ConfigOptions& co = args.config;
   if (!co.config_path.empty()) a.insert(a.end(), {"--config", absolute(co.config_path)});
   for (const auto& set : co.overrides) a.insert(a.end(), {"--set", set});
@@ -272,56 +266,73 @@ int print_sbatch_script(const Args& args, const CLI::App& app, const Config* con
     a.insert(a.end(), {"--grace-period", fmt::format("{}", args.grace_s)});
   }
   if (app.count("--run-id") > 0) a.insert(a.end(), {"--run-id", args.run_id});
-  if (args.max_restarts != 0) {
-    fail(ExitCode::kUsage,
-         "--sbatch-script: --max-restarts {} needs the elastic coordinator across nodes; a "
-         "preempted or failed job is requeued by Slurm instead (use 0)",
-         args.max_restarts);
-  }
   if (!args.command.empty()) {
     a.push_back("--");
     a.insert(a.end(), args.command.begin(), args.command.end());
   }
+  return a;
+}
+
+// --sbatch-script: print an sbatch file that runs this launch on every node of a Slurm job
+// (launcher/sbatch_script.hpp). Paths become absolute so the job finds them from any node.
+int print_sbatch_script(const Args& args, const CLI::App& app, const Config& config) {
+  if (is_elastic(args, app, config.elastic)) {
+    fail(ExitCode::kUsage,
+         "--sbatch-script writes a static Slurm job (one dnallm-launch per node, placed by "
+         "srun); drop --standalone/--rdzv-*/--nnodes MIN:MAX (or elastic.min_nodes < "
+         "elastic.max_nodes)");
+  }
+  if (app.count("--node-rank") > 0 || app.count("--master-addr") > 0) {
+    fail(ExitCode::kUsage,
+         "--sbatch-script: --node-rank and --master-addr come from the Slurm step on each node; "
+         "drop them");
+  }
+  if (args.nproc == "auto") {
+    fail(ExitCode::kUsage,
+         "--sbatch-script needs --nproc-per-node as a number (it sets --cpus-per-task and, for "
+         "GPU workers, --gpus-per-node), not 'auto'");
+  }
+  if (config.elastic.max_restarts != 0) {
+    fail(ExitCode::kUsage,
+         "--sbatch-script: --max-restarts (elastic.max_restarts) {} needs the elastic "
+         "coordinator across nodes; a preempted or failed job is requeued by Slurm instead "
+         "(use 0)",
+         config.elastic.max_restarts);
+  }
+  SbatchOptions o;
+  o.nodes = static_cast<int>(config.elastic.min_nodes);
+  o.nproc_per_node = resolve_nproc(args.nproc, {}, 0);
+  const bool cuda_config = config.training.device == "cuda" || config.parallel.backend == "nccl";
+  o.gpus = args.sbatch_gpus || cuda_config;
+  o.cpus_per_task = args.cpus_per_task;
+  o.signal_lead_s = args.signal_lead_s;
+  o.job_name = args.job_name;
+  o.output = args.sbatch_output;
+  o.job_dir = absolute(args.job_dir);
+  o.chdir = std::filesystem::current_path().string();
+  o.extra_sbatch = args.sbatch_args;
+  o.launch_argv = sbatch_launch_argv(args, app, o.nproc_per_node);
   fmt::print("{}", make_sbatch_script(o));
   return 0;
 }
 
-int run(const Args& args, const CLI::App& app) {
+// What the command line and the configuration ask this node to start.
+LaunchRequest launch_request(const Args& args, const CLI::App& app, const Config& config,
+                             bool elastic) {
   const ConfigOptions& co = args.config;
-  init_logging("launch", co.log_level.empty() ? "info" : co.log_level);
-  cluster::EnvMap env = cluster::current_env();
-
-  // The configuration is read here to fail early on a bad file (exit 2 before anything
-  // starts), to report the backend, and for the launcher's own log level; the workers read
-  // it themselves.
-  std::string backend = "auto";
-  std::string backend_source = "default";
-  std::optional<Config> config;
-  if (!co.config_path.empty() || !co.overrides.empty() || co.print_config) {
-    config = resolve_config(co);
-    if (co.print_config) {
-      fmt::print("{}", to_toml(*config));
-      return 0;
-    }
-    backend = config->parallel.backend;
-    backend_source = co.config_path.empty() ? "--set" : "config " + co.config_path;
-    spdlog::set_level(parse_log_level(config->logging.level));
-  }
-  if (args.sbatch_script) return print_sbatch_script(args, app, config ? &*config : nullptr);
-
   LaunchRequest request;
   request.nproc_per_node = args.nproc;
-  const bool elastic = args.standalone || app.count("--rdzv-endpoint") > 0 ||
-                       app.count("--rdzv-id") > 0 || args.nnodes.find(':') != std::string::npos;
-  if (app.count("--nnodes") > 0 && !elastic) request.nnodes = parse_nnodes(args.nnodes).first;
+  // A static node count: --nnodes, or [elastic] min_nodes when not 1; else Slurm's, else 1.
+  if (!elastic && (app.count("--nnodes") > 0 || config.elastic.min_nodes != 1)) {
+    request.nnodes = static_cast<int>(config.elastic.min_nodes);
+  }
   if (app.count("--node-rank") > 0) request.node_rank = args.node_rank;
   if (app.count("--master-addr") > 0) request.master_addr = args.master_addr;
   if (app.count("--master-port") > 0) request.master_port = args.master_port;
-  request.max_restarts = args.max_restarts;
+  request.max_restarts = static_cast<int>(config.elastic.max_restarts);
   request.run_id = !args.rdzv_id.empty() ? args.rdzv_id : args.run_id;
   if (elastic) {
     // The coordinator places this node; resolve the rest as for one node.
-    request.nnodes.reset();
     request.node_rank.reset();
     if (!request.master_addr) request.master_addr = "127.0.0.1";
     if (!request.master_port) request.master_port = 0;
@@ -331,34 +342,20 @@ int run(const Args& args, const CLI::App& app) {
   request.sets = co.overrides;
   request.metrics_file = co.metrics_file;
   if (!co.log_level.empty()) request.log_level = co.log_level;
-  if (args.grace_s < 0) fail(ExitCode::kUsage, "--grace-period must be >= 0");
+  return request;
+}
 
-  HostFacts host;
-  host.gpu_devices = count_nvidia_devices();
-  host.cores = static_cast<int>(std::thread::hardware_concurrency());
-  host.exe_dir = self_exe_dir();
-  const LaunchPlan plan = resolve_launch_plan(request, env, host);
-
-  if (elastic && !args.dry_run) {
-    if (args.command.empty() && ::access(plan.command[0].c_str(), X_OK) != 0) {
-      fail(ExitCode::kUsage,
-           "dnallm-train was not found beside dnallm-launch ({}); build it, or give the worker "
-           "command after '--'",
-           plan.command[0]);
-    }
-    return run_elastic(args, app, plan, env);
-  }
-  if (args.dry_run) {
-    fmt::print("{}", describe_plan(plan, backend, backend_source));
-    return 0;
-  }
-
+void require_worker_command(const Args& args, const LaunchPlan& plan) {
   if (args.command.empty() && ::access(plan.command[0].c_str(), X_OK) != 0) {
     fail(ExitCode::kUsage,
          "dnallm-train was not found beside dnallm-launch ({}); build it, or give the worker "
          "command after '--'",
          plan.command[0]);
   }
+}
+
+// One node (or a static placement): start the group and restart it on failure.
+int run_static(const Args& args, const LaunchPlan& plan, const cluster::EnvMap& env) {
   if (plan.nnodes > 1 && plan.job_token_source == "generated") {
     spdlog::warn(
         "{} nodes with a job token generated on this node: the other nodes' workers "
@@ -377,7 +374,7 @@ int run(const Args& args, const CLI::App& app) {
   ProcessSpawner spawner(console);
   RestartOptions options;
   options.max_restarts = plan.max_restarts;
-  options.group.grace = std::chrono::milliseconds(static_cast<long long>(args.grace_s * 1000));
+  options.group.grace = coordinator::to_millis(args.grace_s);
   RestartLoop loop(spawner, signals, options, [&](int restart, const std::string& reason) {
     return make_worker_specs(plan, env, restart, reason);
   });
@@ -386,20 +383,54 @@ int run(const Args& args, const CLI::App& app) {
   return code;
 }
 
-}  // namespace
+// The configuration, read here to fail early on a bad file (exit 2 before anything starts),
+// to report the backend, for the launcher's own log level and for its [elastic] settings; the
+// workers read it themselves. --nnodes stands for [elastic] min_nodes and max_nodes.
+Config launcher_config(Args& args, const CLI::App& app) {
+  if (app.count("--nnodes") > 0) {
+    const auto [lo, hi] = parse_nnodes(args.nnodes);
+    const std::string origin = "--nnodes " + args.nnodes;
+    args.config.key_flags.push_back({"elastic.min_nodes", std::to_string(lo), origin});
+    args.config.key_flags.push_back({"elastic.max_nodes", std::to_string(hi), origin});
+  }
+  Config config = resolve_config(args.config);
+  spdlog::set_level(parse_log_level(config.logging.level));
+  return config;
+}
 
-int main(int argc, char** argv) {
-  Args args;
-  CLI::App app{
-      "dnallm-launch: start and watch the dnallm-train workers of this node.\n"
-      "Elastic multi-node jobs (--standalone, --rdzv-endpoint, --rdzv-id, --nnodes MIN:MAX):\n"
-      "see docs/elastic.md; the node-rank-0 agent hosts the coordinator.\n"
-      "Workers get RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
-      "MASTER_PORT, TORCHELASTIC_*, DNALLM_GENERATION and DNALLM_JOB_TOKEN. Exit codes:\n"
-      "0 ok, 2 usage, 3/5 a worker's bad data / corrupt checkpoint, 4 a worker failed,\n"
-      "75 preempted (SIGUSR1 forwarded; the workers checkpointed; run again to resume),\n"
-      "128+N stopped by signal N. Slurm: --sbatch-script, docs/slurm.md; mpirun: docs/mpirun.md.",
-      "dnallm-launch"};
+int run(Args& args, const CLI::App& app) {
+  const ConfigOptions& co = args.config;
+  init_logging("launch", co.log_level.empty() ? "info" : co.log_level);
+  cluster::EnvMap env = cluster::current_env();
+  const Config config = launcher_config(args, app);
+  if (co.print_config) {
+    fmt::print("{}", to_toml(config));
+    return 0;
+  }
+  if (args.sbatch_script) return print_sbatch_script(args, app, config);
+  if (args.grace_s < 0) fail(ExitCode::kUsage, "--grace-period must be >= 0");
+
+  const bool elastic = is_elastic(args, app, config.elastic);
+  HostFacts host;
+  host.gpu_devices = count_nvidia_devices();
+  host.cores = static_cast<int>(std::thread::hardware_concurrency());
+  host.exe_dir = self_exe_dir();
+  const LaunchPlan plan =
+      resolve_launch_plan(launch_request(args, app, config, elastic), env, host);
+  if (args.dry_run) {
+    const bool configured = !co.config_path.empty() || !co.overrides.empty();
+    const std::string source = !co.config_path.empty() ? "config " + co.config_path
+                               : configured            ? "--set"
+                                                       : "default";
+    fmt::print("{}", describe_plan(plan, config.parallel.backend, source));
+    return 0;
+  }
+  require_worker_command(args, plan);
+  if (elastic) return run_elastic(args, app, plan, env, config.elastic);
+  return run_static(args, plan, env);
+}
+
+void add_placement_options(CLI::App& app, Args& args) {
   app.add_option("--nproc-per-node", args.nproc,
                  "workers on this node: a number, or 'auto' (one per GPU, else 1)")
       ->capture_default_str();
@@ -408,7 +439,8 @@ int main(int argc, char** argv) {
   add_config_options(app, args.config);
   app.add_option("--nnodes", args.nnodes,
                  "nodes in the job, one dnallm-launch each: N, or MIN:MAX for an elastic job "
-                 "(default: from a Slurm step, else 1)");
+                 "(elastic.min_nodes, elastic.max_nodes; default: those when not 1, else from a "
+                 "Slurm step, else 1)");
   app.add_option("--node-rank", args.node_rank,
                  "this node's index in [0, nnodes) (default: SLURM_NODEID, else 0)");
   app.add_option("--master-addr", args.master_addr,
@@ -416,16 +448,19 @@ int main(int argc, char** argv) {
                  "the first host of a Slurm step)");
   app.add_option("--master-port", args.master_port,
                  "coordinator port exported as MASTER_PORT (default: a free port)");
-  app.add_option("--max-restarts", args.max_restarts,
-                 "restart the worker group up to R times after a failure")
-      ->capture_default_str();
+  add_key_option(app, args.config, "--max-restarts", "elastic.max_restarts",
+                 "restart the worker group up to R times after a failure");
   app.add_option("--grace-period", args.grace_s,
                  "seconds between SIGTERM and SIGKILL when stopping workers")
       ->capture_default_str();
   app.add_option("--run-id", args.run_id,
                  "TORCHELASTIC_RUN_ID (default: SLURM_JOB_ID, else 'none')");
   app.add_flag("--dry-run", args.dry_run, "print the resolved plan and exit");
-  // Slurm batch script (docs/slurm.md).
+  app.add_option("command", args.command,
+                 "worker command after '--' (default: dnallm-train beside this program)");
+}
+
+void add_sbatch_options(CLI::App& app, Args& args) {
   app.add_flag("--sbatch-script", args.sbatch_script,
                "print an sbatch file that runs this launch on --nnodes nodes (srun, preemption "
                "signal, requeue on exit 75) and exit");
@@ -450,7 +485,9 @@ int main(int argc, char** argv) {
   app.add_option("--sbatch-arg", args.sbatch_args,
                  "--sbatch-script: one more #SBATCH line, e.g. --sbatch-arg=--time=04:00:00 "
                  "(repeatable)");
-  // Elastic (docs/elastic.md).
+}
+
+void add_elastic_options(CLI::App& app, Args& args) {
   app.add_flag("--standalone", args.standalone,
                "elastic job on this node alone, with its own coordinator on a free port");
   app.add_option("--rdzv-endpoint", args.rdzv_endpoint,
@@ -462,27 +499,28 @@ int main(int argc, char** argv) {
   app.add_option("--node-id", args.node_id, "this agent's unique id (default: HOST:PID)");
   app.add_option("--token-file", args.token_file,
                  "file whose first line is the job token (default: $DNALLM_JOB_TOKEN)");
-  app.add_option("--monitor-interval", args.monitor_interval_s,
-                 "seconds between heartbeats (workers' progress) to the coordinator")
-      ->capture_default_str();
-  app.add_option("--rdzv-settle", args.settle_s,
-                 "hosted coordinator: seconds without a new join before a round closes with at "
-                 "least MIN nodes")
-      ->capture_default_str();
-  app.add_option("--heartbeat-timeout", args.heartbeat_timeout_s,
-                 "hosted coordinator: seconds of silence before a node is declared dead")
-      ->capture_default_str();
-  app.add_option("--hang-timeout", args.hang_timeout_s,
-                 "hosted coordinator: seconds without step progress before a rank is a hang")
-      ->capture_default_str();
-  app.add_option("--join-timeout", args.join_timeout_s,
-                 "hosted coordinator: seconds a round may stay below MIN nodes")
-      ->capture_default_str();
-  app.add_option("--max-membership-changes", args.max_membership_changes,
-                 "hosted coordinator: job-wide budget of node deaths and late joins")
-      ->capture_default_str();
-  app.add_option("command", args.command,
-                 "worker command after '--' (default: dnallm-train beside this program)");
+  add_key_option(app, args.config, "--monitor-interval", "elastic.heartbeat_interval_s",
+                 "seconds between heartbeats (workers' progress) to the coordinator");
+  add_coordinator_key_options(app, args.config, "hosted coordinator: ");
+}
 
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  CLI::App app{
+      "dnallm-launch: start and watch the dnallm-train workers of this node.\n"
+      "Elastic multi-node jobs (--standalone, --rdzv-endpoint, --rdzv-id, --nnodes MIN:MAX):\n"
+      "see docs/elastic.md; the node-rank-0 agent hosts the coordinator.\n"
+      "Flags naming a key (elastic.max_restarts, ...) override the --config file's [elastic].\n"
+      "Workers get RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
+      "MASTER_PORT, TORCHELASTIC_*, DNALLM_GENERATION and DNALLM_JOB_TOKEN. Exit codes:\n"
+      "0 ok, 2 usage, 3/5 a worker's bad data / corrupt checkpoint, 4 a worker failed,\n"
+      "75 preempted (SIGUSR1 forwarded; the workers checkpointed; run again to resume),\n"
+      "128+N stopped by signal N. Slurm: --sbatch-script, docs/slurm.md; mpirun: docs/mpirun.md.",
+      "dnallm-launch"};
+  add_placement_options(app, args);
+  add_sbatch_options(app, args);   // docs/slurm.md
+  add_elastic_options(app, args);  // docs/elastic.md
   return run_main("dnallm-launch", app, argc, argv, [&] { return run(args, app); });
 }

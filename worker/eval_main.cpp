@@ -140,83 +140,238 @@ std::vector<std::string> read_sequences(const std::string& path) {
   return out;
 }
 
+struct EvalArgs {
+  std::string model_dir, fasta, table;
+  std::string log_level = "warn", device_spec = "auto";
+  std::string logits_in, logits_out, adapter_dir, tokenizer_dir;
+  int64_t max_bases = 0, batch_size = 8, seed = 42;
+};
+
+void add_options(CLI::App& app, EvalArgs& a) {
+  app.add_option("--model", a.model_dir,
+                 "exported model directory (config.json, "
+                 "model.safetensors, tokenizer.json)")
+      ->required();
+  auto* fasta_opt = app.add_option("--fasta", a.fasta, "FASTA/FASTQ file (plain or gzip) to score");
+  auto* table_opt = app.add_option("--table", a.table, "labelled table for a classification model");
+  fasta_opt->excludes(table_opt);
+  auto* logits_opt = app.add_option(
+      "--logits", a.logits_in,
+      "one DNA sequence a line: tokenize them with the model's own tokenizer, pad, and write "
+      "input_ids, attention_mask and logits to --out (a Hugging Face directory or our export)");
+  logits_opt->excludes(fasta_opt)->excludes(table_opt);
+  app.add_option("--out", a.logits_out, "safetensors file that --logits writes");
+  app.add_option("--adapter", a.adapter_dir,
+                 "PEFT LoRA adapter directory applied on --model (with --logits; also writes "
+                 "merged_logits)");
+  app.add_option("--tokenizer", a.tokenizer_dir,
+                 "directory of the tokenizer files when not in --model (with --logits)");
+  app.add_option("--max-bases", a.max_bases, "score about this many bases (0: the whole file)");
+  app.add_option("--batch-size", a.batch_size, "sequences per forward pass")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--device", a.device_spec,
+                 "auto (cuda:LOCAL_RANK when there is a GPU) | cpu | cuda | cuda:N")
+      ->capture_default_str();
+  app.add_option("--seed", a.seed, "seed of the masked-LM masking");
+  app.add_option("--log-level", a.log_level, "trace|debug|info|warn|error");
+}
+
 // --logits: the model's own tokenizer, padded as it pads, one forward pass, and the layout of
 // the Hugging Face fixtures' expected.safetensors (input_ids, attention_mask, logits; with an
 // adapter also merged_logits, after merging it into the base).
-// Our own export (dnallm-train's final/): our tokenizer with our objectives' framing,
-// [CLS] bases [SEP] for encoders and [CLS] bases for causal models, right-padded with [PAD].
-data::HfBatch our_batch(const data::Tokenizer& tokenizer, bool causal,
-                        const std::vector<std::string>& sequences) {
-  std::vector<std::vector<int64_t>> rows;
-  size_t longest = 0;
-  for (const auto& s : sequences) {
-    std::vector<int64_t> ids = {data::kClsId};
-    for (auto id : tokenizer.encode(s)) ids.push_back(id);
-    if (!causal) ids.push_back(data::kSepId);
-    longest = std::max(longest, ids.size());
-    rows.push_back(std::move(ids));
-  }
-  data::HfBatch b;
-  b.rows = static_cast<int64_t>(rows.size());
-  b.seq_len = static_cast<int64_t>(longest);
-  for (const auto& r : rows) {
-    b.input_ids.insert(b.input_ids.end(), r.begin(), r.end());
-    b.input_ids.insert(b.input_ids.end(), longest - r.size(), data::kPadId);
-    b.attention_mask.insert(b.attention_mask.end(), r.size(), 1);
-    b.attention_mask.insert(b.attention_mask.end(), longest - r.size(), 0);
-  }
-  return b;
+struct LogitsRun {
+  models::TransformerLM model{nullptr};
+  models::ForwardInputs in;  // input_ids and attention_mask [rows, tokens] on the CPU
+};
+
+// A Hugging Face directory: its tokenizer (or --tokenizer's), padded as transformers pads.
+LogitsRun hf_logits_run(const EvalArgs& a, const std::vector<std::string>& sequences) {
+  const auto checkpoint = models::read_hf_checkpoint(a.model_dir);
+  const auto tokenizer =
+      data::HfTokenizer::load(a.tokenizer_dir.empty() ? a.model_dir : a.tokenizer_dir);
+  DNALLM_CHECK(tokenizer.vocab_size() <= checkpoint.options.vocab_size, ExitCode::kUsage,
+               "the tokenizer has {} tokens but the model's vocab_size is {}",
+               tokenizer.vocab_size(), checkpoint.options.vocab_size);
+  const data::HfBatch batch = tokenizer.encode_batch(sequences);
+  LogitsRun run;
+  run.model = a.adapter_dir.empty()
+                  ? models::build_hf_model(checkpoint)
+                  : models::build_hf_model_with_adapter(
+                        checkpoint, models::read_peft_adapter(a.adapter_dir, checkpoint));
+  auto opts = torch::TensorOptions().dtype(torch::kInt64);
+  run.in.input_ids = torch::tensor(batch.input_ids, opts).view({batch.rows, batch.seq_len});
+  run.in.attention_mask =
+      torch::tensor(batch.attention_mask, opts).view({batch.rows, batch.seq_len});
+  return run;
 }
 
-int write_logits(const std::string& model_dir, const std::string& tokenizer_dir,
-                 const std::string& adapter_dir, const std::string& sequences_path,
-                 const std::string& out_path) {
-  const auto sequences = read_sequences(sequences_path);
-  models::TransformerLM model{nullptr};
-  data::HfBatch batch;
-  if (models::is_hf_model_dir(model_dir)) {
-    const auto checkpoint = models::read_hf_checkpoint(model_dir);
-    const auto tokenizer =
-        data::HfTokenizer::load(tokenizer_dir.empty() ? model_dir : tokenizer_dir);
-    DNALLM_CHECK(tokenizer.vocab_size() <= checkpoint.options.vocab_size, ExitCode::kUsage,
-                 "the tokenizer has {} tokens but the model's vocab_size is {}",
-                 tokenizer.vocab_size(), checkpoint.options.vocab_size);
-    batch = tokenizer.encode_batch(sequences);
-    model = adapter_dir.empty()
-                ? models::build_hf_model(checkpoint)
-                : models::build_hf_model_with_adapter(
-                      checkpoint, models::read_peft_adapter(adapter_dir, checkpoint));
-  } else {
-    DNALLM_CHECK(adapter_dir.empty(), ExitCode::kUsage,
-                 "--adapter applies a PEFT adapter to a Hugging Face base directory; {} is this "
-                 "project's own export (its LoRA is merged already)",
-                 model_dir);
-    model = models::load_exported_model(model_dir);
-    const auto tokenizer = data::load_tokenizer(model_dir + "/tokenizer.json");
-    batch = our_batch(*tokenizer, model->options().arch == models::Arch::kGpt, sequences);
+// Our own export (dnallm-train's final/): our tokenizer with our objectives' framing,
+// infer::frame_sequence's [CLS] bases [SEP] (encoders) or [CLS] bases (causal models),
+// right-padded with [PAD]. A sequence longer than the model's positions is an error, not cut.
+LogitsRun own_logits_run(const EvalArgs& a, const std::vector<std::string>& sequences) {
+  DNALLM_CHECK(a.adapter_dir.empty(), ExitCode::kUsage,
+               "--adapter applies a PEFT adapter to a Hugging Face base directory; {} is this "
+               "project's own export (its LoRA is merged already)",
+               a.model_dir);
+  LogitsRun run;
+  run.model = models::load_exported_model(a.model_dir);
+  const auto tokenizer = data::load_tokenizer(a.model_dir + "/tokenizer.json");
+  const auto& o = run.model->options();
+  std::vector<std::vector<int64_t>> rows;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    bool cut = false;
+    rows.push_back(infer::frame_sequence(*tokenizer, o, sequences[i], &cut));
+    DNALLM_CHECK(!cut, ExitCode::kBadData,
+                 "{}:{}: the sequence needs more than the model's max_seq_length = {} tokens; "
+                 "shorten it",
+                 a.logits_in, i + 1, o.max_seq_length);
   }
-  auto opts = torch::TensorOptions().dtype(torch::kInt64);
-  auto ids = torch::tensor(batch.input_ids, opts).view({batch.rows, batch.seq_len});
-  auto mask = torch::tensor(batch.attention_mask, opts).view({batch.rows, batch.seq_len});
+  run.in = infer::pad_batch(rows, data::kPadId, torch::kCPU);
+  return run;
+}
+
+int write_logits(const EvalArgs& a) {
+  const auto sequences = read_sequences(a.logits_in);
+  LogitsRun run = models::is_hf_model_dir(a.model_dir) ? hf_logits_run(a, sequences)
+                                                       : own_logits_run(a, sequences);
   torch::InferenceMode inference;
-  models::ForwardInputs in;
-  in.input_ids = ids;
-  in.attention_mask = mask;
-  std::vector<std::pair<std::string, torch::Tensor>> out = {{"input_ids", ids},
-                                                            {"attention_mask", mask}};
-  out.emplace_back("logits", model->forward(in).logits.to(torch::kFloat32));
-  if (!adapter_dir.empty()) {
-    model->merge_lora();
-    out.emplace_back("merged_logits", model->forward(in).logits.to(torch::kFloat32));
+  std::vector<std::pair<std::string, torch::Tensor>> out = {
+      {"input_ids", run.in.input_ids}, {"attention_mask", run.in.attention_mask}};
+  out.emplace_back("logits", run.model->forward(run.in).logits.to(torch::kFloat32));
+  if (!a.adapter_dir.empty()) {
+    run.model->merge_lora();
+    out.emplace_back("merged_logits", run.model->forward(run.in).logits.to(torch::kFloat32));
   }
-  models::save_safetensors(out_path, out, {{"format", "pt"}});
+  models::save_safetensors(a.logits_out, out, {{"format", "pt"}});
   nlohmann::ordered_json summary;
-  summary["model"] = model_dir;
-  summary["out"] = out_path;
-  summary["rows"] = batch.rows;
-  summary["tokens"] = batch.seq_len;
+  summary["model"] = a.model_dir;
+  summary["out"] = a.logits_out;
+  summary["rows"] = run.in.input_ids.size(0);
+  summary["tokens"] = run.in.input_ids.size(1);
   summary["logits"] = out[2].second.sizes().vec();
   std::cout << summary.dump() << std::endl;
+  return 0;
+}
+
+// The evaluation configuration of an exported model: its own framing and tokenizer, the whole
+// `input` once, every N kept (masked).
+Config eval_config(const models::ModelOptions& o, const data::Tokenizer& tokenizer,
+                   const std::string& input, const EvalArgs& a) {
+  Config config;
+  config.model.arch = o.arch == models::Arch::kBert ? "bert" : "gpt";
+  config.model.task = o.task == models::Task::kPretrain         ? "pretrain"
+                      : o.task == models::Task::kClassification ? "classification"
+                                                                : "regression";
+  config.model.max_seq_length = o.max_seq_length;
+  config.model.num_labels = o.num_labels;
+  config.tokenizer.kind = tokenizer.kind();
+  config.data.eval_files = {input};
+  config.training.micro_batch_size = a.batch_size;
+  config.training.seed = a.seed;
+  config.data.n_policy = "mask";
+  config.data.max_n_fraction = 1.0;
+  return config;
+}
+
+// What one scoring pass reads: the model on its device and `batches` batches of `source`.
+struct Scoring {
+  models::TransformerLM model{nullptr};
+  torch::Device device{torch::kCPU};
+  train::LoaderSource* source = nullptr;
+  int64_t batches = 0;
+};
+
+// Classifier: accuracy, MCC and mean loss over the rows with a label in range.
+void score_classifier(Scoring& s, nlohmann::ordered_json& out) {
+  const int64_t labels = s.model->options().num_labels;
+  std::vector<std::vector<double>> confusion(labels, std::vector<double>(labels, 0.0));
+  double nll = 0, rows = 0;
+  for (int64_t i = 0; i < s.batches; ++i) {
+    auto batch = s.source->next();
+    auto in = train::to_inputs(batch, s.model, s.device);
+    auto result = s.model->forward(in);
+    nll += result.loss_sum.item<double>();
+    // One read of the batch's predictions (not one per row: each is a device sync).
+    const auto pred = result.logits.argmax(-1).to(torch::kCPU).contiguous();
+    const int64_t* predicted = pred.data_ptr<int64_t>();
+    for (int64_t r = 0; r < batch.rows; ++r) {
+      const auto truth = batch.labels[r];
+      if (truth < 0 || truth >= labels) continue;
+      confusion[truth][predicted[r]] += 1;
+      rows += 1;
+    }
+  }
+  double correct = 0;
+  for (int64_t k = 0; k < labels; ++k) correct += confusion[k][k];
+  out["accuracy"] = rows > 0 ? correct / rows : 0.0;
+  out["mcc"] = mcc(confusion);
+  out["loss"] = rows > 0 ? nll / rows : 0.0;
+  out["rows"] = static_cast<int64_t>(rows);
+}
+
+// Regressor: mean squared error over every row.
+void score_regressor(Scoring& s, nlohmann::ordered_json& out) {
+  double se = 0, rows = 0;
+  for (int64_t i = 0; i < s.batches; ++i) {
+    auto batch = s.source->next();
+    auto in = train::to_inputs(batch, s.model, s.device);
+    se += s.model->forward(in).loss_sum.item<double>();
+    rows += double(batch.rows);
+  }
+  out["mse"] = rows > 0 ? se / rows : 0.0;
+  out["rows"] = static_cast<int64_t>(rows);
+}
+
+int score(const EvalArgs& a) {
+  DNALLM_CHECK(!a.fasta.empty() || !a.table.empty(), ExitCode::kUsage,
+               "give --fasta FILE (language model) or --table FILE (classifier)");
+  const std::string input = a.fasta.empty() ? a.table : a.fasta;
+  DNALLM_CHECK(std::filesystem::is_regular_file(input), ExitCode::kBadData,
+               "{} does not exist or is not a file", input);
+  Scoring s;
+  // The same choice as dnallm-infer's --device (docs/inference.md).
+  s.device = infer::resolve_device(a.device_spec,
+                                   cluster::detect_topology(cluster::current_env()).local_rank);
+  s.model = models::load_exported_model(a.model_dir);
+  s.model->to(s.device);
+  s.model->eval();
+  const auto& o = s.model->options();
+  auto tokenizer = infer::load_model_tokenizer(a.model_dir, o);
+  const Config config = eval_config(o, *tokenizer, input, a);
+  // The whole file once (Note [Evaluation covers each sample once]); --max-bases cuts below.
+  auto loader =
+      data::make_eval_loader(config, tokenizer, 0, 1, std::numeric_limits<uint64_t>::max());
+  DNALLM_CHECK(loader != nullptr && loader->dataset_size() > 0, ExitCode::kBadData,
+               "{} holds no sequence long enough to score", input);
+  uint64_t samples = loader->dataset_size();
+  if (a.max_bases > 0) {
+    const auto window = data::window_bases(config, *tokenizer);
+    samples = std::min<uint64_t>(samples, uint64_t((a.max_bases + window - 1) / window));
+  }
+  s.batches = int64_t((samples + a.batch_size - 1) / a.batch_size);
+  train::LoaderSource source(std::move(loader));
+  s.source = &source;
+
+  nlohmann::ordered_json out;
+  out["model"] = a.model_dir;
+  out["input"] = input;
+  out["device"] = s.device.str();
+  torch::InferenceMode inference;
+  if (o.task == models::Task::kPretrain) {
+    FirstRowsSource once(source, samples);
+    auto r = train::evaluate(s.model, once, s.batches, s.device, train::bases_of_label(tokenizer));
+    out["bits_per_base"] = r.bits_per_base;
+    out["order0_bits_per_base"] = order0_bits_per_base(input, a.max_bases);
+    out["loss"] = r.loss;
+    out["tokens"] = r.tokens;
+    out["bases"] = r.bases;
+  } else if (o.task == models::Task::kClassification) {
+    score_classifier(s, out);
+  } else {
+    score_regressor(s, out);
+  }
+  std::cout << out.dump() << std::endl;
   return 0;
 }
 
@@ -227,132 +382,12 @@ int main(int argc, char** argv) {
       "dnallm-eval: score an exported model directory on a FASTA file (bits per base, against "
       "the order-0 entropy of the same bases) or, for a classifier, on a labelled "
       "CSV/TSV/JSONL table (accuracy, MCC). Prints one JSON object."};
-  std::string model_dir, fasta, table, log_level = "warn", device_spec = "auto";
-  std::string logits_in, logits_out, adapter_dir, tokenizer_dir;
-  int64_t max_bases = 0, batch_size = 8, seed = 42;
-  app.add_option("--model", model_dir,
-                 "exported model directory (config.json, "
-                 "model.safetensors, tokenizer.json)")
-      ->required();
-  auto* fasta_opt = app.add_option("--fasta", fasta, "FASTA/FASTQ file (plain or gzip) to score");
-  auto* table_opt = app.add_option("--table", table, "labelled table for a classification model");
-  fasta_opt->excludes(table_opt);
-  auto* logits_opt = app.add_option(
-      "--logits", logits_in,
-      "one DNA sequence a line: tokenize them with the model's own tokenizer, pad, and write "
-      "input_ids, attention_mask and logits to --out (a Hugging Face directory or our export)");
-  logits_opt->excludes(fasta_opt)->excludes(table_opt);
-  app.add_option("--out", logits_out, "safetensors file that --logits writes");
-  app.add_option("--adapter", adapter_dir,
-                 "PEFT LoRA adapter directory applied on --model (with --logits; also writes "
-                 "merged_logits)");
-  app.add_option("--tokenizer", tokenizer_dir,
-                 "directory of the tokenizer files when not in --model (with --logits)");
-  app.add_option("--max-bases", max_bases, "score about this many bases (0: the whole file)");
-  app.add_option("--batch-size", batch_size, "sequences per forward pass")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--device", device_spec,
-                 "auto (cuda:LOCAL_RANK when there is a GPU) | cpu | cuda | cuda:N")
-      ->capture_default_str();
-  app.add_option("--seed", seed, "seed of the masked-LM masking");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  EvalArgs a;
+  add_options(app, a);
   return run_main("dnallm-eval", app, argc, argv, [&]() -> int {
-    init_logging("eval", log_level);
-    if (!logits_in.empty()) {
-      DNALLM_CHECK(!logits_out.empty(), ExitCode::kUsage, "--logits needs --out FILE.safetensors");
-      return write_logits(model_dir, tokenizer_dir, adapter_dir, logits_in, logits_out);
-    }
-    DNALLM_CHECK(!fasta.empty() || !table.empty(), ExitCode::kUsage,
-                 "give --fasta FILE (language model) or --table FILE (classifier)");
-    const std::string input = fasta.empty() ? table : fasta;
-    DNALLM_CHECK(std::filesystem::is_regular_file(input), ExitCode::kBadData,
-                 "{} does not exist or is not a file", input);
-    // The same choice as dnallm-infer's --device (docs/inference.md).
-    const auto device = infer::resolve_device(
-        device_spec, cluster::detect_topology(cluster::current_env()).local_rank);
-    auto model = models::load_exported_model(model_dir);
-    model->to(device);
-    model->eval();
-    const auto& o = model->options();
-    auto tokenizer = infer::load_model_tokenizer(model_dir, o);
-
-    Config config;
-    config.model.arch = o.arch == models::Arch::kBert ? "bert" : "gpt";
-    config.model.task = o.task == models::Task::kPretrain         ? "pretrain"
-                        : o.task == models::Task::kClassification ? "classification"
-                                                                  : "regression";
-    config.model.max_seq_length = o.max_seq_length;
-    config.model.num_labels = o.num_labels;
-    config.tokenizer.kind = tokenizer->kind();
-    config.data.eval_files = {input};
-    config.training.micro_batch_size = batch_size;
-    config.training.seed = seed;
-    config.data.n_policy = "mask";
-    config.data.max_n_fraction = 1.0;
-    // The whole file once (Note [Evaluation covers each sample once]); --max-bases cuts below.
-    auto loader =
-        data::make_eval_loader(config, tokenizer, 0, 1, std::numeric_limits<uint64_t>::max());
-    DNALLM_CHECK(loader != nullptr && loader->dataset_size() > 0, ExitCode::kBadData,
-                 "{} holds no sequence long enough to score", input);
-    uint64_t samples = loader->dataset_size();
-    if (max_bases > 0) {
-      const auto window = data::window_bases(config, *tokenizer);
-      samples = std::min<uint64_t>(samples, uint64_t((max_bases + window - 1) / window));
-    }
-    const int64_t batches = int64_t((samples + batch_size - 1) / batch_size);
-    train::LoaderSource source(std::move(loader));
-
-    nlohmann::ordered_json out;
-    out["model"] = model_dir;
-    out["input"] = input;
-    out["device"] = device.str();
-    torch::InferenceMode inference;
-    if (o.task == models::Task::kPretrain) {
-      FirstRowsSource once(source, samples);
-      auto r = train::evaluate(model, once, batches, device, train::bases_of_label(tokenizer));
-      out["bits_per_base"] = r.bits_per_base;
-      out["order0_bits_per_base"] = order0_bits_per_base(input, max_bases);
-      out["loss"] = r.loss;
-      out["tokens"] = r.tokens;
-      out["bases"] = r.bases;
-    } else if (o.task == models::Task::kClassification) {
-      std::vector<std::vector<double>> confusion(o.num_labels,
-                                                 std::vector<double>(o.num_labels, 0.0));
-      double nll = 0, rows = 0;
-      for (int64_t i = 0; i < batches; ++i) {
-        auto batch = source.next();
-        auto in = train::to_inputs(batch, model, device);
-        auto result = model->forward(in);
-        nll += result.loss_sum.item<double>();
-        // One read of the batch's predictions (not one per row: each is a device sync).
-        const auto pred = result.logits.argmax(-1).to(torch::kCPU).contiguous();
-        const int64_t* predicted = pred.data_ptr<int64_t>();
-        for (int64_t r = 0; r < batch.rows; ++r) {
-          const auto truth = batch.labels[r];
-          if (truth < 0 || truth >= o.num_labels) continue;
-          confusion[truth][predicted[r]] += 1;
-          rows += 1;
-        }
-      }
-      double correct = 0;
-      for (int64_t k = 0; k < o.num_labels; ++k) correct += confusion[k][k];
-      out["accuracy"] = rows > 0 ? correct / rows : 0.0;
-      out["mcc"] = mcc(confusion);
-      out["loss"] = rows > 0 ? nll / rows : 0.0;
-      out["rows"] = static_cast<int64_t>(rows);
-    } else {
-      double se = 0, rows = 0;
-      for (int64_t i = 0; i < batches; ++i) {
-        auto batch = source.next();
-        auto in = train::to_inputs(batch, model, device);
-        se += model->forward(in).loss_sum.item<double>();
-        rows += double(batch.rows);
-      }
-      out["mse"] = rows > 0 ? se / rows : 0.0;
-      out["rows"] = static_cast<int64_t>(rows);
-    }
-    std::cout << out.dump() << std::endl;
-    return 0;
+    init_logging("eval", a.log_level);
+    if (a.logits_in.empty()) return score(a);
+    DNALLM_CHECK(!a.logits_out.empty(), ExitCode::kUsage, "--logits needs --out FILE.safetensors");
+    return write_logits(a);
   });
 }

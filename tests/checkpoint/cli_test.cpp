@@ -1,6 +1,4 @@
 // dnallm-ckpt end to end: the real binary on real checkpoint directories.
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -13,6 +11,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "checkpoint/shard_file.hpp"
 #include "test_util.hpp"
+#include "tests/support/process.hpp"
 
 namespace dnallm::checkpoint {
 namespace {
@@ -22,22 +21,11 @@ using testing::make_data;
 using testing::spec;
 using testing::TempDir;
 
-struct CliRun {
-  int code = -1;
-  std::string out;
-};
+using CliRun = dnallm::testing::CommandResult;
 
+// dnallm-ckpt `args`: stdout and stderr.
 CliRun run_ckpt(const std::string& args) {
-  const std::string cmd = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-ckpt " + args + " 2>&1";
-  CliRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return dnallm::testing::run_shell(dnallm::testing::kBin + "dnallm-ckpt " + args);
 }
 
 void make_checkpoint(const std::filesystem::path& root, std::vector<uint8_t>& w) {

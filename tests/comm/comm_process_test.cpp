@@ -7,14 +7,13 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
 
 #include "comm/communicator.hpp"
 #include "coordinator/store_server.hpp"
+#include "tests/support/process.hpp"
 
 extern char** environ;
 
@@ -24,14 +23,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-const std::string kWorker = std::string(DNALLM_BINARY_DIR) + "/bin/comm_test_worker";
+using dnallm::testing::kBin;
+using dnallm::testing::read_text;
+using dnallm::testing::run_command;
+using dnallm::testing::run_shell;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+const std::string kWorker = kBin + "comm_test_worker";
 
 struct RankResult {
   int exit_code = -1;  // -signal when killed
@@ -98,19 +95,25 @@ std::vector<RankResult> run_ranks(int world, uint16_t port,
     std::this_thread::sleep_for(5ms);
   }
   for (int r = 0; r < world; ++r)
-    results[static_cast<size_t>(r)].output = slurp(logs[static_cast<size_t>(r)]);
+    results[static_cast<size_t>(r)].output = read_text(logs[static_cast<size_t>(r)]);
   return results;
+}
+
+// The store the spawned ranks bootstrap through (loopback, port 0, token "test-token").
+std::unique_ptr<coordinator::StoreServer> start_store() {
+  coordinator::StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.token = "test-token";
+  auto server = std::make_unique<coordinator::StoreServer>(o);
+  server->start();
+  return server;
 }
 
 class GlooWorld : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
     if (!backend_available("gloo")) GTEST_SKIP() << "gloo not built";
-    coordinator::StoreServerOptions o;
-    o.host = "127.0.0.1";
-    o.token = "test-token";
-    server_ = std::make_unique<coordinator::StoreServer>(o);
-    server_->start();
+    server_ = start_store();
   }
   std::unique_ptr<coordinator::StoreServer> server_;
 };
@@ -130,15 +133,11 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooWorld, ::testing::Values(1, 2, 3, 4));
 
 TEST(GlooFailure, KilledRankIsNamedByTheOthersWithinTimeout) {
   if (!backend_available("gloo")) GTEST_SKIP();
-  coordinator::StoreServerOptions so;
-  so.host = "127.0.0.1";
-  so.token = "test-token";
-  coordinator::StoreServer server(so);
-  server.start();
+  const auto server = start_store();
   const int world = 3;
   const auto timeout = 3s;
   auto results = run_ranks(
-      world, server.port(),
+      world, server->port(),
       {"DNALLM_TEST_MODE=kill", "DNALLM_TEST_VICTIM=1", "DNALLM_TEST_TIMEOUT_MS=3000"}, 60s);
   ASSERT_EQ(results[1].exit_code, -SIGKILL) << results[1].output;
   for (int r : {0, 2}) {
@@ -155,13 +154,9 @@ TEST(GlooFailure, KilledRankIsNamedByTheOthersWithinTimeout) {
 
 TEST(GlooFailure, StalledRankIsNamedAfterTheTimeout) {
   if (!backend_available("gloo")) GTEST_SKIP();
-  coordinator::StoreServerOptions so;
-  so.host = "127.0.0.1";
-  so.token = "test-token";
-  coordinator::StoreServer server(so);
-  server.start();
+  const auto server = start_store();
   const auto t0 = Clock::now();
-  auto results = run_ranks(3, server.port(),
+  auto results = run_ranks(3, server->port(),
                            {"DNALLM_TEST_MODE=kill", "DNALLM_TEST_STALL=1", "DNALLM_TEST_VICTIM=2",
                             "DNALLM_TEST_TIMEOUT_MS=3000"},
                            60s);
@@ -177,22 +172,19 @@ TEST(GlooFailure, StalledRankIsNamedAfterTheTimeout) {
 }
 
 #ifdef DNALLM_TEST_HAVE_MPI
-int run_mpirun(int np, const std::string& log) {
-  std::string cmd = "timeout 100 mpirun --allow-run-as-root --oversubscribe -np " +
-                    std::to_string(np) + " -x DNALLM_TEST_MODE=matrix " + kWorker + " > " + log +
-                    " 2>&1";
-  int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+// The matrix of comm_test_worker under mpirun; its output goes to `out`.
+int run_mpirun(int np, std::string* out) {
+  return run_command("timeout 100 mpirun --allow-run-as-root --oversubscribe -np " +
+                         std::to_string(np) + " -x DNALLM_TEST_MODE=matrix " + kWorker,
+                     out);
 }
 
 class MpiWorld : public ::testing::TestWithParam<int> {};
 
 TEST_P(MpiWorld, EveryCollectiveDtypeAndLayoutMatchesClosedForm) {
   const int world = GetParam();
-  std::string log = ::testing::TempDir() + "/comm_mpi_" + std::to_string(world) + ".log";
-  int rc = run_mpirun(world, log);
-  std::string out = slurp(log);
-  EXPECT_EQ(rc, 0) << out;
+  std::string out;
+  EXPECT_EQ(run_mpirun(world, &out), 0) << out;
   size_t oks = 0;
   for (size_t p = out.find("backend mpi"); p != std::string::npos;
        p = out.find("backend mpi", p + 1))
@@ -203,15 +195,14 @@ TEST_P(MpiWorld, EveryCollectiveDtypeAndLayoutMatchesClosedForm) {
 INSTANTIATE_TEST_SUITE_P(WorldSizes, MpiWorld, ::testing::Values(1, 2, 3, 4));
 
 TEST(BenchComm, MpiAndRawMpiSweepsCheckEveryElement) {
-  const std::string bench = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-bench-comm";
-  const std::string log = ::testing::TempDir() + "/bench_mpi.log";
+  const std::string bench = kBin + "dnallm-bench-comm";
   for (const char* backend : {"mpi", "mpi-raw"}) {
-    std::string cmd =
-        "timeout 60 mpirun --allow-run-as-root --oversubscribe -np 3 " + bench + " --backend " +
-        backend + " --min-bytes 4 --max-bytes 65536 --iters 2 --warmup 1 --json > " + log + " 2>&1";
-    int rc = std::system(cmd.c_str());
-    std::string out = slurp(log);
-    EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << out;
+    std::string out;
+    const int rc = run_command("timeout 60 mpirun --allow-run-as-root --oversubscribe -np 3 " +
+                                   bench + " --backend " + backend +
+                                   " --min-bytes 4 --max-bytes 65536 --iters 2 --warmup 1 --json",
+                               &out);
+    EXPECT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("\"bytes\":65536"), std::string::npos) << out;
     // Every line reports zero wrong elements (the bench also exits 1 otherwise).
     for (size_t p = out.find("\"wrong\":"); p != std::string::npos;
@@ -222,24 +213,20 @@ TEST(BenchComm, MpiAndRawMpiSweepsCheckEveryElement) {
 #endif
 
 TEST(BenchComm, HelpAndGlooSweepForEveryOp) {
-  const std::string bench = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-bench-comm";
-  EXPECT_EQ(std::system((bench + " --help > /dev/null").c_str()), 0);
-  int bad = std::system((bench + " --op alltoall > /dev/null 2>&1").c_str());
-  EXPECT_TRUE(WIFEXITED(bad) && WEXITSTATUS(bad) == 2);
+  const std::string bench = kBin + "dnallm-bench-comm";
+  EXPECT_EQ(run_command(bench + " --help"), 0);
+  EXPECT_EQ(run_command(bench + " --op alltoall"), 2);
   if (!backend_available("gloo")) return;
-  const std::string log = ::testing::TempDir() + "/bench_gloo.log";
   for (const char* op : {"allreduce", "reduce_scatter", "allgather", "broadcast"}) {
     for (const char* dtype : {"fp32", "bf16"}) {
       // World size 1 with rank 0 hosting the store on a kernel-chosen port is not possible
       // through MASTER_PORT, so pick a port from this process's pid.
       std::string port = std::to_string(20000 + ::getpid() % 20000);
-      std::string cmd =
-          "RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " timeout 60 " + bench +
-          " --backend gloo --op " + op + " --dtype " + dtype +
-          " --redop max --min-bytes 64 --max-bytes 4096 --iters 2 --warmup 1 > " + log + " 2>&1";
-      int rc = std::system(cmd.c_str());
-      std::string out = slurp(log);
-      EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << op << " " << dtype << "\n" << out;
+      std::string cmd = "RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port +
+                        " timeout 60 " + bench + " --backend gloo --op " + op + " --dtype " +
+                        dtype + " --redop max --min-bytes 64 --max-bytes 4096 --iters 2 --warmup 1";
+      std::string out;
+      EXPECT_EQ(run_command(cmd, &out), 0) << op << " " << dtype << "\n" << out;
       EXPECT_NE(out.find("#wrong"), std::string::npos) << out;
     }
   }

@@ -14,6 +14,7 @@
 #include "coordinator/elastic_service.hpp"
 #include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
+#include "raw_socket.hpp"
 
 namespace dnallm::coordinator {
 namespace {
@@ -294,49 +295,7 @@ TEST_F(ElasticServiceTest, LateNodeIsAdmittedAtTheNextRound) {
   EXPECT_EQ(vb.assignment->generation, 2);
 }
 
-// A blocking raw socket (receive timeout 5 s so a test cannot hang).
-class Raw {
- public:
-  explicit Raw(uint16_t port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    timeval tv{5, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  }
-  ~Raw() { ::close(fd_); }
-  void send(const std::vector<uint8_t>& b) { ::send(fd_, b.data(), b.size(), MSG_NOSIGNAL); }
-  // The status byte of the next reply; -1 when the server closed the connection.
-  int reply_status() {
-    uint8_t header[4];
-    if (!read_all(header, 4)) return -1;
-    std::vector<uint8_t> body(decode_u32_le(header));
-    if (body.empty() || !read_all(body.data(), body.size())) return -1;
-    return body[0];
-  }
-
- private:
-  bool read_all(uint8_t* p, size_t n) {
-    while (n > 0) {
-      ssize_t k = ::recv(fd_, p, n, 0);
-      if (k <= 0) return false;
-      p += k;
-      n -= static_cast<size_t>(k);
-    }
-    return true;
-  }
-  int fd_;
-};
-
-std::vector<uint8_t> hello(const std::string& token) {
-  return FrameWriter()
-      .u8(static_cast<uint8_t>(Op::kHello))
-      .u32(kProtocolVersion)
-      .str(token)
-      .frame();
-}
+using testing::RawSocket;
 
 TEST_F(ElasticServiceTest, HostileClientsAreRefusedAndTheJobIsUnaffected) {
   start(two_nodes());
@@ -349,27 +308,27 @@ TEST_F(ElasticServiceTest, HostileClientsAreRefusedAndTheJobIsUnaffected) {
     EXPECT_EQ(e.code(), ExitCode::kUsage);
   }
   {  // an elastic op before HELLO
-    Raw r(server_->port());
+    RawSocket r(server_->port());
     r.send(FrameWriter().u8(static_cast<uint8_t>(Op::kElasticState)).str("a").frame());
     EXPECT_EQ(r.reply_status(), -1);
   }
   {  // an oversized frame
-    Raw r(server_->port());
-    r.send(hello("secret"));
+    RawSocket r(server_->port());
+    r.hello("secret");
     EXPECT_EQ(r.reply_status(), 0);
     r.send({0xff, 0xff, 0xff, 0x7f, static_cast<uint8_t>(Op::kElasticJoin)});
     EXPECT_EQ(r.reply_status(), -1);
   }
   {  // garbage: a join whose fields do not parse
-    Raw r(server_->port());
-    r.send(hello("secret"));
+    RawSocket r(server_->port());
+    r.hello("secret");
     EXPECT_EQ(r.reply_status(), 0);
     r.send(FrameWriter().u8(static_cast<uint8_t>(Op::kElasticJoin)).u32(1000).frame());
     EXPECT_EQ(r.reply_status(), -1);
   }
   {  // well-formed but out of range: answered kBadRequest
-    Raw r(server_->port());
-    r.send(hello("secret"));
+    RawSocket r(server_->port());
+    r.hello("secret");
     EXPECT_EQ(r.reply_status(), 0);
     r.send(FrameWriter()
                .u8(static_cast<uint8_t>(Op::kElasticJoin))

@@ -17,64 +17,15 @@
 #include "coordinator/store_server.hpp"
 #include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
+#include "raw_socket.hpp"
+#include "tests/support/process.hpp"
 
 namespace dnallm::coordinator {
 namespace {
 
 using namespace std::chrono_literals;
 
-// A blocking raw socket to the server, with a receive timeout so a test cannot hang.
-class RawSocket {
- public:
-  explicit RawSocket(uint16_t port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    timeval tv{5, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  }
-  ~RawSocket() { ::close(fd_); }
-  int fd() const { return fd_; }
-  void send(const std::vector<uint8_t>& bytes) {
-    ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(bytes.size()));
-  }
-  // The next response body, or nullopt if the server closed the connection.
-  std::optional<std::vector<uint8_t>> recv_frame() {
-    uint8_t header[4];
-    if (!read_all(header, 4)) return std::nullopt;
-    std::vector<uint8_t> body(decode_u32_le(header));
-    if (!read_all(body.data(), body.size())) return std::nullopt;
-    return body;
-  }
-  // True if the server closed the connection (EOF), false on data or timeout.
-  bool closed_by_server() {
-    uint8_t b;
-    return ::recv(fd_, &b, 1, 0) == 0;
-  }
-  void hello(const std::string& token) {
-    send(FrameWriter()
-             .u8(static_cast<uint8_t>(Op::kHello))
-             .u32(kProtocolVersion)
-             .str(token)
-             .frame());
-  }
-
- private:
-  bool read_all(uint8_t* p, size_t n) {
-    while (n > 0) {
-      ssize_t k = ::recv(fd_, p, n, 0);
-      if (k <= 0) return false;
-      p += k;
-      n -= static_cast<size_t>(k);
-    }
-    return true;
-  }
-  int fd_;
-};
+using testing::RawSocket;
 
 // A legitimate client's options: `token`, generous deadlines (the server is under load).
 TcpStoreClientOptions patient_client(uint16_t port, const std::string& token) {
@@ -384,15 +335,13 @@ TEST_F(HostileClientTest, SocketsAreCloseOnExec) {
 }
 
 TEST(CoordinatorMain, HelpAndBadUsage) {
-  std::string bin = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-coordinator";
-  EXPECT_EQ(std::system((bin + " --help > /dev/null").c_str()), 0);
-  int rc = std::system((bin + " --port notaport > /dev/null 2>&1").c_str());
-  ASSERT_TRUE(WIFEXITED(rc));
-  EXPECT_EQ(WEXITSTATUS(rc), 2);
+  const std::string bin = dnallm::testing::kBin + "dnallm-coordinator";
+  EXPECT_EQ(dnallm::testing::run_command(bin + " --help"), 0);
+  EXPECT_EQ(dnallm::testing::run_command(bin + " --port notaport"), 2);
 }
 
 TEST(CoordinatorMain, ServesUntilSigterm) {
-  std::string bin = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-coordinator";
+  std::string bin = dnallm::testing::kBin + "dnallm-coordinator";
   std::string out = ::testing::TempDir() + "/coord_port.txt";
   std::string cmd = "DNALLM_JOB_TOKEN=t " + bin + " --host 127.0.0.1 --port 0 > " + out +
                     " 2>/dev/null & echo $!";
@@ -435,7 +384,7 @@ class CoordinatorProcess {
     dir_ = ::testing::TempDir() + "/coord_" + name;
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
-    const std::string bin = std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-coordinator";
+    const std::string bin = dnallm::testing::kBin + "dnallm-coordinator";
     const std::string cmd = "cd " + dir_ + " && " + prefix + " " + bin +
                             " --host 127.0.0.1 --port 0 " + args +
                             " > out.txt 2> err.txt & echo $!";

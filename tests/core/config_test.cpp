@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -305,6 +306,91 @@ TEST(Config, BundledPresetsLoad) {
   EXPECT_EQ(bench.training.precision, "fp32");
   EXPECT_DOUBLE_EQ(bench.training.lr, 3e-4);
   EXPECT_DOUBLE_EQ(bench.data.mlm_probability, 0.15);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(ConfigReference, DocsMatchTheSchema) {
+  const std::string src = DNALLM_SOURCE_DIR;
+  const std::string page_template = read_text(src + "/docs/config.md.in");
+  ASSERT_FALSE(page_template.empty()) << src << "/docs/config.md.in";
+  const std::string rendered = config_reference(page_template);
+  const std::string committed = read_text(src + "/docs/config.md");
+  if (rendered == committed) return;
+  // Name the first line that differs, then how to fix it.
+  const auto want = [&] {
+    std::vector<std::string> lines;
+    std::stringstream ss(rendered);
+    for (std::string l; std::getline(ss, l);) lines.push_back(l);
+    return lines;
+  }();
+  std::stringstream have(committed);
+  size_t n = 0;
+  std::string line;
+  while (std::getline(have, line) && n < want.size() && line == want[n]) ++n;
+  ADD_FAILURE() << "docs/config.md differs from the schema (core/config.cpp) and "
+                   "docs/config.md.in, first at line "
+                << n + 1 << ":\n  docs/config.md: " << (n < want.size() ? line : "(end)")
+                << "\n  rendered:       " << (n < want.size() ? want[n] : "(end)")
+                << "\nRegenerate it: cmake --build build --target config-reference";
+}
+
+TEST(ConfigReference, EveryKeyHasADefaultAndAMeaning) {
+  const std::string keys = config_reference("{{aliases}}{{keys}}");
+  for (const auto& full : config_keys()) {
+    const std::string name = full.substr(full.find('.') + 1);
+    const std::string section = full.substr(0, full.find('.'));
+    const auto table = keys.find("### [" + section + "]");
+    ASSERT_NE(table, std::string::npos) << section;
+    const auto row = keys.find("| `" + name + "` | `", table);
+    ASSERT_NE(row, std::string::npos) << full;
+    const std::string text = keys.substr(row, keys.find('\n', row) - row);
+    // | key | default | allowed | meaning |: the meaning is the last cell, not empty.
+    const auto last = text.rfind(" | ", text.size() - 3);
+    ASSERT_NE(last, std::string::npos) << text;
+    EXPECT_GT(text.size() - last, std::string(" |  |").size()) << "no meaning for " << full;
+  }
+  EXPECT_NE(keys.find("| `learning_rate` | `training.lr` |"), std::string::npos) << keys;
+  EXPECT_NE(keys.find("| `heads` | `4` | integer, between 1 and 1024 |"), std::string::npos);
+  EXPECT_NE(keys.find("| `arch` | `\"bert\"` | `\"bert\"` \\| `\"gpt\"` |"), std::string::npos);
+}
+
+TEST(ConfigReference, AMissingMarkerIsAnError) {
+  EXPECT_THROW(config_reference("no markers"), Error);
+  EXPECT_THROW(config_reference("{{keys}} only"), Error);
+}
+
+TEST(Config, KeyOverridesNameTheirOrigin) {
+  Config c = parse_config("[elastic]\nmax_restarts = 5\n", "run.toml");
+  EXPECT_EQ(c.elastic.max_restarts, 5);
+  apply_key_overrides(c, {{"elastic.max_restarts", "2", "--max-restarts 2"},
+                          {"elastic.settle_s", "0.5", "--rdzv-settle 0.5"}});
+  EXPECT_EQ(c.elastic.max_restarts, 2);
+  EXPECT_DOUBLE_EQ(c.elastic.settle_s, 0.5);
+  try {
+    apply_key_overrides(c, {{"elastic.max_restarts", "-1", "--max-restarts -1"}});
+    FAIL() << "a negative restart budget was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("--max-restarts -1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("between 0 and"), std::string::npos) << e.what();
+  }
+  // The whole configuration is checked again: min_nodes above max_nodes.
+  EXPECT_THROW(apply_key_overrides(c, {{"elastic.min_nodes", "3", "--nnodes 3:2"},
+                                       {"elastic.max_nodes", "2", "--nnodes 3:2"}}),
+               Error);
+}
+
+TEST(Config, DefaultsAreTheSchemasToo) {
+  EXPECT_EQ(config_default("elastic.max_restarts"), std::to_string(ElasticConfig{}.max_restarts));
+  EXPECT_EQ(config_default("elastic.settle_s"), "2.0");
+  EXPECT_EQ(config_default("model.arch"), "\"bert\"");
+  EXPECT_THROW(config_default("elastic.nope"), Error);
 }
 
 }  // namespace

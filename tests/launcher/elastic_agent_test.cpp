@@ -51,16 +51,25 @@ TEST(ElasticAgentProgress, ReadsTheLastCompletedStepElseMinusOne) {
   const std::string dir = tmpl;
   const std::string path = progress_file(dir, 1);
   EXPECT_EQ(path, dir + "/local_rank_1.step");
-  EXPECT_EQ(read_progress(path), -1);  // missing
+  EXPECT_EQ(read_progress(path).step, -1);  // missing
+  EXPECT_EQ(read_progress(path).pid, 0);
   auto write = [&](const std::string& text) { std::ofstream(path) << text; };
   write("42\n");
-  EXPECT_EQ(read_progress(path), 42);
+  EXPECT_EQ(read_progress(path).step, 42);
+  EXPECT_EQ(read_progress(path).pid, 0);
   write("7");
-  EXPECT_EQ(read_progress(path), 7);
+  EXPECT_EQ(read_progress(path).step, 7);
   for (const char* bad : {"", "x", "12abc", "-3"}) {
     write(bad);
-    EXPECT_EQ(read_progress(path), -1) << bad;
+    EXPECT_EQ(read_progress(path).step, -1) << bad;
   }
+  // The second line is the worker's pid, read in the same pass (also after a bad step line).
+  write("42\n4242\n");
+  EXPECT_EQ(read_progress(path).step, 42);
+  EXPECT_EQ(read_progress(path).pid, 4242);
+  write("x\n17\n");
+  EXPECT_EQ(read_progress(path).step, -1);
+  EXPECT_EQ(read_progress(path).pid, 17);
   ::unlink(path.c_str());
   ::rmdir(dir.c_str());
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <regex>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -262,6 +263,148 @@ TEST(LaunchCli, GivesUpWhenRestartsAreSpent) {
   EXPECT_TRUE(contains(r.out, "[rank 0] try 1")) << r.out;
   EXPECT_FALSE(contains(r.out, "try 2")) << r.out;
   EXPECT_TRUE(contains(r.err, "job failed after 1 restart(s)")) << r.err;
+}
+
+// A configuration file holding `toml`, in `dir`.
+std::string write_config(const TempDir& dir, const std::string& toml) {
+  const std::string path = dir.path() + "/run.toml";
+  std::ofstream(path) << toml;
+  return path;
+}
+
+TEST(LaunchCli, TheConfigsRestartBudgetIsObeyedAndTheFlagOverridesIt) {
+  TempDir dir;
+  const std::string config = write_config(dir, "[elastic]\nmax_restarts = 2\n");
+  const std::string always_fails = "echo try $TORCHELASTIC_RESTART_COUNT; exit 1";
+  LaunchResult r = run_launch(with_sh({"--nproc-per-node", "1", "--config", config}, always_fails));
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank 0] try 2")) << r.out;
+  EXPECT_FALSE(contains(r.out, "try 3")) << r.out;
+  EXPECT_TRUE(contains(r.err, "job failed after 2 restart(s)")) << r.err;
+
+  r = run_launch(
+      with_sh({"--nproc-per-node", "1", "--config", config, "--max-restarts", "1"}, always_fails));
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank 0] try 1")) << r.out;
+  EXPECT_FALSE(contains(r.out, "try 2")) << r.out;
+  EXPECT_TRUE(contains(r.err, "job failed after 1 restart(s)")) << r.err;
+
+  // --set reaches the launcher's [elastic] too; the flag still wins over it.
+  r = run_launch({"--nproc-per-node", "1", "--config", config, "--set", "elastic.max_restarts=5",
+                  "--dry-run"});
+  EXPECT_TRUE(contains(r.out, "max restarts   : 5")) << r.out;
+  r = run_launch({"--nproc-per-node", "1", "--set", "elastic.max_restarts=5", "--max-restarts", "0",
+                  "--dry-run"});
+  EXPECT_TRUE(contains(r.out, "max restarts   : 0")) << r.out;
+}
+
+TEST(LaunchCli, AFlagStandingForAKeyIsCheckedAsTheKey) {
+  LaunchResult r = run_launch(with_sh({"--monitor-interval", "0", "--standalone"}, "exit 0"));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "--monitor-interval 0")) << r.err;
+  EXPECT_TRUE(contains(r.err, "elastic.heartbeat_interval_s")) << r.err;
+  EXPECT_EQ(split_lines(r.err).size(), 1u) << r.err;
+}
+
+TEST(LaunchCli, TheConfigsNodeRangeMakesTheJobElasticUnlessNnodesSaysOtherwise) {
+  TempDir dir;
+  const std::string config = write_config(dir, "[elastic]\nmin_nodes = 1\nmax_nodes = 2\n");
+  // 1..2 nodes is elastic (as --nnodes 1:2): it needs the coordinator's address.
+  LaunchResult r = run_launch(with_sh({"--config", config}, "exit 0"));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "an elastic job needs the coordinator's address")) << r.err;
+  // --nnodes 1 overrides the range: one static node.
+  r = run_launch(with_sh({"--config", config, "--nnodes", "1"}, "echo world=$WORLD_SIZE"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank 0] world=1")) << r.out;
+}
+
+TEST(LaunchCli, AnElasticJobTakesItsBudgetAndHeartbeatFromTheConfig) {
+  TempDir dir;
+  const std::string config =
+      write_config(dir, "[elastic]\nmax_restarts = 1\nheartbeat_interval_s = 0.1\n");
+  LaunchResult r = run_launch(with_sh({"--standalone", "--nproc-per-node", "1", "--config", config},
+                                      "echo gen=$DNALLM_GENERATION; exit 1"),
+                              {}, nullptr, std::chrono::seconds(30));
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_TRUE(contains(r.err, "max restarts 1)")) << r.err;  // the hosted coordinator's log
+  EXPECT_TRUE(contains(r.err, "max_restarts = 1 exhausted")) << r.err;
+  EXPECT_TRUE(contains(r.out, "gen=2")) << r.out;
+  EXPECT_FALSE(contains(r.out, "gen=3")) << r.out;
+}
+
+// dnallm-coordinator on a free loopback port with `args`; its stdout goes to `out_path` (the
+// first line is "port N").
+pid_t start_coordinator(const std::vector<std::string>& args, const std::string& out_path) {
+  std::vector<std::string> argv_s = {std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-coordinator",
+                                     "--host", "127.0.0.1", "--port", "0"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int err = ::open((out_path + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    ::setenv("DNALLM_JOB_TOKEN", "tok", 1);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// The coordinator's exit code, waiting at most `limit` (then it is killed: -1).
+int wait_exit(pid_t pid, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// One agent joins a dnallm-coordinator started with `args`; returns (agent, coordinator) exit
+// codes and the agent's stderr.
+std::tuple<int, int, std::string> one_agent_job(const TempDir& dir,
+                                                const std::vector<std::string>& args) {
+  static int jobs = 0;  // a file per job: an old one would name a port nobody serves
+  const std::string out = dir.path() + "/coordinator" + std::to_string(++jobs) + ".out";
+  const pid_t coordinator = start_coordinator(args, out);
+  std::string port;
+  for (int i = 0; i < 1000 && port.empty(); ++i) {
+    const std::string text = testing::read_file(out);
+    if (text.rfind("port ", 0) == 0 && text.find('\n') != std::string::npos) {
+      port = text.substr(5, text.find('\n') - 5);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_FALSE(port.empty()) << testing::read_file(out + ".err");
+  LaunchResult agent = run_launch(
+      with_sh({"--rdzv-endpoint", "127.0.0.1:" + port, "--monitor-interval", "0.1"}, "exit 0"),
+      {"DNALLM_JOB_TOKEN=tok"}, nullptr, std::chrono::seconds(30));
+  return {agent.exit_code, wait_exit(coordinator, std::chrono::seconds(20)), agent.err};
+}
+
+TEST(LaunchCli, AStandaloneCoordinatorReadsElasticFromTheConfigAndFlagsOverrideIt) {
+  TempDir dir;
+  const std::string config = write_config(
+      dir, "[elastic]\nmin_nodes = 2\nmax_nodes = 2\njoin_timeout_s = 1\nsettle_s = 0.1\n");
+  // Two nodes wanted, one joins: after join_timeout_s the job fails.
+  auto [agent, coordinator, err] = one_agent_job(dir, {"--config", config});
+  EXPECT_EQ(agent, 4) << err;
+  EXPECT_EQ(coordinator, 4);
+  EXPECT_TRUE(contains(err, "only 1 of at least 2 nodes joined within 1 s")) << err;
+  // --min-nodes 1 overrides the configuration: the one node runs the job.
+  std::tie(agent, coordinator, err) = one_agent_job(dir, {"--config", config, "--min-nodes", "1"});
+  EXPECT_EQ(agent, 0) << err;
+  EXPECT_EQ(coordinator, 0);
 }
 
 TEST(LaunchCli, WorkersAgreeingOnBadDataGiveExitCodeThree) {

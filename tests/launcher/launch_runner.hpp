@@ -18,18 +18,15 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/process.hpp"
+
 extern char** environ;
 
 namespace dnallm::launcher::testing {
 
-inline std::string launch_binary() { return std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-launch"; }
+inline std::string launch_binary() { return dnallm::testing::kBin + "dnallm-launch"; }
 
-inline std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+inline std::string read_file(const std::string& path) { return dnallm::testing::read_text(path); }
 
 inline std::vector<std::string> split_lines(const std::string& text) {
   std::vector<std::string> out;

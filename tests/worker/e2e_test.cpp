@@ -1,27 +1,25 @@
 // End to end with the real binaries: dnallm-train on the bundled genome, dnallm-eval on the
 // export; a LoRA classifier fine-tuned from that export and scored on a labelled table.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
-#include "run_command.hpp"
+#include "tests/support/process.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
+using dnallm::testing::kBin;
+using dnallm::testing::kSrc;
 
-const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
-const std::string kSrc = DNALLM_SOURCE_DIR;
-
+// stdout only: dnallm-eval's JSON object is parsed from it.
 dnallm::testing::CommandResult run(const std::string& cmd) {
-  return dnallm::testing::run_command(cmd, /*with_stderr=*/false);
+  return dnallm::testing::run_shell(cmd, dnallm::testing::Streams::kStdoutOnly);
 }
 
 std::string tiny_sets() {
@@ -32,11 +30,7 @@ std::string tiny_sets() {
 
 class EndToEnd : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / "dnallm_e2e_model";
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
+  static void SetUpTestSuite() { dir_ = dnallm::testing::make_temp_dir("e2e_model"); }
   static fs::path dir_;
 };
 fs::path EndToEnd::dir_;
@@ -79,31 +73,28 @@ TEST_F(EndToEnd, TrainExportEvalAndFineTune) {
   std::ofstream(bad) << ">x\nACGT12\n";
   EXPECT_EQ(run(kBin + "dnallm-eval --model " + ck + "/final --fasta " + bad).code, 3);
   EXPECT_EQ(run(kBin + "dnallm-eval --model " + ck + "/final").code, 2);
+  // --logits on our export: framed as dnallm-infer frames ([CLS] .. [SEP], max_seq_length 64);
+  // a sequence that does not fit is refused (exit 3), not cut.
+  const auto seqs = (dir_ / "seqs.txt").string();
+  std::ofstream(seqs) << "ACGTACGTAC\nGGCCA\n";
+  const auto logits = run(kBin + "dnallm-eval --model " + ck + "/final --logits " + seqs +
+                          " --out " + (dir_ / "logits.safetensors").string());
+  ASSERT_EQ(logits.code, 0) << logits.out;
+  EXPECT_EQ(nlohmann::json::parse(logits.out).at("rows").get<int64_t>(), 2);
+  for (const auto& [bases, code] : {std::pair<size_t, int>{62, 0}, {63, 3}}) {  // char tokens
+    std::ofstream(seqs) << std::string(bases, 'A') << "\n";
+    EXPECT_EQ(run(kBin + "dnallm-eval --model " + ck + "/final --logits " + seqs + " --out " +
+                  (dir_ / "long.safetensors").string())
+                  .code,
+              code)
+        << bases << " bases";
+  }
 
   // Classification table: windows of the genome (label 0) vs the same windows with every A
   // turned into C (label 1): a composition difference a classifier must pick up.
-  std::string genome;
-  {
-    auto unzip = run("gzip -dc " + kSrc + "/data/ecoli_k12_mg1655.fa.gz | head -c 200000");
-    std::istringstream in(unzip.out);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (!line.empty() && line[0] != '>') genome += line;
-    }
-  }
-  auto complement = [](std::string s) {
-    for (auto& c : s) c = c == 'A' ? 'C' : c;
-    return s;
-  };
-  for (const auto& [name, offset] :
-       {std::pair<std::string, size_t>{"train", 0}, {"eval", 100000}}) {
-    std::ofstream csv(dir_ / (name + ".csv"));
-    csv << "sequence,label\n";
-    for (size_t i = 0; i < 64; ++i) {
-      const auto w = genome.substr(offset + i * 60, 60);
-      csv << (i % 2 ? complement(w) : w) << "," << (i % 2) << "\n";
-    }
-  }
+  const std::string genome = dnallm::testing::bundled_genome(200000);
+  dnallm::testing::write_composition_table((dir_ / "train.csv").string(), genome, 0, 64);
+  dnallm::testing::write_composition_table((dir_ / "eval.csv").string(), genome, 100000, 64);
   const auto ft = (dir_ / "ft").string();
   auto finetune =
       run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +

@@ -5,30 +5,27 @@
 // (transformers layout: the merged model, the PEFT adapter and its base), whose adapter
 // logits equal the merged model's through dnallm-eval --logits.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.hpp"
 #include "core/tensorboard.hpp"
-#include "run_command.hpp"
+#include "tests/support/process.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
-const std::string kSrc = DNALLM_SOURCE_DIR;
+using dnallm::testing::kBin;
+using dnallm::testing::kSrc;
 
 dnallm::testing::CommandResult run(const std::string& cmd) {
-  return dnallm::testing::run_command(cmd, /*with_stderr=*/true);
+  return dnallm::testing::run_shell(cmd);
 }
 
 // The values of tensor `name` (float32 or int64, as T) of a safetensors file.
@@ -51,27 +48,9 @@ TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   // Windows of the genome (label 0) vs the same windows with every A turned into C (label 1).
-  std::string genome;
-  {
-    auto unzip = run("gzip -dc " + kSrc + "/data/ecoli_k12_mg1655.fa.gz | head -c 200000");
-    std::istringstream in(unzip.out);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (!line.empty() && line[0] != '>') genome += line;
-    }
-  }
-  for (const auto& [name, offset] :
-       {std::pair<std::string, size_t>{"train", 0}, {"eval", 100000}}) {
-    std::ofstream csv(dir / (name + ".csv"));
-    csv << "sequence,label\n";
-    for (size_t i = 0; i < 64; ++i) {
-      auto w = genome.substr(offset + i * 60, 60);
-      if (i % 2 == 1) {
-        for (auto& c : w) c = c == 'A' ? 'C' : c;
-      }
-      csv << w << "," << (i % 2) << "\n";
-    }
-  }
+  const std::string genome = dnallm::testing::bundled_genome(200000);
+  dnallm::testing::write_composition_table((dir / "train.csv").string(), genome, 0, 64);
+  dnallm::testing::write_composition_table((dir / "eval.csv").string(), genome, 100000, 64);
   const auto ck = (dir / "ck").string();
   const auto tb = (dir / "tb").string();
   auto train = run(

@@ -8,11 +8,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "tests/support/process.hpp"
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/pipeline.hpp"
 #include "worker/data/tokenizer.hpp"
@@ -476,9 +478,11 @@ TEST(HfExportTest, NoTransformersEquivalentIsSkippedNotWrong) {
 // ---------------------------------------------------------------------------------------------
 // dnallm-eval --logits (the interface both directions use), end to end.
 
+// The exit code of `command`; what it printed goes to the test's log when it fails.
 int run(const std::string& command) {
-  const int status = std::system(command.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  const auto r = dnallm::testing::run_shell(command);
+  if (r.code != 0) std::cerr << command << "\n" << r.out;
+  return r.code;
 }
 
 TEST(HfEvalCliTest, LogitsFileMatchesTheFixture) {

@@ -9,35 +9,21 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 
-#include "tests/integration/ddp/test_util.hpp"
+#include "tests/support/process.hpp"
 #include "worker/infer/embedding_writer.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
+using dnallm::testing::kBin;
+using dnallm::testing::kSrc;
+using dnallm::testing::read_text;
 
-const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
-const std::string kSrc = DNALLM_SOURCE_DIR;
-
-struct Result {
-  int code = -1;
-  std::string out;  // stdout, then stderr
-};
-
-Result run(const std::string& cmd) {
-  Result r;
-  r.code = dnallm::testing::run_command(cmd, &r.out);
-  return r;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
+// stdout, then stderr.
+dnallm::testing::CommandResult run(const std::string& cmd) {
+  return dnallm::testing::run_shell(cmd);
 }
 
 const std::string kTiny =
@@ -48,9 +34,7 @@ const std::string kTiny =
 class InferEndToEnd : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / "dnallm_infer_e2e";
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = dnallm::testing::make_temp_dir("infer_e2e");
     // 23 sequences of varied lengths (some longer than 64 tokens: cut), uneven over 2 ranks.
     std::ofstream f(dir_ / "in.fa");
     uint32_t x = 99;
@@ -103,13 +87,13 @@ TEST_F(InferEndToEnd, TwoRanksUnderTheLauncherEqualOneProcess) {
     for (size_t i = 0; i < a.data.size() / 4; ++i)
       worst = std::max(worst, double(std::fabs(fa[i] - fb[i])));
     EXPECT_LT(worst, 1e-4);
-    EXPECT_EQ(read_file(dnallm::infer::ids_path(one)), read_file(dnallm::infer::ids_path(two)));
+    EXPECT_EQ(read_text(dnallm::infer::ids_path(one)), read_text(dnallm::infer::ids_path(two)));
     std::string expected_ids;
     for (int i = 0; i < 23; ++i) expected_ids += "s" + std::to_string(i) + "\n";
-    EXPECT_EQ(read_file(dnallm::infer::ids_path(two)), expected_ids);
+    EXPECT_EQ(read_text(dnallm::infer::ids_path(two)), expected_ids);
     if (pooling == "tokens") {
-      EXPECT_EQ(read_file(dnallm::infer::offsets_path(one)),
-                read_file(dnallm::infer::offsets_path(two)));
+      EXPECT_EQ(read_text(dnallm::infer::offsets_path(one)),
+                read_text(dnallm::infer::offsets_path(two)));
     }
     for (const auto& e : fs::directory_iterator(dir_)) {
       EXPECT_EQ(e.path().string().find(".part"), std::string::npos) << e.path();
@@ -183,27 +167,8 @@ TEST_F(InferEndToEnd, GenerateWithCacheEqualsWithoutAndBadInputExitCodes) {
 TEST_F(InferEndToEnd, QloraFineTuneExportsAndPredicts) {
   const auto mlm = train("mlm", "configs/quickstart.toml", " --set training.max_steps=3");
   // Labelled table: windows of E. coli (0) vs the same with every A turned into C (1).
-  auto unzip = run("gzip -dc " + kSrc + "/data/ecoli_k12_mg1655.fa.gz | head -c 60000");
-  std::string genome;
-  {
-    std::istringstream in(unzip.out);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (!line.empty() && line[0] != '>') genome += line;
-    }
-  }
   const auto csv = (dir_ / "cls.csv").string();
-  {
-    std::ofstream f(csv);
-    f << "sequence,label\n";
-    for (size_t i = 0; i < 48; ++i) {
-      auto w = genome.substr(i * 60, 60);
-      if (i % 2) {
-        for (auto& c : w) c = c == 'A' ? 'C' : c;
-      }
-      f << w << "," << (i % 2) << "\n";
-    }
-  }
+  dnallm::testing::write_composition_table(csv, dnallm::testing::bundled_genome(60000), 0, 48);
   const auto ck = (dir_ / "qlora").string();
   auto ft = run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
                 kTiny + " --set model.task=classification --set model.init_from=" + mlm +

@@ -15,6 +15,8 @@
 #include <set>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "core/error.hpp"
 #include "lm_batches.hpp"
 #include "worker/train/checkpointing.hpp"
@@ -274,6 +276,22 @@ TEST(ProfilerTest, WritesATraceOrRefusesClearly) {
 // ---------------------------------------------------------------------------------------------
 // Checkpoints: Note [Resume on the device], save -> resume -> save on the sync-free path
 
+// Trains `cfg` from scratch on padded rows with checkpoints on (checkpoint.save_steps);
+// returns the final flat parameters and the flat layout.
+struct Trained {
+  torch::Tensor params;
+  std::vector<optim::FlatParameters::Entry> entries;
+};
+Trained train_with_checkpoints(const Config& cfg) {
+  Checkpointer ck(cfg, CheckpointerOptions{});
+  TrainerOptions o = testing::quiet_options(true);
+  ck.install(o);
+  Trainer t(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(true)), nullptr,
+            nullptr, o);
+  t.run();
+  return {t.flat().params().clone(), t.flat().entries()};
+}
+
 TEST(ResumeOnDeviceTest, NamesATensorLeftOffTheDevice) {
   auto cfg = tiny("bert");
   Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(false)),
@@ -302,27 +320,13 @@ TEST(ResumeOnDeviceTest, SaveResumeSaveCommitsAndMatchesAnUninterruptedRun) {
 
   // Uninterrupted to 6.
   cfg.checkpoint.dir = (root / "straight").string();
-  torch::Tensor straight;
-  {
-    Checkpointer ck(cfg, CheckpointerOptions{});
-    TrainerOptions o = testing::quiet_options(true);
-    ck.install(o);
-    Trainer t(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(true)), nullptr,
-              nullptr, o);
-    t.run();
-    straight = t.flat().params().clone();
-  }
+  const torch::Tensor straight = train_with_checkpoints(cfg).params;
   // Stopped at 4 (saves 2 and 4), resumed to 6 (saves 6).
   cfg.checkpoint.dir = (root / "resumed").string();
   {
     auto first = cfg;
     first.training.max_steps = 4;
-    Checkpointer ck(first, CheckpointerOptions{});
-    TrainerOptions o = testing::quiet_options(true);
-    ck.install(o);
-    Trainer t(first, build_model(first, 9), std::make_unique<LmSource>(3, 16, rows_of(true)),
-              nullptr, nullptr, o);
-    t.run();
+    train_with_checkpoints(first);
   }
   const auto resumed = testing::resume_to_end(
       cfg, 4, std::make_unique<LmSource>(3, 16, rows_of(true), 4 * rows_per_step),
@@ -331,6 +335,57 @@ TEST(ResumeOnDeviceTest, SaveResumeSaveCommitsAndMatchesAnUninterruptedRun) {
   auto latest = open_resume(cfg, nlohmann::json());
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->step(), 6);
+  fs::remove_all(root);
+}
+
+// The state save() writes is the trainer's (read back typed), and restore() refuses a state
+// that is unreadable or whose layout points outside the saved buffers (exit 5, naming what).
+TEST(ResumeOnDeviceTest, SavedStateIsTheTrainersAndADamagedStateIsRefused) {
+  const auto root = fs::temp_directory_path() / ("dnallm-state-test-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  auto cfg = tiny("bert");
+  cfg.training.max_steps = 2;
+  cfg.checkpoint.save_steps = 2;
+  cfg.checkpoint.dir = root.string();
+  const auto entries = train_with_checkpoints(cfg).entries;
+  const auto state = checkpoint::read_train_state(*open_resume(cfg, nlohmann::json()));
+  EXPECT_EQ(state.step, 2);
+  EXPECT_EQ(state.adam_steps, 2);
+  EXPECT_EQ(state.config_hash, fmt::format("{:016x}", model_config_hash(cfg)));
+  EXPECT_EQ(state.micro_batch_size, cfg.training.micro_batch_size);
+  ASSERT_TRUE(state.rng && state.config);
+  EXPECT_EQ(state.rng->scheme, kRngScheme);
+  ASSERT_EQ(state.layout.size(), entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    EXPECT_EQ(state.layout[i],
+              (checkpoint::LayoutEntry{entries[i].name, entries[i].offset, entries[i].shape}));
+  }
+
+  const auto manifest = root / checkpoint::step_dir_name(2) / checkpoint::kManifestName;
+  nlohmann::json original;
+  std::ifstream(manifest) >> original;
+  auto restore_with = [&](const std::function<void(nlohmann::json&)>& damage) -> std::string {
+    auto j = original;
+    damage(j["state"]);
+    std::ofstream(manifest) << j.dump(1);
+    Trainer t(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(true)), nullptr,
+              nullptr, testing::quiet_options(false));
+    try {
+      restore(t, checkpoint::CheckpointReader::open(root));
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt) << e.what();
+      return e.what();
+    }
+    return "restored";
+  };
+  EXPECT_EQ(restore_with([](nlohmann::json&) {}), "restored");
+  auto msg = restore_with([](nlohmann::json& s) { s.erase("adam_steps"); });
+  EXPECT_NE(msg.find("state.adam_steps is missing"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(manifest.string()), std::string::npos) << msg;
+  msg = restore_with([](nlohmann::json& s) { s["layout"][0]["offset"] = 1 << 30; });
+  EXPECT_NE(msg.find("outside the"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(original["state"]["layout"][0]["name"].get<std::string>()), std::string::npos)
+      << msg;
   fs::remove_all(root);
 }
 

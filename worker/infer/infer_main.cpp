@@ -22,6 +22,7 @@
 #include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/worker_env.hpp"
 #include "worker/infer/inference.hpp"
 
 namespace {
@@ -100,14 +101,220 @@ comm::ProcessGroup connect(const cluster::Topology& topo, const cluster::EnvMap&
   po.world_size = topo.world_size;
   po.master_addr = topo.master_addr;
   po.master_port = topo.master_port > 0 ? topo.master_port : 29500;
-  po.rank0_hosts_store = env.count("DNALLM_EXTERNAL_COORDINATOR") == 0;
-  if (auto it = env.find("DNALLM_JOB_TOKEN"); it != env.end()) po.token = it->second;
-  if (auto it = env.find("DNALLM_GENERATION"); it != env.end() && !it->second.empty()) {
-    po.name = "infer-g" + it->second;
-  } else {
-    po.name = "infer";
-  }
+  // Note [Worker environment] (core/worker_env.hpp).
+  const WorkerEnv w = WorkerEnv::from_environment(env);
+  po.rank0_hosts_store = !w.external_coordinator;
+  po.token = w.job_token;
+  po.name = w.generation ? "infer-g" + std::to_string(*w.generation) : "infer";
   return comm::connect_process_group(po);
+}
+
+struct EmbedArgs {
+  CommonArgs common;
+  std::string input, out;
+  std::string pooling = "mean";
+  std::string sequence_column = "sequence";
+};
+
+struct GenerateArgs {
+  CommonArgs common;
+  std::string input;
+  std::string out = "-";
+  std::vector<std::string> prompts;
+  models::GenerateOptions generate = [] {
+    models::GenerateOptions g;
+    g.greedy = false;
+    return g;
+  }();
+  bool no_cache = false;
+};
+
+struct PredictArgs {
+  CommonArgs common;
+  std::string input;
+  std::string out = "-";
+};
+
+CLI::App* add_embed(CLI::App& app, EmbedArgs& a) {
+  auto* embed = app.add_subcommand(
+      "embed",
+      "embeddings of every sequence of a FASTA/FASTQ/CSV/TSV/JSONL file: --out F.npy or "
+      "F.safetensors, ids in F.ids.txt (docs/inference.md). Under dnallm-launch each rank "
+      "embeds its share and rank 0 merges them in input order.");
+  add_common(*embed, a.common);
+  embed->add_option("--input", a.input, "sequences (FASTA/FASTQ, plain or gzip; CSV/TSV/JSONL)")
+      ->required();
+  embed->add_option("--out", a.out, "output file, *.npy or *.safetensors")->required();
+  embed
+      ->add_option("--pooling", a.pooling,
+                   "mean (over real tokens) | cls (first token) | tokens (every token)")
+      ->capture_default_str();
+  embed->add_option("--sequence-column", a.sequence_column, "tables: the sequence column")
+      ->capture_default_str();
+  return embed;
+}
+
+CLI::App* add_generate(CLI::App& app, GenerateArgs& a) {
+  auto* gen = app.add_subcommand(
+      "generate", "continue prompts with a causal LM (KV cache, batched); writes FASTA");
+  add_common(*gen, a.common);
+  models::GenerateOptions& g = a.generate;
+  gen->add_option("--input", a.input, "prompts: FASTA/FASTQ or a table");
+  gen->add_option("--prompt", a.prompts, "a prompt sequence (repeatable; instead of --input)");
+  gen->add_option("--out", a.out, "FASTA output ('-': stdout)")->capture_default_str();
+  gen->add_option("--max-new-tokens", g.max_new_tokens, "tokens to generate per prompt")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  gen->add_option("--temperature", g.temperature, "sampling temperature; 0: greedy")
+      ->capture_default_str();
+  gen->add_option("--top-k", g.top_k, "sample among the k most likely tokens (0: all)")
+      ->capture_default_str();
+  gen->add_option("--seed", g.seed, "sampling seed")->capture_default_str();
+  gen->add_flag("--no-cache", a.no_cache, "recompute the whole prefix for every token (slow)");
+  return gen;
+}
+
+CLI::App* add_predict(CLI::App& app, PredictArgs& a) {
+  auto* pred = app.add_subcommand(
+      "predict",
+      "a classifier's label and class probabilities (or a regressor's value) for "
+      "every sequence; writes CSV");
+  add_common(*pred, a.common);
+  pred->add_option("--input", a.input, "sequences (FASTA/FASTQ or a table)")->required();
+  pred->add_option("--out", a.out, "CSV output ('-': stdout)")->capture_default_str();
+  return pred;
+}
+
+// `out`, or stdout for "-" (`file` holds the opened file).
+std::ostream& open_output(const std::string& out, std::ofstream& file) {
+  if (out == "-") return std::cout;
+  file.open(out);
+  DNALLM_CHECK(file.good(), ExitCode::kUsage, "cannot write --out {}", out);
+  return file;
+}
+
+// Rank 0 appends the closed parts of every rank, in rank order, into `out_path`
+// (Note [Embedding shares]).
+void merge_parts(const std::vector<std::string>& parts, const std::string& out_path, int64_t dim,
+                 bool per_token) {
+  infer::EmbeddingFileWriter out(out_path, dim, per_token);
+  infer::merge_embedding_parts(parts, dim, out);
+  out.close();
+  spdlog::info("merged {} parts: {} sequences, {} rows -> {}", parts.size(), out.sequences(),
+               out.rows(), out_path);
+}
+
+int run_embed(const EmbedArgs& a, const cluster::Topology& topo, const cluster::EnvMap& env) {
+  init_logging("infer", a.common.log_level);
+  set_log_identity(topo.rank);
+  check_input(a.input);
+  const auto pool = infer::parse_pooling(a.pooling);
+  const bool per_token = pool == infer::Pooling::kTokens;
+  auto loaded = load(a.common, topo.local_rank);
+  infer::SequenceInput input(a.input, a.sequence_column);
+  const uint64_t n = input.count();
+  const uint64_t w = static_cast<uint64_t>(topo.world_size);
+  const uint64_t r = static_cast<uint64_t>(topo.rank);
+  const uint64_t begin = n * r / w, end = n * (r + 1) / w;
+  input.select(begin, end);
+  const int64_t dim = loaded.model->options().hidden;
+  infer::EmbedOptions eo;
+  eo.pooling = pool;
+  eo.batch_size = a.common.batch_size;
+  comm::ProcessGroup group;
+  std::vector<std::string> parts;  // one a rank (Note [Embedding shares])
+  std::unique_ptr<infer::EmbeddingSink> sink;
+  if (w > 1) {
+    group = connect(topo, env);
+    for (uint64_t k = 0; k < w; ++k) parts.push_back(fmt::format("{}.part{}", a.out, k));
+    sink = std::make_unique<infer::EmbeddingPartWriter>(parts[r], dim);
+  } else {
+    sink = std::make_unique<infer::EmbeddingFileWriter>(a.out, dim, per_token);
+  }
+  const auto counts =
+      infer::embed(loaded.model, *loaded.tokenizer, input, end - begin, *sink, eo, loaded.device);
+  sink->close();
+  report_truncated(counts, loaded.model->options().max_seq_length);
+  if (w == 1) {
+    spdlog::info("{} sequences -> {}", counts.sequences, a.out);
+    return 0;
+  }
+  group.comm->barrier()->wait();  // every part is closed
+  if (r == 0) merge_parts(parts, a.out, dim, per_token);
+  return 0;
+}
+
+// --prompt: a small FASTA of them in the temporary directory (the caller removes it).
+std::filesystem::path write_prompts(const std::vector<std::string>& prompts) {
+  const auto tmp = std::filesystem::temp_directory_path() /
+                   fmt::format("dnallm-infer-prompts-{}.fa", ::getpid());
+  std::ofstream f(tmp);
+  for (size_t i = 0; i < prompts.size(); ++i) f << ">prompt" << i + 1 << "\n" << prompts[i] << "\n";
+  return tmp;
+}
+
+int run_generate(const GenerateArgs& a, const cluster::Topology& topo) {
+  init_logging("infer", a.common.log_level);
+  DNALLM_CHECK(a.input.empty() != a.prompts.empty(), ExitCode::kUsage,
+               "give either --input FILE or one or more --prompt SEQ");
+  const std::filesystem::path tmp = a.prompts.empty() ? "" : write_prompts(a.prompts);
+  const std::string prompt_file = tmp.empty() ? a.input : tmp.string();
+  check_input(prompt_file);
+  models::GenerateOptions g = a.generate;
+  g.use_cache = !a.no_cache;
+  g.greedy = g.temperature <= 0;
+  auto loaded = load(a.common, topo.local_rank);
+  infer::SequenceInput input(prompt_file);
+  const uint64_t n = input.count();
+  infer::GenerateRun run;
+  run.generate = g;
+  run.batch_size = a.common.batch_size;
+  std::ofstream file;
+  std::ostream& os = open_output(a.out, file);
+  const auto counts = infer::generate(loaded.model, *loaded.tokenizer, input, n, run, loaded.device,
+                                      [&](const std::string& id, const std::string& bases) {
+                                        os << '>' << id << " generated\n" << bases << '\n';
+                                      });
+  if (!tmp.empty()) std::filesystem::remove(tmp);
+  report_truncated(counts, loaded.model->options().max_seq_length - g.max_new_tokens);
+  os.flush();
+  return 0;
+}
+
+// One CSV row: a regressor's value, or a classifier's label and class probabilities.
+void write_prediction(std::ostream& os, bool classify, const std::string& id,
+                      const std::vector<float>& v) {
+  if (!classify) {
+    os << id << ',' << fmt::format("{:.6g}", v[0]) << '\n';
+    return;
+  }
+  const auto best = std::max_element(v.begin(), v.end()) - v.begin();
+  os << id << ',' << best;
+  for (float p : v) os << ',' << fmt::format("{:.6f}", p);
+  os << '\n';
+}
+
+int run_predict(const PredictArgs& a, const cluster::Topology& topo) {
+  init_logging("infer", a.common.log_level);
+  check_input(a.input);
+  auto loaded = load(a.common, topo.local_rank);
+  infer::SequenceInput input(a.input);
+  const uint64_t n = input.count();
+  std::ofstream file;
+  std::ostream& os = open_output(a.out, file);
+  const auto& o = loaded.model->options();
+  const bool classify = o.task == models::Task::kClassification;
+  os << "id," << (classify ? "label" : "value");
+  for (int64_t k = 0; classify && k < o.num_labels; ++k) os << ",prob_" << k;
+  os << '\n';
+  const auto counts =
+      infer::predict(loaded.model, *loaded.tokenizer, input, n, a.common.batch_size, loaded.device,
+                     [&](const std::string& id, const std::vector<float>& v) {
+                       write_prediction(os, classify, id, v);
+                     });
+  report_truncated(counts, o.max_seq_length);
+  os.flush();
+  return 0;
 }
 
 }  // namespace
@@ -117,177 +324,21 @@ int main(int argc, char** argv) {
       "dnallm-infer: batched inference with an exported model. Exit codes: 0 ok, 2 usage, 3 bad "
       "data, 4 a peer rank failed."};
   app.require_subcommand(1);
-
-  CommonArgs embed_args, gen_args, pred_args;
-  std::string embed_input, embed_out, pooling = "mean", sequence_column = "sequence";
-  auto* embed = app.add_subcommand(
-      "embed",
-      "embeddings of every sequence of a FASTA/FASTQ/CSV/TSV/JSONL file: --out F.npy or "
-      "F.safetensors, ids in F.ids.txt (docs/inference.md). Under dnallm-launch each rank "
-      "embeds its share and rank 0 merges them in input order.");
-  add_common(*embed, embed_args);
-  embed->add_option("--input", embed_input, "sequences (FASTA/FASTQ, plain or gzip; CSV/TSV/JSONL)")
-      ->required();
-  embed->add_option("--out", embed_out, "output file, *.npy or *.safetensors")->required();
-  embed
-      ->add_option("--pooling", pooling,
-                   "mean (over real tokens) | cls (first token) | tokens (every token)")
-      ->capture_default_str();
-  embed->add_option("--sequence-column", sequence_column, "tables: the sequence column")
-      ->capture_default_str();
-
-  std::string gen_input, gen_out = "-";
-  std::vector<std::string> prompts;
-  models::GenerateOptions g;
-  g.greedy = false;
-  bool no_cache = false;
-  auto* gen = app.add_subcommand(
-      "generate", "continue prompts with a causal LM (KV cache, batched); writes FASTA");
-  add_common(*gen, gen_args);
-  gen->add_option("--input", gen_input, "prompts: FASTA/FASTQ or a table");
-  gen->add_option("--prompt", prompts, "a prompt sequence (repeatable; instead of --input)");
-  gen->add_option("--out", gen_out, "FASTA output ('-': stdout)")->capture_default_str();
-  gen->add_option("--max-new-tokens", g.max_new_tokens, "tokens to generate per prompt")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  gen->add_option("--temperature", g.temperature, "sampling temperature; 0: greedy")
-      ->capture_default_str();
-  gen->add_option("--top-k", g.top_k, "sample among the k most likely tokens (0: all)")
-      ->capture_default_str();
-  gen->add_option("--seed", g.seed, "sampling seed")->capture_default_str();
-  gen->add_flag("--no-cache", no_cache, "recompute the whole prefix for every token (slow)");
-
-  std::string pred_input, pred_out = "-";
-  auto* pred = app.add_subcommand(
-      "predict",
-      "a classifier's label and class probabilities (or a regressor's value) for "
-      "every sequence; writes CSV");
-  add_common(*pred, pred_args);
-  pred->add_option("--input", pred_input, "sequences (FASTA/FASTQ or a table)")->required();
-  pred->add_option("--out", pred_out, "CSV output ('-': stdout)")->capture_default_str();
-
+  EmbedArgs embed_args;
+  GenerateArgs gen_args;
+  PredictArgs pred_args;
+  auto* embed = add_embed(app, embed_args);
+  auto* gen = add_generate(app, gen_args);
+  add_predict(app, pred_args);
   return run_main("dnallm-infer", app, argc, argv, [&]() -> int {
     const auto env = cluster::current_env();
     const auto topo = cluster::detect_topology(env);
-    if (embed->parsed()) {
-      init_logging("infer", embed_args.log_level);
-      set_log_identity(topo.rank);
-      check_input(embed_input);
-      const auto pool = infer::parse_pooling(pooling);
-      auto loaded = load(embed_args, topo.local_rank);
-      infer::SequenceInput input(embed_input, sequence_column);
-      const uint64_t n = input.count();
-      const uint64_t w = static_cast<uint64_t>(topo.world_size);
-      const uint64_t r = static_cast<uint64_t>(topo.rank);
-      const uint64_t begin = n * r / w, end = n * (r + 1) / w;
-      input.select(begin, end);
-      const int64_t dim = loaded.model->options().hidden;
-      infer::EmbedOptions eo;
-      eo.pooling = pool;
-      eo.batch_size = embed_args.batch_size;
-      comm::ProcessGroup group;
-      if (topo.world_size > 1) group = connect(topo, env);
-      std::unique_ptr<infer::EmbeddingSink> sink;
-      const auto part = [&](uint64_t rank) { return fmt::format("{}.part{}", embed_out, rank); };
-      if (topo.world_size > 1) {
-        sink = std::make_unique<infer::EmbeddingPartWriter>(part(r), dim);
-      } else {
-        sink = std::make_unique<infer::EmbeddingFileWriter>(embed_out, dim,
-                                                            pool == infer::Pooling::kTokens);
-      }
-      const auto counts = infer::embed(loaded.model, *loaded.tokenizer, input, end - begin, *sink,
-                                       eo, loaded.device);
-      sink->close();
-      report_truncated(counts, loaded.model->options().max_seq_length);
-      if (topo.world_size > 1) {
-        group.comm->barrier()->wait();  // every part is closed
-        if (topo.rank == 0) {
-          infer::EmbeddingFileWriter out(embed_out, dim, pool == infer::Pooling::kTokens);
-          std::vector<std::string> parts;
-          for (uint64_t k = 0; k < w; ++k) parts.push_back(part(k));
-          infer::merge_embedding_parts(parts, dim, out);
-          out.close();
-          spdlog::info("merged {} parts: {} sequences, {} rows -> {}", w, out.sequences(),
-                       out.rows(), embed_out);
-        }
-      } else {
-        spdlog::info("{} sequences -> {}", counts.sequences, embed_out);
-      }
-      return 0;
-    }
+    if (embed->parsed()) return run_embed(embed_args, topo, env);
     DNALLM_CHECK(topo.world_size == 1, ExitCode::kUsage,
                  "generate and predict run as one process (this is rank {} of {}); only embed "
                  "splits its input over ranks",
                  topo.rank, topo.world_size);
-    if (gen->parsed()) {
-      init_logging("infer", gen_args.log_level);
-      DNALLM_CHECK(gen_input.empty() != prompts.empty(), ExitCode::kUsage,
-                   "give either --input FILE or one or more --prompt SEQ");
-      std::string prompt_file = gen_input;
-      std::filesystem::path tmp;
-      if (!prompts.empty()) {  // --prompt: a small FASTA of them
-        tmp = std::filesystem::temp_directory_path() /
-              fmt::format("dnallm-infer-prompts-{}.fa", ::getpid());
-        std::ofstream f(tmp);
-        for (size_t i = 0; i < prompts.size(); ++i)
-          f << ">prompt" << i + 1 << "\n" << prompts[i] << "\n";
-        prompt_file = tmp.string();
-      }
-      check_input(prompt_file);
-      g.use_cache = !no_cache;
-      g.greedy = g.temperature <= 0;
-      auto loaded = load(gen_args, topo.local_rank);
-      infer::SequenceInput input(prompt_file);
-      const uint64_t n = input.count();
-      infer::GenerateRun run;
-      run.generate = g;
-      run.batch_size = gen_args.batch_size;
-      std::ofstream file;
-      if (gen_out != "-") {
-        file.open(gen_out);
-        DNALLM_CHECK(file.good(), ExitCode::kUsage, "cannot write --out {}", gen_out);
-      }
-      std::ostream& os = gen_out == "-" ? std::cout : file;
-      const auto counts =
-          infer::generate(loaded.model, *loaded.tokenizer, input, n, run, loaded.device,
-                          [&](const std::string& id, const std::string& bases) {
-                            os << '>' << id << " generated\n" << bases << '\n';
-                          });
-      if (!tmp.empty()) std::filesystem::remove(tmp);
-      report_truncated(counts, loaded.model->options().max_seq_length - g.max_new_tokens);
-      os.flush();
-      return 0;
-    }
-    init_logging("infer", pred_args.log_level);
-    check_input(pred_input);
-    auto loaded = load(pred_args, topo.local_rank);
-    infer::SequenceInput input(pred_input);
-    const uint64_t n = input.count();
-    std::ofstream file;
-    if (pred_out != "-") {
-      file.open(pred_out);
-      DNALLM_CHECK(file.good(), ExitCode::kUsage, "cannot write --out {}", pred_out);
-    }
-    std::ostream& os = pred_out == "-" ? std::cout : file;
-    const auto& o = loaded.model->options();
-    const bool classify = o.task == models::Task::kClassification;
-    os << "id," << (classify ? "label" : "value");
-    for (int64_t k = 0; classify && k < o.num_labels; ++k) os << ",prob_" << k;
-    os << '\n';
-    const auto counts =
-        infer::predict(loaded.model, *loaded.tokenizer, input, n, pred_args.batch_size,
-                       loaded.device, [&](const std::string& id, const std::vector<float>& v) {
-                         if (!classify) {
-                           os << id << ',' << fmt::format("{:.6g}", v[0]) << '\n';
-                           return;
-                         }
-                         const auto best = std::max_element(v.begin(), v.end()) - v.begin();
-                         os << id << ',' << best;
-                         for (float p : v) os << ',' << fmt::format("{:.6f}", p);
-                         os << '\n';
-                       });
-    report_truncated(counts, o.max_seq_length);
-    os.flush();
-    return 0;
+    if (gen->parsed()) return run_generate(gen_args, topo);
+    return run_predict(pred_args, topo);
   });
 }

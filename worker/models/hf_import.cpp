@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <set>
 
@@ -48,139 +49,106 @@ void expect_value(const json& c, const std::string& path, const char* key, const
 }
 
 // Keys that do not change the function computed at inference (or are checked elsewhere).
+const char* const kNeutralKeys[] = {
+    "architectures",
+    "model_type",
+    "transformers_version",
+    "dtype",
+    "torch_dtype",
+    "_name_or_path",
+    "initializer_range",
+    "use_cache",
+    "id2label",
+    "label2id",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "mask_token_id",
+    "sep_token_id",
+    "cls_token_id",
+    "decoder_start_token_id",
+    "attention_probs_dropout_prob",
+    "hidden_dropout_prob",
+    "hidden_dropout",
+    "attention_dropout",
+    "classifier_dropout",
+    "gradient_checkpointing",
+    "output_past",
+    "tokenizer_class",
+    "max_length",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "tie_encoder_decoder",
+    "chunk_size_feed_forward",
+    "prefix",
+    "task_specific_params",
+    "problem_type",
+    "num_labels",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "layer_norm_eps",
+    "tie_word_embeddings",
+    "hidden_act",
+    "type_vocab_size",
+    "position_embedding_type",
+    "is_decoder",
+    "add_cross_attention",
+    "rope_theta",
+    "rope_parameters",
+    "rope_scaling",
+    "rotary_pct",
+    "rotary_emb_base",
+    "partial_rotary_factor",
+    "use_parallel_residual",
+    "attention_bias",
+    "emb_layer_norm_before",
+    "token_dropout",
+    "vocab_list",
+    "esmfold_config",
+    "is_folding_model",
+    "layer_norm_epsilon",
+    "bos_token",
+    "eos_token",
+    "is_encoder_decoder",
+    "pruned_heads",
+    "torchscript",
+    "finetuning_task",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "mlp_bias",
+    "pretraining_tp",
+};
+
 const std::set<std::string>& neutral_keys() {
-  static const std::set<std::string> keys = {
-      "architectures",
-      "model_type",
-      "transformers_version",
-      "dtype",
-      "torch_dtype",
-      "_name_or_path",
-      "initializer_range",
-      "use_cache",
-      "id2label",
-      "label2id",
-      "bos_token_id",
-      "eos_token_id",
-      "pad_token_id",
-      "mask_token_id",
-      "sep_token_id",
-      "cls_token_id",
-      "decoder_start_token_id",
-      "attention_probs_dropout_prob",
-      "hidden_dropout_prob",
-      "hidden_dropout",
-      "attention_dropout",
-      "classifier_dropout",
-      "gradient_checkpointing",
-      "output_past",
-      "tokenizer_class",
-      "max_length",
-      "output_attentions",
-      "output_hidden_states",
-      "return_dict",
-      "tie_encoder_decoder",
-      "chunk_size_feed_forward",
-      "prefix",
-      "task_specific_params",
-      "problem_type",
-      "num_labels",
-      "vocab_size",
-      "hidden_size",
-      "num_hidden_layers",
-      "num_attention_heads",
-      "intermediate_size",
-      "max_position_embeddings",
-      "layer_norm_eps",
-      "tie_word_embeddings",
-      "hidden_act",
-      "type_vocab_size",
-      "position_embedding_type",
-      "is_decoder",
-      "add_cross_attention",
-      "rope_theta",
-      "rope_parameters",
-      "rope_scaling",
-      "rotary_pct",
-      "rotary_emb_base",
-      "partial_rotary_factor",
-      "use_parallel_residual",
-      "attention_bias",
-      "emb_layer_norm_before",
-      "token_dropout",
-      "vocab_list",
-      "esmfold_config",
-      "is_folding_model",
-      "layer_norm_epsilon",
-      "bos_token",
-      "eos_token",
-      "is_encoder_decoder",
-      "pruned_heads",
-      "torchscript",
-      "finetuning_task",
-      "num_key_value_heads",
-      "head_dim",
-      "rms_norm_eps",
-      "mlp_bias",
-      "pretraining_tp",
-  };
+  static const std::set<std::string> keys(std::begin(kNeutralKeys), std::end(kNeutralKeys));
   return keys;
 }
 
-// Note [Nothing silently ignored]: checks of the keys that change the function.
-void check_config(const json& c, const std::string& path, const std::string& model_type) {
-  DNALLM_CHECK(!c.contains("auto_map"), ExitCode::kUsage,
-               "{}: \"auto_map\" asks for the model's own remote code (trust_remote_code), "
-               "which is not run here: {}",
-               path, kSupported);
-  for (const auto& [key, value] : c.items()) {
-    DNALLM_CHECK(neutral_keys().count(key) == 1, ExitCode::kUsage,
-                 "{}: key \"{}\" (= {}) is not understood by the {} import, so the model it "
-                 "describes may compute something else: remove it if it does not change the "
-                 "model; {}",
-                 path, key, value.dump(), model_type, kSupported);
+// Llama: multi-head attention (no grouped-query) and the standard MLP.
+void check_llama_config(const json& c, const std::string& path) {
+  const auto heads = c.value("num_attention_heads", int64_t{0});
+  DNALLM_CHECK(c.value("num_key_value_heads", heads) == heads, ExitCode::kUsage,
+               "{}: num_key_value_heads = {} (grouped-query attention) is not supported: "
+               "supported is num_key_value_heads = num_attention_heads ({})",
+               path, c.value("num_key_value_heads", heads), heads);
+  if (c.contains("head_dim") && !c["head_dim"].is_null() && heads > 0) {
+    DNALLM_CHECK(c["head_dim"] == c.value("hidden_size", int64_t{0}) / heads, ExitCode::kUsage,
+                 "{}: head_dim = {} is not supported: supported is hidden_size / "
+                 "num_attention_heads",
+                 path, c["head_dim"].dump());
   }
-  auto expect = [&](const char* key, const json& wanted, const char* what) {
-    expect_value(c, path, key, wanted, what);
-  };
-  expect("is_decoder", false, "only encoders (is_decoder = false)");
-  expect("add_cross_attention", false, "no cross-attention");
-  expect("chunk_size_feed_forward", 0, "set it to 0");
-  expect("pruned_heads", json::object(), "pruned heads are not supported");
-  const bool llama = model_type == "llama";
-  if (c.contains("hidden_act")) {
-    DNALLM_CHECK(c["hidden_act"] == (llama ? "silu" : "gelu"), ExitCode::kUsage,
-                 "{}: hidden_act = {} is not supported for {}: supported is {}", path,
-                 c["hidden_act"].dump(), model_type,
-                 llama ? "\"silu\" (gated)" : "\"gelu\" (exact, erf)");
-  }
-  if (llama) {
-    const auto heads = c.value("num_attention_heads", int64_t{0});
-    DNALLM_CHECK(c.value("num_key_value_heads", heads) == heads, ExitCode::kUsage,
-                 "{}: num_key_value_heads = {} (grouped-query attention) is not supported: "
-                 "supported is num_key_value_heads = num_attention_heads ({})",
-                 path, c.value("num_key_value_heads", heads), heads);
-    if (c.contains("head_dim") && !c["head_dim"].is_null() && heads > 0) {
-      DNALLM_CHECK(c["head_dim"] == c.value("hidden_size", int64_t{0}) / heads, ExitCode::kUsage,
-                   "{}: head_dim = {} is not supported: supported is hidden_size / "
-                   "num_attention_heads",
-                   path, c["head_dim"].dump());
-    }
-    expect("mlp_bias", false, "supported is false");
-    expect("pretraining_tp", 1, "supported is 1");
-  }
-  const std::string pos = c.value("position_embedding_type", std::string("absolute"));
-  if (pos == "alibi" || c.contains("alibi") || c.value("use_alibi", false)) {
-    fail(ExitCode::kUsage,
-         "{}: position_embedding_type = \"alibi\" (ALiBi) is not supported: supported are "
-         "\"absolute\" (learned) and \"rotary\" (esm, gpt_neox)",
-         path);
-  }
-  DNALLM_CHECK(pos == "absolute" || (pos == "rotary" && model_type == "esm"), ExitCode::kUsage,
-               "{}: position_embedding_type = \"{}\" is not supported for {}: supported are "
-               "\"absolute\" (learned) and, for esm, \"rotary\"",
-               path, pos, model_type);
-  // Rotary: our tables are base 10000 over the whole head (rotate-half form).
+  expect_value(c, path, "mlp_bias", false, "supported is false");
+  expect_value(c, path, "pretraining_tp", 1, "supported is 1");
+}
+
+// Rotary: our tables are base 10000 over the whole head (rotate-half form).
+void check_rotary_config(const json& c, const std::string& path) {
   double theta = c.value("rope_theta", c.value("rotary_emb_base", 10000.0));
   double fraction = c.value("rotary_pct", c.value("partial_rotary_factor", 1.0));
   if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
@@ -208,6 +176,45 @@ void check_config(const json& c, const std::string& path, const std::string& mod
                "{}: a rotary fraction (rotary_pct / partial_rotary_factor) of {} is not "
                "supported: supported is 1.0 (the whole head)",
                path, fraction);
+}
+
+// Note [Nothing silently ignored]: checks of the keys that change the function.
+// (auto_map was refused by read_model_class already.)
+void check_config(const json& c, const std::string& path, const std::string& model_type) {
+  for (const auto& [key, value] : c.items()) {
+    DNALLM_CHECK(neutral_keys().count(key) == 1, ExitCode::kUsage,
+                 "{}: key \"{}\" (= {}) is not understood by the {} import, so the model it "
+                 "describes may compute something else: remove it if it does not change the "
+                 "model; {}",
+                 path, key, value.dump(), model_type, kSupported);
+  }
+  auto expect = [&](const char* key, const json& wanted, const char* what) {
+    expect_value(c, path, key, wanted, what);
+  };
+  expect("is_decoder", false, "only encoders (is_decoder = false)");
+  expect("add_cross_attention", false, "no cross-attention");
+  expect("chunk_size_feed_forward", 0, "set it to 0");
+  expect("pruned_heads", json::object(), "pruned heads are not supported");
+  const bool llama = model_type == "llama";
+  if (c.contains("hidden_act")) {
+    DNALLM_CHECK(c["hidden_act"] == (llama ? "silu" : "gelu"), ExitCode::kUsage,
+                 "{}: hidden_act = {} is not supported for {}: supported is {}", path,
+                 c["hidden_act"].dump(), model_type,
+                 llama ? "\"silu\" (gated)" : "\"gelu\" (exact, erf)");
+  }
+  if (llama) check_llama_config(c, path);
+  const std::string pos = c.value("position_embedding_type", std::string("absolute"));
+  if (pos == "alibi" || c.contains("alibi") || c.value("use_alibi", false)) {
+    fail(ExitCode::kUsage,
+         "{}: position_embedding_type = \"alibi\" (ALiBi) is not supported: supported are "
+         "\"absolute\" (learned) and \"rotary\" (esm, gpt_neox)",
+         path);
+  }
+  DNALLM_CHECK(pos == "absolute" || (pos == "rotary" && model_type == "esm"), ExitCode::kUsage,
+               "{}: position_embedding_type = \"{}\" is not supported for {}: supported are "
+               "\"absolute\" (learned) and, for esm, \"rotary\"",
+               path, pos, model_type);
+  check_rotary_config(c, path);
   expect("use_parallel_residual", false,
          "supported is the sequential residual (use_parallel_residual = false)");
   if (llama) {
@@ -267,25 +274,8 @@ std::string rename(const std::string& model_type, std::string name) {
 
 std::string shape_of(const Tensor& t) { return fmt::format("{}", fmt::join(t.sizes(), "x")); }
 
-}  // namespace
-
-bool is_hf_model_dir(const std::string& dir) {
-  std::ifstream f(dir + "/config.json");
-  if (!f.good()) return false;
-  try {
-    const auto c = json::parse(f);
-    return c.contains("model_type") && !c.contains("dnallm_arch");
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
-HfCheckpoint read_hf_checkpoint(const std::string& dir) {
-  const std::string path = dir + "/config.json";
-  const json c = read_json_file(
-      path, "a Hugging Face model directory holds config.json and model.safetensors");
-  HfCheckpoint h;
-  h.dir = dir;
+// config.json's model_type and single architecture, checked against what is supported.
+void read_model_class(const json& c, const std::string& path, HfCheckpoint& h) {
   h.model_type = c.value("model_type", std::string());
   DNALLM_CHECK(!c.contains("auto_map"), ExitCode::kUsage,
                "{}: \"auto_map\" asks for the model's own remote code (trust_remote_code), "
@@ -302,9 +292,11 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
                "{}: \"architectures\" must name exactly one class (e.g. [\"BertForMaskedLM\"])",
                path);
   h.architecture = c["architectures"][0].get<std::string>();
-  check_config(c, path, h.model_type);
+}
 
-  ModelOptions& o = h.options;
+// Our arch and task from the architecture class (and problem_type).
+void set_arch_and_task(const json& c, const std::string& path, const HfCheckpoint& h,
+                       ModelOptions& o) {
   const auto& a = h.architecture;
   auto ends = [&](const std::string& s) {
     return a.size() >= s.size() && a.compare(a.size() - s.size(), s.size(), s) == 0;
@@ -336,6 +328,10 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
          "*ForSequenceClassification and GPTNeoXForCausalLM",
          path, a);
   }
+}
+
+// Sizes, epsilon, tying, padding and labels: the keys every model type shares.
+void set_common_options(const json& c, const std::string& path, ModelOptions& o) {
   o.vocab_size = get_int(c, "vocab_size", path);
   o.hidden = get_int(c, "hidden_size", path);
   o.layers = get_int(c, "num_hidden_layers", path);
@@ -357,103 +353,102 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
     o.num_labels =
         c.contains("id2label") ? int64_t(c["id2label"].size()) : c.value("num_labels", int64_t{2});
   }
+}
+
+// What each model type computes differently: norms, positions, MLP, tying.
+void set_model_type_options(const json& c, const std::string& model_type, ModelOptions& o) {
   const std::string pos = c.value("position_embedding_type", std::string("absolute"));
-  if (h.model_type == "bert") {
+  if (model_type == "bert") {
     o.post_layer_norm = true;
     o.embedding_layer_norm = true;
-  } else if (h.model_type == "esm") {
+  } else if (model_type == "esm") {
     o.rotary = pos == "rotary";
     o.mask_embeddings = true;
     o.embedding_layer_norm = c.value("emb_layer_norm_before", false);
     if (!o.rotary) o.position_padding_idx = o.pad_id;
-  } else if (h.model_type == "roberta-prelayernorm") {
+  } else if (model_type == "roberta-prelayernorm") {
     o.embedding_layer_norm = true;
     o.position_padding_idx = o.pad_id;
   } else {
     o.rotary = true;
     o.tie_embeddings = c.value("tie_word_embeddings", false);
     o.shift_labels = true;
-    if (h.model_type == "llama") {
+    if (model_type == "llama") {
       o.rms_norm = true;
       o.gated_mlp = true;
       o.linear_bias = false;
       o.layer_norm_eps = c.value("rms_norm_eps", 1e-6);
     }
   }
+}
 
-  // Tensors.
-  const std::string weights_path = dir + "/model.safetensors";
-  DNALLM_CHECK(
-      std::filesystem::exists(weights_path), ExitCode::kUsage,
-      "{} not found{}: save the model with safe_serialization (model.safetensors); "
-      "sharded and .bin checkpoints are not read",
-      weights_path,
-      std::filesystem::exists(dir + "/pytorch_model.bin") ? " (pytorch_model.bin is)" : "");
-  auto raw = load_safetensors(weights_path);
-  std::set<std::string> used;
-  std::vector<std::string> skipped;
+// gpt_neox's fused query_key_value, per head rows [head][q|k|v][head_dim]: split into our
+// query, key and value tensors.
+void split_fused_qkv(const std::string& weights_path, const std::string& hf_name, const Tensor& t,
+                     HfCheckpoint& h) {
+  const ModelOptions& o = h.options;
   const int64_t hd = o.hidden / o.heads;
-  // Tied decoders and token-type row 0 are folded below.
-  Tensor token_type;
-  for (auto& [hf_name, t] : raw) {
+  const bool is_weight =
+      hf_name.size() > 7 && hf_name.compare(hf_name.size() - 7, 7, ".weight") == 0;
+  DNALLM_CHECK(t.size(0) == 3 * o.hidden, ExitCode::kUsage, "{}: {} has shape {}", weights_path,
+               hf_name, shape_of(t));
+  auto split = is_weight ? t.view({o.heads, 3, hd, o.hidden}) : t.view({o.heads, 3, hd});
+  const std::string prefix = rename(h.model_type, hf_name.substr(0, hf_name.find(".attention.")));
+  const char* parts[] = {"query", "key", "value"};
+  for (int i = 0; i < 3; ++i) {
+    auto part = split.select(1, i).reshape(is_weight ? std::vector<int64_t>{o.hidden, o.hidden}
+                                                     : std::vector<int64_t>{o.hidden});
+    h.weights[prefix + ".attention.self." + parts[i] + (is_weight ? ".weight" : ".bias")] =
+        part.to(torch::kFloat32).contiguous();
+  }
+}
+
+// A stored rotary frequency table must be the base-10000 one this import computes.
+void check_rotary_table(const std::string& weights_path, const std::string& hf_name,
+                        const Tensor& t, const ModelOptions& o) {
+  const int64_t hd = o.hidden / o.heads;
+  auto expected = torch::pow(10000.0, -torch::arange(0, hd, 2, torch::kFloat64) / double(hd));
+  DNALLM_CHECK(o.rotary && t.numel() == expected.numel() &&
+                   torch::allclose(t.to(torch::kFloat64).flatten(), expected, 1e-6, 0),
+               ExitCode::kUsage,
+               "{}: {} is not the base-10000 rotary frequency table this import computes",
+               weights_path, hf_name);
+}
+
+// Buffers that hold nothing to load: the rotary table we compute (base 10000, checked where
+// stored as rotary_embeddings.inv_freq) and gpt_neox's old causal-mask buffers.
+bool is_computed_buffer(const std::string& model_type, const std::string& hf_name) {
+  if (hf_name.find("rotary_emb.inv_freq") != std::string::npos) return true;
+  return model_type == "gpt_neox" && (hf_name.find(".attention.bias") != std::string::npos ||
+                                      hf_name.find(".attention.masked_bias") != std::string::npos);
+}
+
+// Every tensor of model.safetensors under our names (fp32); token-type embeddings go to
+// `token_type` (folded afterwards), other tasks' tensors are logged and skipped.
+void map_tensors(const std::string& weights_path, HfCheckpoint& h, Tensor& token_type) {
+  std::vector<std::string> skipped;
+  for (auto& [hf_name, t] : load_safetensors(weights_path)) {
     if (hf_name.rfind("esm.contact_head.", 0) == 0) {  // contact prediction: another task
       skipped.push_back(hf_name);
-      used.insert(hf_name);
-      continue;
-    }
-    if (hf_name.find("rotary_embeddings.inv_freq") != std::string::npos) {
-      auto expected = torch::pow(10000.0, -torch::arange(0, hd, 2, torch::kFloat64) / double(hd));
-      DNALLM_CHECK(o.rotary && t.numel() == expected.numel() &&
-                       torch::allclose(t.to(torch::kFloat64).flatten(), expected, 1e-6, 0),
-                   ExitCode::kUsage,
-                   "{}: {} is not the base-10000 rotary frequency table this import computes",
-                   weights_path, hf_name);
-      used.insert(hf_name);
-      continue;
-    }
-    if (hf_name.find("token_type_embeddings") != std::string::npos) {
+    } else if (hf_name.find("rotary_embeddings.inv_freq") != std::string::npos) {
+      check_rotary_table(weights_path, hf_name, t, h.options);
+    } else if (hf_name.find("token_type_embeddings") != std::string::npos) {
       token_type = t.to(torch::kFloat32);
-      used.insert(hf_name);
-      continue;
+    } else if (h.model_type == "gpt_neox" &&
+               hf_name.find(".attention.query_key_value.") != std::string::npos) {
+      split_fused_qkv(weights_path, hf_name, t, h);
+    } else if (!is_computed_buffer(h.model_type, hf_name)) {
+      h.weights[rename(h.model_type, hf_name)] = t.to(torch::kFloat32);
     }
-    if (hf_name.find("rotary_emb.inv_freq") != std::string::npos) {
-      used.insert(hf_name);  // the rotary table we compute (base 10000, checked above)
-      continue;
-    }
-    if (h.model_type == "gpt_neox" &&
-        hf_name.find(".attention.query_key_value.") != std::string::npos) {
-      // Fused per head: rows [head][q|k|v][head_dim].
-      const bool is_weight =
-          hf_name.size() > 7 && hf_name.compare(hf_name.size() - 7, 7, ".weight") == 0;
-      DNALLM_CHECK(t.size(0) == 3 * o.hidden, ExitCode::kUsage, "{}: {} has shape {}", weights_path,
-                   hf_name, shape_of(t));
-      auto split = is_weight ? t.view({o.heads, 3, hd, o.hidden}) : t.view({o.heads, 3, hd});
-      const std::string prefix =
-          rename(h.model_type, hf_name.substr(0, hf_name.find(".attention.")));
-      const char* parts[] = {"query", "key", "value"};
-      for (int i = 0; i < 3; ++i) {
-        auto part = split.select(1, i).reshape(is_weight ? std::vector<int64_t>{o.hidden, o.hidden}
-                                                         : std::vector<int64_t>{o.hidden});
-        h.weights[prefix + ".attention.self." + parts[i] + (is_weight ? ".weight" : ".bias")] =
-            part.to(torch::kFloat32).contiguous();
-      }
-      used.insert(hf_name);
-      continue;
-    }
-    if (h.model_type == "gpt_neox" &&
-        (hf_name.find(".attention.bias") != std::string::npos ||
-         hf_name.find(".attention.masked_bias") != std::string::npos ||
-         hf_name.find(".rotary_emb.inv_freq") != std::string::npos)) {
-      used.insert(hf_name);  // old buffers: the causal mask and rotary table we compute
-      continue;
-    }
-    h.weights[rename(h.model_type, hf_name)] = t.to(torch::kFloat32);
-    used.insert(hf_name);
   }
   if (!skipped.empty()) {
-    spdlog::info("{}: not part of the {} model, not loaded: {}", weights_path, a,
+    spdlog::info("{}: not part of the {} model, not loaded: {}", weights_path, h.architecture,
                  fmt::join(skipped, ", "));
   }
+}
+
+// Folds token-type row 0 into the positions and drops stored copies of tied tensors.
+void fold_and_untie(const std::string& weights_path, const Tensor& token_type, HfCheckpoint& h) {
   // Fold token-type row 0 (every token is segment 0) into the learned positions.
   if (token_type.defined()) {
     auto it = h.weights.find("bert.embeddings.position_embeddings.weight");
@@ -464,9 +459,9 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
   // Tied decoders: a stored copy must equal the embedding it is tied to.
   for (const char* tied : {"cls.predictions.decoder.weight", "lm_head.weight"}) {
     auto it = h.weights.find(tied);
-    if (it == h.weights.end() || !o.tie_embeddings) continue;
-    const std::string emb = o.arch == Arch::kBert ? "bert.embeddings.word_embeddings.weight"
-                                                  : "gpt.embeddings.word_embeddings.weight";
+    if (it == h.weights.end() || !h.options.tie_embeddings) continue;
+    const std::string emb = h.options.arch == Arch::kBert ? "bert.embeddings.word_embeddings.weight"
+                                                          : "gpt.embeddings.word_embeddings.weight";
     DNALLM_CHECK(h.weights.count(emb) && torch::equal(h.weights[emb], it->second), ExitCode::kUsage,
                  "{}: {} differs from the word embeddings although tie_word_embeddings is true",
                  weights_path, tied);
@@ -479,8 +474,12 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
                  weights_path);
     h.weights.erase(it);
   }
-  // Every mapped tensor must be a parameter of the model, with its shape.
-  TransformerLM probe(o);
+}
+
+// Every mapped tensor must be a parameter of the model, with its shape, and every parameter
+// must be there.
+void check_against_model(const std::string& weights_path, const HfCheckpoint& h) {
+  TransformerLM probe(h.options);
   std::map<std::string, Tensor> ours;
   for (auto& [name, p] : probe->named_weights()) ours.emplace(name, p);
   std::vector<std::string> unused;
@@ -497,14 +496,52 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
   DNALLM_CHECK(unused.empty(), ExitCode::kUsage,
                "{}: tensors not used by the {} import (the model they belong to computes "
                "something this import does not): {} (our names); {}",
-               weights_path, a, fmt::join(unused, ", "), kSupported);
+               weights_path, h.architecture, fmt::join(unused, ", "), kSupported);
   std::vector<std::string> missing;
   for (const auto& [name, p] : ours) {
     if (!h.weights.count(name)) missing.push_back(name);
   }
   DNALLM_CHECK(missing.empty(), ExitCode::kUsage,
-               "{}: {} needs tensors the file lacks: {} (our names)", weights_path, a,
+               "{}: {} needs tensors the file lacks: {} (our names)", weights_path, h.architecture,
                fmt::join(missing, ", "));
+}
+
+}  // namespace
+
+bool is_hf_model_dir(const std::string& dir) {
+  std::ifstream f(dir + "/config.json");
+  if (!f.good()) return false;
+  try {
+    const auto c = json::parse(f);
+    return c.contains("model_type") && !c.contains("dnallm_arch");
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+HfCheckpoint read_hf_checkpoint(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  const json c = read_json_file(
+      path, "a Hugging Face model directory holds config.json and model.safetensors");
+  HfCheckpoint h;
+  h.dir = dir;
+  read_model_class(c, path, h);
+  check_config(c, path, h.model_type);
+  set_arch_and_task(c, path, h, h.options);
+  set_common_options(c, path, h.options);
+  set_model_type_options(c, h.model_type, h.options);
+
+  const std::string weights_path = dir + "/model.safetensors";
+  DNALLM_CHECK(
+      std::filesystem::exists(weights_path), ExitCode::kUsage,
+      "{} not found{}: save the model with safe_serialization (model.safetensors); "
+      "sharded and .bin checkpoints are not read",
+      weights_path,
+      std::filesystem::exists(dir + "/pytorch_model.bin") ? " (pytorch_model.bin is)" : "");
+  Tensor token_type;
+  map_tensors(weights_path, h, token_type);
+  fold_and_untie(weights_path, token_type, h);
+  check_against_model(weights_path, h);
   return h;
 }
 
@@ -644,12 +681,12 @@ std::vector<int64_t> vocabulary_map(const data::Tokenizer& ours, const data::HfT
   return map;
 }
 
-TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours) {
-  const std::string& dir = config.model.init_from;
-  const HfCheckpoint h = read_hf_checkpoint(dir);
-  const auto theirs = data::HfTokenizer::load(dir);
+namespace {
+
+// The same tokenization as the directory's, else every id would mean another thing.
+void check_same_tokenization(const Config& config, const data::Tokenizer& ours,
+                             const data::HfTokenizer& theirs, const std::string& dir) {
   using Scheme = data::HfTokenizer::Scheme;
-  // The same tokenization, else every id would mean another thing.
   const bool same_scheme = (theirs.scheme() == Scheme::kOverlappingKmer && ours.kind() == "kmer" &&
                             config.tokenizer.k == theirs.k() && config.tokenizer.stride == 1) ||
                            (theirs.scheme() == Scheme::kLongestMatch && ours.kind() == "nt" &&
@@ -675,7 +712,12 @@ TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours) {
   DNALLM_CHECK(same_scheme, ExitCode::kUsage,
                "model.init_from = \"{}\" tokenizes {}; [tokenizer] here is kind = \"{}\": {}", dir,
                theirs_text, ours.kind(), setting);
-  // The architecture from config.json; the task, heads, dropout and LoRA from `config`.
+}
+
+// The architecture from config.json; the task, heads, dropout and LoRA from `config`.
+ModelOptions fine_tune_options(const Config& config, const data::Tokenizer& ours,
+                               const HfCheckpoint& h) {
+  const std::string& dir = config.model.init_from;
   const ModelOptions wanted = model_options_from_config(config, ours.vocab_size());
   const ModelOptions& a = h.options;
   DNALLM_CHECK(wanted.arch == a.arch, ExitCode::kUsage,
@@ -708,17 +750,18 @@ TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours) {
   o.vocab_size = ours.vocab_size();
   o.pad_id = data::kPadId;
   if (a.rotary) o.max_seq_length = config.model.max_seq_length;
-  const int64_t lora_r = o.lora_r;
-  o.lora_r = 0;
-  torch::manual_seed(static_cast<uint64_t>(config.training.seed));
-  TransformerLM model(o);
+  return o;
+}
 
-  const auto map = vocabulary_map(ours, theirs, dir);
+// Copies the checkpoint's tensors into `model` (vocabulary rows through `map`; a tensor the
+// checkpoint lacks or holds in another shape keeps its fresh initialisation) and logs it.
+void load_hf_weights(TransformerLM& model, const HfCheckpoint& h, const std::vector<int64_t>& map,
+                     const data::Tokenizer& ours) {
   std::vector<std::string> fresh;
   for (size_t id = 0; id < map.size(); ++id) {
-    DNALLM_CHECK(map[id] < a.vocab_size, ExitCode::kUsage,
-                 "model.init_from = \"{}\": token id {} is outside vocab_size {}", dir, map[id],
-                 a.vocab_size);
+    DNALLM_CHECK(map[id] < h.options.vocab_size, ExitCode::kUsage,
+                 "model.init_from = \"{}\": token id {} is outside vocab_size {}", h.dir, map[id],
+                 h.options.vocab_size);
     if (map[id] < 0) fresh.push_back(ours.id_to_piece(static_cast<int64_t>(id)));
   }
   const std::set<std::string> by_vocab = {model->root_name() + ".embeddings.word_embeddings.weight",
@@ -743,10 +786,25 @@ TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours) {
     ++loaded;
   }
   spdlog::info(
-      "initialised {} tensors from the Hugging Face {} in {}{}{}", loaded, h.architecture, dir,
+      "initialised {} tensors from the Hugging Face {} in {}{}{}", loaded, h.architecture, h.dir,
       kept.empty() ? std::string() : fmt::format("; newly initialised: {}", fmt::join(kept, ", ")),
       fresh.empty() ? std::string()
                     : fmt::format("; tokens without a row there: {}", fmt::join(fresh, " ")));
+}
+
+}  // namespace
+
+TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours) {
+  const std::string& dir = config.model.init_from;
+  const HfCheckpoint h = read_hf_checkpoint(dir);
+  const auto theirs = data::HfTokenizer::load(dir);
+  check_same_tokenization(config, ours, theirs, dir);
+  ModelOptions o = fine_tune_options(config, ours, h);
+  const int64_t lora_r = o.lora_r;
+  o.lora_r = 0;  // LoRA is enabled after the weights are loaded
+  torch::manual_seed(static_cast<uint64_t>(config.training.seed));
+  TransformerLM model(o);
+  load_hf_weights(model, h, vocabulary_map(ours, theirs, dir), ours);
   if (lora_r > 0) model->enable_lora(lora_r);
   return model;
 }

@@ -48,10 +48,31 @@ std::pair<int64_t, int64_t> stored_range(const optim::FlatAdamW& adam, int64_t n
   return {int64_t(r.offset), int64_t(r.offset + r.count)};
 }
 
-struct SavedEntry {
-  int64_t offset = 0;
-  std::vector<int64_t> shape;
-};
+// What a checkpoint of the trainer's current step records besides the tensors (Note
+// [Checkpoint layout] in the header).
+checkpoint::TrainState make_train_state(Trainer& trainer, const Config& config,
+                                        const CheckpointerOptions& options, int world) {
+  checkpoint::TrainState s;
+  s.step = trainer.step();
+  s.adam_steps = trainer.optimizer().steps();
+  const auto& scaler = trainer.loss_scaler();
+  s.loss_scaler = {scaler.raw_scale(), scaler.clean_steps(), scaler.skipped_steps()};
+  if (options.sampler_state) s.sampler = options.sampler_state();
+  // Note [Dropout randomness]: the generators' state at a step boundary is a function of
+  // (seed, step, rank); the scheme and the seed are the RNG state.
+  s.rng = checkpoint::RngState{kRngScheme, static_cast<uint64_t>(config.training.seed)};
+  s.config_hash = hash_text(model_config_hash(config));
+  s.tokenizer = options.tokenizer;
+  s.version = DNALLM_VERSION;
+  s.world_size = world;
+  s.micro_batch_size = config.training.micro_batch_size;
+  s.grad_accum_steps = config.training.grad_accum_steps;
+  s.zero_stage = world > 1 ? static_cast<int>(config.parallel.zero_stage) : 0;
+  for (const auto& e : trainer.flat().entries()) s.layout.push_back({e.name, e.offset, e.shape});
+  // What dnallm-ckpt export writes as config.json: the same file as the trainer's export.
+  s.config = models::export_config(trainer.model()->options(), config.model.arch);
+  return s;
+}
 
 }  // namespace
 
@@ -199,32 +220,9 @@ double Checkpointer::save(Trainer& trainer) {
   }
 
   const int64_t step = trainer.step();
-  const int zero_stage = world_ > 1 ? static_cast<int>(config_.parallel.zero_stage) : 0;
-  nlohmann::json state;
-  state["step"] = step;
-  state["adam_steps"] = adam.steps();
-  const auto& scaler = trainer.loss_scaler();
-  state["loss_scaler"] = {{"scale", scaler.raw_scale()},
-                          {"clean_steps", scaler.clean_steps()},
-                          {"skipped", scaler.skipped_steps()}};
-  if (options_.sampler_state) state["sampler"] = options_.sampler_state();
-  // Note [Dropout randomness]: the generators' state at a step boundary is a function of
-  // (seed, step, rank); the scheme and the seed are the RNG state.
-  state["rng"] = {{"scheme", kRngScheme}, {"seed", static_cast<uint64_t>(config_.training.seed)}};
-  state["config_hash"] = hash_text(model_config_hash(config_));
-  state["tokenizer"] = options_.tokenizer;
-  state["version"] = DNALLM_VERSION;
-  state["world_size"] = world_;
-  state["micro_batch_size"] = config_.training.micro_batch_size;
-  state["grad_accum_steps"] = config_.training.grad_accum_steps;
-  state["zero_stage"] = zero_stage;
-  nlohmann::json layout = nlohmann::json::array();
-  for (const auto& e : flat.entries()) {
-    layout.push_back({{"name", e.name}, {"offset", e.offset}, {"shape", e.shape}});
-  }
-  state["layout"] = std::move(layout);
-  // What dnallm-ckpt export writes as config.json: the same file as the trainer's export.
-  state["config"] = models::export_config(trainer.model()->options(), config_.model.arch);
+  const auto train_state = make_train_state(trainer, config_, options_, world_);
+  const int zero_stage = train_state.zero_stage;
+  nlohmann::json state = train_state.to_json();
 
   checkpoint::SaveRequest request;
   request.root = config_.checkpoint.dir;
@@ -378,14 +376,12 @@ void Checkpointer::finish_save(int64_t step, double stall_s, const checkpoint::S
 
 void keep_global_batch(Config& config, const checkpoint::CheckpointReader& ckpt, int world) {
   auto& t = config.training;
-  const auto& state = ckpt.manifest().state;
-  if (!t.keep_global_batch || !state.contains("micro_batch_size") ||
-      !state.contains("grad_accum_steps") || !state.contains("world_size")) {
-    return;
-  }
-  const int64_t saved_world = state["world_size"].get<int64_t>();
-  const int64_t saved_micro = state["micro_batch_size"].get<int64_t>();
-  const int64_t saved_accum = state["grad_accum_steps"].get<int64_t>();
+  if (!t.keep_global_batch) return;
+  const auto state = checkpoint::read_train_state(ckpt);
+  if (!state.micro_batch_size || !state.grad_accum_steps) return;
+  const int64_t saved_world = state.world_size;
+  const int64_t saved_micro = *state.micro_batch_size;
+  const int64_t saved_accum = *state.grad_accum_steps;
   // Only a changed world: a configuration that changed the batch on purpose is left alone.
   if (saved_world == world || saved_micro != t.micro_batch_size ||
       saved_accum != t.grad_accum_steps) {
@@ -433,125 +429,152 @@ std::optional<checkpoint::CheckpointReader> open_resume(const Config& config,
 }
 
 nlohmann::json saved_sampler_state(const checkpoint::CheckpointReader& ckpt) {
-  const auto& state = ckpt.manifest().state;
-  DNALLM_CHECK(state.contains("sampler"), ExitCode::kCheckpointCorrupt,
+  auto sampler = checkpoint::read_train_state(ckpt).sampler;
+  DNALLM_CHECK(sampler.has_value(), ExitCode::kCheckpointCorrupt,
                "checkpoint {} has no sampler state: it was not written by dnallm-train",
                ckpt.dir().string());
-  return state.at("sampler");
+  return std::move(*sampler);
 }
 
-void restore(Trainer& trainer, const checkpoint::CheckpointReader& ckpt) {
-  const auto& m = ckpt.manifest();
-  const auto& state = m.state;
-  const std::string dir = ckpt.dir().string();
-  auto& flat = trainer.flat();
-  auto& adam = trainer.optimizer();
-  const int64_t n = flat.numel();
+namespace {
 
-  checkpoint::Expectation expected;
-  expected.layout = {flat_spec(kFlatParamsTensor, n), flat_spec(kExpAvgTensor, n),
-                     flat_spec(kExpAvgSqTensor, n)};
-  checkpoint::check_compatible(ckpt, expected);
+// Where each parameter of this run lies in the checkpoint's flat buffers, by name.
+using SavedOffsets = std::map<std::string, int64_t>;
 
-  std::map<std::string, SavedEntry> saved;
-  try {
-    for (const auto& e : state.at("layout")) {
-      saved[e.at("name").get<std::string>()] =
-          SavedEntry{e.at("offset").get<int64_t>(), e.at("shape").get<std::vector<int64_t>>()};
-    }
-  } catch (const nlohmann::json::exception& e) {
-    fail(ExitCode::kCheckpointCorrupt, "checkpoint {}: unreadable state.layout ({})", dir,
-         e.what());
-  }
+// Restore, part 1: maps the saved layout onto this run's flat entries. Throws Error(kUsage)
+// when the names or shapes differ, Error(kCheckpointCorrupt) when a saved entry lies outside
+// the saved buffers (of `numel` elements, checked by check_compatible).
+SavedOffsets map_layout(const optim::FlatParameters& flat,
+                        const std::vector<checkpoint::LayoutEntry>& layout, int64_t numel,
+                        const std::string& dir) {
+  std::map<std::string, const checkpoint::LayoutEntry*> saved;
+  for (const auto& e : layout) saved[e.name] = &e;
   DNALLM_CHECK(saved.size() == flat.entries().size(), ExitCode::kUsage,
                "checkpoint {} holds {} parameters, the model has {}: resume with the same model "
                "configuration or set checkpoint.resume = \"none\"",
                dir, saved.size(), flat.entries().size());
+  SavedOffsets offsets;
   for (const auto& e : flat.entries()) {
     auto it = saved.find(e.name);
-    DNALLM_CHECK(it != saved.end() && it->second.shape == e.shape, ExitCode::kUsage,
+    DNALLM_CHECK(it != saved.end() && it->second->shape == e.shape, ExitCode::kUsage,
                  "checkpoint {} has no parameter {} of shape [{}]: resume with the same model "
                  "configuration or set checkpoint.resume = \"none\"",
                  dir, e.name, fmt::join(e.shape, ", "));
+    const int64_t offset = it->second->offset;
+    DNALLM_CHECK(offset >= 0 && offset + e.numel <= numel, ExitCode::kCheckpointCorrupt,
+                 "checkpoint {}: state.layout places {} at [{}, {}), outside the {} saved "
+                 "elements; the checkpoint is damaged: use another checkpoint",
+                 dir, e.name, offset, offset + e.numel, numel);
+    offsets[e.name] = offset;
   }
+  return offsets;
+}
+
+// Restore, part 2: every rank needs all parameters. Reads the saved flat buffer once, then
+// places each parameter at its offset in this run's layout.
+void read_parameters(Trainer& trainer, const checkpoint::CheckpointReader& ckpt,
+                     const SavedOffsets& saved) {
+  auto& flat = trainer.flat();
+  const int64_t n = flat.numel();
+  std::vector<float> buffer(static_cast<size_t>(n));
+  ckpt.read_range(kFlatParamsTensor, 0, uint64_t(n), buffer.data());
+  auto host = torch::empty({n}, torch::kFloat32);
+  float* dst = host.data_ptr<float>();
+  std::copy(buffer.begin(), buffer.end(), dst);  // covers gaps between entries, if any
+  for (const auto& e : flat.entries()) {
+    std::copy_n(buffer.data() + saved.at(e.name), e.numel, dst + e.offset);
+  }
+  flat.params().copy_(host);
+  trainer.reload_host_params();  // Note [Optimizer offload]: the host master copy too
+}
+
+// A piece of the optimizer range: `len` elements from `src` in the saved buffers to `dst`
+// (relative to the range's begin) in this run's.
+struct Run {
+  int64_t dst = 0, src = 0, len = 0;
+};
+
+// The pieces of [begin, end) in this run's layout, mapped by name; pieces contiguous in both
+// layouts are merged (one piece when the layouts agree).
+std::vector<Run> moment_runs(const optim::FlatParameters& flat, const SavedOffsets& saved,
+                             int64_t begin, int64_t end) {
+  std::vector<const optim::FlatParameters::Entry*> entries;
+  for (const auto& e : flat.entries()) entries.push_back(&e);
+  std::sort(entries.begin(), entries.end(),
+            [](const auto* a, const auto* b) { return a->offset < b->offset; });
+  std::vector<Run> runs;
+  for (const auto* e : entries) {
+    const int64_t lo = std::max(begin, e->offset), hi = std::min(end, e->offset + e->numel);
+    if (lo >= hi) continue;
+    const Run piece{lo - begin, saved.at(e->name) + (lo - e->offset), hi - lo};
+    if (!runs.empty() && runs.back().dst + runs.back().len == piece.dst &&
+        runs.back().src + runs.back().len == piece.src) {
+      runs.back().len += piece.len;
+    } else {
+      runs.push_back(piece);
+    }
+  }
+  return runs;
+}
+
+// Restore, part 3: the optimizer moments of this rank's range only.
+void read_optimizer(Trainer& trainer, const checkpoint::CheckpointReader& ckpt,
+                    const SavedOffsets& saved) {
+  auto& adam = trainer.optimizer();
+  const int64_t begin = adam.begin(), end = adam.end();
+  if (end <= begin) return;
+  auto avg = torch::zeros({end - begin}, torch::kFloat32);
+  auto avg_sq = torch::zeros({end - begin}, torch::kFloat32);
+  for (const auto& r : moment_runs(trainer.flat(), saved, begin, end)) {
+    const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+    ckpt.read_range(kExpAvgTensor, u(r.src), u(r.src + r.len), avg.data_ptr<float>() + r.dst);
+    ckpt.read_range(kExpAvgSqTensor, u(r.src), u(r.src + r.len), avg_sq.data_ptr<float>() + r.dst);
+  }
+  adam.exp_avg().copy_(avg);
+  adam.exp_avg_sq().copy_(avg_sq);
+}
+
+// Note [Dropout randomness]: a checkpoint drawn by another scheme cannot resume exactly; one
+// with another seed can, with different masks from here on (warned).
+void check_rng(const Trainer& trainer, const checkpoint::TrainState& state,
+               const std::string& dir) {
+  if (!state.rng) return;
+  DNALLM_CHECK(state.rng->scheme == kRngScheme, ExitCode::kCheckpointCorrupt,
+               "checkpoint {} draws dropout masks by \"{}\", this dnallm-train by \"{}\": "
+               "resume it with the dnallm-train version that wrote it ({})",
+               dir, state.rng->scheme, kRngScheme, state.version);
+  const int64_t seed = trainer.config().training.seed;
+  if (state.rng->seed != static_cast<uint64_t>(seed)) {
+    spdlog::warn(
+        "checkpoint {} was trained with training.seed = {}, this run has {}: the "
+        "dropout masks from here on differ from an uninterrupted run",
+        dir, state.rng->seed, seed);
+  }
+}
+
+}  // namespace
+
+void restore(Trainer& trainer, const checkpoint::CheckpointReader& ckpt) {
+  const std::string dir = ckpt.dir().string();
+  const auto state = checkpoint::read_train_state(ckpt);
+  const int64_t n = trainer.flat().numel();
+  checkpoint::Expectation expected;
+  expected.layout = {flat_spec(kFlatParamsTensor, n), flat_spec(kExpAvgTensor, n),
+                     flat_spec(kExpAvgSqTensor, n)};
+  checkpoint::check_compatible(ckpt, expected);
+  const auto saved = map_layout(trainer.flat(), state.layout, n, dir);
+  check_rng(trainer, state, dir);
 
   torch::NoGradGuard no_grad;
-  // Parameters: every rank needs all of them. Read the saved flat buffer once, then place
-  // each parameter at its offset in this run's layout.
-  {
-    std::vector<float> buffer(static_cast<size_t>(n));
-    ckpt.read_range(kFlatParamsTensor, 0, uint64_t(n), buffer.data());
-    auto host = torch::empty({n}, torch::kFloat32);
-    float* dst = host.data_ptr<float>();
-    std::copy(buffer.begin(), buffer.end(), dst);  // covers gaps between entries, if any
-    for (const auto& e : flat.entries()) {
-      const auto& s = saved.at(e.name);
-      std::copy_n(buffer.data() + s.offset, e.numel, dst + e.offset);
-    }
-    flat.params().copy_(host);
-    trainer.reload_host_params();  // Note [Optimizer offload]: the host master copy too
-  }
-  // Optimizer moments: only this rank's range [begin, end), mapped by name; pieces that are
-  // contiguous in both layouts are read together (one read when the layouts agree).
-  const int64_t begin = adam.begin(), end = adam.end();
-  if (end > begin) {
-    auto avg = torch::zeros({end - begin}, torch::kFloat32);
-    auto avg_sq = torch::zeros({end - begin}, torch::kFloat32);
-    struct Run {
-      int64_t dst = 0, src = 0, len = 0;
-    };
-    std::vector<Run> runs;
-    std::vector<const optim::FlatParameters::Entry*> entries;
-    for (const auto& e : flat.entries()) entries.push_back(&e);
-    std::sort(entries.begin(), entries.end(),
-              [](const auto* a, const auto* b) { return a->offset < b->offset; });
-    for (const auto* e : entries) {
-      const int64_t lo = std::max(begin, e->offset), hi = std::min(end, e->offset + e->numel);
-      if (lo >= hi) continue;
-      const Run piece{lo - begin, saved.at(e->name).offset + (lo - e->offset), hi - lo};
-      if (!runs.empty() && runs.back().dst + runs.back().len == piece.dst &&
-          runs.back().src + runs.back().len == piece.src) {
-        runs.back().len += piece.len;
-      } else {
-        runs.push_back(piece);
-      }
-    }
-    for (const auto& r : runs) {
-      const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
-      ckpt.read_range(kExpAvgTensor, u(r.src), u(r.src + r.len), avg.data_ptr<float>() + r.dst);
-      ckpt.read_range(kExpAvgSqTensor, u(r.src), u(r.src + r.len),
-                      avg_sq.data_ptr<float>() + r.dst);
-    }
-    adam.exp_avg().copy_(avg);
-    adam.exp_avg_sq().copy_(avg_sq);
-  }
-  if (state.contains("rng")) {
-    const auto scheme = state["rng"].value("scheme", std::string());
-    DNALLM_CHECK(scheme == kRngScheme, ExitCode::kCheckpointCorrupt,
-                 "checkpoint {} draws dropout masks by \"{}\", this dnallm-train by \"{}\": "
-                 "resume it with the dnallm-train version that wrote it ({})",
-                 dir, scheme, kRngScheme, state.value("version", std::string("unknown")));
-    const auto seed = state["rng"].value("seed", uint64_t{0});
-    if (seed != static_cast<uint64_t>(trainer.config().training.seed)) {
-      spdlog::warn(
-          "checkpoint {} was trained with training.seed = {}, this run has {}: the "
-          "dropout masks from here on differ from an uninterrupted run",
-          dir, seed, trainer.config().training.seed);
-    }
-  }
-  try {
-    adam.set_steps(state.at("adam_steps").get<int64_t>());
-    const auto& s = state.at("loss_scaler");
-    trainer.loss_scaler().restore(s.at("scale").get<double>(), s.at("clean_steps").get<int64_t>(),
-                                  s.at("skipped").get<int64_t>());
-    trainer.set_step(state.at("step").get<int64_t>());
-  } catch (const nlohmann::json::exception& e) {
-    fail(ExitCode::kCheckpointCorrupt, "checkpoint {}: unreadable training state ({})", dir,
-         e.what());
-  }
+  read_parameters(trainer, ckpt, saved);
+  read_optimizer(trainer, ckpt, saved);
+  trainer.optimizer().set_steps(state.adam_steps);
+  const auto& s = state.loss_scaler;
+  trainer.loss_scaler().restore(s.scale, s.clean_steps, s.skipped);
+  trainer.set_step(state.step);
   check_on_device(trainer);
   spdlog::info("resumed from {} at step {} (world size {} -> {})", dir, trainer.step(),
-               m.world_size, trainer.sync().world_size());
+               ckpt.manifest().world_size, trainer.sync().world_size());
 }
 
 void check_on_device(Trainer& trainer) {

@@ -7,10 +7,11 @@
 //   flat.params  optim.exp_avg  optim.exp_avg_sq
 // Rank r stores one range of each: its optimizer range under ZeRO-1/2, else (DDP or one
 // process) comm::shard_range(N, world, r), so every rank writes in parallel. The manifest's
-// state holds step, sampler, loss scaler, adam steps, config hash, tokenizer, version,
-// world size, zero stage and `layout`: the flat entries (name, offset, shape) in the saving
-// run's order. The flat order may differ between runs (DDP orders by buckets), so a resume
-// maps every range by parameter name.
+// state is a checkpoint::TrainState (checkpoint/train_state.hpp): step, sampler, RNG, loss
+// scaler, adam steps, config hash and config, tokenizer, version, world size, batch shape,
+// zero stage and `layout`: the flat entries (name, offset, shape) in the saving run's order. The
+// flat order may differ between runs (DDP orders by buckets), so a resume maps every range by
+// parameter name.
 //
 // Save protocol (Checkpointer, see the commit protocol in checkpoint/manifest.hpp):
 //   1. training thread, step S: waits for the previous checkpoint's finisher (at most one
@@ -153,11 +154,15 @@ std::optional<checkpoint::CheckpointReader> open_resume(const Config& config,
 void keep_global_batch(Config& config, const checkpoint::CheckpointReader& ckpt, int world);
 
 // The sampler state saved with the checkpoint (for make_train_loader's resume state).
+// Throws Error(kCheckpointCorrupt) when the state is unreadable or has none.
 nlohmann::json saved_sampler_state(const checkpoint::CheckpointReader& ckpt);
 
 // Restores parameters (all of them), this rank's optimizer range, adam steps, loss scaler
-// and step into a freshly built trainer. Throws Error(kUsage) when the parameter layout
-// (names, shapes) differs. Logs "resumed from <dir> at step N (world size A -> B)".
+// and step into a freshly built trainer: maps the saved layout by name, reads the
+// parameters, then the optimizer moments. Throws Error(kUsage) when the parameter layout
+// (names, shapes) differs, Error(kCheckpointCorrupt) when the state is unreadable (naming the
+// key) or its layout lies outside the saved buffers. Logs "resumed from <dir> at step N
+// (world size A -> B)".
 void restore(Trainer& trainer, const checkpoint::CheckpointReader& ckpt);
 
 // Note [Resume on the device]: throws Error(kFailure) naming the first parameter, gradient,

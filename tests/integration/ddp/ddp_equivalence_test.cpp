@@ -5,7 +5,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
@@ -16,8 +15,6 @@
 
 namespace dnallm::testing {
 namespace {
-
-const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
 
 struct TrainRun {
   std::string dir;
@@ -212,24 +209,8 @@ TEST_F(DdpEquivalence, OptimizerOffloadZero1TwoRanksIsBitIdentical) {
 // is scored once at any world size: 64 rows, the same accuracy, on 1 rank and on 2.
 TEST_F(DdpEquivalence, EvalCountsEveryTableRowOnceAtAnyWorldSize) {
   const std::string dir = make_temp_dir("eval_rows");
-  std::string genome;
-  {
-    // The first 20 kB of the bundled genome, without headers and line breaks.
-    std::string cmd =
-        fmt::format("gzip -dc {}/data/ecoli_k12_mg1655.fa.gz | head -c 20000", DNALLM_SOURCE_DIR);
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    char buf[4096];
-    size_t n;
-    std::string text;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
-    pclose(p);
-    std::istringstream in(text);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (!line.empty() && line[0] != '>') genome += line;
-    }
-  }
+  // The first 20 kB of the bundled genome, without headers and line breaks.
+  const std::string genome = bundled_genome(20000);
   ASSERT_GT(genome.size(), 64u * 60u);
   const std::string table = dir + "/table.csv";
   {

@@ -14,8 +14,6 @@
 namespace dnallm::testing {
 namespace {
 
-const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
-
 int visible_gpus() {
   return cluster::visible_gpu_count(cluster::current_env(), cluster::count_host_gpus());
 }

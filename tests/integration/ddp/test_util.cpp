@@ -1,32 +1,14 @@
 #include "test_util.hpp"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
 
 namespace dnallm::testing {
-
-int run_command(const std::string& cmd, std::string* log) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) throw std::runtime_error("popen failed: " + cmd);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  if (log) *log = out;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 std::map<std::string, std::vector<float>> read_safetensors_f32(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -64,7 +46,7 @@ std::map<int64_t, double> read_step_losses(const std::string& metrics_path) {
 std::string tiny_train_command(const std::string& starter, const std::string& dir, int micro,
                                int accum, const std::string& extra) {
   return fmt::format(
-      "cd {src} && {starter} {src_bin}/bin/dnallm-train "
+      "cd {src} && {starter} {bin}dnallm-train "
       "--set model.hidden=32 --set model.layers=2 --set model.heads=2 --set model.ffn=64 "
       "--set model.max_seq_length=64 --set data.train_files=[\\\"data/ecoli_k12_mg1655.fa.gz\\\"] "
       "--set training.max_steps=5 --set training.micro_batch_size={micro} "
@@ -74,17 +56,9 @@ std::string tiny_train_command(const std::string& starter, const std::string& di
       "--set parallel.bucket_cap_mb=0.02 --set parallel.first_bucket_mb=0.005 "
       "--set checkpoint.dir={dir}/ckpt --set checkpoint.resume=none "
       "--metrics-file {dir}/metrics.jsonl {extra}",
-      fmt::arg("src", DNALLM_SOURCE_DIR), fmt::arg("src_bin", DNALLM_BINARY_DIR),
-      fmt::arg("starter", starter), fmt::arg("micro", micro), fmt::arg("accum", accum),
-      fmt::arg("dir", dir), fmt::arg("extra", extra));
-}
-
-std::string make_temp_dir(const std::string& name) {
-  auto dir = std::filesystem::path(::testing::TempDir()) /
-             ("dnallm_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
+      fmt::arg("src", kSrc), fmt::arg("bin", kBin), fmt::arg("starter", starter),
+      fmt::arg("micro", micro), fmt::arg("accum", accum), fmt::arg("dir", dir),
+      fmt::arg("extra", extra));
 }
 
 }  // namespace dnallm::testing

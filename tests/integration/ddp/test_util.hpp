@@ -6,10 +6,9 @@
 #include <string>
 #include <vector>
 
-namespace dnallm::testing {
+#include "tests/support/process.hpp"  // kBin, kSrc, run_command, make_temp_dir
 
-// Runs `cmd` through /bin/sh, returns its exit status; stdout+stderr go to `log` if given.
-int run_command(const std::string& cmd, std::string* log = nullptr);
+namespace dnallm::testing {
 
 // Reads every fp32 tensor of a safetensors file (name -> values); other dtypes are skipped.
 std::map<std::string, std::vector<float>> read_safetensors_f32(const std::string& path);
@@ -24,8 +23,5 @@ std::map<int64_t, double> read_step_losses(const std::string& metrics_path);
 // arguments. The runs the equivalence tests compare.
 std::string tiny_train_command(const std::string& starter, const std::string& dir, int micro,
                                int accum, const std::string& extra);
-
-// A fresh directory under the test's temp dir.
-std::string make_temp_dir(const std::string& name);
 
 }  // namespace dnallm::testing

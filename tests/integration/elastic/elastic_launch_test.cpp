@@ -16,13 +16,17 @@
 
 #include "coordinator/protocol.hpp"
 #include "tests/integration/elastic/agent_process.hpp"
+#include "tests/support/process.hpp"
 
 namespace dnallm::elastic_testing {
 namespace {
 
 using namespace std::chrono_literals;
 
-std::string launch_binary() { return std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-launch"; }
+using dnallm::testing::kBin;
+using dnallm::testing::kSrc;
+
+std::string launch_binary() { return kBin + "dnallm-launch"; }
 
 std::string host_name() {
   char name[256] = {0};
@@ -316,10 +320,10 @@ TEST_F(ElasticLaunchTest, BadDataExitOfOneWorkerEndsTheJobWithItsCodeAndNoRestar
 }
 
 TEST_F(ElasticLaunchTest, StandaloneCoordinatorServesAgentsAndExitsWithTheJob) {
-  AgentProcess coordinator({std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-coordinator", "--host",
-                            "127.0.0.1", "--port", "0", "--min-nodes", "2", "--max-nodes", "2",
-                            "--rdzv-settle", "0.3", "--heartbeat-timeout", "3"},
-                           {"DNALLM_JOB_TOKEN=tok"}, file("coordinator"));
+  AgentProcess coordinator(
+      {kBin + "dnallm-coordinator", "--host", "127.0.0.1", "--port", "0", "--min-nodes", "2",
+       "--max-nodes", "2", "--rdzv-settle", "0.3", "--heartbeat-timeout", "3"},
+      {"DNALLM_JOB_TOKEN=tok"}, file("coordinator"));
   auto deadline = std::chrono::steady_clock::now() + 10s;
   while (!contains(coordinator.out(), "\n") && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(10ms);
@@ -406,9 +410,9 @@ TEST_F(ElasticLaunchTest, HostingAgentBindsTheEndpointHostOnly) {
 }
 
 TEST_F(ElasticLaunchTest, StandaloneCoordinatorWithoutHostBindsThisHostsAddressNotEveryInterface) {
-  AgentProcess coordinator({std::string(DNALLM_BINARY_DIR) + "/bin/dnallm-coordinator", "--port",
-                            "0", "--min-nodes", "1", "--max-nodes", "1"},
-                           {"DNALLM_JOB_TOKEN=tok", "MASTER_ADDR="}, file("coordinator"));
+  AgentProcess coordinator(
+      {kBin + "dnallm-coordinator", "--port", "0", "--min-nodes", "1", "--max-nodes", "1"},
+      {"DNALLM_JOB_TOKEN=tok", "MASTER_ADDR="}, file("coordinator"));
   const auto [host, port] = bound_address(coordinator, "coordinator: store listening on ");
   EXPECT_NE(host, "0.0.0.0");
   EXPECT_FALSE(host.empty());
@@ -518,14 +522,14 @@ TEST_F(ElasticNetnsTest, TwoNodesOverAVethLinkTrainWithGloo) {
   a_args.insert(a_args.end(), {"--node-rank", "0"});
   const std::string metrics = file("metrics.jsonl");
   const std::string script = fmt::format(
-      "cd {src} && exec {bin}/dnallm-train --set model.hidden=32 --set model.layers=1 "
+      "cd {src} && exec {bin}dnallm-train --set model.hidden=32 --set model.layers=1 "
       "--set model.heads=2 --set model.ffn=64 --set model.max_seq_length=64 "
       "--set 'data.train_files=[\"data/ecoli_k12_mg1655.fa.gz\"]' --set training.max_steps=6 "
       "--set training.micro_batch_size=3 --set training.logging_steps=1 "
       "--set parallel.backend=gloo --set checkpoint.dir={dir}/ckpt --set checkpoint.save_steps=3 "
       "--metrics-file {metrics}",
-      fmt::arg("src", DNALLM_SOURCE_DIR), fmt::arg("bin", std::string(DNALLM_BINARY_DIR) + "/bin"),
-      fmt::arg("dir", dir_), fmt::arg("metrics", metrics));
+      fmt::arg("src", kSrc), fmt::arg("bin", kBin), fmt::arg("dir", dir_),
+      fmt::arg("metrics", metrics));
   AgentProcess& a = agent_in(ns_a_, "a", a_args, script);
   AgentProcess& b = agent_in(ns_b_, "b", common, script);
   ASSERT_EQ(a.wait(90s), 0) << a.log() << b.log();

@@ -29,7 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
+using dnallm::testing::kBin;
 
 struct Metrics {
   std::vector<nlohmann::json> lines;
@@ -105,7 +105,7 @@ class ElasticTrainTest : public ::testing::Test {
         "model.heads=2",
         "model.ffn=64",
         "model.max_seq_length=64",
-        "data.train_files=[\"" + std::string(DNALLM_SOURCE_DIR) + "/data/ecoli_k12_mg1655.fa.gz\"]",
+        "data.train_files=[\"" + dnallm::testing::kSrc + "/data/ecoli_k12_mg1655.fa.gz\"]",
         fmt::format("training.max_steps={}", kSteps),
         "training.micro_batch_size=6",
         "training.grad_accum_steps=1",

@@ -10,10 +10,9 @@
 #include <string>
 #include <vector>
 
-namespace dnallm::testing {
+#include "tests/support/process.hpp"  // kBin, kSrc, run_command
 
-inline const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
-inline const std::string kSrc = DNALLM_SOURCE_DIR;
+namespace dnallm::testing {
 
 // The --set options of a tiny BERT (global batch 12 on 2 ranks, constant LR).
 std::string tiny_settings(const std::string& ckpt, const std::string& metrics, int steps,

@@ -11,9 +11,6 @@
 namespace dnallm::testing {
 namespace {
 
-const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
-const std::string kSrc = DNALLM_SOURCE_DIR;
-
 TEST(CheckpointExport, StepCheckpointExportsLikeTheFinalModel) {
   const std::string dir = make_temp_dir("ckpt_export");
   std::string log;

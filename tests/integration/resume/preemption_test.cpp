@@ -19,9 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
-const std::string kSrc = DNALLM_SOURCE_DIR;
-
 // The launcher command for a tiny BERT on 2 workers (global batch 12, constant LR, so runs
 // with different max_steps share their first steps).
 std::string launch_command(const std::string& ckpt, const std::string& metrics, int steps) {

@@ -19,9 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
-const std::string kSrc = DNALLM_SOURCE_DIR;
-
 struct TrainRun {
   int rc = -1;
   std::string log;

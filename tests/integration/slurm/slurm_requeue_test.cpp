@@ -28,8 +28,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kBin = std::string(DNALLM_BINARY_DIR) + "/bin/";
-const std::string kSrc = DNALLM_SOURCE_DIR;
 const std::string kFixture = kSrc + "/tests/integration/fixtures/slurm.sh";
 
 std::string read_all(const std::string& path) {
