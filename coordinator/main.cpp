@@ -26,6 +26,7 @@
 #include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/worker_env.hpp"
 
 namespace {
 
@@ -134,10 +135,7 @@ void add_elastic_options(CLI::App& app, CoordinatorArgs& a) {
 // The job token: --token, else $DNALLM_JOB_TOKEN, else --token-file's (none with --no-token).
 std::string resolve_token(const CoordinatorArgs& a) {
   std::string token = a.token;
-  if (token.empty()) {
-    const char* env = std::getenv("DNALLM_JOB_TOKEN");
-    if (env != nullptr) token = env;
-  }
+  if (token.empty()) token = job_token_of();
   DNALLM_CHECK(!(a.no_token && !token.empty()), ExitCode::kUsage,
                "--no-token contradicts the job token given by --token or DNALLM_JOB_TOKEN");
   if (a.no_token) {

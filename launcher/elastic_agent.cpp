@@ -20,17 +20,6 @@ using coordinator::JobPhase;
 using coordinator::JobView;
 using Clock = std::chrono::steady_clock;
 
-void set_env(std::vector<std::string>& env, const std::string& key, const std::string& value) {
-  const std::string prefix = key + "=";
-  for (auto& kv : env) {
-    if (kv.compare(0, prefix.size(), prefix) == 0) {
-      kv = prefix + value;
-      return;
-    }
-  }
-  env.push_back(prefix + value);
-}
-
 int parse_positive(const std::string& s, const std::string& what) {
   size_t used = 0;
   int v = 0;
@@ -89,20 +78,17 @@ std::vector<WorkerSpec> make_elastic_worker_specs(const LaunchPlan& plan,
   placed.nproc_per_node = static_cast<int>(a.local_world_size);
   placed.nnodes = static_cast<int>(a.nnodes);
   placed.node_rank = static_cast<int>(a.node_rank);
-  std::vector<WorkerSpec> specs =
-      make_worker_specs(placed, base_env, static_cast<int>(a.generation - 1), restart_reason);
-  for (auto& spec : specs) {
-    spec.rank = static_cast<int>(a.rank_offset) + spec.local_rank;
-    set_env(spec.env, "RANK", std::to_string(spec.rank));
-    set_env(spec.env, "WORLD_SIZE", std::to_string(a.world_size));
-    set_env(spec.env, "GROUP_RANK", std::to_string(a.node_rank));
-    set_env(spec.env, "GROUP_WORLD_SIZE", std::to_string(a.nnodes));
-    set_env(spec.env, "DNALLM_GENERATION", std::to_string(a.generation));
-    set_env(spec.env, "TORCHELASTIC_RESTART_COUNT", std::to_string(a.generation - 1));
-    set_env(spec.env, "DNALLM_EXTERNAL_COORDINATOR", "1");
-    set_env(spec.env, "DNALLM_PROGRESS_FILE", progress_file(progress_dir, spec.local_rank));
-  }
-  return specs;
+  // Job-wide ranks and generation; the coordinator is the launcher's (Note [Worker
+  // environment] in core/worker_env.hpp).
+  return make_worker_specs(placed, base_env, static_cast<int>(a.generation - 1), restart_reason,
+                           [&](WorkerEnv& w) {
+                             const int local = w.local_rank.value_or(0);
+                             w.rank = static_cast<int>(a.rank_offset) + local;
+                             w.world_size = static_cast<int>(a.world_size);
+                             w.generation = a.generation;
+                             w.external_coordinator = true;
+                             w.progress_file = progress_file(progress_dir, local);
+                           });
 }
 
 std::pair<std::string, int> parse_endpoint(const std::string& endpoint, const std::string& flag) {
@@ -249,7 +235,7 @@ int ElasticAgent::run() {
     switch (result.outcome) {
       case GenerationOutcome::kInterrupted:
         return 128 + result.stop_signal;
-      case GenerationOutcome::kPreempted:  // Note [Preemption] (worker_group.hpp)
+      case GenerationOutcome::kPreempted:  // Note [Preemption] (worker/train/preemption.hpp)
         return static_cast<int>(ExitCode::kRequeue);
       case GenerationOutcome::kStopped:
         if (latest.terminal()) return finish(latest);

@@ -74,8 +74,31 @@ std::string self_exe_dir() {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
+WorkerEnv worker_env(const LaunchPlan& plan, int local_rank, int restart_count,
+                     const std::string& restart_reason) {
+  WorkerEnv w;
+  w.rank = plan.node_rank * plan.nproc_per_node + local_rank;
+  w.local_rank = local_rank;
+  w.world_size = plan.world_size();
+  w.local_world_size = plan.nproc_per_node;
+  w.group_rank = plan.node_rank;
+  w.group_world_size = plan.nnodes;
+  w.master_addr = plan.master_addr;
+  w.master_port = plan.master_port;
+  w.restart_count = restart_count;
+  w.max_restarts = plan.max_restarts;
+  w.run_id = plan.run_id;
+  w.generation = restart_count;
+  w.job_token = plan.job_token;
+  // For rank 0's {"event":"restart","generation":N,"reason":...} metrics line.
+  if (restart_count > 0) w.restart_reason = restart_reason;
+  if (plan.omp_num_threads > 0) w.omp_num_threads = std::to_string(plan.omp_num_threads);
+  return w;
+}
+
 std::vector<WorkerSpec> make_worker_specs(const LaunchPlan& plan, const cluster::EnvMap& base_env,
-                                          int restart_count, const std::string& restart_reason) {
+                                          int restart_count, const std::string& restart_reason,
+                                          const std::function<void(WorkerEnv&)>& adjust) {
   // Note [mpirun placement] (cluster/topology.hpp): a launcher started by mpirun must not
   // hand its own MPI identity to the workers: they would take OMPI_COMM_WORLD_* for their
   // rank (or pick the MPI backend) and MPI_Init against the launcher's mpirun.
@@ -90,32 +113,12 @@ std::vector<WorkerSpec> make_worker_specs(const LaunchPlan& plan, const cluster:
   }
   std::vector<WorkerSpec> specs;
   for (int local = 0; local < plan.nproc_per_node; ++local) {
+    WorkerEnv w = worker_env(plan, local, restart_count, restart_reason);
+    if (adjust) adjust(w);
     cluster::EnvMap env = clean_env;
-    int rank = plan.node_rank * plan.nproc_per_node + local;
-    env["RANK"] = std::to_string(rank);
-    env["LOCAL_RANK"] = std::to_string(local);
-    env["WORLD_SIZE"] = std::to_string(plan.world_size());
-    env["LOCAL_WORLD_SIZE"] = std::to_string(plan.nproc_per_node);
-    env["GROUP_RANK"] = std::to_string(plan.node_rank);
-    env["GROUP_WORLD_SIZE"] = std::to_string(plan.nnodes);
-    env["MASTER_ADDR"] = plan.master_addr;
-    env["MASTER_PORT"] = std::to_string(plan.master_port);
-    env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
-    env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(plan.max_restarts);
-    env["TORCHELASTIC_RUN_ID"] = plan.run_id;
-    env["DNALLM_GENERATION"] = std::to_string(restart_count);
-    env["DNALLM_JOB_TOKEN"] = plan.job_token;
-    // For rank 0's {"event":"restart","generation":N,"reason":...} metrics line.
-    if (restart_count > 0 && !restart_reason.empty()) {
-      env["DNALLM_RESTART_REASON"] = restart_reason;
-    } else {
-      env.erase("DNALLM_RESTART_REASON");
-    }
-    if (env.find("OMP_NUM_THREADS") == env.end() && plan.omp_num_threads > 0) {
-      env["OMP_NUM_THREADS"] = std::to_string(plan.omp_num_threads);
-    }
+    w.to_environment(env);
     WorkerSpec spec;
-    spec.rank = rank;
+    spec.rank = w.rank.value_or(0);
     spec.local_rank = local;
     spec.argv = plan.command;
     // dnallm-train unblocks them once its handlers are installed (Note [Early stop signals]).
@@ -176,8 +179,8 @@ LaunchPlan resolve_launch_plan(const LaunchRequest& req, const cluster::EnvMap& 
   } else if (auto it = env.find("SLURM_JOB_ID"); it != env.end() && !it->second.empty()) {
     plan.run_id = it->second;
   }
-  if (auto it = env.find("DNALLM_JOB_TOKEN"); it != env.end() && !it->second.empty()) {
-    plan.job_token = it->second;
+  if (const std::string token = job_token_of(env); !token.empty()) {
+    plan.job_token = token;
     plan.job_token_source = "from DNALLM_JOB_TOKEN";
   } else {
     plan.job_token = host.make_token();

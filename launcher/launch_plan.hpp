@@ -9,6 +9,7 @@
 
 #include "cluster/topology.hpp"
 #include "coordinator/net.hpp"
+#include "core/worker_env.hpp"
 #include "launcher/spawner.hpp"
 
 namespace dnallm::launcher {
@@ -90,17 +91,25 @@ int default_omp_threads(int cores, int nproc_per_node);
 // The directory of this executable (/proc/self/exe), e.g. to find dnallm-train beside it.
 std::string self_exe_dir();
 
-// Every worker's spec for one generation: the base environment plus RANK, LOCAL_RANK,
-// WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
-// TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID,
-// DNALLM_GENERATION, DNALLM_JOB_TOKEN (replaced when present), OMP_NUM_THREADS (only
-// when absent) and, after a restart, DNALLM_RESTART_REASON (removed otherwise). DNALLM_GENERATION
-// equals the restart count while the group is local; the coordinator will number generations
-// job-wide. Under mpirun (OMPI_COMM_WORLD_RANK in `base_env`) the MPI launcher's variables
-// (OMPI_*, PMIX_*, OPAL_*, ORTE_*) are removed: they describe the launcher, not the workers.
+// Local rank `local_rank`'s environment for one generation (Note [Worker environment] in
+// core/worker_env.hpp): RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+// GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
+// TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, DNALLM_GENERATION, DNALLM_JOB_TOKEN,
+// OMP_NUM_THREADS (plan.omp_num_threads > 0) and, after a restart, DNALLM_RESTART_REASON.
+// DNALLM_GENERATION equals the restart count while the group is local; the elastic
+// coordinator numbers generations job-wide (make_elastic_worker_specs).
+WorkerEnv worker_env(const LaunchPlan& plan, int local_rank, int restart_count,
+                     const std::string& restart_reason);
+
+// Every worker's spec for one generation: the base environment with worker_env() written over
+// it (WorkerEnv::to_environment: the variables above replaced when present, OMP_NUM_THREADS
+// only when absent, DNALLM_RESTART_REASON removed when there is no reason). `adjust`, when
+// set, changes each worker's WorkerEnv first (the elastic agent's job-wide ranks). Under
+// mpirun (OMPI_COMM_WORLD_RANK in `base_env`) the MPI launcher's variables (OMPI_*, PMIX_*,
+// OPAL_*, ORTE_*) are removed: they describe the launcher, not the workers.
 std::vector<WorkerSpec> make_worker_specs(const LaunchPlan& plan, const cluster::EnvMap& base_env,
-                                          int restart_count,
-                                          const std::string& restart_reason = "");
+                                          int restart_count, const std::string& restart_reason = "",
+                                          const std::function<void(WorkerEnv&)>& adjust = {});
 
 // The --dry-run report: nodes, ranks per node, coordinator endpoint, backend, token source,
 // command, and rank 0's exported variables.

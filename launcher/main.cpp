@@ -25,6 +25,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/worker_env.hpp"
 #include "launcher/elastic_agent.hpp"
 #include "launcher/launch_plan.hpp"
 #include "launcher/sbatch_script.hpp"
@@ -112,8 +113,7 @@ std::pair<std::string, int> coordinator_endpoint(const Args& args, const CLI::Ap
 std::string elastic_job_token(const Args& args, const cluster::EnvMap& env,
                               const std::string& generated) {
   if (!args.token_file.empty()) return read_token_file(args.token_file);
-  auto it = env.find("DNALLM_JOB_TOKEN");
-  if (it != env.end() && !it->second.empty()) return it->second;
+  if (std::string token = job_token_of(env); !token.empty()) return token;
   DNALLM_CHECK(args.standalone, ExitCode::kUsage,
                "the nodes of a job must share a job token: set DNALLM_JOB_TOKEN (the same on "
                "every node) or pass --token-file FILE");

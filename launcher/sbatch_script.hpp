@@ -14,7 +14,7 @@
 //   4. `srun --ntasks-per-node=1 dnallm-launch ...` in the background; the batch shell traps
 //      USR1 and TERM (with B: Slurm signals the batch shell only) and forwards them to srun,
 //      which forwards them to the dnallm-launch of every node, which forwards them to the
-//      workers (Note [Preemption] in launcher/worker_group.hpp).
+//      workers (Note [Preemption] in worker/train/preemption.hpp).
 //   5. srun's exit code 75 (the workers saved a checkpoint and stopped): `scontrol requeue
 //      $SLURM_JOB_ID`; the requeued job resumes from the checkpoint (checkpoint.resume =
 //      "auto"). Any other code is the script's exit code.

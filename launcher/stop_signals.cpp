@@ -15,7 +15,7 @@ SignalFdStopSignals::SignalFdStopSignals() {
   sigemptyset(&mask);
   sigaddset(&mask, SIGINT);
   sigaddset(&mask, SIGTERM);
-  sigaddset(&mask, SIGUSR1);  // preemption notice (Note [Preemption] in worker_group.hpp)
+  sigaddset(&mask, SIGUSR1);  // preemption notice (Note [Preemption], worker/train/preemption.hpp)
   int rc = ::pthread_sigmask(SIG_BLOCK, &mask, &old_mask_);
   if (rc != 0) fail(ExitCode::kFailure, "pthread_sigmask failed: {}", errno_string(rc));
   fd_ = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);

@@ -16,14 +16,9 @@
 //      on (Note [Preemption]).
 // Workers that end after step 4 or 5 started were stopped by us and are not failures.
 //
-// Note [Preemption]: a scheduler about to preempt the job (Slurm's --signal=B:USR1@T, a
-// forwarded SIGTERM) asks the workers to save and stop. dnallm-train handles SIGUSR1 and
-// SIGTERM: at the next step boundary every rank agrees to stop at the same step, saves a
-// checkpoint synchronously (written and committed), and exits with ExitCode::kRequeue (75).
-// A worker that exits 75 did not fail: when every worker ended with 0 or 75 and at least
-// one with 75 (also after a forwarded SIGINT/SIGTERM, within the grace period), the outcome
-// is kPreempted, the group is not restarted in-job, and the launcher exits 75 so that the
-// batch script can requeue the job (docs/slurm.md).
+// See Note [Preemption] (worker/train/preemption.hpp, both sides: the worker saves and exits
+// 75; step 5 there is this launcher's part): a worker that exits 75 did not fail, and a
+// generation whose workers all ended with 0 or 75, at least one with 75, is kPreempted.
 #pragma once
 
 #include <chrono>

@@ -102,6 +102,43 @@ TEST(LaunchPlan, WorkersOfALauncherUnderMpirunDoNotSeeItsMpiIdentity) {
   }
 }
 
+// Note [Worker environment]: what the launcher exports is what a worker parses back.
+TEST(LaunchPlan, SpawnedEnvironmentParsesBackToWhatTheLauncherSet) {
+  LaunchPlan plan;
+  plan.nproc_per_node = 2;
+  plan.nnodes = 2;
+  plan.node_rank = 1;
+  plan.master_addr = "node-0";
+  plan.master_port = 29400;
+  plan.run_id = "r";
+  plan.job_token = "tok";
+  plan.max_restarts = 3;
+  plan.omp_num_threads = 4;
+  const cluster::EnvMap base = {{"PATH", "/bin"}, {"DNALLM_TEST_STEP_DELAY_MS", "50"}};
+  const auto specs = make_worker_specs(plan, base, 1, "rank 0 exited with code 7");
+  ASSERT_EQ(specs.size(), 2u);
+  for (int local = 0; local < 2; ++local) {
+    WorkerEnv expected = worker_env(plan, local, 1, "rank 0 exited with code 7");
+    expected.test.step_delay = std::chrono::milliseconds(50);  // inherited from the launcher
+    const WorkerEnv parsed = WorkerEnv::from_environment(env_of(specs[local]));
+    EXPECT_TRUE(parsed == expected) << "local rank " << local;
+    EXPECT_EQ(parsed.rank, 2 + local);
+    EXPECT_EQ(parsed.world_size, 4);
+    EXPECT_EQ(parsed.generation, 1);
+    EXPECT_EQ(parsed.restart_reason, "rank 0 exited with code 7");
+    EXPECT_EQ(specs[local].rank, 2 + local);
+  }
+  // `adjust` changes what is exported.
+  const auto adjusted = make_worker_specs(plan, base, 0, "", [](WorkerEnv& w) {
+    w.external_coordinator = true;
+    w.progress_file = "/p/" + std::to_string(*w.local_rank);
+  });
+  const WorkerEnv w = WorkerEnv::from_environment(env_of(adjusted[1]));
+  EXPECT_TRUE(w.external_coordinator);
+  EXPECT_EQ(w.progress_file, "/p/1");
+  EXPECT_EQ(w.restart_reason, "");
+}
+
 TEST(LaunchPlan, WorkerEnvironment) {
   LaunchPlan plan;
   plan.nproc_per_node = 3;

@@ -106,12 +106,11 @@ TEST(GpuTest, SaveResumeSaveOnTheGpu) {
     Checkpointer ck(first, CheckpointerOptions{});
     TrainerOptions o = testing::quiet_options(true);
     ck.install(o);
-    auto save_hook = o.after_step;
-    o.after_step = [&](Trainer& t, const StepResult& r) {
+    o.after_step.insert(o.after_step.begin(), [&](Trainer& t, const StepResult& r) {
       if (r.step == 2) at_step_2 = t.flat().params().to(torch::kCPU);
       fresh_s.push_back(r.step_s);
-      save_hook(t, r);
-    };
+      return StepAction::kContinue;
+    });
     Trainer t(first, build_model(first, 9), std::make_unique<LmSource>(8, 64, rows_of(true)),
               nullptr, nullptr, o);
     t.run();

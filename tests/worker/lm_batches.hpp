@@ -106,11 +106,10 @@ inline torch::Tensor resume_to_end(const Config& cfg, int64_t from,
   Checkpointer ck(cfg, co);
   TrainerOptions o = quiet_options(true);
   ck.install(o);
-  auto save_hook = o.after_step;
-  o.after_step = [&](Trainer& t, const StepResult& r) {
+  o.after_step.insert(o.after_step.begin(), [&](Trainer&, const StepResult& r) {
     if (observe) observe(r);
-    save_hook(t, r);
-  };
+    return StepAction::kContinue;
+  });
   Trainer t(cfg, build_model(cfg, 9), std::move(source), nullptr, nullptr, o);
   restore(t, *reader);
   if (after_restore) after_restore(t);

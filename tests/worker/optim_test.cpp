@@ -1,4 +1,6 @@
 // Optimiser: flat buffers, AdamW vs torch::optim::AdamW, ranges, schedules, clipping, scaler.
+#include <limits>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -144,6 +146,20 @@ TEST(OptimTest, Schedules) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ExitCode::kUsage);
+  }
+}
+
+// The device coefficient (Note [Sync-free step]) is the host one, also for no clipping and a
+// non-finite norm.
+TEST(OptimTest, DeviceClipCoefficientEqualsTheHostOne) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double max_norm : {0.0, 1.0, 2.5}) {
+    for (double norm : {0.0, 0.5, 1.0, 13.0, inf, std::nan("")}) {
+      const auto device = clip_coefficient(torch::scalar_tensor(norm, torch::kFloat32), max_norm);
+      EXPECT_EQ(device.dim(), 0);
+      EXPECT_FLOAT_EQ(device.item<float>(), static_cast<float>(clip_coefficient(norm, max_norm)))
+          << "norm " << norm << " max " << max_norm;
+    }
   }
 }
 

@@ -191,6 +191,59 @@ TEST(TrainerTest, GptWithRotaryAndCheckpointingLearns) {
   EXPECT_LT(last, 0.5 * first);
 }
 
+// Note [Step hooks]: hooks run in list order after every step; the first kStop ends run() at
+// once, skipping the hooks after it, at_end, the export and the summary.
+TEST(TrainerTest, StepHooksRunInOrderAndAStopEndsTheRun) {
+  auto dir = std::filesystem::temp_directory_path() / "dnallm_trainer_hooks_test";
+  std::filesystem::remove_all(dir);
+  auto cfg = tiny_config();
+  cfg.training.micro_batch_size = 2;
+  cfg.training.max_steps = 6;
+  cfg.checkpoint.dir = dir.string();
+  cfg.checkpoint.save_final = true;
+  cfg.logging.metrics_file = (dir / "metrics.jsonl").string();
+  std::vector<std::string> calls;
+  auto options = quiet();
+  options.before_step.push_back(
+      [&](Trainer&, int64_t step) { calls.push_back("before " + std::to_string(step)); });
+  options.after_step.push_back([&](Trainer& t, const StepResult& r) {
+    EXPECT_EQ(t.step(), r.step);
+    calls.push_back("a " + std::to_string(r.step));
+    return StepAction::kContinue;
+  });
+  options.after_step.push_back([&](Trainer&, const StepResult& r) {
+    calls.push_back("b " + std::to_string(r.step));
+    return r.step == 3 ? StepAction::kStop : StepAction::kContinue;
+  });
+  options.after_step.push_back([&](Trainer&, const StepResult& r) {
+    calls.push_back("c " + std::to_string(r.step));
+    return StepAction::kContinue;
+  });
+  options.at_end.push_back([&](Trainer&) { calls.push_back("end"); });
+  Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<SyntheticSource>(2, 16), nullptr,
+                  nullptr, options);
+  EXPECT_EQ(trainer.run(), RunEnd::kStopped);
+  EXPECT_EQ(trainer.step(), 3);
+  const std::vector<std::string> expected = {
+      "before 1", "a 1", "b 1", "c 1", "before 2", "a 2", "b 2", "c 2", "before 3", "a 3", "b 3"};
+  EXPECT_EQ(calls, expected);
+  EXPECT_FALSE(std::filesystem::exists(trainer.export_dir()));
+  std::ifstream f(cfg.logging.metrics_file);
+  std::string line;
+  while (std::getline(f, line)) EXPECT_EQ(line.find("summary"), std::string::npos) << line;
+
+  // Without a stop: every hook every step, at_end once, RunEnd::kCompleted.
+  calls.clear();
+  options.after_step.erase(options.after_step.begin() + 1);
+  cfg.training.max_steps = 2;
+  cfg.checkpoint.save_final = false;
+  Trainer again(cfg, build_model(cfg, 9), std::make_unique<SyntheticSource>(2, 16), nullptr,
+                nullptr, options);
+  EXPECT_EQ(again.run(), RunEnd::kCompleted);
+  const std::vector<std::string> all = {"before 1", "a 1", "c 1", "before 2", "a 2", "c 2", "end"};
+  EXPECT_EQ(calls, all);
+}
+
 TEST(TrainerTest, RunWritesMetricsAndExports) {
   auto dir = std::filesystem::temp_directory_path() / "dnallm_trainer_run_test";
   std::filesystem::remove_all(dir);

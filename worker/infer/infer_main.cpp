@@ -22,6 +22,7 @@
 #include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/worker_env.hpp"
 #include "worker/infer/inference.hpp"
 
 namespace {
@@ -100,13 +101,11 @@ comm::ProcessGroup connect(const cluster::Topology& topo, const cluster::EnvMap&
   po.world_size = topo.world_size;
   po.master_addr = topo.master_addr;
   po.master_port = topo.master_port > 0 ? topo.master_port : 29500;
-  po.rank0_hosts_store = env.count("DNALLM_EXTERNAL_COORDINATOR") == 0;
-  if (auto it = env.find("DNALLM_JOB_TOKEN"); it != env.end()) po.token = it->second;
-  if (auto it = env.find("DNALLM_GENERATION"); it != env.end() && !it->second.empty()) {
-    po.name = "infer-g" + it->second;
-  } else {
-    po.name = "infer";
-  }
+  // Note [Worker environment] (core/worker_env.hpp).
+  const WorkerEnv w = WorkerEnv::from_environment(env);
+  po.rank0_hosts_store = !w.external_coordinator;
+  po.token = w.job_token;
+  po.name = w.generation ? "infer-g" + std::to_string(*w.generation) : "infer";
   return comm::connect_process_group(po);
 }
 

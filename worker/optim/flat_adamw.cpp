@@ -158,6 +158,13 @@ double clip_coefficient(double total_norm, double max_norm) {
   return std::min(1.0, max_norm / (total_norm + 1e-6));
 }
 
+torch::Tensor clip_coefficient(const torch::Tensor& total_norm, double max_norm) {
+  auto one = torch::ones_like(total_norm);
+  if (max_norm <= 0.0) return one;
+  return torch::where(torch::isfinite(total_norm), (max_norm / (total_norm + 1e-6)).clamp_max(1.0),
+                      one);
+}
+
 Schedule schedule_from_config(const TrainingConfig& t, int64_t total_steps) {
   Schedule s;
   if (t.lr_scheduler == "constant") {

@@ -115,6 +115,10 @@ double grad_sq_sum(const torch::Tensor& grads);
 torch::Tensor grad_sq_sum_tensor(const torch::Tensor& grads);
 // min(1, max_norm / (total_norm + 1e-6)); 1 when max_norm <= 0 (clipping off).
 double clip_coefficient(double total_norm, double max_norm);
+// The same on the device for a 0-dim `total_norm` (Note [Sync-free step] in
+// worker/train/trainer.hpp): a 0-dim tensor of total_norm's dtype and device; nothing is read
+// back.
+torch::Tensor clip_coefficient(const torch::Tensor& total_norm, double max_norm);
 
 enum class ScheduleKind { kConstant, kLinear, kCosine };
 struct Schedule {

@@ -1,7 +1,5 @@
 #include "worker/train/checkpointing.hpp"
 
-#include <signal.h>
-
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -108,8 +106,11 @@ void Checkpointer::wait_snapshot() noexcept {
 }
 
 void Checkpointer::install(TrainerOptions& options) {
-  options.after_step = [this](Trainer& trainer, const StepResult&) { after_step(trainer); };
-  options.at_end = [this](Trainer& trainer) { finish(trainer); };
+  options.after_step.push_back([this](Trainer& trainer, const StepResult&) {
+    after_step(trainer);
+    return StepAction::kContinue;
+  });
+  options.at_end.push_back([this](Trainer& trainer) { finish(trainer); });
 }
 
 void Checkpointer::after_step(Trainer& trainer) {
@@ -118,10 +119,6 @@ void Checkpointer::after_step(Trainer& trainer) {
   const int64_t step = trainer.step();
   if (every <= 0 || step % every != 0) return;
   save(trainer);
-  if (options_.kill_after_save_step > 0 && step == options_.kill_after_save_step) {
-    spdlog::warn("test hook: killing this process after handing step {}'s save over", step);
-    raise(SIGKILL);
-  }
 }
 
 void Checkpointer::finish(Trainer& trainer) {

@@ -80,9 +80,6 @@ struct CheckpointerOptions {
   std::chrono::milliseconds commit_timeout{std::chrono::seconds(300)};
   // The step resumed from (never deleted by retention); nullopt on a fresh start.
   std::optional<int64_t> resumed_step;
-  // Test only: SIGKILL this process right after handing step K's save to the writer
-  // (the previous checkpoint is committed by then; K's write is in flight). 0: off.
-  int64_t kill_after_save_step = 0;
 };
 
 // Owned by the training thread; hooked into the trainer with install().
@@ -93,7 +90,8 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // Sets trainer options' after_step / at_end to call after_step() / finish().
+  // Appends after_step() and finish() to the trainer options' after_step / at_end lists
+  // (Note [Step hooks] in worker/train/trainer.hpp).
   void install(TrainerOptions& options);
 
   // Training thread, after every step: saves at multiples of save_steps; reports finished

@@ -1,5 +1,5 @@
 // Note [Stop while blocked]: dnallm-train reads its stop flag (set by the SIGUSR1/SIGTERM
-// handler, Note [Preemption] in worker/train_main.cpp) at step boundaries only. A worker
+// handler, Note [Preemption] in worker/train/preemption.hpp) at step boundaries only. A worker
 // blocked outside a step (training data from a FIFO or a stalled file system, a peer that
 // never arrives) would ignore the signal until the launcher's SIGKILL. StopWatchdog gives
 // the step loop a grace to reach a step boundary after the flag is set: `grace`, or twice the

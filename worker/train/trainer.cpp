@@ -333,28 +333,7 @@ Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<Bat
   scaler_options.init_scale = options_.initial_loss_scale;
   scaler_ = optim::LossScaler(scaler_options);
 
-  model_->to(device_);
-  model_->train();
-  std::vector<std::pair<std::string, torch::Tensor>> named;
-  for (const auto& p : model_->named_parameters()) {
-    if (p.value().requires_grad()) named.emplace_back(p.key(), p.value());
-  }
-  flat_ = std::make_unique<optim::FlatParameters>(sync_->order_parameters(named), device_);
-  sync_->attach(*flat_, named);
-  DNALLM_CHECK(flat_->numel() > 0, ExitCode::kUsage, "the model has no trainable parameters");
-  const auto [begin, end] = sync_->shard_range(flat_->numel());
-  optim::AdamWOptions adam{t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.weight_decay};
-  torch::Tensor mask = flat_->decay_mask().narrow(0, begin, end - begin);
-  if (t.optimizer_offload) {
-    // Note [Optimizer offload]: the optimizer's state follows its decay mask to the host.
-    auto host = torch::TensorOptions().dtype(torch::kFloat32);
-    if (!device_.is_cpu()) host = host.pinned_memory(true);
-    mask = torch::empty({end - begin}, host).copy_(mask);
-    host_params_ = torch::empty({end - begin}, host);
-    host_grads_ = torch::empty({end - begin}, host);
-    reload_host_params();
-  }
-  adamw_ = std::make_unique<optim::FlatAdamW>(adam, begin, end, mask);
+  place_parameters();
   total_steps_ = train::total_steps(config_, train_->samples_per_epoch(), sync_->world_size());
   schedule_ = optim::schedule_from_config(t, total_steps_);
 
@@ -379,6 +358,32 @@ Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<Bat
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::place_parameters() {
+  const auto& t = config_.training;
+  model_->to(device_);
+  model_->train();
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& p : model_->named_parameters()) {
+    if (p.value().requires_grad()) named.emplace_back(p.key(), p.value());
+  }
+  flat_ = std::make_unique<optim::FlatParameters>(sync_->order_parameters(named), device_);
+  sync_->attach(*flat_, named);
+  DNALLM_CHECK(flat_->numel() > 0, ExitCode::kUsage, "the model has no trainable parameters");
+  const auto [begin, end] = sync_->shard_range(flat_->numel());
+  optim::AdamWOptions adam{t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.weight_decay};
+  torch::Tensor mask = flat_->decay_mask().narrow(0, begin, end - begin);
+  if (t.optimizer_offload) {
+    // Note [Optimizer offload]: the optimizer's state follows its decay mask to the host.
+    auto host = torch::TensorOptions().dtype(torch::kFloat32);
+    if (!device_.is_cpu()) host = host.pinned_memory(true);
+    mask = torch::empty({end - begin}, host).copy_(mask);
+    host_params_ = torch::empty({end - begin}, host);
+    host_grads_ = torch::empty({end - begin}, host);
+    reload_host_params();
+  }
+  adamw_ = std::make_unique<optim::FlatAdamW>(adam, begin, end, mask);
+}
 
 void Trainer::reload_host_params() {
   if (!offloaded()) return;
@@ -413,22 +418,44 @@ void Trainer::write_metrics(const nlohmann::ordered_json& event) {
   if (metrics_) metrics_->write(event);
 }
 
+namespace {
+
+// Every device -> host read of a step goes through here (Note [Sync-free step]).
+double read_back(const torch::Tensor& t, StepResult& r) {
+  ++r.host_reads;
+  return t.item<double>();
+}
+
+}  // namespace
+
 StepResult Trainer::train_step(bool read_host_values) {
   const auto t0 = Clock::now();
   const double wait0 = train_->data_wait_s();
-  const int64_t accum = config_.training.grad_accum_steps;
-  const auto task = model_->options().task;
   StepResult r;
   r.step = step_ + 1;
-
-  // Every device -> host read of this step goes through here (Note [Sync-free step]).
-  auto read = [&r](const torch::Tensor& t) {
-    ++r.host_reads;
-    return t.item<double>();
-  };
-
-  // Note [Loss normalisation]: the whole step's batches first, then the global count.
   std::vector<data::Batch> micro;
+  const double global_count = take_micro_batches(micro, r);
+  flat_->zero_grad();
+  const double scale = scaler_.scale();
+  const LossSum loss_sum = forward_backward(micro, global_count, scale, r);
+  r.comm_exposed_s = sync_->wait_gradients();
+  r.lr = optim::lr_at(schedule_, step_);
+  apply_pending_reads();
+  if (sync_free_) {
+    sync_free_update(loss_sum.device, global_count, scale, read_host_values, r);
+  } else {
+    host_update(loss_sum.host, global_count, scale, r);
+  }
+  ++step_;
+  r.data_wait_s = train_->data_wait_s() - wait0;
+  r.step_s = seconds_since(t0);
+  return r;
+}
+
+double Trainer::take_micro_batches(std::vector<data::Batch>& micro, StepResult& r) {
+  // Note [Loss normalisation]: the whole step's batches first, then the global count.
+  const int64_t accum = config_.training.grad_accum_steps;
+  const auto task = model_->options().task;
   micro.reserve(accum);
   int64_t local_count = 0;
   for (int64_t j = 0; j < accum; ++j) {
@@ -442,11 +469,13 @@ StepResult Trainer::train_step(bool read_host_values) {
                "step {} has no label tokens in its global batch: check data.mlm_probability and "
                "the input files",
                r.step);
+  return global_count;
+}
 
-  flat_->zero_grad();
-  const double scale = scaler_.scale();
-  double local_loss_sum = 0.0;
-  torch::Tensor device_loss_sum;  // sync-free: the step's loss sum, on the device
+Trainer::LossSum Trainer::forward_backward(const std::vector<data::Batch>& micro,
+                                           double global_count, double scale, StepResult& r) {
+  const auto accum = static_cast<int64_t>(micro.size());
+  LossSum sum;
   for (int64_t j = 0; j < accum; ++j) {
     auto in = to_inputs(micro[j], model_, device_);
     in.logits_for_labels_only = true;
@@ -461,217 +490,235 @@ StepResult Trainer::train_step(bool read_host_values) {
     }
     if (sync_free_) {
       auto detached = loss.detach().to(torch::kFloat32);
-      device_loss_sum = device_loss_sum.defined() ? device_loss_sum + detached : detached;
+      sum.device = sum.device.defined() ? sum.device + detached : detached;
     } else {
-      const double value = read(loss);
+      const double value = read_back(loss, r);
       if (!std::isfinite(value)) {
         fail(ExitCode::kFailure,
              "loss is {} at step {} (micro-step {}): training diverged; lower training.lr, keep "
              "training.max_grad_norm > 0, or use training.precision = \"fp32\" or \"bf16\"",
              value, r.step, j);
       }
-      local_loss_sum += value;
+      sum.host += value;
     }
     sync_->before_backward(j, j + 1 == accum);
     (loss * (scale / global_count)).backward();
     sync_->after_backward(j, j + 1 == accum);
   }
-  r.comm_exposed_s = sync_->wait_gradients();
-  const auto [begin, end] = std::make_pair(adamw_->begin(), adamw_->end());
-  auto grads = flat_->grads().narrow(0, begin, end - begin);
-  auto params = flat_->params().narrow(0, begin, end - begin);
-  r.lr = optim::lr_at(schedule_, step_);
-  if (!pending_reads_.empty()) {
-    // Note [Snapshot on a side stream]: the optimizer must not overwrite what a checkpoint
-    // copy still reads. The compute stream waits for those copies (no host wait).
-    for (auto& wait : pending_reads_) wait();
-    pending_reads_.clear();
-  }
-
-  if (!sync_free_) {
-    r.loss = sync_->sum_scalar(local_loss_sum) / global_count;
-    const double norm = std::sqrt(sync_->grad_sq_norm(grads)) / scale;
-    const bool found_inf = !std::isfinite(norm);
-    r.grad_norm = norm;
-    if (scaler_.update(found_inf)) {
-      const double coef = optim::clip_coefficient(norm, config_.training.max_grad_norm);
-      if (offloaded()) {
-        offloaded_update(params, grads, r.lr, coef / scale);
-      } else {
-        adamw_->step(params, grads, r.lr, coef / scale);
-      }
-      sync_->after_optimizer_step(*flat_);
-    } else {
-      r.skipped = true;
-      spdlog::warn("step {}: gradient overflow (norm {}), step skipped; loss scale now {}", r.step,
-                   norm, scaler_.scale());
-    }
-  } else {
-    // Note [Sync-free step]: norm, clip coefficient and update stay on the device.
-    torch::NoGradGuard no_grad;
-    const auto norm = sync_->grad_sq_norm_tensor(grads).sqrt() / scale;
-    const double max_norm = config_.training.max_grad_norm;
-    // clip_coefficient() on the device: min(1, max / (norm + 1e-6)), 1 when off or non-finite.
-    auto coef = torch::ones_like(norm);
-    if (max_norm > 0.0) {
-      coef = torch::where(torch::isfinite(norm), (max_norm / (norm + 1e-6)).clamp_max(1.0), coef);
-    }
-    bool apply = true;
-    if (scaler_.enabled()) {
-      // fp16: the scaler's skip decision is read once per step (see the Note).
-      apply = scaler_.update(!std::isfinite(read(norm)));
-    }
-    if (apply && offloaded()) {
-      // The host update needs the coefficient on the host (one read; see the Note).
-      offloaded_update(params, grads, r.lr, read(coef) / scale);
-      sync_->after_optimizer_step(*flat_);
-    } else if (apply) {
-      adamw_->step(params, grads, r.lr, coef / scale);
-      sync_->after_optimizer_step(*flat_);
-    } else {
-      r.skipped = true;
-      spdlog::warn("step {}: gradient overflow, step skipped; loss scale now {}", r.step,
-                   scaler_.scale());
-    }
-    r.host_values = read_host_values;
-    if (read_host_values) {
-      const double loss_sum = read(device_loss_sum);
-      r.loss = sync_->sum_scalar(loss_sum) / global_count;
-      r.grad_norm = read(norm);
-      if (!std::isfinite(r.loss)) {
-        fail(ExitCode::kFailure,
-             "loss is {} at step {} (or a step since the last logged one): training diverged; "
-             "lower training.lr, keep training.max_grad_norm > 0, or use training.precision = "
-             "\"fp32\" or \"bf16\"",
-             r.loss, r.step);
-      }
-    } else {
-      r.loss = std::nan("");
-      r.grad_norm = std::nan("");
-    }
-  }
-  ++step_;
-  r.data_wait_s = train_->data_wait_s() - wait0;
-  r.step_s = seconds_since(t0);
-  return r;
+  return sum;
 }
 
-void Trainer::run() {
-  const auto t_start = Clock::now();
+void Trainer::apply_pending_reads() {
+  // Note [Snapshot on a side stream]: the optimizer must not overwrite what a checkpoint
+  // copy still reads. The compute stream waits for those copies (no host wait).
+  for (auto& wait : pending_reads_) wait();
+  pending_reads_.clear();
+}
+
+void Trainer::optimizer_step(double lr, double grad_scale) {
+  const int64_t begin = adamw_->begin(), n = adamw_->end() - begin;
+  auto params = flat_->params().narrow(0, begin, n);
+  if (offloaded()) {
+    offloaded_update(params, shard_grads(), lr, grad_scale);
+  } else {
+    adamw_->step(params, shard_grads(), lr, grad_scale);
+  }
+  sync_->after_optimizer_step(*flat_);
+}
+
+void Trainer::optimizer_step(double lr, const torch::Tensor& grad_scale) {
+  const int64_t begin = adamw_->begin(), n = adamw_->end() - begin;
+  adamw_->step(flat_->params().narrow(0, begin, n), shard_grads(), lr, grad_scale);
+  sync_->after_optimizer_step(*flat_);
+}
+
+torch::Tensor Trainer::shard_grads() const {
+  return flat_->grads().narrow(0, adamw_->begin(), adamw_->end() - adamw_->begin());
+}
+
+void Trainer::host_update(double local_loss_sum, double global_count, double scale, StepResult& r) {
+  r.loss = sync_->sum_scalar(local_loss_sum) / global_count;
+  const double norm = std::sqrt(sync_->grad_sq_norm(shard_grads())) / scale;
+  const bool found_inf = !std::isfinite(norm);
+  r.grad_norm = norm;
+  if (scaler_.update(found_inf)) {
+    const double coef = optim::clip_coefficient(norm, config_.training.max_grad_norm);
+    optimizer_step(r.lr, coef / scale);
+  } else {
+    r.skipped = true;
+    spdlog::warn("step {}: gradient overflow (norm {}), step skipped; loss scale now {}", r.step,
+                 norm, scaler_.scale());
+  }
+}
+
+void Trainer::sync_free_update(const torch::Tensor& device_loss_sum, double global_count,
+                               double scale, bool read_host_values, StepResult& r) {
+  // Note [Sync-free step]: norm, clip coefficient and update stay on the device.
+  torch::NoGradGuard no_grad;
+  const auto norm = sync_->grad_sq_norm_tensor(shard_grads()).sqrt() / scale;
+  const auto coef = optim::clip_coefficient(norm, config_.training.max_grad_norm);
+  bool apply = true;
+  if (scaler_.enabled()) {
+    // fp16: the scaler's skip decision is read once per step (see the Note).
+    apply = scaler_.update(!std::isfinite(read_back(norm, r)));
+  }
+  if (apply && offloaded()) {
+    // The host update needs the coefficient on the host (one read; see the Note).
+    optimizer_step(r.lr, read_back(coef, r) / scale);
+  } else if (apply) {
+    optimizer_step(r.lr, coef / scale);
+  } else {
+    r.skipped = true;
+    spdlog::warn("step {}: gradient overflow, step skipped; loss scale now {}", r.step,
+                 scaler_.scale());
+  }
+  r.host_values = read_host_values;
+  if (!read_host_values) {
+    r.loss = std::nan("");
+    r.grad_norm = std::nan("");
+    return;
+  }
+  r.loss = sync_->sum_scalar(read_back(device_loss_sum, r)) / global_count;
+  r.grad_norm = read_back(norm, r);
+  if (!std::isfinite(r.loss)) {
+    fail(ExitCode::kFailure,
+         "loss is {} at step {} (or a step since the last logged one): training diverged; "
+         "lower training.lr, keep training.max_grad_norm > 0, or use training.precision = "
+         "\"fp32\" or \"bf16\"",
+         r.loss, r.step);
+  }
+}
+
+// Note [Step hooks] (worker/train/trainer.hpp): in list order; the first kStop ends the run.
+StepAction Trainer::run_after_step_hooks(const StepResult& r) {
+  for (auto& hook : options_.after_step) {
+    if (hook(*this, r) == StepAction::kStop) return StepAction::kStop;
+  }
+  return StepAction::kContinue;
+}
+
+RunEnd Trainer::run() {
+  RunTotals totals;
+  totals.start = Clock::now();
   const auto& t = config_.training;
-  const bool rank0 = sync_->rank() == 0;
-  double train_s = 0.0;
-  double tokens = 0.0;
-  double final_loss = std::nan("");
   spdlog::info("training {} steps (global batch {} sequences)", total_steps_,
                t.micro_batch_size * t.grad_accum_steps * sync_->world_size());
-  double flops = 0.0;  // model FLOPs of the steps so far (Note [Model FLOPs])
-  int64_t flops_seq = -1;
-  double flops_per_token_at_seq = 0.0;
   while (step_ < total_steps_) {
     const int64_t next = step_ + 1;
     const bool log_now =
         t.logging_steps > 0 && (next % t.logging_steps == 0 || next == total_steps_ || next == 1);
-    if (options_.before_step) options_.before_step(*this, next);
+    for (auto& hook : options_.before_step) hook(*this, next);
     // Note [Sync-free step]: the loss and norm are read back on logging steps only.
-    auto r = train_step(log_now);
-    train_s += r.step_s;
-    const double global_tokens = double(r.tokens) * sync_->world_size();
-    tokens += global_tokens;
-    if (r.seq_len != flops_seq) {
-      flops_seq = r.seq_len;
-      flops_per_token_at_seq = flops_per_token(r.seq_len);
-    }
-    flops += global_tokens * flops_per_token_at_seq;
-    if (r.host_values) final_loss = r.loss;
-    if (log_now && rank0) {
-      const double tps = global_tokens / std::max(r.step_s, 1e-9);
-      const double step_mfu = mfu(tps, flops_per_token_at_seq, peak_tflops_, sync_->world_size());
-      nlohmann::ordered_json line;
-      line["step"] = r.step;
-      line["loss"] = r.loss;
-      line["lr"] = r.lr;
-      line["grad_norm"] = std::isfinite(r.grad_norm) ? r.grad_norm : -1.0;
-      line["tokens_per_s"] = tps;
-      if (peak_tflops_ > 0) line["mfu"] = step_mfu;
-      line["step_s"] = r.step_s;
-      line["comm_exposed_s"] = r.comm_exposed_s;
-      line["data_wait_s"] = r.data_wait_s;
-      if (r.skipped) line["skipped"] = true;
-      if (scaler_.scale() != 1.0) line["loss_scale"] = scaler_.scale();
-      write_metrics(line);
-      if (options_.console_progress) {
-        const double eta = train_s / double(r.step) * double(total_steps_ - r.step);
-        const std::string mfu_text =
-            peak_tflops_ > 0
-                ? fmt::format(" MFU {:.1f}%",
-                              100.0 * mfu(flops / train_s, 1.0, peak_tflops_, sync_->world_size()))
-                : std::string();
-        spdlog::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s{} ETA {}",
-                     r.step, total_steps_, r.loss, r.lr, r.grad_norm, tokens / train_s, mfu_text,
-                     format_duration(eta));
-      }
-    }
+    const auto r = train_step(log_now);
+    const double global_tokens = account(r, totals);
+    if (log_now && sync_->rank() == 0) log_step(r, global_tokens, totals);
     if (eval_ && t.eval_steps > 0 && (r.step % t.eval_steps == 0 || r.step == total_steps_)) {
-      auto e =
-          evaluate(model_, *eval_, t.eval_batches, device_, options_.bases_of_label, sync_.get());
-      if (rank0) {
-        nlohmann::ordered_json line;
-        line["event"] = "eval";
-        line["step"] = r.step;
-        line["loss"] = std::isfinite(e.loss) ? e.loss : -1.0;
-        if (model_->options().task == models::Task::kPretrain) {
-          line["bits_per_base"] = std::isfinite(e.bits_per_base) ? e.bits_per_base : -1.0;
-        } else if (model_->options().task == models::Task::kClassification) {
-          line["accuracy"] = std::isfinite(e.accuracy) ? e.accuracy : -1.0;
-          line["rows"] = e.rows;
-        }
-        line["tokens"] = e.tokens;
-        write_metrics(line);
-        const auto task = model_->options().task;
-        if (task == models::Task::kPretrain) {
-          spdlog::info("eval at step {}: loss {:.4f} bits/base {:.4f}", r.step, e.loss,
-                       e.bits_per_base);
-        } else if (task == models::Task::kClassification) {
-          spdlog::info("eval at step {}: loss {:.4f} accuracy {:.4f} ({} rows)", r.step, e.loss,
-                       e.accuracy, e.rows);
-        } else {
-          spdlog::info("eval at step {}: loss {:.4f}", r.step, e.loss);
-        }
-      }
+      evaluate_at(r.step);
     }
-    if (options_.after_step) options_.after_step(*this, r);
+    if (run_after_step_hooks(r) == StepAction::kStop) return RunEnd::kStopped;
   }
-  if (options_.at_end) options_.at_end(*this);
-  if (rank0 && config_.checkpoint.save_final) {
+  for (auto& hook : options_.at_end) hook(*this);
+  if (sync_->rank() == 0 && config_.checkpoint.save_final) {
     const auto dir = export_dir();
     models::export_live_model(model_, dir, config_.model.arch);
     if (options_.write_tokenizer) options_.write_tokenizer(dir);
     spdlog::info("exported the model to {}", dir);
   }
-  if (rank0) {
-    nlohmann::ordered_json line;
-    line["event"] = "summary";
-    line["steps"] = step_;
-    line["tokens"] = static_cast<int64_t>(tokens);
-    line["tokens_per_s"] = train_s > 0 ? tokens / train_s : 0.0;
-    line["wall_s"] = seconds_since(t_start);
-    line["final_loss"] = std::isfinite(final_loss) ? final_loss : -1.0;
-    line["world_size"] = sync_->world_size();
-    line["peak_rss_mb"] = peak_rss_mb();
-    const auto gpu = device_memory_stats(device_);
-    if (gpu.available) {
-      line["peak_gpu_mb"] = gpu.peak_allocated_mb;
-      line["peak_gpu_reserved_mb"] = gpu.peak_reserved_mb;
-    }
-    if (peak_tflops_ > 0 && train_s > 0) {
-      line["mfu"] = mfu(flops / train_s, 1.0, peak_tflops_, sync_->world_size());
-    }
-    line["skipped_steps"] = scaler_.skipped_steps();
-    write_metrics(line);
-    spdlog::info("done: {} steps, {:.0f} tokens/s, final loss {:.4f}, {:.1f} s", step_,
-                 train_s > 0 ? tokens / train_s : 0.0, final_loss, seconds_since(t_start));
+  if (sync_->rank() == 0) write_summary(totals);
+  return RunEnd::kCompleted;
+}
+
+double Trainer::account(const StepResult& r, RunTotals& totals) {
+  totals.train_s += r.step_s;
+  const double global_tokens = double(r.tokens) * sync_->world_size();
+  totals.tokens += global_tokens;
+  if (r.seq_len != totals.flops_seq) {
+    totals.flops_seq = r.seq_len;
+    totals.flops_per_token_at_seq = flops_per_token(r.seq_len);
   }
+  totals.flops += global_tokens * totals.flops_per_token_at_seq;
+  if (r.host_values) totals.final_loss = r.loss;
+  return global_tokens;
+}
+
+void Trainer::log_step(const StepResult& r, double global_tokens, const RunTotals& totals) {
+  const double tps = global_tokens / std::max(r.step_s, 1e-9);
+  const int world = sync_->world_size();
+  nlohmann::ordered_json line;
+  line["step"] = r.step;
+  line["loss"] = r.loss;
+  line["lr"] = r.lr;
+  line["grad_norm"] = std::isfinite(r.grad_norm) ? r.grad_norm : -1.0;
+  line["tokens_per_s"] = tps;
+  if (peak_tflops_ > 0) line["mfu"] = mfu(tps, totals.flops_per_token_at_seq, peak_tflops_, world);
+  line["step_s"] = r.step_s;
+  line["comm_exposed_s"] = r.comm_exposed_s;
+  line["data_wait_s"] = r.data_wait_s;
+  if (r.skipped) line["skipped"] = true;
+  if (scaler_.scale() != 1.0) line["loss_scale"] = scaler_.scale();
+  write_metrics(line);
+  if (!options_.console_progress) return;
+  const double eta = totals.train_s / double(r.step) * double(total_steps_ - r.step);
+  const std::string mfu_text =
+      peak_tflops_ > 0 ? fmt::format(" MFU {:.1f}%", 100.0 * mfu(totals.flops / totals.train_s, 1.0,
+                                                                 peak_tflops_, world))
+                       : std::string();
+  spdlog::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s{} ETA {}", r.step,
+               total_steps_, r.loss, r.lr, r.grad_norm, totals.tokens / totals.train_s, mfu_text,
+               format_duration(eta));
+}
+
+void Trainer::evaluate_at(int64_t step) {
+  const auto& t = config_.training;
+  auto e = evaluate(model_, *eval_, t.eval_batches, device_, options_.bases_of_label, sync_.get());
+  if (sync_->rank() != 0) return;
+  const auto task = model_->options().task;
+  nlohmann::ordered_json line;
+  line["event"] = "eval";
+  line["step"] = step;
+  line["loss"] = std::isfinite(e.loss) ? e.loss : -1.0;
+  if (task == models::Task::kPretrain) {
+    line["bits_per_base"] = std::isfinite(e.bits_per_base) ? e.bits_per_base : -1.0;
+  } else if (task == models::Task::kClassification) {
+    line["accuracy"] = std::isfinite(e.accuracy) ? e.accuracy : -1.0;
+    line["rows"] = e.rows;
+  }
+  line["tokens"] = e.tokens;
+  write_metrics(line);
+  if (task == models::Task::kPretrain) {
+    spdlog::info("eval at step {}: loss {:.4f} bits/base {:.4f}", step, e.loss, e.bits_per_base);
+  } else if (task == models::Task::kClassification) {
+    spdlog::info("eval at step {}: loss {:.4f} accuracy {:.4f} ({} rows)", step, e.loss, e.accuracy,
+                 e.rows);
+  } else {
+    spdlog::info("eval at step {}: loss {:.4f}", step, e.loss);
+  }
+}
+
+void Trainer::write_summary(const RunTotals& totals) {
+  const double train_s = totals.train_s;
+  nlohmann::ordered_json line;
+  line["event"] = "summary";
+  line["steps"] = step_;
+  line["tokens"] = static_cast<int64_t>(totals.tokens);
+  line["tokens_per_s"] = train_s > 0 ? totals.tokens / train_s : 0.0;
+  line["wall_s"] = seconds_since(totals.start);
+  line["final_loss"] = std::isfinite(totals.final_loss) ? totals.final_loss : -1.0;
+  line["world_size"] = sync_->world_size();
+  line["peak_rss_mb"] = peak_rss_mb();
+  const auto gpu = device_memory_stats(device_);
+  if (gpu.available) {
+    line["peak_gpu_mb"] = gpu.peak_allocated_mb;
+    line["peak_gpu_reserved_mb"] = gpu.peak_reserved_mb;
+  }
+  if (peak_tflops_ > 0 && train_s > 0) {
+    line["mfu"] = mfu(totals.flops / train_s, 1.0, peak_tflops_, sync_->world_size());
+  }
+  line["skipped_steps"] = scaler_.skipped_steps();
+  write_metrics(line);
+  spdlog::info("done: {} steps, {:.0f} tokens/s, final loss {:.4f}, {:.1f} s", step_,
+               train_s > 0 ? totals.tokens / train_s : 0.0, totals.final_loss,
+               seconds_since(totals.start));
 }
 
 }  // namespace dnallm::train

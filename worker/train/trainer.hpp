@@ -51,6 +51,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <functional>
@@ -180,6 +181,23 @@ struct EvalResult {
 // gets the count from `TrainerOptions::bases_of_label`, defaulting to 1 base per token.
 class Trainer;
 
+// What a step hook asks of Trainer::run(): go on, or stop after this step (Note [Step hooks]).
+enum class StepAction { kContinue, kStop };
+using StepHook = std::function<StepAction(Trainer&, const StepResult&)>;
+// How Trainer::run() ended: every step done (and the end-of-run work), or a hook stopped it.
+enum class RunEnd { kCompleted, kStopped };
+
+// Note [Step hooks]: TrainerOptions::after_step is a list, run in order on the training thread
+// after every step of run() (after logging and evaluation). Whoever adds a hook appends it
+// (Checkpointer::install does too); the first hook that returns StepAction::kStop ends run()
+// at once: the hooks after it, at_end, the export and the summary are skipped and run()
+// returns RunEnd::kStopped. dnallm-train's list (install_step_hooks in train_main.cpp):
+//   1. the profiler's after_step (the trace holds the steps, not the hooks' work);
+//   2. the stop watchdog's step boundary (Note [Stop while blocked]);
+//   3. the checkpoint (Checkpointer::install), then the test-only kill hook after a save;
+//   4. the progress file (DNALLM_PROGRESS_FILE, elastic agents);
+//   5. the test-only step delay;
+//   6. preemption, which may stop (Note [Preemption] in worker/train/preemption.hpp).
 struct TrainerOptions {
   // Bases spelled by token id `id` (for bits_per_base). Default: 1.
   std::function<int64_t(int64_t id)> bases_of_label;
@@ -194,13 +212,13 @@ struct TrainerOptions {
   // Note [Sync-free step]: unset = on for accelerators, off on CPU (where reading a value
   // costs nothing and the host path keeps the historical bit-exact results).
   std::optional<bool> sync_free;
-  // Called on the training thread after every step of run() (after logging and evaluation),
-  // and once at the end of run() before the export: the checkpoint hooks
-  // (worker/train/checkpointing.hpp). Either may be empty.
-  std::function<void(Trainer&, const StepResult&)> after_step;
-  std::function<void(Trainer&)> at_end;
-  // Called on the training thread before step `step` (1-based) of run(): the profiler.
-  std::function<void(Trainer&, int64_t step)> before_step;
+  // Note [Step hooks]: after every step of run(), in order.
+  std::vector<StepHook> after_step;
+  // Once at the end of run() (not after a stop), in order, before the export: the
+  // checkpointer's finish (worker/train/checkpointing.hpp).
+  std::vector<std::function<void(Trainer&)>> at_end;
+  // Before step `step` (1-based) of run(), in order: the profiler.
+  std::vector<std::function<void(Trainer&, int64_t step)>> before_step;
 };
 
 // training.device ("auto" | "cpu" | "cuda") resolved; CUDA comes with the index of the current
@@ -246,9 +264,10 @@ class Trainer {
   // buffer. Call after anything other than the optimizer wrote the parameters (restore()
   // does). No-op without offload. Training thread; blocks until the copy is done.
   void reload_host_params();
-  // Trains to total_steps(), evaluating every eval_steps, logging every logging_steps,
-  // writes the summary and (rank 0, checkpoint.save_final) exports <dir>/final.
-  void run();
+  // Trains to total_steps(), evaluating every eval_steps, logging every logging_steps, runs
+  // the step hooks, writes the summary and (rank 0, checkpoint.save_final) exports
+  // <dir>/final. RunEnd::kStopped when a step hook stopped it (Note [Step hooks]).
+  RunEnd run();
 
   models::TransformerLM& model() { return model_; }
   optim::FlatParameters& flat() { return *flat_; }
@@ -297,6 +316,40 @@ class Trainer {
   torch::Tensor host_params_, host_grads_;
   void offloaded_update(const torch::Tensor& params, const torch::Tensor& grads, double lr,
                         double grad_scale);
+  // Construction: the model on the device, its trainable parameters in the flat buffers
+  // (GradientSync::order_parameters, attach) and the optimizer over this rank's range.
+  void place_parameters();
+
+  // The parts of train_step(), in order.
+  struct LossSum {
+    double host = 0.0;     // host path: the step's local loss sum
+    torch::Tensor device;  // sync-free: the same, on the device
+  };
+  double take_micro_batches(std::vector<data::Batch>& micro, StepResult& r);  // global count
+  LossSum forward_backward(const std::vector<data::Batch>& micro, double global_count, double scale,
+                           StepResult& r);
+  void apply_pending_reads();
+  void host_update(double local_loss_sum, double global_count, double scale, StepResult& r);
+  void sync_free_update(const torch::Tensor& device_loss_sum, double global_count, double scale,
+                        bool read_host_values, StepResult& r);
+  // AdamW over this rank's range (offloaded or not), then GradientSync::after_optimizer_step.
+  void optimizer_step(double lr, double grad_scale);
+  void optimizer_step(double lr, const torch::Tensor& grad_scale);  // device multiplier
+  torch::Tensor shard_grads() const;  // this rank's range of the flat gradient
+
+  // The parts of run().
+  struct RunTotals {
+    std::chrono::steady_clock::time_point start;
+    double train_s = 0.0, tokens = 0.0, flops = 0.0;  // flops: Note [Model FLOPs]
+    double final_loss = std::nan("");
+    int64_t flops_seq = -1;
+    double flops_per_token_at_seq = 0.0;
+  };
+  double account(const StepResult& r, RunTotals& totals);  // returns the step's global tokens
+  void log_step(const StepResult& r, double global_tokens, const RunTotals& totals);
+  void evaluate_at(int64_t step);
+  StepAction run_after_step_hooks(const StepResult& r);
+  void write_summary(const RunTotals& totals);
   double peak_tflops_ = 0.0;  // one device's peak for MFU; 0: unknown (no MFU)
 };
 

@@ -1,0 +1,72 @@
+#include "worker/parallel/process_group.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "coordinator/store.hpp"
+#include "worker/parallel/ddp.hpp"
+
+namespace dnallm::parallel {
+namespace {
+
+comm::ProcessGroupOptions group_options(const Config& config, const WorkerEnv& env,
+                                        const cluster::Topology& topo,
+                                        const comm::CommOptions& wanted) {
+  comm::ProcessGroupOptions po;
+  po.backend = config.parallel.backend;
+  po.rank = topo.rank;
+  po.world_size = topo.world_size;
+  po.master_addr = topo.master_addr;
+  po.device = wanted.device;
+  po.device_shared = wanted.device_shared;
+  // Under mpirun without MASTER_ADDR, MPI bootstraps itself: no store to host or reach.
+  const bool mpi = comm::resolve_backend(wanted) == "mpi";
+  if (topo.source == cluster::TopologySource::kOpenMpi && mpi && !env.master_addr) {
+    po.master_addr.clear();
+  }
+  po.master_port = topo.master_port > 0 ? topo.master_port : 29500;
+  po.rank0_hosts_store = !env.external_coordinator;
+  po.token = env.job_token;
+  po.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.parallel.timeout_s * 1000));
+  if (env.generation) po.name = "g" + std::to_string(*env.generation);
+  return po;
+}
+
+}  // namespace
+
+bool needs_process_group(const Config& config, const cluster::Topology& topo) {
+  return topo.world_size > 1 || config.parallel.backend == "nccl";
+}
+
+comm::ProcessGroup join_process_group(const Config& config, const WorkerEnv& env,
+                                      const cluster::Topology& topo, const RankDevice& device) {
+  comm::CommOptions wanted;
+  wanted.backend = config.parallel.backend;
+  wanted.device = comm_device(device.device);
+  wanted.device_shared = device.shared;
+  const comm::ProcessGroupOptions po = group_options(config, env, topo, wanted);
+  comm::ProcessGroup group;
+  if (topo.world_size == 1) {  // nccl alone: needs_process_group()
+    wanted.store = std::make_shared<coordinator::InMemoryStore>();
+    wanted.timeout = po.timeout;
+    group.store = wanted.store;
+    group.comm = comm::make_communicator(wanted);
+  } else {
+    group = comm::connect_process_group(po);
+  }
+  // Note [Staged collectives]: gloo/mpi with a CUDA model, or nccl with host scalars.
+  StagingOptions staging;
+  staging.stage_host_buffers = env.test.stage_host_buffers;  // tests: the staging path on CPU
+  group.comm = stage_for_device(std::move(group.comm), device.device, staging);
+  spdlog::info("rank {} of {} ({} backend on {}, topology from {})", topo.rank, topo.world_size,
+               group.comm->backend(), device.device.str(), cluster::to_string(topo.source));
+  return group;
+}
+
+std::shared_ptr<train::GradientSync> make_gradient_sync(const Config& config,
+                                                        comm::ProcessGroup& group) {
+  if (!group.comm) return std::make_shared<train::SingleProcessSync>();
+  return std::make_shared<DdpGradientSync>(*group.comm, ddp_options_from_config(config.parallel),
+                                           config.training.precision);
+}
+
+}  // namespace dnallm::parallel

@@ -1,0 +1,35 @@
+// Joining the job's process group from dnallm-train (and the gradient sync over it): the
+// backend, rank, coordinator and token from the configuration, the worker's place in the job
+// (cluster::Topology) and what dnallm-launch exported (Note [Worker environment] in
+// core/worker_env.hpp).
+#pragma once
+
+#include <memory>
+
+#include "cluster/topology.hpp"
+#include "comm/bootstrap.hpp"
+#include "core/config.hpp"
+#include "core/worker_env.hpp"
+#include "worker/parallel/device_group.hpp"
+#include "worker/train/trainer.hpp"
+
+namespace dnallm::parallel {
+
+// Whether this worker builds a communicator: world size above 1, or an explicit nccl backend
+// at world size 1 (a store in memory, nothing to reach: one GPU runs the code path of many).
+bool needs_process_group(const Config& config, const cluster::Topology& topo);
+
+// Connects this rank (blocking, collective over all ranks; comm::connect_process_group) and
+// wraps the communicator for the rank's device (Note [Staged collectives]). Rank 0 hosts the
+// store unless the coordinator is external (env.external_coordinator); under mpirun without
+// MASTER_ADDR the MPI backend bootstraps itself. An elastic generation names the communicator
+// "g<N>". Call only when needs_process_group(); logs "rank R of W (...)".
+comm::ProcessGroup join_process_group(const Config& config, const WorkerEnv& env,
+                                      const cluster::Topology& topo, const RankDevice& device);
+
+// DDP/ZeRO over `group` (parallel.* options); a SingleProcessSync when `group` has no
+// communicator. `group` must outlive the result.
+std::shared_ptr<train::GradientSync> make_gradient_sync(const Config& config,
+                                                        comm::ProcessGroup& group);
+
+}  // namespace dnallm::parallel
