@@ -29,11 +29,13 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "cluster/topology.hpp"
 #include "comm/bootstrap.hpp"
 #include "comm/communicator.hpp"
 #include "comm/half.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/worker_env.hpp"
 
 namespace {
 
@@ -191,14 +193,10 @@ struct RawMpiRunner final : Runner {
 };
 #endif
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  DNALLM_CHECK(*end == '\0', ExitCode::kUsage, "environment variable {}='{}' is not an integer",
-               name, v);
-  return static_cast<int>(x);
+// The torchrun and DNALLM_* variables, read once (core/worker_env.hpp defines their names).
+const WorkerEnv& worker_env() {
+  static const WorkerEnv env = WorkerEnv::from_environment(cluster::current_env());
+  return env;
 }
 
 std::unique_ptr<Runner> make_runner(const Args& a) {
@@ -213,16 +211,15 @@ std::unique_ptr<Runner> make_runner(const Args& a) {
   if (a.backend == "mpi") {
     o.master_addr = "";  // MPI bootstraps itself; no store
   } else {
-    o.rank = env_int("RANK", 0);
-    o.world_size = env_int("WORLD_SIZE", 1);
-    const char* addr = std::getenv("MASTER_ADDR");
-    o.master_addr = addr && *addr ? addr : "127.0.0.1";
-    o.master_port = env_int("MASTER_PORT", 29500);
-    const char* tok = std::getenv("DNALLM_JOB_TOKEN");
-    o.token = tok ? tok : "";
+    const WorkerEnv& env = worker_env();
+    o.rank = env.rank.value_or(0);
+    o.world_size = env.world_size.value_or(1);
+    o.master_addr = env.master_addr.value_or("127.0.0.1");
+    o.master_port = env.master_port.value_or(29500);
+    o.token = env.job_token;
     // Rank 0 hosts the store unless a coordinator already serves MASTER_PORT.
-    o.rank0_hosts_store = std::getenv("DNALLM_EXTERNAL_COORDINATOR") == nullptr;
-    if (a.backend == "nccl") o.device = Device{DeviceType::kCUDA, env_int("LOCAL_RANK", 0)};
+    o.rank0_hosts_store = !env.external_coordinator;
+    if (a.backend == "nccl") o.device = Device{DeviceType::kCUDA, env.local_rank.value_or(0)};
     r->cuda_device = o.device.index;
   }
   r->group = connect_process_group(o);
@@ -371,7 +368,7 @@ int run(const Args& a) {
   DNALLM_CHECK(
       a.op == "allreduce" || a.op == "reduce_scatter" || a.op == "allgather" || a.op == "broadcast",
       ExitCode::kUsage, "--op {}: use allreduce, reduce_scatter, allgather or broadcast", a.op);
-  const int cuda_device = env_int("LOCAL_RANK", 0);
+  const int cuda_device = worker_env().local_rank.value_or(0);
   auto runner = make_runner(a);
   Sweep s{a, *runner, dtype, redop};
   s.rank = runner->rank();
