@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::infer {
@@ -124,10 +125,11 @@ void EmbeddingFileWriter::write_header() {
     nlohmann::ordered_json h;
     h["__metadata__"] = {{"format", "dnallm-embeddings"},
                          {"ids", ids_path(std::filesystem::path(path_).filename().string())}};
-    h["embeddings"] = {
-        {"dtype", "F32"}, {"shape", {rows_, dim_}}, {"data_offsets", {uint64_t{0}, emb_bytes}}};
+    h["embeddings"] = {{"dtype", safetensors_dtype_name(DType::kFloat32)},
+                       {"shape", {rows_, dim_}},
+                       {"data_offsets", {uint64_t{0}, emb_bytes}}};
     if (per_token_) {
-      h["offsets"] = {{"dtype", "I64"},
+      h["offsets"] = {{"dtype", safetensors_dtype_name(DType::kInt64)},
                       {"shape", {static_cast<int64_t>(st_offsets_.size())}},
                       {"data_offsets", {emb_bytes, emb_bytes + st_offsets_.size() * 8}}};
     }
