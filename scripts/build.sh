@@ -1,73 +1,71 @@
 #!/usr/bin/env bash
-# Configure (once) and build incrementally into build/ (or $DNALLM_BUILD_DIR).
-# Used by quickstart.sh and test.sh; safe to run directly.
+# Configure (once) and build incrementally into build/ (or $DNALLM_BUILD_DIR). Used by
+# quickstart.sh and test.sh; safe to run directly.
 #
-# GPU nodes (docs/gpu.md): scripts/build.sh --cuda [--deps PREFIX] [--libtorch PATH]
-#                          [--target NAME]... [--no-tests]
-#   Builds the CUDA flavour into build-cuda/ (or $DNALLM_BUILD_DIR) against a LibTorch 2.x:
-#   --libtorch PATH (or $LIBTORCH; a libtorch folder or its share/cmake), else the one of
-#   `python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'`. NCCL from the
-#   nvidia-nccl wheel when python3 has it, else the system's (/usr). --deps PREFIX is the
-#   folder made by scripts/stage-gpu-deps.sh (htslib, TOML++, xxHash, GoogleTest, Gloo).
-#   Binaries carry an RPATH to all of these: they run without LD_LIBRARY_PATH.
-#   --target limits the build to the named targets (repeatable); tests build when
-#   GoogleTest is found, unless --no-tests. DNALLM_CMAKE_ARGS adds configure arguments
-#   (e.g. "-DDNALLM_WITH_MPI=OFF" where MPI's libraries are there but not its headers).
+#   scripts/build.sh [--target NAME]... [--no-tests] [--no-bench] [--cuda] [--deps PREFIX]
+#                    [--libtorch PATH]
+#
+# One LibTorch, the one inside PyTorch 2.x (minimum torch 2.4): the project's Python
+# environment's (scripts/install-deps.sh makes it), else python3's (a GPU node's wheel), or
+# --libtorch PATH / $LIBTORCH (a libtorch folder or its share/cmake). A CUDA-enabled LibTorch
+# (pip's wheels are) with the CUDA toolkit (nvcc on PATH or /usr/local/cuda) builds the CUDA
+# flavour: the same binaries run on a CPU-only machine. NCCL comes from the nvidia-nccl wheel
+# beside torch, else the system's.
+#   --cuda         fail unless the build has CUDA (GPU nodes: docs/gpu.md)
+#   --deps PREFIX  the folder made by scripts/stage-gpu-deps.sh (htslib, TOML++, xxHash,
+#                  GoogleTest, Gloo) on a machine without apt
+#   --target NAME  build only the named targets (repeatable)
+#   --no-tests / --no-bench   leave the test suite / benchmarks out
+# Binaries carry an RPATH to LibTorch, NCCL and the staged prefix: they run without
+# LD_LIBRARY_PATH. With ccache installed, compiles go through it (shared by every clone).
+# DNALLM_CMAKE_ARGS adds configure arguments.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-cuda=0
+# shellcheck source=python-env.sh
+. "$root/scripts/python-env.sh"
+need_cuda=0
 deps="${DNALLM_GPU_DEPS:-}"
 libtorch="${LIBTORCH:-}"
 tests=ON
+bench=ON
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --cuda) cuda=1; shift ;;
+    --cuda) need_cuda=1; shift ;;
     --deps) deps="$2"; shift 2 ;;
     --libtorch) libtorch="$2"; shift 2 ;;
     --target) targets+=(--target "$2"); shift 2 ;;
     --no-tests) tests=OFF; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --no-bench) bench=OFF; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-if [ "$cuda" = 1 ]; then
-  build="${DNALLM_BUILD_DIR:-$root/build-cuda}"
-else
-  build="${DNALLM_BUILD_DIR:-$root/build}"
-fi
+build="${DNALLM_BUILD_DIR:-$root/build}"
 jobs="${DNALLM_JOBS:-$(nproc)}"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
+python="$DNALLM_PYTHON"
+[ -x "$python" ] || python="${PYTHON:-python3}"
 
-if [ "$cuda" = 0 ]; then
-  if [ ! -f "$build/CMakeCache.txt" ]; then
-    cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE="${DNALLM_BUILD_TYPE:-Release}"
-  fi
-  cmake --build "$build" --parallel "$jobs" "${targets[@]}"
-  exit 0
-fi
-
-# --- CUDA flavour ---
-python="${PYTHON:-python3}"
 if [ -z "$libtorch" ]; then
   libtorch="$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)" || {
-    echo "build.sh --cuda: no LibTorch: python3 cannot import torch; pass --libtorch PATH or" \
-         "set LIBTORCH to a libtorch folder" >&2
+    echo "build.sh: no LibTorch: $python cannot import torch. Run scripts/install-deps.sh (it" \
+         "installs PyTorch $DNALLM_MIN_TORCH+ from requirements.txt), or pass --libtorch PATH" >&2
     exit 2
   }
 fi
 [ -d "$libtorch/share/cmake/Torch" ] && libtorch="$libtorch/share/cmake"
 [ -d "$libtorch/Torch" ] || {
-  echo "build.sh --cuda: $libtorch holds no Torch/TorchConfig.cmake (pass a libtorch folder or" \
+  echo "build.sh: $libtorch holds no Torch/TorchConfig.cmake (pass a libtorch folder or" \
        "torch.utils.cmake_prefix_path)" >&2
   exit 2
 }
-torch_lib=""
-for d in "$libtorch/../../lib" "$libtorch/.."; do  # a wheel or libtorch; Debian's layout
-  if [ -e "$d/libtorch.so" ] || [ -e "$d/libtorch_cpu.so" ]; then torch_lib="$(cd "$d" && pwd)"; break; fi
-done
-[ -n "$torch_lib" ] || { echo "build.sh --cuda: no libtorch.so next to $libtorch" >&2; exit 2; }
+torch_lib="$(cd "$libtorch/../../lib" 2>/dev/null && pwd)" &&
+  { [ -e "$torch_lib/libtorch.so" ] || [ -e "$torch_lib/libtorch_cpu.so" ]; } || {
+  echo "build.sh: no libtorch.so next to $libtorch" >&2
+  exit 2
+}
 prefix_path="$libtorch"
 rpath="$torch_lib"
 nccl_root=""
@@ -80,7 +78,7 @@ fi
 if [ -n "$deps" ]; then
   deps="$(cd "$deps" && pwd)"
   [ -d "$deps/lib/pkgconfig" ] || {
-    echo "build.sh --cuda: --deps $deps is not a prefix made by scripts/stage-gpu-deps.sh" \
+    echo "build.sh: --deps $deps is not a prefix made by scripts/stage-gpu-deps.sh" \
          "(no lib/pkgconfig)" >&2
     exit 2
   }
@@ -90,26 +88,41 @@ if [ -n "$deps" ]; then
 fi
 if [ "$tests" = ON ] && [ ! -f "${deps:-/nonexistent}/lib/libgtest.a" ] &&
    [ ! -f /usr/lib/x86_64-linux-gnu/libgtest.a ] && [ ! -f /usr/lib/libgtest.a ]; then
-  echo "build.sh --cuda: no GoogleTest (stage it with scripts/stage-gpu-deps.sh): tests off" >&2
+  echo "build.sh: no GoogleTest (scripts/install-deps.sh, or stage it with" \
+       "scripts/stage-gpu-deps.sh): tests off" >&2
   tests=OFF
+fi
+if [ "$bench" = ON ] && [ ! -f /usr/lib/x86_64-linux-gnu/libbenchmark.a ] &&
+   [ ! -f /usr/lib/x86_64-linux-gnu/libbenchmark.so ]; then
+  bench=OFF
+fi
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  # Paths under the clone are hashed relative to it: another clone (CI's) hits the same cache.
+  export CCACHE_BASEDIR="$root"
+  export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime"
+  export CCACHE_NOHASHDIR=1
+fi
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
 fi
 if [ ! -f "$build/CMakeCache.txt" ]; then
   # DT_RPATH (--disable-new-dtags), not DT_RUNPATH: it also serves the libraries' own
   # dependencies (libhts -> libhtscodecs, libgloo -> libhiredis in the staged prefix).
-  cmake -S "$root" -B "$build" "${generator[@]}" \
+  cmake -S "$root" -B "$build" "${generator[@]}" "${launcher[@]}" \
     -DCMAKE_BUILD_TYPE="${DNALLM_BUILD_TYPE:-Release}" \
     -DCMAKE_PREFIX_PATH="$prefix_path" \
+    -DPython3_EXECUTABLE="$python" \
     ${nccl_root:+-DNCCL_ROOT="$nccl_root"} \
     -DCMAKE_BUILD_RPATH="$rpath" \
     -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags" \
     -DCMAKE_SHARED_LINKER_FLAGS="-Wl,--disable-new-dtags" \
-    -DDNALLM_BUILD_TESTS="$tests" -DDNALLM_BUILD_BENCH=OFF ${DNALLM_CMAKE_ARGS:-}
+    -DDNALLM_BUILD_TESTS="$tests" -DDNALLM_BUILD_BENCH="$bench" ${DNALLM_CMAKE_ARGS:-}
 fi
-grep -q '^DNALLM_TORCH_CUDA_FOUND:INTERNAL=ON' "$build/CMakeCache.txt" 2>/dev/null ||
-  echo "build.sh --cuda: warning: CMake found a LibTorch without CUDA (see the configuration" \
-       "summary above)" >&2
+if [ "$need_cuda" = 1 ] && ! grep -q '^DNALLM_TORCH_CUDA_FOUND:INTERNAL=ON' "$build/CMakeCache.txt"; then
+  echo "build.sh --cuda: this build has no CUDA: the LibTorch in $libtorch is CPU-only or" \
+       "the CUDA toolkit was not found (see the configuration summary above)" >&2
+  exit 2
+fi
 cmake --build "$build" --parallel "$jobs" "${targets[@]}"
-echo
-echo "built into $build/bin (RPATH: $rpath)"
-echo "other programs that load these libraries need:"
-echo "  export LD_LIBRARY_PATH=${rpath//;/:}\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"

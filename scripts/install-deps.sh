@@ -1,32 +1,47 @@
 #!/usr/bin/env bash
-# Install the Debian packages dnallm-dist needs, and only those that are missing.
-# Idempotent: a second run installs nothing. Runs as root, or through sudo.
+# Install what dnallm-dist needs, and only what is missing. Idempotent: a second run installs
+# nothing. Runs as root, or through sudo (for the Debian packages).
 #
-#   scripts/install-deps.sh            build + runtime + test dependencies
-#   scripts/install-deps.sh --bench    also the peers used by bench/ (python3-torch)
+#   scripts/install-deps.sh            Debian packages (build, runtime, tests) and the Python
+#                                      environment: torch (its LibTorch is what we build
+#                                      against) and the test peers of requirements.txt
+#   scripts/install-deps.sh --bench    also the benchmark peers (DNALLM, in its own venv)
+#   scripts/install-deps.sh --debian   the Debian packages only
+#
+# The Python environment is one virtual environment, $DNALLM_VENV (default
+# ~/.local/share/dnallm-dist/venv, shared by every clone). If the python3 on PATH already has
+# torch >= 2.4 (a conda env, a venv, a GPU node's wheel), that torch is used and only the
+# peers are installed beside it; DNALLM_OWN_TORCH=0 installs the pinned torch instead.
+# The script says which it took. docs/install.md: sizes, times, and what each piece is for.
 set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=python-env.sh
+. "$root/scripts/python-env.sh"
 
 build_pkgs=(
-  build-essential cmake ninja-build pkg-config git ca-certificates
-  libtorch-dev libopenblas0-openmp
+  build-essential cmake ninja-build pkg-config git ca-certificates ccache
+  libopenblas0-openmp
   libopenmpi-dev openmpi-bin
   libgloo-dev libboost-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev libxxhash-dev libhts-dev libsentencepiece-dev
   libcli11-dev libspdlog-dev nlohmann-json3-dev
+  python3 python3-venv
 )
 # Used by the integration tests: a real one-node Slurm cluster and network namespaces
-# (python3: a test compiles tests/hf/check_export.py, the transformers-side export check;
-# clang-format: scripts/check-format.sh, run by scripts/test.sh).
-test_pkgs=(slurm-wlm munge iproute2 procps python3 clang-format)
-bench_pkgs=(python3-torch python3-numpy)
+# (clang-format: scripts/check-format.sh, run by scripts/test.sh).
+test_pkgs=(slurm-wlm munge iproute2 procps clang-format)
+bench_pkgs=()
 
 want=("${build_pkgs[@]}" "${test_pkgs[@]}")
+bench=0
+python_env=1
 for arg in "$@"; do
   case "$arg" in
-    --bench) want+=("${bench_pkgs[@]}") ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
-    *) echo "install-deps.sh: unknown option '$arg' (use --bench or --help)" >&2; exit 2 ;;
+    --bench) bench=1; want+=("${bench_pkgs[@]}") ;;
+    --debian) python_env=0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "install-deps.sh: unknown option '$arg' (use --bench, --debian or --help)" >&2; exit 2 ;;
   esac
 done
 
@@ -37,21 +52,25 @@ for p in "${want[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#want[@]} packages present"
-  exit 0
-fi
-
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null; then sudo_cmd=(sudo); else
-    echo "install-deps: missing packages (${missing[*]}) and not root; run as root or install sudo" >&2
-    exit 2
+install_debian() {
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null; then sudo_cmd=(sudo); else
+      echo "install-deps: missing packages (${missing[*]}) and not root; run as root or install sudo" >&2
+      exit 2
+    fi
   fi
-fi
 
-echo "install-deps: installing ${#missing[@]} missing package(s): ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "install-deps: done"
+  echo "install-deps: installing ${#missing[@]} missing package(s): ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "install-deps: Debian packages installed"
+}
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#want[@]} Debian packages present"
+else
+  install_debian
+fi
+[ "$python_env" = 1 ] || exit 0
+"$root/scripts/python-deps.sh" $([ "$bench" = 1 ] && echo --bench)

@@ -234,12 +234,7 @@ Tensor attention_with_dropout(const Tensor& q, const Tensor& k, const Tensor& v,
   if (impl == AttnImpl::kSdpa) {
     c10::optional<Tensor> mask;
     if (bias.defined()) mask = bias.to(q.dtype());
-#if TORCH_VERSION_MAJOR >= 2
     return at::scaled_dot_product_attention(q, k, v, mask, dropout_p, causal && !bias.defined());
-#else
-    return std::get<0>(at::_scaled_dot_product_attention(q, k, v, mask, dropout_p, false,
-                                                         causal && !bias.defined()));
-#endif
   }
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
   if (bias.defined()) {

@@ -58,7 +58,6 @@ FlatAdamW::FlatAdamW(AdamWOptions options, int64_t begin, int64_t end,
   exp_avg_ = torch::zeros_like(decay_mask_);
   exp_avg_sq_ = torch::zeros_like(decay_mask_);
   scratch_ = torch::empty_like(decay_mask_);
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
   if (decay_mask_.is_cuda()) {
     // Runs of equal decay: the fused kernel takes one weight decay per call. Read once here
     // (construction, not a training step).
@@ -73,19 +72,16 @@ FlatAdamW::FlatAdamW(AdamWOptions options, int64_t begin, int64_t end,
     }
     step_tensor_ = torch::zeros({}, decay_mask_.options());
   }
-#endif
 }
 
 void FlatAdamW::step(torch::Tensor params, const torch::Tensor& grads, double lr,
                      const torch::Tensor& grad_scale) {
   torch::NoGradGuard no_grad;
   ++step_;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
   if (fused()) {
     fused_step(params, grads, lr, grad_scale);
     return;
   }
-#endif
   const double b1 = options_.beta1, b2 = options_.beta2;
   // s g in the scratch buffer, then the moments as step(double) with s = 1.
   torch::mul_out(scratch_, grads, grad_scale);
@@ -118,7 +114,6 @@ void FlatAdamW::apply_update(torch::Tensor& params, double lr) {
   params.addcdiv_(exp_avg_, scratch_, -lr / bc1);
 }
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
 void FlatAdamW::fused_step(torch::Tensor& params, const torch::Tensor& grads, double lr,
                            const torch::Tensor& grad_scale) {
   step_tensor_.add_(1.0);
@@ -141,7 +136,6 @@ void FlatAdamW::fused_step(torch::Tensor& params, const torch::Tensor& grads, do
   run(decay_runs_, options_.weight_decay);
   run(plain_runs_, 0.0);
 }
-#endif
 
 double grad_sq_sum(const torch::Tensor& grads) {
   torch::NoGradGuard no_grad;

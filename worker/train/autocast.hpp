@@ -19,36 +19,16 @@ class AutocastGuard {
     active_ = true;
     cuda_ = device.is_cuda();
     const auto dtype = bf16 ? at::kBFloat16 : at::kHalf;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
     const auto type = cuda_ ? at::kCUDA : at::kCPU;
     previous_ = at::autocast::is_autocast_enabled(type);
     at::autocast::set_autocast_enabled(type, true);
     at::autocast::set_autocast_dtype(type, dtype);
-#else
-    if (cuda_) {
-      previous_ = at::autocast::is_enabled();
-      at::autocast::set_enabled(true);
-      at::autocast::set_autocast_gpu_dtype(dtype);
-    } else {
-      previous_ = at::autocast::is_cpu_enabled();
-      at::autocast::set_cpu_enabled(true);
-      at::autocast::set_autocast_cpu_dtype(dtype);
-    }
-#endif
     at::autocast::increment_nesting();
   }
   ~AutocastGuard() {
     if (!active_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
     at::autocast::set_autocast_enabled(cuda_ ? at::kCUDA : at::kCPU, previous_);
-#else
-    if (cuda_) {
-      at::autocast::set_enabled(previous_);
-    } else {
-      at::autocast::set_cpu_enabled(previous_);
-    }
-#endif
   }
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
