@@ -34,6 +34,8 @@
 #include <utility>
 #include <vector>
 
+#include <torch/csrc/autograd/variable.h>
+
 #include "comm/communicator.hpp"
 #include "worker/optim/flat_adamw.hpp"
 #include "worker/parallel/plan.hpp"
@@ -119,9 +121,13 @@ class DataParallel {
   FlatRange owned_;
   std::vector<Bucket> buckets_;
   std::vector<int64_t> bucket_of_entry_;
-  std::vector<torch::Tensor> params_;                                 // by flat entry index
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep hooks alive
-  std::shared_ptr<bool> alive_;  // hooks outlive us inside autograd; they check this
+  std::vector<torch::Tensor> params_;  // by flat entry index
+  // What grad_accumulator() returns: std::shared_ptr<Node> in older torch, an
+  // intrusive_ptr<Node> in 2.14.
+  using Accumulator =
+      decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+  std::vector<Accumulator> accumulators_;  // keep hooks alive
+  std::shared_ptr<bool> alive_;            // hooks outlive us inside autograd; they check this
   std::vector<bool> ready_;
   bool armed_ = false;
   size_t next_bucket_ = 0;
