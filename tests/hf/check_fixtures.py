@@ -19,7 +19,8 @@ import json
 import os
 import sys
 
-from hf_common import auto_model_class, import_peers, max_abs_diff, overlapping_kmers
+from hf_common import (adapter_problems, auto_model_class, import_peers, load_model,
+                       max_abs_diff, overlapping_kmers)
 
 FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
             "roberta_prelayernorm_mlm", "bert_cls_lora"]
@@ -77,9 +78,13 @@ def main():
         ids, mask = expected["input_ids"], expected["attention_mask"]
         adapter = os.path.join(folder, "adapter")
         model_dir = os.path.join(folder, "base") if os.path.isdir(adapter) else folder
-        model = auto_model_class(transformers, model_dir).from_pretrained(model_dir).eval()
+        model, problems = load_model(auto_model_class(transformers, model_dir), model_dir)
+        report(f"{family} {type(model).__name__} weights", not problems,
+               problems or "every tensor of the model, nothing else")
         if os.path.isdir(adapter):
             model = peft.PeftModel.from_pretrained(model, adapter).eval()
+            problems = adapter_problems(peft, model, adapter)
+            report(f"{family} adapter tensors", not problems, problems or "exactly what PEFT saves")
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=mask).logits
         diff = max_abs_diff(logits, expected["logits"])

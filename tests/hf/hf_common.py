@@ -60,3 +60,28 @@ def max_abs_diff(a, b, mask=None):
         m = mask.bool()
         a, b = a[m], b[m]
     return (a - b).abs().max().item()
+
+
+def load_model(cls, model_dir):
+    """cls.from_pretrained(model_dir) in eval mode, and what transformers' loading report says
+    is wrong with the file: "" when every tensor the model has was in the file and nothing
+    else was (a missing one would be newly initialised, silently, apart from a log line)."""
+    model, info = cls.from_pretrained(model_dir, output_loading_info=True)
+    problems = [f"{what} {sorted(map(str, info[what]))}"
+                for what in ("missing_keys", "unexpected_keys", "mismatched_keys")
+                if info.get(what)]
+    return model.eval(), "; ".join(problems)
+
+
+def adapter_problems(peft, peft_model, adapter_dir):
+    """"" when adapter_model.safetensors holds exactly the tensors PEFT saves for this adapter
+    (get_peft_model_state_dict): none missing (PEFT would keep its initial value), none extra."""
+    from safetensors.torch import load_file
+    saved = set(load_file(os.path.join(adapter_dir, "adapter_model.safetensors")))
+    wanted = set(peft.get_peft_model_state_dict(peft_model))
+    problems = []
+    if wanted - saved:
+        problems.append(f"missing {sorted(wanted - saved)}")
+    if saved - wanted:
+        problems.append(f"unexpected {sorted(saved - wanted)}")
+    return "; ".join(problems)
