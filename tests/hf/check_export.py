@@ -1,23 +1,27 @@
 #!/usr/bin/env python3
 """Load our Hugging Face exports with transformers' Auto classes (and PEFT) and compare with
-our own logits: the other direction of tests/data/hf-fixtures. Run where transformers, peft,
-safetensors and torch are installed (the GPU node has them):
+our own logits: the other direction of tests/data/hf-fixtures. CTest hf_check_export runs it
+(tests/hf/export_test.sh) on every kind of export the C++ test writes (ours: MLM
+rotary/learned/NT, classification, regression, LoRA classification with its PEFT adapter,
+causal; and every fixture family imported and exported again: bert, esm, gpt_neox, llama,
+roberta-prelayernorm, a PEFT adapter), with the project's Python environment
+(scripts/install-deps.sh):
 
-  # every kind of export the CI test writes (MLM rotary/learned, classification, regression,
-  # LoRA classification with its PEFT adapter, causal):
   DNALLM_HF_EXPORT_KEEP=/tmp/hf-exports build/tests/worker/worker_hf_import_test \
-      --gtest_filter='Kinds/HfExportTest.*'
-  python3 tests/hf/check_export.py --eval build/bin/dnallm-eval /tmp/hf-exports/*
+      --gtest_filter='Kinds/*'
+  $DNALLM_PYTHON tests/hf/check_export.py --eval build/bin/dnallm-eval /tmp/hf-exports/*
   # or a trained model: dnallm-train writes <checkpoint.dir>/final/hf
-  python3 tests/hf/check_export.py --eval build/bin/dnallm-eval runs/x/final/hf
+  $DNALLM_PYTHON tests/hf/check_export.py --eval build/bin/dnallm-eval runs/x/final/hf
 
 For each DIR: `dnallm-eval --model DIR --logits SEQS --out ours.safetensors` gives our ids and
 logits; AutoTokenizer must give the same ids for the same sequences (input as
 tokenizer_config.json's "dnallm_input" says: the bases, or overlapping k-mers separated by
 spaces), and AutoModelFor<the class in config.json> the same logits (max abs difference <=
---tolerance at real tokens). With DIR/adapter and DIR/base: PeftModel.from_pretrained(base,
+--tolerance at real tokens), with every tensor the model has in the file and nothing else
+(transformers' loading report). With DIR/adapter and DIR/base: PeftModel.from_pretrained(base,
 adapter) must give our adapter logits, and merge_and_unload() our merged ones. Prints one line
-per check and exits 1 if any fails.
+per check, then the max |logit difference| of every kind, and exits 1 if any check fails (or
+transformers is not installed).
 """
 import argparse
 import json
@@ -26,9 +30,8 @@ import subprocess
 import sys
 import tempfile
 
-SEQS = ["ACGTACGTTAGCCGATAGGCTTACGATCGATCGGATCCATGCAAGTCNNACGTTGCA",
-        "TTGACAGCTAGCTCAGTCCTAGGTATAATGCTAGCACGTAGCTAGCAGTCAGTACGA",
-        "GGGCGCATTACGAT"]
+from hf_common import (SEQS, adapter_problems, auto_model_class, import_peers, load_model,
+                       max_abs_diff, overlapping_kmers)
 
 
 def tokenizer_inputs(tok_dir, seqs):
@@ -36,20 +39,8 @@ def tokenizer_inputs(tok_dir, seqs):
         how = json.load(f).get("dnallm_input", "the bases as they are")
     if how.startswith("overlapping "):
         k = int(how.split()[1].split("-")[0])
-        return [" ".join(s[i:i + k] for i in range(len(s) - k + 1)) for s in seqs]
+        return [overlapping_kmers(s, k) for s in seqs]
     return list(seqs)
-
-
-def auto_class(transformers, model_dir):
-    with open(os.path.join(model_dir, "config.json")) as f:
-        arch = json.load(f)["architectures"][0]
-    if arch.endswith("ForMaskedLM"):
-        return transformers.AutoModelForMaskedLM, True
-    if arch.endswith("ForCausalLM"):
-        return transformers.AutoModelForCausalLM, True
-    if arch.endswith("ForSequenceClassification"):
-        return transformers.AutoModelForSequenceClassification, False
-    raise SystemExit(f"{model_dir}: unexpected architecture {arch}")
 
 
 def ours(eval_bin, model_dir, seq_file, out_dir, adapter=None, tokenizer=None):
@@ -64,71 +55,88 @@ def ours(eval_bin, model_dir, seq_file, out_dir, adapter=None, tokenizer=None):
     return load_file(out)
 
 
-def max_diff(a, b, mask, token_level):
-    import torch
-    a, b = a.double(), b.double().reshape(a.shape)
-    if token_level:
-        m = mask.bool()
-        return (a[m] - b[m]).abs().max().item()
-    return (a - b).abs().max().item()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dirs", nargs="+", help="our Hugging Face export directories")
     ap.add_argument("--eval", default="build/bin/dnallm-eval", help="dnallm-eval binary")
     ap.add_argument("--tolerance", type=float, default=1e-4)
     args = ap.parse_args()
+    torch, transformers = import_peers()
+    import peft
 
-    import torch
-    import transformers
+    print(f"transformers {transformers.__version__}, peft {peft.__version__}, "
+          f"torch {torch.__version__}")
     failures = 0
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}")
+    summary = []  # (kind, what, max |logit diff|)
+
+    def report(kind, what, ok, detail):
+        nonlocal failures
+        failures += 0 if ok else 1
+        print(f"{'ok  ' if ok else 'FAIL'} {kind} {what}: {detail}", flush=True)
+
+    def compare(kind, what, theirs, mine, mask, token_level):
+        # Padding positions are not part of our function: token-level logits count at real
+        # tokens only (a classifier's logits are one row per sequence).
+        diff = max_abs_diff(theirs, mine, mask if token_level else None)
+        summary.append((kind, what, diff))
+        report(kind, what, diff <= args.tolerance, f"max |logit diff| {diff:.3g}")
+
     with tempfile.TemporaryDirectory() as tmp:
         seq_file = os.path.join(tmp, "seqs.txt")
         with open(seq_file, "w") as f:
             f.write("\n".join(SEQS) + "\n")
-
-        def report(name, ok, detail):
-            nonlocal failures
-            failures += 0 if ok else 1
-            print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
-
         for d in args.dirs:
             d = os.path.abspath(d)
-            mine = ours(args.eval, d, seq_file, tmp)
+            kind = os.path.basename(d.rstrip("/"))
+            try:
+                mine = ours(args.eval, d, seq_file, tmp)
+            except subprocess.CalledProcessError as e:
+                report(kind, "dnallm-eval --logits", False, str(e))
+                continue
+            ids, mask = mine["input_ids"], mine["attention_mask"]
             tok = transformers.AutoTokenizer.from_pretrained(d)
             enc = tok(tokenizer_inputs(d, SEQS), padding=True, return_tensors="pt")
-            same_ids = torch.equal(enc["input_ids"], mine["input_ids"]) and torch.equal(
-                enc["attention_mask"], mine["attention_mask"])
-            report(f"{d} AutoTokenizer ids", same_ids,
-                   "identical" if same_ids else f"\n{enc['input_ids']}\nvs ours\n{mine['input_ids']}")
-            cls, token_level = auto_class(transformers, d)
-            model = cls.from_pretrained(d).eval()
+            same_ids = torch.equal(enc["input_ids"], ids) and torch.equal(
+                enc["attention_mask"], mask)
+            report(kind, f"AutoTokenizer ({type(tok).__name__}) ids", same_ids,
+                   "identical" if same_ids else f"\n{enc['input_ids']}\nvs ours\n{ids}")
+            cls = auto_model_class(transformers, d)
+            token_level = cls is not transformers.AutoModelForSequenceClassification
+            model, problems = load_model(cls, d)
+            report(kind, f"{type(model).__name__} weights", not problems,
+                   problems or "every tensor of the model, nothing else")
             with torch.no_grad():
-                logits = model(input_ids=mine["input_ids"], attention_mask=mine["attention_mask"]).logits
-            diff = max_diff(logits, mine["logits"], mine["attention_mask"], token_level)
-            report(f"{d} {type(model).__name__} logits", diff <= args.tolerance,
-                   f"max abs diff {diff:.3g}")
+                logits = model(input_ids=ids, attention_mask=mask).logits
+            compare(kind, f"{type(model).__name__} logits", logits, mine["logits"], mask,
+                    token_level)
             adapter, base = os.path.join(d, "adapter"), os.path.join(d, "base")
-            if os.path.isdir(adapter):
-                import peft
+            if not os.path.isdir(adapter):
+                continue
+            try:
                 mine_a = ours(args.eval, base, seq_file, tmp, adapter=adapter, tokenizer=base)
-                base_model = cls.from_pretrained(base).eval()
-                pm = peft.PeftModel.from_pretrained(base_model, adapter).eval()
-                with torch.no_grad():
-                    la = pm(input_ids=mine_a["input_ids"], attention_mask=mine_a["attention_mask"]).logits
-                    merged = pm.merge_and_unload()
-                    lm = merged(input_ids=mine_a["input_ids"], attention_mask=mine_a["attention_mask"]).logits
-                diff_a = max_diff(la, mine_a["logits"], mine_a["attention_mask"], token_level)
-                diff_m = max_diff(lm, mine_a["merged_logits"], mine_a["attention_mask"], token_level)
-                report(f"{d} PeftModel (peft {peft.__version__}) logits", diff_a <= args.tolerance,
-                       f"max abs diff {diff_a:.3g}")
-                report(f"{d} merge_and_unload logits", diff_m <= args.tolerance,
-                       f"max abs diff {diff_m:.3g}")
-                diff_full = max_diff(lm, mine["logits"], mine["attention_mask"], token_level)
-                report(f"{d} merged adapter vs our merged export", diff_full <= args.tolerance,
-                       f"max abs diff {diff_full:.3g}")
+            except subprocess.CalledProcessError as e:
+                report(kind, "dnallm-eval --adapter --logits", False, str(e))
+                continue
+            ids_a, mask_a = mine_a["input_ids"], mine_a["attention_mask"]
+            base_model, problems = load_model(cls, base)
+            report(kind, "base/ weights", not problems,
+                   problems or "every tensor of the model, nothing else")
+            pm = peft.PeftModel.from_pretrained(base_model, adapter).eval()
+            problems = adapter_problems(peft, pm, adapter)
+            report(kind, "adapter/ tensors", not problems, problems or "exactly what PEFT saves")
+            with torch.no_grad():
+                unmerged = pm(input_ids=ids_a, attention_mask=mask_a).logits
+                merged = pm.merge_and_unload()(input_ids=ids_a, attention_mask=mask_a).logits
+            compare(kind, "PeftModel (unmerged) logits", unmerged, mine_a["logits"], mask_a,
+                    token_level)
+            compare(kind, "merge_and_unload logits", merged, mine_a["merged_logits"], mask_a,
+                    token_level)
+            compare(kind, "merge_and_unload vs our merged export", merged, mine["logits"], mask,
+                    token_level)
+    print("\nmax |logit diff| per kind (transformers/PEFT vs dnallm-eval):")
+    width = [max((len(row[i]) for row in summary), default=0) for i in (0, 1)]
+    for kind, what, diff in summary:
+        print(f"  {kind:<{width[0]}}  {what:<{width[1]}}  {diff:.3g}")
     print("all checks passed" if failures == 0 else f"{failures} check(s) failed")
     return 1 if failures else 0
 

@@ -1,7 +1,7 @@
 // Hugging Face import against golden fixtures that transformers itself wrote
-// (tests/data/hf-fixtures, made by make_fixtures.py there): the family's own tokenizer ids
-// exactly, and transformers' fp32 logits within 1e-4. Then every unsupported model or option
-// is refused with exit code 2 naming the key, and dnallm-eval --logits end to end.
+// (tests/data/hf-fixtures; tests/hf/make_fixtures.py makes a fresh set): the family's own tokenizer
+// ids exactly, and transformers' fp32 logits within 1e-4. Then every unsupported model or option is
+// refused with exit code 2 naming the key, and dnallm-eval --logits end to end.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -25,7 +25,13 @@ namespace dnallm::models {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kFixtures = DNALLM_HF_FIXTURES;
+// The committed fixtures, or DNALLM_HF_FIXTURES_DIR (a set tests/hf/make_fixtures.py made now:
+// CTest hf_fixtures_regenerated).
+std::string fixtures_dir() {
+  const char* dir = std::getenv("DNALLM_HF_FIXTURES_DIR");
+  return dir != nullptr && *dir != '\0' ? std::string(dir) : std::string(DNALLM_HF_FIXTURES);
+}
+const std::string kFixtures = fixtures_dir();
 constexpr double kTolerance = 1e-4;
 
 std::vector<std::string> fixture_sequences(const std::string& family) {
@@ -321,6 +327,33 @@ TEST_F(HfRefusalTest, ScaledRotary) {
 // the path the fixtures validate must compute our logits (at real tokens; padding positions
 // are not part of the function) and the tokenizer must give our pipeline's ids.
 
+// Where an export goes: DNALLM_HF_EXPORT_KEEP=DIR keeps it as DIR/<name> for
+// tests/hf/check_export.py (CTest hf_check_export loads every kept export with transformers);
+// otherwise a temporary directory, removed with this object.
+class ExportDir {
+ public:
+  explicit ExportDir(const std::string& name) {
+    const char* keep = std::getenv("DNALLM_HF_EXPORT_KEEP");
+    keep_ = keep != nullptr && *keep != '\0';
+    path_ = keep_ ? fs::path(keep) / name
+                  : fs::temp_directory_path() /
+                        ("dnallm_hf_export_" + std::to_string(::getpid()) + "_" + name);
+    fs::remove_all(path_);
+  }
+  ~ExportDir() {
+    std::error_code ec;
+    if (!keep_) fs::remove_all(path_, ec);
+  }
+  ExportDir(const ExportDir&) = delete;
+  ExportDir& operator=(const ExportDir&) = delete;
+  const fs::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+  bool keep_ = false;
+};
+
 struct ExportCase {
   const char* name;
   Arch arch;
@@ -367,13 +400,8 @@ TEST_P(HfExportTest, ReimportComputesOurLogits) {
     }
   }
   model->eval();
-  // DNALLM_HF_EXPORT_KEEP=DIR keeps the exports (DIR/<case>) for tests/hf/check_export.py.
-  const char* keep = std::getenv("DNALLM_HF_EXPORT_KEEP");
-  const auto dir = keep != nullptr
-                       ? fs::path(keep) / c.name
-                       : fs::temp_directory_path() /
-                             ("dnallm_hf_export_" + std::to_string(::getpid()) + "_" + c.name);
-  fs::remove_all(dir);
+  const ExportDir out(c.name);
+  const auto& dir = out.path();
   ASSERT_TRUE(export_hf_directory(model, *tok, dir.string()));
 
   // Our pipeline's ids: [CLS] tokens [SEP] (encoders) or [CLS] tokens (causal).
@@ -416,7 +444,6 @@ TEST_P(HfExportTest, ReimportComputesOurLogits) {
         build_hf_model_with_adapter(base, read_peft_adapter((dir / "adapter").string(), base));
     compare(adapted, "PEFT adapter on its base");
   }
-  if (keep == nullptr) fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -431,33 +458,63 @@ INSTANTIATE_TEST_SUITE_P(
         ExportCase{"gpt_rotary", Arch::kGpt, Task::kPretrain, true, "char", 0, "gpt_neox"}),
     [](const auto& info) { return std::string(info.param.name); });
 
-TEST(HfExportTest, ImportedBertExportsAsBert) {
-  // A post-LN BERT (imported) goes back out as bert and computes the fixture's logits.
-  const std::string src = kFixtures + "/bert_mlm";
-  auto model = build_hf_model(read_hf_checkpoint(src));
-  const auto dir = fs::temp_directory_path() / ("dnallm_hf_reexport_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  auto tok = data::make_kmer_tokenizer(3, 1);
-  ASSERT_TRUE(export_hf_directory(model, *tok, dir.string()));
-  auto got = run_family(dir.string(), dir.string(), "bert_mlm");
+// Every fixture family imported and exported again: the model type it came as, computing the
+// fixture's logits (ids exactly). DNABERT-style vocabularies are our 3-mer tokenizer's, which
+// goes out as tokenizer.json; the others keep the family's own tokenizer files.
+struct ReexportCase {
+  const char* family;
+  const char* model_type;
+  bool our_kmer_tokenizer;  // else the fixture's tokenizer files are copied next to the model
+};
+
+void PrintTo(const ReexportCase& c, std::ostream* os) { *os << c.family; }
+
+class HfReexportTest : public ::testing::TestWithParam<ReexportCase> {};
+
+TEST_P(HfReexportTest, ImportedFamilyExportsAsItself) {
+  const auto& c = GetParam();
+  const std::string family = c.family;
+  const std::string src = kFixtures + "/" + family;
+  const bool lora = fs::exists(src + "/adapter");
+  const auto checkpoint = read_hf_checkpoint(lora ? src + "/base" : src);
+  auto model = lora ? build_hf_model_with_adapter(checkpoint,
+                                                  read_peft_adapter(src + "/adapter", checkpoint))
+                    : build_hf_model(checkpoint);
+  model->eval();
+  const ExportDir out(family + "_reexport");
+  const std::string dir = out.str();
+  if (c.our_kmer_tokenizer) {
+    ASSERT_TRUE(export_hf_directory(model, *data::make_kmer_tokenizer(3, 1), dir));
+  } else {
+    ASSERT_FALSE(lora);  // export_hf_directory would write the base's tokenizer too
+    EXPECT_EQ(export_hf_model(model, dir), c.model_type);
+    for (const char* f : {"vocab.txt", "tokenizer.json", "tokenizer_config.json"}) {
+      if (fs::exists(src + "/" + f)) fs::copy_file(src + "/" + f, dir + "/" + f);
+    }
+  }
+  EXPECT_EQ(read_hf_checkpoint(dir).model_type, c.model_type);
   auto expected = load_safetensors(src + "/expected.safetensors");
-  EXPECT_EQ(read_hf_checkpoint(dir.string()).model_type, "bert");
+  auto got = run_family(dir, dir, family);  // LoRA merged into the exported model
   EXPECT_TRUE(torch::equal(got.ids, expected.at("input_ids")));
-  EXPECT_LE(max_abs_diff(got.logits, expected.at("logits")), kTolerance);
-  fs::remove_all(dir);
+  EXPECT_LE(max_abs_diff(got.logits, expected.at(lora ? "merged_logits" : "logits")), kTolerance);
+  if (lora) {
+    EXPECT_EQ(read_hf_checkpoint(dir + "/base").model_type, c.model_type);
+    auto adapted = run_family(dir + "/base", dir, family, dir + "/adapter");
+    EXPECT_LE(max_abs_diff(adapted.logits, expected.at("logits")), kTolerance);
+    EXPECT_LE(max_abs_diff(adapted.merged, expected.at("merged_logits")), kTolerance);
+  }
 }
 
-TEST(HfExportTest, ImportedLlamaExportsAsLlama) {
-  const std::string src = kFixtures + "/llama_causal";
-  auto model = build_hf_model(read_hf_checkpoint(src));
-  const auto dir = fs::temp_directory_path() / ("dnallm_hf_llama_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  EXPECT_EQ(export_hf_model(model, dir.string()), "llama");
-  auto got = run_family(dir.string(), src, "llama_causal");  // the fixture's tokenizer files
-  auto expected = load_safetensors(src + "/expected.safetensors");
-  EXPECT_LE(max_abs_diff(got.logits, expected.at("logits")), kTolerance);
-  fs::remove_all(dir);
-}
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, HfReexportTest,
+    ::testing::Values(ReexportCase{"bert_mlm", "bert", true},
+                      ReexportCase{"bert_cls", "bert", true}, ReexportCase{"esm_mlm", "esm", false},
+                      ReexportCase{"esm_cls", "esm", false},
+                      ReexportCase{"gptneox_causal", "gpt_neox", false},
+                      ReexportCase{"llama_causal", "llama", false},
+                      ReexportCase{"roberta_prelayernorm_mlm", "roberta-prelayernorm", true},
+                      ReexportCase{"bert_cls_lora", "bert", true}),
+    [](const auto& info) { return std::string(info.param.family); });
 
 TEST(HfExportTest, NoTransformersEquivalentIsSkippedNotWrong) {
   ModelOptions o;

@@ -181,6 +181,20 @@ int64_t add_encoder_config(Family f, const ModelOptions& o, ordered_json& c, Nam
     // EsmModel always has a contact head (attention maps -> contacts): zeros, unused by LM/cls.
     out.emplace_back("esm.contact_head.regression.weight", torch::zeros({1, o.layers * o.heads}));
     out.emplace_back("esm.contact_head.regression.bias", torch::zeros({1}));
+    if (o.rotary) {
+      // The rotary table is a persistent buffer of EsmModel: transformers saves it (per layer,
+      // where 4.x keeps it; 5.x moves it to esm.rotary_embeddings on load) and reports it as
+      // newly initialised when a file lacks it. Computed as transformers does, in fp32.
+      const int64_t head_dim = o.hidden / o.heads;
+      const auto inv_freq =
+          1.0 /
+          torch::pow(10000.0, torch::arange(0, head_dim, 2, torch::kFloat32) / double(head_dim));
+      for (int64_t i = 0; i < o.layers; ++i) {
+        out.emplace_back(
+            "esm.encoder.layer." + std::to_string(i) + ".attention.self.rotary_embeddings.inv_freq",
+            inv_freq.clone());
+      }
+    }
     return position_offset;
   }
   c["position_embedding_type"] = "absolute";

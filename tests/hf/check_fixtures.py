@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Run the golden Hugging Face fixtures (tests/data/hf-fixtures) through the transformers,
+tokenizers and PEFT installed now: they must still compute what the fixtures say.
+
+For each fixture folder: AutoTokenizer.from_pretrained(folder) on fixture.json's tokenizer
+inputs (the sequences, or their overlapping k-mers separated by spaces for a BertTokenizer)
+must give expected.safetensors' input_ids and attention_mask exactly, and
+AutoModelFor<config.json's head>.from_pretrained(folder) its logits within --tolerance (every
+position, padding included: both sides are transformers on the same batch). For a folder with
+base/ and adapter/ (bert_cls_lora): PeftModel.from_pretrained(base, adapter) must give
+`logits` and merge_and_unload() `merged_logits`. Prints one line per check with the max
+|logit difference| and exits 1 if any fails (and when transformers is missing: run
+scripts/install-deps.sh).
+
+  python tests/hf/check_fixtures.py tests/data/hf-fixtures
+"""
+import argparse
+import json
+import os
+import sys
+
+from hf_common import (adapter_problems, auto_model_class, import_peers, load_model,
+                       max_abs_diff, overlapping_kmers)
+
+FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
+            "roberta_prelayernorm_mlm", "bert_cls_lora"]
+
+
+def expected_inputs(folder, fixture, tokenizer_class):
+    """The strings the family's tokenizer is given: DNABERT's overlapping k-mers for a
+    BertTokenizer (k from vocab.txt), the bases as they are otherwise."""
+    seqs = fixture["sequences"]
+    if tokenizer_class.startswith("Bert"):
+        with open(os.path.join(folder, "vocab.txt")) as f:
+            k = max(len(t) for t in f.read().split() if set(t) <= set("ACGTN"))
+        return [overlapping_kmers(s, k) for s in seqs]
+    return list(seqs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("fixtures", help="the fixtures folder (tests/data/hf-fixtures)")
+    ap.add_argument("--tolerance", type=float, default=1e-4)
+    args = ap.parse_args()
+    torch, transformers = import_peers()
+    import peft
+    from safetensors.torch import load_file
+
+    print(f"transformers {transformers.__version__}, peft {peft.__version__}, "
+          f"torch {torch.__version__}")
+    failures = 0
+
+    def report(name, ok, detail):
+        nonlocal failures
+        failures += 0 if ok else 1
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
+
+    for family in FAMILIES:
+        folder = os.path.join(args.fixtures, family)
+        if not os.path.isdir(folder):
+            report(family, False, f"no folder {folder}")
+            continue
+        with open(os.path.join(folder, "fixture.json")) as f:
+            fixture = json.load(f)
+        expected = load_file(os.path.join(folder, "expected.safetensors"))
+        tok = transformers.AutoTokenizer.from_pretrained(folder)
+        inputs = expected_inputs(folder, fixture, type(tok).__name__)
+        if "tokenizer_inputs" in fixture and fixture["tokenizer_inputs"] != inputs:
+            report(f"{family} tokenizer inputs", False,
+                   f"fixture.json says {fixture['tokenizer_inputs']}, the family's convention "
+                   f"gives {inputs}")
+        enc = tok(inputs, padding=True, return_tensors="pt")
+        same = (torch.equal(enc["input_ids"], expected["input_ids"]) and
+                torch.equal(enc["attention_mask"], expected["attention_mask"]))
+        report(f"{family} {type(tok).__name__} ids", same,
+               "identical" if same else
+               f"\n{enc['input_ids']}\nexpected\n{expected['input_ids']}")
+        ids, mask = expected["input_ids"], expected["attention_mask"]
+        adapter = os.path.join(folder, "adapter")
+        model_dir = os.path.join(folder, "base") if os.path.isdir(adapter) else folder
+        model, problems = load_model(auto_model_class(transformers, model_dir), model_dir)
+        report(f"{family} {type(model).__name__} weights", not problems,
+               problems or "every tensor of the model, nothing else")
+        if os.path.isdir(adapter):
+            model = peft.PeftModel.from_pretrained(model, adapter).eval()
+            problems = adapter_problems(peft, model, adapter)
+            report(f"{family} adapter tensors", not problems, problems or "exactly what PEFT saves")
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits
+        diff = max_abs_diff(logits, expected["logits"])
+        report(f"{family} {type(model).__name__} logits", diff <= args.tolerance,
+               f"max |logit diff| {diff:.3g}")
+        if os.path.isdir(adapter):
+            with torch.no_grad():
+                merged = model.merge_and_unload()(input_ids=ids, attention_mask=mask).logits
+            diff = max_abs_diff(merged, expected["merged_logits"])
+            report(f"{family} merge_and_unload logits", diff <= args.tolerance,
+                   f"max |logit diff| {diff:.3g}")
+    print("all checks passed" if failures == 0 else f"{failures} check(s) failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Regenerate the golden Hugging Face fixtures (tests/data/hf-fixtures) from transformers
+itself: for each family a tiny randomly initialised model in the layout DNA-LM users
+download (config.json + model.safetensors, the tokenizer files as the family ships them),
+fixture.json (the sequences, the strings given to the tokenizer, the ids it produced) and
+expected.safetensors (input_ids, attention_mask int64 [3, T]; logits float32, which
+transformers computes in fp32 on CPU with dropout off; bert_cls_lora also merged_logits, after
+merge_and_unload). The families and what they stand for: tests/data/hf-fixtures/README.md.
+
+  python tests/hf/make_fixtures.py --out /tmp/fixtures [--family bert_mlm ...] [--seed 0]
+
+The weights are random (seeded per family, so one family regenerates the same without the
+others) and, unlike a fresh transformers model, every parameter is perturbed: biases and
+LayerNorm gains are then not 0 and 1, so an import that maps one of them wrongly shows. A
+regenerated set therefore differs from the committed one; both must pass our C++ import test
+(DNALLM_HF_FIXTURES_DIR=OUT build/tests/worker/worker_hf_import_test). Needs torch,
+transformers, tokenizers, peft and safetensors (scripts/install-deps.sh).
+"""
+import argparse
+import itertools
+import json
+import os
+import sys
+
+from hf_common import SEQS, auto_model_class, import_peers, max_abs_diff, overlapping_kmers
+
+DNABERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+NT_SPECIALS = ["<unk>", "<pad>", "<mask>", "<cls>", "<eos>", "<bos>"]
+CHAR_VOCAB = ["<pad>", "<unk>", "<bos>", "<eos>", "A", "C", "G", "T", "N"]
+# Small enough to run in a second on a CPU, big enough for two heads and two layers.
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=64)
+
+
+def all_kmers(k):
+    return ["".join(p) for p in itertools.product("ACGT", repeat=k)]
+
+
+class Fixture:
+    """What one family's builder returns: the model, its tokenizer, the tokenizer's inputs
+    and a note for fixture.json."""
+
+    def __init__(self, model, tokenizer, inputs, note):
+        self.model, self.tokenizer, self.inputs, self.note = model, tokenizer, inputs, note
+
+
+class Maker:
+    def __init__(self, out, seed):
+        self.out, self.seed = out, seed
+        self.torch, self.transformers = import_peers("tokenizers")
+        import peft
+        self.peft = peft
+        self.transformers.logging.set_verbosity_error()
+
+    # -- tokenizers, as each family ships them ---------------------------------------------
+
+    def dnabert_tokenizer(self, folder, k):
+        """BertTokenizer over [PAD] [UNK] [CLS] [SEP] [MASK] + every k-mer, with vocab.txt
+        (what DNABERT ships; save_pretrained writes only tokenizer.json)."""
+        vocab = DNABERT_SPECIALS + all_kmers(k)
+        with open(os.path.join(folder, "vocab.txt"), "w") as f:
+            f.write("\n".join(vocab) + "\n")
+        tok = self.transformers.BertTokenizer(vocab={t: i for i, t in enumerate(vocab)},
+                                              do_lower_case=False)
+        assert len(tok) == len(vocab), (len(tok), len(vocab))
+        return tok
+
+    def nt_tokenizer(self, folder, k):
+        """EsmTokenizer over the specials + every k-mer + single bases (Nucleotide
+        Transformer: non-overlapping k-mers, single bases for N and leftovers)."""
+        vocab = NT_SPECIALS + all_kmers(k) + ["A", "T", "C", "G", "N"]
+        path = os.path.join(folder, "vocab.txt")
+        with open(path, "w") as f:
+            f.write("\n".join(vocab) + "\n")
+        tok = self.transformers.EsmTokenizer(vocab_file=path)
+        assert len(tok) == len(vocab), (len(tok), len(vocab))
+        return tok
+
+    def char_tokenizer(self):
+        """A tokenizers WordLevel tokenizer, one token a base, no special tokens added."""
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        tk = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(CHAR_VOCAB)},
+                                        unk_token="<unk>"))
+        tk.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+        return self.transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>", bos_token="<bos>",
+            eos_token="<eos>")
+
+    # -- the families ------------------------------------------------------------------------
+
+    def dnabert(self, folder, head, **config):
+        tok = self.dnabert_tokenizer(folder, 3)
+        cfg = self.transformers.BertConfig(vocab_size=len(tok), hidden_dropout_prob=0.0,
+                                           attention_probs_dropout_prob=0.0, **TINY, **config)
+        return Fixture(head(cfg), tok, [overlapping_kmers(s, 3) for s in SEQS],
+                       "DNABERT-1 style: post-LN BERT, overlapping 3-mers written "
+                       "space-separated, vocab.txt")
+
+    def nucleotide_transformer(self, folder, head, **config):
+        tok = self.nt_tokenizer(folder, 6)
+        cfg = self.transformers.EsmConfig(
+            vocab_size=len(tok), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=32, max_position_embeddings=64, position_embedding_type="rotary",
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, token_dropout=False,
+            emb_layer_norm_before=False, pad_token_id=tok.pad_token_id,
+            mask_token_id=tok.mask_token_id, **config)
+        return Fixture(head(cfg), tok, list(SEQS),
+                       "Nucleotide Transformer style: ESM (pre-LN, rotary), non-overlapping "
+                       "6-mers, single bases for N and leftovers, as EsmTokenizer splits them")
+
+    def bert_mlm(self, folder):
+        return self.dnabert(folder, self.transformers.BertForMaskedLM)
+
+    def bert_cls(self, folder):
+        return self.dnabert(folder, self.transformers.BertForSequenceClassification, num_labels=2)
+
+    def esm_mlm(self, folder):
+        return self.nucleotide_transformer(folder, self.transformers.EsmForMaskedLM)
+
+    def esm_cls(self, folder):
+        return self.nucleotide_transformer(folder, self.transformers.EsmForSequenceClassification,
+                                           num_labels=3)
+
+    def gptneox_causal(self, folder):
+        tok = self.char_tokenizer()
+        cfg = self.transformers.GPTNeoXConfig(
+            vocab_size=len(tok), rotary_pct=1.0, use_parallel_residual=False, hidden_dropout=0.0,
+            attention_dropout=0.0, tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **TINY)
+        return Fixture(self.transformers.GPTNeoXForCausalLM(cfg), tok, list(SEQS),
+                       "causal, single-nucleotide tokens (tokenizers WordLevel), rotary, "
+                       "sequential residual, untied head")
+
+    def llama_causal(self, folder):
+        tok = self.char_tokenizer()
+        cfg = self.transformers.LlamaConfig(
+            vocab_size=len(tok), num_key_value_heads=2, pad_token_id=tok.pad_token_id,
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **TINY)
+        return Fixture(self.transformers.LlamaForCausalLM(cfg), tok, list(SEQS),
+                       "causal, single-nucleotide tokens, RMSNorm, SwiGLU, rotary")
+
+    def roberta_prelayernorm_mlm(self, folder):
+        tok = self.dnabert_tokenizer(folder, 3)
+        # RoBERTa numbers positions from pad_token_id + 1: two more rows than tokens.
+        cfg = self.transformers.RobertaPreLayerNormConfig(
+            vocab_size=len(tok), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+            pad_token_id=0, type_vocab_size=1, **dict(TINY, max_position_embeddings=66))
+        return Fixture(self.transformers.RobertaPreLayerNormForMaskedLM(cfg), tok,
+                       [overlapping_kmers(s, 3) for s in SEQS],
+                       "pre-LN encoder with learned positions (RoBERTa numbering: position ids "
+                       "start at pad_token_id + 1)")
+
+    FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
+                "roberta_prelayernorm_mlm", "bert_cls_lora"]
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def perturb(self, model, scale=0.05):
+        """Every parameter moved off its initial value (biases 0, LayerNorm gains 1)."""
+        with self.torch.no_grad():
+            for p in model.parameters():
+                p.add_(self.torch.randn_like(p) * scale)
+
+    def encode(self, tok, inputs):
+        enc = tok(inputs, padding=True, return_tensors="pt")
+        return enc["input_ids"].contiguous(), enc["attention_mask"].contiguous()
+
+    def check_round_trip(self, folder, tok, inputs, ids, mask):
+        """The saved tokenizer files, loaded the way users load them, give the same ids."""
+        again = self.transformers.AutoTokenizer.from_pretrained(folder)
+        ids2, mask2 = self.encode(again, inputs)
+        assert self.torch.equal(ids, ids2) and self.torch.equal(mask, mask2), (
+            f"{folder}: AutoTokenizer on the saved files gives other ids:\n{ids2}\nvs\n{ids}")
+        unk = (ids == tok.unk_token_id).sum().item()
+        assert unk <= 4, f"{folder}: {unk} unknown tokens: the tokenizer lost its vocabulary"
+
+    def write_expected(self, folder, tensors):
+        from safetensors.torch import save_file
+        save_file({k: v.contiguous() for k, v in tensors.items()},
+                  os.path.join(folder, "expected.safetensors"))
+
+    def write_fixture_json(self, folder, meta):
+        with open(os.path.join(folder, "fixture.json"), "w") as f:
+            json.dump(meta, f, indent=1)
+            f.write("\n")
+
+    def make(self, family, index):
+        folder = os.path.join(self.out, family)
+        os.makedirs(folder, exist_ok=True)
+        self.torch.manual_seed(self.seed + index)
+        if family == "bert_cls_lora":
+            return self.make_lora(folder)
+        fx = getattr(self, family)(folder)
+        self.perturb(fx.model)
+        model = fx.model.eval()
+        model.save_pretrained(folder)
+        fx.tokenizer.save_pretrained(folder)
+        ids, mask = self.encode(fx.tokenizer, fx.inputs)
+        self.check_round_trip(folder, fx.tokenizer, fx.inputs, ids, mask)
+        with self.torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits.float()
+            reloaded = auto_model_class(self.transformers, folder).from_pretrained(folder).eval()
+            again = reloaded(input_ids=ids, attention_mask=mask).logits
+        assert max_abs_diff(again, logits) == 0, f"{folder}: the saved model computes otherwise"
+        self.write_expected(folder, {"input_ids": ids, "attention_mask": mask, "logits": logits})
+        self.write_fixture_json(folder, {
+            "family": family, "class": type(model).__name__,
+            "tokenizer_class": type(fx.tokenizer).__name__, "sequences": SEQS,
+            "tokenizer_inputs": fx.inputs, "note": fx.note, "input_ids": ids.tolist(),
+            "logits_shape": list(logits.shape), "made_by": "tests/hf/make_fixtures.py"})
+        return list(logits.shape)
+
+    def make_lora(self, folder):
+        """base/ a BertForSequenceClassification, adapter/ a PEFT LoRA on it (r 4, alpha 8,
+        query and value; lora_B non-zero so the adapter matters), the tokenizer at the top."""
+        fx = self.bert_cls(folder)
+        self.perturb(fx.model)
+        fx.model.eval().save_pretrained(os.path.join(folder, "base"))
+        config = self.peft.LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"],
+                                      lora_dropout=0.0, task_type="SEQ_CLS")
+        model = self.peft.get_peft_model(fx.model, config)
+        with self.torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.1)
+        model.eval().save_pretrained(os.path.join(folder, "adapter"))
+        os.remove(os.path.join(folder, "adapter", "README.md"))  # PEFT's model-card template
+        fx.tokenizer.save_pretrained(folder)
+        ids, mask = self.encode(fx.tokenizer, fx.inputs)
+        self.check_round_trip(folder, fx.tokenizer, fx.inputs, ids, mask)
+        with self.torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits.float()
+            merged = model.merge_and_unload()(input_ids=ids, attention_mask=mask).logits.float()
+        assert max_abs_diff(logits, merged) < 1e-4, "merge_and_unload changed the function"
+        self.write_expected(folder, {"input_ids": ids, "attention_mask": mask, "logits": logits,
+                                     "merged_logits": merged})
+        self.write_fixture_json(folder, {
+            "family": "bert_cls_lora", "class": "PeftModelForSequenceClassification",
+            "tokenizer_class": type(fx.tokenizer).__name__, "peft": self.peft.__version__,
+            "sequences": SEQS, "tokenizer_inputs": fx.inputs,
+            "note": "base/ is a BertForSequenceClassification; adapter/ is a PEFT LoRA (r 4, "
+                    "alpha 8, query+value); logits = base + adapter; merged_logits = after "
+                    "merge_and_unload",
+            "input_ids": ids.tolist(), "logits_shape": list(logits.shape),
+            "made_by": "tests/hf/make_fixtures.py"})
+        return list(logits.shape)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="where the family folders go")
+    ap.add_argument("--family", action="append", choices=Maker.FAMILIES,
+                    help="only these families (repeatable; default all)")
+    ap.add_argument("--seed", type=int, default=0, help="family i is seeded with seed + i")
+    args = ap.parse_args()
+    maker = Maker(args.out, args.seed)
+    torch, transformers = maker.torch, maker.transformers
+    report = {"made_by": "tests/hf/make_fixtures.py", "transformers": transformers.__version__,
+              "peft": maker.peft.__version__, "torch": torch.__version__, "seed": args.seed,
+              "families": {}}
+    for index, family in enumerate(Maker.FAMILIES):
+        if args.family and family not in args.family:
+            continue
+        shape = maker.make(family, index)
+        files = sorted(os.path.relpath(os.path.join(r, f), os.path.join(args.out, family))
+                       for r, _, fs in os.walk(os.path.join(args.out, family)) for f in fs)
+        report["families"][family] = {"ok": True, "files": files, "logits": shape}
+        print(f"made {family}: logits {shape}", flush=True)
+    with open(os.path.join(args.out, "REPORT.json"), "w") as f:
+        json.dump(report, f, indent=1)
+        f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
