@@ -7,7 +7,10 @@
 #   3. NCCL through dnallm-bench-comm at world size 1,
 #   4. a first bf16 training run of configs/dnabert-mlm.toml (the README's command),
 #   5. 2 ranks sharing the GPU (parallel.share_gpus) vs 1 rank, and the too-many-ranks exit,
-#   6. the bench/gpu table against Hugging Face.
+#   6. the bench/gpu table against Hugging Face,
+#   7. checkpoints on the GPU: the training thread's stall per save, steps after a resume
+#      against fresh steps, and a save after the resume (it must commit),
+#   8. dnallm-infer embed on the GPU against Hugging Face's AutoModel on the same export.
 # Every result goes under OUTDIR (summary.txt first); a failing step is recorded and the
 # next one runs anyway. Exit status: 0 when every step passed, else 1.
 #
@@ -70,7 +73,7 @@ if [ -n "$tarball" ]; then
 fi
 
 # 1. Build: the binaries and the GPU tests only.
-targets=(dnallm-train dnallm-launch dnallm-bench-comm dnallm-eval worker_device_group_test
+targets=(dnallm-train dnallm-launch dnallm-bench-comm dnallm-eval dnallm-infer worker_device_group_test
          integration_gpu_train_test cluster_gpu_placement_test)
 targs=()
 for t in "${targets[@]}"; do targs+=(--target "$t"); done
@@ -134,6 +137,43 @@ if [ "$bench" = 1 ]; then
   gpu_step bench-gpu bench/gpu/bench_gpu.sh --bin "$bin" --out "$out/bench" \
     --steps "${BENCH_STEPS:-100}" --warmup 20
   [ -f "$out/bench/table.txt" ] && cat "$out/bench/table.txt" >> "$summary"
+fi
+
+# 7. Checkpoints on the GPU (configs/dnabert-mlm.toml at micro-batch 64): saves at 20, 40, 60
+# (stall per save), then a resume from 60 to 100 saving at 80 and 100 (resumed step time vs
+# fresh, and a save after a resume that must commit).
+ckpt_run=(--config configs/dnabert-mlm.toml --set training.micro_batch_size=64
+          --set training.logging_steps=1 --set training.eval_steps=0
+          --set checkpoint.save_steps=20 --set checkpoint.keep_last=5
+          --set checkpoint.dir="$out/ckpt/ckpt" --metrics-file "$out/ckpt/metrics.jsonl")
+gpu_step ckpt-fresh "$bin/dnallm-train" "${ckpt_run[@]}" --set training.max_steps=60 \
+  --set checkpoint.resume=none
+gpu_step ckpt-resumed "$bin/dnallm-train" "${ckpt_run[@]}" --set training.max_steps=100 \
+  --set checkpoint.resume=auto
+gpu_step ckpt-summary "${PYTHON:-python3}" - "$out/ckpt/metrics.jsonl" "$out/ckpt/ckpt" <<'PY'
+import json, os, statistics, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+steps = {j["step"]: j["step_s"] for j in lines if "event" not in j and "step_s" in j}
+saves = [j for j in lines if j.get("event") == "checkpoint"]
+fresh = [steps[s] for s in range(5, 61) if s in steps and s % 20 not in (0, 1)]
+resumed = [steps[s] for s in range(66, 101) if s in steps and s % 20 not in (0, 1)]
+for j in saves:
+    print(f"save at step {j['step']}: training thread stalled {j.get('stall_s', -1):.3f} s, "
+          f"written in {j.get('write_s', -1):.2f} s, {j.get('bytes', 0) / 1e6:.0f} MB")
+mf, mr = statistics.median(fresh), statistics.median(resumed)
+print(f"median step: fresh {mf:.4f} s, after the resume {mr:.4f} s (resumed / fresh {mr / mf:.2f}x)")
+after = [j for j in saves if j["step"] > 60]
+committed = [s for s in (80, 100)
+             if os.path.exists(os.path.join(sys.argv[2], f"step_{s:09d}", "manifest.json"))]
+print(f"saves after the resume: {len(after)} logged, committed steps {committed}")
+sys.exit(0 if committed == [80, 100] and mr < 1.5 * mf else 1)
+PY
+cat "$out/ckpt-summary.log" | grep -v '^==' >> "$summary" 2>/dev/null
+
+# 8. Embeddings on the GPU: dnallm-infer embed against transformers' AutoModel on our export.
+if [ "$bench" = 1 ]; then
+  gpu_step embed-vs-hf bench/gpu/bench_embed_gpu.sh --bin "$bin" --out "$out/embed"
+  [ -f "$out/embed/table.txt" ] && cat "$out/embed/table.txt" >> "$summary"
 fi
 
 echo "total $(( $(date +%s) - t_start ))s; $( [ $failed -eq 0 ] && echo 'all steps passed' || echo 'some steps FAILED')" | tee -a "$summary"
