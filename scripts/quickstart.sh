@@ -15,18 +15,21 @@ build="${DNALLM_BUILD_DIR:-$root/build}"
 . "$root/scripts/python-env.sh"
 start=$(date +%s)
 "$root/scripts/install-deps.sh"
+[ -x "$build/bin/dnallm-train" ] ||
+  echo "quickstart: building dnallm-launch, dnallm-train and dnallm-eval (the first time: about" \
+       "10 minutes on 2 cores; later runs only what changed)"
 "$root/scripts/build.sh" --target dnallm-launch --target dnallm-train --target dnallm-eval
 ready=$(date +%s)
 cd "$root"
 heldout=runs/heldout/ecoli_k12_last5pct.fa
 [ -s "$heldout" ] || scripts/make-heldout-fasta.sh data/ecoli_k12_mg1655.fa.gz 0.05 "$heldout" >/dev/null
 mkdir -p runs/quickstart
-"$build/bin/dnallm-launch" --nproc-per-node 2 --config configs/quickstart.toml \
+"$build/bin/dnallm-launch" --nproc-per-node 2 --config configs/quickstart-causal.toml \
   --set checkpoint.resume=none "$@"
 trained=$(date +%s)
 echo
 echo "quickstart: scoring the model on the held-out 5% of the genome (never trained on)"
-"$build/bin/dnallm-eval" --model runs/quickstart/checkpoints/final --fasta "$heldout" \
+"$build/bin/dnallm-eval" --model runs/quickstart/checkpoints/final --fasta "$heldout" --max-bases 100000 \
   > runs/quickstart/heldout.json
 python="$DNALLM_PYTHON"
 [ -x "$python" ] || python=python3
