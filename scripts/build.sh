@@ -11,7 +11,8 @@
 # (pip's wheels are) with the CUDA toolkit (nvcc on PATH or /usr/local/cuda) builds the CUDA
 # flavour: the same binaries run on a CPU-only machine. NCCL comes from the nvidia-nccl wheel
 # beside torch, else the system's.
-#   --cuda         fail unless the build has CUDA (GPU nodes: docs/gpu.md)
+#   --cuda         build into build-cuda/ (or $DNALLM_BUILD_DIR) and fail unless the build has
+#                  CUDA (GPU nodes: docs/gpu.md)
 #   --deps PREFIX  the folder made by scripts/stage-gpu-deps.sh (htslib, TOML++, xxHash,
 #                  GoogleTest, Gloo) on a machine without apt
 #   --target NAME  build only the named targets (repeatable)
@@ -41,7 +42,11 @@ while [ $# -gt 0 ]; do
     *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-build="${DNALLM_BUILD_DIR:-$root/build}"
+if [ "$need_cuda" = 1 ]; then
+  build="${DNALLM_BUILD_DIR:-$root/build-cuda}"
+else
+  build="${DNALLM_BUILD_DIR:-$root/build}"
+fi
 jobs="${DNALLM_JOBS:-$(nproc)}"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
@@ -126,3 +131,9 @@ if [ "$need_cuda" = 1 ] && ! grep -q '^DNALLM_TORCH_CUDA_FOUND:INTERNAL=ON' "$bu
   exit 2
 fi
 cmake --build "$build" --parallel "$jobs" "${targets[@]}"
+if [ "$need_cuda" = 1 ]; then
+  echo
+  echo "built into $build/bin (RPATH: $rpath)"
+  echo "other programs that load these libraries need:"
+  echo "  export LD_LIBRARY_PATH=${rpath//;/:}\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+fi
