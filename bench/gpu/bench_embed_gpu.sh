@@ -31,16 +31,7 @@ mkdir -p "$OUT"
 "$BIN/dnallm-train" --config configs/dnabert-mlm.toml --set training.max_steps=1 \
   --set checkpoint.dir="$OUT/ck" --set checkpoint.save_steps=0 --set checkpoint.save_final=true \
   --set checkpoint.resume=none --set training.eval_steps=0 --log-level warn >/dev/null
-"$PYTHON" - "$OUT/in.fa" "$N" "$MIN_LEN" "$MAX_LEN" <<'PY'
-import gzip, random, sys
-path, n, lo, hi = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-g = "".join(l.strip() for l in gzip.open("data/ecoli_k12_mg1655.fa.gz", "rt") if not l.startswith(">"))
-rng = random.Random(1)
-with open(path, "w") as f:
-    for i in range(n):
-        L = rng.randint(lo, hi); s = rng.randrange(0, len(g) - L)
-        f.write(f">w{i}\n{g[s:s+L]}\n")
-PY
+"$PYTHON" bench/infer/make_windows.py "$OUT/in.fa" "$N" "$MIN_LEN" "$MAX_LEN"
 for r in $(seq "$ROUNDS"); do
   "$BIN/dnallm-infer" embed --device "$DEVICE" --model "$OUT/ck/final" --input "$OUT/in.fa" \
     --out "$OUT/ours.npy" --batch-size "$BATCH" 2> "$OUT/ours_$r.log"
