@@ -29,8 +29,9 @@ build_pkgs=(
   python3 python3-venv
 )
 # Used by the integration tests: a real one-node Slurm cluster and network namespaces
-# (clang-format: scripts/check-format.sh, run by scripts/test.sh).
-test_pkgs=(slurm-wlm munge iproute2 procps clang-format)
+# (clang-format: scripts/check-format.sh, run by scripts/test.sh; clang-14 with libFuzzer: the
+# fuzz target over the untrusted readers, tests/fuzz).
+test_pkgs=(slurm-wlm munge iproute2 procps clang-format clang-14 libclang-rt-14-dev)
 bench_pkgs=()
 
 want=("${build_pkgs[@]}" "${test_pkgs[@]}")
