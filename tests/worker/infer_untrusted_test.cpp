@@ -211,6 +211,20 @@ TEST_F(InferUntrusted, SamplingOptionsAreCheckedAndEveryNewTokenIsABase) {
   EXPECT_EQ(ok.code, 0) << ok.out;
 }
 
+// Note [Batches bounded by tokens]: a batch holds at most 65536 tokens (1024 x 64 here).
+TEST_F(InferUntrusted, AHugeBatchSizeIsBoundedByTokens) {
+  const auto model = train("gpt");
+  const auto out = (dir_ / "e.npy").string();
+  const auto r = dnallm::testing::run_shell(
+      infer("embed", model,
+            "--batch-size 1000000 --input " + (dir_ / "in.fa").string() + " --out " + out));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--batch-size 1000000 lowered to 1024: at most 65536 tokens a batch"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(read_text((dir_ / "e.ids.txt").string()), "a\nb\n");
+}
+
 TEST_F(InferUntrusted, AHuggingFaceDirectoryIsSentToDnallmEval) {
   expect_refused(
       infer("embed", kSrc + "/tests/data/hf-fixtures/bert_mlm",

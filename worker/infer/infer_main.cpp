@@ -185,6 +185,19 @@ class OutputFile {
   bool committed_ = false;
 };
 
+// Note [Batches bounded by tokens]: a forward pass holds batch x max_seq_length tokens (and
+// embed reads 8 batches ahead), so --batch-size is lowered to at most kMaxBatchTokens tokens
+// a batch, with a warning: `embed --batch-size 1000000` used 17 GB on 100k records before.
+constexpr int64_t kMaxBatchTokens = int64_t{1} << 16;
+
+int64_t bounded_batch_size(int64_t requested, int64_t max_seq_length) {
+  const int64_t most = std::max<int64_t>(1, kMaxBatchTokens / std::max<int64_t>(max_seq_length, 1));
+  if (requested <= most) return requested;
+  spdlog::warn("--batch-size {} lowered to {}: at most {} tokens a batch ({} x max_seq_length {})",
+               requested, most, kMaxBatchTokens, most, max_seq_length);
+  return most;
+}
+
 void report_truncated(const infer::RunCounts& c, int64_t max_seq) {
   if (c.truncated > 0) {
     spdlog::warn("{} of {} sequences were longer than max_seq_length = {} tokens and were cut",
@@ -320,7 +333,7 @@ int run_embed(const EmbedArgs& a, const cluster::Topology& topo, const cluster::
   const int64_t dim = loaded.model->options().hidden;
   infer::EmbedOptions eo;
   eo.pooling = pool;
-  eo.batch_size = a.common.batch_size;
+  eo.batch_size = bounded_batch_size(a.common.batch_size, loaded.model->options().max_seq_length);
   comm::ProcessGroup group;
   std::vector<std::string> parts;  // one a rank (Note [Embedding shares])
   std::unique_ptr<infer::EmbeddingSink> sink;
@@ -403,7 +416,7 @@ int run_generate(const GenerateArgs& a, const cluster::Topology& topo) {
   const uint64_t n = input.count();
   infer::GenerateRun run;
   run.generate = g;
-  run.batch_size = a.common.batch_size;
+  run.batch_size = bounded_batch_size(a.common.batch_size, loaded.model->options().max_seq_length);
   OutputFile out(a.out);
   std::ostream& os = out.stream();
   const auto counts = infer::generate(loaded.model, *loaded.tokenizer, input, n, run, loaded.device,
@@ -445,7 +458,8 @@ int run_predict(const PredictArgs& a, const cluster::Topology& topo) {
   for (int64_t k = 0; classify && k < o.num_labels; ++k) os << ",prob_" << k;
   os << '\n';
   const auto counts =
-      infer::predict(loaded.model, *loaded.tokenizer, input, n, a.common.batch_size, loaded.device,
+      infer::predict(loaded.model, *loaded.tokenizer, input, n,
+                     bounded_batch_size(a.common.batch_size, o.max_seq_length), loaded.device,
                      [&](const std::string& id, const std::vector<float>& v) {
                        write_prediction(os, classify, id, v);
                      });
