@@ -241,6 +241,12 @@ void training_optimizer_keys(std::vector<KeyDesc>& out) {
       .range("auto_batch_memory_mb", &TrainingConfig::auto_batch_memory_mb, 0, kInf,
              "`batch_size = \"auto\"` on CPU: resident-memory budget per rank in MiB; 0 = 80% of "
              "available memory / ranks on the node + what the process holds")
+      .range("memory_limit_gb", &TrainingConfig::memory_limit_gb, 0, kInf,
+             "memory a rank may use in GB (1e9 bytes); the model's parameters, gradients, AdamW "
+             "moments and activations are predicted from its shape before it is built, and a "
+             "run predicted to need more is exit 2 naming the figures; 0 = available memory "
+             "(MemAvailable, or the cgroup's memory.max) / ranks on the node, checked on CPU "
+             "only")
       .range("lr", &TrainingConfig::lr, 0, 10, "peak learning rate of AdamW")
       .range("weight_decay", &TrainingConfig::weight_decay, 0, 10,
              "AdamW's decoupled weight decay; biases and layer norms are not decayed")

@@ -96,6 +96,34 @@ TEST(CheckpointDirOwnership, ASaveThatFailsMidRunIsExit2WithTheCause) {
   }
 }
 
+// Issue 22, Note [Memory predicted] (worker/train/trainer.cpp): a model inside every allowed
+// range whose training state cannot fit (hidden 65536, ffn 262144, 64 layers: 18.8 GB spent
+// before) is refused before it is built, naming the figures and what to lower; so is a run
+// over training.memory_limit_gb.
+TEST(TrainingMemory, APredictedOverflowIsRefusedBeforeTheModelIsBuilt) {
+  const std::string dir = make_temp_dir("memory_predicted");
+  struct Case {
+    std::string sets, needle;
+  } cases[] = {
+      {"--set model.hidden=65536 --set model.ffn=262144 --set model.layers=64 "
+       "--set model.heads=64",
+       "available to each of 1 rank(s) here"},
+      {"--set training.memory_limit_gb=0.001", "more than training.memory_limit_gb = 0.001"},
+  };
+  for (const auto& c : cases) {
+    std::string log;
+    const int rc =
+        run_command(fmt::format("cd {} && {}dnallm-train {} --set training.device=cpu {}", kSrc,
+                                kBin, tiny_settings(dir + "/ckpt", dir + "/m.jsonl", 2, 0), c.sets),
+                    &log);
+    EXPECT_EQ(rc, 2) << log;
+    EXPECT_TRUE(contains(log, "this run needs at least")) << log;
+    EXPECT_TRUE(contains(log, c.needle)) << log;
+    EXPECT_TRUE(contains(log, "lower model.hidden")) << log;
+    EXPECT_FALSE(fs::exists(dir + "/m.jsonl")) << "trained before failing: " << c.sets;
+  }
+}
+
 TEST(StopSignals, AWorkerBlockedOnAFifoEndsPromptlyOnSigterm) {
   const std::string dir = make_temp_dir("stop_fifo");
   const std::string fifo = dir + "/genome.fa";
