@@ -670,6 +670,16 @@ TEST(HfEvalCliTest, LogitsFileMatchesTheFixture) {
   EXPECT_EQ(run(std::string(DNALLM_EVAL_BIN) + " --model " + alibi.string() + " --logits " +
                 (tmp / "seqs.txt").string() + " --out " + out + " 2> /dev/null"),
             2);
+  // Issue 22: a sequence beyond a rotary model's positions is bad data (exit 3), refused before
+  // the forward pass (it allocated gigabytes before), like one beyond learned positions.
+  std::ofstream(tmp / "long.txt") << "ACGT\n" << std::string(100000, 'A') << "\n";
+  for (const char* family : {"esm_mlm", "gptneox_causal", "bert_mlm"}) {
+    const auto r = dnallm::testing::run_shell(std::string(DNALLM_EVAL_BIN) + " --model " +
+                                              kFixtures + "/" + family + " --logits " +
+                                              (tmp / "long.txt").string() + " --out " + out);
+    EXPECT_EQ(r.code, 3) << family << "\n" << r.out;
+    EXPECT_NE(r.out.find("sequence 2 (100000 bases)"), std::string::npos) << r.out;
+  }
   fs::remove_all(tmp);
 }
 
