@@ -12,7 +12,7 @@ namespace dnallm::checkpoint {
 
 OutFile::OutFile(const std::filesystem::path& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
-  DNALLM_SYSCHECK(fd_, path.string());
+  DNALLM_WRITECHECK(fd_, path.string());
 }
 
 OutFile::~OutFile() {
@@ -26,9 +26,9 @@ void OutFile::write(const void* data, size_t size) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       int err = n < 0 ? errno : ENOSPC;
-      fail(ExitCode::kFailure,
-           "writing checkpoint file {} failed after {} bytes: {}; free disk "
-           "space or lower the checkpoint size",
+      fail(kWriteFailed,
+           "writing {} failed after {} bytes: {}: free disk space or make the directory "
+           "writable, then run again (it resumes from the last committed checkpoint)",
            path_.string(), written_, errno_string(err));
     }
     p += n;
@@ -37,22 +37,22 @@ void OutFile::write(const void* data, size_t size) {
   }
 }
 
-void OutFile::sync() { DNALLM_SYSCHECK(::fsync(fd_), path_.string()); }
+void OutFile::sync() { DNALLM_WRITECHECK(::fsync(fd_), path_.string()); }
 
 void OutFile::close() {
   int fd = fd_;
   fd_ = -1;
-  DNALLM_SYSCHECK(::close(fd), path_.string());
+  DNALLM_WRITECHECK(::close(fd), path_.string());
 }
 
 void fsync_dir(const std::filesystem::path& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DNALLM_SYSCHECK(fd, dir.string());
+  DNALLM_WRITECHECK(fd, dir.string());
   int rc = ::fsync(fd);
   int err = errno;
   ::close(fd);
   errno = err;
-  DNALLM_SYSCHECK(rc, dir.string());
+  DNALLM_WRITECHECK(rc, dir.string());
 }
 
 void write_file_durable(const std::filesystem::path& path, const std::string& text) {
@@ -63,7 +63,7 @@ void write_file_durable(const std::filesystem::path& path, const std::string& te
     f.write(text.data(), text.size());
     f.sync();
     f.close();
-    DNALLM_SYSCHECK(::rename(tmp.c_str(), path.c_str()), path.string());
+    DNALLM_WRITECHECK(::rename(tmp.c_str(), path.c_str()), path.string());
   } catch (...) {
     std::error_code ec;
     std::filesystem::remove(tmp, ec);  // a failed save leaves no *.tmp behind

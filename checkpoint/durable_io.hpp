@@ -1,6 +1,6 @@
 // POSIX file helpers for the commit protocol: every durable file is written to a
 // temporary name, fsync'ed, renamed over its final name, and its directory fsync'ed.
-// All functions block and throw Error(kFailure) naming the path and errno text.
+// All functions block and throw Error(kWriteFailed) naming the path and errno text.
 #pragma once
 
 #include <cstddef>
@@ -8,7 +8,31 @@
 #include <filesystem>
 #include <string>
 
+#include "core/error.hpp"
+
 namespace dnallm::checkpoint {
+
+// Note [A failed save]: a file that cannot be written (disk full, a read-only or removed
+// checkpoint.dir, a file size limit) fails the same way after a restart, so it is exit code 2
+// (the launcher does not restart a worker that diagnosed its failure) with the cause and what
+// to do, never exit 1 "internal error". Committed checkpoints before it stay valid: the
+// failed step has no manifest, and its *.tmp files are removed.
+inline constexpr ExitCode kWriteFailed = ExitCode::kUsage;
+
+// Throws Error(kWriteFailed) naming `what` (a path) and errno's text when `expr` is -1.
+#define DNALLM_WRITECHECK(expr, what)                                                      \
+  do {                                                                                     \
+    if ((expr) == -1) {                                                                    \
+      const int dnallm_errno_ = errno;                                                     \
+      throw ::dnallm::Error(                                                               \
+          ::dnallm::checkpoint::kWriteFailed,                                              \
+          ::fmt::format("cannot write {}: {} ({}): free disk space or make the directory " \
+                        "writable, then run again (it resumes from the last committed "    \
+                        "checkpoint) [{}:{}]",                                             \
+                        (what), ::dnallm::errno_string(dnallm_errno_), #expr, __FILE__,    \
+                        __LINE__));                                                        \
+    }                                                                                      \
+  } while (0)
 
 // An open file written sequentially; closes (without fsync) on destruction.
 class OutFile {

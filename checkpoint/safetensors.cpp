@@ -1,10 +1,13 @@
 #include "checkpoint/safetensors.hpp"
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 
 #include "checkpoint/durable_io.hpp"
 #include "checkpoint/train_state.hpp"
 #include "core/error.hpp"
+#include "core/untrusted_file.hpp"
 
 namespace dnallm::checkpoint {
 
@@ -13,71 +16,139 @@ using nlohmann::json;
 
 namespace {
 
+// Note [Untrusted files] (core/untrusted_file.hpp): a safetensors file may come from anywhere,
+// so its header is checked before anything is allocated from it: the length bounded, every
+// entry's dtype known, every dimension non-negative, shape x dtype size computed without
+// overflow and equal to its byte range, every range inside the file, ranges not overlapping,
+// no name twice. Damage is Error(kCheckpointCorrupt) naming the file and the tensor.
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
+constexpr ExitCode kDamaged = ExitCode::kCheckpointCorrupt;
 
-DType parse_entry_dtype(const std::string& s, const std::string& where) {
+DType parse_entry_dtype(const json& info, const std::string& where, const std::string& name) {
+  DNALLM_CHECK(info.contains("dtype") && info["dtype"].is_string(), kDamaged,
+               "{}: tensor '{}' has no dtype: the file is damaged", where, clip_for_message(name));
+  const std::string s = info["dtype"].get<std::string>();
   const auto t = dtype_from_safetensors_name(s);
-  if (!t) fail(ExitCode::kBadData, "{}: unsupported safetensors dtype '{}'", where, s);
+  if (!t) {
+    fail(kDamaged, "{}: tensor '{}' has the unsupported safetensors dtype '{}'", where,
+         clip_for_message(name), clip_for_message(s));
+  }
   return *t;
 }
 
+// numel x dtype size of `e`, or nullopt when it overflows 64 bits.
+std::optional<uint64_t> byte_count(const SafetensorsEntry& e) {
+  uint64_t n = dtype_size(e.spec.dtype);
+  for (int64_t d : e.spec.shape) {
+    const auto u = static_cast<uint64_t>(d);
+    if (u != 0 && n > std::numeric_limits<uint64_t>::max() / u) return std::nullopt;
+    n *= u;
+  }
+  return n;
+}
+
 SafetensorsEntry parse_entry(const std::string& name, const json& info, const std::string& where) {
+  const std::string quoted = clip_for_message(name);
+  DNALLM_CHECK(info.is_object(), kDamaged, "{}: entry '{}' is not an object: the file is damaged",
+               where, quoted);
   SafetensorsEntry e;
   e.spec.name = name;
-  e.spec.dtype = parse_entry_dtype(info.at("dtype").get<std::string>(), where);
-  e.spec.shape = info.at("shape").get<std::vector<int64_t>>();
-  const auto& offsets = info.at("data_offsets");
-  DNALLM_CHECK(offsets.size() == 2, ExitCode::kBadData,
-               "{}: tensor '{}' needs data_offsets [begin, end]", where, name);
-  e.data_begin = offsets.at(0).get<uint64_t>();
-  e.data_end = offsets.at(1).get<uint64_t>();
+  e.spec.dtype = parse_entry_dtype(info, where, name);
+  DNALLM_CHECK(info.contains("shape") && info["shape"].is_array() && info["shape"].size() <= 16,
+               kDamaged, "{}: tensor '{}' needs a shape of at most 16 dimensions", where, quoted);
+  for (const auto& d : info["shape"]) {
+    DNALLM_CHECK(
+        d.is_number_integer() && (d.is_number_unsigned() ? d.get<uint64_t>() <= uint64_t{1} << 62
+                                                         : d.get<int64_t>() >= 0),
+        kDamaged, "{}: tensor '{}' has the dimension {}: dimensions are integers >= 0", where,
+        quoted, clip_for_message(d.dump()));
+    e.spec.shape.push_back(d.get<int64_t>());
+  }
+  DNALLM_CHECK(
+      info.contains("data_offsets") && info["data_offsets"].is_array() &&
+          info["data_offsets"].size() == 2 && info["data_offsets"][0].is_number_unsigned() &&
+          info["data_offsets"][1].is_number_unsigned(),
+      kDamaged, "{}: tensor '{}' needs data_offsets [begin, end] (integers >= 0)", where, quoted);
+  e.data_begin = info["data_offsets"][0].get<uint64_t>();
+  e.data_end = info["data_offsets"][1].get<uint64_t>();
   return e;
 }
 
-// The 8-byte length and the JSON text after it; Error(kBadData) when they cannot be.
+// The 8-byte length and the JSON text after it; Error(kCheckpointCorrupt) when they cannot be.
 std::string read_header_text(std::ifstream& in, const fs::path& path, uint64_t file_size) {
   uint8_t len_bytes[8] = {};
   in.read(reinterpret_cast<char*>(len_bytes), 8);
   uint64_t len = 0;
   for (int i = 0; i < 8; ++i) len |= static_cast<uint64_t>(len_bytes[i]) << (8 * i);
   if (!in || file_size < 8 || len > file_size - 8 || len > kMaxHeaderBytes)
-    fail(ExitCode::kBadData, "{} is not a safetensors file (header length {})", path.string(), len);
+    fail(kDamaged,
+         "{} is not a safetensors file (header length {}, file size {}): the file is "
+         "damaged or of another format",
+         path.string(), len, file_size);
   std::string text(len, '\0');
   in.read(text.data(), static_cast<std::streamsize>(len));
+  if (!in) fail(kDamaged, "{}: truncated safetensors header", path.string());
   return text;
 }
 
 SafetensorsFile parse_header(std::ifstream& in, const fs::path& path) {
-  const auto file_size = fs::file_size(path);
+  const auto file_size = check_regular_file(path.string(), kDamaged, "safetensors file");
   const std::string text = read_header_text(in, path, file_size);
   SafetensorsFile f;
   f.data_offset = 8 + text.size();
-  try {
-    const json h = json::parse(text);
-    for (auto it = h.begin(); it != h.end(); ++it) {
-      if (it.key() == "__metadata__") {
-        for (auto m = it->begin(); m != it->end(); ++m) f.metadata[m.key()] = m->get<std::string>();
-        continue;
+  const uint64_t data_bytes = file_size - f.data_offset;
+  // Duplicate names are refused by the strict parser (nlohmann would keep the last).
+  const json h = parse_json_strict(text, path.string() + " (safetensors header)", kDamaged);
+  DNALLM_CHECK(h.is_object(), kDamaged, "{}: the safetensors header is not a JSON object",
+               path.string());
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      DNALLM_CHECK(it->is_object(), kDamaged, "{}: __metadata__ is not an object", path.string());
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        DNALLM_CHECK(m->is_string(), kDamaged, "{}: __metadata__.{} is not a string", path.string(),
+                     clip_for_message(m.key()));
+        f.metadata[m.key()] = m->get<std::string>();
       }
-      SafetensorsEntry e = parse_entry(it.key(), *it, path.string());
-      if (e.data_end < e.data_begin ||
-          e.data_end - e.data_begin != e.spec.numel() * dtype_size(e.spec.dtype) ||
-          f.data_offset + e.data_end > file_size)
-        fail(ExitCode::kBadData, "{}: tensor '{}' has inconsistent data offsets", path.string(),
-             e.spec.name);
-      f.tensors[e.spec.name] = e;
+      continue;
     }
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    fail(ExitCode::kBadData, "{}: bad safetensors header: {}", path.string(), e.what());
+    SafetensorsEntry e = parse_entry(it.key(), *it, path.string());
+    const auto bytes = byte_count(e);
+    if (e.data_end < e.data_begin || e.data_end > data_bytes || !bytes ||
+        e.data_end - e.data_begin != *bytes) {
+      fail(kDamaged,
+           "{}: tensor '{}' ({} {}) has data_offsets [{}, {}], which do not match its shape and "
+           "dtype or lie past the end of the file ({} data bytes): the file is damaged",
+           path.string(), clip_for_message(e.spec.name), safetensors_dtype_name(e.spec.dtype),
+           clip_for_message(json(e.spec.shape).dump()), e.data_begin, e.data_end, data_bytes);
+    }
+    if (e.data_end > e.data_begin) ranges.emplace_back(e.data_begin, e.data_end);
+    f.tensors[e.spec.name] = e;
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second) {
+      std::string a, b;
+      for (const auto& [name, e] : f.tensors) {
+        if (e.data_begin == ranges[i - 1].first && e.data_end == ranges[i - 1].second && a.empty())
+          a = name;
+        else if (e.data_begin == ranges[i].first && e.data_end == ranges[i].second && b.empty())
+          b = name;
+      }
+      fail(kDamaged,
+           "{}: tensors '{}' and '{}' share bytes (data_offsets [{}, {}] and [{}, {}] overlap): "
+           "the file is damaged",
+           path.string(), clip_for_message(a), clip_for_message(b), ranges[i - 1].first,
+           ranges[i - 1].second, ranges[i].first, ranges[i].second);
+    }
   }
   return f;
 }
 
 std::ifstream open_for_reading(const fs::path& path) {
+  check_regular_file(path.string(), kDamaged, "safetensors file");
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ExitCode::kBadData, "cannot open {}: {}", path.string(), errno_string());
+  if (!in) fail(kDamaged, "cannot open {}: {}", path.string(), errno_string());
   return in;
 }
 
@@ -142,8 +213,8 @@ void SafetensorsReader::read(const SafetensorsEntry& entry, void* dst) {
   in_.seekg(static_cast<std::streamoff>(file_.data_offset + entry.data_begin));
   in_.read(static_cast<char*>(dst),
            static_cast<std::streamsize>(entry.data_end - entry.data_begin));
-  DNALLM_CHECK(in_.good(), ExitCode::kBadData, "{}: truncated data for tensor '{}'", path_.string(),
-               entry.spec.name);
+  DNALLM_CHECK(in_.good(), kDamaged, "{}: truncated data for tensor '{}'", path_.string(),
+               clip_for_message(entry.spec.name));
 }
 
 void write_safetensors(const fs::path& path, const std::vector<SafetensorsTensor>& tensors,

@@ -45,11 +45,13 @@ struct SafetensorsFile {
   uint64_t data_offset = 0;  // file offset of the data section
 };
 
-// Parses the header of `path`; throws Error(kBadData) when it is not valid safetensors (a
-// bad length, JSON, dtype, or data offsets that do not match the shape or lie past the end).
+// Parses the header of `path`; throws Error(kCheckpointCorrupt) when it is not valid
+// safetensors (not a regular file, a bad length, JSON, dtype, a negative or overflowing shape,
+// data offsets that do not match the shape, lie past the end or overlap, a name twice).
 SafetensorsFile read_safetensors_header(const std::filesystem::path& path);
 
-// Reads tensors' bytes from one file. Blocks; throws Error(kBadData) naming the file.
+// Reads tensors' bytes from one file. Blocks; throws Error(kCheckpointCorrupt) naming the
+// file.
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(const std::filesystem::path& path);

@@ -68,7 +68,13 @@ ShardDescriptor write_shard(const fs::path& step_dir, int rank,
     DNALLM_CHECK(seen.emplace(s.spec.name, &s).second, ExitCode::kUsage,
                  "tensor '{}' appears twice in one shard", s.spec.name);
   }
-  fs::create_directories(step_dir);
+  std::error_code mkdir_error;
+  fs::create_directories(step_dir, mkdir_error);
+  DNALLM_CHECK(!mkdir_error, kWriteFailed,
+               "cannot create the checkpoint directory {}: {}: free disk space or make "
+               "checkpoint.dir writable, then run again (it resumes from the last committed "
+               "checkpoint)",
+               step_dir.string(), mkdir_error.message());
   const std::string name = shard_file_name(rank);
   const fs::path final_path = step_dir / name;
   const fs::path tmp_path = step_dir / (name + fmt::format(".tmp.{}", ::getpid()));
@@ -165,7 +171,7 @@ ShardDescriptor write_shard(const fs::path& step_dir, int rank,
     fs::remove(tmp_path, ec);
     throw;
   }
-  DNALLM_SYSCHECK(::rename(tmp_path.c_str(), final_path.c_str()), final_path.string());
+  DNALLM_WRITECHECK(::rename(tmp_path.c_str(), final_path.c_str()), final_path.string());
   fsync_dir(step_dir);
   return desc;
 }

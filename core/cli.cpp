@@ -97,14 +97,24 @@ int run_main(const std::string& prog, CLI::App& app, int argc, char** argv,
     std::cerr << prog << ": " << e.what() << "; run '" << prog << " --help'\n";
     return static_cast<int>(ExitCode::kUsage);
   }
+  // A message that reaches a user is one line of bounded length, whatever a library or a
+  // damaged file put into it (Note [Untrusted files]).
+  auto one_line = [](const std::string& what) {
+    std::string line = what.substr(0, what.find('\n'));
+    constexpr size_t kMaxChars = 2000;
+    if (line.size() > kMaxChars) {
+      line = fmt::format("{}... ({} bytes in all)", line.substr(0, kMaxChars), what.size());
+    }
+    return line;
+  };
   try {
     return body();
   } catch (const Error& e) {
     if (spdlog::default_logger()) {
-      spdlog::error("{}", e.what());
+      spdlog::error("{}", one_line(e.what()));
       spdlog::default_logger()->flush();
     } else {
-      std::cerr << prog << ": " << e.what() << "\n";
+      std::cerr << prog << ": " << one_line(e.what()) << "\n";
     }
     return e.exit_code();
   } catch (const std::bad_alloc&) {
@@ -115,7 +125,7 @@ int run_main(const std::string& prog, CLI::App& app, int argc, char** argv,
       std::cerr << prog << ": " << out_of_memory_message(*oom) << "\n";
       return static_cast<int>(ExitCode::kUsage);
     }
-    std::cerr << prog << ": internal error: " << e.what() << "\n";
+    std::cerr << prog << ": internal error: " << one_line(e.what()) << "\n";
     return static_cast<int>(ExitCode::kFailure);
   }
 }

@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "core/error.hpp"
+#include "core/untrusted_file.hpp"
 
 namespace dnallm {
 namespace {
@@ -240,6 +241,12 @@ void training_optimizer_keys(std::vector<KeyDesc>& out) {
       .range("auto_batch_memory_mb", &TrainingConfig::auto_batch_memory_mb, 0, kInf,
              "`batch_size = \"auto\"` on CPU: resident-memory budget per rank in MiB; 0 = 80% of "
              "available memory / ranks on the node + what the process holds")
+      .range("memory_limit_gb", &TrainingConfig::memory_limit_gb, 0, kInf,
+             "memory a rank may use in GB (1e9 bytes); the model's parameters, gradients, AdamW "
+             "moments and activations are predicted from its shape before it is built, and a "
+             "run predicted to need more is exit 2 naming the figures; 0 = available memory "
+             "(MemAvailable, or the cgroup's memory.max) / ranks on the node, checked on CPU "
+             "only")
       .range("lr", &TrainingConfig::lr, 0, 10, "peak learning rate of AdamW")
       .range("weight_decay", &TrainingConfig::weight_decay, 0, 10,
              "AdamW's decoupled weight decay; biases and layer norms are not decayed")
@@ -690,7 +697,48 @@ void validate(const Config& c, const std::string& origin) {
   }
 }
 
+// The canonical "section.key" that `name` sets in a table of `section` ("" when it names
+// none, or for the bf16/fp16 selectors, which may both appear: see assign_alias).
+std::string canonical_key(const std::string& section, const std::string& name) {
+  if (find_key(section, name) != nullptr) return section + "." + name;
+  if (const Alias* a = find_alias(name)) {
+    const std::string n = a->name;
+    if (n == "bf16" || n == "fp16") return "";
+    return std::string(a->section) + "." + a->key;
+  }
+  return "";
+}
+
+// Note [One spelling a table]: `lr` and its alias `learning_rate` (any key and an alias of
+// it) in one table would leave the value to whichever comes later; refused, naming both.
+void check_one_spelling(const toml::table& table, const std::string& section,
+                        const std::string& origin) {
+  std::map<std::string, std::pair<std::string, toml::source_region>> seen;
+  for (const auto& [key, node] : table) {
+    if (node.is_table()) continue;
+    const std::string name(key.str());
+    const std::string canonical = canonical_key(section, name);
+    if (canonical.empty()) continue;
+    const auto region = key.source().begin.line ? key.source() : node.source();
+    auto [it, fresh] = seen.emplace(canonical, std::make_pair(name, region));
+    if (fresh) continue;
+    // (toml++ iterates keys in name order: the message names the later line first.)
+    auto later = std::make_pair(name, region), earlier = it->second;
+    if (later.second.begin.line < earlier.second.begin.line) std::swap(later, earlier);
+    fail(ExitCode::kUsage,
+         "{}: '{}' and '{}' ({}) both set {} in one table, so one would silently win: keep one "
+         "of them",
+         where(origin, later.second), later.first, earlier.first, where(origin, earlier.second),
+         canonical);
+  }
+}
+
 void apply_table(Config& c, const toml::table& root, const std::string& origin) {
+  check_one_spelling(root, "", origin);
+  for (const auto& [key, node] : root) {
+    if (const auto* table = node.as_table())
+      check_one_spelling(*table, std::string(key.str()), origin);
+  }
   for (const auto& [key, node] : root) {
     std::string name(key.str());
     std::string at = where(origin, key.source().begin.line ? key.source() : node.source());
@@ -928,14 +976,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (std::filesystem::is_directory(path, ec))
     fail(ExitCode::kUsage, "--config '{}' is a directory; name a TOML file (e.g. {}/run.toml)",
          path, path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    fail(ExitCode::kUsage, "cannot read configuration file '{}': {}; check the --config path", path,
-         errno_string());
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
+  std::string text = read_bounded_file(path, kMaxConfigFileBytes, ExitCode::kUsage, "--config");
   if (text.empty()) text = "\n";  // an empty file is valid: defaults
   return parse_config(text, path, overrides);
 }

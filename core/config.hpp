@@ -79,6 +79,7 @@ struct TrainingConfig {
   int64_t micro_batch_size = 8;
   int64_t grad_accum_steps = 1;
   double auto_batch_memory_mb = 0.0;
+  double memory_limit_gb = 0.0;  // 0: available memory / ranks on the node
   double lr = 3e-4;
   double weight_decay = 0.01;
   double adam_beta1 = 0.9;

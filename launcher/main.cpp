@@ -16,6 +16,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "checkpoint/manifest.hpp"
 #include "cluster/topology.hpp"
 #include "coordinator/elastic_client.hpp"
 #include "coordinator/elastic_config.hpp"
@@ -156,9 +157,7 @@ void stop_coordinator(HostedCoordinator& hosted, int code) {
     // know that (it would wait a heartbeat timeout, declare this node dead and open a new
     // generation that nobody will run): stop it now. Other nodes got the same notice.
     spdlog::warn(
-        "preempted: the workers committed a checkpoint and exited {}; stopping the "
-        "coordinator hosted here (the requeued job resumes from the checkpoint)",
-        code);
+        "preempted: the workers stopped and exited {}; stopping the coordinator hosted here", code);
   } else if (code < 128) {  // the job ended (not this agent interrupted by a signal)
     hosted.service->wait_outcome_delivered(hosted.options.state.heartbeat_timeout);
   }
@@ -243,6 +242,29 @@ int run_elastic(const Args& args, const CLI::App& app, LaunchPlan plan, const cl
   const int code = run_agent(args, plan, env, signals, elastic);
   if (hosted) stop_coordinator(*hosted, code);
   return code;
+}
+
+// Note [What exit 75 says]: workers exit 75 after a stop signal, normally once their
+// checkpoint is committed; a worker blocked outside a step (Note [Stop while blocked] in
+// worker/train/stop_watchdog.hpp) exits 75 with no new checkpoint. So the launcher reports
+// what checkpoint.dir holds, not what the workers should have saved.
+void report_resume_point(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::filesystem::path>> committed;
+  try {
+    committed = checkpoint::list_committed(dir);
+  } catch (const std::exception&) {
+  }
+  if (committed.empty()) {
+    spdlog::warn(
+        "no committed checkpoint in {}: the workers stopped before saving one; running the job "
+        "again starts from step 0",
+        dir);
+    return;
+  }
+  spdlog::warn(
+      "the newest committed checkpoint is step {} in {}: running the job again resumes "
+      "from it",
+      committed.back().first, dir);
 }
 
 std::string absolute(const std::string& path) {
@@ -426,8 +448,10 @@ int run(Args& args, const CLI::App& app) {
     return 0;
   }
   require_worker_command(args, plan);
-  if (elastic) return run_elastic(args, app, plan, env, config.elastic);
-  return run_static(args, plan, env);
+  const int code =
+      elastic ? run_elastic(args, app, plan, env, config.elastic) : run_static(args, plan, env);
+  if (code == static_cast<int>(ExitCode::kRequeue)) report_resume_point(config.checkpoint.dir);
+  return code;
 }
 
 void add_placement_options(CLI::App& app, Args& args) {

@@ -85,8 +85,7 @@ GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
         continue;
       }
       if (is_requeue(*exit)) {
-        spdlog::info("rank {} saved a checkpoint and exited {} (preempted)", w.spec->rank,
-                     kRequeueCode);
+        spdlog::info("rank {} exited {} (preempted)", w.spec->rank, kRequeueCode);
         ++requeued;
         continue;
       }
@@ -228,8 +227,8 @@ int RestartLoop::run() {
   int code = exit_code_for(last_);
   if (last_.outcome == GenerationOutcome::kPreempted) {
     spdlog::warn(
-        "the workers saved a checkpoint and stopped (preempted); exiting with code {} "
-        "so that the job is requeued and resumes from it",
+        "the workers stopped after a stop signal (preempted); exiting with code {} "
+        "so that the job is requeued",
         code);
   }
   if (last_.outcome == GenerationOutcome::kWorkerFailed) {

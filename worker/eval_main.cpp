@@ -194,6 +194,23 @@ LogitsRun hf_logits_run(const EvalArgs& a, const std::vector<std::string>& seque
                "the tokenizer has {} tokens but the model's vocab_size is {}",
                tokenizer.vocab_size(), checkpoint.options.vocab_size);
   const data::HfBatch batch = tokenizer.encode_batch(sequences);
+  // Issue 22: the model's positions bound a sequence for rotary models too (a 10 MB line made
+  // a rotary model allocate gigabytes, an ESM one terabytes, before).
+  const auto& o = checkpoint.options;
+  const int64_t positions =
+      o.max_seq_length - (o.position_padding_idx >= 0 ? o.position_padding_idx + 1 : 0);
+  if (batch.seq_len > positions) {
+    for (int64_t r = 0; r < batch.rows; ++r) {
+      int64_t tokens = 0;
+      for (int64_t j = 0; j < batch.seq_len; ++j)
+        tokens += batch.attention_mask[r * batch.seq_len + j];
+      DNALLM_CHECK(tokens <= positions, ExitCode::kBadData,
+                   "{}: sequence {} ({} bases) is {} tokens, more than the {} positions of {} "
+                   "(max_position_embeddings): cut it into windows of at most that many tokens",
+                   a.logits_in, r + 1, sequences[static_cast<size_t>(r)].size(), tokens, positions,
+                   a.model_dir);
+    }
+  }
   LogitsRun run;
   run.model = a.adapter_dir.empty()
                   ? models::build_hf_model(checkpoint)

@@ -248,7 +248,8 @@ TEST(CheckpointFaultTest, DiskFullDuringWriteLeavesPreviousIntact) {
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 10 + static_cast<int>(ExitCode::kFailure));
+  // Note [A failed save]: exit code 2 with the cause, not 1 "internal error".
+  EXPECT_EQ(WEXITSTATUS(status), 10 + static_cast<int>(ExitCode::kUsage));
   std::ifstream in(msg_file);
   std::string msg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(msg.find("File too large"), std::string::npos) << msg;

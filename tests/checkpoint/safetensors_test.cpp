@@ -114,7 +114,7 @@ TEST(CheckpointSafetensorsTest, AWrongByteCountWritesNothing) {
   EXPECT_FALSE(std::filesystem::exists(tmp.path() / "bad.safetensors.tmp"));
 }
 
-TEST(CheckpointSafetensorsTest, TruncatedDataIsBadData) {
+TEST(CheckpointSafetensorsTest, TruncatedDataIsDamaged) {
   TempDir tmp;
   const auto bytes = make_data(DType::kFloat32, 64, 1);
   const auto path = tmp.path() / "t.safetensors";
@@ -124,8 +124,107 @@ TEST(CheckpointSafetensorsTest, TruncatedDataIsBadData) {
     read_safetensors_header(path);
     FAIL() << "a tensor past the end of the file was accepted";
   } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kBadData);
+    EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 22: a downloaded model.safetensors is untrusted (Note [Untrusted files]). Each damaged
+// header is refused with exit code 5 and one line naming the file and what is wrong.
+
+// A safetensors file with this header text and `data_bytes` zero bytes of data.
+void write_raw(const std::filesystem::path& path, const std::string& header, size_t data_bytes) {
+  std::string text = header;
+  while (text.size() % 8 != 0) text.push_back(' ');
+  std::ofstream f(path, std::ios::binary);
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
+  f.write(reinterpret_cast<const char*>(len), 8);
+  f << text << std::string(data_bytes, '\0');
+}
+
+void expect_damaged(const std::filesystem::path& path, const std::string& needle) {
+  try {
+    SafetensorsReader reader(path);
+    FAIL() << path << " accepted; expected: " << needle;
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt) << what;
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
+    EXPECT_NE(what.find(path.string()), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    EXPECT_LT(what.size(), 600u) << what;
+  }
+}
+
+struct DamagedHeader {
+  const char* name;
+  const char* header;
+  size_t data_bytes;
+  const char* needle;
+};
+
+TEST(CheckpointSafetensorsTest, DamagedHeadersAreRefusedWithExitCode5) {
+  TempDir tmp;
+  const std::string long_name(100000, 'x');
+  const std::vector<DamagedHeader> cases = {
+      {"negative_dim", R"({"w":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})", 16,
+       "has the dimension -4"},
+      {"overflowing_shape",
+       R"({"w":{"dtype":"F32","shape":[4611686018427387904,4611686018427387904],"data_offsets":[0,16]}})",
+       16, "do not match its shape"},
+      {"shape_not_bytes", R"({"w":{"dtype":"F32","shape":[5],"data_offsets":[0,16]}})", 16,
+       "do not match its shape"},
+      {"past_the_end", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[16,32]}})", 16,
+       "past the end"},
+      {"reversed", R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[16,0]}})", 16,
+       "data_offsets [16, 0]"},
+      {"negative_offset", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[-16,0]}})", 16,
+       "needs data_offsets"},
+      {"overlap",
+       R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
+       24, "tensors 'a' and 'b' share bytes"},
+      {"duplicate",
+       R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+       16, "key \"w\" appears twice"},
+      {"bad_dtype", R"({"w":{"dtype":"Q4","shape":[4],"data_offsets":[0,16]}})", 16,
+       "unsupported safetensors dtype 'Q4'"},
+      {"not_json", "{\"w\": [", 16, "is not valid JSON"},
+      {"not_object", "[1, 2]", 16, "not a JSON object"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto path = tmp.path() / (std::string(c.name) + ".safetensors");
+    write_raw(path, c.header, c.data_bytes);
+    expect_damaged(path, c.needle);
+  }
+  // A name of 100,000 characters is quoted, not copied whole, into the message.
+  const auto long_path = tmp.path() / "long_name.safetensors";
+  write_raw(long_path,
+            R"({")" + long_name + R"(":{"dtype":"F32","shape":[5],"data_offsets":[0,16]}})", 16);
+  expect_damaged(long_path, "(100000 bytes in all)");
+  // A header length beyond the file (or the 100 MiB bound).
+  const auto huge = tmp.path() / "huge_header.safetensors";
+  {
+    std::ofstream f(huge, std::ios::binary);
+    const uint8_t len[8] = {0, 0, 0, 0, 0, 0, 0, 0x40};
+    f.write(reinterpret_cast<const char*>(len), 8);
+    f << "{}      ";
+  }
+  expect_damaged(huge, "not a safetensors file (header length 4611686018427387904");
+}
+
+TEST(CheckpointSafetensorsTest, OnlyRegularFilesAreRead) {
+  TempDir tmp;
+  const auto dir = tmp.path() / "dir.safetensors";
+  std::filesystem::create_directories(dir);
+  expect_damaged(dir, "is a directory");
+  const auto zero = tmp.path() / "zero.safetensors";
+  std::filesystem::create_symlink("/dev/zero", zero);
+  expect_damaged(zero, "is not a regular file (a device)");
+  const auto loop = tmp.path() / "loop.safetensors";
+  std::filesystem::create_symlink(loop, loop);
+  expect_damaged(loop, "symbolic link loop");
 }
 
 TEST(CheckpointSafetensorsTest, ModelDirectoryHoldsWhatItWasGiven) {

@@ -10,6 +10,7 @@
 
 #include "core/cli.hpp"
 #include "core/error.hpp"
+#include "core/untrusted_file.hpp"
 
 namespace dnallm {
 namespace {
@@ -256,6 +257,58 @@ TEST(Config, ADirectoryAsConfigIsAUsageErrorNotDefaults) {
     EXPECT_EQ(e.code(), ExitCode::kUsage);
     EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
   }
+}
+
+TEST(Config, AnAliasAndItsKeyInOneTableNameBoth) {
+  // Issue 22: `lr` and `learning_rate` in one table (the later silently won).
+  expect_usage_error(
+      "[training]\nlr = 1e-3\nlearning_rate = 5e-5\n",
+      {"run.toml:3", "'learning_rate' and 'lr'", "run.toml:2", "training.lr", "keep one"});
+  expect_usage_error("[training]\nlearning_rate = 1e-3\nlr = 5e-5\n",
+                     {"run.toml:3: 'lr' and 'learning_rate' (run.toml:2)"});
+  expect_usage_error(
+      "[training]\nsave_steps = 5\n[checkpoint]\nsave_steps = 5\nsave_total_limit = 2\nkeep_last = "
+      "3\n",
+      {"'keep_last' and 'save_total_limit'", "checkpoint.keep_last"});
+  // In different tables, or the bf16/fp16 selectors together: accepted as before.
+  EXPECT_DOUBLE_EQ(
+      parse_config("learning_rate = 1e-3\n[training]\nlr = 5e-5\n", "run.toml").training.lr, 5e-5);
+  EXPECT_EQ(parse_config("[training]\nbf16 = false\nfp16 = false\n", "run.toml").training.precision,
+            "fp32");
+}
+
+TEST(Config, ConfigFilesAreBoundedAndRegular) {
+  // Issue 22: --config /dev/zero read 2.2 GB before failing.
+  for (const std::string path : {"/dev/zero", "/dev/null"}) {
+    try {
+      load_config(path);
+      FAIL() << path << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kUsage);
+      EXPECT_NE(std::string(e.what()).find("is not a regular file (a device)"), std::string::npos)
+          << e.what();
+    }
+  }
+  const std::string dir = ::testing::TempDir() + "/config_bounds";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string big = dir + "/big.toml";
+  { std::ofstream(big) << "# big\n"; }
+  std::filesystem::resize_file(big, kMaxConfigFileBytes + 1);
+  const std::string loop = dir + "/loop.toml";
+  std::filesystem::create_symlink(loop, loop);
+  for (const auto& [path, needle] : std::vector<std::pair<std::string, std::string>>{
+           {big, "more than the 16777216 bytes allowed"}, {loop, "symbolic link loop"}}) {
+    try {
+      load_config(path);
+      FAIL() << path << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kUsage);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Config, AdamEpsilonZeroIsRefused) {

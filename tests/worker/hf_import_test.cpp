@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -322,6 +323,107 @@ TEST_F(HfRefusalTest, ScaledRotary) {
   expect_refused({"rope_type", "default"});
 }
 
+// Issue 22: a downloaded directory is untrusted (Note [Model shape limits], Note [Untrusted
+// files]): damaged values are refused before any allocation, in one bounded line.
+
+TEST_F(HfRefusalTest, ZeroHeadsIsRefusedNotSigfpe) {
+  edit_config([](auto& c) { c["num_attention_heads"] = 0; });
+  expect_refused({"num_attention_heads = 0 is outside [1, 32]"});
+}
+
+TEST_F(HfRefusalTest, HundredThousandLayersFailFastInOneShortLine) {
+  edit_config([](auto& c) { c["num_hidden_layers"] = 100000; });
+  try {
+    read_hf_checkpoint(dir_.string());
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("num_hidden_layers = 100000 is outside [1, 1024]"),
+              std::string::npos)
+        << e.what();
+    EXPECT_LT(std::string(e.what()).size(), 600u);
+  }
+}
+
+TEST_F(HfRefusalTest, HugeAndNegativeSizesAreNotOutOfMemoryAdvice) {
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, int64_t>>{{"hidden_size", int64_t{1} << 35},
+                                                    {"intermediate_size", int64_t{1} << 40},
+                                                    {"vocab_size", -5},
+                                                    {"max_position_embeddings", 0}}) {
+    SCOPED_TRACE(key);
+    edit_config([&](auto& c) { c[key] = value; });
+    try {
+      read_hf_checkpoint(dir_.string());
+      FAIL() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kUsage);
+      EXPECT_NE(std::string(e.what()).find(key + " = " + std::to_string(value) + " is outside"),
+                std::string::npos)
+          << e.what();
+      EXPECT_EQ(std::string(e.what()).find("micro_batch_size"), std::string::npos);
+    }
+    SetUp();
+  }
+}
+
+TEST_F(HfRefusalTest, NegativeLayerNormEps) {
+  edit_config([](auto& c) { c["layer_norm_eps"] = -1; });
+  expect_refused({"layer_norm_eps = -1 must be a finite number in (0, 1)"});
+}
+
+TEST_F(HfRefusalTest, AValueOfTheWrongTypeIsAUsageError) {
+  edit_config([](auto& c) { c["position_embedding_type"] = 7; });
+  expect_refused({"config.json: a value has the wrong type"});
+}
+
+TEST_F(HfRefusalTest, DuplicatedConfigKey) {
+  std::string text = dnallm::testing::read_text((dir_ / "config.json").string());
+  text.insert(text.find('{') + 1, "\"num_hidden_layers\": 1,");
+  std::ofstream(dir_ / "config.json") << text;
+  expect_refused({"key \"num_hidden_layers\" appears twice"});
+}
+
+TEST_F(HfRefusalTest, ConfigJsonLinkedToDevZero) {
+  fs::remove(dir_ / "config.json");
+  fs::create_symlink("/dev/zero", dir_ / "config.json");
+  expect_refused({"is not a regular file (a device)"});
+}
+
+// Damaged weights: exit code 5 (a damaged file), naming the file or the tensor.
+void expect_damaged(const fs::path& dir, const std::string& needle) {
+  try {
+    read_hf_checkpoint(dir.string());
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(HfRefusalTest, WeightsFileThatIsNotARegularFile) {
+  const auto weights = dir_ / "model.safetensors";
+  fs::remove(weights);
+  fs::create_directories(weights);
+  expect_damaged(dir_, "model.safetensors is a directory");
+  fs::remove(weights);
+  fs::create_symlink("/dev/zero", weights);
+  expect_damaged(dir_, "is not a regular file (a device)");
+  fs::remove(weights);
+  fs::create_symlink(weights, weights);
+  expect_damaged(dir_, "symbolic link loop");
+}
+
+TEST_F(HfRefusalTest, NanOrInfiniteWeights) {
+  auto weights = load_safetensors((dir_ / "model.safetensors").string());
+  weights.at("bert.encoder.layer.0.output.dense.weight")[0][0] =
+      std::numeric_limits<float>::infinity();
+  save_safetensors(
+      (dir_ / "model.safetensors").string(),
+      std::vector<std::pair<std::string, torch::Tensor>>(weights.begin(), weights.end()));
+  expect_damaged(dir_, "tensor bert.encoder.layer.0.output.dense.weight holds NaN or infinite");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Export: each of our model kinds written in a transformers layout and imported again through
 // the path the fixtures validate must compute our logits (at real tokens; padding positions
@@ -568,6 +670,16 @@ TEST(HfEvalCliTest, LogitsFileMatchesTheFixture) {
   EXPECT_EQ(run(std::string(DNALLM_EVAL_BIN) + " --model " + alibi.string() + " --logits " +
                 (tmp / "seqs.txt").string() + " --out " + out + " 2> /dev/null"),
             2);
+  // Issue 22: a sequence beyond a rotary model's positions is bad data (exit 3), refused before
+  // the forward pass (it allocated gigabytes before), like one beyond learned positions.
+  std::ofstream(tmp / "long.txt") << "ACGT\n" << std::string(100000, 'A') << "\n";
+  for (const char* family : {"esm_mlm", "gptneox_causal", "bert_mlm"}) {
+    const auto r = dnallm::testing::run_shell(std::string(DNALLM_EVAL_BIN) + " --model " +
+                                              kFixtures + "/" + family + " --logits " +
+                                              (tmp / "long.txt").string() + " --out " + out);
+    EXPECT_EQ(r.code, 3) << family << "\n" << r.out;
+    EXPECT_NE(r.out.find("sequence 2 (100000 bases)"), std::string::npos) << r.out;
+  }
   fs::remove_all(tmp);
 }
 

@@ -1,4 +1,6 @@
 // Models: shapes, masking, sdpa == eager, checkpointing, KV cache, LoRA, safetensors, overfit.
+#include <limits>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -308,13 +310,30 @@ TEST(ModelTest, SafetensorsRoundTrip) {
   for (const auto& [name, t] : tensors) {
     EXPECT_TRUE(torch::equal(back.at(name), t)) << name;
   }
-  // A truncated file is bad data.
+  // A truncated file is a damaged file (exit code 5).
   std::filesystem::resize_file(path, 20);
   try {
     load_safetensors(path);
     FAIL() << "truncated file accepted";
   } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kBadData);
+    EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt);
+  }
+  // Issue 22: NaN or infinite weights (all-NaN logits, exit 0 before) are refused, naming the
+  // tensor.
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    auto w = torch::ones({3, 2});
+    w[1][1] = bad;
+    save_safetensors(path, {{"ok", torch::ones({2})}, {"encoder.w", w}});
+    try {
+      load_safetensors(path);
+      FAIL() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt);
+      EXPECT_NE(std::string(e.what()).find("tensor encoder.w holds NaN or infinite values"),
+                std::string::npos)
+          << e.what();
+    }
   }
   std::filesystem::remove(path);
 }

@@ -4,8 +4,10 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "core/error.hpp"
+#include "core/untrusted_file.hpp"
 
 namespace dnallm::data {
 namespace {
@@ -13,29 +15,49 @@ namespace {
 using nlohmann::json;
 using nlohmann::ordered_json;
 
+bool present(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::symlink_status(path, ec).type() != std::filesystem::file_type::not_found;
+}
+
+// Note [Untrusted files] (core/untrusted_file.hpp): regular files of bounded size, strict JSON.
 bool read_json(const std::string& path, json& out) {
-  std::ifstream f(path);
-  if (!f.good()) return false;
-  try {
-    out = json::parse(f);
-  } catch (const std::exception& e) {
-    fail(ExitCode::kUsage, "{} is not valid JSON ({}): repair or re-download the file", path,
-         e.what());
-  }
+  if (!present(path)) return false;
+  out = parse_json_strict(
+      read_bounded_file(path, kMaxTokenizerFileBytes, ExitCode::kUsage, "tokenizer file"), path,
+      ExitCode::kUsage);
+  DNALLM_CHECK(out.is_object(), ExitCode::kUsage,
+               "{} is not a JSON object: repair or re-download the file", path);
   return true;
 }
 
 std::vector<std::string> read_lines(const std::string& path) {
-  std::ifstream f(path);
-  DNALLM_CHECK(f.good(), ExitCode::kUsage, "cannot read {}: {}", path, errno_string());
+  const std::string text =
+      read_bounded_file(path, kMaxTokenizerFileBytes, ExitCode::kUsage, "vocabulary");
   std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(f, line)) {
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(begin, end - begin);
     while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
-    lines.push_back(line);
+    lines.push_back(std::move(line));
+    begin = end + 1;
   }
   while (!lines.empty() && lines.back().empty()) lines.pop_back();
   return lines;
+}
+
+// Every piece once: two ids for one token would make encoding ambiguous.
+void check_unique(const std::vector<std::string>& pieces, const std::string& where) {
+  std::map<std::string, size_t> first;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    auto [it, fresh] = first.emplace(pieces[i], i);
+    DNALLM_CHECK(fresh, ExitCode::kUsage,
+                 "{}: token \"{}\" appears twice (ids {} and {}): the vocabulary is damaged; "
+                 "repair or re-download it",
+                 where, clip_for_message(pieces[i]), it->second, i);
+  }
 }
 
 bool is_bases(const std::string& s) {
@@ -46,14 +68,46 @@ bool is_bases(const std::string& s) {
 
 // tokenizer.json's {"piece": id} vocabulary as pieces indexed by id.
 std::vector<std::string> pieces_by_id(const json& vocab, const std::string& dir) {
+  DNALLM_CHECK(vocab.is_object(), ExitCode::kUsage,
+               "{}/tokenizer.json: model.vocab is not an object of token: id", dir);
   std::vector<std::string> pieces(vocab.size());
+  std::vector<bool> taken(vocab.size(), false);
   for (const auto& [piece, id] : vocab.items()) {
+    DNALLM_CHECK(id.is_number_integer(), ExitCode::kUsage,
+                 "{}/tokenizer.json: the id of \"{}\" is not an integer", dir,
+                 clip_for_message(piece));
     const auto i = id.get<int64_t>();
     DNALLM_CHECK(i >= 0 && i < int64_t(vocab.size()), ExitCode::kUsage,
-                 "{}/tokenizer.json: id {} of \"{}\" is outside the vocabulary", dir, i, piece);
+                 "{}/tokenizer.json: id {} of \"{}\" is outside the vocabulary", dir, i,
+                 clip_for_message(piece));
+    DNALLM_CHECK(!taken[size_t(i)], ExitCode::kUsage,
+                 "{}/tokenizer.json: tokens \"{}\" and \"{}\" have the same id {}: the "
+                 "vocabulary is damaged; repair or re-download it",
+                 dir, clip_for_message(pieces[size_t(i)]), clip_for_message(piece), i);
+    taken[size_t(i)] = true;
     pieces[size_t(i)] = piece;
   }
   return pieces;
+}
+
+// vocab.txt and tokenizer.json's vocabulary, when both are there, must be the same list:
+// else which one a reader uses decides every id.
+void check_same_vocabulary(const std::vector<std::string>& from_txt, const json& tj,
+                           const std::string& dir) {
+  if (!tj.is_object() || !tj.contains("model") || !tj["model"].is_object() ||
+      !tj["model"].contains("vocab") || !tj["model"]["vocab"].is_object()) {
+    return;
+  }
+  const auto from_json = pieces_by_id(tj["model"]["vocab"], dir);
+  size_t i = 0;
+  while (i < from_txt.size() && i < from_json.size() && from_txt[i] == from_json[i]) ++i;
+  if (i == from_txt.size() && i == from_json.size()) return;
+  fail(ExitCode::kUsage,
+       "{}: vocab.txt and tokenizer.json disagree at id {} (\"{}\" vs \"{}\"; {} and {} "
+       "tokens): the files are from different tokenizers; keep the matching pair",
+       dir, i, i < from_txt.size() ? clip_for_message(from_txt[i]) : "(end)",
+       i < from_json.size() ? clip_for_message(from_json[i]) : "(end)", from_txt.size(),
+       from_json.size());
 }
 
 // The length k of every DNA piece of a k-mer vocabulary (DNABERT: one k).
@@ -115,131 +169,146 @@ int64_t HfTokenizer::id_of(const std::string& piece) const {
 }
 
 HfTokenizer HfTokenizer::load(const std::string& dir) {
-  namespace fs = std::filesystem;
-  HfTokenizer t;
-  json config = json::object(), tj;
-  read_json(dir + "/tokenizer_config.json", config);
-  const bool has_tj = read_json(dir + "/tokenizer.json", tj);
-  const bool has_vocab = fs::exists(dir + "/vocab.txt");
-  const std::string cls = config.value("tokenizer_class", std::string());
-  t.tokenizer_class_ = cls;
-  t.pad_left_ = config.value("padding_side", std::string("right")) == "left";
-  DNALLM_CHECK(!config.contains("auto_map"), ExitCode::kUsage,
-               "{}/tokenizer_config.json: \"auto_map\" asks for remote tokenizer code, which is "
-               "not run here: supported are BertTokenizer (DNABERT k-mers), EsmTokenizer "
-               "(Nucleotide Transformer) and a tokenizers WordLevel tokenizer.json (one token a "
-               "base)",
-               dir);
-
-  auto role = [&](const char* key, const std::string& fallback) {
-    std::string text = token_text(config, key);
-    if (text.empty()) text = fallback;
-    return text.empty() ? int64_t{-1} : t.id_of(text);
-  };
-
-  if (cls == "EsmTokenizer") {
-    DNALLM_CHECK(has_vocab, ExitCode::kUsage, "{}: EsmTokenizer needs vocab.txt", dir);
-    t.scheme_ = Scheme::kLongestMatch;
-    t.pieces_ = read_lines(dir + "/vocab.txt");
-    t.index();
-    t.special_.unk = role("unk_token", "<unk>");
-    t.special_.pad = role("pad_token", "<pad>");
-    t.special_.mask = role("mask_token", "<mask>");
-    t.special_.cls = role("cls_token", "<cls>");
-    t.special_.eos = role("eos_token", "<eos>");
-    t.special_.bos = t.id_of("<bos>");
-    t.k_ = static_cast<int>(t.max_piece_);
-    if (t.special_.cls >= 0) t.prefix_ = {t.special_.cls};
-    if (t.special_.eos >= 0) t.suffix_ = {t.special_.eos};
-    return t;
-  }
-
-  if (cls == "BertTokenizer" || cls == "BertTokenizerFast" || cls == "DNATokenizer" ||
-      (cls.empty() && has_vocab)) {
-    if (has_vocab) {
-      t.pieces_ = read_lines(dir + "/vocab.txt");
-    } else {
-      DNALLM_CHECK(has_tj && tj.contains("model") && tj["model"].contains("vocab"),
-                   ExitCode::kUsage, "{}: BertTokenizer needs vocab.txt or tokenizer.json", dir);
-      t.pieces_ = pieces_by_id(tj["model"]["vocab"], dir);
-    }
-    DNALLM_CHECK(!config.value("do_lower_case", false), ExitCode::kUsage,
-                 "{}/tokenizer_config.json: do_lower_case = true is not supported (DNA k-mers "
-                 "are upper case): set it to false",
+  try {
+    HfTokenizer t;
+    json config = json::object(), tj;
+    read_json(dir + "/tokenizer_config.json", config);
+    const bool has_tj = read_json(dir + "/tokenizer.json", tj);
+    const bool has_vocab = present(dir + "/vocab.txt");
+    const std::string cls = config.value("tokenizer_class", std::string());
+    t.tokenizer_class_ = cls;
+    t.pad_left_ = config.value("padding_side", std::string("right")) == "left";
+    DNALLM_CHECK(!config.contains("auto_map"), ExitCode::kUsage,
+                 "{}/tokenizer_config.json: \"auto_map\" asks for remote tokenizer code, which is "
+                 "not run here: supported are BertTokenizer (DNABERT k-mers), EsmTokenizer "
+                 "(Nucleotide Transformer) and a tokenizers WordLevel tokenizer.json (one token a "
+                 "base)",
                  dir);
-    t.scheme_ = Scheme::kOverlappingKmer;
-    t.index();
-    t.k_ = kmer_length(t.pieces_, dir);
-    t.special_.unk = role("unk_token", "[UNK]");
-    t.special_.pad = role("pad_token", "[PAD]");
-    t.special_.cls = role("cls_token", "[CLS]");
-    t.special_.sep = role("sep_token", "[SEP]");
-    t.special_.mask = role("mask_token", "[MASK]");
-    DNALLM_CHECK(t.special_.cls >= 0 && t.special_.sep >= 0 && t.special_.unk >= 0,
-                 ExitCode::kUsage, "{}: BertTokenizer vocabulary lacks [CLS], [SEP] or [UNK]", dir);
-    t.prefix_ = {t.special_.cls};
-    t.suffix_ = {t.special_.sep};
-    return t;
-  }
 
-  DNALLM_CHECK(has_tj, ExitCode::kUsage,
-               "{}: tokenizer_class \"{}\" without a tokenizer.json is not supported: supported "
-               "are BertTokenizer (DNABERT k-mers, vocab.txt), EsmTokenizer (vocab.txt) and a "
-               "tokenizers WordLevel tokenizer.json",
-               dir, cls);
-  const auto& model = tj.value("model", json::object());
-  const std::string type = model.value("type", std::string());
-  DNALLM_CHECK(type == "WordLevel", ExitCode::kUsage,
-               "{}/tokenizer.json: model type \"{}\" is not supported: supported is WordLevel "
-               "(one token a base); BPE/Unigram DNA tokenizers are not yet",
-               dir, type);
-  const auto& pre = tj.value("pre_tokenizer", json());
-  const bool per_char = pre.is_object() && pre.value("type", std::string()) == "Split" &&
-                        pre.contains("pattern") && pre["pattern"].value("String", "x").empty() &&
-                        pre.value("behavior", std::string()) == "Isolated";
-  // Words split at spaces: the input is the overlapping k-mers separated by spaces (DNABERT's
-  // convention, what export_hf_tokenizer writes for k-mer tokenizers).
-  const bool words = pre.is_object() && pre.value("type", std::string()) == "WhitespaceSplit";
-  DNALLM_CHECK(per_char || words, ExitCode::kUsage,
-               "{}/tokenizer.json: pre_tokenizer {} is not supported: supported are Split on \"\" "
-               "(Isolated), one token a character, and WhitespaceSplit over k-mers",
-               dir, pre.dump());
-  DNALLM_CHECK(tj.value("normalizer", json()).is_null(), ExitCode::kUsage,
-               "{}/tokenizer.json: a normalizer ({}) is not supported", dir,
-               tj["normalizer"].dump());
-  t.pieces_ = pieces_by_id(model.at("vocab"), dir);
-  t.scheme_ = per_char ? Scheme::kCharacter : Scheme::kOverlappingKmer;
-  t.index();
-  if (words) t.k_ = kmer_length(t.pieces_, dir);
-  t.special_.unk = t.id_of(model.value("unk_token", std::string("<unk>")));
-  t.special_.pad = role("pad_token", "<pad>");
-  t.special_.bos = role("bos_token", "<bos>");
-  t.special_.eos = role("eos_token", "<eos>");
-  t.special_.mask = role("mask_token", "");
-  t.special_.cls = role("cls_token", "");
-  t.special_.sep = role("sep_token", "");
-  // TemplateProcessing "single": special tokens before and after $A.
-  const auto& post = tj.value("post_processor", json());
-  if (post.is_object()) {
-    DNALLM_CHECK(post.value("type", std::string()) == "TemplateProcessing", ExitCode::kUsage,
-                 "{}/tokenizer.json: post_processor \"{}\" is not supported: supported is "
-                 "TemplateProcessing",
-                 dir, post.value("type", std::string()));
-    bool seen_sequence = false;
-    for (const auto& item : post.at("single")) {
-      if (item.contains("Sequence")) {
-        seen_sequence = true;
-        continue;
-      }
-      const auto name = item.at("SpecialToken").at("id").get<std::string>();
-      const auto id = t.id_of(name);
-      DNALLM_CHECK(id >= 0, ExitCode::kUsage,
-                   "{}/tokenizer.json: post_processor names \"{}\", not in the vocabulary", dir,
-                   name);
-      (seen_sequence ? t.suffix_ : t.prefix_).push_back(id);
+    auto role = [&](const char* key, const std::string& fallback) {
+      std::string text = token_text(config, key);
+      if (text.empty()) text = fallback;
+      return text.empty() ? int64_t{-1} : t.id_of(text);
+    };
+
+    if (cls == "EsmTokenizer") {
+      DNALLM_CHECK(has_vocab, ExitCode::kUsage, "{}: EsmTokenizer needs vocab.txt", dir);
+      t.scheme_ = Scheme::kLongestMatch;
+      t.pieces_ = read_lines(dir + "/vocab.txt");
+      check_unique(t.pieces_, dir + "/vocab.txt");
+      if (has_tj) check_same_vocabulary(t.pieces_, tj, dir);
+      t.index();
+      t.special_.unk = role("unk_token", "<unk>");
+      t.special_.pad = role("pad_token", "<pad>");
+      t.special_.mask = role("mask_token", "<mask>");
+      t.special_.cls = role("cls_token", "<cls>");
+      t.special_.eos = role("eos_token", "<eos>");
+      t.special_.bos = t.id_of("<bos>");
+      t.k_ = static_cast<int>(t.max_piece_);
+      if (t.special_.cls >= 0) t.prefix_ = {t.special_.cls};
+      if (t.special_.eos >= 0) t.suffix_ = {t.special_.eos};
+      return t;
     }
+
+    if (cls == "BertTokenizer" || cls == "BertTokenizerFast" || cls == "DNATokenizer" ||
+        (cls.empty() && has_vocab)) {
+      if (has_vocab) {
+        t.pieces_ = read_lines(dir + "/vocab.txt");
+        check_unique(t.pieces_, dir + "/vocab.txt");
+        if (has_tj) check_same_vocabulary(t.pieces_, tj, dir);
+      } else {
+        DNALLM_CHECK(has_tj && tj.contains("model") && tj["model"].contains("vocab"),
+                     ExitCode::kUsage, "{}: BertTokenizer needs vocab.txt or tokenizer.json", dir);
+        t.pieces_ = pieces_by_id(tj["model"]["vocab"], dir);
+      }
+      DNALLM_CHECK(!config.value("do_lower_case", false), ExitCode::kUsage,
+                   "{}/tokenizer_config.json: do_lower_case = true is not supported (DNA k-mers "
+                   "are upper case): set it to false",
+                   dir);
+      t.scheme_ = Scheme::kOverlappingKmer;
+      t.index();
+      t.k_ = kmer_length(t.pieces_, dir);
+      t.special_.unk = role("unk_token", "[UNK]");
+      t.special_.pad = role("pad_token", "[PAD]");
+      t.special_.cls = role("cls_token", "[CLS]");
+      t.special_.sep = role("sep_token", "[SEP]");
+      t.special_.mask = role("mask_token", "[MASK]");
+      DNALLM_CHECK(t.special_.cls >= 0 && t.special_.sep >= 0 && t.special_.unk >= 0,
+                   ExitCode::kUsage, "{}: BertTokenizer vocabulary lacks [CLS], [SEP] or [UNK]",
+                   dir);
+      t.prefix_ = {t.special_.cls};
+      t.suffix_ = {t.special_.sep};
+      return t;
+    }
+
+    DNALLM_CHECK(has_tj, ExitCode::kUsage,
+                 "{}: tokenizer_class \"{}\" without a tokenizer.json is not supported: supported "
+                 "are BertTokenizer (DNABERT k-mers, vocab.txt), EsmTokenizer (vocab.txt) and a "
+                 "tokenizers WordLevel tokenizer.json",
+                 dir, cls);
+    const auto& model = tj.value("model", json::object());
+    const std::string type = model.value("type", std::string());
+    DNALLM_CHECK(type == "WordLevel", ExitCode::kUsage,
+                 "{}/tokenizer.json: model type \"{}\" is not supported: supported is WordLevel "
+                 "(one token a base); BPE/Unigram DNA tokenizers are not yet",
+                 dir, type);
+    const auto& pre = tj.value("pre_tokenizer", json());
+    const bool per_char = pre.is_object() && pre.value("type", std::string()) == "Split" &&
+                          pre.contains("pattern") && pre["pattern"].value("String", "x").empty() &&
+                          pre.value("behavior", std::string()) == "Isolated";
+    // Words split at spaces: the input is the overlapping k-mers separated by spaces (DNABERT's
+    // convention, what export_hf_tokenizer writes for k-mer tokenizers).
+    const bool words = pre.is_object() && pre.value("type", std::string()) == "WhitespaceSplit";
+    DNALLM_CHECK(
+        per_char || words, ExitCode::kUsage,
+        "{}/tokenizer.json: pre_tokenizer {} is not supported: supported are Split on \"\" "
+        "(Isolated), one token a character, and WhitespaceSplit over k-mers",
+        dir, pre.dump());
+    DNALLM_CHECK(tj.value("normalizer", json()).is_null(), ExitCode::kUsage,
+                 "{}/tokenizer.json: a normalizer ({}) is not supported", dir,
+                 tj["normalizer"].dump());
+    DNALLM_CHECK(model.contains("vocab"), ExitCode::kUsage,
+                 "{}/tokenizer.json: model.vocab is missing", dir);
+    t.pieces_ = pieces_by_id(model.at("vocab"), dir);
+    if (has_vocab) check_same_vocabulary(read_lines(dir + "/vocab.txt"), tj, dir);
+    t.scheme_ = per_char ? Scheme::kCharacter : Scheme::kOverlappingKmer;
+    t.index();
+    if (words) t.k_ = kmer_length(t.pieces_, dir);
+    t.special_.unk = t.id_of(model.value("unk_token", std::string("<unk>")));
+    t.special_.pad = role("pad_token", "<pad>");
+    t.special_.bos = role("bos_token", "<bos>");
+    t.special_.eos = role("eos_token", "<eos>");
+    t.special_.mask = role("mask_token", "");
+    t.special_.cls = role("cls_token", "");
+    t.special_.sep = role("sep_token", "");
+    // TemplateProcessing "single": special tokens before and after $A.
+    const auto& post = tj.value("post_processor", json());
+    if (post.is_object()) {
+      DNALLM_CHECK(post.value("type", std::string()) == "TemplateProcessing", ExitCode::kUsage,
+                   "{}/tokenizer.json: post_processor \"{}\" is not supported: supported is "
+                   "TemplateProcessing",
+                   dir, post.value("type", std::string()));
+      bool seen_sequence = false;
+      for (const auto& item : post.at("single")) {
+        if (item.contains("Sequence")) {
+          seen_sequence = true;
+          continue;
+        }
+        const auto name = item.at("SpecialToken").at("id").get<std::string>();
+        const auto id = t.id_of(name);
+        DNALLM_CHECK(id >= 0, ExitCode::kUsage,
+                     "{}/tokenizer.json: post_processor names \"{}\", not in the vocabulary", dir,
+                     name);
+        (seen_sequence ? t.suffix_ : t.prefix_).push_back(id);
+      }
+    }
+    return t;
+  } catch (const json::exception& e) {  // a value of the wrong JSON type
+    fail(ExitCode::kUsage,
+         "{}: a tokenizer file has a value of the wrong type ({}): repair or "
+         "re-download it",
+         dir, clip_for_message(e.what(), 200));
   }
-  return t;
 }
 
 std::vector<int64_t> HfTokenizer::encode(std::string_view raw) const {

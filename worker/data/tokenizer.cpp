@@ -11,6 +11,7 @@
 #include <sentencepiece_trainer.h>
 
 #include "core/error.hpp"
+#include "core/untrusted_file.hpp"
 
 namespace dnallm::data {
 namespace {
@@ -456,9 +457,10 @@ std::shared_ptr<const Tokenizer> tokenizer_from_json(const nlohmann::json& j) {
           base64_decode(j.at("model_proto_base64").get<std::string>()),
           j.at("bases_per_token").get<double>());
     }
-    fail(ExitCode::kUsage, "tokenizer JSON: unknown kind \"{}\" (char, kmer, bpe)", kind);
+    fail(ExitCode::kUsage, "tokenizer JSON: unknown kind \"{}\" (char, kmer, bpe)",
+         clip_for_message(kind));
   } catch (const json::exception& e) {
-    fail(ExitCode::kUsage, "tokenizer JSON is malformed: {}", e.what());
+    fail(ExitCode::kUsage, "tokenizer JSON is malformed: {}", clip_for_message(e.what(), 200));
   }
 }
 
@@ -475,14 +477,10 @@ void save_tokenizer(const Tokenizer& tokenizer, const std::string& path) {
 }
 
 std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail(ExitCode::kUsage, "cannot open tokenizer {}: {}", path, errno_string());
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception& e) {
-    fail(ExitCode::kUsage, "tokenizer {} is not valid JSON: {}", path, e.what());
-  }
+  // Note [Untrusted files]: a regular file of bounded size, strict JSON.
+  const auto j = parse_json_strict(
+      read_bounded_file(path, kMaxTokenizerFileBytes, ExitCode::kUsage, "tokenizer"), path,
+      ExitCode::kUsage);
   return tokenizer_from_json(j);
 }
 

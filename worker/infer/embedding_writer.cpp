@@ -64,19 +64,31 @@ std::string npy_header(const std::string& dtype, const std::vector<int64_t>& sha
 }
 
 std::string stem_of(const std::string& path) {
-  return ends_with(path, ".npy") ? path.substr(0, path.size() - 4) : path;
+  if (ends_with(path, ".npy")) return path.substr(0, path.size() - 4);
+  if (ends_with(path, ".safetensors")) return path.substr(0, path.size() - 12);
+  return path;
+}
+
+void rename_or_fail(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  std::filesystem::rename(from, to, ec);
+  DNALLM_CHECK(!ec, ExitCode::kUsage, "cannot rename {} to {}: {}", from, to, ec.message());
 }
 
 }  // namespace
 
-std::string ids_path(const std::string& path) { return path + ".ids.txt"; }
+void check_embedding_out_name(const std::string& path) {
+  DNALLM_CHECK(ends_with(path, ".safetensors") || ends_with(path, ".npy"), ExitCode::kUsage,
+               "--out {}: name the output file *.npy or *.safetensors", path);
+}
+
+std::string ids_path(const std::string& path) { return stem_of(path) + ".ids.txt"; }
 std::string offsets_path(const std::string& path) { return stem_of(path) + ".offsets.npy"; }
 
 EmbeddingFileWriter::EmbeddingFileWriter(std::string path, int64_t dim, bool per_token)
     : path_(std::move(path)), dim_(dim), per_token_(per_token) {
   safetensors_ = ends_with(path_, ".safetensors");
-  DNALLM_CHECK(safetensors_ || ends_with(path_, ".npy"), ExitCode::kUsage,
-               "--out {}: name the output file *.npy or *.safetensors", path_);
+  check_embedding_out_name(path_);
   DNALLM_CHECK(dim_ > 0, ExitCode::kFailure, "embedding dimension must be positive");
   data_ = open_or_fail(path_ + ".tmp", "wb");
   ids_ = open_or_fail(ids_path(path_) + ".tmp", "wb");
@@ -95,9 +107,14 @@ EmbeddingFileWriter::EmbeddingFileWriter(std::string path, int64_t dim, bool per
 }
 
 EmbeddingFileWriter::~EmbeddingFileWriter() {
-  // Not closed (an error unwound): leave only the .tmp files, never a truncated final file.
+  // Not closed (an error unwound): remove the .tmp files; never a truncated final file.
   for (auto* f : {data_, ids_, offsets_}) {
     if (f != nullptr) std::fclose(f);
+  }
+  if (closed_) return;
+  std::error_code ec;
+  for (const auto& p : {path_, ids_path(path_), offsets_path(path_)}) {
+    std::filesystem::remove(p + ".tmp", ec);
   }
 }
 
@@ -164,10 +181,17 @@ void EmbeddingFileWriter::close() {
     DNALLM_CHECK(std::fseek(offsets_, 0, SEEK_SET) == 0, ExitCode::kFailure, "seek failed");
     write_or_fail(offsets_, header.data(), header.size(), offsets_path(path_));
     close_file(offsets_, offsets_path(path_));
-    std::filesystem::rename(offsets_path(path_) + ".tmp", offsets_path(path_));
   }
-  std::filesystem::rename(ids_path(path_) + ".tmp", ids_path(path_));
-  std::filesystem::rename(path_ + ".tmp", path_);
+  // Every name is checked before the first rename (Note [Outputs never inputs] in
+  // infer_main.cpp): an existing directory would make a rename fail after the others.
+  for (const auto& p : {path_, ids_path(path_), offsets_path(path_)}) {
+    DNALLM_CHECK(!std::filesystem::is_directory(p), ExitCode::kUsage,
+                 "{} is an existing directory: name another --out file", p);
+  }
+  if (per_token_ && !safetensors_)
+    rename_or_fail(offsets_path(path_) + ".tmp", offsets_path(path_));
+  rename_or_fail(ids_path(path_) + ".tmp", ids_path(path_));
+  rename_or_fail(path_ + ".tmp", path_);
   closed_ = true;
 }
 

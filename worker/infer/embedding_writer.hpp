@@ -1,8 +1,8 @@
 // Streaming writers of embedding matrices (torch-free, so they build and test fast).
 //
 // Note [Embedding files]: `dnallm-infer embed --out F` writes
-//   F (.npy)          float32 [rows, dim], C order, NumPy format 1.0
-//   F (.safetensors)  "embeddings" F32 [rows, dim] (+ "offsets" I64 [sequences + 1])
+//   F.npy             float32 [rows, dim], C order, NumPy format 1.0
+//   F.safetensors     "embeddings" F32 [rows, dim] (+ "offsets" I64 [sequences + 1])
 //   F.ids.txt         the sequence ids, one per line, in input order
 //   <stem>.offsets.npy (.npy, per-token only) int64 [sequences + 1]: sequence i owns rows
 //                     [offsets[i], offsets[i + 1])
@@ -11,7 +11,8 @@
 // rewritten at close(): memory stays bounded whatever the number of sequences (per-token
 // safetensors keeps the offsets, 8 bytes a sequence, until close()).
 // A file is written as <path>.tmp and renamed at close(), so a killed run leaves no
-// truncated file under the final name.
+// truncated file under the final name; a writer destroyed before close() (an error
+// unwound) removes its .tmp files.
 #pragma once
 
 #include <cstdint>
@@ -76,7 +77,11 @@ class EmbeddingPartWriter final : public EmbeddingSink {
 void merge_embedding_parts(const std::vector<std::string>& prefixes, int64_t dim,
                            EmbeddingSink& out);
 
-// "<path>.ids.txt" and, for a .npy path, "<stem>.offsets.npy".
+// Error(kUsage) unless `path` ends in .npy or .safetensors.
+void check_embedding_out_name(const std::string& path);
+
+// "<stem>.ids.txt" and, for a .npy path, "<stem>.offsets.npy" (<stem>: `path` without its
+// .npy or .safetensors extension: F.npy -> F.ids.txt, F.offsets.npy).
 std::string ids_path(const std::string& path);
 std::string offsets_path(const std::string& path);
 

@@ -9,10 +9,15 @@
 // <out>.part<r>.{f32,ids.txt,rows}; after a barrier over the process group, rank 0 appends
 // the parts in rank order into the final file (input order) and deletes them. The output
 // directory must be shared by all ranks.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -24,6 +29,7 @@
 #include "core/log.hpp"
 #include "core/worker_env.hpp"
 #include "worker/infer/inference.hpp"
+#include "worker/models/hf_import.hpp"
 
 namespace {
 
@@ -62,6 +68,11 @@ struct Loaded {
 };
 
 Loaded load(const CommonArgs& a, int local_rank) {
+  DNALLM_CHECK(!models::is_hf_model_dir(a.model_dir), ExitCode::kUsage,
+               "--model {} is a Hugging Face directory: dnallm-infer runs directories exported by "
+               "dnallm-train (<checkpoint.dir>/final); score it with dnallm-eval --model {}, or "
+               "fine-tune from it with model.init_from and run the export",
+               a.model_dir, a.model_dir);
   Loaded l;
   l.device = infer::resolve_device(a.device, local_rank);
   const auto format = models::parse_weight_format(a.quantize, "--quantize");
@@ -84,6 +95,107 @@ Loaded load(const CommonArgs& a, int local_rank) {
 void check_input(const std::string& path) {
   DNALLM_CHECK(std::filesystem::is_regular_file(path), ExitCode::kBadData,
                "--input {} does not exist or is not a file", path);
+}
+
+// Note [Outputs never inputs]: every file dnallm-infer writes is checked before any work:
+// not an existing directory, not any file the command reads (the same file by device and
+// inode, or the same resolved path: a hard link or a symlink counts), in an existing
+// directory. It is then written as a temporary file in its own directory and renamed over
+// the final name only when complete (OutputFile; the embedding writer does the same), so a
+// failed run never leaves a truncated output or a destroyed input.
+void check_output(const std::string& out, const std::vector<std::string>& reads,
+                  const char* flag = "--out") {
+  namespace fs = std::filesystem;
+  if (out == "-") return;
+  struct stat o {};
+  if (::stat(out.c_str(), &o) == 0) {
+    DNALLM_CHECK(!S_ISDIR(o.st_mode), ExitCode::kUsage,
+                 "{} {} is an existing directory: name a file (e.g. {}/out{})", flag, out, out,
+                 fs::path(out).extension().string());
+    for (const auto& in : reads) {
+      struct stat i {};
+      if (::stat(in.c_str(), &i) != 0) continue;
+      DNALLM_CHECK(!(i.st_dev == o.st_dev && i.st_ino == o.st_ino), ExitCode::kUsage,
+                   "{} {} is the same file as {}, which this command reads: writing it would "
+                   "destroy the input; name another output file",
+                   flag, out, in);
+    }
+  }
+  std::error_code ec;
+  const auto resolved = fs::weakly_canonical(out, ec);
+  for (const auto& in : reads) {
+    std::error_code ec_in;
+    const auto r = fs::weakly_canonical(in, ec_in);
+    DNALLM_CHECK(ec || ec_in || r != resolved, ExitCode::kUsage,
+                 "{} {} is the same file as {}, which this command reads: writing it would "
+                 "destroy the input; name another output file",
+                 flag, out, in);
+  }
+  const auto parent = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : ".";
+  DNALLM_CHECK(fs::is_directory(parent, ec), ExitCode::kUsage,
+               "{} {}: the directory {} does not exist; create it first", flag, out,
+               parent.string());
+}
+
+// What a command reads from --model (besides its --input).
+std::vector<std::string> model_files(const std::string& dir) {
+  return {dir + "/config.json", dir + "/model.safetensors", dir + "/tokenizer.json",
+          dir + "/adapter_model.safetensors"};
+}
+
+// An output file written whole or not at all (Note [Outputs never inputs]): the stream goes to
+// <out>.tmp.<pid> in the same directory, renamed to `out` by commit(); "-" is stdout. The
+// destructor removes the temporary file of an output that was not committed.
+class OutputFile {
+ public:
+  explicit OutputFile(std::string out) : out_(std::move(out)) {
+    if (out_ == "-") return;
+    tmp_ = fmt::format("{}.tmp.{}", out_, ::getpid());
+    file_.open(tmp_);
+    DNALLM_CHECK(file_.good(), ExitCode::kUsage, "cannot write --out {} ({}): {}", out_, tmp_,
+                 errno_string());
+  }
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+  ~OutputFile() {
+    if (tmp_.empty() || committed_) return;
+    file_.close();
+    std::error_code ec;
+    std::filesystem::remove(tmp_, ec);
+  }
+  std::ostream& stream() { return out_ == "-" ? std::cout : file_; }
+  void commit() {
+    stream().flush();
+    DNALLM_CHECK(stream().good(), ExitCode::kUsage, "write to --out {} failed: {}", out_,
+                 errno_string());
+    if (tmp_.empty()) return;
+    file_.close();
+    DNALLM_CHECK(!file_.fail(), ExitCode::kUsage, "write to --out {} failed: {}", out_,
+                 errno_string());
+    std::error_code ec;
+    std::filesystem::rename(tmp_, out_, ec);
+    DNALLM_CHECK(!ec, ExitCode::kUsage, "cannot rename {} to --out {}: {}", tmp_, out_,
+                 ec.message());
+    committed_ = true;
+  }
+
+ private:
+  std::string out_, tmp_;
+  std::ofstream file_;
+  bool committed_ = false;
+};
+
+// Note [Batches bounded by tokens]: a forward pass holds batch x max_seq_length tokens (and
+// embed reads 8 batches ahead), so --batch-size is lowered to at most kMaxBatchTokens tokens
+// a batch, with a warning: `embed --batch-size 1000000` used 17 GB on 100k records before.
+constexpr int64_t kMaxBatchTokens = int64_t{1} << 16;
+
+int64_t bounded_batch_size(int64_t requested, int64_t max_seq_length) {
+  const int64_t most = std::max<int64_t>(1, kMaxBatchTokens / std::max<int64_t>(max_seq_length, 1));
+  if (requested <= most) return requested;
+  spdlog::warn("--batch-size {} lowered to {}: at most {} tokens a batch ({} x max_seq_length {})",
+               requested, most, kMaxBatchTokens, most, max_seq_length);
+  return most;
 }
 
 void report_truncated(const infer::RunCounts& c, int64_t max_seq) {
@@ -185,14 +297,6 @@ CLI::App* add_predict(CLI::App& app, PredictArgs& a) {
   return pred;
 }
 
-// `out`, or stdout for "-" (`file` holds the opened file).
-std::ostream& open_output(const std::string& out, std::ofstream& file) {
-  if (out == "-") return std::cout;
-  file.open(out);
-  DNALLM_CHECK(file.good(), ExitCode::kUsage, "cannot write --out {}", out);
-  return file;
-}
-
 // Rank 0 appends the closed parts of every rank, in rank order, into `out_path`
 // (Note [Embedding shares]).
 void merge_parts(const std::vector<std::string>& parts, const std::string& out_path, int64_t dim,
@@ -210,6 +314,15 @@ int run_embed(const EmbedArgs& a, const cluster::Topology& topo, const cluster::
   check_input(a.input);
   const auto pool = infer::parse_pooling(a.pooling);
   const bool per_token = pool == infer::Pooling::kTokens;
+  infer::check_embedding_out_name(a.out);
+  auto reads = model_files(a.common.model_dir);
+  reads.push_back(a.input);
+  check_output(a.out, reads);
+  check_output(infer::ids_path(a.out), reads, "--out's ids file");
+  if (per_token && infer::offsets_path(a.out) != infer::ids_path(a.out) && a.out.size() > 4 &&
+      a.out.compare(a.out.size() - 4, 4, ".npy") == 0) {
+    check_output(infer::offsets_path(a.out), reads, "--out's offsets file");
+  }
   auto loaded = load(a.common, topo.local_rank);
   infer::SequenceInput input(a.input, a.sequence_column);
   const uint64_t n = input.count();
@@ -220,7 +333,7 @@ int run_embed(const EmbedArgs& a, const cluster::Topology& topo, const cluster::
   const int64_t dim = loaded.model->options().hidden;
   infer::EmbedOptions eo;
   eo.pooling = pool;
-  eo.batch_size = a.common.batch_size;
+  eo.batch_size = bounded_batch_size(a.common.batch_size, loaded.model->options().max_seq_length);
   comm::ProcessGroup group;
   std::vector<std::string> parts;  // one a rank (Note [Embedding shares])
   std::unique_ptr<infer::EmbeddingSink> sink;
@@ -244,23 +357,58 @@ int run_embed(const EmbedArgs& a, const cluster::Topology& topo, const cluster::
   return 0;
 }
 
-// --prompt: a small FASTA of them in the temporary directory (the caller removes it).
-std::filesystem::path write_prompts(const std::vector<std::string>& prompts) {
-  const auto tmp = std::filesystem::temp_directory_path() /
-                   fmt::format("dnallm-infer-prompts-{}.fa", ::getpid());
-  std::ofstream f(tmp);
-  for (size_t i = 0; i < prompts.size(); ++i) f << ">prompt" << i + 1 << "\n" << prompts[i] << "\n";
-  return tmp;
+// --prompt: a small FASTA of them in the temporary directory, removed when this goes.
+class PromptFile {
+ public:
+  explicit PromptFile(const std::vector<std::string>& prompts) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      DNALLM_CHECK(!prompts[i].empty(), ExitCode::kUsage,
+                   "--prompt number {} is empty: give at least one base", i + 1);
+    }
+    path_ = std::filesystem::temp_directory_path() /
+            fmt::format("dnallm-infer-prompts-{}.fa", ::getpid());
+    std::ofstream f(path_);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      f << ">prompt" << i + 1 << "\n" << prompts[i] << "\n";
+    }
+    f.close();
+    DNALLM_CHECK(!f.fail(), ExitCode::kUsage, "cannot write the prompts to {}: {}", path_.string(),
+                 errno_string());
+  }
+  PromptFile(const PromptFile&) = delete;
+  PromptFile& operator=(const PromptFile&) = delete;
+  ~PromptFile() {
+    std::error_code ec;
+    std::filesystem::remove(path_, ec);
+  }
+  std::string path() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Sampling options a user typed: one line naming the option when they cannot work.
+void check_generate_options(const models::GenerateOptions& g) {
+  DNALLM_CHECK(std::isfinite(g.temperature) && g.temperature >= 0, ExitCode::kUsage,
+               "--temperature {}: give a finite number > 0 (or 0 for greedy decoding)",
+               g.temperature);
+  DNALLM_CHECK(g.top_k >= 0, ExitCode::kUsage,
+               "--top-k {}: give a number >= 0 (0: sample from the whole vocabulary)", g.top_k);
 }
 
 int run_generate(const GenerateArgs& a, const cluster::Topology& topo) {
   init_logging("infer", a.common.log_level);
   DNALLM_CHECK(a.input.empty() != a.prompts.empty(), ExitCode::kUsage,
                "give either --input FILE or one or more --prompt SEQ");
-  const std::filesystem::path tmp = a.prompts.empty() ? "" : write_prompts(a.prompts);
-  const std::string prompt_file = tmp.empty() ? a.input : tmp.string();
-  check_input(prompt_file);
   models::GenerateOptions g = a.generate;
+  check_generate_options(g);
+  std::optional<PromptFile> prompts;
+  if (!a.prompts.empty()) prompts.emplace(a.prompts);
+  const std::string prompt_file = prompts ? prompts->path() : a.input;
+  check_input(prompt_file);
+  auto reads = model_files(a.common.model_dir);
+  reads.push_back(prompt_file);
+  check_output(a.out, reads);
   g.use_cache = !a.no_cache;
   g.greedy = g.temperature <= 0;
   auto loaded = load(a.common, topo.local_rank);
@@ -268,16 +416,15 @@ int run_generate(const GenerateArgs& a, const cluster::Topology& topo) {
   const uint64_t n = input.count();
   infer::GenerateRun run;
   run.generate = g;
-  run.batch_size = a.common.batch_size;
-  std::ofstream file;
-  std::ostream& os = open_output(a.out, file);
+  run.batch_size = bounded_batch_size(a.common.batch_size, loaded.model->options().max_seq_length);
+  OutputFile out(a.out);
+  std::ostream& os = out.stream();
   const auto counts = infer::generate(loaded.model, *loaded.tokenizer, input, n, run, loaded.device,
                                       [&](const std::string& id, const std::string& bases) {
                                         os << '>' << id << " generated\n" << bases << '\n';
                                       });
-  if (!tmp.empty()) std::filesystem::remove(tmp);
   report_truncated(counts, loaded.model->options().max_seq_length - g.max_new_tokens);
-  os.flush();
+  out.commit();
   return 0;
 }
 
@@ -297,23 +444,27 @@ void write_prediction(std::ostream& os, bool classify, const std::string& id,
 int run_predict(const PredictArgs& a, const cluster::Topology& topo) {
   init_logging("infer", a.common.log_level);
   check_input(a.input);
+  auto reads = model_files(a.common.model_dir);
+  reads.push_back(a.input);
+  check_output(a.out, reads);
   auto loaded = load(a.common, topo.local_rank);
   infer::SequenceInput input(a.input);
   const uint64_t n = input.count();
-  std::ofstream file;
-  std::ostream& os = open_output(a.out, file);
+  OutputFile out(a.out);
+  std::ostream& os = out.stream();
   const auto& o = loaded.model->options();
   const bool classify = o.task == models::Task::kClassification;
   os << "id," << (classify ? "label" : "value");
   for (int64_t k = 0; classify && k < o.num_labels; ++k) os << ",prob_" << k;
   os << '\n';
   const auto counts =
-      infer::predict(loaded.model, *loaded.tokenizer, input, n, a.common.batch_size, loaded.device,
+      infer::predict(loaded.model, *loaded.tokenizer, input, n,
+                     bounded_batch_size(a.common.batch_size, o.max_seq_length), loaded.device,
                      [&](const std::string& id, const std::vector<float>& v) {
                        write_prediction(os, classify, id, v);
                      });
   report_truncated(counts, o.max_seq_length);
-  os.flush();
+  out.commit();
   return 0;
 }
 
@@ -322,7 +473,7 @@ int run_predict(const PredictArgs& a, const cluster::Topology& topo) {
 int main(int argc, char** argv) {
   CLI::App app{
       "dnallm-infer: batched inference with an exported model. Exit codes: 0 ok, 2 usage, 3 bad "
-      "data, 4 a peer rank failed."};
+      "data, 4 a peer rank failed, 5 a damaged model file."};
   app.require_subcommand(1);
   EmbedArgs embed_args;
   GenerateArgs gen_args;

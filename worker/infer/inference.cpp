@@ -70,8 +70,11 @@ torch::Device resolve_device(const std::string& spec, int local_rank) {
 std::shared_ptr<const data::Tokenizer> load_model_tokenizer(const std::string& model_dir,
                                                             const models::ModelOptions& options) {
   const std::string path = model_dir + "/tokenizer.json";
-  DNALLM_CHECK(std::filesystem::exists(path), ExitCode::kBadData,
-               "{} is missing: --model must be a directory exported by dnallm-train", path);
+  std::error_code ec;
+  DNALLM_CHECK(
+      std::filesystem::symlink_status(path, ec).type() != std::filesystem::file_type::not_found,
+      ExitCode::kBadData, "{} is missing: --model must be a directory exported by dnallm-train",
+      path);
   auto tokenizer = data::load_tokenizer(path);
   DNALLM_CHECK(tokenizer->vocab_size() == options.vocab_size, ExitCode::kBadData,
                "{}: tokenizer has {} tokens but the model {}", model_dir, tokenizer->vocab_size(),
@@ -344,8 +347,10 @@ RunCounts generate(models::TransformerLM& model, const data::Tokenizer& tokenize
   models::ModelOptions prompt_options = o;
   if (!o.rotary) {
     DNALLM_CHECK(run.generate.max_new_tokens < o.max_seq_length - 1, ExitCode::kUsage,
-                 "--max-new-tokens {} leaves no room for a prompt in max_seq_length = {}",
-                 run.generate.max_new_tokens, o.max_seq_length);
+                 "--max-new-tokens {} does not fit the model's {} learned positions "
+                 "(max_position_embeddings; learned positions cannot extrapolate, rotary ones "
+                 "can): give --max-new-tokens <= {}",
+                 run.generate.max_new_tokens, o.max_seq_length, o.max_seq_length - 2);
     prompt_options.max_seq_length = o.max_seq_length - run.generate.max_new_tokens;
   }
   torch::InferenceMode inference;
@@ -357,6 +362,12 @@ RunCounts generate(models::TransformerLM& model, const data::Tokenizer& tokenize
   std::vector<InputSequence> records;
   std::vector<std::vector<int64_t>> rows;
   uint64_t batch_index = 0;
+  // Special tokens decode to no base: never generated, so every new token adds bases.
+  models::GenerateOptions sampling = run.generate;
+  for (int64_t id = 0; id < o.vocab_size; ++id) {
+    if (tokenizer.is_special(id)) sampling.suppress_ids.push_back(id);
+  }
+  uint64_t short_rows = 0;
   while (read_batch(input, tokenizer, prompt_options, chunk, records, rows, counts) > 0) {
     std::vector<size_t> order(records.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -372,12 +383,17 @@ RunCounts generate(models::TransformerLM& model, const data::Tokenizer& tokenize
       std::vector<std::vector<int64_t>> group;
       for (size_t i = start; i < stop; ++i) group.push_back(rows[order[i]]);
       auto prompt = pad_batch(group, o.pad_id, device).input_ids;
-      auto options = run.generate;
+      auto options = sampling;
       options.seed = run.generate.seed + batch_index++;
       auto tokens = model->generate(prompt, options).to(torch::kCPU).contiguous();
+      const int64_t prompt_len = prompt.size(1);
       for (size_t i = start; i < stop; ++i) {
         auto row = tokens[static_cast<int64_t>(i - start)];
         std::vector<int64_t> ids(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+        const std::vector<int64_t> fresh(ids.begin() + prompt_len, ids.end());
+        if (static_cast<int64_t>(tokenizer.decode(fresh).size()) < run.generate.max_new_tokens) {
+          ++short_rows;
+        }
         results[order[i]] = tokenizer.decode(ids);
       }
       start = stop;
@@ -386,6 +402,12 @@ RunCounts generate(models::TransformerLM& model, const data::Tokenizer& tokenize
     progress.advance(records.size());
   }
   progress.finish();
+  if (short_rows > 0) {
+    spdlog::warn(
+        "{} of {} sequences got fewer than --max-new-tokens = {} new bases: the {} tokenizer "
+        "has tokens that decode to no base",
+        short_rows, counts.sequences, run.generate.max_new_tokens, tokenizer.kind());
+  }
   return counts;
 }
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <set>
 
 #include <fmt/ranges.h>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/untrusted_file.hpp"
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_names.hpp"
@@ -29,14 +31,26 @@ const char* const kSupported =
     "(GPTNeoXForCausalLM) and llama (LlamaForCausalLM)";
 
 // A JSON file of a model or adapter directory; `holds` says what such a directory holds.
+// Note [Untrusted files]: a regular file of bounded size, strict JSON (no key twice).
 json read_json_file(const std::string& path, const char* holds) {
-  std::ifstream f(path);
-  DNALLM_CHECK(f.good(), ExitCode::kUsage, "{} not found: {}", path, holds);
-  try {
-    return json::parse(f);
-  } catch (const std::exception& e) {
-    fail(ExitCode::kUsage, "{} is not valid JSON: {}", path, e.what());
-  }
+  std::error_code ec;
+  DNALLM_CHECK(
+      std::filesystem::symlink_status(path, ec).type() != std::filesystem::file_type::not_found,
+      ExitCode::kUsage, "{} not found: {}", path, holds);
+  json c = parse_json_strict(
+      read_bounded_file(path, kMaxConfigFileBytes, ExitCode::kUsage, "configuration file"), path,
+      ExitCode::kUsage);
+  DNALLM_CHECK(c.is_object(), ExitCode::kUsage, "{} is not a JSON object: {}", path, holds);
+  return c;
+}
+
+// At most `n` names of `names`, then how many more: a bounded message.
+std::string some_names(const std::vector<std::string>& names, size_t n = 10) {
+  std::vector<std::string> head;
+  for (size_t i = 0; i < names.size() && i < n; ++i) head.push_back(clip_for_message(names[i]));
+  std::string out = fmt::format("{}", fmt::join(head, ", "));
+  if (names.size() > n) out += fmt::format(" and {} more", names.size() - n);
+  return out;
 }
 
 // `c[key]`, when present and not null, must be `wanted`; else Error(kUsage) saying `what`.
@@ -44,7 +58,7 @@ void expect_value(const json& c, const std::string& path, const char* key, const
                   const char* what) {
   if (!c.contains(key) || c[key].is_null()) return;
   DNALLM_CHECK(c[key] == wanted, ExitCode::kUsage, "{}: {} = {} is not supported: {}", path, key,
-               c[key].dump(), what);
+               clip_for_message(c[key].dump()), what);
 }
 
 // Keys that do not change the function computed at inference (or are checked elsewhere).
@@ -185,7 +199,8 @@ void check_config(const json& c, const std::string& path, const std::string& mod
                  "{}: key \"{}\" (= {}) is not understood by the {} import, so the model it "
                  "describes may compute something else: remove it if it does not change the "
                  "model; {}",
-                 path, key, value.dump(), model_type, kSupported);
+                 path, clip_for_message(key), clip_for_message(value.dump()), model_type,
+                 kSupported);
   }
   auto expect = [&](const char* key, const json& wanted, const char* what) {
     expect_value(c, path, key, wanted, what);
@@ -231,7 +246,19 @@ void check_config(const json& c, const std::string& path, const std::string& mod
 int64_t get_int(const json& c, const char* key, const std::string& path) {
   DNALLM_CHECK(c.contains(key) && c[key].is_number_integer(), ExitCode::kUsage,
                "{}: \"{}\" is missing or not an integer", path, key);
+  DNALLM_CHECK(!c[key].is_number_unsigned() ||
+                   c[key].get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max()),
+               ExitCode::kUsage, "{}: \"{}\" = {} is too large", path, key,
+               clip_for_message(c[key].dump()));
   return c[key].get<int64_t>();
+}
+
+// `c[key]` as a number when present (else `fallback`); Error(kUsage) when it is not one.
+double get_number(const json& c, const char* key, double fallback, const std::string& path) {
+  if (!c.contains(key) || c[key].is_null()) return fallback;
+  DNALLM_CHECK(c[key].is_number(), ExitCode::kUsage, "{}: \"{}\" = {} is not a number", path, key,
+               clip_for_message(c[key].dump()));
+  return c[key].get<double>();
 }
 
 // HF parameter name -> ours: old LayerNorm spellings (gamma, beta) first, then the family's
@@ -249,7 +276,9 @@ std::string shape_of(const Tensor& t) { return fmt::format("{}", fmt::join(t.siz
 
 // config.json's model_type and single architecture, checked against what is supported.
 void read_model_class(const json& c, const std::string& path, HfCheckpoint& h) {
-  h.model_type = c.value("model_type", std::string());
+  DNALLM_CHECK(c.contains("model_type") && c["model_type"].is_string(), ExitCode::kUsage,
+               "{}: \"model_type\" is missing or not a string: {}", path, kSupported);
+  h.model_type = c["model_type"].get<std::string>();
   DNALLM_CHECK(!c.contains("auto_map"), ExitCode::kUsage,
                "{}: \"auto_map\" asks for the model's own remote code (trust_remote_code), "
                "which is not run here: {}",
@@ -257,13 +286,15 @@ void read_model_class(const json& c, const std::string& path, HfCheckpoint& h) {
   DNALLM_CHECK(h.model_type == "bert" || h.model_type == "esm" ||
                    h.model_type == "roberta-prelayernorm" || h.model_type == "gpt_neox" ||
                    h.model_type == "llama",
-               ExitCode::kUsage, "{}: model_type = \"{}\" is not supported: {}", path, h.model_type,
-               kSupported);
+               ExitCode::kUsage, "{}: model_type = \"{}\" is not supported: {}", path,
+               clip_for_message(h.model_type), kSupported);
   DNALLM_CHECK(c.contains("architectures") && c["architectures"].is_array() &&
                    c["architectures"].size() == 1,
                ExitCode::kUsage,
                "{}: \"architectures\" must name exactly one class (e.g. [\"BertForMaskedLM\"])",
                path);
+  DNALLM_CHECK(c["architectures"][0].is_string(), ExitCode::kUsage,
+               "{}: \"architectures\" must name a class (a string)", path);
   h.architecture = c["architectures"][0].get<std::string>();
 }
 
@@ -311,10 +342,9 @@ void set_common_options(const json& c, const std::string& path, ModelOptions& o)
   o.heads = get_int(c, "num_attention_heads", path);
   o.ffn = get_int(c, "intermediate_size", path);
   o.max_seq_length = get_int(c, "max_position_embeddings", path);
-  DNALLM_CHECK(o.hidden % o.heads == 0, ExitCode::kUsage,
-               "{}: hidden_size {} is not a multiple of num_attention_heads {}", path, o.hidden,
-               o.heads);
-  o.layer_norm_eps = c.value("layer_norm_eps", c.value("layer_norm_epsilon", 1e-12));
+  // (hidden % heads and every other size: check_model_shape, before any allocation)
+  o.layer_norm_eps =
+      get_number(c, "layer_norm_eps", get_number(c, "layer_norm_epsilon", 1e-12, path), path);
   o.tie_embeddings = c.value("tie_word_embeddings", true);
   o.pad_id =
       c.value("pad_token_id", json()).is_number_integer() ? c["pad_token_id"].get<int64_t>() : 0;
@@ -329,7 +359,8 @@ void set_common_options(const json& c, const std::string& path, ModelOptions& o)
 }
 
 // What each model type computes differently: norms, positions, MLP, tying.
-void set_model_type_options(const json& c, const std::string& model_type, ModelOptions& o) {
+void set_model_type_options(const json& c, const std::string& path, const std::string& model_type,
+                            ModelOptions& o) {
   const std::string pos = c.value("position_embedding_type", std::string("absolute"));
   if (model_type == "bert") {
     o.post_layer_norm = true;
@@ -350,7 +381,7 @@ void set_model_type_options(const json& c, const std::string& model_type, ModelO
       o.rms_norm = true;
       o.gated_mlp = true;
       o.linear_bias = false;
-      o.layer_norm_eps = c.value("rms_norm_eps", 1e-6);
+      o.layer_norm_eps = get_number(c, "rms_norm_eps", 1e-6, path);
     }
   }
 }
@@ -469,24 +500,23 @@ void check_against_model(const std::string& weights_path, const HfCheckpoint& h)
   DNALLM_CHECK(unused.empty(), ExitCode::kUsage,
                "{}: tensors not used by the {} import (the model they belong to computes "
                "something this import does not): {} (our names); {}",
-               weights_path, h.architecture, fmt::join(unused, ", "), kSupported);
+               weights_path, h.architecture, some_names(unused), kSupported);
   std::vector<std::string> missing;
   for (const auto& [name, p] : ours) {
     if (!h.weights.count(name)) missing.push_back(name);
   }
   DNALLM_CHECK(missing.empty(), ExitCode::kUsage,
                "{}: {} needs tensors the file lacks: {} (our names)", weights_path, h.architecture,
-               fmt::join(missing, ", "));
+               some_names(missing));
 }
 
 }  // namespace
 
 bool is_hf_model_dir(const std::string& dir) {
-  std::ifstream f(dir + "/config.json");
-  if (!f.good()) return false;
-  try {
-    const auto c = json::parse(f);
-    return c.contains("model_type") && !c.contains("dnallm_arch");
+  try {  // (a file that cannot be read is reported by whoever reads it next)
+    const auto c = json::parse(
+        read_bounded_file(dir + "/config.json", kMaxConfigFileBytes, ExitCode::kUsage, "config"));
+    return c.is_object() && c.contains("model_type") && !c.contains("dnallm_arch");
   } catch (const std::exception&) {
     return false;
   }
@@ -498,19 +528,28 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
       path, "a Hugging Face model directory holds config.json and model.safetensors");
   HfCheckpoint h;
   h.dir = dir;
-  read_model_class(c, path, h);
-  check_config(c, path, h.model_type);
-  set_arch_and_task(c, path, h, h.options);
-  set_common_options(c, path, h.options);
-  set_model_type_options(c, h.model_type, h.options);
+  try {
+    read_model_class(c, path, h);
+    check_config(c, path, h.model_type);
+    set_arch_and_task(c, path, h, h.options);
+    set_common_options(c, path, h.options);
+    set_model_type_options(c, path, h.model_type, h.options);
+  } catch (const json::exception& e) {  // a value of the wrong JSON type
+    fail(ExitCode::kUsage, "{}: a value has the wrong type ({}): repair or re-download the file",
+         path, clip_for_message(e.what(), 200));
+  }
+  check_model_shape(h.options, path);  // Note [Model shape limits], before any allocation
 
   const std::string weights_path = dir + "/model.safetensors";
+  std::error_code ec;
   DNALLM_CHECK(
-      std::filesystem::exists(weights_path), ExitCode::kUsage,
+      std::filesystem::symlink_status(weights_path, ec).type() !=
+          std::filesystem::file_type::not_found,
+      ExitCode::kUsage,
       "{} not found{}: save the model with safe_serialization (model.safetensors); "
       "sharded and .bin checkpoints are not read",
       weights_path,
-      std::filesystem::exists(dir + "/pytorch_model.bin") ? " (pytorch_model.bin is)" : "");
+      std::filesystem::exists(dir + "/pytorch_model.bin", ec) ? " (pytorch_model.bin is)" : "");
   Tensor token_type;
   map_tensors(weights_path, h, token_type);
   fold_and_untie(weights_path, token_type, h);

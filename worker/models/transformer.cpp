@@ -13,6 +13,7 @@
 
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
+#include "core/untrusted_file.hpp"
 #include "worker/tensor_buffer.hpp"
 
 namespace dnallm::models {
@@ -74,6 +75,90 @@ double mask_value(torch::ScalarType dtype) { return dtype == torch::kHalf ? -655
 
 // ---------------------------------------------------------------------------------------------
 // Options
+
+namespace {
+
+// Bytes this process may still allocate: MemAvailable, lowered to the cgroup v2 limit's
+// headroom when there is one; 0 when unknown.
+double available_memory_bytes() {
+  double avail = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (meminfo >> key >> kb >> unit) {
+    if (key == "MemAvailable:") {
+      avail = kb * 1024.0;
+      break;
+    }
+  }
+  std::ifstream max_file("/sys/fs/cgroup/memory.max"),
+      current_file("/sys/fs/cgroup/memory.current");
+  std::string max_text;
+  double current = 0;
+  if (max_file >> max_text && max_text != "max" && current_file >> current) {
+    const double headroom = std::max(0.0, std::stod(max_text) - current);
+    avail = avail > 0 ? std::min(avail, headroom) : headroom;
+  }
+  return avail;
+}
+
+}  // namespace
+
+double parameter_count(const ModelOptions& o) {
+  const double h = double(o.hidden), f = double(o.ffn), v = double(o.vocab_size);
+  const double norm = o.rms_norm ? h : 2 * h;
+  const double bias = o.linear_bias ? 1.0 : 0.0;
+  double block = 4 * (h * h + bias * h) + 2 * norm;
+  block += (o.gated_mlp ? 3 : 2) * h * f + bias * (f + h) + (o.gated_mlp ? bias * f : 0);
+  double total = double(o.layers) * block + v * h + norm;
+  if (!o.rotary) total += double(o.max_seq_length) * h;
+  if (o.task == Task::kPretrain) {
+    total += (o.tie_embeddings ? 0 : v * h) + v + (o.arch == Arch::kBert ? h * h + h + norm : 0);
+  } else {
+    total += h * h + h + (h + 1) * double(std::max<int64_t>(o.num_labels, 1));
+  }
+  return total;
+}
+
+void check_model_shape(const ModelOptions& o, const std::string& where) {
+  auto in_range = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {
+    DNALLM_CHECK(v >= lo && v <= hi, ExitCode::kUsage,
+                 "{}: {} = {} is outside [{}, {}]: the file is damaged or describes a model "
+                 "this program does not build",
+                 where, key, v, lo, hi);
+  };
+  in_range("vocab_size", o.vocab_size, 1, kMaxVocab);
+  in_range("hidden_size", o.hidden, 1, kMaxHidden);
+  in_range("num_attention_heads", o.heads, 1, o.hidden);
+  DNALLM_CHECK(o.hidden % o.heads == 0, ExitCode::kUsage,
+               "{}: hidden_size {} is not a multiple of num_attention_heads {}", where, o.hidden,
+               o.heads);
+  in_range("num_hidden_layers", o.layers, 1, kMaxLayers);
+  in_range("intermediate_size", o.ffn, 1, kMaxFfn);
+  in_range("max_position_embeddings", o.max_seq_length, 1, kMaxPositions);
+  if (o.task == Task::kClassification) in_range("num_labels", o.num_labels, 1, kMaxLabels);
+  in_range("pad_token_id", o.pad_id, 0, o.vocab_size - 1);
+  if (o.position_padding_idx >= 0) {
+    in_range("position_padding_idx", o.position_padding_idx, 0, o.max_seq_length - 1);
+  }
+  DNALLM_CHECK(std::isfinite(o.layer_norm_eps) && o.layer_norm_eps > 0 && o.layer_norm_eps < 1,
+               ExitCode::kUsage,
+               "{}: layer_norm_eps = {} must be a finite number in (0, 1): the file is damaged",
+               where, o.layer_norm_eps);
+  const double params = parameter_count(o);
+  DNALLM_CHECK(params <= kMaxParameters, ExitCode::kUsage,
+               "{}: these sizes make {:.3g} parameters, more than the {:.3g} this program builds: "
+               "the file is damaged or describes another model",
+               where, params, kMaxParameters);
+  const double bytes = params * 4;  // loaded as fp32
+  const double avail = available_memory_bytes();
+  DNALLM_CHECK(avail <= 0 || bytes <= avail, ExitCode::kUsage,
+               "{}: the model has {:.3g} parameters, {:.2f} GB as fp32, but only {:.2f} GB of "
+               "memory is available here (MemAvailable / cgroup memory.max): use a machine with "
+               "more memory or a smaller model",
+               where, params, bytes / 1e9, avail / 1e9);
+}
 
 ModelOptions model_options_from_config(const Config& config, int64_t vocab_size) {
   const auto& m = config.model;
@@ -699,6 +784,17 @@ Tensor TransformerLMImpl::generate(const Tensor& prompt, const GenerateOptions& 
                "generation needs a causal LM (model.arch = \"gpt\", task = \"pretrain\")");
   torch::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(g.seed);
+  Tensor suppress;
+  if (!g.suppress_ids.empty()) {
+    for (int64_t id : g.suppress_ids) {
+      DNALLM_CHECK(id >= 0 && id < options_.vocab_size, ExitCode::kFailure,
+                   "generate: suppressed token id {} is outside the vocabulary ({})", id,
+                   options_.vocab_size);
+    }
+    DNALLM_CHECK(static_cast<int64_t>(g.suppress_ids.size()) < options_.vocab_size,
+                 ExitCode::kUsage, "generate: every token of the vocabulary is suppressed");
+    suppress = torch::tensor(g.suppress_ids, torch::kInt64);
+  }
   auto tokens = prompt;
   std::vector<LayerCache> cache(blocks_.size());
   Tensor next_input = prompt;
@@ -715,6 +811,8 @@ Tensor TransformerLMImpl::generate(const Tensor& prompt, const GenerateOptions& 
       hidden = encode(in);
     }
     auto logits = lm_logits(hidden.select(1, hidden.size(1) - 1)).to(torch::kFloat32).cpu();
+    if (suppress.defined())
+      logits.index_fill_(-1, suppress, -std::numeric_limits<float>::infinity());
     Tensor next;
     if (g.greedy || g.temperature <= 0) {
       next = logits.argmax(-1, true);
@@ -776,12 +874,18 @@ void save_safetensors(const std::string& path,
 }
 
 std::map<std::string, Tensor> load_safetensors(const std::string& path) {
-  checkpoint::SafetensorsReader reader(path);
+  checkpoint::SafetensorsReader reader(path);  // the header checked (Note [Untrusted files])
   std::map<std::string, Tensor> out;
   for (const auto& [name, entry] : reader.file().tensors) {
     auto t =
         torch::empty(entry.spec.shape, torch::TensorOptions().dtype(torch_dtype(entry.spec.dtype)));
     reader.read(entry, t.data_ptr());
+    // A weight that is NaN or infinite makes every output NaN: a damaged file.
+    DNALLM_CHECK(!t.is_floating_point() || t.numel() == 0 || torch::isfinite(t).all().item<bool>(),
+                 ExitCode::kCheckpointCorrupt,
+                 "{}: tensor {} holds NaN or infinite values: the file is damaged; re-export or "
+                 "re-download it",
+                 path, clip_for_message(name));
     out.emplace(name, t);
   }
   return out;
@@ -881,29 +985,37 @@ nlohmann::ordered_json export_config(const ModelOptions& o, const std::string& a
 
 TransformerLM load_exported_model(const std::string& dir) {
   const std::string config_path = dir + "/config.json";
-  std::ifstream f(config_path);
-  DNALLM_CHECK(f.good(), ExitCode::kBadData,
+  std::error_code ec;
+  DNALLM_CHECK(std::filesystem::symlink_status(config_path, ec).type() !=
+                   std::filesystem::file_type::not_found,
+               ExitCode::kBadData,
                "{} not found: --model must be a directory written by dnallm-train (final/)",
                config_path);
-  nlohmann::json c;
-  try {
-    c = nlohmann::json::parse(f);
-  } catch (const std::exception& e) {
-    fail(ExitCode::kBadData, "{}: not valid JSON: {}", config_path, e.what());
-  }
+  const nlohmann::json c = parse_json_strict(
+      read_bounded_file(config_path, kMaxConfigFileBytes, ExitCode::kUsage, "config.json"),
+      config_path, ExitCode::kUsage);
+  DNALLM_CHECK(c.is_object(), ExitCode::kUsage, "{}: not a JSON object", config_path);
   ModelOptions o;
+  auto integer = [&](const char* key) {
+    DNALLM_CHECK(c.contains(key) && c[key].is_number_integer(), ExitCode::kUsage,
+                 "{}: \"{}\" is missing or not an integer", config_path, key);
+    DNALLM_CHECK(!c[key].is_number_unsigned() ||
+                     c[key].get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max()),
+                 ExitCode::kUsage, "{}: \"{}\" = {} is too large", config_path, key, c[key].dump());
+    return c[key].get<int64_t>();
+  };
   try {
     o.arch = c.at("model_type").get<std::string>() == "bert" ? Arch::kBert : Arch::kGpt;
     const auto task = c.value("task", std::string("pretrain"));
     o.task = task == "pretrain"         ? Task::kPretrain
              : task == "classification" ? Task::kClassification
                                         : Task::kRegression;
-    o.vocab_size = c.at("vocab_size").get<int64_t>();
-    o.hidden = c.at("hidden_size").get<int64_t>();
-    o.layers = c.at("num_hidden_layers").get<int64_t>();
-    o.heads = c.at("num_attention_heads").get<int64_t>();
-    o.ffn = c.at("intermediate_size").get<int64_t>();
-    o.max_seq_length = c.at("max_position_embeddings").get<int64_t>();
+    o.vocab_size = integer("vocab_size");
+    o.hidden = integer("hidden_size");
+    o.layers = integer("num_hidden_layers");
+    o.heads = integer("num_attention_heads");
+    o.ffn = integer("intermediate_size");
+    o.max_seq_length = integer("max_position_embeddings");
     o.rotary = c.value("position_embedding_type", std::string("absolute")) == "rotary";
     o.layer_norm_eps = c.value("layer_norm_eps", 1e-12);
     o.tie_embeddings = c.value("tie_word_embeddings", true);
@@ -918,10 +1030,14 @@ TransformerLM load_exported_model(const std::string& dir) {
     o.rms_norm = c.value("rms_norm", false);
     o.gated_mlp = c.value("gated_mlp", false);
     o.linear_bias = c.value("linear_bias", true);
+  } catch (const Error&) {
+    throw;
   } catch (const std::exception& e) {
-    fail(ExitCode::kBadData, "{}: missing or bad field: {}", config_path, e.what());
+    fail(ExitCode::kBadData, "{}: missing or bad field: {}", config_path,
+         clip_for_message(e.what(), 200));
   }
   o.lora_r = 0;
+  check_model_shape(o, config_path);
   TransformerLM model(o);
   auto weights = load_safetensors(dir + "/model.safetensors");
   torch::NoGradGuard no_grad;

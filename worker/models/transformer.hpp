@@ -88,6 +88,28 @@ struct ModelOptions {
   std::vector<std::string> lora_targets = {"query", "value"};
 };
 
+// Note [Model shape limits]: a model directory (config.json: ours or a Hugging Face one) is
+// untrusted, so its sizes are checked before anything is allocated: every size positive,
+// hidden a multiple of heads, layers <= kMaxLayers, each size within its bound below,
+// layer_norm_eps > 0 and finite, pad and padding ids inside their ranges, the parameter count
+// (computed without overflow) <= kMaxParameters, and the fp32 weights within the memory this
+// process may use (MemAvailable, or the cgroup's memory.max).
+inline constexpr int64_t kMaxLayers = 1024;
+inline constexpr int64_t kMaxHidden = int64_t{1} << 16;
+inline constexpr int64_t kMaxFfn = int64_t{1} << 18;
+inline constexpr int64_t kMaxVocab = int64_t{1} << 24;
+inline constexpr int64_t kMaxPositions = int64_t{1} << 20;
+inline constexpr int64_t kMaxLabels = int64_t{1} << 16;
+inline constexpr double kMaxParameters = 68719476736.0;  // 2^36
+
+// Parameters of a model with these options (LoRA adapters not counted), in double so that
+// no size overflows.
+double parameter_count(const ModelOptions& o);
+
+// Note [Model shape limits]: throws Error(kUsage) naming `where` (the config.json) and the key
+// when `o` is outside the limits, before any allocation.
+void check_model_shape(const ModelOptions& o, const std::string& where);
+
 // Validates and converts the [model]/[lora] sections; throws Error(kUsage) naming the key.
 // "auto" attention resolves to sdpa.
 ModelOptions model_options_from_config(const Config& config, int64_t vocab_size);
@@ -193,6 +215,9 @@ struct GenerateOptions {
   bool greedy = true;
   uint64_t seed = 0;
   bool use_cache = true;  // false: recompute the whole prefix each token (tests)
+  // Token ids never generated (their logits are -inf), e.g. the special tokens, which decode
+  // to no base.
+  std::vector<int64_t> suppress_ids;
 };
 
 class TransformerLMImpl : public torch::nn::Module {

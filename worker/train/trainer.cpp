@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -91,8 +93,81 @@ int64_t total_steps(const Config& config, uint64_t samples_per_epoch, int world_
       1, static_cast<int64_t>(std::ceil(t.num_train_epochs * double(samples_per_epoch) / global)));
 }
 
+namespace {
+
+// Bytes this process may still allocate: MemAvailable, lowered to the cgroup v2 limit's
+// headroom; 0 when unknown.
+double available_bytes() {
+  double avail = 0, kb = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  while (meminfo >> key >> kb >> unit) {
+    if (key == "MemAvailable:") {
+      avail = kb * 1024.0;
+      break;
+    }
+  }
+  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current("/sys/fs/cgroup/memory.current");
+  std::string max_text;
+  double used = 0;
+  if (max_file >> max_text && max_text != "max" && current >> used) {
+    const double headroom = std::max(0.0, std::strtod(max_text.c_str(), nullptr) - used);
+    avail = avail > 0 ? std::min(avail, headroom) : headroom;
+  }
+  return avail;
+}
+
+// Note [Memory predicted]: before the model is built, a rank's memory is predicted from its
+// shape: fp32 parameters, their gradients and AdamW's two moments (16 bytes a trainable
+// parameter, 4 a frozen one; moments divided over the ranks under ZeRO) and activations
+// (about 8 [batch, seq, hidden] fp32 tensors a layer, one a layer with activation
+// checkpointing, plus the logits twice). It is a lower bound, so a run predicted over the
+// limit (training.memory_limit_gb, else available memory / ranks on the node, CPU only) would
+// fail later anyway: exit 2 at once with the figures and what to lower, instead of
+// allocating gigabytes first.
+void check_predicted_memory(const Config& config, const models::ModelOptions& o) {
+  const auto& t = config.training;
+  const bool cpu = t.device == "cpu" || (t.device == "auto" && !torch::cuda::is_available());
+  if (t.memory_limit_gb <= 0 && !cpu) return;
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const double ranks = std::max(1.0, local != nullptr ? std::atof(local) : 1.0);
+  const char* world_env = std::getenv("WORLD_SIZE");
+  const double world = std::max(1.0, world_env != nullptr ? std::atof(world_env) : 1.0);
+  const double params = models::parameter_count(o);
+  const bool lora = o.lora_r > 0;
+  const double weights = 4 * params;
+  const double grads = lora ? 0.0 : 4 * params;
+  const double moments = lora ? 0.0 : 8 * params / (config.parallel.zero_stage >= 1 ? world : 1.0);
+  const double batch = t.batch_size == "auto" ? 1.0 : double(t.micro_batch_size);
+  const double tokens = batch * double(o.max_seq_length);
+  const double per_layer = config.model.gradient_checkpointing ? 1.0 : 8.0;
+  const double activations =
+      4 * tokens * (double(o.layers) * per_layer * double(o.hidden) + 2.0 * double(o.vocab_size));
+  const double need = weights + grads + moments + activations;
+  const double limit = t.memory_limit_gb > 0 ? t.memory_limit_gb * 1e9 : available_bytes() / ranks;
+  if (limit <= 0 || need <= limit) return;
+  const std::string limit_text =
+      t.memory_limit_gb > 0
+          ? fmt::format("training.memory_limit_gb = {}", t.memory_limit_gb)
+          : fmt::format(
+                "the {:.2f} GB available to each of {} rank(s) here (MemAvailable / cgroup "
+                "memory.max; set training.memory_limit_gb to override)",
+                limit / 1e9, ranks);
+  fail(ExitCode::kUsage,
+       "this run needs at least {:.2f} GB a rank ({:.3g} parameters: weights {:.2f} GB, "
+       "gradients {:.2f} GB, AdamW moments {:.2f} GB; activations {:.2f} GB at "
+       "micro_batch_size {} x max_seq_length {}), more than {}: lower model.hidden, model.ffn, "
+       "model.layers, training.micro_batch_size or model.max_seq_length, or set "
+       "model.gradient_checkpointing = true",
+       need / 1e9, params, weights / 1e9, grads / 1e9, moments / 1e9, activations / 1e9, batch,
+       o.max_seq_length, limit_text);
+}
+
+}  // namespace
+
 models::TransformerLM build_model(const Config& config, int64_t vocab_size) {
   auto options = models::model_options_from_config(config, vocab_size);
+  check_predicted_memory(config, options);
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
   const int64_t lora_r = options.lora_r;
   options.lora_r = 0;  // load base weights first, then add adapters

@@ -75,6 +75,55 @@ TEST(CheckpointDirOwnership, AnUnusableDirectoryFailsBeforeAnyTraining) {
   }
 }
 
+// Issue 22, Note [A failed save] (checkpoint/durable_io.hpp): a checkpoint that cannot be
+// written mid-run (here: a 64 KiB file size limit, EFBIG; disk full is ENOSPC the same way)
+// is exit 2 with the cause, which the launcher does not restart, not 1 "internal error".
+TEST(CheckpointDirOwnership, ASaveThatFailsMidRunIsExit2WithTheCause) {
+  const std::string dir = make_temp_dir("save_fails");
+  for (const bool async : {true, false}) {
+    std::string log;
+    const int rc = run_command(
+        fmt::format("cd {} && trap '' XFSZ && ulimit -f 64 && {}dnallm-train {} "
+                    "--set checkpoint.async={}",
+                    kSrc, kBin,
+                    tiny_settings(fmt::format("{}/ckpt_{}", dir, async), dir + "/m.jsonl", 4, 2),
+                    async),
+        &log);
+    EXPECT_EQ(rc, 2) << log;
+    EXPECT_TRUE(contains(log, "File too large")) << log;
+    EXPECT_TRUE(contains(log, "free disk space")) << log;
+    EXPECT_FALSE(contains(log, "internal error")) << log;
+  }
+}
+
+// Issue 22, Note [Memory predicted] (worker/train/trainer.cpp): a model inside every allowed
+// range whose training state cannot fit (hidden 65536, ffn 262144, 64 layers: 18.8 GB spent
+// before) is refused before it is built, naming the figures and what to lower; so is a run
+// over training.memory_limit_gb.
+TEST(TrainingMemory, APredictedOverflowIsRefusedBeforeTheModelIsBuilt) {
+  const std::string dir = make_temp_dir("memory_predicted");
+  struct Case {
+    std::string sets, needle;
+  } cases[] = {
+      {"--set model.hidden=65536 --set model.ffn=262144 --set model.layers=64 "
+       "--set model.heads=64",
+       "available to each of 1 rank(s) here"},
+      {"--set training.memory_limit_gb=0.001", "more than training.memory_limit_gb = 0.001"},
+  };
+  for (const auto& c : cases) {
+    std::string log;
+    const int rc =
+        run_command(fmt::format("cd {} && {}dnallm-train {} --set training.device=cpu {}", kSrc,
+                                kBin, tiny_settings(dir + "/ckpt", dir + "/m.jsonl", 2, 0), c.sets),
+                    &log);
+    EXPECT_EQ(rc, 2) << log;
+    EXPECT_TRUE(contains(log, "this run needs at least")) << log;
+    EXPECT_TRUE(contains(log, c.needle)) << log;
+    EXPECT_TRUE(contains(log, "lower model.hidden")) << log;
+    EXPECT_FALSE(fs::exists(dir + "/m.jsonl")) << "trained before failing: " << c.sets;
+  }
+}
+
 TEST(StopSignals, AWorkerBlockedOnAFifoEndsPromptlyOnSigterm) {
   const std::string dir = make_temp_dir("stop_fifo");
   const std::string fifo = dir + "/genome.fa";
@@ -90,6 +139,27 @@ TEST(StopSignals, AWorkerBlockedOnAFifoEndsPromptlyOnSigterm) {
   EXPECT_EQ(w.wait(20s), 75) << w.log();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
   EXPECT_TRUE(contains(w.log(), "no training step ended within 1000 ms")) << w.log();
+}
+
+// Issue 22 (Note [What exit 75 says], launcher/main.cpp): the same worker under the launcher
+// exits 75 without a checkpoint; the launcher says so instead of "the workers saved a
+// checkpoint".
+TEST(StopSignals, TheLauncherDoesNotClaimACheckpointThatWasNotCommitted) {
+  const std::string dir = make_temp_dir("stop_fifo_launch");
+  const std::string fifo = dir + "/genome.fa";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  Background launcher(
+      fmt::format("cd {} && exec env DNALLM_STOP_GRACE_MS=1000 {}dnallm-launch "
+                  "--nproc-per-node 1 --grace-period 30 {} --set data.train_files=[\\\"{}\\\"]",
+                  kSrc, kBin, tiny_settings(dir + "/ckpt", dir + "/m.jsonl", 5, 0), fifo),
+      dir + "/launch.log");
+  std::this_thread::sleep_for(3s);  // the worker loads, then blocks on the FIFO
+  ASSERT_EQ(launcher.wait(0ms), -1) << "it ended before the signal:\n" << launcher.log();
+  ::kill(launcher.pid(), SIGTERM);
+  EXPECT_EQ(launcher.wait(60s), 75) << launcher.log();
+  EXPECT_FALSE(contains(launcher.log(), "saved a checkpoint")) << launcher.log();
+  EXPECT_TRUE(contains(launcher.log(), "no committed checkpoint in " + dir + "/ckpt"))
+      << launcher.log();
 }
 
 // A stop signal to the launcher before its workers installed their handlers: held, not a

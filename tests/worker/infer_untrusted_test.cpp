@@ -1,0 +1,344 @@
+// Issue 22 through the real dnallm-infer binary: nothing a command reads is ever written
+// (Note [Outputs never inputs], infer_main.cpp), sampling options are checked, and a damaged
+// model directory (Note [Model shape limits], Note [Untrusted files]) is refused with exit
+// code 2 or 5 and one line, never a stack trace, a signal or "internal error". Each test
+// writes the damaged file itself from a tiny model that dnallm-train trains for 2 steps.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/process.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using dnallm::testing::kBin;
+using dnallm::testing::kSrc;
+using dnallm::testing::read_text;
+
+const std::string kTiny =
+    " --set model.hidden=32 --set model.layers=2 --set model.heads=2 --set model.ffn=64"
+    " --set model.max_seq_length=64 --set training.micro_batch_size=4 --set training.max_steps=2"
+    " --set training.logging_steps=1 --set checkpoint.save_steps=0 --set training.eval_steps=0";
+
+// The lines of `out` that report an error (spdlog's "[error]" or a bare "dnallm-infer: ").
+std::vector<std::string> error_lines(const std::string& out) {
+  std::vector<std::string> lines;
+  size_t begin = 0;
+  while (begin < out.size()) {
+    size_t end = out.find('\n', begin);
+    if (end == std::string::npos) end = out.size();
+    const std::string line = out.substr(begin, end - begin);
+    if (line.find("[error]") != std::string::npos || line.rfind("dnallm-infer:", 0) == 0) {
+      lines.push_back(line);
+    }
+    begin = end + 1;
+  }
+  return lines;
+}
+
+// Expects `cmd` to exit with `code` and report exactly one error line holding `needle`, with
+// no stack trace and no "internal error".
+void expect_refused(const std::string& cmd, int code, const std::string& needle) {
+  SCOPED_TRACE(cmd);
+  const auto r = dnallm::testing::run_shell(cmd);
+  EXPECT_EQ(r.code, code) << r.out;
+  const auto lines = error_lines(r.out);
+  ASSERT_EQ(lines.size(), 1u) << r.out;
+  EXPECT_NE(lines[0].find(needle), std::string::npos) << lines[0];
+  EXPECT_LT(lines[0].size(), 2100u);
+  EXPECT_EQ(r.out.find("frame #"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("internal error"), std::string::npos) << r.out;
+}
+
+// Files in `dir` whose name contains `part`.
+std::vector<std::string> files_with(const fs::path& dir, const std::string& part) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().find(part) != std::string::npos) {
+      out.push_back(e.path().string());
+    }
+  }
+  return out;
+}
+
+class InferUntrusted : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = dnallm::testing::make_temp_dir("infer_untrusted");
+    std::ofstream(dir_ / "in.fa") << ">a\nACGTACGTAAC\n>b\nTTGACA\n";
+    std::ofstream(dir_ / "in.csv") << "sequence\nACGTAC\nGGCCTA\n";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A tiny causal LM exported to <dir>/<name>/final (extra: more --set).
+  std::string train(const std::string& name, const std::string& extra = "") {
+    const auto ck = (dir_ / name).string();
+    auto r = dnallm::testing::run_shell("cd " + kSrc + " && " + kBin +
+                                        "dnallm-train --config configs/gpt.toml" + kTiny +
+                                        " --set checkpoint.dir=" + ck + extra);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return ck + "/final";
+  }
+  // A copy of `model` to damage.
+  fs::path copy_of(const std::string& model, const std::string& name) {
+    const auto to = dir_ / name;
+    fs::copy(model, to, fs::copy_options::recursive);
+    return to;
+  }
+  static void edit_config(const fs::path& model, const std::function<void(nlohmann::json&)>& f) {
+    auto c = nlohmann::json::parse(read_text((model / "config.json").string()));
+    f(c);
+    std::ofstream(model / "config.json") << c.dump(2);
+  }
+  std::string infer(const std::string& sub, const std::string& model, const std::string& rest) {
+    return kBin + "dnallm-infer " + sub + " --device cpu --model " + model + " " + rest;
+  }
+  fs::path dir_;
+};
+
+TEST_F(InferUntrusted, AnOutputThatIsAnInputIsRefusedBeforeAnyWork) {
+  const auto model = train("gpt");
+  const auto fa = (dir_ / "in.fa").string();
+  const auto csv = (dir_ / "in.csv").string();
+  const std::string fa_before = read_text(fa), csv_before = read_text(csv);
+  expect_refused(infer("predict", model, "--input " + csv + " --out " + csv), 2,
+                 "is the same file as " + csv);
+  expect_refused(infer("generate", model, "--input " + fa + " --out " + fa), 2,
+                 "is the same file as " + fa);
+  // A hard link and a path through a symlinked directory are the same file too.
+  fs::create_hard_link(fa, dir_ / "link.fa");
+  expect_refused(
+      infer("generate", model, "--input " + fa + " --out " + (dir_ / "link.fa").string()), 2,
+      "which this command reads");
+  fs::create_directory_symlink(dir_, dir_ / "via");
+  expect_refused(
+      infer("generate", model, "--input " + fa + " --out " + (dir_ / "via/in.fa").string()), 2,
+      "is the same file as " + fa);
+  // The model's own files are inputs as well.
+  expect_refused(infer("predict", model, "--input " + csv + " --out " + model + "/config.json"), 2,
+                 "config.json is the same file as");
+  EXPECT_EQ(read_text(fa), fa_before);
+  EXPECT_EQ(read_text(csv), csv_before);
+}
+
+TEST_F(InferUntrusted, AnExistingDirectoryAsOutputIsRefusedAndNothingIsLeft) {
+  const auto model = train("gpt");
+  const auto fa = (dir_ / "in.fa").string();
+  fs::create_directories(dir_ / "out.npy");
+  expect_refused(infer("embed", model, "--input " + fa + " --out " + (dir_ / "out.npy").string()),
+                 2, "is an existing directory");
+  // The ids file's name taken by a directory: refused before the work, ids not renamed.
+  fs::create_directories(dir_ / "e.ids.txt");
+  expect_refused(infer("embed", model, "--input " + fa + " --out " + (dir_ / "e.npy").string()), 2,
+                 "ids file " + (dir_ / "e.ids.txt").string() + " is an existing directory");
+  fs::create_directories(dir_ / "p.csv");
+  expect_refused(infer("generate", model, "--prompt ACGT --out " + (dir_ / "p.csv").string()), 2,
+                 "is an existing directory");
+  EXPECT_TRUE(files_with(dir_, ".tmp").empty());
+  EXPECT_FALSE(fs::exists(dir_ / "e.npy"));
+  // A good run names the ids file F.ids.txt as documented (not F.npy.ids.txt).
+  const auto r = dnallm::testing::run_shell(
+      infer("embed", model, "--input " + fa + " --out " + (dir_ / "good.npy").string()));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(read_text((dir_ / "good.ids.txt").string()), "a\nb\n");
+  EXPECT_FALSE(fs::exists(dir_ / "good.npy.ids.txt"));
+  EXPECT_TRUE(files_with(dir_, ".tmp").empty());
+}
+
+TEST_F(InferUntrusted, AFailedRunLeavesNoOutputAndNoTemporaryFile) {
+  const auto model = train("gpt");
+  // predict needs a classifier: the run fails after its output was opened.
+  const auto out = dir_ / "pred.csv";
+  expect_refused(
+      infer("predict", model, "--input " + (dir_ / "in.csv").string() + " --out " + out.string()),
+      2, "predict needs a fine-tuned classifier");
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_TRUE(files_with(dir_, ".tmp").empty());
+  // An existing output is replaced only when the new one is complete.
+  std::ofstream(dir_ / "gen.fa") << "old\n";
+  std::ofstream(dir_ / "bad.fa") << ">x\nACGT12\n";
+  const auto bad = dnallm::testing::run_shell(
+      infer("generate", model,
+            "--input " + (dir_ / "bad.fa").string() + " --out " + (dir_ / "gen.fa").string()));
+  EXPECT_EQ(bad.code, 3) << bad.out;
+  EXPECT_EQ(read_text((dir_ / "gen.fa").string()), "old\n");
+  EXPECT_TRUE(files_with(dir_, ".tmp").empty());
+}
+
+TEST_F(InferUntrusted, SamplingOptionsAreCheckedAndEveryNewTokenIsABase) {
+  const auto model = train("gpt");
+  const std::string prompt = "--prompt ACGTACGTAA ";
+  expect_refused(infer("generate", model, prompt + "--temperature nan"), 2,
+                 "--temperature nan: give a finite number > 0");
+  expect_refused(infer("generate", model, prompt + "--temperature -1"), 2, "--temperature -1");
+  expect_refused(infer("generate", model, prompt + "--temperature inf"), 2, "--temperature inf");
+  expect_refused(infer("generate", model, prompt + "--top-k -5"), 2, "--top-k -5");
+  // --prompt "": refused, and no temporary prompts file left behind.
+  const auto tmp = dir_ / "tmp";
+  fs::create_directories(tmp);
+  expect_refused("TMPDIR=" + tmp.string() + " " + infer("generate", model, "--prompt ''"), 2,
+                 "--prompt number 1 is empty");
+  expect_refused(
+      "TMPDIR=" + tmp.string() + " " + infer("generate", model, "--prompt ACGT --temperature nan"),
+      2, "--temperature nan");
+  EXPECT_TRUE(fs::is_empty(tmp));
+  // Sampling from a barely trained model: every one of the 200 new tokens is a base
+  // (special tokens are never drawn; they decoded to nothing and shortened the output).
+  for (const std::string seed : {"1", "2", "3"}) {
+    const auto r = dnallm::testing::run_shell(
+        infer("generate", model, prompt + "--max-new-tokens 200 --temperature 1.5 --seed " + seed) +
+            " --log-level error",
+        dnallm::testing::Streams::kStdoutOnly);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto nl = r.out.find('\n');
+    const std::string bases = r.out.substr(nl + 1, r.out.find('\n', nl + 1) - nl - 1);
+    EXPECT_EQ(bases.size(), 10u + 200u) << r.out;
+  }
+  // Learned positions cannot extrapolate: --max-new-tokens beyond them is refused.
+  const auto learned = train("learned", " --set model.position=learned");
+  expect_refused(infer("generate", learned, prompt + "--max-new-tokens 100000"), 2,
+                 "--max-new-tokens 100000 does not fit the model's 64 learned positions");
+  const auto ok = dnallm::testing::run_shell(
+      infer("generate", learned, prompt + "--max-new-tokens 40") + " --log-level error");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
+
+// Note [Batches bounded by tokens]: a batch holds at most 65536 tokens (1024 x 64 here).
+TEST_F(InferUntrusted, AHugeBatchSizeIsBoundedByTokens) {
+  const auto model = train("gpt");
+  const auto out = (dir_ / "e.npy").string();
+  const auto r = dnallm::testing::run_shell(
+      infer("embed", model,
+            "--batch-size 1000000 --input " + (dir_ / "in.fa").string() + " --out " + out));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--batch-size 1000000 lowered to 1024: at most 65536 tokens a batch"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(read_text((dir_ / "e.ids.txt").string()), "a\nb\n");
+}
+
+TEST_F(InferUntrusted, AHuggingFaceDirectoryIsSentToDnallmEval) {
+  expect_refused(
+      infer("embed", kSrc + "/tests/data/hf-fixtures/bert_mlm",
+            "--input " + (dir_ / "in.fa").string() + " --out " + (dir_ / "e.npy").string()),
+      2, "is a Hugging Face directory: dnallm-infer runs directories exported by");
+}
+
+struct ConfigCase {
+  const char* name;
+  const char* key;
+  nlohmann::json value;
+  const char* needle;
+};
+
+TEST_F(InferUntrusted, DamagedConfigValuesAreRefusedBeforeAnyAllocation) {
+  const auto model = train("gpt");
+  const std::vector<ConfigCase> cases = {
+      {"heads0", "num_attention_heads", 0, "num_attention_heads = 0 is outside [1, 32]"},
+      {"layers", "num_hidden_layers", 100000, "num_hidden_layers = 100000 is outside [1, 1024]"},
+      {"negative", "hidden_size", -32, "hidden_size = -32 is outside"},
+      {"huge", "vocab_size", int64_t{1} << 40, "vocab_size = 1099511627776 is outside"},
+      {"overflow", "intermediate_size", uint64_t{1} << 63, "\"intermediate_size\" = "},
+      {"params", "vocab_size", int64_t{1} << 24, "parameters, more than the"},
+      {"memory", "hidden_size", 16384, "of memory is available here"},
+      {"eps", "layer_norm_eps", -1, "layer_norm_eps = -1 must be a finite number in (0, 1)"},
+      {"float", "hidden_size", 32.5, "\"hidden_size\" is missing or not an integer"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto m = copy_of(model, c.name);
+    edit_config(m, [&](nlohmann::json& j) {
+      j[c.key] = c.value;
+      if (std::string(c.name) == "params") j["hidden_size"] = 65536;
+      if (std::string(c.name) == "memory") {  // 5e10 parameters: 206 GB as fp32
+        j["intermediate_size"] = 65536;
+        j["num_hidden_layers"] = 16;
+      }
+    });
+    expect_refused(infer("embed", m.string(),
+                         "--input " + (dir_ / "in.fa").string() + " --out " +
+                             (dir_ / (std::string(c.name) + ".npy")).string()),
+                   2, c.needle);
+  }
+  // config.json linked to /dev/zero, or far too large: refused without reading it.
+  const auto zero = copy_of(model, "zero");
+  fs::remove(zero / "config.json");
+  fs::create_symlink("/dev/zero", zero / "config.json");
+  expect_refused(
+      infer("embed", zero.string(),
+            "--input " + (dir_ / "in.fa").string() + " --out " + (dir_ / "z.npy").string()),
+      2, "is not a regular file (a device)");
+  const auto dup = copy_of(model, "dup");
+  std::string text = read_text((dup / "config.json").string());
+  text.insert(text.find('{') + 1, "\"num_hidden_layers\": 100,");
+  std::ofstream(dup / "config.json") << text;
+  expect_refused(
+      infer("embed", dup.string(),
+            "--input " + (dir_ / "in.fa").string() + " --out " + (dir_ / "d.npy").string()),
+      2, "key \"num_hidden_layers\" appears twice");
+}
+
+// The header of a safetensors file and the offset of its data section.
+std::pair<nlohmann::json, size_t> header_of(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  uint8_t le[8];
+  f.read(reinterpret_cast<char*>(le), 8);
+  uint64_t len = 0;
+  for (int i = 0; i < 8; ++i) len |= uint64_t(le[i]) << (8 * i);
+  std::string text(len, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(len));
+  return {nlohmann::json::parse(text), 8 + len};
+}
+
+TEST_F(InferUntrusted, DamagedWeightFilesAreExitCode5) {
+  const auto model = train("gpt");
+  const std::string in = " --input " + (dir_ / "in.fa").string() + " --out ";
+  // model.safetensors a directory, a link to /dev/zero, a symlink loop.
+  const auto as_dir = copy_of(model, "as_dir");
+  fs::remove(as_dir / "model.safetensors");
+  fs::create_directories(as_dir / "model.safetensors");
+  expect_refused(infer("embed", as_dir.string(), in + (dir_ / "a.npy").string()), 5,
+                 "model.safetensors is a directory");
+  const auto zero = copy_of(model, "zero");
+  fs::remove(zero / "model.safetensors");
+  fs::create_symlink("/dev/zero", zero / "model.safetensors");
+  expect_refused(infer("embed", zero.string(), in + (dir_ / "b.npy").string()), 5,
+                 "is not a regular file (a device)");
+  const auto loop = copy_of(model, "loop");
+  fs::remove(loop / "model.safetensors");
+  fs::create_symlink(loop / "model.safetensors", loop / "model.safetensors");
+  expect_refused(infer("embed", loop.string(), in + (dir_ / "c.npy").string()), 5,
+                 "symbolic link loop");
+  // A NaN weight: named, exit 5 (all-NaN embeddings and exit 0 before).
+  const auto nan = copy_of(model, "nan");
+  const auto [header, data] = header_of(nan / "model.safetensors");
+  std::string victim;
+  uint64_t offset = 0;
+  for (const auto& [name, info] : header.items()) {
+    if (name != "__metadata__" && info["dtype"] == "F32" &&
+        info["data_offsets"][1].get<uint64_t>() > info["data_offsets"][0].get<uint64_t>()) {
+      victim = name;
+      offset = info["data_offsets"][0].get<uint64_t>();
+      break;
+    }
+  }
+  ASSERT_FALSE(victim.empty());
+  {
+    std::fstream f(nan / "model.safetensors", std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(static_cast<std::streamoff>(data + offset));
+    const uint32_t qnan = 0x7fc00000u;
+    f.write(reinterpret_cast<const char*>(&qnan), 4);
+  }
+  expect_refused(infer("embed", nan.string(), in + (dir_ / "n.npy").string()), 5,
+                 "tensor " + victim + " holds NaN or infinite values");
+}
+
+}  // namespace
