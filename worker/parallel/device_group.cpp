@@ -152,7 +152,7 @@ class StagingCommunicator final : public comm::Communicator {
 
   comm::WorkPtr allreduce(BufferView in, BufferView out, comm::ReduceOp op) override {
     if (!needs_staging(in) && !needs_staging(out))
-      return direct("allreduce", [=] { return inner_->allreduce(in, out, op); });
+      return direct("allreduce", [=, this] { return inner_->allreduce(in, out, op); });
     // In place on one staging copy of `in`, then into `out`.
     return staged("allreduce", in, 0, in.count, out, 0, [this, op](const torch::Tensor& s) {
       BufferView v = buffer_view(s, 0, s.numel(), dtype_of(s));
@@ -163,7 +163,7 @@ class StagingCommunicator final : public comm::Communicator {
 
   comm::WorkPtr reduce_scatter(BufferView in, BufferView out, comm::ReduceOp op) override {
     if (!needs_staging(in) && !needs_staging(out))
-      return direct("reduce_scatter", [=] { return inner_->reduce_scatter(in, out, op); });
+      return direct("reduce_scatter", [=, this] { return inner_->reduce_scatter(in, out, op); });
     const auto shard = comm::shard_range(in.count, world_size(), rank());
     return staged("reduce_scatter", in, 0, in.count, out, static_cast<int64_t>(shard.offset),
                   [this, op, shard](const torch::Tensor& s) {
@@ -177,7 +177,7 @@ class StagingCommunicator final : public comm::Communicator {
 
   comm::WorkPtr allgather(BufferView in, BufferView out) override {
     if (!needs_staging(in) && !needs_staging(out))
-      return direct("allgather", [=] { return inner_->allgather(in, out); });
+      return direct("allgather", [=, this] { return inner_->allgather(in, out); });
     const auto shard = comm::shard_range(out.count, world_size(), rank());
     return staged("allgather", in, static_cast<int64_t>(shard.offset), out.count, out, 0,
                   [this, shard](const torch::Tensor& s) {
@@ -190,7 +190,7 @@ class StagingCommunicator final : public comm::Communicator {
 
   comm::WorkPtr broadcast(BufferView buf, int root) override {
     if (!needs_staging(buf))
-      return direct("broadcast", [=] { return inner_->broadcast(buf, root); });
+      return direct("broadcast", [=, this] { return inner_->broadcast(buf, root); });
     return staged("broadcast", buf, 0, buf.count, buf, 0, [this, root](const torch::Tensor& s) {
       return inner_->broadcast(buffer_view(s, 0, s.numel(), dtype_of(s)), root);
     });

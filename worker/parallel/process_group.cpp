@@ -27,7 +27,7 @@ comm::ProcessGroupOptions group_options(const Config& config, const WorkerEnv& e
   po.rank0_hosts_store = !env.external_coordinator;
   po.token = env.job_token;
   po.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.parallel.timeout_s * 1000));
-  if (env.generation) po.name = "g" + std::to_string(*env.generation);
+  if (env.generation) po.name = fmt::format("g{}", *env.generation);
   return po;
 }
 
