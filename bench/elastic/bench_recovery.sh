@@ -10,17 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . bench/python.sh
-pos=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --python) PYTHON=$2; shift 2 ;;
-    *) pos+=("$1"); shift ;;
-  esac
-done
-set -- "${pos[@]}"
-bench_python_check
+bench_parse_args "$@"
+set -- "${ARGS[@]}"
 BUILD=${1:-build}
-echo "bench/elastic: ours $BUILD/bin/dnallm-launch; torchrun from $PYTHON (torch $PEER_TORCH)"
+echo "bench/elastic: ours $BUILD/bin/dnallm-launch; torchrun from $PYTHON (torch ${PEER_TORCHES[0]})"
 args=(--launch "$BUILD/bin/dnallm-launch" --kills "${KILLS:-5}" --python "$PYTHON")
 [ -n "${NO_PEER:-}" ] && args+=(--no-peer)
 exec "$PYTHON" bench/elastic/recovery.py "${args[@]}"
