@@ -71,13 +71,36 @@ else
 fi
 
 if [ "$bench" = 1 ]; then
-  # DNALLM pins its own transformers/torch range: it gets an environment of its own, sharing
-  # our torch through a .pth file so both peers run the same torch.
+  # DNALLM (bench/requirements.txt) pins torch<2.12 and its own transformers range: it gets an
+  # environment of its own, made from our interpreter, that sees our venv's site-packages
+  # through a .pth file (after its own, so what is installed there wins), so DNALLM runs on
+  # the very torch (and transformers/peft/accelerate) that dnallm-train links. DNALLM itself
+  # goes in with --no-deps (its torch pin would pull a second torch); the lines after it are
+  # the dependencies its fine-tune path imports.
   dvenv="$DNALLM_VENV-dnallm"
-  if [ ! -f "$dvenv/.dnallm-ready" ]; then
-    "$base_python" -m venv "$dvenv"
-    "$dvenv/bin/python" -m pip install -q --disable-pip-version-check "$(grep -E '^dnallm' "$root/bench/requirements.txt")"
-    touch "$dvenv/.dnallm-ready"
+  breq="$root/bench/requirements.txt"
+  dstamp="$dvenv/.dnallm-requirements"
+  want_dstamp="$(sha256sum "$breq" | cut -c1-16)"
+  if [ -f "$dstamp" ] && [ "$(cat "$dstamp")" = "$want_dstamp" ] && [ -x "$dvenv/bin/python" ]; then
+    echo "install-deps: DNALLM peer ready in $dvenv"
+  else
+    start=$(date +%s)
+    [ -x "$dvenv/bin/python" ] || "$DNALLM_PYTHON" -m venv "$dvenv" || {
+      echo "install-deps: '$DNALLM_PYTHON -m venv $dvenv' failed" >&2
+      exit 2
+    }
+    site="$("$DNALLM_PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    dsite="$("$dvenv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    echo "$site" > "$dsite/dnallm-project-venv.pth"
+    pip=("$dvenv/bin/python" -m pip install -q --disable-pip-version-check)
+    # pip reports dnallm's unmet pins (torch<2.12, jax, wandb, ...) as conflicts: expected.
+    "${pip[@]}" --no-deps "$(grep -E '^dnallm==' "$breq")"
+    "${pip[@]}" -r <(grep -vE '^dnallm==' "$breq") 2>&1 | grep -vE "^dnallm .* requires |^ERROR: pip's dependency resolver|^This behaviour is the source" || true
+    "$dvenv/bin/python" -c 'import dnallm, torch; print("install-deps: DNALLM", dnallm.__version__, "on torch", torch.__version__)' || {
+      echo "install-deps: DNALLM does not import in $dvenv (see above)" >&2
+      exit 2
+    }
+    echo "$want_dstamp" > "$dstamp"
+    echo "install-deps: DNALLM peer ready in $dvenv in $(( $(date +%s) - start )) s"
   fi
-  echo "install-deps: DNALLM peer in $dvenv"
 fi

@@ -2,7 +2,10 @@
 
 Same model, initialisation and batch drawing as bench/train/torch_peer.py; each rank draws its
 own micro-batch of `--batch` sequences; torch.nn.parallel.DistributedDataParallel with its
-default 25 MB buckets overlaps the all-reduce with backward. Prints one JSON object (rank 0).
+default 25 MB buckets overlaps the all-reduce with backward. --variant as torch_peer.py:
+"eager", "sdpa-fused" (SDPA attention, AdamW(fused=True)) or "compile" (sdpa-fused, the DDP
+model under torch.compile, whose DDPOptimizer splits the graph at bucket boundaries so the
+all-reduce still overlaps backward). Prints one JSON object (rank 0).
 """
 import argparse
 import json
@@ -15,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "train"))
-from torch_peer import BertMLM, make_optimizer, read_genome, timed_steps  # noqa: E402
+from torch_peer import VARIANTS, BertMLM, make_optimizer, read_genome, timed_steps  # noqa: E402
 
 
 def worker(rank, args, out):
@@ -26,13 +29,16 @@ def worker(rank, args, out):
     torch.manual_seed(1)
     genome = read_genome(args.fasta)
     rng = torch.Generator().manual_seed(1 + rank)
-    model = torch.nn.parallel.DistributedDataParallel(BertMLM(seq=args.seq))
-    opt = make_optimizer(model)
+    attn, fused, compiled = VARIANTS[args.variant]
+    model = torch.nn.parallel.DistributedDataParallel(BertMLM(seq=args.seq, attn=attn))
+    opt = make_optimizer(model, fused)
+    if compiled:
+        model = torch.compile(model)
     times, final_loss = timed_steps(model, opt, genome, rng, args.warmup, args.steps, args.batch,
                                     args.seq)
     if rank == 0:
         med = statistics.median(times)
-        out.put({"peer": "pytorch-ddp-gloo", "torch": torch.__version__, "world": args.world,
+        out.put({"peer": "pytorch-ddp-gloo", "variant": args.variant, "torch": torch.__version__, "world": args.world,
                  "threads_per_rank": torch.get_num_threads(), "step_s": times,
                  "step_s_median": med,
                  "tokens_per_s": args.world * args.batch * args.seq / med,
@@ -50,6 +56,7 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--port", type=int, default=29631)
+    ap.add_argument("--variant", choices=sorted(VARIANTS), default="eager")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

@@ -5,12 +5,15 @@
 # From the kill to the first completed step of the restarted group; printed beside the 5 s
 # target and as ours / torchrun. See recovery.py for the protocol.
 #
-#   bench/elastic/bench_recovery.sh [build-dir]      env: KILLS (5), PYTHON (/usr/bin/python3),
-#                                                    NO_PEER=1 to skip torchrun
+#   bench/elastic/bench_recovery.sh [--python PATH] [build-dir]
+#   env: KILLS (5), PYTHON ($DNALLM_PYTHON: torchrun's torch), NO_PEER=1 to skip torchrun
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. bench/python.sh
+bench_parse_args "$@"
+set -- "${ARGS[@]}"
 BUILD=${1:-build}
-PYTHON=${PYTHON:-/usr/bin/python3}
+echo "bench/elastic: ours $BUILD/bin/dnallm-launch; torchrun from $PYTHON (torch ${PEER_TORCHES[0]})"
 args=(--launch "$BUILD/bin/dnallm-launch" --kills "${KILLS:-5}" --python "$PYTHON")
 [ -n "${NO_PEER:-}" ] && args+=(--no-peer)
 exec "$PYTHON" bench/elastic/recovery.py "${args[@]}"

@@ -24,13 +24,8 @@ import tempfile
 import time
 
 TARGET_S = 5.0
-# python3 -m torch.distributed.run, with one fix: Debian's torch 1.13 on Python >= 3.11
-# maps --redirects/--tee "0" to None (iterating an IntFlag skips its zero member), and
-# the launch fails before starting a worker.
+# python -m torch.distributed.run (torchrun), as `python -c` so that --python picks the torch.
 TORCHRUN = """
-import torch.distributed.elastic.multiprocessing.api as api
-_from_str = api.Std.from_str
-api.Std.from_str = classmethod(lambda cls, vm: api.Std.NONE if vm == "0" else _from_str(vm))
 from torch.distributed.run import main
 main()
 """
@@ -141,7 +136,7 @@ def main():
     p.add_argument("--launch", default=os.path.join(SRC, "build/bin/dnallm-launch"))
     p.add_argument("--kills", type=int, default=5)
     p.add_argument("--save-steps", type=int, default=5)
-    p.add_argument("--python", default="/usr/bin/python3")
+    p.add_argument("--python", default=sys.executable)
     p.add_argument("--no-peer", action="store_true")
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="dnallm-bench-elastic-")

@@ -2,9 +2,13 @@
 """PyTorch peer for bench/infer/bench_embed.sh: mean-pooled embeddings of every sequence of a
 FASTA file with the weights of a dnallm export (model.safetensors, pre-LN BERT, char tokens),
 computed by the loop a Hugging Face user writes: batches of --batch sequences in file order,
-each padded to its longest row, [CLS] seq [SEP], under torch.no_grad(), eager attention (the
-model classes of bench/train/torch_peer.py). Writes the embeddings as .npy and prints one JSON
-line with the loop's time (reading the FASTA and loading the model excluded)."""
+each padded to its longest row, [CLS] seq [SEP], under torch.no_grad(), with the model classes
+of bench/train/torch_peer.py. --variant: "eager" (explicit matmul/softmax attention), "sdpa"
+(F.scaled_dot_product_attention, the padding mask as an additive bias, none when nothing is
+padded) or "compile" (sdpa under torch.compile(dynamic=True): every batch has another padded
+length). Writes the embeddings as .npy and prints one JSON line with the loop's time (reading
+the FASTA and loading the model excluded; for "compile" the compilation is inside the loop,
+as a user meets it, and also reported apart as first_batch_s)."""
 import argparse
 import json
 import os
@@ -17,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "train"))
-from torch_peer import CHAR, CLS, PAD, SEP, UNK, Block  # noqa: E402
+from torch_peer import CHAR, CLS, PAD, SEP, UNK, Block, attention_bias  # noqa: E402
 
 
 def load_safetensors(path):
@@ -37,14 +41,15 @@ def load_safetensors(path):
 
 
 class Encoder(torch.nn.Module):
-    def __init__(self, cfg, w):
+    def __init__(self, cfg, w, attn="eager"):
         super().__init__()
+        self.attn = attn
         h = cfg["hidden_size"]
         self.tok = torch.nn.Embedding.from_pretrained(w["bert.embeddings.word_embeddings.weight"])
         self.pos = torch.nn.Embedding.from_pretrained(w["bert.embeddings.position_embeddings.weight"])
         self.blocks = torch.nn.ModuleList()
         for i in range(cfg["num_hidden_layers"]):
-            b = Block(h, cfg["num_attention_heads"], cfg["intermediate_size"])
+            b = Block(h, cfg["num_attention_heads"], cfg["intermediate_size"], attn)
             p = f"bert.encoder.layer.{i}."
             names = {"ln1": "attention.output.LayerNorm", "q": "attention.self.query",
                      "k": "attention.self.key", "v": "attention.self.value",
@@ -61,7 +66,7 @@ class Encoder(torch.nn.Module):
 
     def forward(self, ids, mask):
         x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
-        bias = (1.0 - mask[:, None, None, :].float()) * -1e9
+        bias = attention_bias(mask, self.attn)
         for blk in self.blocks:
             x = blk(x, bias)
         return self.ln(x)
@@ -89,15 +94,21 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--variant", choices=["eager", "sdpa", "compile"], default="eager")
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     cfg = json.load(open(os.path.join(args.model, "config.json")))
-    model = Encoder(cfg, load_safetensors(os.path.join(args.model, "model.safetensors"))).eval()
+    attn = "eager" if args.variant == "eager" else "sdpa"
+    model = Encoder(cfg, load_safetensors(os.path.join(args.model, "model.safetensors")),
+                    attn).eval()
+    if args.variant == "compile":
+        model = torch.compile(model, dynamic=True)
     seqs = read_fasta(args.fasta)
     budget = cfg["max_position_embeddings"] - 2
     t0 = time.perf_counter()
     out = []
+    first_batch_s = None
     with torch.no_grad():
         for s in range(0, len(seqs), args.batch):
             rows = [[CLS] + [CHAR.get(c, UNK) for c in q[:budget]] + [SEP]
@@ -111,10 +122,13 @@ def main():
             hidden = model(ids, mask)
             m = mask.unsqueeze(-1).float()
             out.append(((hidden * m).sum(1) / m.sum(1)).numpy())
+            if first_batch_s is None:
+                first_batch_s = time.perf_counter() - t0
     emb = np.concatenate(out)
     elapsed = time.perf_counter() - t0
     np.save(args.out, emb)
-    print(json.dumps({"peer": "pytorch", "torch": torch.__version__,
+    print(json.dumps({"peer": "pytorch", "variant": args.variant, "torch": torch.__version__,
+                      "first_batch_s": first_batch_s,
                       "threads": torch.get_num_threads(), "sequences": len(seqs),
                       "loop_s": elapsed, "seq_per_s": len(seqs) / elapsed}))
 

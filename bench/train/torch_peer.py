@@ -2,8 +2,13 @@
 """PyTorch peer for bench/train: the bench-cpu model (BERT masked LM, pre-LN, learned
 positions, GELU, tied MLM decoder, char tokens) trained with torch.optim.AdamW on batches of
 the same shape drawn the same way (random genome windows, [CLS] w [SEP], 15% masking with
-80/10/10). Eager attention, full-sequence MLM logits: what a Hugging Face BertForMaskedLM
-run does. Prints one JSON line with the median step time and tokens/s."""
+80/10/10), full-sequence MLM logits: what a Hugging Face BertForMaskedLM run does.
+Variants (--variant): "eager" (explicit matmul/softmax attention, torch.optim.AdamW's default
+for-loop update: the peer as it was against torch 1.13), "sdpa-fused" (F.scaled_dot_product_attention
+as HF's attn_implementation="sdpa" calls it, the mask dropped when nothing is padded, and
+AdamW(fused=True), torch's fused CPU kernel, torch >= 2.4) and "compile" (sdpa-fused with the
+model under torch.compile, inductor's C++ CPU backend; compilation happens in the warm-up steps).
+Prints one JSON line with the median step time and tokens/s."""
 import argparse
 import gzip
 import json
@@ -20,10 +25,20 @@ CHAR = {"A": 5, "C": 6, "G": 7, "T": 8, "N": 9}
 VOCAB = 10
 
 
+def attention_bias(mask, attn):
+    """Additive key mask [B, 1, 1, T]; for sdpa None when nothing is padded (as HF's sdpa path
+    and dnallm-train do, so the kernel runs unmasked). Under torch.compile the host check is a
+    graph break before the blocks."""
+    if attn == "sdpa" and bool(mask.all()):
+        return None
+    return (1.0 - mask[:, None, None, :].float()) * -1e9
+
+
 class Block(nn.Module):
-    def __init__(self, h, heads, ffn):
+    def __init__(self, h, heads, ffn, attn="eager"):
         super().__init__()
         self.heads = heads
+        self.attn = attn
         self.ln1 = nn.LayerNorm(h, eps=1e-12)
         self.q, self.k, self.v = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
         self.o = nn.Linear(h, h)
@@ -37,18 +52,26 @@ class Block(nn.Module):
         q = self.q(y).view(b, t, self.heads, d).transpose(1, 2)
         k = self.k(y).view(b, t, self.heads, d).transpose(1, 2)
         v = self.v(y).view(b, t, self.heads, d).transpose(1, 2)
-        s = q @ k.transpose(-1, -2) / math.sqrt(d) + bias
-        a = (s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, h)
+        if self.attn == "sdpa":
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        else:
+            if bias is not None:
+                s = q @ k.transpose(-1, -2) / math.sqrt(d) + bias
+            else:
+                s = q @ k.transpose(-1, -2) / math.sqrt(d)
+            a = s.softmax(-1) @ v
+        a = a.transpose(1, 2).reshape(b, t, h)
         x = x + self.o(a)
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
 class BertMLM(nn.Module):
-    def __init__(self, h=256, layers=4, heads=4, ffn=1024, seq=512):
+    def __init__(self, h=256, layers=4, heads=4, ffn=1024, seq=512, attn="eager"):
         super().__init__()
+        self.attn = attn
         self.tok = nn.Embedding(VOCAB, h)
         self.pos = nn.Embedding(seq, h)
-        self.blocks = nn.ModuleList(Block(h, heads, ffn) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(h, heads, ffn, attn) for _ in range(layers))
         self.ln = nn.LayerNorm(h, eps=1e-12)
         self.dense = nn.Linear(h, h)
         self.ln_head = nn.LayerNorm(h, eps=1e-12)
@@ -61,7 +84,7 @@ class BertMLM(nn.Module):
 
     def forward(self, ids, mask, labels):
         x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
-        bias = (1.0 - mask[:, None, None, :].float()) * -1e9
+        bias = attention_bias(mask, self.attn)
         for blk in self.blocks:
             x = blk(x, bias)
         x = self.ln_head(F.gelu(self.dense(self.ln(x))))
@@ -97,12 +120,29 @@ def make_batch(genome, rows, seq, rng):
     return ids, torch.ones_like(ids), labels
 
 
-def make_optimizer(model):
-    """AdamW lr 3e-4, weight decay 0.01 on matrices only (as dnallm's flat AdamW)."""
+VARIANTS = {  # name: (attention, fused AdamW, torch.compile)
+    "eager": ("eager", False, False),
+    "sdpa-fused": ("sdpa", True, False),
+    "compile": ("sdpa", True, True),
+}
+
+
+def make_optimizer(model, fused=False):
+    """AdamW lr 3e-4, weight decay 0.01 on matrices only (as dnallm's flat AdamW); fused=True
+    takes torch's fused kernel (CPU since torch 2.4)."""
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    extra = {"fused": True} if fused else {}
     return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=3e-4)
+                              {"params": no_decay, "weight_decay": 0.0}], lr=3e-4, **extra)
+
+
+def build(variant, seq):
+    """(model to call, optimizer) for a variant of VARIANTS."""
+    attn, fused, compiled = VARIANTS[variant]
+    model = BertMLM(seq=seq, attn=attn)
+    opt = make_optimizer(model, fused)
+    return (torch.compile(model) if compiled else model), opt
 
 
 def timed_steps(model, opt, genome, rng, warmup, steps, batch, seq):
@@ -130,18 +170,18 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--variant", choices=sorted(VARIANTS), default="eager")
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(1)
     genome = read_genome(args.fasta)
     rng = torch.Generator().manual_seed(1)
-    model = BertMLM(seq=args.seq)
-    opt = make_optimizer(model)
+    model, opt = build(args.variant, args.seq)
     times, final_loss = timed_steps(model, opt, genome, rng, args.warmup, args.steps,
                                     args.batch, args.seq)
     med = statistics.median(times)
-    print(json.dumps({"peer": "pytorch", "torch": torch.__version__,
+    print(json.dumps({"peer": "pytorch", "variant": args.variant, "torch": torch.__version__,
                       "threads": torch.get_num_threads(), "step_s_median": med,
                       "step_s_min": min(times), "step_s": times,
                       "tokens_per_s": args.batch * args.seq / med, "final_loss": final_loss}))

@@ -46,8 +46,8 @@ class Nf4Weight final : public QuantizedWeight {
     if (q_.codes.device() != x.device()) move_to(x.device());
     // Dequantised on the fly into x's dtype, used once, freed: the resident base stays 4-bit.
     auto w = dequantize().to(x.dtype());
-    return bias.defined() ? torch::nn::functional::linear(x, w, bias.to(x.dtype()))
-                          : torch::nn::functional::linear(x, w);
+    // See Note [at::linear, not nn::functional::linear] (transformer.cpp).
+    return torch::linear(x, w, bias.defined() ? bias.to(x.dtype()) : torch::Tensor());
   }
   Tensor dequantize() const override { return nf4_dequantize(q_); }
   int64_t bytes() const override { return q_.bytes(); }

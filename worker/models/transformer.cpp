@@ -289,14 +289,18 @@ void LoraLinearImpl::merge_lora() {
   scaling_ = 0.0;
 }
 
+// Note [at::linear, not nn::functional::linear]: LibTorch's C++ frontend
+// torch::nn::functional::linear fuses the bias into the GEMM (addmm) only for 2-D input; for
+// [B, T, H] it runs matmul and then `+= bias`, one more pass over every activation, and its
+// backward a separate reduction for the bias gradient. torch::linear (at::linear, what
+// Python's F.linear calls) flattens a contiguous 3-D input and runs addmm. Found by
+// profiling bench/train against PyTorch (docs/benchmarks.md).
 Tensor LoraLinearImpl::forward(const Tensor& x) {
-  auto y = quantized_       ? quantized_->linear(x, bias)
-           : bias.defined() ? torch::nn::functional::linear(x, weight, bias)
-                            : torch::nn::functional::linear(x, weight);
+  // See Note [at::linear, not nn::functional::linear].
+  auto y = quantized_ ? quantized_->linear(x, bias) : torch::linear(x, weight, bias);
   if (has_lora() && scaling_ != 0.0) {
     auto xd = lora_dropout_ > 0 && is_training() ? torch::dropout(x, lora_dropout_, true) : x;
-    y = y + torch::nn::functional::linear(torch::nn::functional::linear(xd, lora_a_), lora_b_) *
-                scaling_;
+    y = y + torch::linear(torch::linear(xd, lora_a_), lora_b_) * scaling_;
   }
   return y;
 }
@@ -399,8 +403,10 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
     auto w = torch::cat({query->weight, key->weight, value->weight}, 0);
     auto bqkv =
         query->bias.defined() ? torch::cat({query->bias, key->bias, value->bias}, 0) : Tensor();
-    auto qkv =
-        torch::nn::functional::linear(h, w, bqkv).view({b, t, 3, nh, hd}).permute({2, 0, 3, 1, 4});
+    // unbind, not qkv[0..2]: the backward of three selects allocates and zero-fills a full
+    // [3, B, H, T, D] gradient for each and sums them; unbind's backward stacks once (the same
+    // values: the selects' zeros add exactly).
+    auto qkv = torch::linear(h, w, bqkv).view({b, t, 3, nh, hd}).permute({2, 0, 3, 1, 4}).unbind(0);
     q = qkv[0];
     k = qkv[1];
     v = qkv[2];
@@ -673,9 +679,9 @@ Tensor TransformerLMImpl::lm_logits(const Tensor& hidden) {
   const auto& weight = lm_weight_.defined() ? lm_weight_ : word_embeddings->weight;
   if (options_.arch == Arch::kBert) {
     auto h = norm(mlm_norm, torch::gelu(mlm_dense(hidden)));
-    return torch::nn::functional::linear(h, weight, lm_bias_);
+    return torch::linear(h, weight, lm_bias_);
   }
-  return torch::nn::functional::linear(hidden, weight);
+  return torch::linear(hidden, weight);
 }
 
 ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
