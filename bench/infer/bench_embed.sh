@@ -29,16 +29,7 @@ export OMP_NUM_THREADS=$THREADS
 "$BUILD/bin/dnallm-train" --config configs/bench-cpu.toml --set training.max_steps=1 \
   --set checkpoint.dir="$TMP/ck" --set checkpoint.save_steps=0 --set checkpoint.save_final=true --set training.eval_steps=0 \
   --log-level warn >/dev/null
-"$PYTHON" - "$TMP/in.fa" "$N" "$MIN_LEN" "$MAX_LEN" <<'PY'
-import gzip, random, sys
-path, n, lo, hi = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-g = "".join(l.strip() for l in gzip.open("data/ecoli_k12_mg1655.fa.gz", "rt") if not l.startswith(">"))
-rng = random.Random(1)
-with open(path, "w") as f:
-    for i in range(n):
-        L = rng.randint(lo, hi); s = rng.randrange(0, len(g) - L)
-        f.write(f">w{i}\n{g[s:s+L]}\n")
-PY
+"$PYTHON" bench/infer/make_windows.py "$TMP/in.fa" "$N" "$MIN_LEN" "$MAX_LEN"
 echo "bench/infer embed: $N sequences of $MIN_LEN-$MAX_LEN bases, batch $BATCH, threads $THREADS, $(getconf _NPROCESSORS_ONLN) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "  ours: $BUILD/bin/dnallm-infer"
 bench_describe_peers
