@@ -13,6 +13,7 @@
 
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
+#include "core/host_memory.hpp"
 #include "core/untrusted_file.hpp"
 #include "worker/tensor_buffer.hpp"
 
@@ -75,35 +76,6 @@ double mask_value(torch::ScalarType dtype) { return dtype == torch::kHalf ? -655
 
 // ---------------------------------------------------------------------------------------------
 // Options
-
-namespace {
-
-// Bytes this process may still allocate: MemAvailable, lowered to the cgroup v2 limit's
-// headroom when there is one; 0 when unknown.
-double available_memory_bytes() {
-  double avail = 0;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  std::string unit;
-  while (meminfo >> key >> kb >> unit) {
-    if (key == "MemAvailable:") {
-      avail = kb * 1024.0;
-      break;
-    }
-  }
-  std::ifstream max_file("/sys/fs/cgroup/memory.max"),
-      current_file("/sys/fs/cgroup/memory.current");
-  std::string max_text;
-  double current = 0;
-  if (max_file >> max_text && max_text != "max" && current_file >> current) {
-    const double headroom = std::max(0.0, std::stod(max_text) - current);
-    avail = avail > 0 ? std::min(avail, headroom) : headroom;
-  }
-  return avail;
-}
-
-}  // namespace
 
 double parameter_count(const ModelOptions& o) {
   const double h = double(o.hidden), f = double(o.ffn), v = double(o.vocab_size);

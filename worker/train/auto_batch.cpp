@@ -8,11 +8,11 @@
 #include <algorithm>
 #include <fstream>
 #include <new>
-#include <sstream>
 
 #include <spdlog/spdlog.h>
 
 #include "core/error.hpp"
+#include "core/host_memory.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/train/autocast.hpp"
 #include "worker/train/batch_search.hpp"
@@ -25,20 +25,6 @@ double resident_bytes() {
   uint64_t size = 0, resident = 0;
   f >> size >> resident;
   return double(resident) * double(sysconf(_SC_PAGESIZE));
-}
-
-double mem_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("MemAvailable:", 0) == 0) {
-      std::istringstream in(line.substr(13));
-      double kb = 0;
-      in >> kb;
-      return kb * 1024.0;
-    }
-  }
-  return 0.0;
 }
 
 bool is_out_of_memory(const std::string& what) {

@@ -15,6 +15,7 @@
 
 #include "core/clock.hpp"
 #include "core/error.hpp"
+#include "core/host_memory.hpp"
 #include "core/log.hpp"
 #include "worker/train/autocast.hpp"
 #include "worker/train/device_stats.hpp"
@@ -95,28 +96,6 @@ int64_t total_steps(const Config& config, uint64_t samples_per_epoch, int world_
 
 namespace {
 
-// Bytes this process may still allocate: MemAvailable, lowered to the cgroup v2 limit's
-// headroom; 0 when unknown.
-double available_bytes() {
-  double avail = 0, kb = 0;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key, unit;
-  while (meminfo >> key >> kb >> unit) {
-    if (key == "MemAvailable:") {
-      avail = kb * 1024.0;
-      break;
-    }
-  }
-  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current("/sys/fs/cgroup/memory.current");
-  std::string max_text;
-  double used = 0;
-  if (max_file >> max_text && max_text != "max" && current >> used) {
-    const double headroom = std::max(0.0, std::strtod(max_text.c_str(), nullptr) - used);
-    avail = avail > 0 ? std::min(avail, headroom) : headroom;
-  }
-  return avail;
-}
-
 // Note [Memory predicted]: before the model is built, a rank's memory is predicted from its
 // shape: fp32 parameters, their gradients and AdamW's two moments (16 bytes a trainable
 // parameter, 4 a frozen one; moments divided over the ranks under ZeRO) and activations
@@ -144,7 +123,8 @@ void check_predicted_memory(const Config& config, const models::ModelOptions& o)
   const double activations =
       4 * tokens * (double(o.layers) * per_layer * double(o.hidden) + 2.0 * double(o.vocab_size));
   const double need = weights + grads + moments + activations;
-  const double limit = t.memory_limit_gb > 0 ? t.memory_limit_gb * 1e9 : available_bytes() / ranks;
+  const double limit =
+      t.memory_limit_gb > 0 ? t.memory_limit_gb * 1e9 : available_memory_bytes() / ranks;
   if (limit <= 0 || need <= limit) return;
   const std::string limit_text =
       t.memory_limit_gb > 0
