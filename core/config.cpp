@@ -357,7 +357,13 @@ void checkpoint_keys(std::vector<KeyDesc>& out) {
       .range("chunk_mb", &CheckpointConfig::chunk_mb, 0.0625, 1024,
              "chunk size of shard files (MiB)")
       .key("async", &CheckpointConfig::async, "write on a background thread")
-      .key("save_final", &CheckpointConfig::save_final, "export `<dir>/final` at the end");
+      .key("save_final", &CheckpointConfig::save_final, "export `<dir>/final` at the end")
+      .choice("best_metric", &CheckpointConfig::best_metric,
+              {"none", "loss", "bits_per_base", "accuracy", "mcc", "f1"},
+              "export the model to `<dir>/best` (with `best.json`: step, metric, value) at each "
+              "evaluation that improves this metric (loss and bits_per_base: lower is better; "
+              "accuracy, mcc, f1: higher); needs training.eval_steps > 0. The Hugging Face "
+              "Trainer's load_best_model_at_end: evaluate `<dir>/best` on the test set");
 }
 
 // Read by dnallm-launch and dnallm-coordinator, not by the workers: see
@@ -472,6 +478,7 @@ const std::vector<Alias>& aliases() {
       {"gradient_checkpointing", "model", "gradient_checkpointing"},
       {"save_steps", "checkpoint", "save_steps"},
       {"save_total_limit", "checkpoint", "keep_last"},
+      {"metric_for_best_model", "checkpoint", "best_metric"},
       {"eval_steps", "training", "eval_steps"},
       {"logging_steps", "training", "logging_steps"},
       {"max_steps", "training", "max_steps"},
@@ -691,6 +698,26 @@ void validate(const Config& c, const std::string& origin) {
   if (c.tokenizer.kind == "kmer" && c.tokenizer.stride > c.tokenizer.k) {
     bad(fmt::format("tokenizer.stride ({}) must not exceed tokenizer.k ({})", c.tokenizer.stride,
                     c.tokenizer.k));
+  }
+  const auto& best = c.checkpoint.best_metric;
+  if (best != "none" && c.training.eval_steps <= 0) {
+    bad(
+        fmt::format("checkpoint.best_metric = \"{}\" needs evaluations: set training.eval_steps "
+                    "> 0 and data.eval_files (or data.eval_fraction)",
+                    best));
+  }
+  const bool classifier_metric = best == "accuracy" || best == "mcc" || best == "f1";
+  if (classifier_metric && c.model.task != "classification") {
+    bad(
+        fmt::format("checkpoint.best_metric = \"{}\" scores a classifier but model.task = \"{}\"; "
+                    "use \"loss\"",
+                    best, c.model.task));
+  }
+  if (best == "bits_per_base" && c.model.task != "pretrain") {
+    bad(
+        fmt::format("checkpoint.best_metric = \"bits_per_base\" scores a language model but "
+                    "model.task = \"{}\"; use \"loss\"",
+                    c.model.task));
   }
   if (c.training.precision == "fp16" && c.training.device == "cpu") {
     bad("training.precision = \"fp16\" needs a GPU; use \"bf16\" or \"fp32\" on CPU");

@@ -125,6 +125,9 @@ struct CheckpointConfig {
   double chunk_mb = 4.0;
   bool async = true;
   bool save_final = true;
+  // Note [Best checkpoint] (worker/train/trainer.hpp): "none" or the evaluation metric whose
+  // best value so far keeps an export in <dir>/best.
+  std::string best_metric = "none";
 };
 
 // Note [Elastic settings]: [elastic] is read by dnallm-launch (from its own --config and
