@@ -204,3 +204,108 @@ TEST(HfFineTune, EsmContinuedPretrainingWithTheNtSplit) {
 }
 
 }  // namespace
+
+namespace {
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// The JSON lines of a metrics file whose "event" is `event`.
+std::vector<nlohmann::json> events(const std::string& path, const std::string& event) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("event", std::string()) == event) out.push_back(j);
+  }
+  return out;
+}
+
+}  // namespace
+
+// scripts/gue-finetune.sh: a GUE-layout task (train/dev/test.csv) fine-tuned once per seed
+// with configs/gue-finetune.toml under dnallm-launch (2 workers); each seed's <dir>/best is
+// the evaluation with the lowest dev loss (Note [Best checkpoint]), not the last one, whose
+// own dev loss dnallm-eval reproduces, and the summary is the mean and sample deviation of the
+// seeds' test scores as dnallm-eval prints them.
+TEST(HfFineTune, GueProtocolKeepsTheBestDevCheckpointAndAveragesSeeds) {
+  const auto dir = fs::path(dnallm::testing::make_temp_dir("gue"));
+  const auto task = dir / "task";
+  fs::create_directories(task);
+  const std::string genome = dnallm::testing::bundled_genome(200000);
+  dnallm::testing::write_composition_table((task / "train.csv").string(), genome, 0, 96);
+  // The dev set's labels flipped: the better the model learns the task, the worse its dev
+  // loss, so the best dev checkpoint is an early one, never simply the last.
+  dnallm::testing::write_composition_table((dir / "dev.csv").string(), genome, 60000, 32);
+  {
+    std::ifstream in(dir / "dev.csv");
+    std::ofstream flipped(task / "dev.csv");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.size() > 2 && line.compare(line.size() - 2, 2, ",0") == 0)
+        line.back() = '1';
+      else if (line.size() > 2 && line.compare(line.size() - 2, 2, ",1") == 0)
+        line.back() = '0';
+      flipped << line << "\n";
+    }
+  }
+  dnallm::testing::write_composition_table((task / "test.csv").string(), genome, 120000, 40);
+  const auto out = dir / "out";
+  auto r = run("cd " + kSrc + " && DNALLM_BUILD_DIR=" + kBin + "/.. scripts/gue-finetune.sh" +
+               " --model tests/data/hf-fixtures/bert_cls --task " + task.string() +
+               " --seeds '3 4' --nproc 2 --out " + out.string() +
+               " --set tokenizer.kind=kmer --set tokenizer.k=3 --set model.max_seq_length=64" +
+               " --set training.max_steps=24 --set training.eval_steps=4 --set training.lr=3e-3" +
+               " --set training.warmup_steps=0 --set parallel.backend=gloo");
+  ASSERT_EQ(r.code, 0) << r.out;
+
+  std::vector<double> mcc;
+  std::vector<double> best_values;
+  for (const char* seed : {"3", "4"}) {
+    const auto run_dir = out / (std::string("seed") + seed);
+    const auto best = read_json((run_dir / "checkpoints/best/best.json").string());
+    // The kept step is the evaluation with the lowest dev loss (the first of equals).
+    const auto evals = events((run_dir / "metrics.jsonl").string(), "eval");
+    ASSERT_EQ(evals.size(), 6u) << seed;  // steps 4, 8, ..., 24
+    const auto lowest =
+        std::min_element(evals.begin(), evals.end(), [](const auto& a, const auto& b) {
+          return a.at("loss").template get<double>() < b.at("loss").template get<double>();
+        });
+    ASSERT_NE(lowest, evals.end() - 1)
+        << "the last evaluation was the best: the test proves nothing";
+    EXPECT_EQ(best.at("metric"), "loss");
+    EXPECT_EQ(best.at("step"), lowest->at("step")) << seed;
+    EXPECT_NEAR(best.at("value").get<double>(), lowest->at("loss").get<double>(), 1e-12);
+    EXPECT_TRUE(lowest->contains("mcc") && lowest->contains("f1")) << lowest->dump();
+    // The kept model is that model: its dev loss, scored again by dnallm-eval.
+    auto dev = run(kBin + "dnallm-eval --model " + (run_dir / "checkpoints/best").string() +
+                   " --table " + (task / "dev.csv").string() + " 2>/dev/null");
+    ASSERT_EQ(dev.code, 0) << dev.out;
+    EXPECT_NEAR(nlohmann::json::parse(dev.out).at("loss").get<double>(),
+                best.at("value").get<double>(), 1e-4);
+    EXPECT_FALSE(fs::exists(run_dir / "checkpoints/best.tmp"));
+    const auto test = read_json((run_dir / "test.json").string());
+    EXPECT_EQ(test.at("rows"), 40);
+    mcc.push_back(test.at("mcc").get<double>());
+    best_values.push_back(best.at("value").get<double>());
+  }
+  EXPECT_NE(best_values[0], best_values[1]) << "the seed changed nothing";
+  const auto summary = read_json((out / "summary.json").string());
+  EXPECT_EQ(summary.at("runs"), 2);
+  const double mean = (mcc[0] + mcc[1]) / 2;
+  EXPECT_NEAR(summary.at("mcc").at("mean").get<double>(), mean, 1e-6);
+  EXPECT_NEAR(summary.at("mcc").at("std").get<double>(), std::abs(mcc[0] - mcc[1]) / std::sqrt(2.0),
+              1e-6);
+  for (const char* k : {"f1", "accuracy", "precision", "recall"}) EXPECT_TRUE(summary.contains(k));
+
+  // A task directory without dev.csv: exit 2 before any run.
+  fs::remove(task / "dev.csv");
+  auto bad =
+      run("cd " + kSrc + " && scripts/gue-finetune.sh --model tests/data/hf-fixtures/bert_cls" +
+          " --task " + task.string());
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("dev.csv not found"), std::string::npos) << bad.out;
+}
