@@ -201,10 +201,50 @@ HyenaLMImpl::HyenaLMImpl(HyenaOptions options) : options_(std::move(options)) {
                          torch::nn::Linear(torch::nn::LinearOptions(o.d_model, out).bias(false)));
 }
 
+namespace {
+
+// Note [Activation checkpointing] (transformer.hpp) for a Hyena block: the forward runs without
+// keeping activations (an autograd Function's forward runs under no_grad) and the backward
+// reruns the block under grad mode from its saved input. A Hyena block has no dropout and no
+// randomness, so the gradients are bit-identical to those without checkpointing.
+struct HyenaCheckpoint : public torch::autograd::Function<HyenaCheckpoint> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, Tensor x, Tensor z, Tensor t,
+                        int64_t block_address) {
+    ctx->save_for_backward({x, z, t});
+    ctx->saved_data["block"] = block_address;
+    return reinterpret_cast<HyenaBlockImpl*>(block_address)->forward(x, z, t);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto saved = ctx->get_saved_variables();
+    auto* block = reinterpret_cast<HyenaBlockImpl*>(ctx->saved_data["block"].toInt());
+    auto x = saved[0].detach().requires_grad_(true);
+    Tensor out;
+    {
+      torch::AutoGradMode grad_mode(true);
+      out = block->forward(x, saved[1], saved[2]);
+    }
+    torch::autograd::backward({out}, {grad_out[0]});
+    return {x.grad(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+}  // namespace
+
 Tensor HyenaLMImpl::hidden(const Tensor& input_ids) {
   const auto [z, t] = positional_features(options_, input_ids.size(1), input_ids.device());
   auto h = word_embeddings->forward(input_ids);
-  for (auto& block : blocks) h = block->forward(h, z, t);
+  const bool checkpoint =
+      options_.gradient_checkpointing && is_training() && torch::GradMode::is_enabled();
+  for (auto& block : blocks) {
+    if (checkpoint) {
+      auto input = h.requires_grad() ? h : h.detach().requires_grad_(true);
+      h = HyenaCheckpoint::apply(input, z, t, reinterpret_cast<int64_t>(block.get()));
+    } else {
+      h = block->forward(h, z, t);
+    }
+  }
   return ln_f->forward(h);
 }
 
