@@ -126,6 +126,10 @@ void model_keys(std::vector<KeyDesc>& out) {
       .range("hidden", &ModelConfig::hidden, 1, 65536, "model width")
       .range("layers", &ModelConfig::layers, 1, 1024, "transformer blocks")
       .range("heads", &ModelConfig::heads, 1, 1024, "attention heads; `hidden` % `heads` == 0")
+      .range("kv_heads", &ModelConfig::kv_heads, 0, 1024,
+             "key/value heads (grouped-query attention, Llama's `num_key_value_heads`): each is "
+             "shared by `heads` / `kv_heads` query heads, 1 is multi-query; `heads` % "
+             "`kv_heads` == 0; 0: as many as `heads`")
       .range("ffn", &ModelConfig::ffn, 1, 1 << 20, "feed-forward inner width")
       .range("max_seq_length", &ModelConfig::max_seq_length, 4, 1 << 20,
              "tokens per sequence, [CLS]/[SEP] included")
@@ -680,6 +684,10 @@ void validate(const Config& c, const std::string& origin) {
   if (c.model.hidden % c.model.heads != 0) {
     bad(fmt::format("model.hidden ({}) must be divisible by model.heads ({})", c.model.hidden,
                     c.model.heads));
+  }
+  if (c.model.kv_heads > 0 && c.model.heads % c.model.kv_heads != 0) {
+    bad(fmt::format("model.heads ({}) must be divisible by model.kv_heads ({})", c.model.heads,
+                    c.model.kv_heads));
   }
   if (c.elastic.min_nodes > c.elastic.max_nodes) {
     bad(fmt::format("elastic.min_nodes ({}) must not exceed elastic.max_nodes ({})",

@@ -23,7 +23,7 @@ from hf_common import (adapter_problems, auto_model_class, import_peers, load_mo
                        max_abs_diff, overlapping_kmers)
 
 FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
-            "roberta_prelayernorm_mlm", "bert_cls_lora"]
+            "roberta_prelayernorm_mlm", "bert_cls_lora", "llama_gqa_causal", "llama_mqa_causal"]
 
 
 def expected_inputs(folder, fixture, tokenizer_class):

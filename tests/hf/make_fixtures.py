@@ -139,6 +139,22 @@ class Maker:
         return Fixture(self.transformers.LlamaForCausalLM(cfg), tok, list(SEQS),
                        "causal, single-nucleotide tokens, RMSNorm, SwiGLU, rotary")
 
+    def llama_grouped(self, kv_heads, what):
+        tok = self.char_tokenizer()
+        cfg = self.transformers.LlamaConfig(
+            vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id, **dict(TINY, num_attention_heads=4),
+            num_key_value_heads=kv_heads)
+        return Fixture(self.transformers.LlamaForCausalLM(cfg), tok, list(SEQS),
+                       f"as llama_causal with {what}: 4 query heads, {kv_heads} key/value "
+                       f"head(s) (num_key_value_heads)")
+
+    def llama_gqa_causal(self, folder):
+        return self.llama_grouped(2, "grouped-query attention")
+
+    def llama_mqa_causal(self, folder):
+        return self.llama_grouped(1, "multi-query attention")
+
     def roberta_prelayernorm_mlm(self, folder):
         tok = self.dnabert_tokenizer(folder, 3)
         # RoBERTa numbers positions from pad_token_id + 1: two more rows than tokens.
@@ -151,7 +167,8 @@ class Maker:
                        "start at pad_token_id + 1)")
 
     FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
-                "roberta_prelayernorm_mlm", "bert_cls_lora"]
+                "roberta_prelayernorm_mlm", "bert_cls_lora", "llama_gqa_causal",
+                "llama_mqa_causal"]
 
     # -- writing -------------------------------------------------------------------------------
 

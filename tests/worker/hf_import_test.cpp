@@ -96,6 +96,27 @@ TEST(HfImportTest, EsmMaskedLmNucleotideTransformer) { expect_matches_fixture("e
 TEST(HfImportTest, EsmSequenceClassification) { expect_matches_fixture("esm_cls"); }
 TEST(HfImportTest, GptNeoXCausalLm) { expect_matches_fixture("gptneox_causal"); }
 TEST(HfImportTest, LlamaCausalLm) { expect_matches_fixture("llama_causal"); }
+TEST(HfImportTest, LlamaGroupedQueryAttention) { expect_matches_fixture("llama_gqa_causal"); }
+TEST(HfImportTest, LlamaMultiQueryAttention) { expect_matches_fixture("llama_mqa_causal"); }
+
+// Generation with the KV cache (which keeps the shared key/value heads once) picks the same
+// tokens as recomputing the whole prefix, for grouped- and multi-query Llama.
+TEST(HfImportTest, GroupedQueryKvCacheGenerationEqualsRecomputation) {
+  for (const char* family : {"llama_gqa_causal", "llama_mqa_causal"}) {
+    SCOPED_TRACE(family);
+    auto model = build_hf_model(read_hf_checkpoint(kFixtures + "/" + family));
+    ASSERT_LT(key_value_heads(model->options()), model->options().heads);
+    auto prompt = load_safetensors(kFixtures + "/" + family + "/expected.safetensors")
+                      .at("input_ids")
+                      .narrow(1, 0, 6);
+    GenerateOptions g;
+    g.max_new_tokens = 12;
+    auto cached = model->generate(prompt, g);
+    g.use_cache = false;
+    EXPECT_TRUE(torch::equal(cached, model->generate(prompt, g)));
+  }
+}
+
 TEST(HfImportTest, RobertaPreLayerNormMaskedLm) {
   expect_matches_fixture("roberta_prelayernorm_mlm");
 }
@@ -193,7 +214,8 @@ INSTANTIATE_TEST_SUITE_P(Families, HfInitFromTest,
                                            InitCase{"esm_mlm", "bert", "nt", 6},
                                            InitCase{"roberta_prelayernorm_mlm", "bert", "kmer", 3},
                                            InitCase{"gptneox_causal", "gpt", "char", 3},
-                                           InitCase{"llama_causal", "gpt", "char", 3}),
+                                           InitCase{"llama_causal", "gpt", "char", 3},
+                                           InitCase{"llama_gqa_causal", "gpt", "char", 3}),
                          [](const auto& info) { return std::string(info.param.family); });
 
 TEST(HfInitFromTest, AnotherTokenizationIsRefused) {
@@ -309,11 +331,15 @@ TEST_F(HfRefusalTest, MissingTensor) {
   expect_refused({"bert.encoder.layer.1.output.dense.weight", "lacks"});
 }
 
-TEST_F(HfRefusalTest, GroupedQueryAttention) {
+TEST_F(HfRefusalTest, KeyValueHeadsThatDoNotDivideTheHeads) {
   fs::remove_all(dir_);
-  fs::copy(kFixtures + "/llama_causal", dir_);
-  edit_config([](auto& c) { c["num_key_value_heads"] = 1; });
-  expect_refused({"num_key_value_heads", "grouped-query"});
+  fs::copy(kFixtures + "/llama_gqa_causal", dir_);
+  edit_config([](auto& c) { c["num_key_value_heads"] = 3; });
+  expect_refused({"num_attention_heads 4 is not a multiple of num_key_value_heads 3"});
+  edit_config([](auto& c) { c["num_key_value_heads"] = 8; });
+  expect_refused({"num_key_value_heads = 8 is outside [1, 4]"});
+  edit_config([](auto& c) { c["num_key_value_heads"] = 0; });
+  expect_refused({"num_key_value_heads = 0 must be a positive divisor"});
 }
 
 TEST_F(HfRefusalTest, ScaledRotary) {
@@ -614,6 +640,8 @@ INSTANTIATE_TEST_SUITE_P(
                       ReexportCase{"esm_cls", "esm", false},
                       ReexportCase{"gptneox_causal", "gpt_neox", false},
                       ReexportCase{"llama_causal", "llama", false},
+                      ReexportCase{"llama_gqa_causal", "llama", false},
+                      ReexportCase{"llama_mqa_causal", "llama", false},
                       ReexportCase{"roberta_prelayernorm_mlm", "roberta-prelayernorm", true},
                       ReexportCase{"bert_cls_lora", "bert", true}),
     [](const auto& info) { return std::string(info.param.family); });
@@ -631,6 +659,13 @@ TEST(HfExportTest, NoTransformersEquivalentIsSkippedNotWrong) {
   TransformerLM model(o);
   const auto dir = fs::temp_directory_path() / ("dnallm_hf_skip_" + std::to_string(::getpid()));
   EXPECT_FALSE(export_hf_directory(model, *data::make_char_tokenizer(), dir.string()));
+  EXPECT_FALSE(fs::exists(dir));
+  // Grouped-query attention without Llama's norms and MLP: gpt_neox has no
+  // num_key_value_heads.
+  o.rotary = true;
+  o.kv_heads = 1;
+  TransformerLM grouped(o);
+  EXPECT_FALSE(export_hf_directory(grouped, *data::make_char_tokenizer(), dir.string()));
   EXPECT_FALSE(fs::exists(dir));
 }
 

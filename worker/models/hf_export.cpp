@@ -33,6 +33,10 @@ Family family_of(const ModelOptions& o) {
                  "exports as llama");
     return Family::kLlama;
   }
+  DNALLM_CHECK(key_value_heads(o) == o.heads, ExitCode::kUsage,
+               "grouped-query attention (model.kv_heads = {} < heads = {}) exports only as llama "
+               "(RMSNorm, gated MLP, no biases): transformers' {} has no num_key_value_heads",
+               key_value_heads(o), o.heads, o.arch == Arch::kGpt ? "gpt_neox" : "esm / bert");
   if (o.arch == Arch::kGpt) {
     DNALLM_CHECK(
         o.rotary && o.task == Task::kPretrain && !o.post_layer_norm && !o.embedding_layer_norm,
@@ -214,7 +218,7 @@ int64_t add_encoder_config(Family f, const ModelOptions& o, ordered_json& c, Nam
 void add_causal_config(Family f, const ModelOptions& o, ordered_json& c) {
   c["max_position_embeddings"] = o.max_seq_length;
   if (f == Family::kLlama) {
-    c["num_key_value_heads"] = o.heads;
+    c["num_key_value_heads"] = key_value_heads(o);
     c["head_dim"] = o.hidden / o.heads;
     c["rope_theta"] = 10000.0;
     c["rope_parameters"] = {{"rope_theta", 10000.0}, {"rope_type", "default"}};

@@ -143,13 +143,10 @@ const std::set<std::string>& neutral_keys() {
   return keys;
 }
 
-// Llama: multi-head attention (no grouped-query) and the standard MLP.
+// Llama: multi-head or grouped-query attention (num_key_value_heads, checked with the other
+// sizes by check_model_shape) and the standard MLP.
 void check_llama_config(const json& c, const std::string& path) {
   const auto heads = c.value("num_attention_heads", int64_t{0});
-  DNALLM_CHECK(c.value("num_key_value_heads", heads) == heads, ExitCode::kUsage,
-               "{}: num_key_value_heads = {} (grouped-query attention) is not supported: "
-               "supported is num_key_value_heads = num_attention_heads ({})",
-               path, c.value("num_key_value_heads", heads), heads);
   if (c.contains("head_dim") && !c["head_dim"].is_null() && heads > 0) {
     DNALLM_CHECK(c["head_dim"] == c.value("hidden_size", int64_t{0}) / heads, ExitCode::kUsage,
                  "{}: head_dim = {} is not supported: supported is hidden_size / "
@@ -382,6 +379,13 @@ void set_model_type_options(const json& c, const std::string& path, const std::s
       o.gated_mlp = true;
       o.linear_bias = false;
       o.layer_norm_eps = get_number(c, "rms_norm_eps", 1e-6, path);
+      if (c.contains("num_key_value_heads") && !c["num_key_value_heads"].is_null()) {
+        o.kv_heads = get_int(c, "num_key_value_heads", path);
+        DNALLM_CHECK(o.kv_heads > 0, ExitCode::kUsage,
+                     "{}: num_key_value_heads = {} must be a positive divisor of "
+                     "num_attention_heads: the file is damaged",
+                     path, o.kv_heads);
+      }
     }
   }
 }

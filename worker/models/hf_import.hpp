@@ -9,7 +9,7 @@
 //   roberta-prelayernorm  RobertaPreLayerNormForMaskedLM / ...ForSequenceClassification
 //   gpt_neox              GPTNeoXForCausalLM: rotary (full head), sequential residual
 //   llama                 LlamaForCausalLM: RMSNorm, gated SiLU MLP, no biases, rotary
-//                         (grouped-query attention is refused)
+//                         (grouped-query / multi-query: num_key_value_heads)
 // Note [Nothing silently ignored]: every config.json key is either understood (and its value
 // checked against what the import computes) or on a list of keys that do not change the
 // function (dropout rates, token ids, bookkeeping); any other key, a value we do not compute
