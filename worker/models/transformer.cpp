@@ -81,9 +81,10 @@ double parameter_count(const ModelOptions& o) {
   const double h = double(o.hidden), f = double(o.ffn), v = double(o.vocab_size);
   const double norm = o.rms_norm ? h : 2 * h;
   const double bias = o.linear_bias ? 1.0 : 0.0;
+  const double ffn_bias = o.linear_bias && o.ffn_bias ? 1.0 : 0.0;
   const double kv = double(key_value_heads(o)) * (h / double(std::max<int64_t>(o.heads, 1)));
   double block = 2 * (h * h + bias * h) + 2 * (h * kv + bias * kv) + 2 * norm;
-  block += (o.gated_mlp ? 3 : 2) * h * f + bias * (f + h) + (o.gated_mlp ? bias * f : 0);
+  block += (o.gated_mlp ? 3 : 2) * h * f + ffn_bias * (f + h) + (o.gated_mlp ? ffn_bias * f : 0);
   double total = double(o.layers) * block + v * h + norm;
   if (!o.rotary) total += double(o.max_seq_length) * h;
   if (o.task == Task::kPretrain) {
@@ -347,12 +348,13 @@ BlockImpl::BlockImpl(const ModelOptions& options) : options_(options) {
   };
   layer_norm(*attn_output, ln_attn, rms_attn);
   auto intermediate = holder(*this, "intermediate");
-  ffn_in = intermediate->register_module("dense", LoraLinear(h, options.ffn, b));
+  const bool fb = b && options.ffn_bias;
+  ffn_in = intermediate->register_module("dense", LoraLinear(h, options.ffn, fb));
   if (options.gated_mlp) {
-    ffn_gate = intermediate->register_module("gate", LoraLinear(h, options.ffn, b));
+    ffn_gate = intermediate->register_module("gate", LoraLinear(h, options.ffn, fb));
   }
   auto output = holder(*this, "output");
-  ffn_out = output->register_module("dense", LoraLinear(options.ffn, h, b));
+  ffn_out = output->register_module("dense", LoraLinear(options.ffn, h, fb));
   layer_norm(*output, ln_ffn, rms_ffn);
 }
 
@@ -985,6 +987,7 @@ nlohmann::ordered_json export_config(const ModelOptions& o, const std::string& a
   if (o.rms_norm) c["rms_norm"] = true;
   if (o.gated_mlp) c["gated_mlp"] = true;
   if (!o.linear_bias) c["linear_bias"] = false;
+  if (!o.ffn_bias) c["ffn_bias"] = false;
   c["tie_word_embeddings"] = o.tie_embeddings;
   c["num_labels"] = o.num_labels;
   c["pooling"] = o.mean_pooling ? "mean" : "cls";
@@ -1042,6 +1045,7 @@ TransformerLM load_exported_model(const std::string& dir) {
     o.rms_norm = c.value("rms_norm", false);
     o.gated_mlp = c.value("gated_mlp", false);
     o.linear_bias = c.value("linear_bias", true);
+    o.ffn_bias = c.value("ffn_bias", true);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -84,6 +84,9 @@ struct ModelOptions {
   bool rms_norm = false;
   bool gated_mlp = false;
   bool linear_bias = true;
+  // Nucleotide Transformer v2 (add_bias_fnn = false): the feed-forward linears without biases,
+  // the attention's with them.
+  bool ffn_bias = true;
   // LoRA
   int64_t lora_r = 0;
   double lora_alpha = 16.0;
