@@ -109,7 +109,8 @@ class Maker:
         tok = self.nt_tokenizer(folder, 6)
         cfg = self.transformers.EsmConfig(
             vocab_size=len(tok), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=32, max_position_embeddings=64, position_embedding_type="rotary",
+            intermediate_size=32, max_position_embeddings=64,
+            position_embedding_type=config.pop("position_embedding_type", "rotary"),
             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, token_dropout=False,
             emb_layer_norm_before=False, pad_token_id=tok.pad_token_id,
             mask_token_id=tok.mask_token_id, **config)
@@ -125,6 +126,15 @@ class Maker:
 
     def esm_mlm(self, folder):
         return self.nucleotide_transformer(folder, self.transformers.EsmForMaskedLM)
+
+    def esm_v1_mlm(self, folder):
+        """Nucleotide Transformer v1: transformers' ESM with learned positions, which it
+        numbers from the pad id (1) + 1."""
+        fx = self.nucleotide_transformer(folder, self.transformers.EsmForMaskedLM,
+                                         position_embedding_type="absolute")
+        fx.note = ("Nucleotide Transformer v1 style: ESM (pre-LN) with learned positions "
+                   "numbered from pad_token_id (1) + 1, EsmTokenizer 6-mers")
+        return fx
 
     def esm_cls(self, folder):
         return self.nucleotide_transformer(folder, self.transformers.EsmForSequenceClassification,
@@ -202,7 +212,7 @@ class Maker:
 
     FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
                 "roberta_prelayernorm_mlm", "bert_cls_lora", "llama_gqa_causal",
-                "llama_mqa_causal", "esm_v2_mlm", "esm_v2_cls"]
+                "llama_mqa_causal", "esm_v2_mlm", "esm_v2_cls", "esm_v1_mlm"]
 
     # -- writing -------------------------------------------------------------------------------
 

@@ -220,4 +220,10 @@ TEST(HfFineTune, NucleotideTransformerV2ContinuedPretraining) {
   continued_pretraining_with_the_nt_split("esm_v2_mlm");
 }
 
+// Nucleotide Transformer v1: learned positions numbered from its pad id 1 (Note [Positions after
+// another pad id]); fine-tuned with our [PAD] = 0 and exported as esm numbering from 0 + 1.
+TEST(HfFineTune, NucleotideTransformerV1ContinuedPretraining) {
+  continued_pretraining_with_the_nt_split("esm_v1_mlm");
+}
+
 }  // namespace

@@ -136,6 +136,9 @@ TEST(HfImportTest, NucleotideTransformerV2Classification) {
   SKIP_WITHOUT_FIXTURE("esm_v2_cls");
   expect_matches_fixture("esm_v2_cls");
 }
+TEST(HfImportTest, NucleotideTransformerV1LearnedPositions) {
+  expect_matches_fixture("esm_v1_mlm");
+}
 
 TEST(HfImportTest, RobertaPreLayerNormMaskedLm) {
   expect_matches_fixture("roberta_prelayernorm_mlm");
@@ -237,7 +240,8 @@ INSTANTIATE_TEST_SUITE_P(Families, HfInitFromTest,
                                            InitCase{"gptneox_causal", "gpt", "char", 3},
                                            InitCase{"llama_causal", "gpt", "char", 3},
                                            InitCase{"llama_gqa_causal", "gpt", "char", 3},
-                                           InitCase{"esm_v2_mlm", "bert", "nt", 6}),
+                                           InitCase{"esm_v2_mlm", "bert", "nt", 6},
+                                           InitCase{"esm_v1_mlm", "bert", "nt", 6}),
                          [](const auto& info) { return std::string(info.param.family); });
 
 TEST(HfInitFromTest, AnotherTokenizationIsRefused) {

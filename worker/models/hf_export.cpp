@@ -27,8 +27,13 @@ Family family_of(const ModelOptions& o) {
   DNALLM_CHECK(!o.mean_pooling || o.task == Task::kPretrain, ExitCode::kUsage,
                "model.pooling = \"mean\" has no transformers equivalent (its classification "
                "heads pool the first token): use pooling = \"cls\" for a Hugging Face export");
+  // ESM numbers learned positions as RoBERTa does, from its pad id: with our [PAD] as padding_idx
+  // the table is in its layout already (a fine-tuned Nucleotide Transformer v1).
+  const bool esm_positions =
+      o.position_padding_idx < 0 || (o.position_padding_idx == data::kPadId && !o.rotary &&
+                                     !o.embedding_layer_norm && !o.post_layer_norm);
   if (o.gated_mlp && !o.rms_norm && o.linear_bias && o.arch == Arch::kBert) {
-    DNALLM_CHECK(!o.post_layer_norm && !o.embedding_layer_norm && o.position_padding_idx < 0 &&
+    DNALLM_CHECK(!o.post_layer_norm && !o.embedding_layer_norm && esm_positions &&
                      key_value_heads(o) == o.heads,
                  ExitCode::kUsage,
                  "a gated-MLP encoder exports only as a Nucleotide Transformer v2 (pre-LN ESM, "
@@ -64,7 +69,7 @@ Family family_of(const ModelOptions& o) {
                  "a post-LN encoder exports as bert, which has learned positions");
     return Family::kBert;
   }
-  if (o.embedding_layer_norm || o.position_padding_idx >= 0) {
+  if (o.embedding_layer_norm || !esm_positions) {
     DNALLM_CHECK(o.embedding_layer_norm && o.position_padding_idx >= 0 && !o.rotary,
                  ExitCode::kUsage,
                  "this encoder variant (embedding LayerNorm without RoBERTa positions) has no "
@@ -206,7 +211,7 @@ int64_t add_encoder_config(Family f, const ModelOptions& o, ordered_json& c, Nam
     c["emb_layer_norm_before"] = false;
     c["hidden_dropout_prob"] = 0.0;
     c["attention_probs_dropout_prob"] = 0.0;
-    if (!o.rotary) position_offset = data::kPadId + 1;
+    if (!o.rotary && o.position_padding_idx < 0) position_offset = data::kPadId + 1;
     c["max_position_embeddings"] = o.max_seq_length + position_offset;
     c["is_folding_model"] = false;
     // EsmModel always has a contact head (attention maps -> contacts): zeros, unused by LM/cls.

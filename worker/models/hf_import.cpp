@@ -821,11 +821,6 @@ ModelOptions fine_tune_options(const Config& config, const data::Tokenizer& ours
                "model.init_from = \"{}\" is a {} ({}): set model.arch = \"{}\"", dir,
                h.architecture, a.arch == Arch::kBert ? "encoder" : "causal LM",
                a.arch == Arch::kBert ? "bert" : "gpt");
-  DNALLM_CHECK(a.position_padding_idx < 0 || a.position_padding_idx == data::kPadId,
-               ExitCode::kUsage,
-               "model.init_from = \"{}\": RoBERTa-style positions with pad_token_id {} are not "
-               "supported for fine-tuning (our [PAD] is {})",
-               dir, a.position_padding_idx, data::kPadId);
   const int64_t usable =
       a.rotary ? config.model.max_seq_length
                : a.max_seq_length - (a.position_padding_idx >= 0 ? a.position_padding_idx + 1 : 0);
@@ -847,7 +842,23 @@ ModelOptions fine_tune_options(const Config& config, const data::Tokenizer& ours
   o.vocab_size = ours.vocab_size();
   o.pad_id = data::kPadId;
   if (a.rotary) o.max_seq_length = config.model.max_seq_length;
+  if (a.position_padding_idx >= 0) {  // Note [Positions after another pad id]
+    o.position_padding_idx = data::kPadId;
+    o.max_seq_length = a.max_seq_length - (a.position_padding_idx - data::kPadId);
+  }
   return o;
+}
+
+// Note [Positions after another pad id]: RoBERTa numbering (roberta-prelayernorm, ESM with
+// learned positions: Nucleotide Transformer v1, pad id 1) gives the real tokens positions
+// padding_idx + 1, + 2, ... and padding tokens padding_idx, where padding_idx is the pad token's
+// id, which it also compares the ids with. Our [PAD] is data::kPadId, so the fine-tuned model
+// numbers from kPadId and its table is theirs without the first padding_idx - kPadId rows: row i
+// of ours is row i + that shift of theirs (load_hf_weights), the same positions for every token.
+int64_t position_shift(const ModelOptions& theirs, const ModelOptions& ours) {
+  return theirs.position_padding_idx >= 0 && ours.position_padding_idx >= 0
+             ? theirs.position_padding_idx - ours.position_padding_idx
+             : 0;
 }
 
 // Copies the checkpoint's tensors into `model` (vocabulary rows through `map`; a tensor the
@@ -866,9 +877,17 @@ void load_hf_weights(TransformerLM& model, const HfCheckpoint& h, const std::vec
                                           "lm_head.weight"};
   int64_t loaded = 0;
   std::vector<std::string> kept;
+  const std::string positions = model->root_name() + ".embeddings.position_embeddings.weight";
+  const int64_t shift = position_shift(h.options, model->options());
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : model->named_weights()) {
     auto it = h.weights.find(name);
+    if (it != h.weights.end() && name == positions && shift > 0 &&
+        it->second.size(0) == p.size(0) + shift) {
+      p.copy_(it->second.narrow(0, shift, p.size(0)));  // Note [Positions after another pad id]
+      ++loaded;
+      continue;
+    }
     if (it == h.weights.end() || (by_vocab.count(name) == 0 && it->second.sizes() != p.sizes())) {
       kept.push_back(name);  // a new head
       continue;
