@@ -15,6 +15,9 @@
 
 namespace {
 
+// Loads the CUDA plugin for --device cuda even where no GPU is visible (Note [Lazy CUDA]).
+const std::string kForce = "DNALLM_TEST_LOAD_CUDA_PLUGIN=1 ";
+
 namespace fs = std::filesystem;
 using dnallm::testing::kBin;
 using dnallm::testing::kSrc;
@@ -121,14 +124,20 @@ class LazyCudaRuns : public ::testing::Test {
 TEST_F(LazyCudaRuns, TrainingDeviceCudaLoadsThePluginOrSaysWhyNot) {
   const auto ck = (dir_ / "ck").string();
   // Loaded, LibTorch's CUDA hooks in place (else "internal error"), and no GPU here.
-  expect_refused(train_cmd(ck, "cuda"), "LibTorch sees no CUDA device");
+  // No GPU in sight: refused before the plugin is even looked for (a small refusal) ...
+  if (!fs::exists("/dev/nvidiactl") && !fs::exists("/dev/dxg")) {
+    expect_refused(train_cmd(ck, "cuda", "DNALLM_CUDA_PLUGIN=/nowhere.so "),
+                   "this machine shows no NVIDIA GPU");
+  }
+  // ... and, told to load it anyway, the loading path itself.
+  expect_refused(train_cmd(ck, "cuda", kForce), "LibTorch sees no CUDA device");
   // A plugin that cannot load: the reason (dlerror's text) and what to do, exit 2.
   const std::string missing = (dir_ / "nowhere/libdnallm_cuda.so").string();
-  expect_refused(train_cmd(ck, "cuda", "DNALLM_CUDA_PLUGIN=" + missing + " "),
+  expect_refused(train_cmd(ck, "cuda", kForce + "DNALLM_CUDA_PLUGIN=" + missing + " "),
                  "needs the CUDA plugin libdnallm_cuda.so, which did not load: " + missing);
   const std::string broken = (dir_ / "libdnallm_cuda.so").string();
   std::ofstream(broken) << "not an ELF file\n";
-  expect_refused(train_cmd(ck, "cuda", "DNALLM_CUDA_PLUGIN=" + broken + " "),
+  expect_refused(train_cmd(ck, "cuda", kForce + "DNALLM_CUDA_PLUGIN=" + broken + " "),
                  "which did not load: " + broken + ": file too short");
   // "auto" on a machine without an NVIDIA GPU never looks for it: the run trains on the CPU.
   const auto r = run_shell(train_cmd(ck, "auto", "DNALLM_CUDA_PLUGIN=" + missing + " "));
@@ -141,18 +150,19 @@ TEST_F(LazyCudaRuns, InferAndEvalLoadThePluginAfterTheModelWasChecked) {
   ASSERT_EQ(trained.code, 0) << trained.out;
   const std::string model = ck + "/final", fa = (dir_ / "in.fa").string();
   const std::string missing = "DNALLM_CUDA_PLUGIN=" + (dir_ / "nowhere.so").string() + " ";
-  expect_refused(kBin + "dnallm-infer embed --device cuda --model " + model + " --input " + fa +
-                     " --out " + (dir_ / "e.npy").string(),
+  expect_refused(kForce + kBin + "dnallm-infer embed --device cuda --model " + model + " --input " +
+                     fa + " --out " + (dir_ / "e.npy").string(),
                  "LibTorch sees no CUDA device here");
-  expect_refused(kBin + "dnallm-eval --device cuda --model " + model + " --fasta " + fa,
+  expect_refused(kForce + kBin + "dnallm-eval --device cuda --model " + model + " --fasta " + fa,
                  "LibTorch sees no CUDA device here");
-  expect_refused(missing + kBin + "dnallm-eval --device cuda:0 --model " + model + " --fasta " + fa,
-                 "--device cuda:0 needs the CUDA plugin");
+  expect_refused(
+      kForce + missing + kBin + "dnallm-eval --device cuda:0 --model " + model + " --fasta " + fa,
+      "--device cuda:0 needs the CUDA plugin");
   // A damaged model directory is refused before the device is resolved: the plugin that
   // cannot load is never asked for.
   fs::copy(model, dir_ / "damaged", fs::copy_options::recursive);
   std::ofstream(dir_ / "damaged/model.safetensors") << "garbage";
-  const auto r = run_shell(missing + kBin + "dnallm-infer embed --device cuda --model " +
+  const auto r = run_shell(kForce + missing + kBin + "dnallm-infer embed --device cuda --model " +
                            (dir_ / "damaged").string() + " --input " + fa + " --out " +
                            (dir_ / "d.npy").string());
   EXPECT_NE(r.code, 0) << r.out;

@@ -232,7 +232,8 @@ TEST(DeviceStatsTest, CpuReportsNoGpuMemory) {
 TEST(DeviceStatsTest, CudaHooksLookedUpBeforeThePluginAreAnInternalError) {
   if (!cuda_build()) GTEST_SKIP() << "this build has no CUDA plugin";
   if (cuda_plugin::loaded()) GTEST_SKIP() << "the CUDA plugin is loaded already";
-  (void)torch::cuda::is_available();  // ATen looks its CUDA hooks up and keeps them
+  (void)torch::cuda::is_available();               // ATen looks its CUDA hooks up and keeps them
+  setenv("DNALLM_TEST_LOAD_CUDA_PLUGIN", "1", 1);  // past the "no GPU in sight" refusal
   try {
     cuda_usable("cuda", "the test");
     FAIL() << "CUDA hooks looked up too early went unnoticed";
@@ -242,6 +243,7 @@ TEST(DeviceStatsTest, CudaHooksLookedUpBeforeThePluginAreAnInternalError) {
               std::string::npos)
         << e.what();
   }
+  unsetenv("DNALLM_TEST_LOAD_CUDA_PLUGIN");
 }
 
 TEST(ProfilerTest, RangeIsStartColonEnd) {

@@ -1,6 +1,8 @@
 // Note [Device seam] in device_stats.hpp; Note [Lazy CUDA] in core/cuda_plugin.hpp.
 #include "worker/train/device_stats.hpp"
 
+#include <cstdlib>
+
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/cuda.h>
 
@@ -38,6 +40,16 @@ bool cuda_build() { return cuda_plugin::built(); }
 bool cuda_usable(const std::string& spec, std::string_view what) {
   if (spec == "cpu") return false;
   if (spec == "cuda" || spec.rfind("cuda:", 0) == 0) {
+    // Note [Lazy CUDA]: no GPU in sight is refused before ~270 MB of CUDA libraries are mapped
+    // (every refusal stays small). DNALLM_TEST_LOAD_CUDA_PLUGIN=1 (tests) loads the plugin
+    // anyway, so that a machine without a GPU still exercises the loading path.
+    const char* force = std::getenv("DNALLM_TEST_LOAD_CUDA_PLUGIN");
+    DNALLM_CHECK(
+        cuda_plugin::nvidia_gpu_visible() || (force != nullptr && std::string(force) == "1"),
+        ExitCode::kUsage,
+        "{} but this machine shows no NVIDIA GPU (no /dev/nvidiactl, /dev/dxg or "
+        "/proc/driver/nvidia/gpus/*): use \"cpu\" or \"auto\", or run on a GPU node",
+        what);
     cuda_plugin::require(what);
   } else if (spec == "auto") {
     if (!cuda_plugin::built() || !cuda_plugin::nvidia_gpu_visible()) return false;
