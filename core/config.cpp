@@ -126,6 +126,10 @@ void model_keys(std::vector<KeyDesc>& out) {
       .range("hidden", &ModelConfig::hidden, 1, 65536, "model width")
       .range("layers", &ModelConfig::layers, 1, 1024, "transformer blocks")
       .range("heads", &ModelConfig::heads, 1, 1024, "attention heads; `hidden` % `heads` == 0")
+      .range("kv_heads", &ModelConfig::kv_heads, 0, 1024,
+             "key/value heads (grouped-query attention, Llama's `num_key_value_heads`): each is "
+             "shared by `heads` / `kv_heads` query heads, 1 is multi-query; `heads` % "
+             "`kv_heads` == 0; 0: as many as `heads`")
       .range("ffn", &ModelConfig::ffn, 1, 1 << 20, "feed-forward inner width")
       .range("max_seq_length", &ModelConfig::max_seq_length, 4, 1 << 20,
              "tokens per sequence, [CLS]/[SEP] included")
@@ -688,6 +692,10 @@ void validate(const Config& c, const std::string& origin) {
     bad(fmt::format("model.hidden ({}) must be divisible by model.heads ({})", c.model.hidden,
                     c.model.heads));
   }
+  if (c.model.kv_heads > 0 && c.model.heads % c.model.kv_heads != 0) {
+    bad(fmt::format("model.heads ({}) must be divisible by model.kv_heads ({})", c.model.heads,
+                    c.model.kv_heads));
+  }
   if (c.elastic.min_nodes > c.elastic.max_nodes) {
     bad(fmt::format("elastic.min_nodes ({}) must not exceed elastic.max_nodes ({})",
                     c.elastic.min_nodes, c.elastic.max_nodes));
@@ -1014,7 +1022,7 @@ uint64_t model_config_hash(const Config& config) {
   // Note [Model hash across releases]: checkpoints store this hash and resume refuses another
   // one, so a [model]/[lora]/[tokenizer] key added after checkpoints exist joins the hash only
   // when it is set to something other than its default; list such keys here.
-  static const std::vector<std::string> kAddedLater = {"lora.quantize_base"};
+  static const std::vector<std::string> kAddedLater = {"lora.quantize_base", "model.kv_heads"};
   std::string text = sections_toml(config, {"model", "lora", "tokenizer"}, kAddedLater);
   return XXH64(text.data(), text.size(), 0);
 }

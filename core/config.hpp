@@ -22,6 +22,7 @@ struct ModelConfig {
   int64_t hidden = 256;
   int64_t layers = 4;
   int64_t heads = 4;
+  int64_t kv_heads = 0;
   int64_t ffn = 1024;
   int64_t max_seq_length = 512;
   std::string position = "learned";

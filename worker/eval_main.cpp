@@ -329,12 +329,7 @@ int score(const EvalArgs& a) {
   DNALLM_CHECK(std::filesystem::is_regular_file(input), ExitCode::kBadData,
                "{} does not exist or is not a file", input);
   Scoring s;
-  // The same choice as dnallm-infer's --device (docs/inference.md).
-  s.device = infer::resolve_device(a.device_spec,
-                                   cluster::detect_topology(cluster::current_env()).local_rank);
   s.model = models::load_exported_model(a.model_dir);
-  s.model->to(s.device);
-  s.model->eval();
   const auto& o = s.model->options();
   auto tokenizer = infer::load_model_tokenizer(a.model_dir, o);
   const Config config = eval_config(o, *tokenizer, input, a);
@@ -343,6 +338,12 @@ int score(const EvalArgs& a) {
       data::make_eval_loader(config, tokenizer, 0, 1, std::numeric_limits<uint64_t>::max());
   DNALLM_CHECK(loader != nullptr && loader->dataset_size() > 0, ExitCode::kBadData,
                "{} holds no sequence long enough to score", input);
+  // The same choice as dnallm-infer's --device (docs/inference.md), after the model and the
+  // input were checked: a refusal never loads CUDA (Note [Lazy CUDA]).
+  s.device = infer::resolve_device(a.device_spec,
+                                   cluster::detect_topology(cluster::current_env()).local_rank);
+  s.model->to(s.device);
+  s.model->eval();
   uint64_t samples = loader->dataset_size();
   if (a.max_bases > 0) {
     const auto window = data::window_bases(config, *tokenizer);

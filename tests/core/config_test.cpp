@@ -240,12 +240,15 @@ TEST(Config, ModelHashIgnoresTrainingKnobs) {
   EXPECT_NE(model_config_hash(a), model_config_hash(d));
   // A key added later joins the hash only when set (Note [Model hash across releases]):
   // configs/quickstart.toml hashed to de934a2fff92763d in the checkpoints written before
-  // lora.quantize_base existed, and such checkpoints must still resume.
+  // lora.quantize_base and model.kv_heads existed, and such checkpoints must still resume.
   Config q = load_config(std::string(DNALLM_SOURCE_DIR) + "/configs/quickstart.toml");
   EXPECT_EQ(fmt::format("{:016x}", model_config_hash(q)), "de934a2fff92763d");
   Config nf4 = q;
   nf4.lora.quantize_base = "nf4";
   EXPECT_NE(model_config_hash(nf4), model_config_hash(q));
+  Config grouped = q;
+  grouped.model.kv_heads = 1;
+  EXPECT_NE(model_config_hash(grouped), model_config_hash(q));
 }
 
 TEST(Config, LoadFileErrors) {

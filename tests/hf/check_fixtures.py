@@ -12,18 +12,24 @@ base/ and adapter/ (bert_cls_lora): PeftModel.from_pretrained(base, adapter) mus
 |logit difference| and exits 1 if any fails (and when transformers is missing: run
 scripts/install-deps.sh).
 
-  python tests/hf/check_fixtures.py tests/data/hf-fixtures
+  python tests/hf/check_fixtures.py tests/data/hf-fixtures [--nt-v2-code DIR]
+
+The Nucleotide Transformer v2 families (config.json with its auto_map) run through that remote
+code (DIR or $DNALLM_NT_V2_CODE: esm_config.py, modeling_esm.py); without it they are skipped
+with a message.
 """
 import argparse
 import json
 import os
 import sys
 
-from hf_common import (adapter_problems, auto_model_class, import_peers, load_model,
-                       max_abs_diff, overlapping_kmers)
+from hf_common import (adapter_problems, auto_model_class, import_nt_v2, import_peers,
+                       load_model, max_abs_diff, nt_v2_code_dir, nt_v2_model_class,
+                       overlapping_kmers)
 
 FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
-            "roberta_prelayernorm_mlm", "bert_cls_lora"]
+            "roberta_prelayernorm_mlm", "bert_cls_lora", "llama_gqa_causal", "llama_mqa_causal",
+            "esm_v2_mlm", "esm_v2_cls", "esm_v1_mlm"]
 
 
 def expected_inputs(folder, fixture, tokenizer_class):
@@ -41,8 +47,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("fixtures", help="the fixtures folder (tests/data/hf-fixtures)")
     ap.add_argument("--tolerance", type=float, default=1e-4)
+    ap.add_argument("--nt-v2-code", help="folder with the Nucleotide Transformer v2 remote code "
+                    "(default $DNALLM_NT_V2_CODE)")
     args = ap.parse_args()
     torch, transformers = import_peers()
+    nt_v2_code = nt_v2_code_dir(args.nt_v2_code)
+    nt_v2 = import_nt_v2(nt_v2_code) if nt_v2_code else None
     import peft
     from safetensors.torch import load_file
 
@@ -59,6 +69,12 @@ def main():
         folder = os.path.join(args.fixtures, family)
         if not os.path.isdir(folder):
             report(family, False, f"no folder {folder}")
+            continue
+        config = os.path.join(folder, "config.json")
+        remote = os.path.isfile(config) and "auto_map" in json.load(open(config))
+        if remote and nt_v2 is None:
+            print(f"skip {family}: the Nucleotide Transformer v2 remote code is not given "
+                  "(--nt-v2-code DIR or $DNALLM_NT_V2_CODE)", flush=True)
             continue
         with open(os.path.join(folder, "fixture.json")) as f:
             fixture = json.load(f)
@@ -78,7 +94,9 @@ def main():
         ids, mask = expected["input_ids"], expected["attention_mask"]
         adapter = os.path.join(folder, "adapter")
         model_dir = os.path.join(folder, "base") if os.path.isdir(adapter) else folder
-        model, problems = load_model(auto_model_class(transformers, model_dir), model_dir)
+        cls = (nt_v2_model_class(nt_v2, model_dir) if remote else
+               auto_model_class(transformers, model_dir))
+        model, problems = load_model(cls, model_dir)
         report(f"{family} {type(model).__name__} weights", not problems,
                problems or "every tensor of the model, nothing else")
         if os.path.isdir(adapter):

@@ -153,22 +153,28 @@ TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
   fs::remove_all(dir);
 }
 
-// Continued masked-LM pre-training from the Nucleotide-Transformer-style fixture (esm, rotary,
-// 6-mer vocab.txt) on the bundled genome with tokenizer.kind = "nt", and the export goes back
-// out as esm.
-TEST(HfFineTune, EsmContinuedPretrainingWithTheNtSplit) {
-  const auto ck = fs::temp_directory_path() / ("dnallm_hf_esm_" + std::to_string(::getpid()));
+// Continued masked-LM pre-training from a Nucleotide-Transformer-style fixture (6-mer
+// vocab.txt) on the bundled genome with tokenizer.kind = "nt", and the export goes back out as
+// esm (with the remote code's auto_map for v2).
+void continued_pretraining_with_the_nt_split(const std::string& family) {
+  const auto ck =
+      fs::temp_directory_path() / ("dnallm_hf_" + family + "_" + std::to_string(::getpid()));
   fs::remove_all(ck);
-  auto train = run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
-                   " --set model.init_from=tests/data/hf-fixtures/esm_mlm --set tokenizer.kind=nt" +
-                   " --set tokenizer.k=6 --set model.max_seq_length=32 --set training.max_steps=6" +
-                   " --set training.eval_steps=6 --set training.logging_steps=1" +
-                   " --set checkpoint.save_steps=0 --set checkpoint.dir=" + ck.string() +
-                   " --metrics-file " + (ck / "metrics.jsonl").string());
+  auto train =
+      run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
+          " --set model.init_from=tests/data/hf-fixtures/" + family + " --set tokenizer.kind=nt" +
+          " --set tokenizer.k=6 --set model.max_seq_length=32 --set training.max_steps=6" +
+          " --set training.eval_steps=6 --set training.logging_steps=1" +
+          " --set checkpoint.save_steps=0 --set checkpoint.dir=" + ck.string() +
+          " --metrics-file " + (ck / "metrics.jsonl").string());
   ASSERT_EQ(train.code, 0) << train.out;
   EXPECT_NE(train.out.find("from the Hugging Face EsmForMaskedLM"), std::string::npos) << train.out;
   nlohmann::json config = nlohmann::json::parse(std::ifstream(ck / "final/hf/config.json"));
   EXPECT_EQ(config.at("model_type"), "esm");
+  const auto theirs = nlohmann::json::parse(
+      std::ifstream(kSrc + "/tests/data/hf-fixtures/" + family + "/config.json"));
+  EXPECT_EQ(config.value("auto_map", nlohmann::json()), theirs.value("auto_map", nlohmann::json()));
+  EXPECT_EQ(config.value("position_embedding_type", ""), theirs.at("position_embedding_type"));
   // Our export (our tokenizer) and its esm export (EsmTokenizer's vocab.txt) give the same ids
   // and logits (sequences of one length: no padding, where ESM zeroes embeddings).
   const auto seqs = (ck / "seqs.txt").string();
@@ -201,6 +207,23 @@ TEST(HfFineTune, EsmContinuedPretrainingWithTheNtSplit) {
   }
   EXPECT_EQ(steps, 6);
   fs::remove_all(ck);
+}
+
+// ESM, rotary (Nucleotide Transformer v2's shape without its SwiGLU).
+TEST(HfFineTune, EsmContinuedPretrainingWithTheNtSplit) {
+  continued_pretraining_with_the_nt_split("esm_mlm");
+}
+
+// Nucleotide Transformer v2 / AgroNT: the remote code's SwiGLU without biases, untied head;
+// the export carries its auto_map and add_bias_fnn.
+TEST(HfFineTune, NucleotideTransformerV2ContinuedPretraining) {
+  continued_pretraining_with_the_nt_split("esm_v2_mlm");
+}
+
+// Nucleotide Transformer v1: learned positions numbered from its pad id 1 (Note [Positions after
+// another pad id]); fine-tuned with our [PAD] = 0 and exported as esm numbering from 0 + 1.
+TEST(HfFineTune, NucleotideTransformerV1ContinuedPretraining) {
+  continued_pretraining_with_the_nt_split("esm_v1_mlm");
 }
 
 }  // namespace

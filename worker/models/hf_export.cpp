@@ -19,12 +19,27 @@ namespace {
 using nlohmann::ordered_json;
 using torch::Tensor;
 
-enum class Family { kEsm, kBert, kRobertaPreLn, kGptNeoX, kLlama };
+// kNtV2: ESM with the Nucleotide Transformer v2 remote code's SwiGLU (Note [Remote code] in
+// hf_import.cpp); config.json names that code in auto_map, as the hub's repositories do.
+enum class Family { kEsm, kBert, kRobertaPreLn, kGptNeoX, kLlama, kNtV2 };
 
 Family family_of(const ModelOptions& o) {
   DNALLM_CHECK(!o.mean_pooling || o.task == Task::kPretrain, ExitCode::kUsage,
                "model.pooling = \"mean\" has no transformers equivalent (its classification "
                "heads pool the first token): use pooling = \"cls\" for a Hugging Face export");
+  // ESM numbers learned positions as RoBERTa does, from its pad id: with our [PAD] as padding_idx
+  // the table is in its layout already (a fine-tuned Nucleotide Transformer v1).
+  const bool esm_positions =
+      o.position_padding_idx < 0 || (o.position_padding_idx == data::kPadId && !o.rotary &&
+                                     !o.embedding_layer_norm && !o.post_layer_norm);
+  if (o.gated_mlp && !o.rms_norm && o.linear_bias && o.arch == Arch::kBert) {
+    DNALLM_CHECK(!o.post_layer_norm && !o.embedding_layer_norm && esm_positions &&
+                     key_value_heads(o) == o.heads,
+                 ExitCode::kUsage,
+                 "a gated-MLP encoder exports only as a Nucleotide Transformer v2 (pre-LN ESM, "
+                 "no embedding LayerNorm, multi-head attention)");
+    return Family::kNtV2;
+  }
   if (o.rms_norm || o.gated_mlp || !o.linear_bias) {
     DNALLM_CHECK(o.rms_norm && o.gated_mlp && !o.linear_bias && o.arch == Arch::kGpt && o.rotary &&
                      o.task == Task::kPretrain,
@@ -33,6 +48,13 @@ Family family_of(const ModelOptions& o) {
                  "exports as llama");
     return Family::kLlama;
   }
+  DNALLM_CHECK(key_value_heads(o) == o.heads, ExitCode::kUsage,
+               "grouped-query attention (model.kv_heads = {} < heads = {}) exports only as llama "
+               "(RMSNorm, gated MLP, no biases): transformers' {} has no num_key_value_heads",
+               key_value_heads(o), o.heads, o.arch == Arch::kGpt ? "gpt_neox" : "esm / bert");
+  DNALLM_CHECK(o.ffn_bias, ExitCode::kUsage,
+               "feed-forward linears without biases export only as a Nucleotide Transformer v2 "
+               "(gated MLP) or llama");
   if (o.arch == Arch::kGpt) {
     DNALLM_CHECK(
         o.rotary && o.task == Task::kPretrain && !o.post_layer_norm && !o.embedding_layer_norm,
@@ -47,7 +69,7 @@ Family family_of(const ModelOptions& o) {
                  "a post-LN encoder exports as bert, which has learned positions");
     return Family::kBert;
   }
-  if (o.embedding_layer_norm || o.position_padding_idx >= 0) {
+  if (o.embedding_layer_norm || !esm_positions) {
     DNALLM_CHECK(o.embedding_layer_norm && o.position_padding_idx >= 0 && !o.rotary,
                  ExitCode::kUsage,
                  "this encoder variant (embedding LayerNorm without RoBERTa positions) has no "
@@ -70,6 +92,7 @@ std::map<std::string, Tensor> our_weights(TransformerLM& model, bool merge) {
 const char* model_type_of(Family f) {
   switch (f) {
     case Family::kEsm:
+    case Family::kNtV2:
       return "esm";
     case Family::kBert:
       return "bert";
@@ -124,6 +147,7 @@ ordered_json common_config(Family f, const ModelOptions& o) {
   const char* task_suffix = o.task == Task::kPretrain ? "ForMaskedLM" : "ForSequenceClassification";
   switch (f) {
     case Family::kEsm:
+    case Family::kNtV2:
       c["architectures"] = {std::string("Esm") + task_suffix};
       break;
     case Family::kBert:
@@ -168,14 +192,26 @@ ordered_json common_config(Family f, const ModelOptions& o) {
 // ours count from 0; ESM and RoBERTa from padding_idx + 1.
 int64_t add_encoder_config(Family f, const ModelOptions& o, ordered_json& c, NamedTensors& out) {
   int64_t position_offset = 0;
-  if (f == Family::kEsm) {
+  if (f == Family::kNtV2) {  // Note [Remote code] in hf_import.cpp
+    c["auto_map"] = {
+        {"AutoConfig", "esm_config.EsmConfig"},
+        {"AutoModelForMaskedLM", "modeling_esm.EsmForMaskedLM"},
+        {"AutoModelForSequenceClassification", "modeling_esm.EsmForSequenceClassification"},
+        {"AutoModelForTokenClassification", "modeling_esm.EsmForTokenClassification"}};
+    c["add_bias_fnn"] = o.ffn_bias;
+    if (o.rotary) {  // its EsmEmbeddings always has the table; rotary models never read it
+      out.emplace_back("esm.embeddings.position_embeddings.weight",
+                       torch::zeros({o.max_seq_length, o.hidden}));
+    }
+  }
+  if (f == Family::kEsm || f == Family::kNtV2) {
     c["position_embedding_type"] = o.rotary ? "rotary" : "absolute";
     c["mask_token_id"] = data::kMaskId;
     c["token_dropout"] = false;
     c["emb_layer_norm_before"] = false;
     c["hidden_dropout_prob"] = 0.0;
     c["attention_probs_dropout_prob"] = 0.0;
-    if (!o.rotary) position_offset = data::kPadId + 1;
+    if (!o.rotary && o.position_padding_idx < 0) position_offset = data::kPadId + 1;
     c["max_position_embeddings"] = o.max_seq_length + position_offset;
     c["is_folding_model"] = false;
     // EsmModel always has a contact head (attention maps -> contacts): zeros, unused by LM/cls.
@@ -214,7 +250,7 @@ int64_t add_encoder_config(Family f, const ModelOptions& o, ordered_json& c, Nam
 void add_causal_config(Family f, const ModelOptions& o, ordered_json& c) {
   c["max_position_embeddings"] = o.max_seq_length;
   if (f == Family::kLlama) {
-    c["num_key_value_heads"] = o.heads;
+    c["num_key_value_heads"] = key_value_heads(o);
     c["head_dim"] = o.hidden / o.heads;
     c["rope_theta"] = 10000.0;
     c["rope_parameters"] = {{"rope_theta", 10000.0}, {"rope_type", "default"}};
@@ -242,6 +278,7 @@ void add_renamed_weights(Family f, TransformerLM& model, const std::map<std::str
   const auto& o = model->options();
   for (auto& [name, t] : w) {
     if (name.find(".attention.self.") != std::string::npos && f == Family::kGptNeoX) continue;
+    if (name.find(".intermediate.") != std::string::npos && f == Family::kNtV2) continue;
     if (name == "bert.embeddings.position_embeddings.weight" && position_offset > 0) {
       auto table = torch::zeros({t.size(0) + position_offset, t.size(1)});
       table.narrow(0, position_offset, t.size(0)).copy_(t);
@@ -283,6 +320,22 @@ void add_fused_qkv(const ModelOptions& o, const std::map<std::string, Tensor>& w
   }
 }
 
+// Nucleotide Transformer v2 fuses the gated feed-forward's input linears: intermediate.dense
+// [2 x ffn, hidden] = [our intermediate.gate; our intermediate.dense] (silu of the first half).
+void add_fused_glu(const ModelOptions& o, const std::map<std::string, Tensor>& w,
+                   NamedTensors& out) {
+  for (int64_t i = 0; i < o.layers; ++i) {
+    const std::string ours = "bert.encoder.layer." + std::to_string(i) + ".intermediate.";
+    const std::string theirs = "esm.encoder.layer." + std::to_string(i) + ".intermediate.dense.";
+    for (const char* kind : {"weight", "bias"}) {
+      auto gate = w.find(ours + "gate." + kind);
+      if (gate == w.end()) continue;  // no biases (add_bias_fnn false)
+      out.emplace_back(theirs + kind,
+                       torch::cat({gate->second, w.at(ours + "dense." + kind)}, 0).contiguous());
+    }
+  }
+}
+
 }  // namespace
 
 std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(TransformerLM& model,
@@ -301,6 +354,7 @@ std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(Tr
   }
   add_renamed_weights(f, model, w, position_offset, out);
   if (f == Family::kGptNeoX) add_fused_qkv(o, w, out);
+  if (f == Family::kNtV2) add_fused_glu(o, w, out);
   return {out, c};
 }
 

@@ -5,15 +5,18 @@
 //   bert                  BertForMaskedLM / BertForSequenceClassification: post-LN
 //                         (DNABERT-1), learned positions, embedding LayerNorm
 //   esm                   EsmForMaskedLM / EsmForSequenceClassification: pre-LN, rotary or
-//                         learned positions (Nucleotide Transformer)
+//                         learned positions (Nucleotide Transformer v1); with the Nucleotide
+//                         Transformer v2 remote code's auto_map (Note [Remote code]) its
+//                         SwiGLU feed-forward
 //   roberta-prelayernorm  RobertaPreLayerNormForMaskedLM / ...ForSequenceClassification
 //   gpt_neox              GPTNeoXForCausalLM: rotary (full head), sequential residual
 //   llama                 LlamaForCausalLM: RMSNorm, gated SiLU MLP, no biases, rotary
-//                         (grouped-query attention is refused)
+//                         (grouped-query / multi-query: num_key_value_heads)
 // Note [Nothing silently ignored]: every config.json key is either understood (and its value
 // checked against what the import computes) or on a list of keys that do not change the
 // function (dropout rates, token ids, bookkeeping); any other key, a value we do not compute
-// (ALiBi, relative positions, partial rotary, parallel residual, remote code "auto_map"), and
+// (ALiBi, relative positions, partial rotary, parallel residual, remote code "auto_map" other
+// than Note [Remote code]'s), and
 // any tensor of model.safetensors the model does not use is an Error(kUsage) naming the key
 // or tensor and what is supported. Tensors that exist only for another task (ESM's contact
 // head) are listed by name in the log.

@@ -58,14 +58,13 @@ torch::Device pick_device(const std::string& name) {
                          c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getDevice().index());
   };
   if (name == "cpu") return torch::kCPU;
-  if (name == "cuda") {
-    DNALLM_CHECK(torch::cuda::is_available(), ExitCode::kUsage,
-                 "training.device = \"cuda\" but LibTorch sees no CUDA device: use \"cpu\"");
-    return current_cuda();
-  }
-  DNALLM_CHECK(name == "auto", ExitCode::kUsage,
+  DNALLM_CHECK(name == "cuda" || name == "auto", ExitCode::kUsage,
                "training.device = \"{}\": use \"auto\", \"cpu\" or \"cuda\"", name);
-  return torch::cuda::is_available() ? current_cuda() : torch::Device(torch::kCPU);
+  // Note [Lazy CUDA]: loads the CUDA plugin first.
+  const bool cuda = cuda_usable(name, fmt::format("training.device = \"{}\"", name));
+  DNALLM_CHECK(cuda || name == "auto", ExitCode::kUsage,
+               "training.device = \"cuda\" but LibTorch sees no CUDA device: use \"cpu\"");
+  return cuda ? current_cuda() : torch::Device(torch::kCPU);
 }
 
 uint64_t dropout_seed(uint64_t seed, int64_t step, int64_t micro_step, int rank) {
@@ -107,7 +106,8 @@ namespace {
 // allocating gigabytes first.
 void check_predicted_memory(const Config& config, const models::ModelOptions& o) {
   const auto& t = config.training;
-  const bool cpu = t.device == "cpu" || (t.device == "auto" && !torch::cuda::is_available());
+  const bool cpu =
+      t.device == "cpu" || (t.device == "auto" && !cuda_usable("auto", "training.device"));
   if (t.memory_limit_gb <= 0 && !cpu) return;
   const char* local = std::getenv("LOCAL_WORLD_SIZE");
   const double ranks = std::max(1.0, local != nullptr ? std::atof(local) : 1.0);
