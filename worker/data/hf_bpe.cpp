@@ -99,6 +99,11 @@ std::shared_ptr<const HfBpe> HfBpe::parse(const json& tj, const std::vector<std:
   DNALLM_CHECK(model.contains("merges") && model["merges"].is_array(), ExitCode::kUsage,
                "{}: model.merges is missing or not a list", where);
   const json& merges = model["merges"];
+  size_t capacity = 16;
+  while (capacity < 2 * merges.size()) capacity *= 2;
+  b->keys_.assign(capacity, kEmpty);
+  b->values_.resize(capacity);
+  b->mask_ = capacity - 1;
   const bool pairs = !merges.empty() && merges[0].is_array();
   uint32_t rank = 0;
   for (size_t i = 0; i < merges.size(); ++i) {
@@ -134,11 +139,12 @@ std::shared_ptr<const HfBpe> HfBpe::parse(const json& tj, const std::vector<std:
       return it->second;
     };
     const uint32_t left = id_of(a), right = id_of(bb), merged = id_of(a + bb);
-    auto [it, fresh] = b->merges_.emplace(key(left, right), Merge{rank, merged});
-    DNALLM_CHECK(fresh, ExitCode::kUsage,
+    const Merge* earlier = b->insert(key(left, right), Merge{rank, merged});
+    DNALLM_CHECK(earlier == nullptr, ExitCode::kUsage,
                  "{}: model.merges[{}] (\"{} {}\") repeats an earlier merge (rank {}): the file "
                  "is damaged; repair or re-download it",
-                 where, i, clip_for_message(a, 40), clip_for_message(bb, 40), it->second.rank);
+                 where, i, clip_for_message(a, 40), clip_for_message(bb, 40),
+                 earlier ? earlier->rank : 0);
     ++rank;
   }
 
@@ -175,6 +181,17 @@ std::shared_ptr<const HfBpe> HfBpe::parse(const json& tj, const std::vector<std:
     b->pre_ = type == "Whitespace" ? PreTokenizer::kWhitespace : PreTokenizer::kWhitespaceSplit;
   }
   return b;
+}
+
+const HfBpe::Merge* HfBpe::insert(uint64_t k, Merge m) {
+  size_t i = slot(k);
+  for (; keys_[i] != kEmpty; i = (i + 1) & mask_) {
+    if (keys_[i] == k) return &values_[i];
+  }
+  keys_[i] = k;
+  values_[i] = m;
+  ++merges_;
+  return nullptr;
 }
 
 void HfBpe::encode(std::string_view text, std::vector<int64_t>& out) const {

@@ -47,7 +47,7 @@ class HfBpe {
   void encode(std::string_view text, std::vector<int64_t>& out) const;
 
   int64_t unk() const { return unk_; }
-  size_t merges() const { return merges_.size(); }
+  size_t merges() const { return merges_; }
   PreTokenizer pre_tokenizer() const { return pre_; }
 
  private:
@@ -56,17 +56,29 @@ class HfBpe {
     uint32_t new_id;
   };
   static uint64_t key(uint32_t a, uint32_t b) { return (uint64_t{a} << 32) | b; }
+  // The merges in an open-addressing table (linear probing, at most half full): the lookup of
+  // the encode loop, two or three per merge.
   const Merge* find(uint32_t a, uint32_t b) const {
-    auto it = merges_.find(key(a, b));
-    return it == merges_.end() ? nullptr : &it->second;
+    const uint64_t k = key(a, b);
+    for (size_t i = slot(k);; i = (i + 1) & mask_) {
+      if (keys_[i] == k) return &values_[i];
+      if (keys_[i] == kEmpty) return nullptr;
+    }
   }
+  size_t slot(uint64_t k) const {
+    return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 32) & mask_;
+  }
+  const Merge* insert(uint64_t k, Merge m);         // the existing entry when `k` is there already
+  static constexpr uint64_t kEmpty = ~uint64_t{0};  // no id is 2^32 - 1 (bounded file)
   void encode_word(std::string_view word, std::vector<int64_t>& out) const;
 
   std::string where_;
   std::unordered_map<std::string, uint32_t> vocab_;  // piece -> id
   std::array<int64_t, 128> char_id_{};               // id of each one-character piece, or -1
-  std::unordered_map<uint64_t, Merge> merges_;       // (left id, right id) -> rank, merged id
-  std::vector<std::string> added_;                   // added tokens' contents
+  std::vector<uint64_t> keys_;                       // (left id, right id) or kEmpty
+  std::vector<Merge> values_;                        // rank, merged id
+  size_t mask_ = 0, merges_ = 0;
+  std::vector<std::string> added_;  // added tokens' contents
   int64_t unk_ = -1;
   bool fuse_unk_ = false;
   bool ignore_merges_ = false;
