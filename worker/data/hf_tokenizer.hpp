@@ -57,6 +57,8 @@ class HfTokenizer {
   // `bases`: A/C/G/T/N (upper-cased here). Ids with the family's special tokens around them.
   // BPE: Error(kBadData) for a byte that is not printable ASCII (hf_bpe.hpp).
   std::vector<int64_t> encode(std::string_view bases) const;
+  // encode() without the post-processor's special tokens around the sequence.
+  std::vector<int64_t> encode_unframed(std::string_view bases) const;
   // encode() each sequence and pad them to the longest.
   HfBatch encode_batch(const std::vector<std::string>& sequences) const;
 
@@ -68,6 +70,11 @@ class HfTokenizer {
   const std::string& piece(int64_t id) const { return pieces_.at(static_cast<size_t>(id)); }
   int64_t id_of(const std::string& piece) const;  // -1 when absent
 
+  // A BPE tokenizer from the documents themselves (tokenizer_config.json, maybe {}, and
+  // tokenizer.json): what load() reads for a BPE model; `where` names them in messages.
+  static HfTokenizer from_bpe_json(const nlohmann::json& config, const nlohmann::json& tj,
+                                   const std::string& where);
+
   // The same tokenizer built from parts (export of this project's own tokenizers).
   HfTokenizer(Scheme scheme, std::vector<std::string> pieces, HfSpecialTokens special, int k,
               std::string tokenizer_class);
@@ -75,6 +82,8 @@ class HfTokenizer {
  private:
   HfTokenizer() = default;
   void index();
+  void encode_into(std::string_view bases, std::vector<int64_t>& ids) const;
+  void read_template(const nlohmann::json& tj, const std::string& where);
 
   Scheme scheme_ = Scheme::kCharacter;
   std::vector<std::string> pieces_;     // by id

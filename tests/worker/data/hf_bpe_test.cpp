@@ -16,8 +16,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/config.hpp"
 #include "core/error.hpp"
 #include "worker/data/hf_tokenizer.hpp"
+#include "worker/data/tokenizer.hpp"
 
 namespace dnallm::data {
 namespace {
@@ -333,6 +335,80 @@ TEST_F(HfBpeTest, RefusesTextItCannotEncodeLikeTheLibrary) {
   expect_refused(base, {"byte 0xc3 at position 2", "tokenizer.json", "ASCII"}, "AC\xc3\xa9",
                  ExitCode::kBadData);
   expect_refused(base, {"\"[MASK]\", an added token"}, "ACG[MASK]T", ExitCode::kBadData);
+}
+
+// tokenizer.kind = "hf" (Note [Hugging Face BPE in our id layout]): the directory's tokens,
+// renamed: the same pieces as HfTokenizer's, our special ids, a round trip through to_json().
+TEST_F(HfBpeTest, OurIdLayoutOfTheDirectorysTokenizer) {
+  auto tj =
+      dnabert2({"A", "C", "G", "T", "AC", "GT", "ACGT"}, {{"A", "C"}, {"G", "T"}, {"AC", "GT"}});
+  write(tj);
+  const auto theirs = HfTokenizer::load(dir_.string());
+  Config config;
+  config.tokenizer.kind = "hf";
+  config.model.init_from = dir_.string();
+  const auto ours = make_tokenizer(config);
+  EXPECT_EQ(ours->kind(), "hf");
+  EXPECT_EQ(ours->vocab_size(), theirs.vocab_size());  // five special tokens on each side
+  for (int64_t id = 0; id < kFirstRegularId; ++id) {
+    EXPECT_EQ(ours->id_to_piece(id), special_token_names()[size_t(id)]);
+  }
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 200; ++i) {
+    std::string s;
+    for (size_t n = 1 + rng() % 300; n > 0; --n) s += "ACGTN"[rng() % 5];
+    const auto ids = ours->encode(s);
+    const auto expected = theirs.encode_unframed(s);
+    ASSERT_EQ(ids.size(), expected.size());
+    for (size_t j = 0; j < ids.size(); ++j) {
+      if (expected[j] == theirs.special().unk) {
+        EXPECT_EQ(ids[j], kUnkId);
+      } else {
+        EXPECT_EQ(ours->id_to_piece(ids[j]), theirs.piece(expected[j]));
+      }
+    }
+    std::string without_n;
+    for (char c : s) {
+      if (c != 'N') without_n += c;
+    }
+    EXPECT_EQ(ours->decode(ids), without_n);  // [UNK] (an N) is a special id: dropped
+  }
+  const auto again = tokenizer_from_json(ours->to_json());
+  EXPECT_TRUE(*again == *ours);
+  EXPECT_EQ(again->encode("ACGTNACGTAC"), ours->encode("ACGTNACGTAC"));
+  require_same_tokenizer(*ours, again->to_json(), "a checkpoint");
+  // Another merge list is another tokenizer; the message stays one short line.
+  tj["model"]["merges"] = ordered_json::array({"A C", "G T"});
+  write(tj);
+  const auto other = load_hf_bpe_tokenizer(dir_.string());
+  try {
+    require_same_tokenizer(*other, ours->to_json(), "a checkpoint");
+    FAIL() << "another merge list was taken for the same tokenizer";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_LT(std::string(e.what()).size(), 1000u) << e.what();
+  }
+}
+
+TEST_F(HfBpeTest, KindHfRefusesOtherSchemesAndNeedsADirectory) {
+  Config config;
+  config.tokenizer.kind = "hf";
+  try {
+    make_tokenizer(config);
+    FAIL() << "no directory accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs tokenizer.path"), std::string::npos) << e.what();
+  }
+  std::ofstream(dir_ / "tokenizer_config.json") << R"({"tokenizer_class": "EsmTokenizer"})";
+  std::ofstream(dir_ / "vocab.txt") << "<cls>\n<pad>\n<eos>\n<unk>\nA\nC\nG\nT\nN\n<mask>\n";
+  try {
+    load_hf_bpe_tokenizer(dir_.string());
+    FAIL() << "an EsmTokenizer directory accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage);
+    EXPECT_NE(std::string(e.what()).find("use tokenizer.kind = \"kmer\""), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
