@@ -403,12 +403,15 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
                       {"mask_token", "[MASK]"}};
   if (tok.kind() == "nt" && arch == Arch::kBert) return export_esm_tokenizer(tok, map, dir);
   const bool kmer = tok.kind() == "kmer";
+  auto summary = tok.to_json();
+  summary.erase("hf_tokenizer_json");  // kind "hf" embeds its files
+  summary.erase("hf_tokenizer_config");
   DNALLM_CHECK(tok.kind() == "char" ||
                    (kmer && tok.to_json().value("stride", 0) == 1 && arch == Arch::kBert),
                ExitCode::kUsage,
                "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\", "
                "and for encoders overlapping k-mers (stride 1) and \"nt\"",
-               tok.to_json().dump());
+               summary.dump());
   write_json(dir + "/tokenizer.json", word_level_tokenizer(tok, arch, kmer));
   if (arch == Arch::kGpt) map["bos_token"] = "[CLS]";
   write_json(dir + "/special_tokens_map.json", map);
