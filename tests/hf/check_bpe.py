@@ -81,7 +81,7 @@ def sequences(rng, g, count):
             b = min(len(s), a + rng.randint(1, 500))
             s[a:b] = [c.lower() for c in s[a:b]]
         if kind > 0.95:  # punctuation, spaces, digits: the pre-tokenizer's word boundaries
-            alphabet = [chr(c) for c in range(0x20, 0x7f) if chr(c) not in "[]"] + ["\t"]
+            alphabet = [chr(c) for c in range(0x20, 0x7f) if chr(c) not in "[]"] + list("\t\v\f\r")
             for _ in range(rng.randint(1, 20)):
                 s.insert(rng.randrange(len(s) + 1), rng.choice(alphabet))
         out.append("".join(s))

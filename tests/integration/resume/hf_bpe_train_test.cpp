@@ -1,15 +1,19 @@
 // tokenizer.kind = "hf" end to end (Note [Hugging Face BPE in our id layout]): dnallm-train
 // with a DNABERT-2-style BPE tokenizer.json directory trains, checkpoints, resumes under the
-// same tokenizer (require_same_tokenizer on the embedded files), and dnallm-infer embeds with
-// the final/ export alone (the directory removed: the files travel in final/tokenizer.json).
+// same tokenizer (require_same_tokenizer on the embedded files), dnallm-infer embeds with
+// the final/ export alone (the directory removed: the files travel in final/tokenizer.json),
+// and final/hf's tokenizer.json (BPE in our id layout) encodes as the run's tokenizer.
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "../ddp/test_util.hpp"
+#include "worker/data/hf_tokenizer.hpp"
+#include "worker/data/tokenizer.hpp"
 
 namespace dnallm::testing {
 namespace {
@@ -98,6 +102,21 @@ TEST(HfBpeTokenizer, TrainsResumesAndInfersWithADnabert2StyleDirectory) {
             0)
       << log;
   EXPECT_TRUE(std::filesystem::exists(dir + "/emb.npy"));
+
+  // final/hf: transformers' layout; its BPE tokenizer.json gives the run's ids.
+  const auto ours = data::load_tokenizer(dir + "/ck/final/tokenizer.json");
+  const auto exported = data::HfTokenizer::load(dir + "/ck/final/hf");
+  EXPECT_EQ(exported.scheme(), data::HfTokenizer::Scheme::kBpe);
+  EXPECT_EQ(exported.special().pad, data::kPadId);
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 100; ++i) {
+    std::string s;
+    for (size_t n = 1 + rng() % 500; n > 0; --n) s += "ACGTN"[rng() % 5];
+    auto framed = ours->encode(s);
+    framed.insert(framed.begin(), data::kClsId);
+    framed.push_back(data::kSepId);
+    ASSERT_EQ(exported.encode(s), framed) << s;
+  }
 }
 
 }  // namespace
