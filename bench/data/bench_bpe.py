@@ -7,7 +7,8 @@ bundled E. coli genome, with a DNABERT-2-layout tokenizer (vocabulary 4096, Whit
 for each; the library's word cache is cleared before each timed pass (our encoder has none).
 Checks that both give the same ids, then prints the ratio ours / library (> 1: ours faster).
 
-  bench/data/bench_bpe.sh [build dir]        (env: ROUNDS, default 3)
+  bench/data/bench_bpe.sh [build dir] [--dir TOKENIZER_DIR]    (env: ROUNDS, default 3)
+--dir: a downloaded tokenizer directory (zhihan1996/DNABERT-2-117M) instead of the trained one.
 """
 import argparse
 import os
@@ -25,6 +26,7 @@ def main():
     ap.add_argument("--tool", required=True)
     ap.add_argument("--source-dir", required=True)
     ap.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", "3")))
+    ap.add_argument("--dir", help="a tokenizer directory to use instead of training one")
     a = ap.parse_args()
     os.environ["RAYON_NUM_THREADS"] = "1"
     import tokenizers as tk
@@ -33,10 +35,13 @@ def main():
     shapes = {"1000 x 1 kb": [text[i:i + 1000] for i in range(0, len(text), 1000)],
               "1 x 1 Mb": [text]}
     with tempfile.TemporaryDirectory(prefix="dnallm_bench_bpe_") as work:
-        d = os.path.join(work, "dnabert2-like")
-        write_dir(d, train(tk, g[:1_000_000], 4096, []))
+        d = a.dir or os.path.join(work, "dnabert2-like")
+        if not a.dir:
+            write_dir(d, train(tk, g[:1_000_000], 4096, []))
         lib = tk.Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-        print(f"bench/data bpe: tokenizers {tk.__version__} (one thread) vs {a.tool}; "
+        lib.no_truncation()  # a downloaded file may carry settings transformers does not apply
+        lib.no_padding()
+        print(f"bench/data bpe: {d}: tokenizers {tk.__version__} (one thread) vs {a.tool}; "
               f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
         for name, seqs in shapes.items():
             path = os.path.join(work, "seqs.txt")
