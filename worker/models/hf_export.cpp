@@ -10,6 +10,7 @@
 #include "checkpoint/durable_io.hpp"
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
+#include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_names.hpp"
 
@@ -446,6 +447,36 @@ ordered_json word_level_tokenizer(const data::Tokenizer& tok, Arch arch, bool km
   return tj;
 }
 
+// tokenizer.kind = "hf": the directory's own BPE tokenizer.json (embedded in to_json()), its
+// ids renamed to ours (Note [Hugging Face BPE in our id layout]): our vocabulary, our special
+// tokens and framing, its normalizer, pre-tokenizer and merges. Read back by our reader (the
+// one tests/hf/check_bpe.py holds to the tokenizers library) before it is written.
+ordered_json hf_bpe_tokenizer(const data::Tokenizer& tok, Arch arch) {
+  const auto theirs = ordered_json::parse(tok.to_json().at("hf_tokenizer_json").get<std::string>());
+  ordered_json vocab = ordered_json::object();
+  for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab[tok.id_to_piece(id)] = id;
+  ordered_json model = theirs.at("model");
+  model["vocab"] = vocab;
+  if (!model.value("unk_token", ordered_json()).is_null()) model["unk_token"] = "[UNK]";
+  ordered_json tj;
+  tj["version"] = "1.0";
+  tj["truncation"] = nullptr;
+  tj["padding"] = nullptr;
+  tj["added_tokens"] = added_tokens();
+  tj["normalizer"] = theirs.value("normalizer", ordered_json());
+  tj["pre_tokenizer"] = theirs.value("pre_tokenizer", ordered_json());
+  tj["post_processor"] = post_processor(arch);
+  tj["decoder"] = nullptr;
+  tj["model"] = model;
+  const auto back =
+      data::HfTokenizer::from_bpe_json(nlohmann::json::object(), nlohmann::json(tj), "export");
+  const auto probe = std::string("ACGTNACGTTGCAAAAATTTTGGGGCCCCACGT");
+  auto ids = back.encode_unframed(probe);
+  DNALLM_CHECK(ids == tok.encode(probe), ExitCode::kFailure,
+               "the exported BPE tokenizer.json does not encode as the run's tokenizer: a bug");
+  return tj;
+}
+
 }  // namespace
 
 void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::string& dir) {
@@ -457,13 +488,18 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
                       {"mask_token", "[MASK]"}};
   if (tok.kind() == "nt" && arch == Arch::kBert) return export_esm_tokenizer(tok, map, dir);
   const bool kmer = tok.kind() == "kmer";
-  DNALLM_CHECK(tok.kind() == "char" ||
+  const bool bpe = tok.kind() == "hf";
+  auto summary = tok.to_json();
+  summary.erase("hf_tokenizer_json");  // kind "hf" embeds its files
+  summary.erase("hf_tokenizer_config");
+  DNALLM_CHECK(tok.kind() == "char" || bpe ||
                    (kmer && tok.to_json().value("stride", 0) == 1 && arch == Arch::kBert),
                ExitCode::kUsage,
                "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\", "
-               "and for encoders overlapping k-mers (stride 1) and \"nt\"",
-               tok.to_json().dump());
-  write_json(dir + "/tokenizer.json", word_level_tokenizer(tok, arch, kmer));
+               "\"hf\", and for encoders overlapping k-mers (stride 1) and \"nt\"",
+               summary.dump());
+  write_json(dir + "/tokenizer.json",
+             bpe ? hf_bpe_tokenizer(tok, arch) : word_level_tokenizer(tok, arch, kmer));
   if (arch == Arch::kGpt) map["bos_token"] = "[CLS]";
   write_json(dir + "/special_tokens_map.json", map);
   ordered_json config = map;
@@ -476,7 +512,7 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
     config["dnallm_input"] =
         "overlapping " + std::to_string(tok.to_json().value("k", 0)) + "-mers separated by spaces";
   } else {
-    config["dnallm_input"] = "the bases as they are";
+    config["dnallm_input"] = bpe ? "the bases, upper case (BPE)" : "the bases as they are";
   }
   write_json(dir + "/tokenizer_config.json", config);
 }

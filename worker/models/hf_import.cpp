@@ -788,7 +788,8 @@ void check_same_tokenization(const Config& config, const data::Tokenizer& ours,
                             config.tokenizer.k == theirs.k() && config.tokenizer.stride == 1) ||
                            (theirs.scheme() == Scheme::kLongestMatch && ours.kind() == "nt" &&
                             config.tokenizer.k == theirs.k()) ||
-                           (theirs.scheme() == Scheme::kCharacter && ours.kind() == "char");
+                           (theirs.scheme() == Scheme::kCharacter && ours.kind() == "char") ||
+                           (theirs.scheme() == Scheme::kBpe && ours.kind() == "hf");
   std::string theirs_text, setting;
   switch (theirs.scheme()) {
     case Scheme::kOverlappingKmer:
@@ -805,10 +806,23 @@ void check_same_tokenization(const Config& config, const data::Tokenizer& ours,
       theirs_text = "one token a base";
       setting = "set tokenizer.kind = \"char\"";
       break;
+    case Scheme::kBpe:
+      theirs_text = fmt::format("with BPE ({} merges in its tokenizer.json)", theirs.bpe_merges());
+      setting = "set tokenizer.kind = \"hf\" (its own tokenizer; tokenizer.path empty)";
+      break;
   }
   DNALLM_CHECK(same_scheme, ExitCode::kUsage,
                "model.init_from = \"{}\" tokenizes {}; [tokenizer] here is kind = \"{}\": {}", dir,
                theirs_text, ours.kind(), setting);
+  if (ours.kind() == "hf") {
+    // tokenizer.path may name another directory: its merges must be these.
+    const auto own = data::load_hf_bpe_tokenizer(dir)->to_json();
+    DNALLM_CHECK(own.at("hf_tokenizer_json") == ours.to_json().at("hf_tokenizer_json"),
+                 ExitCode::kUsage,
+                 "model.init_from = \"{}\": tokenizer.path names another tokenizer.json than the "
+                 "model's: leave tokenizer.path empty to use the model's own",
+                 dir);
+  }
 }
 
 // The architecture from config.json; the task, heads, dropout and LoRA from `config`.
