@@ -207,7 +207,9 @@ void data_keys(std::vector<KeyDesc>& out) {
       .range("max_n_fraction", &DataConfig::max_n_fraction, 0, 1,
              "`skip`: windows with more N than this are skipped")
       .range("reverse_complement", &DataConfig::reverse_complement, 0, 1,
-             "probability of reverse-complementing a window")
+             "RC augmentation: probability of reverse-complementing a training window (genomes) "
+             "or record (tables: the label is kept); evaluation reads the data as written. "
+             "Also spelled `rc_augment`")
       .range("eval_fraction", &DataConfig::eval_fraction, 0, 0.9,
              "hold out the last fraction of each genome for evaluation")
       .range("samples_per_epoch", &DataConfig::samples_per_epoch, 0, kInf,
@@ -485,6 +487,7 @@ const std::vector<Alias>& aliases() {
       {"save_steps", "checkpoint", "save_steps"},
       {"save_total_limit", "checkpoint", "keep_last"},
       {"metric_for_best_model", "checkpoint", "best_metric"},
+      {"rc_augment", "data", "reverse_complement"},
       {"eval_steps", "training", "eval_steps"},
       {"logging_steps", "training", "logging_steps"},
       {"max_steps", "training", "max_steps"},

@@ -115,6 +115,7 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
     t.num_labels = config.model.num_labels;
     t.on_bad_record = policy;
     t.cache_dir = d.cache_dir;
+    t.reverse_complement = split == Split::kTrain ? d.reverse_complement : 0.0;  // eval: as written
     if (split == Split::kTrain && !d.eval_files.empty()) {
       // train tables are whole; eval tables come from eval_files
     } else if (split == Split::kEval && !eval_files) {
