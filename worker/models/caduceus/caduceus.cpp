@@ -8,6 +8,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
+#include "worker/models/hf_directory.hpp"
 #include "worker/tensor_buffer.hpp"
 
 namespace dnallm::models::caduceus {
@@ -178,14 +179,7 @@ namespace {
 
 int64_t int_key(const json& c, const std::string& key, int64_t fallback, int64_t lo, int64_t hi,
                 const std::string& where) {
-  if (!c.contains(key) || c[key].is_null()) return fallback;
-  DNALLM_CHECK(c[key].is_number_integer(), ExitCode::kUsage, "{}: \"{}\" = {} is not an integer",
-               where, key, clip_for_message(c[key].dump()));
-  const int64_t v = c[key].get<int64_t>();
-  DNALLM_CHECK(v >= lo && v <= hi, ExitCode::kUsage,
-               "{}: \"{}\" = {} is outside [{}, {}]: the file is damaged or not a Caduceus config",
-               where, key, v, lo, hi);
-  return v;
+  return family_int(c, key, fallback, lo, hi, where, "Caduceus");
 }
 
 CaduceusOptions options_from(const json& c, const std::string& where) {
@@ -286,20 +280,10 @@ std::map<std::string, Tensor> hf_names(CaduceusLMImpl& m) {
 
 CaduceusLM load_hf_caduceus(const std::string& dir) {
   const std::string config_path = dir + "/config.json";
-  const auto c = parse_json_strict(
-      read_bounded_file(config_path, kMaxConfigFileBytes, ExitCode::kUsage, "configuration file"),
-      config_path, ExitCode::kUsage);
-  DNALLM_CHECK(c.is_object() && c.value("model_type", std::string()) == "caduceus",
-               ExitCode::kUsage, "{}: not a Caduceus config (model_type is not \"caduceus\")",
-               config_path);
+  const auto c = read_family_config(dir, "caduceus", "Caduceus");
   auto o = options_from(c, config_path);
   o.hf_config = c;
-  const std::string weights = dir + "/model.safetensors";
-  std::error_code ec;
-  DNALLM_CHECK(std::filesystem::exists(weights, ec), ExitCode::kUsage,
-               "{} not found: Caduceus directories are read from safetensors only (a pickle is "
-               "code); convert it with transformers' save_pretrained(safe_serialization=True)",
-               weights);
+  const std::string weights = family_weights(dir, "Caduceus");
   checkpoint::SafetensorsReader reader(weights);
   o.classifier = reader.file().tensors.count("score.weight") != 0;
   if (o.classifier) o.num_labels = reader.file().tensors.at("score.weight").spec.shape.at(0);
@@ -321,18 +305,12 @@ CaduceusLM load_hf_caduceus(const std::string& dir) {
                  "{}: unexpected tensor {} for this config.json (n_layer {}, rcps {}): the "
                  "directory mixes files of different models",
                  weights, clip_for_message(name), o.n_layer, o.rcps);
-    auto t =
-        torch::empty(entry.spec.shape, torch::TensorOptions().dtype(torch_dtype(entry.spec.dtype)));
-    reader.read(entry, t.data_ptr());
-    DNALLM_CHECK(!t.is_floating_point() || torch::isfinite(t).all().item<bool>(),
-                 ExitCode::kCheckpointCorrupt,
-                 "{}: tensor {} holds NaN or infinite values: the file is damaged; re-download it",
-                 weights, clip_for_message(name));
+    const auto t = read_finite_tensor(reader, entry, weights, name);
     DNALLM_CHECK(t.sizes() == it->second.sizes(), ExitCode::kUsage,
                  "{}: {} has shape {} but config.json implies {}", weights, name,
                  fmt::format("{}", fmt::join(t.sizes(), "x")),
                  fmt::format("{}", fmt::join(it->second.sizes(), "x")));
-    it->second.copy_(t.to(torch::kFloat32));
+    it->second.copy_(t);
     loaded.insert(name);
   }
   // The published masked LMs tie lm_head to the embedding and may store it under one name.
