@@ -40,6 +40,134 @@ Tensor selective_scan(const Tensor& u_in, const Tensor& delta_in, const Tensor& 
   return y * torch::silu(z.to(torch::kFloat32));
 }
 
+namespace {
+
+inline float softplus20(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
+
+// Note [Fused selective scan]: the scan as one loop per (batch, channel) over raw fp32 memory,
+// parallel over (batch, channel) and sequential over time: O(B D L N) work with no per-step
+// tensor dispatch (the reference's Python loop, and selective_scan() above, launch several tensor
+// ops per time step). The forward keeps the states h [B, D, L, N] for the backward, which runs
+// the reverse recurrence dh_t = C_t dy_t + exp(delta_{t+1} A) dh_{t+1} by hand; dB and dC are
+// then two contractions over the channels. Equal to selective_scan() in values and gradients
+// (tests/worker/caduceus_test.cpp).
+struct FusedScan : public torch::autograd::Function<FusedScan> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, Tensor u, Tensor delta, Tensor A,
+                        Tensor Bm, Tensor C, Tensor Dv, Tensor z, Tensor bias) {
+    const int64_t batch = u.size(0), D = u.size(1), L = u.size(2), N = A.size(1);
+    u = u.contiguous(), delta = delta.contiguous(), z = z.contiguous();
+    A = A.contiguous(), Dv = Dv.contiguous(), bias = bias.contiguous();
+    auto Bt = Bm.transpose(1, 2).contiguous(), Ct = C.transpose(1, 2).contiguous();  // [B, L, N]
+    auto out = torch::empty_like(u), y_pre = torch::empty_like(u);
+    auto H = torch::empty({batch, D, L, N}, u.options());
+    const float *pu = u.data_ptr<float>(), *pd = delta.data_ptr<float>(), *pz = z.data_ptr<float>();
+    const float *pA = A.data_ptr<float>(), *pD = Dv.data_ptr<float>(), *pb = bias.data_ptr<float>();
+    const float *pB = Bt.data_ptr<float>(), *pC = Ct.data_ptr<float>();
+    float *po = out.data_ptr<float>(), *py = y_pre.data_ptr<float>(), *pH = H.data_ptr<float>();
+    at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> h(static_cast<size_t>(N));
+      for (int64_t bd = begin; bd < end; ++bd) {
+        const int64_t b = bd / D, d = bd % D;
+        std::fill(h.begin(), h.end(), 0.f);
+        const float* Ad = pA + d * N;
+        for (int64_t t = 0; t < L; ++t) {
+          const int64_t i = bd * L + t;
+          const float dt = softplus20(pd[i] + pb[d]);
+          const float du = dt * pu[i];
+          const float* Bbt = pB + (b * L + t) * N;
+          const float* Cbt = pC + (b * L + t) * N;
+          float* Ht = pH + i * N;
+          float y = 0.f;
+          for (int64_t n = 0; n < N; ++n) {
+            h[n] = std::exp(dt * Ad[n]) * h[n] + du * Bbt[n];
+            y += h[n] * Cbt[n];
+            Ht[n] = h[n];
+          }
+          y += pu[i] * pD[d];
+          py[i] = y;
+          po[i] = y * pz[i] * sigmoidf(pz[i]);
+        }
+      }
+    });
+    ctx->save_for_backward({u, delta, A, Bt, Ct, Dv, z, bias, y_pre, H});
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const auto &u = s[0], &delta = s[1], &A = s[2], &Bt = s[3], &Ct = s[4], &Dv = s[5], &z = s[6],
+               &bias = s[7], &y_pre = s[8], &H = s[9];
+    const auto dout = grads[0].contiguous();
+    const int64_t batch = u.size(0), D = u.size(1), L = u.size(2), N = A.size(1);
+    auto du = torch::empty_like(u), ddelta = torch::empty_like(u), dz = torch::empty_like(u);
+    auto dy = torch::empty_like(u), dtu = torch::empty_like(u);
+    auto dH = torch::empty_like(H);
+    auto dA_rows = torch::zeros({batch, D, N}, u.options());
+    auto dD_rows = torch::zeros({batch, D}, u.options());
+    const float *pu = u.data_ptr<float>(), *pd = delta.data_ptr<float>(), *pz = z.data_ptr<float>();
+    const float *pA = A.data_ptr<float>(), *pD = Dv.data_ptr<float>(), *pb = bias.data_ptr<float>();
+    const float *pB = Bt.data_ptr<float>(), *pC = Ct.data_ptr<float>();
+    const float *py = y_pre.data_ptr<float>(), *pH = H.data_ptr<float>(),
+                *pg = dout.data_ptr<float>();
+    float *pdu = du.data_ptr<float>(), *pdd = ddelta.data_ptr<float>(), *pdz = dz.data_ptr<float>();
+    float *pdy = dy.data_ptr<float>(), *pdtu = dtu.data_ptr<float>(), *pdH = dH.data_ptr<float>();
+    float *pdA = dA_rows.data_ptr<float>(), *pdD = dD_rows.data_ptr<float>();
+    at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> carry(static_cast<size_t>(N));
+      for (int64_t bd = begin; bd < end; ++bd) {
+        const int64_t b = bd / D, d = bd % D;
+        std::fill(carry.begin(), carry.end(), 0.f);
+        const float* Ad = pA + d * N;
+        float* dAd = pdA + bd * N;
+        for (int64_t t = L - 1; t >= 0; --t) {
+          const int64_t i = bd * L + t;
+          const float x = pd[i] + pb[d];
+          const float dt = softplus20(x);
+          const float sz = sigmoidf(pz[i]);
+          const float g = pg[i] * pz[i] * sz;  // d loss / d y_pre
+          pdz[i] = pg[i] * py[i] * sz * (1.f + pz[i] * (1.f - sz));
+          pdy[i] = g;
+          pdtu[i] = dt * pu[i];
+          const float* Bbt = pB + (b * L + t) * N;
+          const float* Cbt = pC + (b * L + t) * N;
+          const float* Hprev = t > 0 ? pH + (i - 1) * N : nullptr;
+          float* dHt = pdH + i * N;
+          float ddt = 0.f, dui = g * pD[d];
+          for (int64_t n = 0; n < N; ++n) {
+            const float a = std::exp(dt * Ad[n]);
+            const float dh = Cbt[n] * g + carry[n];
+            dHt[n] = dh;
+            const float da = Hprev != nullptr ? dh * Hprev[n] : 0.f;
+            ddt += da * a * Ad[n] + dh * Bbt[n] * pu[i];
+            dAd[n] += da * a * dt;
+            dui += dh * dt * Bbt[n];
+            carry[n] = a * dh;
+          }
+          pdu[i] = dui;
+          pdD[bd] += g * pu[i];
+          pdd[i] = ddt * (x > 20.f ? 1.f : sigmoidf(x));
+        }
+      }
+    });
+    // dC_t = sum_d dy_t h_t, dB_t = sum_d dh_t delta_t u_t: contractions over the channels.
+    auto dC = torch::einsum("bdtn,bdt->bnt", {H, dy});
+    auto dB = torch::einsum("bdtn,bdt->bnt", {dH, dtu});
+    return {du, ddelta, dA_rows.sum(0), dB, dC, dD_rows.sum(0), dz, ddelta.sum({0, 2})};
+  }
+};
+
+}  // namespace
+
+Tensor selective_scan_fused(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& Bm,
+                            const Tensor& C, const Tensor& D, const Tensor& z,
+                            const Tensor& delta_bias) {
+  if (!u.device().is_cpu()) return selective_scan(u, delta, A, Bm, C, D, z, delta_bias);
+  auto f = [](const Tensor& t) { return t.to(torch::kFloat32); };
+  return FusedScan::apply(f(u), f(delta), f(A), f(Bm), f(C), f(D), f(z), f(delta_bias));
+}
+
 MambaImpl::MambaImpl(const CaduceusOptions& o, MambaImpl* shared) : o_(o) {
   const int64_t di = o.d_inner();
   if (shared == nullptr) {
@@ -74,7 +202,7 @@ Tensor MambaImpl::forward(const Tensor& x) {
   auto Bm = pieces[1].view({batch, L, -1}).transpose(1, 2).contiguous();
   auto C = pieces[2].view({batch, L, -1}).transpose(1, 2).contiguous();
   auto A = -torch::exp(A_log.to(torch::kFloat32));
-  auto y = selective_scan(u, dt, A, Bm, C, D, parts[1], dt_proj->bias);
+  auto y = selective_scan_fused(u, dt, A, Bm, C, D, parts[1], dt_proj->bias);
   return out_proj->forward(y.transpose(1, 2));
 }
 
