@@ -81,6 +81,16 @@ struct ModelOptions {
   bool rms_norm = false;
   bool gated_mlp = false;
   bool linear_bias = true;
+  // DNABERT-2 (MosaicBERT), Note [ALiBi]: attention biases -slope_h * |i - j| instead of
+  // position embeddings (no table: any length); the gated feed-forward's gate through exact
+  // GELU instead of SiLU (GEGLU), its input projections without bias (ffn_in_bias, the others
+  // keep theirs); a token-type table whose row 0 is added to every token (type_vocab_size > 0,
+  // <root>.embeddings.token_type_embeddings.weight).
+  bool alibi = false;
+  enum class GateActivation { kSilu, kGelu };
+  GateActivation gate_activation = GateActivation::kSilu;
+  bool ffn_in_bias = true;
+  int64_t type_vocab_size = 0;
   // LoRA
   int64_t lora_r = 0;
   double lora_alpha = 16.0;
@@ -250,6 +260,7 @@ class TransformerLMImpl : public torch::nn::Module {
 
   ModelOptions options_;
   torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr};
+  torch::Tensor token_type_;  // options_.type_vocab_size > 0
   std::vector<Block> blocks_;
   torch::nn::LayerNorm embedding_norm{nullptr};  // options_.embedding_layer_norm
   torch::nn::LayerNorm final_norm{nullptr};      // absent with options_.post_layer_norm
@@ -261,6 +272,15 @@ class TransformerLMImpl : public torch::nn::Module {
   LoraLinear pooler{nullptr}, classifier{nullptr};
 };
 TORCH_MODULE(TransformerLM);
+
+// Note [ALiBi]: the per-head slopes (Press et al., as MosaicBERT/DNABERT-2 compute them): for
+// n a power of two, 2^(-8 (i + 1) / n); otherwise the slopes of the power of two below n, then
+// every second slope of twice that power, up to n.
+std::vector<double> alibi_slopes(int64_t heads);
+// The additive biases [1, H, Tq, Tk] = -slope_h * |q_i - k_j| for query positions
+// [q_start, q_start + tq) and key positions [0, tk).
+torch::Tensor alibi_bias(int64_t heads, int64_t q_start, int64_t tq, int64_t tk,
+                         const torch::Device& device);
 
 // Attention on [B, H, T, D] tensors with an additive mask (see the implementation note).
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
