@@ -21,7 +21,9 @@ spaces), and AutoModelFor<the class in config.json> the same logits (max abs dif
 (transformers' loading report). With DIR/adapter and DIR/base: PeftModel.from_pretrained(base,
 adapter) must give our adapter logits, and merge_and_unload() our merged ones. Prints one line
 per check, then the max |logit difference| of every kind, and exits 1 if any check fails (or
-transformers is not installed).
+transformers is not installed). A DNABERT-2 export (config.json with DNABERT-2's auto_map) is
+loaded with its remote code (--dnabert2-ref or DNALLM_DNABERT2_REF; tests/hf/dnabert2_reference.py)
+and skipped with a message without it.
 """
 import argparse
 import json
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 
+import dnabert2_reference
 from hf_common import (SEQS, adapter_problems, auto_model_class, import_peers, load_model,
                        max_abs_diff, overlapping_kmers)
 
@@ -60,7 +63,10 @@ def main():
     ap.add_argument("dirs", nargs="+", help="our Hugging Face export directories")
     ap.add_argument("--eval", default="build/bin/dnallm-eval", help="dnallm-eval binary")
     ap.add_argument("--tolerance", type=float, default=1e-4)
+    ap.add_argument("--dnabert2-ref", help="DNABERT-2's remote code (default "
+                    "$DNALLM_DNABERT2_REF); without it DNABERT-2 exports are skipped")
     args = ap.parse_args()
+    ref = dnabert2_reference.reference_dir(args.dnabert2_ref)
     torch, transformers = import_peers()
     import peft
 
@@ -88,6 +94,11 @@ def main():
         for d in args.dirs:
             d = os.path.abspath(d)
             kind = os.path.basename(d.rstrip("/"))
+            if dnabert2_reference.is_dnabert2(d):
+                if ref is None:
+                    print(f"skip {kind}: {dnabert2_reference.SKIP_MESSAGE}", flush=True)
+                    continue
+                d = dnabert2_reference.with_code(ref, d, tmp)
             try:
                 mine = ours(args.eval, d, seq_file, tmp)
             except subprocess.CalledProcessError as e:

@@ -12,18 +12,23 @@ base/ and adapter/ (bert_cls_lora): PeftModel.from_pretrained(base, adapter) mus
 |logit difference| and exits 1 if any fails (and when transformers is missing: run
 scripts/install-deps.sh).
 
-  python tests/hf/check_fixtures.py tests/data/hf-fixtures
+  python tests/hf/check_fixtures.py tests/data/hf-fixtures [--dnabert2-ref DIR]
+
+The DNABERT-2 families need its remote code (--dnabert2-ref or DNALLM_DNABERT2_REF: see
+tests/hf/dnabert2_reference.py); without it they are skipped with a message.
 """
 import argparse
 import json
 import os
 import sys
+import tempfile
 
+import dnabert2_reference
 from hf_common import (adapter_problems, auto_model_class, import_peers, load_model,
                        max_abs_diff, overlapping_kmers)
 
 FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
-            "roberta_prelayernorm_mlm", "bert_cls_lora"]
+            "roberta_prelayernorm_mlm", "bert_cls_lora", "dnabert2_mlm", "dnabert2_cls"]
 
 
 def expected_inputs(folder, fixture, tokenizer_class):
@@ -41,7 +46,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("fixtures", help="the fixtures folder (tests/data/hf-fixtures)")
     ap.add_argument("--tolerance", type=float, default=1e-4)
+    ap.add_argument("--dnabert2-ref", help="DNABERT-2's remote code (default "
+                    "$DNALLM_DNABERT2_REF); without it the dnabert2 families are skipped")
     args = ap.parse_args()
+    ref = dnabert2_reference.reference_dir(args.dnabert2_ref)
+    scratch = tempfile.TemporaryDirectory()
     torch, transformers = import_peers()
     import peft
     from safetensors.torch import load_file
@@ -60,6 +69,11 @@ def main():
         if not os.path.isdir(folder):
             report(family, False, f"no folder {folder}")
             continue
+        if dnabert2_reference.is_dnabert2(folder):
+            if ref is None:
+                print(f"skip {family}: {dnabert2_reference.SKIP_MESSAGE}", flush=True)
+                continue
+            folder = dnabert2_reference.with_code(ref, folder, scratch.name)
         with open(os.path.join(folder, "fixture.json")) as f:
             fixture = json.load(f)
         expected = load_file(os.path.join(folder, "expected.safetensors"))

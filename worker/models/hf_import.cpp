@@ -28,7 +28,36 @@ const char* const kSupported =
     "supported are bert (BertForMaskedLM, BertForSequenceClassification), esm "
     "(EsmForMaskedLM, EsmForSequenceClassification), roberta-prelayernorm "
     "(RobertaPreLayerNormForMaskedLM, ...ForSequenceClassification), gpt_neox "
-    "(GPTNeoXForCausalLM) and llama (LlamaForCausalLM)";
+    "(GPTNeoXForCausalLM), llama (LlamaForCausalLM) and DNABERT-2 (model_type bert with "
+    "DNABERT-2's remote code: auto_map bert_layers.BertForMaskedLM / "
+    "BertForSequenceClassification, configuration_bert.BertConfig)";
+
+// Note [DNABERT-2 import]: DNABERT-2 (zhihan1996/DNABERT-2-117M, MosaicBERT) says model_type
+// "bert" but runs its own code (auto_map -> bert_layers.py): ALiBi instead of positions, a
+// fused Wqkv (rows: all heads' queries, then keys, then values), a GLU feed-forward
+// gated_layers [2 x intermediate, hidden] without bias whose first half goes through exact
+// GELU and multiplies the second half, then wo; post-LN blocks; token-type embeddings (row 0
+// added); MLM head decoder tied to the word embeddings with its own bias. It is recognised by
+// its auto_map (every entry one of those classes, optionally "<repo>--" prefixed), never by
+// model_type alone; a tensor of another layout is then refused by name. The reference code is
+// not run here: its config keys that change nothing we compute (alibi_starting_size: our
+// biases extend to any length; max_position_embeddings: only its token-type buffer) are read
+// and checked.
+bool is_dnabert2_auto_map(const json& auto_map) {
+  if (!auto_map.is_object() || auto_map.empty()) return false;
+  static const std::set<std::string> known = {
+      "configuration_bert.BertConfig", "bert_layers.BertModel", "bert_layers.BertForMaskedLM",
+      "bert_layers.BertForSequenceClassification"};
+  bool has_config = false;
+  for (const auto& [key, value] : auto_map.items()) {
+    if (!value.is_string()) return false;
+    std::string ref = value.get<std::string>();
+    if (const auto sep = ref.find("--"); sep != std::string::npos) ref = ref.substr(sep + 2);
+    if (known.count(ref) == 0) return false;
+    has_config = has_config || ref == "configuration_bert.BertConfig";
+  }
+  return has_config;
+}
 
 // A JSON file of a model or adapter directory; `holds` says what such a directory holds.
 // Note [Untrusted files]: a regular file of bounded size, strict JSON (no key twice).
@@ -194,7 +223,9 @@ void check_rotary_config(const json& c, const std::string& path) {
 // Note [Nothing silently ignored]: checks of the keys that change the function.
 // (auto_map was refused by read_model_class already.)
 void check_config(const json& c, const std::string& path, const std::string& model_type) {
+  const bool dnabert2 = model_type == "dnabert2";
   for (const auto& [key, value] : c.items()) {
+    if (dnabert2 && (key == "auto_map" || key == "alibi_starting_size")) continue;
     DNALLM_CHECK(neutral_keys().count(key) == 1, ExitCode::kUsage,
                  "{}: key \"{}\" (= {}) is not understood by the {} import, so the model it "
                  "describes may compute something else: remove it if it does not change the "
@@ -218,6 +249,17 @@ void check_config(const json& c, const std::string& path, const std::string& mod
   }
   if (llama) check_llama_config(c, path);
   const std::string pos = c.value("position_embedding_type", std::string("absolute"));
+  if (dnabert2) {
+    // Its code ignores position_embedding_type (ALiBi always) and uses the token-type ids it
+    // is given: the alibi table size must be a positive integer, nothing else is read.
+    DNALLM_CHECK(
+        !c.contains("alibi_starting_size") || (c["alibi_starting_size"].is_number_integer() &&
+                                               c["alibi_starting_size"].get<int64_t>() > 0),
+        ExitCode::kUsage, "{}: alibi_starting_size = {} must be a positive integer", path,
+        clip_for_message(c.value("alibi_starting_size", json()).dump()));
+    expect("attention_bias", true, "supported are biased attention projections (true)");
+    return;
+  }
   if (pos == "alibi" || c.contains("alibi") || c.value("use_alibi", false)) {
     fail(ExitCode::kUsage,
          "{}: position_embedding_type = \"alibi\" (ALiBi) is not supported: supported are "
@@ -279,11 +321,15 @@ void read_model_class(const json& c, const std::string& path, HfCheckpoint& h) {
   DNALLM_CHECK(c.contains("model_type") && c["model_type"].is_string(), ExitCode::kUsage,
                "{}: \"model_type\" is missing or not a string: {}", path, kSupported);
   h.model_type = c["model_type"].get<std::string>();
-  DNALLM_CHECK(!c.contains("auto_map"), ExitCode::kUsage,
+  // See Note [DNABERT-2 import]: DNABERT-2's remote code is the one auto_map we compute.
+  const bool dnabert2 =
+      c.contains("auto_map") && h.model_type == "bert" && is_dnabert2_auto_map(c["auto_map"]);
+  DNALLM_CHECK(!c.contains("auto_map") || dnabert2, ExitCode::kUsage,
                "{}: \"auto_map\" asks for the model's own remote code (trust_remote_code), "
                "which is not run here: {}",
                path, kSupported);
-  DNALLM_CHECK(h.model_type == "bert" || h.model_type == "esm" ||
+  if (dnabert2) h.model_type = "dnabert2";
+  DNALLM_CHECK(h.model_type == "bert" || h.model_type == "dnabert2" || h.model_type == "esm" ||
                    h.model_type == "roberta-prelayernorm" || h.model_type == "gpt_neox" ||
                    h.model_type == "llama",
                ExitCode::kUsage, "{}: model_type = \"{}\" is not supported: {}", path,
@@ -362,7 +408,16 @@ void set_common_options(const json& c, const std::string& path, ModelOptions& o)
 void set_model_type_options(const json& c, const std::string& path, const std::string& model_type,
                             ModelOptions& o) {
   const std::string pos = c.value("position_embedding_type", std::string("absolute"));
-  if (model_type == "bert") {
+  if (model_type == "dnabert2") {  // Note [DNABERT-2 import]
+    o.post_layer_norm = true;
+    o.embedding_layer_norm = true;
+    o.alibi = true;
+    o.gated_mlp = true;
+    o.gate_activation = ModelOptions::GateActivation::kGelu;
+    o.ffn_in_bias = false;
+    o.tie_embeddings = true;  // its decoder IS the word-embedding parameter
+    o.type_vocab_size = c.contains("type_vocab_size") ? get_int(c, "type_vocab_size", path) : 2;
+  } else if (model_type == "bert") {
     o.post_layer_norm = true;
     o.embedding_layer_norm = true;
   } else if (model_type == "esm") {
@@ -407,6 +462,46 @@ void split_fused_qkv(const std::string& weights_path, const std::string& hf_name
   }
 }
 
+// DNABERT-2's fused tensors (Note [DNABERT-2 import]): Wqkv [3 x hidden, hidden] and its bias
+// split into query, key and value (row blocks in that order); gated_layers [2 x ffn, hidden]
+// into the gate (first half, through GELU) and the up projection (second half). Returns false
+// for any other tensor.
+bool split_dnabert2_fused(const std::string& weights_path, const std::string& hf_name,
+                          const Tensor& t, HfCheckpoint& h) {
+  const ModelOptions& o = h.options;
+  auto ends = [&](const std::string& s) {
+    return hf_name.size() >= s.size() &&
+           hf_name.compare(hf_name.size() - s.size(), s.size(), s) == 0;
+  };
+  const std::string layer = hf_name.substr(0, hf_name.find(".attention.") < hf_name.find(".mlp.")
+                                                  ? hf_name.find(".attention.")
+                                                  : hf_name.find(".mlp."));
+  if (ends(".attention.self.Wqkv.weight") || ends(".attention.self.Wqkv.bias")) {
+    const bool is_weight = ends(".weight");
+    DNALLM_CHECK(t.dim() == (is_weight ? 2 : 1) && t.size(0) == 3 * o.hidden &&
+                     (!is_weight || t.size(1) == o.hidden),
+                 ExitCode::kUsage, "{}: {} has shape {} but config.json implies {}x{}",
+                 weights_path, hf_name, shape_of(t), 3 * o.hidden, o.hidden);
+    const auto parts = t.to(torch::kFloat32).chunk(3, 0);
+    const char* names[] = {"query", "key", "value"};
+    for (int i = 0; i < 3; ++i) {
+      h.weights[layer + ".attention.self." + names[i] + (is_weight ? ".weight" : ".bias")] =
+          parts[size_t(i)].contiguous();
+    }
+    return true;
+  }
+  if (ends(".mlp.gated_layers.weight")) {
+    DNALLM_CHECK(t.dim() == 2 && t.size(0) == 2 * o.ffn && t.size(1) == o.hidden, ExitCode::kUsage,
+                 "{}: {} has shape {} but config.json implies {}x{}", weights_path, hf_name,
+                 shape_of(t), 2 * o.ffn, o.hidden);
+    const auto halves = t.to(torch::kFloat32).chunk(2, 0);
+    h.weights[layer + ".intermediate.gate.weight"] = halves[0].contiguous();
+    h.weights[layer + ".intermediate.dense.weight"] = halves[1].contiguous();
+    return true;
+  }
+  return false;
+}
+
 // A stored rotary frequency table must be the base-10000 one this import computes.
 void check_rotary_table(const std::string& weights_path, const std::string& hf_name,
                         const Tensor& t, const ModelOptions& o) {
@@ -436,7 +531,10 @@ void map_tensors(const std::string& weights_path, HfCheckpoint& h, Tensor& token
       skipped.push_back(hf_name);
     } else if (hf_name.find("rotary_embeddings.inv_freq") != std::string::npos) {
       check_rotary_table(weights_path, hf_name, t, h.options);
-    } else if (hf_name.find("token_type_embeddings") != std::string::npos) {
+    } else if (h.model_type == "dnabert2" && split_dnabert2_fused(weights_path, hf_name, t, h)) {
+      // (Note [DNABERT-2 import]: its token-type table is a parameter of ours, below)
+    } else if (hf_name.find("token_type_embeddings") != std::string::npos &&
+               h.model_type != "dnabert2") {
       token_type = t.to(torch::kFloat32);
     } else if (h.model_type == "gpt_neox" &&
                hf_name.find(".attention.query_key_value.") != std::string::npos) {
@@ -742,8 +840,9 @@ ModelOptions fine_tune_options(const Config& config, const data::Tokenizer& ours
                "supported for fine-tuning (our [PAD] is {})",
                dir, a.position_padding_idx, data::kPadId);
   const int64_t usable =
-      a.rotary ? config.model.max_seq_length
-               : a.max_seq_length - (a.position_padding_idx >= 0 ? a.position_padding_idx + 1 : 0);
+      a.rotary || a.alibi
+          ? config.model.max_seq_length
+          : a.max_seq_length - (a.position_padding_idx >= 0 ? a.position_padding_idx + 1 : 0);
   DNALLM_CHECK(config.model.max_seq_length <= usable, ExitCode::kUsage,
                "model.max_seq_length = {} exceeds the {} positions of model.init_from = \"{}\": "
                "set model.max_seq_length <= {}",
@@ -761,7 +860,7 @@ ModelOptions fine_tune_options(const Config& config, const data::Tokenizer& ours
   o.lora_targets = wanted.lora_targets;
   o.vocab_size = ours.vocab_size();
   o.pad_id = data::kPadId;
-  if (a.rotary) o.max_seq_length = config.model.max_seq_length;
+  if (a.rotary || a.alibi) o.max_seq_length = config.model.max_seq_length;
   return o;
 }
 
