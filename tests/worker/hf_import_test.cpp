@@ -772,6 +772,39 @@ INSTANTIATE_TEST_SUITE_P(
                       ReexportCase{"dnabert2_cls", "dnabert2", false}),
     [](const auto& info) { return std::string(info.param.family); });
 
+// Note [DNABERT-2 export]: from a directory with DNABERT-2's code the export copies the files
+// and names them locally, keeping the source's config keys; without them auto_map names the
+// hub repository's.
+TEST(HfExportTest, Dnabert2RemoteCodeComesFromTheSourceDirectory) {
+  if (!has_fixture("dnabert2_mlm")) GTEST_SKIP();
+  const auto src = fs::temp_directory_path() / ("dnallm_db2_src_" + std::to_string(::getpid()));
+  fs::remove_all(src);
+  fs::copy(kFixtures + "/dnabert2_mlm", src);
+  auto model = build_hf_model(read_hf_checkpoint(src.string()));
+  auto config_of = [](const fs::path& d) {
+    return nlohmann::json::parse(std::ifstream(d / "config.json"));
+  };
+  const ExportDir bare("dnabert2_no_code");
+  export_hf_model(model, bare.str(), src.string());
+  EXPECT_EQ(config_of(bare.path()).at("auto_map").at("AutoModelForMaskedLM"),
+            "zhihan1996/DNABERT-2-117M--bert_layers.BertForMaskedLM");
+  EXPECT_FALSE(fs::exists(bare.path() / "bert_layers.py"));
+  // The source's own keys stay (its alibi_starting_size, _name_or_path).
+  EXPECT_EQ(config_of(bare.path()).at("alibi_starting_size"),
+            config_of(src).at("alibi_starting_size"));
+  for (const char* f :
+       {"bert_layers.py", "bert_padding.py", "configuration_bert.py", "flash_attn_triton.py"}) {
+    std::ofstream(src / f) << "# stand-in for " << f << "\n";
+  }
+  const ExportDir with_code("dnabert2_with_code");
+  export_hf_model(model, with_code.str(), src.string());
+  EXPECT_EQ(config_of(with_code.path()).at("auto_map").at("AutoModelForMaskedLM"),
+            "bert_layers.BertForMaskedLM");
+  EXPECT_EQ(dnallm::testing::read_text((with_code.path() / "bert_layers.py").string()),
+            "# stand-in for bert_layers.py\n");
+  fs::remove_all(src);
+}
+
 TEST(HfExportTest, NoTransformersEquivalentIsSkippedNotWrong) {
   ModelOptions o;
   o.arch = Arch::kGpt;
