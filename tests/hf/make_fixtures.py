@@ -238,6 +238,10 @@ class Maker:
             from safetensors.torch import save_file
             save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
                       os.path.join(work, "model.safetensors"), metadata={"format": "pt"})
+            if family == "dnabert2_mlm":
+                # What the hub repository actually ships: a torch.save pickle of the state dict
+                # (the decoder sharing the word embeddings' storage), for the .bin import.
+                torch.save(model.state_dict(), os.path.join(work, "pytorch_model.bin"))
             tok.save_pretrained(work)
             ids, mask = self.encode(tok, list(SEQS))
             self.check_round_trip(work, tok, list(SEQS), ids, mask)

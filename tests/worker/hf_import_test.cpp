@@ -2,6 +2,7 @@
 // (tests/data/hf-fixtures; tests/hf/make_fixtures.py makes a fresh set): the family's own tokenizer
 // ids exactly, and transformers' fp32 logits within 1e-4. Then every unsupported model or option is
 // refused with exit code 2 naming the key, and dnallm-eval --logits end to end.
+#include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -151,6 +152,50 @@ void expect_dnabert2_fixture(const std::string& family) {
 TEST(HfImportTest, Dnabert2MaskedLmFourHeads) { expect_dnabert2_fixture("dnabert2_mlm"); }
 TEST(HfImportTest, Dnabert2SequenceClassificationSixHeads) {
   expect_dnabert2_fixture("dnabert2_cls");
+}
+
+// Note [pytorch_model.bin]: the hub repository's weights file (a torch.save pickle of the state
+// dict, the decoder sharing the embeddings' storage) computes the same as model.safetensors; a
+// damaged one is exit 5.
+TEST(HfImportTest, Dnabert2PytorchModelBinAsShipped) {
+  if (!has_fixture("dnabert2_mlm")) GTEST_SKIP();
+  if (!fs::exists(kFixtures + "/dnabert2_mlm/pytorch_model.bin")) GTEST_SKIP();
+  const auto dir = fs::temp_directory_path() / ("dnallm_db2_bin_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::copy(kFixtures + "/dnabert2_mlm", dir);
+  fs::remove(dir / "model.safetensors");
+  auto expected = load_safetensors(kFixtures + "/dnabert2_mlm/expected.safetensors");
+  auto model = build_hf_model(read_hf_checkpoint(dir.string()));
+  EXPECT_LE(dnabert2_diff(dnabert2_logits(model, expected), expected), kTolerance);
+  fs::permissions(dir / "pytorch_model.bin", fs::perms::owner_write, fs::perm_options::add);
+  auto expect_damaged_bin = [&](const std::string& needle) {
+    try {
+      read_hf_checkpoint(dir.string());
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  std::ofstream(dir / "pytorch_model.bin", std::ios::trunc) << "not a pickle";
+  expect_damaged_bin("not a torch.save zip archive");
+  // Note [State-dict unpickler]: a pickle naming a Python callable (os.system) is refused
+  // before anything is called.
+  {
+    fs::remove(dir / "pytorch_model.bin");
+    caffe2::serialize::PyTorchStreamWriter writer((dir / "pytorch_model.bin").string());
+    const std::string evil(
+        "\x80\x02"
+        "cos\nsystem\n"
+        "q\x00"
+        "X\x04\x00\x00\x00"
+        "true\x85R.",
+        27);
+    writer.writeRecord("data.pkl", evil.data(), evil.size());
+    writer.writeEndOfFile();
+  }
+  expect_damaged_bin("os.system");
+  fs::remove_all(dir);
 }
 
 // Note [Scored positions only] with ALiBi: the last block computes the scored queries alone, so

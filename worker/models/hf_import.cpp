@@ -17,6 +17,7 @@
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_names.hpp"
+#include "worker/models/torch_pickle.hpp"
 
 namespace dnallm::models {
 namespace {
@@ -522,11 +523,28 @@ bool is_computed_buffer(const std::string& model_type, const std::string& hf_nam
                                       hf_name.find(".attention.masked_bias") != std::string::npos);
 }
 
+// Note [pytorch_model.bin]: DNABERT-2's hub repository ships only a torch.save pickle of its
+// state dict, read by our state-dict unpickler (torch_pickle.hpp, which builds tensors and
+// containers and nothing else); read for DNABERT-2 directories only, when they hold no
+// model.safetensors. Weights that are NaN or infinite are a damaged file, as in safetensors.
+std::map<std::string, Tensor> load_weights(const std::string& path) {
+  const bool pickle = path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
+  if (!pickle) return load_safetensors(path);
+  auto weights = load_torch_state_dict(path);
+  for (const auto& [name, t] : weights) {
+    DNALLM_CHECK(!t.is_floating_point() || t.numel() == 0 || torch::isfinite(t).all().item<bool>(),
+                 ExitCode::kCheckpointCorrupt,
+                 "{}: tensor {} holds NaN or infinite values: the file is damaged; re-download it",
+                 path, clip_for_message(name));
+  }
+  return weights;
+}
+
 // Every tensor of model.safetensors under our names (fp32); token-type embeddings go to
 // `token_type` (folded afterwards), other tasks' tensors are logged and skipped.
 void map_tensors(const std::string& weights_path, HfCheckpoint& h, Tensor& token_type) {
   std::vector<std::string> skipped;
-  for (auto& [hf_name, t] : load_safetensors(weights_path)) {
+  for (auto& [hf_name, t] : load_weights(weights_path)) {
     if (hf_name.rfind("esm.contact_head.", 0) == 0) {  // contact prediction: another task
       skipped.push_back(hf_name);
     } else if (hf_name.find("rotary_embeddings.inv_freq") != std::string::npos) {
@@ -638,8 +656,12 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
   }
   check_model_shape(h.options, path);  // Note [Model shape limits], before any allocation
 
-  const std::string weights_path = dir + "/model.safetensors";
+  std::string weights_path = dir + "/model.safetensors";
   std::error_code ec;
+  if (h.model_type == "dnabert2" && !std::filesystem::exists(weights_path, ec) &&
+      std::filesystem::exists(dir + "/pytorch_model.bin", ec)) {
+    weights_path = dir + "/pytorch_model.bin";  // Note [pytorch_model.bin]
+  }
   DNALLM_CHECK(
       std::filesystem::symlink_status(weights_path, ec).type() !=
           std::filesystem::file_type::not_found,
