@@ -25,14 +25,11 @@
 
 #include "comm/mpi/mpi_types.hpp"
 #endif
-#ifdef DNALLM_HAVE_NCCL
-#include <cuda_runtime.h>
-#endif
-
 #include "cluster/topology.hpp"
 #include "comm/bootstrap.hpp"
 #include "comm/communicator.hpp"
 #include "comm/half.hpp"
+#include "core/cuda_plugin.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/worker_env.hpp"
@@ -68,47 +65,35 @@ double expected_reduced(int world, size_t i, ReduceOp op) {
   return sum;
 }
 
-// Where the collective's buffers live: host memory, or (nccl) a device copy of it.
+// Where the collective's buffers live: host memory, or (nccl) a device copy of it, through
+// the CUDA plugin's runtime calls (Note [Lazy CUDA] in core/cuda_plugin.hpp).
 class Mirror {
  public:
   Mirror(bool cuda, int device, void* host, size_t bytes) : host_(host), bytes_(bytes) {
-#ifdef DNALLM_HAVE_NCCL
-    if (cuda) {
-      device_ = device;
-      check(cudaSetDevice(device), "cudaSetDevice");
-      check(cudaMalloc(&dev_, std::max<size_t>(bytes, 1)), "cudaMalloc");
-    }
-#else
-    DNALLM_CHECK(!cuda, ExitCode::kUsage, "this build has no CUDA (nccl) support");
-    (void)device;
-#endif
+    if (!cuda) return;
+    cuda_plugin::require("--backend nccl");
+    hooks_ = cuda_plugin::hooks();
+    DNALLM_CHECK(hooks_ != nullptr && hooks_->device_alloc != nullptr, ExitCode::kUsage,
+                 "this build's CUDA plugin has no CUDA runtime (nccl) support");
+    device_ = device;
+    dev_ = hooks_->device_alloc(device, bytes);
   }
   ~Mirror() {
-#ifdef DNALLM_HAVE_NCCL
-    if (dev_) cudaFree(dev_);
-#endif
+    if (dev_) hooks_->device_free(dev_);
   }
   Mirror(const Mirror&) = delete;
   Mirror& operator=(const Mirror&) = delete;
   void* data() const { return dev_ ? dev_ : host_; }
   Device device() const { return dev_ ? Device{DeviceType::kCUDA, device_} : Device{}; }
   void upload() {
-#ifdef DNALLM_HAVE_NCCL
-    if (dev_) check(cudaMemcpy(dev_, host_, bytes_, cudaMemcpyHostToDevice), "upload");
-#endif
+    if (dev_) hooks_->copy(dev_, host_, bytes_, true);
   }
   void download() {
-#ifdef DNALLM_HAVE_NCCL
-    if (dev_) check(cudaMemcpy(host_, dev_, bytes_, cudaMemcpyDeviceToHost), "download");
-#endif
+    if (dev_) hooks_->copy(host_, dev_, bytes_, false);
   }
 
  private:
-#ifdef DNALLM_HAVE_NCCL
-  static void check(cudaError_t rc, const char* what) {
-    DNALLM_CHECK(rc == cudaSuccess, ExitCode::kFailure, "{}: {}", what, cudaGetErrorString(rc));
-  }
-#endif
+  const cuda_plugin::Hooks* hooks_ = nullptr;
   void* host_;
   size_t bytes_;
   void* dev_ = nullptr;

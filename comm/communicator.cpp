@@ -1,7 +1,10 @@
 #include "comm/communicator.hpp"
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 
+#include "core/cuda_plugin.hpp"
 #include "core/error.hpp"
 
 #ifdef DNALLM_HAVE_GLOO
@@ -10,11 +13,29 @@
 #ifdef DNALLM_HAVE_MPI
 #include "comm/mpi/mpi_communicator.hpp"
 #endif
-#ifdef DNALLM_HAVE_NCCL
-#include "comm/nccl/nccl_communicator.hpp"
-#endif
 
 namespace dnallm::comm {
+namespace {
+
+// Note [Lazy CUDA]: filled by plugins when they load.
+std::mutex registry_mutex;
+std::map<std::string, BackendFactory>& registry() {
+  static std::map<std::string, BackendFactory> r;
+  return r;
+}
+
+BackendFactory registered(const std::string& name) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  const auto it = registry().find(name);
+  return it == registry().end() ? nullptr : it->second;
+}
+
+}  // namespace
+
+void register_backend(const std::string& name, BackendFactory factory) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registry()[name] = factory;
+}
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
@@ -50,10 +71,9 @@ bool backend_available(const std::string& name) {
 #ifdef DNALLM_HAVE_MPI
   if (name == "mpi") return true;
 #endif
-#ifdef DNALLM_HAVE_NCCL
-  if (name == "nccl") return true;
-#endif
-  return false;
+  if (registered(name) != nullptr) return true;
+  // The CUDA plugin provides nccl: asking loads it.
+  return name == "nccl" && cuda_plugin::load().empty() && registered(name) != nullptr;
 }
 
 std::string resolve_backend(const CommOptions& options) {
@@ -70,10 +90,6 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& options) {
                "unknown communication backend '{}' ([parallel] backend): use auto, gloo, mpi or "
                "nccl",
                backend);
-  DNALLM_CHECK(backend_available(backend), ExitCode::kUsage,
-               "the '{}' backend was not built into this binary ([parallel] backend); rebuild "
-               "with its library installed or choose another",
-               backend);
   DNALLM_CHECK(backend != "nccl" || options.device.is_cuda(), ExitCode::kUsage,
                "parallel.backend = \"nccl\" needs a CUDA device, but this rank trains on the "
                "CPU (training.device, or no GPU visible): set parallel.backend = \"auto\", "
@@ -82,15 +98,20 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& options) {
                "parallel.backend = \"nccl\" cannot run two ranks on one GPU "
                "(parallel.share_gpus = true put them there): set parallel.backend = \"auto\" or "
                "\"gloo\" to reduce through host memory, or start one rank per GPU");
+  // Note [Lazy CUDA]: nccl is the CUDA plugin's; loading it registers the backend.
+  if (backend == "nccl" && registered(backend) == nullptr)
+    cuda_plugin::require("parallel.backend = \"nccl\"");
+  DNALLM_CHECK(backend_available(backend), ExitCode::kUsage,
+               "the '{}' backend was not built into this binary ([parallel] backend); rebuild "
+               "with its library installed or choose another",
+               backend);
 #ifdef DNALLM_HAVE_GLOO
   if (backend == "gloo") return make_gloo_communicator(options);
 #endif
 #ifdef DNALLM_HAVE_MPI
   if (backend == "mpi") return make_mpi_communicator(options);
 #endif
-#ifdef DNALLM_HAVE_NCCL
-  if (backend == "nccl") return make_nccl_communicator(options);
-#endif
+  if (const BackendFactory factory = registered(backend)) return factory(options);
   fail(ExitCode::kUsage, "backend '{}' unavailable", backend);
 }
 

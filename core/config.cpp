@@ -126,6 +126,10 @@ void model_keys(std::vector<KeyDesc>& out) {
       .range("hidden", &ModelConfig::hidden, 1, 65536, "model width")
       .range("layers", &ModelConfig::layers, 1, 1024, "transformer blocks")
       .range("heads", &ModelConfig::heads, 1, 1024, "attention heads; `hidden` % `heads` == 0")
+      .range("kv_heads", &ModelConfig::kv_heads, 0, 1024,
+             "key/value heads (grouped-query attention, Llama's `num_key_value_heads`): each is "
+             "shared by `heads` / `kv_heads` query heads, 1 is multi-query; `heads` % "
+             "`kv_heads` == 0; 0: as many as `heads`")
       .range("ffn", &ModelConfig::ffn, 1, 1 << 20, "feed-forward inner width")
       .range("max_seq_length", &ModelConfig::max_seq_length, 4, 1 << 20,
              "tokens per sequence, [CLS]/[SEP] included")
@@ -175,17 +179,19 @@ void lora_keys(std::vector<KeyDesc>& out) {
 
 void tokenizer_keys(std::vector<KeyDesc>& out) {
   SectionKeys<TokenizerConfig>(out, "tokenizer", &Config::tokenizer)
-      .choice("kind", &TokenizerConfig::kind, {"char", "kmer", "nt", "bpe"},
+      .choice("kind", &TokenizerConfig::kind, {"char", "kmer", "nt", "bpe", "hf"},
               "`char`: one token per base; `kmer`: k-mers every `stride` bases; `nt`: the "
               "Nucleotide Transformer split (EsmTokenizer's): non-overlapping k-mers, single "
-              "bases for N and leftovers; `bpe`: byte-pair encoding trained on the data")
+              "bases for N and leftovers; `bpe`: byte-pair encoding trained on the data; `hf`: "
+              "a Hugging Face directory's BPE tokenizer.json as it is (DNABERT-2: "
+              "`tokenizer.path`, else `model.init_from`)")
       .range("k", &TokenizerConfig::k, 3, 8, "k-mer length")
       .range("stride", &TokenizerConfig::stride, 1, 8,
              "k-mer stride: 1 overlapping, k non-overlapping")
       .range("vocab_size", &TokenizerConfig::vocab_size, 16, 1 << 20,
              "bpe: vocabulary size to train")
       .key("path", &TokenizerConfig::path,
-           "bpe: model file to load, or where to save a trained one");
+           "bpe: model file to load, or where to save a trained one; hf: the model directory");
 }
 
 void data_keys(std::vector<KeyDesc>& out) {
@@ -208,7 +214,9 @@ void data_keys(std::vector<KeyDesc>& out) {
       .range("max_n_fraction", &DataConfig::max_n_fraction, 0, 1,
              "`skip`: windows with more N than this are skipped")
       .range("reverse_complement", &DataConfig::reverse_complement, 0, 1,
-             "probability of reverse-complementing a window")
+             "RC augmentation: probability of reverse-complementing a training window (genomes) "
+             "or record (tables: the label is kept); evaluation reads the data as written. "
+             "Also spelled `rc_augment`")
       .range("eval_fraction", &DataConfig::eval_fraction, 0, 0.9,
              "hold out the last fraction of each genome for evaluation")
       .range("samples_per_epoch", &DataConfig::samples_per_epoch, 0, kInf,
@@ -364,7 +372,13 @@ void checkpoint_keys(std::vector<KeyDesc>& out) {
       .range("chunk_mb", &CheckpointConfig::chunk_mb, 0.0625, 1024,
              "chunk size of shard files (MiB)")
       .key("async", &CheckpointConfig::async, "write on a background thread")
-      .key("save_final", &CheckpointConfig::save_final, "export `<dir>/final` at the end");
+      .key("save_final", &CheckpointConfig::save_final, "export `<dir>/final` at the end")
+      .choice("best_metric", &CheckpointConfig::best_metric,
+              {"none", "loss", "bits_per_base", "accuracy", "mcc", "f1"},
+              "export the model to `<dir>/best` (with `best.json`: step, metric, value) at each "
+              "evaluation that improves this metric (loss and bits_per_base: lower is better; "
+              "accuracy, mcc, f1: higher); needs training.eval_steps > 0. The Hugging Face "
+              "Trainer's load_best_model_at_end: evaluate `<dir>/best` on the test set");
 }
 
 // Read by dnallm-launch and dnallm-coordinator, not by the workers: see
@@ -479,6 +493,8 @@ const std::vector<Alias>& aliases() {
       {"gradient_checkpointing", "model", "gradient_checkpointing"},
       {"save_steps", "checkpoint", "save_steps"},
       {"save_total_limit", "checkpoint", "keep_last"},
+      {"metric_for_best_model", "checkpoint", "best_metric"},
+      {"rc_augment", "data", "reverse_complement"},
       {"eval_steps", "training", "eval_steps"},
       {"logging_steps", "training", "logging_steps"},
       {"max_steps", "training", "max_steps"},
@@ -688,6 +704,10 @@ void validate(const Config& c, const std::string& origin) {
     bad(fmt::format("model.hidden ({}) must be divisible by model.heads ({})", c.model.hidden,
                     c.model.heads));
   }
+  if (c.model.kv_heads > 0 && c.model.heads % c.model.kv_heads != 0) {
+    bad(fmt::format("model.heads ({}) must be divisible by model.kv_heads ({})", c.model.heads,
+                    c.model.kv_heads));
+  }
   if (c.elastic.min_nodes > c.elastic.max_nodes) {
     bad(fmt::format("elastic.min_nodes ({}) must not exceed elastic.max_nodes ({})",
                     c.elastic.min_nodes, c.elastic.max_nodes));
@@ -698,6 +718,26 @@ void validate(const Config& c, const std::string& origin) {
   if (c.tokenizer.kind == "kmer" && c.tokenizer.stride > c.tokenizer.k) {
     bad(fmt::format("tokenizer.stride ({}) must not exceed tokenizer.k ({})", c.tokenizer.stride,
                     c.tokenizer.k));
+  }
+  const auto& best = c.checkpoint.best_metric;
+  if (best != "none" && c.training.eval_steps <= 0) {
+    bad(
+        fmt::format("checkpoint.best_metric = \"{}\" needs evaluations: set training.eval_steps "
+                    "> 0 and data.eval_files (or data.eval_fraction)",
+                    best));
+  }
+  const bool classifier_metric = best == "accuracy" || best == "mcc" || best == "f1";
+  if (classifier_metric && c.model.task != "classification") {
+    bad(
+        fmt::format("checkpoint.best_metric = \"{}\" scores a classifier but model.task = \"{}\"; "
+                    "use \"loss\"",
+                    best, c.model.task));
+  }
+  if (best == "bits_per_base" && c.model.task != "pretrain") {
+    bad(
+        fmt::format("checkpoint.best_metric = \"bits_per_base\" scores a language model but "
+                    "model.task = \"{}\"; use \"loss\"",
+                    c.model.task));
   }
   if (c.training.precision == "fp16" && c.training.device == "cpu") {
     bad("training.precision = \"fp16\" needs a GPU; use \"bf16\" or \"fp32\" on CPU");
@@ -994,7 +1034,7 @@ uint64_t model_config_hash(const Config& config) {
   // Note [Model hash across releases]: checkpoints store this hash and resume refuses another
   // one, so a [model]/[lora]/[tokenizer] key added after checkpoints exist joins the hash only
   // when it is set to something other than its default; list such keys here.
-  static const std::vector<std::string> kAddedLater = {"lora.quantize_base"};
+  static const std::vector<std::string> kAddedLater = {"lora.quantize_base", "model.kv_heads"};
   std::string text = sections_toml(config, {"model", "lora", "tokenizer"}, kAddedLater);
   return XXH64(text.data(), text.size(), 0);
 }

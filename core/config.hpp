@@ -22,6 +22,7 @@ struct ModelConfig {
   int64_t hidden = 256;
   int64_t layers = 4;
   int64_t heads = 4;
+  int64_t kv_heads = 0;
   int64_t ffn = 1024;
   int64_t max_seq_length = 512;
   std::string position = "learned";
@@ -127,6 +128,9 @@ struct CheckpointConfig {
   double chunk_mb = 4.0;
   bool async = true;
   bool save_final = true;
+  // Note [Best checkpoint] (worker/train/trainer.hpp): "none" or the evaluation metric whose
+  // best value so far keeps an export in <dir>/best.
+  std::string best_metric = "none";
 };
 
 // Note [Elastic settings]: [elastic] is read by dnallm-launch (from its own --config and

@@ -10,7 +10,8 @@
 # --libtorch PATH / $LIBTORCH (a libtorch folder or its share/cmake). A CUDA-enabled LibTorch
 # (pip's wheels are) with the CUDA toolkit (nvcc on PATH or /usr/local/cuda) builds the CUDA
 # flavour: the same binaries run on a CPU-only machine. NCCL comes from the nvidia-nccl wheel
-# beside torch, else the system's.
+# beside torch, else the system's. The programs link LibTorch's CPU half only; its CUDA half
+# and NCCL go into bin/libdnallm_cuda.so, loaded for GPU runs (Note [Lazy CUDA], docs/gpu.md).
 #   --cuda         build into build-cuda/ (or $DNALLM_BUILD_DIR) and fail unless the build has
 #                  CUDA (GPU nodes: docs/gpu.md)
 #   --deps PREFIX  the folder made by scripts/stage-gpu-deps.sh (htslib, TOML++, xxHash,
@@ -38,7 +39,7 @@ while [ $# -gt 0 ]; do
     --target) targets+=(--target "$2"); shift 2 ;;
     --no-tests) tests=OFF; shift ;;
     --no-bench) bench=OFF; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done

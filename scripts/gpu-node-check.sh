@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Proves the GPU path on a fresh GPU node in one invocation (about 8 minutes on one H100
 # with 16 cores): from a clone plus the tarball of scripts/stage-gpu-deps.sh,
-#   1. builds the CUDA flavour (scripts/build.sh --cuda, only the targets needed here),
+#   1. builds the CUDA flavour (scripts/build.sh --cuda, only the targets needed here), checks
+#      that the programs load the CUDA plugin for a GPU run (Note [Lazy CUDA]),
 #   2. runs the GPU tests (ctest -L gpu: staged collectives, NCCL at world size 1 through
 #      dnallm-train, 2 ranks sharing the GPU over staged gloo vs 1 rank, too many ranks),
 #   3. NCCL through dnallm-bench-comm at world size 1,
@@ -73,12 +74,35 @@ if [ -n "$tarball" ]; then
 fi
 
 # 1. Build: the binaries and the GPU tests only.
-targets=(dnallm-train dnallm-launch dnallm-bench-comm dnallm-eval dnallm-infer worker_device_group_test
+targets=(dnallm-train dnallm-launch dnallm-bench-comm dnallm-eval dnallm-infer dnallm_cuda worker_device_group_test
          integration_gpu_train_test cluster_gpu_placement_test)
 targs=()
 for t in "${targets[@]}"; do targs+=(--target "$t"); done
 step build scripts/build.sh --cuda ${deps:+--deps "$deps"} "${targs[@]}"
 grep -E "LibTorch|backend|torch-include-shadow|bundles fmt" "$out/build.log" | head -8 >> "$summary"
+
+# 1b. Note [Lazy CUDA]: the programs need LibTorch's CPU half only, the plugin the CUDA half,
+# and a run with training.device = "auto" loads the plugin and trains on cuda:0.
+lazy_cuda() {
+  local rc=0
+  for exe in dnallm-train dnallm-infer dnallm-eval; do
+    if readelf -d "$bin/$exe" | grep -E "NEEDED.*(libtorch_cuda|libnccl|libcudart)"; then
+      echo "$exe needs the CUDA half: it belongs in libdnallm_cuda.so"; rc=1
+    fi
+  done
+  readelf -d "$bin/libdnallm_cuda.so" | grep -E "NEEDED.*(libtorch_cuda|libnccl)" || rc=1
+  if [ "${gpus:-0}" -gt 0 ]; then
+    "$bin/dnallm-train" --config configs/gpt.toml --set model.hidden=64 --set model.layers=2 \
+      --set model.heads=2 --set model.ffn=128 --set model.max_seq_length=128 \
+      --set training.max_steps=2 --set training.eval_steps=0 --set checkpoint.save_steps=0 \
+      --set checkpoint.save_final=false --set training.device=auto \
+      --set checkpoint.dir="$out/lazy-cuda/ckpt" 2>&1 | tee "$out/lazy-cuda.txt"
+    grep -q "device cuda:0" "$out/lazy-cuda.txt" || { echo "auto did not pick cuda:0"; rc=1; }
+  fi
+  return $rc
+}
+step lazy-cuda-plugin lazy_cuda
+grep -m1 "device cuda" "$out/lazy-cuda.txt" >> "$summary" 2>/dev/null
 
 # 2. GPU tests (each skips itself with a reason where it cannot run).
 step ctest-gpu ctest --test-dir "$build" -L gpu --output-on-failure --timeout 600 --no-tests=error

@@ -1,5 +1,5 @@
 // dnallm-eval: scores an exported model (dnallm-train's <checkpoint.dir>/final) on a FASTA
-// file (language models: bits per base) or a labelled table (classifiers: accuracy, MCC).
+// file (language models: bits per base) or a labelled table (classifiers: accuracy, MCC, macro F1).
 // Prints ONE JSON object on stdout.
 #include <algorithm>
 #include <cctype>
@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cluster/topology.hpp"
+#include "core/classification.hpp"
 #include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -93,29 +94,6 @@ double order0_bits_per_base(const std::string& path, int64_t max_bases) {
     if (c > 0) h -= c / total * std::log2(c / total);
   }
   return total > 0 ? h : 0.0;
-}
-
-// Matthews correlation coefficient for K classes (Gorodkin's generalisation).
-double mcc(const std::vector<std::vector<double>>& confusion) {
-  const size_t k = confusion.size();
-  std::vector<double> t(k, 0), p(k, 0);
-  double c = 0, s = 0;
-  for (size_t i = 0; i < k; ++i) {
-    for (size_t j = 0; j < k; ++j) {
-      t[i] += confusion[i][j];  // true class i
-      p[j] += confusion[i][j];  // predicted j
-      s += confusion[i][j];
-    }
-    c += confusion[i][i];
-  }
-  double tp = 0, tt = 0, pp = 0;
-  for (size_t i = 0; i < k; ++i) {
-    tp += t[i] * p[i];
-    tt += t[i] * t[i];
-    pp += p[i] * p[i];
-  }
-  const double den = std::sqrt(s * s - pp) * std::sqrt(s * s - tt);
-  return den > 0 ? (c * s - tp) / den : 0.0;
 }
 
 std::vector<std::string> read_sequences(const std::string& path) {
@@ -299,10 +277,11 @@ struct Scoring {
   int64_t batches = 0;
 };
 
-// Classifier: accuracy, MCC and mean loss over the rows with a label in range.
+// Classifier: accuracy, MCC, macro F1/precision/recall and mean loss over the rows with a
+// label in range.
 void score_classifier(Scoring& s, nlohmann::ordered_json& out) {
   const int64_t labels = s.model->options().num_labels;
-  std::vector<std::vector<double>> confusion(labels, std::vector<double>(labels, 0.0));
+  ConfusionMatrix confusion(labels, std::vector<double>(labels, 0.0));
   double nll = 0, rows = 0;
   for (int64_t i = 0; i < s.batches; ++i) {
     auto batch = s.source->next();
@@ -319,10 +298,13 @@ void score_classifier(Scoring& s, nlohmann::ordered_json& out) {
       rows += 1;
     }
   }
-  double correct = 0;
-  for (int64_t k = 0; k < labels; ++k) correct += confusion[k][k];
-  out["accuracy"] = rows > 0 ? correct / rows : 0.0;
-  out["mcc"] = mcc(confusion);
+  // Note [Classification scores] (core/classification.hpp): scikit-learn's definitions.
+  const auto scores = classification_scores(confusion);
+  out["accuracy"] = scores.accuracy;
+  out["mcc"] = scores.mcc;
+  out["f1"] = scores.f1;
+  out["precision"] = scores.precision;
+  out["recall"] = scores.recall;
   out["loss"] = rows > 0 ? nll / rows : 0.0;
   out["rows"] = static_cast<int64_t>(rows);
 }
@@ -347,12 +329,7 @@ int score(const EvalArgs& a) {
   DNALLM_CHECK(std::filesystem::is_regular_file(input), ExitCode::kBadData,
                "{} does not exist or is not a file", input);
   Scoring s;
-  // The same choice as dnallm-infer's --device (docs/inference.md).
-  s.device = infer::resolve_device(a.device_spec,
-                                   cluster::detect_topology(cluster::current_env()).local_rank);
   s.model = models::load_exported_model(a.model_dir);
-  s.model->to(s.device);
-  s.model->eval();
   const auto& o = s.model->options();
   auto tokenizer = infer::load_model_tokenizer(a.model_dir, o);
   const Config config = eval_config(o, *tokenizer, input, a);
@@ -361,6 +338,12 @@ int score(const EvalArgs& a) {
       data::make_eval_loader(config, tokenizer, 0, 1, std::numeric_limits<uint64_t>::max());
   DNALLM_CHECK(loader != nullptr && loader->dataset_size() > 0, ExitCode::kBadData,
                "{} holds no sequence long enough to score", input);
+  // The same choice as dnallm-infer's --device (docs/inference.md), after the model and the
+  // input were checked: a refusal never loads CUDA (Note [Lazy CUDA]).
+  s.device = infer::resolve_device(a.device_spec,
+                                   cluster::detect_topology(cluster::current_env()).local_rank);
+  s.model->to(s.device);
+  s.model->eval();
   uint64_t samples = loader->dataset_size();
   if (a.max_bases > 0) {
     const auto window = data::window_bases(config, *tokenizer);
@@ -398,7 +381,7 @@ int main(int argc, char** argv) {
   CLI::App app{
       "dnallm-eval: score an exported model directory on a FASTA file (bits per base, against "
       "the order-0 entropy of the same bases) or, for a classifier, on a labelled "
-      "CSV/TSV/JSONL table (accuracy, MCC). Prints one JSON object."};
+      "CSV/TSV/JSONL table (accuracy, MCC, macro F1, precision, recall). Prints one JSON object."};
   EvalArgs a;
   add_options(app, a);
   return run_main("dnallm-eval", app, argc, argv, [&]() -> int {

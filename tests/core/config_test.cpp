@@ -177,6 +177,20 @@ TEST(Config, OutOfRangeNamesAllowedValues) {
 TEST(Config, CrossKeyChecks) {
   expect_usage_error("[model]\nhidden = 100\nheads = 3\n", {"model.hidden", "model.heads"});
   expect_usage_error("[elastic]\nmin_nodes = 3\nmax_nodes = 2\n", {"elastic.min_nodes"});
+  // Note [Best checkpoint]: a best model needs evaluations and a metric of the task.
+  expect_usage_error("[checkpoint]\nbest_metric = \"loss\"\n",
+                     {"checkpoint.best_metric", "training.eval_steps"});
+  expect_usage_error("[training]\neval_steps = 10\n[checkpoint]\nbest_metric = \"mcc\"\n",
+                     {"best_metric = \"mcc\"", "model.task = \"pretrain\""});
+  expect_usage_error(
+      "[model]\ntask = \"classification\"\n[training]\neval_steps = 10\n"
+      "[checkpoint]\nbest_metric = \"bits_per_base\"\n",
+      {"bits_per_base", "classification"});
+  expect_usage_error("", {"best_metric", "\"mcc\""}, {"metric_for_best_model=eval_mcc"});
+  const Config ok =
+      parse_config("[model]\ntask = \"classification\"\n[training]\neval_steps = 10\n", "run.toml",
+                   {"metric_for_best_model=mcc"});
+  EXPECT_EQ(ok.checkpoint.best_metric, "mcc");
 }
 
 TEST(Config, MalformedTomlReportsLineAndColumn) {
@@ -226,12 +240,15 @@ TEST(Config, ModelHashIgnoresTrainingKnobs) {
   EXPECT_NE(model_config_hash(a), model_config_hash(d));
   // A key added later joins the hash only when set (Note [Model hash across releases]):
   // configs/quickstart.toml hashed to de934a2fff92763d in the checkpoints written before
-  // lora.quantize_base existed, and such checkpoints must still resume.
+  // lora.quantize_base and model.kv_heads existed, and such checkpoints must still resume.
   Config q = load_config(std::string(DNALLM_SOURCE_DIR) + "/configs/quickstart.toml");
   EXPECT_EQ(fmt::format("{:016x}", model_config_hash(q)), "de934a2fff92763d");
   Config nf4 = q;
   nf4.lora.quantize_base = "nf4";
   EXPECT_NE(model_config_hash(nf4), model_config_hash(q));
+  Config grouped = q;
+  grouped.model.kv_heads = 1;
+  EXPECT_NE(model_config_hash(grouped), model_config_hash(q));
 }
 
 TEST(Config, LoadFileErrors) {
@@ -340,8 +357,9 @@ TEST(Config, AllocationFailuresBecomeOneSentence) {
 }
 
 TEST(Config, BundledPresetsLoad) {
-  for (const char* name : {"quickstart.toml", "bench-cpu.toml", "pretrain-small.toml",
-                           "finetune-lora-cpu.toml", "pretrain-gpt-cpu.toml"}) {
+  for (const char* name :
+       {"quickstart.toml", "bench-cpu.toml", "pretrain-small.toml", "finetune-lora-cpu.toml",
+        "pretrain-gpt-cpu.toml", "gue-finetune.toml"}) {
     std::string path = std::string(DNALLM_SOURCE_DIR) + "/configs/" + name;
     EXPECT_NO_THROW(load_config(path)) << path;
   }

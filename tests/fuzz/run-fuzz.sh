@@ -18,7 +18,8 @@ out="$build/fuzz"
 mkdir -p "$out/corpus"
 bin="$out/untrusted_readers_fuzz"
 sources=("$src/tests/fuzz/untrusted_readers_fuzz.cpp" "$src/core/untrusted_file.cpp"
-         "$src/checkpoint/safetensors.cpp" "$src/worker/data/hf_tokenizer.cpp")
+         "$src/checkpoint/safetensors.cpp" "$src/worker/data/hf_tokenizer.cpp"
+         "$src/worker/data/hf_bpe.cpp")
 stale=0
 [ -x "$bin" ] || stale=1
 for f in "${sources[@]}" "$build/checkpoint/libdnallm_checkpoint.a" "$build/core/libdnallm_core.a"; do

@@ -1,6 +1,7 @@
 // libFuzzer target (issue 22) for the readers of untrusted files (Note [Untrusted files] in
 // core/untrusted_file.hpp): the safetensors header (checkpoint/safetensors.cpp), config.json's
-// strict JSON parse, and a Hugging Face tokenizer directory (worker/data/hf_tokenizer.cpp).
+// strict JSON parse, and a Hugging Face tokenizer directory (worker/data/hf_tokenizer.cpp and,
+// for a BPE tokenizer.json such as DNABERT-2's, worker/data/hf_bpe.cpp), encoding a text.
 // The first input byte picks the reader; the rest is the file(s). Every failure must be a
 // dnallm::Error of one bounded line: any other exception, a message with a newline or longer
 // than 4 KiB, a crash or a sanitizer report is a finding. Built and run for a bounded time by
@@ -57,10 +58,11 @@ void run_safetensors(const std::string& data) {
 }
 
 void run_tokenizer(const std::string& data) {
-  // tokenizer_config.json \0 tokenizer.json \0 vocab.txt (a missing part: no such file)
+  // tokenizer_config.json \0 tokenizer.json \0 vocab.txt \0 text to encode (a missing
+  // file part: no such file; no text part: a fixed DNA sequence)
   std::vector<std::string> parts(1);
   for (char c : data) {
-    if (c == '\0' && parts.size() < 3) {
+    if (c == '\0' && parts.size() < 4) {
       parts.emplace_back();
     } else {
       parts.back().push_back(c);
@@ -73,7 +75,7 @@ void run_tokenizer(const std::string& data) {
     if (i < parts.size() && !parts[i].empty()) write(work_dir() / names[i], parts[i]);
   }
   auto t = dnallm::data::HfTokenizer::load(work_dir().string());
-  (void)t.encode("ACGTNACGTTGCA");
+  (void)t.encode(parts.size() > 3 ? parts[3] : "ACGTNACGTTGCAacgtAAAATTTT");
 }
 
 }  // namespace

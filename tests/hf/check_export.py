@@ -21,9 +21,12 @@ spaces), and AutoModelFor<the class in config.json> the same logits (max abs dif
 (transformers' loading report). With DIR/adapter and DIR/base: PeftModel.from_pretrained(base,
 adapter) must give our adapter logits, and merge_and_unload() our merged ones. Prints one line
 per check, then the max |logit difference| of every kind, and exits 1 if any check fails (or
-transformers is not installed). A DNABERT-2 export (config.json with DNABERT-2's auto_map) is
-loaded with its remote code (--dnabert2-ref or DNALLM_DNABERT2_REF; tests/hf/dnabert2_reference.py)
-and skipped with a message without it.
+transformers is not installed). A Nucleotide Transformer v2 export (config.json with its
+auto_map) is loaded with that remote code (--nt-v2-code DIR or $DNALLM_NT_V2_CODE:
+esm_config.py, modeling_esm.py); without it its model checks are skipped with a message. A
+DNABERT-2 export (config.json with DNABERT-2's auto_map) is loaded with its remote code
+(--dnabert2-ref or DNALLM_DNABERT2_REF; tests/hf/dnabert2_reference.py) and skipped with a
+message without it.
 """
 import argparse
 import json
@@ -33,8 +36,9 @@ import sys
 import tempfile
 
 import dnabert2_reference
-from hf_common import (SEQS, adapter_problems, auto_model_class, import_peers, load_model,
-                       max_abs_diff, overlapping_kmers)
+from hf_common import (SEQS, adapter_problems, auto_model_class, import_nt_v2, import_peers,
+                       load_model, max_abs_diff, nt_v2_code_dir, nt_v2_model_class,
+                       overlapping_kmers)
 
 
 BPE_PENDING = 'model type "BPE" is not supported'
@@ -71,10 +75,14 @@ def main():
     ap.add_argument("--tolerance", type=float, default=1e-4)
     ap.add_argument("--dnabert2-ref", help="DNABERT-2's remote code (default "
                     "$DNALLM_DNABERT2_REF); without it DNABERT-2 exports are skipped")
+    ap.add_argument("--nt-v2-code", help="folder with the Nucleotide Transformer v2 remote code "
+                    "(default $DNALLM_NT_V2_CODE)")
     args = ap.parse_args()
     ref = dnabert2_reference.reference_dir(args.dnabert2_ref)
     torch, transformers = import_peers()
     import peft
+    nt_v2_code = nt_v2_code_dir(args.nt_v2_code)
+    nt_v2 = import_nt_v2(nt_v2_code) if nt_v2_code else None
 
     print(f"transformers {transformers.__version__}, peft {peft.__version__}, "
           f"torch {torch.__version__}")
@@ -100,7 +108,8 @@ def main():
         for d in args.dirs:
             d = os.path.abspath(d)
             kind = os.path.basename(d.rstrip("/"))
-            if dnabert2_reference.is_dnabert2(d):
+            dnabert2 = dnabert2_reference.is_dnabert2(d)
+            if dnabert2:
                 if ref is None:
                     print(f"skip {kind}: {dnabert2_reference.SKIP_MESSAGE}", flush=True)
                     continue
@@ -123,8 +132,16 @@ def main():
                 enc["attention_mask"], mask)
             report(kind, f"AutoTokenizer ({type(tok).__name__}) ids", same_ids,
                    "identical" if same_ids else f"\n{enc['input_ids']}\nvs ours\n{ids}")
-            cls = auto_model_class(transformers, d)
-            token_level = cls is not transformers.AutoModelForSequenceClassification
+            with open(os.path.join(d, "config.json")) as f:
+                # (DNABERT-2's auto_map is its own remote code, loaded by auto_model_class)
+                remote = not dnabert2 and "auto_map" in json.load(f)
+            if remote and nt_v2 is None:
+                print(f"skip {kind}: a Nucleotide Transformer v2 export; its remote code is not "
+                      "given (--nt-v2-code DIR or $DNALLM_NT_V2_CODE)", flush=True)
+                continue
+            cls = nt_v2_model_class(nt_v2, d) if remote else auto_model_class(transformers, d)
+            token_level = not (cls is transformers.AutoModelForSequenceClassification or
+                               cls.__name__.endswith("ForSequenceClassification"))
             model, problems = load_model(cls, d)
             report(kind, f"{type(model).__name__} weights", not problems,
                    problems or "every tensor of the model, nothing else")

@@ -88,3 +88,75 @@ def adapter_problems(peft, peft_model, adapter_dir):
     if saved - wanted:
         problems.append(f"unexpected {sorted(saved - wanted)}")
     return "; ".join(problems)
+
+
+# Nucleotide Transformer v2 / AgroNT ship their model as remote code (config.json's auto_map):
+# esm_config.EsmConfig and modeling_esm.EsmFor{MaskedLM,SequenceClassification} of InstaDeepAI's
+# Hugging Face repositories. CI cannot fetch them, so these families run only where a copy of the
+# two files is given (--nt-v2-code DIR or $DNALLM_NT_V2_CODE); never committed here.
+NT_V2_AUTO_MAP = {
+    "AutoConfig": "esm_config.EsmConfig",
+    "AutoModelForMaskedLM": "modeling_esm.EsmForMaskedLM",
+    "AutoModelForSequenceClassification": "modeling_esm.EsmForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_esm.EsmForTokenClassification",
+}
+
+
+def nt_v2_code_dir(arg=None):
+    """The folder holding esm_config.py and modeling_esm.py (argument, else $DNALLM_NT_V2_CODE),
+    or None."""
+    path = arg or os.environ.get("DNALLM_NT_V2_CODE") or None
+    if path and not all(os.path.isfile(os.path.join(path, f))
+                        for f in ("esm_config.py", "modeling_esm.py")):
+        sys.exit(f"FAIL: {path} lacks esm_config.py / modeling_esm.py (the Nucleotide "
+                 "Transformer v2 remote code)")
+    return path
+
+
+def import_nt_v2(path):
+    """Imports the remote code from `path` as the package nt_v2_remote and returns the
+    modeling_esm module. It was written for transformers 4.3x: what transformers 5 removed and
+    it still calls is restored here, with the 4.x behaviour (no change to its computation)."""
+    import importlib
+    import types
+    import torch
+    import transformers.pytorch_utils as pytorch_utils
+    if not hasattr(pytorch_utils, "find_pruneable_heads_and_indices"):
+        def find_pruneable_heads_and_indices(heads, n_heads, head_size, already_pruned_heads):
+            raise NotImplementedError("head pruning is not used by these tests")
+        pytorch_utils.find_pruneable_heads_and_indices = find_pruneable_heads_and_indices
+    if "nt_v2_remote" not in sys.modules:
+        pkg = types.ModuleType("nt_v2_remote")
+        pkg.__path__ = [os.path.abspath(path)]
+        sys.modules["nt_v2_remote"] = pkg
+    config = importlib.import_module("nt_v2_remote.esm_config")
+    modeling = importlib.import_module("nt_v2_remote.modeling_esm")
+    for key in ("is_decoder", "add_cross_attention"):  # 4.x PretrainedConfig defaults
+        if not hasattr(config.EsmConfig, key):
+            setattr(config.EsmConfig, key, False)
+    base = modeling.EsmPreTrainedModel
+    if not hasattr(base, "get_extended_attention_mask"):
+        def get_extended_attention_mask(self, attention_mask, input_shape, device=None,
+                                        dtype=None):
+            dtype = dtype or self.dtype
+            mask = attention_mask[:, None, None, :].to(dtype)
+            return (1.0 - mask) * torch.finfo(dtype).min
+        base.get_extended_attention_mask = get_extended_attention_mask
+    if not hasattr(base, "get_head_mask"):
+        def get_head_mask(self, head_mask, num_hidden_layers):
+            assert head_mask is None, "head_mask is not used by these tests"
+            return [None] * num_hidden_layers
+        base.get_head_mask = get_head_mask
+    for cls in (modeling.EsmForMaskedLM, modeling.EsmForSequenceClassification):
+        if isinstance(getattr(cls, "_tied_weights_keys", None), list):
+            cls._tied_weights_keys = {}  # 5.x wants a dict; the checkpoints store the decoder
+    if not hasattr(base, "all_tied_weights_keys"):
+        base.all_tied_weights_keys = {}  # 4.x init_weights() before 5.x post_init() set it
+    return modeling
+
+
+def nt_v2_model_class(modeling, model_dir):
+    """The remote class config.json's architecture names."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        arch = json.load(f)["architectures"][0]
+    return getattr(modeling, arch)

@@ -8,6 +8,11 @@ transformers computes in fp32 on CPU with dropout off; bert_cls_lora also merged
 merge_and_unload). The families and what they stand for: tests/data/hf-fixtures/README.md.
 
   python tests/hf/make_fixtures.py --out /tmp/fixtures [--family bert_mlm ...] [--seed 0]
+      [--nt-v2-code DIR] [--dnabert2-ref DIR]
+
+The Nucleotide Transformer v2 families (esm_v2_mlm, esm_v2_cls) are made by InstaDeepAI's own
+remote code (esm_config.py and modeling_esm.py of a nucleotide-transformer-v2 Hugging Face
+repository, in DIR or $DNALLM_NT_V2_CODE); without it they are skipped with a message.
 
 The weights are random (seeded per family, so one family regenerates the same without the
 others) and, unlike a fresh transformers model, every parameter is perturbed: biases and
@@ -32,7 +37,8 @@ import sys
 import tempfile
 
 import dnabert2_reference
-from hf_common import SEQS, auto_model_class, import_peers, max_abs_diff, overlapping_kmers
+from hf_common import (NT_V2_AUTO_MAP, SEQS, auto_model_class, import_nt_v2, import_peers,
+                       max_abs_diff, nt_v2_code_dir, nt_v2_model_class, overlapping_kmers)
 
 DNABERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 NT_SPECIALS = ["<unk>", "<pad>", "<mask>", "<cls>", "<eos>", "<bos>"]
@@ -76,12 +82,15 @@ DNABERT2_CONFIG = {
 
 
 class Maker:
-    def __init__(self, out, seed, dnabert2_ref=None):
+    def __init__(self, out, seed, dnabert2_ref=None, nt_v2_code=None):
         self.out, self.seed, self.dnabert2_ref = out, seed, dnabert2_ref
+        self.nt_v2 = None  # the remote code's modeling_esm module, when given
         self.torch, self.transformers = import_peers("tokenizers")
         import peft
         self.peft = peft
         self.transformers.logging.set_verbosity_error()
+        if nt_v2_code:
+            self.nt_v2 = import_nt_v2(nt_v2_code)
 
     # -- tokenizers, as each family ships them ---------------------------------------------
 
@@ -131,7 +140,8 @@ class Maker:
         tok = self.nt_tokenizer(folder, 6)
         cfg = self.transformers.EsmConfig(
             vocab_size=len(tok), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=32, max_position_embeddings=64, position_embedding_type="rotary",
+            intermediate_size=32, max_position_embeddings=64,
+            position_embedding_type=config.pop("position_embedding_type", "rotary"),
             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, token_dropout=False,
             emb_layer_norm_before=False, pad_token_id=tok.pad_token_id,
             mask_token_id=tok.mask_token_id, **config)
@@ -147,6 +157,15 @@ class Maker:
 
     def esm_mlm(self, folder):
         return self.nucleotide_transformer(folder, self.transformers.EsmForMaskedLM)
+
+    def esm_v1_mlm(self, folder):
+        """Nucleotide Transformer v1: transformers' ESM with learned positions, which it
+        numbers from the pad id (1) + 1."""
+        fx = self.nucleotide_transformer(folder, self.transformers.EsmForMaskedLM,
+                                         position_embedding_type="absolute")
+        fx.note = ("Nucleotide Transformer v1 style: ESM (pre-LN) with learned positions "
+                   "numbered from pad_token_id (1) + 1, EsmTokenizer 6-mers")
+        return fx
 
     def esm_cls(self, folder):
         return self.nucleotide_transformer(folder, self.transformers.EsmForSequenceClassification,
@@ -170,6 +189,47 @@ class Maker:
         return Fixture(self.transformers.LlamaForCausalLM(cfg), tok, list(SEQS),
                        "causal, single-nucleotide tokens, RMSNorm, SwiGLU, rotary")
 
+    def nucleotide_transformer_v2(self, folder, head, **config):
+        """NT-v2 / AgroNT: the remote EsmConfig with a gated (SwiGLU) feed-forward without
+        biases, rotary positions, an untied LM head, no dropout; pad id 1, as the hub's."""
+        tok = self.nt_tokenizer(folder, 6)
+        import nt_v2_remote.esm_config as esm_config
+        cfg = esm_config.EsmConfig(
+            vocab_size=len(tok), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=32, max_position_embeddings=64, position_embedding_type="rotary",
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, token_dropout=False,
+            emb_layer_norm_before=False, add_bias_fnn=False, tie_word_embeddings=False,
+            pad_token_id=tok.pad_token_id, mask_token_id=tok.mask_token_id, **config)
+        return Fixture(head(cfg), tok, list(SEQS),
+                       "Nucleotide Transformer v2 (remote code esm_config.EsmConfig / "
+                       "modeling_esm): ESM with rotary positions, SwiGLU without biases "
+                       "(add_bias_fnn false), untied LM head; EsmTokenizer 6-mers")
+
+    def esm_v2_mlm(self, folder):
+        return self.nucleotide_transformer_v2(folder, self.nt_v2.EsmForMaskedLM)
+
+    def esm_v2_cls(self, folder):
+        return self.nucleotide_transformer_v2(folder, self.nt_v2.EsmForSequenceClassification,
+                                              num_labels=3)
+
+    NT_V2_FAMILIES = ("esm_v2_mlm", "esm_v2_cls")
+
+    def llama_grouped(self, kv_heads, what):
+        tok = self.char_tokenizer()
+        cfg = self.transformers.LlamaConfig(
+            vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id, **dict(TINY, num_attention_heads=4),
+            num_key_value_heads=kv_heads)
+        return Fixture(self.transformers.LlamaForCausalLM(cfg), tok, list(SEQS),
+                       f"as llama_causal with {what}: 4 query heads, {kv_heads} key/value "
+                       f"head(s) (num_key_value_heads)")
+
+    def llama_gqa_causal(self, folder):
+        return self.llama_grouped(2, "grouped-query attention")
+
+    def llama_mqa_causal(self, folder):
+        return self.llama_grouped(1, "multi-query attention")
+
     def roberta_prelayernorm_mlm(self, folder):
         tok = self.dnabert_tokenizer(folder, 3)
         # RoBERTa numbers positions from pad_token_id + 1: two more rows than tokens.
@@ -182,7 +242,12 @@ class Maker:
                        "start at pad_token_id + 1)")
 
     FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
-                "roberta_prelayernorm_mlm", "bert_cls_lora", "dnabert2_mlm", "dnabert2_cls"]
+                "roberta_prelayernorm_mlm", "bert_cls_lora", "llama_gqa_causal",
+                "llama_mqa_causal", "esm_v2_mlm", "esm_v2_cls", "esm_v1_mlm", "dnabert2_mlm",
+                "dnabert2_cls"]
+    # Family i is seeded with seed + i; the dnabert2 families keep the places 8 and 9 they were
+    # made with (their fixtures predate the llama_gqa_causal .. esm_v1_mlm families).
+    SEED_INDEX = {"dnabert2_mlm": 8, "dnabert2_cls": 9}
     DNABERT2 = {
         # 4 heads (power of two); 6 heads: the slopes of 4, then every second of 8.
         "dnabert2_mlm": dict(head="BertForMaskedLM", hidden_size=32, num_attention_heads=4,
@@ -317,12 +382,23 @@ class Maker:
         self.perturb(fx.model)
         model = fx.model.eval()
         model.save_pretrained(folder)
+        remote = family in self.NT_V2_FAMILIES
+        if remote:  # as the hub's config.json: the classes are the repository's own code
+            path = os.path.join(folder, "config.json")
+            with open(path) as f:
+                config = json.load(f)
+            config["auto_map"] = NT_V2_AUTO_MAP
+            with open(path, "w") as f:
+                json.dump(config, f, indent=2, sort_keys=True)
+                f.write("\n")
         fx.tokenizer.save_pretrained(folder)
         ids, mask = self.encode(fx.tokenizer, fx.inputs)
         self.check_round_trip(folder, fx.tokenizer, fx.inputs, ids, mask)
         with self.torch.no_grad():
             logits = model(input_ids=ids, attention_mask=mask).logits.float()
-            reloaded = auto_model_class(self.transformers, folder).from_pretrained(folder).eval()
+            cls = (nt_v2_model_class(self.nt_v2, folder) if remote else
+                   auto_model_class(self.transformers, folder))
+            reloaded = cls.from_pretrained(folder).eval()
             again = reloaded(input_ids=ids, attention_mask=mask).logits
         assert max_abs_diff(again, logits) == 0, f"{folder}: the saved model computes otherwise"
         self.write_expected(folder, {"input_ids": ids, "attention_mask": mask, "logits": logits})
@@ -374,12 +450,16 @@ def main():
     ap.add_argument("--out", required=True, help="where the family folders go")
     ap.add_argument("--family", action="append", choices=Maker.FAMILIES,
                     help="only these families (repeatable; default all)")
-    ap.add_argument("--seed", type=int, default=0, help="family i is seeded with seed + i")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="family i is seeded with seed + i (i: Maker.SEED_INDEX or its place)")
     ap.add_argument("--dnabert2-ref", help="folder of DNABERT-2's remote code (bert_layers.py, "
                     "bert_padding.py, configuration_bert.py); default $DNALLM_DNABERT2_REF; "
                     "without it the dnabert2 families are skipped")
+    ap.add_argument("--nt-v2-code", help="folder with the Nucleotide Transformer v2 remote code "
+                    "(esm_config.py, modeling_esm.py; default $DNALLM_NT_V2_CODE)")
     args = ap.parse_args()
-    maker = Maker(args.out, args.seed, dnabert2_reference.reference_dir(args.dnabert2_ref))
+    maker = Maker(args.out, args.seed, dnabert2_reference.reference_dir(args.dnabert2_ref),
+                  nt_v2_code_dir(args.nt_v2_code))
     torch, transformers = maker.torch, maker.transformers
     report = {"made_by": "tests/hf/make_fixtures.py", "transformers": transformers.__version__,
               "peft": maker.peft.__version__, "torch": torch.__version__, "seed": args.seed,
@@ -390,11 +470,18 @@ def main():
         if family in Maker.DNABERT2 and maker.dnabert2_ref is None:
             print(f"skipped {family}: {dnabert2_reference.SKIP_MESSAGE}", flush=True)
             continue
-        shape = maker.make(family, index)
+        if family in Maker.NT_V2_FAMILIES and maker.nt_v2 is None:
+            print(f"skipped {family}: it needs the Nucleotide Transformer v2 remote code "
+                  "(--nt-v2-code DIR or $DNALLM_NT_V2_CODE: esm_config.py and modeling_esm.py "
+                  "of an InstaDeepAI nucleotide-transformer-v2 repository)", flush=True)
+            report["families"][family] = {"ok": False, "skipped": "no --nt-v2-code"}
+            continue
+        shape = maker.make(family, Maker.SEED_INDEX.get(family, index))
         files = sorted(os.path.relpath(os.path.join(r, f), os.path.join(args.out, family))
                        for r, _, fs in os.walk(os.path.join(args.out, family)) for f in fs)
         report["families"][family] = {"ok": True, "files": files, "logits": shape}
         print(f"made {family}: logits {shape}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "REPORT.json"), "w") as f:
         json.dump(report, f, indent=1)
         f.write("\n")

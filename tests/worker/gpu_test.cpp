@@ -1,13 +1,9 @@
 // GPU-only tests of the training step and checkpoints (issue 13, items 3-5). They compile in
-// every build and skip themselves with a reason where there is no CUDA device; the sync-debug
-// test needs CUDA's headers and is compiled only against a CUDA LibTorch (DNALLM_TORCH_CUDA).
+// every build and skip themselves with a reason where there is no CUDA device. The CUDA plugin
+// is loaded before any test runs (Note [Lazy CUDA] in core/cuda_plugin.hpp).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
-
-#ifdef DNALLM_TORCH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -24,10 +20,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-#define DNALLM_REQUIRE_GPU()                                                 \
-  if (!torch::cuda::is_available())                                          \
-  GTEST_SKIP() << "GPU-only test: no CUDA device visible (this LibTorch is " \
-               << (cuda_build() ? "a CUDA build" : "CPU-only") << ")"
+// At start, before anything asks LibTorch about CUDA: loads the plugin where a GPU shows.
+const bool kCuda = cuda_usable("auto", "the GPU tests");
+
+#define DNALLM_REQUIRE_GPU()                                \
+  if (!kCuda)                                               \
+  GTEST_SKIP() << "GPU-only test: no CUDA device visible (" \
+               << (cuda_build() ? "the CUDA plugin is built" : "a build without CUDA") << ")"
 
 using testing::LmRows;
 using testing::LmSource;
@@ -44,9 +43,6 @@ Config gpu_config(const std::string& arch, const std::string& precision) {
 }
 
 TEST(GpuTest, SyncFreeStepsRunUnderCudaSyncDebugError) {
-#ifndef DNALLM_TORCH_CUDA
-  GTEST_SKIP() << "built against a CPU-only LibTorch: CUDA's sync-debug mode needs CUDA headers";
-#else
   DNALLM_REQUIRE_GPU();
   for (const std::string arch : {"bert", "gpt"}) {
     for (const bool padded : {false, true}) {
@@ -57,19 +53,18 @@ TEST(GpuTest, SyncFreeStepsRunUnderCudaSyncDebugError) {
       trainer.train_step(true);  // warm-up: allocator, cuBLAS handles, pinned blocks
       trainer.train_step(false);
       std::string error;
-      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+      ASSERT_TRUE(set_cuda_sync_debug_error(true)) << "the CUDA plugin cannot set it";
       try {
         for (int i = 0; i < 3; ++i) trainer.train_step(false);
       } catch (const std::exception& e) {
         error = e.what();
       }
-      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+      set_cuda_sync_debug_error(false);
       EXPECT_TRUE(error.empty()) << "a non-logging step synchronised with the host: " << error;
       const auto r = trainer.train_step(true);
       EXPECT_TRUE(std::isfinite(r.loss));
     }
   }
-#endif
 }
 
 TEST(GpuTest, SyncFreeStepMatchesTheHostPathOnTheGpu) {

@@ -153,22 +153,28 @@ TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
   fs::remove_all(dir);
 }
 
-// Continued masked-LM pre-training from the Nucleotide-Transformer-style fixture (esm, rotary,
-// 6-mer vocab.txt) on the bundled genome with tokenizer.kind = "nt", and the export goes back
-// out as esm.
-TEST(HfFineTune, EsmContinuedPretrainingWithTheNtSplit) {
-  const auto ck = fs::temp_directory_path() / ("dnallm_hf_esm_" + std::to_string(::getpid()));
+// Continued masked-LM pre-training from a Nucleotide-Transformer-style fixture (6-mer
+// vocab.txt) on the bundled genome with tokenizer.kind = "nt", and the export goes back out as
+// esm (with the remote code's auto_map for v2).
+void continued_pretraining_with_the_nt_split(const std::string& family) {
+  const auto ck =
+      fs::temp_directory_path() / ("dnallm_hf_" + family + "_" + std::to_string(::getpid()));
   fs::remove_all(ck);
-  auto train = run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
-                   " --set model.init_from=tests/data/hf-fixtures/esm_mlm --set tokenizer.kind=nt" +
-                   " --set tokenizer.k=6 --set model.max_seq_length=32 --set training.max_steps=6" +
-                   " --set training.eval_steps=6 --set training.logging_steps=1" +
-                   " --set checkpoint.save_steps=0 --set checkpoint.dir=" + ck.string() +
-                   " --metrics-file " + (ck / "metrics.jsonl").string());
+  auto train =
+      run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
+          " --set model.init_from=tests/data/hf-fixtures/" + family + " --set tokenizer.kind=nt" +
+          " --set tokenizer.k=6 --set model.max_seq_length=32 --set training.max_steps=6" +
+          " --set training.eval_steps=6 --set training.logging_steps=1" +
+          " --set checkpoint.save_steps=0 --set checkpoint.dir=" + ck.string() +
+          " --metrics-file " + (ck / "metrics.jsonl").string());
   ASSERT_EQ(train.code, 0) << train.out;
   EXPECT_NE(train.out.find("from the Hugging Face EsmForMaskedLM"), std::string::npos) << train.out;
   nlohmann::json config = nlohmann::json::parse(std::ifstream(ck / "final/hf/config.json"));
   EXPECT_EQ(config.at("model_type"), "esm");
+  const auto theirs = nlohmann::json::parse(
+      std::ifstream(kSrc + "/tests/data/hf-fixtures/" + family + "/config.json"));
+  EXPECT_EQ(config.value("auto_map", nlohmann::json()), theirs.value("auto_map", nlohmann::json()));
+  EXPECT_EQ(config.value("position_embedding_type", ""), theirs.at("position_embedding_type"));
   // Our export (our tokenizer) and its esm export (EsmTokenizer's vocab.txt) give the same ids
   // and logits (sequences of one length: no padding, where ESM zeroes embeddings).
   const auto seqs = (ck / "seqs.txt").string();
@@ -328,4 +334,126 @@ TEST(HfFineTune, Dnabert2PretrainExportThenLoraAndFullFineTune) {
   fs::remove_all(dir);
 }
 
+// ESM, rotary (Nucleotide Transformer v2's shape without its SwiGLU).
+TEST(HfFineTune, EsmContinuedPretrainingWithTheNtSplit) {
+  continued_pretraining_with_the_nt_split("esm_mlm");
+}
+
+// Nucleotide Transformer v2 / AgroNT: the remote code's SwiGLU without biases, untied head;
+// the export carries its auto_map and add_bias_fnn.
+TEST(HfFineTune, NucleotideTransformerV2ContinuedPretraining) {
+  continued_pretraining_with_the_nt_split("esm_v2_mlm");
+}
+
+// Nucleotide Transformer v1: learned positions numbered from its pad id 1 (Note [Positions after
+// another pad id]); fine-tuned with our [PAD] = 0 and exported as esm numbering from 0 + 1.
+TEST(HfFineTune, NucleotideTransformerV1ContinuedPretraining) {
+  continued_pretraining_with_the_nt_split("esm_v1_mlm");
+}
+
 }  // namespace
+
+namespace {
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// The JSON lines of a metrics file whose "event" is `event`.
+std::vector<nlohmann::json> events(const std::string& path, const std::string& event) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("event", std::string()) == event) out.push_back(j);
+  }
+  return out;
+}
+
+}  // namespace
+
+// scripts/gue-finetune.sh: a GUE-layout task (train/dev/test.csv) fine-tuned once per seed
+// with configs/gue-finetune.toml under dnallm-launch (2 workers); each seed's <dir>/best is
+// the evaluation with the lowest dev loss (Note [Best checkpoint]), not the last one, whose
+// own dev loss dnallm-eval reproduces, and the summary is the mean and sample deviation of the
+// seeds' test scores as dnallm-eval prints them.
+TEST(HfFineTune, GueProtocolKeepsTheBestDevCheckpointAndAveragesSeeds) {
+  const auto dir = fs::path(dnallm::testing::make_temp_dir("gue"));
+  const auto task = dir / "task";
+  fs::create_directories(task);
+  const std::string genome = dnallm::testing::bundled_genome(200000);
+  dnallm::testing::write_composition_table((task / "train.csv").string(), genome, 0, 96);
+  // The dev set's labels flipped: the better the model learns the task, the worse its dev
+  // loss, so the best dev checkpoint is an early one, never simply the last.
+  dnallm::testing::write_composition_table((dir / "dev.csv").string(), genome, 60000, 32);
+  {
+    std::ifstream in(dir / "dev.csv");
+    std::ofstream flipped(task / "dev.csv");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.size() > 2 && line.compare(line.size() - 2, 2, ",0") == 0)
+        line.back() = '1';
+      else if (line.size() > 2 && line.compare(line.size() - 2, 2, ",1") == 0)
+        line.back() = '0';
+      flipped << line << "\n";
+    }
+  }
+  dnallm::testing::write_composition_table((task / "test.csv").string(), genome, 120000, 40);
+  const auto out = dir / "out";
+  auto r = run("cd " + kSrc + " && DNALLM_BUILD_DIR=" + kBin + "/.. scripts/gue-finetune.sh" +
+               " --model tests/data/hf-fixtures/bert_cls --task " + task.string() +
+               " --seeds '3 4' --nproc 2 --out " + out.string() +
+               " --set tokenizer.kind=kmer --set tokenizer.k=3 --set model.max_seq_length=64" +
+               " --set training.max_steps=24 --set training.eval_steps=4 --set training.lr=3e-3" +
+               " --set training.warmup_steps=0 --set parallel.backend=gloo");
+  ASSERT_EQ(r.code, 0) << r.out;
+
+  std::vector<double> mcc;
+  std::vector<double> best_values;
+  for (const char* seed : {"3", "4"}) {
+    const auto run_dir = out / (std::string("seed") + seed);
+    const auto best = read_json((run_dir / "checkpoints/best/best.json").string());
+    // The kept step is the evaluation with the lowest dev loss (the first of equals).
+    const auto evals = events((run_dir / "metrics.jsonl").string(), "eval");
+    ASSERT_EQ(evals.size(), 6u) << seed;  // steps 4, 8, ..., 24
+    const auto lowest =
+        std::min_element(evals.begin(), evals.end(), [](const auto& a, const auto& b) {
+          return a.at("loss").template get<double>() < b.at("loss").template get<double>();
+        });
+    ASSERT_NE(lowest, evals.end() - 1)
+        << "the last evaluation was the best: the test proves nothing";
+    EXPECT_EQ(best.at("metric"), "loss");
+    EXPECT_EQ(best.at("step"), lowest->at("step")) << seed;
+    EXPECT_NEAR(best.at("value").get<double>(), lowest->at("loss").get<double>(), 1e-12);
+    EXPECT_TRUE(lowest->contains("mcc") && lowest->contains("f1")) << lowest->dump();
+    // The kept model is that model: its dev loss, scored again by dnallm-eval.
+    auto dev = run(kBin + "dnallm-eval --model " + (run_dir / "checkpoints/best").string() +
+                   " --table " + (task / "dev.csv").string() + " 2>/dev/null");
+    ASSERT_EQ(dev.code, 0) << dev.out;
+    EXPECT_NEAR(nlohmann::json::parse(dev.out).at("loss").get<double>(),
+                best.at("value").get<double>(), 1e-4);
+    EXPECT_FALSE(fs::exists(run_dir / "checkpoints/best.tmp"));
+    const auto test = read_json((run_dir / "test.json").string());
+    EXPECT_EQ(test.at("rows"), 40);
+    mcc.push_back(test.at("mcc").get<double>());
+    best_values.push_back(best.at("value").get<double>());
+  }
+  EXPECT_NE(best_values[0], best_values[1]) << "the seed changed nothing";
+  const auto summary = read_json((out / "summary.json").string());
+  EXPECT_EQ(summary.at("runs"), 2);
+  const double mean = (mcc[0] + mcc[1]) / 2;
+  EXPECT_NEAR(summary.at("mcc").at("mean").get<double>(), mean, 1e-6);
+  EXPECT_NEAR(summary.at("mcc").at("std").get<double>(), std::abs(mcc[0] - mcc[1]) / std::sqrt(2.0),
+              1e-6);
+  for (const char* k : {"f1", "accuracy", "precision", "recall"}) EXPECT_TRUE(summary.contains(k));
+
+  // A task directory without dev.csv: exit 2 before any run.
+  fs::remove(task / "dev.csv");
+  auto bad =
+      run("cd " + kSrc + " && scripts/gue-finetune.sh --model tests/data/hf-fixtures/bert_cls" +
+          " --task " + task.string());
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("dev.csv not found"), std::string::npos) << bad.out;
+}

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -78,6 +79,13 @@ double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
 }
 
+// A regenerated fixture set (DNALLM_HF_FIXTURES_DIR) has the Nucleotide Transformer v2
+// families only when make_fixtures.py was given that remote code; the committed set has them.
+#define SKIP_WITHOUT_FIXTURE(family)                                                          \
+  if (!fs::exists(kFixtures + "/" + (family)) && std::getenv("DNALLM_HF_FIXTURES_DIR")) {     \
+    GTEST_SKIP() << (family) << " was not made (make_fixtures.py --nt-v2-code DIR makes it)"; \
+  }
+
 void expect_matches_fixture(const std::string& family) {
   SCOPED_TRACE(family);
   const std::string dir = kFixtures + "/" + family;
@@ -97,6 +105,42 @@ TEST(HfImportTest, EsmMaskedLmNucleotideTransformer) { expect_matches_fixture("e
 TEST(HfImportTest, EsmSequenceClassification) { expect_matches_fixture("esm_cls"); }
 TEST(HfImportTest, GptNeoXCausalLm) { expect_matches_fixture("gptneox_causal"); }
 TEST(HfImportTest, LlamaCausalLm) { expect_matches_fixture("llama_causal"); }
+TEST(HfImportTest, LlamaGroupedQueryAttention) { expect_matches_fixture("llama_gqa_causal"); }
+TEST(HfImportTest, LlamaMultiQueryAttention) { expect_matches_fixture("llama_mqa_causal"); }
+
+// Generation with the KV cache (which keeps the shared key/value heads once) picks the same
+// tokens as recomputing the whole prefix, for grouped- and multi-query Llama.
+TEST(HfImportTest, GroupedQueryKvCacheGenerationEqualsRecomputation) {
+  for (const char* family : {"llama_gqa_causal", "llama_mqa_causal"}) {
+    SCOPED_TRACE(family);
+    auto model = build_hf_model(read_hf_checkpoint(kFixtures + "/" + family));
+    ASSERT_LT(key_value_heads(model->options()), model->options().heads);
+    auto prompt = load_safetensors(kFixtures + "/" + family + "/expected.safetensors")
+                      .at("input_ids")
+                      .narrow(1, 0, 6);
+    GenerateOptions g;
+    g.max_new_tokens = 12;
+    auto cached = model->generate(prompt, g);
+    g.use_cache = false;
+    EXPECT_TRUE(torch::equal(cached, model->generate(prompt, g)));
+  }
+}
+
+// Nucleotide Transformer v2 / AgroNT: its remote code (auto_map, Note [Remote code]) made these.
+TEST(HfImportTest, NucleotideTransformerV2MaskedLm) {
+  SKIP_WITHOUT_FIXTURE("esm_v2_mlm");
+  expect_matches_fixture("esm_v2_mlm");
+  const auto h = read_hf_checkpoint(kFixtures + "/esm_v2_mlm");
+  EXPECT_TRUE(h.options.gated_mlp && !h.options.ffn_bias && !h.options.tie_embeddings);
+}
+TEST(HfImportTest, NucleotideTransformerV2Classification) {
+  SKIP_WITHOUT_FIXTURE("esm_v2_cls");
+  expect_matches_fixture("esm_v2_cls");
+}
+TEST(HfImportTest, NucleotideTransformerV1LearnedPositions) {
+  expect_matches_fixture("esm_v1_mlm");
+}
+
 TEST(HfImportTest, RobertaPreLayerNormMaskedLm) {
   expect_matches_fixture("roberta_prelayernorm_mlm");
 }
@@ -279,6 +323,7 @@ class HfInitFromTest : public ::testing::TestWithParam<InitCase> {};
 
 TEST_P(HfInitFromTest, OurVocabularyComputesTheFixture) {
   const auto& c = GetParam();
+  SKIP_WITHOUT_FIXTURE(std::string(c.family));
   const std::string dir = kFixtures + "/" + c.family;
   Config config;
   config.model.arch = c.arch;
@@ -341,7 +386,10 @@ INSTANTIATE_TEST_SUITE_P(Families, HfInitFromTest,
                                            InitCase{"esm_mlm", "bert", "nt", 6},
                                            InitCase{"roberta_prelayernorm_mlm", "bert", "kmer", 3},
                                            InitCase{"gptneox_causal", "gpt", "char", 3},
-                                           InitCase{"llama_causal", "gpt", "char", 3}),
+                                           InitCase{"llama_causal", "gpt", "char", 3},
+                                           InitCase{"llama_gqa_causal", "gpt", "char", 3},
+                                           InitCase{"esm_v2_mlm", "bert", "nt", 6},
+                                           InitCase{"esm_v1_mlm", "bert", "nt", 6}),
                          [](const auto& info) { return std::string(info.param.family); });
 
 TEST(HfInitFromTest, AnotherTokenizationIsRefused) {
@@ -481,14 +529,36 @@ TEST_F(HfRefusalTest, Dnabert2UnknownOrMissingTensor) {
   save_safetensors(
       path, std::vector<std::pair<std::string, torch::Tensor>>(original.begin(), original.end()));
   edit_config([](auto& c) { c["auto_map"]["AutoModel"] = "modeling_other.OtherModel"; });
-  expect_refused({"auto_map", "remote code"});
+  expect_refused({"\"auto_map\" has AutoModel = \"modeling_other.OtherModel\"", "remote code"});
 }
 
-TEST_F(HfRefusalTest, GroupedQueryAttention) {
+// Note [Remote code]: only the Nucleotide Transformer v2's (and DNABERT-2's)
+// auto_map targets are accepted.
+TEST_F(HfRefusalTest, RemoteCodeOtherThanNucleotideTransformerV2) {
+  SKIP_WITHOUT_FIXTURE("esm_v2_mlm");
   fs::remove_all(dir_);
-  fs::copy(kFixtures + "/llama_causal", dir_);
-  edit_config([](auto& c) { c["num_key_value_heads"] = 1; });
-  expect_refused({"num_key_value_heads", "grouped-query"});
+  fs::copy(kFixtures + "/esm_v2_mlm", dir_);
+  edit_config([](auto& c) { c["auto_map"]["AutoModel"] = "modeling_esm.EsmModel"; });
+  expect_refused({"\"auto_map\" has AutoModel = \"modeling_esm.EsmModel\"", "remote code"});
+  edit_config([](auto& c) {
+    c["auto_map"].erase("AutoModel");
+    c["auto_map"]["AutoModelForMaskedLM"] = "modeling_nt.EsmForMaskedLM";
+  });
+  expect_refused({"AutoModelForMaskedLM = \"modeling_nt.EsmForMaskedLM\""});
+  // Without its auto_map the config.json says transformers' own ESM, which this is not.
+  edit_config([](auto& c) { c.erase("auto_map"); });
+  expect_refused({"add_bias_fnn", "restore auto_map"});
+}
+
+TEST_F(HfRefusalTest, KeyValueHeadsThatDoNotDivideTheHeads) {
+  fs::remove_all(dir_);
+  fs::copy(kFixtures + "/llama_gqa_causal", dir_);
+  edit_config([](auto& c) { c["num_key_value_heads"] = 3; });
+  expect_refused({"num_attention_heads 4 is not a multiple of num_key_value_heads 3"});
+  edit_config([](auto& c) { c["num_key_value_heads"] = 8; });
+  expect_refused({"num_key_value_heads = 8 is outside [1, 4]"});
+  edit_config([](auto& c) { c["num_key_value_heads"] = 0; });
+  expect_refused({"num_key_value_heads = 0 must be a positive divisor"});
 }
 
 TEST_F(HfRefusalTest, ScaledRotary) {
@@ -767,6 +837,7 @@ class HfReexportTest : public ::testing::TestWithParam<ReexportCase> {};
 TEST_P(HfReexportTest, ImportedFamilyExportsAsItself) {
   const auto& c = GetParam();
   const std::string family = c.family;
+  SKIP_WITHOUT_FIXTURE(family);
   const std::string src = kFixtures + "/" + family;
   if (!has_fixture(family)) GTEST_SKIP();
   const bool lora = fs::exists(src + "/adapter");
@@ -787,6 +858,18 @@ TEST_P(HfReexportTest, ImportedFamilyExportsAsItself) {
     }
   }
   EXPECT_EQ(read_hf_checkpoint(dir).model_type, c.model_type);
+  if (!lora) {  // the remote code's layout and config.json keys (Note [Remote code]), as shipped
+    const auto theirs = nlohmann::json::parse(std::ifstream(src + "/config.json"));
+    const auto ours = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+    EXPECT_EQ(ours.value("auto_map", nlohmann::json()), theirs.value("auto_map", nlohmann::json()));
+    EXPECT_EQ(ours.contains("add_bias_fnn"), theirs.contains("add_bias_fnn"));
+    if (theirs.contains("auto_map")) {
+      std::set<std::string> a, b;
+      for (const auto& [name, t] : load_safetensors(src + "/model.safetensors")) a.insert(name);
+      for (const auto& [name, t] : load_safetensors(dir + "/model.safetensors")) b.insert(name);
+      EXPECT_EQ(a, b);
+    }
+  }
   auto expected = load_safetensors(src + "/expected.safetensors");
   if (std::string(c.model_type) == "dnabert2") {  // (its ids: the fixture's)
     auto reimported = build_hf_model(read_hf_checkpoint(dir));
@@ -811,6 +894,10 @@ INSTANTIATE_TEST_SUITE_P(
                       ReexportCase{"esm_cls", "esm", false},
                       ReexportCase{"gptneox_causal", "gpt_neox", false},
                       ReexportCase{"llama_causal", "llama", false},
+                      ReexportCase{"llama_gqa_causal", "llama", false},
+                      ReexportCase{"llama_mqa_causal", "llama", false},
+                      ReexportCase{"esm_v2_mlm", "esm", false},
+                      ReexportCase{"esm_v2_cls", "esm", false},
                       ReexportCase{"roberta_prelayernorm_mlm", "roberta-prelayernorm", true},
                       ReexportCase{"bert_cls_lora", "bert", true},
                       ReexportCase{"dnabert2_mlm", "dnabert2", false},
@@ -863,6 +950,13 @@ TEST(HfExportTest, NoTransformersEquivalentIsSkippedNotWrong) {
   TransformerLM model(o);
   const auto dir = fs::temp_directory_path() / ("dnallm_hf_skip_" + std::to_string(::getpid()));
   EXPECT_FALSE(export_hf_directory(model, *data::make_char_tokenizer(), dir.string()));
+  EXPECT_FALSE(fs::exists(dir));
+  // Grouped-query attention without Llama's norms and MLP: gpt_neox has no
+  // num_key_value_heads.
+  o.rotary = true;
+  o.kv_heads = 1;
+  TransformerLM grouped(o);
+  EXPECT_FALSE(export_hf_directory(grouped, *data::make_char_tokenizer(), dir.string()));
   EXPECT_FALSE(fs::exists(dir));
 }
 

@@ -15,9 +15,14 @@
 #include "worker/infer/inference.hpp"
 #include "worker/models/quantized_linear.hpp"
 #include "worker/models/transformer.hpp"
+#include "worker/train/device_stats.hpp"
 
 namespace dnallm::infer {
 namespace {
+
+// At start, before anything asks LibTorch about CUDA: loads the CUDA plugin where a GPU
+// shows (Note [Lazy CUDA] in core/cuda_plugin.hpp).
+const bool kCuda = train::cuda_usable("auto", "the inference tests");
 
 namespace fs = std::filesystem;
 using models::Arch;
@@ -275,7 +280,7 @@ TEST(Int8, ModelLogitsWithinStatedErrorOfFp32) {
 }
 
 TEST(Int8, RefusedOffTheCpuWithAUsageError) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: the refusal needs one";
+  if (!kCuda) GTEST_SKIP() << "no CUDA device: the refusal needs one";
   auto w = torch::randn({8, 8}, torch::kCUDA);
   try {
     models::make_int8_weight(w, torch::Tensor());

@@ -206,10 +206,13 @@ TEST(ModelTest, ActivationCheckpointingGivesTheSameGradients) {
 }
 
 TEST(ModelTest, KvCacheGenerationEqualsRecomputation) {
-  for (bool rotary : {false, true}) {
+  for (auto [rotary, kv_heads] :
+       {std::pair{false, 0}, std::pair{true, 0}, std::pair{true, 2}, std::pair{false, 1}}) {
+    SCOPED_TRACE(kv_heads);
     torch::manual_seed(11);
     auto o = tiny(Arch::kGpt);
     o.rotary = rotary;
+    o.kv_heads = kv_heads;
     TransformerLM gpt(o);
     gpt->eval();
     auto prompt = random_ids(3, 5);
@@ -229,6 +232,56 @@ TEST(ModelTest, KvCacheGenerationEqualsRecomputation) {
     g.use_cache = true;
     auto s_cached = gpt->generate(prompt, g);
     EXPECT_TRUE(torch::equal(s_full, s_cached));
+  }
+}
+
+// Note [Grouped-query attention]: a model with kv_heads shared key/value heads computes what
+// the multi-head model computes whose key/value projections repeat each shared head's rows for
+// its heads / kv_heads query heads (sdpa and eager, padded, causal and bidirectional).
+TEST(ModelTest, GroupedQueryAttentionEqualsMultiHeadWithRepeatedKeyValues) {
+  for (auto arch : {Arch::kGpt, Arch::kBert}) {
+    for (int64_t kv_heads : {1, 2}) {
+      for (auto impl : {AttnImpl::kSdpa, AttnImpl::kEager}) {
+        SCOPED_TRACE(kv_heads);
+        auto o = tiny(arch);
+        o.rotary = true;
+        o.attn = impl;
+        o.kv_heads = kv_heads;
+        torch::manual_seed(3);
+        TransformerLM grouped(o);
+        o.kv_heads = 0;
+        TransformerLM full(o);
+        const int64_t hd = o.hidden / o.heads, rep = o.heads / kv_heads;
+        auto full_params = full->named_parameters();
+        torch::NoGradGuard no_grad;
+        for (const auto& item : grouped->named_parameters()) {
+          auto t = item.value();
+          const auto& name = item.key();
+          if (name.find(".attention.self.key.") != std::string::npos ||
+              name.find(".attention.self.value.") != std::string::npos) {
+            EXPECT_EQ(t.size(0), kv_heads * hd) << name;
+            const int64_t in = t.dim() == 2 ? t.size(1) : 1;  // weight or bias
+            auto rows = t.reshape({kv_heads, 1, hd, in}).expand({kv_heads, rep, hd, in});
+            t = rows.reshape(t.dim() == 2 ? std::vector<int64_t>{o.hidden, in}
+                                          : std::vector<int64_t>{o.hidden});
+          }
+          full_params[name].copy_(t);
+        }
+        grouped->eval();
+        full->eval();
+        ForwardInputs in;
+        in.input_ids = random_ids(2, 10);
+        in.attention_mask = torch::ones({2, 10}, torch::kInt64);
+        in.attention_mask.narrow(1, 7, 3)[1].zero_();
+        auto a = grouped->forward(in).logits;
+        auto b = full->forward(in).logits;
+        EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-5)) << (a - b).abs().max();
+        EXPECT_LT(parameter_count(grouped->options()), parameter_count(full->options()));
+        int64_t n = 0;
+        for (const auto& p : grouped->parameters()) n += p.numel();
+        EXPECT_EQ(double(n), parameter_count(grouped->options()));
+      }
+    }
   }
 }
 

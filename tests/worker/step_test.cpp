@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "core/cuda_plugin.hpp"
 #include "core/error.hpp"
 #include "lm_batches.hpp"
 #include "worker/train/checkpointing.hpp"
@@ -224,6 +225,25 @@ TEST(MfuTest, FlopsPerTokenCountsTrainableFrozenAndAttention) {
 TEST(DeviceStatsTest, CpuReportsNoGpuMemory) {
   EXPECT_FALSE(device_memory_stats(torch::kCPU).available);
   EXPECT_EQ(device_name(torch::kCPU), "cpu");
+}
+
+// Note [Lazy CUDA]: once ATen looked its CUDA hooks up without the plugin loaded, loading it
+// cannot bring CUDA back: cuda_usable says so (an internal error) instead of a CPU run.
+TEST(DeviceStatsTest, CudaHooksLookedUpBeforeThePluginAreAnInternalError) {
+  if (!cuda_build()) GTEST_SKIP() << "this build has no CUDA plugin";
+  if (cuda_plugin::loaded()) GTEST_SKIP() << "the CUDA plugin is loaded already";
+  (void)torch::cuda::is_available();               // ATen looks its CUDA hooks up and keeps them
+  setenv("DNALLM_TEST_LOAD_CUDA_PLUGIN", "1", 1);  // past the "no GPU in sight" refusal
+  try {
+    cuda_usable("cuda", "the test");
+    FAIL() << "CUDA hooks looked up too early went unnoticed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kFailure) << e.what();
+    EXPECT_NE(std::string(e.what()).find("looked up before the CUDA plugin was loaded"),
+              std::string::npos)
+        << e.what();
+  }
+  unsetenv("DNALLM_TEST_LOAD_CUDA_PLUGIN");
 }
 
 TEST(ProfilerTest, RangeIsStartColonEnd) {

@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
+#include "worker/data/hf_bpe.hpp"
 
 namespace dnallm::data {
 namespace {
@@ -135,7 +136,77 @@ std::string token_text(const json& config, const char* key) {
   return "";
 }
 
+// The id of the token tokenizer_config.json names for `key` (else `fallback`), -1 if none.
+int64_t role_id(const HfTokenizer& t, const json& config, const char* key,
+                const std::string& fallback) {
+  std::string text = token_text(config, key);
+  if (text.empty()) text = fallback;
+  return text.empty() ? int64_t{-1} : t.id_of(text);
+}
+
 }  // namespace
+
+// TemplateProcessing "single": special tokens before and after $A, with the ids its
+// special_tokens table gives (what the library adds), else the vocabulary's.
+void HfTokenizer::read_template(const json& tj, const std::string& where) {
+  const auto& post = tj.value("post_processor", json());
+  if (post.is_null()) return;
+  DNALLM_CHECK(post.is_object() && post.value("type", std::string()) == "TemplateProcessing",
+               ExitCode::kUsage,
+               "{}: post_processor {} is not supported: supported is TemplateProcessing", where,
+               clip_for_message(post.dump(), 200));
+  const auto& table = post.value("special_tokens", json::object());
+  bool seen_sequence = false;
+  for (const auto& item : post.at("single")) {
+    if (item.contains("Sequence")) {
+      DNALLM_CHECK(!seen_sequence, ExitCode::kUsage,
+                   "{}: post_processor.single holds the sequence twice", where);
+      seen_sequence = true;
+      continue;
+    }
+    const auto name = item.at("SpecialToken").at("id").get<std::string>();
+    std::vector<int64_t> ids;
+    if (table.contains(name)) {
+      ids = table[name].at("ids").get<std::vector<int64_t>>();
+    } else {
+      ids = {id_of(name)};
+    }
+    for (const auto id : ids) {
+      DNALLM_CHECK(id >= 0 && id < vocab_size(), ExitCode::kUsage,
+                   "{}: post_processor's \"{}\" (id {}) is not in the vocabulary", where,
+                   clip_for_message(name), id);
+      (seen_sequence ? suffix_ : prefix_).push_back(id);
+    }
+  }
+}
+
+HfTokenizer HfTokenizer::from_bpe_json(const json& config, const json& tj,
+                                       const std::string& where) {
+  try {
+    HfTokenizer t;
+    t.tokenizer_class_ = config.value("tokenizer_class", std::string());
+    t.pad_left_ = config.value("padding_side", std::string("right")) == "left";
+    DNALLM_CHECK(tj.contains("model") && tj["model"].contains("vocab"), ExitCode::kUsage,
+                 "{}: model.vocab is missing", where);
+    t.pieces_ = pieces_by_id(tj["model"]["vocab"], where);
+    check_unique(t.pieces_, where);
+    t.scheme_ = Scheme::kBpe;
+    t.index();
+    t.bpe_ = HfBpe::parse(tj, t.pieces_, where);
+    t.special_.unk = t.bpe_->unk();
+    t.special_.pad = role_id(t, config, "pad_token", "[PAD]");
+    t.special_.cls = role_id(t, config, "cls_token", "[CLS]");
+    t.special_.sep = role_id(t, config, "sep_token", "[SEP]");
+    t.special_.mask = role_id(t, config, "mask_token", "[MASK]");
+    t.special_.bos = role_id(t, config, "bos_token", "");
+    t.special_.eos = role_id(t, config, "eos_token", "");
+    t.read_template(tj, where);
+    return t;
+  } catch (const json::exception& e) {  // a value of the wrong JSON type
+    fail(ExitCode::kUsage, "{}: a value of the wrong type ({}): repair or re-download the file",
+         where, clip_for_message(e.what(), 200));
+  }
+}
 
 HfTokenizer::HfTokenizer(Scheme scheme, std::vector<std::string> pieces, HfSpecialTokens special,
                          int k, std::string tokenizer_class)
@@ -144,6 +215,8 @@ HfTokenizer::HfTokenizer(Scheme scheme, std::vector<std::string> pieces, HfSpeci
       special_(special),
       k_(k),
       tokenizer_class_(std::move(tokenizer_class)) {
+  DNALLM_CHECK(scheme_ != Scheme::kBpe, ExitCode::kFailure,
+               "HfTokenizer: a BPE tokenizer is read from its tokenizer.json (load)");
   index();
   if (scheme_ == Scheme::kCharacter) {
     if (special_.bos >= 0) prefix_ = {special_.bos};
@@ -162,6 +235,8 @@ void HfTokenizer::index() {
     if (is_bases(pieces_[i])) max_piece_ = std::max(max_piece_, pieces_[i].size());
   }
 }
+
+size_t HfTokenizer::bpe_merges() const { return bpe_ ? bpe_->merges() : 0; }
 
 int64_t HfTokenizer::id_of(const std::string& piece) const {
   auto it = ids_.find(piece);
@@ -186,9 +261,7 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
                  dir);
 
     auto role = [&](const char* key, const std::string& fallback) {
-      std::string text = token_text(config, key);
-      if (text.empty()) text = fallback;
-      return text.empty() ? int64_t{-1} : t.id_of(text);
+      return role_id(t, config, key, fallback);
     };
 
     if (cls == "EsmTokenizer") {
@@ -248,10 +321,17 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
                  dir, cls);
     const auto& model = tj.value("model", json::object());
     const std::string type = model.value("type", std::string());
-    DNALLM_CHECK(type == "WordLevel", ExitCode::kUsage,
-                 "{}/tokenizer.json: model type \"{}\" is not supported: supported is WordLevel "
-                 "(one token a base); BPE/Unigram DNA tokenizers are not yet",
+    DNALLM_CHECK(type == "WordLevel" || type == "BPE", ExitCode::kUsage,
+                 "{}/tokenizer.json: model type \"{}\" is not supported: supported are WordLevel "
+                 "(one token a base) and BPE (DNABERT-2); Unigram/WordPiece DNA tokenizers are "
+                 "not yet",
                  dir, type);
+    DNALLM_CHECK(model.contains("vocab"), ExitCode::kUsage,
+                 "{}/tokenizer.json: model.vocab is missing", dir);
+    if (type == "BPE") {
+      if (has_vocab) check_same_vocabulary(read_lines(dir + "/vocab.txt"), tj, dir);
+      return from_bpe_json(config, tj, dir + "/tokenizer.json");
+    }
     const auto& pre = tj.value("pre_tokenizer", json());
     const bool per_char = pre.is_object() && pre.value("type", std::string()) == "Split" &&
                           pre.contains("pattern") && pre["pattern"].value("String", "x").empty() &&
@@ -267,8 +347,6 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
     DNALLM_CHECK(tj.value("normalizer", json()).is_null(), ExitCode::kUsage,
                  "{}/tokenizer.json: a normalizer ({}) is not supported", dir,
                  tj["normalizer"].dump());
-    DNALLM_CHECK(model.contains("vocab"), ExitCode::kUsage,
-                 "{}/tokenizer.json: model.vocab is missing", dir);
     t.pieces_ = pieces_by_id(model.at("vocab"), dir);
     if (has_vocab) check_same_vocabulary(read_lines(dir + "/vocab.txt"), tj, dir);
     t.scheme_ = per_char ? Scheme::kCharacter : Scheme::kOverlappingKmer;
@@ -281,27 +359,7 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
     t.special_.mask = role("mask_token", "");
     t.special_.cls = role("cls_token", "");
     t.special_.sep = role("sep_token", "");
-    // TemplateProcessing "single": special tokens before and after $A.
-    const auto& post = tj.value("post_processor", json());
-    if (post.is_object()) {
-      DNALLM_CHECK(post.value("type", std::string()) == "TemplateProcessing", ExitCode::kUsage,
-                   "{}/tokenizer.json: post_processor \"{}\" is not supported: supported is "
-                   "TemplateProcessing",
-                   dir, post.value("type", std::string()));
-      bool seen_sequence = false;
-      for (const auto& item : post.at("single")) {
-        if (item.contains("Sequence")) {
-          seen_sequence = true;
-          continue;
-        }
-        const auto name = item.at("SpecialToken").at("id").get<std::string>();
-        const auto id = t.id_of(name);
-        DNALLM_CHECK(id >= 0, ExitCode::kUsage,
-                     "{}/tokenizer.json: post_processor names \"{}\", not in the vocabulary", dir,
-                     name);
-        (seen_sequence ? t.suffix_ : t.prefix_).push_back(id);
-      }
-    }
+    t.read_template(tj, dir + "/tokenizer.json");
     return t;
   } catch (const json::exception& e) {  // a value of the wrong JSON type
     fail(ExitCode::kUsage,
@@ -312,9 +370,21 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
 }
 
 std::vector<int64_t> HfTokenizer::encode(std::string_view raw) const {
+  std::vector<int64_t> ids = prefix_;
+  encode_into(raw, ids);
+  ids.insert(ids.end(), suffix_.begin(), suffix_.end());
+  return ids;
+}
+
+std::vector<int64_t> HfTokenizer::encode_unframed(std::string_view raw) const {
+  std::vector<int64_t> ids;
+  encode_into(raw, ids);
+  return ids;
+}
+
+void HfTokenizer::encode_into(std::string_view raw, std::vector<int64_t>& ids) const {
   std::string bases(raw);
   for (auto& c : bases) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  std::vector<int64_t> ids = prefix_;
   switch (scheme_) {
     case Scheme::kOverlappingKmer:
       for (size_t i = 0; i + size_t(k_) <= bases.size(); ++i) {
@@ -345,9 +415,10 @@ std::vector<int64_t> HfTokenizer::encode(std::string_view raw) const {
         ids.push_back(id >= 0 ? id : special_.unk);
       }
       break;
+    case Scheme::kBpe:
+      bpe_->encode(bases, ids);
+      break;
   }
-  ids.insert(ids.end(), suffix_.begin(), suffix_.end());
-  return ids;
 }
 
 HfBatch HfTokenizer::encode_batch(const std::vector<std::string>& sequences) const {

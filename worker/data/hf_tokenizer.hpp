@@ -13,12 +13,19 @@
 //   - tokenizer.json with a WordLevel model and a pre-tokenizer that isolates every
 //     character (Split on ""): one token a base, the TemplateProcessing post-processor's
 //     special tokens around it.
+//   - tokenizer.json with a BPE model (DNABERT-2, GENA-LM): the tokenizers library's merges
+//     (hf_bpe.hpp lists the options read and the ones refused), then the TemplateProcessing
+//     post-processor's special tokens ([CLS] ... [SEP] for DNABERT-2). Ids identical to the
+//     library's for the upper-cased text (tests/hf/check_bpe.py).
+// tokenizer.json's "truncation" and "padding" are not applied: transformers' tokenizer call
+// does not apply them either unless asked (truncation=True, padding=...).
 // Padding: to the longest sequence of a batch with the pad token, on the right (or left when
 // tokenizer_config.json says padding_side = "left").
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,6 +33,8 @@
 #include <nlohmann/json.hpp>
 
 namespace dnallm::data {
+
+class HfBpe;
 
 // Ids of the roles a model's special tokens play (-1: the vocabulary has none).
 struct HfSpecialTokens {
@@ -40,22 +49,31 @@ struct HfBatch {
 
 class HfTokenizer {
  public:
-  enum class Scheme { kOverlappingKmer, kLongestMatch, kCharacter };
+  enum class Scheme { kOverlappingKmer, kLongestMatch, kCharacter, kBpe };
 
   // Reads the tokenizer files of `dir` (tokenizer_config.json, vocab.txt, tokenizer.json).
   static HfTokenizer load(const std::string& dir);
 
   // `bases`: A/C/G/T/N (upper-cased here). Ids with the family's special tokens around them.
+  // BPE: Error(kBadData) for a byte that is not printable ASCII (hf_bpe.hpp).
   std::vector<int64_t> encode(std::string_view bases) const;
+  // encode() without the post-processor's special tokens around the sequence.
+  std::vector<int64_t> encode_unframed(std::string_view bases) const;
   // encode() each sequence and pad them to the longest.
   HfBatch encode_batch(const std::vector<std::string>& sequences) const;
 
   Scheme scheme() const { return scheme_; }
   int k() const { return k_; }  // k-mer length (k-mer and longest-match schemes), else 0
+  size_t bpe_merges() const;    // the BPE model's merges (kBpe), else 0
   int64_t vocab_size() const { return static_cast<int64_t>(pieces_.size()); }
   const HfSpecialTokens& special() const { return special_; }
   const std::string& piece(int64_t id) const { return pieces_.at(static_cast<size_t>(id)); }
   int64_t id_of(const std::string& piece) const;  // -1 when absent
+
+  // A BPE tokenizer from the documents themselves (tokenizer_config.json, maybe {}, and
+  // tokenizer.json): what load() reads for a BPE model; `where` names them in messages.
+  static HfTokenizer from_bpe_json(const nlohmann::json& config, const nlohmann::json& tj,
+                                   const std::string& where);
 
   // The same tokenizer built from parts (export of this project's own tokenizers).
   HfTokenizer(Scheme scheme, std::vector<std::string> pieces, HfSpecialTokens special, int k,
@@ -64,6 +82,8 @@ class HfTokenizer {
  private:
   HfTokenizer() = default;
   void index();
+  void encode_into(std::string_view bases, std::vector<int64_t>& ids) const;
+  void read_template(const nlohmann::json& tj, const std::string& where);
 
   Scheme scheme_ = Scheme::kCharacter;
   std::vector<std::string> pieces_;     // by id
@@ -74,6 +94,7 @@ class HfTokenizer {
   size_t max_piece_ = 1;
   bool pad_left_ = false;
   std::string tokenizer_class_;
+  std::shared_ptr<const HfBpe> bpe_;  // kBpe
 };
 
 }  // namespace dnallm::data

@@ -50,6 +50,13 @@ std::shared_ptr<const Tokenizer> make_tokenizer(const Config& config) {
   if (t.kind == "kmer")
     return make_kmer_tokenizer(static_cast<int>(t.k), static_cast<int>(t.stride));
   if (t.kind == "nt") return make_nt_tokenizer(static_cast<int>(t.k));
+  if (t.kind == "hf") {
+    const std::string& dir = t.path.empty() ? config.model.init_from : t.path;
+    DNALLM_CHECK(!dir.empty(), ExitCode::kUsage,
+                 "tokenizer.kind = \"hf\" needs tokenizer.path (a Hugging Face model directory "
+                 "with a BPE tokenizer.json, e.g. DNABERT-2's) or model.init_from");
+    return load_hf_bpe_tokenizer(dir);
+  }
   if (t.kind == "bpe") {
     if (!t.path.empty() && std::filesystem::exists(t.path)) return load_bpe_model(t.path);
     if (config.data.train_files.empty()) {
@@ -64,7 +71,8 @@ std::shared_ptr<const Tokenizer> make_tokenizer(const Config& config) {
     return tok;
   }
   fail(ExitCode::kUsage,
-       "tokenizer.kind = \"{}\" is not allowed: use \"char\", \"kmer\", \"nt\" or \"bpe\"", t.kind);
+       "tokenizer.kind = \"{}\" is not allowed: use \"char\", \"kmer\", \"nt\", \"bpe\" or \"hf\"",
+       t.kind);
 }
 
 ObjectiveOptions objective_options(const Config& config) {
@@ -107,6 +115,7 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
     t.num_labels = config.model.num_labels;
     t.on_bad_record = policy;
     t.cache_dir = d.cache_dir;
+    t.reverse_complement = split == Split::kTrain ? d.reverse_complement : 0.0;  // eval: as written
     if (split == Split::kTrain && !d.eval_files.empty()) {
       // train tables are whole; eval tables come from eval_files
     } else if (split == Split::kEval && !eval_files) {

@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "worker/data/rng.hpp"
+#include "worker/data/sequence_reader.hpp"
 
 namespace dnallm::data {
 namespace {
@@ -400,7 +401,7 @@ bool TableDataset::parse_record(const File& f, const std::string& line, Sample& 
   return true;
 }
 
-Sample TableDataset::get(uint64_t index, SampleRng& /*rng*/) const {
+Sample TableDataset::get(uint64_t index, SampleRng& rng) const {
   DNALLM_CHECK(index < total_records_, ExitCode::kFailure, "table index {} out of range {}", index,
                total_records_);
   auto it = std::upper_bound(files_.begin(), files_.end(), index,
@@ -415,6 +416,9 @@ Sample TableDataset::get(uint64_t index, SampleRng& /*rng*/) const {
   if (!parse_record(f, line, s, why)) {
     fail(ExitCode::kBadData, "{}: record {} at byte {}: {} (the file changed after indexing?)",
          f.path, local + 1, offset, why);
+  }
+  if (options_.reverse_complement > 0 && rng.uniform01() < options_.reverse_complement) {
+    s.bases = reverse_complement(s.bases);
   }
   return s;
 }

@@ -36,6 +36,9 @@ struct TableOptions {
   int64_t num_labels = 2;
   BadRecordPolicy on_bad_record = BadRecordPolicy::kError;
   std::string cache_dir = "";  // where indexes go when the data dir is read-only
+  // Probability of reverse-complementing a record's sequence (training only; the label is
+  // kept: strand-agnostic tasks). Drawn from the sample's SampleRng, so resume is exact.
+  double reverse_complement = 0.0;
 };
 
 class TableDataset final : public Dataset {
@@ -46,7 +49,7 @@ class TableDataset final : public Dataset {
   TableDataset& operator=(const TableDataset&) = delete;
 
   uint64_t size() const override { return total_records_; }
-  Sample get(uint64_t index, SampleRng& rng) const override;  // rng unused: tables are exact
+  Sample get(uint64_t index, SampleRng& rng) const override;  // rng: reverse_complement only
   int64_t skipped_records() const override { return skipped_; }
   std::string describe() const override;
 

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <array>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -12,6 +14,7 @@
 
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
+#include "worker/data/hf_tokenizer.hpp"
 
 namespace dnallm::data {
 namespace {
@@ -364,6 +367,116 @@ const std::vector<std::string>& special_token_names() {
   return names;
 }
 
+namespace {
+
+// Note [Hugging Face BPE in our id layout]
+// Fine-tuning a model with its own BPE (DNABERT-2) from model.init_from: the data pipeline
+// and objectives need our fixed special ids ([PAD]=0 ... [MASK]=4), the model's rows are in
+// its own order. This tokenizer encodes exactly as the directory does (HfTokenizer, the
+// tokenizers library's ids), then renames the ids: its special tokens (the roles
+// tokenizer_config.json names, and every added token marked special) become ours, its other
+// tokens follow in its id order; hf_import's vocabulary_map takes every row back by name.
+// to_json() embeds both files (canonical JSON), so a checkpoint or an export rebuilds it
+// without the directory, and two tokenizers are equal when their files say the same.
+class HfBpeTokenizer final : public Tokenizer {
+ public:
+  HfBpeTokenizer(json config, json tj, const std::string& where)
+      : config_(std::move(config)),
+        tj_(std::move(tj)),
+        hf_(HfTokenizer::from_bpe_json(config_, tj_, where)) {
+    const auto& sp = hf_.special();
+    std::set<int64_t> special = {sp.pad, sp.unk, sp.cls, sp.sep, sp.mask, sp.bos, sp.eos};
+    if (tj_.contains("added_tokens") && tj_["added_tokens"].is_array()) {
+      for (const auto& a : tj_["added_tokens"]) {
+        if (a.value("special", false)) special.insert(a.at("id").get<int64_t>());
+      }
+    }
+    ours_.assign(static_cast<size_t>(hf_.vocab_size()), kUnkId);
+    auto role = [&](int64_t theirs, int64_t ours) {
+      if (theirs >= 0) ours_[static_cast<size_t>(theirs)] = ours;
+    };
+    role(sp.pad, kPadId);
+    role(sp.unk, kUnkId);
+    role(sp.cls >= 0 ? sp.cls : sp.bos, kClsId);
+    role(sp.sep >= 0 ? sp.sep : sp.eos, kSepId);
+    role(sp.mask, kMaskId);
+    pieces_ = special_token_names();
+    double total = 0;
+    for (int64_t id = 0; id < hf_.vocab_size(); ++id) {
+      if (special.count(id)) continue;
+      ours_[static_cast<size_t>(id)] = static_cast<int64_t>(pieces_.size());
+      pieces_.push_back(hf_.piece(id));
+      total += static_cast<double>(hf_.piece(id).size());
+    }
+    const auto regular = pieces_.size() - special_token_names().size();
+    bases_per_token_ = regular > 0 ? total / static_cast<double>(regular) : 1.0;
+    n_id_ = -1;
+    for (size_t id = kFirstRegularId; id < pieces_.size(); ++id) {
+      if (pieces_[id] == "N") n_id_ = static_cast<int64_t>(id);
+    }
+  }
+  std::string kind() const override { return "hf"; }
+  int64_t vocab_size() const override { return static_cast<int64_t>(pieces_.size()); }
+  std::vector<int64_t> encode(std::string_view bases) const override {
+    auto ids = hf_.encode_unframed(bases);
+    for (auto& id : ids) id = ours_[static_cast<size_t>(id)];
+    return ids;
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::string out;
+    for (int64_t id : ids) {
+      if (id >= kFirstRegularId && id < vocab_size()) out += pieces_[static_cast<size_t>(id)];
+    }
+    return out;
+  }
+  int64_t bases_for_tokens(int64_t tokens) const override {
+    return static_cast<int64_t>(static_cast<double>(tokens) * bases_per_token_ * 1.25) + 8;
+  }
+  std::string id_to_piece(int64_t id) const override { return pieces_.at(static_cast<size_t>(id)); }
+  int64_t n_id() const override { return n_id_; }
+  json to_json() const override {
+    return with_common(json{{"kind", "hf"},
+                            {"version", 1},
+                            {"hf_tokenizer_config", config_.dump()},
+                            {"hf_tokenizer_json", tj_.dump()}},
+                       *this);
+  }
+
+ private:
+  json config_, tj_;
+  HfTokenizer hf_;
+  std::vector<int64_t> ours_;  // their id -> ours
+  std::vector<std::string> pieces_;
+  double bases_per_token_ = 1.0;
+  int64_t n_id_ = -1;
+};
+
+std::shared_ptr<const Tokenizer> hf_bpe_from_text(const std::string& config, const std::string& tj,
+                                                  const std::string& where) {
+  return std::make_shared<HfBpeTokenizer>(
+      config.empty() ? json::object() : parse_json_strict(config, where, ExitCode::kUsage),
+      parse_json_strict(tj, where, ExitCode::kUsage), where);
+}
+
+}  // namespace
+
+std::shared_ptr<const Tokenizer> load_hf_bpe_tokenizer(const std::string& dir) {
+  const auto probe = HfTokenizer::load(dir);  // every check, and the scheme
+  DNALLM_CHECK(probe.scheme() == HfTokenizer::Scheme::kBpe, ExitCode::kUsage,
+               "tokenizer.kind = \"hf\" reads a BPE tokenizer.json (DNABERT-2); {} has another "
+               "scheme: use tokenizer.kind = \"kmer\" (DNABERT), \"nt\" (EsmTokenizer) or "
+               "\"char\"",
+               dir);
+  auto read = [&](const std::string& name) -> std::string {
+    const std::string path = dir + "/" + name;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) return "";
+    return read_bounded_file(path, kMaxTokenizerFileBytes, ExitCode::kUsage, "tokenizer file");
+  };
+  return hf_bpe_from_text(read("tokenizer_config.json"), read("tokenizer.json"),
+                          dir + "/tokenizer.json");
+}
+
 bool operator==(const Tokenizer& a, const Tokenizer& b) { return a.to_json() == b.to_json(); }
 
 void require_same_tokenizer(const Tokenizer& current, const nlohmann::json& saved,
@@ -373,6 +486,8 @@ void require_same_tokenizer(const Tokenizer& current, const nlohmann::json& save
   auto summary = [](const Tokenizer& t) {
     auto j = t.to_json();
     j.erase("model_proto_base64");
+    j.erase("hf_tokenizer_json");  // the files, embedded: their size would flood the line
+    j.erase("hf_tokenizer_config");
     return fmt::format("{} (vocab {})", j.dump(), t.vocab_size());
   };
   fail(ExitCode::kUsage,
@@ -457,7 +572,12 @@ std::shared_ptr<const Tokenizer> tokenizer_from_json(const nlohmann::json& j) {
           base64_decode(j.at("model_proto_base64").get<std::string>()),
           j.at("bases_per_token").get<double>());
     }
-    fail(ExitCode::kUsage, "tokenizer JSON: unknown kind \"{}\" (char, kmer, bpe)",
+    if (kind == "hf") {
+      return hf_bpe_from_text(j.at("hf_tokenizer_config").get<std::string>(),
+                              j.at("hf_tokenizer_json").get<std::string>(),
+                              "the tokenizer JSON's embedded tokenizer.json");
+    }
+    fail(ExitCode::kUsage, "tokenizer JSON: unknown kind \"{}\" (char, kmer, nt, bpe, hf)",
          clip_for_message(kind));
   } catch (const json::exception& e) {
     fail(ExitCode::kUsage, "tokenizer JSON is malformed: {}", clip_for_message(e.what(), 200));

@@ -1,6 +1,6 @@
 // Tokenizers for DNA: single nucleotide ("char"), k-mer ("kmer", DNABERT style), the
-// Nucleotide Transformer split ("nt") and BPE
-// through SentencePiece ("bpe").
+// Nucleotide Transformer split ("nt"), BPE through SentencePiece ("bpe") and a Hugging Face
+// directory's BPE tokenizer.json ("hf", DNABERT-2's).
 //
 // Special tokens have fixed ids in every tokenizer, first in the vocabulary:
 //   [PAD]=0  [UNK]=1  [CLS]=2  [SEP]=3  [MASK]=4
@@ -47,7 +47,7 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  virtual std::string kind() const = 0;    // "char" | "kmer" | "nt" | "bpe"
+  virtual std::string kind() const = 0;    // "char" | "kmer" | "nt" | "bpe" | "hf"
   virtual int64_t vocab_size() const = 0;  // special tokens included
   // `bases`: upper-case A/C/G/T/N. Ids in [0, vocab_size), no special tokens added.
   virtual std::vector<int64_t> encode(std::string_view bases) const = 0;
@@ -105,10 +105,17 @@ std::shared_ptr<const Tokenizer> train_bpe_tokenizer(const std::vector<std::stri
 std::shared_ptr<const Tokenizer> load_bpe_model(const std::string& path);
 void save_bpe_model(const Tokenizer& bpe, const std::string& path);
 
-// From the config: char / kmer directly; bpe loads tokenizer.path when it exists, else
-// trains on the first 1 Mbases of data.train_files and saves to tokenizer.path (atomic
-// rename). Training is deterministic, so ranks that start together and all train get the
-// same model, but each spends ~10 s of CPU: for multi-rank runs train once beforehand
+// tokenizer.kind = "hf": a Hugging Face directory's own BPE tokenizer.json (DNABERT-2), for
+// fine-tuning that model (model.init_from): its merges exactly (HfTokenizer: the tokenizers
+// library's ids), its ids renamed to our layout (Note [Hugging Face BPE in our id layout]):
+// our five special tokens, then its other tokens in its id order. Throws Error(kUsage) for a
+// directory without a BPE tokenizer.json.
+std::shared_ptr<const Tokenizer> load_hf_bpe_tokenizer(const std::string& dir);
+
+// From the config: char / kmer directly; hf from tokenizer.path, else model.init_from; bpe loads
+// tokenizer.path when it exists, else trains on the first 1 Mbases of data.train_files and saves to
+// tokenizer.path (atomic rename). Training is deterministic, so ranks that start together and all
+// train get the same model, but each spends ~10 s of CPU: for multi-rank runs train once beforehand
 // (one process with the same config) and point tokenizer.path at the file.
 // Throws Error(kUsage) for bad options (k out of range, stride not 1 or k, unknown kind).
 std::shared_ptr<const Tokenizer> make_tokenizer(const Config& config);

@@ -74,12 +74,14 @@ Loaded load(const CommonArgs& a, int local_rank) {
                "fine-tune from it with model.init_from and run the export",
                a.model_dir, a.model_dir);
   Loaded l;
-  l.device = infer::resolve_device(a.device, local_rank);
   const auto format = models::parse_weight_format(a.quantize, "--quantize");
-  DNALLM_CHECK(format != models::WeightFormat::kInt8 || l.device.is_cpu(), ExitCode::kUsage,
-               "--quantize int8 is CPU inference (dynamic quantisation): add --device cpu");
   l.model = models::load_exported_model(a.model_dir);
   l.tokenizer = infer::load_model_tokenizer(a.model_dir, l.model->options());
+  // After the model directory was checked: refusing a damaged one never loads CUDA (Note
+  // [Lazy CUDA]); the weights wait on the CPU meanwhile.
+  l.device = infer::resolve_device(a.device, local_rank);
+  DNALLM_CHECK(format != models::WeightFormat::kInt8 || l.device.is_cpu(), ExitCode::kUsage,
+               "--quantize int8 is CPU inference (dynamic quantisation): add --device cpu");
   l.model->to(l.device);
   l.model->eval();
   if (format != models::WeightFormat::kFull) {

@@ -14,6 +14,7 @@
 #include "worker/data/rng.hpp"
 #include "worker/data/sequence_reader.hpp"
 #include "worker/data/table_dataset.hpp"
+#include "worker/train/device_stats.hpp"
 
 namespace dnallm::infer {
 namespace {
@@ -49,7 +50,8 @@ size_t read_batch(SequenceInput& input, const data::Tokenizer& tokenizer,
 }  // namespace
 
 torch::Device resolve_device(const std::string& spec, int local_rank) {
-  const bool have_cuda = torch::cuda::is_available();
+  // Note [Lazy CUDA]: loads the CUDA plugin first ("auto": only where a GPU shows).
+  const bool have_cuda = train::cuda_usable(spec, fmt::format("--device {}", spec));
   if (spec == "auto") {
     return have_cuda ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank))
                      : torch::Device(torch::kCPU);

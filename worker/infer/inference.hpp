@@ -23,7 +23,9 @@
 namespace dnallm::infer {
 
 // "auto": cuda:LOCAL_RANK when LibTorch sees a GPU, else cpu; "cuda": cuda:LOCAL_RANK;
-// "cuda:N", "cpu". Throws Error(kUsage) when a GPU is asked for and none is visible.
+// "cuda:N", "cpu". Throws Error(kUsage) when a GPU is asked for and none is visible. Loads
+// the CUDA plugin first where a GPU may be used (Note [Lazy CUDA] in core/cuda_plugin.hpp):
+// call it after the inputs were checked, before anything else asks LibTorch about CUDA.
 torch::Device resolve_device(const std::string& spec, int local_rank);
 
 // The tokenizer of a directory exported by dnallm-train (its tokenizer.json); Error(kBadData)

@@ -11,6 +11,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
+#include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_names.hpp"
 
@@ -20,7 +21,10 @@ namespace {
 using nlohmann::ordered_json;
 using torch::Tensor;
 
-enum class Family { kEsm, kBert, kRobertaPreLn, kGptNeoX, kLlama, kDnabert2 };
+// kNtV2: ESM with the Nucleotide Transformer v2 remote code's SwiGLU (Note [Remote code] in
+// hf_import.cpp); config.json names that code in auto_map, as the hub's repositories do.
+// kDnabert2: Note [DNABERT-2 export].
+enum class Family { kEsm, kBert, kRobertaPreLn, kGptNeoX, kLlama, kNtV2, kDnabert2 };
 
 Family family_of(const ModelOptions& o) {
   DNALLM_CHECK(!o.mean_pooling || o.task == Task::kPretrain, ExitCode::kUsage,
@@ -29,22 +33,46 @@ Family family_of(const ModelOptions& o) {
   if (o.alibi) {  // Note [DNABERT-2 export]
     DNALLM_CHECK(o.arch == Arch::kBert && o.post_layer_norm && o.embedding_layer_norm &&
                      o.gated_mlp && o.gate_activation == ModelOptions::GateActivation::kGelu &&
-                     !o.ffn_in_bias && o.linear_bias && !o.rms_norm && o.tie_embeddings &&
-                     !o.mask_embeddings && o.position_padding_idx < 0 &&
-                     (o.type_vocab_size == 0 || o.type_vocab_size == 2),
+                     !o.ffn_in_bias && o.ffn_bias && o.linear_bias && !o.rms_norm &&
+                     o.tie_embeddings && !o.mask_embeddings && o.position_padding_idx < 0 &&
+                     (o.type_vocab_size == 0 || o.type_vocab_size == 2) &&
+                     key_value_heads(o) == o.heads,
                  ExitCode::kUsage,
                  "an ALiBi model exports to transformers only as DNABERT-2, which is an encoder "
-                 "with model.post_layer_norm = true, model.mlp = \"geglu\" and tied embeddings");
+                 "with model.post_layer_norm = true, model.mlp = \"geglu\", tied embeddings and "
+                 "multi-head attention");
     return Family::kDnabert2;
+  }
+  // ESM numbers learned positions as RoBERTa does, from its pad id: with our [PAD] as padding_idx
+  // the table is in its layout already (a fine-tuned Nucleotide Transformer v1).
+  const bool esm_positions =
+      o.position_padding_idx < 0 || (o.position_padding_idx == data::kPadId && !o.rotary &&
+                                     !o.embedding_layer_norm && !o.post_layer_norm);
+  if (o.gated_mlp && !o.rms_norm && o.linear_bias && o.arch == Arch::kBert) {
+    DNALLM_CHECK(!o.post_layer_norm && !o.embedding_layer_norm && esm_positions &&
+                     key_value_heads(o) == o.heads &&
+                     o.gate_activation == ModelOptions::GateActivation::kSilu && o.ffn_in_bias,
+                 ExitCode::kUsage,
+                 "a gated-MLP encoder exports only as a Nucleotide Transformer v2 (pre-LN ESM, "
+                 "no embedding LayerNorm, multi-head attention, SiLU gate)");
+    return Family::kNtV2;
   }
   if (o.rms_norm || o.gated_mlp || !o.linear_bias) {
     DNALLM_CHECK(o.rms_norm && o.gated_mlp && !o.linear_bias && o.arch == Arch::kGpt && o.rotary &&
-                     o.task == Task::kPretrain,
+                     o.task == Task::kPretrain &&
+                     o.gate_activation == ModelOptions::GateActivation::kSilu,
                  ExitCode::kUsage,
                  "only a causal, rotary model with RMSNorm, gated MLP and no biases (Llama) "
                  "exports as llama");
     return Family::kLlama;
   }
+  DNALLM_CHECK(key_value_heads(o) == o.heads, ExitCode::kUsage,
+               "grouped-query attention (model.kv_heads = {} < heads = {}) exports only as llama "
+               "(RMSNorm, gated MLP, no biases): transformers' {} has no num_key_value_heads",
+               key_value_heads(o), o.heads, o.arch == Arch::kGpt ? "gpt_neox" : "esm / bert");
+  DNALLM_CHECK(o.ffn_bias, ExitCode::kUsage,
+               "feed-forward linears without biases export only as a Nucleotide Transformer v2 "
+               "(gated MLP) or llama");
   if (o.arch == Arch::kGpt) {
     DNALLM_CHECK(
         o.rotary && o.task == Task::kPretrain && !o.post_layer_norm && !o.embedding_layer_norm,
@@ -59,7 +87,7 @@ Family family_of(const ModelOptions& o) {
                  "a post-LN encoder exports as bert, which has learned positions");
     return Family::kBert;
   }
-  if (o.embedding_layer_norm || o.position_padding_idx >= 0) {
+  if (o.embedding_layer_norm || !esm_positions) {
     DNALLM_CHECK(o.embedding_layer_norm && o.position_padding_idx >= 0 && !o.rotary,
                  ExitCode::kUsage,
                  "this encoder variant (embedding LayerNorm without RoBERTa positions) has no "
@@ -82,6 +110,7 @@ std::map<std::string, Tensor> our_weights(TransformerLM& model, bool merge) {
 const char* model_type_of(Family f) {
   switch (f) {
     case Family::kEsm:
+    case Family::kNtV2:
       return "esm";
     case Family::kBert:
       return "bert";
@@ -138,6 +167,7 @@ ordered_json common_config(Family f, const ModelOptions& o) {
   const char* task_suffix = o.task == Task::kPretrain ? "ForMaskedLM" : "ForSequenceClassification";
   switch (f) {
     case Family::kEsm:
+    case Family::kNtV2:
       c["architectures"] = {std::string("Esm") + task_suffix};
       break;
     case Family::kBert:
@@ -183,14 +213,26 @@ ordered_json common_config(Family f, const ModelOptions& o) {
 // ours count from 0; ESM and RoBERTa from padding_idx + 1.
 int64_t add_encoder_config(Family f, const ModelOptions& o, ordered_json& c, NamedTensors& out) {
   int64_t position_offset = 0;
-  if (f == Family::kEsm) {
+  if (f == Family::kNtV2) {  // Note [Remote code] in hf_import.cpp
+    c["auto_map"] = {
+        {"AutoConfig", "esm_config.EsmConfig"},
+        {"AutoModelForMaskedLM", "modeling_esm.EsmForMaskedLM"},
+        {"AutoModelForSequenceClassification", "modeling_esm.EsmForSequenceClassification"},
+        {"AutoModelForTokenClassification", "modeling_esm.EsmForTokenClassification"}};
+    c["add_bias_fnn"] = o.ffn_bias;
+    if (o.rotary) {  // its EsmEmbeddings always has the table; rotary models never read it
+      out.emplace_back("esm.embeddings.position_embeddings.weight",
+                       torch::zeros({o.max_seq_length, o.hidden}));
+    }
+  }
+  if (f == Family::kEsm || f == Family::kNtV2) {
     c["position_embedding_type"] = o.rotary ? "rotary" : "absolute";
     c["mask_token_id"] = data::kMaskId;
     c["token_dropout"] = false;
     c["emb_layer_norm_before"] = false;
     c["hidden_dropout_prob"] = 0.0;
     c["attention_probs_dropout_prob"] = 0.0;
-    if (!o.rotary) position_offset = data::kPadId + 1;
+    if (!o.rotary && o.position_padding_idx < 0) position_offset = data::kPadId + 1;
     c["max_position_embeddings"] = o.max_seq_length + position_offset;
     c["is_folding_model"] = false;
     // EsmModel always has a contact head (attention maps -> contacts): zeros, unused by LM/cls.
@@ -229,7 +271,7 @@ int64_t add_encoder_config(Family f, const ModelOptions& o, ordered_json& c, Nam
 void add_causal_config(Family f, const ModelOptions& o, ordered_json& c) {
   c["max_position_embeddings"] = o.max_seq_length;
   if (f == Family::kLlama) {
-    c["num_key_value_heads"] = o.heads;
+    c["num_key_value_heads"] = key_value_heads(o);
     c["head_dim"] = o.hidden / o.heads;
     c["rope_theta"] = 10000.0;
     c["rope_parameters"] = {{"rope_theta", 10000.0}, {"rope_type", "default"}};
@@ -261,6 +303,7 @@ void add_renamed_weights(Family f, TransformerLM& model, const std::map<std::str
       continue;
     }
     if (name.find(".intermediate.") != std::string::npos && f == Family::kDnabert2) continue;
+    if (name.find(".intermediate.") != std::string::npos && f == Family::kNtV2) continue;
     if (name == "bert.embeddings.position_embeddings.weight" && position_offset > 0) {
       auto table = torch::zeros({t.size(0) + position_offset, t.size(1)});
       table.narrow(0, position_offset, t.size(0)).copy_(t);
@@ -332,7 +375,15 @@ ordered_json dnabert2_source_config(const std::string& source_dir) {
   auto c = ordered_json::parse(
       read_bounded_file(path, kMaxConfigFileBytes, ExitCode::kUsage, "config.json"), nullptr,
       /*allow_exceptions=*/false);
-  if (!c.is_object() || !c.contains("auto_map")) return nullptr;
+  // (DNABERT-2's: its AutoConfig; a Nucleotide Transformer v2 source has an auto_map too)
+  const ordered_json config_class =
+      c.is_object() && c.contains("auto_map") && c["auto_map"].is_object()
+          ? c["auto_map"].value("AutoConfig", ordered_json())
+          : ordered_json();
+  if (!config_class.is_string() ||
+      config_class.get<std::string>().find("configuration_bert.BertConfig") == std::string::npos) {
+    return nullptr;
+  }
   return c;
 }
 
@@ -393,6 +444,22 @@ void add_dnabert2_fused(const ModelOptions& o, const std::map<std::string, Tenso
   }
 }
 
+// Nucleotide Transformer v2 fuses the gated feed-forward's input linears: intermediate.dense
+// [2 x ffn, hidden] = [our intermediate.gate; our intermediate.dense] (silu of the first half).
+void add_fused_glu(const ModelOptions& o, const std::map<std::string, Tensor>& w,
+                   NamedTensors& out) {
+  for (int64_t i = 0; i < o.layers; ++i) {
+    const std::string ours = "bert.encoder.layer." + std::to_string(i) + ".intermediate.";
+    const std::string theirs = "esm.encoder.layer." + std::to_string(i) + ".intermediate.dense.";
+    for (const char* kind : {"weight", "bias"}) {
+      auto gate = w.find(ours + "gate." + kind);
+      if (gate == w.end()) continue;  // no biases (add_bias_fnn false)
+      out.emplace_back(theirs + kind,
+                       torch::cat({gate->second, w.at(ours + "dense." + kind)}, 0).contiguous());
+    }
+  }
+}
+
 }  // namespace
 
 std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(
@@ -414,6 +481,7 @@ std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(
   add_renamed_weights(f, model, w, position_offset, out);
   if (f == Family::kGptNeoX) add_fused_qkv(o, w, out);
   if (f == Family::kDnabert2) add_dnabert2_fused(o, w, out);
+  if (f == Family::kNtV2) add_fused_glu(o, w, out);
   return {out, c};
 }
 
@@ -427,8 +495,7 @@ std::string export_hf_model(TransformerLM& model, const std::string& dir,
                                  std::filesystem::copy_options::overwrite_existing);
     }
   }
-  const std::string type = config["model_type"].get<std::string>();
-  return config.contains("auto_map") ? std::string("dnabert2") : type;
+  return model_type_of(family_of(model->options()));
 }
 
 namespace {
@@ -513,6 +580,36 @@ ordered_json word_level_tokenizer(const data::Tokenizer& tok, Arch arch, bool km
   return tj;
 }
 
+// tokenizer.kind = "hf": the directory's own BPE tokenizer.json (embedded in to_json()), its
+// ids renamed to ours (Note [Hugging Face BPE in our id layout]): our vocabulary, our special
+// tokens and framing, its normalizer, pre-tokenizer and merges. Read back by our reader (the
+// one tests/hf/check_bpe.py holds to the tokenizers library) before it is written.
+ordered_json hf_bpe_tokenizer(const data::Tokenizer& tok, Arch arch) {
+  const auto theirs = ordered_json::parse(tok.to_json().at("hf_tokenizer_json").get<std::string>());
+  ordered_json vocab = ordered_json::object();
+  for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab[tok.id_to_piece(id)] = id;
+  ordered_json model = theirs.at("model");
+  model["vocab"] = vocab;
+  if (!model.value("unk_token", ordered_json()).is_null()) model["unk_token"] = "[UNK]";
+  ordered_json tj;
+  tj["version"] = "1.0";
+  tj["truncation"] = nullptr;
+  tj["padding"] = nullptr;
+  tj["added_tokens"] = added_tokens();
+  tj["normalizer"] = theirs.value("normalizer", ordered_json());
+  tj["pre_tokenizer"] = theirs.value("pre_tokenizer", ordered_json());
+  tj["post_processor"] = post_processor(arch);
+  tj["decoder"] = nullptr;
+  tj["model"] = model;
+  const auto back =
+      data::HfTokenizer::from_bpe_json(nlohmann::json::object(), nlohmann::json(tj), "export");
+  const auto probe = std::string("ACGTNACGTTGCAAAAATTTTGGGGCCCCACGT");
+  auto ids = back.encode_unframed(probe);
+  DNALLM_CHECK(ids == tok.encode(probe), ExitCode::kFailure,
+               "the exported BPE tokenizer.json does not encode as the run's tokenizer: a bug");
+  return tj;
+}
+
 }  // namespace
 
 void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::string& dir) {
@@ -524,13 +621,18 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
                       {"mask_token", "[MASK]"}};
   if (tok.kind() == "nt" && arch == Arch::kBert) return export_esm_tokenizer(tok, map, dir);
   const bool kmer = tok.kind() == "kmer";
-  DNALLM_CHECK(tok.kind() == "char" ||
+  const bool bpe = tok.kind() == "hf";
+  auto summary = tok.to_json();
+  summary.erase("hf_tokenizer_json");  // kind "hf" embeds its files
+  summary.erase("hf_tokenizer_config");
+  DNALLM_CHECK(tok.kind() == "char" || bpe ||
                    (kmer && tok.to_json().value("stride", 0) == 1 && arch == Arch::kBert),
                ExitCode::kUsage,
                "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\", "
-               "and for encoders overlapping k-mers (stride 1) and \"nt\"",
-               tok.to_json().dump());
-  write_json(dir + "/tokenizer.json", word_level_tokenizer(tok, arch, kmer));
+               "\"hf\", and for encoders overlapping k-mers (stride 1) and \"nt\"",
+               summary.dump());
+  write_json(dir + "/tokenizer.json",
+             bpe ? hf_bpe_tokenizer(tok, arch) : word_level_tokenizer(tok, arch, kmer));
   if (arch == Arch::kGpt) map["bos_token"] = "[CLS]";
   write_json(dir + "/special_tokens_map.json", map);
   ordered_json config = map;
@@ -543,7 +645,7 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
     config["dnallm_input"] =
         "overlapping " + std::to_string(tok.to_json().value("k", 0)) + "-mers separated by spaces";
   } else {
-    config["dnallm_input"] = "the bases as they are";
+    config["dnallm_input"] = bpe ? "the bases, upper case (BPE)" : "the bases as they are";
   }
   write_json(dir + "/tokenizer_config.json", config);
 }

@@ -27,7 +27,8 @@ using torch::Tensor;
 
 const char* const kSupported =
     "supported are bert (BertForMaskedLM, BertForSequenceClassification), esm "
-    "(EsmForMaskedLM, EsmForSequenceClassification), roberta-prelayernorm "
+    "(EsmForMaskedLM, EsmForSequenceClassification; also the Nucleotide Transformer v2 "
+    "remote code), roberta-prelayernorm "
     "(RobertaPreLayerNormForMaskedLM, ...ForSequenceClassification), gpt_neox "
     "(GPTNeoXForCausalLM), llama (LlamaForCausalLM) and DNABERT-2 (model_type bert with "
     "DNABERT-2's remote code: auto_map bert_layers.BertForMaskedLM / "
@@ -44,17 +45,24 @@ const char* const kSupported =
 // not run here: its config keys that change nothing we compute (alibi_starting_size: our
 // biases extend to any length; max_position_embeddings: only its token-type buffer) are read
 // and checked.
-bool is_dnabert2_auto_map(const json& auto_map) {
-  if (!auto_map.is_object() || auto_map.empty()) return false;
+// One DNABERT-2 auto_map target ("<repo>--" prefix allowed): "" when `value` is none of its
+// classes, else the class without the prefix.
+std::string dnabert2_target(const json& value) {
   static const std::set<std::string> known = {
       "configuration_bert.BertConfig", "bert_layers.BertModel", "bert_layers.BertForMaskedLM",
       "bert_layers.BertForSequenceClassification"};
+  if (!value.is_string()) return "";
+  std::string ref = value.get<std::string>();
+  if (const auto sep = ref.find("--"); sep != std::string::npos) ref = ref.substr(sep + 2);
+  return known.count(ref) ? ref : "";
+}
+
+bool is_dnabert2_auto_map(const json& auto_map) {
+  if (!auto_map.is_object() || auto_map.empty()) return false;
   bool has_config = false;
   for (const auto& [key, value] : auto_map.items()) {
-    if (!value.is_string()) return false;
-    std::string ref = value.get<std::string>();
-    if (const auto sep = ref.find("--"); sep != std::string::npos) ref = ref.substr(sep + 2);
-    if (known.count(ref) == 0) return false;
+    const std::string ref = dnabert2_target(value);
+    if (ref.empty()) return false;
     has_config = has_config || ref == "configuration_bert.BertConfig";
   }
   return has_config;
@@ -166,6 +174,8 @@ const char* const kNeutralKeys[] = {
     "rms_norm_eps",
     "mlp_bias",
     "pretraining_tp",
+    "auto_map",      // read_model_class: only the remote code of Note [Remote code]
+    "add_bias_fnn",  // set_model_type_options: Nucleotide Transformer v2 only
 };
 
 const std::set<std::string>& neutral_keys() {
@@ -173,13 +183,10 @@ const std::set<std::string>& neutral_keys() {
   return keys;
 }
 
-// Llama: multi-head attention (no grouped-query) and the standard MLP.
+// Llama: multi-head or grouped-query attention (num_key_value_heads, checked with the other
+// sizes by check_model_shape) and the standard MLP.
 void check_llama_config(const json& c, const std::string& path) {
   const auto heads = c.value("num_attention_heads", int64_t{0});
-  DNALLM_CHECK(c.value("num_key_value_heads", heads) == heads, ExitCode::kUsage,
-               "{}: num_key_value_heads = {} (grouped-query attention) is not supported: "
-               "supported is num_key_value_heads = num_attention_heads ({})",
-               path, c.value("num_key_value_heads", heads), heads);
   if (c.contains("head_dim") && !c["head_dim"].is_null() && heads > 0) {
     DNALLM_CHECK(c["head_dim"] == c.value("hidden_size", int64_t{0}) / heads, ExitCode::kUsage,
                  "{}: head_dim = {} is not supported: supported is hidden_size / "
@@ -317,22 +324,78 @@ std::string rename(const std::string& model_type, std::string name) {
 
 std::string shape_of(const Tensor& t) { return fmt::format("{}", fmt::join(t.sizes(), "x")); }
 
+// Note [Remote code]: auto_map names a repository's own Python classes (trust_remote_code),
+// which are never run here. Accepted are only the targets whose code was read and whose function
+// this import computes: the Nucleotide Transformer v2 / AgroNT repositories' (InstaDeepAI on the
+// Hugging Face hub) esm_config.EsmConfig and modeling_esm.EsmFor*: transformers' ESM (model_type
+// "esm") with a SwiGLU feed-forward, intermediate.dense [2 x intermediate_size, hidden] giving
+// silu(first half) * second half, biases only with add_bias_fnn, and an
+// embeddings.position_embeddings table that rotary models carry without reading it.
+const std::map<std::string, std::string>& nt_v2_auto_map() {
+  static const std::map<std::string, std::string> targets = {
+      {"AutoConfig", "esm_config.EsmConfig"},
+      {"AutoModelForMaskedLM", "modeling_esm.EsmForMaskedLM"},
+      {"AutoModelForSequenceClassification", "modeling_esm.EsmForSequenceClassification"},
+      {"AutoModelForTokenClassification", "modeling_esm.EsmForTokenClassification"}};
+  return targets;
+}
+
+// True for a config.json of the Nucleotide Transformer v2 remote code (checked by read_auto_map).
+bool nt_v2_remote_code(const json& c) {
+  return c.contains("auto_map") && c["auto_map"].is_object() &&
+         c["auto_map"].value("AutoConfig", json()) == "esm_config.EsmConfig";
+}
+
+// Every auto_map entry must be one of a verified family's targets: Note [Remote code]'s (the
+// Nucleotide Transformer v2) or Note [DNABERT-2 import]'s; anything else is refused, naming it.
+void read_auto_map(const json& c, const std::string& path) {
+  if (!c.contains("auto_map") || is_dnabert2_auto_map(c["auto_map"])) return;
+  const auto& targets = nt_v2_auto_map();
+  DNALLM_CHECK(c["auto_map"].is_object() && c["auto_map"].contains("AutoConfig"), ExitCode::kUsage,
+               "{}: \"auto_map\" = {} asks for the model's own remote code (trust_remote_code), "
+               "which is not run here: {}",
+               path, clip_for_message(c["auto_map"].dump()), kSupported);
+  // DNABERT-2's AutoConfig: every entry must be one of its classes (Note [DNABERT-2 import]).
+  const bool dnabert2_config =
+      dnabert2_target(c["auto_map"]["AutoConfig"]) == "configuration_bert.BertConfig";
+  for (const auto& [key, value] : c["auto_map"].items()) {
+    const auto it = targets.find(key);
+    const bool known = dnabert2_config ? !dnabert2_target(value).empty()
+                                       : it != targets.end() && value == it->second;
+    DNALLM_CHECK(known, ExitCode::kUsage,
+                 "{}: \"auto_map\" has {} = {}: the model's own remote code "
+                 "(trust_remote_code) is not run here, and this is not the Nucleotide "
+                 "Transformer v2's (esm_config.EsmConfig, modeling_esm.EsmForMaskedLM / "
+                 "EsmForSequenceClassification) nor DNABERT-2's (configuration_bert.BertConfig, "
+                 "bert_layers.BertForMaskedLM / BertForSequenceClassification), whose function "
+                 "the import computes; {}",
+                 path, clip_for_message(key), clip_for_message(value.dump()), kSupported);
+  }
+}
+
 // config.json's model_type and single architecture, checked against what is supported.
 void read_model_class(const json& c, const std::string& path, HfCheckpoint& h) {
-  DNALLM_CHECK(c.contains("model_type") && c["model_type"].is_string(), ExitCode::kUsage,
-               "{}: \"model_type\" is missing or not a string: {}", path, kSupported);
-  h.model_type = c["model_type"].get<std::string>();
-  // See Note [DNABERT-2 import]: DNABERT-2's remote code is the one auto_map we compute.
-  const bool dnabert2 =
-      c.contains("auto_map") && h.model_type == "bert" && is_dnabert2_auto_map(c["auto_map"]);
-  DNALLM_CHECK(!c.contains("auto_map") || dnabert2, ExitCode::kUsage,
-               "{}: \"auto_map\" asks for the model's own remote code (trust_remote_code), "
-               "which is not run here: {}",
-               path, kSupported);
+  read_auto_map(c, path);
+  const bool remote = nt_v2_remote_code(c);
+  DNALLM_CHECK((remote && !c.contains("model_type")) ||
+                   (c.contains("model_type") && c["model_type"].is_string()),
+               ExitCode::kUsage, "{}: \"model_type\" is missing or not a string: {}", path,
+               kSupported);
+  h.model_type = c.value("model_type", std::string("esm"));
+  DNALLM_CHECK(!remote || h.model_type == "esm", ExitCode::kUsage,
+               "{}: model_type = \"{}\" with the Nucleotide Transformer v2 remote code "
+               "(auto_map): supported is \"esm\"",
+               path, clip_for_message(h.model_type));
+  // See Note [DNABERT-2 import]: DNABERT-2's remote code says model_type "bert".
+  const bool dnabert2 = c.contains("auto_map") && is_dnabert2_auto_map(c["auto_map"]);
+  DNALLM_CHECK(!dnabert2 || h.model_type == "bert", ExitCode::kUsage,
+               "{}: model_type = \"{}\" with DNABERT-2's remote code (auto_map): supported is "
+               "\"bert\"",
+               path, clip_for_message(h.model_type));
   if (dnabert2) h.model_type = "dnabert2";
-  DNALLM_CHECK(h.model_type == "bert" || h.model_type == "dnabert2" || h.model_type == "esm" ||
-                   h.model_type == "roberta-prelayernorm" || h.model_type == "gpt_neox" ||
-                   h.model_type == "llama",
+  DNALLM_CHECK(h.model_type == "bert" || (dnabert2 && h.model_type == "dnabert2") ||
+                   h.model_type == "esm" || h.model_type == "roberta-prelayernorm" ||
+                   h.model_type == "gpt_neox" || h.model_type == "llama",
                ExitCode::kUsage, "{}: model_type = \"{}\" is not supported: {}", path,
                clip_for_message(h.model_type), kSupported);
   DNALLM_CHECK(c.contains("architectures") && c["architectures"].is_array() &&
@@ -422,6 +485,17 @@ void set_model_type_options(const json& c, const std::string& path, const std::s
     o.post_layer_norm = true;
     o.embedding_layer_norm = true;
   } else if (model_type == "esm") {
+    if (nt_v2_remote_code(c)) {  // Note [Remote code]
+      o.gated_mlp = true;
+      o.ffn_bias = c.value("add_bias_fnn", true);  // EsmConfig's default
+    } else {
+      DNALLM_CHECK(!c.contains("add_bias_fnn"), ExitCode::kUsage,
+                   "{}: add_bias_fnn is a key of the Nucleotide Transformer v2 remote code, "
+                   "whose config.json names it in \"auto_map\" (esm_config.EsmConfig); without "
+                   "it this is transformers' own ESM, which the checkpoint is not: restore "
+                   "auto_map",
+                   path);
+    }
     o.rotary = pos == "rotary";
     o.mask_embeddings = true;
     o.embedding_layer_norm = c.value("emb_layer_norm_before", false);
@@ -438,6 +512,13 @@ void set_model_type_options(const json& c, const std::string& path, const std::s
       o.gated_mlp = true;
       o.linear_bias = false;
       o.layer_norm_eps = get_number(c, "rms_norm_eps", 1e-6, path);
+      if (c.contains("num_key_value_heads") && !c["num_key_value_heads"].is_null()) {
+        o.kv_heads = get_int(c, "num_key_value_heads", path);
+        DNALLM_CHECK(o.kv_heads > 0, ExitCode::kUsage,
+                     "{}: num_key_value_heads = {} must be a positive divisor of "
+                     "num_attention_heads: the file is damaged",
+                     path, o.kv_heads);
+      }
     }
   }
 }
@@ -503,6 +584,21 @@ bool split_dnabert2_fused(const std::string& weights_path, const std::string& hf
   return false;
 }
 
+// Nucleotide Transformer v2's intermediate.dense [2 x ffn, hidden] (Note [Remote code]): the
+// first half is the SiLU-gated one (our intermediate.gate), the second our intermediate.dense.
+void split_gated_dense(const std::string& weights_path, const std::string& hf_name, const Tensor& t,
+                       HfCheckpoint& h) {
+  const int64_t f = h.options.ffn;
+  DNALLM_CHECK(t.size(0) == 2 * f, ExitCode::kUsage,
+               "{}: {} has shape {} but config.json implies {} rows (2 x intermediate_size)",
+               weights_path, hf_name, shape_of(t), 2 * f);
+  std::string dense = rename(h.model_type, hf_name), gate = dense;
+  const std::string part = ".intermediate.dense.";
+  gate.replace(gate.find(part), part.size(), ".intermediate.gate.");
+  h.weights[gate] = t.narrow(0, 0, f).to(torch::kFloat32).contiguous();
+  h.weights[dense] = t.narrow(0, f, f).to(torch::kFloat32).contiguous();
+}
+
 // A stored rotary frequency table must be the base-10000 one this import computes.
 void check_rotary_table(const std::string& weights_path, const std::string& hf_name,
                         const Tensor& t, const ModelOptions& o) {
@@ -544,9 +640,15 @@ std::map<std::string, Tensor> load_weights(const std::string& path) {
 // `token_type` (folded afterwards), other tasks' tensors are logged and skipped.
 void map_tensors(const std::string& weights_path, HfCheckpoint& h, Tensor& token_type) {
   std::vector<std::string> skipped;
+  const bool nt_v2 = h.model_type == "esm" && h.options.gated_mlp;  // Note [Remote code]
   for (auto& [hf_name, t] : load_weights(weights_path)) {
     if (hf_name.rfind("esm.contact_head.", 0) == 0) {  // contact prediction: another task
       skipped.push_back(hf_name);
+    } else if (nt_v2 && h.options.rotary &&
+               hf_name == "esm.embeddings.position_embeddings.weight") {
+      skipped.push_back(hf_name);  // built by the remote EsmEmbeddings, read only when absolute
+    } else if (nt_v2 && hf_name.find(".intermediate.dense.") != std::string::npos) {
+      split_gated_dense(weights_path, hf_name, t, h);
     } else if (hf_name.find("rotary_embeddings.inv_freq") != std::string::npos) {
       check_rotary_table(weights_path, hf_name, t, h.options);
     } else if (h.model_type == "dnabert2" && split_dnabert2_fused(weights_path, hf_name, t, h)) {
@@ -632,7 +734,8 @@ bool is_hf_model_dir(const std::string& dir) {
   try {  // (a file that cannot be read is reported by whoever reads it next)
     const auto c = json::parse(
         read_bounded_file(dir + "/config.json", kMaxConfigFileBytes, ExitCode::kUsage, "config"));
-    return c.is_object() && c.contains("model_type") && !c.contains("dnallm_arch");
+    return c.is_object() && (c.contains("model_type") || nt_v2_remote_code(c)) &&
+           !c.contains("dnallm_arch");
   } catch (const std::exception&) {
     return false;
   }
@@ -823,7 +926,8 @@ void check_same_tokenization(const Config& config, const data::Tokenizer& ours,
                             config.tokenizer.k == theirs.k() && config.tokenizer.stride == 1) ||
                            (theirs.scheme() == Scheme::kLongestMatch && ours.kind() == "nt" &&
                             config.tokenizer.k == theirs.k()) ||
-                           (theirs.scheme() == Scheme::kCharacter && ours.kind() == "char");
+                           (theirs.scheme() == Scheme::kCharacter && ours.kind() == "char") ||
+                           (theirs.scheme() == Scheme::kBpe && ours.kind() == "hf");
   std::string theirs_text, setting;
   switch (theirs.scheme()) {
     case Scheme::kOverlappingKmer:
@@ -840,10 +944,23 @@ void check_same_tokenization(const Config& config, const data::Tokenizer& ours,
       theirs_text = "one token a base";
       setting = "set tokenizer.kind = \"char\"";
       break;
+    case Scheme::kBpe:
+      theirs_text = fmt::format("with BPE ({} merges in its tokenizer.json)", theirs.bpe_merges());
+      setting = "set tokenizer.kind = \"hf\" (its own tokenizer; tokenizer.path empty)";
+      break;
   }
   DNALLM_CHECK(same_scheme, ExitCode::kUsage,
                "model.init_from = \"{}\" tokenizes {}; [tokenizer] here is kind = \"{}\": {}", dir,
                theirs_text, ours.kind(), setting);
+  if (ours.kind() == "hf") {
+    // tokenizer.path may name another directory: its merges must be these.
+    const auto own = data::load_hf_bpe_tokenizer(dir)->to_json();
+    DNALLM_CHECK(own.at("hf_tokenizer_json") == ours.to_json().at("hf_tokenizer_json"),
+                 ExitCode::kUsage,
+                 "model.init_from = \"{}\": tokenizer.path names another tokenizer.json than the "
+                 "model's: leave tokenizer.path empty to use the model's own",
+                 dir);
+  }
 }
 
 // The architecture from config.json; the task, heads, dropout and LoRA from `config`.
@@ -856,11 +973,6 @@ ModelOptions fine_tune_options(const Config& config, const data::Tokenizer& ours
                "model.init_from = \"{}\" is a {} ({}): set model.arch = \"{}\"", dir,
                h.architecture, a.arch == Arch::kBert ? "encoder" : "causal LM",
                a.arch == Arch::kBert ? "bert" : "gpt");
-  DNALLM_CHECK(a.position_padding_idx < 0 || a.position_padding_idx == data::kPadId,
-               ExitCode::kUsage,
-               "model.init_from = \"{}\": RoBERTa-style positions with pad_token_id {} are not "
-               "supported for fine-tuning (our [PAD] is {})",
-               dir, a.position_padding_idx, data::kPadId);
   const int64_t usable =
       a.rotary || a.alibi
           ? config.model.max_seq_length
@@ -883,7 +995,23 @@ ModelOptions fine_tune_options(const Config& config, const data::Tokenizer& ours
   o.vocab_size = ours.vocab_size();
   o.pad_id = data::kPadId;
   if (a.rotary || a.alibi) o.max_seq_length = config.model.max_seq_length;
+  if (a.position_padding_idx >= 0) {  // Note [Positions after another pad id]
+    o.position_padding_idx = data::kPadId;
+    o.max_seq_length = a.max_seq_length - (a.position_padding_idx - data::kPadId);
+  }
   return o;
+}
+
+// Note [Positions after another pad id]: RoBERTa numbering (roberta-prelayernorm, ESM with
+// learned positions: Nucleotide Transformer v1, pad id 1) gives the real tokens positions
+// padding_idx + 1, + 2, ... and padding tokens padding_idx, where padding_idx is the pad token's
+// id, which it also compares the ids with. Our [PAD] is data::kPadId, so the fine-tuned model
+// numbers from kPadId and its table is theirs without the first padding_idx - kPadId rows: row i
+// of ours is row i + that shift of theirs (load_hf_weights), the same positions for every token.
+int64_t position_shift(const ModelOptions& theirs, const ModelOptions& ours) {
+  return theirs.position_padding_idx >= 0 && ours.position_padding_idx >= 0
+             ? theirs.position_padding_idx - ours.position_padding_idx
+             : 0;
 }
 
 // Copies the checkpoint's tensors into `model` (vocabulary rows through `map`; a tensor the
@@ -902,9 +1030,17 @@ void load_hf_weights(TransformerLM& model, const HfCheckpoint& h, const std::vec
                                           "lm_head.weight"};
   int64_t loaded = 0;
   std::vector<std::string> kept;
+  const std::string positions = model->root_name() + ".embeddings.position_embeddings.weight";
+  const int64_t shift = position_shift(h.options, model->options());
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : model->named_weights()) {
     auto it = h.weights.find(name);
+    if (it != h.weights.end() && name == positions && shift > 0 &&
+        it->second.size(0) == p.size(0) + shift) {
+      p.copy_(it->second.narrow(0, shift, p.size(0)));  // Note [Positions after another pad id]
+      ++loaded;
+      continue;
+    }
     if (it == h.weights.end() || (by_vocab.count(name) == 0 && it->second.sizes() != p.sizes())) {
       kept.push_back(name);  // a new head
       continue;

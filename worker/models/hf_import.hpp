@@ -5,11 +5,13 @@
 //   bert                  BertForMaskedLM / BertForSequenceClassification: post-LN
 //                         (DNABERT-1), learned positions, embedding LayerNorm
 //   esm                   EsmForMaskedLM / EsmForSequenceClassification: pre-LN, rotary or
-//                         learned positions (Nucleotide Transformer)
+//                         learned positions (Nucleotide Transformer v1); with the Nucleotide
+//                         Transformer v2 remote code's auto_map (Note [Remote code]) its
+//                         SwiGLU feed-forward
 //   roberta-prelayernorm  RobertaPreLayerNormForMaskedLM / ...ForSequenceClassification
 //   gpt_neox              GPTNeoXForCausalLM: rotary (full head), sequential residual
 //   llama                 LlamaForCausalLM: RMSNorm, gated SiLU MLP, no biases, rotary
-//                         (grouped-query attention is refused)
+//                         (grouped-query / multi-query: num_key_value_heads)
 //   dnabert2              model_type "bert" with DNABERT-2's remote code in auto_map
 //                         (bert_layers.BertForMaskedLM / BertForSequenceClassification):
 //                         ALiBi, fused Wqkv, GEGLU feed-forward, post-LN (Note [DNABERT-2
@@ -18,7 +20,7 @@
 // checked against what the import computes) or on a list of keys that do not change the
 // function (dropout rates, token ids, bookkeeping); any other key, a value we do not compute
 // (ALiBi outside DNABERT-2, relative positions, partial rotary, parallel residual, remote code
-// "auto_map" other than DNABERT-2's), and
+// "auto_map" other than Note [Remote code]'s and DNABERT-2's), and
 // any tensor of model.safetensors the model does not use is an Error(kUsage) naming the key
 // or tensor and what is supported. Tensors that exist only for another task (ESM's contact
 // head) are listed by name in the log.

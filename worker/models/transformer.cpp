@@ -81,14 +81,17 @@ double parameter_count(const ModelOptions& o) {
   const double h = double(o.hidden), f = double(o.ffn), v = double(o.vocab_size);
   const double norm = o.rms_norm ? h : 2 * h;
   const double bias = o.linear_bias ? 1.0 : 0.0;
-  double block = 4 * (h * h + bias * h) + 2 * norm;
-  block += (o.gated_mlp ? 3 : 2) * h * f + bias * (f + h) + (o.gated_mlp ? bias * f : 0);
-  if (!o.ffn_in_bias) block -= bias * f * (o.gated_mlp ? 2 : 1);
+  const double ffn_bias = o.linear_bias && o.ffn_bias ? 1.0 : 0.0;
+  const double kv = double(key_value_heads(o)) * (h / double(std::max<int64_t>(o.heads, 1)));
+  double block = 2 * (h * h + bias * h) + 2 * (h * kv + bias * kv) + 2 * norm;
+  block += (o.gated_mlp ? 3 : 2) * h * f + ffn_bias * (f + h) + (o.gated_mlp ? ffn_bias * f : 0);
+  if (!o.ffn_in_bias) block -= ffn_bias * f * (o.gated_mlp ? 2 : 1);
   double total = double(o.layers) * block + v * h + norm;
   if (!o.rotary && !o.alibi) total += double(o.max_seq_length) * h;
   total += double(o.type_vocab_size) * h;
   if (o.task == Task::kPretrain) {
-    total += (o.tie_embeddings ? 0 : v * h) + v + (o.arch == Arch::kBert ? h * h + h + norm : 0);
+    // (the MLM head's transform and bias; a causal LM head has no bias)
+    total += (o.tie_embeddings ? 0 : v * h) + (o.arch == Arch::kBert ? v + h * h + h + norm : 0);
   } else {
     total += h * h + h + (h + 1) * double(std::max<int64_t>(o.num_labels, 1));
   }
@@ -108,6 +111,10 @@ void check_model_shape(const ModelOptions& o, const std::string& where) {
   DNALLM_CHECK(o.hidden % o.heads == 0, ExitCode::kUsage,
                "{}: hidden_size {} is not a multiple of num_attention_heads {}", where, o.hidden,
                o.heads);
+  in_range("num_key_value_heads", o.kv_heads != 0 ? o.kv_heads : o.heads, 1, o.heads);
+  DNALLM_CHECK(o.heads % key_value_heads(o) == 0, ExitCode::kUsage,
+               "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", where,
+               o.heads, key_value_heads(o));
   in_range("num_hidden_layers", o.layers, 1, kMaxLayers);
   in_range("intermediate_size", o.ffn, 1, kMaxFfn);
   in_range("max_position_embeddings", o.max_seq_length, 1, kMaxPositions);
@@ -172,6 +179,12 @@ ModelOptions model_options_from_config(const Config& config, int64_t vocab_size)
   o.hidden = m.hidden;
   o.layers = m.layers;
   o.heads = m.heads;
+  DNALLM_CHECK(
+      m.kv_heads >= 0 && m.kv_heads <= m.heads && (m.kv_heads == 0 || m.heads % m.kv_heads == 0),
+      ExitCode::kUsage,
+      "model.kv_heads = {} must divide model.heads ({}) (0: as many as model.heads)", m.kv_heads,
+      m.heads);
+  o.kv_heads = m.kv_heads;
   o.ffn = m.ffn;
   o.max_seq_length = m.max_seq_length;
   if (m.position == "learned") {
@@ -368,12 +381,13 @@ Tensor attention_with_dropout(const Tensor& q, const Tensor& k, const Tensor& v,
 
 BlockImpl::BlockImpl(const ModelOptions& options) : options_(options) {
   const int64_t h = options.hidden;
+  const int64_t kv = key_value_heads(options) * (h / options.heads);
   const bool b = options.linear_bias;
   auto attention = holder(*this, "attention");
   auto self = holder(*attention, "self");
   query = self->register_module("query", LoraLinear(h, h, b));
-  key = self->register_module("key", LoraLinear(h, h, b));
-  value = self->register_module("value", LoraLinear(h, h, b));
+  key = self->register_module("key", LoraLinear(h, kv, b));
+  value = self->register_module("value", LoraLinear(h, kv, b));
   auto attn_output = holder(*attention, "output");
   attn_out = attn_output->register_module("dense", LoraLinear(h, h, b));
   auto layer_norm = [&](torch::nn::Module& parent, torch::nn::LayerNorm& ln, Tensor& rms) {
@@ -387,13 +401,14 @@ BlockImpl::BlockImpl(const ModelOptions& options) : options_(options) {
   };
   layer_norm(*attn_output, ln_attn, rms_attn);
   auto intermediate = holder(*this, "intermediate");
-  const bool in_bias = b && options.ffn_in_bias;
+  const bool fb = b && options.ffn_bias;
+  const bool in_bias = fb && options.ffn_in_bias;
   ffn_in = intermediate->register_module("dense", LoraLinear(h, options.ffn, in_bias));
   if (options.gated_mlp) {
     ffn_gate = intermediate->register_module("gate", LoraLinear(h, options.ffn, in_bias));
   }
   auto output = holder(*this, "output");
-  ffn_out = output->register_module("dense", LoraLinear(options.ffn, h, b));
+  ffn_out = output->register_module("dense", LoraLinear(options.ffn, h, fb));
   layer_norm(*output, ln_ffn, rms_ffn);
 }
 
@@ -411,7 +426,7 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
                                const Tensor& rope_cos, const Tensor& rope_sin,
                                const Tensor& positions) {
   const int64_t b = x.size(0), t = x.size(1), nh = options_.heads, hidden = options_.hidden,
-                hd = hidden / nh;
+                hd = hidden / nh, nkv = key_value_heads(options_);
   const double p = is_training() ? options_.dropout : 0.0;
   const bool post_ln = options_.post_layer_norm;
   auto norm_attn = [&](const Tensor& t) {
@@ -432,13 +447,21 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
     // unbind, not qkv[0..2]: the backward of three selects allocates and zero-fills a full
     // [3, B, H, T, D] gradient for each and sums them; unbind's backward stacks once (the same
     // values: the selects' zeros add exactly).
-    auto qkv = torch::linear(h, w, bqkv).view({b, t, 3, nh, hd}).permute({2, 0, 3, 1, 4}).unbind(0);
-    q = qkv[0];
-    k = qkv[1];
-    v = qkv[2];
+    if (nkv == nh) {
+      auto qkv =
+          torch::linear(h, w, bqkv).view({b, t, 3, nh, hd}).permute({2, 0, 3, 1, 4}).unbind(0);
+      q = qkv[0];
+      k = qkv[1];
+      v = qkv[2];
+    } else {
+      auto qkv = torch::linear(h, w, bqkv).split_with_sizes({hidden, nkv * hd, nkv * hd}, -1);
+      q = qkv[0].view({b, t, nh, hd}).transpose(1, 2);
+      k = qkv[1].view({b, t, nkv, hd}).transpose(1, 2);
+      v = qkv[2].view({b, t, nkv, hd}).transpose(1, 2);
+    }
   } else {
-    k = key(h).view({b, t, nh, hd}).transpose(1, 2);
-    v = value(h).view({b, t, nh, hd}).transpose(1, 2);
+    k = key(h).view({b, t, nkv, hd}).transpose(1, 2);
+    v = value(h).view({b, t, nkv, hd}).transpose(1, 2);
   }
   Tensor residual = x;
   Tensor q_cos = rope_cos, q_sin = rope_sin;
@@ -474,6 +497,17 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
     }
     cache->key = k;
     cache->value = v;
+  }
+  if (nkv != nh) {
+    // Note [Grouped-query attention]: query head i attends with key/value head i / (nh / nkv)
+    // (transformers' repeat_kv): each shared head is repeated after the cache, which keeps
+    // nkv heads. Exact for every attention kernel and mask.
+    auto repeat = [&](const Tensor& x) {
+      const int64_t n = x.size(2);
+      return x.unsqueeze(2).expand({b, nkv, nh / nkv, n, hd}).reshape({b, nh, n, hd});
+    };
+    k = repeat(k);
+    v = repeat(v);
   }
   auto a = attention_with_dropout(q, k, v, attn_bias, causal, options_.attn, p);
   a = a.transpose(1, 2).reshape({b, tq, hidden});
@@ -1017,6 +1051,7 @@ nlohmann::ordered_json export_config(const ModelOptions& o, const std::string& a
   c["hidden_size"] = o.hidden;
   c["num_hidden_layers"] = o.layers;
   c["num_attention_heads"] = o.heads;
+  if (key_value_heads(o) != o.heads) c["num_key_value_heads"] = key_value_heads(o);
   c["intermediate_size"] = o.ffn;
   c["max_position_embeddings"] = o.max_seq_length;
   c["position_embedding_type"] = o.rotary ? "rotary" : o.alibi ? "alibi" : "absolute";
@@ -1031,6 +1066,7 @@ nlohmann::ordered_json export_config(const ModelOptions& o, const std::string& a
   if (!o.linear_bias) c["linear_bias"] = false;
   if (o.gate_activation == ModelOptions::GateActivation::kGelu) c["gate_activation"] = "gelu";
   if (!o.ffn_in_bias) c["ffn_in_bias"] = false;
+  if (!o.ffn_bias) c["ffn_bias"] = false;
   c["tie_word_embeddings"] = o.tie_embeddings;
   c["num_labels"] = o.num_labels;
   c["pooling"] = o.mean_pooling ? "mean" : "cls";
@@ -1071,6 +1107,7 @@ TransformerLM load_exported_model(const std::string& dir) {
     o.hidden = integer("hidden_size");
     o.layers = integer("num_hidden_layers");
     o.heads = integer("num_attention_heads");
+    if (c.contains("num_key_value_heads")) o.kv_heads = integer("num_key_value_heads");
     o.ffn = integer("intermediate_size");
     o.max_seq_length = integer("max_position_embeddings");
     o.rotary = c.value("position_embedding_type", std::string("absolute")) == "rotary";
@@ -1093,6 +1130,7 @@ TransformerLM load_exported_model(const std::string& dir) {
                             ? ModelOptions::GateActivation::kGelu
                             : ModelOptions::GateActivation::kSilu;
     o.ffn_in_bias = c.value("ffn_in_bias", true);
+    o.ffn_bias = c.value("ffn_bias", true);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -50,6 +50,9 @@ struct ModelOptions {
   int64_t hidden = 256;
   int64_t layers = 4;
   int64_t heads = 4;
+  // Grouped-query attention (Llama's num_key_value_heads): key/value heads, each shared by
+  // heads / kv_heads query heads (1: multi-query). 0: as many as `heads` (key_value_heads()).
+  int64_t kv_heads = 0;
   int64_t ffn = 1024;
   int64_t max_seq_length = 512;
   bool rotary = false;  // false: learned absolute positions
@@ -91,6 +94,9 @@ struct ModelOptions {
   GateActivation gate_activation = GateActivation::kSilu;
   bool ffn_in_bias = true;
   int64_t type_vocab_size = 0;
+  // Nucleotide Transformer v2 (add_bias_fnn = false): the feed-forward linears without biases,
+  // the attention's with them.
+  bool ffn_bias = true;
   // LoRA
   int64_t lora_r = 0;
   double lora_alpha = 16.0;
@@ -98,12 +104,17 @@ struct ModelOptions {
   std::vector<std::string> lora_targets = {"query", "value"};
 };
 
+// Key/value heads of `o` (Note [Grouped-query attention] in transformer.cpp).
+inline int64_t key_value_heads(const ModelOptions& o) {
+  return o.kv_heads > 0 ? o.kv_heads : o.heads;
+}
+
 // Note [Model shape limits]: a model directory (config.json: ours or a Hugging Face one) is
 // untrusted, so its sizes are checked before anything is allocated: every size positive,
-// hidden a multiple of heads, layers <= kMaxLayers, each size within its bound below,
-// layer_norm_eps > 0 and finite, pad and padding ids inside their ranges, the parameter count
-// (computed without overflow) <= kMaxParameters, and the fp32 weights within the memory this
-// process may use (MemAvailable, or the cgroup's memory.max).
+// hidden a multiple of heads, heads a multiple of kv_heads, layers <= kMaxLayers, each size within
+// its bound below, layer_norm_eps > 0 and finite, pad and padding ids inside their ranges, the
+// parameter count (computed without overflow) <= kMaxParameters, and the fp32 weights within the
+// memory this process may use (MemAvailable, or the cgroup's memory.max).
 inline constexpr int64_t kMaxLayers = 1024;
 inline constexpr int64_t kMaxHidden = int64_t{1} << 16;
 inline constexpr int64_t kMaxFfn = int64_t{1} << 18;
@@ -151,7 +162,8 @@ class LoraLinearImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LoraLinear);
 
-// Key/value cache of one layer for incremental decoding: [batch, heads, past_len, head_dim].
+// Key/value cache of one layer for incremental decoding: [batch, kv_heads, past_len, head_dim]
+// (grouped-query attention caches the shared heads once).
 struct LayerCache {
   torch::Tensor key, value;
 };

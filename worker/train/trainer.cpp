@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/durable_io.hpp"
 #include "core/clock.hpp"
 #include "core/error.hpp"
 #include "core/host_memory.hpp"
@@ -57,14 +58,13 @@ torch::Device pick_device(const std::string& name) {
                          c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getDevice().index());
   };
   if (name == "cpu") return torch::kCPU;
-  if (name == "cuda") {
-    DNALLM_CHECK(torch::cuda::is_available(), ExitCode::kUsage,
-                 "training.device = \"cuda\" but LibTorch sees no CUDA device: use \"cpu\"");
-    return current_cuda();
-  }
-  DNALLM_CHECK(name == "auto", ExitCode::kUsage,
+  DNALLM_CHECK(name == "cuda" || name == "auto", ExitCode::kUsage,
                "training.device = \"{}\": use \"auto\", \"cpu\" or \"cuda\"", name);
-  return torch::cuda::is_available() ? current_cuda() : torch::Device(torch::kCPU);
+  // Note [Lazy CUDA]: loads the CUDA plugin first.
+  const bool cuda = cuda_usable(name, fmt::format("training.device = \"{}\"", name));
+  DNALLM_CHECK(cuda || name == "auto", ExitCode::kUsage,
+               "training.device = \"cuda\" but LibTorch sees no CUDA device: use \"cpu\"");
+  return cuda ? current_cuda() : torch::Device(torch::kCPU);
 }
 
 uint64_t dropout_seed(uint64_t seed, int64_t step, int64_t micro_step, int rank) {
@@ -106,7 +106,8 @@ namespace {
 // allocating gigabytes first.
 void check_predicted_memory(const Config& config, const models::ModelOptions& o) {
   const auto& t = config.training;
-  const bool cpu = t.device == "cpu" || (t.device == "auto" && !torch::cuda::is_available());
+  const bool cpu =
+      t.device == "cpu" || (t.device == "auto" && !cuda_usable("auto", "training.device"));
   if (t.memory_limit_gb <= 0 && !cpu) return;
   const char* local = std::getenv("LOCAL_WORLD_SIZE");
   const double ranks = std::max(1.0, local != nullptr ? std::atof(local) : 1.0);
@@ -318,6 +319,11 @@ EvalResult evaluate(models::TransformerLM& model, BatchSource& source, int64_t b
   double nll = 0.0;
   double tokens = 0, bases = 0, correct = 0, rows = 0;
   const auto task = model->options().task;
+  // Note [Classification scores]: the confusion matrix, summed over ranks cell by cell (one
+  // collective a cell), for up to kMaxScoredClasses labels; more labels: accuracy alone.
+  const int64_t labels = model->options().num_labels;
+  const bool scored = task == models::Task::kClassification && labels <= kMaxScoredClasses;
+  ConfusionMatrix confusion(scored ? labels : 0, std::vector<double>(scored ? labels : 0, 0.0));
   for (int64_t i = 0; i < batches; ++i) {
     auto batch = source.next();
     if (batch.rows == 0) break;
@@ -336,7 +342,14 @@ EvalResult evaluate(models::TransformerLM& model, BatchSource& source, int64_t b
         bases += double(out.loss_count);
       }
     } else if (task == models::Task::kClassification) {
-      correct += out.logits.argmax(-1).eq(in.labels).sum().item<double>();
+      const auto predicted = out.logits.argmax(-1).to(torch::kCPU).contiguous();
+      const int64_t* p = predicted.data_ptr<int64_t>();
+      for (int64_t r = 0; r < batch.rows; ++r) {
+        const int64_t truth = batch.labels[static_cast<size_t>(r)];
+        if (truth < 0 || truth >= labels) continue;
+        correct += p[r] == truth ? 1.0 : 0.0;
+        if (scored) confusion[truth][p[r]] += 1.0;
+      }
       rows += double(batch.rows);
     }
   }
@@ -346,6 +359,9 @@ EvalResult evaluate(models::TransformerLM& model, BatchSource& source, int64_t b
     bases = sync->sum_scalar(bases);
     correct = sync->sum_scalar(correct);
     rows = sync->sum_scalar(rows);
+    for (auto& row : confusion) {
+      for (auto& cell : row) cell = sync->sum_scalar(cell);
+    }
   }
   if (was_training) model->train();
   EvalResult r;
@@ -356,6 +372,7 @@ EvalResult evaluate(models::TransformerLM& model, BatchSource& source, int64_t b
   r.correct = static_cast<int64_t>(correct);
   r.rows = static_cast<int64_t>(rows);
   r.accuracy = rows > 0 ? correct / rows : std::nan("");
+  if (scored) r.scores = classification_scores(confusion);
   return r;
 }
 
@@ -736,6 +753,10 @@ void Trainer::evaluate_at(int64_t step) {
     line["bits_per_base"] = std::isfinite(e.bits_per_base) ? e.bits_per_base : -1.0;
   } else if (task == models::Task::kClassification) {
     line["accuracy"] = std::isfinite(e.accuracy) ? e.accuracy : -1.0;
+    if (e.scores) {
+      line["mcc"] = e.scores->mcc;
+      line["f1"] = e.scores->f1;
+    }
     line["rows"] = e.rows;
   }
   line["tokens"] = e.tokens;
@@ -743,11 +764,78 @@ void Trainer::evaluate_at(int64_t step) {
   if (task == models::Task::kPretrain) {
     spdlog::info("eval at step {}: loss {:.4f} bits/base {:.4f}", step, e.loss, e.bits_per_base);
   } else if (task == models::Task::kClassification) {
-    spdlog::info("eval at step {}: loss {:.4f} accuracy {:.4f} ({} rows)", step, e.loss, e.accuracy,
+    spdlog::info("eval at step {}: loss {:.4f} accuracy {:.4f}{} ({} rows)", step, e.loss,
+                 e.accuracy,
+                 e.scores ? fmt::format(" mcc {:.4f} f1 {:.4f}", e.scores->mcc, e.scores->f1)
+                          : std::string(),
                  e.rows);
   } else {
     spdlog::info("eval at step {}: loss {:.4f}", step, e.loss);
   }
+  if (config_.checkpoint.best_metric != "none") keep_if_best(step, e);
+}
+
+namespace {
+
+// Note [Best checkpoint]: the value of `metric` in `e`, and whether higher is better.
+std::pair<double, bool> best_metric_value(const std::string& metric, const EvalResult& e) {
+  if (metric == "loss") return {e.loss, false};
+  if (metric == "bits_per_base") return {e.bits_per_base, false};
+  if (metric == "accuracy") return {e.accuracy, true};
+  DNALLM_CHECK(e.scores.has_value(), ExitCode::kUsage,
+               "checkpoint.best_metric = \"{}\" needs at most {} labels (model.num_labels); use "
+               "\"accuracy\" or \"loss\"",
+               metric, kMaxScoredClasses);
+  if (metric == "mcc") return {e.scores->mcc, true};
+  if (metric == "f1") return {e.scores->f1, true};
+  fail(ExitCode::kUsage, "checkpoint.best_metric = \"{}\" is not a metric", metric);
+}
+
+}  // namespace
+
+void Trainer::keep_if_best(int64_t step, const EvalResult& e) {
+  namespace fs = std::filesystem;
+  const auto& metric = config_.checkpoint.best_metric;
+  const fs::path best = best_dir();
+  if (!best_read_) {  // a resumed run: the value to beat survives the restart
+    best_read_ = true;
+    std::error_code ec;
+    if (step_ > 0 && fs::is_regular_file(best / "best.json", ec)) {
+      const auto j = nlohmann::json::parse(checkpoint::read_small_file(best / "best.json"), nullptr,
+                                           /*allow_exceptions=*/false);
+      if (j.is_object() && j.value("metric", std::string()) == metric && j["value"].is_number()) {
+        best_value_ = j["value"].get<double>();
+      }
+    }
+  }
+  const auto [value, higher] = best_metric_value(metric, e);
+  if (!std::isfinite(value)) return;
+  const bool better =
+      std::isnan(best_value_) || (higher ? value > best_value_ : value < best_value_);
+  if (!better) return;
+  best_value_ = value;
+  const fs::path tmp = best.string() + ".tmp", old = best.string() + ".old";
+  fs::remove_all(tmp);
+  models::export_live_model(model_, tmp.string(), config_.model.arch);
+  if (options_.write_tokenizer) options_.write_tokenizer(tmp.string());
+  nlohmann::ordered_json info;
+  info["step"] = step;
+  info["metric"] = metric;
+  info["value"] = value;
+  checkpoint::write_file_durable(tmp / "best.json", info.dump(2) + "\n");
+  fs::remove_all(old);
+  std::error_code ec;
+  if (fs::exists(best, ec)) fs::rename(best, old);
+  fs::rename(tmp, best);
+  checkpoint::fsync_dir(best.parent_path());
+  fs::remove_all(old);
+  nlohmann::ordered_json line;
+  line["event"] = "best";
+  line["step"] = step;
+  line[metric] = value;
+  write_metrics(line);
+  spdlog::info("best {} so far ({:.4f}) at step {}: exported to {}", metric, value, step,
+               best.string());
 }
 
 void Trainer::write_summary(const RunTotals& totals) {

@@ -61,6 +61,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/classification.hpp"
 #include "core/config.hpp"
 #include "core/metrics.hpp"
 #include "worker/data/batch.hpp"
@@ -164,6 +165,14 @@ struct StepResult {
   int64_t host_reads = 0;
 };
 
+// Note [Best checkpoint]: with checkpoint.best_metric set, rank 0 exports the live model to
+// <checkpoint.dir>/best after each evaluation whose metric beats every earlier one (strictly;
+// lower loss / bits_per_base, higher accuracy / mcc / f1), with best.json ({"step",
+// "metric", "value"}) beside the weights: the Hugging Face Trainer's load_best_model_at_end
+// without reloading (the test set is scored from <dir>/best, scripts/gue-finetune.sh). The
+// export goes to <dir>/best.tmp first and replaces <dir>/best by renames, so a crash leaves
+// the previous best whole (or, between the two renames, <dir>/best.old). A resumed run reads
+// the value to beat from best.json (same metric), so a restart keeps the true best.
 struct EvalResult {
   double loss = 0.0;           // mean NLL per label token (nats)
   double bits_per_base = 0.0;  // total NLL in bits / bases predicted (Note [Bits per base])
@@ -172,7 +181,11 @@ struct EvalResult {
   int64_t correct = 0;         // classification: rows predicted right
   int64_t rows = 0;
   double accuracy = 0.0;  // classification only
+  // Classification with at most kMaxScoredClasses labels: MCC, macro F1, ... (Note
+  // [Classification scores], core/classification.hpp); nullopt otherwise.
+  std::optional<ClassificationScores> scores;
 };
+inline constexpr int64_t kMaxScoredClasses = 64;
 
 // Note [Bits per base]: bits_per_base = sum of NLL over predicted tokens / ln 2, divided by
 // the bases those tokens cover: 1 per token for char tokens, k per k-mer token (for
@@ -286,6 +299,8 @@ class Trainer {
   const torch::Device& device() const { return device_; }
   // Where run() exports the final model.
   std::string export_dir() const;
+  // Note [Best checkpoint]: where the best model so far is kept (<checkpoint.dir>/best).
+  std::string best_dir() const { return config_.checkpoint.dir + "/best"; }
 
   // Note [Snapshot on a side stream]: `wait` (e.g. "the compute stream waits for the copy's
   // event") runs once, right before the next optimizer update overwrites the parameters and
@@ -307,6 +322,10 @@ class Trainer {
   optim::LossScaler scaler_;
   int64_t step_ = 0;
   int64_t total_steps_ = 0;
+  // Note [Best checkpoint]: the best value so far (NaN: none yet); read from
+  // <best_dir()>/best.json at the first evaluation of a resumed run.
+  double best_value_ = std::nan("");
+  bool best_read_ = false;
   std::unique_ptr<MetricsWriter> metrics_;  // rank 0: logging.metrics_file, tensorboard_dir
   bool autocast_bf16_ = false, autocast_fp16_ = false;
   bool sync_free_ = false;
@@ -348,6 +367,7 @@ class Trainer {
   double account(const StepResult& r, RunTotals& totals);  // returns the step's global tokens
   void log_step(const StepResult& r, double global_tokens, const RunTotals& totals);
   void evaluate_at(int64_t step);
+  void keep_if_best(int64_t step, const EvalResult& e);
   StepAction run_after_step_hooks(const StepResult& r);
   void write_summary(const RunTotals& totals);
   double peak_tflops_ = 0.0;  // one device's peak for MFU; 0: unknown (no MFU)

@@ -30,7 +30,8 @@ std::string gpu_skip_reason() {
                                        "--set training.device=cuda --set training.max_steps=1 "
                                        "--set checkpoint.save_final=false"),
                     &log);
-    if (rc != 0 && log.find("sees no CUDA device") != std::string::npos)
+    if (rc != 0 && (log.find("sees no CUDA device") != std::string::npos ||
+                    log.find("but this build has none") != std::string::npos))
       return std::string("dnallm-train was built against a LibTorch without CUDA");
     return std::string();
   }();

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/config.hpp"
 #include "core/error.hpp"
 #include "test_files.hpp"
 #include "worker/data/pipeline.hpp"
@@ -144,6 +145,32 @@ TEST(TableDataset, SkipPolicyCountsBadRecords) {
   EXPECT_EQ(get(ds, 1).bases, "TTTT");
   TableDataset cached({dir.file("mixed.csv")}, o);  // from the index: the count persists
   EXPECT_EQ(cached.skipped_records(), 2);
+}
+
+TEST(TableDataset, ReverseComplementAugmentationKeepsTheLabel) {
+  testing::TempDir dir;
+  testing::write_text(dir.file("t.csv"), "sequence,label\nAACGTN,1\nGGGT,0\n");
+  auto o = classification();
+  o.reverse_complement = 1.0;
+  TableDataset always({dir.file("t.csv")}, o);
+  EXPECT_EQ(get(always, 0).bases, "NACGTT");
+  EXPECT_EQ(get(always, 0).label, 1);
+  EXPECT_EQ(get(always, 1).bases, "ACCC");
+  o.reverse_complement = 0.5;
+  TableDataset half({dir.file("t.csv")}, o);
+  int flipped = 0;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    SampleRng rng(seed, 0, 0);
+    const auto s = half.get(0, rng);
+    flipped += s.bases == "NACGTT";
+    SampleRng again(seed, 0, 0);
+    EXPECT_EQ(half.get(0, again).bases, s.bases);  // the sample's draw: resume is exact
+  }
+  EXPECT_GT(flipped, 60);
+  EXPECT_LT(flipped, 140);
+  // `rc_augment` (the name the long-context recipes use) sets it.
+  Config c = parse_config("", "run.toml", {"rc_augment=1"});
+  EXPECT_DOUBLE_EQ(c.data.reverse_complement, 1.0);
 }
 
 TEST(TableDataset, ClassificationLoaderFromConfig) {

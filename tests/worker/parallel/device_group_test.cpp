@@ -12,9 +12,14 @@
 
 #include "coordinator/store.hpp"
 #include "core/error.hpp"
+#include "worker/train/device_stats.hpp"
 
 namespace dnallm::parallel {
 namespace {
+
+// At start, before anything asks LibTorch about CUDA: loads the CUDA plugin where a GPU
+// shows (Note [Lazy CUDA] in core/cuda_plugin.hpp).
+const bool kCuda = train::cuda_usable("auto", "the device tests");
 
 BufferView view(const torch::Tensor& t) {
   BufferView v;
@@ -160,7 +165,7 @@ TEST(RankDevice, CpuStaysCpuAndCudaWithoutAGpuIsAUsageError) {
   auto d = select_rank_device(config, 1, 4);  // any local layout is fine on the CPU
   EXPECT_TRUE(d.device.is_cpu());
   EXPECT_FALSE(d.shared);
-  if (torch::cuda::is_available()) return;
+  if (kCuda) return;
   config.training.device = "cuda";
   try {
     select_rank_device(config, 0, 1);
@@ -173,12 +178,12 @@ TEST(RankDevice, CpuStaysCpuAndCudaWithoutAGpuIsAUsageError) {
 // GPU: two ranks sharing one GPU (parallel.share_gpus) reduce CUDA buffers through pinned
 // host memory.
 TEST(StagedCollectivesGpu, TwoRanksShareOneGpuThroughHostMemory) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: LibTorch sees no GPU here";
+  if (!kCuda) GTEST_SKIP() << "no CUDA device: LibTorch sees no GPU here";
   check_collectives(torch::Device(torch::kCUDA, 0));
 }
 
 TEST(RankDeviceGpu, IndexedCurrentDeviceAndTooManyRanks) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: LibTorch sees no GPU here";
+  if (!kCuda) GTEST_SKIP() << "no CUDA device: LibTorch sees no GPU here";
   const int gpus = static_cast<int>(torch::cuda::device_count());
   Config config;
   config.training.device = "cuda";

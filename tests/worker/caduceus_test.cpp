@@ -1,0 +1,128 @@
+// Caduceus (worker/models/caduceus): the import of the Hugging Face layout against logits of
+// kuleshov-group's code over mamba-ssm's reference scan (tests/data/hf-fixtures/caduceus_*,
+// tests/hf/make_caduceus_fixtures.py), reverse-complement equivariance of Caduceus-PS at three
+// lengths, and one-line refusals.
+#include "worker/models/caduceus/caduceus.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "worker/models/transformer.hpp"
+
+namespace dnallm::models::caduceus {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fixture(const std::string& name) {
+  return std::string(DNALLM_HF_FIXTURES) + "/" + name;
+}
+
+TEST(Caduceus, HuggingFaceFixturesMatchTheReference) {
+  for (const char* name : {"caduceus_ph_mlm", "caduceus_ps_mlm", "caduceus_ps_cls"}) {
+    SCOPED_TRACE(name);
+    auto expected = load_safetensors(fixture(name) + "/expected.safetensors");
+    auto model = load_hf_caduceus(fixture(name));
+    torch::NoGradGuard no_grad;
+    auto logits = model->forward(expected.at("input_ids"));
+    const auto& want = expected.at("logits");
+    ASSERT_EQ(logits.sizes(), want.sizes());
+    const double diff = (logits - want).abs().max().item<double>();
+    EXPECT_LE(diff, 1e-4);
+    std::cout << name << ": max |ours - reference| = " << diff << "\n";
+  }
+}
+
+// The reverse complement of ids: reversed, each base replaced by its complement.
+torch::Tensor reverse_complement(const torch::Tensor& ids, const torch::Tensor& complement) {
+  return complement.index({ids.flip({-1})});
+}
+
+TEST(Caduceus, RcpsIsReverseComplementEquivariantAtAnyLength) {
+  auto mlm = load_hf_caduceus(fixture("caduceus_ps_mlm"));
+  auto cls = load_hf_caduceus(fixture("caduceus_ps_cls"));
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(5);
+  for (int64_t length : {1, 37, 64}) {
+    SCOPED_TRACE(length);
+    auto ids = torch::randint(7, 12, {2, length});
+    auto rc = reverse_complement(ids, mlm->complement);
+    // Masked LM: the logits on the RC strand are the RC-permuted logits (position reversed,
+    // vocabulary complemented).
+    auto a = mlm->forward(ids), b = mlm->forward(rc);
+    auto permuted = a.flip({1}).index_select(-1, mlm->complement);
+    EXPECT_LE((b - permuted).abs().max().item<double>(), 1e-5);
+    // Classifier: the same logits for a sequence and its reverse complement.
+    EXPECT_LE((cls->forward(ids) - cls->forward(rc)).abs().max().item<double>(), 1e-5);
+  }
+  // Caduceus-Ph has no such guarantee (it averages strands post hoc): the test can tell.
+  auto ph = load_hf_caduceus(fixture("caduceus_ph_mlm"));
+  auto ids = torch::randint(7, 12, {1, 37});
+  auto a = ph->forward(ids), b = ph->forward(reverse_complement(ids, ph->complement));
+  EXPECT_GT((b - a.flip({1}).index_select(-1, ph->complement)).abs().max().item<double>(), 1e-3);
+}
+
+TEST(Caduceus, SelectiveScanIsTheRecurrence) {
+  torch::manual_seed(7);
+  const int64_t B = 2, D = 3, N = 4, L = 9;
+  auto u = torch::randn({B, D, L}), delta = torch::randn({B, D, L}), z = torch::randn({B, D, L});
+  auto A = -torch::rand({D, N}), Bm = torch::randn({B, N, L}), C = torch::randn({B, N, L});
+  auto Dp = torch::randn({D}), bias = torch::randn({D});
+  auto y = selective_scan(u, delta, A, Bm, C, Dp, z, bias);
+  // Scalar loops, double precision.
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t d = 0; d < D; ++d) {
+      std::vector<double> h(N, 0.0);
+      for (int64_t t = 0; t < L; ++t) {
+        const double x = delta[b][d][t].item<double>() + bias[d].item<double>();
+        const double dt = x > 20 ? x : std::log1p(std::exp(x));
+        double out = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          h[n] = std::exp(dt * A[d][n].item<double>()) * h[n] +
+                 dt * Bm[b][n][t].item<double>() * u[b][d][t].item<double>();
+          out += h[n] * C[b][n][t].item<double>();
+        }
+        out += u[b][d][t].item<double>() * Dp[d].item<double>();
+        const double zz = z[b][d][t].item<double>();
+        out *= zz / (1 + std::exp(-zz));
+        EXPECT_NEAR(y[b][d][t].item<double>(), out, 1e-4);
+      }
+    }
+  }
+}
+
+void expect_usage(const std::function<void(nlohmann::json&)>& edit, const std::string& needle) {
+  const fs::path out =
+      fs::temp_directory_path() / ("dnallm_caduceus_" + std::to_string(::getpid()));
+  fs::remove_all(out);
+  fs::copy(fixture("caduceus_ps_mlm"), out);
+  nlohmann::json c = nlohmann::json::parse(std::ifstream(out / "config.json"));
+  edit(c);
+  std::ofstream(out / "config.json") << c.dump();
+  try {
+    load_hf_caduceus(out.string());
+    FAIL() << "expected exit 2: " << needle;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+  fs::remove_all(out);
+}
+
+TEST(Caduceus, DamagedDirectoriesAreOneLineRefusals) {
+  expect_usage([](auto& c) { c["n_layer"] = 3; }, "caduceus.backbone.layers.2.");
+  expect_usage([](auto& c) { c["n_layer"] = 1; }, "unexpected tensor caduceus.backbone.layers.1.");
+  expect_usage([](auto& c) { c["rcps"] = false; }, "unexpected tensor");
+  expect_usage([](auto& c) { c["bidirectional_strategy"] = "ew_multiply"; },
+               "bidirectional_strategy");
+  expect_usage([](auto& c) { c["complement_map"]["7"] = 99; }, "complement_map entry");
+  expect_usage([](auto& c) { c["ssm_cfg"]["d_state"] = 5; }, "has shape");
+}
+
+}  // namespace
+}  // namespace dnallm::models::caduceus

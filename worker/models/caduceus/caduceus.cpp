@@ -1,0 +1,353 @@
+#include "worker/models/caduceus/caduceus.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "checkpoint/safetensors.hpp"
+#include "core/error.hpp"
+#include "core/untrusted_file.hpp"
+#include "worker/tensor_buffer.hpp"
+
+namespace dnallm::models::caduceus {
+
+using nlohmann::json;
+using torch::Tensor;
+using torch::indexing::Slice;
+
+Tensor selective_scan(const Tensor& u_in, const Tensor& delta_in, const Tensor& A,
+                      const Tensor& Bm_in, const Tensor& C_in, const Tensor& D, const Tensor& z,
+                      const Tensor& delta_bias) {
+  const auto u = u_in.to(torch::kFloat32);
+  auto delta =
+      torch::softplus(delta_in.to(torch::kFloat32) + delta_bias.to(torch::kFloat32).unsqueeze(-1));
+  const auto Bm = Bm_in.to(torch::kFloat32), C = C_in.to(torch::kFloat32);
+  const int64_t L = u.size(2);
+  // [B, D, L, N]: exp(delta A) and delta B u, as the reference forms them.
+  const auto dA =
+      torch::exp(delta.unsqueeze(-1) * A.to(torch::kFloat32).view({1, A.size(0), 1, A.size(1)}));
+  const auto dBu = (delta * u).unsqueeze(-1) * Bm.transpose(1, 2).unsqueeze(1);
+  auto h = torch::zeros({u.size(0), u.size(1), A.size(1)}, u.options());
+  std::vector<Tensor> ys;
+  ys.reserve(static_cast<size_t>(L));
+  for (int64_t t = 0; t < L; ++t) {
+    h = dA.select(2, t) * h + dBu.select(2, t);
+    ys.push_back((h * C.select(2, t).unsqueeze(1)).sum(-1));
+  }
+  auto y = torch::stack(ys, 2) + u * D.to(torch::kFloat32).view({1, -1, 1});
+  return y * torch::silu(z.to(torch::kFloat32));
+}
+
+MambaImpl::MambaImpl(const CaduceusOptions& o, MambaImpl* shared) : o_(o) {
+  const int64_t di = o.d_inner();
+  if (shared == nullptr) {
+    in_proj = register_module(
+        "in_proj", torch::nn::Linear(torch::nn::LinearOptions(o.d_model, 2 * di).bias(false)));
+    out_proj = register_module(
+        "out_proj", torch::nn::Linear(torch::nn::LinearOptions(di, o.d_model).bias(false)));
+  } else {  // BiMamba ties the projections: the reverse direction uses the forward's
+    in_proj = shared->in_proj;
+    out_proj = shared->out_proj;
+  }
+  conv1d = register_module(
+      "conv1d", torch::nn::Conv1d(
+                    torch::nn::Conv1dOptions(di, di, o.d_conv).groups(di).padding(o.d_conv - 1)));
+  x_proj = register_module(
+      "x_proj",
+      torch::nn::Linear(torch::nn::LinearOptions(di, o.dt_rank + 2 * o.d_state).bias(false)));
+  dt_proj = register_module("dt_proj", torch::nn::Linear(o.dt_rank, di));
+  A_log = register_parameter(
+      "A_log", torch::log(torch::arange(1, o.d_state + 1, torch::kFloat32)).repeat({di, 1}));
+  D = register_parameter("D", torch::ones({di}));
+}
+
+Tensor MambaImpl::forward(const Tensor& x) {
+  const int64_t L = x.size(1), batch = x.size(0);
+  auto xz = in_proj->forward(x).transpose(1, 2);  // [B, 2 di, L]
+  auto parts = xz.chunk(2, 1);
+  auto u = torch::silu(conv1d->forward(parts[0]).slice(-1, 0, L));  // causal: first L outputs
+  auto x_dbl = x_proj->forward(u.transpose(1, 2).reshape({batch * L, -1}));
+  auto pieces = x_dbl.split_with_sizes({o_.dt_rank, o_.d_state, o_.d_state}, -1);
+  auto dt = torch::matmul(dt_proj->weight, pieces[0].t()).view({-1, batch, L}).transpose(0, 1);
+  auto Bm = pieces[1].view({batch, L, -1}).transpose(1, 2).contiguous();
+  auto C = pieces[2].view({batch, L, -1}).transpose(1, 2).contiguous();
+  auto A = -torch::exp(A_log.to(torch::kFloat32));
+  auto y = selective_scan(u, dt, A, Bm, C, D, parts[1], dt_proj->bias);
+  return out_proj->forward(y.transpose(1, 2));
+}
+
+namespace {
+
+// Reverse complement of an RCPS stream half: flip over the sequence and the channels.
+Tensor rc(const Tensor& x) { return x.flip({-2, -1}); }
+
+}  // namespace
+
+CaduceusLMImpl::CaduceusLMImpl(CaduceusOptions options) : options_(std::move(options)) {
+  const auto& o = options_;
+  word_embeddings =
+      register_module("word_embeddings", torch::nn::Embedding(o.vocab_size, o.d_model));
+  for (int64_t i = 0; i < o.n_layer; ++i) {
+    const auto n = std::to_string(i);
+    fwd.push_back(register_module("mamba_fwd_" + n, Mamba(o, nullptr)));
+    if (o.bidirectional)
+      rev.push_back(register_module("mamba_rev_" + n, Mamba(o, fwd.back().get())));
+    norm_weight.push_back(register_parameter("norm_weight_" + n, torch::ones({o.d_model})));
+    norm_bias.push_back(
+        o.rms_norm ? Tensor() : register_parameter("norm_bias_" + n, torch::zeros({o.d_model})));
+  }
+  norm_f_weight = register_parameter("norm_f_weight", torch::ones({o.d_model}));
+  if (!o.rms_norm) norm_f_bias = register_parameter("norm_f_bias", torch::zeros({o.d_model}));
+  head_weight = register_parameter(
+      "head_weight", torch::randn({o.classifier ? o.num_labels : o.vocab_size, o.d_model}) * 0.02);
+  std::vector<int64_t> map = o.complement;
+  for (int64_t i = int64_t(map.size()); i < o.vocab_size; ++i) map.push_back(i);
+  complement = register_buffer("complement", torch::tensor(map, torch::kLong));
+}
+
+Tensor CaduceusLMImpl::norm(const Tensor& x, const Tensor& w, const Tensor& b) const {
+  if (!options_.rms_norm) {
+    return torch::layer_norm(x, {options_.d_model}, w, b, options_.norm_eps);
+  }
+  auto rstd = torch::rsqrt(x.to(torch::kFloat32).square().mean(-1, true) + options_.norm_eps);
+  return (x.to(torch::kFloat32) * rstd * w).to(x.scalar_type());
+}
+
+Tensor CaduceusLMImpl::mixer(size_t layer, const Tensor& x) {
+  auto bimamba = [&](const Tensor& h) {
+    auto out = fwd[layer]->forward(h);
+    if (options_.bidirectional) out = out + rev[layer]->forward(h.flip({1})).flip({1});
+    return out;
+  };
+  if (!options_.rcps) return bimamba(x);
+  const int64_t d = options_.d_model;
+  return torch::cat({bimamba(x.slice(-1, 0, d)), rc(bimamba(rc(x.slice(-1, d))))}, -1);
+}
+
+Tensor CaduceusLMImpl::hidden(const Tensor& input_ids) {
+  const auto& o = options_;
+  const int64_t d = o.d_model;
+  Tensor h;
+  if (o.rcps) {  // the RC strand's embedding, flipped back over sequence and channels
+    const auto rc_ids = complement.index({input_ids.flip({-1})});
+    h = torch::cat({word_embeddings->forward(input_ids), rc(word_embeddings->forward(rc_ids))}, -1);
+  } else {
+    h = word_embeddings->forward(input_ids);
+  }
+  Tensor residual;
+  auto add_norm = [&](const Tensor& w, const Tensor& b) {
+    if (!o.rcps) {
+      residual = residual.defined() ? h + residual : h;
+      return norm(residual, w, b);
+    }
+    const auto hf = h.slice(-1, 0, d), hr = rc(h.slice(-1, d));
+    const auto rf = residual.defined() ? hf + residual.slice(-1, 0, d) : hf;
+    const auto rr = residual.defined() ? hr + rc(residual.slice(-1, d)) : hr;
+    residual = torch::cat({rf, rc(rr)}, -1);
+    return torch::cat({norm(rf, w, b), rc(norm(rr, w, b))}, -1);
+  };
+  for (int64_t i = 0; i < o.n_layer; ++i) {
+    h = mixer(static_cast<size_t>(i), add_norm(norm_weight[i], norm_bias[i]));
+  }
+  return add_norm(norm_f_weight, norm_f_bias);
+}
+
+Tensor CaduceusLMImpl::forward(const Tensor& input_ids) {
+  const auto& o = options_;
+  const int64_t d = o.d_model;
+  auto h = hidden(input_ids);
+  if (!o.classifier) {
+    if (!o.rcps) return torch::nn::functional::linear(h, head_weight);
+    return torch::nn::functional::linear(h.slice(-1, 0, d), head_weight) +
+           torch::nn::functional::linear(h.slice(-1, d).flip({-1}),
+                                         head_weight.index({complement}));
+  }
+  if (!o.rcps) return torch::nn::functional::linear(h.mean(1), head_weight);
+  // RCPS: the forward half and the RC half (flipped back) pooled apart, their logits averaged.
+  const auto pf = h.slice(-1, 0, d).mean(1), pr = h.slice(-1, d).flip({1, 2}).mean(1);
+  return (torch::nn::functional::linear(pf, head_weight) +
+          torch::nn::functional::linear(pr, head_weight)) /
+         2;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Import
+
+namespace {
+
+int64_t int_key(const json& c, const std::string& key, int64_t fallback, int64_t lo, int64_t hi,
+                const std::string& where) {
+  if (!c.contains(key) || c[key].is_null()) return fallback;
+  DNALLM_CHECK(c[key].is_number_integer(), ExitCode::kUsage, "{}: \"{}\" = {} is not an integer",
+               where, key, clip_for_message(c[key].dump()));
+  const int64_t v = c[key].get<int64_t>();
+  DNALLM_CHECK(v >= lo && v <= hi, ExitCode::kUsage,
+               "{}: \"{}\" = {} is outside [{}, {}]: the file is damaged or not a Caduceus config",
+               where, key, v, lo, hi);
+  return v;
+}
+
+CaduceusOptions options_from(const json& c, const std::string& where) {
+  CaduceusOptions o;
+  o.d_model = int_key(c, "d_model", 256, 1, 1 << 16, where);
+  o.n_layer = int_key(c, "n_layer", 16, 1, 1024, where);
+  const int64_t multiple = int_key(c, "pad_vocab_size_multiple", 8, 1, 1024, where);
+  const int64_t vocab = int_key(c, "vocab_size", 16, 1, 1 << 20, where);
+  o.vocab_size = (vocab + multiple - 1) / multiple * multiple;
+  const json ssm =
+      c.contains("ssm_cfg") && c["ssm_cfg"].is_object() ? c["ssm_cfg"] : json::object();
+  o.d_state = int_key(ssm, "d_state", 16, 1, 1024, where + " ssm_cfg");
+  o.d_conv = int_key(ssm, "d_conv", 4, 1, 64, where + " ssm_cfg");
+  o.expand = int_key(ssm, "expand", 2, 1, 64, where + " ssm_cfg");
+  o.dt_rank = (o.d_model + 15) / 16;
+  if (ssm.contains("dt_rank") && !(ssm["dt_rank"].is_string() && ssm["dt_rank"] == "auto")) {
+    o.dt_rank = int_key(ssm, "dt_rank", o.dt_rank, 1, 1 << 16, where + " ssm_cfg");
+  }
+  for (const char* key : {"bias", "conv_bias"}) {
+    DNALLM_CHECK(!ssm.contains(key) || ssm[key] == (std::string(key) == "conv_bias"),
+                 ExitCode::kUsage,
+                 "{}: ssm_cfg \"{}\" = {} is not supported (Caduceus uses the "
+                 "Mamba defaults)",
+                 where, key, ssm.contains(key) ? ssm[key].dump() : "");
+  }
+  o.rms_norm = c.value("rms_norm", true);
+  o.rcps = c.value("rcps", false);
+  o.bidirectional = c.value("bidirectional", true);
+  DNALLM_CHECK(c.value("bidirectional_strategy", std::string("add")) == "add", ExitCode::kUsage,
+               "{}: bidirectional_strategy {} is not supported: \"add\" (every published model)",
+               where, c.value("bidirectional_strategy", json()).dump());
+  DNALLM_CHECK(c.value("bidirectional_weight_tie", true), ExitCode::kUsage,
+               "{}: bidirectional_weight_tie = false is not supported (every published model ties)",
+               where);
+  if (c.contains("norm_epsilon") && c["norm_epsilon"].is_number()) {
+    o.norm_eps = c["norm_epsilon"].get<double>();
+    DNALLM_CHECK(std::isfinite(o.norm_eps) && o.norm_eps > 0, ExitCode::kUsage,
+                 "{}: \"norm_epsilon\" = {} must be positive", where, o.norm_eps);
+  }
+  if (c.contains("complement_map") && c["complement_map"].is_object()) {
+    std::vector<int64_t> map(static_cast<size_t>(o.vocab_size));
+    for (int64_t i = 0; i < o.vocab_size; ++i) map[i] = i;
+    for (auto& [k, v] : c["complement_map"].items()) {
+      int64_t from = -1;
+      try {
+        from = std::stoll(k);
+      } catch (...) {
+      }
+      DNALLM_CHECK(from >= 0 && from < o.vocab_size && v.is_number_integer() &&
+                       v.get<int64_t>() >= 0 && v.get<int64_t>() < o.vocab_size,
+                   ExitCode::kUsage, "{}: complement_map entry \"{}\": {} is not a token id pair",
+                   where, clip_for_message(k), clip_for_message(v.dump()));
+      map[from] = v.get<int64_t>();
+    }
+    o.complement = map;
+  }
+  DNALLM_CHECK(!o.rcps || !o.complement.empty(), ExitCode::kUsage,
+               "{}: rcps = true needs a complement_map", where);
+  return o;
+}
+
+// name in the Hugging Face layout -> the tensor it fills.
+std::map<std::string, Tensor> hf_names(CaduceusLMImpl& m) {
+  const auto& o = m.options();
+  const std::string sub = o.rcps ? ".submodule" : "";
+  std::map<std::string, Tensor> out;
+  const std::string bb = "caduceus.backbone.";
+  out[bb + "embeddings.word_embeddings" + (o.rcps ? ".embedding" : "") + ".weight"] =
+      m.word_embeddings->weight;
+  for (int64_t i = 0; i < o.n_layer; ++i) {
+    const std::string l = bb + "layers." + std::to_string(i) + ".";
+    out[l + "norm" + sub + ".weight"] = m.norm_weight[i];
+    if (!o.rms_norm) out[l + "norm" + sub + ".bias"] = m.norm_bias[i];
+    for (int dir = 0; dir < (o.bidirectional ? 2 : 1); ++dir) {
+      auto& mm = dir == 0 ? m.fwd[i] : m.rev[i];
+      const std::string p = l + "mixer" + sub + (dir == 0 ? ".mamba_fwd." : ".mamba_rev.");
+      out[p + "A_log"] = mm->A_log;
+      out[p + "D"] = mm->D;
+      out[p + "conv1d.weight"] = mm->conv1d->weight;
+      out[p + "conv1d.bias"] = mm->conv1d->bias;
+      out[p + "x_proj.weight"] = mm->x_proj->weight;
+      out[p + "dt_proj.weight"] = mm->dt_proj->weight;
+      out[p + "dt_proj.bias"] = mm->dt_proj->bias;
+      if (dir == 0) {
+        out[p + "in_proj.weight"] = mm->in_proj->weight;
+        out[p + "out_proj.weight"] = mm->out_proj->weight;
+      }
+    }
+  }
+  out[bb + "norm_f" + sub + ".weight"] = m.norm_f_weight;
+  if (!o.rms_norm) out[bb + "norm_f" + sub + ".bias"] = m.norm_f_bias;
+  out[o.classifier ? "score.weight" : (o.rcps ? "lm_head.lm_head.weight" : "lm_head.weight")] =
+      m.head_weight;
+  return out;
+}
+
+}  // namespace
+
+CaduceusLM load_hf_caduceus(const std::string& dir) {
+  const std::string config_path = dir + "/config.json";
+  const auto c = parse_json_strict(
+      read_bounded_file(config_path, kMaxConfigFileBytes, ExitCode::kUsage, "configuration file"),
+      config_path, ExitCode::kUsage);
+  DNALLM_CHECK(c.is_object() && c.value("model_type", std::string()) == "caduceus",
+               ExitCode::kUsage, "{}: not a Caduceus config (model_type is not \"caduceus\")",
+               config_path);
+  auto o = options_from(c, config_path);
+  o.hf_config = c;
+  const std::string weights = dir + "/model.safetensors";
+  std::error_code ec;
+  DNALLM_CHECK(std::filesystem::exists(weights, ec), ExitCode::kUsage,
+               "{} not found: Caduceus directories are read from safetensors only (a pickle is "
+               "code); convert it with transformers' save_pretrained(safe_serialization=True)",
+               weights);
+  checkpoint::SafetensorsReader reader(weights);
+  o.classifier = reader.file().tensors.count("score.weight") != 0;
+  if (o.classifier) o.num_labels = reader.file().tensors.at("score.weight").spec.shape.at(0);
+  torch::manual_seed(0);
+  CaduceusLM model(o);
+  auto expected = hf_names(*model);
+  std::set<std::string> loaded;
+  torch::NoGradGuard no_grad;
+  const std::string tied = ".mamba_rev.";
+  for (const auto& [name, entry] : reader.file().tensors) {
+    if (name.size() > 15 && name.compare(name.size() - 15, 15, ".complement_map") == 0) continue;
+    const bool rev_projection =
+        name.find(tied) != std::string::npos && (name.find(".in_proj.") != std::string::npos ||
+                                                 name.find(".out_proj.") != std::string::npos);
+    if (rev_projection) continue;  // tied to mamba_fwd's (Note [Caduceus])
+    if (!o.classifier && name == "lm_head.weight" && o.rcps) continue;
+    auto it = expected.find(name);
+    DNALLM_CHECK(it != expected.end(), ExitCode::kUsage,
+                 "{}: unexpected tensor {} for this config.json (n_layer {}, rcps {}): the "
+                 "directory mixes files of different models",
+                 weights, clip_for_message(name), o.n_layer, o.rcps);
+    auto t =
+        torch::empty(entry.spec.shape, torch::TensorOptions().dtype(torch_dtype(entry.spec.dtype)));
+    reader.read(entry, t.data_ptr());
+    DNALLM_CHECK(!t.is_floating_point() || torch::isfinite(t).all().item<bool>(),
+                 ExitCode::kCheckpointCorrupt,
+                 "{}: tensor {} holds NaN or infinite values: the file is damaged; re-download it",
+                 weights, clip_for_message(name));
+    DNALLM_CHECK(t.sizes() == it->second.sizes(), ExitCode::kUsage,
+                 "{}: {} has shape {} but config.json implies {}", weights, name,
+                 fmt::format("{}", fmt::join(t.sizes(), "x")),
+                 fmt::format("{}", fmt::join(it->second.sizes(), "x")));
+    it->second.copy_(t.to(torch::kFloat32));
+    loaded.insert(name);
+  }
+  // The published masked LMs tie lm_head to the embedding and may store it under one name.
+  for (const auto& [name, t] : expected) {
+    if (loaded.count(name) != 0) continue;
+    const bool head = name == "lm_head.weight" || name == "lm_head.lm_head.weight";
+    const std::string emb = std::string("caduceus.backbone.embeddings.word_embeddings") +
+                            (o.rcps ? ".embedding" : "") + ".weight";
+    DNALLM_CHECK(head && loaded.count(emb) != 0, ExitCode::kUsage,
+                 "{}: tensor {} is missing: the download is incomplete or of another model",
+                 weights, name);
+    t.copy_(expected.at(emb));
+  }
+  model->eval();
+  return model;
+}
+
+}  // namespace dnallm::models::caduceus

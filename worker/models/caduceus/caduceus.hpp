@@ -1,0 +1,100 @@
+// Caduceus (kuleshov-group/caduceus-{ph,ps}_seqlen-131k_d_model-*_n_layer-*): bidirectional
+// Mamba with reverse-complement parameter sharing, without mamba-ssm. Note [Caduceus]:
+//   mamba      xz = in_proj(x); x = silu(causal depthwise conv1d(x)); dt, B, C = x_proj(x);
+//              delta = softplus(dt_proj.weight dt + dt_proj.bias); A = -exp(A_log);
+//              h_t = exp(delta_t A) h_{t-1} + delta_t B_t u_t; y_t = C_t h_t + D u_t;
+//              out_proj(y * silu(z))      (the selective scan in fp32: selective_scan below)
+//   bimamba    mamba_fwd(x) + flip(mamba_rev(flip(x))), the two sharing in_proj and out_proj
+//   block      residual = x + residual; x = mixer(norm(residual))   (norm: RMSNorm or LayerNorm)
+//   RCPS (-PS) the stream holds 2 d_model channels: the forward half and the reverse complement
+//              of the other (flip over sequence and channels); embedding, every norm and mixer
+//              and the LM head apply the same weights to both halves (Zhou et al. 2022), so the
+//              output on the reverse complement of a sequence is the RC-permuted output.
+// Heads: masked LM (lm_head, tied to the embedding in the published models; the RCPS head adds
+// the complement-permuted logits of the second half) and sequence classification (score, mean
+// pooling over every position; RCPS: the two halves' logits averaged).
+// Parameter names are the Hugging Face ones (caduceus.backbone...), so export is the identity.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dnallm::models::caduceus {
+
+struct CaduceusOptions {
+  int64_t vocab_size = 16;  // padded to pad_vocab_size_multiple
+  int64_t d_model = 256;
+  int64_t n_layer = 16;
+  int64_t d_state = 16;
+  int64_t d_conv = 4;
+  int64_t expand = 2;
+  int64_t dt_rank = 16;
+  bool rms_norm = true;
+  double norm_eps = 1e-5;
+  bool rcps = false;
+  bool bidirectional = true;
+  std::vector<int64_t> complement;  // token id -> its complement's id (RCPS)
+  bool classifier = false;
+  int64_t num_labels = 2;
+  nlohmann::json hf_config;  // the imported config.json (export writes it back)
+
+  int64_t d_inner() const { return expand * d_model; }
+};
+
+// The selective scan of Mamba (mamba-ssm's selective_scan_ref, delta_softplus on, z gating):
+// u, delta, z [B, D, L]; A [D, N]; Bm, C [B, N, L]; D, delta_bias [D]. fp32; returns [B, D, L].
+torch::Tensor selective_scan(const torch::Tensor& u, const torch::Tensor& delta,
+                             const torch::Tensor& A, const torch::Tensor& Bm,
+                             const torch::Tensor& C, const torch::Tensor& D, const torch::Tensor& z,
+                             const torch::Tensor& delta_bias);
+
+class MambaImpl : public torch::nn::Module {
+ public:
+  // `shared`: the module whose in_proj and out_proj this one uses (BiMamba's weight tying), or
+  // null to own them.
+  MambaImpl(const CaduceusOptions& o, MambaImpl* shared);
+  torch::Tensor forward(const torch::Tensor& x);  // [B, L, d_model]
+
+  torch::nn::Linear in_proj{nullptr}, x_proj{nullptr}, dt_proj{nullptr}, out_proj{nullptr};
+  torch::nn::Conv1d conv1d{nullptr};
+  torch::Tensor A_log, D;
+
+ private:
+  CaduceusOptions o_;
+};
+TORCH_MODULE(Mamba);
+
+class CaduceusLMImpl : public torch::nn::Module {
+ public:
+  explicit CaduceusLMImpl(CaduceusOptions options);
+  // Final hidden states [B, L, d_model] (RCPS: [B, L, 2 d_model]).
+  torch::Tensor hidden(const torch::Tensor& input_ids);
+  // Masked LM: logits [B, L, vocab]; classifier: [B, num_labels].
+  torch::Tensor forward(const torch::Tensor& input_ids);
+  const CaduceusOptions& options() const { return options_; }
+
+  torch::nn::Embedding word_embeddings{nullptr};
+  std::vector<Mamba> fwd, rev;
+  std::vector<torch::Tensor> norm_weight, norm_bias;  // per layer; bias undefined for RMSNorm
+  torch::Tensor norm_f_weight, norm_f_bias;
+  torch::Tensor head_weight;  // lm_head [vocab, d] or score [labels, d]
+  torch::Tensor complement;   // int64 [vocab] (RCPS)
+
+ private:
+  torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;
+  torch::Tensor mixer(size_t layer, const torch::Tensor& x);
+  CaduceusOptions options_;
+};
+TORCH_MODULE(CaduceusLM);
+
+// A Hugging Face Caduceus directory (config.json of model_type "caduceus", model.safetensors).
+// A missing or unexpected tensor, a shape that disagrees with config.json: exit 2 naming it.
+CaduceusLM load_hf_caduceus(const std::string& dir);
+
+}  // namespace dnallm::models::caduceus

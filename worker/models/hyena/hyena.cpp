@@ -1,0 +1,457 @@
+#include "worker/models/hyena/hyena.hpp"
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "checkpoint/durable_io.hpp"
+#include "checkpoint/safetensors.hpp"
+#include "core/error.hpp"
+#include "core/untrusted_file.hpp"
+#include "worker/models/transformer.hpp"
+#include "worker/tensor_buffer.hpp"
+
+namespace dnallm::models::hyena {
+
+using nlohmann::json;
+using torch::Tensor;
+
+namespace {
+
+// Note [Model shape limits] (transformer.hpp) for this family.
+inline constexpr int64_t kMaxWidth = int64_t{1} << 16;
+inline constexpr int64_t kMaxLayers = 1024;
+inline constexpr int64_t kMaxSeqLen = int64_t{1} << 24;  // 16M positions
+inline constexpr int64_t kMaxVocab = int64_t{1} << 20;
+
+int64_t int_key(const json& c, const std::string& key, int64_t fallback, int64_t lo, int64_t hi,
+                const std::string& where) {
+  if (!c.contains(key) || c[key].is_null()) return fallback;
+  DNALLM_CHECK(c[key].is_number_integer(), ExitCode::kUsage, "{}: \"{}\" = {} is not an integer",
+               where, key, clip_for_message(c[key].dump()));
+  const int64_t v = c[key].get<int64_t>();
+  DNALLM_CHECK(v >= lo && v <= hi, ExitCode::kUsage,
+               "{}: \"{}\" = {} is outside [{}, {}]: the file is damaged or not a HyenaDNA config",
+               where, key, v, lo, hi);
+  return v;
+}
+
+double number_key(const json& c, const std::string& key, double fallback,
+                  const std::string& where) {
+  if (!c.contains(key) || c[key].is_null()) return fallback;
+  DNALLM_CHECK(c[key].is_number(), ExitCode::kUsage, "{}: \"{}\" = {} is not a number", where, key,
+               clip_for_message(c[key].dump()));
+  const double v = c[key].get<double>();
+  DNALLM_CHECK(std::isfinite(v) && v > 0, ExitCode::kUsage,
+               "{}: \"{}\" = {} must be positive and finite", where, key, v);
+  return v;
+}
+
+}  // namespace
+
+// A named, empty module: Hugging Face's dotted names as LibTorch's nested modules.
+std::shared_ptr<torch::nn::Module> scope(torch::nn::Module& parent, const std::string& name) {
+  return parent.register_module(name, std::make_shared<torch::nn::Module>());
+}
+
+HyenaOptions options_from_hf_config(const json& c, const std::string& where) {
+  HyenaOptions o;
+  o.vocab_size = int_key(c, "vocab_size", 12, 1, kMaxVocab, where);
+  o.pad_vocab_size_multiple = int_key(c, "pad_vocab_size_multiple", 8, 1, 1024, where);
+  o.d_model = int_key(c, "d_model", 256, 1, kMaxWidth, where);
+  o.d_inner = int_key(c, "d_inner", 4 * o.d_model, 1, 4 * kMaxWidth, where);
+  o.n_layer = int_key(c, "n_layer", 12, 1, kMaxLayers, where);
+  o.max_seq_len = int_key(c, "max_seq_len", 1024, 2, kMaxSeqLen, where);
+  o.emb_dim = int_key(c, "emb_dim", 3, 3, 1023, where);
+  DNALLM_CHECK(o.emb_dim % 2 == 1, ExitCode::kUsage,
+               "{}: \"emb_dim\" = {} must be odd (time, then cosine and sine bands)", where,
+               o.emb_dim);
+  o.filter_order = int_key(c, "filter_order", 64, 1, kMaxWidth, where);
+  o.num_inner_mlps = int_key(c, "num_inner_mlps", 2, 0, 64, where);
+  const int64_t order = int_key(c, "hyena_order", 2, 1, 64, where);
+  DNALLM_CHECK(order == 2, ExitCode::kUsage,
+               "{}: \"hyena_order\" = {} is not supported: HyenaDNA's published models use 2",
+               where, order);
+  const int64_t short_order = int_key(c, "short_filter_order", 3, 1, 64, where);
+  DNALLM_CHECK(
+      short_order == 3, ExitCode::kUsage,
+      "{}: \"short_filter_order\" = {} is not supported: HyenaDNA's published models use 3 "
+      "(the reference pads by 2, so only 3 is causal)",
+      where, short_order);
+  o.activation_freq = number_key(c, "activation_freq", 1.0, where);
+  o.layer_norm_eps = number_key(c, "layer_norm_epsilon", 1e-5, where);
+  o.pad_token_id = int_key(c, "pad_token_id", 4, 0, o.padded_vocab() - 1, where);
+  DNALLM_CHECK(c.value("train_freq", true), ExitCode::kUsage,
+               "{}: \"train_freq\" = false is not supported (every published model trains it)",
+               where);
+  return o;
+}
+
+std::pair<Tensor, Tensor> positional_features(const HyenaOptions& o, int64_t length,
+                                              const torch::Device& device) {
+  DNALLM_CHECK(length <= o.max_seq_len, ExitCode::kUsage,
+               "a sequence of {} tokens is longer than the model's max_seq_len ({})", length,
+               o.max_seq_len);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  // The reference's own sequence of operations (fp32), so that z is bit-identical to the one
+  // its checkpoints were made with: t, w from linspaces over max_seq_len, f over the bands.
+  auto t = torch::linspace(0, 1, o.max_seq_len, f32).slice(0, 0, length).unsqueeze(-1);
+  auto t_rescaled =
+      torch::linspace(0, double(o.max_seq_len - 1), o.max_seq_len, f32).slice(0, 0, length);
+  auto w = (t_rescaled * (2 * M_PI) / double(o.max_seq_len)).unsqueeze(-1);  // [L, 1]
+  const int64_t bands = (o.emb_dim - 1) / 2;
+  auto f = torch::linspace(1e-4, double(bands - 1), bands, f32).unsqueeze(0);  // [1, bands]
+  auto fw = (-f) * w;
+  auto z = torch::cat({t, torch::cos(fw), torch::sin(fw)}, -1);
+  return {z.to(device), t.to(device)};
+}
+
+Tensor fft_long_conv(const Tensor& u, const Tensor& k, const Tensor& bias) {
+  const int64_t L = u.size(-1);
+  const int64_t n = 2 * L;
+  auto k_f = torch::fft::rfft(k.to(torch::kFloat32), n) / double(n);
+  auto u_f = torch::fft::rfft(u.to(torch::kFloat32), n);
+  auto y = torch::fft::irfft(u_f * k_f, n, -1, "forward").slice(-1, 0, L);
+  return (y + u * bias.unsqueeze(-1)).to(u.scalar_type());
+}
+
+HyenaFilterImpl::HyenaFilterImpl(const HyenaOptions& o) {
+  const int64_t order = o.filter_order;
+  auto implicit = scope(*this, "implicit_filter");
+  mlp.push_back(implicit->register_module("0", torch::nn::Linear(o.emb_dim, order)));
+  for (int64_t i = 0; i < o.num_inner_mlps; ++i) {
+    mlp.push_back(
+        implicit->register_module(std::to_string(2 * i + 2), torch::nn::Linear(order, order)));
+  }
+  mlp.push_back(implicit->register_module(
+      std::to_string(2 * o.num_inner_mlps + 2),
+      torch::nn::Linear(torch::nn::LinearOptions(order, o.d_model).bias(false))));
+  freq =
+      scope(*implicit, "1")
+          ->register_parameter("freq", torch::full({1, order}, o.activation_freq, torch::kFloat32));
+  bias = register_parameter("bias", torch::randn({o.d_model}));
+  // The reference's window: decays from log(1e-2) / 1.5 to log(1e-2) / 0.3 over the channels.
+  const double max_decay = std::log(1e-2) / 0.3, min_decay = std::log(1e-2) / 1.5;
+  deltas = scope(*this, "modulation")
+               ->register_buffer("deltas",
+                                 torch::linspace(min_decay, max_decay, o.d_model, torch::kFloat32)
+                                     .view({1, 1, o.d_model}));
+}
+
+Tensor HyenaFilterImpl::filter(const Tensor& z_in, const Tensor& t) {
+  const auto z = stored_z.defined() ? stored_z.slice(0, 0, z_in.size(0)) : z_in;
+  auto h = z;
+  for (size_t i = 0; i + 1 < mlp.size(); ++i) h = torch::sin(freq * mlp[i]->forward(h));
+  h = mlp.back()->forward(h);                                // [L, d]
+  auto decay = torch::exp(-t * deltas.view({1, -1}).abs());  // [L, d]
+  return (h * (decay + 0.05)).transpose(0, 1);               // [d, L]
+}
+
+HyenaOperatorImpl::HyenaOperatorImpl(const HyenaOptions& o) : d_(o.d_model) {
+  in_proj = register_module("in_proj", torch::nn::Linear(d_, 3 * d_));
+  out_proj = register_module("out_proj", torch::nn::Linear(d_, d_));
+  short_filter = register_module(
+      "short_filter",
+      torch::nn::Conv1d(torch::nn::Conv1dOptions(3 * d_, 3 * d_, 3).padding(2).groups(3 * d_)));
+  filter_fn = register_module("filter_fn", HyenaFilter(o));
+}
+
+Tensor HyenaOperatorImpl::forward(const Tensor& x, const Tensor& z, const Tensor& t) {
+  const int64_t L = x.size(1);
+  auto u = in_proj->forward(x).transpose(1, 2);  // [B, 3d, L]
+  // Padding 2 on both sides, the first L outputs kept: each position sees itself and the two
+  // before it (causal).
+  auto uc = short_filter->forward(u).slice(-1, 0, L);
+  auto parts = uc.split(d_, 1);
+  auto k = filter_fn->filter(z, t);
+  auto v = fft_long_conv(parts[2] * parts[1], k, filter_fn->bias);
+  return out_proj->forward((v * parts[0]).transpose(1, 2));
+}
+
+HyenaBlockImpl::HyenaBlockImpl(const HyenaOptions& o) {
+  mixer = register_module("mixer", HyenaOperator(o));
+  norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
+  auto mlp = scope(*this, "mlp");
+  fc1 = mlp->register_module("fc1", torch::nn::Linear(o.d_model, o.d_inner));
+  fc2 = mlp->register_module("fc2", torch::nn::Linear(o.d_inner, o.d_model));
+  norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
+}
+
+Tensor HyenaBlockImpl::forward(const Tensor& x, const Tensor& z, const Tensor& t) {
+  auto residual = x.to(torch::kFloat32);
+  residual = mixer->forward(norm1->forward(residual), z, t) + residual;
+  auto h = fc2->forward(torch::gelu(fc1->forward(norm2->forward(residual)), "tanh"));
+  return h + residual;
+}
+
+HyenaLMImpl::HyenaLMImpl(HyenaOptions options) : options_(std::move(options)) {
+  const auto& o = options_;
+  auto backbone = scope(*scope(*this, "hyena"), "backbone");
+  word_embeddings =
+      scope(*backbone, "embeddings")
+          ->register_module("word_embeddings", torch::nn::Embedding(o.padded_vocab(), o.d_model));
+  auto layers = scope(*backbone, "layers");
+  for (int64_t i = 0; i < o.n_layer; ++i) {
+    blocks.push_back(layers->register_module(std::to_string(i), HyenaBlock(o)));
+  }
+  ln_f = backbone->register_module(
+      "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model}).eps(o.layer_norm_eps)));
+  const int64_t out = o.classifier ? o.num_labels : o.padded_vocab();
+  head = register_module(o.classifier ? "score" : "lm_head",
+                         torch::nn::Linear(torch::nn::LinearOptions(o.d_model, out).bias(false)));
+}
+
+namespace {
+
+// Note [Activation checkpointing] (transformer.hpp) for a Hyena block: the forward runs without
+// keeping activations (an autograd Function's forward runs under no_grad) and the backward
+// reruns the block under grad mode from its saved input. A Hyena block has no dropout and no
+// randomness, so the gradients are bit-identical to those without checkpointing.
+struct HyenaCheckpoint : public torch::autograd::Function<HyenaCheckpoint> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, Tensor x, Tensor z, Tensor t,
+                        int64_t block_address) {
+    ctx->save_for_backward({x, z, t});
+    ctx->saved_data["block"] = block_address;
+    return reinterpret_cast<HyenaBlockImpl*>(block_address)->forward(x, z, t);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto saved = ctx->get_saved_variables();
+    auto* block = reinterpret_cast<HyenaBlockImpl*>(ctx->saved_data["block"].toInt());
+    auto x = saved[0].detach().requires_grad_(true);
+    Tensor out;
+    {
+      torch::AutoGradMode grad_mode(true);
+      out = block->forward(x, saved[1], saved[2]);
+    }
+    torch::autograd::backward({out}, {grad_out[0]});
+    return {x.grad(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+}  // namespace
+
+Tensor HyenaLMImpl::hidden(const Tensor& input_ids) {
+  const auto [z, t] = positional_features(options_, input_ids.size(1), input_ids.device());
+  auto h = word_embeddings->forward(input_ids);
+  const bool checkpoint =
+      options_.gradient_checkpointing && is_training() && torch::GradMode::is_enabled();
+  for (auto& block : blocks) {
+    if (checkpoint) {
+      auto input = h.requires_grad() ? h : h.detach().requires_grad_(true);
+      h = HyenaCheckpoint::apply(input, z, t, reinterpret_cast<int64_t>(block.get()));
+    } else {
+      h = block->forward(h, z, t);
+    }
+  }
+  return ln_f->forward(h);
+}
+
+Tensor HyenaLMImpl::forward(const Tensor& input_ids) {
+  auto logits = head->forward(hidden(input_ids));
+  if (!options_.classifier) return logits.to(torch::kFloat32);
+  // The reference pools at (index of the first [PAD]) - 1, wrapping: the last token with left
+  // padding or none, the last real token with right padding.
+  const int64_t L = input_ids.size(1);
+  auto first_pad = input_ids.eq(options_.pad_token_id).to(torch::kLong).argmax(-1);
+  auto index = (first_pad - 1 + L).remainder(L);
+  auto rows = torch::arange(input_ids.size(0), input_ids.options());
+  return logits.index({rows, index});
+}
+
+std::vector<std::pair<std::string, Tensor>> HyenaLMImpl::named_weights() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& p : named_parameters()) out.emplace_back(p.key(), p.value());
+  for (const auto& b : named_buffers()) out.emplace_back(b.key(), b.value());
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Import
+
+namespace {
+
+// Note [Hyena positional features]: the name of layer i's stored z and t.
+std::string pos_emb_name(int64_t layer, const char* which) {
+  return "hyena.backbone.layers." + std::to_string(layer) + ".mixer.filter_fn.pos_emb." + which;
+}
+
+// The reference appends one Sin module after each hidden Linear, so its shared frequency has
+// one name per Sin (implicit_filter.1/3/5.freq); safetensors keeps one or all of them.
+bool is_shared_freq(const std::string& name, std::string& canonical) {
+  const std::string marker = ".mixer.filter_fn.implicit_filter.";
+  const auto at = name.find(marker);
+  if (at == std::string::npos || name.size() < 5 || name.compare(name.size() - 5, 5, ".freq") != 0)
+    return false;
+  canonical = name.substr(0, at + marker.size()) + "1.freq";
+  return true;
+}
+
+Tensor read_tensor(checkpoint::SafetensorsReader& reader, const checkpoint::SafetensorsEntry& e,
+                   const std::string& path, const std::string& name) {
+  auto t = torch::empty(e.spec.shape, torch::TensorOptions().dtype(torch_dtype(e.spec.dtype)));
+  reader.read(e, t.data_ptr());
+  DNALLM_CHECK(!t.is_floating_point() || t.numel() == 0 || torch::isfinite(t).all().item<bool>(),
+               ExitCode::kCheckpointCorrupt,
+               "{}: tensor {} holds NaN or infinite values: the file is damaged; re-download it",
+               path, clip_for_message(name));
+  return t.to(torch::kFloat32);
+}
+
+}  // namespace
+
+HyenaLM load_hf_hyena(const std::string& dir) {
+  const std::string config_path = dir + "/config.json";
+  const auto c = parse_json_strict(
+      read_bounded_file(config_path, kMaxConfigFileBytes, ExitCode::kUsage, "configuration file"),
+      config_path, ExitCode::kUsage);
+  DNALLM_CHECK(c.is_object() && c.value("model_type", std::string()) == "hyenadna",
+               ExitCode::kUsage, "{}: not a HyenaDNA config (model_type is not \"hyenadna\")",
+               config_path);
+  auto o = options_from_hf_config(c, config_path);
+  const std::string weights = dir + "/model.safetensors";
+  {
+    std::error_code ec;
+    DNALLM_CHECK(
+        std::filesystem::exists(weights, ec), ExitCode::kUsage,
+        "{} not found{}: HyenaDNA directories are read from safetensors only (a pickle is "
+        "code); convert it with transformers' save_pretrained(safe_serialization=True)",
+        weights,
+        std::filesystem::exists(dir + "/pytorch_model.bin", ec) ? " (pytorch_model.bin is)" : "");
+  }
+  checkpoint::SafetensorsReader reader(weights);
+  // The head from the tensors (score: a classifier; lm_head: a causal LM); config.json's
+  // architectures, when it has one, must agree.
+  const bool has_score = reader.file().tensors.count("score.weight") != 0;
+  std::string arch = has_score ? "HyenaDNAForSequenceClassification" : "HyenaDNAForCausalLM";
+  if (c.contains("architectures") && c["architectures"].is_array() && !c["architectures"].empty() &&
+      c["architectures"][0].is_string()) {
+    const auto named = c["architectures"][0].get<std::string>();
+    DNALLM_CHECK(
+        named == arch || named == "HyenaDNAModel", ExitCode::kUsage,
+        "{}: architectures names {} but model.safetensors holds {} (the head of a {}): the "
+        "directory mixes files of different models",
+        config_path, clip_for_message(named), has_score ? "score.weight" : "no score.weight", arch);
+  }
+  o.classifier = arch == "HyenaDNAForSequenceClassification";
+  o.hf_config = c;
+  if (o.classifier) {
+    int64_t labels = 2;
+    if (c.contains("id2label") && c["id2label"].is_object()) labels = c["id2label"].size();
+    o.num_labels = int_key(c, "num_labels", labels, 1, int64_t{1} << 16, config_path);
+  }
+  torch::manual_seed(0);  // the random init is overwritten; determinism for missing-key errors
+  HyenaLM model(o);
+  std::map<std::string, Tensor> expected;
+  for (auto& [name, t] : model->named_weights()) expected.emplace(name, t);
+  std::set<std::string> loaded;
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, entry] : reader.file().tensors) {
+    std::string target = name;
+    std::string canonical;
+    if (is_shared_freq(name, canonical)) target = canonical;
+    int64_t layer = -1;
+    for (int64_t i = 0; i < o.n_layer && layer < 0; ++i) {
+      if (name == pos_emb_name(i, "z") || name == pos_emb_name(i, "t")) layer = i;
+    }
+    if (layer >= 0) {
+      if (name == pos_emb_name(layer, "t")) continue;  // a linspace: nothing trained in it
+      // Note [Hyena positional features]: kept only when training moved it.
+      const auto stored = read_tensor(reader, entry, weights, name);
+      DNALLM_CHECK(stored.dim() == 3 && stored.size(0) == 1 && stored.size(1) == o.max_seq_len &&
+                       stored.size(2) == o.emb_dim,
+                   ExitCode::kUsage, "{}: {} has shape {} but config.json implies 1x{}x{}", weights,
+                   name, fmt::format("{}", fmt::join(stored.sizes(), "x")), o.max_seq_len,
+                   o.emb_dim);
+      const auto regenerated = positional_features(o, o.max_seq_len, torch::kCPU).first;
+      const auto z = stored[0];
+      if (!torch::allclose(z, regenerated, /*rtol=*/0, /*atol=*/1e-6)) {
+        model->blocks[layer]->mixer->filter_fn->stored_z = z.contiguous();
+      }
+      continue;
+    }
+    auto it = expected.find(target);
+    DNALLM_CHECK(it != expected.end(), ExitCode::kUsage,
+                 "{}: unexpected tensor {} for a {} of this config.json (n_layer {}, "
+                 "num_inner_mlps {}): the directory mixes files of different models",
+                 weights, clip_for_message(name), arch, o.n_layer, o.num_inner_mlps);
+    const auto t = read_tensor(reader, entry, weights, name);
+    DNALLM_CHECK(t.sizes() == it->second.sizes(), ExitCode::kUsage,
+                 "{}: {} has shape {} but config.json implies {}", weights, name,
+                 fmt::format("{}", fmt::join(t.sizes(), "x")),
+                 fmt::format("{}", fmt::join(it->second.sizes(), "x")));
+    if (loaded.count(target) != 0) {  // a second name of the shared frequency
+      DNALLM_CHECK(torch::equal(it->second, t), ExitCode::kUsage,
+                   "{}: {} differs from the other Sin frequencies of its filter, which HyenaDNA "
+                   "shares: the file is damaged",
+                   weights, name);
+      continue;
+    }
+    it->second.copy_(t);
+    loaded.insert(target);
+  }
+  for (const auto& [name, t] : expected) {
+    if (name.find("modulation.deltas") != std::string::npos) continue;  // a buffer: regenerated
+    DNALLM_CHECK(loaded.count(name) != 0, ExitCode::kUsage,
+                 "{}: tensor {} is missing (a {} with n_layer {} has it): the download is "
+                 "incomplete or of another model",
+                 weights, name, arch, o.n_layer);
+  }
+  model->eval();
+  return model;
+}
+
+void export_hf_hyena(HyenaLM& model, const std::string& dir, const std::string& tokenizer_from) {
+  namespace fs = std::filesystem;
+  const auto& o = model->options();
+  fs::create_directories(dir);
+  json config = o.hf_config;
+  if (config.is_null()) {
+    config = {{"model_type", "hyenadna"},
+              {"architectures",
+               {o.classifier ? "HyenaDNAForSequenceClassification" : "HyenaDNAForCausalLM"}},
+              {"vocab_size", o.vocab_size},
+              {"pad_vocab_size_multiple", o.pad_vocab_size_multiple},
+              {"d_model", o.d_model},
+              {"d_inner", o.d_inner},
+              {"n_layer", o.n_layer},
+              {"max_seq_len", o.max_seq_len},
+              {"emb_dim", o.emb_dim},
+              {"filter_order", o.filter_order},
+              {"num_inner_mlps", o.num_inner_mlps},
+              {"hyena_order", 2},
+              {"short_filter_order", 3},
+              {"activation_freq", o.activation_freq},
+              {"layer_norm_epsilon", o.layer_norm_eps},
+              {"pad_token_id", o.pad_token_id},
+              {"train_freq", true},
+              {"use_bias", true},
+              {"tie_word_embeddings", false}};
+    if (o.classifier) config["num_labels"] = o.num_labels;
+  }
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, t] : model->named_weights())
+    tensors.emplace_back(name, t.detach().to(torch::kCPU));
+  const auto regenerated = positional_features(o, o.max_seq_len, torch::kCPU);
+  for (int64_t i = 0; i < o.n_layer; ++i) {
+    const auto& stored = model->blocks[i]->mixer->filter_fn->stored_z;
+    const auto z = stored.defined() ? stored.to(torch::kCPU) : regenerated.first;
+    tensors.emplace_back(pos_emb_name(i, "z"), z.unsqueeze(0).contiguous());
+    tensors.emplace_back(pos_emb_name(i, "t"), regenerated.second.unsqueeze(0).contiguous());
+  }
+  save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  checkpoint::write_file_durable(fs::path(dir) / "config.json", config.dump(2) + "\n");
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    const fs::path from = fs::path(tokenizer_from) / name;
+    std::error_code ec;
+    if (!tokenizer_from.empty() && fs::is_regular_file(fs::symlink_status(from, ec))) {
+      checkpoint::write_file_durable(fs::path(dir) / name,
+                                     read_bounded_file(from.string(), kMaxConfigFileBytes,
+                                                       ExitCode::kUsage, "tokenizer file"));
+    }
+  }
+}
+
+}  // namespace dnallm::models::hyena

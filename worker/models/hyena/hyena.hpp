@@ -1,0 +1,146 @@
+// HyenaDNA (LongSafari/hyenadna-*-seqlen-hf, HazyResearch/hyena-dna): a decoder of Hyena
+// blocks, the long-context DNA family. Note [Hyena]:
+//   block      r = x + mixer(LN1(x)); y = r + fc2(gelu_tanh(fc1(LN2(r))))   (fp32 residual)
+//   mixer      u = in_proj(x) [B, 3d, L]; u = short_filter(u)[..., :L] (depthwise, kernel 3,
+//              padding 2: causal); x0, x1, v = split(u); v = long_conv(v * x1, k) ; out_proj(v *
+//              x0)
+//   long_conv  y = irfft(rfft(u, 2L) * rfft(k, 2L) / 2L, 2L, norm "forward")[..., :L] + u * D,
+//              in fp32: memory O(B d L), no L x L anything
+//   filter k   z = [t, cos(-f w), sin(-f w)] (t = i / (max_seq_len - 1), w = 2 pi i /
+//              max_seq_len, f = linspace(1e-4, bands - 1, bands), bands = (emb_dim - 1) / 2)
+//              through Linear(emb_dim, order), Sin, [Linear(order, order), Sin] x inner,
+//              Linear(order, d, no bias), one Sin frequency shared by every Sin of a layer; then
+//              the window k * (exp(-t |deltas|) + 0.05).
+// The positional features z and t are regenerated from the config, not read: in a published
+// checkpoint they are most of the bytes (192 of 218 MB for large-1m). z is a parameter of the
+// reference (learning rate 1e-5), so an import compares the stored z with the regenerated one
+// and keeps the stored tensor of a layer only where they differ (Note [Hyena positional
+// features]).
+// Heads: causal LM (lm_head, untied, vocabulary padded to pad_vocab_size_multiple) and
+// sequence classification (score, no bias) on the token before the first [PAD] (the last token
+// with left padding or none), as the reference pools.
+// Parameter names are the Hugging Face ones (hyena.backbone...), so export is the identity.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dnallm::models::hyena {
+
+struct HyenaOptions {
+  int64_t vocab_size = 12;  // before padding (config.json vocab_size)
+  int64_t pad_vocab_size_multiple = 8;
+  int64_t d_model = 256;
+  int64_t d_inner = 1024;
+  int64_t n_layer = 8;
+  int64_t max_seq_len = 1024;
+  int64_t emb_dim = 5;
+  int64_t filter_order = 64;
+  int64_t num_inner_mlps = 2;
+  double activation_freq = 10.0;
+  double layer_norm_eps = 1e-5;  // ln_f; the blocks' norms use 1e-5 as the reference does
+  int64_t pad_token_id = 4;
+  // The config.json it was imported from (export writes it back, auto_map and all); null for a
+  // model built in code.
+  nlohmann::json hf_config;
+  bool classifier = false;  // HyenaDNAForSequenceClassification
+  int64_t num_labels = 2;
+  bool gradient_checkpointing = false;
+
+  int64_t padded_vocab() const {
+    const int64_t m = pad_vocab_size_multiple;
+    return (vocab_size + m - 1) / m * m;
+  }
+};
+
+// Reads and validates a Hugging Face config.json of model_type "hyenadna" (`where` names it in
+// errors): every size positive and bounded, hyena_order 2 and short_filter_order 3 (the only
+// ones the published models use; others exit 2 naming the key).
+HyenaOptions options_from_hf_config(const nlohmann::json& config, const std::string& where);
+
+// The positional features of the first `length` positions: z [length, emb_dim], t [length, 1].
+std::pair<torch::Tensor, torch::Tensor> positional_features(const HyenaOptions& o, int64_t length,
+                                                            const torch::Device& device);
+
+// u [B, D, L] convolved with k [D, L] by FFT of size 2L in fp32, plus u * bias[D].
+torch::Tensor fft_long_conv(const torch::Tensor& u, const torch::Tensor& k,
+                            const torch::Tensor& bias);
+
+class HyenaFilterImpl : public torch::nn::Module {
+ public:
+  explicit HyenaFilterImpl(const HyenaOptions& o);
+  // The filter [d_model, L] for positional features z [L, emb_dim], t [L, 1].
+  torch::Tensor filter(const torch::Tensor& z, const torch::Tensor& t);
+
+  std::vector<torch::nn::Linear> mlp;  // emb_dim -> order, order -> order x inner, order -> d
+  torch::Tensor freq, bias, deltas;
+  torch::Tensor stored_z;  // Note [Hyena positional features]: defined when it differs
+};
+TORCH_MODULE(HyenaFilter);
+
+class HyenaOperatorImpl : public torch::nn::Module {
+ public:
+  explicit HyenaOperatorImpl(const HyenaOptions& o);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& z, const torch::Tensor& t);
+
+  torch::nn::Linear in_proj{nullptr}, out_proj{nullptr};
+  torch::nn::Conv1d short_filter{nullptr};  // depthwise: Conv1d(3d, 3d, 3, padding 2, groups 3d)
+  HyenaFilter filter_fn{nullptr};
+
+ private:
+  int64_t d_;
+};
+TORCH_MODULE(HyenaOperator);
+
+class HyenaBlockImpl : public torch::nn::Module {
+ public:
+  explicit HyenaBlockImpl(const HyenaOptions& o);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& z, const torch::Tensor& t);
+
+  torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
+  HyenaOperator mixer{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(HyenaBlock);
+
+class HyenaLMImpl : public torch::nn::Module {
+ public:
+  explicit HyenaLMImpl(HyenaOptions options);
+  // Final hidden states [B, L, d] (after ln_f).
+  torch::Tensor hidden(const torch::Tensor& input_ids);
+  // Causal LM: logits [B, L, padded vocab]; classifier: [B, num_labels].
+  torch::Tensor forward(const torch::Tensor& input_ids);
+  // Every tensor of the Hugging Face layout by name (z and t excluded: regenerated).
+  std::vector<std::pair<std::string, torch::Tensor>> named_weights() const;
+  const HyenaOptions& options() const { return options_; }
+
+  torch::nn::Embedding word_embeddings{nullptr};
+  std::vector<HyenaBlock> blocks;
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear head{nullptr};  // lm_head or score
+
+ private:
+  HyenaOptions options_;
+};
+TORCH_MODULE(HyenaLM);
+
+// A Hugging Face HyenaDNA directory (config.json, model.safetensors) as downloaded. A missing
+// or unexpected tensor, a shape that disagrees with config.json: exit 2 naming it.
+HyenaLM load_hf_hyena(const std::string& dir);
+
+// Writes `model` to `dir` in the layout it was imported from, so LongSafari's hub code loads it:
+// config.json (the imported one, or one built from the options), model.safetensors (every
+// weight under its hub name; each layer's pos_emb.z (the stored one where it was kept, else
+// regenerated) and pos_emb.t, since the hub code reads them; the shared Sin frequency once, as
+// the published files hold it) and, when `tokenizer_from` names a directory holding one, its
+// tokenizer_config.json and special_tokens_map.json.
+void export_hf_hyena(HyenaLM& model, const std::string& dir,
+                     const std::string& tokenizer_from = "");
+
+}  // namespace dnallm::models::hyena
