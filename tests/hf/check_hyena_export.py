@@ -12,9 +12,8 @@ import argparse
 import os
 import shutil
 import sys
-import types
 
-from hf_common import import_peers
+from hf_common import import_peers, reference_package
 
 
 def main():
@@ -28,9 +27,7 @@ def main():
         return 0
     torch, transformers = import_peers()
     transformers.logging.set_verbosity_error()
-    pkg = types.ModuleType("hyena_ref")
-    pkg.__path__ = [os.path.abspath(args.code)]
-    sys.modules["hyena_ref"] = pkg
+    reference_package("hyena_ref", args.code)
     from hyena_ref.modeling_hyena import HyenaDNAForCausalLM, HyenaDNAForSequenceClassification
     from safetensors.torch import load_file
     worst = 0.0

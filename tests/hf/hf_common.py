@@ -162,3 +162,14 @@ def nt_v2_model_class(modeling, model_dir):
     with open(os.path.join(model_dir, "config.json")) as f:
         arch = json.load(f)["architectures"][0]
     return getattr(modeling, arch)
+
+
+def reference_package(package, folder):
+    """Makes `folder` (a model's remote code: files that import each other relatively, e.g.
+    modeling_hyena.py with `from .configuration_hyena import ...`) importable as `package`,
+    without copying it anywhere. The code is the reference's, never ours."""
+    import types
+    pkg = types.ModuleType(package)
+    pkg.__path__ = [os.path.abspath(folder)]
+    sys.modules[package] = pkg
+    return pkg

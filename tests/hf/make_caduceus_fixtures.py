@@ -22,9 +22,8 @@ import argparse
 import json
 import os
 import sys
-import types
 
-from hf_common import SEQS, import_peers
+from hf_common import SEQS, import_peers, reference_package
 
 # Caduceus' character tokenizer: [CLS] 0 [SEP] 1 [BOS] 2 [MASK] 3 [PAD] 4 [RESERVED] 5 [UNK] 6,
 # A C G T N = 7..11; its complement map swaps A/T and C/G.
@@ -58,9 +57,7 @@ def main():
     sys.path.insert(0, os.path.abspath(args.mamba))
     torch, transformers = import_peers()
     transformers.logging.set_verbosity_error()
-    pkg = types.ModuleType("caduceus_ref")
-    pkg.__path__ = [os.path.abspath(args.code)]
-    sys.modules["caduceus_ref"] = pkg
+    reference_package("caduceus_ref", args.code)
     from caduceus_ref.configuration_caduceus import CaduceusConfig
     from caduceus_ref.modeling_caduceus import CaduceusForMaskedLM, CaduceusForSequenceClassification
     from safetensors.torch import save_file, save_model

@@ -20,9 +20,8 @@ import gzip
 import json
 import os
 import sys
-import types
 
-from hf_common import SEQS, import_peers
+from hf_common import SEQS, import_peers, reference_package
 
 TINY = dict(vocab_size=12, d_model=32, d_inner=64, n_layer=2, emb_dim=5, filter_order=16,
             num_inner_mlps=2, activation_freq=10, pad_token_id=4, embed_dropout=0.0,
@@ -61,9 +60,7 @@ def main():
         return 0
     torch, transformers = import_peers()
     transformers.logging.set_verbosity_error()
-    pkg = types.ModuleType("hyena_ref")
-    pkg.__path__ = [os.path.abspath(args.code)]
-    sys.modules["hyena_ref"] = pkg
+    reference_package("hyena_ref", args.code)
     from hyena_ref.configuration_hyena import HyenaConfig
     from hyena_ref.modeling_hyena import HyenaDNAForCausalLM, HyenaDNAForSequenceClassification
     from hyena_ref.tokenization_hyena import HyenaDNATokenizer

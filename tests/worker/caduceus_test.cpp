@@ -96,6 +96,37 @@ TEST(Caduceus, SelectiveScanIsTheRecurrence) {
   }
 }
 
+TEST(Caduceus, FusedScanEqualsTheOpsInValuesAndGradients) {
+  torch::manual_seed(11);
+  const int64_t B = 2, D = 5, N = 4, L = 23;
+  auto make = [](std::vector<int64_t> shape) { return torch::randn(shape).requires_grad_(true); };
+  auto u = make({B, D, L}), delta = make({B, D, L}), z = make({B, D, L});
+  auto A = (-torch::rand({D, N}) - 0.1).requires_grad_(true), Bm = make({B, N, L}),
+       C = make({B, N, L}), Dp = make({D}), bias = make({D});
+  // One delta past softplus's threshold (20): the linear branch.
+  {
+    torch::NoGradGuard no_grad;
+    delta[0][0][3] = 25;
+  }
+  const std::vector<torch::Tensor> inputs = {u, delta, A, Bm, C, Dp, z, bias};
+  auto weight = torch::randn({B, D, L});
+  auto grads = [&](bool fused) {
+    for (auto t : inputs) t.mutable_grad() = torch::Tensor();
+    auto y = fused ? selective_scan_fused(u, delta, A, Bm, C, Dp, z, bias)
+                   : selective_scan(u, delta, A, Bm, C, Dp, z, bias);
+    (y * weight).sum().backward();
+    std::vector<torch::Tensor> out = {y.detach()};
+    for (auto& t : inputs) out.push_back(t.grad().clone());
+    return out;
+  };
+  const auto ops = grads(false), fused = grads(true);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    SCOPED_TRACE(i);  // 0: values, then the gradients of u, delta, A, B, C, D, z, bias
+    const double scale = std::max(1.0, ops[i].abs().max().item<double>());
+    EXPECT_LE((ops[i] - fused[i]).abs().max().item<double>() / scale, 1e-5);
+  }
+}
+
 void expect_usage(const std::function<void(nlohmann::json&)>& edit, const std::string& needle) {
   const fs::path out =
       fs::temp_directory_path() / ("dnallm_caduceus_" + std::to_string(::getpid()));

@@ -8,6 +8,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
+#include "worker/models/hf_directory.hpp"
 #include "worker/tensor_buffer.hpp"
 
 namespace dnallm::models::caduceus {
@@ -37,6 +38,134 @@ Tensor selective_scan(const Tensor& u_in, const Tensor& delta_in, const Tensor& 
   }
   auto y = torch::stack(ys, 2) + u * D.to(torch::kFloat32).view({1, -1, 1});
   return y * torch::silu(z.to(torch::kFloat32));
+}
+
+namespace {
+
+inline float softplus20(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
+
+// Note [Fused selective scan]: the scan as one loop per (batch, channel) over raw fp32 memory,
+// parallel over (batch, channel) and sequential over time: O(B D L N) work with no per-step
+// tensor dispatch (the reference's Python loop, and selective_scan() above, launch several tensor
+// ops per time step). The forward keeps the states h [B, D, L, N] for the backward, which runs
+// the reverse recurrence dh_t = C_t dy_t + exp(delta_{t+1} A) dh_{t+1} by hand; dB and dC are
+// then two contractions over the channels. Equal to selective_scan() in values and gradients
+// (tests/worker/caduceus_test.cpp).
+struct FusedScan : public torch::autograd::Function<FusedScan> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, Tensor u, Tensor delta, Tensor A,
+                        Tensor Bm, Tensor C, Tensor Dv, Tensor z, Tensor bias) {
+    const int64_t batch = u.size(0), D = u.size(1), L = u.size(2), N = A.size(1);
+    u = u.contiguous(), delta = delta.contiguous(), z = z.contiguous();
+    A = A.contiguous(), Dv = Dv.contiguous(), bias = bias.contiguous();
+    auto Bt = Bm.transpose(1, 2).contiguous(), Ct = C.transpose(1, 2).contiguous();  // [B, L, N]
+    auto out = torch::empty_like(u), y_pre = torch::empty_like(u);
+    auto H = torch::empty({batch, D, L, N}, u.options());
+    const float *pu = u.data_ptr<float>(), *pd = delta.data_ptr<float>(), *pz = z.data_ptr<float>();
+    const float *pA = A.data_ptr<float>(), *pD = Dv.data_ptr<float>(), *pb = bias.data_ptr<float>();
+    const float *pB = Bt.data_ptr<float>(), *pC = Ct.data_ptr<float>();
+    float *po = out.data_ptr<float>(), *py = y_pre.data_ptr<float>(), *pH = H.data_ptr<float>();
+    at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> h(static_cast<size_t>(N));
+      for (int64_t bd = begin; bd < end; ++bd) {
+        const int64_t b = bd / D, d = bd % D;
+        std::fill(h.begin(), h.end(), 0.f);
+        const float* Ad = pA + d * N;
+        for (int64_t t = 0; t < L; ++t) {
+          const int64_t i = bd * L + t;
+          const float dt = softplus20(pd[i] + pb[d]);
+          const float du = dt * pu[i];
+          const float* Bbt = pB + (b * L + t) * N;
+          const float* Cbt = pC + (b * L + t) * N;
+          float* Ht = pH + i * N;
+          float y = 0.f;
+          for (int64_t n = 0; n < N; ++n) {
+            h[n] = std::exp(dt * Ad[n]) * h[n] + du * Bbt[n];
+            y += h[n] * Cbt[n];
+            Ht[n] = h[n];
+          }
+          y += pu[i] * pD[d];
+          py[i] = y;
+          po[i] = y * pz[i] * sigmoidf(pz[i]);
+        }
+      }
+    });
+    ctx->save_for_backward({u, delta, A, Bt, Ct, Dv, z, bias, y_pre, H});
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const auto &u = s[0], &delta = s[1], &A = s[2], &Bt = s[3], &Ct = s[4], &Dv = s[5], &z = s[6],
+               &bias = s[7], &y_pre = s[8], &H = s[9];
+    const auto dout = grads[0].contiguous();
+    const int64_t batch = u.size(0), D = u.size(1), L = u.size(2), N = A.size(1);
+    auto du = torch::empty_like(u), ddelta = torch::empty_like(u), dz = torch::empty_like(u);
+    auto dy = torch::empty_like(u), dtu = torch::empty_like(u);
+    auto dH = torch::empty_like(H);
+    auto dA_rows = torch::zeros({batch, D, N}, u.options());
+    auto dD_rows = torch::zeros({batch, D}, u.options());
+    const float *pu = u.data_ptr<float>(), *pd = delta.data_ptr<float>(), *pz = z.data_ptr<float>();
+    const float *pA = A.data_ptr<float>(), *pD = Dv.data_ptr<float>(), *pb = bias.data_ptr<float>();
+    const float *pB = Bt.data_ptr<float>(), *pC = Ct.data_ptr<float>();
+    const float *py = y_pre.data_ptr<float>(), *pH = H.data_ptr<float>(),
+                *pg = dout.data_ptr<float>();
+    float *pdu = du.data_ptr<float>(), *pdd = ddelta.data_ptr<float>(), *pdz = dz.data_ptr<float>();
+    float *pdy = dy.data_ptr<float>(), *pdtu = dtu.data_ptr<float>(), *pdH = dH.data_ptr<float>();
+    float *pdA = dA_rows.data_ptr<float>(), *pdD = dD_rows.data_ptr<float>();
+    at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> carry(static_cast<size_t>(N));
+      for (int64_t bd = begin; bd < end; ++bd) {
+        const int64_t b = bd / D, d = bd % D;
+        std::fill(carry.begin(), carry.end(), 0.f);
+        const float* Ad = pA + d * N;
+        float* dAd = pdA + bd * N;
+        for (int64_t t = L - 1; t >= 0; --t) {
+          const int64_t i = bd * L + t;
+          const float x = pd[i] + pb[d];
+          const float dt = softplus20(x);
+          const float sz = sigmoidf(pz[i]);
+          const float g = pg[i] * pz[i] * sz;  // d loss / d y_pre
+          pdz[i] = pg[i] * py[i] * sz * (1.f + pz[i] * (1.f - sz));
+          pdy[i] = g;
+          pdtu[i] = dt * pu[i];
+          const float* Bbt = pB + (b * L + t) * N;
+          const float* Cbt = pC + (b * L + t) * N;
+          const float* Hprev = t > 0 ? pH + (i - 1) * N : nullptr;
+          float* dHt = pdH + i * N;
+          float ddt = 0.f, dui = g * pD[d];
+          for (int64_t n = 0; n < N; ++n) {
+            const float a = std::exp(dt * Ad[n]);
+            const float dh = Cbt[n] * g + carry[n];
+            dHt[n] = dh;
+            const float da = Hprev != nullptr ? dh * Hprev[n] : 0.f;
+            ddt += da * a * Ad[n] + dh * Bbt[n] * pu[i];
+            dAd[n] += da * a * dt;
+            dui += dh * dt * Bbt[n];
+            carry[n] = a * dh;
+          }
+          pdu[i] = dui;
+          pdD[bd] += g * pu[i];
+          pdd[i] = ddt * (x > 20.f ? 1.f : sigmoidf(x));
+        }
+      }
+    });
+    // dC_t = sum_d dy_t h_t, dB_t = sum_d dh_t delta_t u_t: contractions over the channels.
+    auto dC = torch::einsum("bdtn,bdt->bnt", {H, dy});
+    auto dB = torch::einsum("bdtn,bdt->bnt", {dH, dtu});
+    return {du, ddelta, dA_rows.sum(0), dB, dC, dD_rows.sum(0), dz, ddelta.sum({0, 2})};
+  }
+};
+
+}  // namespace
+
+Tensor selective_scan_fused(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& Bm,
+                            const Tensor& C, const Tensor& D, const Tensor& z,
+                            const Tensor& delta_bias) {
+  if (!u.device().is_cpu()) return selective_scan(u, delta, A, Bm, C, D, z, delta_bias);
+  auto f = [](const Tensor& t) { return t.to(torch::kFloat32); };
+  return FusedScan::apply(f(u), f(delta), f(A), f(Bm), f(C), f(D), f(z), f(delta_bias));
 }
 
 MambaImpl::MambaImpl(const CaduceusOptions& o, MambaImpl* shared) : o_(o) {
@@ -73,7 +202,7 @@ Tensor MambaImpl::forward(const Tensor& x) {
   auto Bm = pieces[1].view({batch, L, -1}).transpose(1, 2).contiguous();
   auto C = pieces[2].view({batch, L, -1}).transpose(1, 2).contiguous();
   auto A = -torch::exp(A_log.to(torch::kFloat32));
-  auto y = selective_scan(u, dt, A, Bm, C, D, parts[1], dt_proj->bias);
+  auto y = selective_scan_fused(u, dt, A, Bm, C, D, parts[1], dt_proj->bias);
   return out_proj->forward(y.transpose(1, 2));
 }
 
@@ -178,14 +307,7 @@ namespace {
 
 int64_t int_key(const json& c, const std::string& key, int64_t fallback, int64_t lo, int64_t hi,
                 const std::string& where) {
-  if (!c.contains(key) || c[key].is_null()) return fallback;
-  DNALLM_CHECK(c[key].is_number_integer(), ExitCode::kUsage, "{}: \"{}\" = {} is not an integer",
-               where, key, clip_for_message(c[key].dump()));
-  const int64_t v = c[key].get<int64_t>();
-  DNALLM_CHECK(v >= lo && v <= hi, ExitCode::kUsage,
-               "{}: \"{}\" = {} is outside [{}, {}]: the file is damaged or not a Caduceus config",
-               where, key, v, lo, hi);
-  return v;
+  return family_int(c, key, fallback, lo, hi, where, "Caduceus");
 }
 
 CaduceusOptions options_from(const json& c, const std::string& where) {
@@ -286,20 +408,10 @@ std::map<std::string, Tensor> hf_names(CaduceusLMImpl& m) {
 
 CaduceusLM load_hf_caduceus(const std::string& dir) {
   const std::string config_path = dir + "/config.json";
-  const auto c = parse_json_strict(
-      read_bounded_file(config_path, kMaxConfigFileBytes, ExitCode::kUsage, "configuration file"),
-      config_path, ExitCode::kUsage);
-  DNALLM_CHECK(c.is_object() && c.value("model_type", std::string()) == "caduceus",
-               ExitCode::kUsage, "{}: not a Caduceus config (model_type is not \"caduceus\")",
-               config_path);
+  const auto c = read_family_config(dir, "caduceus", "Caduceus");
   auto o = options_from(c, config_path);
   o.hf_config = c;
-  const std::string weights = dir + "/model.safetensors";
-  std::error_code ec;
-  DNALLM_CHECK(std::filesystem::exists(weights, ec), ExitCode::kUsage,
-               "{} not found: Caduceus directories are read from safetensors only (a pickle is "
-               "code); convert it with transformers' save_pretrained(safe_serialization=True)",
-               weights);
+  const std::string weights = family_weights(dir, "Caduceus");
   checkpoint::SafetensorsReader reader(weights);
   o.classifier = reader.file().tensors.count("score.weight") != 0;
   if (o.classifier) o.num_labels = reader.file().tensors.at("score.weight").spec.shape.at(0);
@@ -321,18 +433,12 @@ CaduceusLM load_hf_caduceus(const std::string& dir) {
                  "{}: unexpected tensor {} for this config.json (n_layer {}, rcps {}): the "
                  "directory mixes files of different models",
                  weights, clip_for_message(name), o.n_layer, o.rcps);
-    auto t =
-        torch::empty(entry.spec.shape, torch::TensorOptions().dtype(torch_dtype(entry.spec.dtype)));
-    reader.read(entry, t.data_ptr());
-    DNALLM_CHECK(!t.is_floating_point() || torch::isfinite(t).all().item<bool>(),
-                 ExitCode::kCheckpointCorrupt,
-                 "{}: tensor {} holds NaN or infinite values: the file is damaged; re-download it",
-                 weights, clip_for_message(name));
+    const auto t = read_finite_tensor(reader, entry, weights, name);
     DNALLM_CHECK(t.sizes() == it->second.sizes(), ExitCode::kUsage,
                  "{}: {} has shape {} but config.json implies {}", weights, name,
                  fmt::format("{}", fmt::join(t.sizes(), "x")),
                  fmt::format("{}", fmt::join(it->second.sizes(), "x")));
-    it->second.copy_(t.to(torch::kFloat32));
+    it->second.copy_(t);
     loaded.insert(name);
   }
   // The published masked LMs tie lm_head to the embedding and may store it under one name.

@@ -54,6 +54,13 @@ torch::Tensor selective_scan(const torch::Tensor& u, const torch::Tensor& delta,
                              const torch::Tensor& C, const torch::Tensor& D, const torch::Tensor& z,
                              const torch::Tensor& delta_bias);
 
+// The same function, Note [Fused selective scan]: one hand-written loop per (batch, channel) on
+// the CPU, forward and backward (an autograd Function); other devices take selective_scan().
+torch::Tensor selective_scan_fused(const torch::Tensor& u, const torch::Tensor& delta,
+                                   const torch::Tensor& A, const torch::Tensor& Bm,
+                                   const torch::Tensor& C, const torch::Tensor& D,
+                                   const torch::Tensor& z, const torch::Tensor& delta_bias);
+
 class MambaImpl : public torch::nn::Module {
  public:
   // `shared`: the module whose in_proj and out_proj this one uses (BiMamba's weight tying), or

@@ -8,6 +8,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
+#include "worker/models/hf_directory.hpp"
 #include "worker/models/transformer.hpp"
 #include "worker/tensor_buffer.hpp"
 
@@ -26,14 +27,7 @@ inline constexpr int64_t kMaxVocab = int64_t{1} << 20;
 
 int64_t int_key(const json& c, const std::string& key, int64_t fallback, int64_t lo, int64_t hi,
                 const std::string& where) {
-  if (!c.contains(key) || c[key].is_null()) return fallback;
-  DNALLM_CHECK(c[key].is_number_integer(), ExitCode::kUsage, "{}: \"{}\" = {} is not an integer",
-               where, key, clip_for_message(c[key].dump()));
-  const int64_t v = c[key].get<int64_t>();
-  DNALLM_CHECK(v >= lo && v <= hi, ExitCode::kUsage,
-               "{}: \"{}\" = {} is outside [{}, {}]: the file is damaged or not a HyenaDNA config",
-               where, key, v, lo, hi);
-  return v;
+  return family_int(c, key, fallback, lo, hi, where, "HyenaDNA");
 }
 
 double number_key(const json& c, const std::string& key, double fallback,
@@ -288,38 +282,13 @@ bool is_shared_freq(const std::string& name, std::string& canonical) {
   return true;
 }
 
-Tensor read_tensor(checkpoint::SafetensorsReader& reader, const checkpoint::SafetensorsEntry& e,
-                   const std::string& path, const std::string& name) {
-  auto t = torch::empty(e.spec.shape, torch::TensorOptions().dtype(torch_dtype(e.spec.dtype)));
-  reader.read(e, t.data_ptr());
-  DNALLM_CHECK(!t.is_floating_point() || t.numel() == 0 || torch::isfinite(t).all().item<bool>(),
-               ExitCode::kCheckpointCorrupt,
-               "{}: tensor {} holds NaN or infinite values: the file is damaged; re-download it",
-               path, clip_for_message(name));
-  return t.to(torch::kFloat32);
-}
-
 }  // namespace
 
 HyenaLM load_hf_hyena(const std::string& dir) {
   const std::string config_path = dir + "/config.json";
-  const auto c = parse_json_strict(
-      read_bounded_file(config_path, kMaxConfigFileBytes, ExitCode::kUsage, "configuration file"),
-      config_path, ExitCode::kUsage);
-  DNALLM_CHECK(c.is_object() && c.value("model_type", std::string()) == "hyenadna",
-               ExitCode::kUsage, "{}: not a HyenaDNA config (model_type is not \"hyenadna\")",
-               config_path);
+  const auto c = read_family_config(dir, "hyenadna", "HyenaDNA");
   auto o = options_from_hf_config(c, config_path);
-  const std::string weights = dir + "/model.safetensors";
-  {
-    std::error_code ec;
-    DNALLM_CHECK(
-        std::filesystem::exists(weights, ec), ExitCode::kUsage,
-        "{} not found{}: HyenaDNA directories are read from safetensors only (a pickle is "
-        "code); convert it with transformers' save_pretrained(safe_serialization=True)",
-        weights,
-        std::filesystem::exists(dir + "/pytorch_model.bin", ec) ? " (pytorch_model.bin is)" : "");
-  }
+  const std::string weights = family_weights(dir, "HyenaDNA");
   checkpoint::SafetensorsReader reader(weights);
   // The head from the tensors (score: a classifier; lm_head: a causal LM); config.json's
   // architectures, when it has one, must agree.
@@ -358,7 +327,7 @@ HyenaLM load_hf_hyena(const std::string& dir) {
     if (layer >= 0) {
       if (name == pos_emb_name(layer, "t")) continue;  // a linspace: nothing trained in it
       // Note [Hyena positional features]: kept only when training moved it.
-      const auto stored = read_tensor(reader, entry, weights, name);
+      const auto stored = read_finite_tensor(reader, entry, weights, name);
       DNALLM_CHECK(stored.dim() == 3 && stored.size(0) == 1 && stored.size(1) == o.max_seq_len &&
                        stored.size(2) == o.emb_dim,
                    ExitCode::kUsage, "{}: {} has shape {} but config.json implies 1x{}x{}", weights,
@@ -376,7 +345,7 @@ HyenaLM load_hf_hyena(const std::string& dir) {
                  "{}: unexpected tensor {} for a {} of this config.json (n_layer {}, "
                  "num_inner_mlps {}): the directory mixes files of different models",
                  weights, clip_for_message(name), arch, o.n_layer, o.num_inner_mlps);
-    const auto t = read_tensor(reader, entry, weights, name);
+    const auto t = read_finite_tensor(reader, entry, weights, name);
     DNALLM_CHECK(t.sizes() == it->second.sizes(), ExitCode::kUsage,
                  "{}: {} has shape {} but config.json implies {}", weights, name,
                  fmt::format("{}", fmt::join(t.sizes(), "x")),

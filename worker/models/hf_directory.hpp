@@ -1,0 +1,75 @@
+// Reading a downloaded Hugging Face model directory of a family with its own module (HyenaDNA,
+// Caduceus): Note [Untrusted files] (core/untrusted_file.hpp) for config.json, bounded integer
+// keys, safetensors only, finite tensors. Each refusal is one line naming the file and key.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/safetensors.hpp"
+#include "core/error.hpp"
+#include "core/untrusted_file.hpp"
+#include "worker/tensor_buffer.hpp"
+
+namespace dnallm::models {
+
+// <dir>/config.json, a JSON object whose model_type is `model_type`; else Error(kUsage).
+inline nlohmann::json read_family_config(const std::string& dir, const std::string& model_type,
+                                         const std::string& family) {
+  const std::string path = dir + "/config.json";
+  auto c = parse_json_strict(
+      read_bounded_file(path, kMaxConfigFileBytes, ExitCode::kUsage, "configuration file"), path,
+      ExitCode::kUsage);
+  DNALLM_CHECK(c.is_object() && c.value("model_type", std::string()) == model_type,
+               ExitCode::kUsage, "{}: not a {} config (model_type is not \"{}\")", path, family,
+               model_type);
+  return c;
+}
+
+// `c[key]` as an integer in [lo, hi], or `fallback` when absent or null; else Error(kUsage).
+inline int64_t family_int(const nlohmann::json& c, const std::string& key, int64_t fallback,
+                          int64_t lo, int64_t hi, const std::string& where,
+                          const std::string& family) {
+  if (!c.contains(key) || c[key].is_null()) return fallback;
+  DNALLM_CHECK(c[key].is_number_integer(), ExitCode::kUsage, "{}: \"{}\" = {} is not an integer",
+               where, key, clip_for_message(c[key].dump()));
+  const int64_t v = c[key].get<int64_t>();
+  DNALLM_CHECK(v >= lo && v <= hi, ExitCode::kUsage,
+               "{}: \"{}\" = {} is outside [{}, {}]: the file is damaged or not a {} config", where,
+               key, v, lo, hi, family);
+  return v;
+}
+
+// <dir>/model.safetensors, which must exist: a pickle (pytorch_model.bin) is code, never read.
+inline std::string family_weights(const std::string& dir, const std::string& family) {
+  const std::string path = dir + "/model.safetensors";
+  std::error_code ec;
+  DNALLM_CHECK(
+      std::filesystem::exists(path, ec), ExitCode::kUsage,
+      "{} not found{}: {} directories are read from safetensors only (a pickle is code); "
+      "convert it with transformers' save_pretrained(safe_serialization=True)",
+      path,
+      std::filesystem::exists(dir + "/pytorch_model.bin", ec) ? " (pytorch_model.bin is)" : "",
+      family);
+  return path;
+}
+
+// One tensor of `reader` as fp32; NaN or infinite values are a damaged file (exit 5).
+inline torch::Tensor read_finite_tensor(checkpoint::SafetensorsReader& reader,
+                                        const checkpoint::SafetensorsEntry& e,
+                                        const std::string& path, const std::string& name) {
+  auto t = torch::empty(e.spec.shape, torch::TensorOptions().dtype(torch_dtype(e.spec.dtype)));
+  reader.read(e, t.data_ptr());
+  DNALLM_CHECK(!t.is_floating_point() || t.numel() == 0 || torch::isfinite(t).all().item<bool>(),
+               ExitCode::kCheckpointCorrupt,
+               "{}: tensor {} holds NaN or infinite values: the file is damaged; re-download it",
+               path, clip_for_message(name));
+  return t.to(torch::kFloat32);
+}
+
+}  // namespace dnallm::models
