@@ -222,6 +222,28 @@ TEST(HfImportTest, Dnabert2ScoredPositionsOnlyMatchTheFullLogits) {
   }
 }
 
+// Note [Padding-free feed-forward]: a padded batch (the feed-forward on real tokens only) and
+// each sequence alone (no padding, every row) give the same logits at real tokens.
+TEST(HfImportTest, Dnabert2PaddedBatchEqualsEachSequenceAlone) {
+  if (!has_fixture("dnabert2_mlm")) GTEST_SKIP();
+  const std::string dir = kFixtures + "/dnabert2_mlm";
+  auto e = load_safetensors(dir + "/expected.safetensors");
+  auto model = build_hf_model(read_hf_checkpoint(dir));
+  auto batched = dnabert2_logits(model, e);
+  const auto& ids = e.at("input_ids");
+  const auto& mask = e.at("attention_mask");
+  ASSERT_LT(mask.sum().item<int64_t>(), mask.numel());  // the batch is padded
+  torch::NoGradGuard no_grad;
+  for (int64_t r = 0; r < ids.size(0); ++r) {
+    const int64_t n = mask[r].sum().item<int64_t>();
+    ForwardInputs in;
+    in.input_ids = ids[r].narrow(0, 0, n).unsqueeze(0);
+    in.attention_mask = mask[r].narrow(0, 0, n).unsqueeze(0);
+    auto alone = model->forward(in).logits[0];
+    EXPECT_LE(max_abs_diff(alone, batched[r].narrow(0, 0, n)), 1e-5) << "row " << r;
+  }
+}
+
 // Note [ALiBi]: the slopes by their definition (2^(-8 i / n) for a power of two; otherwise those
 // of the power below, then the odd-numbered ones of twice it), against the implementation.
 TEST(HfImportTest, AlibiSlopesForAnyHeadCount) {
