@@ -994,7 +994,8 @@ uint64_t model_config_hash(const Config& config) {
   // Note [Model hash across releases]: checkpoints store this hash and resume refuses another
   // one, so a [model]/[lora]/[tokenizer] key added after checkpoints exist joins the hash only
   // when it is set to something other than its default; list such keys here.
-  static const std::vector<std::string> kAddedLater = {"lora.quantize_base"};
+  static const std::vector<std::string> kAddedLater = {"lora.quantize_base", "model.mlp",
+                                                       "model.post_layer_norm"};
   std::string text = sections_toml(config, {"model", "lora", "tokenizer"}, kAddedLater);
   return XXH64(text.data(), text.size(), 0);
 }

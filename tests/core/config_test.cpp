@@ -232,6 +232,12 @@ TEST(Config, ModelHashIgnoresTrainingKnobs) {
   Config nf4 = q;
   nf4.lora.quantize_base = "nf4";
   EXPECT_NE(model_config_hash(nf4), model_config_hash(q));
+  // So do DNABERT-2's block keys (configs/dnabert2-*.toml).
+  Config geglu = q, post_ln = q;
+  geglu.model.mlp = "geglu";
+  post_ln.model.post_layer_norm = true;
+  EXPECT_NE(model_config_hash(geglu), model_config_hash(q));
+  EXPECT_NE(model_config_hash(post_ln), model_config_hash(q));
 }
 
 TEST(Config, LoadFileErrors) {
