@@ -851,25 +851,28 @@ TEST(HfExportTest, Dnabert2RemoteCodeComesFromTheSourceDirectory) {
   auto config_of = [](const fs::path& d) {
     return nlohmann::json::parse(std::ifstream(d / "config.json"));
   };
-  const ExportDir bare("dnabert2_no_code");
-  export_hf_model(model, bare.str(), src.string());
-  EXPECT_EQ(config_of(bare.path()).at("auto_map").at("AutoModelForMaskedLM"),
+  // (Not kept for check_export.py: these hold no tokenizer.)
+  const fs::path bare = src.string() + "_no_code", with_code = src.string() + "_with_code";
+  fs::remove_all(bare);
+  fs::remove_all(with_code);
+  export_hf_model(model, bare.string(), src.string());
+  EXPECT_EQ(config_of(bare).at("auto_map").at("AutoModelForMaskedLM"),
             "zhihan1996/DNABERT-2-117M--bert_layers.BertForMaskedLM");
-  EXPECT_FALSE(fs::exists(bare.path() / "bert_layers.py"));
+  EXPECT_FALSE(fs::exists(bare / "bert_layers.py"));
   // The source's own keys stay (its alibi_starting_size, _name_or_path).
-  EXPECT_EQ(config_of(bare.path()).at("alibi_starting_size"),
-            config_of(src).at("alibi_starting_size"));
+  EXPECT_EQ(config_of(bare).at("alibi_starting_size"), config_of(src).at("alibi_starting_size"));
   for (const char* f :
        {"bert_layers.py", "bert_padding.py", "configuration_bert.py", "flash_attn_triton.py"}) {
     std::ofstream(src / f) << "# stand-in for " << f << "\n";
   }
-  const ExportDir with_code("dnabert2_with_code");
-  export_hf_model(model, with_code.str(), src.string());
-  EXPECT_EQ(config_of(with_code.path()).at("auto_map").at("AutoModelForMaskedLM"),
+  export_hf_model(model, with_code.string(), src.string());
+  EXPECT_EQ(config_of(with_code).at("auto_map").at("AutoModelForMaskedLM"),
             "bert_layers.BertForMaskedLM");
-  EXPECT_EQ(dnallm::testing::read_text((with_code.path() / "bert_layers.py").string()),
+  EXPECT_EQ(dnallm::testing::read_text((with_code / "bert_layers.py").string()),
             "# stand-in for bert_layers.py\n");
   fs::remove_all(src);
+  fs::remove_all(bare);
+  fs::remove_all(with_code);
 }
 
 TEST(HfExportTest, NoTransformersEquivalentIsSkippedNotWrong) {

@@ -18,8 +18,19 @@ using torch::Tensor;
 struct Value;
 using ValuePtr = std::shared_ptr<Value>;
 struct Value {
-  enum class Kind { kNone, kBool, kInt, kFloat, kStr, kTuple, kList, kDict, kGlobal, kStorage,
-                    kTensor };
+  enum class Kind {
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kStr,
+    kTuple,
+    kList,
+    kDict,
+    kGlobal,
+    kStorage,
+    kTensor
+  };
   Kind kind = Kind::kNone;
   int64_t i = 0;
   double f = 0;
@@ -40,11 +51,11 @@ constexpr size_t kMaxMemo = size_t{1} << 24;
 
 torch::ScalarType storage_dtype(const std::string& name) {
   static const std::map<std::string, torch::ScalarType> types = {
-      {"torch.FloatStorage", torch::kFloat32},   {"torch.HalfStorage", torch::kFloat16},
+      {"torch.FloatStorage", torch::kFloat32},     {"torch.HalfStorage", torch::kFloat16},
       {"torch.BFloat16Storage", torch::kBFloat16}, {"torch.DoubleStorage", torch::kFloat64},
-      {"torch.LongStorage", torch::kInt64},      {"torch.IntStorage", torch::kInt32},
-      {"torch.ShortStorage", torch::kInt16},     {"torch.CharStorage", torch::kInt8},
-      {"torch.ByteStorage", torch::kUInt8},      {"torch.BoolStorage", torch::kBool}};
+      {"torch.LongStorage", torch::kInt64},        {"torch.IntStorage", torch::kInt32},
+      {"torch.ShortStorage", torch::kInt16},       {"torch.CharStorage", torch::kInt8},
+      {"torch.ByteStorage", torch::kUInt8},        {"torch.BoolStorage", torch::kBool}};
   auto it = types.find(name);
   return it == types.end() ? torch::ScalarType::Undefined : it->second;
 }
@@ -142,7 +153,8 @@ class Unpickler {
           auto items = pop_to_mark();
           check(items.size() % 2 == 0, "SETITEMS with an odd number of items");
           auto dict = top(Value::Kind::kDict);
-          for (size_t i = 0; i < items.size(); i += 2) dict->kv.emplace_back(items[i], items[i + 1]);
+          for (size_t i = 0; i < items.size(); i += 2)
+            dict->kv.emplace_back(items[i], items[i + 1]);
           break;
         }
         case 'X': {  // BINUNICODE
@@ -150,7 +162,7 @@ class Unpickler {
           push_string(bytes(n), n);
           break;
         }
-        case 0x8c:  // SHORT_BINUNICODE
+        case 0x8c:   // SHORT_BINUNICODE
         case 'U': {  // SHORT_BINSTRING
           const uint8_t n = byte();
           push_string(bytes(n), n);
@@ -329,8 +341,7 @@ class Unpickler {
                  "{}: storage {} is not in the archive", path_, clip_for_message(key));
     auto [ptr, size] = zip_.getRecord(record);
     const size_t elem = c10::elementSize(dtype);
-    DNALLM_CHECK(numel <= int64_t(size / std::max<size_t>(elem, 1)) &&
-                     size == size_t(numel) * elem,
+    DNALLM_CHECK(numel <= int64_t(size / std::max<size_t>(elem, 1)) && size == size_t(numel) * elem,
                  ExitCode::kCheckpointCorrupt,
                  "{}: storage {} holds {} bytes, not {} elements of {} bytes", path_,
                  clip_for_message(key), size, numel, elem);
@@ -387,7 +398,8 @@ class Unpickler {
       check(empty || (offset <= flat.numel() && last < flat.numel()),
             "a tensor outside its storage");
       auto v = make(Value::Kind::kTensor);
-      v->tensor = empty ? torch::empty(size, flat.options()) : flat.as_strided(size, stride, offset);
+      v->tensor =
+          empty ? torch::empty(size, flat.options()) : flat.as_strided(size, stride, offset);
       return v;
     }
     fail(ExitCode::kCheckpointCorrupt, "{}: cannot call {}", path_, clip_for_message(f));
@@ -434,8 +446,7 @@ std::map<std::string, Tensor> load_torch_state_dict(const std::string& path) {
          clip_for_message(e.what_without_backtrace(), 200));
   }
   DNALLM_CHECK(root->kind == Value::Kind::kDict, ExitCode::kCheckpointCorrupt,
-               "{}: holds something other than a state dict (a dictionary of named tensors)",
-               path);
+               "{}: holds something other than a state dict (a dictionary of named tensors)", path);
   std::map<std::string, Tensor> out;
   for (const auto& [k, v] : root->kv) {
     DNALLM_CHECK(k->kind == Value::Kind::kStr && v->kind == Value::Kind::kTensor,
