@@ -529,7 +529,7 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
                ExitCode::kUsage,
                "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\", "
                "and for encoders overlapping k-mers (stride 1) and \"nt\"",
-               tok.to_json().dump());
+               clip_for_message(tok.to_json().dump()));
   write_json(dir + "/tokenizer.json", word_level_tokenizer(tok, arch, kmer));
   if (arch == Arch::kGpt) map["bos_token"] = "[CLS]";
   write_json(dir + "/special_tokens_map.json", map);
