@@ -266,6 +266,28 @@ TEST(HfImportTest, Dnabert2ScoredPositionsOnlyMatchTheFullLogits) {
   }
 }
 
+// Note [Padding-free feed-forward]: a padded batch (the feed-forward on real tokens only) and
+// each sequence alone (no padding, every row) give the same logits at real tokens.
+TEST(HfImportTest, Dnabert2PaddedBatchEqualsEachSequenceAlone) {
+  if (!has_fixture("dnabert2_mlm")) GTEST_SKIP();
+  const std::string dir = kFixtures + "/dnabert2_mlm";
+  auto e = load_safetensors(dir + "/expected.safetensors");
+  auto model = build_hf_model(read_hf_checkpoint(dir));
+  auto batched = dnabert2_logits(model, e);
+  const auto& ids = e.at("input_ids");
+  const auto& mask = e.at("attention_mask");
+  ASSERT_LT(mask.sum().item<int64_t>(), mask.numel());  // the batch is padded
+  torch::NoGradGuard no_grad;
+  for (int64_t r = 0; r < ids.size(0); ++r) {
+    const int64_t n = mask[r].sum().item<int64_t>();
+    ForwardInputs in;
+    in.input_ids = ids[r].narrow(0, 0, n).unsqueeze(0);
+    in.attention_mask = mask[r].narrow(0, 0, n).unsqueeze(0);
+    auto alone = model->forward(in).logits[0];
+    EXPECT_LE(max_abs_diff(alone, batched[r].narrow(0, 0, n)), 1e-5) << "row " << r;
+  }
+}
+
 // Note [ALiBi]: the slopes by their definition (2^(-8 i / n) for a power of two; otherwise those
 // of the power below, then the odd-numbered ones of twice it), against the implementation.
 TEST(HfImportTest, AlibiSlopesForAnyHeadCount) {
@@ -926,25 +948,28 @@ TEST(HfExportTest, Dnabert2RemoteCodeComesFromTheSourceDirectory) {
   auto config_of = [](const fs::path& d) {
     return nlohmann::json::parse(std::ifstream(d / "config.json"));
   };
-  const ExportDir bare("dnabert2_no_code");
-  export_hf_model(model, bare.str(), src.string());
-  EXPECT_EQ(config_of(bare.path()).at("auto_map").at("AutoModelForMaskedLM"),
+  // (Not kept for check_export.py: these hold no tokenizer.)
+  const fs::path bare = src.string() + "_no_code", with_code = src.string() + "_with_code";
+  fs::remove_all(bare);
+  fs::remove_all(with_code);
+  export_hf_model(model, bare.string(), src.string());
+  EXPECT_EQ(config_of(bare).at("auto_map").at("AutoModelForMaskedLM"),
             "zhihan1996/DNABERT-2-117M--bert_layers.BertForMaskedLM");
-  EXPECT_FALSE(fs::exists(bare.path() / "bert_layers.py"));
+  EXPECT_FALSE(fs::exists(bare / "bert_layers.py"));
   // The source's own keys stay (its alibi_starting_size, _name_or_path).
-  EXPECT_EQ(config_of(bare.path()).at("alibi_starting_size"),
-            config_of(src).at("alibi_starting_size"));
+  EXPECT_EQ(config_of(bare).at("alibi_starting_size"), config_of(src).at("alibi_starting_size"));
   for (const char* f :
        {"bert_layers.py", "bert_padding.py", "configuration_bert.py", "flash_attn_triton.py"}) {
     std::ofstream(src / f) << "# stand-in for " << f << "\n";
   }
-  const ExportDir with_code("dnabert2_with_code");
-  export_hf_model(model, with_code.str(), src.string());
-  EXPECT_EQ(config_of(with_code.path()).at("auto_map").at("AutoModelForMaskedLM"),
+  export_hf_model(model, with_code.string(), src.string());
+  EXPECT_EQ(config_of(with_code).at("auto_map").at("AutoModelForMaskedLM"),
             "bert_layers.BertForMaskedLM");
-  EXPECT_EQ(dnallm::testing::read_text((with_code.path() / "bert_layers.py").string()),
+  EXPECT_EQ(dnallm::testing::read_text((with_code / "bert_layers.py").string()),
             "# stand-in for bert_layers.py\n");
   fs::remove_all(src);
+  fs::remove_all(bare);
+  fs::remove_all(with_code);
 }
 
 TEST(HfExportTest, NoTransformersEquivalentIsSkippedNotWrong) {

@@ -630,7 +630,7 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
                ExitCode::kUsage,
                "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\", "
                "\"hf\", and for encoders overlapping k-mers (stride 1) and \"nt\"",
-               summary.dump());
+               clip_for_message(summary.dump()));
   write_json(dir + "/tokenizer.json",
              bpe ? hf_bpe_tokenizer(tok, arch) : word_level_tokenizer(tok, arch, kmer));
   if (arch == Arch::kGpt) map["bos_token"] = "[CLS]";

@@ -413,18 +413,18 @@ BlockImpl::BlockImpl(const ModelOptions& options) : options_(options) {
 }
 
 Tensor BlockImpl::forward(const Tensor& x, const Tensor& bias, bool causal, LayerCache* cache,
-                          const Tensor& rope_cos, const Tensor& rope_sin) {
-  return forward_impl(x, bias, causal, cache, rope_cos, rope_sin, Tensor());
+                          const Tensor& rope_cos, const Tensor& rope_sin, const Tensor& ffn_rows) {
+  return forward_impl(x, bias, causal, cache, rope_cos, rope_sin, Tensor(), ffn_rows);
 }
 
 Tensor BlockImpl::forward_selected(const Tensor& x, const Tensor& bias, const Tensor& rope_cos,
                                    const Tensor& rope_sin, const Tensor& positions) {
-  return forward_impl(x, bias, false, nullptr, rope_cos, rope_sin, positions);
+  return forward_impl(x, bias, false, nullptr, rope_cos, rope_sin, positions, Tensor());
 }
 
 Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal, LayerCache* cache,
                                const Tensor& rope_cos, const Tensor& rope_sin,
-                               const Tensor& positions) {
+                               const Tensor& positions, const Tensor& ffn_rows) {
   const int64_t b = x.size(0), t = x.size(1), nh = options_.heads, hidden = options_.hidden,
                 hd = hidden / nh, nkv = key_value_heads(options_);
   const double p = is_training() ? options_.dropout : 0.0;
@@ -516,17 +516,41 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
   auto y = residual + out;
   if (post_ln) y = norm_attn(y);
   auto hf = post_ln ? y : norm_ffn(y);
+  Tensor y_rows = y;
+  if (ffn_rows.defined()) {  // Note [Padding-free feed-forward]
+    hf = hf.reshape({-1, hidden}).index_select(0, ffn_rows);
+    y_rows = y.reshape({-1, hidden}).index_select(0, ffn_rows);
+  }
   Tensor inner;
   if (!ffn_gate) {
     inner = torch::gelu(ffn_in(hf));
-  } else if (options_.gate_activation == ModelOptions::GateActivation::kGelu) {
-    inner = torch::gelu(ffn_gate(hf)) * ffn_in(hf);  // exact (erf) GELU, as DNABERT-2's GLU
   } else {
-    inner = torch::silu(ffn_gate(hf)) * ffn_in(hf);
+    Tensor gate, up;
+    const bool plain_ffn = !ffn_gate->has_lora() && !ffn_in->has_lora() && !ffn_gate->quantized() &&
+                           !ffn_in->quantized();
+    if (plain_ffn) {
+      // One GEMM for the gate and up projections (as for Q, K and V above; DNABERT-2 stores
+      // them fused, gated_layers), the weights separate parameters.
+      auto w = torch::cat({ffn_gate->weight, ffn_in->weight}, 0);
+      auto bgu =
+          ffn_gate->bias.defined() ? torch::cat({ffn_gate->bias, ffn_in->bias}, 0) : Tensor();
+      auto gu = torch::linear(hf, w, bgu).chunk(2, -1);
+      gate = gu[0];
+      up = gu[1];
+    } else {
+      gate = ffn_gate(hf);
+      up = ffn_in(hf);
+    }
+    // Exact (erf) GELU as DNABERT-2's GLU, or SiLU (Llama).
+    inner = options_.gate_activation == ModelOptions::GateActivation::kGelu
+                ? torch::gelu(gate) * up
+                : torch::silu(gate) * up;
   }
   auto f = ffn_out(inner);
   if (p > 0) f = torch::dropout(f, p, true);
-  return post_ln ? norm_ffn(y + f) : y + f;
+  auto block_out = post_ln ? norm_ffn(y_rows + f) : y_rows + f;
+  if (!ffn_rows.defined()) return block_out;
+  return y.reshape({-1, hidden}).index_copy(0, ffn_rows, block_out).view(y.sizes());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -708,6 +732,7 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
   const bool causal = o.arch == Arch::kGpt;
   const int64_t tk = past_len + t;
   Tensor allowed;  // bool, broadcastable to [B, 1, T, Tk]
+  bool padded_batch = false;
   if (in.attention_mask.defined()) {
     auto key_ok = in.attention_mask.to(torch::kBool);
     if (key_ok.size(1) == t && past_len > 0) {
@@ -717,6 +742,7 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
     const bool any_padding =
         in.padded.has_value() && past_len == 0 ? *in.padded : !key_ok.all().item<bool>();
     if (any_padding) allowed = key_ok.view({b, 1, 1, tk});
+    padded_batch = any_padding;
   }
   if (in.segment_ids.defined()) {
     DNALLM_CHECK(past_len == 0, ExitCode::kFailure, "packed segments are not cached");
@@ -740,6 +766,15 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
   }
   // A single cached decode step (t == 1) attends to everything before it: no mask needed.
   const bool kernel_causal = causal && !bias.defined() && !(past_len > 0 && t == 1);
+  // Note [Padding-free feed-forward]: DNABERT-2's reference runs its feed-forward on the real
+  // tokens only; so do ALiBi models here, on the CPU (finding the rows reads the mask back,
+  // a synchronisation on a GPU). The padding rows' outputs are not part of the function:
+  // they are keys masked out of every attention and positions no loss or pooling reads.
+  Tensor ffn_rows;
+  if (o.alibi && padded_batch && device.is_cpu() && cache == nullptr && past_len == 0 &&
+      in.attention_mask.size(1) == t) {
+    ffn_rows = in.attention_mask.reshape({-1}).nonzero().squeeze(1);
+  }
 
   for (size_t i = 0; i < blocks_.size(); ++i) {
     LayerCache* layer_cache = cache != nullptr ? &(*cache)[i] : nullptr;
@@ -751,7 +786,7 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
         layer_cache == nullptr) {
       x = checkpointed_block(blocks_[i], x, bias, kernel_causal, cos, sin);
     } else {
-      x = blocks_[i]->forward(x, bias, kernel_causal, layer_cache, cos, sin);
+      x = blocks_[i]->forward(x, bias, kernel_causal, layer_cache, cos, sin, ffn_rows);
     }
   }
   if (rms_final_.defined()) return rms_norm(rms_final_, x, o.layer_norm_eps);

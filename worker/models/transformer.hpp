@@ -174,10 +174,12 @@ class BlockImpl : public torch::nn::Module {
   explicit BlockImpl(const ModelOptions& options);
   // `bias`: additive attention mask broadcastable to [batch, heads, q, k] (or undefined);
   // `causal`: apply a causal mask in addition. `cache` (may be null) is read and extended.
-  // `rope`: (cos, sin) for the query positions, or undefined tensors.
+  // `rope`: (cos, sin) for the query positions, or undefined tensors. `ffn_rows` (int64, flat
+  // indices into [B * T]): the feed-forward runs on those tokens only (Note [Padding-free
+  // feed-forward]); the other rows leave the block as the attention sublayer made them.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, bool causal,
                         LayerCache* cache, const torch::Tensor& rope_cos,
-                        const torch::Tensor& rope_sin);
+                        const torch::Tensor& rope_sin, const torch::Tensor& ffn_rows = {});
 
   // Masked LM, last block only: computes the outputs at `positions` [B, M] (int64) alone,
   // attending over the whole sequence. Returns [B, M, hidden].
@@ -194,7 +196,8 @@ class BlockImpl : public torch::nn::Module {
  private:
   torch::Tensor forward_impl(const torch::Tensor& x, const torch::Tensor& bias, bool causal,
                              LayerCache* cache, const torch::Tensor& rope_cos,
-                             const torch::Tensor& rope_sin, const torch::Tensor& positions);
+                             const torch::Tensor& rope_sin, const torch::Tensor& positions,
+                             const torch::Tensor& ffn_rows);
   ModelOptions options_;
 };
 TORCH_MODULE(Block);
