@@ -133,8 +133,15 @@ void model_keys(std::vector<KeyDesc>& out) {
       .range("ffn", &ModelConfig::ffn, 1, 1 << 20, "feed-forward inner width")
       .range("max_seq_length", &ModelConfig::max_seq_length, 4, 1 << 20,
              "tokens per sequence, [CLS]/[SEP] included")
-      .choice("position", &ModelConfig::position, {"learned", "rotary"},
-              "position encoding: learned absolute embeddings or rotary (RoPE)")
+      .choice("position", &ModelConfig::position, {"learned", "rotary", "alibi"},
+              "position encoding: learned absolute embeddings, rotary (RoPE) or ALiBi (attention "
+              "biases -slope * distance per head, any length; DNABERT-2)")
+      .choice("mlp", &ModelConfig::mlp, {"gelu", "geglu"},
+              "feed-forward: `gelu` (dense, GELU, dense) or `geglu` (GELU(gate) * up, then "
+              "down; the gate and up projections without bias; DNABERT-2)")
+      .key("post_layer_norm", &ModelConfig::post_layer_norm,
+           "BERT's post-LN blocks (LN(x + sublayer(x))) with a LayerNorm after the embeddings, "
+           "instead of pre-LN blocks with a final norm (DNABERT-1/2)")
       .choice("attn_implementation", &ModelConfig::attn_implementation, {"auto", "sdpa", "eager"},
               "attention kernel: `sdpa` (LibTorch's scaled_dot_product_attention), `eager` "
               "(explicit matmul and softmax); `auto` is `sdpa`")
@@ -1027,7 +1034,8 @@ uint64_t model_config_hash(const Config& config) {
   // Note [Model hash across releases]: checkpoints store this hash and resume refuses another
   // one, so a [model]/[lora]/[tokenizer] key added after checkpoints exist joins the hash only
   // when it is set to something other than its default; list such keys here.
-  static const std::vector<std::string> kAddedLater = {"lora.quantize_base", "model.kv_heads"};
+  static const std::vector<std::string> kAddedLater = {"lora.quantize_base", "model.kv_heads",
+                                                       "model.mlp", "model.post_layer_norm"};
   std::string text = sections_toml(config, {"model", "lora", "tokenizer"}, kAddedLater);
   return XXH64(text.data(), text.size(), 0);
 }

@@ -26,6 +26,8 @@ struct ModelConfig {
   int64_t ffn = 1024;
   int64_t max_seq_length = 512;
   std::string position = "learned";
+  std::string mlp = "gelu";
+  bool post_layer_norm = false;
   std::string attn_implementation = "auto";
   double dropout = 0.0;
   bool gradient_checkpointing = false;

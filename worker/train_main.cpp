@@ -13,6 +13,7 @@
 #include "core/log.hpp"
 #include "core/worker_env.hpp"
 #include "worker/models/hf_export.hpp"
+#include "worker/models/hf_import.hpp"
 #include "worker/parallel/process_group.hpp"
 #include "worker/train/auto_batch.hpp"
 #include "worker/train/data_source.hpp"
@@ -88,10 +89,15 @@ int train_in_group(Config& config, const WorkerEnv& env, const cluster::Topology
   // A resumed run, or a restarted elastic generation (even one with no checkpoint to
   // resume yet), continues the metrics file of the runs before it.
   trainer_options.append_metrics = resume.checkpoint.has_value() || env.generation.value_or(0) > 1;
-  trainer_options.write_tokenizer = [tokenizer, model](const std::string& dir) mutable {
+  // A Hugging Face base (model.init_from) lends its export its config keys and remote code.
+  const std::string hf_source =
+      !config.model.init_from.empty() && models::is_hf_model_dir(config.model.init_from)
+          ? config.model.init_from
+          : std::string();
+  trainer_options.write_tokenizer = [tokenizer, model, hf_source](const std::string& dir) mutable {
     data::save_tokenizer(*tokenizer, dir + "/tokenizer.json");
     // The same model in a transformers layout that computes the same function.
-    models::export_hf_directory(model, *tokenizer, dir + "/hf");
+    models::export_hf_directory(model, *tokenizer, dir + "/hf", hf_source);
   };
   const auto profiler = make_profiler(config, profile_range, rank);
   // Declared before the trainer: its hooks call into the checkpointer.

@@ -240,7 +240,8 @@ TEST(Config, ModelHashIgnoresTrainingKnobs) {
   EXPECT_NE(model_config_hash(a), model_config_hash(d));
   // A key added later joins the hash only when set (Note [Model hash across releases]):
   // configs/quickstart.toml hashed to de934a2fff92763d in the checkpoints written before
-  // lora.quantize_base and model.kv_heads existed, and such checkpoints must still resume.
+  // lora.quantize_base, model.kv_heads, model.mlp and model.post_layer_norm existed, and such
+  // checkpoints must still resume.
   Config q = load_config(std::string(DNALLM_SOURCE_DIR) + "/configs/quickstart.toml");
   EXPECT_EQ(fmt::format("{:016x}", model_config_hash(q)), "de934a2fff92763d");
   Config nf4 = q;
@@ -249,6 +250,12 @@ TEST(Config, ModelHashIgnoresTrainingKnobs) {
   Config grouped = q;
   grouped.model.kv_heads = 1;
   EXPECT_NE(model_config_hash(grouped), model_config_hash(q));
+  Config geglu = q;
+  geglu.model.mlp = "geglu";
+  EXPECT_NE(model_config_hash(geglu), model_config_hash(q));
+  Config post_ln = q;
+  post_ln.model.post_layer_norm = true;
+  EXPECT_NE(model_config_hash(post_ln), model_config_hash(q));
 }
 
 TEST(Config, LoadFileErrors) {

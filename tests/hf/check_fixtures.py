@@ -12,24 +12,28 @@ base/ and adapter/ (bert_cls_lora): PeftModel.from_pretrained(base, adapter) mus
 |logit difference| and exits 1 if any fails (and when transformers is missing: run
 scripts/install-deps.sh).
 
-  python tests/hf/check_fixtures.py tests/data/hf-fixtures [--nt-v2-code DIR]
+  python tests/hf/check_fixtures.py tests/data/hf-fixtures [--nt-v2-code DIR] [--dnabert2-ref DIR]
 
 The Nucleotide Transformer v2 families (config.json with its auto_map) run through that remote
 code (DIR or $DNALLM_NT_V2_CODE: esm_config.py, modeling_esm.py); without it they are skipped
-with a message.
+with a message. The DNABERT-2 families need its remote code (--dnabert2-ref or
+DNALLM_DNABERT2_REF: see tests/hf/dnabert2_reference.py); without it they are skipped with a
+message.
 """
 import argparse
 import json
 import os
 import sys
+import tempfile
 
+import dnabert2_reference
 from hf_common import (adapter_problems, auto_model_class, import_nt_v2, import_peers,
                        load_model, max_abs_diff, nt_v2_code_dir, nt_v2_model_class,
                        overlapping_kmers)
 
 FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
             "roberta_prelayernorm_mlm", "bert_cls_lora", "llama_gqa_causal", "llama_mqa_causal",
-            "esm_v2_mlm", "esm_v2_cls", "esm_v1_mlm"]
+            "esm_v2_mlm", "esm_v2_cls", "esm_v1_mlm", "dnabert2_mlm", "dnabert2_cls"]
 
 
 def expected_inputs(folder, fixture, tokenizer_class):
@@ -47,9 +51,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("fixtures", help="the fixtures folder (tests/data/hf-fixtures)")
     ap.add_argument("--tolerance", type=float, default=1e-4)
+    ap.add_argument("--dnabert2-ref", help="DNABERT-2's remote code (default "
+                    "$DNALLM_DNABERT2_REF); without it the dnabert2 families are skipped")
     ap.add_argument("--nt-v2-code", help="folder with the Nucleotide Transformer v2 remote code "
                     "(default $DNALLM_NT_V2_CODE)")
     args = ap.parse_args()
+    ref = dnabert2_reference.reference_dir(args.dnabert2_ref)
+    scratch = tempfile.TemporaryDirectory()
     torch, transformers = import_peers()
     nt_v2_code = nt_v2_code_dir(args.nt_v2_code)
     nt_v2 = import_nt_v2(nt_v2_code) if nt_v2_code else None
@@ -70,8 +78,16 @@ def main():
         if not os.path.isdir(folder):
             report(family, False, f"no folder {folder}")
             continue
+        dnabert2 = dnabert2_reference.is_dnabert2(folder)
+        if dnabert2:
+            if ref is None:
+                print(f"skip {family}: {dnabert2_reference.SKIP_MESSAGE}", flush=True)
+                continue
+            folder = dnabert2_reference.with_code(ref, folder, scratch.name)
         config = os.path.join(folder, "config.json")
-        remote = os.path.isfile(config) and "auto_map" in json.load(open(config))
+        # (DNABERT-2's auto_map is its own remote code, loaded by auto_model_class)
+        remote = (not dnabert2 and os.path.isfile(config) and
+                  "auto_map" in json.load(open(config)))
         if remote and nt_v2 is None:
             print(f"skip {family}: the Nucleotide Transformer v2 remote code is not given "
                   "(--nt-v2-code DIR or $DNALLM_NT_V2_CODE)", flush=True)

@@ -66,7 +66,12 @@ def load_model(cls, model_dir):
     """cls.from_pretrained(model_dir) in eval mode, and what transformers' loading report says
     is wrong with the file: "" when every tensor the model has was in the file and nothing
     else was (a missing one would be newly initialised, silently, apart from a log line)."""
-    model, info = cls.from_pretrained(model_dir, output_loading_info=True)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        # DNABERT-2 (tests/hf/dnabert2_reference.py) through an Auto class; a Nucleotide
+        # Transformer v2 class (nt_v2_model_class) is its remote code already
+        remote = "auto_map" in json.load(f) and cls.__name__.startswith("Auto")
+    model, info = cls.from_pretrained(model_dir, output_loading_info=True,
+                                      trust_remote_code=remote)
     problems = [f"{what} {sorted(map(str, info[what]))}"
                 for what in ("missing_keys", "unexpected_keys", "mismatched_keys")
                 if info.get(what)]

@@ -8,7 +8,7 @@ transformers computes in fp32 on CPU with dropout off; bert_cls_lora also merged
 merge_and_unload). The families and what they stand for: tests/data/hf-fixtures/README.md.
 
   python tests/hf/make_fixtures.py --out /tmp/fixtures [--family bert_mlm ...] [--seed 0]
-      [--nt-v2-code DIR]
+      [--nt-v2-code DIR] [--dnabert2-ref DIR]
 
 The Nucleotide Transformer v2 families (esm_v2_mlm, esm_v2_cls) are made by InstaDeepAI's own
 remote code (esm_config.py and modeling_esm.py of a nucleotide-transformer-v2 Hugging Face
@@ -20,13 +20,23 @@ LayerNorm gains are then not 0 and 1, so an import that maps one of them wrongly
 regenerated set therefore differs from the committed one; both must pass our C++ import test
 (DNALLM_HF_FIXTURES_DIR=OUT build/tests/worker/worker_hf_import_test). Needs torch,
 transformers, tokenizers, peft and safetensors (scripts/install-deps.sh).
+
+DNABERT-2 (dnabert2_mlm, dnabert2_cls) runs its own remote code, which is not in this
+repository: with --dnabert2-ref DIR (or DNALLM_DNABERT2_REF) the reference's fp32 CPU logits
+are made with it (tests/hf/dnabert2_reference.py says which shims it gets and needs einops);
+without, these families are skipped with a message. Their folders hold what a download holds
+except the .py files (config.json with auto_map, model.safetensors, tokenizer.json of a real
+BPE model in DNABERT-2's layout, tokenizer_config.json).
 """
 import argparse
 import itertools
 import json
 import os
+import shutil
 import sys
+import tempfile
 
+import dnabert2_reference
 from hf_common import (NT_V2_AUTO_MAP, SEQS, auto_model_class, import_nt_v2, import_peers,
                        max_abs_diff, nt_v2_code_dir, nt_v2_model_class, overlapping_kmers)
 
@@ -50,9 +60,30 @@ class Fixture:
         self.model, self.tokenizer, self.inputs, self.note = model, tokenizer, inputs, note
 
 
+# DNABERT-2's tokenizer layout (MAGICS-LAB/DNABERT_2 issue 74, its training script): a
+# tokenizers BPE model with unk [UNK], trained with these special tokens first (ids 0..4, so
+# [PAD] = 3), the Whitespace pre-tokenizer, no normalizer, and [CLS] $A [SEP] framing.
+DNABERT2_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+# DNABERT-2-117M's config.json keys (sizes shrunk by each family; alibi_starting_size small so
+# that the fixture sequences run past it and the reference rebuilds its table).
+DNABERT2_CONFIG = {
+    "_name_or_path": "zhihan1996/DNABERT-2-117M", "alibi_starting_size": 16,
+    "architectures": ["BertForMaskedLM"], "attention_probs_dropout_prob": 0.0,
+    "auto_map": {"AutoConfig": "configuration_bert.BertConfig",
+                 "AutoModel": "bert_layers.BertModel",
+                 "AutoModelForMaskedLM": "bert_layers.BertForMaskedLM",
+                 "AutoModelForSequenceClassification":
+                     "bert_layers.BertForSequenceClassification"},
+    "classifier_dropout": None, "gradient_checkpointing": False, "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1, "initializer_range": 0.02, "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512, "model_type": "bert", "position_embedding_type": "absolute",
+    "torch_dtype": "float32", "transformers_version": "4.28.0", "type_vocab_size": 2,
+    "use_cache": True}
+
+
 class Maker:
-    def __init__(self, out, seed, nt_v2_code=None):
-        self.out, self.seed = out, seed
+    def __init__(self, out, seed, dnabert2_ref=None, nt_v2_code=None):
+        self.out, self.seed, self.dnabert2_ref = out, seed, dnabert2_ref
         self.nt_v2 = None  # the remote code's modeling_esm module, when given
         self.torch, self.transformers = import_peers("tokenizers")
         import peft
@@ -212,7 +243,101 @@ class Maker:
 
     FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
                 "roberta_prelayernorm_mlm", "bert_cls_lora", "llama_gqa_causal",
-                "llama_mqa_causal", "esm_v2_mlm", "esm_v2_cls", "esm_v1_mlm"]
+                "llama_mqa_causal", "esm_v2_mlm", "esm_v2_cls", "esm_v1_mlm", "dnabert2_mlm",
+                "dnabert2_cls"]
+    # Family i is seeded with seed + i; the dnabert2 families keep the places 8 and 9 they were
+    # made with (their fixtures predate the llama_gqa_causal .. esm_v1_mlm families).
+    SEED_INDEX = {"dnabert2_mlm": 8, "dnabert2_cls": 9}
+    DNABERT2 = {
+        # 4 heads (power of two); 6 heads: the slopes of 4, then every second of 8.
+        "dnabert2_mlm": dict(head="BertForMaskedLM", hidden_size=32, num_attention_heads=4,
+                             intermediate_size=48, num_hidden_layers=2),
+        "dnabert2_cls": dict(head="BertForSequenceClassification", hidden_size=48,
+                             num_attention_heads=6, intermediate_size=64, num_hidden_layers=2,
+                             num_labels=2),
+    }
+
+    # -- DNABERT-2 (its own remote code: --dnabert2-ref) ---------------------------------------
+
+    def dnabert2_tokenizer(self):
+        """A real tokenizers BPE model in DNABERT-2's layout, trained on seeded random DNA."""
+        import random
+        from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+        rng = random.Random(self.seed)
+        corpus = ["".join(rng.choice("ACGT") for _ in range(200)) for _ in range(200)]
+        tk = Tokenizer(models.BPE(unk_token="[UNK]"))
+        tk.pre_tokenizer = pre_tokenizers.Whitespace()
+        trainer = trainers.BpeTrainer(vocab_size=96, special_tokens=DNABERT2_SPECIALS,
+                                      show_progress=False)
+        tk.train_from_iterator(corpus, trainer=trainer)
+        tk.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+        return self.transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tk, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+            pad_token="[PAD]", mask_token="[MASK]")
+
+    def make_dnabert2(self, family, folder):
+        """The model is made and run in a scratch folder holding the reference code; the
+        fixture folder gets everything but the .py files."""
+        torch, transformers = self.torch, self.transformers
+        spec = dict(self.DNABERT2[family])
+        head = spec.pop("head")
+        tok = self.dnabert2_tokenizer()
+        assert tok.convert_tokens_to_ids("[PAD]") == 3, "DNABERT-2's [PAD] is id 3"
+        config = dict(DNABERT2_CONFIG, architectures=[head], vocab_size=len(tok), **spec)
+        with tempfile.TemporaryDirectory() as tmp:
+            work = os.path.join(tmp, family)
+            os.makedirs(work)
+            with open(os.path.join(work, "config.json"), "w") as f:
+                json.dump(config, f, indent=2)
+                f.write("\n")
+            dnabert2_reference.install(self.dnabert2_ref, work)
+            cfg = transformers.AutoConfig.from_pretrained(work, trust_remote_code=True)
+            cls = auto_model_class(transformers, work)
+            model = cls.from_config(cfg, trust_remote_code=True)
+            self.perturb(model)
+            model = model.eval()
+            # The weights as DNABERT-2 stores them: every state-dict tensor, the tied decoder
+            # too (save_pretrained refuses the remote code's undeclared tie).
+            from safetensors.torch import save_file
+            save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
+                      os.path.join(work, "model.safetensors"), metadata={"format": "pt"})
+            if family == "dnabert2_mlm":
+                # What the hub repository actually ships: a torch.save pickle of the state dict
+                # (the decoder sharing the word embeddings' storage), for the .bin import.
+                torch.save(model.state_dict(), os.path.join(work, "pytorch_model.bin"))
+            tok.save_pretrained(work)
+            ids, mask = self.encode(tok, list(SEQS))
+            self.check_round_trip(work, tok, list(SEQS), ids, mask)
+            assert ids.shape[1] > config["alibi_starting_size"], (
+                f"{family}: {ids.shape[1]} tokens do not run past alibi_starting_size")
+            with torch.no_grad():
+                logits = model(input_ids=ids, attention_mask=mask).logits.float()
+                reloaded, info = cls.from_pretrained(work, trust_remote_code=True,
+                                                     output_loading_info=True)
+                again = reloaded.eval()(input_ids=ids, attention_mask=mask).logits
+            assert not any(info[k] for k in ("missing_keys", "unexpected_keys",
+                                             "mismatched_keys")), f"{family}: {info}"
+            assert max_abs_diff(again, logits) == 0, f"{family}: the saved model computes otherwise"
+            for name in os.listdir(work):
+                if not name.endswith(".py"):
+                    shutil.copyfile(os.path.join(work, name), os.path.join(folder, name))
+        self.write_expected(folder, {"input_ids": ids, "attention_mask": mask, "logits": logits})
+        self.write_fixture_json(folder, {
+            "family": family, "class": f"bert_layers.{head} (DNABERT-2 remote code)",
+            "tokenizer_class": type(tok).__name__, "sequences": SEQS,
+            "tokenizer_inputs": list(SEQS),
+            "note": "DNABERT-2 (MosaicBERT): ALiBi (alibi_starting_size 16, shorter than the "
+                    "sequences), fused Wqkv, GLU feed-forward, post-LN; tokenizer.json a "
+                    "tokenizers BPE in DNABERT-2's layout. Logits by the reference code on the "
+                    "CPU (PyTorch attention path); at padding positions the reference outputs "
+                    "the head of a zero state: compare at real tokens (attention_mask)",
+            "reference_code_sha256": dnabert2_reference.code_digest(self.dnabert2_ref),
+            "reference_patches": dnabert2_reference.PATCHES,
+            "input_ids": ids.tolist(), "logits_shape": list(logits.shape),
+            "made_by": "tests/hf/make_fixtures.py --dnabert2-ref"})
+        return list(logits.shape)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -251,6 +376,8 @@ class Maker:
         self.torch.manual_seed(self.seed + index)
         if family == "bert_cls_lora":
             return self.make_lora(folder)
+        if family in self.DNABERT2:
+            return self.make_dnabert2(family, folder)
         fx = getattr(self, family)(folder)
         self.perturb(fx.model)
         model = fx.model.eval()
@@ -323,11 +450,16 @@ def main():
     ap.add_argument("--out", required=True, help="where the family folders go")
     ap.add_argument("--family", action="append", choices=Maker.FAMILIES,
                     help="only these families (repeatable; default all)")
-    ap.add_argument("--seed", type=int, default=0, help="family i is seeded with seed + i")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="family i is seeded with seed + i (i: Maker.SEED_INDEX or its place)")
+    ap.add_argument("--dnabert2-ref", help="folder of DNABERT-2's remote code (bert_layers.py, "
+                    "bert_padding.py, configuration_bert.py); default $DNALLM_DNABERT2_REF; "
+                    "without it the dnabert2 families are skipped")
     ap.add_argument("--nt-v2-code", help="folder with the Nucleotide Transformer v2 remote code "
                     "(esm_config.py, modeling_esm.py; default $DNALLM_NT_V2_CODE)")
     args = ap.parse_args()
-    maker = Maker(args.out, args.seed, nt_v2_code_dir(args.nt_v2_code))
+    maker = Maker(args.out, args.seed, dnabert2_reference.reference_dir(args.dnabert2_ref),
+                  nt_v2_code_dir(args.nt_v2_code))
     torch, transformers = maker.torch, maker.transformers
     report = {"made_by": "tests/hf/make_fixtures.py", "transformers": transformers.__version__,
               "peft": maker.peft.__version__, "torch": torch.__version__, "seed": args.seed,
@@ -335,13 +467,16 @@ def main():
     for index, family in enumerate(Maker.FAMILIES):
         if args.family and family not in args.family:
             continue
+        if family in Maker.DNABERT2 and maker.dnabert2_ref is None:
+            print(f"skipped {family}: {dnabert2_reference.SKIP_MESSAGE}", flush=True)
+            continue
         if family in Maker.NT_V2_FAMILIES and maker.nt_v2 is None:
             print(f"skipped {family}: it needs the Nucleotide Transformer v2 remote code "
                   "(--nt-v2-code DIR or $DNALLM_NT_V2_CODE: esm_config.py and modeling_esm.py "
                   "of an InstaDeepAI nucleotide-transformer-v2 repository)", flush=True)
             report["families"][family] = {"ok": False, "skipped": "no --nt-v2-code"}
             continue
-        shape = maker.make(family, index)
+        shape = maker.make(family, Maker.SEED_INDEX.get(family, index))
         files = sorted(os.path.relpath(os.path.join(r, f), os.path.join(args.out, family))
                        for r, _, fs in os.walk(os.path.join(args.out, family)) for f in fs)
         report["families"][family] = {"ok": True, "files": files, "logits": shape}

@@ -209,6 +209,131 @@ void continued_pretraining_with_the_nt_split(const std::string& family) {
   fs::remove_all(ck);
 }
 
+// DNABERT-2 end to end: a DNABERT-2-shaped model pre-trained from scratch
+// (configs/dnabert2-tiny.toml: ALiBi, post-LN, GEGLU, 6 heads) goes out in DNABERT-2's layout
+// (final/hf: auto_map, fused Wqkv) computing what final/ computes; that directory is then a
+// DNABERT-2 model.init_from for LoRA under dnallm-launch --nproc-per-node 2 and for full
+// fine-tuning, and the classifiers score, embed and predict.
+TEST(HfFineTune, Dnabert2PretrainExportThenLoraAndFullFineTune) {
+  const auto dir = fs::temp_directory_path() / ("dnallm_hf_dnabert2_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto pre = (dir / "pre").string();
+  auto pretrain = run("cd " + kSrc + " && " + kBin + "dnallm-train --config " +
+                      "configs/dnabert2-tiny.toml --set training.max_steps=4" +
+                      " --set checkpoint.dir=" + pre + " --metrics-file " + pre + "/metrics.jsonl");
+  ASSERT_EQ(pretrain.code, 0) << pretrain.out;
+  const auto hf = pre + "/final/hf";
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(hf + "/config.json"));
+  EXPECT_EQ(config.at("model_type"), "bert");
+  EXPECT_EQ(config.at("architectures").at(0), "BertForMaskedLM");
+  EXPECT_EQ(config.at("auto_map").at("AutoModelForMaskedLM"),
+            "zhihan1996/DNABERT-2-117M--bert_layers.BertForMaskedLM");
+  const auto header = dnallm::checkpoint::read_safetensors_header(hf + "/model.safetensors");
+  EXPECT_TRUE(header.tensors.count("bert.encoder.layer.1.attention.self.Wqkv.weight"));
+  EXPECT_TRUE(header.tensors.count("bert.encoder.layer.1.mlp.gated_layers.weight"));
+  // final/ and its DNABERT-2 export compute the same logits, on sequences longer than any
+  // table (ALiBi: 200 bases on a model trained at 128).
+  const std::string genome = dnallm::testing::bundled_genome(200000);
+  const auto seqs = (dir / "seqs.txt").string();
+  std::ofstream(seqs) << genome.substr(5000, 200) << "\n" << genome.substr(9000, 70) << "\n";
+  const auto own = (dir / "own.safetensors").string(), out = (dir / "hf.safetensors").string();
+  auto own_run = run(kBin + "dnallm-eval --model " + hf + " --logits " + seqs + " --out " + out);
+  ASSERT_EQ(own_run.code, 0) << own_run.out;
+  std::ofstream(dir / "short.txt") << genome.substr(5000, 100) << "\n"
+                                   << genome.substr(9000, 70) << "\n";
+  const auto short_seqs = (dir / "short.txt").string();
+  const auto hf_short = (dir / "hf_short.safetensors").string();
+  ASSERT_EQ(
+      run(kBin + "dnallm-eval --model " + pre + "/final --logits " + short_seqs + " --out " + own)
+          .code,
+      0);
+  ASSERT_EQ(
+      run(kBin + "dnallm-eval --model " + hf + " --logits " + short_seqs + " --out " + hf_short)
+          .code,
+      0);
+  const auto mask = values<int64_t>(own, "attention_mask");
+  const auto a = floats(own, "logits"), b = floats(hf_short, "logits");
+  ASSERT_EQ(a.size(), b.size());
+  const size_t vocab = a.size() / mask.size();
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (mask[i / vocab] == 1) {
+      EXPECT_NEAR(a[i], b[i], 1e-4) << i;
+    }
+  }
+
+  dnallm::testing::write_composition_table((dir / "train.csv").string(), genome, 0, 64);
+  dnallm::testing::write_composition_table((dir / "eval.csv").string(), genome, 100000, 64);
+  const std::string finetune =
+      " --config configs/finetune-hf-dnabert.toml --set model.init_from=" + hf +
+      " --set tokenizer.kind=char --set model.max_seq_length=64" + " --set 'data.train_files=[\"" +
+      (dir / "train.csv").string() + "\"]'" + " --set 'data.eval_files=[\"" +
+      (dir / "eval.csv").string() + "\"]'" +
+      " --set training.micro_batch_size=8 --set training.lr=1e-2 --set training.eval_steps=0" +
+      " --set logging.tensorboard_dir= --set parallel.backend=gloo";
+  const auto lora = (dir / "lora").string();
+  auto lora_run = run("cd " + kSrc + " && " + kBin + "dnallm-launch --nproc-per-node 2" + finetune +
+                      " --set training.max_steps=30 --set checkpoint.dir=" + lora +
+                      " --metrics-file " + lora + "/metrics.jsonl");
+  ASSERT_EQ(lora_run.code, 0) << lora_run.out;
+  EXPECT_NE(lora_run.out.find("from the Hugging Face BertForMaskedLM"), std::string::npos)
+      << lora_run.out;
+  auto scored = run(kBin + "dnallm-eval --model " + lora + "/final --table " +
+                    (dir / "eval.csv").string() + " 2>/dev/null");
+  ASSERT_EQ(scored.code, 0) << scored.out;
+  EXPECT_EQ(nlohmann::json::parse(scored.out).at("rows").get<int64_t>(), 64);
+  // The fine-tuned classifier in DNABERT-2's layout (adapters merged), equal to final/.
+  nlohmann::json cls = nlohmann::json::parse(std::ifstream(lora + "/final/hf/config.json"));
+  EXPECT_EQ(cls.at("architectures").at(0), "BertForSequenceClassification");
+  EXPECT_TRUE(cls.contains("auto_map"));
+  const auto cls_seqs = (dir / "cls.txt").string();  // within model.max_seq_length = 64
+  std::ofstream(cls_seqs) << genome.substr(5000, 60) << "\n" << genome.substr(9000, 45) << "\n";
+  const auto c_own = (dir / "c_own.safetensors").string();
+  const auto c_hf = (dir / "c_hf.safetensors").string();
+  ASSERT_EQ(
+      run(kBin + "dnallm-eval --model " + lora + "/final --logits " + cls_seqs + " --out " + c_own)
+          .code,
+      0);
+  ASSERT_EQ(run(kBin + "dnallm-eval --model " + lora + "/final/hf --logits " + cls_seqs +
+                " --out " + c_hf)
+                .code,
+            0);
+  const auto ca = floats(c_own, "logits"), cb = floats(c_hf, "logits");
+  ASSERT_EQ(ca.size(), 4u);
+  ASSERT_EQ(cb.size(), ca.size());
+  for (size_t i = 0; i < ca.size(); ++i) EXPECT_NEAR(ca[i], cb[i], 1e-4) << i;
+  // dnallm-infer on the fine-tuned model.
+  std::ofstream(dir / "in.fa") << ">a\n"
+                               << genome.substr(3000, 60) << "\n>b\n"
+                               << genome.substr(4000, 50) << "\n";
+  auto embed = run(kBin + "dnallm-infer embed --model " + lora + "/final --input " +
+                   (dir / "in.fa").string() + " --out " + (dir / "emb.npy").string());
+  EXPECT_EQ(embed.code, 0) << embed.out;
+  EXPECT_TRUE(fs::exists(dir / "emb.npy"));
+  auto predict = run(kBin + "dnallm-infer predict --model " + lora + "/final --input " +
+                     (dir / "in.fa").string() + " --out -");
+  EXPECT_EQ(predict.code, 0) << predict.out;
+  EXPECT_NE(predict.out.find("a,"), std::string::npos) << predict.out;
+
+  // Full fine-tuning (no LoRA), one process.
+  const auto full = (dir / "full").string();
+  auto full_run = run("cd " + kSrc + " && " + kBin + "dnallm-train" + finetune +
+                      " --set lora.r=0 --set training.max_steps=6 --set checkpoint.dir=" + full +
+                      " --metrics-file " + full + "/metrics.jsonl");
+  ASSERT_EQ(full_run.code, 0) << full_run.out;
+  std::ifstream metrics(full + "/metrics.jsonl");
+  std::string line;
+  int steps = 0;
+  while (std::getline(metrics, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("event")) continue;
+    EXPECT_TRUE(std::isfinite(j.at("loss").get<double>())) << line;
+    ++steps;
+  }
+  EXPECT_GE(steps, 1);
+  fs::remove_all(dir);
+}
+
 // ESM, rotary (Nucleotide Transformer v2's shape without its SwiGLU).
 TEST(HfFineTune, EsmContinuedPretrainingWithTheNtSplit) {
   continued_pretraining_with_the_nt_split("esm_mlm");

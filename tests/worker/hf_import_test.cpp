@@ -2,6 +2,7 @@
 // (tests/data/hf-fixtures; tests/hf/make_fixtures.py makes a fresh set): the family's own tokenizer
 // ids exactly, and transformers' fp32 logits within 1e-4. Then every unsupported model or option is
 // refused with exit code 2 naming the key, and dnallm-eval --logits end to end.
+#include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -142,6 +143,175 @@ TEST(HfImportTest, NucleotideTransformerV1LearnedPositions) {
 
 TEST(HfImportTest, RobertaPreLayerNormMaskedLm) {
   expect_matches_fixture("roberta_prelayernorm_mlm");
+}
+
+// DNABERT-2 (Note [DNABERT-2 import]): the reference's own remote code made these logits
+// (tests/hf/make_fixtures.py --dnabert2-ref); its sequences run past alibi_starting_size. The
+// ids are the fixture's (tokenizer.json is a BPE model). At padding positions the reference
+// puts the head of a zero state, which is not part of the function: token-level logits are
+// compared at real tokens. A regenerated set made without the reference has no such folder.
+bool has_fixture(const std::string& family) {
+  if (fs::exists(kFixtures + "/" + family)) return true;
+  EXPECT_NE(kFixtures, std::string(DNALLM_HF_FIXTURES)) << family << " is missing";
+  return false;
+}
+
+double dnabert2_diff(const torch::Tensor& got, const std::map<std::string, torch::Tensor>& want,
+                     const std::string& key = "logits") {
+  const auto& expected = want.at(key);
+  if (got.dim() == 3) {
+    auto real = want.at("attention_mask").to(torch::kBool);
+    return max_abs_diff(got.index({real}), expected.index({real}));
+  }
+  return max_abs_diff(got, expected);
+}
+
+torch::Tensor dnabert2_logits(TransformerLM& model, const std::map<std::string, torch::Tensor>& e) {
+  ForwardInputs in;
+  in.input_ids = e.at("input_ids");
+  in.attention_mask = e.at("attention_mask");
+  torch::NoGradGuard no_grad;
+  return model->forward(in).logits;
+}
+
+void expect_dnabert2_fixture(const std::string& family) {
+  SCOPED_TRACE(family);
+  if (!has_fixture(family)) GTEST_SKIP() << "no " << family << " in " << kFixtures;
+  const std::string dir = kFixtures + "/" + family;
+  auto expected = load_safetensors(dir + "/expected.safetensors");
+  auto checkpoint = read_hf_checkpoint(dir);
+  EXPECT_EQ(checkpoint.model_type, "dnabert2");
+  EXPECT_TRUE(checkpoint.options.alibi);
+  const auto alibi_size =
+      nlohmann::json::parse(std::ifstream(dir + "/config.json")).at("alibi_starting_size");
+  EXPECT_GT(expected.at("input_ids").size(1), alibi_size.get<int64_t>());
+  auto model = build_hf_model(checkpoint);
+  auto got = dnabert2_logits(model, expected);
+  ASSERT_EQ(got.sizes(), expected.at("logits").sizes());
+  const double diff = dnabert2_diff(got, expected);
+  std::cout << family << ": max |logit diff| vs the reference code " << diff << "\n";
+  EXPECT_LE(diff, kTolerance);
+}
+
+TEST(HfImportTest, Dnabert2MaskedLmFourHeads) { expect_dnabert2_fixture("dnabert2_mlm"); }
+TEST(HfImportTest, Dnabert2SequenceClassificationSixHeads) {
+  expect_dnabert2_fixture("dnabert2_cls");
+}
+
+// Note [pytorch_model.bin]: the hub repository's weights file (a torch.save pickle of the state
+// dict, the decoder sharing the embeddings' storage) computes the same as model.safetensors; a
+// damaged one is exit 5.
+TEST(HfImportTest, Dnabert2PytorchModelBinAsShipped) {
+  if (!has_fixture("dnabert2_mlm")) GTEST_SKIP();
+  if (!fs::exists(kFixtures + "/dnabert2_mlm/pytorch_model.bin")) GTEST_SKIP();
+  const auto dir = fs::temp_directory_path() / ("dnallm_db2_bin_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::copy(kFixtures + "/dnabert2_mlm", dir);
+  fs::remove(dir / "model.safetensors");
+  auto expected = load_safetensors(kFixtures + "/dnabert2_mlm/expected.safetensors");
+  auto model = build_hf_model(read_hf_checkpoint(dir.string()));
+  EXPECT_LE(dnabert2_diff(dnabert2_logits(model, expected), expected), kTolerance);
+  fs::permissions(dir / "pytorch_model.bin", fs::perms::owner_write, fs::perm_options::add);
+  auto expect_damaged_bin = [&](const std::string& needle) {
+    try {
+      read_hf_checkpoint(dir.string());
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  std::ofstream(dir / "pytorch_model.bin", std::ios::trunc) << "not a pickle";
+  expect_damaged_bin("not a torch.save zip archive");
+  // Note [State-dict unpickler]: a pickle naming a Python callable (os.system) is refused
+  // before anything is called.
+  {
+    fs::remove(dir / "pytorch_model.bin");
+    caffe2::serialize::PyTorchStreamWriter writer((dir / "pytorch_model.bin").string());
+    const std::string evil(
+        "\x80\x02"
+        "cos\nsystem\n"
+        "q\x00"
+        "X\x04\x00\x00\x00"
+        "true\x85R.",
+        27);
+    writer.writeRecord("data.pkl", evil.data(), evil.size());
+    writer.writeEndOfFile();
+  }
+  expect_damaged_bin("os.system");
+  fs::remove_all(dir);
+}
+
+// Note [Scored positions only] with ALiBi: the last block computes the scored queries alone, so
+// their rows of the per-query bias must be the ones picked.
+TEST(HfImportTest, Dnabert2ScoredPositionsOnlyMatchTheFullLogits) {
+  if (!has_fixture("dnabert2_mlm")) GTEST_SKIP();
+  const std::string dir = kFixtures + "/dnabert2_mlm";
+  auto e = load_safetensors(dir + "/expected.safetensors");
+  auto model = build_hf_model(read_hf_checkpoint(dir));
+  auto full = dnabert2_logits(model, e);
+  ForwardInputs in;
+  in.input_ids = e.at("input_ids");
+  in.attention_mask = e.at("attention_mask");
+  in.labels = torch::full_like(in.input_ids, -100);
+  const std::vector<std::pair<int64_t, int64_t>> picks = {{0, 1}, {0, 20}, {1, 3}, {1, 24}, {2, 4}};
+  for (auto [r, t] : picks) in.labels[r][t] = in.input_ids[r][t];
+  in.logits_for_labels_only = true;
+  torch::NoGradGuard no_grad;
+  auto selected = model->forward(in).logits;  // [N, vocab], row-major order of the picks
+  ASSERT_EQ(selected.size(0), int64_t(picks.size()));
+  for (size_t i = 0; i < picks.size(); ++i) {
+    EXPECT_LE(max_abs_diff(selected[int64_t(i)], full[picks[i].first][picks[i].second]), 1e-5)
+        << picks[i].first << "," << picks[i].second;
+  }
+}
+
+// Note [Padding-free feed-forward]: a padded batch (the feed-forward on real tokens only) and
+// each sequence alone (no padding, every row) give the same logits at real tokens.
+TEST(HfImportTest, Dnabert2PaddedBatchEqualsEachSequenceAlone) {
+  if (!has_fixture("dnabert2_mlm")) GTEST_SKIP();
+  const std::string dir = kFixtures + "/dnabert2_mlm";
+  auto e = load_safetensors(dir + "/expected.safetensors");
+  auto model = build_hf_model(read_hf_checkpoint(dir));
+  auto batched = dnabert2_logits(model, e);
+  const auto& ids = e.at("input_ids");
+  const auto& mask = e.at("attention_mask");
+  ASSERT_LT(mask.sum().item<int64_t>(), mask.numel());  // the batch is padded
+  torch::NoGradGuard no_grad;
+  for (int64_t r = 0; r < ids.size(0); ++r) {
+    const int64_t n = mask[r].sum().item<int64_t>();
+    ForwardInputs in;
+    in.input_ids = ids[r].narrow(0, 0, n).unsqueeze(0);
+    in.attention_mask = mask[r].narrow(0, 0, n).unsqueeze(0);
+    auto alone = model->forward(in).logits[0];
+    EXPECT_LE(max_abs_diff(alone, batched[r].narrow(0, 0, n)), 1e-5) << "row " << r;
+  }
+}
+
+// Note [ALiBi]: the slopes by their definition (2^(-8 i / n) for a power of two; otherwise those
+// of the power below, then the odd-numbered ones of twice it), against the implementation.
+TEST(HfImportTest, AlibiSlopesForAnyHeadCount) {
+  auto pow2 = [](int n) {
+    std::vector<double> s;
+    for (int i = 1; i <= n; ++i) s.push_back(std::exp2(-8.0 * i / n));
+    return s;
+  };
+  for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24}) {
+    SCOPED_TRACE(n);
+    int below = 1;
+    while (below * 2 <= n) below *= 2;
+    auto want = pow2(below);
+    const auto twice = pow2(2 * below);
+    for (size_t i = 0; int(want.size()) < n; i += 2) want.push_back(twice[i]);
+    const auto got = alibi_slopes(n);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12 * want[i]);
+  }
+  // The bias of a long sequence is the symmetric distance times the slope, at any length.
+  auto bias = alibi_bias(6, 0, 700, 700, torch::kCPU);
+  const auto slopes = alibi_slopes(6);
+  EXPECT_FLOAT_EQ(bias[0][5][3][650].item<float>(), float(-647 * float(slopes[5])));
+  EXPECT_FLOAT_EQ(bias[0][2][699][0].item<float>(), bias[0][2][0][699].item<float>());
 }
 
 TEST(HfImportTest, PeftLoraAdapterOnItsBase) {
@@ -357,7 +527,35 @@ TEST_F(HfRefusalTest, MissingTensor) {
   expect_refused({"bert.encoder.layer.1.output.dense.weight", "lacks"});
 }
 
-// Note [Remote code]: only the Nucleotide Transformer v2's auto_map targets are accepted.
+TEST_F(HfRefusalTest, Dnabert2UnknownOrMissingTensor) {
+  if (!has_fixture("dnabert2_mlm")) GTEST_SKIP();
+  fs::remove_all(dir_);
+  fs::copy(kFixtures + "/dnabert2_mlm", dir_);
+  for (auto& e : fs::directory_iterator(dir_)) {
+    fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+  }
+  EXPECT_NO_THROW(read_hf_checkpoint(dir_.string()));
+  const auto path = (dir_ / "model.safetensors").string();
+  const auto original = load_safetensors(path);
+  auto weights = original;
+  weights.emplace("bert.encoder.layer.0.mlp.gated_bias", torch::zeros({96}));
+  save_safetensors(
+      path, std::vector<std::pair<std::string, torch::Tensor>>(weights.begin(), weights.end()));
+  expect_refused({"bert.encoder.layer.0.mlp.gated_bias", "not used"});
+  weights = original;
+  weights.erase("bert.encoder.layer.1.attention.self.Wqkv.weight");
+  save_safetensors(
+      path, std::vector<std::pair<std::string, torch::Tensor>>(weights.begin(), weights.end()));
+  expect_refused({"bert.encoder.layer.1.attention.self.query.weight", "lacks"});
+  // Another remote code (a module other than DNABERT-2's) stays refused.
+  save_safetensors(
+      path, std::vector<std::pair<std::string, torch::Tensor>>(original.begin(), original.end()));
+  edit_config([](auto& c) { c["auto_map"]["AutoModel"] = "modeling_other.OtherModel"; });
+  expect_refused({"\"auto_map\" has AutoModel = \"modeling_other.OtherModel\"", "remote code"});
+}
+
+// Note [Remote code]: only the Nucleotide Transformer v2's (and DNABERT-2's)
+// auto_map targets are accepted.
 TEST_F(HfRefusalTest, RemoteCodeOtherThanNucleotideTransformerV2) {
   SKIP_WITHOUT_FIXTURE("esm_v2_mlm");
   fs::remove_all(dir_);
@@ -533,6 +731,7 @@ struct ExportCase {
   const char* tokenizer;  // "char" | "kmer3" | "nt6"
   int64_t lora_r;
   const char* model_type;
+  bool dnabert2 = false;  // ALiBi, post-LN, GEGLU (configs/dnabert2-*.toml)
 };
 
 void PrintTo(const ExportCase& c, std::ostream* os) { *os << c.name; }
@@ -557,6 +756,14 @@ TEST_P(HfExportTest, ReimportComputesOurLogits) {
   o.max_seq_length = 64;
   o.rotary = c.rotary;
   o.num_labels = c.task == Task::kRegression ? 1 : 3;
+  if (c.dnabert2) {
+    o.alibi = true;
+    o.post_layer_norm = o.embedding_layer_norm = o.gated_mlp = true;
+    o.gate_activation = ModelOptions::GateActivation::kGelu;
+    o.ffn_in_bias = false;
+    o.heads = 4;
+    o.max_seq_length = 16;  // shorter than the sequences: ALiBi has no length limit
+  }
   torch::manual_seed(7);
   TransformerLM model(o);
   {
@@ -609,7 +816,10 @@ TEST_P(HfExportTest, ReimportComputesOurLogits) {
   };
   auto merged = build_hf_model(checkpoint);
   compare(merged, "merged export");
-  if (c.lora_r > 0) {
+  if (c.lora_r > 0 && c.dnabert2) {
+    // PEFT would target DNABERT-2's fused Wqkv: only the merged model is exported.
+    EXPECT_FALSE(fs::exists(dir / "adapter"));
+  } else if (c.lora_r > 0) {
     auto base = read_hf_checkpoint((dir / "base").string());
     auto adapted =
         build_hf_model_with_adapter(base, read_peft_adapter((dir / "adapter").string(), base));
@@ -626,7 +836,11 @@ INSTANTIATE_TEST_SUITE_P(
         ExportCase{"bert_cls", Arch::kBert, Task::kClassification, false, "kmer3", 0, "esm"},
         ExportCase{"bert_regression", Arch::kBert, Task::kRegression, true, "char", 0, "esm"},
         ExportCase{"bert_cls_lora", Arch::kBert, Task::kClassification, false, "kmer3", 4, "esm"},
-        ExportCase{"gpt_rotary", Arch::kGpt, Task::kPretrain, true, "char", 0, "gpt_neox"}),
+        ExportCase{"gpt_rotary", Arch::kGpt, Task::kPretrain, true, "char", 0, "gpt_neox"},
+        ExportCase{"dnabert2_mlm", Arch::kBert, Task::kPretrain, false, "char", 0, "dnabert2",
+                   true},
+        ExportCase{"dnabert2_cls_lora", Arch::kBert, Task::kClassification, false, "kmer3", 4,
+                   "dnabert2", true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Every fixture family imported and exported again: the model type it came as, computing the
@@ -647,6 +861,7 @@ TEST_P(HfReexportTest, ImportedFamilyExportsAsItself) {
   const std::string family = c.family;
   SKIP_WITHOUT_FIXTURE(family);
   const std::string src = kFixtures + "/" + family;
+  if (!has_fixture(family)) GTEST_SKIP();
   const bool lora = fs::exists(src + "/adapter");
   const auto checkpoint = read_hf_checkpoint(lora ? src + "/base" : src);
   auto model = lora ? build_hf_model_with_adapter(checkpoint,
@@ -668,7 +883,17 @@ TEST_P(HfReexportTest, ImportedFamilyExportsAsItself) {
   if (!lora) {  // the remote code's layout and config.json keys (Note [Remote code]), as shipped
     const auto theirs = nlohmann::json::parse(std::ifstream(src + "/config.json"));
     const auto ours = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
-    EXPECT_EQ(ours.value("auto_map", nlohmann::json()), theirs.value("auto_map", nlohmann::json()));
+    auto auto_map = ours.value("auto_map", nlohmann::json());
+    if (std::string(c.model_type) == "dnabert2") {
+      // Exported without the source's code: its classes named in the hub repository
+      // (Note [DNABERT-2 export]), the same classes as the fixture's local ones.
+      for (auto& [key, value] : auto_map.items()) {
+        const std::string prefix = "zhihan1996/DNABERT-2-117M--";
+        ASSERT_EQ(value.get<std::string>().rfind(prefix, 0), 0u) << value;
+        value = value.get<std::string>().substr(prefix.size());
+      }
+    }
+    EXPECT_EQ(auto_map, theirs.value("auto_map", nlohmann::json()));
     EXPECT_EQ(ours.contains("add_bias_fnn"), theirs.contains("add_bias_fnn"));
     if (theirs.contains("auto_map")) {
       std::set<std::string> a, b;
@@ -678,6 +903,11 @@ TEST_P(HfReexportTest, ImportedFamilyExportsAsItself) {
     }
   }
   auto expected = load_safetensors(src + "/expected.safetensors");
+  if (std::string(c.model_type) == "dnabert2") {  // (its ids: the fixture's)
+    auto reimported = build_hf_model(read_hf_checkpoint(dir));
+    EXPECT_LE(dnabert2_diff(dnabert2_logits(reimported, expected), expected), kTolerance);
+    return;
+  }
   auto got = run_family(dir, dir, family);  // LoRA merged into the exported model
   EXPECT_TRUE(torch::equal(got.ids, expected.at("input_ids")));
   EXPECT_LE(max_abs_diff(got.logits, expected.at(lora ? "merged_logits" : "logits")), kTolerance);
@@ -701,8 +931,46 @@ INSTANTIATE_TEST_SUITE_P(
                       ReexportCase{"esm_v2_mlm", "esm", false},
                       ReexportCase{"esm_v2_cls", "esm", false},
                       ReexportCase{"roberta_prelayernorm_mlm", "roberta-prelayernorm", true},
-                      ReexportCase{"bert_cls_lora", "bert", true}),
+                      ReexportCase{"bert_cls_lora", "bert", true},
+                      ReexportCase{"dnabert2_mlm", "dnabert2", false},
+                      ReexportCase{"dnabert2_cls", "dnabert2", false}),
     [](const auto& info) { return std::string(info.param.family); });
+
+// Note [DNABERT-2 export]: from a directory with DNABERT-2's code the export copies the files
+// and names them locally, keeping the source's config keys; without them auto_map names the
+// hub repository's.
+TEST(HfExportTest, Dnabert2RemoteCodeComesFromTheSourceDirectory) {
+  if (!has_fixture("dnabert2_mlm")) GTEST_SKIP();
+  const auto src = fs::temp_directory_path() / ("dnallm_db2_src_" + std::to_string(::getpid()));
+  fs::remove_all(src);
+  fs::copy(kFixtures + "/dnabert2_mlm", src);
+  auto model = build_hf_model(read_hf_checkpoint(src.string()));
+  auto config_of = [](const fs::path& d) {
+    return nlohmann::json::parse(std::ifstream(d / "config.json"));
+  };
+  // (Not kept for check_export.py: these hold no tokenizer.)
+  const fs::path bare = src.string() + "_no_code", with_code = src.string() + "_with_code";
+  fs::remove_all(bare);
+  fs::remove_all(with_code);
+  export_hf_model(model, bare.string(), src.string());
+  EXPECT_EQ(config_of(bare).at("auto_map").at("AutoModelForMaskedLM"),
+            "zhihan1996/DNABERT-2-117M--bert_layers.BertForMaskedLM");
+  EXPECT_FALSE(fs::exists(bare / "bert_layers.py"));
+  // The source's own keys stay (its alibi_starting_size, _name_or_path).
+  EXPECT_EQ(config_of(bare).at("alibi_starting_size"), config_of(src).at("alibi_starting_size"));
+  for (const char* f :
+       {"bert_layers.py", "bert_padding.py", "configuration_bert.py", "flash_attn_triton.py"}) {
+    std::ofstream(src / f) << "# stand-in for " << f << "\n";
+  }
+  export_hf_model(model, with_code.string(), src.string());
+  EXPECT_EQ(config_of(with_code).at("auto_map").at("AutoModelForMaskedLM"),
+            "bert_layers.BertForMaskedLM");
+  EXPECT_EQ(dnallm::testing::read_text((with_code / "bert_layers.py").string()),
+            "# stand-in for bert_layers.py\n");
+  fs::remove_all(src);
+  fs::remove_all(bare);
+  fs::remove_all(with_code);
+}
 
 TEST(HfExportTest, NoTransformersEquivalentIsSkippedNotWrong) {
   ModelOptions o;

@@ -10,6 +10,7 @@
 #include "checkpoint/durable_io.hpp"
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
+#include "core/untrusted_file.hpp"
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_names.hpp"
@@ -22,12 +23,26 @@ using torch::Tensor;
 
 // kNtV2: ESM with the Nucleotide Transformer v2 remote code's SwiGLU (Note [Remote code] in
 // hf_import.cpp); config.json names that code in auto_map, as the hub's repositories do.
-enum class Family { kEsm, kBert, kRobertaPreLn, kGptNeoX, kLlama, kNtV2 };
+// kDnabert2: Note [DNABERT-2 export].
+enum class Family { kEsm, kBert, kRobertaPreLn, kGptNeoX, kLlama, kNtV2, kDnabert2 };
 
 Family family_of(const ModelOptions& o) {
   DNALLM_CHECK(!o.mean_pooling || o.task == Task::kPretrain, ExitCode::kUsage,
                "model.pooling = \"mean\" has no transformers equivalent (its classification "
                "heads pool the first token): use pooling = \"cls\" for a Hugging Face export");
+  if (o.alibi) {  // Note [DNABERT-2 export]
+    DNALLM_CHECK(o.arch == Arch::kBert && o.post_layer_norm && o.embedding_layer_norm &&
+                     o.gated_mlp && o.gate_activation == ModelOptions::GateActivation::kGelu &&
+                     !o.ffn_in_bias && o.ffn_bias && o.linear_bias && !o.rms_norm &&
+                     o.tie_embeddings && !o.mask_embeddings && o.position_padding_idx < 0 &&
+                     (o.type_vocab_size == 0 || o.type_vocab_size == 2) &&
+                     key_value_heads(o) == o.heads,
+                 ExitCode::kUsage,
+                 "an ALiBi model exports to transformers only as DNABERT-2, which is an encoder "
+                 "with model.post_layer_norm = true, model.mlp = \"geglu\", tied embeddings and "
+                 "multi-head attention");
+    return Family::kDnabert2;
+  }
   // ESM numbers learned positions as RoBERTa does, from its pad id: with our [PAD] as padding_idx
   // the table is in its layout already (a fine-tuned Nucleotide Transformer v1).
   const bool esm_positions =
@@ -35,15 +50,17 @@ Family family_of(const ModelOptions& o) {
                                      !o.embedding_layer_norm && !o.post_layer_norm);
   if (o.gated_mlp && !o.rms_norm && o.linear_bias && o.arch == Arch::kBert) {
     DNALLM_CHECK(!o.post_layer_norm && !o.embedding_layer_norm && esm_positions &&
-                     key_value_heads(o) == o.heads,
+                     key_value_heads(o) == o.heads &&
+                     o.gate_activation == ModelOptions::GateActivation::kSilu && o.ffn_in_bias,
                  ExitCode::kUsage,
                  "a gated-MLP encoder exports only as a Nucleotide Transformer v2 (pre-LN ESM, "
-                 "no embedding LayerNorm, multi-head attention)");
+                 "no embedding LayerNorm, multi-head attention, SiLU gate)");
     return Family::kNtV2;
   }
   if (o.rms_norm || o.gated_mlp || !o.linear_bias) {
     DNALLM_CHECK(o.rms_norm && o.gated_mlp && !o.linear_bias && o.arch == Arch::kGpt && o.rotary &&
-                     o.task == Task::kPretrain,
+                     o.task == Task::kPretrain &&
+                     o.gate_activation == ModelOptions::GateActivation::kSilu,
                  ExitCode::kUsage,
                  "only a causal, rotary model with RMSNorm, gated MLP and no biases (Llama) "
                  "exports as llama");
@@ -103,6 +120,8 @@ const char* model_type_of(Family f) {
       return "gpt_neox";
     case Family::kLlama:
       return "llama";
+    case Family::kDnabert2:
+      return "dnabert2";  // (config.json says "bert": see common_config)
   }
   return "bert";
 }
@@ -152,6 +171,7 @@ ordered_json common_config(Family f, const ModelOptions& o) {
       c["architectures"] = {std::string("Esm") + task_suffix};
       break;
     case Family::kBert:
+    case Family::kDnabert2:
       c["architectures"] = {std::string("Bert") + task_suffix};
       break;
     case Family::kRobertaPreLn:
@@ -164,7 +184,7 @@ ordered_json common_config(Family f, const ModelOptions& o) {
       c["architectures"] = {"LlamaForCausalLM"};
       break;
   }
-  c["model_type"] = model_type_of(f);
+  c["model_type"] = f == Family::kDnabert2 ? "bert" : model_type_of(f);
   c["vocab_size"] = o.vocab_size;
   c["hidden_size"] = o.hidden;
   c["num_hidden_layers"] = o.layers;
@@ -278,7 +298,11 @@ void add_renamed_weights(Family f, TransformerLM& model, const std::map<std::str
                          int64_t position_offset, NamedTensors& out) {
   const auto& o = model->options();
   for (auto& [name, t] : w) {
-    if (name.find(".attention.self.") != std::string::npos && f == Family::kGptNeoX) continue;
+    if (name.find(".attention.self.") != std::string::npos &&
+        (f == Family::kGptNeoX || f == Family::kDnabert2)) {
+      continue;
+    }
+    if (name.find(".intermediate.") != std::string::npos && f == Family::kDnabert2) continue;
     if (name.find(".intermediate.") != std::string::npos && f == Family::kNtV2) continue;
     if (name == "bert.embeddings.position_embeddings.weight" && position_offset > 0) {
       auto table = torch::zeros({t.size(0) + position_offset, t.size(1)});
@@ -291,8 +315,9 @@ void add_renamed_weights(Family f, TransformerLM& model, const std::map<std::str
   if (o.tie_embeddings && o.task == Task::kPretrain) {
     out.emplace_back(f == Family::kGptNeoX ? "embed_out.weight"
                      : f == Family::kLlama ? "lm_head.weight"
-                     : f == Family::kBert  ? "cls.predictions.decoder.weight"
-                                           : "lm_head.decoder.weight",
+                     : f == Family::kBert || f == Family::kDnabert2
+                         ? "cls.predictions.decoder.weight"
+                         : "lm_head.decoder.weight",
                      w.at(model->root_name() + ".embeddings.word_embeddings.weight"));
   }
 }
@@ -321,6 +346,104 @@ void add_fused_qkv(const ModelOptions& o, const std::map<std::string, Tensor>& w
   }
 }
 
+// Note [DNABERT-2 export]: the layout DNABERT-2's remote code loads (the inverse of Note
+// [DNABERT-2 import]): Wqkv = [query; key; value] rows, gated_layers = [gate; up] rows, a
+// token-type table (zeros when ours has none: exact), config.json "model_type": "bert" with the
+// remote code's auto_map and keys. The remote code's Python files are not ours to write: they
+// are copied from the directory the model was imported from when it had them (auto_map then
+// names them locally), otherwise auto_map names them in zhihan1996/DNABERT-2-117M
+// ("<repo>--<module>.<class>", which transformers fetches with trust_remote_code).
+const char* const kDnabert2Files[] = {"bert_layers.py", "bert_padding.py", "configuration_bert.py",
+                                      "flash_attn_triton.py"};
+const char* const kDnabert2Repo = "zhihan1996/DNABERT-2-117M";
+
+bool has_dnabert2_code(const std::string& source_dir) {
+  if (source_dir.empty()) return false;
+  std::error_code ec;
+  for (const char* f : kDnabert2Files) {
+    if (!std::filesystem::is_regular_file(source_dir + "/" + f, ec)) return false;
+  }
+  return true;
+}
+
+// The source directory's config.json when it is DNABERT-2's (its keys are kept), else null.
+ordered_json dnabert2_source_config(const std::string& source_dir) {
+  if (source_dir.empty()) return nullptr;
+  const std::string path = source_dir + "/config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return nullptr;
+  auto c = ordered_json::parse(
+      read_bounded_file(path, kMaxConfigFileBytes, ExitCode::kUsage, "config.json"), nullptr,
+      /*allow_exceptions=*/false);
+  // (DNABERT-2's: its AutoConfig; a Nucleotide Transformer v2 source has an auto_map too)
+  const ordered_json config_class =
+      c.is_object() && c.contains("auto_map") && c["auto_map"].is_object()
+          ? c["auto_map"].value("AutoConfig", ordered_json())
+          : ordered_json();
+  if (!config_class.is_string() ||
+      config_class.get<std::string>().find("configuration_bert.BertConfig") == std::string::npos) {
+    return nullptr;
+  }
+  return c;
+}
+
+void add_dnabert2_config(const ModelOptions& o, const std::string& source_dir, ordered_json& c,
+                         NamedTensors& out) {
+  ordered_json source = dnabert2_source_config(source_dir);
+  ordered_json merged = source.is_object() ? source : ordered_json::object();
+  // Ours win for everything the function depends on.
+  for (const auto& [key, value] : c.items()) merged[key] = value;
+  // The classes, named locally when the files come along, else in DNABERT-2's hub repository.
+  const std::string prefix = has_dnabert2_code(source_dir) ? "" : std::string(kDnabert2Repo) + "--";
+  ordered_json auto_map = {
+      {"AutoConfig", "configuration_bert.BertConfig"},
+      {"AutoModel", "bert_layers.BertModel"},
+      {"AutoModelForMaskedLM", "bert_layers.BertForMaskedLM"},
+      {"AutoModelForSequenceClassification", "bert_layers.BertForSequenceClassification"}};
+  for (auto& [key, value] : auto_map.items()) value = prefix + value.get<std::string>();
+  merged["auto_map"] = auto_map;
+  if (!source.is_object()) {
+    merged["alibi_starting_size"] = 512;
+    merged["attention_probs_dropout_prob"] = 0.0;
+    merged["hidden_dropout_prob"] = o.dropout;
+    merged["classifier_dropout"] = nullptr;
+    merged["max_position_embeddings"] = 512;
+    merged["position_embedding_type"] = "absolute";
+    merged["initializer_range"] = 0.02;
+  }
+  merged["type_vocab_size"] = 2;
+  if (o.task == Task::kPretrain) {
+    for (const char* key : {"id2label", "label2id", "problem_type", "num_labels"}) {
+      merged.erase(key);
+    }
+  }
+  c = merged;
+  if (o.type_vocab_size == 0) {
+    out.emplace_back("bert.embeddings.token_type_embeddings.weight", torch::zeros({2, o.hidden}));
+  }
+}
+
+// Wqkv and gated_layers (Note [DNABERT-2 export]).
+void add_dnabert2_fused(const ModelOptions& o, const std::map<std::string, Tensor>& w,
+                        NamedTensors& out) {
+  for (int64_t i = 0; i < o.layers; ++i) {
+    const std::string layer = "bert.encoder.layer." + std::to_string(i);
+    auto at = [&](const std::string& name) { return w.at(layer + name); };
+    out.emplace_back(
+        layer + ".attention.self.Wqkv.weight",
+        torch::cat({at(".attention.self.query.weight"), at(".attention.self.key.weight"),
+                    at(".attention.self.value.weight")},
+                   0));
+    out.emplace_back(layer + ".attention.self.Wqkv.bias",
+                     torch::cat({at(".attention.self.query.bias"), at(".attention.self.key.bias"),
+                                 at(".attention.self.value.bias")},
+                                0));
+    out.emplace_back(
+        layer + ".mlp.gated_layers.weight",
+        torch::cat({at(".intermediate.gate.weight"), at(".intermediate.dense.weight")}, 0));
+  }
+}
+
 // Nucleotide Transformer v2 fuses the gated feed-forward's input linears: intermediate.dense
 // [2 x ffn, hidden] = [our intermediate.gate; our intermediate.dense] (silu of the first half).
 void add_fused_glu(const ModelOptions& o, const std::map<std::string, Tensor>& w,
@@ -339,8 +462,8 @@ void add_fused_glu(const ModelOptions& o, const std::map<std::string, Tensor>& w
 
 }  // namespace
 
-std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(TransformerLM& model,
-                                                                              bool merge_lora) {
+std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(
+    TransformerLM& model, bool merge_lora, const std::string& source_dir) {
   const auto& o = model->options();
   const Family f = family_of(o);
   const auto w = our_weights(model, merge_lora);
@@ -350,19 +473,29 @@ std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(Tr
   int64_t position_offset = 0;
   if (causal) {
     add_causal_config(f, o, c);
+  } else if (f == Family::kDnabert2) {
+    add_dnabert2_config(o, source_dir, c, out);
   } else {
     position_offset = add_encoder_config(f, o, c, out);
   }
   add_renamed_weights(f, model, w, position_offset, out);
   if (f == Family::kGptNeoX) add_fused_qkv(o, w, out);
+  if (f == Family::kDnabert2) add_dnabert2_fused(o, w, out);
   if (f == Family::kNtV2) add_fused_glu(o, w, out);
   return {out, c};
 }
 
-std::string export_hf_model(TransformerLM& model, const std::string& dir) {
-  auto [tensors, config] = hf_state(model, true);
+std::string export_hf_model(TransformerLM& model, const std::string& dir,
+                            const std::string& source_dir) {
+  auto [tensors, config] = hf_state(model, true, source_dir);
   write_hf_model(dir, tensors, config);
-  return config["model_type"].get<std::string>();
+  if (family_of(model->options()) == Family::kDnabert2 && has_dnabert2_code(source_dir)) {
+    for (const char* f : kDnabert2Files) {  // Note [DNABERT-2 export]
+      std::filesystem::copy_file(source_dir + "/" + f, dir + "/" + f,
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+  }
+  return model_type_of(family_of(model->options()));
 }
 
 namespace {
@@ -497,7 +630,7 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
                ExitCode::kUsage,
                "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\", "
                "\"hf\", and for encoders overlapping k-mers (stride 1) and \"nt\"",
-               summary.dump());
+               clip_for_message(summary.dump()));
   write_json(dir + "/tokenizer.json",
              bpe ? hf_bpe_tokenizer(tok, arch) : word_level_tokenizer(tok, arch, kmer));
   if (arch == Arch::kGpt) map["bos_token"] = "[CLS]";
@@ -578,12 +711,18 @@ void export_peft_adapter(TransformerLM& model, const std::string& adapter_dir,
 }
 
 bool export_hf_directory(TransformerLM& model, const data::Tokenizer& tokenizer,
-                         const std::string& dir) {
+                         const std::string& dir, const std::string& source_dir) {
   try {
     const auto arch = model->options().arch;
     export_hf_tokenizer(tokenizer, arch, dir);
-    const auto type = export_hf_model(model, dir);
-    if (model->options().lora_r > 0) {
+    const auto type = export_hf_model(model, dir, source_dir);
+    if (model->options().lora_r > 0 && type == "dnabert2") {
+      // PEFT would target its fused Wqkv, which our query/value adapters are not.
+      spdlog::warn(
+          "no PEFT adapter export for DNABERT-2 (its attention is one fused Wqkv): "
+          "{} holds the model with the adapters merged",
+          dir);
+    } else if (model->options().lora_r > 0) {
       export_peft_adapter(model, dir + "/adapter", dir + "/base");
       export_hf_tokenizer(tokenizer, arch, dir + "/base");
     }

@@ -10,6 +10,9 @@
 //   encoder, pre-LN with embedding LayerNorm and RoBERTa positions -> roberta-prelayernorm
 //   causal, rotary -> gpt_neox (GPTNeoXForCausalLM, sequential residual, full rotary)
 //   causal, rotary, RMSNorm + gated SiLU MLP + no biases (an imported Llama) -> llama
+//   encoder, ALiBi, post-LN, GEGLU feed-forward (DNABERT-2, imported or our preset) -> bert
+//       with DNABERT-2's remote code in auto_map (Note [DNABERT-2 export] in hf_export.cpp;
+//       LoRA: the merged model only, no PEFT adapter)
 // Not exportable (Error(kUsage) saying so): mean pooling (transformers pools the first
 // token), a causal model with learned positions or a task head.
 #pragma once
@@ -26,11 +29,15 @@ namespace dnallm::models {
 
 // config.json + model.safetensors (LoRA merged into copies; the live model is unchanged).
 // Returns the model type written.
-std::string export_hf_model(TransformerLM& model, const std::string& dir);
+// `source_dir`: the Hugging Face directory the model was imported from, if any (a DNABERT-2
+// export keeps its config.json keys and copies its remote-code files: Note [DNABERT-2 export]).
+// Returns the model type written ("dnabert2" for DNABERT-2's layout).
+std::string export_hf_model(TransformerLM& model, const std::string& dir,
+                            const std::string& source_dir = "");
 
 // Our weights as `export_hf_model` writes them: (HF name, tensor) and the config.json.
 std::pair<std::vector<std::pair<std::string, torch::Tensor>>, nlohmann::ordered_json> hf_state(
-    TransformerLM& model, bool merge_lora);
+    TransformerLM& model, bool merge_lora, const std::string& source_dir = "");
 
 // tokenizer.json (tokenizers' WordLevel format, loaded by PreTrainedTokenizerFast),
 // tokenizer_config.json and special_tokens_map.json for `tokenizer` with the framing our objectives
@@ -49,6 +56,6 @@ void export_peft_adapter(TransformerLM& model, const std::string& adapter_dir,
 // tokenizer). What has no transformers equivalent is skipped with a warning naming why (the
 // model's own export next to it is unaffected); returns false then.
 bool export_hf_directory(TransformerLM& model, const data::Tokenizer& tokenizer,
-                         const std::string& dir);
+                         const std::string& dir, const std::string& source_dir = "");
 
 }  // namespace dnallm::models

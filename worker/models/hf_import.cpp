@@ -17,6 +17,7 @@
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_names.hpp"
+#include "worker/models/torch_pickle.hpp"
 
 namespace dnallm::models {
 namespace {
@@ -29,7 +30,43 @@ const char* const kSupported =
     "(EsmForMaskedLM, EsmForSequenceClassification; also the Nucleotide Transformer v2 "
     "remote code), roberta-prelayernorm "
     "(RobertaPreLayerNormForMaskedLM, ...ForSequenceClassification), gpt_neox "
-    "(GPTNeoXForCausalLM) and llama (LlamaForCausalLM)";
+    "(GPTNeoXForCausalLM), llama (LlamaForCausalLM) and DNABERT-2 (model_type bert with "
+    "DNABERT-2's remote code: auto_map bert_layers.BertForMaskedLM / "
+    "BertForSequenceClassification, configuration_bert.BertConfig)";
+
+// Note [DNABERT-2 import]: DNABERT-2 (zhihan1996/DNABERT-2-117M, MosaicBERT) says model_type
+// "bert" but runs its own code (auto_map -> bert_layers.py): ALiBi instead of positions, a
+// fused Wqkv (rows: all heads' queries, then keys, then values), a GLU feed-forward
+// gated_layers [2 x intermediate, hidden] without bias whose first half goes through exact
+// GELU and multiplies the second half, then wo; post-LN blocks; token-type embeddings (row 0
+// added); MLM head decoder tied to the word embeddings with its own bias. It is recognised by
+// its auto_map (every entry one of those classes, optionally "<repo>--" prefixed), never by
+// model_type alone; a tensor of another layout is then refused by name. The reference code is
+// not run here: its config keys that change nothing we compute (alibi_starting_size: our
+// biases extend to any length; max_position_embeddings: only its token-type buffer) are read
+// and checked.
+// One DNABERT-2 auto_map target ("<repo>--" prefix allowed): "" when `value` is none of its
+// classes, else the class without the prefix.
+std::string dnabert2_target(const json& value) {
+  static const std::set<std::string> known = {
+      "configuration_bert.BertConfig", "bert_layers.BertModel", "bert_layers.BertForMaskedLM",
+      "bert_layers.BertForSequenceClassification"};
+  if (!value.is_string()) return "";
+  std::string ref = value.get<std::string>();
+  if (const auto sep = ref.find("--"); sep != std::string::npos) ref = ref.substr(sep + 2);
+  return known.count(ref) ? ref : "";
+}
+
+bool is_dnabert2_auto_map(const json& auto_map) {
+  if (!auto_map.is_object() || auto_map.empty()) return false;
+  bool has_config = false;
+  for (const auto& [key, value] : auto_map.items()) {
+    const std::string ref = dnabert2_target(value);
+    if (ref.empty()) return false;
+    has_config = has_config || ref == "configuration_bert.BertConfig";
+  }
+  return has_config;
+}
 
 // A JSON file of a model or adapter directory; `holds` says what such a directory holds.
 // Note [Untrusted files]: a regular file of bounded size, strict JSON (no key twice).
@@ -194,7 +231,9 @@ void check_rotary_config(const json& c, const std::string& path) {
 // Note [Nothing silently ignored]: checks of the keys that change the function.
 // (auto_map was refused by read_model_class already.)
 void check_config(const json& c, const std::string& path, const std::string& model_type) {
+  const bool dnabert2 = model_type == "dnabert2";
   for (const auto& [key, value] : c.items()) {
+    if (dnabert2 && (key == "auto_map" || key == "alibi_starting_size")) continue;
     DNALLM_CHECK(neutral_keys().count(key) == 1, ExitCode::kUsage,
                  "{}: key \"{}\" (= {}) is not understood by the {} import, so the model it "
                  "describes may compute something else: remove it if it does not change the "
@@ -218,6 +257,17 @@ void check_config(const json& c, const std::string& path, const std::string& mod
   }
   if (llama) check_llama_config(c, path);
   const std::string pos = c.value("position_embedding_type", std::string("absolute"));
+  if (dnabert2) {
+    // Its code ignores position_embedding_type (ALiBi always) and uses the token-type ids it
+    // is given: the alibi table size must be a positive integer, nothing else is read.
+    DNALLM_CHECK(
+        !c.contains("alibi_starting_size") || (c["alibi_starting_size"].is_number_integer() &&
+                                               c["alibi_starting_size"].get<int64_t>() > 0),
+        ExitCode::kUsage, "{}: alibi_starting_size = {} must be a positive integer", path,
+        clip_for_message(c.value("alibi_starting_size", json()).dump()));
+    expect("attention_bias", true, "supported are biased attention projections (true)");
+    return;
+  }
   if (pos == "alibi" || c.contains("alibi") || c.value("use_alibi", false)) {
     fail(ExitCode::kUsage,
          "{}: position_embedding_type = \"alibi\" (ALiBi) is not supported: supported are "
@@ -296,21 +346,29 @@ bool nt_v2_remote_code(const json& c) {
          c["auto_map"].value("AutoConfig", json()) == "esm_config.EsmConfig";
 }
 
-// Every auto_map entry must be one of Note [Remote code]'s; anything else is refused, naming it.
+// Every auto_map entry must be one of a verified family's targets: Note [Remote code]'s (the
+// Nucleotide Transformer v2) or Note [DNABERT-2 import]'s; anything else is refused, naming it.
 void read_auto_map(const json& c, const std::string& path) {
-  if (!c.contains("auto_map")) return;
+  if (!c.contains("auto_map") || is_dnabert2_auto_map(c["auto_map"])) return;
   const auto& targets = nt_v2_auto_map();
   DNALLM_CHECK(c["auto_map"].is_object() && c["auto_map"].contains("AutoConfig"), ExitCode::kUsage,
                "{}: \"auto_map\" = {} asks for the model's own remote code (trust_remote_code), "
                "which is not run here: {}",
                path, clip_for_message(c["auto_map"].dump()), kSupported);
+  // DNABERT-2's AutoConfig: every entry must be one of its classes (Note [DNABERT-2 import]).
+  const bool dnabert2_config =
+      dnabert2_target(c["auto_map"]["AutoConfig"]) == "configuration_bert.BertConfig";
   for (const auto& [key, value] : c["auto_map"].items()) {
     const auto it = targets.find(key);
-    DNALLM_CHECK(it != targets.end() && value == it->second, ExitCode::kUsage,
+    const bool known = dnabert2_config ? !dnabert2_target(value).empty()
+                                       : it != targets.end() && value == it->second;
+    DNALLM_CHECK(known, ExitCode::kUsage,
                  "{}: \"auto_map\" has {} = {}: the model's own remote code "
                  "(trust_remote_code) is not run here, and this is not the Nucleotide "
                  "Transformer v2's (esm_config.EsmConfig, modeling_esm.EsmForMaskedLM / "
-                 "EsmForSequenceClassification), whose function the import computes; {}",
+                 "EsmForSequenceClassification) nor DNABERT-2's (configuration_bert.BertConfig, "
+                 "bert_layers.BertForMaskedLM / BertForSequenceClassification), whose function "
+                 "the import computes; {}",
                  path, clip_for_message(key), clip_for_message(value.dump()), kSupported);
   }
 }
@@ -328,9 +386,16 @@ void read_model_class(const json& c, const std::string& path, HfCheckpoint& h) {
                "{}: model_type = \"{}\" with the Nucleotide Transformer v2 remote code "
                "(auto_map): supported is \"esm\"",
                path, clip_for_message(h.model_type));
-  DNALLM_CHECK(h.model_type == "bert" || h.model_type == "esm" ||
-                   h.model_type == "roberta-prelayernorm" || h.model_type == "gpt_neox" ||
-                   h.model_type == "llama",
+  // See Note [DNABERT-2 import]: DNABERT-2's remote code says model_type "bert".
+  const bool dnabert2 = c.contains("auto_map") && is_dnabert2_auto_map(c["auto_map"]);
+  DNALLM_CHECK(!dnabert2 || h.model_type == "bert", ExitCode::kUsage,
+               "{}: model_type = \"{}\" with DNABERT-2's remote code (auto_map): supported is "
+               "\"bert\"",
+               path, clip_for_message(h.model_type));
+  if (dnabert2) h.model_type = "dnabert2";
+  DNALLM_CHECK(h.model_type == "bert" || (dnabert2 && h.model_type == "dnabert2") ||
+                   h.model_type == "esm" || h.model_type == "roberta-prelayernorm" ||
+                   h.model_type == "gpt_neox" || h.model_type == "llama",
                ExitCode::kUsage, "{}: model_type = \"{}\" is not supported: {}", path,
                clip_for_message(h.model_type), kSupported);
   DNALLM_CHECK(c.contains("architectures") && c["architectures"].is_array() &&
@@ -407,7 +472,16 @@ void set_common_options(const json& c, const std::string& path, ModelOptions& o)
 void set_model_type_options(const json& c, const std::string& path, const std::string& model_type,
                             ModelOptions& o) {
   const std::string pos = c.value("position_embedding_type", std::string("absolute"));
-  if (model_type == "bert") {
+  if (model_type == "dnabert2") {  // Note [DNABERT-2 import]
+    o.post_layer_norm = true;
+    o.embedding_layer_norm = true;
+    o.alibi = true;
+    o.gated_mlp = true;
+    o.gate_activation = ModelOptions::GateActivation::kGelu;
+    o.ffn_in_bias = false;
+    o.tie_embeddings = true;  // its decoder IS the word-embedding parameter
+    o.type_vocab_size = c.contains("type_vocab_size") ? get_int(c, "type_vocab_size", path) : 2;
+  } else if (model_type == "bert") {
     o.post_layer_norm = true;
     o.embedding_layer_norm = true;
   } else if (model_type == "esm") {
@@ -470,6 +544,46 @@ void split_fused_qkv(const std::string& weights_path, const std::string& hf_name
   }
 }
 
+// DNABERT-2's fused tensors (Note [DNABERT-2 import]): Wqkv [3 x hidden, hidden] and its bias
+// split into query, key and value (row blocks in that order); gated_layers [2 x ffn, hidden]
+// into the gate (first half, through GELU) and the up projection (second half). Returns false
+// for any other tensor.
+bool split_dnabert2_fused(const std::string& weights_path, const std::string& hf_name,
+                          const Tensor& t, HfCheckpoint& h) {
+  const ModelOptions& o = h.options;
+  auto ends = [&](const std::string& s) {
+    return hf_name.size() >= s.size() &&
+           hf_name.compare(hf_name.size() - s.size(), s.size(), s) == 0;
+  };
+  const std::string layer = hf_name.substr(0, hf_name.find(".attention.") < hf_name.find(".mlp.")
+                                                  ? hf_name.find(".attention.")
+                                                  : hf_name.find(".mlp."));
+  if (ends(".attention.self.Wqkv.weight") || ends(".attention.self.Wqkv.bias")) {
+    const bool is_weight = ends(".weight");
+    DNALLM_CHECK(t.dim() == (is_weight ? 2 : 1) && t.size(0) == 3 * o.hidden &&
+                     (!is_weight || t.size(1) == o.hidden),
+                 ExitCode::kUsage, "{}: {} has shape {} but config.json implies {}x{}",
+                 weights_path, hf_name, shape_of(t), 3 * o.hidden, o.hidden);
+    const auto parts = t.to(torch::kFloat32).chunk(3, 0);
+    const char* names[] = {"query", "key", "value"};
+    for (int i = 0; i < 3; ++i) {
+      h.weights[layer + ".attention.self." + names[i] + (is_weight ? ".weight" : ".bias")] =
+          parts[size_t(i)].contiguous();
+    }
+    return true;
+  }
+  if (ends(".mlp.gated_layers.weight")) {
+    DNALLM_CHECK(t.dim() == 2 && t.size(0) == 2 * o.ffn && t.size(1) == o.hidden, ExitCode::kUsage,
+                 "{}: {} has shape {} but config.json implies {}x{}", weights_path, hf_name,
+                 shape_of(t), 2 * o.ffn, o.hidden);
+    const auto halves = t.to(torch::kFloat32).chunk(2, 0);
+    h.weights[layer + ".intermediate.gate.weight"] = halves[0].contiguous();
+    h.weights[layer + ".intermediate.dense.weight"] = halves[1].contiguous();
+    return true;
+  }
+  return false;
+}
+
 // Nucleotide Transformer v2's intermediate.dense [2 x ffn, hidden] (Note [Remote code]): the
 // first half is the SiLU-gated one (our intermediate.gate), the second our intermediate.dense.
 void split_gated_dense(const std::string& weights_path, const std::string& hf_name, const Tensor& t,
@@ -505,12 +619,29 @@ bool is_computed_buffer(const std::string& model_type, const std::string& hf_nam
                                       hf_name.find(".attention.masked_bias") != std::string::npos);
 }
 
+// Note [pytorch_model.bin]: DNABERT-2's hub repository ships only a torch.save pickle of its
+// state dict, read by our state-dict unpickler (torch_pickle.hpp, which builds tensors and
+// containers and nothing else); read for DNABERT-2 directories only, when they hold no
+// model.safetensors. Weights that are NaN or infinite are a damaged file, as in safetensors.
+std::map<std::string, Tensor> load_weights(const std::string& path) {
+  const bool pickle = path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
+  if (!pickle) return load_safetensors(path);
+  auto weights = load_torch_state_dict(path);
+  for (const auto& [name, t] : weights) {
+    DNALLM_CHECK(!t.is_floating_point() || t.numel() == 0 || torch::isfinite(t).all().item<bool>(),
+                 ExitCode::kCheckpointCorrupt,
+                 "{}: tensor {} holds NaN or infinite values: the file is damaged; re-download it",
+                 path, clip_for_message(name));
+  }
+  return weights;
+}
+
 // Every tensor of model.safetensors under our names (fp32); token-type embeddings go to
 // `token_type` (folded afterwards), other tasks' tensors are logged and skipped.
 void map_tensors(const std::string& weights_path, HfCheckpoint& h, Tensor& token_type) {
   std::vector<std::string> skipped;
   const bool nt_v2 = h.model_type == "esm" && h.options.gated_mlp;  // Note [Remote code]
-  for (auto& [hf_name, t] : load_safetensors(weights_path)) {
+  for (auto& [hf_name, t] : load_weights(weights_path)) {
     if (hf_name.rfind("esm.contact_head.", 0) == 0) {  // contact prediction: another task
       skipped.push_back(hf_name);
     } else if (nt_v2 && h.options.rotary &&
@@ -520,7 +651,10 @@ void map_tensors(const std::string& weights_path, HfCheckpoint& h, Tensor& token
       split_gated_dense(weights_path, hf_name, t, h);
     } else if (hf_name.find("rotary_embeddings.inv_freq") != std::string::npos) {
       check_rotary_table(weights_path, hf_name, t, h.options);
-    } else if (hf_name.find("token_type_embeddings") != std::string::npos) {
+    } else if (h.model_type == "dnabert2" && split_dnabert2_fused(weights_path, hf_name, t, h)) {
+      // (Note [DNABERT-2 import]: its token-type table is a parameter of ours, below)
+    } else if (hf_name.find("token_type_embeddings") != std::string::npos &&
+               h.model_type != "dnabert2") {
       token_type = t.to(torch::kFloat32);
     } else if (h.model_type == "gpt_neox" &&
                hf_name.find(".attention.query_key_value.") != std::string::npos) {
@@ -625,8 +759,12 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
   }
   check_model_shape(h.options, path);  // Note [Model shape limits], before any allocation
 
-  const std::string weights_path = dir + "/model.safetensors";
+  std::string weights_path = dir + "/model.safetensors";
   std::error_code ec;
+  if (h.model_type == "dnabert2" && !std::filesystem::exists(weights_path, ec) &&
+      std::filesystem::exists(dir + "/pytorch_model.bin", ec)) {
+    weights_path = dir + "/pytorch_model.bin";  // Note [pytorch_model.bin]
+  }
   DNALLM_CHECK(
       std::filesystem::symlink_status(weights_path, ec).type() !=
           std::filesystem::file_type::not_found,
@@ -836,8 +974,9 @@ ModelOptions fine_tune_options(const Config& config, const data::Tokenizer& ours
                h.architecture, a.arch == Arch::kBert ? "encoder" : "causal LM",
                a.arch == Arch::kBert ? "bert" : "gpt");
   const int64_t usable =
-      a.rotary ? config.model.max_seq_length
-               : a.max_seq_length - (a.position_padding_idx >= 0 ? a.position_padding_idx + 1 : 0);
+      a.rotary || a.alibi
+          ? config.model.max_seq_length
+          : a.max_seq_length - (a.position_padding_idx >= 0 ? a.position_padding_idx + 1 : 0);
   DNALLM_CHECK(config.model.max_seq_length <= usable, ExitCode::kUsage,
                "model.max_seq_length = {} exceeds the {} positions of model.init_from = \"{}\": "
                "set model.max_seq_length <= {}",
@@ -855,7 +994,7 @@ ModelOptions fine_tune_options(const Config& config, const data::Tokenizer& ours
   o.lora_targets = wanted.lora_targets;
   o.vocab_size = ours.vocab_size();
   o.pad_id = data::kPadId;
-  if (a.rotary) o.max_seq_length = config.model.max_seq_length;
+  if (a.rotary || a.alibi) o.max_seq_length = config.model.max_seq_length;
   if (a.position_padding_idx >= 0) {  // Note [Positions after another pad id]
     o.position_padding_idx = data::kPadId;
     o.max_seq_length = a.max_seq_length - (a.position_padding_idx - data::kPadId);

@@ -12,11 +12,15 @@
 //   gpt_neox              GPTNeoXForCausalLM: rotary (full head), sequential residual
 //   llama                 LlamaForCausalLM: RMSNorm, gated SiLU MLP, no biases, rotary
 //                         (grouped-query / multi-query: num_key_value_heads)
+//   dnabert2              model_type "bert" with DNABERT-2's remote code in auto_map
+//                         (bert_layers.BertForMaskedLM / BertForSequenceClassification):
+//                         ALiBi, fused Wqkv, GEGLU feed-forward, post-LN (Note [DNABERT-2
+//                         import] in hf_import.cpp); its Python files are not run
 // Note [Nothing silently ignored]: every config.json key is either understood (and its value
 // checked against what the import computes) or on a list of keys that do not change the
 // function (dropout rates, token ids, bookkeeping); any other key, a value we do not compute
-// (ALiBi, relative positions, partial rotary, parallel residual, remote code "auto_map" other
-// than Note [Remote code]'s), and
+// (ALiBi outside DNABERT-2, relative positions, partial rotary, parallel residual, remote code
+// "auto_map" other than Note [Remote code]'s and DNABERT-2's), and
 // any tensor of model.safetensors the model does not use is an Error(kUsage) naming the key
 // or tensor and what is supported. Tensors that exist only for another task (ESM's contact
 // head) are listed by name in the log.
@@ -38,7 +42,8 @@ namespace dnallm::models {
 // directory's own id order).
 struct HfCheckpoint {
   std::string dir;
-  std::string model_type;    // "bert", "esm", "roberta-prelayernorm", "gpt_neox", "llama"
+  std::string model_type;    // "bert", "esm", "roberta-prelayernorm", "gpt_neox", "llama",
+                             // "dnabert2"
   std::string architecture;  // e.g. "BertForMaskedLM"
   ModelOptions options;      // lora_r = 0
   std::map<std::string, torch::Tensor> weights;  // by our names (TransformerLM::named_weights)

@@ -32,7 +32,8 @@ inline std::vector<Rule> encoder_rules(std::vector<Rule> own, Rule root) {
   return own;
 }
 
-// `model_type` as in config.json: "bert", "esm", "roberta-prelayernorm", "gpt_neox", "llama".
+// `model_type` as in config.json: "bert", "esm", "roberta-prelayernorm", "gpt_neox", "llama";
+// "dnabert2" for a "bert" config whose auto_map is DNABERT-2's remote code.
 inline const std::vector<Rule>& rules(const std::string& model_type) {
   static const std::vector<Rule> esm = encoder_rules(
       {
@@ -74,7 +75,18 @@ inline const std::vector<Rule>& rules(const std::string& model_type) {
       {".output.dense.", ".mlp.dense_4h_to_h."},
       {"lm_head.", "embed_out."},
   };
+  // DNABERT-2 (MosaicBERT remote code; fused Wqkv and gated_layers are split/joined by
+  // hf_import/hf_export). The first two rules keep the attention output's names from matching
+  // the feed-forward's.
+  static const std::vector<Rule> dnabert2 = {
+      {".attention.output.dense.", ".attention.output.dense."},
+      {".attention.output.LayerNorm.", ".attention.output.LayerNorm."},
+      {".output.dense.", ".mlp.wo."},
+      {".output.LayerNorm.", ".mlp.layernorm."},
+      {"cls.predictions.bias", "cls.predictions.decoder.bias"},
+  };
   static const std::vector<Rule> bert = {};
+  if (model_type == "dnabert2") return dnabert2;
   if (model_type == "esm") return esm;
   if (model_type == "roberta-prelayernorm") return roberta_pre_ln;
   if (model_type == "llama") return llama;

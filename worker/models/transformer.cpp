@@ -85,8 +85,10 @@ double parameter_count(const ModelOptions& o) {
   const double kv = double(key_value_heads(o)) * (h / double(std::max<int64_t>(o.heads, 1)));
   double block = 2 * (h * h + bias * h) + 2 * (h * kv + bias * kv) + 2 * norm;
   block += (o.gated_mlp ? 3 : 2) * h * f + ffn_bias * (f + h) + (o.gated_mlp ? ffn_bias * f : 0);
+  if (!o.ffn_in_bias) block -= ffn_bias * f * (o.gated_mlp ? 2 : 1);
   double total = double(o.layers) * block + v * h + norm;
-  if (!o.rotary) total += double(o.max_seq_length) * h;
+  if (!o.rotary && !o.alibi) total += double(o.max_seq_length) * h;
+  total += double(o.type_vocab_size) * h;
   if (o.task == Task::kPretrain) {
     // (the MLM head's transform and bias; a causal LM head has no bias)
     total += (o.tie_embeddings ? 0 : v * h) + (o.arch == Arch::kBert ? v + h * h + h + norm : 0);
@@ -118,6 +120,10 @@ void check_model_shape(const ModelOptions& o, const std::string& where) {
   in_range("max_position_embeddings", o.max_seq_length, 1, kMaxPositions);
   if (o.task == Task::kClassification) in_range("num_labels", o.num_labels, 1, kMaxLabels);
   in_range("pad_token_id", o.pad_id, 0, o.vocab_size - 1);
+  in_range("type_vocab_size", o.type_vocab_size, 0, kMaxLabels);
+  DNALLM_CHECK(!(o.alibi && o.rotary), ExitCode::kUsage,
+               "{}: ALiBi and rotary positions together are not a model this program builds",
+               where);
   if (o.position_padding_idx >= 0) {
     in_range("position_padding_idx", o.position_padding_idx, 0, o.max_seq_length - 1);
   }
@@ -185,8 +191,23 @@ ModelOptions model_options_from_config(const Config& config, int64_t vocab_size)
     o.rotary = false;
   } else if (m.position == "rotary") {
     o.rotary = true;
+  } else if (m.position == "alibi") {
+    o.alibi = true;
   } else {
-    fail(ExitCode::kUsage, "model.position = \"{}\": use \"learned\" or \"rotary\"", m.position);
+    fail(ExitCode::kUsage, "model.position = \"{}\": use \"learned\", \"rotary\" or \"alibi\"",
+         m.position);
+  }
+  // DNABERT-2's blocks (configs/dnabert2-*.toml): post-LN with an embedding LayerNorm, and a
+  // GEGLU feed-forward whose input projections have no bias.
+  o.post_layer_norm = m.post_layer_norm;
+  o.embedding_layer_norm = m.post_layer_norm;
+  if (m.mlp == "geglu") {
+    o.gated_mlp = true;
+    o.gate_activation = ModelOptions::GateActivation::kGelu;
+    o.ffn_in_bias = false;
+  } else {
+    DNALLM_CHECK(m.mlp == "gelu", ExitCode::kUsage, "model.mlp = \"{}\": use \"gelu\" or \"geglu\"",
+                 m.mlp);
   }
   if (m.attn_implementation == "auto" || m.attn_implementation == "sdpa") {
     o.attn = AttnImpl::kSdpa;
@@ -293,6 +314,38 @@ Tensor LoraLinearImpl::forward(const Tensor& x) {
 // ---------------------------------------------------------------------------------------------
 // Attention
 
+std::vector<double> alibi_slopes(int64_t heads) {
+  DNALLM_CHECK(heads > 0, ExitCode::kFailure, "alibi_slopes: {} heads", heads);
+  auto power_of_two = [](int64_t n) {
+    // 2^(-2^-(log2 n - 3)) = 2^(-8/n), raised to 1..n, as the reference computes it.
+    const double start = std::pow(2.0, -std::pow(2.0, -(std::log2(double(n)) - 3)));
+    std::vector<double> s;
+    for (int64_t i = 0; i < n; ++i) s.push_back(start * std::pow(start, double(i)));
+    return s;
+  };
+  if ((heads & (heads - 1)) == 0) return power_of_two(heads);
+  int64_t below = 1;
+  while (below * 2 < heads) below *= 2;
+  auto slopes = power_of_two(below);
+  const auto twice = power_of_two(2 * below);
+  for (size_t i = 0; i < twice.size() && int64_t(slopes.size()) < heads; i += 2) {
+    slopes.push_back(twice[i]);
+  }
+  return slopes;
+}
+
+Tensor alibi_bias(int64_t heads, int64_t q_start, int64_t tq, int64_t tk,
+                  const torch::Device& device) {
+  const auto slopes64 = alibi_slopes(heads);
+  std::vector<float> slopes(slopes64.begin(), slopes64.end());
+  auto ints = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  auto distance = (torch::arange(0, tk, ints).unsqueeze(0) -
+                   torch::arange(q_start, q_start + tq, ints).unsqueeze(1))
+                      .abs();
+  auto s = torch::tensor(slopes, torch::kFloat32).to(device).view({heads, 1, 1});
+  return (s * distance.neg()).unsqueeze(0);  // fp32 [1, H, tq, tk]
+}
+
 // Note [Attention masks]: every mask is an additive tensor broadcastable to [B, H, Tq, Tk],
 // 0 where attention is allowed and a large finite negative where it is not (finite so a query
 // with nothing to attend to gives a uniform, not NaN, distribution). Padding, packing
@@ -349,9 +402,10 @@ BlockImpl::BlockImpl(const ModelOptions& options) : options_(options) {
   layer_norm(*attn_output, ln_attn, rms_attn);
   auto intermediate = holder(*this, "intermediate");
   const bool fb = b && options.ffn_bias;
-  ffn_in = intermediate->register_module("dense", LoraLinear(h, options.ffn, fb));
+  const bool in_bias = fb && options.ffn_in_bias;
+  ffn_in = intermediate->register_module("dense", LoraLinear(h, options.ffn, in_bias));
   if (options.gated_mlp) {
-    ffn_gate = intermediate->register_module("gate", LoraLinear(h, options.ffn, fb));
+    ffn_gate = intermediate->register_module("gate", LoraLinear(h, options.ffn, in_bias));
   }
   auto output = holder(*this, "output");
   ffn_out = output->register_module("dense", LoraLinear(options.ffn, h, fb));
@@ -359,18 +413,18 @@ BlockImpl::BlockImpl(const ModelOptions& options) : options_(options) {
 }
 
 Tensor BlockImpl::forward(const Tensor& x, const Tensor& bias, bool causal, LayerCache* cache,
-                          const Tensor& rope_cos, const Tensor& rope_sin) {
-  return forward_impl(x, bias, causal, cache, rope_cos, rope_sin, Tensor());
+                          const Tensor& rope_cos, const Tensor& rope_sin, const Tensor& ffn_rows) {
+  return forward_impl(x, bias, causal, cache, rope_cos, rope_sin, Tensor(), ffn_rows);
 }
 
 Tensor BlockImpl::forward_selected(const Tensor& x, const Tensor& bias, const Tensor& rope_cos,
                                    const Tensor& rope_sin, const Tensor& positions) {
-  return forward_impl(x, bias, false, nullptr, rope_cos, rope_sin, positions);
+  return forward_impl(x, bias, false, nullptr, rope_cos, rope_sin, positions, Tensor());
 }
 
 Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal, LayerCache* cache,
                                const Tensor& rope_cos, const Tensor& rope_sin,
-                               const Tensor& positions) {
+                               const Tensor& positions, const Tensor& ffn_rows) {
   const int64_t b = x.size(0), t = x.size(1), nh = options_.heads, hidden = options_.hidden,
                 hd = hidden / nh, nkv = key_value_heads(options_);
   const double p = is_training() ? options_.dropout : 0.0;
@@ -411,11 +465,17 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
   }
   Tensor residual = x;
   Tensor q_cos = rope_cos, q_sin = rope_sin;
+  Tensor attn_bias = bias;
   int64_t tq = t;
   if (positions.defined()) {
     // Note [Scored positions only]: only the queries at `positions` [B, M] are computed;
     // keys and values still cover the whole sequence.
     tq = positions.size(1);
+    if (bias.defined() && bias.size(-2) > 1) {  // a bias per query (ALiBi): their rows only
+      auto full = bias.expand({b, bias.size(1), t, bias.size(3)});
+      attn_bias =
+          full.gather(2, positions.view({b, 1, tq, 1}).expand({b, bias.size(1), tq, bias.size(3)}));
+    }
     auto index = positions.unsqueeze(-1).expand({b, tq, hidden});
     q = query(h.gather(1, index)).view({b, tq, nh, hd}).transpose(1, 2);
     residual = x.gather(1, index);
@@ -449,16 +509,48 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
     k = repeat(k);
     v = repeat(v);
   }
-  auto a = attention_with_dropout(q, k, v, bias, causal, options_.attn, p);
+  auto a = attention_with_dropout(q, k, v, attn_bias, causal, options_.attn, p);
   a = a.transpose(1, 2).reshape({b, tq, hidden});
   auto out = attn_out(a);
   if (p > 0) out = torch::dropout(out, p, true);
   auto y = residual + out;
   if (post_ln) y = norm_attn(y);
   auto hf = post_ln ? y : norm_ffn(y);
-  auto f = ffn_out(ffn_gate ? torch::silu(ffn_gate(hf)) * ffn_in(hf) : torch::gelu(ffn_in(hf)));
+  Tensor y_rows = y;
+  if (ffn_rows.defined()) {  // Note [Padding-free feed-forward]
+    hf = hf.reshape({-1, hidden}).index_select(0, ffn_rows);
+    y_rows = y.reshape({-1, hidden}).index_select(0, ffn_rows);
+  }
+  Tensor inner;
+  if (!ffn_gate) {
+    inner = torch::gelu(ffn_in(hf));
+  } else {
+    Tensor gate, up;
+    const bool plain_ffn = !ffn_gate->has_lora() && !ffn_in->has_lora() && !ffn_gate->quantized() &&
+                           !ffn_in->quantized();
+    if (plain_ffn) {
+      // One GEMM for the gate and up projections (as for Q, K and V above; DNABERT-2 stores
+      // them fused, gated_layers), the weights separate parameters.
+      auto w = torch::cat({ffn_gate->weight, ffn_in->weight}, 0);
+      auto bgu =
+          ffn_gate->bias.defined() ? torch::cat({ffn_gate->bias, ffn_in->bias}, 0) : Tensor();
+      auto gu = torch::linear(hf, w, bgu).chunk(2, -1);
+      gate = gu[0];
+      up = gu[1];
+    } else {
+      gate = ffn_gate(hf);
+      up = ffn_in(hf);
+    }
+    // Exact (erf) GELU as DNABERT-2's GLU, or SiLU (Llama).
+    inner = options_.gate_activation == ModelOptions::GateActivation::kGelu
+                ? torch::gelu(gate) * up
+                : torch::silu(gate) * up;
+  }
+  auto f = ffn_out(inner);
   if (p > 0) f = torch::dropout(f, p, true);
-  return post_ln ? norm_ffn(y + f) : y + f;
+  auto block_out = post_ln ? norm_ffn(y_rows + f) : y_rows + f;
+  if (!ffn_rows.defined()) return block_out;
+  return y.reshape({-1, hidden}).index_copy(0, ffn_rows, block_out).view(y.sizes());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -516,9 +608,13 @@ TransformerLMImpl::TransformerLMImpl(ModelOptions options) : options_(std::move(
   auto emb = holder(*root, "embeddings");
   word_embeddings =
       emb->register_module("word_embeddings", torch::nn::Embedding(o.vocab_size, o.hidden));
-  if (!o.rotary) {
+  if (!o.rotary && !o.alibi) {
     position_embeddings = emb->register_module("position_embeddings",
                                                torch::nn::Embedding(o.max_seq_length, o.hidden));
+  }
+  if (o.type_vocab_size > 0) {
+    token_type_ = holder(*emb, "token_type_embeddings")
+                      ->register_parameter("weight", torch::zeros({o.type_vocab_size, o.hidden}));
   }
   if (o.embedding_layer_norm) {
     embedding_norm = emb->register_module(
@@ -608,7 +704,7 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
   const auto& ids = in.input_ids;
   DNALLM_CHECK(ids.dim() == 2, ExitCode::kFailure, "input_ids must be [batch, seq]");
   const int64_t b = ids.size(0), t = ids.size(1);
-  DNALLM_CHECK(past_len + t <= o.max_seq_length || o.rotary, ExitCode::kBadData,
+  DNALLM_CHECK(past_len + t <= o.max_seq_length || o.rotary || o.alibi, ExitCode::kBadData,
                "sequence of {} tokens exceeds model.max_seq_length = {}", past_len + t,
                o.max_seq_length);
   auto device = ids.device();
@@ -621,6 +717,7 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
     auto pos = torch::arange(past_len, past_len + t, ids.options());
     x = x + embed(position_embeddings, pos).unsqueeze(0);
   }
+  if (token_type_.defined()) x = x + token_type_[0];  // every token is of type 0
   if (o.mask_embeddings && in.attention_mask.defined() && in.attention_mask.size(1) == t) {
     x = x * in.attention_mask.unsqueeze(-1).to(x.dtype());
   }
@@ -635,6 +732,7 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
   const bool causal = o.arch == Arch::kGpt;
   const int64_t tk = past_len + t;
   Tensor allowed;  // bool, broadcastable to [B, 1, T, Tk]
+  bool padded_batch = false;
   if (in.attention_mask.defined()) {
     auto key_ok = in.attention_mask.to(torch::kBool);
     if (key_ok.size(1) == t && past_len > 0) {
@@ -644,6 +742,7 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
     const bool any_padding =
         in.padded.has_value() && past_len == 0 ? *in.padded : !key_ok.all().item<bool>();
     if (any_padding) allowed = key_ok.view({b, 1, 1, tk});
+    padded_batch = any_padding;
   }
   if (in.segment_ids.defined()) {
     DNALLM_CHECK(past_len == 0, ExitCode::kFailure, "packed segments are not cached");
@@ -651,7 +750,7 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
     auto same = seg.unsqueeze(2).eq(seg.unsqueeze(1)).unsqueeze(1);  // [B, 1, T, T]
     allowed = allowed.defined() ? allowed.logical_and(same) : same;
   }
-  if (causal && (allowed.defined() || (past_len > 0 && t > 1))) {
+  if (causal && (allowed.defined() || (past_len > 0 && t > 1) || o.alibi)) {
     auto tri = torch::ones({t, tk}, torch::TensorOptions().dtype(torch::kBool).device(device))
                    .tril(past_len);
     allowed = allowed.defined() ? allowed.logical_and(tri) : tri.view({1, 1, t, tk});
@@ -661,8 +760,21 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
     bias = torch::zeros(allowed.sizes(), x.options().dtype(torch::kFloat32))
                .masked_fill(allowed.logical_not(), mask_value(torch::kFloat32));
   }
+  if (o.alibi) {  // Note [ALiBi]: added to the padding/causal mask, as DNABERT-2 does
+    auto alibi = alibi_bias(o.heads, past_len, t, tk, device);
+    bias = bias.defined() ? bias + alibi : alibi;
+  }
   // A single cached decode step (t == 1) attends to everything before it: no mask needed.
   const bool kernel_causal = causal && !bias.defined() && !(past_len > 0 && t == 1);
+  // Note [Padding-free feed-forward]: DNABERT-2's reference runs its feed-forward on the real
+  // tokens only; so do ALiBi models here, on the CPU (finding the rows reads the mask back,
+  // a synchronisation on a GPU). The padding rows' outputs are not part of the function:
+  // they are keys masked out of every attention and positions no loss or pooling reads.
+  Tensor ffn_rows;
+  if (o.alibi && padded_batch && device.is_cpu() && cache == nullptr && past_len == 0 &&
+      in.attention_mask.size(1) == t) {
+    ffn_rows = in.attention_mask.reshape({-1}).nonzero().squeeze(1);
+  }
 
   for (size_t i = 0; i < blocks_.size(); ++i) {
     LayerCache* layer_cache = cache != nullptr ? &(*cache)[i] : nullptr;
@@ -674,7 +786,7 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
         layer_cache == nullptr) {
       x = checkpointed_block(blocks_[i], x, bias, kernel_causal, cos, sin);
     } else {
-      x = blocks_[i]->forward(x, bias, kernel_causal, layer_cache, cos, sin);
+      x = blocks_[i]->forward(x, bias, kernel_causal, layer_cache, cos, sin, ffn_rows);
     }
   }
   if (rms_final_.defined()) return rms_norm(rms_final_, x, o.layer_norm_eps);
@@ -977,7 +1089,7 @@ nlohmann::ordered_json export_config(const ModelOptions& o, const std::string& a
   if (key_value_heads(o) != o.heads) c["num_key_value_heads"] = key_value_heads(o);
   c["intermediate_size"] = o.ffn;
   c["max_position_embeddings"] = o.max_seq_length;
-  c["position_embedding_type"] = o.rotary ? "rotary" : "absolute";
+  c["position_embedding_type"] = o.rotary ? "rotary" : o.alibi ? "alibi" : "absolute";
   c["hidden_act"] = "gelu";
   c["layer_norm_eps"] = o.layer_norm_eps;
   c["pre_layer_norm"] = !o.post_layer_norm;
@@ -987,12 +1099,14 @@ nlohmann::ordered_json export_config(const ModelOptions& o, const std::string& a
   if (o.rms_norm) c["rms_norm"] = true;
   if (o.gated_mlp) c["gated_mlp"] = true;
   if (!o.linear_bias) c["linear_bias"] = false;
+  if (o.gate_activation == ModelOptions::GateActivation::kGelu) c["gate_activation"] = "gelu";
+  if (!o.ffn_in_bias) c["ffn_in_bias"] = false;
   if (!o.ffn_bias) c["ffn_bias"] = false;
   c["tie_word_embeddings"] = o.tie_embeddings;
   c["num_labels"] = o.num_labels;
   c["pooling"] = o.mean_pooling ? "mean" : "cls";
   c["pad_token_id"] = o.pad_id;
-  c["type_vocab_size"] = 0;
+  c["type_vocab_size"] = o.type_vocab_size;
   c["shift_labels"] = o.shift_labels;
   return c;
 }
@@ -1032,6 +1146,8 @@ TransformerLM load_exported_model(const std::string& dir) {
     o.ffn = integer("intermediate_size");
     o.max_seq_length = integer("max_position_embeddings");
     o.rotary = c.value("position_embedding_type", std::string("absolute")) == "rotary";
+    o.alibi = c.value("position_embedding_type", std::string("absolute")) == "alibi";
+    o.type_vocab_size = c.value("type_vocab_size", int64_t{0});
     o.layer_norm_eps = c.value("layer_norm_eps", 1e-12);
     o.tie_embeddings = c.value("tie_word_embeddings", true);
     o.num_labels = c.value("num_labels", int64_t{2});
@@ -1045,6 +1161,10 @@ TransformerLM load_exported_model(const std::string& dir) {
     o.rms_norm = c.value("rms_norm", false);
     o.gated_mlp = c.value("gated_mlp", false);
     o.linear_bias = c.value("linear_bias", true);
+    o.gate_activation = c.value("gate_activation", std::string("silu")) == "gelu"
+                            ? ModelOptions::GateActivation::kGelu
+                            : ModelOptions::GateActivation::kSilu;
+    o.ffn_in_bias = c.value("ffn_in_bias", true);
     o.ffn_bias = c.value("ffn_bias", true);
   } catch (const Error&) {
     throw;

@@ -84,6 +84,16 @@ struct ModelOptions {
   bool rms_norm = false;
   bool gated_mlp = false;
   bool linear_bias = true;
+  // DNABERT-2 (MosaicBERT), Note [ALiBi]: attention biases -slope_h * |i - j| instead of
+  // position embeddings (no table: any length); the gated feed-forward's gate through exact
+  // GELU instead of SiLU (GEGLU), its input projections without bias (ffn_in_bias, the others
+  // keep theirs); a token-type table whose row 0 is added to every token (type_vocab_size > 0,
+  // <root>.embeddings.token_type_embeddings.weight).
+  bool alibi = false;
+  enum class GateActivation { kSilu, kGelu };
+  GateActivation gate_activation = GateActivation::kSilu;
+  bool ffn_in_bias = true;
+  int64_t type_vocab_size = 0;
   // Nucleotide Transformer v2 (add_bias_fnn = false): the feed-forward linears without biases,
   // the attention's with them.
   bool ffn_bias = true;
@@ -164,10 +174,12 @@ class BlockImpl : public torch::nn::Module {
   explicit BlockImpl(const ModelOptions& options);
   // `bias`: additive attention mask broadcastable to [batch, heads, q, k] (or undefined);
   // `causal`: apply a causal mask in addition. `cache` (may be null) is read and extended.
-  // `rope`: (cos, sin) for the query positions, or undefined tensors.
+  // `rope`: (cos, sin) for the query positions, or undefined tensors. `ffn_rows` (int64, flat
+  // indices into [B * T]): the feed-forward runs on those tokens only (Note [Padding-free
+  // feed-forward]); the other rows leave the block as the attention sublayer made them.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, bool causal,
                         LayerCache* cache, const torch::Tensor& rope_cos,
-                        const torch::Tensor& rope_sin);
+                        const torch::Tensor& rope_sin, const torch::Tensor& ffn_rows = {});
 
   // Masked LM, last block only: computes the outputs at `positions` [B, M] (int64) alone,
   // attending over the whole sequence. Returns [B, M, hidden].
@@ -184,7 +196,8 @@ class BlockImpl : public torch::nn::Module {
  private:
   torch::Tensor forward_impl(const torch::Tensor& x, const torch::Tensor& bias, bool causal,
                              LayerCache* cache, const torch::Tensor& rope_cos,
-                             const torch::Tensor& rope_sin, const torch::Tensor& positions);
+                             const torch::Tensor& rope_sin, const torch::Tensor& positions,
+                             const torch::Tensor& ffn_rows);
   ModelOptions options_;
 };
 TORCH_MODULE(Block);
@@ -262,6 +275,7 @@ class TransformerLMImpl : public torch::nn::Module {
 
   ModelOptions options_;
   torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr};
+  torch::Tensor token_type_;  // options_.type_vocab_size > 0
   std::vector<Block> blocks_;
   torch::nn::LayerNorm embedding_norm{nullptr};  // options_.embedding_layer_norm
   torch::nn::LayerNorm final_norm{nullptr};      // absent with options_.post_layer_norm
@@ -273,6 +287,15 @@ class TransformerLMImpl : public torch::nn::Module {
   LoraLinear pooler{nullptr}, classifier{nullptr};
 };
 TORCH_MODULE(TransformerLM);
+
+// Note [ALiBi]: the per-head slopes (Press et al., as MosaicBERT/DNABERT-2 compute them): for
+// n a power of two, 2^(-8 (i + 1) / n); otherwise the slopes of the power of two below n, then
+// every second slope of twice that power, up to n.
+std::vector<double> alibi_slopes(int64_t heads);
+// The additive biases [1, H, Tq, Tk] = -slope_h * |q_i - k_j| for query positions
+// [q_start, q_start + tq) and key positions [0, tk).
+torch::Tensor alibi_bias(int64_t heads, int64_t q_start, int64_t tq, int64_t tk,
+                         const torch::Device& device);
 
 // Attention on [B, H, T, D] tensors with an additive mask (see the implementation note).
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
