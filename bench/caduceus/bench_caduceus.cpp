@@ -2,15 +2,12 @@
 // at one sequence length, the number bench/caduceus/bench_caduceus.sh sets beside the
 // reference's (kuleshov-group's code over mamba-ssm's pure-PyTorch scan, caduceus_peer.py) with
 // the same shape, batch, length, loss and threads. Prints one JSON line.
-#include <sys/resource.h>
 #include <torch/torch.h>
-
-#include <chrono>
-#include <iostream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/step_bench.hpp"
 #include "worker/models/caduceus/caduceus.hpp"
 
 int main(int argc, char** argv) {
@@ -42,24 +39,14 @@ int main(int argc, char** argv) {
     model->zero_grad();
     loss.backward();
   };
-  for (int64_t i = 0; i < warmup; ++i) step();
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < steps; ++i) step();
-  const double s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps;
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  nlohmann::ordered_json out;
-  out["impl"] = "dnallm";
-  out["d_model"] = o.d_model;
-  out["layers"] = o.n_layer;
-  out["rcps"] = o.rcps;
-  out["seq"] = seq;
-  out["batch"] = batch;
-  out["threads"] = torch::get_num_threads();
-  out["step_s"] = s;
-  out["tokens_per_s"] = double(batch * seq) / s;
-  out["peak_rss_mb"] = double(ru.ru_maxrss) / 1024.0;
-  std::cout << out.dump() << std::endl;
+  nlohmann::ordered_json fields;
+  fields["impl"] = "dnallm";
+  fields["d_model"] = o.d_model;
+  fields["layers"] = o.n_layer;
+  fields["rcps"] = o.rcps;
+  fields["seq"] = seq;
+  fields["batch"] = batch;
+  fields["threads"] = torch::get_num_threads();
+  dnallm::bench::time_steps_and_print(step, warmup, steps, double(batch * seq), fields);
   return 0;
 }

@@ -8,10 +8,9 @@ import json
 import os
 import resource
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "hf"))
-from hf_common import reference_package  # noqa: E402
+from hf_common import reference_package, time_steps  # noqa: E402
 
 
 def main():
@@ -52,12 +51,7 @@ def main():
         model.zero_grad()
         loss.backward()
 
-    for _ in range(args.warmup):
-        step()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    s = (time.perf_counter() - start) / args.steps
+    s = time_steps(step, args.warmup, args.steps)
     print(json.dumps({"impl": "reference", "d_model": args.d_model, "layers": args.layers,
                       "rcps": args.rcps, "seq": args.seq, "batch": args.batch,
                       "threads": torch.get_num_threads(), "torch": torch.__version__,

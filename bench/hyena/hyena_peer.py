@@ -7,8 +7,10 @@ import json
 import os
 import resource
 import sys
-import time
-import types
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "hf"))
+from hf_common import reference_package, time_steps  # noqa: E402
 
 
 def main():
@@ -27,9 +29,7 @@ def main():
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)
-    pkg = types.ModuleType("hyena_ref")
-    pkg.__path__ = [os.path.abspath(args.code)]
-    sys.modules["hyena_ref"] = pkg
+    reference_package("hyena_ref", args.code)
     from hyena_ref.configuration_hyena import HyenaConfig
     from hyena_ref.modeling_hyena import HyenaDNAForCausalLM
     torch.manual_seed(0)
@@ -49,12 +49,7 @@ def main():
         model.zero_grad()
         loss.backward()
 
-    for _ in range(args.warmup):
-        step()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    s = (time.perf_counter() - start) / args.steps
+    s = time_steps(step, args.warmup, args.steps)
     print(json.dumps({"impl": "reference", "d_model": args.d_model, "layers": args.layers,
                       "seq": args.seq, "batch": args.batch, "threads": torch.get_num_threads(),
                       "torch": torch.__version__, "step_s": s,

@@ -173,3 +173,15 @@ def reference_package(package, folder):
     pkg.__path__ = [os.path.abspath(folder)]
     sys.modules[package] = pkg
     return pkg
+
+
+def time_steps(step, warmup, steps):
+    """Seconds per call of `step` over `steps` calls after `warmup` untimed ones (the peers of
+    bench/hyena and bench/caduceus)."""
+    import time
+    for _ in range(warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - start) / max(steps, 1)
