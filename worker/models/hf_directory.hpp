@@ -1,6 +1,7 @@
-// Reading a downloaded Hugging Face model directory of a family with its own module (HyenaDNA,
-// Caduceus): Note [Untrusted files] (core/untrusted_file.hpp) for config.json, bounded integer
-// keys, safetensors only, finite tensors. Each refusal is one line naming the file and key.
+// Reading a downloaded Hugging Face model directory (hf_import.cpp, and the families with a
+// module of their own: HyenaDNA, Caduceus): Note [Untrusted files] (core/untrusted_file.hpp)
+// for its JSON files, bounded integer keys, safetensors only, finite tensors. Each refusal is
+// one line naming the file and key.
 #pragma once
 
 #include <torch/torch.h>
@@ -18,16 +19,27 @@
 
 namespace dnallm::models {
 
-// <dir>/config.json, a JSON object whose model_type is `model_type`; else Error(kUsage).
-inline nlohmann::json read_family_config(const std::string& dir, const std::string& model_type,
-                                         const std::string& family) {
-  const std::string path = dir + "/config.json";
+// A JSON file of a model or adapter directory; `holds` says what such a directory holds.
+// Note [Untrusted files]: a regular file of bounded size, strict JSON (no key twice), an object.
+inline nlohmann::json read_directory_json(const std::string& path, const char* holds) {
+  std::error_code ec;
+  DNALLM_CHECK(
+      std::filesystem::symlink_status(path, ec).type() != std::filesystem::file_type::not_found,
+      ExitCode::kUsage, "{} not found: {}", path, holds);
   auto c = parse_json_strict(
       read_bounded_file(path, kMaxConfigFileBytes, ExitCode::kUsage, "configuration file"), path,
       ExitCode::kUsage);
-  DNALLM_CHECK(c.is_object() && c.value("model_type", std::string()) == model_type,
-               ExitCode::kUsage, "{}: not a {} config (model_type is not \"{}\")", path, family,
-               model_type);
+  DNALLM_CHECK(c.is_object(), ExitCode::kUsage, "{} is not a JSON object: {}", path, holds);
+  return c;
+}
+
+// <dir>/config.json (read_directory_json) whose model_type is `model_type`; else Error(kUsage).
+inline nlohmann::json read_family_config(const std::string& dir, const std::string& model_type,
+                                         const std::string& family) {
+  const std::string path = dir + "/config.json";
+  auto c = read_directory_json(path, "a model directory holds config.json");
+  DNALLM_CHECK(c.value("model_type", std::string()) == model_type, ExitCode::kUsage,
+               "{}: not a {} config (model_type is not \"{}\")", path, family, model_type);
   return c;
 }
 

@@ -16,6 +16,7 @@
 #include "core/untrusted_file.hpp"
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
+#include "worker/models/hf_directory.hpp"
 #include "worker/models/hf_names.hpp"
 #include "worker/models/torch_pickle.hpp"
 
@@ -66,20 +67,6 @@ bool is_dnabert2_auto_map(const json& auto_map) {
     has_config = has_config || ref == "configuration_bert.BertConfig";
   }
   return has_config;
-}
-
-// A JSON file of a model or adapter directory; `holds` says what such a directory holds.
-// Note [Untrusted files]: a regular file of bounded size, strict JSON (no key twice).
-json read_json_file(const std::string& path, const char* holds) {
-  std::error_code ec;
-  DNALLM_CHECK(
-      std::filesystem::symlink_status(path, ec).type() != std::filesystem::file_type::not_found,
-      ExitCode::kUsage, "{} not found: {}", path, holds);
-  json c = parse_json_strict(
-      read_bounded_file(path, kMaxConfigFileBytes, ExitCode::kUsage, "configuration file"), path,
-      ExitCode::kUsage);
-  DNALLM_CHECK(c.is_object(), ExitCode::kUsage, "{} is not a JSON object: {}", path, holds);
-  return c;
 }
 
 // At most `n` names of `names`, then how many more: a bounded message.
@@ -743,7 +730,7 @@ bool is_hf_model_dir(const std::string& dir) {
 
 HfCheckpoint read_hf_checkpoint(const std::string& dir) {
   const std::string path = dir + "/config.json";
-  const json c = read_json_file(
+  const json c = read_directory_json(
       path, "a Hugging Face model directory holds config.json and model.safetensors");
   HfCheckpoint h;
   h.dir = dir;
@@ -790,7 +777,7 @@ TransformerLM build_hf_model(const HfCheckpoint& h) {
 
 PeftAdapter read_peft_adapter(const std::string& adapter_dir, const HfCheckpoint& base) {
   const std::string path = adapter_dir + "/adapter_config.json";
-  const json c = read_json_file(
+  const json c = read_directory_json(
       path, "a PEFT adapter directory holds adapter_config.json and adapter_model.safetensors");
   auto expect = [&](const char* key, const json& wanted, const char* what) {
     expect_value(c, path, key, wanted, what);
