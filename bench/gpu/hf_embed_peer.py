@@ -53,7 +53,9 @@ def main():
     texts = tokenizer_input(a.model, seqs)
 
     def run(batch_texts):
-        enc = tok(batch_texts, return_tensors="pt", padding=True).to(a.device)
+        # truncation=True: cut at the export's model_max_length (the model's max_seq_length),
+        # [CLS] first 510 tokens [SEP], as dnallm-infer does.
+        enc = tok(batch_texts, return_tensors="pt", padding=True, truncation=True).to(a.device)
         hidden = model(**enc).last_hidden_state.float()
         m = enc["attention_mask"].unsqueeze(-1).float()
         return (hidden * m).sum(1) / m.sum(1)

@@ -502,7 +502,8 @@ namespace {
 
 // The Nucleotide Transformer split is EsmTokenizer's (longest vocabulary piece at each
 // position; <cls> = [CLS] before, <eos> = [SEP] after): vocab.txt in our id order.
-void export_esm_tokenizer(const data::Tokenizer& tok, ordered_json map, const std::string& dir) {
+void export_esm_tokenizer(const data::Tokenizer& tok, ordered_json map, int64_t max_seq_length,
+                          const std::string& dir) {
   std::ofstream vocab(dir + "/vocab.txt", std::ios::trunc);
   for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab << tok.id_to_piece(id) << "\n";
   DNALLM_CHECK(vocab.good(), ExitCode::kFailure, "cannot write {}/vocab.txt", dir);
@@ -510,7 +511,7 @@ void export_esm_tokenizer(const data::Tokenizer& tok, ordered_json map, const st
   write_json(dir + "/special_tokens_map.json", map);
   ordered_json config = map;
   config["tokenizer_class"] = "EsmTokenizer";
-  config["model_max_length"] = 1000000;
+  config["model_max_length"] = max_seq_length;
   config["padding_side"] = "right";
   config["dnallm_input"] = "the bases as they are";
   write_json(dir + "/tokenizer_config.json", config);
@@ -612,14 +613,16 @@ ordered_json hf_bpe_tokenizer(const data::Tokenizer& tok, Arch arch) {
 
 }  // namespace
 
-void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::string& dir) {
+void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, int64_t max_seq_length,
+                         const std::string& dir) {
   std::filesystem::create_directories(dir);
   ordered_json map = {{"unk_token", "[UNK]"},
                       {"pad_token", "[PAD]"},
                       {"cls_token", "[CLS]"},
                       {"sep_token", "[SEP]"},
                       {"mask_token", "[MASK]"}};
-  if (tok.kind() == "nt" && arch == Arch::kBert) return export_esm_tokenizer(tok, map, dir);
+  if (tok.kind() == "nt" && arch == Arch::kBert)
+    return export_esm_tokenizer(tok, map, max_seq_length, dir);
   const bool kmer = tok.kind() == "kmer";
   const bool bpe = tok.kind() == "hf";
   auto summary = tok.to_json();
@@ -637,7 +640,7 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, const std::strin
   write_json(dir + "/special_tokens_map.json", map);
   ordered_json config = map;
   config["tokenizer_class"] = "PreTrainedTokenizerFast";
-  config["model_max_length"] = 1000000;
+  config["model_max_length"] = max_seq_length;
   config["padding_side"] = "right";
   if (kmer) {
     config["do_lower_case"] = false;
@@ -714,7 +717,7 @@ bool export_hf_directory(TransformerLM& model, const data::Tokenizer& tokenizer,
                          const std::string& dir, const std::string& source_dir) {
   try {
     const auto arch = model->options().arch;
-    export_hf_tokenizer(tokenizer, arch, dir);
+    export_hf_tokenizer(tokenizer, arch, model->options().max_seq_length, dir);
     const auto type = export_hf_model(model, dir, source_dir);
     if (model->options().lora_r > 0 && type == "dnabert2") {
       // PEFT would target its fused Wqkv, which our query/value adapters are not.
@@ -724,7 +727,7 @@ bool export_hf_directory(TransformerLM& model, const data::Tokenizer& tokenizer,
           dir);
     } else if (model->options().lora_r > 0) {
       export_peft_adapter(model, dir + "/adapter", dir + "/base");
-      export_hf_tokenizer(tokenizer, arch, dir + "/base");
+      export_hf_tokenizer(tokenizer, arch, model->options().max_seq_length, dir + "/base");
     }
     spdlog::info("exported a transformers {} model to {}", type, dir);
     return true;

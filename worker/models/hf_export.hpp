@@ -43,7 +43,11 @@ std::pair<std::vector<std::pair<std::string, torch::Tensor>>, nlohmann::ordered_
 // tokenizer_config.json and special_tokens_map.json for `tokenizer` with the framing our objectives
 // use ([CLS] ... [SEP] for encoders, [CLS] ... for causal models). One token a base, or overlapping
 // k-mers (the input transformers expects is then the k-mers separated by spaces, as for DNABERT).
-void export_hf_tokenizer(const data::Tokenizer& tokenizer, Arch arch, const std::string& dir);
+// model_max_length is the model's max_seq_length (framing tokens included), so that
+// `tokenizer(..., truncation=True)` cuts where dnallm-infer does instead of overrunning the
+// position table.
+void export_hf_tokenizer(const data::Tokenizer& tokenizer, Arch arch, int64_t max_seq_length,
+                         const std::string& dir);
 
 // PEFT's format for a model with LoRA: adapter_config.json + adapter_model.safetensors
 // ("base_model.model.<HF module>.lora_A.weight", task heads as modules_to_save), and the base
