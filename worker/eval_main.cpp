@@ -159,7 +159,7 @@ void add_options(CLI::App& app, EvalArgs& a) {
 // the Hugging Face fixtures' expected.safetensors (input_ids, attention_mask, logits; with an
 // adapter also merged_logits, after merging it into the base).
 struct LogitsRun {
-  models::TransformerLM model{nullptr};
+  models::LanguageModel model{nullptr};
   models::ForwardInputs in;  // input_ids and attention_mask [rows, tokens] on the CPU
 };
 
@@ -212,7 +212,7 @@ LogitsRun own_logits_run(const EvalArgs& a, const std::vector<std::string>& sequ
   LogitsRun run;
   run.model = models::load_exported_model(a.model_dir);
   const auto tokenizer = data::load_tokenizer(a.model_dir + "/tokenizer.json");
-  const auto& o = run.model->options();
+  const auto& o = run.model->spec();
   std::vector<std::vector<int64_t>> rows;
   for (size_t i = 0; i < sequences.size(); ++i) {
     bool cut = false;
@@ -251,13 +251,11 @@ int write_logits(const EvalArgs& a) {
 
 // The evaluation configuration of an exported model: its own framing and tokenizer, the whole
 // `input` once, every N kept (masked).
-Config eval_config(const models::ModelOptions& o, const data::Tokenizer& tokenizer,
+Config eval_config(const models::ModelSpec& o, const data::Tokenizer& tokenizer,
                    const std::string& input, const EvalArgs& a) {
   Config config;
-  config.model.arch = o.arch == models::Arch::kBert ? "bert" : "gpt";
-  config.model.task = o.task == models::Task::kPretrain         ? "pretrain"
-                      : o.task == models::Task::kClassification ? "classification"
-                                                                : "regression";
+  config.model.arch = models::arch_name(o.arch);
+  config.model.task = models::task_name(o.task);
   config.model.max_seq_length = o.max_seq_length;
   config.model.num_labels = o.num_labels;
   config.tokenizer.kind = tokenizer.kind();
@@ -271,7 +269,7 @@ Config eval_config(const models::ModelOptions& o, const data::Tokenizer& tokeniz
 
 // What one scoring pass reads: the model on its device and `batches` batches of `source`.
 struct Scoring {
-  models::TransformerLM model{nullptr};
+  models::LanguageModel model{nullptr};
   torch::Device device{torch::kCPU};
   train::LoaderSource* source = nullptr;
   int64_t batches = 0;
@@ -280,7 +278,7 @@ struct Scoring {
 // Classifier: accuracy, MCC, macro F1/precision/recall and mean loss over the rows with a
 // label in range.
 void score_classifier(Scoring& s, nlohmann::ordered_json& out) {
-  const int64_t labels = s.model->options().num_labels;
+  const int64_t labels = s.model->spec().num_labels;
   ConfusionMatrix confusion(labels, std::vector<double>(labels, 0.0));
   double nll = 0, rows = 0;
   for (int64_t i = 0; i < s.batches; ++i) {
@@ -330,7 +328,7 @@ int score(const EvalArgs& a) {
                "{} does not exist or is not a file", input);
   Scoring s;
   s.model = models::load_exported_model(a.model_dir);
-  const auto& o = s.model->options();
+  const auto& o = s.model->spec();
   auto tokenizer = infer::load_model_tokenizer(a.model_dir, o);
   const Config config = eval_config(o, *tokenizer, input, a);
   // The whole file once (Note [Evaluation covers each sample once]); --max-bases cuts below.

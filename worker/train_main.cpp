@@ -12,7 +12,7 @@
 #include "core/cli.hpp"
 #include "core/log.hpp"
 #include "core/worker_env.hpp"
-#include "worker/models/hf_export.hpp"
+#include "worker/models/registry.hpp"
 #include "worker/models/hf_import.hpp"
 #include "worker/parallel/process_group.hpp"
 #include "worker/train/auto_batch.hpp"

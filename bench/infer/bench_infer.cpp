@@ -147,7 +147,7 @@ void bench_nf4(int64_t hidden, int64_t layers, int64_t tokens, int iters) {
 // windows of a FASTA file, fp32 vs INT8 (char tokens: bits per base), and the forward time.
 void bench_int8_model(const std::string& dir, const std::string& fasta, int64_t windows) {
   auto model = models::load_exported_model(dir);
-  const auto& o = model->options();
+  const auto& o = model->spec();
   if (o.arch != models::Arch::kGpt || o.task != models::Task::kPretrain) {
     fmt::print("int8-model: {} is not a causal LM; skipped\n", dir);
     return;

@@ -780,7 +780,7 @@ TEST_P(HfExportTest, ReimportComputesOurLogits) {
   model->eval();
   const ExportDir out(c.name);
   const auto& dir = out.path();
-  ASSERT_TRUE(export_hf_directory(model, *tok, dir.string()));
+  ASSERT_TRUE(export_hf_transformer(model, *tok, dir.string()));
 
   // Our pipeline's ids: [CLS] tokens [SEP] (encoders) or [CLS] tokens (causal).
   const auto seqs = fixture_sequences("bert_mlm");
@@ -871,7 +871,7 @@ TEST_P(HfReexportTest, ImportedFamilyExportsAsItself) {
   const ExportDir out(family + "_reexport");
   const std::string dir = out.str();
   if (c.our_kmer_tokenizer) {
-    ASSERT_TRUE(export_hf_directory(model, *data::make_kmer_tokenizer(3, 1), dir));
+    ASSERT_TRUE(export_hf_transformer(model, *data::make_kmer_tokenizer(3, 1), dir));
   } else {
     ASSERT_FALSE(lora);  // export_hf_directory would write the base's tokenizer too
     EXPECT_EQ(export_hf_model(model, dir), c.model_type);
@@ -984,14 +984,14 @@ TEST(HfExportTest, NoTransformersEquivalentIsSkippedNotWrong) {
   o.max_seq_length = 16;
   TransformerLM model(o);
   const auto dir = fs::temp_directory_path() / ("dnallm_hf_skip_" + std::to_string(::getpid()));
-  EXPECT_FALSE(export_hf_directory(model, *data::make_char_tokenizer(), dir.string()));
+  EXPECT_FALSE(export_hf_transformer(model, *data::make_char_tokenizer(), dir.string()));
   EXPECT_FALSE(fs::exists(dir));
   // Grouped-query attention without Llama's norms and MLP: gpt_neox has no
   // num_key_value_heads.
   o.rotary = true;
   o.kv_heads = 1;
   TransformerLM grouped(o);
-  EXPECT_FALSE(export_hf_directory(grouped, *data::make_char_tokenizer(), dir.string()));
+  EXPECT_FALSE(export_hf_transformer(grouped, *data::make_char_tokenizer(), dir.string()));
   EXPECT_FALSE(fs::exists(dir));
 }
 

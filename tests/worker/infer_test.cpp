@@ -112,7 +112,7 @@ TEST(Embed, EqualsTheModelsHiddenStatesForEveryPooling) {
     for (size_t i = 0; i < seqs.size(); ++i) {
       EXPECT_EQ(sink.ids[i], "seq" + std::to_string(i));
       // The reference: this sequence alone, no padding, straight from encode().
-      auto ids = frame_sequence(*tok, model->options(), seqs[i]);
+      auto ids = frame_sequence(*tok, model->spec(), seqs[i]);
       ASSERT_LE(int64_t(ids.size()), 96);
       models::ForwardInputs in;
       in.input_ids = torch::tensor(ids).unsqueeze(0);
@@ -344,7 +344,7 @@ TEST(QLoRA, FineTuneOverAnNf4BaseLearnsTheBundledClassification) {
     std::vector<std::vector<int64_t>> rows;
     std::vector<int64_t> labels;
     for (auto i : idx) {
-      rows.push_back(frame_sequence(*tok, model->options(), w.bases[i]));
+      rows.push_back(frame_sequence(*tok, model->spec(), w.bases[i]));
       labels.push_back(w.labels[i]);
     }
     auto in = pad_batch(rows, 0, torch::kCPU);
@@ -387,7 +387,7 @@ TEST(QLoRA, FineTuneOverAnNf4BaseLearnsTheBundledClassification) {
 
   // Export merges the adapters into a full-precision copy of the dequantised base.
   auto dir = temp_dir("qlora_export");
-  models::export_live_model(model, dir.string(), "bert");
+  models::export_live_model(model, dir.string());
   auto weights = models::load_safetensors((dir / "model.safetensors").string());
   const auto& q = weights.at("bert.encoder.layer.0.attention.self.query.weight");
   EXPECT_EQ(q.sizes(), (std::vector<int64_t>{32, 32}));

@@ -326,7 +326,7 @@ TEST(ModelTest, LoraTrainsOnlyAdaptersAndMergesOnExport) {
   auto expect = model->forward(in).logits;
   auto dir = std::filesystem::temp_directory_path() / "dnallm_lora_export_test";
   std::filesystem::remove_all(dir);
-  export_live_model(model, dir.string(), "bert");
+  export_live_model(model, dir.string());
   auto adapters = load_safetensors((dir / "adapter_model.safetensors").string());
   EXPECT_EQ(adapters.size(), 2u * 2 * 5);  // A and B for 5 linears in 2 layers
   EXPECT_EQ(

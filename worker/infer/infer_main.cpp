@@ -62,7 +62,7 @@ void add_common(CLI::App& cmd, CommonArgs& a) {
 }
 
 struct Loaded {
-  models::TransformerLM model{nullptr};
+  models::LanguageModel model{nullptr};
   std::shared_ptr<const data::Tokenizer> tokenizer;
   torch::Device device{torch::kCPU};
 };
@@ -76,7 +76,7 @@ Loaded load(const CommonArgs& a, int local_rank) {
   Loaded l;
   const auto format = models::parse_weight_format(a.quantize, "--quantize");
   l.model = models::load_exported_model(a.model_dir);
-  l.tokenizer = infer::load_model_tokenizer(a.model_dir, l.model->options());
+  l.tokenizer = infer::load_model_tokenizer(a.model_dir, l.model->spec());
   // After the model directory was checked: refusing a damaged one never loads CUDA (Note
   // [Lazy CUDA]); the weights wait on the CPU meanwhile.
   l.device = infer::resolve_device(a.device, local_rank);
@@ -332,10 +332,10 @@ int run_embed(const EmbedArgs& a, const cluster::Topology& topo, const cluster::
   const uint64_t r = static_cast<uint64_t>(topo.rank);
   const uint64_t begin = n * r / w, end = n * (r + 1) / w;
   input.select(begin, end);
-  const int64_t dim = loaded.model->options().hidden;
+  const int64_t dim = loaded.model->spec().hidden_size;
   infer::EmbedOptions eo;
   eo.pooling = pool;
-  eo.batch_size = bounded_batch_size(a.common.batch_size, loaded.model->options().max_seq_length);
+  eo.batch_size = bounded_batch_size(a.common.batch_size, loaded.model->spec().max_seq_length);
   comm::ProcessGroup group;
   std::vector<std::string> parts;  // one a rank (Note [Embedding shares])
   std::unique_ptr<infer::EmbeddingSink> sink;
@@ -349,7 +349,7 @@ int run_embed(const EmbedArgs& a, const cluster::Topology& topo, const cluster::
   const auto counts =
       infer::embed(loaded.model, *loaded.tokenizer, input, end - begin, *sink, eo, loaded.device);
   sink->close();
-  report_truncated(counts, loaded.model->options().max_seq_length);
+  report_truncated(counts, loaded.model->spec().max_seq_length);
   if (w == 1) {
     spdlog::info("{} sequences -> {}", counts.sequences, a.out);
     return 0;
@@ -418,14 +418,14 @@ int run_generate(const GenerateArgs& a, const cluster::Topology& topo) {
   const uint64_t n = input.count();
   infer::GenerateRun run;
   run.generate = g;
-  run.batch_size = bounded_batch_size(a.common.batch_size, loaded.model->options().max_seq_length);
+  run.batch_size = bounded_batch_size(a.common.batch_size, loaded.model->spec().max_seq_length);
   OutputFile out(a.out);
   std::ostream& os = out.stream();
   const auto counts = infer::generate(loaded.model, *loaded.tokenizer, input, n, run, loaded.device,
                                       [&](const std::string& id, const std::string& bases) {
                                         os << '>' << id << " generated\n" << bases << '\n';
                                       });
-  report_truncated(counts, loaded.model->options().max_seq_length - g.max_new_tokens);
+  report_truncated(counts, loaded.model->spec().max_seq_length - g.max_new_tokens);
   out.commit();
   return 0;
 }
@@ -454,7 +454,7 @@ int run_predict(const PredictArgs& a, const cluster::Topology& topo) {
   const uint64_t n = input.count();
   OutputFile out(a.out);
   std::ostream& os = out.stream();
-  const auto& o = loaded.model->options();
+  const auto& o = loaded.model->spec();
   const bool classify = o.task == models::Task::kClassification;
   os << "id," << (classify ? "label" : "value");
   for (int64_t k = 0; classify && k < o.num_labels; ++k) os << ",prob_" << k;

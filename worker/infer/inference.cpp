@@ -31,7 +31,7 @@ bool is_table(const std::string& format) {
 
 // Reads up to `n` selected records; their framed token ids go to `rows`.
 size_t read_batch(SequenceInput& input, const data::Tokenizer& tokenizer,
-                  const models::ModelOptions& options, size_t n,
+                  const models::ModelSpec& options, size_t n,
                   std::vector<InputSequence>& records, std::vector<std::vector<int64_t>>& rows,
                   RunCounts& counts) {
   records.clear();
@@ -70,7 +70,7 @@ torch::Device resolve_device(const std::string& spec, int local_rank) {
 }
 
 std::shared_ptr<const data::Tokenizer> load_model_tokenizer(const std::string& model_dir,
-                                                            const models::ModelOptions& options) {
+                                                            const models::ModelSpec& options) {
   const std::string path = model_dir + "/tokenizer.json";
   std::error_code ec;
   DNALLM_CHECK(
@@ -168,7 +168,7 @@ bool SequenceInput::next(InputSequence& out) {
 // Batches
 
 std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
-                                    const models::ModelOptions& options, const std::string& bases,
+                                    const models::ModelSpec& options, const std::string& bases,
                                     bool* truncated) {
   // Same framing as data::encode_sample: [CLS] tokens [SEP] (BERT) or [CLS] tokens (GPT).
   const bool bert = options.arch == models::Arch::kBert;
@@ -255,7 +255,7 @@ void Progress::finish() {
 // ---------------------------------------------------------------------------------------------
 // Commands
 
-RunCounts embed(models::TransformerLM& model, const data::Tokenizer& tokenizer,
+RunCounts embed(models::LanguageModel model, const data::Tokenizer& tokenizer,
                 SequenceInput& input, uint64_t total, EmbeddingSink& sink,
                 const EmbedOptions& options, const torch::Device& device) {
   torch::InferenceMode inference;
@@ -263,7 +263,7 @@ RunCounts embed(models::TransformerLM& model, const data::Tokenizer& tokenizer,
   Progress progress("embed", total);
   std::vector<InputSequence> records;
   std::vector<std::vector<int64_t>> rows;
-  const int64_t pad = model->options().pad_id;
+  const int64_t pad = model->spec().pad_id;
   const bool per_token = options.pooling == Pooling::kTokens;
   // Note [Length-sorted batches]: pooled embeddings are computed over a chunk of
   // kSortChunk batches sorted by length, so rows of a batch have similar lengths and little
@@ -272,7 +272,7 @@ RunCounts embed(models::TransformerLM& model, const data::Tokenizer& tokenizer,
   constexpr size_t kSortChunk = 8;
   const size_t batch = static_cast<size_t>(options.batch_size);
   const size_t chunk = per_token ? batch : batch * kSortChunk;
-  while (read_batch(input, tokenizer, model->options(), chunk, records, rows, counts) > 0) {
+  while (read_batch(input, tokenizer, model->spec(), chunk, records, rows, counts) > 0) {
     std::vector<size_t> order(records.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     if (!per_token) {
@@ -305,11 +305,11 @@ RunCounts embed(models::TransformerLM& model, const data::Tokenizer& tokenizer,
   return counts;
 }
 
-RunCounts predict(models::TransformerLM& model, const data::Tokenizer& tokenizer,
+RunCounts predict(models::LanguageModel model, const data::Tokenizer& tokenizer,
                   SequenceInput& input, uint64_t total, int64_t batch_size,
                   const torch::Device& device,
                   const std::function<void(const std::string&, const std::vector<float>&)>& row) {
-  const auto& o = model->options();
+  const auto& o = model->spec();
   DNALLM_CHECK(o.task != models::Task::kPretrain, ExitCode::kUsage,
                "predict needs a fine-tuned classifier or regressor (config.json \"task\" is "
                "\"pretrain\"): use embed or generate for a language model");
@@ -337,17 +337,17 @@ RunCounts predict(models::TransformerLM& model, const data::Tokenizer& tokenizer
   return counts;
 }
 
-RunCounts generate(models::TransformerLM& model, const data::Tokenizer& tokenizer,
+RunCounts generate(models::LanguageModel model, const data::Tokenizer& tokenizer,
                    SequenceInput& input, uint64_t total, const GenerateRun& run,
                    const torch::Device& device,
                    const std::function<void(const std::string&, const std::string&)>& out) {
-  const auto& o = model->options();
+  const auto& o = model->spec();
   DNALLM_CHECK(o.arch == models::Arch::kGpt && o.task == models::Task::kPretrain, ExitCode::kUsage,
                "generate needs a causal language model (model_type \"dnallm-gpt\", task "
                "\"pretrain\" in config.json)");
   // Room for the new tokens: prompts are cut so prompt + new tokens fit max_seq_length.
-  models::ModelOptions prompt_options = o;
-  if (!o.rotary) {
+  models::ModelSpec prompt_options = o;
+  if (!o.extends_past_max_length) {
     DNALLM_CHECK(run.generate.max_new_tokens < o.max_seq_length - 1, ExitCode::kUsage,
                  "--max-new-tokens {} does not fit the model's {} learned positions "
                  "(max_position_embeddings; learned positions cannot extrapolate, rotary ones "

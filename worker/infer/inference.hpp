@@ -31,7 +31,7 @@ torch::Device resolve_device(const std::string& spec, int local_rank);
 // The tokenizer of a directory exported by dnallm-train (its tokenizer.json); Error(kBadData)
 // when it is missing or its vocabulary is not the model's (`options.vocab_size`).
 std::shared_ptr<const data::Tokenizer> load_model_tokenizer(const std::string& model_dir,
-                                                            const models::ModelOptions& options);
+                                                            const models::ModelSpec& options);
 
 // One input sequence. FASTA/FASTQ ids are the record names; a table row's id is "row<N>"
 // (N: 1-based among the good records, the header not counted; other columns are not read).
@@ -59,7 +59,7 @@ class SequenceInput {
 
 // Token ids of a framed sequence (see the header comment); `truncated` is set when cut.
 std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
-                                    const models::ModelOptions& options, const std::string& bases,
+                                    const models::ModelSpec& options, const std::string& bases,
                                     bool* truncated = nullptr);
 
 // Pads rows to the longest: input_ids [B, T] and attention_mask [B, T] on `device`.
@@ -99,12 +99,12 @@ struct RunCounts {
 };
 
 // Embeds every selected record of `input` into `sink`, in input order.
-RunCounts embed(models::TransformerLM& model, const data::Tokenizer& tokenizer,
+RunCounts embed(models::LanguageModel model, const data::Tokenizer& tokenizer,
                 SequenceInput& input, uint64_t total, EmbeddingSink& sink,
                 const EmbedOptions& options, const torch::Device& device);
 
 // Classifier / regression predictions: calls `row(id, probabilities or {value})` in order.
-RunCounts predict(models::TransformerLM& model, const data::Tokenizer& tokenizer,
+RunCounts predict(models::LanguageModel model, const data::Tokenizer& tokenizer,
                   SequenceInput& input, uint64_t total, int64_t batch_size,
                   const torch::Device& device,
                   const std::function<void(const std::string&, const std::vector<float>&)>& row);
@@ -117,7 +117,7 @@ struct GenerateRun {
 // Generation from every selected record as a prompt: calls `out(id, bases)` with the prompt
 // followed by the generated bases, in input order. Deterministic for a given seed and
 // batch size (batch i samples with seed + i).
-RunCounts generate(models::TransformerLM& model, const data::Tokenizer& tokenizer,
+RunCounts generate(models::LanguageModel model, const data::Tokenizer& tokenizer,
                    SequenceInput& input, uint64_t total, const GenerateRun& run,
                    const torch::Device& device,
                    const std::function<void(const std::string&, const std::string&)>& out);

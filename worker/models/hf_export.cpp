@@ -103,7 +103,7 @@ std::map<std::string, Tensor> our_weights(TransformerLM& model, bool merge) {
   for (auto& [name, t] : model->named_weights()) out[name] = t.detach().to(torch::kFloat32);
   // Quantized bases come back dequantized (their live parameter is empty); adapters merged
   // when asked.
-  for (auto& [name, t] : full_linear_weights(model, merge)) out[name] = t.to(torch::kFloat32);
+  for (auto& [name, t] : full_linear_weights(*model, merge)) out[name] = t.to(torch::kFloat32);
   return out;
 }
 
@@ -713,7 +713,7 @@ void export_peft_adapter(TransformerLM& model, const std::string& adapter_dir,
   write_json(adapter_dir + "/adapter_config.json", a);
 }
 
-bool export_hf_directory(TransformerLM& model, const data::Tokenizer& tokenizer,
+bool export_hf_transformer(TransformerLM& model, const data::Tokenizer& tokenizer,
                          const std::string& dir, const std::string& source_dir) {
   try {
     const auto arch = model->options().arch;

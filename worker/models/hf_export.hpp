@@ -59,7 +59,7 @@ void export_peft_adapter(TransformerLM& model, const std::string& adapter_dir,
 // in `dir`, with LoRA also `dir`/adapter (PEFT) and `dir`/base (its base, with the
 // tokenizer). What has no transformers equivalent is skipped with a warning naming why (the
 // model's own export next to it is unaffected); returns false then.
-bool export_hf_directory(TransformerLM& model, const data::Tokenizer& tokenizer,
+bool export_hf_transformer(TransformerLM& model, const data::Tokenizer& tokenizer,
                          const std::string& dir, const std::string& source_dir = "");
 
 }  // namespace dnallm::models

@@ -717,6 +717,13 @@ void check_against_model(const std::string& weights_path, const HfCheckpoint& h)
 
 }  // namespace
 
+bool is_transformer_hf_config(const json& c) {
+  if (nt_v2_remote_code(c)) return true;
+  const auto type = c.value("model_type", std::string());
+  return type == "bert" || type == "esm" || type == "roberta-prelayernorm" ||
+         type == "gpt_neox" || type == "llama";
+}
+
 bool is_hf_model_dir(const std::string& dir) {
   try {  // (a file that cannot be read is reported by whoever reads it next)
     const auto c = json::parse(

@@ -29,6 +29,9 @@
 #include <map>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "worker/models/registry.hpp"
 #include "worker/models/transformer.hpp"
 
 namespace dnallm::data {
@@ -49,8 +52,9 @@ struct HfCheckpoint {
   std::map<std::string, torch::Tensor> weights;  // by our names (TransformerLM::named_weights)
 };
 
-// True when `dir`/config.json is a Hugging Face config (not one written by export_live_model).
-bool is_hf_model_dir(const std::string& dir);
+// True when a Hugging Face config.json is one of the transformer layouts above (the registry's
+// recognises_hf; read_hf_checkpoint then refuses what it does not compute, by name).
+bool is_transformer_hf_config(const nlohmann::json& config);
 
 // Reads and validates `dir` (see Note [Nothing silently ignored]). Throws Error(kUsage).
 HfCheckpoint read_hf_checkpoint(const std::string& dir);

@@ -201,14 +201,19 @@ WeightFormat parse_weight_format(const std::string& name, const std::string& wha
   fail(ExitCode::kUsage, "{} = \"{}\": use \"none\", \"int8\" or \"nf4\"", what, name);
 }
 
-QuantizeReport quantize_linears(TransformerLMImpl& model, WeightFormat format) {
+QuantizeReport quantize_linears(LanguageModelImpl& model, WeightFormat format) {
   QuantizeReport report;
   if (format == WeightFormat::kFull) return report;
-  const std::string blocks_prefix = model.root_name() + ".encoder.layer.";
   torch::NoGradGuard no_grad;
-  for (const auto& item : model.named_modules()) {
-    auto* lin = item.value()->as<LoraLinearImpl>();
-    if (lin == nullptr || item.key().rfind(blocks_prefix, 0) != 0 || lin->quantized()) continue;
+  std::vector<std::shared_ptr<torch::nn::Module>> linears;  // the blocks' (not the heads')
+  for (const auto& block : model.blocks()) {
+    for (const auto& m : block->modules()) linears.push_back(m);
+  }
+  DNALLM_CHECK(format == WeightFormat::kFull || !linears.empty(), ExitCode::kUsage,
+               "the {} model has no blocks to quantize", model.spec().family);
+  for (const auto& m : linears) {
+    auto* lin = m->as<LoraLinearImpl>();
+    if (lin == nullptr || lin->quantized()) continue;
     const auto w = lin->weight.detach();
     auto q = format == WeightFormat::kNf4 ? make_nf4_weight(w) : make_int8_weight(w, lin->bias);
     report.linears += 1;

@@ -16,7 +16,7 @@
 
 namespace dnallm::models {
 
-class TransformerLMImpl;
+class LanguageModelImpl;
 
 // A frozen weight [out, in] in a compact format. Thread-compatible: const methods may be
 // called concurrently.
@@ -85,6 +85,6 @@ struct QuantizeReport {
 // Converts the linear layers of every transformer block (query, key, value, attention
 // output, FFN in/out: nearly all of a model's weights). Embeddings, the MLM transform, the
 // pooler and the classifier stay in full precision. Adapters already on a layer are kept.
-QuantizeReport quantize_linears(TransformerLMImpl& model, WeightFormat format);
+QuantizeReport quantize_linears(LanguageModelImpl& model, WeightFormat format);
 
 }  // namespace dnallm::models

@@ -662,11 +662,47 @@ TransformerLMImpl::TransformerLMImpl(ModelOptions options) : options_(std::move(
   word_embeddings->weight.normal_(0.0, 0.02);
   if (position_embeddings) position_embeddings->weight.normal_(0.0, 0.02);
   if (lm_weight_.defined()) lm_weight_.normal_(0.0, 0.02);
+  update_spec();
   if (o.lora_r > 0) enable_lora();
 }
 
+void TransformerLMImpl::update_spec() {
+  const auto& o = options_;
+  spec_.family = "transformer";
+  spec_.arch = o.arch;
+  spec_.task = o.task;
+  spec_.vocab_size = o.vocab_size;
+  spec_.hidden_size = o.hidden;
+  spec_.max_seq_length = o.max_seq_length;
+  spec_.extends_past_max_length = o.rotary || o.alibi;
+  spec_.num_labels = o.num_labels;
+  spec_.pad_id = o.pad_id;
+  spec_.shift_labels = o.shift_labels;
+  spec_.lora_r = o.lora_r;
+  spec_.lora_alpha = o.lora_alpha;
+  spec_.reserved_positions = o.position_padding_idx >= 0 ? o.position_padding_idx + 1 : 0;
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> TransformerLMImpl::blocks() const {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (const auto& block : blocks_) out.push_back(block.ptr());
+  return out;
+}
+
+void TransformerLMImpl::set_activation_checkpointing(bool on) {
+  options_.gradient_checkpointing = on;
+}
+
+double TransformerLMImpl::flops_per_token(int64_t seq_len) const {
+  return parameter_flops_per_token(*this) +
+         12.0 * double(options_.layers) * double(options_.hidden) * double(seq_len);
+}
+
+nlohmann::ordered_json TransformerLMImpl::export_config() const { return models::export_config(options_); }
+
 void TransformerLMImpl::enable_lora(int64_t r) {
   if (r > 0) options_.lora_r = r;
+  update_spec();
   const auto& o = options_;
   for (auto& p : parameters()) p.set_requires_grad(false);
   auto wants = [&](const std::string& name) {
@@ -1018,70 +1054,31 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
 // ---------------------------------------------------------------------------------------------
 // Export / load
 
-std::map<std::string, Tensor> full_linear_weights(TransformerLM& model, bool merge_adapters) {
-  const auto& o = model->options();
+std::map<std::string, Tensor> full_linear_weights(torch::nn::Module& model, bool merge_adapters) {
   std::map<std::string, Tensor> out;
   torch::NoGradGuard no_grad;
-  for (const auto& item : model->named_modules()) {
+  for (const auto& item : model.named_modules()) {
     auto* lin = item.value()->as<LoraLinearImpl>();
     if (lin == nullptr || (!lin->has_lora() && !lin->quantized())) continue;
     auto w = lin->full_weight();
     if (merge_adapters && lin->has_lora()) {
       auto params = lin->named_parameters(false);
-      w = w + torch::matmul(params["lora_B"], params["lora_A"]) * (o.lora_alpha / double(o.lora_r));
+      w = w + torch::matmul(params["lora_B"], params["lora_A"]) * lin->lora_scaling();
     }
     out[item.key() + ".weight"] = w.detach();
   }
   return out;
 }
 
-namespace {
-
-// The LoRA adapters alone, under PEFT's names, for users who keep the base separate.
-std::vector<std::pair<std::string, Tensor>> lora_adapters(TransformerLM& model) {
-  std::vector<std::pair<std::string, Tensor>> adapters;
-  for (const auto& item : model->named_parameters()) {
-    const auto& name = item.key();
-    if (name.rfind(".lora_") == std::string::npos) continue;
-    adapters.emplace_back("base_model.model." + name + ".weight",
-                          item.value().detach().to(torch::kFloat32));
-  }
-  return adapters;
-}
-
-}  // namespace
-
-void export_live_model(TransformerLM& model, const std::string& dir, const std::string& arch_name) {
-  const auto& o = model->options();
-  const auto merged = full_linear_weights(model, /*merge_adapters=*/true);
-  checkpoint::ModelDirectory out;
-  if (!merged.empty() && o.lora_r > 0) {  // (a quantized base alone has no adapters)
-    out.adapters = safetensors_tensors(lora_adapters(model));
-    out.adapters_metadata = {{"format", "pt"},
-                             {"lora_r", std::to_string(o.lora_r)},
-                             {"lora_alpha", std::to_string(o.lora_alpha)}};
-  }
-  for (auto& [name, t] : model->named_weights()) {
-    auto it = merged.find(name);
-    out.weights.push_back(
-        safetensors_tensor(name, (it != merged.end() ? it->second : t).to(torch::kFloat32)));
-  }
-  out.weights_metadata = {{"format", "pt"}};
-  out.config = export_config(o, arch_name);
-  checkpoint::write_model_directory(dir, out);
-}
-
-nlohmann::ordered_json export_config(const ModelOptions& o, const std::string& arch_name) {
+nlohmann::ordered_json export_config(const ModelOptions& o) {
   nlohmann::ordered_json c;
   c["architectures"] = {
       o.arch == Arch::kBert
           ? (o.task == Task::kPretrain ? "BertForMaskedLM" : "BertForSequenceClassification")
           : "DnallmGptForCausalLM"};
   c["model_type"] = o.arch == Arch::kBert ? "bert" : "dnallm-gpt";
-  c["dnallm_arch"] = arch_name;
-  c["task"] = o.task == Task::kPretrain         ? "pretrain"
-              : o.task == Task::kClassification ? "classification"
-                                                : "regression";
+  c["dnallm_arch"] = arch_name(o.arch);
+  c["task"] = task_name(o.task);
   c["vocab_size"] = o.vocab_size;
   c["hidden_size"] = o.hidden;
   c["num_hidden_layers"] = o.layers;
@@ -1111,18 +1108,8 @@ nlohmann::ordered_json export_config(const ModelOptions& o, const std::string& a
   return c;
 }
 
-TransformerLM load_exported_model(const std::string& dir) {
+TransformerLM load_exported_transformer(const std::string& dir, const nlohmann::json& c) {
   const std::string config_path = dir + "/config.json";
-  std::error_code ec;
-  DNALLM_CHECK(std::filesystem::symlink_status(config_path, ec).type() !=
-                   std::filesystem::file_type::not_found,
-               ExitCode::kBadData,
-               "{} not found: --model must be a directory written by dnallm-train (final/)",
-               config_path);
-  const nlohmann::json c = parse_json_strict(
-      read_bounded_file(config_path, kMaxConfigFileBytes, ExitCode::kUsage, "config.json"),
-      config_path, ExitCode::kUsage);
-  DNALLM_CHECK(c.is_object(), ExitCode::kUsage, "{}: not a JSON object", config_path);
   ModelOptions o;
   auto integer = [&](const char* key) {
     DNALLM_CHECK(c.contains(key) && c[key].is_number_integer(), ExitCode::kUsage,
@@ -1133,11 +1120,12 @@ TransformerLM load_exported_model(const std::string& dir) {
     return c[key].get<int64_t>();
   };
   try {
-    o.arch = c.at("model_type").get<std::string>() == "bert" ? Arch::kBert : Arch::kGpt;
-    const auto task = c.value("task", std::string("pretrain"));
-    o.task = task == "pretrain"         ? Task::kPretrain
-             : task == "classification" ? Task::kClassification
-                                        : Task::kRegression;
+    const auto type = c.at("model_type").get<std::string>();
+    DNALLM_CHECK(type == "bert" || type == "dnallm-gpt", ExitCode::kUsage,
+                 "{}: model_type \"{}\" is not a transformer of ours (\"bert\" or \"dnallm-gpt\")",
+                 config_path, clip_for_message(type));
+    o.arch = type == "bert" ? Arch::kBert : Arch::kGpt;
+    o.task = task_from_name(c.value("task", std::string("pretrain")), config_path);
     o.vocab_size = integer("vocab_size");
     o.hidden = integer("hidden_size");
     o.layers = integer("num_hidden_layers");
@@ -1145,13 +1133,23 @@ TransformerLM load_exported_model(const std::string& dir) {
     if (c.contains("num_key_value_heads")) o.kv_heads = integer("num_key_value_heads");
     o.ffn = integer("intermediate_size");
     o.max_seq_length = integer("max_position_embeddings");
-    o.rotary = c.value("position_embedding_type", std::string("absolute")) == "rotary";
-    o.alibi = c.value("position_embedding_type", std::string("absolute")) == "alibi";
+    const auto position = c.value("position_embedding_type", std::string("absolute"));
+    DNALLM_CHECK(position == "absolute" || position == "rotary" || position == "alibi",
+                 ExitCode::kUsage,
+                 "{}: position_embedding_type \"{}\" is not supported (\"absolute\", \"rotary\" "
+                 "or \"alibi\")",
+                 config_path, clip_for_message(position));
+    o.rotary = position == "rotary";
+    o.alibi = position == "alibi";
     o.type_vocab_size = c.value("type_vocab_size", int64_t{0});
     o.layer_norm_eps = c.value("layer_norm_eps", 1e-12);
     o.tie_embeddings = c.value("tie_word_embeddings", true);
     o.num_labels = c.value("num_labels", int64_t{2});
-    o.mean_pooling = c.value("pooling", std::string("cls")) == "mean";
+    const auto pooling = c.value("pooling", std::string("cls"));
+    DNALLM_CHECK(pooling == "cls" || pooling == "mean", ExitCode::kUsage,
+                 "{}: pooling \"{}\" is not supported (\"cls\" or \"mean\")", config_path,
+                 clip_for_message(pooling));
+    o.mean_pooling = pooling == "mean";
     o.pad_id = c.value("pad_token_id", int64_t{0});
     o.shift_labels = c.value("shift_labels", true);
     o.post_layer_norm = !c.value("pre_layer_norm", true);
@@ -1161,9 +1159,12 @@ TransformerLM load_exported_model(const std::string& dir) {
     o.rms_norm = c.value("rms_norm", false);
     o.gated_mlp = c.value("gated_mlp", false);
     o.linear_bias = c.value("linear_bias", true);
-    o.gate_activation = c.value("gate_activation", std::string("silu")) == "gelu"
-                            ? ModelOptions::GateActivation::kGelu
-                            : ModelOptions::GateActivation::kSilu;
+    const auto gate = c.value("gate_activation", std::string("silu"));
+    DNALLM_CHECK(gate == "silu" || gate == "gelu", ExitCode::kUsage,
+                 "{}: gate_activation \"{}\" is not supported (\"silu\" or \"gelu\")",
+                 config_path, clip_for_message(gate));
+    o.gate_activation = gate == "gelu" ? ModelOptions::GateActivation::kGelu
+                                       : ModelOptions::GateActivation::kSilu;
     o.ffn_in_bias = c.value("ffn_in_bias", true);
     o.ffn_bias = c.value("ffn_bias", true);
   } catch (const Error&) {

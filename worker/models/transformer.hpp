@@ -35,12 +35,12 @@
 
 #include "checkpoint/safetensors.hpp"
 #include "core/config.hpp"
+#include "worker/models/language_model.hpp"
+#include "worker/models/registry.hpp"
 #include "worker/models/quantized_linear.hpp"
 
 namespace dnallm::models {
 
-enum class Arch { kBert, kGpt };
-enum class Task { kPretrain, kClassification, kRegression };
 enum class AttnImpl { kSdpa, kEager };
 
 struct ModelOptions {
@@ -144,6 +144,7 @@ class LoraLinearImpl : public torch::nn::Module {
   // Folds B A into W and removes the adapter (export path).
   void merge_lora();
   bool has_lora() const { return lora_a_.defined(); }
+  double lora_scaling() const { return scaling_; }  // alpha / r
   // Replaces the base weight by a quantized one (INT8/NF4, quantized_linear.hpp): `weight`
   // becomes an empty tensor and forward computes the base product through `q`.
   void set_quantized(std::shared_ptr<QuantizedWeight> q);
@@ -202,78 +203,50 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-struct ForwardInputs {
-  torch::Tensor input_ids;       // [B, T] int64
-  torch::Tensor attention_mask;  // [B, T] 1 real, 0 pad; may be undefined
-  torch::Tensor segment_ids;     // [B, T] packed documents (1, 2, ..; 0 pad); may be undefined
-  torch::Tensor labels;          // LM: [B, T] with -100 ignored; classification: [B]; optional
-  torch::Tensor targets;         // regression: [B] float; optional
-  // LM with labels: compute the output head only at scored positions (logits [N, vocab]).
-  bool logits_for_labels_only = false;
-  // Internal (set by forward()): run the last block for these positions [B, M] only.
-  torch::Tensor scored_positions;
-  // Note [Host-known batch facts]: what the host knows when it builds a batch, so that
-  // forward() reads nothing back from the device (no host synchronisation inside a step).
-  // All optional: unset, forward() computes them on the device and reads them back.
-  std::optional<bool> padded;  // any attention_mask == 0 (false: SDPA gets no mask at all)
-  int64_t label_count = -1;    // labels != -100 (after the causal shift); -1: unknown
-  // Flat indices of the scored labels in the layout forward() flattens them to: [B*T], or
-  // [B*(T-1)] for a shifted causal LM. Replaces a nonzero() on the device. int64 [N].
-  torch::Tensor label_index;
-  // Masked LM with logits_for_labels_only (Note [Scored positions only]): per row the
-  // scored positions ascending, then the others ascending, the first M of them [B, M] (M >= the
-  // largest scored count of a row); and the flat indices into [B*M] of the scored ones [N].
-  torch::Tensor mlm_positions;
-  torch::Tensor mlm_selected;
-};
-
-struct ModelOutput {
-  torch::Tensor logits;    // LM [B, T, vocab]; classification [B, num_labels]; regression [B]
-  torch::Tensor loss_sum;  // SUM of per-token (per-row) losses, fp32 scalar; undefined w/o labels
-  int64_t loss_count = 0;  // tokens (rows) that contributed to loss_sum
-};
-
-struct GenerateOptions {
-  int64_t max_new_tokens = 16;
-  double temperature = 1.0;  // <= 0: greedy
-  int64_t top_k = 0;         // 0: whole vocabulary
-  bool greedy = true;
-  uint64_t seed = 0;
-  bool use_cache = true;  // false: recompute the whole prefix each token (tests)
-  // Token ids never generated (their logits are -inf), e.g. the special tokens, which decode
-  // to no base.
-  std::vector<int64_t> suppress_ids;
-};
-
-class TransformerLMImpl : public torch::nn::Module {
+class TransformerLMImpl : public LanguageModelImpl {
  public:
   explicit TransformerLMImpl(ModelOptions options);
 
-  ModelOutput forward(const ForwardInputs& inputs);
+  const ModelSpec& spec() const override { return spec_; }
+  ModelOutput forward(const ForwardInputs& inputs) override;
   // Final hidden states [B, T, hidden] (after the final norm).
-  torch::Tensor encode(const ForwardInputs& inputs, std::vector<LayerCache>* cache = nullptr,
-                       int64_t past_len = 0);
+  torch::Tensor encode(const ForwardInputs& inputs) override { return encode(inputs, nullptr, 0); }
+  // The same, reading and extending a key/value cache whose first `past_len` positions exist.
+  torch::Tensor encode(const ForwardInputs& inputs, std::vector<LayerCache>* cache,
+                       int64_t past_len);
+
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override;
+  void set_activation_checkpointing(bool on) override;
+  // Note [Model FLOPs] (worker/train/mfu.hpp): the parameters' 6/4 a token plus attention's
+  // 12 x layers x hidden x sequence.
+  double flops_per_token(int64_t seq_len) const override;
 
   // Causal LM only. `prompt` [B, P] (same length for every row). Returns [B, P + new].
-  torch::Tensor generate(const torch::Tensor& prompt, const GenerateOptions& options);
+  bool can_generate() const override {
+    return options_.arch == Arch::kGpt && options_.task == Task::kPretrain;
+  }
+  torch::Tensor generate(const torch::Tensor& prompt, const GenerateOptions& options) override;
 
   // Enables LoRA on the target linears and freezes everything else except task heads.
   // `r` > 0 overrides options().lora_r (used after loading base weights).
-  void enable_lora(int64_t r = 0);
+  void enable_lora(int64_t r = 0) override;
   // Folds adapters into the base weights (after this the model has no adapters).
-  void merge_lora();
+  void merge_lora() override;
 
   const ModelOptions& options() const { return options_; }
   std::string root_name() const { return options_.arch == Arch::kBert ? "bert" : "gpt"; }
 
   // Every parameter and buffer that an export holds, by its HF-style name (LoRA merged
   // copies are NOT made here: call merge_lora() first for an export).
-  std::vector<std::pair<std::string, torch::Tensor>> named_weights() const;
+  std::vector<std::pair<std::string, torch::Tensor>> named_weights() const override;
+  nlohmann::ordered_json export_config() const override;
 
  private:
   torch::Tensor lm_logits(const torch::Tensor& hidden);
+  void update_spec();
 
   ModelOptions options_;
+  ModelSpec spec_;
   torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr};
   torch::Tensor token_type_;  // options_.type_vocab_size > 0
   std::vector<Block> blocks_;
@@ -327,20 +300,23 @@ std::map<std::string, torch::Tensor> load_safetensors(const std::string& path);
 // The full-precision weight of every LoRA or quantized linear, by parameter name
 // ("<module>.weight"): a quantized base dequantized, plus the adapter when `merge_adapters`.
 // Copies: the live model keeps training with its adapters. Every export goes through this.
-std::map<std::string, torch::Tensor> full_linear_weights(TransformerLM& model, bool merge_adapters);
+std::map<std::string, torch::Tensor> full_linear_weights(torch::nn::Module& model,
+                                                         bool merge_adapters);
 
-// The live model as a model directory (Note [Exported model directory] in
-// checkpoint/safetensors.hpp): <dir>/model.safetensors (fp32, LoRA merged into a copy),
-// <dir>/config.json, and with LoRA also <dir>/adapter_model.safetensors (the adapters alone,
-// PEFT names "base_model.model.<module>.lora_A.weight"). tokenizer.json is the caller's
-// (the trainer's write_tokenizer hook).
-void export_live_model(TransformerLM& model, const std::string& dir, const std::string& arch_name);
-// The config.json of an exported model (also stored in checkpoints, so dnallm-ckpt export
-// writes the same file).
-nlohmann::ordered_json export_config(const ModelOptions& options, const std::string& arch_name);
+// A fresh transformer from [model] (model.init_from = one of our model directories: its
+// tensors by name and shape), after Note [Memory predicted]; LoRA and QLoRA as configured.
+TransformerLM build_transformer(const Config& config, int64_t vocab_size,
+                                const BuildContext& context);
 
-// Reads config.json and model.safetensors written by export_live_model() or
-// checkpoint::export_checkpoint_model().
-TransformerLM load_exported_model(const std::string& dir);
+// The family's registry entry (worker/models/registry.hpp).
+ModelFamily transformer_family();
+
+// The config.json of an exported transformer (also stored in checkpoints, so dnallm-ckpt
+// export writes the same file).
+nlohmann::ordered_json export_config(const ModelOptions& options);
+
+// The transformer family's loader of our model directory (registry.hpp: load_exported_model):
+// `config` is its parsed config.json (model_type "bert" or "dnallm-gpt").
+TransformerLM load_exported_transformer(const std::string& dir, const nlohmann::json& config);
 
 }  // namespace dnallm::models

@@ -41,7 +41,7 @@ void release_free_memory() {
 #endif
 }
 
-void drop_gradients(models::TransformerLM& model) {
+void drop_gradients(models::LanguageModel& model) {
   for (auto& p : model->parameters()) {
     if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
   }
@@ -49,10 +49,10 @@ void drop_gradients(models::TransformerLM& model) {
 
 }  // namespace
 
-MicroBatchTrial probe_micro_batch(models::TransformerLM& model, const Config& config,
+MicroBatchTrial probe_micro_batch(models::LanguageModel model, const Config& config,
                                   int64_t micro_batch, const torch::Device& device,
                                   double memory_budget_bytes) {
-  const auto& o = model->options();
+  const auto& o = model->spec();
   const int64_t t = o.max_seq_length;
   int64_t trainable = 0;
   for (const auto& p : model->parameters()) trainable += p.requires_grad() ? p.numel() : 0;
@@ -112,7 +112,7 @@ double auto_batch_budget_bytes(const Config& config, int local_world_size) {
   return 0.8 * mem_available_bytes() / double(std::max(1, local_world_size)) + resident_bytes();
 }
 
-void resolve_auto_batch(Config& config, models::TransformerLM& model, GradientSync& sync,
+void resolve_auto_batch(Config& config, models::LanguageModel model, GradientSync& sync,
                         int local_world_size) {
   auto& t = config.training;
   if (t.batch_size != "auto") return;
@@ -145,7 +145,7 @@ void resolve_auto_batch(Config& config, models::TransformerLM& model, GradientSy
       "training.batch_size = \"auto\": not even a micro-batch of 1 sequence of {} tokens "
       "fits{}: raise training.auto_batch_memory_mb, lower model.max_seq_length, or set "
       "model.gradient_checkpointing = true",
-      model->options().max_seq_length,
+      model->spec().max_seq_length,
       device.is_cuda() ? " in GPU memory" : fmt::format(" in {:.0f} MiB", budget / 1048576.0));
   const auto plan = plan_accumulation(per_rank, found.largest_fit);
   const auto line = describe_batch_plan(plan, found.largest_fit, per_rank, world);

@@ -30,7 +30,7 @@ struct MicroBatchTrial {
 //        Freed heap memory is returned to the system (malloc_trim) before and after each
 //        trial. Sampling can miss a short transient peak: keep the budget below the hard limit.
 // Blocks; training thread only.
-MicroBatchTrial probe_micro_batch(models::TransformerLM& model, const Config& config,
+MicroBatchTrial probe_micro_batch(models::LanguageModel model, const Config& config,
                                   int64_t micro_batch, const torch::Device& device,
                                   double memory_budget_bytes);
 
@@ -43,7 +43,7 @@ double auto_batch_budget_bytes(const Config& config, int local_world_size);
 // that every rank must call), then sets micro_batch_size and grad_accum_steps so that
 // micro × accum × world stays the configured global batch, and logs the choice. Throws
 // Error(kUsage) when not even one sequence fits.
-void resolve_auto_batch(Config& config, models::TransformerLM& model, GradientSync& sync,
+void resolve_auto_batch(Config& config, models::LanguageModel model, GradientSync& sync,
                         int local_world_size);
 
 }  // namespace dnallm::train

@@ -67,7 +67,7 @@ checkpoint::TrainState make_train_state(Trainer& trainer, const Config& config,
   s.zero_stage = world > 1 ? static_cast<int>(config.parallel.zero_stage) : 0;
   for (const auto& e : trainer.flat().entries()) s.layout.push_back({e.name, e.offset, e.shape});
   // What dnallm-ckpt export writes as config.json: the same file as the trainer's export.
-  s.config = models::export_config(trainer.model()->options(), config.model.arch);
+  s.config = trainer.model()->export_config();
   return s;
 }
 

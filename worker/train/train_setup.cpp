@@ -13,7 +13,7 @@
 #include "checkpoint/dir_lock.hpp"
 #include "coordinator/commit_registry.hpp"
 #include "core/error.hpp"
-#include "worker/models/hf_import.hpp"
+#include "worker/models/registry.hpp"
 #include "worker/parallel/ddp.hpp"
 #include "worker/train/data_source.hpp"
 #include "worker/train/device_stats.hpp"
@@ -44,10 +44,8 @@ ResumePoint open_resume_point(Config& config, const nlohmann::json& tokenizer, i
   return p;
 }
 
-models::TransformerLM make_model(const Config& config, const data::Tokenizer& tokenizer) {
-  const bool hf =
-      !config.model.init_from.empty() && models::is_hf_model_dir(config.model.init_from);
-  return hf ? models::init_from_hf(config, tokenizer) : build_model(config, tokenizer.vocab_size());
+models::LanguageModel make_model(const Config& config, const data::Tokenizer& tokenizer) {
+  return models::build_model_for(config, tokenizer, build_context(config));
 }
 
 std::unique_ptr<BatchSource> make_eval_source(const Config& config,

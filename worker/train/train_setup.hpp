@@ -45,7 +45,7 @@ ResumePoint open_resume_point(Config& config, const nlohmann::json& tokenizer, i
 
 // The model of `config`: imported from a transformers directory (model.init_from), else built
 // (and initialised from an exported directory when model.init_from names one).
-models::TransformerLM make_model(const Config& config, const data::Tokenizer& tokenizer);
+models::LanguageModel make_model(const Config& config, const data::Tokenizer& tokenizer);
 
 // The evaluation batches when training.eval_steps > 0 and there is evaluation data; null
 // otherwise (warns when eval_steps asks for data that is not there).

@@ -18,6 +18,7 @@
 #include "core/error.hpp"
 #include "core/host_memory.hpp"
 #include "core/log.hpp"
+#include "worker/models/registry.hpp"
 #include "worker/train/autocast.hpp"
 #include "worker/train/device_stats.hpp"
 #include "worker/train/mfu.hpp"
@@ -94,98 +95,19 @@ int64_t total_steps(const Config& config, uint64_t samples_per_epoch, int world_
       1, static_cast<int64_t>(std::ceil(t.num_train_epochs * double(samples_per_epoch) / global)));
 }
 
-namespace {
-
-// Note [Memory predicted]: before the model is built, a rank's memory is predicted from its
-// shape: fp32 parameters, their gradients and AdamW's two moments (16 bytes a trainable
-// parameter, 4 a frozen one; moments divided over the ranks under ZeRO) and activations
-// (about 8 [batch, seq, hidden] fp32 tensors a layer, one a layer with activation
-// checkpointing, plus the logits twice). It is a lower bound, so a run predicted over the
-// limit (training.memory_limit_gb, else available memory / ranks on the node, CPU only) would
-// fail later anyway: exit 2 at once with the figures and what to lower, instead of
-// allocating gigabytes first.
-void check_predicted_memory(const Config& config, const models::ModelOptions& o) {
-  const auto& t = config.training;
-  const bool cpu =
-      t.device == "cpu" || (t.device == "auto" && !cuda_usable("auto", "training.device"));
-  if (t.memory_limit_gb <= 0 && !cpu) return;
-  const char* local = std::getenv("LOCAL_WORLD_SIZE");
-  const double ranks = std::max(1.0, local != nullptr ? std::atof(local) : 1.0);
-  const char* world_env = std::getenv("WORLD_SIZE");
-  const double world = std::max(1.0, world_env != nullptr ? std::atof(world_env) : 1.0);
-  const double params = models::parameter_count(o);
-  const bool lora = o.lora_r > 0;
-  const double weights = 4 * params;
-  const double grads = lora ? 0.0 : 4 * params;
-  const double moments = lora ? 0.0 : 8 * params / (config.parallel.zero_stage >= 1 ? world : 1.0);
-  const double batch = t.batch_size == "auto" ? 1.0 : double(t.micro_batch_size);
-  const double tokens = batch * double(o.max_seq_length);
-  const double per_layer = config.model.gradient_checkpointing ? 1.0 : 8.0;
-  const double activations =
-      4 * tokens * (double(o.layers) * per_layer * double(o.hidden) + 2.0 * double(o.vocab_size));
-  const double need = weights + grads + moments + activations;
-  const double limit =
-      t.memory_limit_gb > 0 ? t.memory_limit_gb * 1e9 : available_memory_bytes() / ranks;
-  if (limit <= 0 || need <= limit) return;
-  const std::string limit_text =
-      t.memory_limit_gb > 0
-          ? fmt::format("training.memory_limit_gb = {}", t.memory_limit_gb)
-          : fmt::format(
-                "the {:.2f} GB available to each of {} rank(s) here (MemAvailable / cgroup "
-                "memory.max; set training.memory_limit_gb to override)",
-                limit / 1e9, ranks);
-  fail(ExitCode::kUsage,
-       "this run needs at least {:.2f} GB a rank ({:.3g} parameters: weights {:.2f} GB, "
-       "gradients {:.2f} GB, AdamW moments {:.2f} GB; activations {:.2f} GB at "
-       "micro_batch_size {} x max_seq_length {}), more than {}: lower model.hidden, model.ffn, "
-       "model.layers, training.micro_batch_size or model.max_seq_length, or set "
-       "model.gradient_checkpointing = true",
-       need / 1e9, params, weights / 1e9, grads / 1e9, moments / 1e9, activations / 1e9, batch,
-       o.max_seq_length, limit_text);
+models::TransformerLM build_model(const Config& config, int64_t vocab_size) {
+  return models::build_transformer(config, vocab_size, build_context(config));
 }
 
-}  // namespace
-
-models::TransformerLM build_model(const Config& config, int64_t vocab_size) {
-  auto options = models::model_options_from_config(config, vocab_size);
-  check_predicted_memory(config, options);
-  torch::manual_seed(static_cast<uint64_t>(config.training.seed));
-  const int64_t lora_r = options.lora_r;
-  options.lora_r = 0;  // load base weights first, then add adapters
-  models::TransformerLM model(options);
-  if (!config.model.init_from.empty()) {
-    const std::string path = config.model.init_from + "/model.safetensors";
-    DNALLM_CHECK(std::filesystem::exists(path), ExitCode::kUsage,
-                 "model.init_from = \"{}\" has no model.safetensors: point it at an exported "
-                 "final/ directory",
-                 config.model.init_from);
-    auto weights = models::load_safetensors(path);
-    int64_t loaded = 0;
-    torch::NoGradGuard no_grad;
-    for (auto& [name, p] : model->named_weights()) {
-      auto it = weights.find(name);
-      if (it == weights.end() || it->second.sizes() != p.sizes()) continue;
-      p.copy_(it->second);
-      ++loaded;
-    }
-    DNALLM_CHECK(loaded > 0, ExitCode::kUsage,
-                 "model.init_from = \"{}\": no tensor matches this model's names and shapes",
-                 config.model.init_from);
-    spdlog::info("initialised {} tensors from {}", loaded, path);
-  }
-  if (lora_r > 0) model->enable_lora(lora_r);
-  if (config.lora.quantize_base != "none") {  // QLoRA: adapters over a 4-bit frozen base
-    DNALLM_CHECK(lora_r > 0, ExitCode::kUsage,
-                 "lora.quantize_base = \"{}\" quantizes the frozen base of a LoRA fine-tune: "
-                 "set lora.r > 0",
-                 config.lora.quantize_base);
-    const auto r = models::quantize_linears(
-        *model, models::parse_weight_format(config.lora.quantize_base, "lora.quantize_base"));
-    spdlog::info("QLoRA: {} base linears in {} ({:.2f} MB, {:.3f}x bf16)", r.linears,
-                 config.lora.quantize_base, r.quantized_bytes / 1e6,
-                 double(r.quantized_bytes) / double(std::max<int64_t>(r.bf16_bytes(), 1)));
-  }
-  return model;
+models::BuildContext build_context(const Config& config) {
+  models::BuildContext c;
+  c.on_cpu = config.training.device == "cpu" ||
+             (config.training.device == "auto" && !cuda_usable("auto", "training.device"));
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  c.local_world_size = std::max(1, local != nullptr ? std::atoi(local) : 1);
+  const char* world = std::getenv("WORLD_SIZE");
+  c.world_size = std::max(1, world != nullptr ? std::atoi(world) : 1);
+  return c;
 }
 
 namespace {
@@ -243,11 +165,11 @@ void mlm_selection(const data::Batch& b, int64_t multiple, std::vector<int64_t>&
 
 }  // namespace
 
-models::ForwardInputs to_inputs(const data::Batch& b, const models::TransformerLM& model,
+models::ForwardInputs to_inputs(const data::Batch& b, const models::LanguageModel& model,
                                 const torch::Device& device) {
   DNALLM_CHECK(int64_t(b.input_ids.size()) == b.rows * b.seq_len, ExitCode::kFailure,
                "batch has {} input ids for {} x {}", b.input_ids.size(), b.rows, b.seq_len);
-  const auto& o = model->options();
+  const auto& o = model->spec();
   const int64_t rows = b.rows, t = b.seq_len;
   HostPack pack;
   const int64_t ids_at = pack.add(b.input_ids);
@@ -309,7 +231,7 @@ models::ForwardInputs to_inputs(const data::Batch& b, const models::TransformerL
   return in;
 }
 
-EvalResult evaluate(models::TransformerLM& model, BatchSource& source, int64_t batches,
+EvalResult evaluate(models::LanguageModel model, BatchSource& source, int64_t batches,
                     const torch::Device& device,
                     const std::function<int64_t(int64_t)>& bases_of_label, GradientSync* sync) {
   const bool was_training = model->is_training();
@@ -318,10 +240,10 @@ EvalResult evaluate(models::TransformerLM& model, BatchSource& source, int64_t b
   torch::NoGradGuard no_grad;
   double nll = 0.0;
   double tokens = 0, bases = 0, correct = 0, rows = 0;
-  const auto task = model->options().task;
+  const auto task = model->spec().task;
   // Note [Classification scores]: the confusion matrix, summed over ranks cell by cell (one
   // collective a cell), for up to kMaxScoredClasses labels; more labels: accuracy alone.
-  const int64_t labels = model->options().num_labels;
+  const int64_t labels = model->spec().num_labels;
   const bool scored = task == models::Task::kClassification && labels <= kMaxScoredClasses;
   ConfusionMatrix confusion(scored ? labels : 0, std::vector<double>(scored ? labels : 0, 0.0));
   for (int64_t i = 0; i < batches; ++i) {
@@ -376,7 +298,7 @@ EvalResult evaluate(models::TransformerLM& model, BatchSource& source, int64_t b
   return r;
 }
 
-Trainer::Trainer(Config config, models::TransformerLM model, std::unique_ptr<BatchSource> train,
+Trainer::Trainer(Config config, models::LanguageModel model, std::unique_ptr<BatchSource> train,
                  std::unique_ptr<BatchSource> eval, std::shared_ptr<GradientSync> sync,
                  TrainerOptions options)
     : config_(std::move(config)),
@@ -475,10 +397,7 @@ void Trainer::offloaded_update(const torch::Tensor& params, const torch::Tensor&
 }
 
 double Trainer::flops_per_token(int64_t seq_len) const {
-  int64_t trainable = 0, frozen = 0;
-  for (const auto& p : model_->parameters()) (p.requires_grad() ? trainable : frozen) += p.numel();
-  const auto& o = model_->options();
-  return model_flops_per_token(trainable, frozen, o.layers, o.hidden, seq_len);
+  return model_->flops_per_token(seq_len);
 }
 
 std::string Trainer::export_dir() const {
@@ -527,7 +446,7 @@ StepResult Trainer::train_step(bool read_host_values) {
 double Trainer::take_micro_batches(std::vector<data::Batch>& micro, StepResult& r) {
   // Note [Loss normalisation]: the whole step's batches first, then the global count.
   const int64_t accum = config_.training.grad_accum_steps;
-  const auto task = model_->options().task;
+  const auto task = model_->spec().task;
   micro.reserve(accum);
   int64_t local_count = 0;
   for (int64_t j = 0; j < accum; ++j) {
@@ -692,7 +611,7 @@ RunEnd Trainer::run() {
   for (auto& hook : options_.at_end) hook(*this);
   if (sync_->rank() == 0 && config_.checkpoint.save_final) {
     const auto dir = export_dir();
-    models::export_live_model(model_, dir, config_.model.arch);
+    models::export_live_model(model_, dir);
     if (options_.write_tokenizer) options_.write_tokenizer(dir);
     spdlog::info("exported the model to {}", dir);
   }
@@ -744,7 +663,7 @@ void Trainer::evaluate_at(int64_t step) {
   const auto& t = config_.training;
   auto e = evaluate(model_, *eval_, t.eval_batches, device_, options_.bases_of_label, sync_.get());
   if (sync_->rank() != 0) return;
-  const auto task = model_->options().task;
+  const auto task = model_->spec().task;
   nlohmann::ordered_json line;
   line["event"] = "eval";
   line["step"] = step;
@@ -816,7 +735,7 @@ void Trainer::keep_if_best(int64_t step, const EvalResult& e) {
   best_value_ = value;
   const fs::path tmp = best.string() + ".tmp", old = best.string() + ".old";
   fs::remove_all(tmp);
-  models::export_live_model(model_, tmp.string(), config_.model.arch);
+  models::export_live_model(model_, tmp.string());
   if (options_.write_tokenizer) options_.write_tokenizer(tmp.string());
   nlohmann::ordered_json info;
   info["step"] = step;

@@ -245,13 +245,16 @@ int64_t total_steps(const Config& config, uint64_t samples_per_epoch, int world_
 // Builds the model for `config` (vocabulary from the tokenizer); loads model.init_from
 // (an exported directory) by name where shapes match (task heads stay fresh).
 models::TransformerLM build_model(const Config& config, int64_t vocab_size);
+// Where this process will build its model: the device (training.device; loads the CUDA plugin
+// where a GPU may be used) and the ranks sharing the memory (WORLD_SIZE, LOCAL_WORLD_SIZE).
+models::BuildContext build_context(const Config& config);
 
 // Tensors of a batch on `device`.
-models::ForwardInputs to_inputs(const data::Batch& batch, const models::TransformerLM& model,
+models::ForwardInputs to_inputs(const data::Batch& batch, const models::LanguageModel& model,
                                 const torch::Device& device);
 
 // Runs `batches` micro-batches from `source` (rewound first) without gradients.
-EvalResult evaluate(models::TransformerLM& model, BatchSource& source, int64_t batches,
+EvalResult evaluate(models::LanguageModel model, BatchSource& source, int64_t batches,
                     const torch::Device& device,
                     const std::function<int64_t(int64_t)>& bases_of_label = {},
                     GradientSync* sync = nullptr);
@@ -260,7 +263,7 @@ class Trainer {
  public:
   // `eval` may be null. The model is moved to the device and its trainable parameters into
   // the flat buffers (Note [Flat buffers]).
-  Trainer(Config config, models::TransformerLM model, std::unique_ptr<BatchSource> train,
+  Trainer(Config config, models::LanguageModel model, std::unique_ptr<BatchSource> train,
           std::unique_ptr<BatchSource> eval, std::shared_ptr<GradientSync> sync,
           TrainerOptions options = {});
   ~Trainer();
@@ -282,7 +285,7 @@ class Trainer {
   // <dir>/final. RunEnd::kStopped when a step hook stopped it (Note [Step hooks]).
   RunEnd run();
 
-  models::TransformerLM& model() { return model_; }
+  models::LanguageModel& model() { return model_; }
   optim::FlatParameters& flat() { return *flat_; }
   optim::FlatAdamW& optimizer() { return *adamw_; }
   const optim::LossScaler& loss_scaler() const { return scaler_; }
@@ -311,7 +314,7 @@ class Trainer {
 
  private:
   Config config_;
-  models::TransformerLM model_;
+  models::LanguageModel model_;
   std::unique_ptr<BatchSource> train_, eval_;
   std::shared_ptr<GradientSync> sync_;
   TrainerOptions options_;

@@ -1,0 +1,99 @@
+#include "worker/models/language_model.hpp"
+
+#include "core/error.hpp"
+#include "core/untrusted_file.hpp"
+
+namespace dnallm::models {
+
+void LanguageModelImpl::enable_lora(int64_t /*r*/) {
+  fail(ExitCode::kUsage,
+       "the {} family has no LoRA adapters: set lora.r = 0 (full fine-tuning) or choose a model "
+       "family with LoRA (model.arch = \"bert\" or \"gpt\", or a transformer model.init_from)",
+       spec().family);
+}
+
+torch::Tensor LanguageModelImpl::generate(const torch::Tensor& /*prompt*/,
+                                          const GenerateOptions& /*options*/) {
+  fail(ExitCode::kUsage,
+       "this {} model cannot generate: generation needs a causal language model (pre-trained "
+       "with model.arch = \"gpt\")",
+       spec().family);
+}
+
+const char* task_name(Task task) {
+  switch (task) {
+    case Task::kPretrain:
+      return "pretrain";
+    case Task::kClassification:
+      return "classification";
+    case Task::kRegression:
+      return "regression";
+  }
+  return "?";
+}
+
+Task task_from_name(const std::string& name, const std::string& where) {
+  for (Task t : {Task::kPretrain, Task::kClassification, Task::kRegression}) {
+    if (name == task_name(t)) return t;
+  }
+  fail(ExitCode::kUsage,
+       "{}: task \"{}\" is not supported (\"pretrain\", \"classification\" or \"regression\")",
+       where, clip_for_message(name));
+}
+
+const char* arch_name(Arch arch) { return arch == Arch::kBert ? "bert" : "gpt"; }
+
+ModelOutput loss_from_logits(const torch::Tensor& logits, const ForwardInputs& in,
+                             const ModelSpec& spec) {
+  namespace F = torch::nn::functional;
+  const auto ce = F::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum);
+  ModelOutput out;
+  if (spec.task == Task::kRegression) {
+    out.logits = logits.dim() == 2 ? logits.squeeze(-1) : logits;
+    if (in.targets.defined()) {
+      out.loss_sum = (out.logits.to(torch::kFloat32) - in.targets.to(torch::kFloat32)).pow(2).sum();
+      out.loss_count = in.targets.numel();
+    }
+    return out;
+  }
+  if (spec.task == Task::kClassification) {
+    out.logits = logits;
+    if (in.labels.defined()) {
+      out.loss_sum = F::cross_entropy(logits.to(torch::kFloat32), in.labels, ce);
+      out.loss_count =
+          in.label_count >= 0 ? in.label_count : in.labels.ne(-100).sum().item<int64_t>();
+    }
+    return out;
+  }
+  if (!in.labels.defined()) {
+    out.logits = logits;
+    return out;
+  }
+  auto scored = logits;
+  auto labels = in.labels;
+  if (spec.arch == Arch::kGpt && spec.shift_labels) {  // position i predicts token i + 1
+    scored = scored.narrow(1, 0, scored.size(1) - 1);
+    labels = labels.narrow(1, 1, labels.size(1) - 1);
+  }
+  auto flat_logits = scored.reshape({-1, scored.size(-1)});
+  auto flat_labels = labels.reshape({-1});
+  if (in.logits_for_labels_only) {
+    auto idx = in.label_index.defined() ? in.label_index : flat_labels.ne(-100).nonzero().squeeze(1);
+    flat_logits = flat_logits.index_select(0, idx);
+    flat_labels = flat_labels.index_select(0, idx);
+  }
+  out.loss_sum = F::cross_entropy(flat_logits.to(torch::kFloat32), flat_labels, ce);
+  out.loss_count = in.label_count >= 0 ? in.label_count : flat_labels.ne(-100).sum().item<int64_t>();
+  out.logits = in.logits_for_labels_only ? flat_logits : logits;
+  return out;
+}
+
+double parameter_flops_per_token(const torch::nn::Module& model) {
+  double flops = 0;
+  for (const auto& p : model.parameters()) {
+    flops += (p.requires_grad() ? 6.0 : 4.0) * double(p.numel());
+  }
+  return flops;
+}
+
+}  // namespace dnallm::models

@@ -1,0 +1,154 @@
+#include "worker/models/registry.hpp"
+
+#include <filesystem>
+
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/safetensors.hpp"
+#include "core/error.hpp"
+#include "core/untrusted_file.hpp"
+#include "worker/models/caduceus/caduceus_model.hpp"
+#include "worker/models/hyena/hyena_model.hpp"
+#include "worker/models/transformer.hpp"
+
+namespace dnallm::models {
+namespace {
+
+// Every value of `field` over the families, for "use one of ..." messages.
+template <typename Field>
+std::string known(Field field) {
+  std::vector<std::string> names;
+  for (const auto& f : model_families()) {
+    for (const auto& n : f.*field) names.push_back("\"" + n + "\"");
+  }
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+// The LoRA adapters alone, under PEFT's names, for users who keep the base separate.
+std::vector<std::pair<std::string, torch::Tensor>> lora_adapters(LanguageModel& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> adapters;
+  for (const auto& item : model->named_parameters()) {
+    const auto& name = item.key();
+    if (name.rfind(".lora_") == std::string::npos) continue;
+    adapters.emplace_back("base_model.model." + name + ".weight",
+                          item.value().detach().to(torch::kFloat32));
+  }
+  return adapters;
+}
+
+}  // namespace
+
+const std::vector<ModelFamily>& model_families() {
+  static const std::vector<ModelFamily> families = {transformer_family(), hyena::hyena_family(),
+                                                    caduceus::caduceus_family()};
+  return families;
+}
+
+const ModelFamily& family_for_arch(const std::string& arch) {
+  for (const auto& f : model_families()) {
+    for (const auto& a : f.arches) {
+      if (a == arch) return f;
+    }
+  }
+  fail(ExitCode::kUsage, "model.arch = \"{}\" is not a model family here: use one of {}",
+       clip_for_message(arch), known(&ModelFamily::arches));
+}
+
+const ModelFamily& family_for_hf_config(const nlohmann::json& config, const std::string& where) {
+  for (const auto& f : model_families()) {
+    if (f.recognises_hf != nullptr && f.recognises_hf(config)) return f;
+  }
+  const auto type = config.is_object() && config.contains("model_type")
+                        ? config["model_type"].dump()
+                        : std::string("(none)");
+  fail(ExitCode::kUsage,
+       "{}: model_type {} is not a Hugging Face layout this program reads: supported are "
+       "bert (DNABERT-1, and DNABERT-2 by its auto_map), esm (Nucleotide Transformer v1/v2), "
+       "roberta-prelayernorm, gpt_neox, llama, hyenadna and caduceus",
+       where, clip_for_message(type));
+}
+
+LanguageModel build_model_for(const Config& config, const data::Tokenizer& tokenizer,
+                              const BuildContext& context) {
+  const auto& from = config.model.init_from;
+  if (!from.empty() && is_hf_model_dir(from)) {
+    const std::string where = from + "/config.json";
+    const auto c = parse_json_strict(
+        read_bounded_file(where, kMaxConfigFileBytes, ExitCode::kUsage, "config.json"), where,
+        ExitCode::kUsage);
+    const auto& family = family_for_hf_config(c, where);
+    const auto& wanted = family_for_arch(config.model.arch);
+    DNALLM_CHECK(&family == &wanted, ExitCode::kUsage,
+                 "model.init_from = \"{}\" holds a {} model but model.arch = \"{}\" is the {} "
+                 "family (it fixes how batches are framed): set model.arch to one of \"{}\"",
+                 from, family.name, config.model.arch, wanted.name,
+                 fmt::join(family.arches, "\", \""));
+    DNALLM_CHECK(family.init_from_hf != nullptr, ExitCode::kUsage,
+                 "model.init_from = \"{}\": the {} family cannot be fine-tuned from a Hugging "
+                 "Face directory yet",
+                 from, family.name);
+    return family.init_from_hf(config, tokenizer);
+  }
+  return family_for_arch(config.model.arch).build(config, tokenizer, context);
+}
+
+void export_live_model(LanguageModel model, const std::string& dir) {
+  const auto& spec = model->spec();
+  const auto merged = full_linear_weights(*model, /*merge_adapters=*/true);
+  checkpoint::ModelDirectory out;
+  if (!merged.empty() && spec.lora_r > 0) {  // (a quantized base alone has no adapters)
+    out.adapters = safetensors_tensors(lora_adapters(model));
+    out.adapters_metadata = {{"format", "pt"},
+                             {"lora_r", std::to_string(spec.lora_r)},
+                             {"lora_alpha", std::to_string(spec.lora_alpha)}};
+  }
+  for (auto& [name, t] : model->named_weights()) {
+    auto it = merged.find(name);
+    out.weights.push_back(
+        safetensors_tensor(name, (it != merged.end() ? it->second : t).to(torch::kFloat32)));
+  }
+  out.weights_metadata = {{"format", "pt"}};
+  out.config = model->export_config();
+  checkpoint::write_model_directory(dir, out);
+}
+
+LanguageModel load_exported_model(const std::string& dir) {
+  const std::string config_path = dir + "/config.json";
+  std::error_code ec;
+  DNALLM_CHECK(std::filesystem::symlink_status(config_path, ec).type() !=
+                   std::filesystem::file_type::not_found,
+               ExitCode::kBadData,
+               "{} not found: --model must be a directory written by dnallm-train (final/)",
+               config_path);
+  const nlohmann::json c = parse_json_strict(
+      read_bounded_file(config_path, kMaxConfigFileBytes, ExitCode::kUsage, "config.json"),
+      config_path, ExitCode::kUsage);
+  DNALLM_CHECK(c.is_object(), ExitCode::kUsage, "{}: not a JSON object", config_path);
+  DNALLM_CHECK(c.contains("model_type") && c["model_type"].is_string(), ExitCode::kUsage,
+               "{}: \"model_type\" is missing or not a string", config_path);
+  const auto type = c["model_type"].get<std::string>();
+  for (const auto& f : model_families()) {
+    for (const auto& t : f.exported_types) {
+      if (t == type) return f.load_exported(dir, c);
+    }
+  }
+  fail(ExitCode::kUsage, "{}: model_type \"{}\" is not a model of ours: known are {}",
+       config_path, clip_for_message(type), known(&ModelFamily::exported_types));
+}
+
+bool export_hf_directory(LanguageModel model, const data::Tokenizer& tokenizer,
+                         const std::string& dir, const std::string& source_dir) {
+  const auto& family = model->spec().family;
+  for (const auto& f : model_families()) {
+    if (f.name != family) continue;
+    if (f.export_hf == nullptr) {
+      spdlog::warn("no Hugging Face layout for a {} model: {} not written", family, dir);
+      return false;
+    }
+    return f.export_hf(model, tokenizer, dir, source_dir);
+  }
+  fail(ExitCode::kFailure, "internal: the model family \"{}\" is not registered", family);
+}
+
+}  // namespace dnallm::models

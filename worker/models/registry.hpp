@@ -1,0 +1,82 @@
+// Note [Model registry]: the families behind the model interface (Note [Model interface]), each
+// found by the name a user writes (model.arch), by the model_type of our own model directory's
+// config.json, or by recognising a Hugging Face directory (its model_type and auto_map, never
+// model_type alone where remote code reuses one: DNABERT-2 says "bert"). An unknown value is
+// exit 2 naming it and the known ones, never a default. The families are listed in
+// registry.cpp (explicitly: a static library drops self-registering objects nobody calls).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "worker/models/language_model.hpp"
+
+namespace dnallm::data {
+class Tokenizer;
+}
+
+namespace dnallm::models {
+
+// What building a model may depend on besides the config: where it will run and how many
+// ranks share the memory (for the memory prediction, Note [Model shape limits]).
+struct BuildContext {
+  bool on_cpu = true;
+  int world_size = 1;
+  int local_world_size = 1;
+};
+
+struct ModelFamily {
+  std::string name;                         // "transformer", "hyena", "caduceus"
+  std::vector<std::string> arches;          // the model.arch values it builds
+  std::vector<std::string> exported_types;  // model_type in our config.json
+  // True when a Hugging Face config.json (not ours) is this family's.
+  bool (*recognises_hf)(const nlohmann::json& config) = nullptr;
+  // A fresh model from [model] (and model.init_from = one of our model directories).
+  LanguageModel (*build)(const Config& config, const data::Tokenizer& tokenizer,
+                         const BuildContext& context) = nullptr;
+  // model.init_from = a Hugging Face directory of this family (fine-tuning).
+  LanguageModel (*init_from_hf)(const Config& config, const data::Tokenizer& tokenizer) = nullptr;
+  // Our model directory (config.json already parsed) back into a model, eval mode.
+  LanguageModel (*load_exported)(const std::string& dir, const nlohmann::json& config) = nullptr;
+  // A Hugging Face directory in the family's layout next to our export (final/hf); false
+  // when this model has no such layout (logged, not an error). `source_dir`: the directory it
+  // was imported from, if any.
+  bool (*export_hf)(LanguageModel& model, const data::Tokenizer& tokenizer,
+                    const std::string& dir, const std::string& source_dir) = nullptr;
+};
+
+const std::vector<ModelFamily>& model_families();
+
+// The family of model.arch; exit 2 naming the value and the known ones.
+const ModelFamily& family_for_arch(const std::string& arch);
+// The family whose Hugging Face layout `config` (a config.json, `where` names it) is; exit 2
+// naming its model_type and the known ones.
+const ModelFamily& family_for_hf_config(const nlohmann::json& config, const std::string& where);
+
+// True when `dir`/config.json is a Hugging Face config (not one written by export_live_model).
+bool is_hf_model_dir(const std::string& dir);
+
+// The model a training run starts from: model.init_from's family when it names a Hugging Face
+// directory, else model.arch's.
+LanguageModel build_model_for(const Config& config, const data::Tokenizer& tokenizer,
+                              const BuildContext& context);
+
+// The live model as our model directory (Note [Exported model directory] in
+// checkpoint/safetensors.hpp): <dir>/model.safetensors (fp32, LoRA merged into a copy),
+// <dir>/config.json (export_config()), and with LoRA also <dir>/adapter_model.safetensors (the
+// adapters alone, PEFT names "base_model.model.<module>.lora_A.weight"). tokenizer.json is the
+// caller's (the trainer's write_tokenizer hook).
+void export_live_model(LanguageModel model, const std::string& dir);
+
+// Reads a directory written by export_live_model() or checkpoint::export_checkpoint_model():
+// config.json's model_type picks the family (unknown: exit 2 naming it).
+LanguageModel load_exported_model(const std::string& dir);
+
+// The Hugging Face layout of `model` in `dir` (final/hf), through its family.
+bool export_hf_directory(LanguageModel model, const data::Tokenizer& tokenizer,
+                         const std::string& dir, const std::string& source_dir = "");
+
+}  // namespace dnallm::models

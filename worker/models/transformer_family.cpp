@@ -1,0 +1,135 @@
+// The transformer family's entry in the registry (Note [Model registry]): BERT/DNABERT-2/ESM/
+// RoBERTa-PreLN encoders and GPT-NeoX/Llama/our GPT decoders, built from [model], imported from
+// their Hugging Face layouts (hf_import.hpp) and exported to them (hf_export.hpp).
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+
+#include "core/error.hpp"
+#include "core/host_memory.hpp"
+#include "worker/data/tokenizer.hpp"
+#include "worker/models/hf_export.hpp"
+#include "worker/models/hf_import.hpp"
+#include "worker/models/quantized_linear.hpp"
+#include "worker/models/registry.hpp"
+#include "worker/models/transformer.hpp"
+
+namespace dnallm::models {
+
+namespace {
+
+// Note [Memory predicted]: before the model is built, a rank's memory is predicted from its
+// shape: fp32 parameters, their gradients and AdamW's two moments (16 bytes a trainable
+// parameter, 4 a frozen one; moments divided over the ranks under ZeRO) and activations
+// (about 8 [batch, seq, hidden] fp32 tensors a layer, one a layer with activation
+// checkpointing, plus the logits twice). It is a lower bound, so a run predicted over the
+// limit (training.memory_limit_gb, else available memory / ranks on the node, CPU only) would
+// fail later anyway: exit 2 at once with the figures and what to lower, instead of
+// allocating gigabytes first.
+void check_predicted_memory(const Config& config, const ModelOptions& o, const BuildContext& ctx) {
+  const auto& t = config.training;
+  if (t.memory_limit_gb <= 0 && !ctx.on_cpu) return;
+  const double ranks = double(std::max(1, ctx.local_world_size));
+  const double world = double(std::max(1, ctx.world_size));
+  const double params = parameter_count(o);
+  const bool lora = o.lora_r > 0;
+  const double weights = 4 * params;
+  const double grads = lora ? 0.0 : 4 * params;
+  const double moments = lora ? 0.0 : 8 * params / (config.parallel.zero_stage >= 1 ? world : 1.0);
+  const double batch = t.batch_size == "auto" ? 1.0 : double(t.micro_batch_size);
+  const double tokens = batch * double(o.max_seq_length);
+  const double per_layer = config.model.gradient_checkpointing ? 1.0 : 8.0;
+  const double activations =
+      4 * tokens * (double(o.layers) * per_layer * double(o.hidden) + 2.0 * double(o.vocab_size));
+  const double need = weights + grads + moments + activations;
+  const double limit =
+      t.memory_limit_gb > 0 ? t.memory_limit_gb * 1e9 : available_memory_bytes() / ranks;
+  if (limit <= 0 || need <= limit) return;
+  const std::string limit_text =
+      t.memory_limit_gb > 0
+          ? fmt::format("training.memory_limit_gb = {}", t.memory_limit_gb)
+          : fmt::format(
+                "the {:.2f} GB available to each of {} rank(s) here (MemAvailable / cgroup "
+                "memory.max; set training.memory_limit_gb to override)",
+                limit / 1e9, ranks);
+  fail(ExitCode::kUsage,
+       "this run needs at least {:.2f} GB a rank ({:.3g} parameters: weights {:.2f} GB, "
+       "gradients {:.2f} GB, AdamW moments {:.2f} GB; activations {:.2f} GB at "
+       "micro_batch_size {} x max_seq_length {}), more than {}: lower model.hidden, model.ffn, "
+       "model.layers, training.micro_batch_size or model.max_seq_length, or set "
+       "model.gradient_checkpointing = true",
+       need / 1e9, params, weights / 1e9, grads / 1e9, moments / 1e9, activations / 1e9, batch,
+       o.max_seq_length, limit_text);
+}
+
+}  // namespace
+
+TransformerLM build_transformer(const Config& config, int64_t vocab_size,
+                                const BuildContext& context) {
+  auto options = model_options_from_config(config, vocab_size);
+  check_predicted_memory(config, options, context);
+  torch::manual_seed(static_cast<uint64_t>(config.training.seed));
+  const int64_t lora_r = options.lora_r;
+  options.lora_r = 0;  // load base weights first, then add adapters
+  TransformerLM model(options);
+  if (!config.model.init_from.empty()) {
+    const std::string path = config.model.init_from + "/model.safetensors";
+    DNALLM_CHECK(std::filesystem::exists(path), ExitCode::kUsage,
+                 "model.init_from = \"{}\" has no model.safetensors: point it at an exported "
+                 "final/ directory",
+                 config.model.init_from);
+    auto weights = load_safetensors(path);
+    int64_t loaded = 0;
+    torch::NoGradGuard no_grad;
+    for (auto& [name, p] : model->named_weights()) {
+      auto it = weights.find(name);
+      if (it == weights.end() || it->second.sizes() != p.sizes()) continue;
+      p.copy_(it->second);
+      ++loaded;
+    }
+    DNALLM_CHECK(loaded > 0, ExitCode::kUsage,
+                 "model.init_from = \"{}\": no tensor matches this model's names and shapes",
+                 config.model.init_from);
+    spdlog::info("initialised {} tensors from {}", loaded, path);
+  }
+  if (lora_r > 0) model->enable_lora(lora_r);
+  if (config.lora.quantize_base != "none") {  // QLoRA: adapters over a 4-bit frozen base
+    DNALLM_CHECK(lora_r > 0, ExitCode::kUsage,
+                 "lora.quantize_base = \"{}\" quantizes the frozen base of a LoRA fine-tune: "
+                 "set lora.r > 0",
+                 config.lora.quantize_base);
+    const auto r = quantize_linears(
+        *model, parse_weight_format(config.lora.quantize_base, "lora.quantize_base"));
+    spdlog::info("QLoRA: {} base linears in {} ({:.2f} MB, {:.3f}x bf16)", r.linears,
+                 config.lora.quantize_base, r.quantized_bytes / 1e6,
+                 double(r.quantized_bytes) / double(std::max<int64_t>(r.bf16_bytes(), 1)));
+  }
+  return model;
+}
+
+
+ModelFamily transformer_family() {
+  ModelFamily f;
+  f.name = "transformer";
+  f.arches = {"bert", "gpt"};
+  f.exported_types = {"bert", "dnallm-gpt"};
+  f.recognises_hf = is_transformer_hf_config;
+  f.build = [](const Config& config, const data::Tokenizer& tokenizer,
+               const BuildContext& context) {
+    return as_language_model(build_transformer(config, tokenizer.vocab_size(), context));
+  };
+  f.init_from_hf = [](const Config& config, const data::Tokenizer& tokenizer) {
+    return as_language_model(init_from_hf(config, tokenizer));
+  };
+  f.load_exported = [](const std::string& dir, const nlohmann::json& config) {
+    return as_language_model(load_exported_transformer(dir, config));
+  };
+  f.export_hf = [](LanguageModel& model, const data::Tokenizer& tokenizer, const std::string& dir,
+                   const std::string& source_dir) {
+    TransformerLM transformer(std::dynamic_pointer_cast<TransformerLMImpl>(model.ptr()));
+    return export_hf_transformer(transformer, tokenizer, dir, source_dir);
+  };
+  return f;
+}
+
+}  // namespace dnallm::models
