@@ -117,9 +117,12 @@ class SectionKeys {
 
 void model_keys(std::vector<KeyDesc>& out) {
   SectionKeys<ModelConfig>(out, "model", &Config::model)
-      .choice("arch", &ModelConfig::arch, {"bert", "gpt"},
-              "`bert`: bidirectional encoder trained as a masked LM; `gpt`: decoder trained as a "
-              "causal LM")
+      .choice("arch", &ModelConfig::arch, {"bert", "gpt", "hyena", "caduceus", "caduceus-ps"},
+              "the model family (Note [Model registry]): `bert`: bidirectional transformer "
+              "encoder trained as a masked LM; `gpt`: transformer decoder trained as a causal LM; "
+              "`hyena`: HyenaDNA (long convolutions; `hidden` = d_model, `ffn` = d_inner), a "
+              "causal LM; `caduceus` / `caduceus-ps`: Caduceus (bidirectional Mamba; `-ps` with "
+              "reverse-complement parameter sharing), a masked LM")
       .choice("task", &ModelConfig::task, {"pretrain", "classification", "regression"},
               "`pretrain`: the language-model objective of `arch`; `classification` / "
               "`regression`: a sequence-level head on labelled tables (`data.label_column`)")

@@ -13,9 +13,14 @@ Objective objective_from(const std::string& arch, const std::string& task) {
     fail(ExitCode::kUsage,
          "model.task = \"{}\" is not allowed: use pretrain, classification or regression", task);
   }
-  if (arch == "bert") return Objective::kMaskedLm;
-  if (arch == "gpt") return Objective::kCausalLm;
-  fail(ExitCode::kUsage, "model.arch = \"{}\" is not allowed: use \"bert\" or \"gpt\"", arch);
+  // The model families' objectives (worker/models/registry.hpp): encoders pre-train as masked
+  // LMs, decoders as causal LMs.
+  if (arch == "bert" || arch == "caduceus" || arch == "caduceus-ps") return Objective::kMaskedLm;
+  if (arch == "gpt" || arch == "hyena") return Objective::kCausalLm;
+  fail(ExitCode::kUsage,
+       "model.arch = \"{}\" is not allowed: use \"bert\", \"gpt\", \"hyena\", \"caduceus\" or "
+       "\"caduceus-ps\"",
+       arch);
 }
 
 int64_t token_budget(const ObjectiveOptions& options) {

@@ -36,7 +36,8 @@ namespace dnallm::data {
 
 enum class Objective { kMaskedLm, kCausalLm, kClassification, kRegression };
 
-// From model.arch and model.task: bert -> masked LM, gpt -> causal LM; task
+// From model.arch and model.task: bert, caduceus, caduceus-ps -> masked LM, gpt, hyena ->
+// causal LM; task
 // "classification"/"regression" override. Error(kUsage) on unknown values.
 Objective objective_from(const std::string& arch, const std::string& task);
 

@@ -111,6 +111,17 @@ TEST_F(DdpEquivalence, StagedCollectivesTwoRanks) {
                     "staged ZeRO-2 2 ranks");
 }
 
+// Issue 24: the long-context families train through the same trainer behind the model
+// interface, so N ranks (with ZeRO-1 and accumulation) equal one rank for them too.
+TEST_F(DdpEquivalence, HyenaAndCaduceusTwoRanksEqualOneRank) {
+  for (const char* arch : {"hyena", "caduceus-ps"}) {
+    const std::string model = fmt::format("--set model.arch={} ", arch);
+    const TrainRun one = train(fmt::format("ref_{}", arch), 1, 12, 1, model);
+    expect_equivalent(one, train(fmt::format("z1_{}", arch), 2, 3, 2, model + "--set parallel.zero_stage=1"),
+                      arch);
+  }
+}
+
 TEST_F(DdpEquivalence, MpirunThreeRanksWithoutLauncher) {
   // A static MPI world: no launcher, no store; "auto" picks the mpi backend under mpirun.
   expect_equivalent(*reference_,

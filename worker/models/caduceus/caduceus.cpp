@@ -406,6 +406,10 @@ std::map<std::string, Tensor> hf_names(CaduceusLMImpl& m) {
 
 }  // namespace
 
+CaduceusOptions options_from_hf_config(const json& config, const std::string& where) {
+  return options_from(config, where);
+}
+
 CaduceusLM load_hf_caduceus(const std::string& dir) {
   const std::string config_path = dir + "/config.json";
   const auto c = read_family_config(dir, "caduceus", "Caduceus");

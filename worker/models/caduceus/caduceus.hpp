@@ -100,6 +100,10 @@ class CaduceusLMImpl : public torch::nn::Module {
 };
 TORCH_MODULE(CaduceusLM);
 
+// A config.json of Caduceus' layout (d_model, n_layer, vocab_size, ssm_cfg, rms_norm, rcps,
+// bidirectional, complement_map, ...) as options; a value we do not compute is exit 2.
+CaduceusOptions options_from_hf_config(const nlohmann::json& config, const std::string& where);
+
 // A Hugging Face Caduceus directory (config.json of model_type "caduceus", model.safetensors).
 // A missing or unexpected tensor, a shape that disagrees with config.json: exit 2 naming it.
 CaduceusLM load_hf_caduceus(const std::string& dir);

@@ -371,34 +371,36 @@ HyenaLM load_hf_hyena(const std::string& dir) {
   return model;
 }
 
+json hf_config_of(const HyenaOptions& o) {
+  json config = {{"model_type", "hyenadna"},
+                 {"architectures",
+                  {o.classifier ? "HyenaDNAForSequenceClassification" : "HyenaDNAForCausalLM"}},
+                 {"vocab_size", o.vocab_size},
+                 {"pad_vocab_size_multiple", o.pad_vocab_size_multiple},
+                 {"d_model", o.d_model},
+                 {"d_inner", o.d_inner},
+                 {"n_layer", o.n_layer},
+                 {"max_seq_len", o.max_seq_len},
+                 {"emb_dim", o.emb_dim},
+                 {"filter_order", o.filter_order},
+                 {"num_inner_mlps", o.num_inner_mlps},
+                 {"hyena_order", 2},
+                 {"short_filter_order", 3},
+                 {"activation_freq", o.activation_freq},
+                 {"layer_norm_epsilon", o.layer_norm_eps},
+                 {"pad_token_id", o.pad_token_id},
+                 {"train_freq", true},
+                 {"use_bias", true},
+                 {"tie_word_embeddings", false}};
+  if (o.classifier) config["num_labels"] = o.num_labels;
+  return config;
+}
+
 void export_hf_hyena(HyenaLM& model, const std::string& dir, const std::string& tokenizer_from) {
   namespace fs = std::filesystem;
   const auto& o = model->options();
   fs::create_directories(dir);
-  json config = o.hf_config;
-  if (config.is_null()) {
-    config = {{"model_type", "hyenadna"},
-              {"architectures",
-               {o.classifier ? "HyenaDNAForSequenceClassification" : "HyenaDNAForCausalLM"}},
-              {"vocab_size", o.vocab_size},
-              {"pad_vocab_size_multiple", o.pad_vocab_size_multiple},
-              {"d_model", o.d_model},
-              {"d_inner", o.d_inner},
-              {"n_layer", o.n_layer},
-              {"max_seq_len", o.max_seq_len},
-              {"emb_dim", o.emb_dim},
-              {"filter_order", o.filter_order},
-              {"num_inner_mlps", o.num_inner_mlps},
-              {"hyena_order", 2},
-              {"short_filter_order", 3},
-              {"activation_freq", o.activation_freq},
-              {"layer_norm_epsilon", o.layer_norm_eps},
-              {"pad_token_id", o.pad_token_id},
-              {"train_freq", true},
-              {"use_bias", true},
-              {"tie_word_embeddings", false}};
-    if (o.classifier) config["num_labels"] = o.num_labels;
-  }
+  json config = o.hf_config.is_null() ? hf_config_of(o) : o.hf_config;
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, t] : model->named_weights())

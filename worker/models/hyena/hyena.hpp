@@ -119,6 +119,7 @@ class HyenaLMImpl : public torch::nn::Module {
   // Every tensor of the Hugging Face layout by name (z and t excluded: regenerated).
   std::vector<std::pair<std::string, torch::Tensor>> named_weights() const;
   const HyenaOptions& options() const { return options_; }
+  void set_gradient_checkpointing(bool on) { options_.gradient_checkpointing = on; }
 
   torch::nn::Embedding word_embeddings{nullptr};
   std::vector<HyenaBlock> blocks;
@@ -133,6 +134,9 @@ TORCH_MODULE(HyenaLM);
 // A Hugging Face HyenaDNA directory (config.json, model.safetensors) as downloaded. A missing
 // or unexpected tensor, a shape that disagrees with config.json: exit 2 naming it.
 HyenaLM load_hf_hyena(const std::string& dir);
+
+// The hub's config.json for `o` (what export_hf_hyena writes for a model built in code).
+nlohmann::json hf_config_of(const HyenaOptions& o);
 
 // Writes `model` to `dir` in the layout it was imported from, so LongSafari's hub code loads it:
 // config.json (the imported one, or one built from the options), model.safetensors (every

@@ -1,0 +1,224 @@
+// The model interface and registry (Note [Model interface], Note [Model registry]): unknown
+// values are exit 2 naming them; HyenaDNA and Caduceus behind the interface train, export and
+// load back exactly; a published checkpoint read in our token order (Note [Character
+// vocabularies]) computes the reference's logits (tests/data/hf-fixtures, made by the
+// reference code), and HyenaDNA's export to the hub layout computes them again.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "worker/data/tokenizer.hpp"
+#include "worker/models/caduceus/caduceus_model.hpp"
+#include "worker/models/hyena/hyena_model.hpp"
+#include "worker/models/registry.hpp"
+#include "worker/models/transformer.hpp"
+
+namespace dnallm::models {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fixture(const std::string& name) {
+  const char* dir = std::getenv("DNALLM_HF_FIXTURES_DIR");
+  return (dir != nullptr && *dir != '\0' ? std::string(dir) : std::string(DNALLM_HF_FIXTURES)) +
+         "/" + name;
+}
+
+fs::path temp_dir(const std::string& name) {
+  auto dir = fs::temp_directory_path() / ("dnallm_model_interface_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// Runs `f`, which must throw Error with `code` and a message holding every one of `parts`.
+template <typename F>
+void expect_error(F f, ExitCode code, const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    return;
+  }
+  ADD_FAILURE() << "no error";
+}
+
+Config tiny(const std::string& arch, const std::string& task) {
+  Config c;
+  c.model.arch = arch;
+  c.model.task = task;
+  c.model.hidden = 16;
+  c.model.layers = 2;
+  c.model.heads = 2;
+  c.model.ffn = 32;
+  c.model.max_seq_length = 64;
+  c.model.num_labels = 3;
+  c.training.seed = 7;
+  return c;
+}
+
+ForwardInputs random_batch(int64_t rows, int64_t len, int64_t vocab, const Config& c) {
+  ForwardInputs in;
+  torch::manual_seed(3);
+  in.input_ids = torch::randint(data::kFirstRegularId, vocab, {rows, len}, torch::kLong);
+  in.attention_mask = torch::ones({rows, len}, torch::kLong);
+  if (c.model.task == "classification") {
+    in.labels = torch::randint(0, c.model.num_labels, {rows}, torch::kLong);
+  } else if (c.model.arch == "hyena") {
+    in.labels = in.input_ids.clone();
+  } else {
+    in.labels = torch::full({rows, len}, -100, torch::kLong);
+    in.labels.index_put_({torch::indexing::Slice(), 3}, in.input_ids.select(1, 3));
+    in.input_ids.index_put_({torch::indexing::Slice(), 3}, data::kMaskId);
+  }
+  return in;
+}
+
+TEST(ModelRegistry, UnknownValuesAreExit2NamingThem) {
+  expect_error([] { family_for_arch("mamba"); }, ExitCode::kUsage,
+               {"\"mamba\"", "\"bert\"", "\"hyena\"", "\"caduceus-ps\""});
+  auto dir = temp_dir("unknown_type");
+  std::ofstream(dir / "config.json") << R"({"model_type": "mamba2"})";
+  expect_error([&] { load_exported_model(dir.string()); }, ExitCode::kUsage,
+               {"mamba2", "dnallm-gpt", "hyenadna"});
+  expect_error([] { family_for_hf_config(nlohmann::json{{"model_type", "t5"}}, "x/config.json"); },
+               ExitCode::kUsage, {"x/config.json", "\"t5\"", "caduceus"});
+}
+
+TEST(ModelRegistry, AnExportWithAnUnknownTaskOrPoolingIsRefusedNotGuessed) {
+  const auto tok = data::make_char_tokenizer();
+  auto model = build_model_for(tiny("bert", "classification"), *tok, BuildContext{});
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"task", "regresion"}, {"pooling", "max"}, {"position_embedding_type", "relative"}}) {
+    auto dir = temp_dir("bad_" + key);
+    export_live_model(model, dir.string());
+    auto c = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+    c[key] = value;
+    std::ofstream(dir / "config.json") << c.dump();
+    expect_error([&] { load_exported_model(dir.string()); }, ExitCode::kUsage, {key, value});
+  }
+}
+
+TEST(ModelRegistry, EveryFamilyBuildsTrainsExportsAndLoadsBackExactly) {
+  const auto tok = data::make_char_tokenizer();
+  for (const auto& [arch, task] : std::vector<std::pair<std::string, std::string>>{
+           {"bert", "pretrain"},
+           {"gpt", "classification"},
+           {"hyena", "pretrain"},
+           {"hyena", "classification"},
+           {"caduceus", "pretrain"},
+           {"caduceus-ps", "classification"}}) {
+    SCOPED_TRACE(arch + " " + task);
+    const auto config = tiny(arch, task);
+    auto model = build_model_for(config, *tok, BuildContext{});
+    EXPECT_EQ(model->spec().family, family_for_arch(arch).name);
+    EXPECT_EQ(model->spec().vocab_size, tok->vocab_size());
+    EXPECT_FALSE(model->blocks().empty());
+    EXPECT_GT(model->flops_per_token(64), 6.0 * 16 * 16);
+    // One optimiser step moves the loss: the loss reaches every parameter through forward().
+    auto in = random_batch(2, 24, tok->vocab_size(), config);
+    model->train();
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.5));
+    auto out = model->forward(in);
+    ASSERT_TRUE(out.loss_sum.defined());
+    EXPECT_GT(out.loss_count, 0);
+    const double before = out.loss_sum.item<double>() / double(out.loss_count);
+    EXPECT_TRUE(std::isfinite(before));
+    out.loss_sum.backward();
+    int64_t with_grad = 0;
+    for (const auto& p : model->parameters()) with_grad += p.grad().defined() ? 1 : 0;
+    EXPECT_GT(with_grad, int64_t(model->parameters().size()) / 2);
+    sgd.step();
+    model->eval();
+    torch::NoGradGuard no_grad;
+    in.labels = torch::Tensor();
+    const auto logits = model->forward(in).logits;
+    const auto hidden = model->encode(in);
+    EXPECT_EQ(hidden.size(-1), model->spec().hidden_size);
+
+    auto dir = temp_dir("roundtrip_" + arch + "_" + task);
+    export_live_model(model, dir.string());
+    auto loaded = load_exported_model(dir.string());
+    EXPECT_EQ(loaded->spec().family, model->spec().family);
+    EXPECT_EQ(loaded->spec().task, model->spec().task);
+    EXPECT_EQ(loaded->spec().vocab_size, model->spec().vocab_size);
+    EXPECT_TRUE(torch::equal(loaded->forward(in).logits, logits));
+  }
+}
+
+// Their ids (Note [Character vocabularies]) -> ours, for inputs of the fixtures.
+torch::Tensor to_our_ids(const torch::Tensor& theirs, const std::vector<int64_t>& map) {
+  std::map<int64_t, int64_t> back;
+  for (size_t i = 0; i < map.size(); ++i) back[map[i]] = int64_t(i);
+  auto out = theirs.clone();
+  auto* p = out.data_ptr<int64_t>();
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    EXPECT_TRUE(back.count(p[i])) << "their id " << p[i];
+    p[i] = back[p[i]];
+  }
+  return out;
+}
+
+// Logits in our token order [.., ours] against the reference's [.., theirs] through `map`.
+double max_mapped_diff(const torch::Tensor& ours, const torch::Tensor& theirs,
+                       const std::vector<int64_t>& map) {
+  double worst = 0;
+  for (size_t i = 0; i < map.size(); ++i) {
+    const auto a = ours.select(-1, int64_t(i));
+    const auto b = theirs.select(-1, map[i]);
+    worst = std::max(worst, (a - b).abs().max().item<double>());
+  }
+  return worst;
+}
+
+TEST(ModelRegistry, PublishedCheckpointsFineTuneInOurTokenOrderWithTheReferenceLogits) {
+  const auto tok = data::make_char_tokenizer();
+  for (const auto& [name, arch] : std::vector<std::pair<std::string, std::string>>{
+           {"hyenadna_causal", "hyena"}, {"caduceus_ps_mlm", "caduceus-ps"},
+           {"caduceus_ph_mlm", "caduceus"}}) {
+    SCOPED_TRACE(name);
+    auto config = tiny(arch, "pretrain");
+    config.model.init_from = fixture(name);
+    auto model = build_model_for(config, *tok, BuildContext{});
+    model->eval();
+    const auto expected = load_safetensors(fixture(name) + "/expected.safetensors");
+    const auto& their_ids = expected.at("input_ids");
+    const auto map =
+        character_vocabulary_map(*tok, fixture(name), /*their_vocab=*/12, model->spec().family);
+    ForwardInputs in;
+    in.input_ids = to_our_ids(their_ids, map);
+    torch::NoGradGuard no_grad;
+    const auto logits = model->forward(in).logits;
+    const double diff = max_mapped_diff(logits, expected.at("logits"), map);
+    EXPECT_LE(diff, 1e-4);
+    std::cout << name << " in our token order: max |ours - reference| = " << diff << "\n";
+    if (arch != "hyena") continue;
+    // Back to the hub's layout and ids: the reference's logits again, every row.
+    auto dir = temp_dir("hub_" + name);
+    ASSERT_TRUE(export_hf_directory(model, *tok, dir.string(), fixture(name)));
+    auto hub = hyena::load_hf_hyena(dir.string());
+    const double back = (hub->forward(their_ids) - expected.at("logits")).abs().max().item<double>();
+    EXPECT_LE(back, 1e-4);
+    std::cout << name << " exported back to the hub layout: max diff = " << back << "\n";
+  }
+}
+
+TEST(ModelRegistry, AModelDirectoryOfAnotherFamilyIsRefusedForModelArch) {
+  const auto tok = data::make_char_tokenizer();
+  auto config = tiny("bert", "pretrain");
+  config.model.init_from = fixture("hyenadna_causal");
+  expect_error([&] { build_model_for(config, *tok, BuildContext{}); }, ExitCode::kUsage,
+               {"hyenadna_causal", "hyena", "model.arch"});
+  config = tiny("hyena", "pretrain");
+  config.tokenizer.kind = "kmer";
+  config.model.init_from = fixture("hyenadna_causal");
+  expect_error([&] { build_model_for(config, *data::make_kmer_tokenizer(3, 1), BuildContext{}); },
+               ExitCode::kUsage, {"tokenizer.kind", "char"});
+}
+
+}  // namespace
+}  // namespace dnallm::models

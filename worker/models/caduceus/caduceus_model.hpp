@@ -1,0 +1,45 @@
+// Caduceus behind the model interface (Note [Model interface]): a masked LM (our [CLS] bases
+// [SEP] framing and masking) or a sequence classifier (mean over positions), with
+// reverse-complement parameter sharing for model.arch = "caduceus-ps" (RCPS: the complement map
+// comes from our tokenizer's bases) and without for "caduceus" (Caduceus-Ph: bidirectional
+// Mamba; RC averaging is then the caller's, e.g. data.reverse_complement). Published
+// checkpoints (model.init_from) are read in our token order (Note [Character vocabularies]).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "worker/models/caduceus/caduceus.hpp"
+#include "worker/models/family_io.hpp"
+#include "worker/models/language_model.hpp"
+#include "worker/models/registry.hpp"
+
+namespace dnallm::models::caduceus {
+
+class CaduceusModelImpl : public LanguageModelImpl {
+ public:
+  // `vocab_size`: our tokenizer's (the embedding may hold padding rows beyond it).
+  CaduceusModelImpl(CaduceusLM lm, int64_t vocab_size);
+
+  const ModelSpec& spec() const override { return spec_; }
+  ModelOutput forward(const ForwardInputs& inputs) override;
+  torch::Tensor encode(const ForwardInputs& inputs) override;
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override;
+  void set_activation_checkpointing(bool on) override;
+  // Parameters' 6/4 a token plus the selective scans: about 9 FLOPs a state element of each
+  // inner channel, per direction (and strand, with RCPS), forward and twice in backward.
+  double flops_per_token(int64_t seq_len) const override;
+  std::vector<std::pair<std::string, torch::Tensor>> named_weights() const override;
+  nlohmann::ordered_json export_config() const override;
+
+  CaduceusLM& lm() { return lm_; }
+
+ private:
+  CaduceusLM lm_;
+  ModelSpec spec_;
+};
+TORCH_MODULE(CaduceusModel);
+
+ModelFamily caduceus_family();
+
+}  // namespace dnallm::models::caduceus

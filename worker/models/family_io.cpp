@@ -1,0 +1,122 @@
+#include "worker/models/family_io.hpp"
+
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include <fmt/ranges.h>
+
+#include "core/error.hpp"
+#include "core/untrusted_file.hpp"
+#include "worker/data/tokenizer.hpp"
+#include "worker/models/hf_directory.hpp"
+#include "worker/models/transformer.hpp"
+
+namespace dnallm::models {
+namespace {
+
+// The CharacterTokenizer's special tokens, in id order (Note [Character vocabularies]).
+const char* const kTheirSpecials[] = {"[CLS]", "[SEP]", "[BOS]", "[MASK]",
+                                      "[PAD]", "[RESERVED]", "[UNK]"};
+constexpr int64_t kTheirFirstCharacter = 7;
+const char* const kTheirCharacters[] = {"A", "C", "G", "T", "N"};
+
+}  // namespace
+
+std::vector<int64_t> character_vocabulary_map(const data::Tokenizer& ours, const std::string& dir,
+                                              int64_t their_vocab, const std::string& family) {
+  DNALLM_CHECK(ours.kind() == "char", ExitCode::kUsage,
+               "model.init_from = \"{}\": {} reads one token a base; set tokenizer.kind = "
+               "\"char\" (here \"{}\")",
+               dir, family, ours.kind());
+  std::map<std::string, int64_t> theirs;
+  for (int64_t i = 0; i < int64_t(std::size(kTheirSpecials)); ++i) theirs[kTheirSpecials[i]] = i;
+  for (int64_t i = 0; i < int64_t(std::size(kTheirCharacters)); ++i) {
+    theirs[kTheirCharacters[i]] = kTheirFirstCharacter + i;
+  }
+  // A tokenizer_config.json that numbers its special tokens otherwise is another layout.
+  const std::string config_path = dir + "/tokenizer_config.json";
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(std::filesystem::symlink_status(config_path, ec))) {
+    const auto c = read_directory_json(config_path, "a tokenizer directory");
+    if (c.contains("added_tokens_decoder") && c["added_tokens_decoder"].is_object()) {
+      for (const auto& [id, token] : c["added_tokens_decoder"].items()) {
+        const auto content =
+            token.is_object() ? token.value("content", std::string()) : std::string();
+        const auto it = theirs.find(content);
+        DNALLM_CHECK(it != theirs.end() && std::to_string(it->second) == id, ExitCode::kUsage,
+                     "{}: token {} = {} is not {}'s character layout ([CLS] 0 [SEP] 1 [BOS] 2 "
+                     "[MASK] 3 [PAD] 4 [RESERVED] 5 [UNK] 6, then A C G T N)",
+                     config_path, clip_for_message(id), clip_for_message(content), family);
+      }
+    }
+  }
+  std::vector<int64_t> map(static_cast<size_t>(ours.vocab_size()), -1);
+  const std::map<int64_t, std::string> roles = {{data::kPadId, "[PAD]"},
+                                                {data::kUnkId, "[UNK]"},
+                                                {data::kClsId, "[CLS]"},
+                                                {data::kSepId, "[SEP]"},
+                                                {data::kMaskId, "[MASK]"}};
+  for (int64_t id = 0; id < ours.vocab_size(); ++id) {
+    const auto role = roles.find(id);
+    const std::string piece = role != roles.end() ? role->second : ours.id_to_piece(id);
+    const auto it = theirs.find(piece);
+    DNALLM_CHECK(it != theirs.end(), ExitCode::kUsage,
+                 "model.init_from = \"{}\": our token \"{}\" has no row in {}'s vocabulary "
+                 "(A C G T N and its special tokens)",
+                 dir, clip_for_message(piece), family);
+    DNALLM_CHECK(it->second < their_vocab, ExitCode::kUsage,
+                 "{}: vocab_size {} has no row for {} (id {})", dir, their_vocab, piece,
+                 it->second);
+    map[static_cast<size_t>(id)] = it->second;
+  }
+  return map;
+}
+
+torch::Tensor gather_rows(const torch::Tensor& theirs, const std::vector<int64_t>& map,
+                          const torch::Tensor& fresh) {
+  torch::NoGradGuard no_grad;
+  auto out = fresh.detach().clone();
+  for (size_t i = 0; i < map.size(); ++i) {
+    if (map[i] >= 0) out[static_cast<int64_t>(i)].copy_(theirs[map[i]]);
+  }
+  return out;
+}
+
+torch::Tensor scatter_rows(const torch::Tensor& ours, const std::vector<int64_t>& map,
+                           const torch::Tensor& base) {
+  torch::NoGradGuard no_grad;
+  auto out = base.detach().to(torch::kCPU).clone();
+  for (size_t i = 0; i < map.size(); ++i) {
+    if (map[i] >= 0) out[map[i]].copy_(ours[static_cast<int64_t>(i)]);
+  }
+  return out;
+}
+
+void load_named_tensors(const std::vector<std::pair<std::string, torch::Tensor>>& targets,
+                        const std::string& dir,
+                        const std::function<bool(const std::string&)>& derived) {
+  const std::string path = dir + "/model.safetensors";
+  auto weights = load_safetensors(path);
+  torch::NoGradGuard no_grad;
+  std::set<std::string> used;
+  for (const auto& [name, t] : targets) {
+    auto it = weights.find(name);
+    if (it == weights.end() && derived && derived(name)) continue;
+    DNALLM_CHECK(it != weights.end(), ExitCode::kBadData, "{} lacks tensor {}", path, name);
+    DNALLM_CHECK(it->second.sizes() == t.sizes(), ExitCode::kBadData,
+                 "{}: {} has shape {} but config.json implies {}", path, name,
+                 fmt::format("{}", fmt::join(it->second.sizes(), "x")),
+                 fmt::format("{}", fmt::join(t.sizes(), "x")));
+    auto& target = const_cast<torch::Tensor&>(t);
+    target.copy_(it->second);
+    used.insert(name);
+  }
+  for (const auto& [name, t] : weights) {
+    DNALLM_CHECK(used.count(name) != 0, ExitCode::kBadData,
+                 "{}: tensor {} is not part of the model config.json describes", path,
+                 clip_for_message(name));
+  }
+}
+
+}  // namespace dnallm::models

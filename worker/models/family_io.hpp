@@ -1,0 +1,49 @@
+// What the families with a module of their own (HyenaDNA, Caduceus) share: their published
+// checkpoints' character vocabulary, and strict loading of our model directory.
+//
+// Note [Character vocabularies]: HyenaDNA's and Caduceus' CharacterTokenizer number [CLS] 0,
+// [SEP] 1, [BOS] 2, [MASK] 3, [PAD] 4, [RESERVED] 5, [UNK] 6 and the characters from 7 (A C G
+// T N in the published models); ours numbers [PAD] 0 [UNK] 1 [CLS] 2 [SEP] 3 [MASK] 4 and the
+// bases from 5. Fine-tuning a published checkpoint (model.init_from) gathers its embedding and
+// output rows into our order once, so the data pipeline needs no second tokenizer; the export
+// to the hub layout (final/hf) scatters them back (rows we have no token for, [BOS] and
+// [RESERVED], come back as the checkpoint had them).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dnallm::data {
+class Tokenizer;
+}
+
+namespace dnallm::models {
+
+// Note [Character vocabularies]: our token id -> the checkpoint's (-1: none), for `ours` (one
+// token a base: tokenizer.kind = "char", else exit 2) against the CharacterTokenizer layout,
+// checked against `dir`'s tokenizer_config.json where it has one. `family` names the model in
+// messages.
+std::vector<int64_t> character_vocabulary_map(const data::Tokenizer& ours, const std::string& dir,
+                                              int64_t their_vocab, const std::string& family);
+
+// Rows `map[i]` of `theirs` ([their rows, ...]) in our order [map.size(), ...]; rows without a
+// counterpart keep `fresh`'s.
+torch::Tensor gather_rows(const torch::Tensor& theirs, const std::vector<int64_t>& map,
+                          const torch::Tensor& fresh);
+// The inverse: `base` (their layout) with rows map[i] replaced by ours[i].
+torch::Tensor scatter_rows(const torch::Tensor& ours, const std::vector<int64_t>& map,
+                           const torch::Tensor& base);
+
+// Every tensor of `targets` from <dir>/model.safetensors, by name; a missing tensor (unless
+// `derived` says it is computed from config.json, as a buffer the model regenerates), a shape
+// that disagrees or a tensor the model does not have is exit 5 naming it.
+void load_named_tensors(const std::vector<std::pair<std::string, torch::Tensor>>& targets,
+                        const std::string& dir,
+                        const std::function<bool(const std::string&)>& derived = nullptr);
+
+}  // namespace dnallm::models

@@ -1,0 +1,243 @@
+#include "worker/models/hyena/hyena_model.hpp"
+
+#include <cmath>
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+
+#include "core/error.hpp"
+#include "worker/data/tokenizer.hpp"
+#include "worker/models/hf_directory.hpp"
+#include "worker/models/transformer.hpp"
+
+namespace dnallm::models::hyena {
+namespace {
+
+// [model] and [lora] as HyenaDNA options: model.hidden = d_model, model.ffn = d_inner,
+// model.layers = n_layer, model.max_seq_length = max_seq_len (the filters' length).
+HyenaOptions options_from_config(const Config& config, int64_t vocab_size) {
+  const auto& m = config.model;
+  DNALLM_CHECK(m.task != "regression", ExitCode::kUsage,
+               "model.arch = \"hyena\" has no regression head: use model.task = \"pretrain\" or "
+               "\"classification\"");
+  DNALLM_CHECK(config.lora.r == 0, ExitCode::kUsage,
+               "lora.r = {}: HyenaDNA fine-tunes in full here (its linears carry no LoRA "
+               "adapters yet): set lora.r = 0",
+               config.lora.r);
+  DNALLM_CHECK(m.hidden > 0 && m.ffn > 0 && m.layers > 0 && m.max_seq_length > 1,
+               ExitCode::kUsage,
+               "model.hidden, model.ffn, model.layers must be positive and model.max_seq_length "
+               "> 1");
+  HyenaOptions o;
+  o.vocab_size = vocab_size;
+  o.d_model = m.hidden;
+  o.d_inner = m.ffn;
+  o.n_layer = m.layers;
+  o.max_seq_len = m.max_seq_length;
+  o.pad_token_id = data::kPadId;
+  o.classifier = m.task == "classification";
+  o.num_labels = m.num_labels;
+  o.gradient_checkpointing = m.gradient_checkpointing;
+  return o;
+}
+
+HyenaModel wrap(HyenaLM lm) { return HyenaModel(std::make_shared<HyenaModelImpl>(std::move(lm))); }
+
+// Tensors of `from` copied into `to` where name and shape agree (a fresh head stays fresh).
+int64_t copy_matching(const HyenaLM& from, HyenaLM& to) {
+  std::map<std::string, torch::Tensor> source;
+  for (auto& [name, t] : from->named_weights()) source.emplace(name, t);
+  torch::NoGradGuard no_grad;
+  int64_t copied = 0;
+  for (auto& [name, t] : to->named_weights()) {
+    auto it = source.find(name);
+    if (it == source.end() || it->second.sizes() != t.sizes()) continue;
+    t.copy_(it->second);
+    ++copied;
+  }
+  for (size_t i = 0; i < to->blocks.size() && i < from->blocks.size(); ++i) {
+    to->blocks[i]->mixer->filter_fn->stored_z = from->blocks[i]->mixer->filter_fn->stored_z;
+  }
+  return copied;
+}
+
+LanguageModel build(const Config& config, const data::Tokenizer& tokenizer,
+                    const BuildContext& /*context*/) {
+  torch::manual_seed(static_cast<uint64_t>(config.training.seed));
+  HyenaLM lm(options_from_config(config, tokenizer.vocab_size()));
+  if (!config.model.init_from.empty()) {  // one of our own HyenaDNA directories
+    auto base = load_exported_model(config.model.init_from);
+    auto* hyena = dynamic_cast<HyenaModelImpl*>(base.get());
+    DNALLM_CHECK(hyena != nullptr, ExitCode::kUsage,
+                 "model.init_from = \"{}\" holds a {} model, not HyenaDNA (model.arch = "
+                 "\"hyena\")",
+                 config.model.init_from, base->spec().family);
+    const auto copied = copy_matching(hyena->lm(), lm);
+    spdlog::info("initialised {} tensors from {}", copied, config.model.init_from);
+  }
+  return wrap(lm);
+}
+
+LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenizer) {
+  const auto& dir = config.model.init_from;
+  HyenaLM theirs = load_hf_hyena(dir);
+  const auto& t = theirs->options();
+  const auto map = character_vocabulary_map(tokenizer, dir, t.vocab_size, "HyenaDNA");
+  HyenaOptions o = t;
+  o.hf_config = nlohmann::json();  // ours: our vocabulary (export_config)
+  o.vocab_size = tokenizer.vocab_size();
+  o.pad_token_id = data::kPadId;
+  DNALLM_CHECK(config.model.task != "regression", ExitCode::kUsage,
+               "model.init_from = \"{}\": HyenaDNA has no regression head: use model.task = "
+               "\"pretrain\" or \"classification\"",
+               dir);
+  DNALLM_CHECK(config.lora.r == 0, ExitCode::kUsage,
+               "lora.r = {}: HyenaDNA fine-tunes in full here: set lora.r = 0", config.lora.r);
+  o.classifier = config.model.task == "classification";
+  o.num_labels = config.model.num_labels;
+  o.gradient_checkpointing = config.model.gradient_checkpointing;
+  torch::manual_seed(static_cast<uint64_t>(config.training.seed));
+  HyenaLM lm(o);
+  const int64_t copied = copy_matching(theirs, lm);
+  torch::NoGradGuard no_grad;
+  lm->word_embeddings->weight.copy_(
+      gather_rows(theirs->word_embeddings->weight, map, lm->word_embeddings->weight));
+  const bool same_head = o.classifier == t.classifier && (!o.classifier || o.num_labels == t.num_labels);
+  if (!o.classifier && !t.classifier) {
+    lm->head->weight.copy_(gather_rows(theirs->head->weight, map, lm->head->weight));
+  }
+  auto model = std::make_shared<HyenaModelImpl>(lm);
+  model->vocab_map = map;
+  model->source_options = t;
+  model->source_embedding = theirs->word_embeddings->weight.detach().clone();
+  if (!t.classifier) model->source_head = theirs->head->weight.detach().clone();
+  spdlog::info("initialised {} tensors from the HyenaDNA checkpoint {} (embedding rows in our "
+               "token order{})",
+               copied, dir, same_head ? "" : "; the task head is new");
+  return HyenaModel(model);
+}
+
+LanguageModel load_exported(const std::string& dir, const nlohmann::json& c) {
+  const std::string where = dir + "/config.json";
+  HyenaOptions o = options_from_hf_config(c, where);
+  const auto task = task_from_name(c.value("task", std::string("pretrain")), where);
+  DNALLM_CHECK(task != Task::kRegression, ExitCode::kUsage,
+               "{}: a HyenaDNA model has no regression head", where);
+  o.classifier = task == Task::kClassification;
+  if (o.classifier) {
+    o.num_labels = family_int(c, "num_labels", 2, 1, int64_t{1} << 16, where, "HyenaDNA");
+  }
+  HyenaLM lm(o);
+  load_named_tensors(lm->named_weights(), dir, [](const std::string& name) {
+    return name.find("modulation.deltas") != std::string::npos;  // regenerated (Note [Hyena])
+  });
+  lm->eval();
+  auto model = wrap(lm);
+  model->eval();
+  return model;
+}
+
+bool export_hf(LanguageModel& model, const data::Tokenizer& /*tokenizer*/, const std::string& dir,
+               const std::string& source_dir) {
+  auto* m = dynamic_cast<HyenaModelImpl*>(model.get());
+  DNALLM_CHECK(m != nullptr, ExitCode::kFailure, "internal: not a HyenaDNA model");
+  if (m->vocab_map.empty()) {  // built here: our vocabulary is the model's
+    export_hf_hyena(m->lm(), dir, source_dir);
+    return true;
+  }
+  // Note [Character vocabularies]: back to the checkpoint's token order.
+  HyenaOptions o = m->source_options;
+  const auto& ours = m->lm()->options();
+  o.classifier = ours.classifier;
+  o.num_labels = ours.num_labels;
+  if (!o.hf_config.is_null()) {
+    o.hf_config["architectures"] = {o.classifier ? "HyenaDNAForSequenceClassification"
+                                                 : "HyenaDNAForCausalLM"};
+    if (o.classifier) o.hf_config["num_labels"] = o.num_labels;
+  }
+  HyenaLM theirs(o);
+  copy_matching(m->lm(), theirs);
+  torch::NoGradGuard no_grad;
+  const auto cpu = [](const torch::Tensor& t) { return t.detach().to(torch::kCPU); };
+  theirs->word_embeddings->weight.copy_(scatter_rows(cpu(m->lm()->word_embeddings->weight),
+                                                     m->vocab_map, m->source_embedding));
+  if (!o.classifier) {
+    const auto base = m->source_head.defined() ? m->source_head : cpu(theirs->head->weight);
+    theirs->head->weight.copy_(scatter_rows(cpu(m->lm()->head->weight), m->vocab_map, base));
+  }
+  export_hf_hyena(theirs, dir, source_dir);
+  return true;
+}
+
+bool recognises_hf(const nlohmann::json& c) {
+  return c.is_object() && c.value("model_type", std::string()) == "hyenadna";
+}
+
+}  // namespace
+
+HyenaModelImpl::HyenaModelImpl(HyenaLM lm) : lm_(std::move(lm)) {
+  // The hub's names, unprefixed: this module holds the model's own children.
+  for (const auto& child : lm_->named_children()) register_module(child.key(), child.value());
+  const auto& o = lm_->options();
+  spec_.family = "hyena";
+  spec_.arch = Arch::kGpt;
+  spec_.task = o.classifier ? Task::kClassification : Task::kPretrain;
+  spec_.vocab_size = o.vocab_size;
+  spec_.hidden_size = o.d_model;
+  spec_.max_seq_length = o.max_seq_len;
+  spec_.num_labels = o.classifier ? o.num_labels : 2;
+  spec_.pad_id = o.pad_token_id;
+  spec_.shift_labels = true;
+}
+
+ModelOutput HyenaModelImpl::forward(const ForwardInputs& in) {
+  return loss_from_logits(lm_->forward(in.input_ids), in, spec_);
+}
+
+torch::Tensor HyenaModelImpl::encode(const ForwardInputs& in) { return lm_->hidden(in.input_ids); }
+
+std::vector<std::shared_ptr<torch::nn::Module>> HyenaModelImpl::blocks() const {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (const auto& b : lm_->blocks) out.push_back(b.ptr());
+  return out;
+}
+
+void HyenaModelImpl::set_activation_checkpointing(bool on) { lm_->set_gradient_checkpointing(on); }
+
+double HyenaModelImpl::flops_per_token(int64_t seq_len) const {
+  const auto& o = lm_->options();
+  const double n = 2.0 * double(std::max<int64_t>(seq_len, 1));
+  const double fft_per_point = 2.5 * std::log2(n);  // a real FFT of n points / n, FLOPs
+  // Three FFTs of 2L points per channel and layer over L tokens: 3 x 2 x fft_per_point a token;
+  // backward twice the forward.
+  return parameter_flops_per_token(*this) +
+         3.0 * double(o.n_layer) * double(o.d_model) * 3.0 * 2.0 * fft_per_point;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> HyenaModelImpl::named_weights() const {
+  return lm_->named_weights();
+}
+
+nlohmann::ordered_json HyenaModelImpl::export_config() const {
+  auto o = lm_->options();
+  o.hf_config = nlohmann::json();
+  nlohmann::ordered_json c = nlohmann::ordered_json::parse(hf_config_of(o).dump());
+  c["dnallm_arch"] = "hyena";
+  c["task"] = task_name(spec_.task);
+  return c;
+}
+
+ModelFamily hyena_family() {
+  ModelFamily f;
+  f.name = "hyena";
+  f.arches = {"hyena"};
+  f.exported_types = {"hyenadna"};
+  f.recognises_hf = recognises_hf;
+  f.build = build;
+  f.init_from_hf = init_from_hf;
+  f.load_exported = load_exported;
+  f.export_hf = export_hf;
+  return f;
+}
+
+}  // namespace dnallm::models::hyena

@@ -1,0 +1,49 @@
+// HyenaDNA behind the model interface (Note [Model interface]): a causal LM (next-token
+// pre-training, our [CLS] bases framing) or a sequence classifier on the last real token, as
+// a training run, dnallm-infer and dnallm-eval use any family. Parameter names are the hub's
+// (hyena.backbone...), so our model directory and the Hugging Face one share them.
+//
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "worker/models/family_io.hpp"
+#include "worker/models/hyena/hyena.hpp"
+#include "worker/models/language_model.hpp"
+#include "worker/models/registry.hpp"
+
+namespace dnallm::models::hyena {
+
+class HyenaModelImpl : public LanguageModelImpl {
+ public:
+  explicit HyenaModelImpl(HyenaLM lm);
+
+  const ModelSpec& spec() const override { return spec_; }
+  ModelOutput forward(const ForwardInputs& inputs) override;
+  torch::Tensor encode(const ForwardInputs& inputs) override;
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override;
+  void set_activation_checkpointing(bool on) override;
+  // Parameters' 6/4 a token plus the long convolutions: three real FFTs of 2L points a channel
+  // and layer (about 2.5 x 2L log2(2L) FLOPs each), forward and twice in backward.
+  double flops_per_token(int64_t seq_len) const override;
+  std::vector<std::pair<std::string, torch::Tensor>> named_weights() const override;
+  nlohmann::ordered_json export_config() const override;
+
+  HyenaLM& lm() { return lm_; }
+
+  // Set by an import with a vocabulary map (Note [Character vocabularies] in family_io.hpp):
+  // what export_hf needs to write the hub's layout back.
+  std::vector<int64_t> vocab_map;
+  HyenaOptions source_options;
+  torch::Tensor source_embedding, source_head;
+
+ private:
+  HyenaLM lm_;
+  ModelSpec spec_;
+};
+TORCH_MODULE(HyenaModel);
+
+ModelFamily hyena_family();
+
+}  // namespace dnallm::models::hyena
