@@ -1,5 +1,5 @@
 // The safetensors file format, written and parsed here and nowhere else (worker/ adapts
-// tensors to it: worker/models/transformer.hpp save_safetensors/load_safetensors):
+// tensors to it: worker/models/transformer/transformer.hpp save_safetensors/load_safetensors):
 //   1. an 8-byte little-endian header length N (N a multiple of 8: the header is padded
 //      with spaces so that the data section is 8-byte aligned);
 //   2. N bytes of JSON: {"__metadata__": {string: string}, "name": {"dtype": "F32",

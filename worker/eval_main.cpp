@@ -20,7 +20,7 @@
 #include "worker/data/pipeline.hpp"
 #include "worker/data/sequence_reader.hpp"
 #include "worker/infer/inference.hpp"
-#include "worker/models/hf_import.hpp"
+#include "worker/models/transformer/hf_import.hpp"
 #include "worker/train/data_source.hpp"
 #include "worker/train/trainer.hpp"
 

@@ -13,7 +13,7 @@
 #include "core/log.hpp"
 #include "core/worker_env.hpp"
 #include "worker/models/registry.hpp"
-#include "worker/models/hf_import.hpp"
+#include "worker/models/transformer/hf_import.hpp"
 #include "worker/parallel/process_group.hpp"
 #include "worker/train/auto_batch.hpp"
 #include "worker/train/data_source.hpp"

@@ -21,8 +21,8 @@
 
 #include "worker/data/tokenizer.hpp"
 #include "worker/infer/inference.hpp"
-#include "worker/models/quantized_linear.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/quantized_linear.hpp"
+#include "worker/models/transformer/transformer.hpp"
 
 namespace {
 

@@ -21,8 +21,8 @@
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/pipeline.hpp"
 #include "worker/data/tokenizer.hpp"
-#include "worker/models/hf_export.hpp"
-#include "worker/models/hf_import.hpp"
+#include "worker/models/transformer/hf_export.hpp"
+#include "worker/models/transformer/hf_import.hpp"
 
 namespace dnallm::models {
 namespace {

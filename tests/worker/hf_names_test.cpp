@@ -1,7 +1,7 @@
 // One table of parameter names per Hugging Face family, read both ways: export (ours ->
 // theirs) and import (theirs -> ours) agree on every name transformers uses, and each is the
 // other's inverse. Torch-free; the fixtures' round trips (hf_import_test) check the tensors.
-#include "worker/models/hf_names.hpp"
+#include "worker/models/transformer/hf_names.hpp"
 
 #include <gtest/gtest.h>
 

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models::hyena {
 namespace {

@@ -13,8 +13,8 @@
 #include "worker/data/sequence_reader.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/infer/inference.hpp"
-#include "worker/models/quantized_linear.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/quantized_linear.hpp"
+#include "worker/models/transformer/transformer.hpp"
 #include "worker/train/device_stats.hpp"
 
 namespace dnallm::infer {

@@ -14,7 +14,7 @@
 #include "worker/models/caduceus/caduceus_model.hpp"
 #include "worker/models/hyena/hyena_model.hpp"
 #include "worker/models/registry.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models {
 namespace {
@@ -41,7 +41,8 @@ void expect_error(F f, ExitCode code, const std::vector<std::string>& parts) {
     f();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), code) << e.what();
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    for (const auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
     return;
   }
   ADD_FAILURE() << "no error";
@@ -85,8 +86,11 @@ TEST(ModelRegistry, UnknownValuesAreExit2NamingThem) {
   std::ofstream(dir / "config.json") << R"({"model_type": "mamba2"})";
   expect_error([&] { load_exported_model(dir.string()); }, ExitCode::kUsage,
                {"mamba2", "dnallm-gpt", "hyenadna"});
-  expect_error([] { family_for_hf_config(nlohmann::json{{"model_type", "t5"}}, "x/config.json"); },
-               ExitCode::kUsage, {"x/config.json", "\"t5\"", "caduceus"});
+  expect_error(
+      [] {
+        family_for_hf_config(nlohmann::json{{"model_type", "t5"}}, "x/config.json");
+      },
+      ExitCode::kUsage, {"x/config.json", "\"t5\"", "caduceus"});
 }
 
 TEST(ModelRegistry, AnExportWithAnUnknownTaskOrPoolingIsRefusedNotGuessed) {
@@ -105,13 +109,13 @@ TEST(ModelRegistry, AnExportWithAnUnknownTaskOrPoolingIsRefusedNotGuessed) {
 
 TEST(ModelRegistry, EveryFamilyBuildsTrainsExportsAndLoadsBackExactly) {
   const auto tok = data::make_char_tokenizer();
-  for (const auto& [arch, task] : std::vector<std::pair<std::string, std::string>>{
-           {"bert", "pretrain"},
-           {"gpt", "classification"},
-           {"hyena", "pretrain"},
-           {"hyena", "classification"},
-           {"caduceus", "pretrain"},
-           {"caduceus-ps", "classification"}}) {
+  for (const auto& [arch, task] :
+       std::vector<std::pair<std::string, std::string>>{{"bert", "pretrain"},
+                                                        {"gpt", "classification"},
+                                                        {"hyena", "pretrain"},
+                                                        {"hyena", "classification"},
+                                                        {"caduceus", "pretrain"},
+                                                        {"caduceus-ps", "classification"}}) {
     SCOPED_TRACE(arch + " " + task);
     const auto config = tiny(arch, task);
     auto model = build_model_for(config, *tok, BuildContext{});
@@ -177,9 +181,10 @@ double max_mapped_diff(const torch::Tensor& ours, const torch::Tensor& theirs,
 
 TEST(ModelRegistry, PublishedCheckpointsFineTuneInOurTokenOrderWithTheReferenceLogits) {
   const auto tok = data::make_char_tokenizer();
-  for (const auto& [name, arch] : std::vector<std::pair<std::string, std::string>>{
-           {"hyenadna_causal", "hyena"}, {"caduceus_ps_mlm", "caduceus-ps"},
-           {"caduceus_ph_mlm", "caduceus"}}) {
+  for (const auto& [name, arch] :
+       std::vector<std::pair<std::string, std::string>>{{"hyenadna_causal", "hyena"},
+                                                        {"caduceus_ps_mlm", "caduceus-ps"},
+                                                        {"caduceus_ph_mlm", "caduceus"}}) {
     SCOPED_TRACE(name);
     auto config = tiny(arch, "pretrain");
     config.model.init_from = fixture(name);
@@ -201,7 +206,8 @@ TEST(ModelRegistry, PublishedCheckpointsFineTuneInOurTokenOrderWithTheReferenceL
     auto dir = temp_dir("hub_" + name);
     ASSERT_TRUE(export_hf_directory(model, *tok, dir.string(), fixture(name)));
     auto hub = hyena::load_hf_hyena(dir.string());
-    const double back = (hub->forward(their_ids) - expected.at("logits")).abs().max().item<double>();
+    const double back =
+        (hub->forward(their_ids) - expected.at("logits")).abs().max().item<double>();
     EXPECT_LE(back, 1e-4);
     std::cout << name << " exported back to the hub layout: max diff = " << back << "\n";
   }

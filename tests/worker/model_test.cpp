@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "core/error.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 #include "worker/optim/flat_adamw.hpp"
 
 namespace dnallm::models {

@@ -29,7 +29,7 @@
 #include "core/log.hpp"
 #include "core/worker_env.hpp"
 #include "worker/infer/inference.hpp"
-#include "worker/models/hf_import.hpp"
+#include "worker/models/transformer/hf_import.hpp"
 
 namespace {
 

@@ -31,9 +31,8 @@ bool is_table(const std::string& format) {
 
 // Reads up to `n` selected records; their framed token ids go to `rows`.
 size_t read_batch(SequenceInput& input, const data::Tokenizer& tokenizer,
-                  const models::ModelSpec& options, size_t n,
-                  std::vector<InputSequence>& records, std::vector<std::vector<int64_t>>& rows,
-                  RunCounts& counts) {
+                  const models::ModelSpec& options, size_t n, std::vector<InputSequence>& records,
+                  std::vector<std::vector<int64_t>>& rows, RunCounts& counts) {
   records.clear();
   rows.clear();
   InputSequence rec;
@@ -255,9 +254,9 @@ void Progress::finish() {
 // ---------------------------------------------------------------------------------------------
 // Commands
 
-RunCounts embed(models::LanguageModel model, const data::Tokenizer& tokenizer,
-                SequenceInput& input, uint64_t total, EmbeddingSink& sink,
-                const EmbedOptions& options, const torch::Device& device) {
+RunCounts embed(models::LanguageModel model, const data::Tokenizer& tokenizer, SequenceInput& input,
+                uint64_t total, EmbeddingSink& sink, const EmbedOptions& options,
+                const torch::Device& device) {
   torch::InferenceMode inference;
   RunCounts counts;
   Progress progress("embed", total);

@@ -18,7 +18,7 @@
 
 #include "worker/data/tokenizer.hpp"
 #include "worker/infer/embedding_writer.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::infer {
 

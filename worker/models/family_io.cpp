@@ -10,13 +10,13 @@
 #include "core/untrusted_file.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_directory.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models {
 namespace {
 
 // The CharacterTokenizer's special tokens, in id order (Note [Character vocabularies]).
-const char* const kTheirSpecials[] = {"[CLS]", "[SEP]", "[BOS]", "[MASK]",
+const char* const kTheirSpecials[] = {"[CLS]", "[SEP]",      "[BOS]", "[MASK]",
                                       "[PAD]", "[RESERVED]", "[UNK]"};
 constexpr int64_t kTheirFirstCharacter = 7;
 const char* const kTheirCharacters[] = {"A", "C", "G", "T", "N"};

@@ -78,12 +78,14 @@ ModelOutput loss_from_logits(const torch::Tensor& logits, const ForwardInputs& i
   auto flat_logits = scored.reshape({-1, scored.size(-1)});
   auto flat_labels = labels.reshape({-1});
   if (in.logits_for_labels_only) {
-    auto idx = in.label_index.defined() ? in.label_index : flat_labels.ne(-100).nonzero().squeeze(1);
+    auto idx =
+        in.label_index.defined() ? in.label_index : flat_labels.ne(-100).nonzero().squeeze(1);
     flat_logits = flat_logits.index_select(0, idx);
     flat_labels = flat_labels.index_select(0, idx);
   }
   out.loss_sum = F::cross_entropy(flat_logits.to(torch::kFloat32), flat_labels, ce);
-  out.loss_count = in.label_count >= 0 ? in.label_count : flat_labels.ne(-100).sum().item<int64_t>();
+  out.loss_count =
+      in.label_count >= 0 ? in.label_count : flat_labels.ne(-100).sum().item<int64_t>();
   out.logits = in.logits_for_labels_only ? flat_logits : logits;
   return out;
 }

@@ -15,10 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <cstddef>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -140,7 +140,7 @@ class LanguageModel : public torch::nn::ModuleHolder<LanguageModelImpl> {
  public:
   using Impl = LanguageModelImpl;
   LanguageModel(std::nullptr_t) : torch::nn::ModuleHolder<LanguageModelImpl>(nullptr) {}  // NOLINT
-  LanguageModel(std::shared_ptr<LanguageModelImpl> module)  // NOLINT
+  LanguageModel(std::shared_ptr<LanguageModelImpl> module)                                // NOLINT
       : torch::nn::ModuleHolder<LanguageModelImpl>(std::move(module)) {}
   template <typename Derived,
             typename = std::enable_if_t<std::is_base_of_v<LanguageModelImpl, Derived>>>

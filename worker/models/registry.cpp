@@ -10,7 +10,7 @@
 #include "core/untrusted_file.hpp"
 #include "worker/models/caduceus/caduceus_model.hpp"
 #include "worker/models/hyena/hyena_model.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models {
 namespace {
@@ -133,8 +133,8 @@ LanguageModel load_exported_model(const std::string& dir) {
       if (t == type) return f.load_exported(dir, c);
     }
   }
-  fail(ExitCode::kUsage, "{}: model_type \"{}\" is not a model of ours: known are {}",
-       config_path, clip_for_message(type), known(&ModelFamily::exported_types));
+  fail(ExitCode::kUsage, "{}: model_type \"{}\" is not a model of ours: known are {}", config_path,
+       clip_for_message(type), known(&ModelFamily::exported_types));
 }
 
 bool export_hf_directory(LanguageModel model, const data::Tokenizer& tokenizer,

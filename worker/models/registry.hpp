@@ -44,8 +44,8 @@ struct ModelFamily {
   // A Hugging Face directory in the family's layout next to our export (final/hf); false
   // when this model has no such layout (logged, not an error). `source_dir`: the directory it
   // was imported from, if any.
-  bool (*export_hf)(LanguageModel& model, const data::Tokenizer& tokenizer,
-                    const std::string& dir, const std::string& source_dir) = nullptr;
+  bool (*export_hf)(LanguageModel& model, const data::Tokenizer& tokenizer, const std::string& dir,
+                    const std::string& source_dir) = nullptr;
 };
 
 const std::vector<ModelFamily>& model_families();

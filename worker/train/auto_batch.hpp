@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/config.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 #include "worker/train/trainer.hpp"
 
 namespace dnallm::train {

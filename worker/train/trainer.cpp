@@ -112,8 +112,8 @@ models::BuildContext build_context(const Config& config) {
 
 namespace {
 
-// Note [Host-known batch facts] (worker/models/transformer.hpp): the facts the model would
-// otherwise read back from the device, computed here from the host batch. Every int64 array
+// Note [Host-known batch facts] (worker/models/transformer/transformer.hpp): the facts the model
+// would otherwise read back from the device, computed here from the host batch. Every int64 array
 // of the micro-batch goes into ONE host buffer (pinned on CUDA) and one non-blocking copy.
 class HostPack {
  public:
@@ -396,9 +396,7 @@ void Trainer::offloaded_update(const torch::Tensor& params, const torch::Tensor&
   params.copy_(host_params_, /*non_blocking=*/!device_.is_cpu());
 }
 
-double Trainer::flops_per_token(int64_t seq_len) const {
-  return model_->flops_per_token(seq_len);
-}
+double Trainer::flops_per_token(int64_t seq_len) const { return model_->flops_per_token(seq_len); }
 
 std::string Trainer::export_dir() const {
   if (!config_.training.output_dir.empty()) return config_.training.output_dir;

@@ -65,7 +65,7 @@
 #include "core/config.hpp"
 #include "core/metrics.hpp"
 #include "worker/data/batch.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 #include "worker/optim/flat_adamw.hpp"
 
 namespace dnallm::train {

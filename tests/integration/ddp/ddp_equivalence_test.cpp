@@ -117,8 +117,9 @@ TEST_F(DdpEquivalence, HyenaAndCaduceusTwoRanksEqualOneRank) {
   for (const char* arch : {"hyena", "caduceus-ps"}) {
     const std::string model = fmt::format("--set model.arch={} ", arch);
     const TrainRun one = train(fmt::format("ref_{}", arch), 1, 12, 1, model);
-    expect_equivalent(one, train(fmt::format("z1_{}", arch), 2, 3, 2, model + "--set parallel.zero_stage=1"),
-                      arch);
+    expect_equivalent(
+        one, train(fmt::format("z1_{}", arch), 2, 3, 2, model + "--set parallel.zero_stage=1"),
+        arch);
   }
 }
 

@@ -154,7 +154,8 @@ struct FusedScan : public torch::autograd::Function<FusedScan> {
     // dC_t = sum_d dy_t h_t, dB_t = sum_d dh_t delta_t u_t: contractions over the channels.
     auto dC = torch::einsum("bdtn,bdt->bnt", {H, dy});
     auto dB = torch::einsum("bdtn,bdt->bnt", {dH, dtu});
-    return {du, ddelta, dA_rows.sum(0), dB, dC, dD_rows.sum(0), dz, ddelta.sum(at::IntArrayRef{0, 2})};
+    return {
+        du, ddelta, dA_rows.sum(0), dB, dC, dD_rows.sum(0), dz, ddelta.sum(at::IntArrayRef{0, 2})};
   }
 };
 

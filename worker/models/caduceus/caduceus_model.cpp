@@ -102,9 +102,10 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
   if (!o.classifier && !t.classifier) {
     lm->head_weight.copy_(gather_rows(theirs->head_weight, map, lm->head_weight));
   }
-  spdlog::info("initialised {} tensors from the Caduceus checkpoint {} (embedding rows in our "
-               "token order{})",
-               copied, dir, o.classifier == t.classifier ? "" : "; the task head is new");
+  spdlog::info(
+      "initialised {} tensors from the Caduceus checkpoint {} (embedding rows in our "
+      "token order{})",
+      copied, dir, o.classifier == t.classifier ? "" : "; the task head is new");
   return wrap(lm, tokenizer.vocab_size());
 }
 

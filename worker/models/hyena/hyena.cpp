@@ -9,7 +9,7 @@
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
 #include "worker/models/hf_directory.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 #include "worker/tensor_buffer.hpp"
 
 namespace dnallm::models::hyena {

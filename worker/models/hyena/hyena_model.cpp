@@ -8,7 +8,7 @@
 #include "core/error.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_directory.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models::hyena {
 namespace {
@@ -24,8 +24,7 @@ HyenaOptions options_from_config(const Config& config, int64_t vocab_size) {
                "lora.r = {}: HyenaDNA fine-tunes in full here (its linears carry no LoRA "
                "adapters yet): set lora.r = 0",
                config.lora.r);
-  DNALLM_CHECK(m.hidden > 0 && m.ffn > 0 && m.layers > 0 && m.max_seq_length > 1,
-               ExitCode::kUsage,
+  DNALLM_CHECK(m.hidden > 0 && m.ffn > 0 && m.layers > 0 && m.max_seq_length > 1, ExitCode::kUsage,
                "model.hidden, model.ffn, model.layers must be positive and model.max_seq_length "
                "> 1");
   HyenaOptions o;
@@ -102,7 +101,8 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
   torch::NoGradGuard no_grad;
   lm->word_embeddings->weight.copy_(
       gather_rows(theirs->word_embeddings->weight, map, lm->word_embeddings->weight));
-  const bool same_head = o.classifier == t.classifier && (!o.classifier || o.num_labels == t.num_labels);
+  const bool same_head =
+      o.classifier == t.classifier && (!o.classifier || o.num_labels == t.num_labels);
   if (!o.classifier && !t.classifier) {
     lm->head->weight.copy_(gather_rows(theirs->head->weight, map, lm->head->weight));
   }
@@ -111,9 +111,10 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
   model->source_options = t;
   model->source_embedding = theirs->word_embeddings->weight.detach().clone();
   if (!t.classifier) model->source_head = theirs->head->weight.detach().clone();
-  spdlog::info("initialised {} tensors from the HyenaDNA checkpoint {} (embedding rows in our "
-               "token order{})",
-               copied, dir, same_head ? "" : "; the task head is new");
+  spdlog::info(
+      "initialised {} tensors from the HyenaDNA checkpoint {} (embedding rows in our "
+      "token order{})",
+      copied, dir, same_head ? "" : "; the task head is new");
   return HyenaModel(model);
 }
 
@@ -159,8 +160,8 @@ bool export_hf(LanguageModel& model, const data::Tokenizer& /*tokenizer*/, const
   copy_matching(m->lm(), theirs);
   torch::NoGradGuard no_grad;
   const auto cpu = [](const torch::Tensor& t) { return t.detach().to(torch::kCPU); };
-  theirs->word_embeddings->weight.copy_(scatter_rows(cpu(m->lm()->word_embeddings->weight),
-                                                     m->vocab_map, m->source_embedding));
+  theirs->word_embeddings->weight.copy_(
+      scatter_rows(cpu(m->lm()->word_embeddings->weight), m->vocab_map, m->source_embedding));
   if (!o.classifier) {
     const auto base = m->source_head.defined() ? m->source_head : cpu(theirs->head->weight);
     theirs->head->weight.copy_(scatter_rows(cpu(m->lm()->head->weight), m->vocab_map, base));

@@ -19,7 +19,7 @@
 
 #include <string>
 
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::data {
 class Tokenizer;
@@ -60,6 +60,6 @@ void export_peft_adapter(TransformerLM& model, const std::string& adapter_dir,
 // tokenizer). What has no transformers equivalent is skipped with a warning naming why (the
 // model's own export next to it is unaffected); returns false then.
 bool export_hf_transformer(TransformerLM& model, const data::Tokenizer& tokenizer,
-                         const std::string& dir, const std::string& source_dir = "");
+                           const std::string& dir, const std::string& source_dir = "");
 
 }  // namespace dnallm::models

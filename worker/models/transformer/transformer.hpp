@@ -37,7 +37,7 @@
 #include "core/config.hpp"
 #include "worker/models/language_model.hpp"
 #include "worker/models/registry.hpp"
-#include "worker/models/quantized_linear.hpp"
+#include "worker/models/transformer/quantized_linear.hpp"
 
 namespace dnallm::models {
 
@@ -67,7 +67,7 @@ struct ModelOptions {
   // when false labels[i] is already the target of position i.
   bool shift_labels = true;
   int64_t pad_id = 0;
-  // Variants that imported Hugging Face models need (worker/models/hf_import.hpp); the
+  // Variants that imported Hugging Face models need (worker/models/transformer/hf_import.hpp); the
   // defaults are this project's own pre-LN model.
   // post_layer_norm: BERT's post-LN blocks, LN(x + Attn(x)) then LN(y + FFN(y)), and no final
   // norm. embedding_layer_norm: a LayerNorm after the embedding sum (<root>.embeddings.LayerNorm).

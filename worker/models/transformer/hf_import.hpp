@@ -32,7 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/models/registry.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::data {
 class Tokenizer;

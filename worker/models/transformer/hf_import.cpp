@@ -1,4 +1,4 @@
-#include "worker/models/hf_import.hpp"
+#include "worker/models/transformer/hf_import.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -17,8 +17,8 @@
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_directory.hpp"
-#include "worker/models/hf_names.hpp"
 #include "worker/models/torch_pickle.hpp"
+#include "worker/models/transformer/hf_names.hpp"
 
 namespace dnallm::models {
 namespace {
@@ -720,8 +720,8 @@ void check_against_model(const std::string& weights_path, const HfCheckpoint& h)
 bool is_transformer_hf_config(const json& c) {
   if (nt_v2_remote_code(c)) return true;
   const auto type = c.value("model_type", std::string());
-  return type == "bert" || type == "esm" || type == "roberta-prelayernorm" ||
-         type == "gpt_neox" || type == "llama";
+  return type == "bert" || type == "esm" || type == "roberta-prelayernorm" || type == "gpt_neox" ||
+         type == "llama";
 }
 
 bool is_hf_model_dir(const std::string& dir) {

@@ -8,11 +8,11 @@
 #include "core/error.hpp"
 #include "core/host_memory.hpp"
 #include "worker/data/tokenizer.hpp"
-#include "worker/models/hf_export.hpp"
-#include "worker/models/hf_import.hpp"
-#include "worker/models/quantized_linear.hpp"
 #include "worker/models/registry.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/hf_export.hpp"
+#include "worker/models/transformer/hf_import.hpp"
+#include "worker/models/transformer/quantized_linear.hpp"
+#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models {
 
@@ -106,7 +106,6 @@ TransformerLM build_transformer(const Config& config, int64_t vocab_size,
   }
   return model;
 }
-
 
 ModelFamily transformer_family() {
   ModelFamily f;

@@ -1,4 +1,4 @@
-#include "worker/models/quantized_linear.hpp"
+#include "worker/models/transformer/quantized_linear.hpp"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "core/error.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models {
 namespace {

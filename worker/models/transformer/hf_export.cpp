@@ -1,4 +1,4 @@
-#include "worker/models/hf_export.hpp"
+#include "worker/models/transformer/hf_export.hpp"
 
 #include <filesystem>
 #include <fstream>
@@ -13,7 +13,7 @@
 #include "core/untrusted_file.hpp"
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
-#include "worker/models/hf_names.hpp"
+#include "worker/models/transformer/hf_names.hpp"
 
 namespace dnallm::models {
 namespace {
@@ -714,7 +714,7 @@ void export_peft_adapter(TransformerLM& model, const std::string& adapter_dir,
 }
 
 bool export_hf_transformer(TransformerLM& model, const data::Tokenizer& tokenizer,
-                         const std::string& dir, const std::string& source_dir) {
+                           const std::string& dir, const std::string& source_dir) {
   try {
     const auto arch = model->options().arch;
     export_hf_tokenizer(tokenizer, arch, model->options().max_seq_length, dir);

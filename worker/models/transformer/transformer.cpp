@@ -1,4 +1,4 @@
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 
 #include <torch/version.h>
 
@@ -698,7 +698,9 @@ double TransformerLMImpl::flops_per_token(int64_t seq_len) const {
          12.0 * double(options_.layers) * double(options_.hidden) * double(seq_len);
 }
 
-nlohmann::ordered_json TransformerLMImpl::export_config() const { return models::export_config(options_); }
+nlohmann::ordered_json TransformerLMImpl::export_config() const {
+  return models::export_config(options_);
+}
 
 void TransformerLMImpl::enable_lora(int64_t r) {
   if (r > 0) options_.lora_r = r;
@@ -1161,10 +1163,10 @@ TransformerLM load_exported_transformer(const std::string& dir, const nlohmann::
     o.linear_bias = c.value("linear_bias", true);
     const auto gate = c.value("gate_activation", std::string("silu"));
     DNALLM_CHECK(gate == "silu" || gate == "gelu", ExitCode::kUsage,
-                 "{}: gate_activation \"{}\" is not supported (\"silu\" or \"gelu\")",
-                 config_path, clip_for_message(gate));
-    o.gate_activation = gate == "gelu" ? ModelOptions::GateActivation::kGelu
-                                       : ModelOptions::GateActivation::kSilu;
+                 "{}: gate_activation \"{}\" is not supported (\"silu\" or \"gelu\")", config_path,
+                 clip_for_message(gate));
+    o.gate_activation =
+        gate == "gelu" ? ModelOptions::GateActivation::kGelu : ModelOptions::GateActivation::kSilu;
     o.ffn_in_bias = c.value("ffn_in_bias", true);
     o.ffn_bias = c.value("ffn_bias", true);
   } catch (const Error&) {
