@@ -10,7 +10,10 @@ defining selective_scan_fn = that repository's selective_scan_ref (and mamba_inn
 mamba_ssm/ops/triton/layer_norm.py defining RMSNorm as its rms_norm_ref computes it (and
 layer_norm_fn = rms_norm_fn = None), plus einops on the path. Without them this script exits 0
 with a message (CI cannot fetch them). The caduceus code needs one patch for transformers 5:
-tie_weights() must accept the keyword recompute_mapping (the fixture README says so).
+tie_weights() must accept the keyword recompute_mapping (the fixture README says so; `def
+tie_weights(self, *args, **kwargs)` does).
+tests/hf/check_caduceus_export.py loads our exports of these fixtures with the same code
+(worker_caduceus_test writes them with DNALLM_CADUCEUS_EXPORT_KEEP=DIR).
 
   python tests/hf/make_caduceus_fixtures.py --code DIR --mamba DIR --out tests/data/hf-fixtures
 

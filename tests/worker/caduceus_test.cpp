@@ -43,6 +43,58 @@ torch::Tensor reverse_complement(const torch::Tensor& ids, const torch::Tensor& 
   return complement.index({ids.flip({-1})});
 }
 
+// Import a fixture, export it, import the export: the same logits, and model.safetensors holds
+// the fixture's tensors (names, shapes, dtypes, values) plus only the second names of BiMamba's
+// tied projections (Note [Caduceus tied projections]), equal to the first.
+TEST(Caduceus, ExportIsTheLayoutItCameInAndLoadsBackExactly) {
+  for (const char* name : {"caduceus_ph_mlm", "caduceus_ps_mlm", "caduceus_ps_cls"}) {
+    SCOPED_TRACE(name);
+    auto model = load_hf_caduceus(fixture(name));
+    // DNALLM_CADUCEUS_EXPORT_KEEP=DIR keeps the exports in DIR/<fixture> for
+    // tests/hf/check_caduceus_export.py (kuleshov-group's code loads them).
+    const char* keep = std::getenv("DNALLM_CADUCEUS_EXPORT_KEEP");
+    const auto out =
+        keep != nullptr && *keep != '\0'
+            ? std::string(keep) + "/" + name
+            : (fs::temp_directory_path() /
+               ("dnallm_caduceus_export_" + std::string(name) + std::to_string(::getpid())))
+                  .string();
+    fs::remove_all(out);
+    export_hf_caduceus(model, out, fixture(name));
+    const auto config = nlohmann::json::parse(std::ifstream(out + "/config.json"));
+    const auto source = nlohmann::json::parse(std::ifstream(fixture(name) + "/config.json"));
+    EXPECT_EQ(config.at("auto_map").at("AutoModelForMaskedLM"),
+              "modeling_caduceus.CaduceusForMaskedLM");
+    for (const auto& [key, value] : source.items()) EXPECT_EQ(config.at(key), value) << key;
+    const auto want = load_safetensors(fixture(name) + "/model.safetensors");
+    const auto got = load_safetensors(out + "/model.safetensors");
+    for (const auto& [key, t] : want) {
+      SCOPED_TRACE(key);
+      ASSERT_EQ(got.count(key), 1u);
+      EXPECT_EQ(got.at(key).sizes(), t.sizes());
+      EXPECT_EQ(got.at(key).scalar_type(), t.scalar_type());
+      EXPECT_TRUE(torch::equal(got.at(key), t));
+    }
+    size_t tied = 0;
+    for (const auto& [key, t] : got) {
+      if (want.count(key) != 0) continue;
+      SCOPED_TRACE(key);
+      const auto at = key.find(".mamba_rev.");
+      ASSERT_NE(at, std::string::npos);
+      EXPECT_TRUE(key.find(".in_proj.") != std::string::npos ||
+                  key.find(".out_proj.") != std::string::npos);
+      EXPECT_TRUE(torch::equal(t, got.at(key.substr(0, at) + ".mamba_fwd." + key.substr(at + 11))));
+      ++tied;
+    }
+    EXPECT_EQ(tied, 2u * size_t(model->options().n_layer));
+    auto again = load_hf_caduceus(out);
+    const auto ids = load_safetensors(fixture(name) + "/expected.safetensors").at("input_ids");
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(torch::equal(model->forward(ids), again->forward(ids)));
+    if (keep == nullptr || *keep == '\0') fs::remove_all(out);
+  }
+}
+
 TEST(Caduceus, RcpsIsReverseComplementEquivariantAtAnyLength) {
   auto mlm = load_hf_caduceus(fixture("caduceus_ps_mlm"));
   auto cls = load_hf_caduceus(fixture("caduceus_ps_cls"));

@@ -2,7 +2,7 @@
 // values are exit 2 naming them; HyenaDNA and Caduceus behind the interface train, export and
 // load back exactly; a published checkpoint read in our token order (Note [Character
 // vocabularies]) computes the reference's logits (tests/data/hf-fixtures, made by the
-// reference code), and HyenaDNA's export to the hub layout computes them again.
+// reference code), and its export to the hub layout computes them again.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -201,13 +201,12 @@ TEST(ModelRegistry, PublishedCheckpointsFineTuneInOurTokenOrderWithTheReferenceL
     const double diff = max_mapped_diff(logits, expected.at("logits"), map);
     EXPECT_LE(diff, 1e-4);
     std::cout << name << " in our token order: max |ours - reference| = " << diff << "\n";
-    if (arch != "hyena") continue;
     // Back to the hub's layout and ids: the reference's logits again, every row.
     auto dir = temp_dir("hub_" + name);
     ASSERT_TRUE(export_hf_directory(model, *tok, dir.string(), fixture(name)));
-    auto hub = hyena::load_hf_hyena(dir.string());
-    const double back =
-        (hub->forward(their_ids) - expected.at("logits")).abs().max().item<double>();
+    const auto hub = arch == "hyena" ? hyena::load_hf_hyena(dir.string())->forward(their_ids)
+                                     : caduceus::load_hf_caduceus(dir.string())->forward(their_ids);
+    const double back = (hub - expected.at("logits")).abs().max().item<double>();
     EXPECT_LE(back, 1e-4);
     std::cout << name << " exported back to the hub layout: max diff = " << back << "\n";
   }

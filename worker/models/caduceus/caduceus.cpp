@@ -5,10 +5,12 @@
 #include <map>
 #include <set>
 
+#include "checkpoint/durable_io.hpp"
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
 #include "worker/models/hf_directory.hpp"
+#include "worker/models/transformer.hpp"
 #include "worker/tensor_buffer.hpp"
 
 namespace dnallm::models::caduceus {
@@ -459,6 +461,81 @@ CaduceusLM load_hf_caduceus(const std::string& dir) {
   }
   model->eval();
   return model;
+}
+
+json hf_config_of(const CaduceusOptions& o) {
+  json ssm = {
+      {"d_state", o.d_state}, {"d_conv", o.d_conv}, {"expand", o.expand}, {"dt_rank", o.dt_rank}};
+  json config = {{"model_type", "caduceus"},
+                 {"architectures",
+                  {o.classifier ? "CaduceusForSequenceClassification" : "CaduceusForMaskedLM"}},
+                 {"d_model", o.d_model},
+                 {"n_layer", o.n_layer},
+                 {"vocab_size", o.vocab_size},
+                 {"pad_vocab_size_multiple", 8},
+                 {"ssm_cfg", ssm},
+                 {"rms_norm", o.rms_norm},
+                 {"norm_epsilon", o.norm_eps},
+                 {"residual_in_fp32", false},
+                 {"fused_add_norm", false},
+                 {"bidirectional", o.bidirectional},
+                 {"bidirectional_strategy", "add"},
+                 {"bidirectional_weight_tie", true},
+                 {"rcps", o.rcps},
+                 {"pad_token_id", 4}};
+  if (!o.complement.empty()) {
+    json map = json::object();
+    for (size_t i = 0; i < o.complement.size(); ++i) map[std::to_string(i)] = o.complement[i];
+    config["complement_map"] = map;
+  }
+  if (o.classifier) config["num_labels"] = o.num_labels;
+  return config;
+}
+
+void export_hf_caduceus(CaduceusLM& model, const std::string& dir,
+                        const std::string& tokenizer_from) {
+  namespace fs = std::filesystem;
+  const auto& o = model->options();
+  json config = o.hf_config.is_null() ? hf_config_of(o) : o.hf_config;
+  if (!config.contains("auto_map")) {
+    config["auto_map"] = {{"AutoConfig", "configuration_caduceus.CaduceusConfig"},
+                          {"AutoModel", "modeling_caduceus.Caduceus"},
+                          {"AutoModelForMaskedLM", "modeling_caduceus.CaduceusForMaskedLM"},
+                          {"AutoModelForSequenceClassification",
+                           "modeling_caduceus.CaduceusForSequenceClassification"}};
+  }
+  torch::NoGradGuard no_grad;
+  const auto cpu = [](const Tensor& t) { return t.detach().to(torch::kCPU).contiguous(); };
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  const auto embedding = cpu(model->word_embeddings->weight);
+  for (const auto& [name, t] : hf_names(*model)) {
+    // Note [Caduceus tied projections].
+    if (name == "lm_head.lm_head.weight" && torch::equal(cpu(t), embedding)) continue;
+    tensors.emplace_back(name, cpu(t));
+    const auto fwd = name.find(".mamba_fwd.");
+    if (o.bidirectional && fwd != std::string::npos &&
+        (name.find(".in_proj.") != std::string::npos ||
+         name.find(".out_proj.") != std::string::npos)) {
+      tensors.emplace_back(name.substr(0, fwd) + ".mamba_rev." + name.substr(fwd + 11), cpu(t));
+    }
+  }
+  if (o.rcps) {  // RCPSEmbedding's and RCPSLMHead's buffers, as the hub code saves them
+    tensors.emplace_back("caduceus.backbone.embeddings.word_embeddings.complement_map",
+                         cpu(model->complement));
+    if (!o.classifier) tensors.emplace_back("lm_head.complement_map", cpu(model->complement));
+  }
+  fs::create_directories(dir);
+  save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  checkpoint::write_file_durable(fs::path(dir) / "config.json", config.dump(2) + "\n");
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    const fs::path from = fs::path(tokenizer_from) / name;
+    std::error_code ec;
+    if (!tokenizer_from.empty() && fs::is_regular_file(fs::symlink_status(from, ec))) {
+      checkpoint::write_file_durable(fs::path(dir) / name,
+                                     read_bounded_file(from.string(), kMaxConfigFileBytes,
+                                                       ExitCode::kUsage, "tokenizer file"));
+    }
+  }
 }
 
 }  // namespace dnallm::models::caduceus

@@ -13,7 +13,8 @@
 // Heads: masked LM (lm_head, tied to the embedding in the published models; the RCPS head adds
 // the complement-permuted logits of the second half) and sequence classification (score, mean
 // pooling over every position; RCPS: the two halves' logits averaged).
-// Parameter names are the Hugging Face ones (caduceus.backbone...), so export is the identity.
+// Parameter names map one to one onto the Hugging Face ones (caduceus.backbone...): hf_names in
+// caduceus.cpp, used by import and export alike.
 #pragma once
 
 #include <torch/torch.h>
@@ -107,5 +108,22 @@ CaduceusOptions options_from_hf_config(const nlohmann::json& config, const std::
 // A Hugging Face Caduceus directory (config.json of model_type "caduceus", model.safetensors).
 // A missing or unexpected tensor, a shape that disagrees with config.json: exit 2 naming it.
 CaduceusLM load_hf_caduceus(const std::string& dir);
+
+// The hub's config.json for `o` (what export_hf_caduceus writes for a model built in code).
+nlohmann::json hf_config_of(const CaduceusOptions& o);
+
+// Writes `model` to `dir` in kuleshov-group's layout, so their hub code loads it: config.json
+// (the imported one, or one built from the options; the hub code's auto_map added when it has
+// none), model.safetensors (every tensor under the name load_hf_caduceus reads it from, the RCPS
+// complement_map buffers, and Note [Caduceus tied projections]) and, when `tokenizer_from` names
+// a directory holding one, its tokenizer_config.json and special_tokens_map.json.
+// Note [Caduceus tied projections]: BiMamba's mamba_rev uses mamba_fwd's in_proj and out_proj.
+// Files written by safetensors' save_model hold such a tensor once (the fixtures do), and the hub
+// code under transformers 5 then leaves mamba_rev's copy uninitialised (its logits are NaN), so
+// the export writes them under both names; the import reads mamba_fwd's. The RCPS masked LM's
+// lm_head.lm_head.weight is written only when it differs from the embedding it is tied to (the
+// hub code's tie_weights sets it).
+void export_hf_caduceus(CaduceusLM& model, const std::string& dir,
+                        const std::string& tokenizer_from = "");
 
 }  // namespace dnallm::models::caduceus

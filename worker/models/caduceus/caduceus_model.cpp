@@ -109,29 +109,6 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
   return wrap(lm, tokenizer.vocab_size());
 }
 
-nlohmann::json config_of(const CaduceusOptions& o) {
-  nlohmann::json c = {{"model_type", "caduceus"},
-                      {"d_model", o.d_model},
-                      {"n_layer", o.n_layer},
-                      {"vocab_size", o.vocab_size},
-                      {"pad_vocab_size_multiple", 1},
-                      {"ssm_cfg",
-                       {{"d_state", o.d_state},
-                        {"d_conv", o.d_conv},
-                        {"expand", o.expand},
-                        {"dt_rank", o.dt_rank}}},
-                      {"rms_norm", o.rms_norm},
-                      {"norm_epsilon", o.norm_eps},
-                      {"rcps", o.rcps},
-                      {"bidirectional", o.bidirectional}};
-  if (!o.complement.empty()) {
-    nlohmann::json map = nlohmann::json::object();
-    for (size_t i = 0; i < o.complement.size(); ++i) map[std::to_string(i)] = o.complement[i];
-    c["complement_map"] = map;
-  }
-  return c;
-}
-
 LanguageModel load_exported(const std::string& dir, const nlohmann::json& c) {
   const std::string where = dir + "/config.json";
   CaduceusOptions o = options_from_hf_config(c, where);
@@ -150,6 +127,43 @@ LanguageModel load_exported(const std::string& dir, const nlohmann::json& c) {
                      [](const std::string& name) { return name == "complement"; });
   model->eval();
   return model;
+}
+
+bool export_hf(LanguageModel& model, const data::Tokenizer& /*tokenizer*/, const std::string& dir,
+               const std::string& source_dir) {
+  auto* m = dynamic_cast<CaduceusModelImpl*>(model.get());
+  DNALLM_CHECK(m != nullptr, ExitCode::kFailure, "internal: not a Caduceus model");
+  if (m->vocab_map.empty()) {  // built here: our vocabulary is the model's
+    export_hf_caduceus(m->lm(), dir, source_dir);
+    return true;
+  }
+  // Note [Character vocabularies]: back to the checkpoint's token order and complement map.
+  CaduceusOptions o = m->source_options;
+  const auto& ours = m->lm()->options();
+  o.classifier = ours.classifier;
+  o.num_labels = ours.num_labels;
+  if (!o.hf_config.is_null()) {
+    o.hf_config["architectures"] = {o.classifier ? "CaduceusForSequenceClassification"
+                                                 : "CaduceusForMaskedLM"};
+    if (o.classifier) o.hf_config["num_labels"] = o.num_labels;
+  }
+  CaduceusLM theirs(o);
+  std::map<std::string, torch::Tensor> source;
+  for (const auto& p : m->lm()->named_parameters()) source.emplace(p.key(), p.value());
+  torch::NoGradGuard no_grad;
+  for (auto& p : theirs->named_parameters()) {
+    auto it = source.find(p.key());
+    if (it != source.end() && it->second.sizes() == p.value().sizes()) p.value().copy_(it->second);
+  }
+  const auto cpu = [](const torch::Tensor& t) { return t.detach().to(torch::kCPU); };
+  theirs->word_embeddings->weight.copy_(
+      scatter_rows(cpu(m->lm()->word_embeddings->weight), m->vocab_map, m->source_embedding));
+  if (!o.classifier) {
+    const auto base = m->source_head.defined() ? m->source_head : cpu(theirs->head_weight);
+    theirs->head_weight.copy_(scatter_rows(cpu(m->lm()->head_weight), m->vocab_map, base));
+  }
+  export_hf_caduceus(theirs, dir, source_dir);
+  return true;
 }
 
 bool recognises_hf(const nlohmann::json& c) {
@@ -209,7 +223,9 @@ std::vector<std::pair<std::string, torch::Tensor>> CaduceusModelImpl::named_weig
 }
 
 nlohmann::ordered_json CaduceusModelImpl::export_config() const {
-  auto c = nlohmann::ordered_json::parse(config_of(lm_->options()).dump());
+  auto o = lm_->options();
+  o.hf_config = nlohmann::json();
+  auto c = nlohmann::ordered_json::parse(hf_config_of(o).dump());
   c["dnallm_arch"] = lm_->options().rcps ? "caduceus-ps" : "caduceus";
   c["dnallm_vocab_size"] = spec_.vocab_size;
   c["task"] = task_name(spec_.task);
@@ -226,7 +242,8 @@ ModelFamily caduceus_family() {
   f.build = build;
   f.init_from_hf = init_from_hf;
   f.load_exported = load_exported;
-  return f;  // export_hf: the hub layout's writer is not there yet (logged, not an error)
+  f.export_hf = export_hf;
+  return f;
 }
 
 }  // namespace dnallm::models::caduceus

@@ -3,7 +3,8 @@
 // reverse-complement parameter sharing for model.arch = "caduceus-ps" (RCPS: the complement map
 // comes from our tokenizer's bases) and without for "caduceus" (Caduceus-Ph: bidirectional
 // Mamba; RC averaging is then the caller's, e.g. data.reverse_complement). Published
-// checkpoints (model.init_from) are read in our token order (Note [Character vocabularies]).
+// checkpoints (model.init_from) are read in our token order (Note [Character vocabularies]) and
+// exported back in theirs (final/hf).
 #pragma once
 
 #include <string>
@@ -33,6 +34,12 @@ class CaduceusModelImpl : public LanguageModelImpl {
   nlohmann::ordered_json export_config() const override;
 
   CaduceusLM& lm() { return lm_; }
+
+  // Set by an import (Note [Character vocabularies] in family_io.hpp): what export_hf needs to
+  // write the hub's layout back in its token order.
+  std::vector<int64_t> vocab_map;
+  CaduceusOptions source_options;
+  torch::Tensor source_embedding, source_head;
 
  private:
   CaduceusLM lm_;

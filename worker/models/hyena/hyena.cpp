@@ -132,11 +132,23 @@ HyenaFilterImpl::HyenaFilterImpl(const HyenaOptions& o) {
                                      .view({1, 1, o.d_model}));
 }
 
-Tensor HyenaFilterImpl::filter(const Tensor& z_in, const Tensor& t) {
-  const auto z = stored_z.defined() ? stored_z.slice(0, 0, z_in.size(0)) : z_in;
+Tensor HyenaFilterImpl::hidden(const Tensor& z_in, int64_t first) {
+  const auto z = stored_z.defined() ? stored_z.slice(0, first, first + z_in.size(0)) : z_in;
   auto h = z;
   for (size_t i = 0; i + 1 < mlp.size(); ++i) h = torch::sin(freq * mlp[i]->forward(h));
-  h = mlp.back()->forward(h);                                // [L, d]
+  return h;
+}
+
+Tensor HyenaFilterImpl::channels(const Tensor& hidden, const Tensor& t, int64_t first,
+                                 int64_t last) {
+  auto k = torch::nn::functional::linear(hidden, mlp.back()->weight.slice(0, first, last));
+  auto decay =
+      torch::exp(-t * deltas.view({1, -1}).slice(1, first, last).abs());  // [L, last - first]
+  return (k * (decay + 0.05)).transpose(0, 1);
+}
+
+Tensor HyenaFilterImpl::filter(const Tensor& z_in, const Tensor& t) {
+  auto h = mlp.back()->forward(hidden(z_in));                // [L, d]
   auto decay = torch::exp(-t * deltas.view({1, -1}).abs());  // [L, d]
   return (h * (decay + 0.05)).transpose(0, 1);               // [d, L]
 }
@@ -176,6 +188,177 @@ Tensor HyenaBlockImpl::forward(const Tensor& x, const Tensor& z, const Tensor& t
   residual = mixer->forward(norm1->forward(residual), z, t) + residual;
   auto h = fc2->forward(torch::gelu(fc1->forward(norm2->forward(residual)), "tanh"));
   return h + residual;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Note [Hyena chunked block]
+
+namespace {
+
+// Calls f(first, last) for [0, n) in pieces of `step` (0: one piece).
+template <typename F>
+void for_pieces(int64_t n, int64_t step, F&& f) {
+  if (step <= 0) step = n;
+  for (int64_t first = 0; first < n; first += step) f(first, std::min(n, first + step));
+}
+
+// Channels `rows` of u = short_filter(in_proj(LN1(x))) at positions [skip, n) of `xs` [B, n, d]
+// (fp32): [B, rows, n - skip]. `xs` holds the chunk and the (up to) two positions before it,
+// which the causal short filter reads: skip 2, or fewer at the start of the sequence.
+Tensor short_filtered(HyenaBlockImpl& b, const Tensor& xs, const Tensor& rows, int64_t skip) {
+  auto& op = *b.mixer;
+  auto u =
+      torch::nn::functional::linear(b.norm1->forward(xs), op.in_proj->weight.index_select(0, rows),
+                                    op.in_proj->bias.index_select(0, rows))
+          .transpose(1, 2);
+  auto c = torch::conv1d(u, op.short_filter->weight.index_select(0, rows),
+                         op.short_filter->bias.index_select(0, rows), 1, 2, 1, rows.size(0));
+  return c.slice(-1, skip, xs.size(1));
+}
+
+// w = v * x1 of channels [first, last) over the whole sequence [B, last - first, L], one position
+// chunk at a time (no gradients).
+Tensor long_conv_input(HyenaBlockImpl& b, const Tensor& x, int64_t first, int64_t last,
+                       int64_t positions) {
+  torch::NoGradGuard no_grad;
+  const int64_t L = x.size(1), d = x.size(2), n = last - first;
+  const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(x.device());
+  const auto rows = torch::cat(
+      {torch::arange(d + first, d + last, i64), torch::arange(2 * d + first, 2 * d + last, i64)});
+  auto w = torch::empty({x.size(0), n, L}, x.options());
+  for_pieces(L, positions, [&](int64_t s, int64_t e) {
+    const int64_t lo = std::max<int64_t>(0, s - 2);
+    const auto c = short_filtered(b, x.slice(1, lo, e), rows, s - lo);
+    w.slice(2, s, e).copy_(c.slice(1, n, 2 * n) * c.slice(1, 0, n));
+  });
+  return w;
+}
+
+// Steps 1 of Note [Hyena chunked block]: y = long_conv(w, k) [B, d, L], in w's buffer.
+Tensor long_conv_output(HyenaBlockImpl& b, const Tensor& x, const Tensor& z, const Tensor& t,
+                        const HyenaChunking& chunking) {
+  torch::NoGradGuard no_grad;
+  const int64_t d = x.size(2);
+  auto y = long_conv_input(b, x, 0, d, chunking.positions);
+  auto& f = *b.mixer->filter_fn;
+  const auto h = f.hidden(z);
+  for_pieces(d, chunking.channels, [&](int64_t g0, int64_t g1) {
+    auto wg = y.slice(1, g0, g1);
+    wg.copy_(fft_long_conv(wg, f.channels(h, t, g0, g1), f.bias.slice(0, g0, g1)));
+  });
+  return y;
+}
+
+// The block after the long convolution for one chunk: x [B, c, d], y and x0 [B, d, c].
+Tensor block_tail(HyenaBlockImpl& b, const Tensor& x, const Tensor& y, const Tensor& x0) {
+  auto residual = b.mixer->out_proj->forward((y * x0).transpose(1, 2)) + x;
+  auto h = b.fc2->forward(torch::gelu(b.fc1->forward(b.norm2->forward(residual)), "tanh"));
+  return h + residual;
+}
+
+// Whether the gradient a chunked checkpoint's backward receives may be overwritten: no other
+// tensor, view or node's buffer refers to it. LibTorch's custom-function node passes its list of
+// incoming gradients to backward by value and keeps its own copy (CppNode::apply), hence two
+// references; a third (the same gradient queued for another node) rules it out.
+bool overwritable_gradient(const Tensor& t) {
+  return t.defined() && t.use_count() <= 2 && !t.is_view() && t.storage().use_count() == 1 &&
+         t.is_contiguous() && t.scalar_type() == torch::kFloat32;
+}
+
+}  // namespace
+
+Tensor HyenaBlockImpl::forward_chunked(const Tensor& x_in, const Tensor& z, const Tensor& t,
+                                       const HyenaChunking& chunking) {
+  torch::NoGradGuard no_grad;
+  const auto x = x_in.to(torch::kFloat32);
+  const int64_t L = x.size(1), d = x.size(2);
+  const auto y = long_conv_output(*this, x, z, t, chunking);
+  auto out = torch::empty_like(x);
+  const auto x0_rows =
+      torch::arange(0, d, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
+  for_pieces(L, chunking.positions, [&](int64_t s, int64_t e) {
+    const int64_t lo = std::max<int64_t>(0, s - 2);
+    const auto x0 = short_filtered(*this, x.slice(1, lo, e), x0_rows, s - lo);
+    out.slice(1, s, e).copy_(block_tail(*this, x.slice(1, s, e), y.slice(2, s, e), x0));
+  });
+  return out;
+}
+
+Tensor HyenaBlockImpl::backward_chunked(const Tensor& x_in, const Tensor& z, const Tensor& t,
+                                        Tensor grad, const HyenaChunking& chunking) {
+  const auto x = x_in.detach().to(torch::kFloat32);
+  const int64_t L = x.size(1), d = x.size(2);
+  const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(x.device());
+  // dx: the output's gradient, turned into the input's chunk by chunk (in place when ours alone).
+  Tensor dx = overwritable_gradient(grad) && grad.sizes() == x.sizes()
+                  ? std::move(grad)
+                  : grad.to(torch::kFloat32).contiguous().clone();
+  auto y = long_conv_output(*this, x, z, t, chunking);  // step 1; dy, then dw, in place
+  // Step 3.
+  const auto x0_rows = torch::arange(0, d, i64);
+  for_pieces(L, chunking.positions, [&](int64_t s, int64_t e) {
+    const int64_t lo = std::max<int64_t>(0, s - 2);
+    auto xc = x.slice(1, lo, e).detach().requires_grad_(true);
+    auto yc = y.slice(2, s, e).detach().requires_grad_(true);
+    Tensor out;
+    {
+      torch::AutoGradMode grad_mode(true);
+      const auto x0 = short_filtered(*this, xc, x0_rows, s - lo);
+      out = block_tail(*this, xc.slice(1, s - lo), yc, x0);
+    }
+    torch::autograd::backward({out}, {dx.slice(1, s, e)});
+    torch::NoGradGuard no_grad;
+    const auto gx = xc.grad();
+    dx.slice(1, s, e).copy_(gx.slice(1, s - lo));
+    if (s > lo) dx.slice(1, lo, s).add_(gx.slice(1, 0, s - lo));
+    y.slice(2, s, e).copy_(yc.grad());
+  });
+  // Step 4.
+  auto& f = *mixer->filter_fn;
+  Tensor hidden;
+  {
+    torch::NoGradGuard no_grad;
+    hidden = f.hidden(z).detach().requires_grad_(true);
+  }
+  for_pieces(d, chunking.channels, [&](int64_t g0, int64_t g1) {
+    auto w = long_conv_input(*this, x, g0, g1, chunking.positions).requires_grad_(true);
+    Tensor yg;
+    {
+      torch::AutoGradMode grad_mode(true);
+      yg = fft_long_conv(w, f.channels(hidden, t, g0, g1), f.bias.slice(0, g0, g1));
+    }
+    torch::autograd::backward({yg}, {y.slice(1, g0, g1)});
+    torch::NoGradGuard no_grad;
+    y.slice(1, g0, g1).copy_(w.grad());
+  });
+  // Step 5.
+  const auto rows = torch::arange(d, 3 * d, i64);
+  for_pieces(L, chunking.positions, [&](int64_t s, int64_t e) {
+    const int64_t lo = std::max<int64_t>(0, s - 2);
+    auto xc = x.slice(1, lo, e).detach().requires_grad_(true);
+    Tensor w;
+    {
+      torch::AutoGradMode grad_mode(true);
+      const auto c = short_filtered(*this, xc, rows, s - lo);
+      w = c.slice(1, d, 2 * d) * c.slice(1, 0, d);
+    }
+    torch::autograd::backward({w}, {y.slice(2, s, e)});
+    torch::NoGradGuard no_grad;
+    dx.slice(1, lo, e).add_(xc.grad());
+  });
+  y = Tensor();
+  // Step 6.
+  const auto dh = hidden.grad();
+  hidden = Tensor();
+  for_pieces(L, chunking.positions, [&](int64_t s, int64_t e) {
+    Tensor h;
+    {
+      torch::AutoGradMode grad_mode(true);
+      h = f.hidden(z.slice(0, s, e), s);
+    }
+    torch::autograd::backward({h}, {dh.slice(0, s, e)});
+  });
+  return dx.to(x_in.scalar_type());
 }
 
 HyenaLMImpl::HyenaLMImpl(HyenaOptions options) : options_(std::move(options)) {
@@ -224,6 +407,30 @@ struct HyenaCheckpoint : public torch::autograd::Function<HyenaCheckpoint> {
   }
 };
 
+// The same with Note [Hyena chunked block]: the forward and the backward's recompute in pieces.
+struct HyenaChunkedCheckpoint : public torch::autograd::Function<HyenaChunkedCheckpoint> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, Tensor x, Tensor z, Tensor t,
+                        int64_t block_address, int64_t positions, int64_t channels) {
+    ctx->save_for_backward({x, z, t});
+    ctx->saved_data["block"] = block_address;
+    ctx->saved_data["positions"] = positions;
+    ctx->saved_data["channels"] = channels;
+    return reinterpret_cast<HyenaBlockImpl*>(block_address)
+        ->forward_chunked(x, z, t, HyenaChunking{positions, channels});
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto saved = ctx->get_saved_variables();
+    auto* block = reinterpret_cast<HyenaBlockImpl*>(ctx->saved_data["block"].toInt());
+    const HyenaChunking chunking{ctx->saved_data["positions"].toInt(),
+                                 ctx->saved_data["channels"].toInt()};
+    auto dx =
+        block->backward_chunked(saved[0], saved[1], saved[2], std::move(grad_out[0]), chunking);
+    return {dx, Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
 }  // namespace
 
 Tensor HyenaLMImpl::hidden(const Tensor& input_ids) {
@@ -231,10 +438,16 @@ Tensor HyenaLMImpl::hidden(const Tensor& input_ids) {
   auto h = word_embeddings->forward(input_ids);
   const bool checkpoint =
       options_.gradient_checkpointing && is_training() && torch::GradMode::is_enabled();
+  const auto& chunking = options_.chunking;
   for (auto& block : blocks) {
     if (checkpoint) {
       auto input = h.requires_grad() ? h : h.detach().requires_grad_(true);
-      h = HyenaCheckpoint::apply(input, z, t, reinterpret_cast<int64_t>(block.get()));
+      const auto address = reinterpret_cast<int64_t>(block.get());
+      h = chunking.enabled() ? HyenaChunkedCheckpoint::apply(input, z, t, address,
+                                                             chunking.positions, chunking.channels)
+                             : HyenaCheckpoint::apply(input, z, t, address);
+    } else if (chunking.enabled() && !torch::GradMode::is_enabled()) {
+      h = block->forward_chunked(h, z, t, chunking);
     } else {
       h = block->forward(h, z, t);
     }

@@ -33,6 +33,35 @@
 
 namespace dnallm::models::hyena {
 
+// Note [Hyena chunked block]: how a checkpointed block works through a long sequence. A block's
+// activations are O(L) per channel (in_proj's 3d, the MLP's d_inner, the FFT's 2L complex
+// buffers), about 13 KB a token for the hyenadna-large shape on top of the checkpoints, so at
+// 1M tokens the recompute of one block would not fit beside the model. Chunked, the block keeps
+// only [B, d, L] fp32 buffers: the forward holds the long convolution's input (in place its
+// output) and the block's output; the backward holds the incoming gradient (turned into the
+// input's gradient in place when nothing else sees it) and the convolution's output (in place its
+// gradient). Everything else exists for one piece at a time:
+//   1. w = x1 * v over position chunks (LN1, in_proj's x1 and v rows, the causal short filter
+//      from two positions back), then y = long_conv(w, k) over channel groups in place; the
+//      filter k of a group from the filter MLP's last hidden layer [L, order] and the window.
+//   2. forward: over position chunks, r = out_proj(y * x0) + x, out = r + MLP(LN2(r)), x0
+//      recomputed from x (in_proj's x0 rows).
+//   backward (each step an autograd graph of one piece, its parameter gradients accumulating):
+//   3. over position chunks: 2 from saved y and x, backward from the output's gradient: dy (in
+//      place of y), dx (in place of the output's gradient, two halo positions added to the chunk
+//      before).
+//   4. over channel groups: w of the group recomputed (1, those channels only), the long
+//      convolution's backward: dw in place of dy, the filter's and D's gradients.
+//   5. over position chunks: 1 from x, backward from dw into dx.
+//   6. over position chunks: the filter MLP's backward from the gradient of its last hidden
+//      layer.
+// Equal to the plain block up to float rounding (summation order of the chunks; tested at 1e-5).
+struct HyenaChunking {
+  int64_t positions = 0;  // position-wise parts this many positions at a time (0: all)
+  int64_t channels = 0;   // the FFT long convolution this many channels at a time (0: all)
+  bool enabled() const { return positions > 0 || channels > 0; }
+};
+
 struct HyenaOptions {
   int64_t vocab_size = 12;  // before padding (config.json vocab_size)
   int64_t pad_vocab_size_multiple = 8;
@@ -52,6 +81,9 @@ struct HyenaOptions {
   bool classifier = false;  // HyenaDNAForSequenceClassification
   int64_t num_labels = 2;
   bool gradient_checkpointing = false;
+  // Note [Hyena chunked block]: with gradient_checkpointing (and in a forward without
+  // gradients), each block in pieces; off by default (the plain block, bit-identical gradients).
+  HyenaChunking chunking;
 
   int64_t padded_vocab() const {
     const int64_t m = pad_vocab_size_multiple;
@@ -77,6 +109,11 @@ class HyenaFilterImpl : public torch::nn::Module {
   explicit HyenaFilterImpl(const HyenaOptions& o);
   // The filter [d_model, L] for positional features z [L, emb_dim], t [L, 1].
   torch::Tensor filter(const torch::Tensor& z, const torch::Tensor& t);
+  // The same in two steps (Note [Hyena chunked block]): the MLP up to its last Linear [L, order],
+  // then channels [first, last) of the filter [last - first, L] from it.
+  torch::Tensor hidden(const torch::Tensor& z, int64_t first = 0);  // z of positions first...
+  torch::Tensor channels(const torch::Tensor& hidden, const torch::Tensor& t, int64_t first,
+                         int64_t last);
 
   std::vector<torch::nn::Linear> mlp;  // emb_dim -> order, order -> order x inner, order -> d
   torch::Tensor freq, bias, deltas;
@@ -102,6 +139,15 @@ class HyenaBlockImpl : public torch::nn::Module {
  public:
   explicit HyenaBlockImpl(const HyenaOptions& o);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& z, const torch::Tensor& t);
+  // Note [Hyena chunked block]: the forward in pieces (gradients not recorded), and the backward
+  // of forward(x, z, t) given the output's gradient `grad` [B, L, d]: returns the gradient of x
+  // and accumulates the parameters' gradients. `grad` may be overwritten when nothing else holds
+  // it.
+  torch::Tensor forward_chunked(const torch::Tensor& x, const torch::Tensor& z,
+                                const torch::Tensor& t, const HyenaChunking& chunking);
+  torch::Tensor backward_chunked(const torch::Tensor& x, const torch::Tensor& z,
+                                 const torch::Tensor& t, torch::Tensor grad,
+                                 const HyenaChunking& chunking);
 
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   HyenaOperator mixer{nullptr};
