@@ -32,17 +32,17 @@ void expect_usage_error(const std::string& text, const std::vector<std::string>&
 
 TEST(Config, DefaultsMatchDesign) {
   Config c = parse_config("", "");
-  EXPECT_EQ(c.model.arch, "bert");
+  EXPECT_EQ(c.model.arch, cfg::Arch::kBert);
   EXPECT_EQ(c.model.hidden, 256);
   EXPECT_EQ(c.training.micro_batch_size, 8);
-  EXPECT_EQ(c.training.precision, "fp32");
+  EXPECT_EQ(c.training.precision, cfg::Precision::kFp32);
   EXPECT_DOUBLE_EQ(c.training.lr, 3e-4);
-  EXPECT_EQ(c.parallel.backend, "auto");
+  EXPECT_EQ(c.parallel.backend, cfg::Backend::kAuto);
   EXPECT_DOUBLE_EQ(c.parallel.bucket_cap_mb, 25.0);
-  EXPECT_EQ(c.parallel.accumulate_sync, "last");
-  EXPECT_EQ(c.checkpoint.resume, "auto");
-  EXPECT_EQ(c.data.on_bad_record, "error");
-  EXPECT_EQ(c.tokenizer.kind, "char");
+  EXPECT_EQ(c.parallel.accumulate_sync, cfg::AccumulateSync::kLast);
+  EXPECT_EQ(c.checkpoint.resume.kind, cfg::Resume::Kind::kAuto);
+  EXPECT_EQ(c.data.on_bad_record, cfg::OnBadRecord::kError);
+  EXPECT_EQ(c.tokenizer.kind, cfg::TokenizerKind::kChar);
 }
 
 TEST(Config, FileValuesOverrideDefaults) {
@@ -61,12 +61,12 @@ precision = "bf16"
 bucket_cap_mb = 4   # an integer is accepted for a number
 )",
                           "run.toml");
-  EXPECT_EQ(c.model.arch, "gpt");
+  EXPECT_EQ(c.model.arch, cfg::Arch::kGpt);
   EXPECT_EQ(c.model.hidden, 128);
   EXPECT_EQ(c.data.train_files, (std::vector<std::string>{"a.fa.gz", "b.fa"}));
   EXPECT_DOUBLE_EQ(c.training.lr, 1e-3);
   EXPECT_EQ(c.training.max_steps, 7);
-  EXPECT_EQ(c.training.precision, "bf16");
+  EXPECT_EQ(c.training.precision, cfg::Precision::kBf16);
   EXPECT_DOUBLE_EQ(c.parallel.bucket_cap_mb, 4.0);
   EXPECT_EQ(c.model.layers, 4);  // untouched keys keep defaults
 }
@@ -78,7 +78,7 @@ TEST(Config, SetOverridesBeatFileAndTakeTomlOrBareWords) {
        "training.lr=3e-5", "checkpoint.dir=/tmp/run 1/ckpt", "model.gradient_checkpointing=true",
        "data.eval_files=held.fa"});
   EXPECT_EQ(c.training.max_steps, 20);
-  EXPECT_EQ(c.training.precision, "fp32");
+  EXPECT_EQ(c.training.precision, cfg::Precision::kFp32);
   EXPECT_EQ(c.data.train_files, (std::vector<std::string>{"x.fa", "y.fa"}));
   EXPECT_DOUBLE_EQ(c.training.lr, 3e-5);
   EXPECT_EQ(c.checkpoint.dir, "/tmp/run 1/ckpt");
@@ -115,10 +115,10 @@ warmup_steps = 10
                           "hf.toml");
   EXPECT_EQ(c.training.micro_batch_size, 16);
   EXPECT_DOUBLE_EQ(c.training.lr, 5e-5);
-  EXPECT_EQ(c.training.precision, "bf16");
+  EXPECT_EQ(c.training.precision, cfg::Precision::kBf16);
   EXPECT_EQ(c.training.grad_accum_steps, 4);
   EXPECT_DOUBLE_EQ(c.training.warmup_ratio, 0.1);
-  EXPECT_EQ(c.training.lr_scheduler, "cosine");
+  EXPECT_EQ(c.training.lr_scheduler, cfg::LrScheduler::kCosine);
   EXPECT_DOUBLE_EQ(c.training.max_grad_norm, 0.5);
   EXPECT_EQ(c.checkpoint.keep_last, 2);
   EXPECT_EQ(c.checkpoint.save_steps, 100);
@@ -137,7 +137,7 @@ warmup_steps = 10
   // Aliases work in --set too, with or without a section.
   Config d = parse_config("", "", {"learning_rate=2e-4", "training.fp16=true"});
   EXPECT_DOUBLE_EQ(d.training.lr, 2e-4);
-  EXPECT_EQ(d.training.precision, "fp16");
+  EXPECT_EQ(d.training.precision, cfg::Precision::kFp16);
 }
 
 TEST(Config, UnknownKeyNamesKeyLineAndSuggestion) {
@@ -190,7 +190,7 @@ TEST(Config, CrossKeyChecks) {
   const Config ok =
       parse_config("[model]\ntask = \"classification\"\n[training]\neval_steps = 10\n", "run.toml",
                    {"metric_for_best_model=mcc"});
-  EXPECT_EQ(ok.checkpoint.best_metric, "mcc");
+  EXPECT_EQ(ok.checkpoint.best_metric, cfg::BestMetric::kMcc);
 }
 
 TEST(Config, MalformedTomlReportsLineAndColumn) {
@@ -245,13 +245,13 @@ TEST(Config, ModelHashIgnoresTrainingKnobs) {
   Config q = load_config(std::string(DNALLM_SOURCE_DIR) + "/configs/quickstart.toml");
   EXPECT_EQ(fmt::format("{:016x}", model_config_hash(q)), "de934a2fff92763d");
   Config nf4 = q;
-  nf4.lora.quantize_base = "nf4";
+  nf4.lora.quantize_base = cfg::QuantizeBase::kNf4;
   EXPECT_NE(model_config_hash(nf4), model_config_hash(q));
   Config grouped = q;
   grouped.model.kv_heads = 1;
   EXPECT_NE(model_config_hash(grouped), model_config_hash(q));
   Config geglu = q;
-  geglu.model.mlp = "geglu";
+  geglu.model.mlp = cfg::Mlp::kGeglu;
   EXPECT_NE(model_config_hash(geglu), model_config_hash(q));
   Config post_ln = q;
   post_ln.model.post_layer_norm = true;
@@ -298,7 +298,7 @@ TEST(Config, AnAliasAndItsKeyInOneTableNameBoth) {
   EXPECT_DOUBLE_EQ(
       parse_config("learning_rate = 1e-3\n[training]\nlr = 5e-5\n", "run.toml").training.lr, 5e-5);
   EXPECT_EQ(parse_config("[training]\nbf16 = false\nfp16 = false\n", "run.toml").training.precision,
-            "fp32");
+            cfg::Precision::kFp32);
 }
 
 TEST(Config, ConfigFilesAreBoundedAndRegular) {
@@ -372,16 +372,16 @@ TEST(Config, BundledPresetsLoad) {
   }
   Config bench = load_config(std::string(DNALLM_SOURCE_DIR) + "/configs/bench-cpu.toml");
   // The bench-cpu shape is a contract (issue: keep exactly this shape).
-  EXPECT_EQ(bench.model.arch, "bert");
-  EXPECT_EQ(bench.tokenizer.kind, "char");
+  EXPECT_EQ(bench.model.arch, cfg::Arch::kBert);
+  EXPECT_EQ(bench.tokenizer.kind, cfg::TokenizerKind::kChar);
   EXPECT_EQ(bench.model.hidden, 256);
   EXPECT_EQ(bench.model.layers, 4);
   EXPECT_EQ(bench.model.heads, 4);
   EXPECT_EQ(bench.model.ffn, 1024);
-  EXPECT_EQ(bench.model.position, "learned");
+  EXPECT_EQ(bench.model.position, cfg::Position::kLearned);
   EXPECT_EQ(bench.model.max_seq_length, 512);
   EXPECT_EQ(bench.training.micro_batch_size, 8);
-  EXPECT_EQ(bench.training.precision, "fp32");
+  EXPECT_EQ(bench.training.precision, cfg::Precision::kFp32);
   EXPECT_DOUBLE_EQ(bench.training.lr, 3e-4);
   EXPECT_DOUBLE_EQ(bench.data.mlm_probability, 0.15);
 }

@@ -6,16 +6,23 @@
 
 namespace dnallm::data {
 
-Objective objective_from(const std::string& arch, const std::string& task) {
-  if (task == "classification") return Objective::kClassification;
-  if (task == "regression") return Objective::kRegression;
-  if (task != "pretrain") {
-    fail(ExitCode::kUsage,
-         "model.task = \"{}\" is not allowed: use pretrain, classification or regression", task);
+Objective objective_from(cfg::Arch arch, cfg::Task task) {
+  switch (task) {
+    case cfg::Task::kClassification:
+      return Objective::kClassification;
+    case cfg::Task::kRegression:
+      return Objective::kRegression;
+    case cfg::Task::kPretrain:
+      break;
   }
-  if (arch == "bert") return Objective::kMaskedLm;
-  if (arch == "gpt") return Objective::kCausalLm;
-  fail(ExitCode::kUsage, "model.arch = \"{}\" is not allowed: use \"bert\" or \"gpt\"", arch);
+  switch (arch) {
+    case cfg::Arch::kBert:
+      return Objective::kMaskedLm;
+    case cfg::Arch::kGpt:
+      return Objective::kCausalLm;
+  }
+  fail(ExitCode::kFailure, "objective_from: model.arch {} has no objective",
+       static_cast<int>(arch));
 }
 
 int64_t token_budget(const ObjectiveOptions& options) {
