@@ -90,11 +90,11 @@ std::vector<uint8_t> CheckpointReader::read_tensor(const std::string& tensor) co
   return out;
 }
 
-std::optional<CheckpointReader> find_resume(const fs::path& root, const std::string& resume) {
-  if (resume == "none") return std::nullopt;
+std::optional<CheckpointReader> find_resume(const fs::path& root, const cfg::Resume& resume) {
+  if (resume.kind == cfg::Resume::Kind::kNone) return std::nullopt;
   fs::path base = root;
-  if (resume != "auto") {
-    base = resume;
+  if (resume.kind == cfg::Resume::Kind::kPath) {
+    base = resume.path;
     if (is_step_dir(base)) {
       CheckpointReader r = CheckpointReader::open(base);
       r.verify();

@@ -15,6 +15,7 @@
 
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/shard_file.hpp"
+#include "core/config.hpp"
 
 namespace dnallm::checkpoint {
 
@@ -55,8 +56,8 @@ class CheckpointReader {
   std::vector<ShardFile> shards_;  // by rank
 };
 
-// Resolves `resume` ("auto" | "none" | PATH) under `root` and returns the checkpoint to
-// resume from, fully verified:
+// Resolves `resume` (checkpoint.resume: auto, none or a path) under `root` and returns the
+// checkpoint to resume from, fully verified:
 //  - "none": nullopt.
 //  - "auto": the newest committed checkpoint under `root` (step_* directories with a
 //    manifest, newest first; a LATEST naming another step is reported, not followed). A damaged one
@@ -66,7 +67,7 @@ class CheckpointReader {
 //  - PATH: a root is treated as "auto" on it; a step directory is opened and verified
 //    (Error(kCheckpointCorrupt) when damaged, no fallback).
 std::optional<CheckpointReader> find_resume(const std::filesystem::path& root,
-                                            const std::string& resume);
+                                            const cfg::Resume& resume);
 
 // What the caller expects of a checkpoint it resumes from. Empty fields are not checked.
 struct Expectation {

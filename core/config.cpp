@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
+#include <span>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -40,6 +42,210 @@ const char* kind_name(Kind k) {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// Note [Config choices] (core/config.hpp): one table per enum, (value, spelling) in the order
+// docs/config.md and the messages list the allowed spellings.
+template <class E>
+struct Spelling {
+  E value;
+  const char* text;
+};
+
+using namespace cfg;  // NOLINT: the tables below name every enum
+
+constexpr Spelling<Arch> kArchSpellings[] = {{Arch::kBert, "bert"},
+                                             {Arch::kGpt, "gpt"},
+                                             {Arch::kHyena, "hyena"},
+                                             {Arch::kCaduceus, "caduceus"},
+                                             {Arch::kCaduceusPs, "caduceus-ps"}};
+constexpr Spelling<Task> kTaskSpellings[] = {{Task::kPretrain, "pretrain"},
+                                             {Task::kClassification, "classification"},
+                                             {Task::kRegression, "regression"}};
+constexpr Spelling<Position> kPositionSpellings[] = {
+    {Position::kLearned, "learned"}, {Position::kRotary, "rotary"}, {Position::kAlibi, "alibi"}};
+constexpr Spelling<Mlp> kMlpSpellings[] = {{Mlp::kGelu, "gelu"}, {Mlp::kGeglu, "geglu"}};
+constexpr Spelling<AttnImplementation> kAttnImplementationSpellings[] = {
+    {AttnImplementation::kAuto, "auto"},
+    {AttnImplementation::kSdpa, "sdpa"},
+    {AttnImplementation::kEager, "eager"}};
+constexpr Spelling<Pooling> kPoolingSpellings[] = {{Pooling::kCls, "cls"},
+                                                   {Pooling::kMean, "mean"}};
+constexpr Spelling<QuantizeBase> kQuantizeBaseSpellings[] = {{QuantizeBase::kNone, "none"},
+                                                             {QuantizeBase::kNf4, "nf4"}};
+constexpr Spelling<TokenizerKind> kTokenizerKindSpellings[] = {{TokenizerKind::kChar, "char"},
+                                                               {TokenizerKind::kKmer, "kmer"},
+                                                               {TokenizerKind::kNt, "nt"},
+                                                               {TokenizerKind::kBpe, "bpe"},
+                                                               {TokenizerKind::kHf, "hf"}};
+constexpr Spelling<DataFormat> kDataFormatSpellings[] = {
+    {DataFormat::kAuto, "auto"}, {DataFormat::kFasta, "fasta"}, {DataFormat::kFastq, "fastq"},
+    {DataFormat::kCsv, "csv"},   {DataFormat::kTsv, "tsv"},     {DataFormat::kJsonl, "jsonl"}};
+constexpr Spelling<OnBadRecord> kOnBadRecordSpellings[] = {{OnBadRecord::kError, "error"},
+                                                           {OnBadRecord::kSkip, "skip"}};
+constexpr Spelling<Sampling> kSamplingSpellings[] = {{Sampling::kRandom, "random"},
+                                                     {Sampling::kTile, "tile"}};
+constexpr Spelling<NPolicy> kNPolicySpellings[] = {{NPolicy::kSkip, "skip"},
+                                                   {NPolicy::kMask, "mask"}};
+constexpr Spelling<BatchSize> kBatchSizeSpellings[] = {{BatchSize::kMicroBatch, ""},
+                                                       {BatchSize::kAuto, "auto"}};
+constexpr Spelling<LrScheduler> kLrSchedulerSpellings[] = {{LrScheduler::kConstant, "constant"},
+                                                           {LrScheduler::kLinear, "linear"},
+                                                           {LrScheduler::kCosine, "cosine"}};
+constexpr Spelling<Precision> kPrecisionSpellings[] = {
+    {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}};
+constexpr Spelling<SyncFree> kSyncFreeSpellings[] = {
+    {SyncFree::kAuto, "auto"}, {SyncFree::kOn, "on"}, {SyncFree::kOff, "off"}};
+constexpr Spelling<cfg::Device> kDeviceSpellings[] = {
+    {cfg::Device::kAuto, "auto"}, {cfg::Device::kCpu, "cpu"}, {cfg::Device::kCuda, "cuda"}};
+constexpr Spelling<Backend> kBackendSpellings[] = {{Backend::kAuto, "auto"},
+                                                   {Backend::kGloo, "gloo"},
+                                                   {Backend::kMpi, "mpi"},
+                                                   {Backend::kNccl, "nccl"}};
+constexpr Spelling<AccumulateSync> kAccumulateSyncSpellings[] = {{AccumulateSync::kLast, "last"},
+                                                                 {AccumulateSync::kEvery, "every"}};
+constexpr Spelling<Compression> kCompressionSpellings[] = {{Compression::kZstd, "zstd"},
+                                                           {Compression::kNone, "none"}};
+constexpr Spelling<BestMetric> kBestMetricSpellings[] = {
+    {BestMetric::kNone, "none"},
+    {BestMetric::kLoss, "loss"},
+    {BestMetric::kBitsPerBase, "bits_per_base"},
+    {BestMetric::kAccuracy, "accuracy"},
+    {BestMetric::kMcc, "mcc"},
+    {BestMetric::kF1, "f1"}};
+constexpr Spelling<LogLevel> kLogLevelSpellings[] = {
+    {LogLevel::kTrace, "trace"}, {LogLevel::kDebug, "debug"}, {LogLevel::kInfo, "info"},
+    {LogLevel::kWarn, "warn"},   {LogLevel::kError, "error"}, {LogLevel::kCritical, "critical"},
+    {LogLevel::kOff, "off"}};
+
+// The table of E (overloads: the argument only selects it).
+constexpr std::span<const Spelling<Arch>> spellings_of(Arch) { return kArchSpellings; }
+constexpr std::span<const Spelling<Task>> spellings_of(Task) { return kTaskSpellings; }
+constexpr std::span<const Spelling<Position>> spellings_of(Position) { return kPositionSpellings; }
+constexpr std::span<const Spelling<Mlp>> spellings_of(Mlp) { return kMlpSpellings; }
+constexpr std::span<const Spelling<AttnImplementation>> spellings_of(AttnImplementation) {
+  return kAttnImplementationSpellings;
+}
+constexpr std::span<const Spelling<Pooling>> spellings_of(Pooling) { return kPoolingSpellings; }
+constexpr std::span<const Spelling<QuantizeBase>> spellings_of(QuantizeBase) {
+  return kQuantizeBaseSpellings;
+}
+constexpr std::span<const Spelling<TokenizerKind>> spellings_of(TokenizerKind) {
+  return kTokenizerKindSpellings;
+}
+constexpr std::span<const Spelling<DataFormat>> spellings_of(DataFormat) {
+  return kDataFormatSpellings;
+}
+constexpr std::span<const Spelling<OnBadRecord>> spellings_of(OnBadRecord) {
+  return kOnBadRecordSpellings;
+}
+constexpr std::span<const Spelling<Sampling>> spellings_of(Sampling) { return kSamplingSpellings; }
+constexpr std::span<const Spelling<NPolicy>> spellings_of(NPolicy) { return kNPolicySpellings; }
+constexpr std::span<const Spelling<BatchSize>> spellings_of(BatchSize) {
+  return kBatchSizeSpellings;
+}
+constexpr std::span<const Spelling<LrScheduler>> spellings_of(LrScheduler) {
+  return kLrSchedulerSpellings;
+}
+constexpr std::span<const Spelling<Precision>> spellings_of(Precision) {
+  return kPrecisionSpellings;
+}
+constexpr std::span<const Spelling<SyncFree>> spellings_of(SyncFree) { return kSyncFreeSpellings; }
+constexpr std::span<const Spelling<cfg::Device>> spellings_of(cfg::Device) {
+  return kDeviceSpellings;
+}
+constexpr std::span<const Spelling<Backend>> spellings_of(Backend) { return kBackendSpellings; }
+constexpr std::span<const Spelling<AccumulateSync>> spellings_of(AccumulateSync) {
+  return kAccumulateSyncSpellings;
+}
+constexpr std::span<const Spelling<Compression>> spellings_of(Compression) {
+  return kCompressionSpellings;
+}
+constexpr std::span<const Spelling<BestMetric>> spellings_of(BestMetric) {
+  return kBestMetricSpellings;
+}
+constexpr std::span<const Spelling<LogLevel>> spellings_of(LogLevel) { return kLogLevelSpellings; }
+
+// Each enumerator in its table exactly once: the enums count from 0 without gaps, so a table
+// of E's size whose values are 0..n-1 in some order covers E.
+template <class E>
+constexpr bool covers_each_once(std::span<const Spelling<E>> table) {
+  for (size_t i = 0; i < table.size(); ++i) {
+    size_t seen = 0;
+    for (const auto& s : table) seen += static_cast<size_t>(s.value) == i ? 1 : 0;
+    if (seen != 1) return false;
+  }
+  return true;
+}
+static_assert(covers_each_once(spellings_of(Arch{})) && std::size(kArchSpellings) == 5);
+static_assert(covers_each_once(spellings_of(Task{})) && std::size(kTaskSpellings) == 3);
+static_assert(covers_each_once(spellings_of(Position{})) && std::size(kPositionSpellings) == 3);
+static_assert(covers_each_once(spellings_of(Mlp{})) && std::size(kMlpSpellings) == 2);
+static_assert(covers_each_once(spellings_of(AttnImplementation{})) &&
+              std::size(kAttnImplementationSpellings) == 3);
+static_assert(covers_each_once(spellings_of(Pooling{})) && std::size(kPoolingSpellings) == 2);
+static_assert(covers_each_once(spellings_of(QuantizeBase{})) &&
+              std::size(kQuantizeBaseSpellings) == 2);
+static_assert(covers_each_once(spellings_of(TokenizerKind{})) &&
+              std::size(kTokenizerKindSpellings) == 5);
+static_assert(covers_each_once(spellings_of(DataFormat{})) && std::size(kDataFormatSpellings) == 6);
+static_assert(covers_each_once(spellings_of(OnBadRecord{})) &&
+              std::size(kOnBadRecordSpellings) == 2);
+static_assert(covers_each_once(spellings_of(Sampling{})) && std::size(kSamplingSpellings) == 2);
+static_assert(covers_each_once(spellings_of(NPolicy{})) && std::size(kNPolicySpellings) == 2);
+static_assert(covers_each_once(spellings_of(BatchSize{})) && std::size(kBatchSizeSpellings) == 2);
+static_assert(covers_each_once(spellings_of(LrScheduler{})) &&
+              std::size(kLrSchedulerSpellings) == 3);
+static_assert(covers_each_once(spellings_of(Precision{})) && std::size(kPrecisionSpellings) == 3);
+static_assert(covers_each_once(spellings_of(SyncFree{})) && std::size(kSyncFreeSpellings) == 3);
+static_assert(covers_each_once(spellings_of(cfg::Device{})) && std::size(kDeviceSpellings) == 3);
+static_assert(covers_each_once(spellings_of(Backend{})) && std::size(kBackendSpellings) == 4);
+static_assert(covers_each_once(spellings_of(AccumulateSync{})) &&
+              std::size(kAccumulateSyncSpellings) == 2);
+static_assert(covers_each_once(spellings_of(Compression{})) &&
+              std::size(kCompressionSpellings) == 2);
+static_assert(covers_each_once(spellings_of(BestMetric{})) && std::size(kBestMetricSpellings) == 6);
+static_assert(covers_each_once(spellings_of(LogLevel{})) && std::size(kLogLevelSpellings) == 7);
+
+template <class E>
+const char* spelling_in_table(E v) {
+  for (const auto& s : spellings_of(v)) {
+    if (s.value == v) return s.text;
+  }
+  return "?";  // unreachable for a valid value: see covers_each_once
+}
+
+template <class E>
+std::optional<E> parse_spelling(const std::string& text) {
+  for (const auto& s : spellings_of(E{})) {
+    if (text == s.text) return s.value;
+  }
+  return std::nullopt;
+}
+
+template <class E>
+std::vector<std::string> spellings_list() {
+  std::vector<std::string> out;
+  for (const auto& s : spellings_of(E{})) out.emplace_back(s.text);
+  return out;
+}
+
+std::string resume_text(const Resume& r) {
+  switch (r.kind) {
+    case Resume::Kind::kAuto:
+      return "auto";
+    case Resume::Kind::kNone:
+      return "none";
+    case Resume::Kind::kPath:
+      return r.path;
+  }
+  return "auto";
+}
+
+Resume parse_resume(const std::string& text) {
+  if (text == "auto") return Resume::automatic();
+  if (text == "none") return Resume::none();
+  return Resume::from_path(text);
+}
+
 // One configuration key. `ptr` returns the field inside a Config; the constraints are
 // checked where the value is read, so the message can name the file and line.
 struct KeyDesc {
@@ -51,6 +257,10 @@ struct KeyDesc {
   double max = kInf;
   std::vector<std::string> allowed = {};  // strings: allowed values (empty: any)
   const char* doc = "";                   // the key's meaning (Markdown, docs/config.md)
+  // Strings held as another type (an enum, cfg::Resume): the field as its spelling, and the
+  // field set from a spelling (one of `allowed` when that is not empty). Empty: a std::string.
+  std::function<std::string(Config&)> get_text = {};
+  std::function<void(Config&, const std::string&)> set_text = {};
 
   std::string full() const { return std::string(section) + "." + name; }
 };
@@ -94,9 +304,16 @@ class SectionKeys {
   SectionKeys& range(const char* name, T Section::*field, double min, double max, const char* doc) {
     return add(name, field, min, max, {}, doc);
   }
-  SectionKeys& choice(const char* name, std::string Section::*field,
-                      std::vector<std::string> allowed, const char* doc) {
-    return add(name, field, -kInf, kInf, std::move(allowed), doc);
+  // A closed set of values: the enum's spellings (Note [Config choices]).
+  template <class E>
+  SectionKeys& choice(const char* name, E Section::*field, const char* doc) {
+    return add_text(
+        name, field, spellings_list<E>(), doc, [](const E& v) { return spelling_in_table(v); },
+        [](const std::string& text) { return *parse_spelling<E>(text); });  // checked: allowed
+  }
+  // checkpoint.resume: "auto", "none" or a path.
+  SectionKeys& resume(const char* name, Resume Section::*field, const char* doc) {
+    return add_text(name, field, {}, doc, resume_text, parse_resume);
   }
 
  private:
@@ -110,6 +327,30 @@ class SectionKeys {
     return *this;
   }
 
+  // A string key whose field holds another type T: `print` gives its spelling, `parse` the
+  // value of a spelling (one of `allowed` when that is not empty).
+  template <class T, class Print, class Parse>
+  SectionKeys& add_text(const char* name, T Section::*field, std::vector<std::string> allowed,
+                        const char* doc, Print print, Parse parse) {
+    Section Config::*member = member_;
+    KeyDesc k{section_,
+              name,
+              Kind::kString,
+              [member, field](Config& c) -> void* { return &(c.*member.*field); },
+              -kInf,
+              kInf,
+              std::move(allowed),
+              doc};
+    k.get_text = [member, field, print](Config& c) -> std::string {
+      return print(c.*member.*field);
+    };
+    k.set_text = [member, field, parse](Config& c, const std::string& text) {
+      c.*member.*field = parse(text);
+    };
+    out_.push_back(std::move(k));
+    return *this;
+  }
+
   std::vector<KeyDesc>& out_;
   const char* section_;
   Section Config::*member_;
@@ -117,13 +358,13 @@ class SectionKeys {
 
 void model_keys(std::vector<KeyDesc>& out) {
   SectionKeys<ModelConfig>(out, "model", &Config::model)
-      .choice("arch", &ModelConfig::arch, {"bert", "gpt", "hyena", "caduceus", "caduceus-ps"},
+      .choice("arch", &ModelConfig::arch,
               "the model family (Note [Model registry]): `bert`: bidirectional transformer "
               "encoder trained as a masked LM; `gpt`: transformer decoder trained as a causal LM; "
               "`hyena`: HyenaDNA (long convolutions; `hidden` = d_model, `ffn` = d_inner), a "
               "causal LM; `caduceus` / `caduceus-ps`: Caduceus (bidirectional Mamba; `-ps` with "
               "reverse-complement parameter sharing), a masked LM")
-      .choice("task", &ModelConfig::task, {"pretrain", "classification", "regression"},
+      .choice("task", &ModelConfig::task,
               "`pretrain`: the language-model objective of `arch`; `classification` / "
               "`regression`: a sequence-level head on labelled tables (`data.label_column`)")
       .range("hidden", &ModelConfig::hidden, 1, 65536, "model width")
@@ -136,16 +377,16 @@ void model_keys(std::vector<KeyDesc>& out) {
       .range("ffn", &ModelConfig::ffn, 1, 1 << 20, "feed-forward inner width")
       .range("max_seq_length", &ModelConfig::max_seq_length, 4, 1 << 20,
              "tokens per sequence, [CLS]/[SEP] included")
-      .choice("position", &ModelConfig::position, {"learned", "rotary", "alibi"},
+      .choice("position", &ModelConfig::position,
               "position encoding: learned absolute embeddings, rotary (RoPE) or ALiBi (attention "
               "biases -slope * distance per head, any length; DNABERT-2)")
-      .choice("mlp", &ModelConfig::mlp, {"gelu", "geglu"},
+      .choice("mlp", &ModelConfig::mlp,
               "feed-forward: `gelu` (dense, GELU, dense) or `geglu` (GELU(gate) * up, then "
               "down; the gate and up projections without bias; DNABERT-2)")
       .key("post_layer_norm", &ModelConfig::post_layer_norm,
            "BERT's post-LN blocks (LN(x + sublayer(x))) with a LayerNorm after the embeddings, "
            "instead of pre-LN blocks with a final norm (DNABERT-1/2)")
-      .choice("attn_implementation", &ModelConfig::attn_implementation, {"auto", "sdpa", "eager"},
+      .choice("attn_implementation", &ModelConfig::attn_implementation,
               "attention kernel: `sdpa` (LibTorch's scaled_dot_product_attention), `eager` "
               "(explicit matmul and softmax); `auto` is `sdpa`")
       .range("dropout", &ModelConfig::dropout, 0, 0.99,
@@ -155,7 +396,7 @@ void model_keys(std::vector<KeyDesc>& out) {
            "less memory for about one more forward pass of compute")
       .range("num_labels", &ModelConfig::num_labels, 1, 1 << 20,
              "classification classes (regression: 1)")
-      .choice("pooling", &ModelConfig::pooling, {"cls", "mean"},
+      .choice("pooling", &ModelConfig::pooling,
               "how classification/regression heads summarise a sequence: the first token's "
               "state, or the mean over its tokens")
       .key("init_from", &ModelConfig::init_from,
@@ -173,7 +414,7 @@ void lora_keys(std::vector<KeyDesc>& out) {
       .range("dropout", &LoraConfig::dropout, 0, 0.99,
              "dropout probability on the adapters' input (training only)")
       .key("target_modules", &LoraConfig::target_modules, "module names that get adapters")
-      .choice("quantize_base", &LoraConfig::quantize_base, {"none", "nf4"},
+      .choice("quantize_base", &LoraConfig::quantize_base,
               "`nf4`: QLoRA, the frozen linears of the blocks stored as 4-bit NF4 (block "
               "scales, double quantisation) and dequantised on the fly; adapters and heads "
               "train in full precision; the export merges into full precision "
@@ -182,7 +423,7 @@ void lora_keys(std::vector<KeyDesc>& out) {
 
 void tokenizer_keys(std::vector<KeyDesc>& out) {
   SectionKeys<TokenizerConfig>(out, "tokenizer", &Config::tokenizer)
-      .choice("kind", &TokenizerConfig::kind, {"char", "kmer", "nt", "bpe", "hf"},
+      .choice("kind", &TokenizerConfig::kind,
               "`char`: one token per base; `kmer`: k-mers every `stride` bases; `nt`: the "
               "Nucleotide Transformer split (EsmTokenizer's): non-overlapping k-mers, single "
               "bases for N and leftovers; `bpe`: byte-pair encoding trained on the data; `hf`: "
@@ -202,18 +443,17 @@ void data_keys(std::vector<KeyDesc>& out) {
       .key("train_files", &DataConfig::train_files,
            "FASTA/FASTQ (plain, gzip, BGZF) or CSV/TSV/JSONL files to train on")
       .key("eval_files", &DataConfig::eval_files, "held-out files for evaluation")
-      .choice("format", &DataConfig::format, {"auto", "fasta", "fastq", "csv", "tsv", "jsonl"},
+      .choice("format", &DataConfig::format,
               "file format; `auto`: from the first file's extension (sequence files without a "
               "known one are recognised by their first character)")
-      .choice("on_bad_record", &DataConfig::on_bad_record, {"error", "skip"},
+      .choice("on_bad_record", &DataConfig::on_bad_record,
               "a malformed record: `error` stops the run (exit 3, naming file and line); "
               "`skip` drops it and counts it")
-      .choice("sampling", &DataConfig::sampling, {"random", "tile"},
+      .choice("sampling", &DataConfig::sampling,
               "genomes: `random` windows, or `tile`: windows at a fixed stride")
       .range("window_stride", &DataConfig::window_stride, 0, kInf,
              "`tile`: bases between window starts; 0 = window length")
-      .choice("n_policy", &DataConfig::n_policy, {"skip", "mask"},
-              "runs of N: `skip` windows with N, or `mask` them")
+      .choice("n_policy", &DataConfig::n_policy, "runs of N: `skip` windows with N, or `mask` them")
       .range("max_n_fraction", &DataConfig::max_n_fraction, 0, 1,
              "`skip`: windows with more N than this are skipped")
       .range("reverse_complement", &DataConfig::reverse_complement, 0, 1,
@@ -249,7 +489,7 @@ void training_optimizer_keys(std::vector<KeyDesc>& out) {
       .range("num_train_epochs", &TrainingConfig::num_train_epochs, 0, kInf,
              "with `max_steps` = 0: passes over the training set (may be fractional); the run "
              "takes ceil(epochs × samples per epoch / global batch) steps")
-      .choice("batch_size", &TrainingConfig::batch_size, {"", "auto"},
+      .choice("batch_size", &TrainingConfig::batch_size,
               "`\"\"` = `micro_batch_size`; `\"auto\"` = the largest that fits (see "
               "[batch_size = \"auto\"](#batch_size--auto))")
       .range("micro_batch_size", &TrainingConfig::micro_batch_size, 1, 1 << 20,
@@ -274,7 +514,7 @@ void training_optimizer_keys(std::vector<KeyDesc>& out) {
              "AdamW's decay of the second moment")
       .range("adam_epsilon", &TrainingConfig::adam_epsilon, 1e-12, 1,
              "AdamW's epsilon (0 would divide 0 by 0 for parameters without gradient: loss nan)")
-      .choice("lr_scheduler", &TrainingConfig::lr_scheduler, {"constant", "linear", "cosine"},
+      .choice("lr_scheduler", &TrainingConfig::lr_scheduler,
               "learning rate after the warm-up: constant, or decaying to 0 at the last step "
               "linearly or along a cosine")
       .range("warmup_steps", &TrainingConfig::warmup_steps, 0, kInf,
@@ -288,12 +528,12 @@ void training_optimizer_keys(std::vector<KeyDesc>& out) {
 // [training], part 2: numerics, evaluation, logging and where it runs.
 void training_run_keys(std::vector<KeyDesc>& out) {
   SectionKeys<TrainingConfig>(out, "training", &Config::training)
-      .choice("precision", &TrainingConfig::precision, {"fp32", "bf16", "fp16"},
+      .choice("precision", &TrainingConfig::precision,
               "compute precision of forward and backward (parameters stay fp32); `fp16` needs a "
               "GPU and uses a loss scaler")
       .key("tf32", &TrainingConfig::tf32,
            "CUDA: allow TF32 tensor-core math in fp32 matmuls and convolutions")
-      .choice("sync_free", &TrainingConfig::sync_free, {"auto", "on", "off"},
+      .choice("sync_free", &TrainingConfig::sync_free,
               "steps that never wait for the host (loss and grad norm read on logging steps "
               "only; a NaN loss is reported at the next logging step); `auto` = on for GPUs, "
               "off on CPU")
@@ -318,7 +558,7 @@ void training_run_keys(std::vector<KeyDesc>& out) {
       .range("logging_steps", &TrainingConfig::logging_steps, 1, kInf,
              "write a step line (log and metrics file) every this many steps, and at the first "
              "and last step")
-      .choice("device", &TrainingConfig::device, {"auto", "cpu", "cuda"},
+      .choice("device", &TrainingConfig::device,
               "`auto` = CUDA when a GPU is visible; a CUDA rank trains on cuda:LOCAL_RANK, "
               "counted within CUDA_VISIBLE_DEVICES ([gpu.md](gpu.md))")
       .key("output_dir", &TrainingConfig::output_dir,
@@ -327,7 +567,7 @@ void training_run_keys(std::vector<KeyDesc>& out) {
 
 void parallel_keys(std::vector<KeyDesc>& out) {
   SectionKeys<ParallelConfig>(out, "parallel", &Config::parallel)
-      .choice("backend", &ParallelConfig::backend, {"auto", "gloo", "mpi", "nccl"},
+      .choice("backend", &ParallelConfig::backend,
               "`auto` = nccl for a CUDA model (one GPU per rank, NCCL built), else mpi under "
               "mpirun, else gloo; gloo/mpi reduce a CUDA model's buckets through pinned host "
               "memory")
@@ -339,10 +579,10 @@ void parallel_keys(std::vector<KeyDesc>& out) {
              "is written, while the backward pass goes on")
       .range("first_bucket_mb", &ParallelConfig::first_bucket_mb, 0.001, 65536,
              "size of the first bucket (MiB), small so communication starts early")
-      .choice("accumulate_sync", &ParallelConfig::accumulate_sync, {"last", "every"},
+      .choice("accumulate_sync", &ParallelConfig::accumulate_sync,
               "with `grad_accum_steps` > 1: reduce gradients on the `last` micro-step only, or "
               "on `every` one")
-      .choice("grad_reduce_dtype", &ParallelConfig::grad_reduce_dtype, {"fp32", "bf16", "fp16"},
+      .choice("grad_reduce_dtype", &ParallelConfig::grad_reduce_dtype,
               "dtype gradients are reduced in; bf16/fp16 halve the bytes sent")
       .key("find_unused_parameters", &ParallelConfig::find_unused_parameters,
            "allow parameters that get no gradient in a step (they contribute a zero gradient "
@@ -366,18 +606,16 @@ void checkpoint_keys(std::vector<KeyDesc>& out) {
              "committed checkpoints kept; 0 keeps all")
       .range("keep_every", &CheckpointConfig::keep_every, 0, kInf,
              "also keep every K-th step; 0 off")
-      .key("resume", &CheckpointConfig::resume,
-           "`\"auto\"`: the newest committed checkpoint in `dir`, if any; `\"none\"`: start "
-           "fresh; else a step directory to resume from")
-      .choice("compression", &CheckpointConfig::compression, {"zstd", "none"},
-              "compression of shard chunks")
+      .resume("resume", &CheckpointConfig::resume,
+              "`\"auto\"`: the newest committed checkpoint in `dir`, if any; `\"none\"`: start "
+              "fresh; else a step directory to resume from")
+      .choice("compression", &CheckpointConfig::compression, "compression of shard chunks")
       .range("compression_level", &CheckpointConfig::compression_level, 1, 19, "zstd level")
       .range("chunk_mb", &CheckpointConfig::chunk_mb, 0.0625, 1024,
              "chunk size of shard files (MiB)")
       .key("async", &CheckpointConfig::async, "write on a background thread")
       .key("save_final", &CheckpointConfig::save_final, "export `<dir>/final` at the end")
       .choice("best_metric", &CheckpointConfig::best_metric,
-              {"none", "loss", "bits_per_base", "accuracy", "mcc", "f1"},
               "export the model to `<dir>/best` (with `best.json`: step, metric, value) at each "
               "evaluation that improves this metric (loss and bits_per_base: lower is better; "
               "accuracy, mcc, f1: higher); needs training.eval_steps > 0. The Hugging Face "
@@ -429,9 +667,7 @@ void logging_keys(std::vector<KeyDesc>& out) {
            "tagged `train/loss`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`, "
            "`eval/loss`, `eval/bits_per_base`, `eval/accuracy`, `checkpoint/stall_s`, "
            "`summary/...`; view with `tensorboard --logdir DIR`")
-      .choice("level", &LoggingConfig::level,
-              {"trace", "debug", "info", "warn", "error", "critical", "off"},
-              "least severe log lines written (stderr)")
+      .choice("level", &LoggingConfig::level, "least severe log lines written (stderr)")
       .range("peak_tflops", &LoggingConfig::peak_tflops, 0, 1e6,
              "one device's peak dense TFLOP/s for `mfu`; 0: known GPUs by name (H100, H200: "
              "989; A100: 312, bf16), no MFU on CPU");
@@ -658,7 +894,11 @@ void assign(Config& c, const KeyDesc& k, const toml::node& node, const std::stri
       break;
     }
     case Kind::kString:
-      *static_cast<std::string*>(field) = read_string(k, node, at);
+      if (k.set_text) {
+        k.set_text(c, read_string(k, node, at));
+      } else {
+        *static_cast<std::string*>(field) = read_string(k, node, at);
+      }
       break;
     case Kind::kStringList:
       *static_cast<std::vector<std::string>*>(field) = read_string_list(k, node, at);
@@ -672,10 +912,11 @@ void assign_alias(Config& c, const Alias& a, const toml::node& node, const std::
   if (name == "bf16" || name == "fp16") {
     auto v = node.value_exact<bool>();
     if (!v) fail(ExitCode::kUsage, "{}: key '{}' must be true or false", at, name);
+    const Precision selected = name == "bf16" ? Precision::kBf16 : Precision::kFp16;
     if (*v) {
-      c.training.precision = name;
-    } else if (c.training.precision == name) {
-      c.training.precision = "fp32";
+      c.training.precision = selected;
+    } else if (c.training.precision == selected) {
+      c.training.precision = Precision::kFp32;
     }
     return;
   }
@@ -718,31 +959,32 @@ void validate(const Config& c, const std::string& origin) {
   if (c.training.max_steps == 0 && c.training.num_train_epochs <= 0) {
     bad("set training.max_steps or training.num_train_epochs (both are 0)");
   }
-  if (c.tokenizer.kind == "kmer" && c.tokenizer.stride > c.tokenizer.k) {
+  if (c.tokenizer.kind == TokenizerKind::kKmer && c.tokenizer.stride > c.tokenizer.k) {
     bad(fmt::format("tokenizer.stride ({}) must not exceed tokenizer.k ({})", c.tokenizer.stride,
                     c.tokenizer.k));
   }
-  const auto& best = c.checkpoint.best_metric;
-  if (best != "none" && c.training.eval_steps <= 0) {
+  const BestMetric best = c.checkpoint.best_metric;
+  if (best != BestMetric::kNone && c.training.eval_steps <= 0) {
     bad(
         fmt::format("checkpoint.best_metric = \"{}\" needs evaluations: set training.eval_steps "
                     "> 0 and data.eval_files (or data.eval_fraction)",
-                    best));
+                    spelling(best)));
   }
-  const bool classifier_metric = best == "accuracy" || best == "mcc" || best == "f1";
-  if (classifier_metric && c.model.task != "classification") {
+  const bool classifier_metric =
+      best == BestMetric::kAccuracy || best == BestMetric::kMcc || best == BestMetric::kF1;
+  if (classifier_metric && c.model.task != Task::kClassification) {
     bad(
         fmt::format("checkpoint.best_metric = \"{}\" scores a classifier but model.task = \"{}\"; "
                     "use \"loss\"",
-                    best, c.model.task));
+                    spelling(best), spelling(c.model.task)));
   }
-  if (best == "bits_per_base" && c.model.task != "pretrain") {
+  if (best == BestMetric::kBitsPerBase && c.model.task != Task::kPretrain) {
     bad(
         fmt::format("checkpoint.best_metric = \"bits_per_base\" scores a language model but "
                     "model.task = \"{}\"; use \"loss\"",
-                    c.model.task));
+                    spelling(c.model.task)));
   }
-  if (c.training.precision == "fp16" && c.training.device == "cpu") {
+  if (c.training.precision == Precision::kFp16 && c.training.device == cfg::Device::kCpu) {
     bad("training.precision = \"fp16\" needs a GPU; use \"bf16\" or \"fp32\" on CPU");
   }
 }
@@ -894,7 +1136,7 @@ std::string value_text(Config& c, const KeyDesc& k) {
     case Kind::kBool:
       return *static_cast<bool*>(f) ? "true" : "false";
     case Kind::kString:
-      return toml_string(*static_cast<std::string*>(f));
+      return toml_string(k.get_text ? k.get_text(c) : *static_cast<std::string*>(f));
     case Kind::kStringList: {
       std::vector<std::string> parts;
       for (const auto& s : *static_cast<std::vector<std::string>*>(f))
@@ -1070,5 +1312,45 @@ std::string config_reference(const std::string& page_template) {
   replace_marker(page, "{{keys}}", keys_markdown());
   return page;
 }
+
+namespace cfg {
+
+const char* spelling(Arch v) { return spelling_in_table(v); }
+const char* spelling(Task v) { return spelling_in_table(v); }
+const char* spelling(Position v) { return spelling_in_table(v); }
+const char* spelling(Mlp v) { return spelling_in_table(v); }
+const char* spelling(AttnImplementation v) { return spelling_in_table(v); }
+const char* spelling(Pooling v) { return spelling_in_table(v); }
+const char* spelling(QuantizeBase v) { return spelling_in_table(v); }
+const char* spelling(TokenizerKind v) { return spelling_in_table(v); }
+const char* spelling(DataFormat v) { return spelling_in_table(v); }
+const char* spelling(OnBadRecord v) { return spelling_in_table(v); }
+const char* spelling(Sampling v) { return spelling_in_table(v); }
+const char* spelling(NPolicy v) { return spelling_in_table(v); }
+const char* spelling(BatchSize v) { return spelling_in_table(v); }
+const char* spelling(LrScheduler v) { return spelling_in_table(v); }
+const char* spelling(Precision v) { return spelling_in_table(v); }
+const char* spelling(SyncFree v) { return spelling_in_table(v); }
+const char* spelling(Device v) { return spelling_in_table(v); }
+const char* spelling(Backend v) { return spelling_in_table(v); }
+const char* spelling(AccumulateSync v) { return spelling_in_table(v); }
+const char* spelling(Compression v) { return spelling_in_table(v); }
+const char* spelling(BestMetric v) { return spelling_in_table(v); }
+const char* spelling(LogLevel v) { return spelling_in_table(v); }
+std::string spelling(const Resume& v) { return resume_text(v); }
+
+DType dtype_of(Precision v) {
+  switch (v) {
+    case Precision::kFp32:
+      return DType::kFloat32;
+    case Precision::kBf16:
+      return DType::kBFloat16;
+    case Precision::kFp16:
+      return DType::kFloat16;
+  }
+  return DType::kFloat32;
+}
+
+}  // namespace cfg
 
 }  // namespace dnallm

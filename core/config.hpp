@@ -12,27 +12,111 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "core/dtype.hpp"
 
 namespace dnallm {
 
+// Note [Config choices]: every key with a closed set of values is an enum below; its spellings
+// are one table in core/config.cpp, used to parse (an unknown spelling is exit 2 naming the
+// key, the value and the allowed spellings), to print (to_toml(), docs/config.md, the model
+// hash) and by spelling() for messages. Code outside the schema compares enum values, never
+// strings (tests/lint/config_choices.sh checks it).
+namespace cfg {
+
+enum class Arch { kBert, kGpt, kHyena, kCaduceus, kCaduceusPs };     // model.arch
+enum class Task { kPretrain, kClassification, kRegression };          // model.task
+enum class Position { kLearned, kRotary, kAlibi };                    // model.position
+enum class Mlp { kGelu, kGeglu };                                     // model.mlp
+enum class AttnImplementation { kAuto, kSdpa, kEager };               // model.attn_implementation
+enum class Pooling { kCls, kMean };                                   // model.pooling
+enum class QuantizeBase { kNone, kNf4 };                              // lora.quantize_base
+enum class TokenizerKind { kChar, kKmer, kNt, kBpe, kHf };            // tokenizer.kind
+enum class DataFormat { kAuto, kFasta, kFastq, kCsv, kTsv, kJsonl };  // data.format
+enum class OnBadRecord { kError, kSkip };                             // data.on_bad_record
+enum class Sampling { kRandom, kTile };                               // data.sampling
+enum class NPolicy { kSkip, kMask };                                  // data.n_policy
+enum class BatchSize { kMicroBatch, kAuto };             // training.batch_size "" | "auto"
+enum class LrScheduler { kConstant, kLinear, kCosine };  // training.lr_scheduler
+// training.precision and parallel.grad_reduce_dtype.
+enum class Precision { kFp32, kBf16, kFp16 };
+enum class SyncFree { kAuto, kOn, kOff };          // training.sync_free
+enum class Device { kAuto, kCpu, kCuda };          // training.device
+enum class Backend { kAuto, kGloo, kMpi, kNccl };  // parallel.backend
+enum class AccumulateSync { kLast, kEvery };       // parallel.accumulate_sync
+enum class Compression { kZstd, kNone };           // checkpoint.compression
+enum class BestMetric {
+  kNone,
+  kLoss,
+  kBitsPerBase,
+  kAccuracy,
+  kMcc,
+  kF1
+};  // checkpoint.best_metric
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kCritical, kOff };  // logging.level
+
+// checkpoint.resume: "auto", "none", or any other text: a path.
+struct Resume {
+  enum class Kind { kAuto, kNone, kPath };
+  Kind kind = Kind::kAuto;
+  std::string path;  // kPath only
+
+  static Resume automatic() { return {}; }
+  static Resume none() { return {Kind::kNone, {}}; }
+  static Resume from_path(std::string p) { return {Kind::kPath, std::move(p)}; }
+};
+
+// The spelling of a value, as the configuration writes it ("bert", "bf16", "" for
+// BatchSize::kMicroBatch).
+const char* spelling(Arch v);
+const char* spelling(Task v);
+const char* spelling(Position v);
+const char* spelling(Mlp v);
+const char* spelling(AttnImplementation v);
+const char* spelling(Pooling v);
+const char* spelling(QuantizeBase v);
+const char* spelling(TokenizerKind v);
+const char* spelling(DataFormat v);
+const char* spelling(OnBadRecord v);
+const char* spelling(Sampling v);
+const char* spelling(NPolicy v);
+const char* spelling(BatchSize v);
+const char* spelling(LrScheduler v);
+const char* spelling(Precision v);
+const char* spelling(SyncFree v);
+const char* spelling(Device v);
+const char* spelling(Backend v);
+const char* spelling(AccumulateSync v);
+const char* spelling(Compression v);
+const char* spelling(BestMetric v);
+const char* spelling(LogLevel v);
+// "auto", "none" or the path.
+std::string spelling(const Resume& v);
+
+// The element type of a precision: the one place it is decoded.
+DType dtype_of(Precision v);
+
+}  // namespace cfg
+
 struct ModelConfig {
-  std::string arch = "bert";
-  std::string task = "pretrain";
+  cfg::Arch arch = cfg::Arch::kBert;
+  cfg::Task task = cfg::Task::kPretrain;
   int64_t hidden = 256;
   int64_t layers = 4;
   int64_t heads = 4;
   int64_t kv_heads = 0;
   int64_t ffn = 1024;
   int64_t max_seq_length = 512;
-  std::string position = "learned";
-  std::string mlp = "gelu";
+  cfg::Position position = cfg::Position::kLearned;
+  cfg::Mlp mlp = cfg::Mlp::kGelu;
   bool post_layer_norm = false;
-  std::string attn_implementation = "auto";
+  cfg::AttnImplementation attn_implementation = cfg::AttnImplementation::kAuto;
   double dropout = 0.0;
   bool gradient_checkpointing = false;
   int64_t num_labels = 2;
-  std::string pooling = "cls";
+  cfg::Pooling pooling = cfg::Pooling::kCls;
   std::string init_from = "";
 };
 
@@ -41,11 +125,11 @@ struct LoraConfig {
   double alpha = 16.0;
   double dropout = 0.0;
   std::vector<std::string> target_modules = {"query", "value"};
-  std::string quantize_base = "none";
+  cfg::QuantizeBase quantize_base = cfg::QuantizeBase::kNone;
 };
 
 struct TokenizerConfig {
-  std::string kind = "char";
+  cfg::TokenizerKind kind = cfg::TokenizerKind::kChar;
   int64_t k = 6;
   int64_t stride = 1;
   int64_t vocab_size = 4096;
@@ -55,11 +139,11 @@ struct TokenizerConfig {
 struct DataConfig {
   std::vector<std::string> train_files;
   std::vector<std::string> eval_files;
-  std::string format = "auto";
-  std::string on_bad_record = "error";
-  std::string sampling = "random";
+  cfg::DataFormat format = cfg::DataFormat::kAuto;
+  cfg::OnBadRecord on_bad_record = cfg::OnBadRecord::kError;
+  cfg::Sampling sampling = cfg::Sampling::kRandom;
   int64_t window_stride = 0;
-  std::string n_policy = "skip";
+  cfg::NPolicy n_policy = cfg::NPolicy::kSkip;
   double max_n_fraction = 0.0;
   double reverse_complement = 0.0;
   double eval_fraction = 0.0;
@@ -78,7 +162,7 @@ struct DataConfig {
 struct TrainingConfig {
   int64_t max_steps = 100;
   double num_train_epochs = 0.0;
-  std::string batch_size = "";
+  cfg::BatchSize batch_size = cfg::BatchSize::kMicroBatch;
   int64_t micro_batch_size = 8;
   int64_t grad_accum_steps = 1;
   double auto_batch_memory_mb = 0.0;
@@ -88,30 +172,30 @@ struct TrainingConfig {
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_epsilon = 1e-8;
-  std::string lr_scheduler = "linear";
+  cfg::LrScheduler lr_scheduler = cfg::LrScheduler::kLinear;
   int64_t warmup_steps = 0;
   double warmup_ratio = 0.0;
   double max_grad_norm = 1.0;
-  std::string precision = "fp32";
+  cfg::Precision precision = cfg::Precision::kFp32;
   bool tf32 = false;
-  std::string sync_free = "auto";
+  cfg::SyncFree sync_free = cfg::SyncFree::kAuto;
   bool optimizer_offload = false;
   bool keep_global_batch = true;
   int64_t seed = 42;
   int64_t eval_steps = 0;
   int64_t eval_batches = 8;
   int64_t logging_steps = 10;
-  std::string device = "auto";
+  cfg::Device device = cfg::Device::kAuto;
   std::string output_dir = "";
 };
 
 struct ParallelConfig {
-  std::string backend = "auto";
+  cfg::Backend backend = cfg::Backend::kAuto;
   int64_t zero_stage = 0;
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;
-  std::string accumulate_sync = "last";
-  std::string grad_reduce_dtype = "fp32";
+  cfg::AccumulateSync accumulate_sync = cfg::AccumulateSync::kLast;
+  cfg::Precision grad_reduce_dtype = cfg::Precision::kFp32;
   bool find_unused_parameters = false;
   double timeout_s = 300.0;
   bool share_gpus = false;
@@ -122,15 +206,15 @@ struct CheckpointConfig {
   int64_t save_steps = 0;
   int64_t keep_last = 3;
   int64_t keep_every = 0;
-  std::string resume = "auto";
-  std::string compression = "zstd";
+  cfg::Resume resume;  // "auto"
+  cfg::Compression compression = cfg::Compression::kZstd;
   int64_t compression_level = 3;
   double chunk_mb = 4.0;
   bool async = true;
   bool save_final = true;
-  // Note [Best checkpoint] (worker/train/trainer.hpp): "none" or the evaluation metric whose
+  // Note [Best checkpoint] (worker/train/trainer.hpp): none, or the evaluation metric whose
   // best value so far keeps an export in <dir>/best.
-  std::string best_metric = "none";
+  cfg::BestMetric best_metric = cfg::BestMetric::kNone;
 };
 
 // Note [Elastic settings]: [elastic] is read by dnallm-launch (from its own --config and
@@ -153,7 +237,7 @@ struct ElasticConfig {
 struct LoggingConfig {
   std::string metrics_file = "";
   std::string tensorboard_dir = "";
-  std::string level = "info";
+  cfg::LogLevel level = cfg::LogLevel::kInfo;
   double peak_tflops = 0.0;
 };
 

@@ -49,6 +49,31 @@ spdlog::level::level_enum parse_log_level(const std::string& name) {
        "unknown log level '{}'; use one of trace, debug, info, warn, error, critical, off", name);
 }
 
+spdlog::level::level_enum log_level_of(cfg::LogLevel level) {
+  switch (level) {
+    case cfg::LogLevel::kTrace:
+      return spdlog::level::trace;
+    case cfg::LogLevel::kDebug:
+      return spdlog::level::debug;
+    case cfg::LogLevel::kInfo:
+      return spdlog::level::info;
+    case cfg::LogLevel::kWarn:
+      return spdlog::level::warn;
+    case cfg::LogLevel::kError:
+      return spdlog::level::err;
+    case cfg::LogLevel::kCritical:
+      return spdlog::level::critical;
+    case cfg::LogLevel::kOff:
+      return spdlog::level::off;
+  }
+  return spdlog::level::info;
+}
+
+void init_logging(const std::string& role, cfg::LogLevel level) {
+  init_logging(role, "info");
+  spdlog::set_level(log_level_of(level));
+}
+
 void init_logging(const std::string& role, const std::string& level) {
   {
     std::lock_guard<std::mutex> lock(g_role_mu);

@@ -8,13 +8,19 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/config.hpp"
+
 namespace dnallm {
 
 // Parses "trace|debug|info|warn|error|critical|off"; throws Error(kUsage) otherwise.
 spdlog::level::level_enum parse_log_level(const std::string& name);
 
+// logging.level as spdlog's level.
+spdlog::level::level_enum log_level_of(cfg::LogLevel level);
+
 // Installs a stderr logger named by `role` (e.g. "launch", "train") with level `level`.
 void init_logging(const std::string& role, const std::string& level = "info");
+void init_logging(const std::string& role, cfg::LogLevel level);
 
 // Sets the prefix to "<role> <rank>@<host>" (rank < 0: "<role> @<host>").
 void set_log_identity(int rank);

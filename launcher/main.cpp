@@ -324,7 +324,8 @@ int print_sbatch_script(const Args& args, const CLI::App& app, const Config& con
   SbatchOptions o;
   o.nodes = static_cast<int>(config.elastic.min_nodes);
   o.nproc_per_node = resolve_nproc(args.nproc, {}, 0);
-  const bool cuda_config = config.training.device == "cuda" || config.parallel.backend == "nccl";
+  const bool cuda_config = config.training.device == cfg::Device::kCuda ||
+                           config.parallel.backend == cfg::Backend::kNccl;
   o.gpus = args.sbatch_gpus || cuda_config;
   o.cpus_per_task = args.cpus_per_task;
   o.signal_lead_s = args.signal_lead_s;
@@ -416,7 +417,7 @@ Config launcher_config(Args& args, const CLI::App& app) {
     args.config.key_flags.push_back({"elastic.max_nodes", std::to_string(hi), origin});
   }
   Config config = resolve_config(args.config);
-  spdlog::set_level(parse_log_level(config.logging.level));
+  spdlog::set_level(log_level_of(config.logging.level));
   return config;
 }
 
@@ -444,7 +445,7 @@ int run(Args& args, const CLI::App& app) {
     const std::string source = !co.config_path.empty() ? "config " + co.config_path
                                : configured            ? "--set"
                                                        : "default";
-    fmt::print("{}", describe_plan(plan, config.parallel.backend, source));
+    fmt::print("{}", describe_plan(plan, cfg::spelling(config.parallel.backend), source));
     return 0;
   }
   require_worker_command(args, plan);

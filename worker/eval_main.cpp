@@ -249,20 +249,43 @@ int write_logits(const EvalArgs& a) {
   return 0;
 }
 
+// The model.arch and model.task a model was built from.
+cfg::Arch config_arch(models::Arch arch) {
+  switch (arch) {
+    case models::Arch::kBert:
+      return cfg::Arch::kBert;
+    case models::Arch::kGpt:
+      return cfg::Arch::kGpt;
+  }
+  return cfg::Arch::kBert;
+}
+
+cfg::Task config_task(models::Task task) {
+  switch (task) {
+    case models::Task::kPretrain:
+      return cfg::Task::kPretrain;
+    case models::Task::kClassification:
+      return cfg::Task::kClassification;
+    case models::Task::kRegression:
+      return cfg::Task::kRegression;
+  }
+  return cfg::Task::kPretrain;
+}
+
 // The evaluation configuration of an exported model: its own framing and tokenizer, the whole
 // `input` once, every N kept (masked).
 Config eval_config(const models::ModelSpec& o, const data::Tokenizer& tokenizer,
                    const std::string& input, const EvalArgs& a) {
   Config config;
-  config.model.arch = models::arch_name(o.arch);
-  config.model.task = models::task_name(o.task);
+  config.model.arch = config_arch(o.arch);
+  config.model.task = config_task(o.task);
   config.model.max_seq_length = o.max_seq_length;
   config.model.num_labels = o.num_labels;
-  config.tokenizer.kind = tokenizer.kind();
+  config.tokenizer.kind = tokenizer.tokenizer_kind();
   config.data.eval_files = {input};
   config.training.micro_batch_size = a.batch_size;
   config.training.seed = a.seed;
-  config.data.n_policy = "mask";
+  config.data.n_policy = cfg::NPolicy::kMask;
   config.data.max_n_fraction = 1.0;
   return config;
 }

@@ -68,8 +68,8 @@ int bench_loader(int argc, char** argv) {
                             std::string(DNALLM_SOURCE_DIR_BENCH) + "/data/ecoli_k12_mg1655.fa.gz")};
   c.model.max_seq_length = std::stoll(arg(argc, argv, "--seq", "512"));
   c.training.micro_batch_size = std::stoll(arg(argc, argv, "--mbs", "8"));
-  c.tokenizer.kind = "char";
-  c.model.arch = "bert";
+  c.tokenizer.kind = dnallm::cfg::TokenizerKind::kChar;
+  c.model.arch = dnallm::cfg::Arch::kBert;
   const int steps = std::stoi(arg(argc, argv, "--steps", "200"));
   const int warmup = 10;
   const double trainer_tokens_per_s = 8.0 * 512 / 2.2;
@@ -151,7 +151,7 @@ int bench_table(int argc, char** argv) {
 
   dnallm::Config c;
   c.data.train_files = {csv};
-  c.model.task = "classification";
+  c.model.task = dnallm::cfg::Task::kClassification;
   c.model.max_seq_length = 512;
   c.training.micro_batch_size = 8;
   c.data.dataloader_num_workers = 2;

@@ -101,7 +101,7 @@ TEST(CheckpointCommitTest, StepWithoutManifestIsNeverLoadedAndIsCleanedUp) {
   save_two_ranks(tmp.path(), 10);
   save_two_ranks(tmp.path(), 20, /*commit=*/false);  // crashed before the manifest
   save_two_ranks(tmp.path(), 40, /*commit=*/false);  // in flight, newer than the commit
-  auto r = find_resume(tmp.path(), "auto");
+  auto r = find_resume(tmp.path(), cfg::Resume::automatic());
   ASSERT_TRUE(r);
   EXPECT_EQ(r->step(), 10);
   error_of([&] { CheckpointReader::open(tmp.path() / step_dir_name(20)); },
@@ -109,16 +109,18 @@ TEST(CheckpointCommitTest, StepWithoutManifestIsNeverLoadedAndIsCleanedUp) {
   save_two_ranks(tmp.path(), 30);  // the committer cleans older uncommitted dirs
   EXPECT_FALSE(fs::exists(tmp.path() / step_dir_name(20)));
   EXPECT_TRUE(fs::exists(tmp.path() / step_dir_name(40)));
-  EXPECT_EQ(find_resume(tmp.path(), "auto")->step(), 30);
+  EXPECT_EQ(find_resume(tmp.path(), cfg::Resume::automatic())->step(), 30);
 }
 
 TEST(CheckpointCommitTest, ResumeNoneAndEmptyRoot) {
   TempDir tmp;
-  EXPECT_FALSE(find_resume(tmp.path(), "auto"));
+  EXPECT_FALSE(find_resume(tmp.path(), cfg::Resume::automatic()));
   save_two_ranks(tmp.path(), 3);
-  EXPECT_FALSE(find_resume(tmp.path(), "none"));
-  EXPECT_EQ(find_resume("/unused", (tmp.path() / step_dir_name(3)).string())->step(), 3);
-  EXPECT_EQ(find_resume("/unused", tmp.path().string())->step(), 3);
+  EXPECT_FALSE(find_resume(tmp.path(), cfg::Resume::none()));
+  EXPECT_EQ(find_resume("/unused", cfg::Resume::from_path((tmp.path() / step_dir_name(3)).string()))
+                ->step(),
+            3);
+  EXPECT_EQ(find_resume("/unused", cfg::Resume::from_path(tmp.path().string()))->step(), 3);
 }
 
 TEST(CheckpointCommitTest, LatestMissingFallsBackToScan) {
@@ -126,7 +128,7 @@ TEST(CheckpointCommitTest, LatestMissingFallsBackToScan) {
   save_two_ranks(tmp.path(), 3);
   save_two_ranks(tmp.path(), 9);
   fs::remove(tmp.path() / kLatestName);
-  EXPECT_EQ(find_resume(tmp.path(), "auto")->step(), 9);
+  EXPECT_EQ(find_resume(tmp.path(), cfg::Resume::automatic())->step(), 9);
 }
 
 // Each damage of the newest checkpoint: detected with a message naming the file, resume
@@ -163,13 +165,14 @@ TEST_P(CheckpointDamageTest, FallsBackToPreviousCommitted) {
     EXPECT_NE(msg.find("chunk 0"), std::string::npos) << msg;
   }
 
-  auto r = find_resume(tmp.path(), "auto");
+  auto r = find_resume(tmp.path(), cfg::Resume::automatic());
   ASSERT_TRUE(r);
   EXPECT_EQ(r->step(), 100);
   EXPECT_EQ(r->read_tensor("w"), good.w);
   EXPECT_EQ(r->read_tensor("m"), good.m);
   // An explicit PATH to the damaged step does not fall back.
-  error_of([&] { find_resume(tmp.path(), bad_dir.string()); }, ExitCode::kCheckpointCorrupt);
+  error_of([&] { find_resume(tmp.path(), cfg::Resume::from_path(bad_dir.string())); },
+           ExitCode::kCheckpointCorrupt);
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, CheckpointDamageTest,
@@ -182,8 +185,8 @@ TEST(CheckpointCommitTest, AllDamagedIsCheckpointCorrupt) {
   save_two_ranks(tmp.path(), 2);
   flip_byte(tmp.path() / step_dir_name(1) / "shard_00000.dnc", 30);
   fs::remove(tmp.path() / step_dir_name(2) / "shard_00001.dnc");
-  const std::string msg =
-      error_of([&] { find_resume(tmp.path(), "auto"); }, ExitCode::kCheckpointCorrupt);
+  const std::string msg = error_of([&] { find_resume(tmp.path(), cfg::Resume::automatic()); },
+                                   ExitCode::kCheckpointCorrupt);
   EXPECT_NE(msg.find("no usable checkpoint"), std::string::npos) << msg;
 }
 
@@ -257,7 +260,7 @@ TEST(CheckpointFaultTest, DiskFullDuringWriteLeavesPreviousIntact) {
   EXPECT_FALSE(fs::exists(dir / kManifestName));
   if (fs::exists(dir))
     for (const auto& e : fs::directory_iterator(dir)) ADD_FAILURE() << "left " << e.path();
-  auto r = find_resume(tmp.path(), "auto");
+  auto r = find_resume(tmp.path(), cfg::Resume::automatic());
   ASSERT_TRUE(r);
   EXPECT_EQ(r->step(), 1);
   EXPECT_EQ(r->read_tensor("m"), good.m);

@@ -151,14 +151,14 @@ TEST(CheckpointResumeTest, TheNewestCommittedStepWinsOverAStaleLatest) {
   auto newest = save(tmp.path(), 20);
   // LATEST could not be replaced (disk full between manifest and LATEST), or was restored.
   write_file_durable(tmp.path() / kLatestName, step_dir_name(10) + "\n");
-  auto r = find_resume(tmp.path(), "auto");
+  auto r = find_resume(tmp.path(), cfg::Resume::automatic());
   ASSERT_TRUE(r);
   EXPECT_EQ(r->step(), 20);
   EXPECT_EQ(r->read_tensor("w"), newest);
   EXPECT_EQ(CheckpointReader::open(tmp.path()).step(), 20);
   // A LATEST naming nothing committed changes nothing either.
   write_file_durable(tmp.path() / kLatestName, "garbage\n");
-  EXPECT_EQ(find_resume(tmp.path(), "auto")->step(), 20);
+  EXPECT_EQ(find_resume(tmp.path(), cfg::Resume::automatic())->step(), 20);
 }
 
 TEST(CheckpointResumeTest, AManifestThatDoesNotBelongToItsDirectoryIsDamaged) {
@@ -172,7 +172,7 @@ TEST(CheckpointResumeTest, AManifestThatDoesNotBelongToItsDirectoryIsDamaged) {
   std::ofstream(dir / kManifestName) << j.dump();
   const std::string msg = error_of([&] { read_manifest(dir); }, ExitCode::kCheckpointCorrupt);
   EXPECT_NE(msg.find("says step 999"), std::string::npos) << msg;
-  auto r = find_resume(tmp.path(), "auto");
+  auto r = find_resume(tmp.path(), cfg::Resume::automatic());
   ASSERT_TRUE(r);
   EXPECT_EQ(r->step(), 10);
   EXPECT_EQ(r->read_tensor("w"), good);
@@ -194,7 +194,7 @@ TEST(CheckpointResumeTest, StepsNewerThanTheStartAreSetAsideNotOverwritten) {
   EXPECT_EQ(CheckpointReader::open(moved[0]).read_tensor("w"), kept);
   // A run continuing from 10 now writes step 20 afresh.
   save(tmp.path(), 20);
-  EXPECT_EQ(find_resume(tmp.path(), "auto")->step(), 20);
+  EXPECT_EQ(find_resume(tmp.path(), cfg::Resume::automatic())->step(), 20);
 }
 
 // A failed durable write (the disk fills up: RLIMIT_FSIZE in a forked child) leaves no

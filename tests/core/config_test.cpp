@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -32,17 +33,17 @@ void expect_usage_error(const std::string& text, const std::vector<std::string>&
 
 TEST(Config, DefaultsMatchDesign) {
   Config c = parse_config("", "");
-  EXPECT_EQ(c.model.arch, "bert");
+  EXPECT_EQ(c.model.arch, cfg::Arch::kBert);
   EXPECT_EQ(c.model.hidden, 256);
   EXPECT_EQ(c.training.micro_batch_size, 8);
-  EXPECT_EQ(c.training.precision, "fp32");
+  EXPECT_EQ(c.training.precision, cfg::Precision::kFp32);
   EXPECT_DOUBLE_EQ(c.training.lr, 3e-4);
-  EXPECT_EQ(c.parallel.backend, "auto");
+  EXPECT_EQ(c.parallel.backend, cfg::Backend::kAuto);
   EXPECT_DOUBLE_EQ(c.parallel.bucket_cap_mb, 25.0);
-  EXPECT_EQ(c.parallel.accumulate_sync, "last");
-  EXPECT_EQ(c.checkpoint.resume, "auto");
-  EXPECT_EQ(c.data.on_bad_record, "error");
-  EXPECT_EQ(c.tokenizer.kind, "char");
+  EXPECT_EQ(c.parallel.accumulate_sync, cfg::AccumulateSync::kLast);
+  EXPECT_EQ(c.checkpoint.resume.kind, cfg::Resume::Kind::kAuto);
+  EXPECT_EQ(c.data.on_bad_record, cfg::OnBadRecord::kError);
+  EXPECT_EQ(c.tokenizer.kind, cfg::TokenizerKind::kChar);
 }
 
 TEST(Config, FileValuesOverrideDefaults) {
@@ -61,12 +62,12 @@ precision = "bf16"
 bucket_cap_mb = 4   # an integer is accepted for a number
 )",
                           "run.toml");
-  EXPECT_EQ(c.model.arch, "gpt");
+  EXPECT_EQ(c.model.arch, cfg::Arch::kGpt);
   EXPECT_EQ(c.model.hidden, 128);
   EXPECT_EQ(c.data.train_files, (std::vector<std::string>{"a.fa.gz", "b.fa"}));
   EXPECT_DOUBLE_EQ(c.training.lr, 1e-3);
   EXPECT_EQ(c.training.max_steps, 7);
-  EXPECT_EQ(c.training.precision, "bf16");
+  EXPECT_EQ(c.training.precision, cfg::Precision::kBf16);
   EXPECT_DOUBLE_EQ(c.parallel.bucket_cap_mb, 4.0);
   EXPECT_EQ(c.model.layers, 4);  // untouched keys keep defaults
 }
@@ -78,7 +79,7 @@ TEST(Config, SetOverridesBeatFileAndTakeTomlOrBareWords) {
        "training.lr=3e-5", "checkpoint.dir=/tmp/run 1/ckpt", "model.gradient_checkpointing=true",
        "data.eval_files=held.fa"});
   EXPECT_EQ(c.training.max_steps, 20);
-  EXPECT_EQ(c.training.precision, "fp32");
+  EXPECT_EQ(c.training.precision, cfg::Precision::kFp32);
   EXPECT_EQ(c.data.train_files, (std::vector<std::string>{"x.fa", "y.fa"}));
   EXPECT_DOUBLE_EQ(c.training.lr, 3e-5);
   EXPECT_EQ(c.checkpoint.dir, "/tmp/run 1/ckpt");
@@ -115,10 +116,10 @@ warmup_steps = 10
                           "hf.toml");
   EXPECT_EQ(c.training.micro_batch_size, 16);
   EXPECT_DOUBLE_EQ(c.training.lr, 5e-5);
-  EXPECT_EQ(c.training.precision, "bf16");
+  EXPECT_EQ(c.training.precision, cfg::Precision::kBf16);
   EXPECT_EQ(c.training.grad_accum_steps, 4);
   EXPECT_DOUBLE_EQ(c.training.warmup_ratio, 0.1);
-  EXPECT_EQ(c.training.lr_scheduler, "cosine");
+  EXPECT_EQ(c.training.lr_scheduler, cfg::LrScheduler::kCosine);
   EXPECT_DOUBLE_EQ(c.training.max_grad_norm, 0.5);
   EXPECT_EQ(c.checkpoint.keep_last, 2);
   EXPECT_EQ(c.checkpoint.save_steps, 100);
@@ -137,7 +138,7 @@ warmup_steps = 10
   // Aliases work in --set too, with or without a section.
   Config d = parse_config("", "", {"learning_rate=2e-4", "training.fp16=true"});
   EXPECT_DOUBLE_EQ(d.training.lr, 2e-4);
-  EXPECT_EQ(d.training.precision, "fp16");
+  EXPECT_EQ(d.training.precision, cfg::Precision::kFp16);
 }
 
 TEST(Config, UnknownKeyNamesKeyLineAndSuggestion) {
@@ -190,7 +191,7 @@ TEST(Config, CrossKeyChecks) {
   const Config ok =
       parse_config("[model]\ntask = \"classification\"\n[training]\neval_steps = 10\n", "run.toml",
                    {"metric_for_best_model=mcc"});
-  EXPECT_EQ(ok.checkpoint.best_metric, "mcc");
+  EXPECT_EQ(ok.checkpoint.best_metric, cfg::BestMetric::kMcc);
 }
 
 TEST(Config, MalformedTomlReportsLineAndColumn) {
@@ -245,13 +246,13 @@ TEST(Config, ModelHashIgnoresTrainingKnobs) {
   Config q = load_config(std::string(DNALLM_SOURCE_DIR) + "/configs/quickstart.toml");
   EXPECT_EQ(fmt::format("{:016x}", model_config_hash(q)), "de934a2fff92763d");
   Config nf4 = q;
-  nf4.lora.quantize_base = "nf4";
+  nf4.lora.quantize_base = cfg::QuantizeBase::kNf4;
   EXPECT_NE(model_config_hash(nf4), model_config_hash(q));
   Config grouped = q;
   grouped.model.kv_heads = 1;
   EXPECT_NE(model_config_hash(grouped), model_config_hash(q));
   Config geglu = q;
-  geglu.model.mlp = "geglu";
+  geglu.model.mlp = cfg::Mlp::kGeglu;
   EXPECT_NE(model_config_hash(geglu), model_config_hash(q));
   Config post_ln = q;
   post_ln.model.post_layer_norm = true;
@@ -298,7 +299,7 @@ TEST(Config, AnAliasAndItsKeyInOneTableNameBoth) {
   EXPECT_DOUBLE_EQ(
       parse_config("learning_rate = 1e-3\n[training]\nlr = 5e-5\n", "run.toml").training.lr, 5e-5);
   EXPECT_EQ(parse_config("[training]\nbf16 = false\nfp16 = false\n", "run.toml").training.precision,
-            "fp32");
+            cfg::Precision::kFp32);
 }
 
 TEST(Config, ConfigFilesAreBoundedAndRegular) {
@@ -372,16 +373,16 @@ TEST(Config, BundledPresetsLoad) {
   }
   Config bench = load_config(std::string(DNALLM_SOURCE_DIR) + "/configs/bench-cpu.toml");
   // The bench-cpu shape is a contract (issue: keep exactly this shape).
-  EXPECT_EQ(bench.model.arch, "bert");
-  EXPECT_EQ(bench.tokenizer.kind, "char");
+  EXPECT_EQ(bench.model.arch, cfg::Arch::kBert);
+  EXPECT_EQ(bench.tokenizer.kind, cfg::TokenizerKind::kChar);
   EXPECT_EQ(bench.model.hidden, 256);
   EXPECT_EQ(bench.model.layers, 4);
   EXPECT_EQ(bench.model.heads, 4);
   EXPECT_EQ(bench.model.ffn, 1024);
-  EXPECT_EQ(bench.model.position, "learned");
+  EXPECT_EQ(bench.model.position, cfg::Position::kLearned);
   EXPECT_EQ(bench.model.max_seq_length, 512);
   EXPECT_EQ(bench.training.micro_batch_size, 8);
-  EXPECT_EQ(bench.training.precision, "fp32");
+  EXPECT_EQ(bench.training.precision, cfg::Precision::kFp32);
   EXPECT_DOUBLE_EQ(bench.training.lr, 3e-4);
   EXPECT_DOUBLE_EQ(bench.data.mlm_probability, 0.15);
 }
@@ -471,6 +472,149 @@ TEST(Config, DefaultsAreTheSchemasToo) {
   EXPECT_EQ(config_default("elastic.settle_s"), "2.0");
   EXPECT_EQ(config_default("model.arch"), "\"bert\"");
   EXPECT_THROW(config_default("elastic.nope"), Error);
+}
+
+// Note [Config choices]: every closed-choice key with its spellings, written out here (not
+// taken from the schema) so that a spelling dropped or renamed in the table fails; `field`
+// reads the key back through its enum.
+struct ChoiceKey {
+  std::string key;
+  std::vector<std::string> spellings;
+  std::function<std::string(const Config&)> field;
+  std::vector<std::string> needs = {};  // other --set values that make each spelling valid
+};
+
+std::vector<ChoiceKey> choice_keys() {
+  return {
+      {"model.arch", {"bert", "gpt"}, [](const Config& c) { return cfg::spelling(c.model.arch); }},
+      {"model.task",
+       {"pretrain", "classification", "regression"},
+       [](const Config& c) { return cfg::spelling(c.model.task); }},
+      {"model.position",
+       {"learned", "rotary", "alibi"},
+       [](const Config& c) { return cfg::spelling(c.model.position); }},
+      {"model.mlp", {"gelu", "geglu"}, [](const Config& c) { return cfg::spelling(c.model.mlp); }},
+      {"model.attn_implementation",
+       {"auto", "sdpa", "eager"},
+       [](const Config& c) { return cfg::spelling(c.model.attn_implementation); }},
+      {"model.pooling",
+       {"cls", "mean"},
+       [](const Config& c) { return cfg::spelling(c.model.pooling); }},
+      {"lora.quantize_base",
+       {"none", "nf4"},
+       [](const Config& c) { return cfg::spelling(c.lora.quantize_base); }},
+      {"tokenizer.kind",
+       {"char", "kmer", "nt", "bpe", "hf"},
+       [](const Config& c) { return cfg::spelling(c.tokenizer.kind); }},
+      {"data.format",
+       {"auto", "fasta", "fastq", "csv", "tsv", "jsonl"},
+       [](const Config& c) { return cfg::spelling(c.data.format); }},
+      {"data.on_bad_record",
+       {"error", "skip"},
+       [](const Config& c) { return cfg::spelling(c.data.on_bad_record); }},
+      {"data.sampling",
+       {"random", "tile"},
+       [](const Config& c) { return cfg::spelling(c.data.sampling); }},
+      {"data.n_policy",
+       {"skip", "mask"},
+       [](const Config& c) { return cfg::spelling(c.data.n_policy); }},
+      {"training.batch_size",
+       {"", "auto"},
+       [](const Config& c) { return cfg::spelling(c.training.batch_size); }},
+      {"training.lr_scheduler",
+       {"constant", "linear", "cosine"},
+       [](const Config& c) { return cfg::spelling(c.training.lr_scheduler); }},
+      {"training.precision",
+       {"fp32", "bf16", "fp16"},
+       [](const Config& c) { return cfg::spelling(c.training.precision); }},
+      {"training.sync_free",
+       {"auto", "on", "off"},
+       [](const Config& c) { return cfg::spelling(c.training.sync_free); }},
+      {"training.device",
+       {"auto", "cpu", "cuda"},
+       [](const Config& c) { return cfg::spelling(c.training.device); }},
+      {"parallel.backend",
+       {"auto", "gloo", "mpi", "nccl"},
+       [](const Config& c) { return cfg::spelling(c.parallel.backend); }},
+      {"parallel.accumulate_sync",
+       {"last", "every"},
+       [](const Config& c) { return cfg::spelling(c.parallel.accumulate_sync); }},
+      {"parallel.grad_reduce_dtype",
+       {"fp32", "bf16", "fp16"},
+       [](const Config& c) { return cfg::spelling(c.parallel.grad_reduce_dtype); }},
+      {"checkpoint.compression",
+       {"zstd", "none"},
+       [](const Config& c) { return cfg::spelling(c.checkpoint.compression); }},
+      {"checkpoint.best_metric",
+       {"none", "loss", "bits_per_base", "accuracy", "mcc", "f1"},
+       [](const Config& c) { return cfg::spelling(c.checkpoint.best_metric); },
+       {"training.eval_steps=10", "model.task=classification"}},
+      {"logging.level",
+       {"trace", "debug", "info", "warn", "error", "critical", "off"},
+       [](const Config& c) { return cfg::spelling(c.logging.level); }},
+  };
+}
+
+TEST(ConfigChoices, EverySpellingRoundTripsThroughParseAndToml) {
+  for (const auto& k : choice_keys()) {
+    for (const auto& spelling : k.spellings) {
+      std::vector<std::string> sets = k.needs;
+      // bits_per_base scores a language model: not with the classification task above.
+      if (spelling == "bits_per_base") sets = {"training.eval_steps=10"};
+      sets.push_back(k.key + "=\"" + spelling + "\"");
+      const Config c = parse_config("", "run.toml", sets);
+      EXPECT_EQ(k.field(c), spelling) << k.key;
+      const std::string toml = to_toml(c);
+      const std::string name = k.key.substr(k.key.find('.') + 1);
+      EXPECT_NE(toml.find("\n" + name + " = \"" + spelling + "\"\n"), std::string::npos)
+          << k.key << " = " << spelling << " in:\n"
+          << toml;
+      const Config back = parse_config(toml, "round-trip");
+      EXPECT_EQ(k.field(back), spelling) << k.key;
+      EXPECT_TRUE(back == c) << k.key << " = " << spelling;
+    }
+  }
+}
+
+TEST(ConfigChoices, UnknownSpellingNamesKeyValueAndAllowedSpellings) {
+  for (const auto& k : choice_keys()) {
+    std::string allowed;
+    for (const auto& s : k.spellings) allowed += (allowed.empty() ? "\"" : ", \"") + s + "\"";
+    const std::string name = k.key.substr(k.key.find('.') + 1);
+    const std::string section = k.key.substr(0, k.key.find('.'));
+    // In a file (file:line) and in --set, as the other keys' messages do.
+    expect_usage_error(
+        "[" + section + "]\n" + name + " = \"bogus\"\n",
+        {"run.toml:2", "key '" + k.key + "' is \"bogus\"", "allowed values are " + allowed});
+    expect_usage_error("", {"--set " + k.key + "=bogus", "\"bogus\"", allowed}, {k.key + "=bogus"});
+    // A wrong type names the allowed spellings too.
+    expect_usage_error("[" + section + "]\n" + name + " = 3\n",
+                       {"run.toml:2", k.key, "a string (one of " + allowed + ")"});
+  }
+}
+
+TEST(ConfigChoices, ResumeIsAutoNoneOrAPath) {
+  const Config a = parse_config("", "run.toml");
+  EXPECT_EQ(a.checkpoint.resume.kind, cfg::Resume::Kind::kAuto);
+  const Config n = parse_config("", "run.toml", {"checkpoint.resume=none"});
+  EXPECT_EQ(n.checkpoint.resume.kind, cfg::Resume::Kind::kNone);
+  const Config p = parse_config("", "run.toml", {"checkpoint.resume=\"ckpt/step_000000002\""});
+  EXPECT_EQ(p.checkpoint.resume.kind, cfg::Resume::Kind::kPath);
+  EXPECT_EQ(p.checkpoint.resume.path, "ckpt/step_000000002");
+  for (const Config* c : {&a, &n, &p}) {
+    const Config back = parse_config(to_toml(*c), "round-trip");
+    EXPECT_EQ(back.checkpoint.resume.kind, c->checkpoint.resume.kind);
+    EXPECT_EQ(back.checkpoint.resume.path, c->checkpoint.resume.path);
+    EXPECT_EQ(cfg::spelling(back.checkpoint.resume), cfg::spelling(c->checkpoint.resume));
+  }
+  EXPECT_NE(to_toml(p).find("\nresume = \"ckpt/step_000000002\"\n"), std::string::npos);
+  EXPECT_NE(to_toml(n).find("\nresume = \"none\"\n"), std::string::npos);
+}
+
+TEST(ConfigChoices, PrecisionDecodesToOneDType) {
+  EXPECT_EQ(cfg::dtype_of(cfg::Precision::kFp32), DType::kFloat32);
+  EXPECT_EQ(cfg::dtype_of(cfg::Precision::kBf16), DType::kBFloat16);
+  EXPECT_EQ(cfg::dtype_of(cfg::Precision::kFp16), DType::kFloat16);
 }
 
 }  // namespace

@@ -12,8 +12,7 @@ namespace dnallm::train {
 namespace {
 
 Config tiny_config(const std::string& task = "pretrain") {
-  Config c;
-  c.model.task = task;
+  Config c = parse_config("", "test", {"model.task=" + task});
   c.model.hidden = 32;
   c.model.layers = 1;
   c.model.heads = 2;
@@ -21,7 +20,7 @@ Config tiny_config(const std::string& task = "pretrain") {
   c.model.max_seq_length = 32;
   c.training.micro_batch_size = 4;
   c.training.grad_accum_steps = 2;
-  c.training.device = "cpu";
+  c.training.device = cfg::Device::kCpu;
   return c;
 }
 
@@ -53,7 +52,7 @@ TEST(AutoBatchProbe, TrialOverTheBudgetDoesNotFitAndSaysWhy) {
 
 TEST(AutoBatchResolve, KeepsTheGlobalBatchAndTakesTheLargestFittingMicroBatch) {
   auto config = tiny_config();
-  config.training.batch_size = "auto";
+  config.training.batch_size = cfg::BatchSize::kAuto;
   config.training.auto_batch_memory_mb = kHuge / 1048576.0;
   auto model = build_model(config, 10);
   SingleProcessSync sync;
@@ -74,7 +73,7 @@ TEST(AutoBatchResolve, WithoutAutoNothingChanges) {
 
 TEST(AutoBatchResolve, NothingFitsIsAUsageError) {
   auto config = tiny_config();
-  config.training.batch_size = "auto";
+  config.training.batch_size = cfg::BatchSize::kAuto;
   config.training.auto_batch_memory_mb = 0.001;  // about 1 KiB: not even one sequence
   auto model = build_model(config, 10);
   SingleProcessSync sync;

@@ -35,10 +35,11 @@ using testing::LmSource;
 LmRows rows_of(bool padded) { return LmRows{900, 15, padded ? 4 : 0}; }
 Config gpu_config(const std::string& arch, const std::string& precision) {
   Config c = testing::small_lm_config(arch, 128, 64, 8, 1e-3);
-  c.training.lr_scheduler = "constant";
+  c.training.lr_scheduler = cfg::LrScheduler::kConstant;
   c.training.logging_steps = 3;
-  c.training.precision = precision;
-  c.training.device = "cuda";
+  c.training.precision =
+      parse_config("", "test", {"training.precision=" + precision}).training.precision;
+  c.training.device = cfg::Device::kCuda;
   return c;
 }
 

@@ -334,8 +334,8 @@ TEST(HfImportTest, PeftLoraAdapterOnItsBase) {
 
 struct InitCase {
   const char* family;
-  const char* arch;
-  const char* kind;
+  cfg::Arch arch;
+  cfg::TokenizerKind kind;
   int k;
 };
 
@@ -349,7 +349,7 @@ TEST_P(HfInitFromTest, OurVocabularyComputesTheFixture) {
   const std::string dir = kFixtures + "/" + c.family;
   Config config;
   config.model.arch = c.arch;
-  config.model.task = "pretrain";
+  config.model.task = cfg::Task::kPretrain;
   config.model.init_from = dir;
   config.model.max_seq_length = 60;
   config.tokenizer.kind = c.kind;
@@ -377,9 +377,9 @@ TEST_P(HfInitFromTest, OurVocabularyComputesTheFixture) {
   const auto seqs = fixture_sequences(c.family);
   for (int64_t r = 0; r < their_ids.size(0); ++r) {
     std::vector<int64_t> framed;
-    if (std::string(c.arch) == "bert") framed.push_back(data::kClsId);
+    if (c.arch == cfg::Arch::kBert) framed.push_back(data::kClsId);
     for (auto id : ours->encode(seqs[size_t(r)])) framed.push_back(id);
-    if (std::string(c.arch) == "bert") framed.push_back(data::kSepId);
+    if (c.arch == cfg::Arch::kBert) framed.push_back(data::kSepId);
     std::vector<int64_t> want;
     for (int64_t t = 0; t < their_ids.size(1); ++t) {
       if (mask[r][t].item<int64_t>() == 1) want.push_back(our_ids[r][t].item<int64_t>());
@@ -403,23 +403,25 @@ TEST_P(HfInitFromTest, OurVocabularyComputesTheFixture) {
   EXPECT_LE(max_abs_diff(a, b), kTolerance);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, HfInitFromTest,
-                         ::testing::Values(InitCase{"bert_mlm", "bert", "kmer", 3},
-                                           InitCase{"esm_mlm", "bert", "nt", 6},
-                                           InitCase{"roberta_prelayernorm_mlm", "bert", "kmer", 3},
-                                           InitCase{"gptneox_causal", "gpt", "char", 3},
-                                           InitCase{"llama_causal", "gpt", "char", 3},
-                                           InitCase{"llama_gqa_causal", "gpt", "char", 3},
-                                           InitCase{"esm_v2_mlm", "bert", "nt", 6},
-                                           InitCase{"esm_v1_mlm", "bert", "nt", 6}),
-                         [](const auto& info) { return std::string(info.param.family); });
+INSTANTIATE_TEST_SUITE_P(
+    Families, HfInitFromTest,
+    ::testing::Values(InitCase{"bert_mlm", cfg::Arch::kBert, cfg::TokenizerKind::kKmer, 3},
+                      InitCase{"esm_mlm", cfg::Arch::kBert, cfg::TokenizerKind::kNt, 6},
+                      InitCase{"roberta_prelayernorm_mlm", cfg::Arch::kBert,
+                               cfg::TokenizerKind::kKmer, 3},
+                      InitCase{"gptneox_causal", cfg::Arch::kGpt, cfg::TokenizerKind::kChar, 3},
+                      InitCase{"llama_causal", cfg::Arch::kGpt, cfg::TokenizerKind::kChar, 3},
+                      InitCase{"llama_gqa_causal", cfg::Arch::kGpt, cfg::TokenizerKind::kChar, 3},
+                      InitCase{"esm_v2_mlm", cfg::Arch::kBert, cfg::TokenizerKind::kNt, 6},
+                      InitCase{"esm_v1_mlm", cfg::Arch::kBert, cfg::TokenizerKind::kNt, 6}),
+    [](const auto& info) { return std::string(info.param.family); });
 
 TEST(HfInitFromTest, AnotherTokenizationIsRefused) {
   Config config;
-  config.model.arch = "bert";
+  config.model.arch = cfg::Arch::kBert;
   config.model.init_from = kFixtures + "/esm_mlm";
   config.model.max_seq_length = 60;
-  config.tokenizer.kind = "kmer";
+  config.tokenizer.kind = cfg::TokenizerKind::kKmer;
   config.tokenizer.k = 6;
   config.tokenizer.stride = 6;
   try {

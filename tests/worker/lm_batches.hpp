@@ -49,8 +49,7 @@ inline data::Batch make_lm_batch(uint64_t first_row, int64_t rows, int64_t seq, 
 // of `micro` rows, clipping at 1, no export. Tests change what they exercise.
 inline Config small_lm_config(const std::string& arch, int64_t hidden, int64_t seq, int64_t micro,
                               double lr) {
-  Config c;
-  c.model.arch = arch;
+  Config c = parse_config("", "test", {"model.arch=" + arch});  // the schema spells it
   c.model.hidden = hidden;
   c.model.layers = 2;
   c.model.heads = 4;

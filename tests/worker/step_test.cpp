@@ -45,7 +45,7 @@ Config tiny(const std::string& arch) {
   c.training.warmup_steps = 1;
   c.training.logging_steps = 1;
   c.training.max_grad_norm = 0.5;  // clips: the device-side coefficient is exercised
-  c.training.device = "cpu";
+  c.training.device = cfg::Device::kCpu;
   return c;
 }
 
@@ -185,11 +185,11 @@ TEST(SyncFreeTest, ConfigKeyChoosesThePath) {
   auto cfg = tiny("bert");
   TrainerOptions o;
   o.console_progress = false;
-  cfg.training.sync_free = "on";
+  cfg.training.sync_free = cfg::SyncFree::kOn;
   EXPECT_TRUE(Trainer(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(false)),
                       nullptr, nullptr, o)
                   .sync_free());
-  cfg.training.sync_free = "auto";  // CPU: off
+  cfg.training.sync_free = cfg::SyncFree::kAuto;  // CPU: off
   EXPECT_FALSE(Trainer(cfg, build_model(cfg, 9), std::make_unique<LmSource>(3, 16, rows_of(false)),
                        nullptr, nullptr, o)
                    .sync_free());
@@ -331,9 +331,9 @@ TEST(ResumeOnDeviceTest, SaveResumeSaveCommitsAndMatchesAnUninterruptedRun) {
   const auto root = fs::temp_directory_path() / ("dnallm-step-test-" + std::to_string(::getpid()));
   fs::remove_all(root);
   auto cfg = tiny("bert");
-  cfg.training.sync_free = "on";
+  cfg.training.sync_free = cfg::SyncFree::kOn;
   cfg.training.logging_steps = 3;  // steps 2, 4, 5 are not read back
-  cfg.training.lr_scheduler = "constant";
+  cfg.training.lr_scheduler = cfg::LrScheduler::kConstant;
   cfg.checkpoint.save_steps = 2;
   cfg.checkpoint.keep_last = 0;
   const int64_t rows_per_step = 3 * 2;

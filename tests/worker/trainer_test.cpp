@@ -61,7 +61,7 @@ Config tiny_config() {
   c.training.lr = 1e-2;
   c.training.warmup_steps = 1;
   c.training.logging_steps = 1;
-  c.training.device = "cpu";
+  c.training.device = cfg::Device::kCpu;
   c.checkpoint.save_final = false;
   return c;
 }
@@ -136,7 +136,7 @@ TEST(TrainerTest, NanLossStopsWithAClearError) {
 TEST(TrainerTest, Fp16OverflowSkipsTheStep) {
   auto cfg = tiny_config();
   cfg.training.micro_batch_size = 2;
-  cfg.training.precision = "fp16";
+  cfg.training.precision = cfg::Precision::kFp16;
   auto options = quiet();
   options.initial_loss_scale = 1e38;  // scaled gradients overflow fp32
   Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<SyntheticSource>(2, 16), nullptr,
@@ -152,7 +152,7 @@ TEST(TrainerTest, Fp16OverflowSkipsTheStep) {
 TEST(TrainerTest, Bf16TrainsWithFp32MasterWeights) {
   auto cfg = tiny_config();
   cfg.training.micro_batch_size = 2;
-  cfg.training.precision = "bf16";
+  cfg.training.precision = cfg::Precision::kBf16;
   Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<SyntheticSource>(2, 16), nullptr,
                   nullptr, quiet());
   auto r = trainer.train_step();
@@ -162,11 +162,11 @@ TEST(TrainerTest, Bf16TrainsWithFp32MasterWeights) {
 
 TEST(TrainerTest, GptWithRotaryAndCheckpointingLearns) {
   auto cfg = tiny_config();
-  cfg.model.arch = "gpt";
-  cfg.model.position = "rotary";
+  cfg.model.arch = cfg::Arch::kGpt;
+  cfg.model.position = cfg::Position::kRotary;
   cfg.model.gradient_checkpointing = true;
   cfg.training.micro_batch_size = 2;
-  cfg.training.lr_scheduler = "constant";
+  cfg.training.lr_scheduler = cfg::LrScheduler::kConstant;
   // Causal rows: labels = input ids (the model shifts), position 0 not scored.
   class CausalSource : public BatchSource {
    public:

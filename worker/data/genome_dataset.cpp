@@ -49,14 +49,6 @@ void GenomeDataset::build(std::string origin) {
   if (w <= 0)
     fail(ExitCode::kUsage,
          "window length {} bases must be positive (model.max_seq_length too small)", w);
-  if (options_.sampling != "random" && options_.sampling != "tile") {
-    fail(ExitCode::kUsage, "data.sampling = \"{}\" is not allowed: use \"random\" or \"tile\"",
-         options_.sampling);
-  }
-  if (options_.n_policy != "skip" && options_.n_policy != "mask") {
-    fail(ExitCode::kUsage, "data.n_policy = \"{}\" is not allowed: use \"skip\" or \"mask\"",
-         options_.n_policy);
-  }
   if (options_.eval_fraction < 0 || options_.eval_fraction >= 1) {
     fail(ExitCode::kUsage, "data.eval_fraction = {} must be in [0, 1)", options_.eval_fraction);
   }
@@ -98,7 +90,7 @@ void GenomeDataset::build(std::string origin) {
          origin_);
   int64_t region_bases = 0;
   for (const auto& g : regions_) region_bases += g.end - g.begin;
-  if (options_.sampling == "tile") {
+  if (options_.sampling == cfg::Sampling::kTile) {
     int64_t stride = options_.window_stride > 0 ? options_.window_stride : w;
     for (size_t i = 0; i < regions_.size(); ++i) {
       const auto& g = regions_[i];
@@ -106,7 +98,7 @@ void GenomeDataset::build(std::string origin) {
       for (int64_t pos = g.begin; pos < g.end; pos += stride) {
         int64_t len = std::min(w, g.end - pos);
         if (len < w && pos != g.begin) break;  // drop the ragged tail unless it is the only tile
-        if (options_.n_policy == "skip" && !window_ok(s, pos, len)) continue;
+        if (options_.n_policy == cfg::NPolicy::kSkip && !window_ok(s, pos, len)) continue;
         tiles_.emplace_back(static_cast<int32_t>(i), pos);
       }
     }
@@ -136,7 +128,7 @@ bool GenomeDataset::window_ok(const std::string& s, int64_t pos, int64_t len) co
 Sample GenomeDataset::get(uint64_t index, SampleRng& rng) const {
   const int64_t w = options_.window_bases;
   Sample sample;
-  if (options_.sampling == "tile") {
+  if (options_.sampling == cfg::Sampling::kTile) {
     const auto& t = tiles_.at(index % tiles_.size());
     const auto& g = regions_[t.first];
     int64_t len = std::min(w, g.end - t.second);
@@ -151,7 +143,8 @@ Sample GenomeDataset::get(uint64_t index, SampleRng& rng) const {
       int64_t pos = g.begin + static_cast<int64_t>(u - g.first_start);
       int64_t len = std::min(w, g.end - pos);
       const std::string& s = records_[g.record].bases;
-      if (options_.n_policy == "skip" && attempt < 63 && !window_ok(s, pos, len)) continue;
+      if (options_.n_policy == cfg::NPolicy::kSkip && attempt < 63 && !window_ok(s, pos, len))
+        continue;
       sample.bases = s.substr(pos, len);
       break;
     }
@@ -164,8 +157,8 @@ Sample GenomeDataset::get(uint64_t index, SampleRng& rng) const {
 
 std::string GenomeDataset::describe() const {
   return fmt::format("genome {}: {} records, {} bases, {} {} windows of {} bases per epoch",
-                     origin_, records_.size(), total_bases_, size_, options_.sampling,
-                     options_.window_bases);
+                     origin_, records_.size(), total_bases_, size_,
+                     cfg::spelling(options_.sampling), options_.window_bases);
 }
 
 }  // namespace dnallm::data

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.hpp"
 #include "worker/data/dataset.hpp"
 #include "worker/data/sequence_reader.hpp"
 
@@ -31,10 +32,10 @@ namespace dnallm::data {
 enum class Split { kAll, kTrain, kEval };
 
 struct GenomeOptions {
-  int64_t window_bases = 510;       // bases per window, > 0
-  std::string sampling = "random";  // "random" | "tile"
-  int64_t window_stride = 0;        // tile: bases between starts; 0 = window_bases
-  std::string n_policy = "skip";    // "skip" | "mask"
+  int64_t window_bases = 510;  // bases per window, > 0
+  cfg::Sampling sampling = cfg::Sampling::kRandom;
+  int64_t window_stride = 0;  // tile: bases between starts; 0 = window_bases
+  cfg::NPolicy n_policy = cfg::NPolicy::kSkip;
   double max_n_fraction = 0.0;      // skip: largest tolerated N fraction of a window
   double reverse_complement = 0.0;  // probability of reverse-complementing a window
   double eval_fraction = 0.0;       // held-out tail of each record

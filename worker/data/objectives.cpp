@@ -6,21 +6,28 @@
 
 namespace dnallm::data {
 
-Objective objective_from(const std::string& arch, const std::string& task) {
-  if (task == "classification") return Objective::kClassification;
-  if (task == "regression") return Objective::kRegression;
-  if (task != "pretrain") {
-    fail(ExitCode::kUsage,
-         "model.task = \"{}\" is not allowed: use pretrain, classification or regression", task);
+Objective objective_from(cfg::Arch arch, cfg::Task task) {
+  switch (task) {
+    case cfg::Task::kClassification:
+      return Objective::kClassification;
+    case cfg::Task::kRegression:
+      return Objective::kRegression;
+    case cfg::Task::kPretrain:
+      break;
   }
   // The model families' objectives (worker/models/registry.hpp): encoders pre-train as masked
   // LMs, decoders as causal LMs.
-  if (arch == "bert" || arch == "caduceus" || arch == "caduceus-ps") return Objective::kMaskedLm;
-  if (arch == "gpt" || arch == "hyena") return Objective::kCausalLm;
-  fail(ExitCode::kUsage,
-       "model.arch = \"{}\" is not allowed: use \"bert\", \"gpt\", \"hyena\", \"caduceus\" or "
-       "\"caduceus-ps\"",
-       arch);
+  switch (arch) {
+    case cfg::Arch::kBert:
+    case cfg::Arch::kCaduceus:
+    case cfg::Arch::kCaduceusPs:
+      return Objective::kMaskedLm;
+    case cfg::Arch::kGpt:
+    case cfg::Arch::kHyena:
+      return Objective::kCausalLm;
+  }
+  fail(ExitCode::kFailure, "objective_from: model.arch {} has no objective",
+       static_cast<int>(arch));
 }
 
 int64_t token_budget(const ObjectiveOptions& options) {

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.hpp"
 #include "worker/data/batch.hpp"
 #include "worker/data/dataset.hpp"
 #include "worker/data/tokenizer.hpp"
@@ -36,10 +37,9 @@ namespace dnallm::data {
 
 enum class Objective { kMaskedLm, kCausalLm, kClassification, kRegression };
 
-// From model.arch and model.task: bert, caduceus, caduceus-ps -> masked LM, gpt, hyena ->
-// causal LM; task
-// "classification"/"regression" override. Error(kUsage) on unknown values.
-Objective objective_from(const std::string& arch, const std::string& task);
+// From model.arch and model.task: bert, caduceus, caduceus-ps -> masked LM; gpt, hyena -> causal
+// LM; task classification/regression override.
+Objective objective_from(cfg::Arch arch, cfg::Task task);
 
 struct ObjectiveOptions {
   Objective objective = Objective::kMaskedLm;

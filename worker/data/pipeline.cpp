@@ -18,7 +18,7 @@ constexpr size_t kBpeSampleBases = 1'000'000;
 bool is_table_format(const std::string& f) { return f == "csv" || f == "tsv" || f == "jsonl"; }
 
 std::string resolve_format(const Config& config, const std::vector<std::string>& files) {
-  if (config.data.format != "auto") return config.data.format;
+  if (config.data.format != cfg::DataFormat::kAuto) return cfg::spelling(config.data.format);
   if (files.empty()) return "fasta";
   std::string f = format_from_extension(files.front());
   return f.empty() ? "auto" : f;  // sequence readers sniff the first character
@@ -29,8 +29,7 @@ std::vector<std::string> bpe_sample(const Config& config, size_t max_bases) {
   std::vector<std::string> lines;
   size_t total = 0;
   for (const auto& f : config.data.train_files) {
-    SequenceReader reader(f, config.data.format == "auto" ? "auto" : config.data.format,
-                          parse_bad_record_policy(config.data.on_bad_record));
+    SequenceReader reader(f, cfg::spelling(config.data.format), config.data.on_bad_record);
     SequenceRecord rec;
     while (total < max_bases && reader.next(rec)) {
       for (size_t pos = 0; pos < rec.bases.size() && total < max_bases; pos += 2000) {
@@ -42,37 +41,50 @@ std::vector<std::string> bpe_sample(const Config& config, size_t max_bases) {
   return lines;
 }
 
+// tokenizer.kind = "hf": the directory's own tokenizer.json.
+std::shared_ptr<const Tokenizer> hf_tokenizer(const Config& config) {
+  const auto& t = config.tokenizer;
+  const std::string& dir = t.path.empty() ? config.model.init_from : t.path;
+  DNALLM_CHECK(!dir.empty(), ExitCode::kUsage,
+               "tokenizer.kind = \"hf\" needs tokenizer.path (a Hugging Face model directory "
+               "with a BPE tokenizer.json, e.g. DNABERT-2's) or model.init_from");
+  return load_hf_bpe_tokenizer(dir);
+}
+
+// tokenizer.kind = "bpe": the model at tokenizer.path, else one trained on the data.
+std::shared_ptr<const Tokenizer> bpe_tokenizer(const Config& config) {
+  const auto& t = config.tokenizer;
+  if (!t.path.empty() && std::filesystem::exists(t.path)) return load_bpe_model(t.path);
+  if (config.data.train_files.empty()) {
+    fail(ExitCode::kUsage,
+         "tokenizer.kind = \"bpe\" needs tokenizer.path (a trained model) or data.train_files to "
+         "train on");
+  }
+  spdlog::info("training a BPE tokenizer (vocab {}) on up to {} bases of {}", t.vocab_size,
+               kBpeSampleBases, config.data.train_files.front());
+  auto tok = train_bpe_tokenizer(bpe_sample(config, kBpeSampleBases), t.vocab_size);
+  if (!t.path.empty()) save_bpe_model(*tok, t.path);
+  return tok;
+}
+
 }  // namespace
 
 std::shared_ptr<const Tokenizer> make_tokenizer(const Config& config) {
   const auto& t = config.tokenizer;
-  if (t.kind == "char") return make_char_tokenizer();
-  if (t.kind == "kmer")
-    return make_kmer_tokenizer(static_cast<int>(t.k), static_cast<int>(t.stride));
-  if (t.kind == "nt") return make_nt_tokenizer(static_cast<int>(t.k));
-  if (t.kind == "hf") {
-    const std::string& dir = t.path.empty() ? config.model.init_from : t.path;
-    DNALLM_CHECK(!dir.empty(), ExitCode::kUsage,
-                 "tokenizer.kind = \"hf\" needs tokenizer.path (a Hugging Face model directory "
-                 "with a BPE tokenizer.json, e.g. DNABERT-2's) or model.init_from");
-    return load_hf_bpe_tokenizer(dir);
+  switch (t.kind) {
+    case cfg::TokenizerKind::kChar:
+      return make_char_tokenizer();
+    case cfg::TokenizerKind::kKmer:
+      return make_kmer_tokenizer(static_cast<int>(t.k), static_cast<int>(t.stride));
+    case cfg::TokenizerKind::kNt:
+      return make_nt_tokenizer(static_cast<int>(t.k));
+    case cfg::TokenizerKind::kBpe:
+      return bpe_tokenizer(config);
+    case cfg::TokenizerKind::kHf:
+      return hf_tokenizer(config);
   }
-  if (t.kind == "bpe") {
-    if (!t.path.empty() && std::filesystem::exists(t.path)) return load_bpe_model(t.path);
-    if (config.data.train_files.empty()) {
-      fail(ExitCode::kUsage,
-           "tokenizer.kind = \"bpe\" needs tokenizer.path (a trained model) or data.train_files to "
-           "train on");
-    }
-    spdlog::info("training a BPE tokenizer (vocab {}) on up to {} bases of {}", t.vocab_size,
-                 kBpeSampleBases, config.data.train_files.front());
-    auto tok = train_bpe_tokenizer(bpe_sample(config, kBpeSampleBases), t.vocab_size);
-    if (!t.path.empty()) save_bpe_model(*tok, t.path);
-    return tok;
-  }
-  fail(ExitCode::kUsage,
-       "tokenizer.kind = \"{}\" is not allowed: use \"char\", \"kmer\", \"nt\", \"bpe\" or \"hf\"",
-       t.kind);
+  fail(ExitCode::kFailure, "make_tokenizer: tokenizer.kind {} has no tokenizer",
+       static_cast<int>(t.kind));
 }
 
 ObjectiveOptions objective_options(const Config& config) {
@@ -105,7 +117,7 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
          split == Split::kEval ? "eval_files" : "train_files");
   }
   const std::string format = resolve_format(config, files);
-  const auto policy = parse_bad_record_policy(d.on_bad_record);
+  const auto policy = d.on_bad_record;
   if (is_table_format(format)) {
     TableOptions t;
     t.format = format;
@@ -126,11 +138,11 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
     spdlog::info("data ({}): {}", split == Split::kEval ? "eval" : "train", table->describe());
     return table;
   }
-  if (config.model.task != "pretrain") {
+  if (config.model.task != cfg::Task::kPretrain) {
     fail(ExitCode::kUsage,
          "model.task = \"{}\" needs labelled tables (csv, tsv, jsonl with data.label_column), but "
          "{} is a {} file",
-         config.model.task, files.front(), format == "auto" ? "sequence" : format);
+         cfg::spelling(config.model.task), files.front(), format == "auto" ? "sequence" : format);
   }
   GenomeOptions g;
   g.window_bases = window_bases(config, tokenizer);
@@ -148,7 +160,7 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
   } else {
     // Evaluation: deterministic tiling, no augmentation.
     g.split = eval_files ? Split::kAll : Split::kEval;
-    g.sampling = "tile";
+    g.sampling = cfg::Sampling::kTile;
     g.window_stride = 0;
     g.reverse_complement = 0.0;
     g.samples_per_epoch = 0;

@@ -49,13 +49,6 @@ std::string header_name(const std::string& header) {
 
 }  // namespace
 
-BadRecordPolicy parse_bad_record_policy(const std::string& name) {
-  if (name == "error") return BadRecordPolicy::kError;
-  if (name == "skip") return BadRecordPolicy::kSkip;
-  fail(ExitCode::kUsage, "data.on_bad_record = \"{}\" is not allowed: use \"error\" or \"skip\"",
-       name);
-}
-
 std::string format_from_extension(const std::string& path) {
   std::string p = path;
   std::transform(p.begin(), p.end(), p.begin(), [](unsigned char c) { return std::tolower(c); });

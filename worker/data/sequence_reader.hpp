@@ -22,10 +22,12 @@
 #include <string_view>
 #include <vector>
 
+#include "core/config.hpp"
+
 namespace dnallm::data {
 
-enum class BadRecordPolicy { kError, kSkip };
-BadRecordPolicy parse_bad_record_policy(const std::string& name);  // Error(kUsage) if unknown
+// data.on_bad_record (kError, kSkip).
+using BadRecordPolicy = cfg::OnBadRecord;
 
 enum class SequenceFormat { kFasta, kFastq };
 

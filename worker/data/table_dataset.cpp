@@ -116,10 +116,6 @@ std::vector<std::string> split_table_line(const std::string& line, char separato
 TableDataset::TableDataset(const std::vector<std::string>& files, TableOptions options)
     : options_(std::move(options)) {
   if (files.empty()) fail(ExitCode::kUsage, "no table files given");
-  if (options_.task != "pretrain" && options_.task != "classification" &&
-      options_.task != "regression") {
-    fail(ExitCode::kUsage, "model.task = \"{}\" is not allowed", options_.task);
-  }
   for (const auto& f : files) open_file(f);
   if (total_records_ == 0) {
     fail(ExitCode::kBadData, "{}: no usable records ({} skipped)", files.front(), skipped_);
@@ -175,7 +171,7 @@ void TableDataset::open_file(const std::string& path) {
            "{}:1: missing column \"{}\" in the header (found: {}); set data.sequence_column", path,
            options_.sequence_column, f.header_line.substr(0, 200));
     }
-    if (options_.task != "pretrain" && f.label_col < 0) {
+    if (options_.task != cfg::Task::kPretrain && f.label_col < 0) {
       fail(ExitCode::kBadData,
            "{}:1: missing label column \"{}\" in the header (found: {}); set data.label_column",
            path, options_.label_column, f.header_line.substr(0, 200));
@@ -185,7 +181,7 @@ void TableDataset::open_file(const std::string& path) {
   uint64_t key = string_key(0xD1A, f.format);
   key = string_key(key, options_.sequence_column);
   key = string_key(key, options_.label_column);
-  key = string_key(key, options_.task);
+  key = string_key(key, cfg::spelling(options_.task));  // as the index files name it
   key = hash_combine(key, static_cast<uint64_t>(options_.num_labels));
   key = hash_combine(key, options_.on_bad_record == BadRecordPolicy::kSkip ? 1 : 0);
 
@@ -373,7 +369,7 @@ bool TableDataset::parse_record(const File& f, const std::string& line, Sample& 
   }
   out.label = -1;
   out.has_target = false;
-  if (options_.task == "pretrain") return true;
+  if (options_.task == cfg::Task::kPretrain) return true;
   if (!has_label || label.empty()) {
     why = fmt::format("missing label \"{}\"", options_.label_column);
     return false;
@@ -381,7 +377,7 @@ bool TableDataset::parse_record(const File& f, const std::string& line, Sample& 
   const char* begin = label.c_str();
   char* end = nullptr;
   errno = 0;
-  if (options_.task == "classification") {
+  if (options_.task == cfg::Task::kClassification) {
     long long v = std::strtoll(begin, &end, 10);
     if (end == begin || *end != '\0' || errno != 0 || v < 0 || v >= options_.num_labels) {
       why = fmt::format("bad label \"{}\": expected an integer class in [0, {})",

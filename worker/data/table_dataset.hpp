@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.hpp"
 #include "worker/data/dataset.hpp"
 #include "worker/data/sequence_reader.hpp"
 
@@ -32,7 +33,7 @@ struct TableOptions {
   std::string format = "auto";  // "auto" (by extension) | "csv" | "tsv" | "jsonl"
   std::string sequence_column = "sequence";
   std::string label_column = "label";
-  std::string task = "pretrain";  // "pretrain" | "classification" | "regression"
+  cfg::Task task = cfg::Task::kPretrain;
   int64_t num_labels = 2;
   BadRecordPolicy on_bad_record = BadRecordPolicy::kError;
   std::string cache_dir = "";  // where indexes go when the data dir is read-only

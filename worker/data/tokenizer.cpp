@@ -57,7 +57,7 @@ json with_common(json j, const Tokenizer& t) {
 
 class CharTokenizer final : public Tokenizer {
  public:
-  std::string kind() const override { return "char"; }
+  cfg::TokenizerKind tokenizer_kind() const override { return cfg::TokenizerKind::kChar; }
   int64_t vocab_size() const override { return kFirstRegularId + 5; }
   std::vector<int64_t> encode(std::string_view bases) const override {
     std::vector<int64_t> ids(bases.size());
@@ -92,7 +92,7 @@ class CharTokenizer final : public Tokenizer {
 class KmerTokenizer final : public Tokenizer {
  public:
   KmerTokenizer(int k, int stride) : k_(k), stride_(stride) {}
-  std::string kind() const override { return "kmer"; }
+  cfg::TokenizerKind tokenizer_kind() const override { return cfg::TokenizerKind::kKmer; }
   int64_t vocab_size() const override { return kFirstRegularId + (int64_t{1} << (2 * k_)); }
   std::vector<int64_t> encode(std::string_view bases) const override {
     std::vector<int64_t> ids;
@@ -161,7 +161,7 @@ class NtTokenizer final : public Tokenizer {
                  "Nucleotide Transformer)",
                  k);
   }
-  std::string kind() const override { return "nt"; }
+  cfg::TokenizerKind tokenizer_kind() const override { return cfg::TokenizerKind::kNt; }
   int64_t vocab_size() const override { return kFirstRegularId + kmers_ + 5; }
   std::vector<int64_t> encode(std::string_view bases) const override {
     std::vector<int64_t> ids;
@@ -296,7 +296,7 @@ class BpeTokenizer final : public Tokenizer {
       bases_per_token_ = n > 0 ? total / n : 1.0;
     }
   }
-  std::string kind() const override { return "bpe"; }
+  cfg::TokenizerKind tokenizer_kind() const override { return cfg::TokenizerKind::kBpe; }
   int64_t vocab_size() const override { return sp_.GetPieceSize(); }
   std::vector<int64_t> encode(std::string_view bases) const override {
     std::vector<int> ids;
@@ -415,7 +415,7 @@ class HfBpeTokenizer final : public Tokenizer {
       if (pieces_[id] == "N") n_id_ = static_cast<int64_t>(id);
     }
   }
-  std::string kind() const override { return "hf"; }
+  cfg::TokenizerKind tokenizer_kind() const override { return cfg::TokenizerKind::kHf; }
   int64_t vocab_size() const override { return static_cast<int64_t>(pieces_.size()); }
   std::vector<int64_t> encode(std::string_view bases) const override {
     auto ids = hf_.encode_unframed(bases);

@@ -25,6 +25,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/config.hpp"
+
 namespace dnallm {
 struct TokenizerConfig;
 struct Config;
@@ -47,7 +49,9 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  virtual std::string kind() const = 0;    // "char" | "kmer" | "nt" | "bpe" | "hf"
+  virtual cfg::TokenizerKind tokenizer_kind() const = 0;  // the tokenizer.kind it implements
+  // Its tokenizer.kind spelled ("char", "kmer", "nt", "bpe", "hf"): tokenizer.json's "kind".
+  std::string kind() const { return cfg::spelling(tokenizer_kind()); }
   virtual int64_t vocab_size() const = 0;  // special tokens included
   // `bases`: upper-case A/C/G/T/N. Ids in [0, vocab_size), no special tokens added.
   virtual std::vector<int64_t> encode(std::string_view bases) const = 0;

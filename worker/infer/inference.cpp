@@ -113,7 +113,7 @@ SequenceInput::SequenceInput(const std::string& path, const std::string& sequenc
     data::TableOptions to;
     to.format = impl_->format;
     to.sequence_column = sequence_column;
-    to.task = "pretrain";  // labels, when present, are not needed
+    to.task = cfg::Task::kPretrain;  // labels, when present, are not needed
     impl_->table = std::make_unique<data::TableDataset>(std::vector<std::string>{path}, to);
   } else {
     impl_->open_reader();

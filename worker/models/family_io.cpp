@@ -25,7 +25,7 @@ const char* const kTheirCharacters[] = {"A", "C", "G", "T", "N"};
 
 std::vector<int64_t> character_vocabulary_map(const data::Tokenizer& ours, const std::string& dir,
                                               int64_t their_vocab, const std::string& family) {
-  DNALLM_CHECK(ours.kind() == "char", ExitCode::kUsage,
+  DNALLM_CHECK(ours.tokenizer_kind() == cfg::TokenizerKind::kChar, ExitCode::kUsage,
                "model.init_from = \"{}\": {} reads one token a base; set tokenizer.kind = "
                "\"char\" (here \"{}\")",
                dir, family, ours.kind());

@@ -15,13 +15,19 @@
 namespace dnallm::models {
 namespace {
 
-// Every value of `field` over the families, for "use one of ..." messages.
-template <typename Field>
-std::string known(Field field) {
+// Every model_type of our model directories, for "use one of ..." messages.
+std::string known_exported_types() {
   std::vector<std::string> names;
   for (const auto& f : model_families()) {
-    for (const auto& n : f.*field) names.push_back("\"" + n + "\"");
+    for (const auto& n : f.exported_types) names.push_back("\"" + n + "\"");
   }
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+// The model.arch values of `f`, quoted.
+std::string arch_names(const ModelFamily& f) {
+  std::vector<std::string> names;
+  for (const auto a : f.arches) names.push_back(fmt::format("\"{}\"", cfg::spelling(a)));
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
@@ -45,14 +51,14 @@ const std::vector<ModelFamily>& model_families() {
   return families;
 }
 
-const ModelFamily& family_for_arch(const std::string& arch) {
+const ModelFamily& family_for_arch(cfg::Arch arch) {
   for (const auto& f : model_families()) {
-    for (const auto& a : f.arches) {
+    for (const auto a : f.arches) {
       if (a == arch) return f;
     }
   }
-  fail(ExitCode::kUsage, "model.arch = \"{}\" is not a model family here: use one of {}",
-       clip_for_message(arch), known(&ModelFamily::arches));
+  fail(ExitCode::kFailure, "internal: model.arch = \"{}\" has no model family",
+       cfg::spelling(arch));
 }
 
 const ModelFamily& family_for_hf_config(const nlohmann::json& config, const std::string& where) {
@@ -81,9 +87,9 @@ LanguageModel build_model_for(const Config& config, const data::Tokenizer& token
     const auto& wanted = family_for_arch(config.model.arch);
     DNALLM_CHECK(&family == &wanted, ExitCode::kUsage,
                  "model.init_from = \"{}\" holds a {} model but model.arch = \"{}\" is the {} "
-                 "family (it fixes how batches are framed): set model.arch to one of \"{}\"",
-                 from, family.name, config.model.arch, wanted.name,
-                 fmt::join(family.arches, "\", \""));
+                 "family (it fixes how batches are framed): set model.arch to one of {}",
+                 from, family.name, cfg::spelling(config.model.arch), wanted.name,
+                 arch_names(family));
     DNALLM_CHECK(family.init_from_hf != nullptr, ExitCode::kUsage,
                  "model.init_from = \"{}\": the {} family cannot be fine-tuned from a Hugging "
                  "Face directory yet",
@@ -134,7 +140,7 @@ LanguageModel load_exported_model(const std::string& dir) {
     }
   }
   fail(ExitCode::kUsage, "{}: model_type \"{}\" is not a model of ours: known are {}", config_path,
-       clip_for_message(type), known(&ModelFamily::exported_types));
+       clip_for_message(type), known_exported_types());
 }
 
 bool export_hf_directory(LanguageModel model, const data::Tokenizer& tokenizer,

@@ -30,7 +30,7 @@ struct BuildContext {
 
 struct ModelFamily {
   std::string name;                         // "transformer", "hyena", "caduceus"
-  std::vector<std::string> arches;          // the model.arch values it builds
+  std::vector<cfg::Arch> arches;            // the model.arch values it builds
   std::vector<std::string> exported_types;  // model_type in our config.json
   // True when a Hugging Face config.json (not ours) is this family's.
   bool (*recognises_hf)(const nlohmann::json& config) = nullptr;
@@ -50,8 +50,8 @@ struct ModelFamily {
 
 const std::vector<ModelFamily>& model_families();
 
-// The family of model.arch; exit 2 naming the value and the known ones.
-const ModelFamily& family_for_arch(const std::string& arch);
+// The family of model.arch (every value has one: registry.cpp checks it once).
+const ModelFamily& family_for_arch(cfg::Arch arch);
 // The family whose Hugging Face layout `config` (a config.json, `where` names it) is; exit 2
 // naming its model_type and the known ones.
 const ModelFamily& family_for_hf_config(const nlohmann::json& config, const std::string& where);

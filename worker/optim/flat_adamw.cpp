@@ -161,17 +161,16 @@ torch::Tensor clip_coefficient(const torch::Tensor& total_norm, double max_norm)
 
 Schedule schedule_from_config(const TrainingConfig& t, int64_t total_steps) {
   Schedule s;
-  if (t.lr_scheduler == "constant") {
-    s.kind = ScheduleKind::kConstant;
-  } else if (t.lr_scheduler == "linear") {
-    s.kind = ScheduleKind::kLinear;
-  } else if (t.lr_scheduler == "cosine") {
-    s.kind = ScheduleKind::kCosine;
-  } else {
-    fail(ExitCode::kUsage,
-         "training.lr_scheduler = \"{}\" is not supported: use \"constant\", \"linear\" or "
-         "\"cosine\"",
-         t.lr_scheduler);
+  switch (t.lr_scheduler) {
+    case cfg::LrScheduler::kConstant:
+      s.kind = ScheduleKind::kConstant;
+      break;
+    case cfg::LrScheduler::kLinear:
+      s.kind = ScheduleKind::kLinear;
+      break;
+    case cfg::LrScheduler::kCosine:
+      s.kind = ScheduleKind::kCosine;
+      break;
   }
   DNALLM_CHECK(t.lr > 0, ExitCode::kUsage, "training.lr = {} must be positive", t.lr);
   DNALLM_CHECK(t.warmup_ratio >= 0 && t.warmup_ratio <= 1, ExitCode::kUsage,

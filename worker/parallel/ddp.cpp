@@ -58,8 +58,8 @@ DdpOptions ddp_options_from_config(const ParallelConfig& parallel) {
   DdpOptions o;
   o.bucket_cap_bytes = static_cast<int64_t>(parallel.bucket_cap_mb * 1024 * 1024);
   o.first_bucket_bytes = static_cast<int64_t>(parallel.first_bucket_mb * 1024 * 1024);
-  o.sync_every_micro_step = parallel.accumulate_sync == "every";
-  o.reduce_dtype = parse_dtype(parallel.grad_reduce_dtype);
+  o.sync_every_micro_step = parallel.accumulate_sync == cfg::AccumulateSync::kEvery;
+  o.reduce_dtype = cfg::dtype_of(parallel.grad_reduce_dtype);
   o.zero_stage = static_cast<int>(parallel.zero_stage);
   o.find_unused_parameters = parallel.find_unused_parameters;
   return o;
@@ -341,7 +341,7 @@ void DataParallel::gather_parameters() {
   comm_.allgather(view(p, owned_.begin, owned_.end), view(p, 0, p.numel()))->wait();
 }
 
-MemoryAccount DataParallel::allocated_memory(const std::string& precision) const {
+MemoryAccount DataParallel::allocated_memory(cfg::Precision /*precision*/) const {
   MemoryAccount m;
   const int64_t n = flat_.numel();
   m.params = n * 4;
@@ -355,7 +355,7 @@ MemoryAccount DataParallel::allocated_memory(const std::string& precision) const
   return m;
 }
 
-MemoryAccount DataParallel::paper_memory(const std::string& precision) const {
+MemoryAccount DataParallel::paper_memory(cfg::Precision precision) const {
   return account_memory(flat_.numel(), precision, options_.zero_stage, comm_.world_size());
 }
 
@@ -364,8 +364,8 @@ MemoryAccount DataParallel::paper_memory(const std::string& precision) const {
 namespace dnallm::parallel {
 
 DdpGradientSync::DdpGradientSync(comm::Communicator& comm, DdpOptions options,
-                                 std::string precision)
-    : comm_(comm), options_(options), precision_(std::move(precision)) {}
+                                 cfg::Precision precision)
+    : comm_(comm), options_(options), precision_(precision) {}
 
 double DdpGradientSync::sum_scalar(double value) {
   return sum_over_ranks(comm_, value, DType::kFloat64);

@@ -89,8 +89,8 @@ class DataParallel {
   const FlatLayout& layout() const { return layout_; }
   // Bytes this rank allocates for model state (parameters, gradients incl. staging, optimizer
   // state for its range: Adam moments), next to the ZeRO paper's accounting for comparison.
-  MemoryAccount allocated_memory(const std::string& precision) const;
-  MemoryAccount paper_memory(const std::string& precision) const;
+  MemoryAccount allocated_memory(cfg::Precision precision) const;
+  MemoryAccount paper_memory(cfg::Precision precision) const;
   int64_t buckets_launched_during_backward() const { return launched_in_backward_; }
 
  private:
@@ -161,7 +161,7 @@ namespace dnallm::parallel {
 // The trainer's GradientSync over DataParallel (Note [GradientSync] in trainer.hpp).
 class DdpGradientSync final : public train::GradientSync {
  public:
-  DdpGradientSync(comm::Communicator& comm, DdpOptions options, std::string precision);
+  DdpGradientSync(comm::Communicator& comm, DdpOptions options, cfg::Precision precision);
   int rank() const override { return comm_.rank(); }
   int world_size() const override { return comm_.world_size(); }
   double sum_scalar(double value) override;
@@ -183,7 +183,7 @@ class DdpGradientSync final : public train::GradientSync {
  private:
   comm::Communicator& comm_;
   DdpOptions options_;
-  std::string precision_;
+  cfg::Precision precision_;
   std::unique_ptr<DataParallel> ddp_;
 };
 

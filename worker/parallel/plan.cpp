@@ -64,11 +64,11 @@ FlatRange intersect(const FlatRange& a, const FlatRange& b) {
   return {begin, end};
 }
 
-MemoryAccount account_memory(int64_t numel, const std::string& precision, int64_t zero_stage,
+MemoryAccount account_memory(int64_t numel, cfg::Precision precision, int64_t zero_stage,
                              int64_t world_size) {
   DNALLM_CHECK(world_size > 0 && zero_stage >= 0 && zero_stage <= 2, ExitCode::kUsage,
                "invalid ZeRO stage {} or world size {}", zero_stage, world_size);
-  const bool mixed = precision != "fp32";
+  const bool mixed = precision != cfg::Precision::kFp32;
   const int64_t compute_bytes = mixed ? 2 : 4;
   // Optimizer state per parameter: Adam m and v (fp32), plus fp32 master weights when the
   // model itself is kept in a 16-bit type.

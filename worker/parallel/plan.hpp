@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "core/config.hpp"
+
 namespace dnallm::parallel {
 
 // Elements in a flat range [begin, end).
@@ -72,10 +74,10 @@ struct MemoryAccount {
   int64_t total() const { return params + grads + optimizer; }
 };
 
-// `numel` parameters trained in `precision` ("fp32" | "bf16" | "fp16") with Adam on
+// `numel` parameters trained in `precision` (fp32, bf16, fp16) with Adam on
 // `world_size` ranks under `zero_stage`. Mixed precision: DDP 2+2+12 = 16 bytes a parameter;
 // stage 1: 2+2 + 12/N; stage 2: 2 + (2+12)/N. fp32 has no separate master copy: 4+4+8.
-MemoryAccount account_memory(int64_t numel, const std::string& precision, int64_t zero_stage,
+MemoryAccount account_memory(int64_t numel, cfg::Precision precision, int64_t zero_stage,
                              int64_t world_size);
 
 }  // namespace dnallm::parallel

@@ -12,7 +12,7 @@ comm::ProcessGroupOptions group_options(const Config& config, const WorkerEnv& e
                                         const cluster::Topology& topo,
                                         const comm::CommOptions& wanted) {
   comm::ProcessGroupOptions po;
-  po.backend = config.parallel.backend;
+  po.backend = cfg::spelling(config.parallel.backend);
   po.rank = topo.rank;
   po.world_size = topo.world_size;
   po.master_addr = topo.master_addr;
@@ -34,13 +34,13 @@ comm::ProcessGroupOptions group_options(const Config& config, const WorkerEnv& e
 }  // namespace
 
 bool needs_process_group(const Config& config, const cluster::Topology& topo) {
-  return topo.world_size > 1 || config.parallel.backend == "nccl";
+  return topo.world_size > 1 || config.parallel.backend == cfg::Backend::kNccl;
 }
 
 comm::ProcessGroup join_process_group(const Config& config, const WorkerEnv& env,
                                       const cluster::Topology& topo, const RankDevice& device) {
   comm::CommOptions wanted;
-  wanted.backend = config.parallel.backend;
+  wanted.backend = cfg::spelling(config.parallel.backend);
   wanted.device = comm_device(device.device);
   wanted.device_shared = device.shared;
   const comm::ProcessGroupOptions po = group_options(config, env, topo, wanted);

@@ -77,8 +77,9 @@ MicroBatchTrial probe_micro_batch(models::LanguageModel model, const Config& con
     }
     torch::Tensor loss;
     {
-      AutocastGuard autocast(config.training.precision == "bf16",
-                             config.training.precision == "fp16" && device.is_cuda(), device);
+      AutocastGuard autocast(config.training.precision == cfg::Precision::kBf16,
+                             config.training.precision == cfg::Precision::kFp16 && device.is_cuda(),
+                             device);
       loss = model->forward(in).loss_sum;
     }
     peak = std::max(peak, resident_bytes());
@@ -115,7 +116,7 @@ double auto_batch_budget_bytes(const Config& config, int local_world_size) {
 void resolve_auto_batch(Config& config, models::LanguageModel model, GradientSync& sync,
                         int local_world_size) {
   auto& t = config.training;
-  if (t.batch_size != "auto") return;
+  if (t.batch_size != cfg::BatchSize::kAuto) return;
   const auto device = pick_device(t.device);
   const int world = sync.world_size();
   const int64_t per_rank = t.micro_batch_size * t.grad_accum_steps;

@@ -23,6 +23,20 @@
 namespace dnallm::train {
 namespace {
 
+// checkpoint.compression as the writer's codec (level: checkpoint.compression_level).
+checkpoint::CodecOptions codec_options(cfg::Compression compression) {
+  checkpoint::CodecOptions o;
+  switch (compression) {
+    case cfg::Compression::kZstd:
+      o.codec = checkpoint::Codec::kZstd;
+      break;
+    case cfg::Compression::kNone:
+      o.codec = checkpoint::Codec::kNone;
+      break;
+  }
+  return o;
+}
+
 using Clock = std::chrono::steady_clock;
 
 std::string hash_text(uint64_t h) { return fmt::format("{:016x}", h); }
@@ -270,7 +284,7 @@ double Checkpointer::hand_over(Clock::time_point t0, int64_t step,
   request.step = step;
   request.rank = rank_;
   request.slices = std::move(slices);
-  request.codec = checkpoint::parse_codec(config_.checkpoint.compression);
+  request.codec = codec_options(config_.checkpoint.compression);
   if (request.codec.codec == checkpoint::Codec::kZstd) {
     request.codec.level = static_cast<int>(config_.checkpoint.compression_level);
   }
@@ -349,7 +363,7 @@ void keep_global_batch(Config& config, const checkpoint::CheckpointReader& ckpt,
 std::optional<checkpoint::CheckpointReader> open_resume(const Config& config,
                                                         const nlohmann::json& tokenizer) {
   const auto& c = config.checkpoint;
-  if (c.resume == "none") {
+  if (c.resume.kind == cfg::Resume::Kind::kNone) {
     spdlog::info("checkpoint.resume = \"none\": starting fresh");
     return std::nullopt;
   }

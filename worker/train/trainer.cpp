@@ -51,19 +51,18 @@ int64_t real_tokens(const data::Batch& b) {
 
 }  // namespace
 
-torch::Device pick_device(const std::string& name) {
+torch::Device pick_device(cfg::Device wanted) {
   // Indexed: the current CUDA device, which dnallm-train sets once at start to the rank's
   // GPU (Note [One GPU per rank] in cluster/gpu_placement.hpp).
   auto current_cuda = [] {
     return torch::Device(torch::kCUDA,
                          c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getDevice().index());
   };
-  if (name == "cpu") return torch::kCPU;
-  DNALLM_CHECK(name == "cuda" || name == "auto", ExitCode::kUsage,
-               "training.device = \"{}\": use \"auto\", \"cpu\" or \"cuda\"", name);
+  if (wanted == cfg::Device::kCpu) return torch::kCPU;
+  const std::string name = cfg::spelling(wanted);
   // Note [Lazy CUDA]: loads the CUDA plugin first.
   const bool cuda = cuda_usable(name, fmt::format("training.device = \"{}\"", name));
-  DNALLM_CHECK(cuda || name == "auto", ExitCode::kUsage,
+  DNALLM_CHECK(cuda || wanted == cfg::Device::kAuto, ExitCode::kUsage,
                "training.device = \"cuda\" but LibTorch sees no CUDA device: use \"cpu\"");
   return cuda ? current_cuda() : torch::Device(torch::kCPU);
 }
@@ -101,8 +100,9 @@ models::TransformerLM build_model(const Config& config, int64_t vocab_size) {
 
 models::BuildContext build_context(const Config& config) {
   models::BuildContext c;
-  c.on_cpu = config.training.device == "cpu" ||
-             (config.training.device == "auto" && !cuda_usable("auto", "training.device"));
+  c.on_cpu =
+      config.training.device == cfg::Device::kCpu ||
+      (config.training.device == cfg::Device::kAuto && !cuda_usable("auto", "training.device"));
   const char* local = std::getenv("LOCAL_WORLD_SIZE");
   c.local_world_size = std::max(1, local != nullptr ? std::atoi(local) : 1);
   const char* world = std::getenv("WORLD_SIZE");
@@ -310,20 +310,17 @@ Trainer::Trainer(Config config, models::LanguageModel model, std::unique_ptr<Bat
   const auto& t = config_.training;
   DNALLM_CHECK(t.micro_batch_size > 0 && t.grad_accum_steps > 0, ExitCode::kUsage,
                "training.micro_batch_size and training.grad_accum_steps must be positive");
-  DNALLM_CHECK(t.precision == "fp32" || t.precision == "bf16" || t.precision == "fp16",
-               ExitCode::kUsage, "training.precision = \"{}\": use \"fp32\", \"bf16\" or \"fp16\"",
-               t.precision);
   device_ = pick_device(t.device);
   if (device_.is_cuda()) {
     at::globalContext().setAllowTF32CuBLAS(t.tf32);
     at::globalContext().setAllowTF32CuDNN(t.tf32);
   }
-  autocast_bf16_ = t.precision == "bf16";
-  autocast_fp16_ = t.precision == "fp16" && device_.is_cuda();
-  sync_free_ =
-      options_.sync_free.value_or(t.sync_free == "auto" ? !device_.is_cpu() : t.sync_free == "on");
+  autocast_bf16_ = t.precision == cfg::Precision::kBf16;
+  autocast_fp16_ = t.precision == cfg::Precision::kFp16 && device_.is_cuda();
+  sync_free_ = options_.sync_free.value_or(
+      t.sync_free == cfg::SyncFree::kAuto ? !device_.is_cpu() : t.sync_free == cfg::SyncFree::kOn);
   optim::LossScalerOptions scaler_options;
-  scaler_options.enabled = t.precision == "fp16";
+  scaler_options.enabled = t.precision == cfg::Precision::kFp16;
   scaler_options.init_scale = options_.initial_loss_scale;
   scaler_ = optim::LossScaler(scaler_options);
 
@@ -342,13 +339,13 @@ Trainer::Trainer(Config config, models::LanguageModel model, std::unique_ptr<Bat
   reset_device_memory_peaks(device_);
   spdlog::info(
       "model {} ({} task): {} trainable parameters of {}, device {}, precision {}",
-      config_.model.arch, config_.model.task, flat_->numel(),
+      cfg::spelling(config_.model.arch), cfg::spelling(config_.model.task), flat_->numel(),
       [&] {
         int64_t n = 0;
         for (const auto& p : model_->parameters()) n += p.numel();
         return n;
       }(),
-      device_.str(), t.precision);
+      device_.str(), cfg::spelling(t.precision));
 }
 
 Trainer::~Trainer() = default;
@@ -689,30 +686,39 @@ void Trainer::evaluate_at(int64_t step) {
   } else {
     spdlog::info("eval at step {}: loss {:.4f}", step, e.loss);
   }
-  if (config_.checkpoint.best_metric != "none") keep_if_best(step, e);
+  if (config_.checkpoint.best_metric != cfg::BestMetric::kNone) keep_if_best(step, e);
 }
 
 namespace {
 
 // Note [Best checkpoint]: the value of `metric` in `e`, and whether higher is better.
-std::pair<double, bool> best_metric_value(const std::string& metric, const EvalResult& e) {
-  if (metric == "loss") return {e.loss, false};
-  if (metric == "bits_per_base") return {e.bits_per_base, false};
-  if (metric == "accuracy") return {e.accuracy, true};
+std::pair<double, bool> best_metric_value(cfg::BestMetric metric, const EvalResult& e) {
+  switch (metric) {
+    case cfg::BestMetric::kLoss:
+      return {e.loss, false};
+    case cfg::BestMetric::kBitsPerBase:
+      return {e.bits_per_base, false};
+    case cfg::BestMetric::kAccuracy:
+      return {e.accuracy, true};
+    case cfg::BestMetric::kMcc:
+    case cfg::BestMetric::kF1:
+    case cfg::BestMetric::kNone:
+      break;
+  }
+  DNALLM_CHECK(metric != cfg::BestMetric::kNone, ExitCode::kUsage,
+               "checkpoint.best_metric = \"none\" is not a metric");
   DNALLM_CHECK(e.scores.has_value(), ExitCode::kUsage,
                "checkpoint.best_metric = \"{}\" needs at most {} labels (model.num_labels); use "
                "\"accuracy\" or \"loss\"",
-               metric, kMaxScoredClasses);
-  if (metric == "mcc") return {e.scores->mcc, true};
-  if (metric == "f1") return {e.scores->f1, true};
-  fail(ExitCode::kUsage, "checkpoint.best_metric = \"{}\" is not a metric", metric);
+               cfg::spelling(metric), kMaxScoredClasses);
+  return {metric == cfg::BestMetric::kMcc ? e.scores->mcc : e.scores->f1, true};
 }
 
 }  // namespace
 
 void Trainer::keep_if_best(int64_t step, const EvalResult& e) {
   namespace fs = std::filesystem;
-  const auto& metric = config_.checkpoint.best_metric;
+  const cfg::BestMetric metric = config_.checkpoint.best_metric;
   const fs::path best = best_dir();
   if (!best_read_) {  // a resumed run: the value to beat survives the restart
     best_read_ = true;
@@ -720,7 +726,8 @@ void Trainer::keep_if_best(int64_t step, const EvalResult& e) {
     if (step_ > 0 && fs::is_regular_file(best / "best.json", ec)) {
       const auto j = nlohmann::json::parse(checkpoint::read_small_file(best / "best.json"), nullptr,
                                            /*allow_exceptions=*/false);
-      if (j.is_object() && j.value("metric", std::string()) == metric && j["value"].is_number()) {
+      if (j.is_object() && j.value("metric", std::string()) == cfg::spelling(metric) &&
+          j["value"].is_number()) {
         best_value_ = j["value"].get<double>();
       }
     }
@@ -737,7 +744,7 @@ void Trainer::keep_if_best(int64_t step, const EvalResult& e) {
   if (options_.write_tokenizer) options_.write_tokenizer(tmp.string());
   nlohmann::ordered_json info;
   info["step"] = step;
-  info["metric"] = metric;
+  info["metric"] = cfg::spelling(metric);
   info["value"] = value;
   checkpoint::write_file_durable(tmp / "best.json", info.dump(2) + "\n");
   fs::remove_all(old);
@@ -749,10 +756,10 @@ void Trainer::keep_if_best(int64_t step, const EvalResult& e) {
   nlohmann::ordered_json line;
   line["event"] = "best";
   line["step"] = step;
-  line[metric] = value;
+  line[cfg::spelling(metric)] = value;
   write_metrics(line);
-  spdlog::info("best {} so far ({:.4f}) at step {}: exported to {}", metric, value, step,
-               best.string());
+  spdlog::info("best {} so far ({:.4f}) at step {}: exported to {}", cfg::spelling(metric), value,
+               step, best.string());
 }
 
 void Trainer::write_summary(const RunTotals& totals) {

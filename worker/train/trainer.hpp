@@ -234,10 +234,9 @@ struct TrainerOptions {
   std::vector<std::function<void(Trainer&, int64_t step)>> before_step;
 };
 
-// training.device ("auto" | "cpu" | "cuda") resolved; CUDA comes with the index of the current
-// CUDA device (the rank's GPU in dnallm-train). Throws Error(kUsage) for "cuda" without a
-// CUDA device or an unknown name.
-torch::Device pick_device(const std::string& name);
+// training.device (auto, cpu, cuda) resolved; CUDA comes with the index of the current CUDA
+// device (the rank's GPU in dnallm-train). Throws Error(kUsage) for cuda without a CUDA device.
+torch::Device pick_device(cfg::Device wanted);
 
 // Number of optimizer steps: training.max_steps, or epochs × samples / global batch.
 int64_t total_steps(const Config& config, uint64_t samples_per_epoch, int world_size);

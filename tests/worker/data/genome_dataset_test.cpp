@@ -40,13 +40,13 @@ TEST(GenomeDataset, TilingCoversRecordsAndSkipsN) {
       testing::random_bases(100, 3) + std::string(100, 'N') + testing::random_bases(100, 4);
   GenomeOptions o;
   o.window_bases = 100;
-  o.sampling = "tile";
+  o.sampling = cfg::Sampling::kTile;
   GenomeDataset ds(records({a, b}), o, "mem");
   EXPECT_EQ(ds.size(), 5u);  // 3 + 3 tiles minus the all-N one
   SampleRng rng(1);
   for (uint64_t i = 0; i < ds.size(); ++i)
     EXPECT_EQ(ds.get(i, rng).bases.find('N'), std::string::npos);
-  o.n_policy = "mask";
+  o.n_policy = cfg::NPolicy::kMask;
   GenomeDataset masked(records({a, b}), o, "mem");
   EXPECT_EQ(masked.size(), 6u);
 }
@@ -67,7 +67,7 @@ TEST(GenomeDataset, EvalSplitHoldsOutTail) {
   std::string g = testing::random_bases(1000, 8);
   GenomeOptions o;
   o.window_bases = 100;
-  o.sampling = "tile";
+  o.sampling = cfg::Sampling::kTile;
   o.eval_fraction = 0.2;
   o.split = Split::kTrain;
   GenomeDataset train(records({g}), o, "mem");
@@ -78,7 +78,7 @@ TEST(GenomeDataset, EvalSplitHoldsOutTail) {
   SampleRng rng(1);
   EXPECT_EQ(eval.get(0, rng).bases, g.substr(800, 100));
   // Random windows of the train split never reach the tail.
-  o.sampling = "random";
+  o.sampling = cfg::Sampling::kRandom;
   o.split = Split::kTrain;
   GenomeDataset rtrain(records({g}), o, "mem");
   for (uint64_t i = 0; i < 300; ++i) {
@@ -102,11 +102,9 @@ TEST(GenomeDataset, ReverseComplementAugmentation) {
 TEST(GenomeDataset, BadOptions) {
   GenomeOptions o;
   o.window_bases = 10;
-  o.n_policy = "drop";
-  EXPECT_THROW(GenomeDataset(records({"ACGTACGTACGT"}), o, "mem"), Error);
-  o.n_policy = "skip";
+  o.n_policy = cfg::NPolicy::kSkip;
   GenomeOptions all_n = o;
-  all_n.sampling = "tile";
+  all_n.sampling = cfg::Sampling::kTile;
   EXPECT_THROW(GenomeDataset(records({std::string(40, 'N')}), all_n, "mem"), Error);
 }
 

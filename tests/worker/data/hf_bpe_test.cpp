@@ -345,7 +345,7 @@ TEST_F(HfBpeTest, OurIdLayoutOfTheDirectorysTokenizer) {
   write(tj);
   const auto theirs = HfTokenizer::load(dir_.string());
   Config config;
-  config.tokenizer.kind = "hf";
+  config.tokenizer.kind = cfg::TokenizerKind::kHf;
   config.model.init_from = dir_.string();
   const auto ours = make_tokenizer(config);
   EXPECT_EQ(ours->kind(), "hf");
@@ -392,7 +392,7 @@ TEST_F(HfBpeTest, OurIdLayoutOfTheDirectorysTokenizer) {
 
 TEST_F(HfBpeTest, KindHfRefusesOtherSchemesAndNeedsADirectory) {
   Config config;
-  config.tokenizer.kind = "hf";
+  config.tokenizer.kind = cfg::TokenizerKind::kHf;
   try {
     make_tokenizer(config);
     FAIL() << "no directory accepted";

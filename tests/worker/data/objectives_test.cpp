@@ -136,10 +136,11 @@ TEST(Objectives, PackingKeepsDocumentsApart) {
 }
 
 TEST(Objectives, FromConfigNames) {
-  EXPECT_EQ(objective_from("bert", "pretrain"), Objective::kMaskedLm);
-  EXPECT_EQ(objective_from("gpt", "pretrain"), Objective::kCausalLm);
-  EXPECT_EQ(objective_from("gpt", "regression"), Objective::kRegression);
-  EXPECT_THROW(objective_from("t5", "pretrain"), Error);
+  EXPECT_EQ(objective_from(cfg::Arch::kBert, cfg::Task::kPretrain), Objective::kMaskedLm);
+  EXPECT_EQ(objective_from(cfg::Arch::kGpt, cfg::Task::kPretrain), Objective::kCausalLm);
+  EXPECT_EQ(objective_from(cfg::Arch::kGpt, cfg::Task::kRegression), Objective::kRegression);
+  EXPECT_EQ(objective_from(cfg::Arch::kBert, cfg::Task::kClassification),
+            Objective::kClassification);
 }
 
 }  // namespace

@@ -64,10 +64,10 @@ TEST(Pipeline, EvalMasksEverySelectedPositionTrainingUses801010) {
 
 TEST(Pipeline, KmerWindowAndCausal) {
   Config c = small_config();
-  c.tokenizer.kind = "kmer";
+  c.tokenizer.kind = cfg::TokenizerKind::kKmer;
   c.tokenizer.k = 6;
   c.tokenizer.stride = 1;
-  c.model.arch = "gpt";
+  c.model.arch = cfg::Arch::kGpt;
   auto tok = make_tokenizer(c);
   EXPECT_EQ(tok->vocab_size(), 4101);
   EXPECT_EQ(window_bases(c, *tok), 63 + 5);
@@ -78,18 +78,17 @@ TEST(Pipeline, KmerWindowAndCausal) {
   EXPECT_EQ(b.labels[1], b.input_ids[1]);
 }
 
+// An unknown tokenizer or bad-record policy never reaches the pipeline: the schema refuses it
+// (Note [Config choices]).
 TEST(Pipeline, BadOptionsAreUsageErrors) {
-  Config c = small_config();
-  c.tokenizer.kind = "words";
-  try {
-    make_tokenizer(c);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
+  for (const char* bad : {"tokenizer.kind=words", "data.on_bad_record=ignore"}) {
+    try {
+      parse_config("", "test", {bad});
+      FAIL() << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kUsage) << bad;
+    }
   }
-  c = small_config();
-  c.data.on_bad_record = "ignore";
-  EXPECT_THROW(make_train_loader(c, make_char_tokenizer(), 0, 1), Error);
 }
 
 TEST(Pipeline, FastqReadsAndEvalFilesAndRewind) {
@@ -116,7 +115,7 @@ TEST(Pipeline, FastqReadsAndEvalFilesAndRewind) {
   eval->rewind();
   EXPECT_EQ(eval->next().input_ids, e0.input_ids);
   // Labelled tasks need tables.
-  c.model.task = "classification";
+  c.model.task = cfg::Task::kClassification;
   try {
     make_train_loader(c, tok, 0, 1);
     FAIL();
@@ -133,7 +132,7 @@ TEST(Pipeline, BpeTrainedFromConfigAndSaved) {
   testing::write_text(dir.file("g.fa"), fa);
   Config c = small_config();
   c.data.train_files = {dir.file("g.fa")};
-  c.tokenizer.kind = "bpe";
+  c.tokenizer.kind = cfg::TokenizerKind::kBpe;
   c.tokenizer.vocab_size = 48;
   c.tokenizer.path = dir.file("bpe.model");
   auto tok = make_tokenizer(c);

@@ -28,7 +28,7 @@ void expect_bad_data(Fn fn, std::vector<std::string> parts) {
 
 TableOptions classification(const std::string& cache_dir = "") {
   TableOptions o;
-  o.task = "classification";
+  o.task = cfg::Task::kClassification;
   o.num_labels = 3;
   o.cache_dir = cache_dir;
   return o;
@@ -77,7 +77,7 @@ TEST(TableDataset, JsonlRegressionAndCacheDir) {
       dir.file("t.jsonl"),
       "{\"sequence\": \"ACGTAC\", \"label\": 0.5}\n{\"label\": -2, \"sequence\": \"tt\"}\n");
   TableOptions o;
-  o.task = "regression";
+  o.task = cfg::Task::kRegression;
   o.cache_dir = (dir.path() / "cache").string();
   TableDataset ds({dir.file("t.jsonl")}, o);
   ASSERT_EQ(ds.size(), 2u);
@@ -129,7 +129,7 @@ TEST(TableDataset, BadRecordsNameFileLineAndRecord) {
                   {"bad.jsonl:2", "not a JSON object"});
   testing::write_text(dir.file("reg.csv"), "sequence,label\nACGT,abc\n");
   TableOptions reg;
-  reg.task = "regression";
+  reg.task = cfg::Task::kRegression;
   expect_bad_data([&] { TableDataset({dir.file("reg.csv")}, reg); },
                   {"reg.csv:2", "finite number"});
 }
@@ -181,7 +181,7 @@ TEST(TableDataset, ClassificationLoaderFromConfig) {
   testing::write_text(dir.file("cls.csv"), csv);
   Config c;
   c.data.train_files = {dir.file("cls.csv")};
-  c.model.task = "classification";
+  c.model.task = cfg::Task::kClassification;
   c.model.max_seq_length = 32;
   c.training.micro_batch_size = 4;
   c.data.group_by_length = true;

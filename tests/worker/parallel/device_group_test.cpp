@@ -161,12 +161,12 @@ TEST(StagedCollectives, NothingToStageOnCpuReturnsTheBackendItself) {
 
 TEST(RankDevice, CpuStaysCpuAndCudaWithoutAGpuIsAUsageError) {
   Config config;
-  config.training.device = "cpu";
+  config.training.device = cfg::Device::kCpu;
   auto d = select_rank_device(config, 1, 4);  // any local layout is fine on the CPU
   EXPECT_TRUE(d.device.is_cpu());
   EXPECT_FALSE(d.shared);
   if (kCuda) return;
-  config.training.device = "cuda";
+  config.training.device = cfg::Device::kCuda;
   try {
     select_rank_device(config, 0, 1);
     FAIL() << "cuda accepted without a GPU";
@@ -186,7 +186,7 @@ TEST(RankDeviceGpu, IndexedCurrentDeviceAndTooManyRanks) {
   if (!kCuda) GTEST_SKIP() << "no CUDA device: LibTorch sees no GPU here";
   const int gpus = static_cast<int>(torch::cuda::device_count());
   Config config;
-  config.training.device = "cuda";
+  config.training.device = cfg::Device::kCuda;
   auto d = select_rank_device(config, gpus - 1, gpus);
   EXPECT_TRUE(d.device.is_cuda());
   EXPECT_EQ(d.device.index(), gpus - 1);

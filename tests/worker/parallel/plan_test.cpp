@@ -148,17 +148,17 @@ TEST(ShardRange, Intersect) {
 TEST(MemoryAccount, MatchesZeroPaper) {
   const int64_t psi = 1'000'000;
   for (int64_t n : {1, 2, 4, 8, 64}) {
-    MemoryAccount ddp = account_memory(psi, "bf16", 0, n);
+    MemoryAccount ddp = account_memory(psi, cfg::Precision::kBf16, 0, n);
     EXPECT_EQ(ddp.total(), 16 * psi);
-    MemoryAccount z1 = account_memory(psi, "bf16", 1, n);
+    MemoryAccount z1 = account_memory(psi, cfg::Precision::kBf16, 1, n);
     EXPECT_EQ(z1.total(), 4 * psi + (12 * psi + n - 1) / n);
-    MemoryAccount z2 = account_memory(psi, "bf16", 2, n);
+    MemoryAccount z2 = account_memory(psi, cfg::Precision::kBf16, 2, n);
     EXPECT_EQ(z2.params, 2 * psi);
     EXPECT_EQ(z2.grads + z2.optimizer, (2 * psi + n - 1) / n + (12 * psi + n - 1) / n);
   }
   // fp32 keeps no separate master copy: 4 + 4 + 8.
-  EXPECT_EQ(account_memory(psi, "fp32", 0, 4).total(), 16 * psi);
-  EXPECT_EQ(account_memory(psi, "fp32", 2, 4).total(), 4 * psi + psi + 2 * psi);
+  EXPECT_EQ(account_memory(psi, cfg::Precision::kFp32, 0, 4).total(), 16 * psi);
+  EXPECT_EQ(account_memory(psi, cfg::Precision::kFp32, 2, 4).total(), 4 * psi + psi + 2 * psi);
 }
 
 }  // namespace

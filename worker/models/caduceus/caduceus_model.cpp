@@ -32,7 +32,7 @@ std::vector<int64_t> complement_of(const data::Tokenizer& tokenizer, int64_t row
 }
 
 void check_task(const Config& config, const std::string& what) {
-  DNALLM_CHECK(config.model.task != "regression", ExitCode::kUsage,
+  DNALLM_CHECK(config.model.task != cfg::Task::kRegression, ExitCode::kUsage,
                "{}: Caduceus has no regression head: use model.task = \"pretrain\" or "
                "\"classification\"",
                what);
@@ -54,7 +54,7 @@ CaduceusModel wrap(CaduceusLM lm, int64_t vocab_size) {
 LanguageModel build(const Config& config, const data::Tokenizer& tokenizer,
                     const BuildContext& /*context*/) {
   const auto& m = config.model;
-  check_task(config, "model.arch = \"" + m.arch + "\"");
+  check_task(config, fmt::format("model.arch = \"{}\"", cfg::spelling(m.arch)));
   DNALLM_CHECK(m.hidden > 0 && m.layers > 0, ExitCode::kUsage,
                "model.hidden and model.layers must be positive");
   DNALLM_CHECK(m.init_from.empty(), ExitCode::kUsage,
@@ -66,9 +66,9 @@ LanguageModel build(const Config& config, const data::Tokenizer& tokenizer,
   o.n_layer = m.layers;
   o.dt_rank = (o.d_model + 15) / 16;
   o.vocab_size = (tokenizer.vocab_size() + 7) / 8 * 8;
-  o.rcps = m.arch == "caduceus-ps";
+  o.rcps = m.arch == cfg::Arch::kCaduceusPs;
   if (o.rcps) o.complement = complement_of(tokenizer, o.vocab_size);
-  o.classifier = m.task == "classification";
+  o.classifier = m.task == cfg::Task::kClassification;
   o.num_labels = m.num_labels;
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
   return wrap(CaduceusLM(o), tokenizer.vocab_size());
@@ -83,7 +83,7 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
   CaduceusOptions o = t;
   o.hf_config = nlohmann::json();
   if (o.rcps) o.complement = complement_of(tokenizer, o.vocab_size);
-  o.classifier = config.model.task == "classification";
+  o.classifier = config.model.task == cfg::Task::kClassification;
   o.num_labels = config.model.num_labels;
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
   CaduceusLM lm(o);
@@ -236,7 +236,7 @@ nlohmann::ordered_json CaduceusModelImpl::export_config() const {
 ModelFamily caduceus_family() {
   ModelFamily f;
   f.name = "caduceus";
-  f.arches = {"caduceus", "caduceus-ps"};
+  f.arches = {cfg::Arch::kCaduceus, cfg::Arch::kCaduceusPs};
   f.exported_types = {"caduceus"};
   f.recognises_hf = recognises_hf;
   f.build = build;

@@ -17,7 +17,7 @@ namespace {
 // model.layers = n_layer, model.max_seq_length = max_seq_len (the filters' length).
 HyenaOptions options_from_config(const Config& config, int64_t vocab_size) {
   const auto& m = config.model;
-  DNALLM_CHECK(m.task != "regression", ExitCode::kUsage,
+  DNALLM_CHECK(m.task != cfg::Task::kRegression, ExitCode::kUsage,
                "model.arch = \"hyena\" has no regression head: use model.task = \"pretrain\" or "
                "\"classification\"");
   DNALLM_CHECK(config.lora.r == 0, ExitCode::kUsage,
@@ -34,7 +34,7 @@ HyenaOptions options_from_config(const Config& config, int64_t vocab_size) {
   o.n_layer = m.layers;
   o.max_seq_len = m.max_seq_length;
   o.pad_token_id = data::kPadId;
-  o.classifier = m.task == "classification";
+  o.classifier = m.task == cfg::Task::kClassification;
   o.num_labels = m.num_labels;
   o.gradient_checkpointing = m.gradient_checkpointing;
   return o;
@@ -86,13 +86,13 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
   o.hf_config = nlohmann::json();  // ours: our vocabulary (export_config)
   o.vocab_size = tokenizer.vocab_size();
   o.pad_token_id = data::kPadId;
-  DNALLM_CHECK(config.model.task != "regression", ExitCode::kUsage,
+  DNALLM_CHECK(config.model.task != cfg::Task::kRegression, ExitCode::kUsage,
                "model.init_from = \"{}\": HyenaDNA has no regression head: use model.task = "
                "\"pretrain\" or \"classification\"",
                dir);
   DNALLM_CHECK(config.lora.r == 0, ExitCode::kUsage,
                "lora.r = {}: HyenaDNA fine-tunes in full here: set lora.r = 0", config.lora.r);
-  o.classifier = config.model.task == "classification";
+  o.classifier = config.model.task == cfg::Task::kClassification;
   o.num_labels = config.model.num_labels;
   o.gradient_checkpointing = config.model.gradient_checkpointing;
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
@@ -231,7 +231,7 @@ nlohmann::ordered_json HyenaModelImpl::export_config() const {
 ModelFamily hyena_family() {
   ModelFamily f;
   f.name = "hyena";
-  f.arches = {"hyena"};
+  f.arches = {cfg::Arch::kHyena};
   f.exported_types = {"hyenadna"};
   f.recognises_hf = recognises_hf;
   f.build = build;

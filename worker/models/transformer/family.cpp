@@ -36,7 +36,7 @@ void check_predicted_memory(const Config& config, const ModelOptions& o, const B
   const double weights = 4 * params;
   const double grads = lora ? 0.0 : 4 * params;
   const double moments = lora ? 0.0 : 8 * params / (config.parallel.zero_stage >= 1 ? world : 1.0);
-  const double batch = t.batch_size == "auto" ? 1.0 : double(t.micro_batch_size);
+  const double batch = t.batch_size == cfg::BatchSize::kAuto ? 1.0 : double(t.micro_batch_size);
   const double tokens = batch * double(o.max_seq_length);
   const double per_layer = config.model.gradient_checkpointing ? 1.0 : 8.0;
   const double activations =
@@ -93,15 +93,14 @@ TransformerLM build_transformer(const Config& config, int64_t vocab_size,
     spdlog::info("initialised {} tensors from {}", loaded, path);
   }
   if (lora_r > 0) model->enable_lora(lora_r);
-  if (config.lora.quantize_base != "none") {  // QLoRA: adapters over a 4-bit frozen base
+  if (config.lora.quantize_base != cfg::QuantizeBase::kNone) {  // QLoRA: 4-bit frozen base
     DNALLM_CHECK(lora_r > 0, ExitCode::kUsage,
                  "lora.quantize_base = \"{}\" quantizes the frozen base of a LoRA fine-tune: "
                  "set lora.r > 0",
-                 config.lora.quantize_base);
-    const auto r = quantize_linears(
-        *model, parse_weight_format(config.lora.quantize_base, "lora.quantize_base"));
+                 cfg::spelling(config.lora.quantize_base));
+    const auto r = quantize_linears(*model, weight_format_of(config.lora.quantize_base));
     spdlog::info("QLoRA: {} base linears in {} ({:.2f} MB, {:.3f}x bf16)", r.linears,
-                 config.lora.quantize_base, r.quantized_bytes / 1e6,
+                 cfg::spelling(config.lora.quantize_base), r.quantized_bytes / 1e6,
                  double(r.quantized_bytes) / double(std::max<int64_t>(r.bf16_bytes(), 1)));
   }
   return model;
@@ -110,7 +109,7 @@ TransformerLM build_transformer(const Config& config, int64_t vocab_size,
 ModelFamily transformer_family() {
   ModelFamily f;
   f.name = "transformer";
-  f.arches = {"bert", "gpt"};
+  f.arches = {cfg::Arch::kBert, cfg::Arch::kGpt};
   f.exported_types = {"bert", "dnallm-gpt"};
   f.recognises_hf = is_transformer_hf_config;
   f.build = [](const Config& config, const data::Tokenizer& tokenizer,

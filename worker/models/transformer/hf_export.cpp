@@ -621,14 +621,14 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, int64_t max_seq_
                       {"cls_token", "[CLS]"},
                       {"sep_token", "[SEP]"},
                       {"mask_token", "[MASK]"}};
-  if (tok.kind() == "nt" && arch == Arch::kBert)
+  if (tok.tokenizer_kind() == cfg::TokenizerKind::kNt && arch == Arch::kBert)
     return export_esm_tokenizer(tok, map, max_seq_length, dir);
-  const bool kmer = tok.kind() == "kmer";
-  const bool bpe = tok.kind() == "hf";
+  const bool kmer = tok.tokenizer_kind() == cfg::TokenizerKind::kKmer;
+  const bool bpe = tok.tokenizer_kind() == cfg::TokenizerKind::kHf;
   auto summary = tok.to_json();
   summary.erase("hf_tokenizer_json");  // kind "hf" embeds its files
   summary.erase("hf_tokenizer_config");
-  DNALLM_CHECK(tok.kind() == "char" || bpe ||
+  DNALLM_CHECK(tok.tokenizer_kind() == cfg::TokenizerKind::kChar || bpe ||
                    (kmer && tok.to_json().value("stride", 0) == 1 && arch == Arch::kBert),
                ExitCode::kUsage,
                "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\", "

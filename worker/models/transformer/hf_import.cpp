@@ -916,12 +916,15 @@ namespace {
 void check_same_tokenization(const Config& config, const data::Tokenizer& ours,
                              const data::HfTokenizer& theirs, const std::string& dir) {
   using Scheme = data::HfTokenizer::Scheme;
-  const bool same_scheme = (theirs.scheme() == Scheme::kOverlappingKmer && ours.kind() == "kmer" &&
-                            config.tokenizer.k == theirs.k() && config.tokenizer.stride == 1) ||
-                           (theirs.scheme() == Scheme::kLongestMatch && ours.kind() == "nt" &&
-                            config.tokenizer.k == theirs.k()) ||
-                           (theirs.scheme() == Scheme::kCharacter && ours.kind() == "char") ||
-                           (theirs.scheme() == Scheme::kBpe && ours.kind() == "hf");
+  const bool same_scheme =
+      (theirs.scheme() == Scheme::kOverlappingKmer &&
+       ours.tokenizer_kind() == cfg::TokenizerKind::kKmer && config.tokenizer.k == theirs.k() &&
+       config.tokenizer.stride == 1) ||
+      (theirs.scheme() == Scheme::kLongestMatch &&
+       ours.tokenizer_kind() == cfg::TokenizerKind::kNt && config.tokenizer.k == theirs.k()) ||
+      (theirs.scheme() == Scheme::kCharacter &&
+       ours.tokenizer_kind() == cfg::TokenizerKind::kChar) ||
+      (theirs.scheme() == Scheme::kBpe && ours.tokenizer_kind() == cfg::TokenizerKind::kHf);
   std::string theirs_text, setting;
   switch (theirs.scheme()) {
     case Scheme::kOverlappingKmer:
@@ -946,7 +949,7 @@ void check_same_tokenization(const Config& config, const data::Tokenizer& ours,
   DNALLM_CHECK(same_scheme, ExitCode::kUsage,
                "model.init_from = \"{}\" tokenizes {}; [tokenizer] here is kind = \"{}\": {}", dir,
                theirs_text, ours.kind(), setting);
-  if (ours.kind() == "hf") {
+  if (ours.tokenizer_kind() == cfg::TokenizerKind::kHf) {
     // tokenizer.path may name another directory: its merges must be these.
     const auto own = data::load_hf_bpe_tokenizer(dir)->to_json();
     DNALLM_CHECK(own.at("hf_tokenizer_json") == ours.to_json().at("hf_tokenizer_json"),

@@ -201,6 +201,17 @@ WeightFormat parse_weight_format(const std::string& name, const std::string& wha
   fail(ExitCode::kUsage, "{} = \"{}\": use \"none\", \"int8\" or \"nf4\"", what, name);
 }
 
+WeightFormat weight_format_of(cfg::QuantizeBase base) {
+  switch (base) {
+    case cfg::QuantizeBase::kNone:
+      return WeightFormat::kFull;
+    case cfg::QuantizeBase::kNf4:
+      return WeightFormat::kNf4;
+  }
+  fail(ExitCode::kFailure, "weight_format_of: lora.quantize_base {} has no weight format",
+       static_cast<int>(base));
+}
+
 QuantizeReport quantize_linears(LanguageModelImpl& model, WeightFormat format) {
   QuantizeReport report;
   if (format == WeightFormat::kFull) return report;

@@ -14,6 +14,8 @@
 #include <memory>
 #include <string>
 
+#include "core/config.hpp"
+
 namespace dnallm::models {
 
 class LanguageModelImpl;
@@ -73,6 +75,8 @@ std::shared_ptr<QuantizedWeight> make_int8_weight(const torch::Tensor& weight,
 enum class WeightFormat { kFull, kInt8, kNf4 };
 // "none" | "fp32" -> kFull, "int8", "nf4"; throws Error(kUsage) naming `what` otherwise.
 WeightFormat parse_weight_format(const std::string& name, const std::string& what);
+// lora.quantize_base: none -> kFull, nf4 -> kNf4.
+WeightFormat weight_format_of(cfg::QuantizeBase base);
 
 struct QuantizeReport {
   int64_t linears = 0;     // layers converted

@@ -148,29 +148,30 @@ void check_model_shape(const ModelOptions& o, const std::string& where) {
 ModelOptions model_options_from_config(const Config& config, int64_t vocab_size) {
   const auto& m = config.model;
   ModelOptions o;
-  if (m.arch == "bert") {
-    o.arch = Arch::kBert;
-  } else if (m.arch == "gpt") {
-    o.arch = Arch::kGpt;
-  } else {
-    fail(ExitCode::kUsage, "model.arch = \"{}\" is not supported: use \"bert\" or \"gpt\"", m.arch);
+  switch (m.arch) {
+    case cfg::Arch::kBert:
+      o.arch = Arch::kBert;
+      break;
+    case cfg::Arch::kGpt:
+      o.arch = Arch::kGpt;
+      break;
   }
-  if (m.task == "pretrain") {
-    o.task = Task::kPretrain;
-  } else if (m.task == "classification") {
-    o.task = Task::kClassification;
-  } else if (m.task == "regression") {
-    o.task = Task::kRegression;
-  } else {
-    fail(ExitCode::kUsage,
-         "model.task = \"{}\" is not supported: use \"pretrain\", \"classification\" or "
-         "\"regression\"",
-         m.task);
+  switch (m.task) {
+    case cfg::Task::kPretrain:
+      o.task = Task::kPretrain;
+      break;
+    case cfg::Task::kClassification:
+      o.task = Task::kClassification;
+      break;
+    case cfg::Task::kRegression:
+      o.task = Task::kRegression;
+      break;
   }
   DNALLM_CHECK(m.hidden > 0 && m.heads > 0 && m.hidden % m.heads == 0, ExitCode::kUsage,
                "model.hidden ({}) must be a positive multiple of model.heads ({})", m.hidden,
                m.heads);
-  DNALLM_CHECK((m.hidden / m.heads) % 2 == 0 || m.position != "rotary", ExitCode::kUsage,
+  DNALLM_CHECK((m.hidden / m.heads) % 2 == 0 || m.position != cfg::Position::kRotary,
+               ExitCode::kUsage,
                "rotary positions need an even head size (model.hidden / model.heads)");
   DNALLM_CHECK(m.layers > 0 && m.ffn > 0 && m.max_seq_length > 1, ExitCode::kUsage,
                "model.layers, model.ffn must be positive and model.max_seq_length > 1");
@@ -187,36 +188,38 @@ ModelOptions model_options_from_config(const Config& config, int64_t vocab_size)
   o.kv_heads = m.kv_heads;
   o.ffn = m.ffn;
   o.max_seq_length = m.max_seq_length;
-  if (m.position == "learned") {
-    o.rotary = false;
-  } else if (m.position == "rotary") {
-    o.rotary = true;
-  } else if (m.position == "alibi") {
-    o.alibi = true;
-  } else {
-    fail(ExitCode::kUsage, "model.position = \"{}\": use \"learned\", \"rotary\" or \"alibi\"",
-         m.position);
+  switch (m.position) {
+    case cfg::Position::kLearned:
+      o.rotary = false;
+      break;
+    case cfg::Position::kRotary:
+      o.rotary = true;
+      break;
+    case cfg::Position::kAlibi:
+      o.alibi = true;
+      break;
   }
   // DNABERT-2's blocks (configs/dnabert2-*.toml): post-LN with an embedding LayerNorm, and a
   // GEGLU feed-forward whose input projections have no bias.
   o.post_layer_norm = m.post_layer_norm;
   o.embedding_layer_norm = m.post_layer_norm;
-  if (m.mlp == "geglu") {
-    o.gated_mlp = true;
-    o.gate_activation = ModelOptions::GateActivation::kGelu;
-    o.ffn_in_bias = false;
-  } else {
-    DNALLM_CHECK(m.mlp == "gelu", ExitCode::kUsage, "model.mlp = \"{}\": use \"gelu\" or \"geglu\"",
-                 m.mlp);
+  switch (m.mlp) {
+    case cfg::Mlp::kGeglu:
+      o.gated_mlp = true;
+      o.gate_activation = ModelOptions::GateActivation::kGelu;
+      o.ffn_in_bias = false;
+      break;
+    case cfg::Mlp::kGelu:
+      break;
   }
-  if (m.attn_implementation == "auto" || m.attn_implementation == "sdpa") {
-    o.attn = AttnImpl::kSdpa;
-  } else if (m.attn_implementation == "eager") {
-    o.attn = AttnImpl::kEager;
-  } else {
-    fail(ExitCode::kUsage,
-         "model.attn_implementation = \"{}\": use \"auto\", \"sdpa\" or \"eager\"",
-         m.attn_implementation);
+  switch (m.attn_implementation) {
+    case cfg::AttnImplementation::kAuto:
+    case cfg::AttnImplementation::kSdpa:
+      o.attn = AttnImpl::kSdpa;
+      break;
+    case cfg::AttnImplementation::kEager:
+      o.attn = AttnImpl::kEager;
+      break;
   }
   DNALLM_CHECK(m.dropout >= 0.0 && m.dropout < 1.0, ExitCode::kUsage,
                "model.dropout = {} must be in [0, 1)", m.dropout);
@@ -224,13 +227,7 @@ ModelOptions model_options_from_config(const Config& config, int64_t vocab_size)
   o.gradient_checkpointing = m.gradient_checkpointing;
   o.num_labels = o.task == Task::kRegression ? 1 : m.num_labels;
   DNALLM_CHECK(o.num_labels >= 1, ExitCode::kUsage, "model.num_labels must be >= 1");
-  if (m.pooling == "cls") {
-    o.mean_pooling = false;
-  } else if (m.pooling == "mean") {
-    o.mean_pooling = true;
-  } else {
-    fail(ExitCode::kUsage, "model.pooling = \"{}\": use \"cls\" or \"mean\"", m.pooling);
-  }
+  o.mean_pooling = m.pooling == cfg::Pooling::kMean;
   o.lora_r = config.lora.r;
   DNALLM_CHECK(o.lora_r >= 0, ExitCode::kUsage, "lora.r must be >= 0");
   o.lora_alpha = config.lora.alpha;
