@@ -6,6 +6,7 @@
 
 #include <fmt/ranges.h>
 
+#include "checkpoint/durable_io.hpp"
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
 #include "worker/data/tokenizer.hpp"
@@ -91,6 +92,33 @@ torch::Tensor scatter_rows(const torch::Tensor& ours, const std::vector<int64_t>
     if (map[i] >= 0) out[map[i]].copy_(ours[static_cast<int64_t>(i)]);
   }
   return out;
+}
+
+int64_t copy_matching_parameters(torch::nn::Module& from, torch::nn::Module& to) {
+  std::map<std::string, torch::Tensor> source;
+  for (const auto& p : from.named_parameters()) source.emplace(p.key(), p.value());
+  torch::NoGradGuard no_grad;
+  int64_t copied = 0;
+  for (auto& p : to.named_parameters()) {
+    auto it = source.find(p.key());
+    if (it == source.end() || it->second.sizes() != p.value().sizes()) continue;
+    p.value().copy_(it->second);
+    ++copied;
+  }
+  return copied;
+}
+
+void copy_tokenizer_files(const std::string& from, const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (from.empty()) return;
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    const fs::path source = fs::path(from) / name;
+    std::error_code ec;
+    if (!fs::is_regular_file(fs::symlink_status(source, ec))) continue;
+    checkpoint::write_file_durable(fs::path(dir) / name,
+                                   read_bounded_file(source.string(), kMaxConfigFileBytes,
+                                                     ExitCode::kUsage, "tokenizer file"));
+  }
 }
 
 void load_named_tensors(const std::vector<std::pair<std::string, torch::Tensor>>& targets,

@@ -39,6 +39,14 @@ torch::Tensor gather_rows(const torch::Tensor& theirs, const std::vector<int64_t
 torch::Tensor scatter_rows(const torch::Tensor& ours, const std::vector<int64_t>& map,
                            const torch::Tensor& base);
 
+// The parameters of `from` copied into `to` where name and shape agree (a new head keeps its
+// fresh values); returns how many.
+int64_t copy_matching_parameters(torch::nn::Module& from, torch::nn::Module& to);
+
+// A hub layout's tokenizer files (tokenizer_config.json, special_tokens_map.json) copied from
+// the directory `from` (the one a model was imported from; "" or absent files: nothing) to `dir`.
+void copy_tokenizer_files(const std::string& from, const std::string& dir);
+
 // Every tensor of `targets` from <dir>/model.safetensors, by name; a missing tensor (unless
 // `derived` says it is computed from config.json, as a buffer the model regenerates), a shape
 // that disagrees or a tensor the model does not have is exit 5 naming it.

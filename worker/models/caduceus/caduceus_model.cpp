@@ -87,16 +87,8 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
   o.num_labels = config.model.num_labels;
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
   CaduceusLM lm(o);
-  std::map<std::string, torch::Tensor> source;
-  for (const auto& p : theirs->named_parameters()) source.emplace(p.key(), p.value());
+  const int64_t copied = copy_matching_parameters(*theirs, *lm);
   torch::NoGradGuard no_grad;
-  int64_t copied = 0;
-  for (auto& p : lm->named_parameters()) {
-    auto it = source.find(p.key());
-    if (it == source.end() || it->second.sizes() != p.value().sizes()) continue;
-    p.value().copy_(it->second);
-    ++copied;
-  }
   lm->word_embeddings->weight.copy_(
       gather_rows(theirs->word_embeddings->weight, map, lm->word_embeddings->weight));
   if (!o.classifier && !t.classifier) {
@@ -148,13 +140,8 @@ bool export_hf(LanguageModel& model, const data::Tokenizer& /*tokenizer*/, const
     if (o.classifier) o.hf_config["num_labels"] = o.num_labels;
   }
   CaduceusLM theirs(o);
-  std::map<std::string, torch::Tensor> source;
-  for (const auto& p : m->lm()->named_parameters()) source.emplace(p.key(), p.value());
+  copy_matching_parameters(*m->lm(), *theirs);
   torch::NoGradGuard no_grad;
-  for (auto& p : theirs->named_parameters()) {
-    auto it = source.find(p.key());
-    if (it != source.end() && it->second.sizes() == p.value().sizes()) p.value().copy_(it->second);
-  }
   const auto cpu = [](const torch::Tensor& t) { return t.detach().to(torch::kCPU); };
   theirs->word_embeddings->weight.copy_(
       scatter_rows(cpu(m->lm()->word_embeddings->weight), m->vocab_map, m->source_embedding));

@@ -8,6 +8,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
+#include "worker/models/family_io.hpp"
 #include "worker/models/hf_directory.hpp"
 #include "worker/models/transformer/transformer.hpp"
 #include "worker/tensor_buffer.hpp"
@@ -627,15 +628,7 @@ void export_hf_hyena(HyenaLM& model, const std::string& dir, const std::string& 
   }
   save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
   checkpoint::write_file_durable(fs::path(dir) / "config.json", config.dump(2) + "\n");
-  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
-    const fs::path from = fs::path(tokenizer_from) / name;
-    std::error_code ec;
-    if (!tokenizer_from.empty() && fs::is_regular_file(fs::symlink_status(from, ec))) {
-      checkpoint::write_file_durable(fs::path(dir) / name,
-                                     read_bounded_file(from.string(), kMaxConfigFileBytes,
-                                                       ExitCode::kUsage, "tokenizer file"));
-    }
-  }
+  copy_tokenizer_files(tokenizer_from, dir);
 }
 
 }  // namespace dnallm::models::hyena

@@ -42,18 +42,10 @@ HyenaOptions options_from_config(const Config& config, int64_t vocab_size) {
 
 HyenaModel wrap(HyenaLM lm) { return HyenaModel(std::make_shared<HyenaModelImpl>(std::move(lm))); }
 
-// Tensors of `from` copied into `to` where name and shape agree (a fresh head stays fresh).
-int64_t copy_matching(const HyenaLM& from, HyenaLM& to) {
-  std::map<std::string, torch::Tensor> source;
-  for (auto& [name, t] : from->named_weights()) source.emplace(name, t);
-  torch::NoGradGuard no_grad;
-  int64_t copied = 0;
-  for (auto& [name, t] : to->named_weights()) {
-    auto it = source.find(name);
-    if (it == source.end() || it->second.sizes() != t.sizes()) continue;
-    t.copy_(it->second);
-    ++copied;
-  }
+// Parameters of `from` copied into `to` where name and shape agree (a fresh head stays
+// fresh), and the stored positional features (Note [Hyena positional features]).
+int64_t copy_matching(HyenaLM& from, HyenaLM& to) {
+  const int64_t copied = copy_matching_parameters(*from, *to);
   for (size_t i = 0; i < to->blocks.size() && i < from->blocks.size(); ++i) {
     to->blocks[i]->mixer->filter_fn->stored_z = from->blocks[i]->mixer->filter_fn->stored_z;
   }
