@@ -11,7 +11,7 @@
 #include "core/untrusted_file.hpp"
 #include "worker/models/family_io.hpp"
 #include "worker/models/hf_directory.hpp"
-#include "worker/models/transformer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 #include "worker/tensor_buffer.hpp"
 
 namespace dnallm::models::caduceus {
