@@ -486,7 +486,9 @@ struct ChoiceKey {
 
 std::vector<ChoiceKey> choice_keys() {
   return {
-      {"model.arch", {"bert", "gpt"}, [](const Config& c) { return cfg::spelling(c.model.arch); }},
+      {"model.arch",
+       {"bert", "gpt", "hyena", "caduceus", "caduceus-ps"},
+       [](const Config& c) { return cfg::spelling(c.model.arch); }},
       {"model.task",
        {"pretrain", "classification", "regression"},
        [](const Config& c) { return cfg::spelling(c.model.task); }},

@@ -98,7 +98,12 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
       "initialised {} tensors from the Caduceus checkpoint {} (embedding rows in our "
       "token order{})",
       copied, dir, o.classifier == t.classifier ? "" : "; the task head is new");
-  return wrap(lm, tokenizer.vocab_size());
+  auto model = wrap(lm, tokenizer.vocab_size());
+  model->vocab_map = map;
+  model->source_options = t;
+  model->source_embedding = theirs->word_embeddings->weight.detach().clone();
+  if (!t.classifier) model->source_head = theirs->head_weight.detach().clone();
+  return model;
 }
 
 LanguageModel load_exported(const std::string& dir, const nlohmann::json& c) {
