@@ -30,8 +30,9 @@ chunks=(--chunk-positions "$positions" --chunk-channels "$channels")
 [[ $plain == 1 ]] && chunks=()
 peaks=()
 for n in $lengths; do
-  line=$("$build/bin/dnallm-bench-hyena" --measure-memory --seq "$n" --max-seq-len 1048576 \
-    --d-model 256 --d-inner 1024 --layers 8 --checkpoint "${chunks[@]}" --predict "$n" | head -1)
+  out=$("$build/bin/dnallm-bench-hyena" --measure-memory --seq "$n" --max-seq-len 1048576 \
+    --d-model 256 --d-inner 1024 --layers 8 --checkpoint "${chunks[@]}" --predict "$n")
+  line="${out%%$'\n'*}"
   echo "$line"
   peaks+=("$n $(sed -n 's/.*"peak_rss_mb": *\([0-9.e+-]*\).*/\1/p' <<<"$line")")
 done

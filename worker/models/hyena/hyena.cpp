@@ -257,6 +257,9 @@ Tensor block_tail(HyenaBlockImpl& b, const Tensor& x, const Tensor& y, const Ten
   return h + residual;
 }
 
+// Note [Hyena chunked block], step 4: the fewest channels whose w one pass recomputes.
+inline constexpr int64_t kRecomputeChannels = 32;
+
 // Whether the gradient a chunked checkpoint's backward receives may be overwritten: no other
 // tensor, view or node's buffer refers to it. LibTorch's custom-function node passes its list of
 // incoming gradients to backward by value and keeps its own copy (CppNode::apply), hence two
@@ -321,16 +324,23 @@ Tensor HyenaBlockImpl::backward_chunked(const Tensor& x_in, const Tensor& z, con
     torch::NoGradGuard no_grad;
     hidden = f.hidden(z).detach().requires_grad_(true);
   }
-  for_pieces(d, chunking.channels, [&](int64_t g0, int64_t g1) {
-    auto w = long_conv_input(*this, x, g0, g1, chunking.positions).requires_grad_(true);
-    Tensor yg;
-    {
-      torch::AutoGradMode grad_mode(true);
-      yg = fft_long_conv(w, f.channels(hidden, t, g0, g1), f.bias.slice(0, g0, g1));
-    }
-    torch::autograd::backward({yg}, {y.slice(1, g0, g1)});
-    torch::NoGradGuard no_grad;
-    y.slice(1, g0, g1).copy_(w.grad());
+  // w is recomputed for at least kRecomputeChannels channels at a time (each pass runs LN1 and
+  // in_proj over every position), its long convolution `channels` at a time.
+  const int64_t group = chunking.channels > 0 ? chunking.channels : d;
+  for_pieces(d, std::max(group, kRecomputeChannels), [&](int64_t b0, int64_t b1) {
+    const auto wb = long_conv_input(*this, x, b0, b1, chunking.positions);
+    for_pieces(b1 - b0, group, [&](int64_t o0, int64_t o1) {
+      const int64_t g0 = b0 + o0, g1 = b0 + o1;
+      auto w = wb.slice(1, o0, o1).detach().requires_grad_(true);
+      Tensor yg;
+      {
+        torch::AutoGradMode grad_mode(true);
+        yg = fft_long_conv(w, f.channels(hidden, t, g0, g1), f.bias.slice(0, g0, g1));
+      }
+      torch::autograd::backward({yg}, {y.slice(1, g0, g1)});
+      torch::NoGradGuard no_grad;
+      y.slice(1, g0, g1).copy_(w.grad());
+    });
   });
   // Step 5.
   const auto rows = torch::arange(d, 3 * d, i64);
