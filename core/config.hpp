@@ -47,15 +47,10 @@ enum class Device { kAuto, kCpu, kCuda };          // training.device
 enum class Backend { kAuto, kGloo, kMpi, kNccl };  // parallel.backend
 enum class AccumulateSync { kLast, kEvery };       // parallel.accumulate_sync
 enum class Compression { kZstd, kNone };           // checkpoint.compression
-enum class BestMetric {
-  kNone,
-  kLoss,
-  kBitsPerBase,
-  kAccuracy,
-  kMcc,
-  kF1
-};  // checkpoint.best_metric
-enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kCritical, kOff };  // logging.level
+// checkpoint.best_metric (Note [Best checkpoint] in worker/train/trainer.hpp).
+enum class BestMetric { kNone, kLoss, kBitsPerBase, kAccuracy, kMcc, kF1 };
+// logging.level.
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kCritical, kOff };
 
 // checkpoint.resume: "auto", "none", or any other text: a path.
 struct Resume {

@@ -40,8 +40,8 @@ struct GenomeOptions {
   double reverse_complement = 0.0;  // probability of reverse-complementing a window
   double eval_fraction = 0.0;       // held-out tail of each record
   Split split = Split::kAll;
-  int64_t samples_per_epoch = 0;  // random: 0 = total region bases / window_bases
-  std::string format = "auto";    // "auto" | "fasta" | "fastq"
+  int64_t samples_per_epoch = 0;                    // random: 0 = total region bases / window_bases
+  cfg::DataFormat format = cfg::DataFormat::kAuto;  // auto, fasta, fastq
   BadRecordPolicy on_bad_record = BadRecordPolicy::kError;
   int64_t max_bases = int64_t{4} << 30;  // See Note [Genome storage]
 };

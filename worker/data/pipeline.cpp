@@ -15,13 +15,14 @@ namespace {
 // 4096 vocabulary on E. coli; 2 Mbases took 2.5 times that).
 constexpr size_t kBpeSampleBases = 1'000'000;
 
-bool is_table_format(const std::string& f) { return f == "csv" || f == "tsv" || f == "jsonl"; }
+bool is_table_format(cfg::DataFormat f) {
+  return f == cfg::DataFormat::kCsv || f == cfg::DataFormat::kTsv || f == cfg::DataFormat::kJsonl;
+}
 
-std::string resolve_format(const Config& config, const std::vector<std::string>& files) {
-  if (config.data.format != cfg::DataFormat::kAuto) return cfg::spelling(config.data.format);
-  if (files.empty()) return "fasta";
-  std::string f = format_from_extension(files.front());
-  return f.empty() ? "auto" : f;  // sequence readers sniff the first character
+cfg::DataFormat resolve_format(const Config& config, const std::vector<std::string>& files) {
+  if (config.data.format != cfg::DataFormat::kAuto) return config.data.format;
+  if (files.empty()) return cfg::DataFormat::kFasta;
+  return format_from_extension(files.front());  // kAuto: sequence readers sniff the first character
 }
 
 // Up to `max_bases` bases of the training genomes, in lines of 2,000 bases, for BPE training.
@@ -29,7 +30,7 @@ std::vector<std::string> bpe_sample(const Config& config, size_t max_bases) {
   std::vector<std::string> lines;
   size_t total = 0;
   for (const auto& f : config.data.train_files) {
-    SequenceReader reader(f, cfg::spelling(config.data.format), config.data.on_bad_record);
+    SequenceReader reader(f, config.data.format, config.data.on_bad_record);
     SequenceRecord rec;
     while (total < max_bases && reader.next(rec)) {
       for (size_t pos = 0; pos < rec.bases.size() && total < max_bases; pos += 2000) {
@@ -116,7 +117,7 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
     fail(ExitCode::kUsage, "data.{} is empty: give at least one file",
          split == Split::kEval ? "eval_files" : "train_files");
   }
-  const std::string format = resolve_format(config, files);
+  const cfg::DataFormat format = resolve_format(config, files);
   const auto policy = d.on_bad_record;
   if (is_table_format(format)) {
     TableOptions t;
@@ -142,7 +143,8 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
     fail(ExitCode::kUsage,
          "model.task = \"{}\" needs labelled tables (csv, tsv, jsonl with data.label_column), but "
          "{} is a {} file",
-         cfg::spelling(config.model.task), files.front(), format == "auto" ? "sequence" : format);
+         cfg::spelling(config.model.task), files.front(),
+         format == cfg::DataFormat::kAuto ? "sequence" : cfg::spelling(format));
   }
   GenomeOptions g;
   g.window_bases = window_bases(config, tokenizer);

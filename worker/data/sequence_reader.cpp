@@ -49,7 +49,7 @@ std::string header_name(const std::string& header) {
 
 }  // namespace
 
-std::string format_from_extension(const std::string& path) {
+cfg::DataFormat format_from_extension(const std::string& path) {
   std::string p = path;
   std::transform(p.begin(), p.end(), p.begin(), [](unsigned char c) { return std::tolower(c); });
   for (const char* z : {".gz", ".bgz", ".bgzf"}) {
@@ -59,15 +59,15 @@ std::string format_from_extension(const std::string& path) {
     }
   }
   for (const char* e : {".fa", ".fasta", ".fna", ".fas", ".ffn"}) {
-    if (ends_with(p, e)) return "fasta";
+    if (ends_with(p, e)) return cfg::DataFormat::kFasta;
   }
   for (const char* e : {".fq", ".fastq"}) {
-    if (ends_with(p, e)) return "fastq";
+    if (ends_with(p, e)) return cfg::DataFormat::kFastq;
   }
-  if (ends_with(p, ".csv")) return "csv";
-  if (ends_with(p, ".tsv")) return "tsv";
-  if (ends_with(p, ".jsonl") || ends_with(p, ".json")) return "jsonl";
-  return "";
+  if (ends_with(p, ".csv")) return cfg::DataFormat::kCsv;
+  if (ends_with(p, ".tsv")) return cfg::DataFormat::kTsv;
+  if (ends_with(p, ".jsonl") || ends_with(p, ".json")) return cfg::DataFormat::kJsonl;
+  return cfg::DataFormat::kAuto;
 }
 
 std::string reverse_complement(const std::string& bases) {
@@ -102,7 +102,7 @@ struct SequenceReader::Handle {
   }
 };
 
-SequenceReader::SequenceReader(std::string path, const std::string& format_hint,
+SequenceReader::SequenceReader(std::string path, cfg::DataFormat format_hint,
                                BadRecordPolicy policy)
     : path_(std::move(path)), policy_(policy), handle_(std::make_unique<Handle>()) {
   handle_->fp = bgzf_open(path_.c_str(), "r");
@@ -117,17 +117,17 @@ SequenceReader::SequenceReader(std::string path, const std::string& format_hint,
          "re-compress it",
          path_);
   }
-  std::string fmt_name = format_hint;
-  if (fmt_name == "auto" || fmt_name.empty()) fmt_name = format_from_extension(path_);
-  if (fmt_name.empty()) {
+  cfg::DataFormat f = format_hint;
+  if (f == cfg::DataFormat::kAuto) f = format_from_extension(path_);
+  if (f == cfg::DataFormat::kAuto) {
     // Sniff the first character.
     int c = bgzf_peek(handle_->fp);
     if (c == '@')
-      fmt_name = "fastq";
+      f = cfg::DataFormat::kFastq;
     else if (c == '>')
-      fmt_name = "fasta";
+      f = cfg::DataFormat::kFasta;
     else if (c == -1)
-      fmt_name = "fasta";  // empty file: reported as "no records" by callers
+      f = cfg::DataFormat::kFasta;  // empty file: reported as "no records" by callers
     else {
       fail(ExitCode::kBadData,
            "{}: cannot tell the format: first character {} is neither '>' (FASTA) nor '@' (FASTQ); "
@@ -135,13 +135,20 @@ SequenceReader::SequenceReader(std::string path, const std::string& format_hint,
            path_, printable(static_cast<char>(c)));
     }
   }
-  if (fmt_name == "fasta")
-    format_ = SequenceFormat::kFasta;
-  else if (fmt_name == "fastq")
-    format_ = SequenceFormat::kFastq;
-  else
-    fail(ExitCode::kUsage, "{}: format \"{}\" is not a sequence format (fasta, fastq)", path_,
-         fmt_name);
+  switch (f) {
+    case cfg::DataFormat::kFasta:
+      format_ = SequenceFormat::kFasta;
+      break;
+    case cfg::DataFormat::kFastq:
+      format_ = SequenceFormat::kFastq;
+      break;
+    case cfg::DataFormat::kAuto:
+    case cfg::DataFormat::kCsv:
+    case cfg::DataFormat::kTsv:
+    case cfg::DataFormat::kJsonl:
+      fail(ExitCode::kUsage, "{}: format \"{}\" is not a sequence format (fasta, fastq)", path_,
+           cfg::spelling(f));
+  }
 }
 
 SequenceReader::~SequenceReader() = default;
@@ -269,7 +276,7 @@ bool SequenceReader::next_fastq(SequenceRecord& out) {
   }
 }
 
-std::vector<SequenceRecord> read_sequences(const std::string& path, const std::string& format_hint,
+std::vector<SequenceRecord> read_sequences(const std::string& path, cfg::DataFormat format_hint,
                                            BadRecordPolicy policy, int64_t* skipped) {
   SequenceReader reader(path, format_hint, policy);
   std::vector<SequenceRecord> records;

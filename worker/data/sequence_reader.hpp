@@ -40,9 +40,9 @@ struct SequenceRecord {
 // Streams records from one file. Not thread-safe; one reader per thread.
 class SequenceReader {
  public:
-  // format_hint: "auto" (by extension, then by the first character), "fasta", "fastq".
-  // Throws Error(kBadData) if the file cannot be opened.
-  SequenceReader(std::string path, const std::string& format_hint = "auto",
+  // format_hint: auto (by extension, then by the first character), fasta, fastq; a table
+  // format is Error(kUsage). Throws Error(kBadData) if the file cannot be opened.
+  SequenceReader(std::string path, cfg::DataFormat format_hint = cfg::DataFormat::kAuto,
                  BadRecordPolicy policy = BadRecordPolicy::kError);
   ~SequenceReader();
   SequenceReader(const SequenceReader&) = delete;
@@ -76,12 +76,12 @@ class SequenceReader {
 
 // Reads every record of `path` (see SequenceReader). `skipped` receives the count of
 // skipped records when non-null.
-std::vector<SequenceRecord> read_sequences(const std::string& path, const std::string& format_hint,
+std::vector<SequenceRecord> read_sequences(const std::string& path, cfg::DataFormat format_hint,
                                            BadRecordPolicy policy, int64_t* skipped = nullptr);
 
 // Format from the file name: ".fa/.fasta/.fna/.fas[.gz|.bgz]" fasta, ".fq/.fastq" fastq,
-// ".csv" ".tsv" ".jsonl"/".json"; "" when unknown.
-std::string format_from_extension(const std::string& path);
+// ".csv" ".tsv" ".jsonl"/".json"; kAuto when unknown.
+cfg::DataFormat format_from_extension(const std::string& path);
 
 // Appends the normalised bases of `raw` to `out` (upper case; U -> T; IUPAC codes -> N;
 // spaces and tabs ignored). Returns the index in `raw` of the first invalid character, or

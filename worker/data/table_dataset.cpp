@@ -132,11 +132,13 @@ TableDataset::~TableDataset() {
 void TableDataset::open_file(const std::string& path) {
   File f;
   f.path = path;
-  f.format = options_.format == "auto" ? format_from_extension(path) : options_.format;
-  if (f.format != "csv" && f.format != "tsv" && f.format != "jsonl") {
+  f.format =
+      options_.format == cfg::DataFormat::kAuto ? format_from_extension(path) : options_.format;
+  if (f.format != cfg::DataFormat::kCsv && f.format != cfg::DataFormat::kTsv &&
+      f.format != cfg::DataFormat::kJsonl) {
     fail(ExitCode::kUsage,
          "{}: cannot read format \"{}\" as a table (csv, tsv, jsonl); set data.format", path,
-         f.format);
+         f.format == cfg::DataFormat::kAuto ? "" : cfg::spelling(f.format));
   }
   {
     std::string lower = path;
@@ -157,11 +159,11 @@ void TableDataset::open_file(const std::string& path) {
       static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
 
   // Column positions from the header (csv/tsv).
-  if (f.format != "jsonl") {
+  if (f.format != cfg::DataFormat::kJsonl) {
     f.header_line = read_line_at(f.data_fd, 0, path);
     if (f.header_line.rfind("\xEF\xBB\xBF", 0) == 0)
       f.header_line.erase(0, 3);  // UTF-8 BOM (Excel)
-    auto cols = split_table_line(f.header_line, f.format == "csv" ? ',' : '\t');
+    auto cols = split_table_line(f.header_line, f.format == cfg::DataFormat::kCsv ? ',' : '\t');
     for (size_t i = 0; i < cols.size(); ++i) {
       if (cols[i] == options_.sequence_column) f.sequence_col = static_cast<int>(i);
       if (cols[i] == options_.label_column) f.label_col = static_cast<int>(i);
@@ -178,7 +180,7 @@ void TableDataset::open_file(const std::string& path) {
     }
   }
 
-  uint64_t key = string_key(0xD1A, f.format);
+  uint64_t key = string_key(0xD1A, cfg::spelling(f.format));  // "csv", "tsv", "jsonl"
   key = string_key(key, options_.sequence_column);
   key = string_key(key, options_.label_column);
   key = string_key(key, cfg::spelling(options_.task));  // as the index files name it
@@ -279,7 +281,7 @@ void TableDataset::build_index(File& f, const std::string& index_path, uint64_t 
       const uint64_t line_offset = offset;
       offset += static_cast<uint64_t>(n);
       ++line_no;
-      if (line_no == 1 && f.format != "jsonl") continue;  // header
+      if (line_no == 1 && f.format != cfg::DataFormat::kJsonl) continue;  // header
       line.assign(raw, static_cast<size_t>(n));
       while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
       if (is_blank(line)) continue;
@@ -326,7 +328,7 @@ bool TableDataset::parse_record(const File& f, const std::string& line, Sample& 
                                 std::string& why) const {
   std::string seq, label;
   bool has_label = false;
-  if (f.format == "jsonl") {
+  if (f.format == cfg::DataFormat::kJsonl) {
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) {
       why = "not a JSON object";
@@ -344,7 +346,7 @@ bool TableDataset::parse_record(const File& f, const std::string& line, Sample& 
       label = lit->is_string() ? lit->get<std::string>() : lit->dump();
     }
   } else {
-    auto fields = split_table_line(line, f.format == "csv" ? ',' : '\t');
+    auto fields = split_table_line(line, f.format == cfg::DataFormat::kCsv ? ',' : '\t');
     if (static_cast<int>(fields.size()) <= f.sequence_col) {
       why = fmt::format("missing column \"{}\" (the line has {} fields)", options_.sequence_column,
                         fields.size());

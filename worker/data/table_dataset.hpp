@@ -30,7 +30,7 @@
 namespace dnallm::data {
 
 struct TableOptions {
-  std::string format = "auto";  // "auto" (by extension) | "csv" | "tsv" | "jsonl"
+  cfg::DataFormat format = cfg::DataFormat::kAuto;  // auto (by extension), csv, tsv, jsonl
   std::string sequence_column = "sequence";
   std::string label_column = "label";
   cfg::Task task = cfg::Task::kPretrain;
@@ -60,7 +60,7 @@ class TableDataset final : public Dataset {
  private:
   struct File {
     std::string path;
-    std::string format;
+    cfg::DataFormat format = cfg::DataFormat::kAuto;
     int data_fd = -1;
     int index_fd = -1;
     uint64_t records = 0;

@@ -25,8 +25,9 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-bool is_table(const std::string& format) {
-  return format == "csv" || format == "tsv" || format == "jsonl";
+bool is_table(cfg::DataFormat format) {
+  return format == cfg::DataFormat::kCsv || format == cfg::DataFormat::kTsv ||
+         format == cfg::DataFormat::kJsonl;
 }
 
 // Reads up to `n` selected records; their framed token ids go to `rows`.
@@ -88,7 +89,7 @@ std::shared_ptr<const data::Tokenizer> load_model_tokenizer(const std::string& m
 
 struct SequenceInput::Impl {
   std::string path;
-  std::string format;
+  cfg::DataFormat format = cfg::DataFormat::kAuto;
   std::string sequence_column;
   // FASTA/FASTQ
   std::unique_ptr<data::SequenceReader> reader;
@@ -99,7 +100,7 @@ struct SequenceInput::Impl {
   bool selected = false;
 
   void open_reader() {
-    reader = std::make_unique<data::SequenceReader>(path, format.empty() ? "auto" : format);
+    reader = std::make_unique<data::SequenceReader>(path, format);
     position = 0;
   }
 };
@@ -124,7 +125,7 @@ SequenceInput::~SequenceInput() = default;
 
 uint64_t SequenceInput::count() {
   if (impl_->table) return impl_->table->size();
-  data::SequenceReader scan(impl_->path, impl_->format.empty() ? "auto" : impl_->format);
+  data::SequenceReader scan(impl_->path, impl_->format);
   data::SequenceRecord rec;
   uint64_t n = 0;
   while (scan.next(rec)) ++n;

@@ -51,7 +51,7 @@ TEST(SequenceReader, PlainGzipAndBgzfFasta) {
   testing::write_bgzf(dir.file("b.fasta.gz"), kFasta);
   for (const char* name : {"a.fa", "a.fa.gz", "b.fasta.gz"}) {
     SCOPED_TRACE(name);
-    expect_records(read_sequences(dir.file(name), "auto", BadRecordPolicy::kError));
+    expect_records(read_sequences(dir.file(name), cfg::DataFormat::kAuto, BadRecordPolicy::kError));
   }
 }
 
@@ -65,14 +65,14 @@ TEST(SequenceReader, BgzfManyBlocksAndRecords) {
     for (size_t p = 0; p < seqs.back().size(); p += 70) text += seqs.back().substr(p, 70) + "\n";
   }
   testing::write_bgzf(dir.file("many.fa.bgz"), text);
-  auto r = read_sequences(dir.file("many.fa.bgz"), "auto", BadRecordPolicy::kError);
+  auto r = read_sequences(dir.file("many.fa.bgz"), cfg::DataFormat::kAuto, BadRecordPolicy::kError);
   ASSERT_EQ(r.size(), 5u);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(r[i].bases, seqs[i]);
 }
 
 TEST(SequenceReader, BundledGenome) {
-  auto r = read_sequences(std::string(DNALLM_SOURCE_DIR) + "/data/ecoli_k12_mg1655.fa.gz", "auto",
-                          BadRecordPolicy::kError);
+  auto r = read_sequences(std::string(DNALLM_SOURCE_DIR) + "/data/ecoli_k12_mg1655.fa.gz",
+                          cfg::DataFormat::kAuto, BadRecordPolicy::kError);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].bases.size(), 4639675u);
 }
@@ -83,7 +83,7 @@ TEST(SequenceReader, FastqMultiRecordAndSniffing) {
   testing::write_bgzf(dir.file("reads.fq.gz"), fq);
   testing::write_text(dir.file("reads.txt"), fq);
   for (const char* name : {"reads.fq.gz", "reads.txt"}) {
-    auto r = read_sequences(dir.file(name), "auto", BadRecordPolicy::kError);
+    auto r = read_sequences(dir.file(name), cfg::DataFormat::kAuto, BadRecordPolicy::kError);
     ASSERT_EQ(r.size(), 2u);
     EXPECT_EQ(r[0].name, "r1");
     EXPECT_EQ(r[0].bases, "ACGTN");
@@ -95,10 +95,12 @@ TEST(SequenceReader, FastqMultiRecordAndSniffing) {
 TEST(SequenceReader, InvalidCharacterNamesFileLineRecord) {
   testing::TempDir dir;
   testing::write_text(dir.file("bad.fa"), ">ok\nACGT\n>broken\nACGT\nAC-GT\n>ok2\nAAAA\n");
-  expect_bad_data([&] { read_sequences(dir.file("bad.fa"), "auto", BadRecordPolicy::kError); },
-                  {"bad.fa", "broken", "'-'", "line 5", "column 3"});
+  expect_bad_data(
+      [&] { read_sequences(dir.file("bad.fa"), cfg::DataFormat::kAuto, BadRecordPolicy::kError); },
+      {"bad.fa", "broken", "'-'", "line 5", "column 3"});
   int64_t skipped = 0;
-  auto r = read_sequences(dir.file("bad.fa"), "auto", BadRecordPolicy::kSkip, &skipped);
+  auto r =
+      read_sequences(dir.file("bad.fa"), cfg::DataFormat::kAuto, BadRecordPolicy::kSkip, &skipped);
   EXPECT_EQ(skipped, 1);
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(r[1].name, "ok2");
@@ -107,11 +109,16 @@ TEST(SequenceReader, InvalidCharacterNamesFileLineRecord) {
 TEST(SequenceReader, EmptySequence) {
   testing::TempDir dir;
   testing::write_text(dir.file("empty.fa"), ">a\nACGT\n>nothing\n>b\nTT\n");
-  expect_bad_data([&] { read_sequences(dir.file("empty.fa"), "auto", BadRecordPolicy::kError); },
-                  {"empty.fa:3", "nothing", "empty sequence"});
+  expect_bad_data(
+      [&] {
+        read_sequences(dir.file("empty.fa"), cfg::DataFormat::kAuto, BadRecordPolicy::kError);
+      },
+      {"empty.fa:3", "nothing", "empty sequence"});
   int64_t skipped = 0;
-  EXPECT_EQ(read_sequences(dir.file("empty.fa"), "auto", BadRecordPolicy::kSkip, &skipped).size(),
-            2u);
+  EXPECT_EQ(
+      read_sequences(dir.file("empty.fa"), cfg::DataFormat::kAuto, BadRecordPolicy::kSkip, &skipped)
+          .size(),
+      2u);
   EXPECT_EQ(skipped, 1);
 }
 
@@ -122,8 +129,9 @@ TEST(SequenceReader, TruncatedGzip) {
   testing::write_gzip(dir.file("t.fa.gz"), text);
   auto size = std::filesystem::file_size(dir.file("t.fa.gz"));
   std::filesystem::resize_file(dir.file("t.fa.gz"), size / 2);
-  expect_bad_data([&] { read_sequences(dir.file("t.fa.gz"), "auto", BadRecordPolicy::kSkip); },
-                  {"t.fa.gz", "truncated"});
+  expect_bad_data(
+      [&] { read_sequences(dir.file("t.fa.gz"), cfg::DataFormat::kAuto, BadRecordPolicy::kSkip); },
+      {"t.fa.gz", "truncated"});
 }
 
 TEST(SequenceReader, TruncatedBgzf) {
@@ -134,25 +142,36 @@ TEST(SequenceReader, TruncatedBgzf) {
   auto size = std::filesystem::file_size(dir.file("cut.fa.gz"));
   // Without the 28-byte EOF block: every data block intact, the end missing.
   std::filesystem::resize_file(dir.file("cut.fa.gz"), size - 28);
-  expect_bad_data([&] { read_sequences(dir.file("cut.fa.gz"), "auto", BadRecordPolicy::kError); },
-                  {"cut.fa.gz", "truncated"});
+  expect_bad_data(
+      [&] {
+        read_sequences(dir.file("cut.fa.gz"), cfg::DataFormat::kAuto, BadRecordPolicy::kError);
+      },
+      {"cut.fa.gz", "truncated"});
   // Cut inside a block.
   testing::write_bgzf(dir.file("mid.fa.gz"), text);
   std::filesystem::resize_file(dir.file("mid.fa.gz"), size / 2);
-  expect_bad_data([&] { read_sequences(dir.file("mid.fa.gz"), "auto", BadRecordPolicy::kError); },
-                  {"mid.fa.gz", "truncated"});
+  expect_bad_data(
+      [&] {
+        read_sequences(dir.file("mid.fa.gz"), cfg::DataFormat::kAuto, BadRecordPolicy::kError);
+      },
+      {"mid.fa.gz", "truncated"});
 }
 
 TEST(SequenceReader, FastqQualityMismatchAndMissingHeader) {
   testing::TempDir dir;
   testing::write_text(dir.file("q.fastq"), "@r1\nACGT\n+\nIII\n");
-  expect_bad_data([&] { read_sequences(dir.file("q.fastq"), "auto", BadRecordPolicy::kError); },
-                  {"q.fastq:4", "r1", "quality has 3"});
+  expect_bad_data(
+      [&] { read_sequences(dir.file("q.fastq"), cfg::DataFormat::kAuto, BadRecordPolicy::kError); },
+      {"q.fastq:4", "r1", "quality has 3"});
   testing::write_text(dir.file("h.fa"), "ACGT\n");
-  expect_bad_data([&] { read_sequences(dir.file("h.fa"), "auto", BadRecordPolicy::kError); },
-                  {"h.fa:1", "header"});
-  expect_bad_data([&] { read_sequences(dir.file("missing.fa"), "auto", BadRecordPolicy::kError); },
-                  {"missing.fa"});
+  expect_bad_data(
+      [&] { read_sequences(dir.file("h.fa"), cfg::DataFormat::kAuto, BadRecordPolicy::kError); },
+      {"h.fa:1", "header"});
+  expect_bad_data(
+      [&] {
+        read_sequences(dir.file("missing.fa"), cfg::DataFormat::kAuto, BadRecordPolicy::kError);
+      },
+      {"missing.fa"});
 }
 
 TEST(SequenceReader, ReverseComplement) {

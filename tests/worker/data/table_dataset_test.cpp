@@ -233,7 +233,7 @@ TEST(TableDataset, CompressedTablesRefused) {
   testing::TempDir dir;
   testing::write_gzip(dir.file("t.csv.gz"), "sequence\nACGT\n");
   TableOptions o;
-  o.format = "csv";
+  o.format = cfg::DataFormat::kCsv;
   try {
     TableDataset ds({dir.file("t.csv.gz")}, o);
     FAIL();
