@@ -26,7 +26,7 @@ namespace dnallm {
 // strings (tests/lint/config_choices.sh checks it).
 namespace cfg {
 
-enum class Arch { kBert, kGpt, kHyena, kCaduceus, kCaduceusPs };     // model.arch
+enum class Arch { kBert, kGpt, kHyena, kCaduceus, kCaduceusPs };      // model.arch
 enum class Task { kPretrain, kClassification, kRegression };          // model.task
 enum class Position { kLearned, kRotary, kAlibi };                    // model.position
 enum class Mlp { kGelu, kGeglu };                                     // model.mlp

@@ -99,9 +99,9 @@ struct RunCounts {
 };
 
 // Embeds every selected record of `input` into `sink`, in input order.
-RunCounts embed(models::LanguageModel model, const data::Tokenizer& tokenizer,
-                SequenceInput& input, uint64_t total, EmbeddingSink& sink,
-                const EmbedOptions& options, const torch::Device& device);
+RunCounts embed(models::LanguageModel model, const data::Tokenizer& tokenizer, SequenceInput& input,
+                uint64_t total, EmbeddingSink& sink, const EmbedOptions& options,
+                const torch::Device& device);
 
 // Classifier / regression predictions: calls `row(id, probabilities or {value})` in order.
 RunCounts predict(models::LanguageModel model, const data::Tokenizer& tokenizer,
