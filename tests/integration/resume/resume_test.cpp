@@ -50,9 +50,13 @@ std::string static_group_command(int world, const std::string& env, const std::s
 // Tiny BERT, fp32, no dropout, constant LR (a run stopped at step 4 has the same schedule
 // as one going to 8). Global batch 12 = micro × world. `ckpt` is the checkpoint root; the
 // metrics go to <ckpt>/../<name>.jsonl.
+// Every run here holds one intra-op thread (a test's own `env` comes after and wins): runs
+// compared bit for bit, started at different times on a loaded 2-core machine, differed in the
+// last bit with the default threads (BLAS kernel and thread choices), never when alone.
 TrainRun train(const std::string& ckpt, const std::string& name, int world, int steps,
-               int save_steps, const std::string& extra = "", const std::string& env = "",
+               int save_steps, const std::string& extra = "", const std::string& test_env = "",
                Starter starter = Starter::kLauncher) {
+  const std::string env = "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 " + test_env;
   const std::string metrics = (fs::path(ckpt).parent_path() / (name + ".jsonl")).string();
   const std::string args = fmt::format(
       "--set model.hidden=32 --set model.layers=2 --set model.heads=2 --set model.ffn=64 "
@@ -132,27 +136,19 @@ class Resume : public ::testing::Test {
 };
 TrainRun* Resume::reference_ = nullptr;
 
-// One intra-op thread in all three runs: with the default (every core), a loaded machine made
-// the BLAS pick other kernels or thread splits between runs, and the last bit of the losses
-// differed at steps 5-8 in full-suite runs at load 5-7 (never alone). What is tested is resume,
-// so the threading is held fixed here.
 TEST_F(Resume, StoppedAndResumedRunIsBitIdentical) {
-  const std::string one_thread = "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1";
-  const std::string dir = make_temp_dir("resume_stop");
-  TrainRun straight = train(dir + "/straight", "straight", 1, 8, 0, "", one_thread);
-  ASSERT_EQ(straight.rc, 0) << straight.log;
-  const std::string ckpt = dir + "/ckpt";
-  TrainRun first = train(ckpt, "first", 1, 4, 4, "", one_thread);
+  const std::string ckpt = make_temp_dir("resume_stop") + "/ckpt";
+  TrainRun first = train(ckpt, "first", 1, 4, 4);
   ASSERT_EQ(first.rc, 0) << first.log;
   ASSERT_TRUE(fs::exists(ckpt + "/step_000000004/manifest.json"));
-  TrainRun second = train(ckpt, "second", 1, 8, 4, "", one_thread);
+  TrainRun second = train(ckpt, "second", 1, 8, 4);
   ASSERT_EQ(second.rc, 0) << second.log;
   EXPECT_NE(second.log.find("resumed from"), std::string::npos) << second.log;
   ASSERT_EQ(second.losses.size(), 4u);
   for (int64_t step = 5; step <= 8; ++step) {
-    EXPECT_EQ(second.losses.at(step), straight.losses.at(step)) << "step " << step;
+    EXPECT_EQ(second.losses.at(step), reference_->losses.at(step)) << "step " << step;
   }
-  expect_bit_identical(straight, second, "resumed at step 4");
+  expect_bit_identical(*reference_, second, "resumed at step 4");
 }
 
 // The sync-free step (Note [Sync-free step], the GPU default, forced on here) through the real
