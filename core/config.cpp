@@ -394,6 +394,13 @@ void model_keys(std::vector<KeyDesc>& out) {
       .key("gradient_checkpointing", &ModelConfig::gradient_checkpointing,
            "recompute each block's activations in the backward pass instead of keeping them: "
            "less memory for about one more forward pass of compute")
+      .range("chunk_positions", &ModelConfig::chunk_positions, 0, int64_t{1} << 30,
+             "HyenaDNA with `gradient_checkpointing`: each block's position-wise parts this many "
+             "positions at a time, forward and recompute (Note [Hyena chunked block]; 0: all at "
+             "once); the same function, less memory at long lengths (docs/long-context.md)")
+      .range("chunk_channels", &ModelConfig::chunk_channels, 0, int64_t{1} << 20,
+             "HyenaDNA with `gradient_checkpointing`: the FFT long convolution this many channels "
+             "at a time (0: all at once); with `chunk_positions`, what lets 1M tokens fit")
       .range("num_labels", &ModelConfig::num_labels, 1, 1 << 20,
              "classification classes (regression: 1)")
       .choice("pooling", &ModelConfig::pooling,
@@ -1279,8 +1286,9 @@ uint64_t model_config_hash(const Config& config) {
   // Note [Model hash across releases]: checkpoints store this hash and resume refuses another
   // one, so a [model]/[lora]/[tokenizer] key added after checkpoints exist joins the hash only
   // when it is set to something other than its default; list such keys here.
-  static const std::vector<std::string> kAddedLater = {"lora.quantize_base", "model.kv_heads",
-                                                       "model.mlp", "model.post_layer_norm"};
+  static const std::vector<std::string> kAddedLater = {
+      "lora.quantize_base",    "model.kv_heads",        "model.mlp",
+      "model.post_layer_norm", "model.chunk_positions", "model.chunk_channels"};
   std::string text = sections_toml(config, {"model", "lora", "tokenizer"}, kAddedLater);
   return XXH64(text.data(), text.size(), 0);
 }

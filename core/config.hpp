@@ -110,6 +110,8 @@ struct ModelConfig {
   cfg::AttnImplementation attn_implementation = cfg::AttnImplementation::kAuto;
   double dropout = 0.0;
   bool gradient_checkpointing = false;
+  int64_t chunk_positions = 0;  // HyenaDNA: Note [Hyena chunked block]
+  int64_t chunk_channels = 0;
   int64_t num_labels = 2;
   cfg::Pooling pooling = cfg::Pooling::kCls;
   std::string init_from = "";

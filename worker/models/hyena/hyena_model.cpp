@@ -37,6 +37,8 @@ HyenaOptions options_from_config(const Config& config, int64_t vocab_size) {
   o.classifier = m.task == cfg::Task::kClassification;
   o.num_labels = m.num_labels;
   o.gradient_checkpointing = m.gradient_checkpointing;
+  o.chunking.positions = m.chunk_positions;
+  o.chunking.channels = m.chunk_channels;
   return o;
 }
 
@@ -87,6 +89,8 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
   o.classifier = config.model.task == cfg::Task::kClassification;
   o.num_labels = config.model.num_labels;
   o.gradient_checkpointing = config.model.gradient_checkpointing;
+  o.chunking.positions = config.model.chunk_positions;
+  o.chunking.channels = config.model.chunk_channels;
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
   HyenaLM lm(o);
   const int64_t copied = copy_matching(theirs, lm);
