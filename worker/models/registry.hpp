@@ -50,7 +50,8 @@ struct ModelFamily {
 
 const std::vector<ModelFamily>& model_families();
 
-// The family of model.arch (every value has one: registry.cpp checks it once).
+// The family of model.arch. Every cfg::Arch has one (ModelRegistry.EveryFamily... builds each);
+// one without is an internal error.
 const ModelFamily& family_for_arch(cfg::Arch arch);
 // The family whose Hugging Face layout `config` (a config.json, `where` names it) is; exit 2
 // naming its model_type and the known ones.
