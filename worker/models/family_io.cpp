@@ -84,14 +84,13 @@ torch::Tensor gather_rows(const torch::Tensor& theirs, const std::vector<int64_t
   return out;
 }
 
-torch::Tensor scatter_rows(const torch::Tensor& ours, const std::vector<int64_t>& map,
-                           const torch::Tensor& base) {
+void scatter_rows(torch::Tensor& theirs, const torch::Tensor& ours, const std::vector<int64_t>& map,
+                  const torch::Tensor& source) {
   torch::NoGradGuard no_grad;
-  auto out = base.detach().to(torch::kCPU).clone();
+  if (source.defined()) theirs.copy_(source);
   for (size_t i = 0; i < map.size(); ++i) {
-    if (map[i] >= 0) out[map[i]].copy_(ours[static_cast<int64_t>(i)]);
+    if (map[i] >= 0) theirs[map[i]].copy_(ours[static_cast<int64_t>(i)]);
   }
-  return out;
 }
 
 int64_t copy_matching_parameters(torch::nn::Module& from, torch::nn::Module& to) {

@@ -35,9 +35,10 @@ std::vector<int64_t> character_vocabulary_map(const data::Tokenizer& ours, const
 // counterpart keep `fresh`'s.
 torch::Tensor gather_rows(const torch::Tensor& theirs, const std::vector<int64_t>& map,
                           const torch::Tensor& fresh);
-// The inverse: `base` (their layout) with rows map[i] replaced by ours[i].
-torch::Tensor scatter_rows(const torch::Tensor& ours, const std::vector<int64_t>& map,
-                           const torch::Tensor& base);
+// The inverse, in place: `theirs` (a tensor in the checkpoint's token order) becomes `source`
+// (its rows as imported; undefined: its own values) with rows map[i] replaced by ours[i].
+void scatter_rows(torch::Tensor& theirs, const torch::Tensor& ours, const std::vector<int64_t>& map,
+                  const torch::Tensor& source);
 
 // The parameters of `from` copied into `to` where name and shape agree (a new head keeps its
 // fresh values); returns how many.

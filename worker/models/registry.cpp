@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
 #include "worker/models/caduceus/caduceus_model.hpp"
+#include "worker/models/hf_directory.hpp"
 #include "worker/models/hyena/hyena_model.hpp"
 #include "worker/models/transformer/transformer.hpp"
 
@@ -80,9 +81,7 @@ LanguageModel build_model_for(const Config& config, const data::Tokenizer& token
   const auto& from = config.model.init_from;
   if (!from.empty() && is_hf_model_dir(from)) {
     const std::string where = from + "/config.json";
-    const auto c = parse_json_strict(
-        read_bounded_file(where, kMaxConfigFileBytes, ExitCode::kUsage, "config.json"), where,
-        ExitCode::kUsage);
+    const auto c = read_directory_json(where, "a Hugging Face model directory");
     const auto& family = family_for_hf_config(c, where);
     const auto& wanted = family_for_arch(config.model.arch);
     DNALLM_CHECK(&family == &wanted, ExitCode::kUsage,

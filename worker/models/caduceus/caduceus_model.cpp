@@ -146,13 +146,10 @@ bool export_hf(LanguageModel& model, const data::Tokenizer& /*tokenizer*/, const
   }
   CaduceusLM theirs(o);
   copy_matching_parameters(*m->lm(), *theirs);
-  torch::NoGradGuard no_grad;
-  const auto cpu = [](const torch::Tensor& t) { return t.detach().to(torch::kCPU); };
-  theirs->word_embeddings->weight.copy_(
-      scatter_rows(cpu(m->lm()->word_embeddings->weight), m->vocab_map, m->source_embedding));
+  scatter_rows(theirs->word_embeddings->weight, m->lm()->word_embeddings->weight, m->vocab_map,
+               m->source_embedding);
   if (!o.classifier) {
-    const auto base = m->source_head.defined() ? m->source_head : cpu(theirs->head_weight);
-    theirs->head_weight.copy_(scatter_rows(cpu(m->lm()->head_weight), m->vocab_map, base));
+    scatter_rows(theirs->head_weight, m->lm()->head_weight, m->vocab_map, m->source_head);
   }
   export_hf_caduceus(theirs, dir, source_dir);
   return true;
