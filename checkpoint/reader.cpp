@@ -36,8 +36,10 @@ CheckpointReader CheckpointReader::open(const fs::path& path) {
            "checkpoint shard {} has file hash {:016x}, the manifest says {:016x}",
            f.path().string(), f.stored_file_hash(), d.xxh64);
     for (const auto& range : d.ranges) {
-      const ShardTensor* t = f.find(range.tensor);
-      if (!t || t->begin != range.begin || t->end != range.end)
+      const auto pieces = f.pieces(range.tensor);
+      if (std::none_of(pieces.begin(), pieces.end(), [&](const ShardTensor* t) {
+            return t->begin == range.begin && t->end == range.end;
+          }))
         fail(ExitCode::kCheckpointCorrupt,
              "checkpoint shard {} does not hold range [{}, {}) of '{}' the manifest lists",
              f.path().string(), range.begin, range.end, range.tensor);
@@ -63,12 +65,12 @@ void CheckpointReader::read_range(const std::string& tensor, uint64_t begin, uin
   // Collect the pieces the shards hold, then check they cover [begin, end).
   std::vector<std::pair<uint64_t, uint64_t>> covered;
   for (const auto& shard : shards_) {
-    const ShardTensor* t = shard.find(tensor);
-    if (!t) continue;
-    const uint64_t lo = std::max(begin, t->begin), hi = std::min(end, t->end);
-    if (lo >= hi) continue;
-    shard.read(*t, lo, hi, dst + (lo - begin) * es);
-    covered.emplace_back(lo, hi);
+    for (const ShardTensor* t : shard.pieces(tensor)) {
+      const uint64_t lo = std::max(begin, t->begin), hi = std::min(end, t->end);
+      if (lo >= hi) continue;
+      shard.read(*t, lo, hi, dst + (lo - begin) * es);
+      covered.emplace_back(lo, hi);
+    }
   }
   std::sort(covered.begin(), covered.end());
   uint64_t at = begin;

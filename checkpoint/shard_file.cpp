@@ -58,15 +58,21 @@ std::string shard_file_name(int rank) { return fmt::format("shard_{:05d}.dnc", r
 ShardDescriptor write_shard(const fs::path& step_dir, int rank,
                             const std::vector<TensorSlice>& slices, const CodecOptions& codec) {
   DNALLM_CHECK(rank >= 0, ExitCode::kUsage, "write_shard: rank {} is negative", rank);
-  std::map<std::string, const TensorSlice*> seen;
+  // Note [Pieces of a tensor]: a shard may hold several disjoint ranges of one tensor (a
+  // fully sharded rank owns a piece of every unit); they must not overlap.
+  std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> seen;
   for (const auto& s : slices) {
     DNALLM_CHECK(s.begin <= s.end && s.end <= s.spec.numel(), ExitCode::kUsage,
                  "slice [{}, {}) of tensor '{}' lies outside its {} elements", s.begin, s.end,
                  s.spec.name, s.spec.numel());
     DNALLM_CHECK(s.data != nullptr || s.count() == 0, ExitCode::kUsage,
                  "slice of tensor '{}' has no data", s.spec.name);
-    DNALLM_CHECK(seen.emplace(s.spec.name, &s).second, ExitCode::kUsage,
-                 "tensor '{}' appears twice in one shard", s.spec.name);
+    for (const auto& [lo, hi] : seen[s.spec.name]) {
+      DNALLM_CHECK(s.end <= lo || hi <= s.begin || (s.begin == s.end && lo == hi), ExitCode::kUsage,
+                   "ranges [{}, {}) and [{}, {}) of tensor '{}' overlap in one shard", lo, hi,
+                   s.begin, s.end, s.spec.name);
+    }
+    seen[s.spec.name].emplace_back(s.begin, s.end);
   }
   std::error_code mkdir_error;
   fs::create_directories(step_dir, mkdir_error);
@@ -254,10 +260,11 @@ ShardFile::ShardFile(ShardFile&& o) noexcept
   o.fd_ = -1;
 }
 
-const ShardTensor* ShardFile::find(const std::string& name) const {
+std::vector<const ShardTensor*> ShardFile::pieces(const std::string& name) const {
+  std::vector<const ShardTensor*> out;
   for (const auto& t : tensors_)
-    if (t.spec.name == name) return &t;
-  return nullptr;
+    if (t.spec.name == name) out.push_back(&t);
+  return out;
 }
 
 void ShardFile::pread_all(uint64_t offset, void* out, size_t size) const {

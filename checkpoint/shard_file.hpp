@@ -62,7 +62,8 @@ class ShardFile {
   uint64_t size() const { return size_; }
   uint64_t stored_file_hash() const { return file_hash_; }
   const std::vector<ShardTensor>& tensors() const { return tensors_; }
-  const ShardTensor* find(const std::string& name) const;
+  // Every range of tensor `name` this shard holds, in file order (Note [Pieces of a tensor]).
+  std::vector<const ShardTensor*> pieces(const std::string& name) const;
 
   // Hashes the whole file and every chunk; throws Error(kCheckpointCorrupt) naming the
   // file and (for a chunk) the tensor and chunk index.

@@ -578,9 +578,11 @@ void parallel_keys(std::vector<KeyDesc>& out) {
               "`auto` = nccl for a CUDA model (one GPU per rank, NCCL built), else mpi under "
               "mpirun, else gloo; gloo/mpi reduce a CUDA model's buckets through pinned host "
               "memory")
-      .range("zero_stage", &ParallelConfig::zero_stage, 0, 2,
+      .range("zero_stage", &ParallelConfig::zero_stage, 0, 3,
              "0: every rank keeps the whole optimizer state; 1: optimizer state sharded across "
-             "ranks; 2: gradients sharded too (reduce-scatter)")
+             "ranks; 2: gradients sharded too (reduce-scatter); 3: parameters sharded too, "
+             "each block all-gathered just before it computes and freed after "
+             "(docs/parallelism.md)")
       .range("bucket_cap_mb", &ParallelConfig::bucket_cap_mb, 0.001, 65536,
              "size of a gradient bucket (MiB): a bucket is reduced as soon as its last gradient "
              "is written, while the backward pass goes on")

@@ -82,6 +82,41 @@ TEST(CheckpointCommitTest, DescriptorsTravelAsJson) {
   EXPECT_THROW(descriptor_from_json({{"rank", 0}}), Error);
 }
 
+TEST(CheckpointCommitTest, AShardHoldsSeveralPiecesOfOneTensor) {
+  // Note [Pieces of a tensor]: a fully sharded rank owns a piece of every unit. Units of 300,
+  // 100 and 200 elements over 2 ranks: rank 0 [0,150) [300,350) [400,500), rank 1 the rest.
+  TempDir tmp;
+  auto m = make_data(DType::kFloat32, 600, 3);
+  const auto dir = tmp.path() / step_dir_name(7);
+  const auto t = spec("flat", DType::kFloat32, {600});
+  CodecOptions o;
+  o.chunk_bytes = 256;  // several chunks a piece
+  auto piece = [&](uint64_t b, uint64_t e) { return TensorSlice{t, b, e, m.data() + 4 * b}; };
+  auto d0 = write_shard(dir, 0, {piece(0, 150), piece(300, 350), piece(400, 500)}, o);
+  auto d1 = write_shard(dir, 1, {piece(150, 300), piece(350, 400), piece(500, 600)}, o);
+  EXPECT_EQ(d0.ranges.size(), 3u);
+  commit_step(tmp.path(), {7, 2, 3, {{"step", 7}}}, {d0, d1});
+  const auto r = CheckpointReader::open(tmp.path());
+  r.verify();
+  ASSERT_EQ(r.manifest().tensors.size(), 1u);
+  std::vector<uint8_t> all(600 * 4);
+  r.read_range("flat", 0, 600, all.data());
+  EXPECT_EQ(all, m);
+  std::vector<uint8_t> across(200 * 4);  // spans pieces of both shards
+  r.read_range("flat", 280, 480, across.data());
+  EXPECT_TRUE(std::equal(across.begin(), across.end(), m.begin() + 4 * 280));
+  // Overlapping pieces in one shard are a caller's error, and nothing is written.
+  const auto bad = tmp.path() / step_dir_name(8);
+  EXPECT_NE(error_of(
+                [&] {
+                  write_shard(bad, 0, {piece(0, 150), piece(100, 200)}, o);
+                },
+                ExitCode::kUsage)
+                .find("overlap"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(bad / shard_file_name(0)));
+}
+
 TEST(CheckpointCommitTest, MissingRankOrWrongSizeIsNotCommitted) {
   TempDir tmp;
   save_two_ranks(tmp.path(), 1);

@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "worker/models/block_hooks.hpp"
+
 namespace dnallm::models {
 
 // How a model reads a sequence, which also fixes the batch framing the data pipeline uses:
@@ -112,6 +114,8 @@ class LanguageModelImpl : public torch::nn::Module {
   virtual std::vector<std::shared_ptr<torch::nn::Module>> blocks() const = 0;
   // Per-block activation checkpointing on or off (parameter names never change).
   virtual void set_activation_checkpointing(bool on) = 0;
+  // Note [Block hooks]: called around every block of every forward from now on (null: none).
+  virtual void set_block_hooks(std::shared_ptr<BlockHooks> hooks) = 0;
 
   // Training FLOPs a token (forward + backward) at `seq_len`, for MFU: 6 a trainable
   // parameter, 4 a frozen one (no weight gradient), plus the sequence mixer's own work.

@@ -47,6 +47,27 @@ FlatParameters::FlatParameters(
     param.set_data(view.view(e.shape));
     param.mutable_grad() = grads_.narrow(0, e.offset, e.numel).view(e.shape);
   }
+  global_numel_ = total;
+  pieces_ = {{0, total, 0}};
+}
+
+FlatParameters::FlatParameters(std::vector<Entry> entries, int64_t global_numel,
+                               torch::Tensor params, torch::Tensor grads, torch::Tensor decay_mask,
+                               std::vector<Piece> pieces)
+    : params_(std::move(params)),
+      grads_(std::move(grads)),
+      decay_mask_(std::move(decay_mask)),
+      entries_(std::move(entries)),
+      global_numel_(global_numel),
+      sharded_(true),
+      pieces_(std::move(pieces)) {
+  for (const auto& p : pieces_) {
+    DNALLM_CHECK(p.global_begin >= 0 && p.global_begin <= p.global_end &&
+                     p.global_end <= global_numel_ && p.local_begin >= 0 &&
+                     p.local_begin + (p.global_end - p.global_begin) <= params_.numel(),
+                 ExitCode::kFailure, "shard piece [{}, {}) -> {} lies outside the buffers",
+                 p.global_begin, p.global_end, p.local_begin);
+  }
 }
 
 FlatAdamW::FlatAdamW(AdamWOptions options, int64_t begin, int64_t end,

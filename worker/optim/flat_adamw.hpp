@@ -32,18 +32,36 @@ class FlatParameters {
     std::vector<int64_t> shape;
   };
 
+  // Where a piece of this buffer lies in the global layout: elements [global_begin,
+  // global_end) of the global flat buffer are at [local_begin, local_begin + size) here.
+  struct Piece {
+    int64_t global_begin = 0, global_end = 0, local_begin = 0;
+  };
+
   // Takes the parameters that require grad, in the given order, copies them into a new flat
   // fp32 buffer on `device`, and re-points each parameter's data and grad at views of the
   // flat buffers. Frozen parameters (requires_grad false) are left alone.
   FlatParameters(const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
                  torch::Device device = torch::kCPU);
+  // A shard (ZeRO-3, Note [Fully sharded] in worker/parallel/fully_sharded.hpp): `params`,
+  // `grads` and `decay_mask` are this rank's buffers, `pieces` place them in the global layout
+  // of `entries` (global offsets, `global_numel` elements). Parameters are not views of it.
+  FlatParameters(std::vector<Entry> entries, int64_t global_numel, torch::Tensor params,
+                 torch::Tensor grads, torch::Tensor decay_mask, std::vector<Piece> pieces);
 
   const torch::Tensor& params() const { return params_; }
   const torch::Tensor& grads() const { return grads_; }
   // 1 where weight decay applies, 0 elsewhere (see decays()).
   const torch::Tensor& decay_mask() const { return decay_mask_; }
+  // Every trainable parameter in the global layout (the whole buffer's, unless sharded).
   const std::vector<Entry>& entries() const { return entries_; }
+  // Elements of this buffer (of this rank's shard when sharded).
   int64_t numel() const { return params_.numel(); }
+  // Elements of the global layout; numel() unless sharded.
+  int64_t global_numel() const { return global_numel_; }
+  bool sharded() const { return sharded_; }
+  // This buffer in the global layout: one piece {0, numel(), 0} unless sharded.
+  const std::vector<Piece>& pieces() const { return pieces_; }
 
   // Zeroes the flat gradient buffer (never resets the grads: they stay views).
   void zero_grad() { grads_.zero_(); }
@@ -51,6 +69,9 @@ class FlatParameters {
  private:
   torch::Tensor params_, grads_, decay_mask_;
   std::vector<Entry> entries_;
+  int64_t global_numel_ = 0;
+  bool sharded_ = false;
+  std::vector<Piece> pieces_;
 };
 
 struct AdamWOptions {

@@ -38,6 +38,7 @@
 
 #include "comm/communicator.hpp"
 #include "worker/optim/flat_adamw.hpp"
+#include "worker/parallel/gradient_sync.hpp"
 #include "worker/parallel/plan.hpp"
 
 namespace dnallm::parallel {
@@ -152,14 +153,8 @@ class DataParallel {
   double exposed_s_ = 0;  // waiting done inside begin_micro_step ("every")
 };
 
-}  // namespace dnallm::parallel
-
-#include "worker/train/trainer.hpp"
-
-namespace dnallm::parallel {
-
-// The trainer's GradientSync over DataParallel (Note [GradientSync] in trainer.hpp).
-class DdpGradientSync final : public train::GradientSync {
+// The trainer's GradientSync over DataParallel (Note [GradientSync] in gradient_sync.hpp).
+class DdpGradientSync final : public GradientSync {
  public:
   DdpGradientSync(comm::Communicator& comm, DdpOptions options, cfg::Precision precision);
   int rank() const override { return comm_.rank(); }
@@ -176,9 +171,9 @@ class DdpGradientSync final : public train::GradientSync {
   double grad_sq_norm(const torch::Tensor& flat_grads) override;
   std::pair<int64_t, int64_t> shard_range(int64_t numel) const override;
   void after_optimizer_step(optim::FlatParameters& params) override;
-  // Model-state bytes on this rank: allocated, and per the ZeRO paper's accounting.
-  MemoryAccount allocated_memory() const { return ddp_->allocated_memory(precision_); }
-  MemoryAccount paper_memory() const { return ddp_->paper_memory(precision_); }
+  std::optional<Memory> memory() const override {
+    return Memory{ddp_->allocated_memory(precision_), ddp_->paper_memory(precision_), 0, 0};
+  }
 
  private:
   comm::Communicator& comm_;

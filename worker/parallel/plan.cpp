@@ -64,9 +64,31 @@ FlatRange intersect(const FlatRange& a, const FlatRange& b) {
   return {begin, end};
 }
 
+std::vector<UnitShard> plan_unit_shards(const std::vector<int64_t>& unit_numels, int64_t world,
+                                        int64_t rank) {
+  DNALLM_CHECK(world > 0 && rank >= 0 && rank < world, ExitCode::kUsage,
+               "invalid rank {} of world size {}", rank, world);
+  std::vector<UnitShard> out;
+  int64_t begin = 0, local = 0;
+  for (const int64_t n : unit_numels) {
+    DNALLM_CHECK(n >= 0, ExitCode::kUsage, "a unit of {} elements", n);
+    UnitShard u;
+    u.begin = begin;
+    u.numel = n;
+    u.chunk = (n + world - 1) / world;
+    u.local_offset = local;
+    const int64_t lo = std::min(n, rank * u.chunk), hi = std::min(n, (rank + 1) * u.chunk);
+    u.owned = {begin + lo, begin + hi};
+    out.push_back(u);
+    begin += n;
+    local += u.chunk;
+  }
+  return out;
+}
+
 MemoryAccount account_memory(int64_t numel, cfg::Precision precision, int64_t zero_stage,
                              int64_t world_size) {
-  DNALLM_CHECK(world_size > 0 && zero_stage >= 0 && zero_stage <= 2, ExitCode::kUsage,
+  DNALLM_CHECK(world_size > 0 && zero_stage >= 0 && zero_stage <= 3, ExitCode::kUsage,
                "invalid ZeRO stage {} or world size {}", zero_stage, world_size);
   const bool mixed = precision != cfg::Precision::kFp32;
   const int64_t compute_bytes = mixed ? 2 : 4;
@@ -75,7 +97,7 @@ MemoryAccount account_memory(int64_t numel, cfg::Precision precision, int64_t ze
   const int64_t optimizer_bytes = mixed ? 12 : 8;
   auto share = [&](int64_t bytes) { return (numel * bytes + world_size - 1) / world_size; };
   MemoryAccount m;
-  m.params = numel * compute_bytes;
+  m.params = zero_stage >= 3 ? share(compute_bytes) : numel * compute_bytes;
   m.grads = zero_stage >= 2 ? share(compute_bytes) : numel * compute_bytes;
   m.optimizer = zero_stage >= 1 ? share(optimizer_bytes) : numel * optimizer_bytes;
   return m;

@@ -66,6 +66,26 @@ FlatRange shard_range(int64_t padded_total, int64_t world_size, int64_t rank);
 // Intersection of two ranges (empty range at a.begin when they do not overlap).
 FlatRange intersect(const FlatRange& a, const FlatRange& b);
 
+// Note [Fully sharded layout]: ZeRO-3 cuts the global flat buffer into units (one per block
+// of the model, then the root: every other trainable parameter), each a contiguous range
+// [begin, begin + numel) in unit order. A unit is padded to chunk x world elements (chunk =
+// ceil(numel / world)); rank r owns elements [r chunk, (r + 1) chunk) of every unit and keeps
+// its chunks back to back (local_offset), so a unit's all-gather and reduce-scatter are
+// equal-sized and the rank's shard is the sum of the chunks. The padding is never stored in a
+// checkpoint: the owned global range is clipped to the unit.
+struct UnitShard {
+  int64_t begin = 0;         // the unit's first element in the global layout
+  int64_t numel = 0;         // its elements (unpadded)
+  int64_t chunk = 0;         // elements each rank holds: ceil(numel / world)
+  int64_t local_offset = 0;  // where this rank's chunk starts in its shard buffer
+  FlatRange owned;           // this rank's elements of the global layout (may be empty)
+};
+
+// Units of the given sizes, in order, laid out from global offset 0 (no gaps), for `rank` of
+// `world`. See Note [Fully sharded layout].
+std::vector<UnitShard> plan_unit_shards(const std::vector<int64_t>& unit_numels, int64_t world,
+                                        int64_t rank);
+
 // Bytes a rank holds for model state, by kind, per the ZeRO paper's accounting.
 struct MemoryAccount {
   int64_t params = 0;     // model (compute-precision) parameters
@@ -76,7 +96,8 @@ struct MemoryAccount {
 
 // `numel` parameters trained in `precision` (fp32, bf16, fp16) with Adam on
 // `world_size` ranks under `zero_stage`. Mixed precision: DDP 2+2+12 = 16 bytes a parameter;
-// stage 1: 2+2 + 12/N; stage 2: 2 + (2+12)/N. fp32 has no separate master copy: 4+4+8.
+// stage 1: 2+2 + 12/N; stage 2: 2 + (2+12)/N; stage 3: (2+2+12)/N, plus the units gathered
+// at a time (not counted here). fp32 has no separate master copy: 4+4+8.
 MemoryAccount account_memory(int64_t numel, cfg::Precision precision, int64_t zero_stage,
                              int64_t world_size);
 

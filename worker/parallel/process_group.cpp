@@ -4,6 +4,7 @@
 
 #include "coordinator/store.hpp"
 #include "worker/parallel/ddp.hpp"
+#include "worker/parallel/fully_sharded.hpp"
 
 namespace dnallm::parallel {
 namespace {
@@ -62,9 +63,13 @@ comm::ProcessGroup join_process_group(const Config& config, const WorkerEnv& env
   return group;
 }
 
-std::shared_ptr<train::GradientSync> make_gradient_sync(const Config& config,
-                                                        comm::ProcessGroup& group) {
-  if (!group.comm) return std::make_shared<train::SingleProcessSync>();
+std::shared_ptr<GradientSync> make_gradient_sync(const Config& config, comm::ProcessGroup& group) {
+  if (!group.comm) return std::make_shared<SingleProcessSync>();
+  if (config.parallel.zero_stage == 3) {
+    FullyShardedOptions o;
+    o.precision = config.training.precision;
+    return std::make_shared<FullyShardedSync>(*group.comm, o);
+  }
   return std::make_shared<DdpGradientSync>(*group.comm, ddp_options_from_config(config.parallel),
                                            config.training.precision);
 }

@@ -11,7 +11,7 @@
 #include "core/config.hpp"
 #include "core/worker_env.hpp"
 #include "worker/parallel/device_group.hpp"
-#include "worker/train/trainer.hpp"
+#include "worker/parallel/gradient_sync.hpp"
 
 namespace dnallm::parallel {
 
@@ -29,7 +29,6 @@ comm::ProcessGroup join_process_group(const Config& config, const WorkerEnv& env
 
 // DDP/ZeRO over `group` (parallel.* options); a SingleProcessSync when `group` has no
 // communicator. `group` must outlive the result.
-std::shared_ptr<train::GradientSync> make_gradient_sync(const Config& config,
-                                                        comm::ProcessGroup& group);
+std::shared_ptr<GradientSync> make_gradient_sync(const Config& config, comm::ProcessGroup& group);
 
 }  // namespace dnallm::parallel

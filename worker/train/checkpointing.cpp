@@ -182,6 +182,7 @@ double Checkpointer::save(Trainer& trainer) {
   world_ = trainer.sync().world_size();
   auto& flat = trainer.flat();
   auto& adam = trainer.optimizer();
+  if (flat.sharded()) return save_pieces(trainer, t0);
   const int64_t n = flat.numel();
   const auto [begin, end] = stored_range(adam, n, world_, rank_);
 
@@ -243,6 +244,36 @@ double Checkpointer::save(Trainer& trainer) {
   const double stall_s = hand_over(t0, step, std::move(slices), side_stream,
                                    shard_commit(step, zero_stage, std::move(state)));
   if (!config_.checkpoint.async) report(trainer);  // committed on this thread
+  return stall_s;
+}
+
+double Checkpointer::save_pieces(Trainer& trainer, Clock::time_point t0) {
+  // Note [Pieces of a tensor]: a fully sharded rank stores its piece of every unit (host
+  // copies; on CPU views the writer copies).
+  torch::NoGradGuard no_grad;
+  auto& flat = trainer.flat();
+  auto& adam = trainer.optimizer();
+  const int64_t n = flat.global_numel();
+  const auto params = host_f32(flat.params());
+  const auto exp_avg = host_f32(adam.exp_avg());
+  const auto exp_avg_sq = host_f32(adam.exp_avg_sq());
+  std::vector<checkpoint::TensorSlice> slices;
+  const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+  for (const char* name : {kFlatParamsTensor, kExpAvgTensor, kExpAvgSqTensor}) {
+    const auto& source = name == kFlatParamsTensor ? params
+                         : name == kExpAvgTensor   ? exp_avg
+                                                   : exp_avg_sq;
+    for (const auto& p : flat.pieces()) {
+      slices.push_back({flat_spec(name, n), u(p.global_begin), u(p.global_end),
+                        source.data_ptr<float>() + p.local_begin});
+    }
+  }
+  const int64_t step = trainer.step();
+  const auto train_state = make_train_state(trainer, config_, options_, world_);
+  const int zero_stage = train_state.zero_stage;
+  const double stall_s = hand_over(t0, step, std::move(slices), /*side_stream=*/false,
+                                   shard_commit(step, zero_stage, train_state.to_json()));
+  if (!config_.checkpoint.async) report(trainer);
   return stall_s;
 }
 
@@ -423,15 +454,26 @@ SavedOffsets map_layout(const optim::FlatParameters& flat,
 
 // Restore, part 2: every rank needs all parameters. Reads the saved flat buffer once, then
 // places each parameter at its offset in this run's layout.
+void read_pieces(const optim::FlatParameters& flat, const checkpoint::CheckpointReader& ckpt,
+                 const SavedOffsets& saved, const char* tensor, torch::Tensor& into);
+
 void read_parameters(Trainer& trainer, const checkpoint::CheckpointReader& ckpt,
                      const SavedOffsets& saved) {
   auto& flat = trainer.flat();
-  const int64_t n = flat.numel();
-  std::vector<float> buffer(static_cast<size_t>(n));
-  ckpt.read_range(kFlatParamsTensor, 0, uint64_t(n), buffer.data());
-  auto host = torch::empty({n}, torch::kFloat32);
+  if (flat.sharded()) {  // this rank's pieces only, then the sync spreads what it gathers
+    auto host = torch::zeros({flat.numel()}, torch::kFloat32);
+    read_pieces(flat, ckpt, saved, kFlatParamsTensor, host);
+    flat.params().copy_(host);
+    trainer.reload_host_params();
+    trainer.sync().after_optimizer_step(flat);
+    return;
+  }
+  // The saved buffer may be longer than ours: ZeRO-3's layout keeps gaps between parameters.
+  const uint64_t saved_n = ckpt.manifest().find(kFlatParamsTensor)->numel();
+  std::vector<float> buffer(static_cast<size_t>(saved_n));
+  ckpt.read_range(kFlatParamsTensor, 0, saved_n, buffer.data());
+  auto host = torch::zeros({flat.numel()}, torch::kFloat32);  // gaps between entries stay 0
   float* dst = host.data_ptr<float>();
-  std::copy(buffer.begin(), buffer.end(), dst);  // covers gaps between entries, if any
   for (const auto& e : flat.entries()) {
     std::copy_n(buffer.data() + saved.at(e.name), e.numel, dst + e.offset);
   }
@@ -468,10 +510,31 @@ std::vector<Run> moment_runs(const optim::FlatParameters& flat, const SavedOffse
   return runs;
 }
 
+// A sharded buffer's pieces of saved `tensor`, mapped by name, into `into` (host, local).
+void read_pieces(const optim::FlatParameters& flat, const checkpoint::CheckpointReader& ckpt,
+                 const SavedOffsets& saved, const char* tensor, torch::Tensor& into) {
+  const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+  for (const auto& p : flat.pieces()) {
+    for (const auto& r : moment_runs(flat, saved, p.global_begin, p.global_end)) {
+      ckpt.read_range(tensor, u(r.src), u(r.src + r.len),
+                      into.data_ptr<float>() + p.local_begin + r.dst);
+    }
+  }
+}
+
 // Restore, part 3: the optimizer moments of this rank's range only.
 void read_optimizer(Trainer& trainer, const checkpoint::CheckpointReader& ckpt,
                     const SavedOffsets& saved) {
   auto& adam = trainer.optimizer();
+  if (trainer.flat().sharded()) {
+    auto avg = torch::zeros({adam.end() - adam.begin()}, torch::kFloat32);
+    auto avg_sq = torch::zeros_like(avg);
+    read_pieces(trainer.flat(), ckpt, saved, kExpAvgTensor, avg);
+    read_pieces(trainer.flat(), ckpt, saved, kExpAvgSqTensor, avg_sq);
+    adam.exp_avg().copy_(avg);
+    adam.exp_avg_sq().copy_(avg_sq);
+    return;
+  }
   const int64_t begin = adam.begin(), end = adam.end();
   if (end <= begin) return;
   auto avg = torch::zeros({end - begin}, torch::kFloat32);
@@ -508,7 +571,11 @@ void check_rng(const Trainer& trainer, const checkpoint::TrainState& state,
 void restore(Trainer& trainer, const checkpoint::CheckpointReader& ckpt) {
   const std::string dir = ckpt.dir().string();
   const auto state = checkpoint::read_train_state(ckpt);
-  const int64_t n = trainer.flat().numel();
+  // The three flat tensors of the saving run's layout, whose size may differ from this run's
+  // (ZeRO-3 leaves gaps between parameters); every parameter is then mapped by name.
+  const auto* saved_flat = ckpt.manifest().find(kFlatParamsTensor);
+  const int64_t n =
+      saved_flat ? static_cast<int64_t>(saved_flat->numel()) : trainer.flat().global_numel();
   checkpoint::Expectation expected;
   expected.layout = {flat_spec(kFlatParamsTensor, n), flat_spec(kExpAvgTensor, n),
                      flat_spec(kExpAvgSqTensor, n)};

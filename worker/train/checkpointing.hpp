@@ -115,6 +115,7 @@ class Checkpointer {
     Clock::time_point handed_over;
   };
   checkpoint::ShardCommit shard_commit(int64_t step, int zero_stage, nlohmann::json state) const;
+  double save_pieces(Trainer& trainer, Clock::time_point t0);  // a sharded flat buffer (ZeRO-3)
   checkpoint::CommitChannel& channel(int64_t step);
   double hand_over(Clock::time_point t0, int64_t step, std::vector<checkpoint::TensorSlice> slices,
                    bool side_stream, checkpoint::ShardCommit commit);

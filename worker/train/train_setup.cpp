@@ -14,7 +14,7 @@
 #include "coordinator/commit_registry.hpp"
 #include "core/error.hpp"
 #include "worker/models/registry.hpp"
-#include "worker/parallel/ddp.hpp"
+#include "worker/parallel/plan.hpp"
 #include "worker/train/data_source.hpp"
 #include "worker/train/device_stats.hpp"
 
@@ -113,12 +113,14 @@ StepHook step_delay_hook(std::chrono::milliseconds delay) {
 
 void write_memory_event(Trainer& trainer, int rank) {
   const Config& config = trainer.config();
-  const int64_t n = trainer.flat().numel();
+  int64_t n = 0;  // trainable parameters (the global layout may hold gaps: ZeRO-3)
+  for (const auto& e : trainer.flat().entries()) n += e.numel;
   parallel::MemoryAccount allocated{n * 4, n * 4, n * 8};
   parallel::MemoryAccount paper = parallel::account_memory(n, config.training.precision, 0, 1);
-  if (auto* ddp = dynamic_cast<parallel::DdpGradientSync*>(&trainer.sync())) {
-    allocated = ddp->allocated_memory();
-    paper = ddp->paper_memory();
+  const auto memory = trainer.sync().memory();
+  if (memory) {
+    allocated = memory->allocated;
+    paper = memory->paper;
   }
   nlohmann::ordered_json line;
   line["event"] = "memory";

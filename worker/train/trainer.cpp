@@ -339,7 +339,12 @@ Trainer::Trainer(Config config, models::LanguageModel model, std::unique_ptr<Bat
   reset_device_memory_peaks(device_);
   spdlog::info(
       "model {} ({} task): {} trainable parameters of {}, device {}, precision {}",
-      cfg::spelling(config_.model.arch), cfg::spelling(config_.model.task), flat_->numel(),
+      cfg::spelling(config_.model.arch), cfg::spelling(config_.model.task),
+      [&] {
+        int64_t n = 0;
+        for (const auto& e : flat_->entries()) n += e.numel;
+        return n;
+      }(),
       [&] {
         int64_t n = 0;
         for (const auto& p : model_->parameters()) n += p.numel();
@@ -358,9 +363,9 @@ void Trainer::place_parameters() {
   for (const auto& p : model_->named_parameters()) {
     if (p.value().requires_grad()) named.emplace_back(p.key(), p.value());
   }
-  flat_ = std::make_unique<optim::FlatParameters>(sync_->order_parameters(named), device_);
-  sync_->attach(*flat_, named);
-  DNALLM_CHECK(flat_->numel() > 0, ExitCode::kUsage, "the model has no trainable parameters");
+  flat_ = sync_->place(model_, named, device_);
+  DNALLM_CHECK(!flat_->entries().empty(), ExitCode::kUsage,
+               "the model has no trainable parameters");
   const auto [begin, end] = sync_->shard_range(flat_->numel());
   optim::AdamWOptions adam{t.adam_beta1, t.adam_beta2, t.adam_epsilon, t.weight_decay};
   torch::Tensor mask = flat_->decay_mask().narrow(0, begin, end - begin);
@@ -604,11 +609,14 @@ RunEnd Trainer::run() {
     if (run_after_step_hooks(r) == StepAction::kStop) return RunEnd::kStopped;
   }
   for (auto& hook : options_.at_end) hook(*this);
-  if (sync_->rank() == 0 && config_.checkpoint.save_final) {
-    const auto dir = export_dir();
-    models::export_live_model(model_, dir);
-    if (options_.write_tokenizer) options_.write_tokenizer(dir);
-    spdlog::info("exported the model to {}", dir);
+  if (config_.checkpoint.save_final) {
+    parallel::FullParameters full(*sync_);  // every rank: ZeRO-3 gathers the model
+    if (sync_->rank() == 0) {
+      const auto dir = export_dir();
+      models::export_live_model(model_, dir);
+      if (options_.write_tokenizer) options_.write_tokenizer(dir);
+      spdlog::info("exported the model to {}", dir);
+    }
   }
   if (sync_->rank() == 0) write_summary(totals);
   return RunEnd::kCompleted;
@@ -656,6 +664,9 @@ void Trainer::log_step(const StepResult& r, double global_tokens, const RunTotal
 
 void Trainer::evaluate_at(int64_t step) {
   const auto& t = config_.training;
+  // Every rank: ZeRO-3 gathers the model (ranks may run different numbers of batches, and
+  // rank 0 may export the best model).
+  parallel::FullParameters full(*sync_);
   auto e = evaluate(model_, *eval_, t.eval_batches, device_, options_.bases_of_label, sync_.get());
   if (sync_->rank() != 0) return;
   const auto task = model_->spec().task;
@@ -782,6 +793,12 @@ void Trainer::write_summary(const RunTotals& totals) {
     line["mfu"] = mfu(totals.flops / train_s, 1.0, peak_tflops_, sync_->world_size());
   }
   line["skipped_steps"] = scaler_.skipped_steps();
+  if (const auto memory = sync_->memory(); memory && memory->gathered_predicted > 0) {
+    // ZeRO-3 (Note [Fully sharded]): model-state bytes at their peak, measured and predicted.
+    const int64_t state = memory->allocated.total();
+    line["model_state_peak_bytes"] = state + memory->gathered_peak;
+    line["model_state_predicted_peak_bytes"] = state + memory->gathered_predicted;
+  }
   write_metrics(line);
   spdlog::info("done: {} steps, {:.0f} tokens/s, final loss {:.4f}, {:.1f} s", step_,
                train_s > 0 ? totals.tokens / train_s : 0.0, totals.final_loss,

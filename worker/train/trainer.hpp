@@ -67,6 +67,7 @@
 #include "worker/data/batch.hpp"
 #include "worker/models/transformer/transformer.hpp"
 #include "worker/optim/flat_adamw.hpp"
+#include "worker/parallel/gradient_sync.hpp"
 
 namespace dnallm::train {
 
@@ -88,66 +89,9 @@ class BatchSource {
   virtual double data_wait_s() const { return 0.0; }
 };
 
-// Note [GradientSync]: everything that crosses ranks during a step, so DDP and ZeRO plug in
-// without touching the loop. Every method is a collective where noted: it must be called in
-// the same order on every rank. The trainer calls, per step:
-//   0. once, at construction: order_parameters() chooses the flat layout (DDP: bucket
-//      order), then attach(flat, named) (DDP: register hooks, broadcast rank 0's weights)
-//   1. sum_scalar(local label count)                    collective
-//   2. per micro-step: before_backward(j, last), backward, after_backward(j, last)
-//      (DDP: buckets launch from gradient hooks during the last micro-step's backward)
-//   3. wait_gradients() -> seconds of exposed communication      collective completion
-//   4. sum_scalar(local loss sum) (for the logged loss)           collective
-//   5. grad_sq_norm(flat grads of the shard)                      collective for ZeRO
-//   6. optimizer on shard_range(numel), then after_optimizer_step()  (ZeRO: all-gather)
-class GradientSync {
- public:
-  virtual ~GradientSync() = default;
-  virtual int rank() const = 0;
-  virtual int world_size() const = 0;
-  // Sum of `value` over all ranks. Collective.
-  virtual double sum_scalar(double value) = 0;
-  // The order of the trainable parameters in the flat buffer (default: registration order).
-  virtual std::vector<std::pair<std::string, torch::Tensor>> order_parameters(
-      const std::vector<std::pair<std::string, torch::Tensor>>& registration_order) {
-    return registration_order;
-  }
-  // The flat buffers exist and parameters are views into them. `named` in registration order.
-  virtual void attach(optim::FlatParameters& flat,
-                      const std::vector<std::pair<std::string, torch::Tensor>>& named) {}
-  // Before micro-step `micro_step`'s backward; `last` on the step's final micro-step.
-  virtual void before_backward(int64_t micro_step, bool last) {}
-  // After micro-step `micro_step`'s backward; `last` on the step's final micro-step.
-  virtual void after_backward(int64_t micro_step, bool last) {}
-  // Waits until the flat gradient holds the global sum (over ranks). Returns exposed seconds.
-  virtual double wait_gradients() { return 0.0; }
-  // Squared global norm of the gradient (ZeRO: local shard partials summed over ranks).
-  virtual double grad_sq_norm(const torch::Tensor& flat_grads) {
-    return optim::grad_sq_sum(flat_grads);
-  }
-  // The same as a 0-dim fp32 tensor on the gradients' device, for the sync-free step (Note
-  // [Sync-free step]). The default reads grad_sq_norm() back (one host synchronisation);
-  // a sync that can reduce on the device overrides it.
-  virtual torch::Tensor grad_sq_norm_tensor(const torch::Tensor& flat_grads) {
-    return torch::scalar_tensor(grad_sq_norm(flat_grads),
-                                flat_grads.options().dtype(torch::kFloat32));
-  }
-  // The [begin, end) range of the flat buffer this rank's optimizer updates.
-  virtual std::pair<int64_t, int64_t> shard_range(int64_t numel) const { return {0, numel}; }
-  // After the optimizer updated this rank's range (ZeRO: all-gather the parameters).
-  virtual void after_optimizer_step(optim::FlatParameters& params) {}
-};
-
-// One process, no communication.
-class SingleProcessSync final : public GradientSync {
- public:
-  int rank() const override { return 0; }
-  int world_size() const override { return 1; }
-  double sum_scalar(double value) override { return value; }
-  torch::Tensor grad_sq_norm_tensor(const torch::Tensor& flat_grads) override {
-    return optim::grad_sq_sum_tensor(flat_grads);
-  }
-};
+// Note [GradientSync] lives with the data-parallel engines (worker/parallel/gradient_sync.hpp).
+using parallel::GradientSync;
+using parallel::SingleProcessSync;
 
 struct StepResult {
   int64_t step = 0;   // 1-based optimizer step just finished

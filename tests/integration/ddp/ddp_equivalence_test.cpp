@@ -44,8 +44,8 @@ TrainRun train(const std::string& name, int world, int micro, int accum, const s
 }
 
 void expect_equivalent(const TrainRun& one, const TrainRun& many, const std::string& what) {
-  ASSERT_EQ(one.losses.size(), 5u) << what;
-  ASSERT_EQ(many.losses.size(), 5u) << what;
+  ASSERT_GE(one.losses.size(), 5u) << what;
+  ASSERT_EQ(many.losses.size(), one.losses.size()) << what;
   for (const auto& [step, loss] : one.losses) {
     EXPECT_NEAR(many.losses.at(step), loss, 2e-5 * std::abs(loss)) << what << " step " << step;
   }
@@ -171,8 +171,8 @@ std::vector<nlohmann::json> metric_lines(const std::string& dir, const std::stri
 // Note [Optimizer offload] (worker/train/trainer.hpp): on CPU the host update is the same
 // arithmetic on the same values, so offload changes nothing, bit for bit.
 void expect_identical(const TrainRun& a, const TrainRun& b, const std::string& what) {
-  ASSERT_EQ(a.losses.size(), 5u) << what;
-  ASSERT_EQ(b.losses.size(), 5u) << what;
+  ASSERT_GE(a.losses.size(), 5u) << what;
+  ASSERT_EQ(b.losses.size(), a.losses.size()) << what;
   for (const auto& [step, loss] : a.losses) {
     EXPECT_EQ(b.losses.at(step), loss) << what << " step " << step;
   }
@@ -247,6 +247,15 @@ TEST_F(DdpEquivalence, EvalCountsEveryTableRowOnceAtAnyWorldSize) {
   TrainRun one = train("eval_rows1", 1, 8, 1, sets);
   TrainRun two = train("eval_rows2", 2, 4, 1, sets);
   TrainRun two_big = train("eval_rows2_big", 2, 8, 1, sets);
+  // ZeRO-3 at 3 ranks: 8 batches over 3 ranks is 3, 3 and 2 each (evaluation holds the whole
+  // model, so the ranks' forwards need not match), and rank 0 exports the best model.
+  TrainRun three_z3 =
+      train("eval_rows3_z3", 3, 8, 1,
+            sets + " --set parallel.zero_stage=3 --set checkpoint.best_metric=loss");
+  const auto e4 = metric_lines(three_z3.dir, "eval");
+  ASSERT_EQ(e4.size(), 1u);
+  EXPECT_EQ(e4[0].at("rows").get<int64_t>(), 64);
+  EXPECT_TRUE(std::filesystem::exists(three_z3.dir + "/ckpt/best/model.safetensors"));
   const auto e1 = metric_lines(one.dir, "eval");
   const auto e2 = metric_lines(two.dir, "eval");
   const auto e3 = metric_lines(two_big.dir, "eval");
@@ -259,6 +268,55 @@ TEST_F(DdpEquivalence, EvalCountsEveryTableRowOnceAtAnyWorldSize) {
   EXPECT_EQ(e2[0].at("accuracy").get<double>(), e1[0].at("accuracy").get<double>());
   EXPECT_NEAR(e2[0].at("loss").get<double>(), e1[0].at("loss").get<double>(), 1e-4);
   EXPECT_NEAR(e3[0].at("loss").get<double>(), e2[0].at("loss").get<double>(), 1e-4);
+  EXPECT_NEAR(e4[0].at("loss").get<double>(), e1[0].at("loss").get<double>(), 1e-4);
+}
+
+// Note [Fully sharded] (worker/parallel/fully_sharded.hpp): at 2 ranks the reduce-scatter adds
+// the same two numbers as DDP's all-reduce, so without clipping (whose global norm ZeRO sums
+// from shards) ZeRO-3 is DDP bit for bit, for every family, over 10 steps.
+TEST_F(DdpEquivalence, Zero3TwoRanksIsBitIdenticalToDdp) {
+  const std::string common = "--set training.max_steps=10 --set training.max_grad_norm=0 ";
+  for (const std::string arch : {"bert", "gpt", "hyena", "caduceus-ps"}) {
+    const std::string model = common + "--set model.arch=" + arch + " ";
+    TrainRun ddp = train("ddp2_" + arch, 2, 6, 1, model);
+    TrainRun z3 = train("z3_2_" + arch, 2, 6, 1, model + "--set parallel.zero_stage=3");
+    ASSERT_EQ(ddp.losses.size(), 10u) << arch;
+    expect_identical(ddp, z3, "ZeRO-3 vs DDP, 2 ranks, " + arch);
+    const auto dm = metric_lines(ddp.dir, "memory"), zm = metric_lines(z3.dir, "memory");
+    ASSERT_EQ(zm.size(), 1u);
+    ASSERT_EQ(dm.size(), 1u);
+    EXPECT_EQ(zm[0].at("zero_stage").get<int>(), 3);
+    // The shard is half of the (padded) layout; the gathered root and its gradient add to it.
+    EXPECT_LT(zm[0].at("optimizer_bytes").get<int64_t>(),
+              dm[0].at("optimizer_bytes").get<int64_t>() * 6 / 10)
+        << arch;
+  }
+}
+
+TEST_F(DdpEquivalence, Zero3FourRanksEqualsOneRankAndZero2) {
+  // 4 ranks sum in another order than 1 rank or ZeRO-2's reduce-scatter: close, not equal.
+  TrainRun z3 = train("z3_4", 4, 3, 1, "--set parallel.zero_stage=3");
+  expect_equivalent(*reference_, z3, "ZeRO-3, 4 ranks vs 1 rank");
+  expect_equivalent(train("z2_4", 4, 3, 1, "--set parallel.zero_stage=2"), z3,
+                    "ZeRO-3 vs ZeRO-2, 4 ranks");
+}
+
+TEST_F(DdpEquivalence, Zero3ComposesWithCheckpointingAccumulationAndOffload) {
+  // Activation checkpointing recomputes each block in backward from the unit gathered again;
+  // two micro-steps add two reduce-scattered shards; offload keeps the shard's optimizer on the
+  // host (bit for bit on the CPU, Note [Optimizer offload]).
+  const std::string z3 = "--set parallel.zero_stage=3 ";
+  for (const std::string arch : {"bert", "hyena"}) {
+    TrainRun run = train("z3_ckpt_" + arch, 2, 3, 2,
+                         z3 + "--set model.gradient_checkpointing=true --set model.arch=" + arch);
+    TrainRun one = arch == "bert" ? *reference_
+                                  : train("ref_ckpt_" + arch, 1, 12, 1, "--set model.arch=" + arch);
+    expect_equivalent(one, run, "ZeRO-3 with checkpointing and 2 micro-steps, " + arch);
+  }
+  TrainRun plain = train("z3_plain", 2, 6, 1, z3);
+  expect_identical(plain,
+                   train("z3_offload", 2, 6, 1, z3 + "--set training.optimizer_offload=true"),
+                   "ZeRO-3 with offload vs without");
 }
 
 }  // namespace

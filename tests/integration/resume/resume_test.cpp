@@ -339,18 +339,21 @@ TEST(StaticCommit, TwoRanksCommitThroughRank0StoreAndRetentionMatchesOneRank) {
   EXPECT_EQ(checkpoint_events(dir + "/run.jsonl"), (std::vector<int64_t>{1, 2, 3, 4}));
 }
 
-// 2 ranks save at step 3, 3 ranks resume to step 6, 1 rank resumes to step 8.
-void reshard_chain(const TrainRun& reference, const std::string& name,
-                   const std::string& parallel) {
+// 2 ranks save at step 3, 3 ranks resume to step 6, 1 rank resumes to step 8; each run with
+// its own parallel settings (`parallel` for all three when the others are empty).
+void reshard_chain(const TrainRun& reference, const std::string& name, const std::string& parallel,
+                   std::string parallel3 = "", std::string parallel1 = "") {
+  if (parallel3.empty()) parallel3 = parallel;
+  if (parallel1.empty()) parallel1 = parallel;
   const std::string ckpt = make_temp_dir(name) + "/ckpt";
   TrainRun two = train(ckpt, "two", 2, 3, 3, parallel);
   ASSERT_EQ(two.rc, 0) << two.log;
   ASSERT_TRUE(fs::exists(ckpt + "/step_000000003/shard_00001.dnc")) << two.log;
-  TrainRun three = train(ckpt, "three", 3, 6, 3, parallel);
+  TrainRun three = train(ckpt, "three", 3, 6, 3, parallel3);
   ASSERT_EQ(three.rc, 0) << three.log;
   EXPECT_NE(three.log.find("at step 3 (world size 2 -> 3)"), std::string::npos) << three.log;
   ASSERT_TRUE(fs::exists(ckpt + "/step_000000006/shard_00002.dnc")) << three.log;
-  TrainRun one = train(ckpt, "one", 1, 8, 0, parallel);
+  TrainRun one = train(ckpt, "one", 1, 8, 0, parallel1);
   ASSERT_EQ(one.rc, 0) << one.log;
   EXPECT_NE(one.log.find("at step 6 (world size 3 -> 1)"), std::string::npos) << one.log;
   std::map<int64_t, double> losses = two.losses;
@@ -405,6 +408,38 @@ TEST_F(Resume, ReshardZero1TwoThreeOne) {
 
 TEST_F(Resume, ReshardZero2TwoThreeOne) {
   reshard_chain(*reference_, "reshard_z2", "--set parallel.zero_stage=2");
+}
+
+// Note [Fully sharded]: each ZeRO-3 rank writes its piece of every unit (Note [Pieces of a
+// tensor]); a checkpoint maps by parameter name, so any stage resumes any other.
+TEST_F(Resume, ReshardZero3TwoThreeOne) {
+  reshard_chain(*reference_, "reshard_z3", "--set parallel.zero_stage=3");
+}
+
+TEST_F(Resume, ResumeAcrossZeroStages) {
+  reshard_chain(*reference_, "stages_3_2_0", "--set parallel.zero_stage=3",
+                "--set parallel.zero_stage=2", "--set parallel.zero_stage=0");
+  reshard_chain(*reference_, "stages_0_3_1", "--set parallel.zero_stage=0",
+                "--set parallel.zero_stage=3", "--set parallel.zero_stage=1");
+}
+
+TEST_F(Resume, Zero3StoppedAndResumedIsBitIdentical) {
+  const std::string z3 = "--set parallel.zero_stage=3";
+  const std::string dir = make_temp_dir("resume_z3");
+  TrainRun straight = train(dir + "/straight", "straight", 2, 8, 0, z3);
+  ASSERT_EQ(straight.rc, 0) << straight.log;
+  const auto [first, second] = stop_at_4_and_resume(dir + "/ckpt", 2, 4, z3);
+  ASSERT_EQ(second.rc, 0);
+  // Two ranks, two pieces (root and blocks) of each flat tensor per shard.
+  const auto manifest = nlohmann::json::parse(
+      std::ifstream(dir + "/ckpt/step_000000004/manifest.json"), nullptr, false);
+  ASSERT_FALSE(manifest.is_discarded());
+  EXPECT_EQ(manifest.at("zero_stage").get<int>(), 3);
+  EXPECT_GT(manifest.at("shards").at(0).at("ranges").size(), 3u);
+  for (int64_t step = 5; step <= 8; ++step) {
+    EXPECT_EQ(second.losses.at(step), straight.losses.at(step)) << "step " << step;
+  }
+  expect_bit_identical(straight, second, "ZeRO-3 2 ranks, resumed at step 4");
 }
 
 }  // namespace

@@ -159,6 +159,51 @@ TEST(MemoryAccount, MatchesZeroPaper) {
   // fp32 keeps no separate master copy: 4 + 4 + 8.
   EXPECT_EQ(account_memory(psi, cfg::Precision::kFp32, 0, 4).total(), 16 * psi);
   EXPECT_EQ(account_memory(psi, cfg::Precision::kFp32, 2, 4).total(), 4 * psi + psi + 2 * psi);
+  // Stage 3: everything / N.
+  EXPECT_EQ(account_memory(psi, cfg::Precision::kFp32, 3, 4).total(), 4 * psi);
+  EXPECT_EQ(account_memory(psi, cfg::Precision::kBf16, 3, 8).total(), 2 * psi);
+  EXPECT_THROW(account_memory(psi, cfg::Precision::kFp32, 4, 4), std::exception);
+}
+
+TEST(UnitShards, EveryElementOwnedOnceAndChunksEqual) {
+  // Note [Fully sharded layout], exhaustively for small shapes: the owned ranges of all ranks
+  // tile the global layout exactly, each unit's chunk is the same on every rank and covers
+  // it, and the local offsets are the running sum of the chunks.
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t world = 1 + static_cast<int64_t>(rng() % 6);
+    std::vector<int64_t> units(1 + rng() % 6);
+    for (auto& n : units) n = static_cast<int64_t>(rng() % 40);  // 0 and < world included
+    int64_t total = 0;
+    for (auto n : units) total += n;
+    std::vector<int> owners(static_cast<size_t>(total), 0);
+    for (int64_t r = 0; r < world; ++r) {
+      const auto plan = plan_unit_shards(units, world, r);
+      ASSERT_EQ(plan.size(), units.size());
+      int64_t begin = 0, local = 0;
+      for (size_t u = 0; u < units.size(); ++u) {
+        EXPECT_EQ(plan[u].begin, begin);
+        EXPECT_EQ(plan[u].numel, units[u]);
+        EXPECT_EQ(plan[u].chunk * world >= units[u], true);
+        EXPECT_LT((plan[u].chunk - 1) * world, std::max<int64_t>(units[u], 1));
+        EXPECT_EQ(plan[u].local_offset, local);
+        EXPECT_LE(plan[u].owned.size(), plan[u].chunk);
+        EXPECT_EQ(plan[u].owned.begin, begin + std::min(units[u], r * plan[u].chunk));
+        for (int64_t i = plan[u].owned.begin; i < plan[u].owned.end; ++i) ++owners[size_t(i)];
+        begin += units[u];
+        local += plan[u].chunk;
+      }
+    }
+    for (int c : owners) ASSERT_EQ(c, 1);
+  }
+  // A closed form: units of 10 and 3 over 4 ranks.
+  const auto r3 = plan_unit_shards({10, 3}, 4, 3);
+  EXPECT_EQ(r3[0].chunk, 3);
+  EXPECT_EQ(r3[0].owned, (FlatRange{9, 10}));
+  EXPECT_EQ(r3[1].chunk, 1);
+  EXPECT_EQ(r3[1].local_offset, 3);
+  EXPECT_EQ(r3[1].owned.size(), 0);
+  EXPECT_THROW(plan_unit_shards({4}, 2, 2), std::exception);
 }
 
 }  // namespace

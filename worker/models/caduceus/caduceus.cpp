@@ -281,7 +281,9 @@ Tensor CaduceusLMImpl::hidden(const Tensor& input_ids) {
     return torch::cat({norm(rf, w, b), rc(norm(rr, w, b))}, -1);
   };
   for (int64_t i = 0; i < o.n_layer; ++i) {
-    h = mixer(static_cast<size_t>(i), add_norm(norm_weight[i], norm_bias[i]));
+    const auto normed = add_norm(norm_weight[i], norm_bias[i]);
+    h = run_block(block_hooks.get(), static_cast<size_t>(i),
+                  [&] { return mixer(static_cast<size_t>(i), normed); });
   }
   return add_norm(norm_f_weight, norm_f_bias);
 }

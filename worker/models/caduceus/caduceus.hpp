@@ -20,11 +20,14 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "worker/models/block_hooks.hpp"
 
 namespace dnallm::models::caduceus {
 
@@ -91,8 +94,9 @@ class CaduceusLMImpl : public torch::nn::Module {
   std::vector<Mamba> fwd, rev;
   std::vector<torch::Tensor> norm_weight, norm_bias;  // per layer; bias undefined for RMSNorm
   torch::Tensor norm_f_weight, norm_f_bias;
-  torch::Tensor head_weight;  // lm_head [vocab, d] or score [labels, d]
-  torch::Tensor complement;   // int64 [vocab] (RCPS)
+  torch::Tensor head_weight;                // lm_head [vocab, d] or score [labels, d]
+  torch::Tensor complement;                 // int64 [vocab] (RCPS)
+  std::shared_ptr<BlockHooks> block_hooks;  // Note [Block hooks]: around mixer i (null: none)
 
  private:
   torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;

@@ -27,6 +27,9 @@ class CaduceusModelImpl : public LanguageModelImpl {
   torch::Tensor encode(const ForwardInputs& inputs) override;
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override;
   void set_activation_checkpointing(bool on) override;
+  void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override {
+    lm_->block_hooks = std::move(hooks);
+  }
   // Parameters' 6/4 a token plus the selective scans: about 9 FLOPs a state element of each
   // inner channel, per direction (and strand, with RCPS), forward and twice in backward.
   double flops_per_token(int64_t seq_len) const override;

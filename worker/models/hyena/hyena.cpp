@@ -450,18 +450,21 @@ Tensor HyenaLMImpl::hidden(const Tensor& input_ids) {
   const bool checkpoint =
       options_.gradient_checkpointing && is_training() && torch::GradMode::is_enabled();
   const auto& chunking = options_.chunking;
-  for (auto& block : blocks) {
-    if (checkpoint) {
-      auto input = h.requires_grad() ? h : h.detach().requires_grad_(true);
-      const auto address = reinterpret_cast<int64_t>(block.get());
-      h = chunking.enabled() ? HyenaChunkedCheckpoint::apply(input, z, t, address,
-                                                             chunking.positions, chunking.channels)
-                             : HyenaCheckpoint::apply(input, z, t, address);
-    } else if (chunking.enabled() && !torch::GradMode::is_enabled()) {
-      h = block->forward_chunked(h, z, t, chunking);
-    } else {
-      h = block->forward(h, z, t);
-    }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& block = blocks[i];
+    h = run_block(block_hooks.get(), i, [&] {  // Note [Block hooks]
+      if (checkpoint) {
+        auto input = h.requires_grad() ? h : h.detach().requires_grad_(true);
+        const auto address = reinterpret_cast<int64_t>(block.get());
+        return chunking.enabled() ? HyenaChunkedCheckpoint::apply(
+                                        input, z, t, address, chunking.positions, chunking.channels)
+                                  : HyenaCheckpoint::apply(input, z, t, address);
+      }
+      if (chunking.enabled() && !torch::GradMode::is_enabled()) {
+        return block->forward_chunked(h, z, t, chunking);
+      }
+      return block->forward(h, z, t);
+    });
   }
   return ln_f->forward(h);
 }

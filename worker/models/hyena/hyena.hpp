@@ -25,11 +25,14 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "worker/models/block_hooks.hpp"
 
 namespace dnallm::models::hyena {
 
@@ -169,6 +172,7 @@ class HyenaLMImpl : public torch::nn::Module {
 
   torch::nn::Embedding word_embeddings{nullptr};
   std::vector<HyenaBlock> blocks;
+  std::shared_ptr<BlockHooks> block_hooks;  // Note [Block hooks] (null: none)
   torch::nn::LayerNorm ln_f{nullptr};
   torch::nn::Linear head{nullptr};  // lm_head or score
 

@@ -24,6 +24,9 @@ class HyenaModelImpl : public LanguageModelImpl {
   torch::Tensor encode(const ForwardInputs& inputs) override;
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override;
   void set_activation_checkpointing(bool on) override;
+  void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override {
+    lm_->block_hooks = std::move(hooks);
+  }
   // Parameters' 6/4 a token plus the long convolutions: three real FFTs of 2L points a channel
   // and layer (about 2.5 x 2L log2(2L) FLOPs each), forward and twice in backward.
   double flops_per_token(int64_t seq_len) const override;

@@ -813,16 +813,17 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
 
   for (size_t i = 0; i < blocks_.size(); ++i) {
     LayerCache* layer_cache = cache != nullptr ? &(*cache)[i] : nullptr;
-    if (i + 1 == blocks_.size() && in.scored_positions.defined()) {
-      x = blocks_[i]->forward_selected(x, bias, cos, sin, in.scored_positions);
-      break;
-    }
-    if (o.gradient_checkpointing && is_training() && torch::GradMode::is_enabled() &&
-        layer_cache == nullptr) {
-      x = checkpointed_block(blocks_[i], x, bias, kernel_causal, cos, sin);
-    } else {
-      x = blocks_[i]->forward(x, bias, kernel_causal, layer_cache, cos, sin, ffn_rows);
-    }
+    // Note [Block hooks]: block i's parameters are used inside this call only.
+    x = run_block(hooks_.get(), i, [&] {
+      if (i + 1 == blocks_.size() && in.scored_positions.defined()) {
+        return blocks_[i]->forward_selected(x, bias, cos, sin, in.scored_positions);
+      }
+      if (o.gradient_checkpointing && is_training() && torch::GradMode::is_enabled() &&
+          layer_cache == nullptr) {
+        return checkpointed_block(blocks_[i], x, bias, kernel_causal, cos, sin);
+      }
+      return blocks_[i]->forward(x, bias, kernel_causal, layer_cache, cos, sin, ffn_rows);
+    });
   }
   if (rms_final_.defined()) return rms_norm(rms_final_, x, o.layer_norm_eps);
   return final_norm ? norm(final_norm, x) : x;

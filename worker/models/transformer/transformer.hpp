@@ -217,6 +217,7 @@ class TransformerLMImpl : public LanguageModelImpl {
 
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override;
   void set_activation_checkpointing(bool on) override;
+  void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override { hooks_ = std::move(hooks); }
   // Note [Model FLOPs] (worker/train/mfu.hpp): the parameters' 6/4 a token plus attention's
   // 12 x layers x hidden x sequence.
   double flops_per_token(int64_t seq_len) const override;
@@ -250,6 +251,7 @@ class TransformerLMImpl : public LanguageModelImpl {
   torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr};
   torch::Tensor token_type_;  // options_.type_vocab_size > 0
   std::vector<Block> blocks_;
+  std::shared_ptr<BlockHooks> hooks_;            // Note [Block hooks]
   torch::nn::LayerNorm embedding_norm{nullptr};  // options_.embedding_layer_norm
   torch::nn::LayerNorm final_norm{nullptr};      // absent with options_.post_layer_norm
   torch::Tensor rms_final_;                      // options_.rms_norm

@@ -1,0 +1,401 @@
+#include "worker/parallel/fully_sharded.hpp"
+
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <set>
+
+#include <spdlog/spdlog.h>
+
+#include "core/error.hpp"
+#include "worker/tensor_buffer.hpp"
+
+namespace dnallm::parallel {
+
+namespace {
+
+constexpr int64_t kAlign = 16;  // elements: each parameter starts 64 bytes in, as DDP's layout
+
+int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Note [Fully sharded]: a gathered buffer's storage goes to 0 bytes and comes back in place,
+// so every view (the parameters, what autograd saved) follows it.
+void release_storage(const torch::Tensor& t) {
+  auto* impl = t.storage().unsafeGetStorageImpl();
+  if (impl->nbytes() == 0) return;
+  impl->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  impl->set_nbytes(0);
+}
+
+void allocate_storage(const torch::Tensor& t) {
+  auto* impl = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (impl->nbytes() == bytes) return;
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
+  impl->set_nbytes(bytes);
+}
+
+BufferView view_of(const torch::Tensor& t, int64_t begin, int64_t count) {
+  return buffer_view(t, begin, count, DType::kFloat32);
+}
+
+class ReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit ReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+}  // namespace
+
+// The model's BlockHooks: forwards to the sync while it lives (the model may outlive it).
+class FullyShardedSync::Hooks final : public models::BlockHooks {
+ public:
+  explicit Hooks(FullyShardedSync* owner) : owner_(owner) {}
+  void before_block(size_t index) override {
+    if (owner_) owner_->before_block(index);
+  }
+  torch::Tensor after_block(size_t index, torch::Tensor output) override {
+    return owner_ ? owner_->after_block(index, std::move(output)) : output;
+  }
+  void detach() { owner_ = nullptr; }
+
+ private:
+  FullyShardedSync* owner_;
+};
+
+FullyShardedSync::FullyShardedSync(comm::Communicator& comm, FullyShardedOptions options)
+    : comm_(comm), options_(options), alive_(std::make_shared<bool>(true)) {}
+
+FullyShardedSync::~FullyShardedSync() {
+  *alive_ = false;
+  if (hooks_) hooks_->detach();
+  try {
+    complete_all();
+  } catch (...) {  // a failed peer: nothing left to reduce into
+  }
+}
+
+double FullyShardedSync::sum_scalar(double value) {
+  double v = value;
+  comm_.allreduce(BufferView{&v, 1, DType::kFloat64, Device{}}, comm::ReduceOp::kSum)->wait();
+  return v;
+}
+
+std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
+    models::LanguageModel& model, const std::vector<std::pair<std::string, torch::Tensor>>& named,
+    torch::Device device) {
+  torch::NoGradGuard no_grad;
+  const int world = comm_.world_size(), rank = comm_.rank();
+  // Units: a parameter belongs to the first block that has it, else to the root.
+  const auto blocks = model->blocks();
+  std::vector<std::set<const void*>> in_block(blocks.size());
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    for (const auto& p : blocks[b]->parameters()) in_block[b].insert(p.unsafeGetTensorImpl());
+  }
+  std::vector<std::vector<size_t>> members(blocks.size() + 1);
+  for (size_t i = 0; i < named.size(); ++i) {
+    size_t u = blocks.size();
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      if (in_block[b].count(named[i].second.unsafeGetTensorImpl())) {
+        u = b;
+        break;
+      }
+    }
+    members[u].push_back(i);
+  }
+  units_.resize(members.size());
+  root_ = blocks.size();
+  std::vector<int64_t> sizes;
+  for (size_t u = 0; u < members.size(); ++u) {
+    Unit& unit = units_[u];
+    unit.root = u == root_;
+    int64_t n = 0;
+    for (size_t i : members[u]) {
+      unit.params.push_back(named[i].second);
+      unit.offsets.push_back(n);
+      unit.shapes.push_back(named[i].second.sizes().vec());
+      n += align_up(named[i].second.numel());
+    }
+    sizes.push_back(n);
+  }
+  const auto plan = plan_unit_shards(sizes, world, rank);
+  int64_t local = 0;
+  for (const auto& s : plan) local += s.chunk;
+  global_numel_ = plan.empty() ? 0 : plan.back().begin + plan.back().numel;
+
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  shard_params_ = torch::zeros({local}, opts);
+  shard_grads_ = torch::zeros({local}, opts);
+  auto mask = torch::zeros({local}, opts);
+  std::vector<optim::FlatParameters::Entry> entries;
+  std::vector<optim::FlatParameters::Piece> pieces;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    unit.shard = plan[u];
+    const int64_t padded = unit.shard.chunk * world;
+    // Rank 0's values everywhere (as DDP's broadcast), then this rank's chunk into the shard.
+    unit.full = torch::zeros({padded}, opts);
+    unit.full_grad = torch::zeros({padded}, opts);
+    auto unit_mask = torch::zeros({padded}, opts);
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      const auto& p = unit.params[k];
+      const int64_t off = unit.offsets[k], n = p.numel();
+      unit.full.narrow(0, off, n).copy_(p.detach().reshape({-1}));
+      const std::string& name = named[members[u][k]].first;
+      unit_mask.narrow(0, off, n).fill_(optim::decays(name) ? 1.0 : 0.0);
+      entries.push_back({name, unit.shard.begin + off, n, unit.shapes[k]});
+    }
+    if (padded > 0) comm_.broadcast(view_of(unit.full, 0, padded), 0)->wait();
+    const int64_t lo = rank * unit.shard.chunk;
+    shard_params_.narrow(0, unit.shard.local_offset, unit.shard.chunk)
+        .copy_(unit.full.narrow(0, lo, unit.shard.chunk));
+    mask.narrow(0, unit.shard.local_offset, unit.shard.chunk)
+        .copy_(unit_mask.narrow(0, lo, unit.shard.chunk));
+    if (unit.shard.owned.size() > 0) {
+      pieces.push_back({unit.shard.owned.begin, unit.shard.owned.end, unit.shard.local_offset});
+    }
+    // The parameters become views of the gathered buffer, their gradients of its gradient one.
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      auto param = unit.params[k];
+      const int64_t off = unit.offsets[k], n = param.numel();
+      param.set_data(unit.full.narrow(0, off, n).view(unit.shapes[k]));
+      param.mutable_grad() = unit.full_grad.narrow(0, off, n).view(unit.shapes[k]);
+    }
+    unit.gathered = true;
+    unit.grad_live = true;
+    if (!unit.root) {
+      release(u);
+      release_storage(unit.full_grad);
+      unit.grad_live = false;
+    }
+    // Note [Fully sharded], step 3: a unit's gradients are complete when all have arrived.
+    std::weak_ptr<bool> alive = alive_;
+    for (const auto& p : unit.params) {
+      auto acc = torch::autograd::impl::grad_accumulator(p);
+      acc->add_post_hook(std::make_unique<ReadyHook>([alive, this, u] {
+        if (auto a = alive.lock(); a && *a) on_grad_ready(u);
+      }));
+      accumulators_.push_back(std::move(acc));
+    }
+  }
+  live_bytes_ = peak_live_bytes_ = 0;
+  // What steps 1-3 of Note [Fully sharded] hold at once: in forward blocks i and i + 1 (the
+  // prefetch); in backward block i's parameters and gradients, block i - 1's parameters (the
+  // prefetch) and the gradients of blocks i + 1 and i + 2 (two reductions in flight).
+  auto bytes = [&](int64_t i) {
+    return i >= 0 && i < static_cast<int64_t>(root_) ? units_[size_t(i)].full.numel() * 4 : 0;
+  };
+  predicted_peak_bytes_ = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) {
+    const int64_t forward = bytes(i) + (options_.prefetch ? bytes(i + 1) : 0);
+    const int64_t backward = 2 * bytes(i) + (options_.prefetch ? bytes(i - 1) : 0) +
+                             bytes(i + 1) + bytes(i + 2);
+    predicted_peak_bytes_ = std::max({predicted_peak_bytes_, forward, backward});
+  }
+  hooks_ = std::make_shared<Hooks>(this);
+  model->set_block_hooks(hooks_);
+  spdlog::info("ZeRO-3: {} units ({} blocks and the root), {} of {} elements on rank {}",
+               units_.size(), blocks.size(), local, global_numel_, rank);
+  return std::make_unique<optim::FlatParameters>(std::move(entries), global_numel_, shard_params_,
+                                                 shard_grads_, mask, std::move(pieces));
+}
+
+void FullyShardedSync::launch_gather(size_t u) {
+  Unit& unit = units_[u];
+  if (unit.gathered || unit.gathering) return;
+  const int64_t chunk = unit.shard.chunk;
+  allocate_storage(unit.full);
+  if (!unit.root) live_bytes_ += unit.full.numel() * 4;
+  peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
+  unit.gathering = comm_.allgather(view_of(shard_params_, unit.shard.local_offset, chunk),
+                                   view_of(unit.full, 0, unit.full.numel()));
+}
+
+void FullyShardedSync::gather(size_t u) {
+  Unit& unit = units_[u];
+  if (unit.gathered) return;
+  launch_gather(u);
+  unit.gathering->wait();
+  unit.gathering.reset();
+  unit.gathered = true;
+}
+
+void FullyShardedSync::release(size_t u) {
+  Unit& unit = units_[u];
+  if (unit.root || full_) return;
+  if (unit.gathering) {  // a prefetch nobody used (e.g. the last block's successor)
+    unit.gathering->wait();
+    unit.gathering.reset();
+  }
+  if (unit.full.storage().nbytes() > 0) live_bytes_ -= unit.full.numel() * 4;
+  release_storage(unit.full);
+  unit.gathered = false;
+}
+
+void FullyShardedSync::before_block(size_t u) {
+  gather(u);
+  if (options_.prefetch && !full_ && u + 1 < root_) launch_gather(u + 1);
+}
+
+torch::Tensor FullyShardedSync::after_block(size_t u, torch::Tensor output) {
+  if (full_) return output;
+  if (torch::GradMode::is_enabled() && output.requires_grad()) {
+    std::weak_ptr<bool> alive = alive_;
+    output.register_hook([alive, this, u](const torch::Tensor&) {
+      if (auto a = alive.lock(); a && *a) before_unit_backward(u);
+    });
+  }
+  release(u);
+  return output;
+}
+
+void FullyShardedSync::before_unit_backward(size_t u) {
+  gather(u);
+  if (options_.prefetch && u > 0) launch_gather(u - 1);
+  Unit& unit = units_[u];
+  if (!unit.grad_live) {
+    allocate_storage(unit.full_grad);
+    unit.full_grad.zero_();
+    unit.grad_live = true;
+    live_bytes_ += unit.full_grad.numel() * 4;
+    peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
+  }
+}
+
+void FullyShardedSync::before_backward(int64_t, bool) {
+  armed_ = true;
+  for (auto& unit : units_) {
+    unit.pending = static_cast<int64_t>(unit.params.size());
+    unit.reduced = false;
+  }
+  // The root's gradient buffer lives all run; its gradients arrive first (the head).
+  units_[root_].full_grad.zero_();
+}
+
+void FullyShardedSync::on_grad_ready(size_t u) {
+  if (!armed_) return;
+  Unit& unit = units_[u];
+  if (--unit.pending == 0) launch_reduce(u);
+}
+
+void FullyShardedSync::launch_reduce(size_t u) {
+  Unit& unit = units_[u];
+  if (unit.reduced) return;
+  unit.reduced = true;
+  // Note [Fully sharded], step 3: the parameters are done with; at most two reductions fly.
+  release(u);
+  while (in_flight_.size() >= 2) complete_oldest();
+  const int64_t chunk = unit.shard.chunk;
+  InFlight f;
+  f.unit = u;
+  f.out = torch::empty({chunk}, shard_grads_.options());
+  f.work = comm_.reduce_scatter(view_of(unit.full_grad, 0, unit.full_grad.numel()),
+                                view_of(f.out, 0, chunk), comm::ReduceOp::kSum);
+  in_flight_.push_back(std::move(f));
+}
+
+void FullyShardedSync::complete_oldest() {
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  f.work->wait();
+  Unit& unit = units_[f.unit];
+  shard_grads_.narrow(0, unit.shard.local_offset, unit.shard.chunk).add_(f.out);
+  if (!unit.root) {
+    release_storage(unit.full_grad);
+    unit.grad_live = false;
+    live_bytes_ -= unit.full_grad.numel() * 4;
+  }
+}
+
+void FullyShardedSync::complete_all() {
+  while (!in_flight_.empty()) complete_oldest();
+}
+
+void FullyShardedSync::after_backward(int64_t, bool) {
+  torch::NoGradGuard no_grad;
+  // Units whose gradients arrived only in part (unused parameters) reduce now, in unit order
+  // (the same on every rank); units backward never reached have nothing to reduce.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    if (!unit.reduced && (unit.grad_live || unit.root) &&
+        unit.pending < static_cast<int64_t>(unit.params.size())) {
+      launch_reduce(u);
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  complete_all();
+  exposed_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  armed_ = false;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u].grad_live && !units_[u].root) {  // gathered in backward, never reduced
+      release_storage(units_[u].full_grad);
+      units_[u].grad_live = false;
+      live_bytes_ -= units_[u].full_grad.numel() * 4;
+    }
+    release(u);
+  }
+}
+
+double FullyShardedSync::wait_gradients() {
+  const double s = exposed_s_;
+  exposed_s_ = 0;
+  return s;
+}
+
+double FullyShardedSync::grad_sq_norm(const torch::Tensor& shard_grads) {
+  return sum_scalar(optim::grad_sq_sum(shard_grads));
+}
+
+void FullyShardedSync::after_optimizer_step(optim::FlatParameters&) {
+  // The root stays gathered: refresh it from the updated shards. Other units gather when used.
+  Unit& root = units_[root_];
+  root.gathered = false;
+  gather(root_);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!units_[u].root && units_[u].gathered) {
+      units_[u].gathered = false;  // stale: the shard changed
+      if (full_) gather(u);
+    }
+  }
+}
+
+void FullyShardedSync::gather_full_parameters() {
+  full_ = true;
+  for (size_t u = 0; u < units_.size(); ++u) gather(u);
+}
+
+void FullyShardedSync::release_full_parameters() {
+  full_ = false;
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+}
+
+int64_t FullyShardedSync::gathered_units() const {
+  int64_t n = 0;
+  for (const auto& unit : units_) n += unit.full.storage().nbytes() > 0 && !unit.root ? 1 : 0;
+  return n;
+}
+
+std::optional<GradientSync::Memory> FullyShardedSync::memory() const {
+  Memory m;
+  const int64_t shard = shard_params_.numel() * 4;
+  const int64_t root = units_.empty() ? 0 : units_[root_].full.numel() * 4;
+  m.allocated.params = shard + root;
+  m.allocated.grads = shard + root;
+  m.allocated.optimizer = 2 * shard;
+  m.paper = account_memory(global_numel_, options_.precision, 3, comm_.world_size());
+  m.gathered_peak = peak_live_bytes_;
+  m.gathered_predicted = predicted_peak_bytes_;
+  return m;
+}
+
+}  // namespace dnallm::parallel

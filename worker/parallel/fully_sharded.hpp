@@ -1,0 +1,143 @@
+// Fully sharded data parallelism (parallel.zero_stage = 3): parameters, gradients and optimizer
+// state are all split across ranks, so a rank holds 1/N of the model state plus the blocks it
+// is computing.
+//
+// Note [Fully sharded]: the model's blocks() are the units (a unit per block, then the root:
+// every other trainable parameter: embeddings, final norm, heads); the global flat layout and
+// which elements a rank owns follow Note [Fully sharded layout] (plan.hpp). Each rank keeps
+//  - its shard: one fp32 buffer of its chunk of every unit back to back (the trainer's
+//    FlatParameters in sharded form: the optimizer and the checkpoint see only this), with its
+//    gradient shard and decay mask;
+//  - per unit, a gathered buffer (chunk x world elements) whose views ARE the model's
+//    parameters, and a gathered gradient buffer whose views are their .grad. Their storage is
+//    released (0 bytes) while the unit is not in use and allocated again in place when it is:
+//    tensors autograd saved in forward keep pointing at it, and the all-gather writes raw
+//    memory, so no version counter moves (as FSDP frees and re-allocates flat parameters).
+// A step (the model calls Note [Block hooks] around block i):
+//  1. forward, before block i: all-gather unit i (waiting for it if prefetched), then launch the
+//     all-gather of unit i + 1 (prefetch: at most two units gathered at once, besides the root);
+//     after block i: release unit i's parameters (unless every parameter is held: evaluation,
+//     export) and hook the block's output so that its gradient arrives first:
+//  2. backward, when the gradient of block i's output is ready (before block i's backward):
+//     all-gather unit i again (activation checkpointing recomputes from it), prefetch unit
+//     i - 1, allocate and zero its gradient buffer;
+//  3. when every parameter of unit i has its gradient (AccumulateGrad post-hooks, as DDP's),
+//     release its parameters and launch the reduce-scatter of its gradient buffer; at most two
+//     are in flight: the oldest is waited for, added into the gradient shard and its buffer
+//     released. The root (gathered for the whole run) reduces when its last gradient arrives.
+//  4. after backward (every micro-step): units whose gradients came only in part (unused
+//     parameters) are reduced, everything in flight is waited for. Gradient accumulation adds
+//     each micro-step's reduced shard into the gradient shard.
+//  5. the trainer's norm is the sum of the shards' partial squares over ranks; the optimizer
+//     updates the shard; after it, the root is all-gathered again.
+// Every collective is issued in the same order on every rank: forward runs blocks in order and
+// the autograd engine runs the same graph in the same order everywhere.
+//
+// Equivalence: with 2 ranks the reduce-scatter adds the same two numbers as DDP's all-reduce,
+// so an fp32 run without clipping is bitwise DDP's; with clipping, or more ranks, sums differ
+// in order (tests state the tolerance). What is not here yet: the frozen base of LoRA stays
+// replicated (only trainable parameters are sharded), bf16 gathers, resharding only at the
+// last micro-step, and a separate CUDA stream for prefetches (the communicator's work runs
+// asynchronously, the compute stream waits for it when the unit is needed).
+#pragma once
+
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "worker/parallel/gradient_sync.hpp"
+#include "worker/parallel/plan.hpp"
+
+namespace dnallm::parallel {
+
+struct FullyShardedOptions {
+  cfg::Precision precision = cfg::Precision::kFp32;
+  bool prefetch = true;  // all-gather the next unit while the current one computes
+};
+
+class FullyShardedSync final : public GradientSync {
+ public:
+  FullyShardedSync(comm::Communicator& comm, FullyShardedOptions options);
+  ~FullyShardedSync() override;
+
+  int rank() const override { return comm_.rank(); }
+  int world_size() const override { return comm_.world_size(); }
+  double sum_scalar(double value) override;
+  std::unique_ptr<optim::FlatParameters> place(
+      models::LanguageModel& model, const std::vector<std::pair<std::string, torch::Tensor>>& named,
+      torch::Device device) override;
+  void before_backward(int64_t micro_step, bool last) override;
+  void after_backward(int64_t micro_step, bool last) override;
+  double wait_gradients() override;
+  double grad_sq_norm(const torch::Tensor& shard_grads) override;
+  std::pair<int64_t, int64_t> shard_range(int64_t numel) const override { return {0, numel}; }
+  void after_optimizer_step(optim::FlatParameters& params) override;
+  std::optional<Memory> memory() const override;
+  void gather_full_parameters() override;
+  void release_full_parameters() override;
+
+  // For tests: units (blocks, then the root) and how many are gathered now.
+  size_t units() const { return units_.size(); }
+  int64_t gathered_units() const;
+
+ private:
+  struct Unit {
+    std::vector<torch::Tensor> params;  // the model's parameters (views of `full` when gathered)
+    std::vector<int64_t> offsets;       // each one's offset inside the unit
+    std::vector<std::vector<int64_t>> shapes;
+    UnitShard shard;
+    torch::Tensor full;       // [chunk * world]; storage released when not gathered
+    torch::Tensor full_grad;  // [chunk * world]; storage released outside its backward
+    comm::WorkPtr gathering;  // a launched all-gather not yet waited for
+    bool gathered = false;    // full holds the current parameters
+    bool grad_live = false;   // full_grad is allocated for this backward
+    int64_t pending = 0;      // parameters whose gradient has not arrived in this backward
+    bool reduced = false;     // this micro-step's reduce-scatter launched
+    bool root = false;
+  };
+  struct InFlight {
+    size_t unit = 0;
+    comm::WorkPtr work;
+    torch::Tensor out;  // [chunk]
+  };
+  class Hooks;  // the model's BlockHooks (fully_sharded.cpp)
+
+  void launch_gather(size_t u);
+  void gather(size_t u);   // gathered on return
+  void release(size_t u);  // parameters' storage released (never the root)
+  void before_block(size_t u);
+  torch::Tensor after_block(size_t u, torch::Tensor output);
+  void before_unit_backward(size_t u);
+  void on_grad_ready(size_t u);
+  void launch_reduce(size_t u);
+  void complete_oldest();
+  void complete_all();
+
+  comm::Communicator& comm_;
+  FullyShardedOptions options_;
+  std::vector<Unit> units_;  // blocks in order, then the root
+  size_t root_ = 0;
+  torch::Tensor shard_params_, shard_grads_;
+  std::deque<InFlight> in_flight_;
+  std::shared_ptr<Hooks> hooks_;
+  std::shared_ptr<bool> alive_;  // gradient hooks outlive us inside autograd; they check this
+  using Accumulator =
+      decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+  std::vector<Accumulator> accumulators_;
+  bool full_ = false;    // gather_full_parameters() in effect
+  bool armed_ = false;   // inside a micro-step's backward
+  int64_t live_bytes_ = 0, peak_live_bytes_ = 0;  // gathered non-root parameters + gradients
+  int64_t predicted_peak_bytes_ = 0;              // the same, predicted from the unit sizes
+  int64_t global_numel_ = 0;
+  double exposed_s_ = 0;  // this step's waiting for reductions after backward
+};
+
+}  // namespace dnallm::parallel
