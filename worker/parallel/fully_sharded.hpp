@@ -24,12 +24,16 @@
 //  3. when every parameter of unit i has its gradient (AccumulateGrad post-hooks, as DDP's),
 //     release its parameters and launch the reduce-scatter of its gradient buffer; at most two
 //     are in flight: the oldest is waited for, added into the gradient shard and its buffer
-//     released. The root (gathered for the whole run) reduces when its last gradient arrives.
+//     released. The root (gathered before each micro-step's forward: before_forward) reduces
+//     when its last gradient arrives.
 //  4. after backward (every micro-step): units whose gradients came only in part (unused
-//     parameters) are reduced, everything in flight is waited for. Gradient accumulation adds
-//     each micro-step's reduced shard into the gradient shard.
+//     parameters) are reduced, everything in flight is waited for, and every unit, the root
+//     included, is released: between steps a rank holds its shard only. Gradient
+//     accumulation adds each micro-step's reduced shard into the gradient shard.
 //  5. the trainer's norm is the sum of the shards' partial squares over ranks; the optimizer
-//     updates the shard; after it, the root is all-gathered again.
+//     updates the shard.
+// Evaluation and exports hold the whole model for their duration (FullParameters): 4 bytes a
+// parameter on every rank, the peak of a run whose blocks are many.
 // Every collective is issued in the same order on every rank: forward runs blocks in order and
 // the autograd engine runs the same graph in the same order everywhere.
 //
@@ -74,6 +78,7 @@ class FullyShardedSync final : public GradientSync {
   std::unique_ptr<optim::FlatParameters> place(
       models::LanguageModel& model, const std::vector<std::pair<std::string, torch::Tensor>>& named,
       torch::Device device) override;
+  void before_forward(int64_t micro_step) override;
   void before_backward(int64_t micro_step, bool last) override;
   void after_backward(int64_t micro_step, bool last) override;
   double wait_gradients() override;
@@ -112,7 +117,10 @@ class FullyShardedSync final : public GradientSync {
 
   void launch_gather(size_t u);
   void gather(size_t u);   // gathered on return
-  void release(size_t u);  // parameters' storage released (never the root)
+  void release(size_t u);  // parameters' storage released (unless every parameter is held)
+  void allocate_grad(size_t u);
+  void release_grad(size_t u);
+  void add_live(int64_t bytes, const char* what, size_t u);
   void before_block(size_t u);
   torch::Tensor after_block(size_t u, torch::Tensor output);
   void before_unit_backward(size_t u);
@@ -132,10 +140,11 @@ class FullyShardedSync final : public GradientSync {
   using Accumulator =
       decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
   std::vector<Accumulator> accumulators_;
-  bool full_ = false;    // gather_full_parameters() in effect
-  bool armed_ = false;   // inside a micro-step's backward
+  bool full_ = false;                             // gather_full_parameters() in effect
+  bool armed_ = false;                            // inside a micro-step's backward
   int64_t live_bytes_ = 0, peak_live_bytes_ = 0;  // gathered non-root parameters + gradients
   int64_t predicted_peak_bytes_ = 0;              // the same, predicted from the unit sizes
+  bool trace_ = false;                            // DNALLM_TRACE_ZERO3: log every change
   int64_t global_numel_ = 0;
   double exposed_s_ = 0;  // this step's waiting for reductions after backward
 };

@@ -25,7 +25,8 @@ namespace dnallm::parallel {
 //      (DDP: register hooks, broadcast rank 0's weights); ZeRO-3 returns this rank's shard
 //      and installs the model's block hooks (Note [Fully sharded], fully_sharded.hpp)
 //   1. sum_scalar(local label count)                    collective
-//   2. per micro-step: before_backward(j, last), backward, after_backward(j, last)
+//   2. per micro-step: before_forward(j), forward, before_backward(j, last), backward,
+//      after_backward(j, last)
 //      (DDP: buckets launch from gradient hooks during the last micro-step's backward)
 //   3. wait_gradients() -> seconds of exposed communication      collective completion
 //   4. sum_scalar(local loss sum) (for the logged loss)           collective
@@ -59,6 +60,8 @@ class GradientSync {
   // The flat buffers exist and parameters are views into them. `named` in registration order.
   virtual void attach(optim::FlatParameters& flat,
                       const std::vector<std::pair<std::string, torch::Tensor>>& named) {}
+  // Before micro-step `micro_step`'s forward (ZeRO-3: gathers the root unit).
+  virtual void before_forward(int64_t micro_step) {}
   // Before micro-step `micro_step`'s backward; `last` on the step's final micro-step.
   virtual void before_backward(int64_t micro_step, bool last) {}
   // After micro-step `micro_step`'s backward; `last` on the step's final micro-step.

@@ -474,6 +474,7 @@ Trainer::LossSum Trainer::forward_backward(const std::vector<data::Batch>& micro
     torch::manual_seed(
         dropout_seed(static_cast<uint64_t>(config_.training.seed), r.step, j, sync_->rank()));
     torch::Tensor loss;
+    sync_->before_forward(j);
     {
       AutocastGuard autocast(autocast_bf16_, autocast_fp16_, device_);
       auto out = model_->forward(in);

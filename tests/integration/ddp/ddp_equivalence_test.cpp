@@ -286,11 +286,43 @@ TEST_F(DdpEquivalence, Zero3TwoRanksIsBitIdenticalToDdp) {
     ASSERT_EQ(zm.size(), 1u);
     ASSERT_EQ(dm.size(), 1u);
     EXPECT_EQ(zm[0].at("zero_stage").get<int>(), 3);
-    // The shard is half of the (padded) layout; the gathered root and its gradient add to it.
+    // Each buffer is half of the (padded) layout.
     EXPECT_LT(zm[0].at("optimizer_bytes").get<int64_t>(),
               dm[0].at("optimizer_bytes").get<int64_t>() * 6 / 10)
         << arch;
+    EXPECT_LT(zm[0].at("params_bytes").get<int64_t>(),
+              dm[0].at("params_bytes").get<int64_t>() * 6 / 10)
+        << arch;
+    // The peak of model state (shard + gathered blocks, measured from their storage) is the
+    // predicted one within 5%.
+    const auto summary = metric_lines(z3.dir, "summary");
+    ASSERT_EQ(summary.size(), 1u);
+    const double peak = summary[0].at("model_state_peak_bytes").get<double>();
+    const double predicted = summary[0].at("model_state_predicted_peak_bytes").get<double>();
+    EXPECT_NEAR(peak, predicted, 0.05 * predicted) << arch;
   }
+}
+
+TEST_F(DdpEquivalence, Zero3TrainsAModelLargerThanOneRanksMemoryLimit) {
+  // Note [Memory predicted]: 4.8e6 parameters (16 bytes each: 76 MB of model state) under a
+  // 30 MB limit a rank (training.memory_limit_gb): one rank and ZeRO-2 on 4 ranks are refused
+  // before building anything (exit 2), ZeRO-3 on 4 ranks (26 MB predicted) trains.
+  const std::string big =
+      "--set model.hidden=128 --set model.layers=24 --set model.ffn=512 "
+      "--set model.max_seq_length=32 --set training.max_steps=5 "
+      "--set training.memory_limit_gb=0.03 --set parallel.backend=gloo ";
+  for (const auto& [world, stage] : {std::pair{1, 0}, std::pair{4, 2}}) {
+    const std::string dir = make_temp_dir(fmt::format("big_refused_{}_{}", world, stage));
+    std::string log;
+    const int rc = run_command(
+        tiny_train_command(fmt::format("{}dnallm-launch --nproc-per-node {} --", kBin, world), dir,
+                           4 / world, 1, big + fmt::format("--set parallel.zero_stage={}", stage)),
+        &log);
+    EXPECT_EQ(rc, 2) << log;
+    EXPECT_NE(log.find("more than training.memory_limit_gb = 0.03"), std::string::npos) << log;
+  }
+  TrainRun z3 = train("big_z3", 4, 1, 1, big + "--set parallel.zero_stage=3");
+  EXPECT_EQ(z3.losses.size(), 5u);
 }
 
 TEST_F(DdpEquivalence, Zero3FourRanksEqualsOneRankAndZero2) {

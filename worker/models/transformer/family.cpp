@@ -59,8 +59,8 @@ void check_predicted_memory(const Config& config, const ModelOptions& o, const B
                 "memory.max; set training.memory_limit_gb to override)",
                 limit / 1e9, ranks);
   fail(ExitCode::kUsage,
-       "this run needs at least {:.2f} GB a rank ({:.3g} parameters: weights {:.2f} GB, "
-       "gradients {:.2f} GB, AdamW moments {:.2f} GB; activations {:.2f} GB at "
+       "this run needs at least {:.3g} GB a rank ({:.3g} parameters: weights {:.3g} GB, "
+       "gradients {:.3g} GB, AdamW moments {:.3g} GB; activations {:.3g} GB at "
        "micro_batch_size {} x max_seq_length {}), more than {}: lower model.hidden, model.ffn, "
        "model.layers, training.micro_batch_size or model.max_seq_length, or set "
        "model.gradient_checkpointing = true",
