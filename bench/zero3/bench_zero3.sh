@@ -16,12 +16,13 @@
 # (target <= 1.0); without stage 3, stage 2's ratios against the peer.
 #
 #   bench/zero3/bench_zero3.sh [--python PATH]... [build-dir]
-#   env: WARMUP (2), STEPS (4), ROUNDS (3), STAGES ("2 3"), PYTHON ($DNALLM_PYTHON: the
+#   env: WARMUP (2), STEPS (4), ROUNDS (2), STAGES ("2 3"), PYTHON ($DNALLM_PYTHON: the
 #        peer's torch), VARIANTS ("sdpa-fused eager": the peer's variants, see
 #        bench/train/torch_peer.py; torch.compile is not offered for the FSDP2 peer)
 #
 # Every configuration runs once per round and rounds alternate, so background load hits all
-# alike.
+# alike. A default run with two --python takes about 2 minutes on 2 idle cores (6 x 2 steps
+# per configuration, about 10 s of start-up each), about 4 under a load of 4-6.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . bench/python.sh
@@ -32,7 +33,7 @@ STAGES=${STAGES:-2 3}
 VARIANTS=${VARIANTS:-sdpa-fused eager}
 WARMUP=${WARMUP:-2}
 STEPS=${STEPS:-4}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-2}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 N=$((WARMUP + STEPS))
