@@ -39,17 +39,22 @@ trap 'rm -rf "$TMP"' EXIT
 N=$((WARMUP + STEPS))
 common=(--config configs/bench-cpu.toml --set training.max_steps="$N" --set training.logging_steps=1
         --set checkpoint.save_final=false --set parallel.backend=gloo --log-level warn)
+# Our programs are copied first: a rebuild of $BUILD during the run must not mix two builds.
+mkdir "$TMP/bin"
+cp "$BUILD/bin/dnallm-launch" "$BUILD/bin/dnallm-train" "$TMP/bin/"
+built=$(date -u -r "$BUILD/bin/dnallm-train" '+%F %T UTC')
+BIN=$TMP/bin
 TIME=/usr/bin/time
 "$TIME" -f %M true > /dev/null 2>&1 || TIME=  # GNU time's %M; without it rank 0's summary only
 echo "bench/zero3: warmup $WARMUP, timed $STEPS x $ROUNDS rounds, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "  ours: $BUILD/bin, stages: $STAGES"
+echo "  ours: $BUILD/bin (dnallm-train built $built), stages: $STAGES"
 bench_describe_peers
 echo "  peer variants: $VARIANTS"
 # A stage the launcher refuses to configure is skipped (the reason printed); a stage whose run
 # fails is reported and dropped from the later rounds.
 run_stages=()
 for s in $STAGES; do
-  if msg=$("$BUILD/bin/dnallm-launch" --nproc-per-node 2 "${common[@]}" \
+  if msg=$("$BIN/dnallm-launch" --nproc-per-node 2 "${common[@]}" \
              --set parallel.zero_stage="$s" --print-config 2>&1 > /dev/null); then
     run_stages+=("$s")
   else
@@ -59,12 +64,12 @@ done
 run_ours() {  # stage
   local s=$1 base="$TMP/z$1.$round"
   local args=("${common[@]}" --set parallel.zero_stage="$s" --metrics-file "$base.jsonl")
-  local worker=("$BUILD/bin/dnallm-train" "${args[@]}")
+  local worker=("$BIN/dnallm-train" "${args[@]}")
   if [ -n "$TIME" ]; then  # one file per rank: $base.rss.$RANK (kB)
     # shellcheck disable=SC2016 # expanded by the worker's bash: RANK is the launcher's
     worker=(bash -c 'exec "$0" -f %M -o "$1.rss.$RANK" "${@:2}"' "$TIME" "$base" "${worker[@]}")
   fi
-  OMP_NUM_THREADS=1 "$BUILD/bin/dnallm-launch" --nproc-per-node 2 "${args[@]}" -- "${worker[@]}" \
+  OMP_NUM_THREADS=1 "$BIN/dnallm-launch" --nproc-per-node 2 "${args[@]}" -- "${worker[@]}" \
     > "$base.log" 2>&1
 }
 for round in $(seq "$ROUNDS"); do
