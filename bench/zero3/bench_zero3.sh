@@ -21,8 +21,8 @@
 #        bench/train/torch_peer.py; torch.compile is not offered for the FSDP2 peer)
 #
 # Every configuration runs once per round and rounds alternate, so background load hits all
-# alike. A default run with two --python takes about 2 minutes on 2 idle cores (6 x 2 steps
-# per configuration, about 10 s of start-up each), about 4 under a load of 4-6.
+# alike. A default run (one peer interpreter) took 3 min 19 s under a load of 6 on 2 cores,
+# with two --python 5 min 43 s (6 x 2 steps per configuration, plus start-up).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . bench/python.sh
@@ -145,17 +145,17 @@ for pi in range(n_py):
             "errors": sorted({p["fsdp2_error"] for p in runs if p["fsdp2_error"]}),
             "loss": p0["final_loss"]}
 
-print(f"{'run':<36}{'step_s':>8}{'tokens/s':>9}{'state MB':>9}  {'(params+grads+optim) MB':<24}"
-      f"{'peak RSS MB per rank':<22}")
+print(f"{'run':<36}{'step_s':>8}{'tokens/s':>9}{'state MiB':>10}  {'(params+grads+optim) MiB':<24}"
+      f"{'peak RSS MiB per rank':<22}")
 for x in list(r.values()) + list(peers.values()):
     parts = "+".join(f"{b / MB:.1f}" for b in x["parts"])
     rss = " / ".join(f"{m:.0f}" for m in x["rss"])
-    print(f"{x['label']:<36}{x['step_s']:>8.3f}{x['tps']:>9.0f}{x['state'] / MB:>9.1f}  {parts:<24}{rss:<22}")
+    print(f"{x['label']:<36}{x['step_s']:>8.3f}{x['tps']:>9.0f}{x['state'] / MB:>10.1f}  {parts:<24}{rss:<22}")
 for s, x in r.items():
-    print(f"  ZeRO-{s}: the ZeRO paper's accounting for the same model {x['paper'] / MB:.1f} MB;"
-          f" rank 0's own peak_rss_mb (summary) {x['rss_summary0']:.0f} MB; last loss {x['loss']:.3f}")
+    print(f"  ZeRO-{s}: the ZeRO paper's accounting for the same model {x['paper'] / MB:.1f} MiB;"
+          f" rank 0's own peak_rss_mb (summary) {x['rss_summary0']:.0f} MiB; last loss {x['loss']:.3f}")
 for k, p in peers.items():
-    print(f"  {p['label']}: rank 0's RSS with torch imported, before the model {p['import_rss']:.0f} MB;"
+    print(f"  {p['label']}: rank 0's RSS with torch imported, before the model {p['import_rss']:.0f} MiB;"
           f" last loss {p['loss']:.3f}")
     for e in p["errors"]:
         print(f"  {p['label']}: fully_shard FAILED, DDP measured instead: {e}")
