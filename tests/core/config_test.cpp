@@ -165,8 +165,8 @@ TEST(Config, WrongTypeNamesKeyLineAndExpectedType) {
 }
 
 TEST(Config, OutOfRangeNamesAllowedValues) {
-  expect_usage_error("[parallel]\nzero_stage = 3\n",
-                     {"run.toml:2", "parallel.zero_stage", "between 0 and 2"});
+  expect_usage_error("[parallel]\nzero_stage = 4\n",
+                     {"run.toml:2", "parallel.zero_stage", "between 0 and 3"});
   expect_usage_error("[training]\nprecision = \"fp8\"\n",
                      {"run.toml:2", "training.precision", "\"fp32\", \"bf16\", \"fp16\""});
   expect_usage_error("[training]\nmicro_batch_size = 0\n",

@@ -23,19 +23,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Fires after AccumulateGrad wrote a parameter's gradient (DESIGN.md "Verified facts").
-class ReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit ReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
-
 // The gradient reduction dtype as a ScalarType (validated: a floating type of 2 or 4 bytes).
 torch::ScalarType reduce_scalar_type(DType t) {
   DNALLM_CHECK(t == DType::kFloat32 || t == DType::kBFloat16 || t == DType::kFloat16,
@@ -130,12 +117,7 @@ DataParallel::DataParallel(
     DNALLM_CHECK(it != by_name.end(), ExitCode::kFailure, "parameter '{}' missing",
                  entries[e].name);
     params_.push_back(it->second);
-    auto acc = torch::autograd::impl::grad_accumulator(it->second);
-    std::weak_ptr<bool> alive = alive_;
-    acc->add_post_hook(std::make_unique<ReadyHook>([alive, this, e] {
-      if (auto a = alive.lock(); a && *a) on_ready(e);
-    }));
-    accumulators_.push_back(std::move(acc));
+    accumulators_.push_back(on_gradient_ready(it->second, alive_, [this, e] { on_ready(e); }));
   }
   // ZeRO: this rank's contiguous share of the flat buffer (balanced like reduce_scatter).
   if (options_.zero_stage > 0) {

@@ -38,6 +38,7 @@
 
 #include "comm/communicator.hpp"
 #include "worker/optim/flat_adamw.hpp"
+#include "worker/parallel/grad_hook.hpp"
 #include "worker/parallel/gradient_sync.hpp"
 #include "worker/parallel/plan.hpp"
 
@@ -122,13 +123,9 @@ class DataParallel {
   FlatRange owned_;
   std::vector<Bucket> buckets_;
   std::vector<int64_t> bucket_of_entry_;
-  std::vector<torch::Tensor> params_;  // by flat entry index
-  // What grad_accumulator() returns: std::shared_ptr<Node> in older torch, an
-  // intrusive_ptr<Node> in 2.14.
-  using Accumulator =
-      decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
-  std::vector<Accumulator> accumulators_;  // keep hooks alive
-  std::shared_ptr<bool> alive_;            // hooks outlive us inside autograd; they check this
+  std::vector<torch::Tensor> params_;          // by flat entry index
+  std::vector<GradAccumulator> accumulators_;  // keep hooks alive
+  std::shared_ptr<bool> alive_;                // hooks outlive us inside autograd; they check this
   std::vector<bool> ready_;
   bool armed_ = false;
   size_t next_bucket_ = 0;

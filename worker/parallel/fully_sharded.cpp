@@ -44,19 +44,6 @@ BufferView view_of(const torch::Tensor& t, int64_t begin, int64_t count) {
   return buffer_view(t, begin, count, DType::kFloat32);
 }
 
-class ReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit ReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
-
 }  // namespace
 
 // The model's BlockHooks: forwards to the sync while it lives (the model may outlive it).
@@ -180,13 +167,8 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     release(u);
     release_storage(unit.full_grad);
     // Note [Fully sharded], step 3: a unit's gradients are complete when all have arrived.
-    std::weak_ptr<bool> alive = alive_;
     for (const auto& p : unit.params) {
-      auto acc = torch::autograd::impl::grad_accumulator(p);
-      acc->add_post_hook(std::make_unique<ReadyHook>([alive, this, u] {
-        if (auto a = alive.lock(); a && *a) on_grad_ready(u);
-      }));
-      accumulators_.push_back(std::move(acc));
+      accumulators_.push_back(on_gradient_ready(p, alive_, [this, u] { on_grad_ready(u); }));
     }
   }
   live_bytes_ = peak_live_bytes_ = 0;

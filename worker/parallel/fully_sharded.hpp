@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "worker/parallel/grad_hook.hpp"
 #include "worker/parallel/gradient_sync.hpp"
 #include "worker/parallel/plan.hpp"
 
@@ -137,9 +138,7 @@ class FullyShardedSync final : public GradientSync {
   std::deque<InFlight> in_flight_;
   std::shared_ptr<Hooks> hooks_;
   std::shared_ptr<bool> alive_;  // gradient hooks outlive us inside autograd; they check this
-  using Accumulator =
-      decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
-  std::vector<Accumulator> accumulators_;
+  std::vector<GradAccumulator> accumulators_;
   bool full_ = false;                             // gather_full_parameters() in effect
   bool armed_ = false;                            // inside a micro-step's backward
   int64_t live_bytes_ = 0, peak_live_bytes_ = 0;  // gathered non-root parameters + gradients

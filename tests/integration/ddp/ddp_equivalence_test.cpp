@@ -109,6 +109,8 @@ TEST_F(DdpEquivalence, StagedCollectivesTwoRanks) {
   expect_equivalent(*reference_, train("staged2", 2, 3, 2, "", staged), "staged DDP 2 ranks");
   expect_equivalent(*reference_, train("staged_z2", 2, 3, 2, "--set parallel.zero_stage=2", staged),
                     "staged ZeRO-2 2 ranks");
+  expect_equivalent(*reference_, train("staged_z3", 2, 3, 2, "--set parallel.zero_stage=3", staged),
+                    "staged ZeRO-3 2 ranks");
 }
 
 // Issue 24: the long-context families train through the same trainer behind the model
@@ -129,6 +131,15 @@ TEST_F(DdpEquivalence, MpirunThreeRanksWithoutLauncher) {
                     train("mpi3", 3, 4, 1, "--set parallel.backend=auto",
                           "mpirun --allow-run-as-root --oversubscribe -np 3"),
                     "mpirun -np 3");
+}
+
+TEST_F(DdpEquivalence, MpirunThreeRanksZero3) {
+  // ZeRO-3's all-gathers and reduce-scatters over MPI (units padded to 3 equal chunks).
+  expect_equivalent(
+      *reference_,
+      train("mpi3_z3", 3, 4, 1, "--set parallel.backend=auto --set parallel.zero_stage=3",
+            "mpirun --allow-run-as-root --oversubscribe -np 3"),
+      "mpirun -np 3, ZeRO-3");
 }
 
 TEST_F(DdpEquivalence, MpirunTwoLaunchersAsTwoNodes) {
@@ -349,6 +360,10 @@ TEST_F(DdpEquivalence, Zero3ComposesWithCheckpointingAccumulationAndOffload) {
   expect_identical(plain,
                    train("z3_offload", 2, 6, 1, z3 + "--set training.optimizer_offload=true"),
                    "ZeRO-3 with offload vs without");
+  // LoRA: the adapters and heads are sharded, the frozen base stays whole on every rank.
+  const std::string lora = "--set lora.r=4 --set training.max_grad_norm=0 ";
+  expect_identical(train("ddp_lora", 2, 6, 1, lora), train("z3_lora", 2, 6, 1, lora + z3),
+                   "ZeRO-3 with LoRA vs DDP with LoRA");
 }
 
 }  // namespace
