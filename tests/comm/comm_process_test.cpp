@@ -131,6 +131,23 @@ TEST_P(GlooWorld, EveryCollectiveDtypeAndLayoutMatchesClosedForm) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooWorld, ::testing::Values(1, 2, 3, 4));
 
+// Sub-groups, all_to_all with uneven and empty blocks, send / recv (comm_worker_main.cpp's
+// groups mode), every element checked.
+class GlooGroups : public GlooWorld {};
+
+TEST_P(GlooGroups, SplitAllToAllAndSendRecvMatchClosedForm) {
+  const int world = GetParam();
+  auto results = run_ranks(world, server_->port(), {"DNALLM_TEST_MODE=groups"}, 100s);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 0)
+        << "rank " << r << ":\n"
+        << results[static_cast<size_t>(r)].output;
+    EXPECT_NE(results[static_cast<size_t>(r)].output.find("groups OK"), std::string::npos);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooGroups, ::testing::Values(2, 3, 4));
+
 TEST(GlooFailure, KilledRankIsNamedByTheOthersWithinTimeout) {
   if (!backend_available("gloo")) GTEST_SKIP();
   const auto server = start_store();
@@ -193,6 +210,25 @@ TEST_P(MpiWorld, EveryCollectiveDtypeAndLayoutMatchesClosedForm) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, MpiWorld, ::testing::Values(1, 2, 3, 4));
+
+class MpiGroups : public ::testing::TestWithParam<int> {};
+
+TEST_P(MpiGroups, SplitAllToAllAndSendRecvMatchClosedForm) {
+  const int world = GetParam();
+  std::string out;
+  EXPECT_EQ(run_command("timeout 100 mpirun --allow-run-as-root --oversubscribe -np " +
+                            std::to_string(world) + " -x DNALLM_TEST_MODE=groups " + kWorker,
+                        &out),
+            0)
+      << out;
+  size_t oks = 0;
+  for (size_t p = out.find("groups OK"); p != std::string::npos; p = out.find("groups OK", p + 1))
+    ++oks;
+  EXPECT_EQ(oks, static_cast<size_t>(world)) << out;
+  EXPECT_NE(out.find("backend mpi"), std::string::npos) << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, MpiGroups, ::testing::Values(2, 3, 4));
 
 TEST(BenchComm, MpiAndRawMpiSweepsCheckEveryElement) {
   const std::string bench = kBin + "dnallm-bench-comm";
