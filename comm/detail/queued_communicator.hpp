@@ -14,6 +14,7 @@
 // thread that blocks rather than a poll in the worker's idle time.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -163,12 +164,13 @@ class QueuedCommunicator : public Communicator {
 
   std::mutex mutex_;
   std::condition_variable queue_changed_;
-  std::deque<Task> queue_;     // guarded by mutex_
-  bool stopping_ = false;      // guarded by mutex_
-  uint64_t next_seq_ = 1;      // guarded by mutex_; collectives
-  uint64_t next_p2p_seq_ = 1;  // guarded by mutex_; send / recv
-  std::deque<Posted> posted_;  // guarded by mutex_; Note [Posted transfers]
-  bool worker_done_ = false;   // guarded by mutex_; nothing more will be posted
+  std::deque<Task> queue_;                 // guarded by mutex_
+  bool stopping_ = false;                  // guarded by mutex_
+  uint64_t next_seq_ = 1;                  // guarded by mutex_; collectives
+  uint64_t next_p2p_seq_ = 1;              // guarded by mutex_; send / recv
+  std::deque<Posted> posted_;              // guarded by mutex_; Note [Posted transfers]
+  bool worker_done_ = false;               // guarded by mutex_; nothing more will be posted
+  std::atomic<uint64_t> posted_count_{0};  // transfers ever posted (kCompletionSpin)
   std::condition_variable posted_changed_;
   mutable std::mutex broken_mutex_;
   std::exception_ptr broken_;  // guarded by broken_mutex_: the first failure
