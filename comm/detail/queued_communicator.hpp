@@ -11,7 +11,11 @@
 // completion thread, which waits for posted transfers one after the other (oldest first,
 // each until the communicator's timeout after it was posted) and completes their Works.
 // gloo cannot poll an unbound buffer without closing its pairs on a timeout, hence a
-// thread that blocks rather than a poll in the worker's idle time.
+// thread that blocks rather than a poll in the worker's idle time. Destroying the
+// communicator waits for the transfers already posted, each up to its deadline.
+// Transfers have their own sequence numbers ("gloo send to rank 1 tag 0 #3"): they are
+// not in every rank's collective order, which Note [Peer failure]'s diagnosis relies on;
+// an unmatched one names its peer instead (PeerMonitor::diagnose_peer).
 #pragma once
 
 #include <atomic>
