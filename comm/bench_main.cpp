@@ -6,8 +6,13 @@
 // rank 0 hosts the store at MASTER_PORT); mpi and mpi-raw (plain MPI_Allreduce etc., the
 // peer our mpi backend is compared with) run under mpirun. Every element of every result
 // is checked against a closed-form value. time = median over --iters timed iterations
-// after --warmup untimed ones. DNALLM_EXTERNAL_COORDINATOR=1: a coordinator already serves
-// MASTER_PORT, rank 0 does not host one.
+// after --warmup untimed ones.
+// Beyond the collectives: --op all_to_all (size = what each rank sends, in W balanced
+// blocks, shard_range's; busbw = algbw x (W-1)/W as nccl-tests' alltoall) and --op sendrecv
+// (a ring exchange: each rank sends size bytes to rank+1 and receives as much from rank-1,
+// even ranks issuing the send first, odd ones the recv; busbw = algbw, as nccl-tests').
+// DNALLM_EXTERNAL_COORDINATOR=1: a coordinator already serves MASTER_PORT, rank 0 does not host
+// one.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -63,6 +68,19 @@ double expected_reduced(int world, size_t i, ReduceOp op) {
   double sum = base * world + world * (world - 1) / 2.0;
   if (op == ReduceOp::kAvg) return std::floor(sum / world * 4 + 0.5) / 4;  // see check()
   return sum;
+}
+
+// all_to_all's blocks: rank r sends shard_range(count, W, p) of its input to rank p, so it
+// receives W blocks of its own shard's size.
+std::vector<int64_t> a2a_in_counts(size_t count, int world) {
+  std::vector<int64_t> c(static_cast<size_t>(world));
+  for (int p = 0; p < world; ++p)
+    c[static_cast<size_t>(p)] = static_cast<int64_t>(shard_range(count, world, p).count);
+  return c;
+}
+std::vector<int64_t> a2a_out_counts(size_t count, int world, int rank) {
+  return std::vector<int64_t>(static_cast<size_t>(world),
+                              static_cast<int64_t>(shard_range(count, world, rank).count));
 }
 
 // Where the collective's buffers live: host memory, or (nccl) a device copy of it, through
@@ -121,9 +139,29 @@ struct CommRunner final : Runner {
       w = group.comm->reduce_scatter(in, out, redop);
     else if (op == "allgather")
       w = group.comm->allgather(in, out);
+    else if (op == "all_to_all")
+      w = group.comm->all_to_all(in, a2a_in_counts(in.count, world()), out,
+                                 a2a_out_counts(in.count, world(), rank()));
+    else if (op == "sendrecv")
+      return ring_exchange(in, out);
     else
       w = group.comm->broadcast(out, 0);
     w->wait();
+  }
+  // See the header: even ranks send first (nccl's send waits on its stream for the recv).
+  void ring_exchange(BufferView in, BufferView out) {
+    Communicator& c = *group.comm;
+    const int right = (rank() + 1) % world(), left = (rank() + world() - 1) % world();
+    WorkPtr first, second;
+    if (rank() % 2 == 0) {
+      first = c.send(in, right, 0);
+      second = c.recv(out, left, 0);
+    } else {
+      first = c.recv(out, left, 0);
+      second = c.send(in, right, 0);
+    }
+    first->wait();
+    second->wait();
   }
   int64_t sum_wrong(int64_t wrong) override {
     const bool cuda = std::string(group.comm->backend()) == "nccl";
@@ -141,7 +179,7 @@ struct CommRunner final : Runner {
 struct RawMpiRunner final : Runner {
   RawMpiRunner() {
     // DNALLM_BENCH_MPI_THREADS=<level>: request an MPI thread level (our mpi backend asks
-    // for MPI_THREAD_SERIALIZED = 2), to compare like with like.
+    // for MPI_THREAD_MULTIPLE = 3), to compare like with like.
     if (std::getenv("DNALLM_BENCH_MPI_THREADS") != nullptr) {
       int provided = 0;
       MPI_Init_thread(nullptr, nullptr, std::atoi(std::getenv("DNALLM_BENCH_MPI_THREADS")),
@@ -164,8 +202,30 @@ struct RawMpiRunner final : Runner {
     return mpi_datatype(t);
   }
   void run(const std::string& op, BufferView in, BufferView out, ReduceOp redop) override {
+    if (op == "all_to_all") {
+      std::vector<int> sc(static_cast<size_t>(world_)), sd(sc), rc(sc), rd(sc);
+      for (int p = 0; p < world_; ++p) {
+        const auto u = static_cast<size_t>(p);
+        const auto s = shard_range(in.count, world_, p);
+        const auto mine = shard_range(in.count, world_, rank_);
+        sc[u] = static_cast<int>(s.count);
+        sd[u] = static_cast<int>(s.offset);
+        rc[u] = static_cast<int>(mine.count);
+        rd[u] = static_cast<int>(mine.count * u);
+      }
+      MPI_Alltoallv(in.data, sc.data(), sd.data(), mpi_datatype(in.dtype), out.data, rc.data(),
+                    rd.data(), mpi_datatype(out.dtype), MPI_COMM_WORLD);
+      return;
+    }
+    if (op == "sendrecv") {
+      MPI_Sendrecv(in.data, static_cast<int>(in.count), mpi_datatype(in.dtype),
+                   (rank_ + 1) % world_, 0, out.data, static_cast<int>(out.count),
+                   mpi_datatype(out.dtype), (rank_ + world_ - 1) % world_, 0, MPI_COMM_WORLD,
+                   MPI_STATUS_IGNORE);
+      return;
+    }
     DNALLM_CHECK(op == "allreduce" && redop != ReduceOp::kAvg, ExitCode::kUsage,
-                 "--backend mpi-raw runs --op allreduce with sum or max only");
+                 "--backend mpi-raw runs --op allreduce (sum or max), all_to_all or sendrecv");
     MPI_Allreduce(in.data, out.data, static_cast<int>(in.count), type(in.dtype),
                   redop == ReduceOp::kMax ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD);
   }
@@ -235,6 +295,7 @@ HostBuffers make_buffers(const Sweep& s, size_t count, ShardRange mine) {
   HostBuffers b;
   b.in_count = op == "allgather" ? mine.count : count;
   b.out_count = op == "reduce_scatter" ? mine.count : count;
+  if (op == "all_to_all") b.out_count = mine.count * static_cast<size_t>(s.world);
   b.in.resize(b.in_count * esize);
   b.out.resize(b.out_count * esize);
   for (size_t i = 0; i < b.in_count; ++i) {
@@ -245,6 +306,8 @@ HostBuffers make_buffers(const Sweep& s, size_t count, ShardRange mine) {
   if (op == "broadcast")
     for (size_t i = 0; i < count; ++i)
       store_element(s.dtype, b.out.data(), i, s.rank == 0 ? input_value(0, i) : -1.0);
+  if (op == "all_to_all" || op == "sendrecv")
+    for (size_t i = 0; i < b.out_count; ++i) store_element(s.dtype, b.out.data(), i, -1.0);
   return b;
 }
 
@@ -259,10 +322,16 @@ int64_t count_wrong(const Sweep& s, const void* result, size_t out_count, ShardR
       want = expected_reduced(s.world, i, s.redop);
     } else if (op == "reduce_scatter") {
       want = expected_reduced(s.world, mine.offset + i, s.redop);
+    } else if (op == "all_to_all") {
+      // Block p (mine.count elements) is rank p's input at my shard's place.
+      const size_t p = mine.count > 0 ? i / mine.count : 0;
+      want = input_value(static_cast<int>(p), mine.offset + (i - p * mine.count));
+    } else if (op == "sendrecv") {
+      want = input_value((s.rank + s.world - 1) % s.world, i);  // from the left neighbour
     } else {
       want = input_value(0, i);
     }
-    if (op != "allgather" && op != "broadcast" && s.redop == ReduceOp::kAvg) {
+    if ((op == "allreduce" || op == "reduce_scatter") && s.redop == ReduceOp::kAvg) {
       double sum =
           expected_reduced(s.world, op == "allreduce" ? i : mine.offset + i, ReduceOp::kSum);
       want = dtype_is_floating(s.dtype) ? sum / s.world : std::floor(sum / s.world);
@@ -316,8 +385,9 @@ SizeResult run_size(const Sweep& s, size_t count) {
 // nccl-tests' bus bandwidth factor of the collective at `world` ranks.
 double busbw_factor(const std::string& op, int world) {
   if (op == "allreduce") return 2.0 * (world - 1) / world;
-  if (op == "reduce_scatter" || op == "allgather") return static_cast<double>(world - 1) / world;
-  return 1.0;
+  if (op == "reduce_scatter" || op == "allgather" || op == "all_to_all")
+    return static_cast<double>(world - 1) / world;
+  return 1.0;  // broadcast, sendrecv
 }
 
 // Rank 0's line for one size: a table row, or one JSON object with --json.
@@ -342,17 +412,21 @@ void report_size(const Sweep& s, size_t count, const SizeResult& r) {
     return;
   }
   fmt::print("{:>12} {:>12} {:>6} {:>6} {:>11.1f} {:>9.3f} {:>9.3f} {:>7}\n", bytes, count,
-             dtype_name(s.dtype), a.op == "allgather" || a.op == "broadcast" ? "none" : a.redop,
-             r.time_us, algbw, busbw, r.wrong);
+             dtype_name(s.dtype),
+             a.op == "allreduce" || a.op == "reduce_scatter" ? a.redop : "none", r.time_us, algbw,
+             busbw, r.wrong);
   std::fflush(stdout);
 }
 
 int run(const Args& a) {
   const DType dtype = parse_dtype(a.dtype);
   const ReduceOp redop = parse_reduce_op(a.redop);
-  DNALLM_CHECK(
-      a.op == "allreduce" || a.op == "reduce_scatter" || a.op == "allgather" || a.op == "broadcast",
-      ExitCode::kUsage, "--op {}: use allreduce, reduce_scatter, allgather or broadcast", a.op);
+  DNALLM_CHECK(a.op == "allreduce" || a.op == "reduce_scatter" || a.op == "allgather" ||
+                   a.op == "broadcast" || a.op == "all_to_all" || a.op == "sendrecv",
+               ExitCode::kUsage,
+               "--op {}: use allreduce, reduce_scatter, allgather, broadcast, all_to_all or "
+               "sendrecv",
+               a.op);
   const int cuda_device = worker_env().local_rank.value_or(0);
   auto runner = make_runner(a);
   Sweep s{a, *runner, dtype, redop};
@@ -361,6 +435,8 @@ int run(const Args& a) {
   s.cuda = a.backend == "nccl";
   s.cuda_device = cuda_device;
   set_log_identity(s.rank);
+  DNALLM_CHECK(a.op != "sendrecv" || s.world > 1, ExitCode::kUsage,
+               "--op sendrecv exchanges with the neighbouring ranks: start 2 or more");
   const size_t esize = dtype_size(dtype);
   if (s.rank == 0 && !a.json) {
     fmt::print("# dnallm-bench-comm backend={} op={} world={} warmup={} iters={}\n", a.backend,
@@ -385,8 +461,11 @@ int main(int argc, char** argv) {
   Args a;
   app.add_option("--backend", a.backend, "gloo | mpi | nccl | mpi-raw (plain MPI calls)")
       ->check(CLI::IsMember({"gloo", "mpi", "nccl", "mpi-raw"}));
-  app.add_option("--op", a.op, "allreduce | reduce_scatter | allgather | broadcast")
-      ->check(CLI::IsMember({"allreduce", "reduce_scatter", "allgather", "broadcast"}));
+  app.add_option("--op", a.op,
+                 "allreduce | reduce_scatter | allgather | broadcast | all_to_all | sendrecv "
+                 "(ring exchange)")
+      ->check(CLI::IsMember(
+          {"allreduce", "reduce_scatter", "allgather", "broadcast", "all_to_all", "sendrecv"}));
   app.add_option("--min-bytes", a.min_bytes, "smallest message (bytes)");
   app.add_option("--max-bytes", a.max_bytes, "largest message (bytes); sizes double");
   app.add_option("--iters", a.iters, "timed iterations per size")->check(CLI::PositiveNumber);

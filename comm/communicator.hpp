@@ -22,7 +22,35 @@
 //  - allgather(in, out): out holds N elements; in holds this rank's shard of them (may
 //    alias its place inside out: in place).
 //  - broadcast(buf, root): buf holds N elements on every rank; root's are sent.
+//  - all_to_all(in, in_counts, out, out_counts): in holds W contiguous blocks in rank
+//    order, in_counts[p] elements for peer p; out receives W blocks, out_counts[p] from
+//    peer p. Counts are elements (any may be 0), sum(in_counts) == in.count,
+//    sum(out_counts) == out.count, in_counts[rank] == out_counts[rank] (the block kept),
+//    and out_counts[p] on this rank == in_counts[rank] on rank p. in and out must not
+//    overlap. Layout and checks: all_to_all_layout() below.
 //  - ReduceOp::kAvg divides the sum by W (integer division for integer dtypes).
+//
+// Sub-groups: split(color, key) is a collective over this communicator (same order as the
+// other collectives): the ranks that pass the same color >= 0 form a new communicator,
+// ranked by key, then by rank here (MPI_Comm_split's rule, split_members() below); a
+// negative color joins no group and gets null. The new communicator is independent of
+// this one (its own worker thread or stream, its own issue order and failure state) and
+// may outlive it; its name is "<name>.split<n>.c<color>" (n counts this communicator's
+// splits from 1), under which it keeps its own store keys (Note [Peer failure]).
+//
+// Point-to-point: send(buf, peer, tag) / recv(buf, peer, tag) move buf.count elements to /
+// from another rank of this communicator; the recv's count and dtype must equal the
+// send's. They are not collectives: only the two ranks take part, and they do not take a
+// place in the collective order on other ranks. Messages between two ranks match by tag
+// (>= 0), and in issue order among the same tag (MPI's non-overtaking rule). Each returns
+// at once; the transfer is posted in issue order after the collectives issued before it,
+// without waiting for the peer, so a ring exchange (send right, recv left on every rank)
+// cannot deadlock (gloo, mpi). Their Works complete in issue order among point-to-point
+// operations. A transfer not matched within the timeout fails and breaks the communicator
+// like a collective; Work::wait(timeout) names the peer (alive or dead).
+// nccl: NCCL has no tags (tag is checked, then ignored: messages between two ranks match
+// in issue order), and a send on the communicator's stream waits for the peer's recv:
+// order them so that they pair up (e.g. even ranks send first), or use all_to_all.
 //
 // Note [Peer failure]
 // Each communicator publishes "comm/<name>/alive/<rank>" with Store::set_owned at
@@ -38,8 +66,10 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/dtype.hpp"
 
@@ -63,6 +93,26 @@ struct ShardRange {
   size_t count = 0;
 };
 ShardRange shard_range(size_t count, int world_size, int rank);
+
+// Where each peer's block starts in all_to_all's buffers (elements), after the argument
+// checks every backend makes before queueing: W counts each side, none negative, their
+// sums equal to the buffers' counts, and the block this rank keeps the same size on both
+// sides. Throws Error(kFailure) naming `backend`, the rank and the bad count.
+struct AllToAllLayout {
+  std::vector<size_t> in_offsets;   // W + 1 entries: block p is [in_offsets[p], [p + 1])
+  std::vector<size_t> out_offsets;  // W + 1 entries
+};
+AllToAllLayout all_to_all_layout(const char* backend, int world_size, int rank, size_t in_count,
+                                 const std::vector<int64_t>& in_counts, size_t out_count,
+                                 const std::vector<int64_t>& out_counts);
+
+// The members of the sub-group that `rank` joins when rank r passed (colors[r], keys[r])
+// to split(): the ranks with its color, ordered by key, then by rank; the new rank is the
+// index of `rank` in it. Empty when colors[rank] < 0.
+std::vector<int> split_members(const std::vector<int>& colors, const std::vector<int>& keys,
+                               int rank);
+// The name of the n-th (from 1) sub-communicator of `parent` with `color`.
+std::string split_name(const std::string& parent, uint64_t n, int color);
 
 // A handle on one asynchronous collective. Thread-safe.
 class Work {
@@ -92,6 +142,18 @@ class Communicator {
   virtual WorkPtr allgather(BufferView in, BufferView out) = 0;
   virtual WorkPtr broadcast(BufferView buf, int root) = 0;
   virtual WorkPtr barrier() = 0;
+
+  // The operations below are implemented by every backend (gloo, mpi, nccl); the base
+  // versions throw Error(kUsage) naming the operation, for wrappers that do not forward
+  // them.
+  virtual WorkPtr all_to_all(BufferView in, const std::vector<int64_t>& in_counts, BufferView out,
+                             const std::vector<int64_t>& out_counts);
+  // Collective over this communicator: blocks until the new group is connected (up to
+  // the timeout), in issue order after the collectives issued before it. Null for a
+  // negative color. Throws Error(kPeerFailed) like a failed collective.
+  virtual std::unique_ptr<Communicator> split(int color, int key);
+  virtual WorkPtr send(BufferView buf, int peer, int tag);
+  virtual WorkPtr recv(BufferView buf, int peer, int tag);
 };
 
 struct CommOptions {

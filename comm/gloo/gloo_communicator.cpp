@@ -1,7 +1,9 @@
 #include "comm/gloo/gloo_communicator.hpp"
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include <gloo/allgatherv.h>
@@ -26,8 +28,48 @@ namespace dnallm::comm {
 
 namespace {
 
-// gloo slot prefix for our own ring reduce-scatter (gloo's use 0x01..0x08).
+// gloo slot prefixes for what we build on unbound buffers (gloo's use 0x01..0x08).
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
+constexpr uint8_t kSendRecvSlotPrefix = 0x41;  // + the user's tag
+constexpr uint8_t kAllToAllSlotPrefix = 0x42;  // + the collective's tag
+
+// gloo waits take a relative timeout; a deadline already passed still gets 1 ms (0 would
+// be gloo's "unset", i.e. the context's timeout).
+std::chrono::milliseconds until(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
+// A send or recv posted on an unbound buffer (Note [Posted transfers]). A zero-element
+// message still travels (it matches one recv, as in MPI): gloo gets a one-byte scratch
+// buffer and moves zero bytes of it.
+class GlooTransfer final : public detail::QueuedCommunicator::PostedTransfer {
+ public:
+  GlooTransfer(gloo::Context& context, const BufferView& buf, bool is_send, int peer, uint64_t slot)
+      : is_send_(is_send), peer_(peer) {
+    void* data = buf.bytes() > 0 ? buf.data : &empty_;
+    buffer_ = context.createUnboundBuffer(data, buf.bytes());
+    if (is_send_)
+      buffer_->send(peer, slot, 0, buf.bytes());
+    else
+      buffer_->recv(peer, slot, 0, buf.bytes());
+  }
+  void wait_until(std::chrono::steady_clock::time_point deadline) override {
+    // gloo throws IoException on its timeout (and closes this context's pairs).
+    const bool done =
+        is_send_ ? buffer_->waitSend(until(deadline)) : buffer_->waitRecv(until(deadline));
+    if (!done)
+      throw std::runtime_error(std::string(is_send_ ? "send to" : "recv from") + " rank " +
+                               std::to_string(peer_) + " was aborted");
+  }
+
+ private:
+  bool is_send_;
+  int peer_;
+  uint8_t empty_ = 0;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
+};
 
 // Our Store seen as gloo's rendezvous store, under a key prefix, with our timeout.
 class GlooStoreAdapter final : public gloo::rendezvous::Store {
@@ -59,7 +101,11 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
 
 class GlooCommunicator final : public detail::QueuedCommunicator {
  public:
-  explicit GlooCommunicator(const CommOptions& o)
+  // `device`: a sub-group shares its parent's TCP device (null: create one); `parent_ranks`
+  // (sub-groups) names the parent's ranks of this group's members in errors.
+  explicit GlooCommunicator(const CommOptions& o,
+                            std::shared_ptr<gloo::transport::Device> device = nullptr,
+                            const std::vector<int>& parent_ranks = {})
       : QueuedCommunicator(o, o.rank, o.world_size, "gloo", /*spin_wait=*/true) {
     DNALLM_CHECK(o.store != nullptr, ExitCode::kUsage,
                  "the gloo backend needs a coordinator store (MASTER_ADDR/MASTER_PORT)");
@@ -73,7 +119,7 @@ class GlooCommunicator final : public detail::QueuedCommunicator {
     gloo::transport::tcp::attr attr;
     attr.hostname = !o.gloo_host.empty() ? o.gloo_host : (o.loopback ? "127.0.0.1" : host_name());
     try {
-      device_ = gloo::transport::tcp::CreateDevice(attr);
+      device_ = device ? std::move(device) : gloo::transport::tcp::CreateDevice(attr);
       auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world_size);
       context->setTimeout(o.timeout);
       GlooStoreAdapter adapter(*o.store, "comm/" + o.name + "/gloo/", o.timeout);
@@ -83,6 +129,7 @@ class GlooCommunicator final : public detail::QueuedCommunicator {
       fail(ExitCode::kPeerFailed, "gloo: rank {} could not connect to its peers via {}: {}", o.rank,
            attr.hostname, e.what());
     }
+    if (!parent_ranks.empty()) set_parent_ranks(parent_ranks);
     start_worker();
   }
 
@@ -171,6 +218,94 @@ class GlooCommunicator final : public detail::QueuedCommunicator {
     opts.setTag(next_tag());
     opts.setTimeout(timeout());
     gloo::barrier(opts);
+  }
+
+  // Pairwise exchange on unbound buffers: every block is posted at once (a send to
+  // rank+i and a recv from rank-i for i = 1..W-1, so that no two ranks wait on each
+  // other in a cycle), then waited for in that order, each until the collective's
+  // deadline. Empty blocks are not sent: both sides know their size. Each rank moves
+  // exactly what it sends and receives, the optimum.
+  void run_all_to_all(const BufferView& in, const BufferView& out, const AllToAllLayout& layout,
+                      uint32_t) override {
+    const int world = world_size();
+    const int me = rank();
+    const size_t es = dtype_size(in.dtype);
+    const uint64_t slot = gloo::Slot::build(kAllToAllSlotPrefix, next_tag());
+    const auto deadline = std::chrono::steady_clock::now() + timeout();
+    auto block = [&](const BufferView& b, const std::vector<size_t>& off, int p) {
+      const auto u = static_cast<size_t>(p);
+      return std::make_pair(static_cast<uint8_t*>(b.data) + off[u] * es,
+                            (off[u + 1] - off[u]) * es);
+    };
+    const auto [self_src, self_bytes] = block(in, layout.in_offsets, me);
+    if (self_bytes > 0) std::memcpy(block(out, layout.out_offsets, me).first, self_src, self_bytes);
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends(world), recvs(world);
+    for (int i = 1; i < world; ++i) {
+      const int to = (me + i) % world;
+      const int from = (me - i + world) % world;
+      if (auto [p, n] = block(in, layout.in_offsets, to); n > 0) {
+        sends[to] = context_->createUnboundBuffer(p, n);
+        sends[to]->send(to, slot);
+      }
+      if (auto [p, n] = block(out, layout.out_offsets, from); n > 0) {
+        recvs[from] = context_->createUnboundBuffer(p, n);
+        recvs[from]->recv(from, slot);
+      }
+    }
+    for (int i = 1; i < world; ++i) {
+      const int to = (me + i) % world;
+      const int from = (me - i + world) % world;
+      try {
+        if (recvs[from] && !recvs[from]->waitRecv(until(deadline)))
+          throw std::runtime_error("aborted");
+      } catch (const std::exception& e) {
+        throw std::runtime_error("all_to_all: waiting for the block from rank " +
+                                 std::to_string(from) + ": " + e.what());
+      }
+      try {
+        if (sends[to] && !sends[to]->waitSend(until(deadline))) throw std::runtime_error("aborted");
+      } catch (const std::exception& e) {
+        throw std::runtime_error("all_to_all: sending the block to rank " + std::to_string(to) +
+                                 ": " + e.what());
+      }
+    }
+  }
+
+  std::unique_ptr<PostedTransfer> post_send(const BufferView& buf, int peer, int tag) override {
+    return std::make_unique<GlooTransfer>(*context_, buf, true, peer,
+                                          gloo::Slot::build(kSendRecvSlotPrefix, tag));
+  }
+
+  std::unique_ptr<PostedTransfer> post_recv(const BufferView& buf, int peer, int tag) override {
+    return std::make_unique<GlooTransfer>(*context_, buf, false, peer,
+                                          gloo::Slot::build(kSendRecvSlotPrefix, tag));
+  }
+
+  // Colors and keys go round with an allgather on this context; the members then connect a
+  // new gloo context (full mesh) through the store under the new communicator's name, on
+  // this rank's TCP device.
+  std::unique_ptr<Communicator> run_split(int color, int key, const std::string& name) override {
+    const int world = world_size();
+    std::vector<int64_t> mine = {color, key};
+    std::vector<int64_t> all(2 * static_cast<size_t>(world));
+    if (world > 1) {
+      run_allgather(BufferView{mine.data(), 2, DType::kInt64, {}},
+                    BufferView{all.data(), all.size(), DType::kInt64, {}}, 0);
+    } else {
+      all = mine;
+    }
+    std::vector<int> colors(static_cast<size_t>(world)), keys(static_cast<size_t>(world));
+    for (size_t r = 0; r < colors.size(); ++r) {
+      colors[r] = static_cast<int>(all[2 * r]);
+      keys[r] = static_cast<int>(all[2 * r + 1]);
+    }
+    const std::vector<int> members = split_members(colors, keys, rank());
+    if (members.empty()) return nullptr;
+    CommOptions o = options();
+    o.name = name;
+    o.rank = static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
+    o.world_size = static_cast<int>(members.size());
+    return std::make_unique<GlooCommunicator>(o, device_, members);
   }
 
   void on_failure() override {

@@ -8,7 +8,11 @@
 // Algorithms: allreduce = gloo::allreduce (ring / bcube); reduce_scatter = our ring on
 // gloo's point-to-point unbound buffers (gloo's own reduce-scatter has no timeout and no
 // bf16), moving the optimal (W-1)/W of the buffer; allgather = gloo::allgatherv (shards
-// may differ by one element); broadcast = gloo::broadcast; barrier = gloo::barrier.
+// may differ by one element); broadcast = gloo::broadcast; barrier = gloo::barrier;
+// all_to_all = our pairwise exchange on unbound buffers (every block posted at once, empty
+// ones skipped); send / recv = unbound buffers in slot 0x41 + tag (Note [Posted transfers]
+// in comm/detail/queued_communicator.hpp); split = an allgather of (color, key), then a new
+// gloo context over the store under the new communicator's name, on the same TCP device.
 // Reductions use comm/detail/cpu_reduce.hpp (bf16/fp16: see
 // Note [Half-precision reduction]).
 //

@@ -146,19 +146,33 @@ class NcclWork final : public Work {
 
 class NcclCommunicator final : public Communicator {
  public:
-  explicit NcclCommunicator(const CommOptions& o) : rank_(o.rank), world_(o.world_size) {
-    DNALLM_CHECK(o.store != nullptr, ExitCode::kUsage,
-                 "the nccl backend needs a coordinator store");
-    DNALLM_CHECK(o.device.is_cuda(), ExitCode::kUsage, "the nccl backend needs a CUDA device");
+  explicit NcclCommunicator(const CommOptions& o) : NcclCommunicator(o, bootstrap(o)) {}
+
+  // Wraps `comm` (owned from here on), of which this process is rank o.rank of o.world_size
+  // on o.device: make_communicator's (bootstrap()) or a sub-group's (split()).
+  NcclCommunicator(const CommOptions& o, ncclComm_t comm)
+      : options_(o), rank_(o.rank), world_(o.world_size), comm_(comm) {
     device_ = o.device.index;
     shared_ = std::make_shared<NcclShared>();
     shared_->monitor = std::make_shared<detail::PeerMonitor>(o.store, o.name, o.rank, o.world_size);
     shared_->timeout = o.timeout;
     shared_->rank = o.rank;
     DNALLM_CUDA_CHECK(cudaSetDevice(device_));
+    DNALLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    DNALLM_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
+    DNALLM_CUDA_CHECK(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming));
+    watchdog_ = std::thread([this] { watchdog_loop(); });
+  }
+
+  // Rank 0 publishes the ncclUniqueId in the store; every rank joins with ncclCommInitRank.
+  static ncclComm_t bootstrap(const CommOptions& o) {
+    DNALLM_CHECK(o.store != nullptr, ExitCode::kUsage,
+                 "the nccl backend needs a coordinator store");
+    DNALLM_CHECK(o.device.is_cuda(), ExitCode::kUsage, "the nccl backend needs a CUDA device");
+    DNALLM_CUDA_CHECK(cudaSetDevice(o.device.index));
     ncclUniqueId id;
     const std::string key = "comm/" + o.name + "/nccl/id";
-    if (rank_ == 0) {
+    if (o.rank == 0) {
       DNALLM_NCCL_CHECK(ncclGetUniqueId(&id));
       auto p = reinterpret_cast<const uint8_t*>(&id);
       o.store->set(key, coordinator::Bytes(p, p + sizeof(id)));
@@ -169,11 +183,9 @@ class NcclCommunicator final : public Communicator {
                    sizeof(id));
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
-    DNALLM_NCCL_CHECK(ncclCommInitRank(&comm_, world_, id, rank_));
-    DNALLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    DNALLM_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
-    DNALLM_CUDA_CHECK(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming));
-    watchdog_ = std::thread([this] { watchdog_loop(); });
+    ncclComm_t comm = nullptr;
+    DNALLM_NCCL_CHECK(ncclCommInitRank(&comm, o.world_size, id, o.rank));
+    return comm;
   }
 
   ~NcclCommunicator() override {
@@ -279,15 +291,116 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  // One NCCL group of a send and a recv per peer with a non-empty block (NCCL's own
+  // all-to-all recipe); the block kept here is a device copy on the same stream.
+  WorkPtr all_to_all(BufferView in, const std::vector<int64_t>& in_counts, BufferView out,
+                     const std::vector<int64_t>& out_counts) override {
+    check(in, "all_to_all");
+    check(out, "all_to_all");
+    DNALLM_CHECK(in.dtype == out.dtype, ExitCode::kFailure,
+                 "nccl all_to_all on rank {}: input is {}, output {}", rank_, dtype_name(in.dtype),
+                 dtype_name(out.dtype));
+    const AllToAllLayout layout =
+        all_to_all_layout("nccl", world_, rank_, in.count, in_counts, out.count, out_counts);
+    const auto* ib = static_cast<const uint8_t*>(in.data);
+    const auto* ob = static_cast<const uint8_t*>(out.data);
+    DNALLM_CHECK(
+        in.bytes() == 0 || out.bytes() == 0 || ib + in.bytes() <= ob || ob + out.bytes() <= ib,
+        ExitCode::kFailure,
+        "nccl all_to_all on rank {}: input and output overlap (no in-place all_to_all)", rank_);
+    return enqueue("all_to_all", [&] {
+      const size_t es = dtype_size(in.dtype);
+      const auto me = static_cast<size_t>(rank_);
+      const size_t kept = layout.in_offsets[me + 1] - layout.in_offsets[me];
+      if (kept > 0)
+        DNALLM_CUDA_CHECK(cudaMemcpyAsync(
+            static_cast<uint8_t*>(out.data) + layout.out_offsets[me] * es,
+            ib + layout.in_offsets[me] * es, kept * es, cudaMemcpyDeviceToDevice, stream_));
+      DNALLM_NCCL_CHECK(ncclGroupStart());
+      for (int p = 0; p < world_; ++p) {
+        if (p == rank_) continue;
+        const auto u = static_cast<size_t>(p);
+        const size_t n_in = layout.in_offsets[u + 1] - layout.in_offsets[u];
+        const size_t n_out = layout.out_offsets[u + 1] - layout.out_offsets[u];
+        if (n_in > 0)
+          DNALLM_NCCL_CHECK(ncclSend(ib + layout.in_offsets[u] * es, n_in, nccl_type(in.dtype), p,
+                                     comm_, stream_));
+        if (n_out > 0)
+          DNALLM_NCCL_CHECK(ncclRecv(static_cast<uint8_t*>(out.data) + layout.out_offsets[u] * es,
+                                     n_out, nccl_type(out.dtype), p, comm_, stream_));
+      }
+      DNALLM_NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
+  // ncclCommSplit (NCCL 2.18+), in issue order with this communicator's collectives. It
+  // blocks until every rank of this communicator calls it: NCCL's communicator creation
+  // has no timeout of ours (the watchdog only sees enqueued work).
+  std::unique_ptr<Communicator> split(int color, int key) override {
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= 21800
+    std::lock_guard<std::mutex> issue(issue_mutex_);
+    if (shared_->aborted) {
+      std::lock_guard<std::mutex> lock(shared_->mutex);
+      throw Error(ExitCode::kPeerFailed, shared_->abort_error);
+    }
+    const std::string name = split_name(options_.name, ++splits_, color);
+    DNALLM_CUDA_CHECK(cudaSetDevice(device_));
+    ncclComm_t sub = nullptr;
+    try {
+      DNALLM_NCCL_CHECK(
+          ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr));
+    } catch (const Error& e) {
+      fail(ExitCode::kPeerFailed, "nccl split (into {}) failed on rank {}@{}: {}", name, rank_,
+           host_name(), e.what());
+    }
+    if (sub == nullptr) return nullptr;
+    CommOptions o = options_;
+    o.name = name;
+    DNALLM_NCCL_CHECK(ncclCommUserRank(sub, &o.rank));
+    DNALLM_NCCL_CHECK(ncclCommCount(sub, &o.world_size));
+    return std::make_unique<NcclCommunicator>(o, sub);
+#else
+    (void)color;
+    (void)key;
+    fail(ExitCode::kUsage, "nccl split needs NCCL 2.18 or newer (ncclCommSplit); this build has {}",
+         NCCL_VERSION_CODE);
+#endif
+  }
+
+  // NCCL has no tags: `tag` is checked like the other backends do, then ignored.
+  WorkPtr send(BufferView buf, int peer, int tag) override {
+    check_p2p(buf, "send", peer, tag);
+    return enqueue(fmt::format("send to rank {} tag {}", peer, tag), [&] {
+      DNALLM_NCCL_CHECK(ncclSend(buf.data, buf.count, nccl_type(buf.dtype), peer, comm_, stream_));
+    });
+  }
+
+  WorkPtr recv(BufferView buf, int peer, int tag) override {
+    check_p2p(buf, "recv", peer, tag);
+    return enqueue(fmt::format("recv from rank {} tag {}", peer, tag), [&] {
+      DNALLM_NCCL_CHECK(ncclRecv(buf.data, buf.count, nccl_type(buf.dtype), peer, comm_, stream_));
+    });
+  }
+
  private:
   void check(const BufferView& b, const char* what) const {
     DNALLM_CHECK(b.device.is_cuda() && b.device.index == device_, ExitCode::kUsage,
                  "nccl {}: buffers must be CUDA memory on device {}", what, device_);
   }
 
+  void check_p2p(const BufferView& b, const char* what, int peer, int tag) const {
+    check(b, what);
+    DNALLM_CHECK(peer >= 0 && peer < world_ && peer != rank_, ExitCode::kFailure,
+                 "nccl {} on rank {}: peer {} is not another rank of this communicator (world "
+                 "size {})",
+                 what, rank_, peer, world_);
+    DNALLM_CHECK(tag >= 0, ExitCode::kFailure, "nccl {} on rank {}: tag {} is negative", what,
+                 rank_, tag);
+  }
+
   // Issue order = stream order; serialised so that concurrent issuers cannot interleave.
   template <typename Launch>
-  WorkPtr enqueue(const char* what, Launch launch) {
+  WorkPtr enqueue(const std::string& what, Launch launch) {
     std::lock_guard<std::mutex> issue(issue_mutex_);
     if (shared_->aborted) {
       std::lock_guard<std::mutex> lock(shared_->mutex);
@@ -295,7 +408,7 @@ class NcclCommunicator final : public Communicator {
     }
     auto op = std::make_shared<InFlight>();
     op->seq = next_seq_++;
-    op->what = std::string("nccl ") + what;
+    op->what = "nccl " + what;
     DNALLM_CUDA_CHECK(cudaSetDevice(device_));
     // See Note [Producer stream].
     DNALLM_CUDA_CHECK(cudaEventRecord(produced_, cudaStreamLegacy));
@@ -373,9 +486,11 @@ class NcclCommunicator final : public Communicator {
     ncclCommAbort(comm_);
   }
 
+  const CommOptions options_;  // a sub-group starts from a copy
   int rank_;
   int world_;
   int device_ = 0;
+  uint64_t splits_ = 0;  // guarded by issue_mutex_
   std::shared_ptr<NcclShared> shared_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;

@@ -15,6 +15,12 @@
 // Uneven shards: reduce_scatter / allgather use ncclReduceScatter / ncclAllGather when
 // the count divides by the world size, else a group of per-shard ncclReduce /
 // ncclBroadcast calls.
+// all_to_all: one NCCL group of ncclSend / ncclRecv per peer with a non-empty block, the
+// kept block copied on the stream. send / recv: ncclSend / ncclRecv on the stream (no tags
+// in NCCL: checked, then ignored; a send waits on the stream for the peer's recv).
+// split: ncclCommSplit (NCCL 2.18+; older builds throw Error(kUsage)); the sub-group gets
+// its own stream and watchdog. NCCL's communicator creation has no timeout of ours: the
+// split blocks until every rank of the parent calls it.
 #pragma once
 
 #include <memory>

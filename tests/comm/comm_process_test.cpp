@@ -131,6 +131,23 @@ TEST_P(GlooWorld, EveryCollectiveDtypeAndLayoutMatchesClosedForm) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooWorld, ::testing::Values(1, 2, 3, 4));
 
+// Sub-groups, all_to_all with uneven and empty blocks, send / recv (comm_worker_main.cpp's
+// groups mode), every element checked.
+class GlooGroups : public GlooWorld {};
+
+TEST_P(GlooGroups, SplitAllToAllAndSendRecvMatchClosedForm) {
+  const int world = GetParam();
+  auto results = run_ranks(world, server_->port(), {"DNALLM_TEST_MODE=groups"}, 100s);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 0)
+        << "rank " << r << ":\n"
+        << results[static_cast<size_t>(r)].output;
+    EXPECT_NE(results[static_cast<size_t>(r)].output.find("groups OK"), std::string::npos);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooGroups, ::testing::Values(2, 3, 4));
+
 TEST(GlooFailure, KilledRankIsNamedByTheOthersWithinTimeout) {
   if (!backend_available("gloo")) GTEST_SKIP();
   const auto server = start_store();
@@ -194,12 +211,32 @@ TEST_P(MpiWorld, EveryCollectiveDtypeAndLayoutMatchesClosedForm) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, MpiWorld, ::testing::Values(1, 2, 3, 4));
 
+class MpiGroups : public ::testing::TestWithParam<int> {};
+
+TEST_P(MpiGroups, SplitAllToAllAndSendRecvMatchClosedForm) {
+  const int world = GetParam();
+  std::string out;
+  EXPECT_EQ(run_command("timeout 100 mpirun --allow-run-as-root --oversubscribe -np " +
+                            std::to_string(world) + " -x DNALLM_TEST_MODE=groups " + kWorker,
+                        &out),
+            0)
+      << out;
+  size_t oks = 0;
+  for (size_t p = out.find("groups OK"); p != std::string::npos; p = out.find("groups OK", p + 1))
+    ++oks;
+  EXPECT_EQ(oks, static_cast<size_t>(world)) << out;
+  EXPECT_NE(out.find("backend mpi"), std::string::npos) << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, MpiGroups, ::testing::Values(2, 3, 4));
+
 TEST(BenchComm, MpiAndRawMpiSweepsCheckEveryElement) {
   const std::string bench = kBin + "dnallm-bench-comm";
-  for (const char* backend : {"mpi", "mpi-raw"}) {
+  for (const std::string run : {"mpi", "mpi-raw", "mpi --op all_to_all", "mpi-raw --op all_to_all",
+                                "mpi --op sendrecv", "mpi-raw --op sendrecv"}) {
     std::string out;
     const int rc = run_command("timeout 60 mpirun --allow-run-as-root --oversubscribe -np 3 " +
-                                   bench + " --backend " + backend +
+                                   bench + " --backend " + run +
                                    " --min-bytes 4 --max-bytes 65536 --iters 2 --warmup 1 --json",
                                &out);
     EXPECT_EQ(rc, 0) << out;
@@ -217,7 +254,7 @@ TEST(BenchComm, HelpAndGlooSweepForEveryOp) {
   EXPECT_EQ(run_command(bench + " --help"), 0);
   EXPECT_EQ(run_command(bench + " --op alltoall"), 2);
   if (!backend_available("gloo")) return;
-  for (const char* op : {"allreduce", "reduce_scatter", "allgather", "broadcast"}) {
+  for (const char* op : {"allreduce", "reduce_scatter", "allgather", "broadcast", "all_to_all"}) {
     for (const char* dtype : {"fp32", "bf16"}) {
       // World size 1 with rank 0 hosting the store on a kernel-chosen port is not possible
       // through MASTER_PORT, so pick a port from this process's pid.
@@ -230,6 +267,33 @@ TEST(BenchComm, HelpAndGlooSweepForEveryOp) {
       EXPECT_NE(out.find("#wrong"), std::string::npos) << out;
     }
   }
+}
+
+// all_to_all and the send/recv ring at 3 ranks (uneven blocks), every element checked.
+TEST(BenchComm, GlooAllToAllAndSendRecvSweepsCheckEveryElement) {
+  if (!backend_available("gloo")) GTEST_SKIP();
+  const std::string bench = kBin + "dnallm-bench-comm";
+  for (const char* op : {"all_to_all", "sendrecv"}) {
+    const std::string port = std::to_string(20000 + (::getpid() + 7) % 20000);
+    std::string cmd;
+    for (int r = 2; r >= 0; --r)
+      cmd += "RANK=" + std::to_string(r) +
+             " WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " timeout 60 " + bench +
+             " --backend gloo --op " + op +
+             " --min-bytes 4 --max-bytes 65536 --iters 2 --warmup 1 --json" +
+             (r > 0 ? " >/dev/null & " : "; rc=$?; wait; exit $rc");
+    std::string out;
+    EXPECT_EQ(run_command(cmd, &out), 0) << op << "\n" << out;
+    EXPECT_NE(out.find("\"bytes\":65536"), std::string::npos) << out;
+    for (size_t p = out.find("\"wrong\":"); p != std::string::npos;
+         p = out.find("\"wrong\":", p + 1))
+      EXPECT_EQ(out.compare(p, 10, "\"wrong\":0}"), 0) << out.substr(p, 20);
+  }
+  // A ring needs neighbours.
+  EXPECT_EQ(run_command("RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                        std::to_string(20000 + (::getpid() + 11) % 20000) + " timeout 60 " + bench +
+                        " --backend gloo --op sendrecv"),
+            2);
 }
 
 }  // namespace

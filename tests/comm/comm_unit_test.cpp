@@ -1,6 +1,9 @@
-// Pure pieces of comm/: shard ranges, 16-bit conversions, CPU reductions, the factory.
+// Pure pieces of comm/: shard ranges, all_to_all layouts, split membership, 16-bit
+// conversions, CPU reductions, the factory.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -59,6 +62,94 @@ TEST(ShardRange, CoversEveryElementOnceAndIsBalanced) {
   }
   EXPECT_EQ(shard_range(7, 3, 0).count, 3u);
   EXPECT_EQ(shard_range(7, 3, 2).offset, 5u);
+}
+
+// An Error's message, or "" when `fn` did not throw one.
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kFailure) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+TEST(AllToAllLayout, OffsetsAreRunningSumsOfTheCounts) {
+  // Rank 1 of 4: sends 2, 0, 3, 1 and receives 4, 0, 0, 5 (blocks may be empty).
+  const auto l = all_to_all_layout("gloo", 4, 1, 6, {2, 0, 3, 1}, 9, {4, 0, 0, 5});
+  EXPECT_EQ(l.in_offsets, (std::vector<size_t>{0, 2, 2, 5, 6}));
+  EXPECT_EQ(l.out_offsets, (std::vector<size_t>{0, 4, 4, 4, 9}));
+  // Nothing at all to move is fine, including the kept block.
+  const auto none = all_to_all_layout("mpi", 2, 0, 0, {0, 0}, 0, {0, 0});
+  EXPECT_EQ(none.in_offsets, (std::vector<size_t>{0, 0, 0}));
+}
+
+TEST(AllToAllLayout, BadCountsAreNamedWithTheRank) {
+  std::string msg = error_of([] { all_to_all_layout("gloo", 3, 2, 3, {1, 2}, 3, {1, 1, 1}); });
+  EXPECT_NE(msg.find("gloo all_to_all on rank 2: in_counts has 2 counts, expected one per rank "
+                     "(3)"),
+            std::string::npos)
+      << msg;
+  msg = error_of([] { all_to_all_layout("mpi", 2, 0, 2, {1, 1}, 2, {1, 1, 0}); });
+  EXPECT_NE(msg.find("out_counts has 3 counts"), std::string::npos) << msg;
+  msg = error_of([] { all_to_all_layout("gloo", 2, 0, 1, {2, -1}, 2, {2, 0}); });
+  EXPECT_NE(msg.find("in_counts[1] = -1 is negative"), std::string::npos) << msg;
+  msg = error_of([] { all_to_all_layout("gloo", 2, 0, 5, {1, 3}, 2, {1, 1}); });
+  EXPECT_NE(msg.find("in_counts add up to 4 elements but the buffer holds 5"), std::string::npos)
+      << msg;
+  msg = error_of([] { all_to_all_layout("gloo", 2, 1, 2, {1, 1}, 3, {1, 2}); });
+  EXPECT_NE(msg.find("the block kept here differs in size: in_counts[1] = 1, out_counts[1] = 2"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(SplitMembers, SameColorOrderedByKeyThenRank) {
+  //                     rank: 0  1  2  3  4   5
+  const std::vector<int> colors{0, 1, 0, 1, -1, 0};
+  const std::vector<int> keys{5, 0, 5, 1, 0, 2};
+  EXPECT_EQ(split_members(colors, keys, 0), (std::vector<int>{5, 0, 2}));  // 0 and 2 tie: rank
+  EXPECT_EQ(split_members(colors, keys, 2), (std::vector<int>{5, 0, 2}));
+  EXPECT_EQ(split_members(colors, keys, 3), (std::vector<int>{1, 3}));
+  EXPECT_TRUE(split_members(colors, keys, 4).empty());  // a negative color: no group
+  // Keys reversing the order.
+  EXPECT_EQ(split_members({0, 0, 0, 0}, {4, 3, 2, 1}, 1), (std::vector<int>{3, 2, 1, 0}));
+}
+
+TEST(SplitMembers, EveryRankLandsInExactlyOneConsistentGroup) {
+  uint32_t seed = 12345;
+  auto next = [&](int n) {
+    seed = seed * 1103515245u + 12345u;
+    return static_cast<int>((seed >> 16) % static_cast<uint32_t>(n));
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    const int world = 1 + next(9);
+    std::vector<int> colors(static_cast<size_t>(world)), keys(colors.size());
+    for (int r = 0; r < world; ++r) {
+      colors[static_cast<size_t>(r)] = next(4) - 1;  // -1 .. 2
+      keys[static_cast<size_t>(r)] = next(3);
+    }
+    for (int r = 0; r < world; ++r) {
+      const auto members = split_members(colors, keys, r);
+      const int color = colors[static_cast<size_t>(r)];
+      if (color < 0) {
+        EXPECT_TRUE(members.empty());
+        continue;
+      }
+      // Every member of my group computes the same list, and it holds every rank of my color.
+      int with_color = 0;
+      for (int q = 0; q < world; ++q) with_color += colors[static_cast<size_t>(q)] == color;
+      EXPECT_EQ(members.size(), static_cast<size_t>(with_color));
+      EXPECT_EQ(std::count(members.begin(), members.end(), r), 1);
+      for (int q : members) EXPECT_EQ(split_members(colors, keys, q), members);
+      for (size_t i = 1; i < members.size(); ++i) {
+        const auto a = static_cast<size_t>(members[i - 1]), b = static_cast<size_t>(members[i]);
+        EXPECT_TRUE(keys[a] < keys[b] || (keys[a] == keys[b] && a < b));
+      }
+    }
+  }
+  EXPECT_EQ(split_name("train", 2, 1), "train.split2.c1");
 }
 
 TEST(Half, Fp16RoundTripsEveryValue) {

@@ -5,6 +5,10 @@
 //           against a closed form; exit 0 if all match, 1 otherwise (mismatches on stderr).
 //   kill:   allreduce in a loop; rank DNALLM_TEST_VICTIM SIGKILLs itself during one; the
 //           survivors must get Error(kPeerFailed): print it and exit 4.
+//   groups: split (two halves; keys reversing the order; a rank in no group), all_to_all
+//           with uneven and empty blocks in every dtype, send / recv (a ring, tags out of
+//           order, a recv whose send comes late), each result checked element by element;
+//           exit 0 and "groups OK" if all match, 1 otherwise.
 #include <signal.h>
 #include <unistd.h>
 
@@ -169,6 +173,249 @@ void run_matrix(Communicator& comm) {
             << cases << " cases OK\n";
 }
 
+// ---------------------------------------------------------------- groups mode
+
+// all_to_all element `idx` of the block that rank `src` sends to rank `dst`: exact in every
+// dtype for world <= 4 (at most 127) as long as blocks hold at most 8 elements.
+double a2a_value(int world, int src, int dst, size_t idx) {
+  return static_cast<double>((src * world + dst) * 8) + static_cast<double>(idx);
+}
+
+// Runs one all_to_all where rank src sends count(src, dst) elements to dst; checks every
+// element received.
+template <typename Count>
+void check_all_to_all(Communicator& comm, DType t, Count count, const std::string& what,
+                      Checker& check) {
+  const int me = comm.rank();
+  const int world = comm.world_size();
+  const size_t es = dtype_size(t);
+  std::vector<int64_t> in_counts(static_cast<size_t>(world)), out_counts(in_counts);
+  size_t n_in = 0, n_out = 0;
+  for (int p = 0; p < world; ++p) {
+    in_counts[static_cast<size_t>(p)] = count(me, p);
+    out_counts[static_cast<size_t>(p)] = count(p, me);
+    n_in += static_cast<size_t>(count(me, p));
+    n_out += static_cast<size_t>(count(p, me));
+  }
+  std::vector<uint8_t> in(n_in * es + 1), out(n_out * es + 1);
+  size_t at = 0;
+  for (int p = 0; p < world; ++p)
+    for (int64_t i = 0; i < count(me, p); ++i)
+      store_element(t, in.data(), at++, a2a_value(world, me, p, static_cast<size_t>(i)));
+  for (size_t i = 0; i < n_out; ++i) store_element(t, out.data(), i, -1);
+  comm.all_to_all(BufferView{n_in ? in.data() : nullptr, n_in, t, {}}, in_counts,
+                  BufferView{n_out ? out.data() : nullptr, n_out, t, {}}, out_counts)
+      ->wait();
+  at = 0;
+  for (int p = 0; p < world; ++p)
+    for (int64_t i = 0; i < count(p, me); ++i, ++at) {
+      const double got = load_element(t, out.data(), at);
+      const double want = a2a_value(world, p, me, static_cast<size_t>(i));
+      check.expect(got == want, "all_to_all " + what + " " + dtype_name(t) + " from rank " +
+                                    std::to_string(p) + " i=" + std::to_string(i) + " got " +
+                                    std::to_string(got) + " want " + std::to_string(want));
+    }
+}
+
+void run_splits(Communicator& comm, Checker& check) {
+  const int me = comm.rank();
+  const int world = comm.world_size();
+  // Two halves (2 groups of 2 out of 4): an allreduce in each sums over its half only.
+  const int color = me * 2 / world;
+  auto half = comm.split(color, 0);
+  check.expect(half != nullptr, "split: no communicator for color " + std::to_string(color));
+  if (half) {
+    std::vector<int> members;
+    for (int r = 0; r < world; ++r)
+      if (r * 2 / world == color) members.push_back(r);
+    check.expect(half->world_size() == static_cast<int>(members.size()) &&
+                     half->rank() == me - members.front(),
+                 "split halves: rank " + std::to_string(half->rank()) + " of " +
+                     std::to_string(half->world_size()));
+    std::vector<float> buf(1031);
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(value(me, i));
+    half->allreduce(BufferView{buf.data(), buf.size(), DType::kFloat32, {}}, ReduceOp::kSum)
+        ->wait();
+    for (size_t i = 0; i < buf.size(); ++i) {
+      double want = 0;
+      for (int r : members) want += value(r, i);
+      check.expect(buf[i] == static_cast<float>(want),
+                   "allreduce in half " + std::to_string(color) + " i=" + std::to_string(i) +
+                       " got " + std::to_string(buf[i]) + " want " + std::to_string(want));
+    }
+    // A ring inside the group: its ranks, not the parent's.
+    if (half->world_size() > 1) {
+      const int hr = half->rank(), hw = half->world_size();
+      std::vector<int32_t> out(5), in(5, -1);
+      for (size_t i = 0; i < out.size(); ++i) out[i] = me * 100 + static_cast<int32_t>(i);
+      auto s = half->send(BufferView{out.data(), out.size(), DType::kInt32, {}}, (hr + 1) % hw, 0);
+      half->recv(BufferView{in.data(), in.size(), DType::kInt32, {}}, (hr + hw - 1) % hw, 0)
+          ->wait();
+      s->wait();
+      const int left = members[static_cast<size_t>((hr + hw - 1) % hw)];
+      for (size_t i = 0; i < in.size(); ++i)
+        check.expect(in[i] == left * 100 + static_cast<int32_t>(i), "ring in half");
+    }
+  }
+  // Keys reversing the order: new rank = world - 1 - rank; an allgather shows the order.
+  auto reversed = comm.split(7, world - me);
+  check.expect(reversed && reversed->rank() == world - 1 - me && reversed->world_size() == world,
+               "split with reversed keys");
+  if (reversed) {
+    std::vector<int64_t> all(static_cast<size_t>(world), -1);
+    int64_t mine = me;
+    reversed
+        ->allgather(BufferView{&mine, 1, DType::kInt64, {}},
+                    BufferView{all.data(), all.size(), DType::kInt64, {}})
+        ->wait();
+    for (int i = 0; i < world; ++i)
+      check.expect(all[static_cast<size_t>(i)] == world - 1 - i,
+                   "reversed group's rank " + std::to_string(i) + " is parent rank " +
+                       std::to_string(all[static_cast<size_t>(i)]));
+  }
+  // A negative color joins no group; the others carry on without rank 0.
+  auto rest = comm.split(me == 0 ? -1 : 3, me);
+  if (me == 0) {
+    check.expect(rest == nullptr, "negative color gave a communicator");
+  } else {
+    check.expect(rest && rest->world_size() == world - 1 && rest->rank() == me - 1,
+                 "split without rank 0");
+    if (rest) {
+      int64_t one = me;
+      rest->allreduce(BufferView{&one, 1, DType::kInt64, {}}, ReduceOp::kSum)->wait();
+      check.expect(one == static_cast<int64_t>(world) * (world - 1) / 2,
+                   "allreduce without rank 0: " + std::to_string(one));
+    }
+  }
+  // The parent still works after its splits, with sub-groups alive beside it.
+  int64_t total = 1;
+  comm.allreduce(BufferView{&total, 1, DType::kInt64, {}}, ReduceOp::kSum)->wait();
+  check.expect(total == world, "parent allreduce after splits");
+}
+
+void run_all_to_alls(Communicator& comm, Checker& check) {
+  const int world = comm.world_size();
+  for (DType t : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kInt64,
+                  DType::kFloat64, DType::kInt32, DType::kUInt8, DType::kInt8}) {
+    // Rank r sends r + p + 1 elements to peer p.
+    check_all_to_all(
+        comm, t, [](int src, int dst) { return static_cast<int64_t>(src + dst + 1); }, "uneven",
+        check);
+    // Empty blocks: nothing to the next rank, nothing kept on rank 1, rank 0 sends nothing.
+    check_all_to_all(
+        comm, t,
+        [world](int src, int dst) -> int64_t {
+          if (src == 0 || dst == (src + 1) % world || (src == 1 && dst == 1)) return 0;
+          return src + dst + 1;
+        },
+        "with empty blocks", check);
+  }
+}
+
+void run_send_recv(Communicator& comm, bool has_store, Checker& check) {
+  const int me = comm.rank();
+  const int world = comm.world_size();
+  if (world < 2) return;
+  // A ring: every rank issues its send first. Would deadlock if a send waited for its
+  // peer's recv before the recv was posted.
+  for (DType t : {DType::kFloat32, DType::kBFloat16, DType::kInt64, DType::kUInt8}) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{100003}}) {
+      const size_t es = dtype_size(t);
+      std::vector<uint8_t> out(n * es + 1), in(n * es + 1);
+      for (size_t i = 0; i < n; ++i) store_element(t, out.data(), i, (me + 1) * ((i % 50) + 1));
+      for (size_t i = 0; i < n; ++i) store_element(t, in.data(), i, -1);
+      const int right = (me + 1) % world, left = (me + world - 1) % world;
+      auto s = comm.send(BufferView{out.data(), n, t, {}}, right, 5);
+      auto r = comm.recv(BufferView{in.data(), n, t, {}}, left, 5);
+      r->wait();
+      s->wait();
+      check.expect(r->is_completed() && s->is_completed(), "ring works not completed");
+      for (size_t i = 0; i < n; ++i) {
+        const double want = (left + 1) * static_cast<double>((i % 50) + 1);
+        const double got = load_element(t, in.data(), i);
+        check.expect(got == want,  // at most 200: exact in every dtype here
+                     std::string("ring ") + dtype_name(t) + " n=" + std::to_string(n) +
+                         " i=" + std::to_string(i) + " got " + std::to_string(got));
+      }
+    }
+  }
+  // Tags: rank 0 sends A (tag 1), B (tag 2), C (tag 1) to rank 1, which receives tag 2
+  // first: tags pick the message, and the same tag keeps issue order.
+  if (me == 0) {
+    int64_t a = 111, b = 222, c = 333;
+    std::vector<WorkPtr> works;
+    works.push_back(comm.send(BufferView{&a, 1, DType::kInt64, {}}, 1, 1));
+    works.push_back(comm.send(BufferView{&b, 1, DType::kInt64, {}}, 1, 2));
+    works.push_back(comm.send(BufferView{&c, 1, DType::kInt64, {}}, 1, 1));
+    for (auto& w : works) w->wait();
+  } else if (me == 1) {
+    int64_t x = 0, y = 0, z = 0;
+    auto wx = comm.recv(BufferView{&x, 1, DType::kInt64, {}}, 0, 2);
+    auto wy = comm.recv(BufferView{&y, 1, DType::kInt64, {}}, 0, 1);
+    auto wz = comm.recv(BufferView{&z, 1, DType::kInt64, {}}, 0, 1);
+    wz->wait();
+    wy->wait();
+    wx->wait();
+    check.expect(x == 222 && y == 111 && z == 333, "tag order: got " + std::to_string(x) + " " +
+                                                       std::to_string(y) + " " + std::to_string(z));
+  }
+  // A recv whose send is not issued yet: not completed, a short wait names the peer and
+  // the tag; the send comes after a barrier and the recv completes.
+  int64_t late = 0;
+  WorkPtr pending;
+  if (me == 1) {
+    pending = comm.recv(BufferView{&late, 1, DType::kInt64, {}}, 0, 9);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    check.expect(!pending->is_completed(), "recv completed without a send");
+    try {
+      pending->wait(std::chrono::milliseconds(200));
+      check.expect(false, "wait on an unmatched recv returned");
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      check.expect(e.code() == ExitCode::kPeerFailed, "unmatched recv: wrong exit code");
+      check.expect(msg.find("recv from rank 0 tag 9") != std::string::npos &&
+                       msg.find("did not complete within 200 ms on rank 1") != std::string::npos &&
+                       msg.find(has_store ? "rank 0 is alive but posted no matching send"
+                                          : "no coordinator store to tell whether rank 0") !=
+                           std::string::npos,
+                   "unmatched recv message: " + msg);
+    }
+  }
+  comm.barrier()->wait();
+  if (me == 0) {
+    int64_t v = 999;
+    comm.send(BufferView{&v, 1, DType::kInt64, {}}, 1, 9)->wait();
+  } else if (me == 1) {
+    pending->wait();
+    check.expect(late == 999, "late recv got " + std::to_string(late));
+  }
+  // Argument checks fail before anything is queued (and the communicator stays usable).
+  int64_t dummy = 0;
+  try {
+    comm.send(BufferView{&dummy, 1, DType::kInt64, {}}, me, 0);
+    check.expect(false, "send to self accepted");
+  } catch (const Error& e) {
+    check.expect(std::string(e.what()).find("is not another rank") != std::string::npos,
+                 std::string("send to self: ") + e.what());
+  }
+}
+
+// `has_store`: the ranks share a coordinator store (gloo; mpi under mpirun has none).
+int run_groups(Communicator& comm, bool has_store) {
+  Checker check{comm.rank()};
+  run_all_to_alls(comm, check);
+  run_send_recv(comm, has_store, check);
+  run_splits(comm, check);
+  comm.barrier()->wait();
+  if (check.failures > 0) {
+    std::cerr << "rank " << comm.rank() << ": " << check.failures << " mismatches\n";
+    return 1;
+  }
+  std::cout << "rank " << comm.rank() << " backend " << comm.backend() << " world "
+            << comm.world_size() << ": groups OK\n";
+  return 0;
+}
+
 int run_kill(Communicator& comm) {
   const int victim = env_int("DNALLM_TEST_VICTIM", 1);
   std::vector<float> buf(1 << 20, 1.0f);
@@ -234,6 +481,7 @@ int main() {
     set_log_identity(comm->rank());
     const char* mode = std::getenv("DNALLM_TEST_MODE");
     if (mode && std::string(mode) == "kill") return run_kill(*comm);
+    if (mode && std::string(mode) == "groups") return run_groups(*comm, o.store != nullptr);
     run_matrix(*comm);
     return 0;
   } catch (const Error& e) {

@@ -18,12 +18,14 @@ using namespace std::chrono_literals;
 
 class ScriptedBackend final : public detail::QueuedCommunicator {
  public:
-  ScriptedBackend(const CommOptions& o)
+  explicit ScriptedBackend(const CommOptions& o, const std::vector<int>& parent_ranks = {})
       : QueuedCommunicator(o, o.rank, o.world_size, "fake", true) {
+    if (!parent_ranks.empty()) set_parent_ranks(parent_ranks);
     start_worker();
   }
   ~ScriptedBackend() override {
     release();
+    release_transfers(1 << 30);
     stop_worker();
   }
   void release() {
@@ -33,10 +35,26 @@ class ScriptedBackend final : public detail::QueuedCommunicator {
     }
     cv_.notify_all();
   }
+  // Transfers posted so far with index < n complete (the n-th fails if fail_transfer == it).
+  void release_transfers(int n) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      transfers_released_ = n;
+    }
+    cv_.notify_all();
+  }
   std::atomic<int> fail_at{-1};  // throw in the n-th collective (0-based)
   bool block = false;            // the next collective blocks until release()
   std::vector<int> order;        // worker thread only; read after wait()
   int failures_cleaned = 0;
+  std::atomic<int> fail_transfer{-1};    // the n-th transfer (0-based) fails
+  std::vector<std::string> posted;       // guarded by mutex_: "send 1 3" = send to 1, tag 3
+  std::vector<std::string> split_names;  // worker thread only; read after split()
+
+  std::vector<std::string> posted_so_far() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return posted;
+  }
 
  protected:
   void step(const BufferView& b) {
@@ -58,13 +76,55 @@ class ScriptedBackend final : public detail::QueuedCommunicator {
   void run_allgather(const BufferView& in, const BufferView&, uint32_t) override { step(in); }
   void run_broadcast(const BufferView& b, int, uint32_t) override { step(b); }
   void run_barrier(uint32_t) override { step(BufferView{}); }
+  void run_all_to_all(const BufferView& in, const BufferView&, const AllToAllLayout&,
+                      uint32_t) override {
+    step(in);
+  }
+
+  class ScriptedTransfer final : public PostedTransfer {
+   public:
+    ScriptedTransfer(ScriptedBackend& owner, int index) : owner_(owner), index_(index) {}
+    void wait_until(std::chrono::steady_clock::time_point deadline) override {
+      std::unique_lock<std::mutex> lock(owner_.mutex_);
+      if (!owner_.cv_.wait_until(lock, deadline,
+                                 [&] { return owner_.transfers_released_ > index_; }))
+        throw std::runtime_error("scripted transfer timed out");
+      if (owner_.fail_transfer == index_) throw std::runtime_error("transport says: peer reset");
+    }
+
+   private:
+    ScriptedBackend& owner_;
+    int index_;
+  };
+  std::unique_ptr<PostedTransfer> post(const char* what, const BufferView& b, int peer, int tag) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    posted.push_back(fmt::format("{} {} {}", what, peer, tag));
+    if (b.data) order.push_back(*static_cast<int*>(b.data));
+    return std::make_unique<ScriptedTransfer>(*this, static_cast<int>(posted.size()) - 1);
+  }
+  std::unique_ptr<PostedTransfer> post_send(const BufferView& b, int peer, int tag) override {
+    return post("send", b, peer, tag);
+  }
+  std::unique_ptr<PostedTransfer> post_recv(const BufferView& b, int peer, int tag) override {
+    return post("recv", b, peer, tag);
+  }
+  std::unique_ptr<Communicator> run_split(int color, int, const std::string& name) override {
+    split_names.push_back(name);
+    if (color < 0) return nullptr;
+    CommOptions o = options();
+    o.name = name;
+    o.rank = 0;
+    o.world_size = 2;
+    return std::make_unique<ScriptedBackend>(o, std::vector<int>{rank(), rank() + 1});
+  }
   void on_failure() override { ++failures_cleaned; }
 
  private:
   int calls_ = 0;
   std::mutex mutex_;
   std::condition_variable cv_;
-  bool blocked_ = false;  // guarded by mutex_
+  bool blocked_ = false;        // guarded by mutex_
+  int transfers_released_ = 0;  // guarded by mutex_
 };
 
 CommOptions options(std::shared_ptr<coordinator::Store> store, int rank = 0, int world = 3) {
@@ -173,6 +233,152 @@ TEST(QueuedCommunicator, ChecksShapesBeforeQueueing) {
   comm.reduce_scatter(BufferView{in.data(), 7, DType::kFloat32, {}},
                       BufferView{out.data(), 2, DType::kFloat32, {}}, ReduceOp::kSum)
       ->wait();
+}
+
+// Note [Posted transfers]: the worker posts and goes on; the completion thread completes.
+TEST(QueuedCommunicator, TransfersArePostedInIssueOrderAndDoNotHoldTheWorker) {
+  auto store = std::make_shared<coordinator::InMemoryStore>();
+  ScriptedBackend comm(options(store));
+  int a = 1, b = 2, c = 3;
+  auto s = comm.send(BufferView{&a, 1, DType::kInt32, {}}, 1, 3);
+  auto r = comm.recv(BufferView{&b, 1, DType::kInt32, {}}, 2, 4);
+  // A collective issued after them runs although neither transfer has completed.
+  comm.allreduce(BufferView{&c, 1, DType::kInt32, {}}, ReduceOp::kSum)->wait(5s);
+  EXPECT_EQ(comm.posted_so_far(), (std::vector<std::string>{"send 1 3", "recv 2 4"}));
+  EXPECT_FALSE(s->is_completed());
+  EXPECT_FALSE(r->is_completed());
+  comm.release_transfers(1);
+  s->wait(5s);
+  EXPECT_FALSE(r->is_completed());
+  comm.release_transfers(2);
+  r->wait(5s);
+  EXPECT_TRUE(r->is_completed());
+  EXPECT_EQ(comm.order, (std::vector<int>{1, 2, 3}));  // posted in issue order
+}
+
+TEST(QueuedCommunicator, UnmatchedTransferNamesThePeerAndTag) {
+  auto store = std::make_shared<coordinator::InMemoryStore>();
+  store->set("comm/unit/alive/2", {});
+  ScriptedBackend comm(options(store));
+  int v = 0;
+  auto r = comm.recv(BufferView{&v, 1, DType::kInt32, {}}, 2, 4);
+  try {
+    r->wait(200ms);
+    FAIL() << "an unmatched recv completed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kPeerFailed);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("fake recv from rank 2 tag 4 #1 did not complete within 200 ms on rank 0"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("rank 2 is alive but posted no matching send"), std::string::npos) << msg;
+  }
+  // A short wait is not a failure: the transfer still completes.
+  comm.release_transfers(1);
+  r->wait(5s);
+  // Unlike a collective's, a transfer's diagnosis records no failure key.
+  EXPECT_FALSE(store->check({"comm/unit/failed/0"}));
+}
+
+TEST(QueuedCommunicator, FailedTransferBreaksTheCommunicatorNamingTheDeadPeer) {
+  auto store = std::make_shared<coordinator::InMemoryStore>();
+  ScriptedBackend comm(options(store));  // no alive key for rank 1: it died
+  comm.fail_transfer = 0;
+  int a = 1, c = 3;
+  auto s = comm.send(BufferView{&a, 1, DType::kInt32, {}}, 1, 0);
+  comm.release_transfers(1);
+  try {
+    s->wait(5s);
+    FAIL() << "the scripted transfer failure did not surface";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kPeerFailed);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("fake send to rank 1 tag 0 #1 failed on rank 0@"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1 died (its coordinator connection closed)"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("peer reset"), std::string::npos) << msg;
+  }
+  // Broken: later collectives and transfers fail with that first error, without running.
+  try {
+    comm.allreduce(BufferView{&c, 1, DType::kInt32, {}}, ReduceOp::kSum)->wait(5s);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fake send to rank 1 tag 0 #1 failed"), std::string::npos);
+  }
+  EXPECT_THROW(comm.recv(BufferView{&c, 1, DType::kInt32, {}}, 2, 0)->wait(5s), Error);
+  EXPECT_EQ(comm.order, std::vector<int>{1});
+  EXPECT_EQ(comm.failures_cleaned, 1);
+}
+
+TEST(QueuedCommunicator, ChecksTransferAndAllToAllArgumentsBeforeQueueing) {
+  auto store = std::make_shared<coordinator::InMemoryStore>();
+  ScriptedBackend comm(options(store, 1, 3));
+  std::vector<float> buf(8);
+  const BufferView v{buf.data(), 4, DType::kFloat32, {}};
+  auto message = [](auto fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message([&] { comm.send(v, 1, 0); })
+                .find("fake send on rank 1: peer 1 is not "
+                      "another rank of this communicator (world "
+                      "size 3)"),
+            std::string::npos);
+  EXPECT_NE(message([&] { comm.recv(v, 3, 0); }).find("peer 3 is not another rank"),
+            std::string::npos);
+  EXPECT_NE(message([&] { comm.recv(v, 0, -2); }).find("fake recv on rank 1: tag -2 outside"),
+            std::string::npos);
+  EXPECT_THROW(
+      comm.send(BufferView{buf.data(), 4, DType::kFloat32, Device{DeviceType::kCUDA, 0}}, 0, 0),
+      Error);
+  // all_to_all: one count per rank; no overlap between input and output.
+  EXPECT_NE(
+      message([&] {
+        comm.all_to_all(v, {2, 2}, BufferView{buf.data() + 4, 4, DType::kFloat32, {}}, {2, 2});
+      }).find("fake all_to_all on rank 1: in_counts has 2 counts, expected one per rank (3)"),
+      std::string::npos);
+  EXPECT_NE(message([&] {
+              comm.all_to_all(v, {1, 2, 1}, BufferView{buf.data() + 2, 4, DType::kFloat32, {}},
+                              {1, 2, 1});
+            }).find("input and output overlap"),
+            std::string::npos);
+  EXPECT_TRUE(comm.posted_so_far().empty());
+  EXPECT_TRUE(comm.order.empty());
+  // Well-formed: queued and run.
+  std::vector<int> ints(8, 7);
+  comm.all_to_all(BufferView{ints.data(), 4, DType::kInt32, {}}, {1, 2, 1},
+                  BufferView{ints.data() + 4, 4, DType::kInt32, {}}, {1, 2, 1})
+      ->wait(5s);
+  EXPECT_EQ(comm.order, std::vector<int>{7});
+}
+
+TEST(QueuedCommunicator, SplitNamesItsGroupsAndTheirErrorsNameTheParentRanks) {
+  auto store = std::make_shared<coordinator::InMemoryStore>();
+  ScriptedBackend comm(options(store, 1, 3));
+  auto sub = comm.split(3, 0);
+  ASSERT_NE(sub, nullptr);
+  EXPECT_EQ(comm.split(-1, 0), nullptr);
+  EXPECT_EQ(comm.split_names, (std::vector<std::string>{"unit.split1.c3", "unit.split2.c-1"}));
+  // The sub-group publishes its own alive key, under its own name.
+  EXPECT_TRUE(store->check({"comm/unit.split1.c3/alive/0"}));
+  auto& scripted = dynamic_cast<ScriptedBackend&>(*sub);
+  scripted.fail_at = 0;
+  try {
+    sub->barrier()->wait(5s);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "fake barrier (group unit.split1.c3 of parent ranks 1, 2) #1 failed on rank 0"),
+              std::string::npos)
+        << e.what();
+  }
+  // The parent is not broken by its sub-group's failure.
+  int x = 5;
+  comm.broadcast(BufferView{&x, 1, DType::kInt32, {}}, 0)->wait(5s);
 }
 
 }  // namespace
