@@ -440,6 +440,14 @@ TEST_F(Resume, Zero3StoppedAndResumedIsBitIdentical) {
     EXPECT_EQ(second.losses.at(step), straight.losses.at(step)) << "step " << step;
   }
   expect_bit_identical(straight, second, "ZeRO-3 2 ranks, resumed at step 4");
+  // dnallm-ckpt export assembles the model from the ranks' pieces, a tensor at a time: the
+  // same weights the first run exported at step 4.
+  ASSERT_EQ(run_command(fmt::format("{}dnallm-ckpt export {}/ckpt/step_000000004 --out {}/exported",
+                                    kBin, dir, dir)),
+            0);
+  TrainRun exported;
+  exported.params = read_safetensors_f32(dir + "/exported/model.safetensors");
+  expect_bit_identical(first, exported, "dnallm-ckpt export of the ZeRO-3 checkpoint at step 4");
 }
 
 }  // namespace
