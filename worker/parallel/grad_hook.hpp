@@ -33,10 +33,9 @@ inline GradAccumulator on_gradient_ready(const torch::Tensor& param, std::weak_p
     std::function<void()> fn_;
   };
   auto acc = torch::autograd::impl::grad_accumulator(param);
-  acc->add_post_hook(std::make_unique<Hook>(
-      [alive = std::move(alive), ready = std::move(ready)] {
-        if (auto a = alive.lock(); a && *a) ready();
-      }));
+  acc->add_post_hook(std::make_unique<Hook>([alive = std::move(alive), ready = std::move(ready)] {
+    if (auto a = alive.lock(); a && *a) ready();
+  }));
   return acc;
 }
 
