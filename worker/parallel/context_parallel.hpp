@@ -1,0 +1,83 @@
+// Context parallelism for Hyena at the operator level (issue 26, item 4): one sequence of
+// length L split over the C ranks of a context group, rank r holding the contiguous positions
+// [r L / C, (r + 1) L / C) of every channel ("sequence shard", [B, L / C, D]).
+//
+// Note [Hyena context parallelism]
+// The two parts of the Hyena operator (Note [Hyena] in worker/models/hyena/hyena.hpp) need
+// different neighbours:
+//  - the short depthwise causal conv (kernel K = 3) reads the K - 1 positions before each
+//    one: a shard needs only the previous rank's last K - 1 positions (causal_halo), sent
+//    point to point; the conv then runs on [halo + L / C] positions without padding.
+//  - the FFT long convolution reads the whole sequence of a channel, and no distributed FFT
+//    is worth having (sharding.md: Savanna and NeMo do the same). So an all-to-all turns the
+//    sequence shard into a channel shard [B, L, D / C] (every position of channels
+//    [r D / C, (r + 1) D / C)), each rank runs the model's own fft_long_conv on its channels
+//    with their rows of the filter and bias, and a second all-to-all turns the result back.
+// Every function here is an autograd Function whose backward is the transposed
+// communication: the backward of sequence_to_channels is channels_to_sequence of the
+// gradient and vice versa; the halo's gradient goes back to the rank it came from.
+//
+// Contracts (every function):
+//  - Collective over `group` (all_to_all or send/recv with the neighbours): called by every
+//    rank of the group, in the same order, with the same B, D and positions per rank (not
+//    checked across ranks: a mismatch fails in the communicator). The backward of the graph
+//    must run on every rank too (it communicates the same way).
+//  - Blocks the calling thread until its communication is done (Work::wait()), in forward
+//    and in backward; fails after the communicator's timeout like any collective.
+//  - `group` must outlive the backward of every tensor these functions return (the autograd
+//    node keeps a pointer to it).
+//  - Any dtype the communicator carries; tensors on the device the communicator reads (a gloo
+//    group needs CPU tensors: the staging communicator of device_group.hpp forwards neither
+//    all_to_all nor send/recv). Shapes are checked before any communication, so a bad shape
+//    fails on every rank alike with Error(kUsage) instead of hanging.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+#include "comm/communicator.hpp"
+
+namespace dnallm::parallel {
+
+// Point-to-point tags of causal_halo (Communicator::send/recv): the forward's positions and
+// the backward's gradients. Other users of send/recv on a context group should use others.
+constexpr int kHaloTag = 0x4859;  // 'H' 'Y'
+constexpr int kHaloGradTag = 0x4860;
+
+// The channels [first, last) that `rank` of a group of `world_size` holds after
+// sequence_to_channels. `channels` must be divisible by `world_size` (Error(kUsage)).
+struct ChannelBlock {
+  int64_t first = 0;
+  int64_t last = 0;
+  int64_t count() const { return last - first; }
+};
+ChannelBlock channel_block(int64_t channels, int world_size, int rank);
+
+// x [B, L / C, D] (this rank's positions, every channel) -> [B, L, D / C] (every position,
+// channel_block(D, C, rank)), by one all_to_all. D must be divisible by C.
+torch::Tensor sequence_to_channels(const torch::Tensor& x, comm::Communicator& group);
+
+// The inverse: y [B, L, D / C] -> [B, L / C, D]. L must be divisible by C.
+torch::Tensor channels_to_sequence(const torch::Tensor& y, comm::Communicator& group);
+
+// x [B, L / C, D] -> [B, halo + L / C, D]: the previous rank's last `halo` positions, then x
+// (rank 0: zeros, the causal conv's left padding). 0 <= halo <= L / C. Each rank posts its
+// recv (from rank - 1) before its send (to rank + 1), in forward and backward (the reverse
+// direction), which cannot deadlock on any backend (a chain, not a ring). Backward: the
+// gradient of the halo rows is sent back to rank - 1 and added to its last `halo` positions.
+// With halo = K - 1, a depthwise causal conv of kernel K on the result without padding
+// equals the whole-sequence conv (padding K - 1, first L outputs) restricted to this shard.
+torch::Tensor causal_halo(const torch::Tensor& x, int64_t halo, comm::Communicator& group);
+
+// The Hyena long convolution of a sequence shard, context-parallel (Note [Hyena context
+// parallelism]): u [B, L / C, D] -> [B, L / C, D], equal to
+// models::hyena::fft_long_conv(u_whole.transpose(1, 2), k, bias).transpose(1, 2) restricted
+// to this rank's positions. k is the filter [D, L] and bias its D term [D], both whole (only
+// rows channel_block(D, C, rank) are read, so only they get gradients: summed over the group
+// they are the whole gradient), or already this rank's rows ([D / C, L] and [D / C]: compute
+// only those, e.g. with HyenaFilterImpl::channels).
+torch::Tensor context_parallel_long_conv(const torch::Tensor& u, const torch::Tensor& k,
+                                         const torch::Tensor& bias, comm::Communicator& group);
+
+}  // namespace dnallm::parallel
