@@ -26,10 +26,11 @@
 //    and in backward; fails after the communicator's timeout like any collective.
 //  - `group` must outlive the backward of every tensor these functions return (the autograd
 //    node keeps a pointer to it).
-//  - Any dtype the communicator carries; tensors on the device the communicator reads (a gloo
-//    group needs CPU tensors: the staging communicator of device_group.hpp forwards neither
-//    all_to_all nor send/recv). Shapes are checked before any communication, so a bad shape
-//    fails on every rank alike with Error(kUsage) instead of hanging.
+//  - Any dtype the communicator carries; tensors on the device the communicator reads (CUDA
+//    tensors over gloo go through the staging communicator of device_group.hpp, which stages
+//    all_to_all and send/recv too, completing them in issue order). Shapes are checked before
+//    any communication, so a bad shape fails on every rank alike with Error(kUsage) instead
+//    of hanging.
 #pragma once
 
 #include <torch/torch.h>

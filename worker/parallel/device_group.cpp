@@ -200,6 +200,60 @@ class StagingCommunicator final : public comm::Communicator {
     return direct("barrier", [this] { return inner_->barrier(); });
   }
 
+  // One staging buffer holds `in` then `out`: the exchange runs between its two halves.
+  comm::WorkPtr all_to_all(BufferView in, const std::vector<int64_t>& in_counts, BufferView out,
+                           const std::vector<int64_t>& out_counts) override {
+    if (!needs_staging(in) && !needs_staging(out)) {
+      return direct("all_to_all",
+                    [=, this] { return inner_->all_to_all(in, in_counts, out, out_counts); });
+    }
+    const auto n_in = static_cast<int64_t>(in.count);
+    return staged("all_to_all", in, 0, in.count + out.count, out, n_in,
+                  [this, in_counts, out_counts, n_in](const torch::Tensor& s) {
+                    const DType t = dtype_of(s);
+                    return inner_->all_to_all(buffer_view(s, 0, n_in, t), in_counts,
+                                              buffer_view(s, n_in, s.numel() - n_in, t),
+                                              out_counts);
+                  });
+  }
+
+  // Point to point completes in issue order here, like every staged operation: a rank whose
+  // send waits for a peer that first waits for its own send deadlocks, so post receives
+  // before sends (a chain, as causal_halo in context_parallel.hpp does).
+  comm::WorkPtr send(BufferView buf, int peer, int tag) override {
+    if (!needs_staging(buf)) {
+      return direct("send", [=, this] { return inner_->send(buf, peer, tag); });
+    }
+    BufferView nothing = buf;
+    nothing.count = 0;  // nothing comes back
+    return staged("send", buf, 0, buf.count, nothing, 0, [this, peer, tag](const torch::Tensor& s) {
+      return inner_->send(buffer_view(s, 0, s.numel(), dtype_of(s)), peer, tag);
+    });
+  }
+
+  comm::WorkPtr recv(BufferView buf, int peer, int tag) override {
+    if (!needs_staging(buf)) {
+      return direct("recv", [=, this] { return inner_->recv(buf, peer, tag); });
+    }
+    BufferView nothing = buf;
+    nothing.count = 0;  // nothing to send
+    return staged("recv", nothing, 0, buf.count, buf, 0, [this, peer, tag](const torch::Tensor& s) {
+      return inner_->recv(buffer_view(s, 0, s.numel(), dtype_of(s)), peer, tag);
+    });
+  }
+
+  // A collective like the others: issued after everything queued before it (the staging
+  // thread runs it), the new group staged the same way.
+  std::unique_ptr<comm::Communicator> split(int color, int key) override {
+    std::unique_ptr<comm::Communicator> group;
+    direct("split", [&, this] {
+      group = inner_->split(color, key);
+      return inner_->barrier();  // a Work to wait for; every rank of the parent issues it
+    })->wait();
+    if (!group) return nullptr;
+    return stage_for_device(std::move(group), device_, options_);
+  }
+
  private:
   // A byte view of a type we do not carry (bool) as uint8, as the collectives only copy it.
   static DType dtype_of(const torch::Tensor& t) {

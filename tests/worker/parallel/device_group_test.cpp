@@ -112,6 +112,50 @@ TEST(StagedCollectives, HostStagingGivesClosedFormResultsInIssueOrder) {
   check_collectives(torch::kCPU);
 }
 
+TEST(StagedCollectives, AllToAllPointToPointAndSplitGoThroughTheStaging) {
+  // The operations context parallelism needs (issue 26), staged like the collectives.
+  on_two_ranks(torch::kCPU, std::chrono::seconds(20), [&](int r, comm::Communicator& c) {
+    // all_to_all, uneven: rank r sends r + p + 1 elements to peer p, valued 100 r + 10 p + i.
+    std::vector<int64_t> in_counts, out_counts;
+    std::vector<float> in;
+    for (int p = 0; p < 2; ++p) {
+      in_counts.push_back(r + p + 1);
+      out_counts.push_back(p + r + 1);
+      for (int i = 0; i < r + p + 1; ++i) in.push_back(float(100 * r + 10 * p + i));
+    }
+    auto in_t = torch::tensor(in);
+    auto out_t = torch::zeros({out_counts[0] + out_counts[1]});
+    c.all_to_all(view(in_t), in_counts, view(out_t), out_counts)->wait();
+    int64_t at = 0;
+    for (int p = 0; p < 2; ++p) {
+      for (int i = 0; i < p + r + 1; ++i) {
+        EXPECT_EQ(out_t[at++].item<float>(), float(100 * p + 10 * r + i)) << "from " << p;
+      }
+    }
+    // send/recv as a chain: rank 0 sends, rank 1 receives and answers doubled.
+    auto msg = torch::arange(1, 6).to(torch::kFloat32);
+    auto got = torch::zeros({5});
+    if (r == 0) {
+      c.send(view(msg), 1, 7)->wait();
+      c.recv(view(got), 1, 8)->wait();
+      EXPECT_TRUE(got.equal(msg * 2)) << got;
+    } else {
+      c.recv(view(got), 0, 7)->wait();
+      EXPECT_TRUE(got.equal(msg)) << got;
+      auto answer = got * 2;
+      c.send(view(answer), 0, 8)->wait();
+    }
+    // split: both ranks in one group, keys reversed (group rank 1 - r), then an allreduce in it.
+    auto group = c.split(0, 1 - r);
+    ASSERT_NE(group, nullptr);
+    EXPECT_EQ(group->rank(), 1 - r);
+    EXPECT_EQ(group->world_size(), 2);
+    auto v = torch::full({3}, float(r + 1));
+    group->allreduce(view(v), comm::ReduceOp::kSum)->wait();
+    EXPECT_TRUE(v.equal(torch::full({3}, 3.0f))) << v;
+  });
+}
+
 TEST(StagedCollectives, ManyQueuedBucketsKeepTheirOrder) {
   // 40 allreduces issued without waiting, each a different size: a reordering anywhere
   // would pair different collectives across ranks and fail or mix values.
