@@ -597,6 +597,11 @@ void parallel_keys(std::vector<KeyDesc>& out) {
            "allow parameters that get no gradient in a step (they contribute a zero gradient "
            "to the reduction); without it such a step exits 2 naming them")
       .range("timeout_s", &ParallelConfig::timeout_s, 0.1, 86400, "collective timeout (seconds)")
+      .key("zero3_accumulate_unsharded", &ParallelConfig::zero3_accumulate_unsharded,
+           "ZeRO-3 with grad_accum_steps > 1: keep each block's whole gradient between "
+           "micro-steps and reduce-scatter it once, at the last (one collective a block a step "
+           "instead of one a micro-step, for 4 more bytes a parameter); off: every micro-step "
+           "reduce-scatters (docs/parallelism.md)")
       .key("share_gpus", &ParallelConfig::share_gpus,
            "allow more ranks on a node (LOCAL_WORLD_SIZE) than visible GPUs: rank r uses GPU r "
            "mod n and the ranks reduce over gloo/mpi through host memory (NCCL cannot put two "

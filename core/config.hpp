@@ -196,6 +196,7 @@ struct ParallelConfig {
   bool find_unused_parameters = false;
   double timeout_s = 300.0;
   bool share_gpus = false;
+  bool zero3_accumulate_unsharded = false;
 };
 
 struct CheckpointConfig {

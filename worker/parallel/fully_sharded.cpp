@@ -193,6 +193,15 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
   int64_t whole = 0;
   for (const auto& unit : units_) whole += unit.full.numel() * 4;
   predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole);
+  // Accumulating unsharded: every block's gradient, the root's parameters and, in backward,
+  // a block's parameters with its prefetched predecessor's.
+  if (options_.accumulate_unsharded) {
+    int64_t pair = 0;
+    for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) {
+      pair = std::max(pair, bytes(i) + (options_.prefetch ? bytes(i - 1) : 0));
+    }
+    predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole + root / 2 + pair);
+  }
   hooks_ = std::make_shared<Hooks>(this);
   model->set_block_hooks(hooks_);
   spdlog::info("ZeRO-3: {} units ({} blocks and the root), {} of {} elements on rank {}",
@@ -284,8 +293,9 @@ void FullyShardedSync::before_forward(int64_t) {
   if (options_.prefetch && root_ > 0) launch_gather(0);
 }
 
-void FullyShardedSync::before_backward(int64_t, bool) {
+void FullyShardedSync::before_backward(int64_t, bool last) {
   armed_ = true;
+  reduce_now_ = last || !options_.accumulate_unsharded;
   for (auto& unit : units_) {
     unit.pending = static_cast<int64_t>(unit.params.size());
     unit.reduced = false;
@@ -297,7 +307,12 @@ void FullyShardedSync::before_backward(int64_t, bool) {
 void FullyShardedSync::on_grad_ready(size_t u) {
   if (!armed_) return;
   Unit& unit = units_[u];
-  if (--unit.pending == 0) launch_reduce(u);
+  if (--unit.pending > 0) return;
+  if (reduce_now_) {
+    launch_reduce(u);
+  } else {
+    release(u);  // the gradient stays whole until the last micro-step
+  }
 }
 
 void FullyShardedSync::launch_reduce(size_t u) {
@@ -335,7 +350,7 @@ void FullyShardedSync::after_backward(int64_t, bool) {
   // (the same on every rank); units backward never reached have nothing to reduce.
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
-    if (!unit.reduced && unit.grad_live &&
+    if (reduce_now_ && !unit.reduced && unit.grad_live &&
         unit.pending < static_cast<int64_t>(unit.params.size())) {
       launch_reduce(u);
     }
@@ -345,7 +360,8 @@ void FullyShardedSync::after_backward(int64_t, bool) {
   exposed_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   armed_ = false;
   for (size_t u = 0; u < units_.size(); ++u) {
-    release_grad(u);  // gathered in backward, never reduced (no gradient arrived)
+    // Gathered in backward, never reduced (no gradient arrived); kept when accumulating.
+    if (reduce_now_) release_grad(u);
     release(u);
   }
 }

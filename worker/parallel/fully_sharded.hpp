@@ -29,7 +29,9 @@
 //  4. after backward (every micro-step): units whose gradients came only in part (unused
 //     parameters) are reduced, everything in flight is waited for, and every unit, the root
 //     included, is released: between steps a rank holds its shard only. Gradient
-//     accumulation adds each micro-step's reduced shard into the gradient shard.
+//     accumulation adds each micro-step's reduced shard into the gradient shard; with
+//     parallel.zero3_accumulate_unsharded the whole gradients stay allocated instead, autograd
+//     adds the next micro-step's into them, and only the last micro-step reduce-scatters.
 //  5. the trainer's norm is the sum of the shards' partial squares over ranks; the optimizer
 //     updates the shard.
 // Evaluation and exports hold the whole model for their duration (FullParameters): 4 bytes a
@@ -66,6 +68,9 @@ namespace dnallm::parallel {
 struct FullyShardedOptions {
   cfg::Precision precision = cfg::Precision::kFp32;
   bool prefetch = true;  // all-gather the next unit while the current one computes
+  // parallel.zero3_accumulate_unsharded: whole gradients kept between micro-steps, one
+  // reduce-scatter at the last.
+  bool accumulate_unsharded = false;
 };
 
 class FullyShardedSync final : public GradientSync {
@@ -139,8 +144,10 @@ class FullyShardedSync final : public GradientSync {
   std::shared_ptr<Hooks> hooks_;
   std::shared_ptr<bool> alive_;  // gradient hooks outlive us inside autograd; they check this
   std::vector<GradAccumulator> accumulators_;
-  bool full_ = false;                             // gather_full_parameters() in effect
-  bool armed_ = false;                            // inside a micro-step's backward
+  bool full_ = false;       // gather_full_parameters() in effect
+  bool armed_ = false;      // inside a micro-step's backward
+  bool reduce_now_ = true;  // this micro-step reduce-scatters (not before the last one when
+                            // accumulating unsharded)
   int64_t live_bytes_ = 0, peak_live_bytes_ = 0;  // gathered non-root parameters + gradients
   int64_t predicted_peak_bytes_ = 0;              // the same, predicted from the unit sizes
   bool trace_ = false;                            // DNALLM_TRACE_ZERO3: log every change

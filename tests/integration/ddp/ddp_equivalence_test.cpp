@@ -336,6 +336,26 @@ TEST_F(DdpEquivalence, Zero3TrainsAModelLargerThanOneRanksMemoryLimit) {
   EXPECT_EQ(z3.losses.size(), 5u);
 }
 
+TEST_F(DdpEquivalence, Zero3AccumulationIsDdpBitForBit) {
+  // Two micro-steps at 2 ranks, clipping off. Reduce-scattering every micro-step adds the same
+  // numbers in the same order as DDP's accumulate_sync = "every" (a1 + b1, then + (a2 + b2));
+  // parallel.zero3_accumulate_unsharded keeps whole gradients and reduces once, as DDP's
+  // "last" ((a1 + a2) + (b1 + b2)).
+  const std::string common = "--set training.max_grad_norm=0 ";
+  const std::string z3 = common + "--set parallel.zero_stage=3 ";
+  expect_identical(train("ddp_every", 2, 3, 2, common + "--set parallel.accumulate_sync=every"),
+                   train("z3_every", 2, 3, 2, z3), "ZeRO-3 vs DDP every, 2 micro-steps");
+  TrainRun unsharded =
+      train("z3_unsharded", 2, 3, 2, z3 + "--set parallel.zero3_accumulate_unsharded=true");
+  expect_identical(train("ddp_last", 2, 3, 2, common + "--set parallel.accumulate_sync=last"),
+                   unsharded, "ZeRO-3 accumulating unsharded vs DDP last, 2 micro-steps");
+  const auto summary = metric_lines(unsharded.dir, "summary");
+  ASSERT_EQ(summary.size(), 1u);
+  const double peak = summary[0].at("model_state_peak_bytes").get<double>();
+  const double predicted = summary[0].at("model_state_predicted_peak_bytes").get<double>();
+  EXPECT_NEAR(peak, predicted, 0.05 * predicted);
+}
+
 TEST_F(DdpEquivalence, Zero3FourRanksEqualsOneRankAndZero2) {
   // 4 ranks sum in another order than 1 rank or ZeRO-2's reduce-scatter: close, not equal.
   TrainRun z3 = train("z3_4", 4, 3, 1, "--set parallel.zero_stage=3");
