@@ -59,6 +59,12 @@ class FlatParameters {
   int64_t numel() const { return params_.numel(); }
   // Elements of the global layout; numel() unless sharded.
   int64_t global_numel() const { return global_numel_; }
+  // Trainable parameters: the entries' elements (the global layout may hold gaps: ZeRO-3).
+  int64_t parameter_count() const {
+    int64_t n = 0;
+    for (const auto& e : entries_) n += e.numel;
+    return n;
+  }
   bool sharded() const { return sharded_; }
   // This buffer in the global layout: one piece {0, numel(), 0} unless sharded.
   const std::vector<Piece>& pieces() const { return pieces_; }

@@ -110,7 +110,6 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
   std::vector<int64_t> sizes;
   for (size_t u = 0; u < members.size(); ++u) {
     Unit& unit = units_[u];
-    unit.root = u == root_;
     int64_t n = 0;
     for (size_t i : members[u]) {
       unit.params.push_back(named[i].second);
@@ -394,12 +393,6 @@ void FullyShardedSync::gather_full_parameters() {
 void FullyShardedSync::release_full_parameters() {
   full_ = false;
   for (size_t u = 0; u < units_.size(); ++u) release(u);
-}
-
-int64_t FullyShardedSync::gathered_units() const {
-  int64_t n = 0;
-  for (const auto& unit : units_) n += unit.full.storage().nbytes() > 0 ? 1 : 0;
-  return n;
 }
 
 std::optional<GradientSync::Memory> FullyShardedSync::memory() const {

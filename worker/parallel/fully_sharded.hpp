@@ -95,10 +95,6 @@ class FullyShardedSync final : public GradientSync {
   void gather_full_parameters() override;
   void release_full_parameters() override;
 
-  // For tests: units (blocks, then the root) and how many are gathered now.
-  size_t units() const { return units_.size(); }
-  int64_t gathered_units() const;
-
  private:
   struct Unit {
     std::vector<torch::Tensor> params;  // the model's parameters (views of `full` when gathered)
@@ -112,7 +108,6 @@ class FullyShardedSync final : public GradientSync {
     bool grad_live = false;   // full_grad is allocated for this backward
     int64_t pending = 0;      // parameters whose gradient has not arrived in this backward
     bool reduced = false;     // this micro-step's reduce-scatter launched
-    bool root = false;
   };
   struct InFlight {
     size_t unit = 0;

@@ -452,35 +452,6 @@ SavedOffsets map_layout(const optim::FlatParameters& flat,
   return offsets;
 }
 
-// Restore, part 2: every rank needs all parameters. Reads the saved flat buffer once, then
-// places each parameter at its offset in this run's layout.
-void read_pieces(const optim::FlatParameters& flat, const checkpoint::CheckpointReader& ckpt,
-                 const SavedOffsets& saved, const char* tensor, torch::Tensor& into);
-
-void read_parameters(Trainer& trainer, const checkpoint::CheckpointReader& ckpt,
-                     const SavedOffsets& saved) {
-  auto& flat = trainer.flat();
-  if (flat.sharded()) {  // this rank's pieces only, then the sync spreads what it gathers
-    auto host = torch::zeros({flat.numel()}, torch::kFloat32);
-    read_pieces(flat, ckpt, saved, kFlatParamsTensor, host);
-    flat.params().copy_(host);
-    trainer.reload_host_params();
-    trainer.sync().after_optimizer_step(flat);
-    return;
-  }
-  // The saved buffer may be longer than ours: ZeRO-3's layout keeps gaps between parameters.
-  const uint64_t saved_n = ckpt.manifest().find(kFlatParamsTensor)->numel();
-  std::vector<float> buffer(static_cast<size_t>(saved_n));
-  ckpt.read_range(kFlatParamsTensor, 0, saved_n, buffer.data());
-  auto host = torch::zeros({flat.numel()}, torch::kFloat32);  // gaps between entries stay 0
-  float* dst = host.data_ptr<float>();
-  for (const auto& e : flat.entries()) {
-    std::copy_n(buffer.data() + saved.at(e.name), e.numel, dst + e.offset);
-  }
-  flat.params().copy_(host);
-  trainer.reload_host_params();  // Note [Optimizer offload]: the host master copy too
-}
-
 // A piece of the optimizer range: `len` elements from `src` in the saved buffers to `dst`
 // (relative to the range's begin) in this run's.
 struct Run {
@@ -510,11 +481,13 @@ std::vector<Run> moment_runs(const optim::FlatParameters& flat, const SavedOffse
   return runs;
 }
 
-// A sharded buffer's pieces of saved `tensor`, mapped by name, into `into` (host, local).
-void read_pieces(const optim::FlatParameters& flat, const checkpoint::CheckpointReader& ckpt,
-                 const SavedOffsets& saved, const char* tensor, torch::Tensor& into) {
+// `pieces` of saved `tensor`, mapped by name, into `into` (host; the pieces' local offsets).
+void read_pieces(const optim::FlatParameters& flat,
+                 const std::vector<optim::FlatParameters::Piece>& pieces,
+                 const checkpoint::CheckpointReader& ckpt, const SavedOffsets& saved,
+                 const char* tensor, torch::Tensor& into) {
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
-  for (const auto& p : flat.pieces()) {
+  for (const auto& p : pieces) {
     for (const auto& r : moment_runs(flat, saved, p.global_begin, p.global_end)) {
       ckpt.read_range(tensor, u(r.src), u(r.src + r.len),
                       into.data_ptr<float>() + p.local_begin + r.dst);
@@ -522,28 +495,45 @@ void read_pieces(const optim::FlatParameters& flat, const checkpoint::Checkpoint
   }
 }
 
-// Restore, part 3: the optimizer moments of this rank's range only.
+// Restore, part 2: every rank needs all parameters. Reads the saved flat buffer once, then
+// places each parameter at its offset in this run's layout.
+void read_parameters(Trainer& trainer, const checkpoint::CheckpointReader& ckpt,
+                     const SavedOffsets& saved) {
+  auto& flat = trainer.flat();
+  if (flat.sharded()) {  // this rank's pieces only, then the sync spreads what it gathers
+    auto host = torch::zeros({flat.numel()}, torch::kFloat32);
+    read_pieces(flat, flat.pieces(), ckpt, saved, kFlatParamsTensor, host);
+    flat.params().copy_(host);
+    trainer.reload_host_params();
+    trainer.sync().after_optimizer_step(flat);
+    return;
+  }
+  // The saved buffer may be longer than ours: ZeRO-3's layout keeps gaps between parameters.
+  const uint64_t saved_n = ckpt.manifest().find(kFlatParamsTensor)->numel();
+  std::vector<float> buffer(static_cast<size_t>(saved_n));
+  ckpt.read_range(kFlatParamsTensor, 0, saved_n, buffer.data());
+  auto host = torch::zeros({flat.numel()}, torch::kFloat32);  // gaps between entries stay 0
+  float* dst = host.data_ptr<float>();
+  for (const auto& e : flat.entries()) {
+    std::copy_n(buffer.data() + saved.at(e.name), e.numel, dst + e.offset);
+  }
+  flat.params().copy_(host);
+  trainer.reload_host_params();  // Note [Optimizer offload]: the host master copy too
+}
+
+// Restore, part 3: the optimizer moments of this rank's range only: its pieces when sharded
+// (ZeRO-3), else the one range [begin, end) of the flat buffer.
 void read_optimizer(Trainer& trainer, const checkpoint::CheckpointReader& ckpt,
                     const SavedOffsets& saved) {
   auto& adam = trainer.optimizer();
-  if (trainer.flat().sharded()) {
-    auto avg = torch::zeros({adam.end() - adam.begin()}, torch::kFloat32);
-    auto avg_sq = torch::zeros_like(avg);
-    read_pieces(trainer.flat(), ckpt, saved, kExpAvgTensor, avg);
-    read_pieces(trainer.flat(), ckpt, saved, kExpAvgSqTensor, avg_sq);
-    adam.exp_avg().copy_(avg);
-    adam.exp_avg_sq().copy_(avg_sq);
-    return;
-  }
-  const int64_t begin = adam.begin(), end = adam.end();
-  if (end <= begin) return;
-  auto avg = torch::zeros({end - begin}, torch::kFloat32);
-  auto avg_sq = torch::zeros({end - begin}, torch::kFloat32);
-  for (const auto& r : moment_runs(trainer.flat(), saved, begin, end)) {
-    const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
-    ckpt.read_range(kExpAvgTensor, u(r.src), u(r.src + r.len), avg.data_ptr<float>() + r.dst);
-    ckpt.read_range(kExpAvgSqTensor, u(r.src), u(r.src + r.len), avg_sq.data_ptr<float>() + r.dst);
-  }
+  const auto& flat = trainer.flat();
+  const std::vector<optim::FlatParameters::Piece> pieces =
+      flat.sharded() ? flat.pieces()
+                     : std::vector<optim::FlatParameters::Piece>{{adam.begin(), adam.end(), 0}};
+  auto avg = torch::zeros({adam.end() - adam.begin()}, torch::kFloat32);
+  auto avg_sq = torch::zeros_like(avg);
+  read_pieces(flat, pieces, ckpt, saved, kExpAvgTensor, avg);
+  read_pieces(flat, pieces, ckpt, saved, kExpAvgSqTensor, avg_sq);
   adam.exp_avg().copy_(avg);
   adam.exp_avg_sq().copy_(avg_sq);
 }

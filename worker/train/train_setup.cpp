@@ -113,8 +113,7 @@ StepHook step_delay_hook(std::chrono::milliseconds delay) {
 
 void write_memory_event(Trainer& trainer, int rank) {
   const Config& config = trainer.config();
-  int64_t n = 0;  // trainable parameters (the global layout may hold gaps: ZeRO-3)
-  for (const auto& e : trainer.flat().entries()) n += e.numel;
+  const int64_t n = trainer.flat().parameter_count();
   parallel::MemoryAccount allocated{n * 4, n * 4, n * 8};
   parallel::MemoryAccount paper = parallel::account_memory(n, config.training.precision, 0, 1);
   const auto memory = trainer.sync().memory();

@@ -340,11 +340,7 @@ Trainer::Trainer(Config config, models::LanguageModel model, std::unique_ptr<Bat
   spdlog::info(
       "model {} ({} task): {} trainable parameters of {}, device {}, precision {}",
       cfg::spelling(config_.model.arch), cfg::spelling(config_.model.task),
-      [&] {
-        int64_t n = 0;
-        for (const auto& e : flat_->entries()) n += e.numel;
-        return n;
-      }(),
+      flat_->parameter_count(),
       [&] {
         int64_t n = 0;
         for (const auto& p : model_->parameters()) n += p.numel();
