@@ -125,6 +125,7 @@ ProcessGroup connect_process_group(const ProcessGroupOptions& options) {
   co.name = options.name;
   co.device = options.device;
   co.device_shared = options.device_shared;
+  co.check_collectives = options.check_collectives;
   if (!options.master_addr.empty()) {
     DNALLM_CHECK(options.master_port > 0 && options.master_port < 65536, ExitCode::kUsage,
                  "MASTER_PORT {} is not a valid port", options.master_port);

@@ -27,8 +27,9 @@ struct ProcessGroupOptions {
   std::string name = "default";  // communicator name (unique per group in a job)
   // Where rank 0's store listens; "" = store_bind_address(master_addr, ...).
   std::string store_bind;
-  Device device{};             // see CommOptions::device
-  bool device_shared = false;  // see CommOptions::device_shared
+  Device device{};                 // see CommOptions::device
+  bool device_shared = false;      // see CommOptions::device_shared
+  bool check_collectives = false;  // see CommOptions::check_collectives
 };
 
 // Holds what keeps the group alive; destroy the communicator before the store.

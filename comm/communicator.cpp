@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 
+#include "comm/checked_communicator.hpp"
 #include "core/cuda_plugin.hpp"
 #include "core/error.hpp"
 
@@ -176,14 +177,21 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& options) {
                "the '{}' backend was not built into this binary ([parallel] backend); rebuild "
                "with its library installed or choose another",
                backend);
+  std::unique_ptr<Communicator> made;
 #ifdef DNALLM_HAVE_GLOO
-  if (backend == "gloo") return make_gloo_communicator(options);
+  if (backend == "gloo") made = make_gloo_communicator(options);
 #endif
 #ifdef DNALLM_HAVE_MPI
-  if (backend == "mpi") return make_mpi_communicator(options);
+  if (backend == "mpi") made = make_mpi_communicator(options);
 #endif
-  if (const BackendFactory factory = registered(backend)) return factory(options);
-  fail(ExitCode::kUsage, "backend '{}' unavailable", backend);
+  if (!made) {
+    const BackendFactory factory = registered(backend);
+    DNALLM_CHECK(factory != nullptr, ExitCode::kUsage, "backend '{}' unavailable", backend);
+    made = factory(options);
+  }
+  if (!options.check_collectives) return made;
+  return std::make_unique<CheckedCommunicator>(std::move(made), options.store, options.name,
+                                               options.timeout);
 }
 
 }  // namespace dnallm::comm

@@ -179,6 +179,10 @@ struct CommOptions {
   // rank] in cluster/gpu_placement.hpp): NCCL cannot, so "auto" picks a CPU backend and an
   // explicit "nccl" is a usage error.
   bool device_shared = false;
+  // Note [Collective check] (comm/checked_communicator.hpp): before each collective, verify
+  // that every rank issues the same one (op, dtype, count), naming the ranks and ops that
+  // differ instead of hanging or reducing the wrong buffers. Slow: for debugging a hang.
+  bool check_collectives = false;
 };
 
 // Builds and connects the communicator (collective over all ranks: blocks until every

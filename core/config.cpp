@@ -597,6 +597,11 @@ void parallel_keys(std::vector<KeyDesc>& out) {
            "allow parameters that get no gradient in a step (they contribute a zero gradient "
            "to the reduction); without it such a step exits 2 naming them")
       .range("timeout_s", &ParallelConfig::timeout_s, 0.1, 86400, "collective timeout (seconds)")
+      .key("check_collectives", &ParallelConfig::check_collectives,
+           "before each collective, check that every rank issues the same one (op, dtype, "
+           "count) and fail naming the ranks and what each issued, instead of hanging or "
+           "reducing mismatched buffers; slow (each collective waits for every rank to issue "
+           "it): for debugging a hang (docs/parallelism.md)")
       .key("zero3_accumulate_unsharded", &ParallelConfig::zero3_accumulate_unsharded,
            "ZeRO-3 with grad_accum_steps > 1: keep each block's whole gradient between "
            "micro-steps and reduce-scatter it once, at the last (one collective a block a step "

@@ -197,6 +197,7 @@ struct ParallelConfig {
   double timeout_s = 300.0;
   bool share_gpus = false;
   bool zero3_accumulate_unsharded = false;
+  bool check_collectives = false;
 };
 
 struct CheckpointConfig {

@@ -19,6 +19,7 @@ comm::ProcessGroupOptions group_options(const Config& config, const WorkerEnv& e
   po.master_addr = topo.master_addr;
   po.device = wanted.device;
   po.device_shared = wanted.device_shared;
+  po.check_collectives = config.parallel.check_collectives;
   // Under mpirun without MASTER_ADDR, MPI bootstraps itself: no store to host or reach.
   const bool mpi = comm::resolve_backend(wanted) == "mpi";
   if (topo.source == cluster::TopologySource::kOpenMpi && mpi && !env.master_addr) {
@@ -53,6 +54,11 @@ comm::ProcessGroup join_process_group(const Config& config, const WorkerEnv& env
     group.comm = comm::make_communicator(wanted);
   } else {
     group = comm::connect_process_group(po);
+  }
+  if (config.parallel.check_collectives) {
+    spdlog::warn(
+        "parallel.check_collectives: every collective waits until every rank has issued "
+        "it (Note [Collective check]): slow, for finding a hang's culprit");
   }
   // Note [Staged collectives]: gloo/mpi with a CUDA model, or nccl with host scalars.
   StagingOptions staging;

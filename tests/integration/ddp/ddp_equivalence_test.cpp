@@ -25,7 +25,7 @@ struct TrainRun {
 // Global batch 12 sequences of 64 tokens, 5 steps, tiny BERT, fp32, no dropout.
 // `starter` runs `world` workers; by default dnallm-launch.
 TrainRun train(const std::string& name, int world, int micro, int accum, const std::string& extra,
-               std::string starter = "") {
+               std::string starter = "", std::string* log_out = nullptr) {
   std::string dir = make_temp_dir(name);
   if (starter.empty()) starter = fmt::format("{}dnallm-launch --nproc-per-node {} --", kBin, world);
   std::string cmd = tiny_train_command(
@@ -35,6 +35,7 @@ TrainRun train(const std::string& name, int world, int micro, int accum, const s
   std::string log;
   int rc = run_command(cmd, &log);
   EXPECT_EQ(rc, 0) << cmd << "\n" << log;
+  if (log_out != nullptr) *log_out = log;
   TrainRun r;
   r.dir = dir;
   if (rc != 0) return r;
@@ -312,6 +313,23 @@ TEST_F(DdpEquivalence, Zero3TwoRanksIsBitIdenticalToDdp) {
     const double predicted = summary[0].at("model_state_predicted_peak_bytes").get<double>();
     EXPECT_NEAR(peak, predicted, 0.05 * predicted) << arch;
   }
+}
+
+// Note [Collective check] (comm/checked_communicator.hpp): with parallel.check_collectives every
+// collective of a ZeRO-3 run (gathers, reduce-scatters, the loss and norm reductions) is
+// verified across ranks before it runs, and the run is bit for bit the unchecked one.
+TEST_F(DdpEquivalence, CheckedCollectivesTrainBitForBitLikeUnchecked) {
+  const std::string z3 = "--set parallel.zero_stage=3 ";
+  TrainRun plain = train("z3_unchecked", 2, 6, 1, z3);
+  std::string log;
+  TrainRun checked =
+      train("z3_checked", 2, 6, 1, z3 + "--set parallel.check_collectives=true", "", &log);
+  expect_identical(plain, checked, "ZeRO-3 with parallel.check_collectives");
+  // Each rank says how many collectives it checked (all of them: > 0 on both).
+  for (int rank : {0, 1}) {
+    EXPECT_NE(log.find(fmt::format("[rank {}]", rank)), std::string::npos) << log;
+  }
+  EXPECT_NE(log.find("collectives checked across ranks"), std::string::npos) << log;
 }
 
 TEST_F(DdpEquivalence, Zero3TrainsAModelLargerThanOneRanksMemoryLimit) {
