@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/models/block_hooks.hpp"
+#include "worker/models/lora_linear.hpp"
 
 namespace dnallm::models::caduceus {
 
@@ -72,7 +73,9 @@ class MambaImpl : public torch::nn::Module {
   MambaImpl(const CaduceusOptions& o, MambaImpl* shared);
   torch::Tensor forward(const torch::Tensor& x);  // [B, L, d_model]
 
-  torch::nn::Linear in_proj{nullptr}, x_proj{nullptr}, dt_proj{nullptr}, out_proj{nullptr};
+  // in_proj and out_proj carry LoRA adapters (Note [Caduceus LoRA targets]).
+  LoraLinear in_proj{nullptr}, out_proj{nullptr};
+  torch::nn::Linear x_proj{nullptr}, dt_proj{nullptr};
   torch::nn::Conv1d conv1d{nullptr};
   torch::Tensor A_log, D;
 
@@ -97,10 +100,15 @@ class CaduceusLMImpl : public torch::nn::Module {
   torch::Tensor head_weight;                // lm_head [vocab, d] or score [labels, d]
   torch::Tensor complement;                 // int64 [vocab] (RCPS)
   std::shared_ptr<BlockHooks> block_hooks;  // Note [Block hooks]: around mixer i (null: none)
+  // Note [Caduceus activation checkpointing]: in training with gradients, each mixer's
+  // activations are recomputed in backward rather than kept.
+  bool gradient_checkpointing = false;
+
+  // Layer `layer`'s mixer (BiMamba; RCPS: on both strands) on its normed input [B, L, width].
+  torch::Tensor mixer(size_t layer, const torch::Tensor& x);
 
  private:
   torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;
-  torch::Tensor mixer(size_t layer, const torch::Tensor& x);
   CaduceusOptions options_;
 };
 TORCH_MODULE(CaduceusLM);
