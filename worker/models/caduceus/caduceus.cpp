@@ -456,6 +456,23 @@ std::map<std::string, Tensor> hf_names(CaduceusLMImpl& m) {
 
 }  // namespace
 
+std::vector<std::string> hf_module_names(const CaduceusOptions& o, const std::string& ours) {
+  const std::string prefix = "mamba_fwd_";
+  const auto dot = ours.find('.');
+  if (ours.rfind(prefix, 0) != 0 || dot == std::string::npos) return {ours};
+  const std::string layer = ours.substr(prefix.size(), dot - prefix.size());
+  const std::string linear = ours.substr(dot + 1);
+  if (layer.empty() || layer.find_first_not_of("0123456789") != std::string::npos ||
+      (linear != "in_proj" && linear != "out_proj")) {
+    return {ours};
+  }
+  const std::string mixer =
+      "caduceus.backbone.layers." + layer + ".mixer" + (o.rcps ? ".submodule" : "") + ".mamba_";
+  std::vector<std::string> out = {mixer + "fwd." + linear};
+  if (o.bidirectional) out.push_back(mixer + "rev." + linear);
+  return out;
+}
+
 CaduceusOptions options_from_hf_config(const json& config, const std::string& where) {
   return options_from(config, where);
 }

@@ -113,6 +113,15 @@ class CaduceusLMImpl : public torch::nn::Module {
 };
 TORCH_MODULE(CaduceusLM);
 
+// Note [Caduceus PEFT names]: the hub layout's module names for our LoRA target `ours`
+// ("mamba_fwd_<i>.in_proj" or ".out_proj", Note [Caduceus LoRA targets]), under which
+// adapter_model.safetensors holds its adapter, so that PEFT applies it to the hub model (final/hf):
+// caduceus.backbone.layers.<i>.mixer[.submodule].mamba_fwd.<linear>, and with BiMamba also
+// mamba_rev's, whose own Linear in the hub code holds the tied weight (PEFT gives each module
+// an adapter; both carry ours, so the hub model computes what ours does). {ours} for any other
+// name.
+std::vector<std::string> hf_module_names(const CaduceusOptions& o, const std::string& ours);
+
 // A config.json of Caduceus' layout (d_model, n_layer, vocab_size, ssm_cfg, rms_norm, rcps,
 // bidirectional, complement_map, ...) as options; a value we do not compute is exit 2.
 CaduceusOptions options_from_hf_config(const nlohmann::json& config, const std::string& where);
