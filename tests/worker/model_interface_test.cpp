@@ -387,6 +387,10 @@ TEST(ModelRegistry, FamilyLoraTargetsAreChosenOrRefusedByName) {
   config.lora.quantize_base = cfg::QuantizeBase::kNf4;
   expect_error([&] { build_model_for(config, *tok, BuildContext{}); }, ExitCode::kUsage,
                {"lora.quantize_base", "nf4", "Caduceus"});
+  config = tiny("hyena", "pretrain");
+  config.lora.quantize_base = cfg::QuantizeBase::kNf4;
+  expect_error([&] { build_model_for(config, *tok, BuildContext{}); }, ExitCode::kUsage,
+               {"lora.quantize_base", "nf4", "HyenaDNA"});
 }
 
 TEST(ModelRegistry, AModelDirectoryOfAnotherFamilyIsRefusedForModelArch) {

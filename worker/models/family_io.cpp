@@ -150,12 +150,12 @@ void load_named_tensors(const std::vector<std::pair<std::string, torch::Tensor>>
 LoraOptions family_lora_options(const Config& config, const std::vector<std::string>& all,
                                 const std::string& family) {
   const auto& l = config.lora;
-  LoraOptions o;
-  if (l.r == 0) return o;
   DNALLM_CHECK(l.quantize_base == cfg::QuantizeBase::kNone, ExitCode::kUsage,
                "lora.quantize_base = \"{}\": {} keeps its frozen base in full precision (QLoRA is "
                "the transformer family's): set lora.quantize_base = \"none\"",
                cfg::spelling(l.quantize_base), family);
+  LoraOptions o;
+  if (l.r == 0) return o;
   o.r = l.r;
   o.alpha = l.alpha;
   o.dropout = l.dropout;

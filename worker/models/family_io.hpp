@@ -61,8 +61,8 @@ void load_named_tensors(const std::vector<std::pair<std::string, torch::Tensor>>
 // Note [Family LoRA targets]: [lora] for a family whose target linears are named `all`
 // (HyenaDNA: in_proj out_proj fc1 fc2; Caduceus: in_proj out_proj). lora.target_modules
 // selects among them; its default, the transformer's ["query", "value"], means all of them. A
-// name outside `all`, or lora.quantize_base other than "none" (QLoRA is the transformer's), is
-// exit 2 naming it. lora.r = 0: r = 0 (no adapters).
+// name outside `all` is exit 2 naming it, as is lora.quantize_base other than "none" (QLoRA is
+// the transformer's), with or without adapters. lora.r = 0: r = 0 (no adapters).
 LoraOptions family_lora_options(const Config& config, const std::vector<std::string>& all,
                                 const std::string& family);
 
