@@ -119,6 +119,58 @@ TEST(Caduceus, RcpsIsReverseComplementEquivariantAtAnyLength) {
   EXPECT_GT((b - a.flip({1}).index_select(-1, ph->complement)).abs().max().item<double>(), 1e-3);
 }
 
+// Records the block hooks' calls (Note [Block hooks]): ('b', i) before block i, ('a', i) after.
+class RecordingHooks : public BlockHooks {
+ public:
+  void before_block(size_t index) override { calls.emplace_back('b', index); }
+  torch::Tensor after_block(size_t index, torch::Tensor output) override {
+    calls.emplace_back('a', index);
+    return output;
+  }
+  std::vector<std::pair<char, size_t>> calls;
+};
+
+// Note [Caduceus activation checkpointing]: for Caduceus-Ph and -PS, masked LM and classifier,
+// every parameter's gradient with checkpointing is the one without, bit for bit, and the block
+// hooks surround each mixer once per forward, in order, either way.
+TEST(Caduceus, ActivationCheckpointingGivesTheSameGradients) {
+  for (const bool rcps : {false, true}) {
+    for (const bool classifier : {false, true}) {
+      SCOPED_TRACE(std::string(rcps ? "ps" : "ph") + (classifier ? " classifier" : " mlm"));
+      CaduceusOptions o;
+      o.d_model = 16, o.n_layer = 3, o.d_state = 4, o.dt_rank = 2, o.vocab_size = 16;
+      o.rcps = rcps, o.classifier = classifier, o.num_labels = 3;
+      o.complement = {0, 1, 2, 3, 4, 5, 6, 10, 9, 8, 7, 11, 12, 13, 14, 15};
+      using Calls = std::vector<std::pair<char, size_t>>;
+      auto grads = [&](bool checkpoint, Calls* calls) {
+        torch::manual_seed(3);
+        CaduceusLM model(o);
+        model->gradient_checkpointing = checkpoint;
+        auto hooks = std::make_shared<RecordingHooks>();
+        model->block_hooks = hooks;
+        model->train();
+        auto ids = torch::randint(7, 12, {2, 29}, torch::TensorOptions().dtype(torch::kLong));
+        model->forward(ids).pow(2).mean().backward();
+        *calls = hooks->calls;
+        std::vector<std::pair<std::string, torch::Tensor>> out;
+        for (auto& p : model->named_parameters()) out.emplace_back(p.key(), p.value().grad());
+        return out;
+      };
+      Calls plain_calls, checkpointed_calls;
+      const auto plain = grads(false, &plain_calls);
+      const auto checkpointed = grads(true, &checkpointed_calls);
+      EXPECT_EQ(plain_calls, (Calls{{'b', 0}, {'a', 0}, {'b', 1}, {'a', 1}, {'b', 2}, {'a', 2}}));
+      EXPECT_EQ(checkpointed_calls, plain_calls);
+      ASSERT_EQ(plain.size(), checkpointed.size());
+      for (size_t i = 0; i < plain.size(); ++i) {
+        ASSERT_TRUE(plain[i].second.defined()) << plain[i].first;
+        ASSERT_TRUE(checkpointed[i].second.defined()) << plain[i].first;
+        EXPECT_TRUE(torch::equal(plain[i].second, checkpointed[i].second)) << plain[i].first;
+      }
+    }
+  }
+}
+
 TEST(Caduceus, SelectiveScanIsTheRecurrence) {
   torch::manual_seed(7);
   const int64_t B = 2, D = 3, N = 4, L = 9;

@@ -15,6 +15,7 @@
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/caduceus_model.hpp"
 #include "worker/models/hyena/hyena_model.hpp"
+#include "worker/models/lora_linear.hpp"
 #include "worker/models/registry.hpp"
 #include "worker/models/transformer/transformer.hpp"
 
@@ -210,37 +211,186 @@ TEST(ModelRegistry, PublishedCheckpointsFineTuneInOurTokenOrderWithTheReferenceL
 
 // model.chunk_positions / chunk_channels reach HyenaDNA's blocks (Note [Hyena chunked block]):
 // with checkpointing, chunked in pieces that divide nothing computes the same loss and
-// gradients as the plain blocks.
+// gradients as the plain blocks, also with LoRA (in_proj's adapter folded into the rows the
+// chunks take: its lora_B gradient comes through them alone).
 TEST(ModelRegistry, HyenaChunkingFromTheConfigComputesThePlainBlocks) {
   const auto tok = data::make_char_tokenizer();
-  auto plain_config = tiny("hyena", "pretrain");
-  plain_config.model.gradient_checkpointing = true;
-  auto chunked_config = plain_config;
-  chunked_config.model.chunk_positions = 7;
-  chunked_config.model.chunk_channels = 5;
-  auto plain = build_model_for(plain_config, *tok, BuildContext{});
-  auto chunked = build_model_for(chunked_config, *tok, BuildContext{});
-  auto in = random_batch(2, 45, tok->vocab_size(), plain_config);
-  std::vector<double> losses;
-  std::vector<std::vector<torch::Tensor>> grads;
-  for (auto* model : {&plain, &chunked}) {
-    (*model)->train();
-    auto out = (*model)->forward(in);
+  for (const int64_t lora_r : {0, 4}) {
+    SCOPED_TRACE(lora_r);
+    auto plain_config = tiny("hyena", "pretrain");
+    plain_config.model.gradient_checkpointing = true;
+    plain_config.lora.r = lora_r;
+    auto chunked_config = plain_config;
+    chunked_config.model.chunk_positions = 7;
+    chunked_config.model.chunk_channels = 5;
+    auto plain = build_model_for(plain_config, *tok, BuildContext{});
+    auto chunked = build_model_for(chunked_config, *tok, BuildContext{});
+    auto in = random_batch(2, 45, tok->vocab_size(), plain_config);
+    std::vector<double> losses;
+    std::vector<std::vector<torch::Tensor>> grads;
+    for (auto* model : {&plain, &chunked}) {
+      (*model)->train();
+      auto out = (*model)->forward(in);
+      out.loss_sum.backward();
+      losses.push_back(out.loss_sum.item<double>());
+      grads.emplace_back();
+      for (const auto& p : (*model)->parameters()) {
+        if (!p.requires_grad()) continue;
+        ASSERT_TRUE(p.grad().defined());
+        grads.back().push_back(p.grad().clone());
+      }
+    }
+    EXPECT_NEAR(losses[1], losses[0], 1e-5 * std::abs(losses[0]));
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    double worst = 0;
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      const double scale = grads[0][i].abs().max().item<double>() + 1e-12;
+      worst = std::max(worst, (grads[1][i] - grads[0][i]).abs().max().item<double>() / scale);
+    }
+    EXPECT_LT(worst, 1e-4);
+    std::cout << "chunked (7 positions, 5 channels) vs plain, lora.r = " << lora_r
+              << ": worst relative gradient difference " << worst << "\n";
+  }
+}
+
+// LoRA on HyenaDNA and Caduceus (Note [Hyena LoRA targets], Note [Caduceus LoRA targets]): at
+// initialisation (B = 0) the logits are the base model's, bit for bit; only the adapters and the
+// classification head train (Caduceus: one adapter per tied linear, 2 a layer, not 4); the
+// FLOPs count frozen parameters 4, not 6; after a step, our export (merged), the hub layout
+// (merged) and the live model merged compute the unmerged logits within 1e-6, and the adapters
+// are written apart under PEFT's names.
+TEST(ModelRegistry, LoraOnHyenaAndCaduceusTrainsAdaptersAndHeadOnlyAndMergesExactly) {
+  const auto tok = data::make_char_tokenizer();
+  for (const std::string arch : {"hyena", "caduceus", "caduceus-ps"}) {
+    SCOPED_TRACE(arch);
+    const auto base_config = tiny(arch, "classification");
+    auto config = base_config;
+    config.lora.r = 4;
+    config.lora.alpha = 8;
+    auto base = build_model_for(base_config, *tok, BuildContext{});
+    auto model = build_model_for(config, *tok, BuildContext{});
+    EXPECT_EQ(model->spec().lora_r, 4);
+    auto in = random_batch(2, 24, tok->vocab_size(), config);
+    base->eval();
+    model->eval();
+    {
+      torch::NoGradGuard no_grad;
+      EXPECT_TRUE(torch::equal(model->forward(in).logits, base->forward(in).logits));
+    }
+    const std::string head = arch == "hyena" ? "score.weight" : "head_weight";
+    int64_t adapters = 0;
+    double adapter_numel = 0, frozen_numel = 0;
+    for (const auto& p : model->named_parameters()) {
+      const bool lora = is_lora_parameter(p.key());
+      EXPECT_EQ(p.value().requires_grad(), lora || p.key() == head) << p.key();
+      if (lora) adapter_numel += double(p.value().numel());
+      if (!p.value().requires_grad()) frozen_numel += double(p.value().numel());
+      adapters += p.key().size() > 7 && p.key().substr(p.key().size() - 7) == ".lora_A" ? 1 : 0;
+    }
+    EXPECT_EQ(adapters, arch == "hyena" ? 2 * 4 : 2 * 2);
+    // Note [Model FLOPs]: frozen 4 a parameter, trainable 6; the mixers' own work unchanged.
+    const double flops_difference = model->flops_per_token(64) - base->flops_per_token(64);
+    EXPECT_NEAR(flops_difference, 6 * adapter_numel - 2 * frozen_numel, 1e-6 * frozen_numel);
+
+    model->train();
+    auto out = model->forward(in);
     out.loss_sum.backward();
-    losses.push_back(out.loss_sum.item<double>());
-    grads.emplace_back();
-    for (const auto& p : (*model)->parameters()) grads.back().push_back(p.grad().clone());
+    std::vector<torch::Tensor> trainable;
+    for (const auto& p : model->named_parameters()) {
+      if (!p.value().requires_grad()) {
+        EXPECT_FALSE(p.value().grad().defined()) << p.key();
+        continue;
+      }
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      trainable.push_back(p.value());
+    }
+    torch::optim::SGD sgd(trainable, torch::optim::SGDOptions(0.5));
+    sgd.step();
+    model->eval();
+    torch::NoGradGuard no_grad;
+    in.labels = torch::Tensor();
+    const auto logits = model->forward(in).logits;
+
+    auto dir = temp_dir("lora_" + arch);
+    export_live_model(model, dir.string());
+    // PEFT's names of the hub layout's modules: HyenaDNA's are ours; Caduceus' adapter is
+    // written for mamba_fwd and for mamba_rev (Note [Caduceus PEFT names]).
+    const auto adapter_file = load_safetensors((dir / "adapter_model.safetensors").string());
+    EXPECT_EQ(int64_t(adapter_file.size()), (arch == "hyena" ? 2 : 4) * adapters);
+    const std::string hub_prefix = arch == "hyena" ? "base_model.model.hyena.backbone.layers."
+                                   : arch == "caduceus"
+                                       ? "base_model.model.caduceus.backbone."
+                                         "layers.1.mixer.mamba_rev.out_proj"
+                                       : "base_model.model.caduceus.backbone."
+                                         "layers.1.mixer.submodule.mamba_rev.in_proj";
+    int64_t with_prefix = 0;
+    for (const auto& [name, t] : adapter_file) {
+      with_prefix += name.rfind(hub_prefix, 0) == 0 ? 1 : 0;
+      EXPECT_TRUE(name.find(".lora_A.weight") != std::string::npos ||
+                  name.find(".lora_B.weight") != std::string::npos)
+          << name;
+    }
+    EXPECT_EQ(with_prefix, arch == "hyena" ? 2 * adapters : 2) << arch;
+    auto loaded = load_exported_model(dir.string());
+    const double exported = (loaded->forward(in).logits - logits).abs().max().item<double>();
+    EXPECT_LE(exported, 1e-6);
+    // Without the adapters (B zeroed for a moment) the logits differ by far more than that: the
+    // comparison sees an export that leaves them out.
+    {
+      std::vector<std::pair<torch::Tensor, torch::Tensor>> saved_b;
+      for (auto& p : model->named_parameters()) {
+        if (p.key().size() > 7 && p.key().substr(p.key().size() - 7) == ".lora_B") {
+          saved_b.emplace_back(p.value(), p.value().clone());
+          p.value().zero_();
+        }
+      }
+      const auto without = model->forward(in).logits;
+      for (auto& [t, v] : saved_b) t.copy_(v);
+      EXPECT_GT((without - logits).abs().max().item<double>(), 1e-4);
+    }
+    ASSERT_TRUE(export_hf_directory(model, *tok, (dir / "hf").string()));
+    const auto hub = arch == "hyena"
+                         ? hyena::load_hf_hyena((dir / "hf").string())->forward(in.input_ids)
+                         : caduceus::load_hf_caduceus((dir / "hf").string())->forward(in.input_ids);
+    const double hub_diff = (hub - logits).abs().max().item<double>();
+    EXPECT_LE(hub_diff, 1e-6);
+    model->merge_lora();
+    const double merged = (model->forward(in).logits - logits).abs().max().item<double>();
+    EXPECT_LE(merged, 1e-6);
+    std::cout << arch << " LoRA: |export - unmerged| = " << exported
+              << ", |hub layout - unmerged| = " << hub_diff << ", |merged - unmerged| = " << merged
+              << "\n";
   }
-  EXPECT_NEAR(losses[1], losses[0], 1e-5 * std::abs(losses[0]));
-  ASSERT_EQ(grads[0].size(), grads[1].size());
-  double worst = 0;
-  for (size_t i = 0; i < grads[0].size(); ++i) {
-    const double scale = grads[0][i].abs().max().item<double>() + 1e-12;
-    worst = std::max(worst, (grads[1][i] - grads[0][i]).abs().max().item<double>() / scale);
+}
+
+// lora.target_modules selects among a family's linears (Note [Family LoRA targets]); a name of
+// another family's, or QLoRA, is exit 2 naming it.
+TEST(ModelRegistry, FamilyLoraTargetsAreChosenOrRefusedByName) {
+  const auto tok = data::make_char_tokenizer();
+  auto config = tiny("hyena", "classification");
+  config.lora.r = 2;
+  config.lora.target_modules = {"fc1"};
+  auto model = build_model_for(config, *tok, BuildContext{});
+  int64_t adapters = 0;
+  for (const auto& p : model->named_parameters()) {
+    if (!is_lora_parameter(p.key())) continue;
+    EXPECT_NE(p.key().find(".mlp.fc1."), std::string::npos) << p.key();
+    ++adapters;
   }
-  EXPECT_LT(worst, 1e-4);
-  std::cout << "chunked (7 positions, 5 channels) vs plain: worst relative gradient difference "
-            << worst << "\n";
+  EXPECT_EQ(adapters, 2 * 2);
+  config = tiny("caduceus-ps", "classification");
+  config.lora.r = 2;
+  config.lora.target_modules = {"in_proj", "x_proj"};
+  expect_error([&] { build_model_for(config, *tok, BuildContext{}); }, ExitCode::kUsage,
+               {"lora.target_modules", "x_proj", "Caduceus", "\"in_proj\", \"out_proj\""});
+  config.lora.target_modules = LoraConfig().target_modules;
+  config.lora.quantize_base = cfg::QuantizeBase::kNf4;
+  expect_error([&] { build_model_for(config, *tok, BuildContext{}); }, ExitCode::kUsage,
+               {"lora.quantize_base", "nf4", "Caduceus"});
+  config = tiny("hyena", "pretrain");
+  config.lora.quantize_base = cfg::QuantizeBase::kNf4;
+  expect_error([&] { build_model_for(config, *tok, BuildContext{}); }, ExitCode::kUsage,
+               {"lora.quantize_base", "nf4", "HyenaDNA"});
 }
 
 TEST(ModelRegistry, AModelDirectoryOfAnotherFamilyIsRefusedForModelArch) {

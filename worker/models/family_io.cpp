@@ -1,5 +1,6 @@
 #include "worker/models/family_io.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -144,6 +145,35 @@ void load_named_tensors(const std::vector<std::pair<std::string, torch::Tensor>>
                  "{}: tensor {} is not part of the model config.json describes", path,
                  clip_for_message(name));
   }
+}
+
+LoraOptions family_lora_options(const Config& config, const std::vector<std::string>& all,
+                                const std::string& family) {
+  const auto& l = config.lora;
+  DNALLM_CHECK(l.quantize_base == cfg::QuantizeBase::kNone, ExitCode::kUsage,
+               "lora.quantize_base = \"{}\": {} keeps its frozen base in full precision (QLoRA is "
+               "the transformer family's): set lora.quantize_base = \"none\"",
+               cfg::spelling(l.quantize_base), family);
+  LoraOptions o;
+  if (l.r == 0) return o;
+  o.r = l.r;
+  o.alpha = l.alpha;
+  o.dropout = l.dropout;
+  const std::vector<std::string> transformer_default = LoraConfig().target_modules;
+  if (l.target_modules == transformer_default) {
+    o.targets = all;
+    return o;
+  }
+  for (const auto& t : l.target_modules) {
+    DNALLM_CHECK(std::find(all.begin(), all.end(), t) != all.end(), ExitCode::kUsage,
+                 "lora.target_modules has \"{}\", which is not a {} linear: use some of {}",
+                 clip_for_message(t), family, fmt::format("\"{}\"", fmt::join(all, "\", \"")));
+    if (std::find(o.targets.begin(), o.targets.end(), t) == o.targets.end()) o.targets.push_back(t);
+  }
+  DNALLM_CHECK(!o.targets.empty(), ExitCode::kUsage,
+               "lora.target_modules is empty: name some of the {} linears ({})", family,
+               fmt::format("{}", fmt::join(all, ", ")));
+  return o;
 }
 
 }  // namespace dnallm::models

@@ -18,6 +18,9 @@
 #include <utility>
 #include <vector>
 
+#include "core/config.hpp"
+#include "worker/models/lora_linear.hpp"
+
 namespace dnallm::data {
 class Tokenizer;
 }
@@ -54,5 +57,13 @@ void copy_tokenizer_files(const std::string& from, const std::string& dir);
 void load_named_tensors(const std::vector<std::pair<std::string, torch::Tensor>>& targets,
                         const std::string& dir,
                         const std::function<bool(const std::string&)>& derived = nullptr);
+
+// Note [Family LoRA targets]: [lora] for a family whose target linears are named `all`
+// (HyenaDNA: in_proj out_proj fc1 fc2; Caduceus: in_proj out_proj). lora.target_modules
+// selects among them; its default, the transformer's ["query", "value"], means all of them. A
+// name outside `all` is exit 2 naming it, as is lora.quantize_base other than "none" (QLoRA is
+// the transformer's), with or without adapters. lora.r = 0: r = 0 (no adapters).
+LoraOptions family_lora_options(const Config& config, const std::vector<std::string>& all,
+                                const std::string& family);
 
 }  // namespace dnallm::models

@@ -32,14 +32,24 @@ std::string arch_names(const ModelFamily& f) {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
-// The LoRA adapters alone, under PEFT's names, for users who keep the base separate.
+// The LoRA adapters alone, under PEFT's names, for users who keep the base separate: the
+// module names of the model's Hugging Face layout (ours for the transformer and HyenaDNA;
+// Note [Caduceus PEFT names]).
 std::vector<std::pair<std::string, torch::Tensor>> lora_adapters(LanguageModel& model) {
+  auto* caduceus_model = dynamic_cast<caduceus::CaduceusModelImpl*>(model.get());
   std::vector<std::pair<std::string, torch::Tensor>> adapters;
   for (const auto& item : model->named_parameters()) {
     const auto& name = item.key();
-    if (name.rfind(".lora_") == std::string::npos) continue;
-    adapters.emplace_back("base_model.model." + name + ".weight",
-                          item.value().detach().to(torch::kFloat32));
+    const auto at = name.rfind(".lora_");
+    if (at == std::string::npos) continue;
+    const std::string module = name.substr(0, at), which = name.substr(at);
+    const auto modules = caduceus_model != nullptr
+                             ? caduceus::hf_module_names(caduceus_model->lm()->options(), module)
+                             : std::vector<std::string>{module};
+    for (const auto& m : modules) {
+      adapters.emplace_back("base_model.model." + m + which + ".weight",
+                            item.value().detach().to(torch::kFloat32));
+    }
   }
   return adapters;
 }

@@ -126,6 +126,32 @@ TEST_F(DdpEquivalence, HyenaAndCaduceusTwoRanksEqualOneRank) {
   }
 }
 
+// Issue 24: a LoRA fine-tune of a classifier (adapters on the family's linears, the base frozen,
+// the head trained) at 2 ranks (ZeRO-1, 2 micro-steps) equals 1 rank for HyenaDNA and
+// Caduceus-PS, and writes the adapters apart (adapter_model.safetensors).
+TEST_F(DdpEquivalence, HyenaAndCaduceusLoraClassifiersTwoRanksEqualOneRank) {
+  const std::string dir = make_temp_dir("lora_families");
+  const std::string genome = bundled_genome(20000);
+  ASSERT_GT(genome.size(), 64u * 60u);
+  const std::string table = dir + "/table.csv";
+  {
+    std::ofstream csv(table);
+    csv << "sequence,label\n";
+    for (size_t i = 0; i < 64; ++i) csv << genome.substr(i * 60, 60) << "," << (i % 2) << "\n";
+  }
+  for (const char* arch : {"hyena", "caduceus-ps"}) {
+    const std::string sets = fmt::format(
+        "--set model.arch={} --set model.task=classification --set model.num_labels=2 "
+        "--set lora.r=4 --set lora.alpha=8 --set data.train_files=[\\\"{}\\\"] ",
+        arch, table);
+    const TrainRun one = train(fmt::format("lora1_{}", arch), 1, 12, 1, sets);
+    const TrainRun two =
+        train(fmt::format("lora2_{}", arch), 2, 3, 2, sets + "--set parallel.zero_stage=1");
+    expect_equivalent(one, two, std::string("LoRA classifier, ") + arch);
+    EXPECT_TRUE(std::filesystem::exists(two.dir + "/ckpt/final/adapter_model.safetensors")) << arch;
+  }
+}
+
 TEST_F(DdpEquivalence, MpirunThreeRanksWithoutLauncher) {
   // A static MPI world: no launcher, no store; "auto" picks the mpi backend under mpirun.
   expect_equivalent(*reference_,
@@ -387,7 +413,7 @@ TEST_F(DdpEquivalence, Zero3ComposesWithCheckpointingAccumulationAndOffload) {
   // two micro-steps add two reduce-scattered shards; offload keeps the shard's optimizer on the
   // host (bit for bit on the CPU, Note [Optimizer offload]).
   const std::string z3 = "--set parallel.zero_stage=3 ";
-  for (const std::string arch : {"bert", "hyena"}) {
+  for (const std::string arch : {"bert", "hyena", "caduceus-ps"}) {
     TrainRun run = train("z3_ckpt_" + arch, 2, 3, 2,
                          z3 + "--set model.gradient_checkpointing=true --set model.arch=" + arch);
     TrainRun one = arch == "bert" ? *reference_

@@ -151,6 +151,32 @@ TEST_F(Resume, StoppedAndResumedRunIsBitIdentical) {
   expect_bit_identical(*reference_, second, "resumed at step 4");
 }
 
+// Issue 24: the long-context families resume exactly too. HyenaDNA (causal LM) and Caduceus-PS
+// (masked LM, RCPS) stopped at step 4 and resumed end bit-identical to their uninterrupted runs,
+// every loss of steps 5-8 equal.
+TEST_F(Resume, HyenaAndCaduceusStoppedAndResumedAreBitIdentical) {
+  for (const std::string arch : {"hyena", "caduceus-ps"}) {
+    SCOPED_TRACE(arch);
+    const std::string model = "--set model.arch=" + arch;
+    const std::string dir = make_temp_dir("resume_" + arch);
+    TrainRun straight = train(dir + "/straight", "straight", 1, 8, 0, model);
+    ASSERT_EQ(straight.rc, 0) << straight.log;
+    ASSERT_EQ(straight.losses.size(), 8u);
+    const std::string ckpt = dir + "/ckpt";
+    TrainRun first = train(ckpt, "first", 1, 4, 4, model);
+    ASSERT_EQ(first.rc, 0) << first.log;
+    ASSERT_TRUE(fs::exists(ckpt + "/step_000000004/manifest.json"));
+    TrainRun second = train(ckpt, "second", 1, 8, 4, model);
+    ASSERT_EQ(second.rc, 0) << second.log;
+    EXPECT_NE(second.log.find("resumed from"), std::string::npos) << second.log;
+    ASSERT_EQ(second.losses.size(), 4u);
+    for (int64_t step = 5; step <= 8; ++step) {
+      EXPECT_EQ(second.losses.at(step), straight.losses.at(step)) << "step " << step;
+    }
+    expect_bit_identical(straight, second, arch + " resumed at step 4");
+  }
+}
+
 // The sync-free step (Note [Sync-free step], the GPU default, forced on here) through the real
 // binary: its losses match the host path's (the reference) within fp32 tolerance; stopped at
 // step 4 and resumed, it saves and commits again (steps 6 and 8) and ends bit-identical to

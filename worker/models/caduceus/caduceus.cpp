@@ -176,9 +176,11 @@ MambaImpl::MambaImpl(const CaduceusOptions& o, MambaImpl* shared) : o_(o) {
   const int64_t di = o.d_inner();
   if (shared == nullptr) {
     in_proj = register_module(
-        "in_proj", torch::nn::Linear(torch::nn::LinearOptions(o.d_model, 2 * di).bias(false)));
+        "in_proj",
+        LoraLinear(torch::nn::Linear(torch::nn::LinearOptions(o.d_model, 2 * di).bias(false))));
     out_proj = register_module(
-        "out_proj", torch::nn::Linear(torch::nn::LinearOptions(di, o.d_model).bias(false)));
+        "out_proj",
+        LoraLinear(torch::nn::Linear(torch::nn::LinearOptions(di, o.d_model).bias(false))));
   } else {  // BiMamba ties the projections: the reverse direction uses the forward's
     in_proj = shared->in_proj;
     out_proj = shared->out_proj;
@@ -258,6 +260,42 @@ Tensor CaduceusLMImpl::mixer(size_t layer, const Tensor& x) {
   return torch::cat({bimamba(x.slice(-1, 0, d)), rc(bimamba(rc(x.slice(-1, d))))}, -1);
 }
 
+namespace {
+
+// Note [Caduceus activation checkpointing]: Note [Activation checkpointing] (transformer.hpp)
+// for a Caduceus mixer, the unit blocks() lists and the block hooks surround: the forward runs
+// without keeping activations (an autograd Function's forward runs under no_grad), the backward
+// reruns the mixer under grad mode from its saved input (the hooks have gathered its parameters
+// again by then: Note [Block hooks]) and back-propagates through it, the parameters' gradients
+// accumulating as usual. The mixer has no dropout and no randomness, and its recompute is the
+// same graph, so the gradients are bit-identical to those without checkpointing. The norms stay
+// outside (their parameters are the model's, not the block's).
+struct CaduceusCheckpoint : public torch::autograd::Function<CaduceusCheckpoint> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, Tensor x, int64_t model_address,
+                        int64_t layer) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["model"] = model_address;
+    ctx->saved_data["layer"] = layer;
+    return reinterpret_cast<CaduceusLMImpl*>(model_address)->mixer(static_cast<size_t>(layer), x);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto* model = reinterpret_cast<CaduceusLMImpl*>(ctx->saved_data["model"].toInt());
+    const auto layer = static_cast<size_t>(ctx->saved_data["layer"].toInt());
+    auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    Tensor out;
+    {
+      torch::AutoGradMode grad_mode(true);
+      out = model->mixer(layer, x);
+    }
+    torch::autograd::backward({out}, {grad_out[0]});
+    return {x.grad(), Tensor(), Tensor()};
+  }
+};
+
+}  // namespace
+
 Tensor CaduceusLMImpl::hidden(const Tensor& input_ids) {
   const auto& o = options_;
   const int64_t d = o.d_model;
@@ -280,10 +318,16 @@ Tensor CaduceusLMImpl::hidden(const Tensor& input_ids) {
     residual = torch::cat({rf, rc(rr)}, -1);
     return torch::cat({norm(rf, w, b), rc(norm(rr, w, b))}, -1);
   };
+  const bool checkpoint = gradient_checkpointing && is_training() && torch::GradMode::is_enabled();
   for (int64_t i = 0; i < o.n_layer; ++i) {
     const auto normed = add_norm(norm_weight[i], norm_bias[i]);
-    h = run_block(block_hooks.get(), static_cast<size_t>(i),
-                  [&] { return mixer(static_cast<size_t>(i), normed); });
+    h = run_block(block_hooks.get(), static_cast<size_t>(i), [&] {  // Note [Block hooks]
+      if (!checkpoint) return mixer(static_cast<size_t>(i), normed);
+      // An input that needs no gradient (a frozen base under LoRA) still must reach the
+      // Function's backward, where the block's parameters get theirs.
+      auto input = normed.requires_grad() ? normed : normed.detach().requires_grad_(true);
+      return CaduceusCheckpoint::apply(input, reinterpret_cast<int64_t>(this), i);
+    });
   }
   return add_norm(norm_f_weight, norm_f_bias);
 }
@@ -411,6 +455,23 @@ std::map<std::string, Tensor> hf_names(CaduceusLMImpl& m) {
 }
 
 }  // namespace
+
+std::vector<std::string> hf_module_names(const CaduceusOptions& o, const std::string& ours) {
+  const std::string prefix = "mamba_fwd_";
+  const auto dot = ours.find('.');
+  if (ours.rfind(prefix, 0) != 0 || dot == std::string::npos) return {ours};
+  const std::string layer = ours.substr(prefix.size(), dot - prefix.size());
+  const std::string linear = ours.substr(dot + 1);
+  if (layer.empty() || layer.find_first_not_of("0123456789") != std::string::npos ||
+      (linear != "in_proj" && linear != "out_proj")) {
+    return {ours};
+  }
+  const std::string mixer =
+      "caduceus.backbone.layers." + layer + ".mixer" + (o.rcps ? ".submodule" : "") + ".mamba_";
+  std::vector<std::string> out = {mixer + "fwd." + linear};
+  if (o.bidirectional) out.push_back(mixer + "rev." + linear);
+  return out;
+}
 
 CaduceusOptions options_from_hf_config(const json& config, const std::string& where) {
   return options_from(config, where);

@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/models/block_hooks.hpp"
+#include "worker/models/lora_linear.hpp"
 
 namespace dnallm::models::caduceus {
 
@@ -72,7 +73,9 @@ class MambaImpl : public torch::nn::Module {
   MambaImpl(const CaduceusOptions& o, MambaImpl* shared);
   torch::Tensor forward(const torch::Tensor& x);  // [B, L, d_model]
 
-  torch::nn::Linear in_proj{nullptr}, x_proj{nullptr}, dt_proj{nullptr}, out_proj{nullptr};
+  // in_proj and out_proj carry LoRA adapters (Note [Caduceus LoRA targets]).
+  LoraLinear in_proj{nullptr}, out_proj{nullptr};
+  torch::nn::Linear x_proj{nullptr}, dt_proj{nullptr};
   torch::nn::Conv1d conv1d{nullptr};
   torch::Tensor A_log, D;
 
@@ -97,13 +100,27 @@ class CaduceusLMImpl : public torch::nn::Module {
   torch::Tensor head_weight;                // lm_head [vocab, d] or score [labels, d]
   torch::Tensor complement;                 // int64 [vocab] (RCPS)
   std::shared_ptr<BlockHooks> block_hooks;  // Note [Block hooks]: around mixer i (null: none)
+  // Note [Caduceus activation checkpointing]: in training with gradients, each mixer's
+  // activations are recomputed in backward rather than kept.
+  bool gradient_checkpointing = false;
+
+  // Layer `layer`'s mixer (BiMamba; RCPS: on both strands) on its normed input [B, L, width].
+  torch::Tensor mixer(size_t layer, const torch::Tensor& x);
 
  private:
   torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;
-  torch::Tensor mixer(size_t layer, const torch::Tensor& x);
   CaduceusOptions options_;
 };
 TORCH_MODULE(CaduceusLM);
+
+// Note [Caduceus PEFT names]: the hub layout's module names for our LoRA target `ours`
+// ("mamba_fwd_<i>.in_proj" or ".out_proj", Note [Caduceus LoRA targets]), under which
+// adapter_model.safetensors holds its adapter, so that PEFT applies it to the hub model (final/hf):
+// caduceus.backbone.layers.<i>.mixer[.submodule].mamba_fwd.<linear>, and with BiMamba also
+// mamba_rev's, whose own Linear in the hub code holds the tied weight (PEFT gives each module
+// an adapter; both carry ours, so the hub model computes what ours does). {ours} for any other
+// name.
+std::vector<std::string> hf_module_names(const CaduceusOptions& o, const std::string& ours);
 
 // A config.json of Caduceus' layout (d_model, n_layer, vocab_size, ssm_cfg, rms_norm, rcps,
 // bidirectional, complement_map, ...) as options; a value we do not compute is exit 2.

@@ -1,5 +1,6 @@
 #include "worker/models/caduceus/caduceus_model.hpp"
 
+#include <algorithm>
 #include <map>
 
 #include <spdlog/spdlog.h>
@@ -7,6 +8,7 @@
 #include "core/error.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_directory.hpp"
+#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models::caduceus {
 namespace {
@@ -36,17 +38,19 @@ void check_task(const Config& config, const std::string& what) {
                "{}: Caduceus has no regression head: use model.task = \"pretrain\" or "
                "\"classification\"",
                what);
-  DNALLM_CHECK(config.lora.r == 0, ExitCode::kUsage,
-               "lora.r = {}: Caduceus fine-tunes in full here (its linears carry no LoRA "
-               "adapters yet): set lora.r = 0",
-               config.lora.r);
-  DNALLM_CHECK(!config.model.gradient_checkpointing, ExitCode::kUsage,
-               "model.gradient_checkpointing: Caduceus has no activation checkpointing yet; set "
-               "it to false");
 }
+
+const std::vector<std::string> kLoraTargets = {"in_proj", "out_proj"};
 
 CaduceusModel wrap(CaduceusLM lm, int64_t vocab_size) {
   return CaduceusModel(std::make_shared<CaduceusModelImpl>(std::move(lm), vocab_size));
+}
+
+// [model] gradient_checkpointing and [lora] on a model whose weights are in place.
+void configure(CaduceusModelImpl& model, const Config& config) {
+  model.set_activation_checkpointing(config.model.gradient_checkpointing);
+  model.lora = family_lora_options(config, kLoraTargets, "Caduceus");
+  if (model.lora.r > 0) model.enable_lora();
 }
 
 // [model] as Caduceus options: model.hidden = d_model, model.layers = n_layer; d_state 16,
@@ -71,7 +75,9 @@ LanguageModel build(const Config& config, const data::Tokenizer& tokenizer,
   o.classifier = m.task == cfg::Task::kClassification;
   o.num_labels = m.num_labels;
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
-  return wrap(CaduceusLM(o), tokenizer.vocab_size());
+  auto model = wrap(CaduceusLM(o), tokenizer.vocab_size());
+  configure(*model, config);
+  return model;
 }
 
 LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenizer) {
@@ -103,6 +109,7 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
   model->source_options = t;
   model->source_embedding = theirs->word_embeddings->weight.detach().clone();
   if (!t.classifier) model->source_head = theirs->head_weight.detach().clone();
+  configure(*model, config);
   return model;
 }
 
@@ -130,8 +137,9 @@ bool export_hf(LanguageModel& model, const data::Tokenizer& /*tokenizer*/, const
                const std::string& source_dir) {
   auto* m = dynamic_cast<CaduceusModelImpl*>(model.get());
   DNALLM_CHECK(m != nullptr, ExitCode::kFailure, "internal: not a Caduceus model");
-  if (m->vocab_map.empty()) {  // built here: our vocabulary is the model's
-    export_hf_caduceus(m->lm(), dir, source_dir);
+  auto source = m->merged_lm();  // LoRA: the hub layout holds the merged weights
+  if (m->vocab_map.empty()) {    // built here: our vocabulary is the model's
+    export_hf_caduceus(source, dir, source_dir);
     return true;
   }
   // Note [Character vocabularies]: back to the checkpoint's token order and complement map.
@@ -145,11 +153,11 @@ bool export_hf(LanguageModel& model, const data::Tokenizer& /*tokenizer*/, const
     if (o.classifier) o.hf_config["num_labels"] = o.num_labels;
   }
   CaduceusLM theirs(o);
-  copy_matching_parameters(*m->lm(), *theirs);
-  scatter_rows(theirs->word_embeddings->weight, m->lm()->word_embeddings->weight, m->vocab_map,
+  copy_matching_parameters(*source, *theirs);
+  scatter_rows(theirs->word_embeddings->weight, source->word_embeddings->weight, m->vocab_map,
                m->source_embedding);
   if (!o.classifier) {
-    scatter_rows(theirs->head_weight, m->lm()->head_weight, m->vocab_map, m->source_head);
+    scatter_rows(theirs->head_weight, source->head_weight, m->vocab_map, m->source_head);
   }
   export_hf_caduceus(theirs, dir, source_dir);
   return true;
@@ -194,7 +202,44 @@ std::vector<std::shared_ptr<torch::nn::Module>> CaduceusModelImpl::blocks() cons
 }
 
 void CaduceusModelImpl::set_activation_checkpointing(bool on) {
-  DNALLM_CHECK(!on, ExitCode::kUsage, "Caduceus has no activation checkpointing yet");
+  lm_->gradient_checkpointing = on;  // Note [Caduceus activation checkpointing]
+}
+
+void CaduceusModelImpl::enable_lora(int64_t r) {
+  if (r > 0) lora.r = r;
+  DNALLM_CHECK(lora.r > 0, ExitCode::kFailure, "internal: Caduceus enable_lora without a rank");
+  if (lora.targets.empty()) lora.targets = kLoraTargets;
+  for (auto& p : parameters()) p.set_requires_grad(false);
+  const auto wants = [&](const char* name) {
+    return std::find(lora.targets.begin(), lora.targets.end(), name) != lora.targets.end();
+  };
+  for (auto& m : lm_->fwd) {  // mamba_rev uses these very modules (Note [Caduceus LoRA targets])
+    if (wants("in_proj")) m->in_proj->enable_lora(lora.r, lora.alpha, lora.dropout);
+    if (wants("out_proj")) m->out_proj->enable_lora(lora.r, lora.alpha, lora.dropout);
+  }
+  // A task head is new for a fine-tune: it trains in full (PEFT's modules_to_save).
+  if (lm_->options().classifier) lm_->head_weight.set_requires_grad(true);
+  spec_.lora_r = lora.r;
+  spec_.lora_alpha = lora.alpha;
+}
+
+void CaduceusModelImpl::merge_lora() {
+  for (auto& m : lm_->fwd) {
+    m->in_proj->merge_lora();
+    m->out_proj->merge_lora();
+  }
+}
+
+CaduceusLM CaduceusModelImpl::merged_lm() {
+  if (spec_.lora_r == 0) return lm_;
+  auto copy = CaduceusLM(lm_->options());
+  copy_matching_parameters(*lm_, *copy);
+  auto params = copy->named_parameters();
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, w] : full_linear_weights(*lm_, /*merge_adapters=*/true)) {
+    params[name].copy_(w);
+  }
+  return copy;
 }
 
 double CaduceusModelImpl::flops_per_token(int64_t /*seq_len*/) const {
@@ -206,7 +251,9 @@ double CaduceusModelImpl::flops_per_token(int64_t /*seq_len*/) const {
 
 std::vector<std::pair<std::string, torch::Tensor>> CaduceusModelImpl::named_weights() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& p : named_parameters()) out.emplace_back(p.key(), p.value());
+  for (const auto& p : named_parameters()) {
+    if (!is_lora_parameter(p.key())) out.emplace_back(p.key(), p.value());
+  }
   for (const auto& b : named_buffers()) out.emplace_back(b.key(), b.value());
   return out;
 }

@@ -35,8 +35,22 @@ class CaduceusModelImpl : public LanguageModelImpl {
   double flops_per_token(int64_t seq_len) const override;
   std::vector<std::pair<std::string, torch::Tensor>> named_weights() const override;
   nlohmann::ordered_json export_config() const override;
+  // Note [Caduceus LoRA targets]: adapters on the Mamba in_proj and out_proj of every layer
+  // (lora.target_modules: "in_proj", "out_proj"; Note [Family LoRA targets]). BiMamba's reverse
+  // direction uses the forward's projections and RCPS applies them to both strands, so each
+  // tied linear is one module with one adapter, which every use applies. x_proj and dt_proj
+  // stay frozen: dt_proj is itself rank dt_rank (d_model / 16) and x_proj is (dt_rank +
+  // 2 d_state) x d_inner, under a tenth of in_proj; adapters of rank r on them would save
+  // little against training them, and PEFT users of Mamba target in_proj / out_proj the same way.
+  // Everything else is frozen but the classification head (`score`).
+  void enable_lora(int64_t r = 0) override;
+  void merge_lora() override;
 
   CaduceusLM& lm() { return lm_; }
+  // The model's CaduceusLM, or with adapters a copy with them merged (the live model keeps them).
+  CaduceusLM merged_lm();
+
+  LoraOptions lora;  // set by the family before enable_lora()
 
   // Set by an import (Note [Character vocabularies] in family_io.hpp): what export_hf needs to
   // write the hub's layout back in its token order.

@@ -155,8 +155,8 @@ Tensor HyenaFilterImpl::filter(const Tensor& z_in, const Tensor& t) {
 }
 
 HyenaOperatorImpl::HyenaOperatorImpl(const HyenaOptions& o) : d_(o.d_model) {
-  in_proj = register_module("in_proj", torch::nn::Linear(d_, 3 * d_));
-  out_proj = register_module("out_proj", torch::nn::Linear(d_, d_));
+  in_proj = register_module("in_proj", LoraLinear(torch::nn::Linear(d_, 3 * d_)));
+  out_proj = register_module("out_proj", LoraLinear(torch::nn::Linear(d_, d_)));
   short_filter = register_module(
       "short_filter",
       torch::nn::Conv1d(torch::nn::Conv1dOptions(3 * d_, 3 * d_, 3).padding(2).groups(3 * d_)));
@@ -179,8 +179,8 @@ HyenaBlockImpl::HyenaBlockImpl(const HyenaOptions& o) {
   mixer = register_module("mixer", HyenaOperator(o));
   norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
   auto mlp = scope(*this, "mlp");
-  fc1 = mlp->register_module("fc1", torch::nn::Linear(o.d_model, o.d_inner));
-  fc2 = mlp->register_module("fc2", torch::nn::Linear(o.d_inner, o.d_model));
+  fc1 = mlp->register_module("fc1", LoraLinear(torch::nn::Linear(o.d_model, o.d_inner)));
+  fc2 = mlp->register_module("fc2", LoraLinear(torch::nn::Linear(o.d_inner, o.d_model)));
   norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
 }
 
@@ -208,10 +208,11 @@ void for_pieces(int64_t n, int64_t step, F&& f) {
 // which the causal short filter reads: skip 2, or fewer at the start of the sequence.
 Tensor short_filtered(HyenaBlockImpl& b, const Tensor& xs, const Tensor& rows, int64_t skip) {
   auto& op = *b.mixer;
-  auto u =
-      torch::nn::functional::linear(b.norm1->forward(xs), op.in_proj->weight.index_select(0, rows),
-                                    op.in_proj->bias.index_select(0, rows))
-          .transpose(1, 2);
+  // The adapter, where in_proj has one, folded into the rows (Note [LoRA linear]).
+  auto u = torch::nn::functional::linear(b.norm1->forward(xs),
+                                         op.in_proj->effective_weight().index_select(0, rows),
+                                         op.in_proj->bias.index_select(0, rows))
+               .transpose(1, 2);
   auto c = torch::conv1d(u, op.short_filter->weight.index_select(0, rows),
                          op.short_filter->bias.index_select(0, rows), 1, 2, 1, rows.size(0));
   return c.slice(-1, skip, xs.size(1));
@@ -367,6 +368,7 @@ Tensor HyenaBlockImpl::backward_chunked(const Tensor& x_in, const Tensor& z, con
       torch::AutoGradMode grad_mode(true);
       h = f.hidden(z.slice(0, s, e), s);
     }
+    if (!h.requires_grad()) return;  // a frozen filter MLP (LoRA): no gradient to accumulate
     torch::autograd::backward({h}, {dh.slice(0, s, e)});
   });
   return dx.to(x_in.scalar_type());
@@ -483,7 +485,9 @@ Tensor HyenaLMImpl::forward(const Tensor& input_ids) {
 
 std::vector<std::pair<std::string, Tensor>> HyenaLMImpl::named_weights() const {
   std::vector<std::pair<std::string, Tensor>> out;
-  for (const auto& p : named_parameters()) out.emplace_back(p.key(), p.value());
+  for (const auto& p : named_parameters()) {
+    if (!is_lora_parameter(p.key())) out.emplace_back(p.key(), p.value());
+  }
   for (const auto& b : named_buffers()) out.emplace_back(b.key(), b.value());
   return out;
 }

@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/models/block_hooks.hpp"
+#include "worker/models/lora_linear.hpp"
 
 namespace dnallm::models::hyena {
 
@@ -129,7 +130,7 @@ class HyenaOperatorImpl : public torch::nn::Module {
   explicit HyenaOperatorImpl(const HyenaOptions& o);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& z, const torch::Tensor& t);
 
-  torch::nn::Linear in_proj{nullptr}, out_proj{nullptr};
+  LoraLinear in_proj{nullptr}, out_proj{nullptr};  // LoRA targets (Note [Hyena LoRA targets])
   torch::nn::Conv1d short_filter{nullptr};  // depthwise: Conv1d(3d, 3d, 3, padding 2, groups 3d)
   HyenaFilter filter_fn{nullptr};
 
@@ -154,7 +155,7 @@ class HyenaBlockImpl : public torch::nn::Module {
 
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   HyenaOperator mixer{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  LoraLinear fc1{nullptr}, fc2{nullptr};  // LoRA targets (Note [Hyena LoRA targets])
 };
 TORCH_MODULE(HyenaBlock);
 
@@ -165,7 +166,8 @@ class HyenaLMImpl : public torch::nn::Module {
   torch::Tensor hidden(const torch::Tensor& input_ids);
   // Causal LM: logits [B, L, padded vocab]; classifier: [B, num_labels].
   torch::Tensor forward(const torch::Tensor& input_ids);
-  // Every tensor of the Hugging Face layout by name (z and t excluded: regenerated).
+  // Every tensor of the Hugging Face layout by name (z and t excluded: regenerated; LoRA
+  // adapters excluded).
   std::vector<std::pair<std::string, torch::Tensor>> named_weights() const;
   const HyenaOptions& options() const { return options_; }
   void set_gradient_checkpointing(bool on) { options_.gradient_checkpointing = on; }

@@ -1,5 +1,6 @@
 #include "worker/models/hyena/hyena_model.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -20,10 +21,6 @@ HyenaOptions options_from_config(const Config& config, int64_t vocab_size) {
   DNALLM_CHECK(m.task != cfg::Task::kRegression, ExitCode::kUsage,
                "model.arch = \"hyena\" has no regression head: use model.task = \"pretrain\" or "
                "\"classification\"");
-  DNALLM_CHECK(config.lora.r == 0, ExitCode::kUsage,
-               "lora.r = {}: HyenaDNA fine-tunes in full here (its linears carry no LoRA "
-               "adapters yet): set lora.r = 0",
-               config.lora.r);
   DNALLM_CHECK(m.hidden > 0 && m.ffn > 0 && m.layers > 0 && m.max_seq_length > 1, ExitCode::kUsage,
                "model.hidden, model.ffn, model.layers must be positive and model.max_seq_length "
                "> 1");
@@ -43,6 +40,14 @@ HyenaOptions options_from_config(const Config& config, int64_t vocab_size) {
 }
 
 HyenaModel wrap(HyenaLM lm) { return HyenaModel(std::make_shared<HyenaModelImpl>(std::move(lm))); }
+
+const std::vector<std::string> kLoraTargets = {"in_proj", "out_proj", "fc1", "fc2"};
+
+// [lora] on a model whose weights are in place.
+void configure_lora(HyenaModelImpl& model, const Config& config) {
+  model.lora = family_lora_options(config, kLoraTargets, "HyenaDNA");
+  if (model.lora.r > 0) model.enable_lora();
+}
 
 // Parameters of `from` copied into `to` where name and shape agree (a fresh head stays
 // fresh), and the stored positional features (Note [Hyena positional features]).
@@ -68,7 +73,9 @@ LanguageModel build(const Config& config, const data::Tokenizer& tokenizer,
     const auto copied = copy_matching(hyena->lm(), lm);
     spdlog::info("initialised {} tensors from {}", copied, config.model.init_from);
   }
-  return wrap(lm);
+  auto model = wrap(lm);
+  configure_lora(*model, config);
+  return model;
 }
 
 LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenizer) {
@@ -84,8 +91,6 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
                "model.init_from = \"{}\": HyenaDNA has no regression head: use model.task = "
                "\"pretrain\" or \"classification\"",
                dir);
-  DNALLM_CHECK(config.lora.r == 0, ExitCode::kUsage,
-               "lora.r = {}: HyenaDNA fine-tunes in full here: set lora.r = 0", config.lora.r);
   o.classifier = config.model.task == cfg::Task::kClassification;
   o.num_labels = config.model.num_labels;
   o.gradient_checkpointing = config.model.gradient_checkpointing;
@@ -111,6 +116,7 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
       "initialised {} tensors from the HyenaDNA checkpoint {} (embedding rows in our "
       "token order{})",
       copied, dir, same_head ? "" : "; the task head is new");
+  configure_lora(*model, config);
   return HyenaModel(model);
 }
 
@@ -138,8 +144,9 @@ bool export_hf(LanguageModel& model, const data::Tokenizer& /*tokenizer*/, const
                const std::string& source_dir) {
   auto* m = dynamic_cast<HyenaModelImpl*>(model.get());
   DNALLM_CHECK(m != nullptr, ExitCode::kFailure, "internal: not a HyenaDNA model");
-  if (m->vocab_map.empty()) {  // built here: our vocabulary is the model's
-    export_hf_hyena(m->lm(), dir, source_dir);
+  auto source = m->merged_lm();  // LoRA: the hub layout holds the merged weights
+  if (m->vocab_map.empty()) {    // built here: our vocabulary is the model's
+    export_hf_hyena(source, dir, source_dir);
     return true;
   }
   // Note [Character vocabularies]: back to the checkpoint's token order.
@@ -153,11 +160,11 @@ bool export_hf(LanguageModel& model, const data::Tokenizer& /*tokenizer*/, const
     if (o.classifier) o.hf_config["num_labels"] = o.num_labels;
   }
   HyenaLM theirs(o);
-  copy_matching(m->lm(), theirs);
-  scatter_rows(theirs->word_embeddings->weight, m->lm()->word_embeddings->weight, m->vocab_map,
+  copy_matching(source, theirs);
+  scatter_rows(theirs->word_embeddings->weight, source->word_embeddings->weight, m->vocab_map,
                m->source_embedding);
   if (!o.classifier) {
-    scatter_rows(theirs->head->weight, m->lm()->head->weight, m->vocab_map, m->source_head);
+    scatter_rows(theirs->head->weight, source->head->weight, m->vocab_map, m->source_head);
   }
   export_hf_hyena(theirs, dir, source_dir);
   return true;
@@ -197,6 +204,50 @@ std::vector<std::shared_ptr<torch::nn::Module>> HyenaModelImpl::blocks() const {
 }
 
 void HyenaModelImpl::set_activation_checkpointing(bool on) { lm_->set_gradient_checkpointing(on); }
+
+void HyenaModelImpl::enable_lora(int64_t r) {
+  if (r > 0) lora.r = r;
+  DNALLM_CHECK(lora.r > 0, ExitCode::kFailure, "internal: HyenaDNA enable_lora without a rank");
+  if (lora.targets.empty()) lora.targets = kLoraTargets;
+  for (auto& p : parameters()) p.set_requires_grad(false);
+  const auto wants = [&](const char* name) {
+    return std::find(lora.targets.begin(), lora.targets.end(), name) != lora.targets.end();
+  };
+  for (auto& b : lm_->blocks) {
+    if (wants("in_proj")) b->mixer->in_proj->enable_lora(lora.r, lora.alpha, lora.dropout);
+    if (wants("out_proj")) b->mixer->out_proj->enable_lora(lora.r, lora.alpha, lora.dropout);
+    if (wants("fc1")) b->fc1->enable_lora(lora.r, lora.alpha, lora.dropout);
+    if (wants("fc2")) b->fc2->enable_lora(lora.r, lora.alpha, lora.dropout);
+  }
+  // A task head is new for a fine-tune: it trains in full (PEFT's modules_to_save).
+  if (lm_->options().classifier) {
+    for (auto& p : lm_->head->parameters()) p.set_requires_grad(true);
+  }
+  spec_.lora_r = lora.r;
+  spec_.lora_alpha = lora.alpha;
+}
+
+void HyenaModelImpl::merge_lora() {
+  for (auto& b : lm_->blocks) {
+    for (auto* lin : {&b->mixer->in_proj, &b->mixer->out_proj, &b->fc1, &b->fc2}) {
+      (*lin)->merge_lora();
+    }
+  }
+}
+
+HyenaLM HyenaModelImpl::merged_lm() {
+  if (spec_.lora_r == 0) return lm_;
+  auto o = lm_->options();
+  o.gradient_checkpointing = false;
+  HyenaLM copy(o);
+  copy_matching(lm_, copy);
+  auto params = copy->named_parameters();
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, w] : full_linear_weights(*lm_, /*merge_adapters=*/true)) {
+    params[name].copy_(w);
+  }
+  return copy;
+}
 
 double HyenaModelImpl::flops_per_token(int64_t seq_len) const {
   const auto& o = lm_->options();

@@ -32,8 +32,20 @@ class HyenaModelImpl : public LanguageModelImpl {
   double flops_per_token(int64_t seq_len) const override;
   std::vector<std::pair<std::string, torch::Tensor>> named_weights() const override;
   nlohmann::ordered_json export_config() const override;
+  // Note [Hyena LoRA targets]: adapters on each block's Hyena operator in_proj and out_proj
+  // and its MLP fc1 and fc2 (lora.target_modules: "in_proj", "out_proj", "fc1", "fc2"; Note
+  // [Family LoRA targets]): every dense linear of a block, the names PEFT users give for
+  // HyenaDNA. The implicit filter's small MLP, the short filter, the norms and the embedding
+  // stay frozen; the classification head (`score`) trains in full. A chunked block (Note [Hyena
+  // chunked block]) folds in_proj's adapter into the rows it takes (LoRA dropout then unused).
+  void enable_lora(int64_t r = 0) override;
+  void merge_lora() override;
 
   HyenaLM& lm() { return lm_; }
+  // The model's HyenaLM, or with adapters a copy with them merged (the live model keeps them).
+  HyenaLM merged_lm();
+
+  LoraOptions lora;  // set by the family before enable_lora()
 
   // Set by an import with a vocabulary map (Note [Character vocabularies] in family_io.hpp):
   // what export_hf needs to write the hub's layout back.

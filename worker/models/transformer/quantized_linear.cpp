@@ -46,7 +46,7 @@ class Nf4Weight final : public QuantizedWeight {
     if (q_.codes.device() != x.device()) move_to(x.device());
     // Dequantised on the fly into x's dtype, used once, freed: the resident base stays 4-bit.
     auto w = dequantize().to(x.dtype());
-    // See Note [at::linear, not nn::functional::linear] (transformer.cpp).
+    // See Note [at::linear, not nn::functional::linear] (lora_linear.cpp).
     return torch::linear(x, w, bias.defined() ? bias.to(x.dtype()) : torch::Tensor());
   }
   Tensor dequantize() const override { return nf4_dequantize(q_); }

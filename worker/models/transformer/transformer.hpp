@@ -36,6 +36,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "core/config.hpp"
 #include "worker/models/language_model.hpp"
+#include "worker/models/lora_linear.hpp"
 #include "worker/models/registry.hpp"
 #include "worker/models/transformer/quantized_linear.hpp"
 
@@ -135,33 +136,7 @@ void check_model_shape(const ModelOptions& o, const std::string& where);
 // "auto" attention resolves to sdpa.
 ModelOptions model_options_from_config(const Config& config, int64_t vocab_size);
 
-// A linear layer with an optional low-rank adapter: y = x W^T + b + (alpha/r) B A x.
-// With an adapter, W and b are frozen and only A, B train.
-class LoraLinearImpl : public torch::nn::Module {
- public:
-  LoraLinearImpl(int64_t in, int64_t out, bool bias = true);
-  void enable_lora(int64_t r, double alpha, double dropout);
-  // Folds B A into W and removes the adapter (export path).
-  void merge_lora();
-  bool has_lora() const { return lora_a_.defined(); }
-  double lora_scaling() const { return scaling_; }  // alpha / r
-  // Replaces the base weight by a quantized one (INT8/NF4, quantized_linear.hpp): `weight`
-  // becomes an empty tensor and forward computes the base product through `q`.
-  void set_quantized(std::shared_ptr<QuantizedWeight> q);
-  const std::shared_ptr<QuantizedWeight>& quantized() const { return quantized_; }
-  // The base weight in full precision (dequantized when quantized).
-  torch::Tensor full_weight() const;
-  torch::Tensor forward(const torch::Tensor& x);
-
-  torch::Tensor weight, bias;
-
- private:
-  torch::Tensor lora_a_, lora_b_;
-  double scaling_ = 0.0;
-  double lora_dropout_ = 0.0;
-  std::shared_ptr<QuantizedWeight> quantized_;
-};
-TORCH_MODULE(LoraLinear);
+// LoraLinear: worker/models/lora_linear.hpp (Note [LoRA linear]).
 
 // Key/value cache of one layer for incremental decoding: [batch, kv_heads, past_len, head_dim]
 // (grouped-query attention caches the shared heads once).
