@@ -22,7 +22,7 @@
 namespace dnallm {
 namespace {
 
-enum class Kind { kInt, kDouble, kBool, kString, kStringList };
+enum class Kind { kInt, kDouble, kBool, kString, kStringList, kStageList };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -36,6 +36,8 @@ const char* kind_name(Kind k) {
       return "a string";
     case Kind::kStringList:
       return "a list of strings";
+    case Kind::kStageList:
+      return "a list of {steps = N, seq_len = N} tables";
   }
   return "?";
 }
@@ -287,6 +289,10 @@ template <>
 constexpr Kind kind_of<std::vector<std::string>>() {
   return Kind::kStringList;
 }
+template <>
+constexpr Kind kind_of<std::vector<SeqLenStage>>() {
+  return Kind::kStageList;
+}
 
 // Declares the keys of one section, in the order docs/config.md and to_toml() list them. The
 // field's C++ type gives the key's kind; `doc` is the key's meaning in Markdown.
@@ -488,7 +494,16 @@ void data_keys(std::vector<KeyDesc>& out) {
            "tables: batch records of similar length together")
       .key("packing", &DataConfig::packing, "pack short records into `max_seq_length` rows")
       .key("cache_dir", &DataConfig::cache_dir,
-           "where .fai / offset indexes go when the data directory is read-only");
+           "where .fai / offset indexes go when the data directory is read-only")
+      .key("seq_len_warmup", &DataConfig::seq_len_warmup,
+           "staged sequence-length warm-up (HyenaDNA's; Note [Sequence-length warm-up]), e.g. "
+           "`[{steps = 100, seq_len = 1024}, {steps = 100, seq_len = 4096}]`: the first 100 "
+           "optimizer steps at 1024 tokens a row, the next 100 at 4096, the rest at "
+           "`model.max_seq_length`. Tokens per step stay constant: a stage's micro-batch holds "
+           "`micro_batch_size` x `max_seq_length` / `seq_len` rows, each window of the full "
+           "length cut into that many pieces, so the samples of a step, the resume point and "
+           "the data order at any world size are those without warm-up. Lengths grow, each "
+           "divides `model.max_seq_length`; genome pre-training only (docs/long-context.md)");
 }
 
 // [training], part 1: how long, how big a batch, and the optimizer.
@@ -899,6 +914,57 @@ std::vector<std::string> read_string_list(const KeyDesc& k, const toml::node& no
   return out;
 }
 
+// data.seq_len_warmup: an array of {steps, seq_len} tables (a single table is a list of one).
+// The order of the stages and their lengths against model.max_seq_length are checked by
+// validate(), once every key is set.
+std::vector<SeqLenStage> read_stage_list(const KeyDesc& k, const toml::node& node,
+                                         const std::string& at) {
+  std::vector<const toml::table*> tables;
+  if (const auto* t = node.as_table()) {
+    tables.push_back(t);
+  } else if (const auto* arr = node.as_array()) {
+    for (const auto& el : *arr) {
+      if (!el.is_table()) type_error(k, at);
+      tables.push_back(el.as_table());
+    }
+  } else {
+    type_error(k, at);
+  }
+  std::vector<SeqLenStage> out;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const std::string stage = fmt::format("{}[{}]", k.full(), i);
+    SeqLenStage s;
+    bool has_steps = false, has_len = false;
+    for (const auto& [key, value] : *tables[i]) {
+      const std::string name(key.str());
+      auto v = value.value_exact<int64_t>();
+      if (name != "steps" && name != "seq_len") {
+        fail(ExitCode::kUsage,
+             "{}: {} has an unknown key '{}'; a stage is {{steps = N, seq_len = N}}", at, stage,
+             name);
+      }
+      if (!v) fail(ExitCode::kUsage, "{}: {}.{} must be an integer", at, stage, name);
+      if (name == "steps") {
+        if (*v < 1) fail(ExitCode::kUsage, "{}: {}.steps is {}, must be at least 1", at, stage, *v);
+        s.steps = *v;
+        has_steps = true;
+      } else {
+        if (*v < 4 || *v > (1 << 20)) {
+          fail(ExitCode::kUsage, "{}: {}.seq_len is {}, must be between 4 and {}", at, stage, *v,
+               1 << 20);
+        }
+        s.seq_len = *v;
+        has_len = true;
+      }
+    }
+    if (!has_steps || !has_len) {
+      fail(ExitCode::kUsage, "{}: {} needs both keys: {{steps = N, seq_len = N}}", at, stage);
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
 // Reads `node` into the field described by `k`; `at` is "file:line" or "--set key=value".
 void assign(Config& c, const KeyDesc& k, const toml::node& node, const std::string& at) {
   void* field = k.ptr(c);
@@ -924,6 +990,9 @@ void assign(Config& c, const KeyDesc& k, const toml::node& node, const std::stri
       break;
     case Kind::kStringList:
       *static_cast<std::vector<std::string>*>(field) = read_string_list(k, node, at);
+      break;
+    case Kind::kStageList:
+      *static_cast<std::vector<SeqLenStage>*>(field) = read_stage_list(k, node, at);
       break;
   }
 }
@@ -960,6 +1029,45 @@ void set_key(Config& c, const std::string& section, const std::string& name, con
   std::string hint = suggest_key(section, name);
   fail(ExitCode::kUsage, "{}: unknown key '{}'{}; see docs/config.md for the valid keys", at, full,
        hint.empty() ? std::string() : "; did you mean '" + hint + "'?");
+}
+
+// Note [Sequence-length warm-up] (worker/data/data_loader.hpp): the stages grow toward
+// model.max_seq_length, and each length divides it (a window of the full length is cut into
+// max_seq_length / seq_len pieces, so tokens per step stay constant).
+template <typename Bad>
+void validate_seq_len_warmup(const Config& c, Bad&& bad) {
+  const auto& stages = c.data.seq_len_warmup;
+  const int64_t max_len = c.model.max_seq_length;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const int64_t len = stages[i].seq_len;
+    const std::string key = fmt::format("data.seq_len_warmup[{}].seq_len = {}", i, len);
+    if (i > 0 && len <= stages[i - 1].seq_len) {
+      bad(
+          fmt::format("{} must be longer than the stage before it ({}): the stages grow toward "
+                      "model.max_seq_length",
+                      key, stages[i - 1].seq_len));
+    }
+    if (len >= max_len) {
+      bad(
+          fmt::format("{} must be shorter than model.max_seq_length = {}, the length training "
+                      "continues at after the warm-up; raise model.max_seq_length or drop the "
+                      "stage",
+                      key, max_len));
+    }
+    if (max_len % len != 0) {
+      bad(
+          fmt::format("{} must divide model.max_seq_length = {}: a stage's micro-batch holds "
+                      "micro_batch_size x {} / seq_len rows, so that tokens per step stay "
+                      "constant (e.g. {})",
+                      key, max_len, max_len, max_len / 2));
+    }
+  }
+  if (!stages.empty() && c.model.task != Task::kPretrain) {
+    bad(
+        fmt::format("data.seq_len_warmup is for pre-training, but model.task = \"{}\": a "
+                    "labelled record cannot be cut into pieces; remove the warm-up",
+                    spelling(c.model.task)));
+  }
 }
 
 void validate(const Config& c, const std::string& origin) {
@@ -1009,6 +1117,7 @@ void validate(const Config& c, const std::string& origin) {
   if (c.training.precision == Precision::kFp16 && c.training.device == cfg::Device::kCpu) {
     bad("training.precision = \"fp16\" needs a GPU; use \"bf16\" or \"fp32\" on CPU");
   }
+  validate_seq_len_warmup(c, bad);
 }
 
 // The canonical "section.key" that `name` sets in a table of `section` ("" when it names
@@ -1165,6 +1274,12 @@ std::string value_text(Config& c, const KeyDesc& k) {
         parts.push_back(toml_string(s));
       return "[" + fmt::format("{}", fmt::join(parts, ", ")) + "]";
     }
+    case Kind::kStageList: {
+      std::vector<std::string> parts;
+      for (const auto& st : *static_cast<std::vector<SeqLenStage>*>(f))
+        parts.push_back(fmt::format("{{steps = {}, seq_len = {}}}", st.steps, st.seq_len));
+      return "[" + fmt::format("{}", fmt::join(parts, ", ")) + "]";
+    }
   }
   return "";
 }
@@ -1218,6 +1333,8 @@ std::string allowed_text(const KeyDesc& k) {
       return "string";
     case Kind::kStringList:
       return "list of strings";
+    case Kind::kStageList:
+      return "list of `{steps, seq_len}` tables";
   }
   return "";
 }

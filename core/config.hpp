@@ -133,6 +133,13 @@ struct TokenizerConfig {
   std::string path = "";
 };
 
+// One stage of data.seq_len_warmup (Note [Sequence-length warm-up], worker/data/data_loader.hpp).
+struct SeqLenStage {
+  int64_t steps = 0;    // optimizer steps at this length
+  int64_t seq_len = 0;  // tokens per row, framing included
+  bool operator==(const SeqLenStage& o) const { return steps == o.steps && seq_len == o.seq_len; }
+};
+
 struct DataConfig {
   std::vector<std::string> train_files;
   std::vector<std::string> eval_files;
@@ -154,6 +161,7 @@ struct DataConfig {
   bool group_by_length = false;
   bool packing = false;
   std::string cache_dir = "";
+  std::vector<SeqLenStage> seq_len_warmup;  // empty: every step at model.max_seq_length
 };
 
 struct TrainingConfig {

@@ -82,7 +82,8 @@ int train_in_group(Config& config, const WorkerEnv& env, const cluster::Topology
   auto model = train::make_model(config, *tokenizer);
   // training.batch_size = "auto": before the loaders, which take the micro-batch size.
   train::resolve_auto_batch(config, model, *sync, topo.local_world_size);
-  auto train_loader = data::make_train_loader(config, tokenizer, rank, world, resume.sampler);
+  auto train_loader = data::make_train_loader(config, tokenizer, rank, world, resume.sampler,
+                                              resume.step().value_or(0));
   const data::DataLoader& loader = *train_loader;  // owned by the trainer below
   train::TrainerOptions trainer_options;
   trainer_options.bases_of_label = train::bases_of_label(tokenizer);

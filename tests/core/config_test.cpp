@@ -233,6 +233,52 @@ warmup_ratio = 0.3333333333333333
   EXPECT_FALSE(back == c);
 }
 
+// data.seq_len_warmup (Note [Sequence-length warm-up]): a list of {steps, seq_len} tables from a
+// file, an array of tables or --set; printed and read back; a bad stage is exit 2 naming it.
+TEST(Config, SeqLenWarmupStagesParsePrintAndAreChecked) {
+  const std::vector<SeqLenStage> stages = {{100, 128}, {50, 256}};
+  const Config inline_tables = parse_config(
+      "[model]\nmax_seq_length = 1024\n[data]\n"
+      "seq_len_warmup = [{steps = 100, seq_len = 128}, {seq_len = 256, steps = 50}]\n",
+      "run.toml");
+  EXPECT_EQ(inline_tables.data.seq_len_warmup, stages);
+  const Config array_of_tables = parse_config(
+      "[model]\nmax_seq_length = 1024\n[[data.seq_len_warmup]]\nsteps = 100\nseq_len = 128\n"
+      "[[data.seq_len_warmup]]\nsteps = 50\nseq_len = 256\n",
+      "run.toml");
+  EXPECT_EQ(array_of_tables.data.seq_len_warmup, stages);
+  const Config set =
+      parse_config("", "run.toml",
+                   {"model.max_seq_length=1024",
+                    "data.seq_len_warmup=[{steps=100,seq_len=128},{steps=50,seq_len=256}]"});
+  EXPECT_EQ(set.data.seq_len_warmup, stages);
+  const std::string text = to_toml(set);
+  EXPECT_NE(
+      text.find("seq_len_warmup = [{steps = 100, seq_len = 128}, {steps = 50, seq_len = 256}]"),
+      std::string::npos)
+      << text;
+  EXPECT_TRUE(parse_config(text, "printed.toml") == set);
+  EXPECT_TRUE(Config().data.seq_len_warmup.empty());
+
+  const std::string max = "[model]\nmax_seq_length = 64\n[data]\nseq_len_warmup = ";
+  expect_usage_error(max + "[{steps = 2, seq_len = 32}, {steps = 2, seq_len = 16}]\n",
+                     {"data.seq_len_warmup[1].seq_len = 16", "longer than the stage before"});
+  expect_usage_error(max + "[{steps = 2, seq_len = 32}, {steps = 2, seq_len = 32}]\n",
+                     {"data.seq_len_warmup[1].seq_len = 32", "longer than the stage before"});
+  expect_usage_error(max + "[{steps = 2, seq_len = 24}]\n",
+                     {"data.seq_len_warmup[0].seq_len = 24", "must divide model.max_seq_length"});
+  expect_usage_error(max + "[{steps = 2, seq_len = 128}]\n",
+                     {"data.seq_len_warmup[0].seq_len = 128", "shorter than model.max_seq_length"});
+  expect_usage_error(max + "[{steps = 0, seq_len = 16}]\n",
+                     {"run.toml:4", "data.seq_len_warmup[0].steps is 0"});
+  expect_usage_error(max + "[{steps = 2}]\n", {"data.seq_len_warmup[0] needs both keys"});
+  expect_usage_error(max + "[{steps = 2, seq_len = 16, rows = 4}]\n",
+                     {"data.seq_len_warmup[0]", "unknown key 'rows'"});
+  expect_usage_error(max + "[16, 32]\n", {"data.seq_len_warmup", "{steps = N, seq_len = N}"});
+  expect_usage_error(max + "[{steps = 2, seq_len = 16}]\n", {"pre-training"},
+                     {"model.task=classification"});
+}
+
 TEST(Config, ModelHashIgnoresTrainingKnobs) {
   Config a = parse_config("", "");
   Config b = parse_config("", "", {"training.lr=1e-2", "checkpoint.dir=elsewhere"});

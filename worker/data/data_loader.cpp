@@ -22,6 +22,28 @@ SamplerOptions sampler_options(const LoaderOptions& o, uint64_t dataset_size) {
 }
 }  // namespace
 
+StageShape stage_shape(const std::vector<SeqLenStage>& stages, int64_t max_seq_length,
+                       uint64_t step) {
+  uint64_t end = 0;
+  for (const auto& s : stages) {
+    end += static_cast<uint64_t>(s.steps);
+    if (step < end) return {s.seq_len, max_seq_length / s.seq_len};
+  }
+  return {max_seq_length, 1};
+}
+
+std::vector<Sample> cut_into_pieces(const Sample& sample, int64_t pieces, int64_t bases) {
+  if (pieces <= 1) return {sample};
+  const auto n = static_cast<int64_t>(sample.bases.size());
+  const int64_t w = std::min(bases, n);
+  std::vector<Sample> out(static_cast<size_t>(pieces), sample);
+  for (int64_t j = 0; j < pieces; ++j) {
+    out[static_cast<size_t>(j)].bases = sample.bases.substr(
+        static_cast<size_t>(j * (n - w) / (pieces - 1)), static_cast<size_t>(w));
+  }
+  return out;
+}
+
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
                        std::shared_ptr<const Tokenizer> tokenizer, LoaderOptions options,
                        const SamplerState* resume)
@@ -209,15 +231,25 @@ Batch DataLoader::build(uint64_t job) const {
     }
   }
   if (positions.empty()) return Batch{};  // past max_samples: nothing left to evaluate
+  // Note [Sequence-length warm-up]: the stage of this global step.
+  ObjectiveOptions objective = options_.objective;
+  const StageShape shape =
+      stage_shape(options_.seq_len_warmup, objective.max_seq_length, options_.first_step + step);
+  objective.max_seq_length = shape.seq_len;
+  const int64_t piece_bases = tokenizer_->bases_for_tokens(token_budget(objective));
   std::vector<EncodedSample> encoded;
-  encoded.reserve(samples.size());
+  encoded.reserve(samples.size() * static_cast<size_t>(shape.pieces));
   for (size_t k = 0; k < samples.size(); ++k) {
     SamplePosition sp = sampler_.resolve(positions[k]);
     SampleRng rng(options_.seed, sp.epoch, sp.position, 1);
-    encoded.push_back(
-        encode_sample(samples[k], positions[k], *tokenizer_, options_.objective, rng));
+    if (shape.pieces == 1) {
+      encoded.push_back(encode_sample(samples[k], positions[k], *tokenizer_, objective, rng));
+      continue;
+    }
+    for (const auto& piece : cut_into_pieces(samples[k], shape.pieces, piece_bases))
+      encoded.push_back(encode_sample(piece, positions[k], *tokenizer_, objective, rng));
   }
-  return collate(std::move(encoded), options_.objective);
+  return collate(std::move(encoded), objective);
 }
 
 }  // namespace dnallm::data

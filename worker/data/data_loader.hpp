@@ -16,6 +16,25 @@
 // position) before slicing, so each micro-batch holds similar lengths; which samples the
 // global batch holds is unchanged. Each rank reads (not encodes) the whole global batch to
 // sort it.
+//
+// Note [Sequence-length warm-up]: data.seq_len_warmup = [{steps = s1, seq_len = l1}, ...] trains
+// the first s1 optimizer steps at rows of l1 tokens, the next s2 at l2, ..., and the steps after
+// the last stage at objective.max_seq_length (model.max_seq_length): HyenaDNA's staged warm-up
+// (hyena-dna's SeqlenWarmupReload callback, whose stages count epochs and reload the dataset at
+// each length, with the batch size grown by hand so that tokens per step stay constant). Here
+// the samples stay what they are: each sample of the stream (a window of the full length) is
+// cut into pieces = max_seq_length / seq_len windows of seq_len tokens, so a micro-batch holds
+// micro_batch_size x pieces rows and tokens per step are those of the full length. Hence which
+// samples a step holds (Note [Global sample stream]), the saved cursor and the independence of
+// the world size all carry over unchanged, and the stage is a function of the global optimizer
+// step (LoaderOptions::first_step + steps since the start cursor): a run resumed in the middle
+// of a stage, and every rank of a step, build the same shapes. The cut: piece j of a window of
+// n bases is the w bases from j (n - w) / (pieces - 1), where w = the tokenizer's bases for a
+// stage row's token budget: evenly spread, the first at the window's start, the last at its end
+// (char tokens: side by side, fewer than `pieces` bases left out between them; overlapping
+// k-mers: overlapping by k - 1 bases, so each row is full). Each piece is framed as a sample of
+// its own, masked (masked LM) by its window's rng in piece order, and keeps the window's sample
+// id. Evaluation is not warmed up: it always reads full-length rows.
 #pragma once
 
 #include <condition_variable>
@@ -49,7 +68,24 @@ struct LoaderOptions {
   // dropped (a micro-batch may come out short, or empty: rows == 0). Evaluation sets it so
   // that no rank wraps around to samples already scored. 0: the infinite stream (training).
   uint64_t max_samples = 0;
+  // Note [Sequence-length warm-up]: the stages (empty: none), and the global optimizer step
+  // (0-based) the start cursor begins, i.e. the steps done before it (a resumed run's step).
+  std::vector<SeqLenStage> seq_len_warmup;
+  uint64_t first_step = 0;
 };
+
+// Note [Sequence-length warm-up]: the shape of global optimizer step `step` (0-based): rows of
+// `seq_len` tokens, each window cut into `pieces` rows (1 after the warm-up).
+struct StageShape {
+  int64_t seq_len = 0;
+  int64_t pieces = 1;
+};
+StageShape stage_shape(const std::vector<SeqLenStage>& stages, int64_t max_seq_length,
+                       uint64_t step);
+
+// The `pieces` windows of `bases` bases each cut from `sample` (Note [Sequence-length warm-up]);
+// the label and target are kept. pieces == 1: the sample itself.
+std::vector<Sample> cut_into_pieces(const Sample& sample, int64_t pieces, int64_t bases);
 
 class DataLoader {
  public:

@@ -191,10 +191,21 @@ LoaderOptions loader_options(const Config& config, int rank, int world_size, boo
 std::unique_ptr<DataLoader> make_train_loader(const Config& config,
                                               std::shared_ptr<const Tokenizer> tokenizer, int rank,
                                               int world_size,
-                                              const std::optional<SamplerState>& resume) {
+                                              const std::optional<SamplerState>& resume,
+                                              int64_t first_step) {
   auto ds = make_dataset(config, *tokenizer, Split::kTrain);
-  return std::make_unique<DataLoader>(ds, std::move(tokenizer),
-                                      loader_options(config, rank, world_size, true),
+  auto options = loader_options(config, rank, world_size, true);
+  // Note [Sequence-length warm-up] (data_loader.hpp).
+  options.seq_len_warmup = config.data.seq_len_warmup;
+  options.first_step = static_cast<uint64_t>(std::max<int64_t>(0, first_step));
+  if (!options.seq_len_warmup.empty() && dynamic_cast<const GenomeDataset*>(ds.get()) == nullptr) {
+    fail(ExitCode::kUsage,
+         "data.seq_len_warmup cuts genome windows into shorter rows, but data.train_files ({}) "
+         "are tables, whose records have lengths of their own; remove the warm-up or train on "
+         "FASTA/FASTQ",
+         config.data.train_files.front());
+  }
+  return std::make_unique<DataLoader>(ds, std::move(tokenizer), options,
                                       resume ? &*resume : nullptr);
 }
 

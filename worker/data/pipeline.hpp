@@ -39,9 +39,11 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
 // Loader options from the config for this rank (train: shuffled; eval: in order, accum 1).
 LoaderOptions loader_options(const Config& config, int rank, int world_size, bool train);
 
+// `first_step`: the optimizer steps done before `resume`'s cursor (the resumed step; Note
+// [Sequence-length warm-up]). data.seq_len_warmup on tables is Error(kUsage).
 std::unique_ptr<DataLoader> make_train_loader(
     const Config& config, std::shared_ptr<const Tokenizer> tokenizer, int rank, int world_size,
-    const std::optional<SamplerState>& resume = std::nullopt);
+    const std::optional<SamplerState>& resume = std::nullopt, int64_t first_step = 0);
 
 // nullptr when the config has no evaluation data.
 // Note [Evaluation covers each sample once]: an evaluation scores the first

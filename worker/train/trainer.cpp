@@ -450,6 +450,7 @@ double Trainer::take_micro_batches(std::vector<data::Batch>& micro, StepResult& 
     local_count += label_count(micro.back(), task);
     r.tokens += real_tokens(micro.back());
     r.seq_len = std::max(r.seq_len, micro.back().seq_len);
+    r.rows += micro.back().rows;
   }
   const double global_count = sync_->sum_scalar(double(local_count));
   DNALLM_CHECK(global_count > 0, ExitCode::kBadData,
@@ -645,6 +646,9 @@ void Trainer::log_step(const StepResult& r, double global_tokens, const RunTotal
   line["step_s"] = r.step_s;
   line["comm_exposed_s"] = r.comm_exposed_s;
   line["data_wait_s"] = r.data_wait_s;
+  // The batch shape (Note [Sequence-length warm-up] changes it between stages): rank 0's.
+  line["seq_len"] = r.seq_len;
+  line["rows"] = r.rows;
   if (r.skipped) line["skipped"] = true;
   if (scaler_.scale() != 1.0) line["loss_scale"] = scaler_.scale();
   write_metrics(line);
@@ -654,9 +658,13 @@ void Trainer::log_step(const StepResult& r, double global_tokens, const RunTotal
       peak_tflops_ > 0 ? fmt::format(" MFU {:.1f}%", 100.0 * mfu(totals.flops / totals.train_s, 1.0,
                                                                  peak_tflops_, world))
                        : std::string();
-  spdlog::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s{} ETA {}", r.step,
-               total_steps_, r.loss, r.lr, r.grad_norm, totals.tokens / totals.train_s, mfu_text,
-               format_duration(eta));
+  // Note [Sequence-length warm-up]: the current length while the stages change it.
+  const std::string length_text = config_.data.seq_len_warmup.empty()
+                                      ? std::string()
+                                      : fmt::format(" seq_len {} x {} rows", r.seq_len, r.rows);
+  spdlog::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f}{} {:.0f} tok/s{} ETA {}", r.step,
+               total_steps_, r.loss, r.lr, r.grad_norm, length_text, totals.tokens / totals.train_s,
+               mfu_text, format_duration(eta));
 }
 
 void Trainer::evaluate_at(int64_t step) {

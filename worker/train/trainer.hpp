@@ -101,6 +101,7 @@ struct StepResult {
   bool skipped = false;    // fp16 overflow: parameters untouched
   int64_t tokens = 0;      // real tokens processed by this rank (attention_mask = 1)
   int64_t seq_len = 0;     // padded sequence length of the step's batches (for MFU)
+  int64_t rows = 0;        // sequences in this rank's micro-batches of the step
   double step_s = 0.0, comm_exposed_s = 0.0, data_wait_s = 0.0;
   // Whether loss, grad_norm and skipped were read back (Note [Sync-free step]); when false
   // they are NaN / false.

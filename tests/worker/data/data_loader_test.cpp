@@ -6,6 +6,7 @@
 #include <set>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
@@ -266,6 +267,98 @@ TEST(DataLoader, GroupByLengthReducesPaddingKeepsSamples) {
   auto [grouped_tokens, grouped_ids] = run(true);
   EXPECT_EQ(plain_ids, grouped_ids);
   EXPECT_LT(grouped_tokens, plain_tokens);
+}
+
+// Note [Sequence-length warm-up]: the stage is a function of the global step; each stage's
+// micro-batch holds micro_batch_size x max / seq_len rows of seq_len tokens (tokens per step
+// constant), cut from the very windows the loader without warm-up gives, in order, each row a
+// window's piece at j (n - w) / (pieces - 1).
+TEST(DataLoader, SeqLenWarmupCutsTheSameWindowsIntoTheStagesRows) {
+  EXPECT_EQ(stage_shape({{2, 8}, {1, 16}}, 32, 0).pieces, 4);
+  EXPECT_EQ(stage_shape({{2, 8}, {1, 16}}, 32, 1).seq_len, 8);
+  EXPECT_EQ(stage_shape({{2, 8}, {1, 16}}, 32, 2).seq_len, 16);
+  EXPECT_EQ(stage_shape({{2, 8}, {1, 16}}, 32, 3).pieces, 1);
+  EXPECT_EQ(stage_shape({}, 32, 0).seq_len, 32);
+
+  auto ds = genome(31);  // causal LM at 32 tokens: [CLS] + 31 bases
+  auto tok = make_char_tokenizer();
+  auto o = options(0, 1, 3, 2, 1);
+  o.objective.objective = Objective::kCausalLm;
+  DataLoader plain(ds, tok, o);
+  o.seq_len_warmup = {{2, 8}, {1, 16}};
+  DataLoader warm(ds, tok, o);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{8, 4}, {8, 4}, {16, 2}, {32, 1}};
+  for (size_t step = 0; step < shapes.size(); ++step) {
+    const auto [len, pieces] = shapes[step];
+    for (int m = 0; m < 2; ++m) {
+      SCOPED_TRACE(fmt::format("step {} micro {}", step, m));
+      const Batch p = plain.next(), w = warm.next();
+      ASSERT_EQ(w.seq_len, len);
+      ASSERT_EQ(w.rows, 3 * pieces);
+      EXPECT_EQ(w.rows * w.seq_len, p.rows * p.seq_len);
+      for (int64_t r = 0; r < w.rows; ++r) {
+        const int64_t parent = r / pieces, j = r % pieces;
+        EXPECT_EQ(w.sample_ids[r], p.sample_ids[parent]);
+        // Row r: [CLS] then the len - 1 bases of piece j, from the window at [CLS] + start.
+        const int64_t start = pieces == 1 ? 0 : j * (31 - (len - 1)) / (pieces - 1);
+        EXPECT_EQ(w.input_ids[r * len], kClsId);
+        for (int64_t t = 1; t < len; ++t) {
+          ASSERT_EQ(w.input_ids[r * len + t], p.input_ids[parent * p.seq_len + 1 + start + t - 1])
+              << "row " << r << " token " << t;
+        }
+      }
+    }
+  }
+  // Resumed after step 1 (in the first stage): the loader that starts at the saved cursor with
+  // first_step 1 builds what the uninterrupted one built, stage by stage.
+  DataLoader whole(ds, tok, o);
+  std::vector<Batch> expected;
+  for (int i = 0; i < 8; ++i) expected.push_back(whole.next());
+  SamplerState saved = whole.state();
+  saved.consumed_samples = 6;  // one step of 3 x 2
+  o.first_step = 1;
+  DataLoader resumed(ds, tok, o, &saved);
+  for (int i = 2; i < 8; ++i) {
+    const Batch b = resumed.next();
+    EXPECT_EQ(b.input_ids, expected[i].input_ids) << "micro-batch " << i;
+    EXPECT_EQ(b.sample_ids, expected[i].sample_ids) << "micro-batch " << i;
+  }
+}
+
+// Two ranks in a warm-up stage hold the one-rank rows between them (masked LM, the masks
+// drawn from each window's rng in piece order).
+TEST(DataLoader, SeqLenWarmupRanksSplitTheOneRankRows) {
+  auto ds = genome();
+  auto tok = make_char_tokenizer();
+  auto one = options(0, 1, 4, 1, 0);
+  one.seq_len_warmup = {{3, 16}};
+  std::map<uint64_t, std::vector<int64_t>> single, split;
+  DataLoader l1(ds, tok, one);
+  for (int i = 0; i < 3; ++i) {
+    const Batch b = l1.next();
+    ASSERT_EQ(b.rows, 8);
+    for (int64_t r = 0; r < b.rows; ++r) {
+      auto& row = single[b.sample_ids[r]];
+      row.insert(row.end(), b.input_ids.begin() + r * 16, b.input_ids.begin() + (r + 1) * 16);
+      row.insert(row.end(), b.labels.begin() + r * 16, b.labels.begin() + (r + 1) * 16);
+    }
+  }
+  for (int rank : {0, 1}) {
+    auto o = options(rank, 2, 2, 1, 0);
+    o.seq_len_warmup = one.seq_len_warmup;
+    DataLoader l(ds, tok, o);
+    for (int i = 0; i < 3; ++i) {
+      const Batch b = l.next();
+      ASSERT_EQ(b.rows, 4);
+      for (int64_t r = 0; r < b.rows; ++r) {
+        auto& row = split[b.sample_ids[r]];
+        row.insert(row.end(), b.input_ids.begin() + r * 16, b.input_ids.begin() + (r + 1) * 16);
+        row.insert(row.end(), b.labels.begin() + r * 16, b.labels.begin() + (r + 1) * 16);
+      }
+    }
+  }
+  EXPECT_EQ(single.size(), 12u);
+  EXPECT_EQ(split, single);
 }
 
 }  // namespace

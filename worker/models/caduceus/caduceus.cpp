@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
 #include "worker/models/family_io.hpp"
+#include "worker/models/fp32_region.hpp"
 #include "worker/models/hf_directory.hpp"
 #include "worker/models/transformer/transformer.hpp"
 #include "worker/tensor_buffer.hpp"
@@ -20,17 +21,18 @@ using nlohmann::json;
 using torch::Tensor;
 using torch::indexing::Slice;
 
-Tensor selective_scan(const Tensor& u_in, const Tensor& delta_in, const Tensor& A,
-                      const Tensor& Bm_in, const Tensor& C_in, const Tensor& D, const Tensor& z,
-                      const Tensor& delta_bias) {
-  const auto u = u_in.to(torch::kFloat32);
-  auto delta =
-      torch::softplus(delta_in.to(torch::kFloat32) + delta_bias.to(torch::kFloat32).unsqueeze(-1));
-  const auto Bm = Bm_in.to(torch::kFloat32), C = C_in.to(torch::kFloat32);
+Tensor selective_scan(const Tensor& u_in, const Tensor& delta_in, const Tensor& A_in,
+                      const Tensor& Bm_in, const Tensor& C_in, const Tensor& D_in,
+                      const Tensor& z_in, const Tensor& delta_bias_in) {
+  Fp32Region fp32;  // Note [fp32 regions under autocast]
+  auto f = [](const Tensor& t) { return t.to(torch::kFloat32); };
+  const auto u = f(u_in), dt = f(delta_in), A = f(A_in), Bm = f(Bm_in), C = f(C_in);
+  const auto D = f(D_in), z = f(z_in), delta_bias = f(delta_bias_in);
+  RECORD_FUNCTION("dnallm::caduceus::selective_scan", std::vector<c10::IValue>({u, dt, A, Bm, C}));
+  auto delta = torch::softplus(dt + delta_bias.unsqueeze(-1));
   const int64_t L = u.size(2);
   // [B, D, L, N]: exp(delta A) and delta B u, as the reference forms them.
-  const auto dA =
-      torch::exp(delta.unsqueeze(-1) * A.to(torch::kFloat32).view({1, A.size(0), 1, A.size(1)}));
+  const auto dA = torch::exp(delta.unsqueeze(-1) * A.view({1, A.size(0), 1, A.size(1)}));
   const auto dBu = (delta * u).unsqueeze(-1) * Bm.transpose(1, 2).unsqueeze(1);
   auto h = torch::zeros({u.size(0), u.size(1), A.size(1)}, u.options());
   std::vector<Tensor> ys;
@@ -39,8 +41,8 @@ Tensor selective_scan(const Tensor& u_in, const Tensor& delta_in, const Tensor& 
     h = dA.select(2, t) * h + dBu.select(2, t);
     ys.push_back((h * C.select(2, t).unsqueeze(1)).sum(-1));
   }
-  auto y = torch::stack(ys, 2) + u * D.to(torch::kFloat32).view({1, -1, 1});
-  return y * torch::silu(z.to(torch::kFloat32));
+  auto y = torch::stack(ys, 2) + u * D.view({1, -1, 1});
+  return y * torch::silu(z);
 }
 
 namespace {
@@ -168,8 +170,13 @@ Tensor selective_scan_fused(const Tensor& u, const Tensor& delta, const Tensor& 
                             const Tensor& C, const Tensor& D, const Tensor& z,
                             const Tensor& delta_bias) {
   if (!u.device().is_cpu()) return selective_scan(u, delta, A, Bm, C, D, z, delta_bias);
+  Fp32Region fp32;  // Note [fp32 regions under autocast]
   auto f = [](const Tensor& t) { return t.to(torch::kFloat32); };
-  return FusedScan::apply(f(u), f(delta), f(A), f(Bm), f(C), f(D), f(z), f(delta_bias));
+  const auto uf = f(u), dt = f(delta), Af = f(A), Bf = f(Bm), Cf = f(C);
+  const auto Df = f(D), zf = f(z), bias = f(delta_bias);
+  RECORD_FUNCTION("dnallm::caduceus::selective_scan",
+                  std::vector<c10::IValue>({uf, dt, Af, Bf, Cf}));
+  return FusedScan::apply(uf, dt, Af, Bf, Cf, Df, zf, bias);
 }
 
 MambaImpl::MambaImpl(const CaduceusOptions& o, MambaImpl* shared) : o_(o) {

@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
 #include "worker/models/family_io.hpp"
+#include "worker/models/fp32_region.hpp"
 #include "worker/models/hf_directory.hpp"
 #include "worker/models/transformer/transformer.hpp"
 #include "worker/tensor_buffer.hpp"
@@ -101,13 +102,20 @@ std::pair<Tensor, Tensor> positional_features(const HyenaOptions& o, int64_t len
   return {z.to(device), t.to(device)};
 }
 
-Tensor fft_long_conv(const Tensor& u, const Tensor& k, const Tensor& bias) {
-  const int64_t L = u.size(-1);
-  const int64_t n = 2 * L;
-  auto k_f = torch::fft::rfft(k.to(torch::kFloat32), n) / double(n);
-  auto u_f = torch::fft::rfft(u.to(torch::kFloat32), n);
-  auto y = torch::fft::irfft(u_f * k_f, n, -1, "forward").slice(-1, 0, L);
-  return (y + u * bias.unsqueeze(-1)).to(u.scalar_type());
+Tensor fft_long_conv(const Tensor& u_in, const Tensor& k_in, const Tensor& bias_in) {
+  Fp32Region fp32;  // Note [fp32 regions under autocast]
+  const auto u = u_in.to(torch::kFloat32), k = k_in.to(torch::kFloat32);
+  const auto bias = bias_in.to(torch::kFloat32);
+  Tensor y;
+  {
+    RECORD_FUNCTION("dnallm::hyena::fft_long_conv", std::vector<c10::IValue>({u, k}));
+    const int64_t L = u.size(-1);
+    const int64_t n = 2 * L;
+    auto k_f = torch::fft::rfft(k, n) / double(n);
+    auto u_f = torch::fft::rfft(u, n);
+    y = torch::fft::irfft(u_f * k_f, n, -1, "forward").slice(-1, 0, L) + u * bias.unsqueeze(-1);
+  }
+  return y.to(u_in.scalar_type());
 }
 
 HyenaFilterImpl::HyenaFilterImpl(const HyenaOptions& o) {
@@ -134,7 +142,9 @@ HyenaFilterImpl::HyenaFilterImpl(const HyenaOptions& o) {
 }
 
 Tensor HyenaFilterImpl::hidden(const Tensor& z_in, int64_t first) {
+  Fp32Region fp32;  // Note [fp32 regions under autocast]
   const auto z = stored_z.defined() ? stored_z.slice(0, first, first + z_in.size(0)) : z_in;
+  RECORD_FUNCTION("dnallm::hyena::filter", std::vector<c10::IValue>({z}));
   auto h = z;
   for (size_t i = 0; i + 1 < mlp.size(); ++i) h = torch::sin(freq * mlp[i]->forward(h));
   return h;
@@ -142,6 +152,8 @@ Tensor HyenaFilterImpl::hidden(const Tensor& z_in, int64_t first) {
 
 Tensor HyenaFilterImpl::channels(const Tensor& hidden, const Tensor& t, int64_t first,
                                  int64_t last) {
+  Fp32Region fp32;  // Note [fp32 regions under autocast]
+  RECORD_FUNCTION("dnallm::hyena::filter", std::vector<c10::IValue>({hidden, t}));
   auto k = torch::nn::functional::linear(hidden, mlp.back()->weight.slice(0, first, last));
   auto decay =
       torch::exp(-t * deltas.view({1, -1}).slice(1, first, last).abs());  // [L, last - first]
@@ -149,6 +161,8 @@ Tensor HyenaFilterImpl::channels(const Tensor& hidden, const Tensor& t, int64_t 
 }
 
 Tensor HyenaFilterImpl::filter(const Tensor& z_in, const Tensor& t) {
+  Fp32Region fp32;  // Note [fp32 regions under autocast]
+  RECORD_FUNCTION("dnallm::hyena::filter", std::vector<c10::IValue>({z_in, t}));
   auto h = mlp.back()->forward(hidden(z_in));                // [L, d]
   auto decay = torch::exp(-t * deltas.view({1, -1}).abs());  // [L, d]
   return (h * (decay + 0.05)).transpose(0, 1);               // [d, L]
