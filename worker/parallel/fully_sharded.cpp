@@ -170,41 +170,93 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
       accumulators_.push_back(on_gradient_ready(p, alive_, [this, u] { on_grad_ready(u); }));
     }
   }
+  // Note [Fully sharded frozen base]: each block's fp32 frozen parameters, sharded with it.
+  std::set<const void*> trainable, placed;
+  for (const auto& np : named) trainable.insert(np.second.unsafeGetTensorImpl());
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    Unit& unit = units_[b];
+    std::vector<int64_t> offsets;
+    int64_t n = 0;
+    for (const auto& p : blocks[b]->parameters()) {
+      const void* impl = p.unsafeGetTensorImpl();
+      if (trainable.count(impl) || p.scalar_type() != torch::kFloat32 ||
+          !placed.insert(impl).second) {
+        continue;
+      }
+      unit.frozen.push_back(p);
+      offsets.push_back(n);
+      n += align_up(p.numel());
+    }
+    if (unit.frozen.empty()) continue;
+    const int64_t chunk = (n + world - 1) / world;
+    unit.frozen_full = torch::zeros({chunk * world}, opts);
+    for (size_t k = 0; k < unit.frozen.size(); ++k) {
+      unit.frozen_full.narrow(0, offsets[k], unit.frozen[k].numel())
+          .copy_(unit.frozen[k].detach().reshape({-1}));
+    }
+    comm_.broadcast(view_of(unit.frozen_full, 0, chunk * world), 0)->wait();
+    unit.frozen_shard = unit.frozen_full.narrow(0, rank * chunk, chunk).clone();
+    for (size_t k = 0; k < unit.frozen.size(); ++k) {
+      auto param = unit.frozen[k];
+      const auto shape = param.sizes().vec();
+      param.set_data(unit.frozen_full.narrow(0, offsets[k], param.numel()).view(shape));
+    }
+    release_storage(unit.frozen_full);
+    frozen_held_bytes_ += chunk * 4;
+  }
+  for (const auto& p : model->parameters()) {
+    const void* impl = p.unsafeGetTensorImpl();
+    if (trainable.count(impl)) continue;
+    const int64_t b = p.numel() * static_cast<int64_t>(p.element_size());
+    frozen_total_bytes_ += b;
+    if (!placed.count(impl)) frozen_held_bytes_ += b;  // the root's, and non-fp32 ones: whole
+  }
   live_bytes_ = peak_live_bytes_ = 0;
   // What steps 1-3 of Note [Fully sharded] hold at once besides the root's parameters and
   // gradients: in forward blocks i and i + 1 (the prefetch); in backward block i's parameters
   // and gradients, block i - 1's parameters (the prefetch) and the gradients of blocks i + 1
   // and i + 2 (two reductions in flight). Measured (DNALLM_TRACE_ZERO3=1 logs every change):
   // 6 blocks of 34,176 bytes and a root of 14,272 peak at 199,424 bytes in backward, exactly.
-  auto bytes = [&](int64_t i) {
+  // pbytes: a block's gathered parameters (trainable and frozen); gbytes: its gradients.
+  auto gbytes = [&](int64_t i) {
     return i >= 0 && i < static_cast<int64_t>(root_) ? units_[size_t(i)].full.numel() * 4 : 0;
+  };
+  auto pbytes = [&](int64_t i) {
+    const auto& frozen =
+        i >= 0 && i < static_cast<int64_t>(root_) ? units_[size_t(i)].frozen_full : torch::Tensor();
+    return gbytes(i) + (frozen.defined() ? frozen.numel() * 4 : 0);
   };
   // The root's parameters and gradients are held for the whole forward and backward.
   const int64_t root = 2 * units_[root_].full.numel() * 4;
   predicted_peak_bytes_ = root;
   for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) {
-    const int64_t forward = bytes(i) + (options_.prefetch ? bytes(i + 1) : 0);
-    const int64_t backward =
-        2 * bytes(i) + (options_.prefetch ? bytes(i - 1) : 0) + bytes(i + 1) + bytes(i + 2);
+    const int64_t forward = pbytes(i) + (options_.prefetch ? pbytes(i + 1) : 0);
+    const int64_t backward = pbytes(i) + gbytes(i) + (options_.prefetch ? pbytes(i - 1) : 0) +
+                             gbytes(i + 1) + gbytes(i + 2);
     predicted_peak_bytes_ = std::max({predicted_peak_bytes_, root + forward, root + backward});
   }
   // Evaluation and the exports hold every parameter (FullParameters).
-  int64_t whole = 0;
-  for (const auto& unit : units_) whole += unit.full.numel() * 4;
+  int64_t whole = 0, whole_grads = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) whole += pbytes(i);
+  for (const auto& unit : units_) whole_grads += unit.full.numel() * 4;
+  whole += root / 2;
   predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole);
   // Accumulating unsharded: every block's gradient, the root's parameters and, in backward,
   // a block's parameters with its prefetched predecessor's.
   if (options_.accumulate_unsharded) {
     int64_t pair = 0;
     for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) {
-      pair = std::max(pair, bytes(i) + (options_.prefetch ? bytes(i - 1) : 0));
+      pair = std::max(pair, pbytes(i) + (options_.prefetch ? pbytes(i - 1) : 0));
     }
-    predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole + root / 2 + pair);
+    predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole_grads + root / 2 + pair);
   }
   hooks_ = std::make_shared<Hooks>(this);
   model->set_block_hooks(hooks_);
-  spdlog::info("ZeRO-3: {} units ({} blocks and the root), {} of {} elements on rank {}",
-               units_.size(), blocks.size(), local, global_numel_, rank);
+  spdlog::info(
+      "ZeRO-3: {} units ({} blocks and the root), {} of {} elements on rank {}; frozen "
+      "parameters: {} of {} bytes held",
+      units_.size(), blocks.size(), local, global_numel_, rank, frozen_held_bytes_,
+      frozen_total_bytes_);
   return std::make_unique<optim::FlatParameters>(std::move(entries), global_numel_, shard_params_,
                                                  shard_grads_, mask, std::move(pieces));
 }
@@ -217,6 +269,13 @@ void FullyShardedSync::launch_gather(size_t u) {
   allocate_storage(unit.full);
   unit.gathering = comm_.allgather(view_of(shard_params_, unit.shard.local_offset, chunk),
                                    view_of(unit.full, 0, unit.full.numel()));
+  if (unit.frozen_full.defined() && !unit.frozen_gathered) {  // Note [Fully sharded frozen base]
+    if (unit.frozen_full.storage().nbytes() == 0) add_live(unit.frozen_full.numel() * 4, "F+", u);
+    allocate_storage(unit.frozen_full);
+    unit.frozen_gathering =
+        comm_.allgather(view_of(unit.frozen_shard, 0, unit.frozen_shard.numel()),
+                        view_of(unit.frozen_full, 0, unit.frozen_full.numel()));
+  }
 }
 
 void FullyShardedSync::gather(size_t u) {
@@ -225,10 +284,15 @@ void FullyShardedSync::gather(size_t u) {
   launch_gather(u);
   unit.gathering->wait();
   unit.gathering.reset();
+  if (unit.frozen_gathering) {
+    unit.frozen_gathering->wait();
+    unit.frozen_gathering.reset();
+  }
+  unit.frozen_gathered = unit.frozen_full.defined();
   unit.gathered = true;
 }
 
-void FullyShardedSync::release(size_t u) {
+void FullyShardedSync::release(size_t u, bool keep_frozen) {
   Unit& unit = units_[u];
   if (full_) return;
   if (unit.gathering) {  // a prefetch nobody used (e.g. the last block's successor)
@@ -238,6 +302,19 @@ void FullyShardedSync::release(size_t u) {
   if (unit.full.storage().nbytes() > 0) add_live(-unit.full.numel() * 4, "P-", u);
   release_storage(unit.full);
   unit.gathered = false;
+  if (!keep_frozen) release_frozen(u);
+}
+
+void FullyShardedSync::release_frozen(size_t u) {
+  Unit& unit = units_[u];
+  if (full_ || !unit.frozen_full.defined()) return;
+  if (unit.frozen_gathering) {
+    unit.frozen_gathering->wait();
+    unit.frozen_gathering.reset();
+  }
+  if (unit.frozen_full.storage().nbytes() > 0) add_live(-unit.frozen_full.numel() * 4, "F-", u);
+  release_storage(unit.frozen_full);
+  unit.frozen_gathered = false;
 }
 
 void FullyShardedSync::allocate_grad(size_t u) {
@@ -281,6 +358,8 @@ torch::Tensor FullyShardedSync::after_block(size_t u, torch::Tensor output) {
 }
 
 void FullyShardedSync::before_unit_backward(size_t u) {
+  // Block u + 1's backward is over: the gradient of its input is ready.
+  if (u + 1 < root_) release_frozen(u + 1);
   gather(u);
   if (options_.prefetch && u > 0) launch_gather(u - 1);
   allocate_grad(u);
@@ -310,7 +389,7 @@ void FullyShardedSync::on_grad_ready(size_t u) {
   if (reduce_now_) {
     launch_reduce(u);
   } else {
-    release(u);  // the gradient stays whole until the last micro-step
+    release(u, true);  // the gradient stays whole until the last micro-step
   }
 }
 
@@ -319,7 +398,7 @@ void FullyShardedSync::launch_reduce(size_t u) {
   if (unit.reduced) return;
   unit.reduced = true;
   // Note [Fully sharded], step 3: the parameters are done with; at most two reductions fly.
-  release(u);
+  release(u, true);
   while (in_flight_.size() >= 2) complete_oldest();
   const int64_t chunk = unit.shard.chunk;
   InFlight f;
@@ -404,6 +483,8 @@ std::optional<GradientSync::Memory> FullyShardedSync::memory() const {
   m.paper = account_memory(global_numel_, options_.precision, 3, comm_.world_size());
   m.gathered_peak = peak_live_bytes_;
   m.gathered_predicted = predicted_peak_bytes_;
+  m.frozen_held = frozen_held_bytes_;
+  m.frozen_total = frozen_total_bytes_;
   return m;
 }
 

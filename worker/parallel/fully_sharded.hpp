@@ -41,10 +41,22 @@
 //
 // Equivalence: with 2 ranks the reduce-scatter adds the same two numbers as DDP's all-reduce,
 // so an fp32 run without clipping is bitwise DDP's; with clipping, or more ranks, sums differ
-// in order (tests state the tolerance). What is not here yet: the frozen base of LoRA stays
-// replicated (only trainable parameters are sharded), bf16 gathers, resharding only at the
-// last micro-step, and a separate CUDA stream for prefetches (the communicator's work runs
-// asynchronously, the compute stream waits for it when the unit is needed).
+// in order (tests state the tolerance). What is not here yet: bf16 gathers, and a separate
+// CUDA stream for prefetches (the communicator's work runs asynchronously, the compute stream
+// waits for it when the unit is needed).
+//
+// Note [Fully sharded frozen base]: a block's frozen parameters (the base of a LoRA model,
+// 4 bytes a parameter that DDP and ZeRO-1/2 replicate) are sharded with their block: each
+// rank keeps its chunk (frozen_shard, an even split of the block's frozen parameters, each
+// 16-element aligned), and the block's all-gather also gathers them into frozen_full, whose
+// views are the parameters, released with the block's. Rank 0's values are broadcast first,
+// as for the trainable ones. They have no gradient, no optimizer state and no place in the
+// checkpoint (a LoRA run reads its base again from model.init_from). In backward they are
+// released later than the trainable ones: a unit's trainable gradients can all be in before
+// autograd has run the nodes that read its frozen weights (a LoRA linear's base product, for
+// the gradient of its input), so they go when the gradient of the block's input is ready
+// (before_unit_backward of the block before), or after backward for the first. The root's frozen
+// parameters (embeddings under LoRA) stay whole, as the root is gathered for every step.
 #pragma once
 
 #include <torch/csrc/autograd/variable.h>
@@ -100,6 +112,13 @@ class FullyShardedSync final : public GradientSync {
     std::vector<torch::Tensor> params;  // the model's parameters (views of `full` when gathered)
     std::vector<int64_t> offsets;       // each one's offset inside the unit
     std::vector<std::vector<int64_t>> shapes;
+    // Note [Fully sharded frozen base]: the block's frozen parameters (LoRA's base), gathered
+    // and released with it; no gradient, no optimizer, not in the checkpoint.
+    std::vector<torch::Tensor> frozen;
+    torch::Tensor frozen_full;   // [frozen_chunk * world]; storage released when not gathered
+    torch::Tensor frozen_shard;  // [frozen_chunk]: this rank's chunk, always held
+    comm::WorkPtr frozen_gathering;
+    bool frozen_gathered = false;  // frozen_full holds the frozen parameters
     UnitShard shard;
     torch::Tensor full;       // [chunk * world]; storage released when not gathered
     torch::Tensor full_grad;  // [chunk * world]; storage released outside its backward
@@ -117,8 +136,11 @@ class FullyShardedSync final : public GradientSync {
   class Hooks;  // the model's BlockHooks (fully_sharded.cpp)
 
   void launch_gather(size_t u);
-  void gather(size_t u);   // gathered on return
-  void release(size_t u);  // parameters' storage released (unless every parameter is held)
+  void gather(size_t u);  // gathered on return
+  // Parameters' storage released (unless every parameter is held). keep_frozen: in backward,
+  // the frozen ones stay until the block's backward is over (Note [Fully sharded frozen base]).
+  void release(size_t u, bool keep_frozen = false);
+  void release_frozen(size_t u);
   void allocate_grad(size_t u);
   void release_grad(size_t u);
   void add_live(int64_t bytes, const char* what, size_t u);
@@ -147,7 +169,9 @@ class FullyShardedSync final : public GradientSync {
   int64_t predicted_peak_bytes_ = 0;              // the same, predicted from the unit sizes
   bool trace_ = false;                            // DNALLM_TRACE_ZERO3: log every change
   int64_t global_numel_ = 0;
-  double exposed_s_ = 0;  // this step's waiting for reductions after backward
+  int64_t frozen_held_bytes_ = 0;   // frozen shards of the blocks + the root's frozen parameters
+  int64_t frozen_total_bytes_ = 0;  // every frozen parameter of the model
+  double exposed_s_ = 0;            // this step's waiting for reductions after backward
 };
 
 }  // namespace dnallm::parallel

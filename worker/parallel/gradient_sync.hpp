@@ -91,6 +91,9 @@ class GradientSync {
     // ZeRO-3: the most bytes of gathered blocks (parameters and gradients) held at once so far,
     // measured from their storage, and the same predicted from the blocks' sizes.
     int64_t gathered_peak = 0, gathered_predicted = 0;
+    // Frozen parameters (LoRA's base): the bytes this rank holds between steps, and the
+    // model's whole (Note [Fully sharded frozen base]); 0 where the sync does not shard them.
+    int64_t frozen_held = 0, frozen_total = 0;
   };
   virtual std::optional<Memory> memory() const { return std::nullopt; }
   // Every parameter whole on this rank until release_full_parameters(); collective (ZeRO-3

@@ -135,6 +135,11 @@ void write_memory_event(Trainer& trainer, int rank) {
   line["optimizer_offload"] = trainer.offloaded();
   line["optimizer_device_bytes"] = trainer.offloaded() ? 0 : allocated.optimizer;
   line["optimizer_host_bytes"] = trainer.offloaded() ? allocated.optimizer + owned * 8 : 0;
+  if (memory && memory->frozen_total > 0) {
+    // Note [Fully sharded frozen base]: the frozen parameters this rank holds between steps.
+    line["frozen_bytes"] = memory->frozen_held;
+    line["frozen_total_bytes"] = memory->frozen_total;
+  }
   line["zero_paper_bytes"] = {
       {"params", paper.params}, {"grads", paper.grads}, {"optimizer", paper.optimizer}};
   const auto gpu = device_memory_stats(trainer.device());

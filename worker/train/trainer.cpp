@@ -800,7 +800,7 @@ void Trainer::write_summary(const RunTotals& totals) {
   line["skipped_steps"] = scaler_.skipped_steps();
   if (const auto memory = sync_->memory(); memory && memory->gathered_predicted > 0) {
     // ZeRO-3 (Note [Fully sharded]): model-state bytes at their peak, measured and predicted.
-    const int64_t state = memory->allocated.total();
+    const int64_t state = memory->allocated.total() + memory->frozen_held;
     line["model_state_peak_bytes"] = state + memory->gathered_peak;
     line["model_state_predicted_peak_bytes"] = state + memory->gathered_predicted;
   }

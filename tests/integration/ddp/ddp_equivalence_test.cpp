@@ -424,10 +424,24 @@ TEST_F(DdpEquivalence, Zero3ComposesWithCheckpointingAccumulationAndOffload) {
   expect_identical(plain,
                    train("z3_offload", 2, 6, 1, z3 + "--set training.optimizer_offload=true"),
                    "ZeRO-3 with offload vs without");
-  // LoRA: the adapters and heads are sharded, the frozen base stays whole on every rank.
+  // LoRA (Note [Fully sharded frozen base]): the adapters and heads are sharded, and so is the
+  // blocks' frozen base; the root's frozen embeddings stay whole.
   const std::string lora = "--set lora.r=4 --set training.max_grad_norm=0 ";
-  expect_identical(train("ddp_lora", 2, 6, 1, lora), train("z3_lora", 2, 6, 1, lora + z3),
-                   "ZeRO-3 with LoRA vs DDP with LoRA");
+  TrainRun z3_lora = train("z3_lora", 2, 6, 1, lora + z3);
+  expect_identical(train("ddp_lora", 2, 6, 1, lora), z3_lora, "ZeRO-3 with LoRA vs DDP with LoRA");
+  const auto memory = metric_lines(z3_lora.dir, "memory");
+  ASSERT_EQ(memory.size(), 1u);
+  const int64_t held = memory[0].at("frozen_bytes").get<int64_t>();
+  const int64_t total = memory[0].at("frozen_total_bytes").get<int64_t>();
+  std::cout << "[ measured ] ZeRO-3 LoRA, 2 ranks: frozen base " << held << " of " << total
+            << " bytes held by a rank\n";
+  EXPECT_GT(held, 0);
+  EXPECT_LT(held, total * 3 / 4);
+  const auto summary = metric_lines(z3_lora.dir, "summary");
+  ASSERT_EQ(summary.size(), 1u);
+  const double peak = summary[0].at("model_state_peak_bytes").get<double>();
+  const double predicted = summary[0].at("model_state_predicted_peak_bytes").get<double>();
+  EXPECT_NEAR(peak, predicted, 0.05 * predicted);
 }
 
 }  // namespace
