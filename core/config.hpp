@@ -197,6 +197,7 @@ struct ParallelConfig {
   double timeout_s = 300.0;
   bool share_gpus = false;
   bool zero3_accumulate_unsharded = false;
+  int64_t context_parallel = 1;
 };
 
 struct CheckpointConfig {

@@ -198,6 +198,12 @@ std::vector<std::shared_ptr<torch::nn::Module>> HyenaModelImpl::blocks() const {
 
 void HyenaModelImpl::set_activation_checkpointing(bool on) { lm_->set_gradient_checkpointing(on); }
 
+void HyenaModelImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp) {
+  const bool on = cp != nullptr;
+  lm_->set_context_parallel(std::move(cp));
+  spec_.shift_labels = !on;
+}
+
 double HyenaModelImpl::flops_per_token(int64_t seq_len) const {
   const auto& o = lm_->options();
   const double n = 2.0 * double(std::max<int64_t>(seq_len, 1));
