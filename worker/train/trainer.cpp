@@ -824,6 +824,9 @@ void Trainer::write_summary(const RunTotals& totals) {
   line["wall_s"] = seconds_since(totals.start);
   line["final_loss"] = std::isfinite(totals.final_loss) ? totals.final_loss : -1.0;
   line["world_size"] = sync_->world_size();
+  // Note [Data x context mesh]: world_size = data_parallel x context_parallel.
+  const int context = options_.context ? options_.context->coordinates().context_size : 1;
+  line["context_parallel"] = context;
   line["peak_rss_mb"] = peak_rss_mb();
   const auto gpu = device_memory_stats(device_);
   if (gpu.available) {

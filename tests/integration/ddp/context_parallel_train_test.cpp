@@ -4,12 +4,14 @@
 // genome, fp32, 10 steps. Compared: every step's loss and every final parameter.
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "test_util.hpp"
 
@@ -20,6 +22,7 @@ struct TrainRun {
   std::string dir;
   std::map<int64_t, double> losses;
   std::map<std::string, std::vector<float>> params;
+  nlohmann::json summary;  // the metrics file's last line
 };
 
 const std::string kHyena =
@@ -28,22 +31,31 @@ const std::string kHyena =
 TrainRun train(const std::string& name, int world, int micro, const std::string& extra) {
   TrainRun r;
   r.dir = make_temp_dir(name);
-  const std::string cmd = tiny_train_command(
-      fmt::format("{}dnallm-launch --nproc-per-node {} --", kBin, world), r.dir, micro, 1,
-      kHyena + extra);
+  const std::string cmd =
+      tiny_train_command(fmt::format("{}dnallm-launch --nproc-per-node {} --", kBin, world), r.dir,
+                         micro, 1, kHyena + extra);
   std::string log;
   const int rc = run_command(cmd, &log);
   EXPECT_EQ(rc, 0) << cmd << "\n" << log;
   if (rc != 0) return r;
   r.losses = read_step_losses(r.dir + "/metrics.jsonl");
   r.params = read_safetensors_f32(r.dir + "/ckpt/final/model.safetensors");
+  std::ifstream metrics(r.dir + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "summary") r.summary = j;
+  }
   return r;
 }
 
 // Loss of every step within `loss_tolerance` relative; every parameter within `param_tolerance`
-// of the largest magnitude of its tensor (normwise, as the model-level tests).
+// of the largest magnitude of its tensor (normwise, as the model-level tests). The gradients
+// agree within 1e-6 (worker_context_mesh_test) and so do the losses here, but after 10 AdamW
+// steps the parameters carry the summation-order noise of gradients near zero, which AdamW
+// divides by their own small second moments: data 2 vs 1 rank, without context parallelism,
+// differs by as much (1e-5 measured; DataTwoByContextTwoEqualsDataTwo prints both).
 void expect_same_training(const TrainRun& want, const TrainRun& got, const std::string& what,
-                          double loss_tolerance = 1e-6, double param_tolerance = 1e-6) {
+                          double loss_tolerance = 1e-6, double param_tolerance = 5e-5) {
   ASSERT_EQ(want.losses.size(), 10u) << what;
   ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
   double worst_loss = 0;
@@ -52,6 +64,9 @@ void expect_same_training(const TrainRun& want, const TrainRun& got, const std::
     worst_loss = std::max(worst_loss, err);
     EXPECT_LE(err, loss_tolerance) << what << " step " << step;
   }
+  // The same tokens in all (each rank counts its own positions): a run whose ranks each
+  // trained on the whole sequences would count them C times.
+  EXPECT_EQ(got.summary.at("tokens"), want.summary.at("tokens")) << what;
   ASSERT_EQ(want.params.size(), got.params.size()) << what;
   double worst_param = 0;
   for (const auto& [name, v] : want.params) {
@@ -80,12 +95,15 @@ class ContextParallelTraining : public ::testing::Test {
 TrainRun* ContextParallelTraining::one_ = nullptr;
 
 TEST_F(ContextParallelTraining, TwoContextRanksEqualOneRank) {
-  expect_same_training(*one_, train("cp2", 2, 4, "--set parallel.context_parallel=2"),
-                       "world 2 = context 2 vs 1 rank");
+  const TrainRun cp2 = train("cp2", 2, 4, "--set parallel.context_parallel=2");
+  expect_same_training(*one_, cp2, "world 2 = context 2 vs 1 rank");
+  EXPECT_EQ(cp2.summary.at("world_size"), 2);
+  EXPECT_EQ(cp2.summary.at("context_parallel"), 2);
 }
 
 TEST_F(ContextParallelTraining, DataTwoByContextTwoEqualsDataTwo) {
   const TrainRun data2 = train("cp_data2", 2, 2, "");
+  expect_same_training(*one_, data2, "data 2 vs 1 rank (no context parallelism: the scale)");
   expect_same_training(data2, train("cp2x2", 4, 2, "--set parallel.context_parallel=2"),
                        "world 4 = data 2 x context 2 vs data 2");
 }
@@ -100,7 +118,8 @@ TEST_F(ContextParallelTraining, ComposesWithZero3CheckpointingAndZero2) {
                              "--set model.gradient_checkpointing=true"),
                        "context 2, ZeRO-3, activation checkpointing vs 1 rank");
   expect_same_training(
-      *one_, train("cp2x2_z2", 4, 2, "--set parallel.context_parallel=2 --set parallel.zero_stage=2"),
+      *one_,
+      train("cp2x2_z2", 4, 2, "--set parallel.context_parallel=2 --set parallel.zero_stage=2"),
       "data 2 x context 2, ZeRO-2 vs 1 rank");
 }
 
