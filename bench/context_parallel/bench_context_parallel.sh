@@ -13,14 +13,14 @@
 # budget: C = 1's peak at $TARGET; it should grow about linearly with C).
 #
 #   bench/context_parallel/bench_context_parallel.sh [build-dir]
-#   env: LENGTHS ("65536 131072 262144 524288"), DEGREES ("1 2"), TARGET (262144), STEPS (3),
+#   env: LENGTHS ("65536 131072 262144 524288"), DEGREES ("1 2 4"), TARGET (262144), STEPS (3),
 #        D_MODEL (16), CORES (nproc), BUDGET_MB (C = 1's peak at TARGET)
 # A length whose run fails (e.g. out of memory) is reported and counts as not fitting.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
 LENGTHS=${LENGTHS:-65536 131072 262144 524288}
-DEGREES=${DEGREES:-1 2}
+DEGREES=${DEGREES:-1 2 4}
 TARGET=${TARGET:-262144}
 STEPS=${STEPS:-3}
 D_MODEL=${D_MODEL:-16}
@@ -35,6 +35,11 @@ BIN=$TMP/bin
 TIME=/usr/bin/time
 "$TIME" -f %M true > /dev/null 2>&1 || TIME=
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"  # see bench/hyena/long_context.sh
+# glibc raises its mmap threshold up to 32 MiB as big blocks are freed, after which a tensor
+# under it comes from the heap and its pages stay resident when freed: C = 2 and 4 shards
+# (tensors of L / C positions) fell under it where C = 1's did not, which inflated their peak
+# RSS. A fixed threshold gives every configuration the same allocator behaviour.
+export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-1048576}"
 echo "bench/context_parallel: d_model $D_MODEL, 2 layers, $STEPS steps, lengths $LENGTHS," \
   "degrees $DEGREES, $CORES threads in all, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for c in $DEGREES; do
