@@ -158,6 +158,26 @@ TEST(ContextShard, CausalLabelsAreShiftedOnTheWholeSequenceThenCut) {
   EXPECT_EQ(second.sample_ids, (std::vector<uint64_t>{7, 8}));
 }
 
+TEST(ContextShard, ZigZagChunksTakeTheirShiftedLabelsAlong) {
+  ContextShardOptions o;
+  o.layout = ContextLayout::kZigZag;
+  o.context_size = 2;
+  o.shift_labels = true;
+  o.pad_id = 4;
+  // T = 5 padded to 8 (2C = 4 chunks of 2): rank 0 holds positions 0, 1, 6, 7, rank 1 2..5.
+  o.context_rank = 0;
+  const auto first = context_shard(small_batch(), o);
+  o.context_rank = 1;
+  const auto second = context_shard(small_batch(), o);
+  EXPECT_EQ(first.seq_len, 4);
+  EXPECT_EQ(first.input_ids, (std::vector<int64_t>{10, 11, 4, 4, 20, 21, 4, 4}));
+  EXPECT_EQ(first.labels, (std::vector<int64_t>{11, 12, -100, -100, 21, 22, -100, -100}));
+  EXPECT_EQ(second.input_ids, (std::vector<int64_t>{12, 13, 14, 4, 22, 4, 4, 4}));
+  EXPECT_EQ(second.labels, (std::vector<int64_t>{13, 14, -100, -100, -100, -100, -100, -100}));
+  EXPECT_EQ(second.attention_mask, (std::vector<int64_t>{1, 1, 1, 0, 1, 0, 0, 0}));
+  EXPECT_EQ(first.num_label_tokens + second.num_label_tokens, 6);
+}
+
 TEST(ContextShard, PackedOrClassificationBatchesAreOneUsageError) {
   ContextShardOptions o;
   o.context_size = 2;
