@@ -625,6 +625,11 @@ void parallel_keys(std::vector<KeyDesc>& out) {
            "micro-steps and reduce-scatter it once, at the last (one collective a block a step "
            "instead of one a micro-step, for 4 more bytes a parameter); off: every micro-step "
            "reduce-scatters (docs/parallelism.md)")
+      .range("context_parallel", &ParallelConfig::context_parallel, 1, 65536,
+             "context-parallel degree C: consecutive groups of C ranks split every sequence "
+             "between them (each holds 1/C of its positions: longer sequences at the same memory "
+             "per rank), the world size / C groups train data-parallel; must divide the world "
+             "size. HyenaDNA language-model pre-training (docs/parallelism.md)")
       .key("share_gpus", &ParallelConfig::share_gpus,
            "allow more ranks on a node (LOCAL_WORLD_SIZE) than visible GPUs: rank r uses GPU r "
            "mod n and the ranks reduce over gloo/mpi through host memory (NCCL cannot put two "

@@ -206,6 +206,7 @@ struct ParallelConfig {
   bool share_gpus = false;
   bool zero3_accumulate_unsharded = false;
   bool check_collectives = false;
+  int64_t context_parallel = 1;
 };
 
 struct CheckpointConfig {

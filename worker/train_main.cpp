@@ -14,6 +14,7 @@
 #include "core/worker_env.hpp"
 #include "worker/models/registry.hpp"
 #include "worker/models/transformer/hf_import.hpp"
+#include "worker/parallel/context_mesh.hpp"
 #include "worker/parallel/process_group.hpp"
 #include "worker/train/auto_batch.hpp"
 #include "worker/train/data_source.hpp"
@@ -73,20 +74,26 @@ void install_step_hooks(train::TrainerOptions& o, train::StepProfiler* profiler,
 int train_in_group(Config& config, const WorkerEnv& env, const cluster::Topology& topo,
                    comm::ProcessGroup& group, train::Preemption& preemption,
                    const std::optional<train::ProfileRange>& profile_range, bool owns_dir) {
-  const int rank = topo.rank, world = topo.world_size;
+  // Note [Data x context mesh]: the samples and the global batch follow the data ranks.
+  const auto mesh =
+      parallel::mesh_coordinates(topo.rank, topo.world_size, config.parallel.context_parallel);
+  const int data_rank = mesh.data_rank, data_world = mesh.data_world;
   auto sync = parallel::make_gradient_sync(config, group);
   const std::shared_ptr<const data::Tokenizer> tokenizer = data::make_tokenizer(config);
   const nlohmann::json tokenizer_json = tokenizer->to_json();
   train::check_base_tokenizer(config, tokenizer_json);
-  train::ResumePoint resume = train::open_resume_point(config, tokenizer_json, world, owns_dir);
+  train::ResumePoint resume =
+      train::open_resume_point(config, tokenizer_json, data_world, owns_dir);
   auto model = train::make_model(config, *tokenizer);
+  auto context = parallel::make_context_mesh(config, group.comm.get(), *model);
   // training.batch_size = "auto": before the loaders, which take the micro-batch size.
   train::resolve_auto_batch(config, model, *sync, topo.local_world_size);
-  auto train_loader = data::make_train_loader(config, tokenizer, rank, world, resume.sampler,
-                                              resume.step().value_or(0));
+  auto train_loader = data::make_train_loader(config, tokenizer, data_rank, data_world,
+                                              resume.sampler, resume.step().value_or(0));
   const data::DataLoader& loader = *train_loader;  // owned by the trainer below
   train::TrainerOptions trainer_options;
   trainer_options.bases_of_label = train::bases_of_label(tokenizer);
+  trainer_options.context = context;
   // A resumed run, or a restarted elastic generation (even one with no checkpoint to
   // resume yet), continues the metrics file of the runs before it.
   trainer_options.append_metrics = resume.checkpoint.has_value() || env.generation.value_or(0) > 1;
@@ -100,7 +107,7 @@ int train_in_group(Config& config, const WorkerEnv& env, const cluster::Topology
     // The same model in a transformers layout that computes the same function.
     models::export_hf_directory(model, *tokenizer, dir + "/hf", hf_source);
   };
-  const auto profiler = make_profiler(config, profile_range, rank);
+  const auto profiler = make_profiler(config, profile_range, topo.rank);
   // Declared before the trainer: its hooks call into the checkpointer.
   train::Checkpointer checkpointer(
       config,
@@ -108,9 +115,9 @@ int train_in_group(Config& config, const WorkerEnv& env, const cluster::Topology
   install_step_hooks(trainer_options, profiler.get(), preemption, checkpointer, env);
   train::Trainer trainer(
       config, std::move(model), std::make_unique<train::LoaderSource>(std::move(train_loader)),
-      train::make_eval_source(config, tokenizer, rank, world), sync, trainer_options);
+      train::make_eval_source(config, tokenizer, data_rank, data_world), sync, trainer_options);
   if (resume.checkpoint) train::restore(trainer, *resume.checkpoint);
-  train::write_memory_event(trainer, rank);
+  train::write_memory_event(trainer, topo.rank);
   train::write_restart_event(trainer, env);
   trainer.run();
   return preemption.exit_code(config.checkpoint.dir);

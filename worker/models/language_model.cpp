@@ -12,6 +12,14 @@ void LanguageModelImpl::enable_lora(int64_t /*r*/) {
        spec().family);
 }
 
+void LanguageModelImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp) {
+  if (cp == nullptr) return;
+  fail(ExitCode::kUsage,
+       "the {} family has no context parallelism yet: set parallel.context_parallel = 1, or "
+       "choose a family that has it (model.arch = \"hyena\")",
+       spec().family);
+}
+
 torch::Tensor LanguageModelImpl::generate(const torch::Tensor& /*prompt*/,
                                           const GenerateOptions& /*options*/) {
   fail(ExitCode::kUsage,

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "worker/models/block_hooks.hpp"
+#include "worker/models/context_shard.hpp"
 
 namespace dnallm::models {
 
@@ -97,6 +98,8 @@ struct ModelSpec {
   // Positions a family reserves at the start of its position table (RoBERTa's padding_idx + 1),
   // which shorten the longest input.
   int64_t reserved_positions = 0;
+  // Under context parallelism (set_context_parallel): the positions each rank holds.
+  ContextLayout context_layout = ContextLayout::kContiguous;
 };
 
 class LanguageModelImpl : public torch::nn::Module {
@@ -116,6 +119,10 @@ class LanguageModelImpl : public torch::nn::Module {
   virtual void set_activation_checkpointing(bool on) = 0;
   // Note [Block hooks]: called around every block of every forward from now on (null: none).
   virtual void set_block_hooks(std::shared_ptr<BlockHooks> hooks) = 0;
+  // Note [Context parallelism in a model]: from now on forward() sees this rank's positions
+  // of every sequence (a context shard) and runs its sequence mixers context-parallel over
+  // `group` (null: off). Families that cannot refuse (exit 2).
+  virtual void set_context_parallel(std::shared_ptr<ContextParallel> cp);
 
   // Training FLOPs a token (forward + backward) at `seq_len`, for MFU: 6 a trainable
   // parameter, 4 a frozen one (no weight gradient), plus the sequence mixer's own work.

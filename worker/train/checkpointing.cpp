@@ -75,7 +75,9 @@ checkpoint::TrainState make_train_state(Trainer& trainer, const Config& config,
   s.config_hash = hash_text(model_config_hash(config));
   s.tokenizer = options.tokenizer;
   s.version = DNALLM_VERSION;
-  s.world_size = world;
+  // The data-parallel degree that shaped the global batch (Note [Data x context mesh]): what
+  // keep_global_batch() compares, whatever the context-parallel degree was.
+  s.world_size = world / static_cast<int>(config.parallel.context_parallel);
   s.micro_batch_size = config.training.micro_batch_size;
   s.grad_accum_steps = config.training.grad_accum_steps;
   s.zero_stage = world > 1 ? static_cast<int>(config.parallel.zero_stage) : 0;

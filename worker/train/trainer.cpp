@@ -19,6 +19,7 @@
 #include "core/host_memory.hpp"
 #include "core/log.hpp"
 #include "worker/models/registry.hpp"
+#include "worker/parallel/context_mesh.hpp"
 #include "worker/train/autocast.hpp"
 #include "worker/train/device_stats.hpp"
 #include "worker/train/mfu.hpp"
@@ -233,7 +234,8 @@ models::ForwardInputs to_inputs(const data::Batch& b, const models::LanguageMode
 
 EvalResult evaluate(models::LanguageModel model, BatchSource& source, int64_t batches,
                     const torch::Device& device,
-                    const std::function<int64_t(int64_t)>& bases_of_label, GradientSync* sync) {
+                    const std::function<int64_t(int64_t)>& bases_of_label, GradientSync* sync,
+                    parallel::ContextMesh* context) {
   const bool was_training = model->is_training();
   model->eval();
   source.rewind();
@@ -251,6 +253,7 @@ EvalResult evaluate(models::LanguageModel model, BatchSource& source, int64_t ba
     if (batch.rows == 0) break;
     auto in = to_inputs(batch, model, device);
     in.logits_for_labels_only = true;
+    if (context != nullptr) context->select(batch.seq_len, device);
     auto out = model->forward(in);
     if (!out.loss_sum.defined()) continue;
     nll += out.loss_sum.item<double>();
@@ -324,8 +327,12 @@ Trainer::Trainer(Config config, models::LanguageModel model, std::unique_ptr<Bat
   scaler_options.init_scale = options_.initial_loss_scale;
   scaler_ = optim::LossScaler(scaler_options);
 
+  if (options_.context) use_context_mesh();
   place_parameters();
-  total_steps_ = train::total_steps(config_, train_->samples_per_epoch(), sync_->world_size());
+  // Note [Data x context mesh]: the global batch counts data ranks.
+  total_steps_ = train::total_steps(
+      config_, train_->samples_per_epoch(),
+      options_.context ? options_.context->coordinates().data_world : sync_->world_size());
   schedule_ = optim::schedule_from_config(t, total_steps_);
 
   if (sync_->rank() == 0) {
@@ -350,6 +357,37 @@ Trainer::Trainer(Config config, models::LanguageModel model, std::unique_ptr<Bat
 }
 
 Trainer::~Trainer() = default;
+
+namespace {
+
+// Note [Data x context mesh]: every batch of `whole` cut to this rank's positions.
+class ContextShardSource : public BatchSource {
+ public:
+  ContextShardSource(std::unique_ptr<BatchSource> whole,
+                     std::shared_ptr<parallel::ContextMesh> mesh)
+      : whole_(std::move(whole)), mesh_(std::move(mesh)) {}
+  data::Batch next() override { return mesh_->shard(whole_->next()); }
+  void rewind() override { whole_->rewind(); }
+  uint64_t samples_per_epoch() const override { return whole_->samples_per_epoch(); }
+  double data_wait_s() const override { return whole_->data_wait_s(); }
+
+ private:
+  std::unique_ptr<BatchSource> whole_;
+  std::shared_ptr<parallel::ContextMesh> mesh_;
+};
+
+}  // namespace
+
+void Trainer::use_context_mesh() {
+  const auto& mesh = options_.context;
+  DNALLM_CHECK(
+      sync_->world_size() == mesh->coordinates().data_world * mesh->coordinates().context_size,
+      ExitCode::kFailure, "internal: a context mesh of {} x {} ranks over a world of {}",
+      mesh->coordinates().data_world, mesh->coordinates().context_size, sync_->world_size());
+  model_->set_context_parallel(mesh->model_view());
+  train_ = std::make_unique<ContextShardSource>(std::move(train_), mesh);
+  if (eval_) eval_ = std::make_unique<ContextShardSource>(std::move(eval_), mesh);
+}
 
 void Trainer::place_parameters() {
   const auto& t = config_.training;
@@ -449,7 +487,10 @@ double Trainer::take_micro_batches(std::vector<data::Batch>& micro, StepResult& 
     micro.push_back(train_->next());
     local_count += label_count(micro.back(), task);
     r.tokens += real_tokens(micro.back());
-    r.seq_len = std::max(r.seq_len, micro.back().seq_len);
+    // Under context parallelism the sequences are C shards long (FLOPs a token depend on it).
+    r.seq_len = std::max(r.seq_len,
+                         micro.back().seq_len *
+                             (options_.context ? options_.context->coordinates().context_size : 1));
     r.rows += micro.back().rows;
   }
   const double global_count = sync_->sum_scalar(double(local_count));
@@ -467,6 +508,8 @@ Trainer::LossSum Trainer::forward_backward(const std::vector<data::Batch>& micro
   for (int64_t j = 0; j < accum; ++j) {
     auto in = to_inputs(micro[j], model_, device_);
     in.logits_for_labels_only = true;
+    // The positions of this micro-batch, until its backward is done.
+    if (options_.context) options_.context->select(micro[j].seq_len, device_);
     // Note [Dropout randomness]
     torch::manual_seed(
         dropout_seed(static_cast<uint64_t>(config_.training.seed), r.step, j, sync_->rank()));
@@ -672,7 +715,8 @@ void Trainer::evaluate_at(int64_t step) {
   // Every rank: ZeRO-3 gathers the model (ranks may run different numbers of batches, and
   // rank 0 may export the best model).
   parallel::FullParameters full(*sync_);
-  auto e = evaluate(model_, *eval_, t.eval_batches, device_, options_.bases_of_label, sync_.get());
+  auto e = evaluate(model_, *eval_, t.eval_batches, device_, options_.bases_of_label, sync_.get(),
+                    options_.context.get());
   if (sync_->rank() != 0) return;
   const auto task = model_->spec().task;
   nlohmann::ordered_json line;
@@ -788,6 +832,9 @@ void Trainer::write_summary(const RunTotals& totals) {
   line["wall_s"] = seconds_since(totals.start);
   line["final_loss"] = std::isfinite(totals.final_loss) ? totals.final_loss : -1.0;
   line["world_size"] = sync_->world_size();
+  // Note [Data x context mesh]: world_size = data_parallel x context_parallel.
+  const int context = options_.context ? options_.context->coordinates().context_size : 1;
+  line["context_parallel"] = context;
   line["peak_rss_mb"] = peak_rss_mb();
   const auto gpu = device_memory_stats(device_);
   if (gpu.available) {

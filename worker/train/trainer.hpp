@@ -69,6 +69,10 @@
 #include "worker/optim/flat_adamw.hpp"
 #include "worker/parallel/gradient_sync.hpp"
 
+namespace dnallm::parallel {
+class ContextMesh;
+}  // namespace dnallm::parallel
+
 namespace dnallm::train {
 
 // The seed of the default generators for one micro-step (Note [Dropout randomness]).
@@ -177,6 +181,10 @@ struct TrainerOptions {
   std::vector<std::function<void(Trainer&)>> at_end;
   // Before step `step` (1-based) of run(), in order: the profiler.
   std::vector<std::function<void(Trainer&, int64_t step)>> before_step;
+  // Note [Data x context mesh] (worker/parallel/context_mesh.hpp): with a mesh, the model runs
+  // context-parallel over its group, every batch of both sources is cut to this rank's
+  // positions, and the step count counts data ranks. Null: no context parallelism.
+  std::shared_ptr<parallel::ContextMesh> context;
 };
 
 // training.device (auto, cpu, cuda) resolved; CUDA comes with the index of the current CUDA
@@ -197,11 +205,12 @@ models::BuildContext build_context(const Config& config);
 models::ForwardInputs to_inputs(const data::Batch& batch, const models::LanguageModel& model,
                                 const torch::Device& device);
 
-// Runs `batches` micro-batches from `source` (rewound first) without gradients.
+// Runs `batches` micro-batches from `source` (rewound first) without gradients. With
+// `context`, the source gives context shards and the model runs context-parallel.
 EvalResult evaluate(models::LanguageModel model, BatchSource& source, int64_t batches,
                     const torch::Device& device,
                     const std::function<int64_t(int64_t)>& bases_of_label = {},
-                    GradientSync* sync = nullptr);
+                    GradientSync* sync = nullptr, parallel::ContextMesh* context = nullptr);
 
 class Trainer {
  public:
@@ -285,6 +294,8 @@ class Trainer {
   // Construction: the model on the device, its trainable parameters in the flat buffers
   // (GradientSync::order_parameters, attach) and the optimizer over this rank's range.
   void place_parameters();
+  // Construction with TrainerOptions::context: the model and both sources on the mesh.
+  void use_context_mesh();
 
   // The parts of train_step(), in order.
   struct LossSum {

@@ -12,6 +12,7 @@
 #include "worker/models/fp32_region.hpp"
 #include "worker/models/hf_directory.hpp"
 #include "worker/models/transformer/transformer.hpp"
+#include "worker/parallel/context_parallel.hpp"
 #include "worker/tensor_buffer.hpp"
 
 namespace dnallm::models::hyena {
@@ -178,6 +179,29 @@ HyenaOperatorImpl::HyenaOperatorImpl(const HyenaOptions& o) : d_(o.d_model) {
 }
 
 Tensor HyenaOperatorImpl::forward(const Tensor& x, const Tensor& z, const Tensor& t) {
+  if (context && context->group != nullptr) {  // Note [HyenaDNA context parallelism]
+    auto& group = *context->group;
+    auto u = in_proj->forward(x);  // [B, L / C, 3d]
+    // The two positions before the shard, then a conv without padding: the causal conv's
+    // outputs at this rank's positions.
+    const int64_t no_padding = 0;
+    auto uc = torch::conv1d(parallel::causal_halo(u, 2, group).transpose(1, 2),
+                            short_filter->weight, short_filter->bias, 1, no_padding, 1, 3 * d_);
+    auto parts = uc.split(d_, 1);  // [B, d, L / C] each
+    // The filter at this rank's positions, every channel [d, L / C], then by the same
+    // all-to-all as the activations this rank's channels at every position [d / C, L].
+    const int64_t local = x.size(1), first = group.rank() * local;
+    auto k_local = filter_fn->channels(filter_fn->hidden(z.narrow(0, first, local), first),
+                                       t.narrow(0, first, local), 0, d_);
+    auto k = parallel::sequence_to_channels(k_local.transpose(0, 1).unsqueeze(0), group)
+                 .squeeze(0)
+                 .transpose(0, 1);
+    const auto block = parallel::channel_block(d_, group.world_size(), group.rank());
+    auto v = parallel::context_parallel_long_conv((parts[2] * parts[1]).transpose(1, 2), k,
+                                                  filter_fn->bias.slice(0, block.first, block.last),
+                                                  group);  // [B, L / C, d]
+    return out_proj->forward(v * parts[0].transpose(1, 2));
+  }
   const int64_t L = x.size(1);
   auto u = in_proj->forward(x).transpose(1, 2);  // [B, 3d, L]
   // Padding 2 on both sides, the first L outputs kept: each position sees itself and the two
@@ -460,8 +484,38 @@ struct HyenaChunkedCheckpoint : public torch::autograd::Function<HyenaChunkedChe
 
 }  // namespace
 
+void HyenaLMImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp) {
+  if (cp != nullptr) {
+    const int c = cp->group != nullptr ? cp->group->world_size() : 1;
+    DNALLM_CHECK(!options_.classifier, ExitCode::kUsage,
+                 "parallel.context_parallel = {}: HyenaDNA's sequence classification pools the "
+                 "last real token, which has no context-parallel form yet: set "
+                 "parallel.context_parallel = 1 or model.task = \"pretrain\"",
+                 c);
+    DNALLM_CHECK(!options_.chunking.enabled(), ExitCode::kUsage,
+                 "parallel.context_parallel = {} with model.chunk_positions / "
+                 "model.chunk_channels: the chunked Hyena block has no context-parallel form yet "
+                 "(a context shard is already 1/{} of the sequence): set both to 0",
+                 c, c);
+    DNALLM_CHECK(options_.d_model % c == 0, ExitCode::kUsage,
+                 "parallel.context_parallel = {} does not divide HyenaDNA's width model.hidden = "
+                 "{} (the long convolution runs on channel shards): choose a degree that divides "
+                 "it",
+                 c, options_.d_model);
+  }
+  if (cp != nullptr && cp->group == nullptr) cp = nullptr;
+  context_ = cp;
+  for (auto& block : blocks) block->mixer->context = cp;
+}
+
 Tensor HyenaLMImpl::hidden(const Tensor& input_ids) {
-  const auto [z, t] = positional_features(options_, input_ids.size(1), input_ids.device());
+  // Under context parallelism the filter covers the whole sequence, not the shard.
+  const int64_t length = context_ ? context_->full_length : input_ids.size(1);
+  DNALLM_CHECK(!context_ || length == input_ids.size(1) * context_->group->world_size(),
+               ExitCode::kFailure,
+               "internal: a context shard of {} positions of a {}-position sequence at {} ranks",
+               input_ids.size(1), length, context_->group->world_size());
+  const auto [z, t] = positional_features(options_, length, input_ids.device());
   auto h = word_embeddings->forward(input_ids);
   const bool checkpoint =
       options_.gradient_checkpointing && is_training() && torch::GradMode::is_enabled();

@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/models/block_hooks.hpp"
+#include "worker/models/context_shard.hpp"
 #include "worker/models/lora_linear.hpp"
 
 namespace dnallm::models::hyena {
@@ -125,6 +126,17 @@ class HyenaFilterImpl : public torch::nn::Module {
 };
 TORCH_MODULE(HyenaFilter);
 
+// Note [HyenaDNA context parallelism]: with `context` set, x is this rank's contiguous
+// positions [B, L / C, d] of sequences of context->full_length L (z and t of all L positions),
+// and the operator runs Note [Hyena context parallelism] (worker/parallel/context_parallel.hpp):
+// in_proj and everything after the long convolution position-wise on the shard, the short
+// filter after causal_halo (the previous rank's last two positions), the long convolution by
+// context_parallel_long_conv on channel shards. The implicit filter is sharded the same way:
+// each rank runs the filter MLP and window on its own positions ([L / C, d]: the MLP's hidden
+// layer of every position on every rank would cost L x filter_order floats a rank whatever C
+// is), and the all-to-all that shards the activations gives it its channels' rows [d / C, L].
+// Every tensor a rank holds is then 1/C of the sequence's; in backward the all-to-all returns
+// each filter row's gradient to the positions that made it.
 class HyenaOperatorImpl : public torch::nn::Module {
  public:
   explicit HyenaOperatorImpl(const HyenaOptions& o);
@@ -133,6 +145,7 @@ class HyenaOperatorImpl : public torch::nn::Module {
   LoraLinear in_proj{nullptr}, out_proj{nullptr};  // LoRA targets (Note [Hyena LoRA targets])
   torch::nn::Conv1d short_filter{nullptr};  // depthwise: Conv1d(3d, 3d, 3, padding 2, groups 3d)
   HyenaFilter filter_fn{nullptr};
+  std::shared_ptr<ContextParallel> context;  // Note [HyenaDNA context parallelism] (null: off)
 
  private:
   int64_t d_;
@@ -171,6 +184,11 @@ class HyenaLMImpl : public torch::nn::Module {
   std::vector<std::pair<std::string, torch::Tensor>> named_weights() const;
   const HyenaOptions& options() const { return options_; }
   void set_gradient_checkpointing(bool on) { options_.gradient_checkpointing = on; }
+  // Note [HyenaDNA context parallelism]: every block's operator runs context-parallel from now
+  // on (null: off). Error(kUsage) for what has no context-parallel form yet (the classifier's
+  // pooling, the chunked block) and for a d_model the group does not divide.
+  void set_context_parallel(std::shared_ptr<ContextParallel> cp);
+  const std::shared_ptr<ContextParallel>& context_parallel() const { return context_; }
 
   torch::nn::Embedding word_embeddings{nullptr};
   std::vector<HyenaBlock> blocks;
@@ -180,6 +198,7 @@ class HyenaLMImpl : public torch::nn::Module {
 
  private:
   HyenaOptions options_;
+  std::shared_ptr<ContextParallel> context_;
 };
 TORCH_MODULE(HyenaLM);
 

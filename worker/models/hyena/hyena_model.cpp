@@ -249,6 +249,12 @@ HyenaLM HyenaModelImpl::merged_lm() {
   return copy;
 }
 
+void HyenaModelImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp) {
+  const bool on = cp != nullptr;
+  lm_->set_context_parallel(std::move(cp));
+  spec_.shift_labels = !on;
+}
+
 double HyenaModelImpl::flops_per_token(int64_t seq_len) const {
   const auto& o = lm_->options();
   const double n = 2.0 * double(std::max<int64_t>(seq_len, 1));

@@ -27,6 +27,9 @@ class HyenaModelImpl : public LanguageModelImpl {
   void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override {
     lm_->block_hooks = std::move(hooks);
   }
+  // Note [HyenaDNA context parallelism]; spec().shift_labels is false while it is on (the
+  // data path shifts labels on the whole sequence, Note [Data x context mesh]).
+  void set_context_parallel(std::shared_ptr<ContextParallel> cp) override;
   // Parameters' 6/4 a token plus the long convolutions: three real FFTs of 2L points a channel
   // and layer (about 2.5 x 2L log2(2L) FLOPs each), forward and twice in backward.
   double flops_per_token(int64_t seq_len) const override;
