@@ -31,6 +31,8 @@
 
 namespace dnallm::models::caduceus {
 
+struct MambaContext;  // worker/models/caduceus/mamba_context.hpp
+
 struct CaduceusOptions {
   int64_t vocab_size = 16;  // padded to pad_vocab_size_multiple
   int64_t d_model = 256;
@@ -97,6 +99,9 @@ class CaduceusLMImpl : public torch::nn::Module {
   torch::Tensor head_weight;                // lm_head [vocab, d] or score [labels, d]
   torch::Tensor complement;                 // int64 [vocab] (RCPS)
   std::shared_ptr<BlockHooks> block_hooks;  // Note [Block hooks]: around mixer i (null: none)
+  // Note [Mamba context parallelism]: inputs are sequence shards, mixers run over these groups
+  // (null: off).
+  std::shared_ptr<MambaContext> context;
 
  private:
   torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;
