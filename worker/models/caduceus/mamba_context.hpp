@@ -36,9 +36,9 @@
 // BiMamba's reverse direction runs Mamba on flip(x): under CP the flip of the whole sequence is
 // each shard flipped, held by the ranks in reverse order. So the reverse direction flips its shard
 // locally and runs the same operators over the context group with its ranks reversed (a split of
-// the group with key C - 1 - rank, made once by MambaContext): its "previous rank" is the next
-// one, for the conv's halo and the carried state alike. RCPS's reverse-complement half is the
-// same flip (over channels too, which is position-wise).
+// the group with key C - 1 - rank, made once by make_mamba_context in set_context_parallel): its
+// "previous rank" is the next one, for the conv's halo and the carried state alike. RCPS's
+// reverse-complement half is the same flip (over channels too, which is position-wise).
 //
 // Contracts (as parallel::causal_halo and Note [Hyena context parallelism]): collective over the
 // group, called by every rank in the same order with the same B and channels; the backward
