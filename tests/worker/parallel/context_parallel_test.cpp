@@ -7,14 +7,11 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
-#include <iostream>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "coordinator/store.hpp"
 #include "core/error.hpp"
+#include "tests/worker/parallel/context_ranks.hpp"
 #include "worker/models/hyena/hyena.hpp"
 
 namespace dnallm::parallel {
@@ -24,63 +21,15 @@ using torch::Tensor;
 
 constexpr double kTolerance = 1e-6;
 
-// Runs `body(rank, group)` on `world` threads, each rank with its own gloo communicator.
-// Returns each rank's error ("" when none).
-std::vector<std::string> run_on_ranks(int world, const std::string& name,
-                                      const std::function<void(int, comm::Communicator&)>& body) {
-  auto store = std::make_shared<coordinator::InMemoryStore>();
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        comm::CommOptions o;
-        o.backend = "gloo";
-        o.rank = r;
-        o.world_size = world;
-        o.store = store;
-        o.loopback = true;
-        o.timeout = std::chrono::seconds(20);
-        o.name = name;
-        auto group = comm::make_communicator(o);
-        body(r, *group);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-        if (errors[static_cast<size_t>(r)].empty())
-          errors[static_cast<size_t>(r)] = "(empty error)";
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-void expect_no_errors(const std::vector<std::string>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
-
-// max |a - b| / max |b| (normwise: elementwise ratios are meaningless near zero).
-double relative_error(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.sizes(), b.sizes());
-  const double scale = b.abs().max().item<double>();
-  return (a - b).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
-}
+using context_test::expect_no_errors;
+using context_test::gloo_available;
+using context_test::leaf;
+using context_test::run_on_ranks;
+using context_test::shard_of;
 
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
-  const double err = relative_error(got, want);
-  std::cout << "[ measured ] " << what << ": max relative error " << err << "\n";
-  EXPECT_LE(err, kTolerance) << what;
+  context_test::expect_close(got, want, what, kTolerance);
 }
-
-Tensor shard_of(const Tensor& whole, int64_t dim, int world, int rank) {
-  const int64_t n = whole.size(dim) / world;
-  return whole.slice(dim, rank * n, (rank + 1) * n);
-}
-
-// A leaf copy of `t` that records gradients.
-Tensor leaf(const Tensor& t) { return t.detach().clone().requires_grad_(true); }
-
-bool gloo_available() { return comm::backend_available("gloo"); }
 
 struct Shape {
   int64_t batch = 2, length = 64, channels = 12;

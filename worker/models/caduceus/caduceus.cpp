@@ -9,6 +9,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
+#include "worker/models/caduceus/mamba_context.hpp"
 #include "worker/models/family_io.hpp"
 #include "worker/models/fp32_region.hpp"
 #include "worker/models/hf_directory.hpp"
@@ -257,14 +258,20 @@ Tensor CaduceusLMImpl::norm(const Tensor& x, const Tensor& w, const Tensor& b) c
 }
 
 Tensor CaduceusLMImpl::mixer(size_t layer, const Tensor& x) {
-  auto bimamba = [&](const Tensor& h) {
-    auto out = fwd[layer]->forward(h);
-    if (options_.bidirectional) out = out + rev[layer]->forward(h.flip({1})).flip({1});
+  // `flipped`: h holds the sequence in reverse order; under context parallelism its shards are
+  // then on the ranks in reverse order (Note [Mamba context parallelism]).
+  auto mamba = [&](Mamba& m, const Tensor& h, bool flipped) {
+    if (!context) return m->forward(h);
+    return mamba_context_parallel(*m, h, flipped ? context->reversed_group() : *context->group);
+  };
+  auto bimamba = [&](const Tensor& h, bool flipped) {
+    auto out = mamba(fwd[layer], h, flipped);
+    if (options_.bidirectional) out = out + mamba(rev[layer], h.flip({1}), !flipped).flip({1});
     return out;
   };
-  if (!options_.rcps) return bimamba(x);
+  if (!options_.rcps) return bimamba(x, false);
   const int64_t d = options_.d_model;
-  return torch::cat({bimamba(x.slice(-1, 0, d)), rc(bimamba(rc(x.slice(-1, d))))}, -1);
+  return torch::cat({bimamba(x.slice(-1, 0, d), false), rc(bimamba(rc(x.slice(-1, d)), true))}, -1);
 }
 
 namespace {

@@ -32,6 +32,8 @@
 
 namespace dnallm::models::caduceus {
 
+struct MambaContext;  // worker/models/caduceus/mamba_context.hpp
+
 struct CaduceusOptions {
   int64_t vocab_size = 16;  // padded to pad_vocab_size_multiple
   int64_t d_model = 256;
@@ -106,6 +108,9 @@ class CaduceusLMImpl : public torch::nn::Module {
 
   // Layer `layer`'s mixer (BiMamba; RCPS: on both strands) on its normed input [B, L, width].
   torch::Tensor mixer(size_t layer, const torch::Tensor& x);
+  // Note [Mamba context parallelism]: inputs are sequence shards, mixers run over these groups
+  // (null: off).
+  std::shared_ptr<MambaContext> context;
 
  private:
   torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;

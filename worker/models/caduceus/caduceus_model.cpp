@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "worker/data/tokenizer.hpp"
+#include "worker/models/caduceus/mamba_context.hpp"
 #include "worker/models/hf_directory.hpp"
 #include "worker/models/transformer/transformer.hpp"
 
@@ -240,6 +241,35 @@ CaduceusLM CaduceusModelImpl::merged_lm() {
     params[name].copy_(w);
   }
   return copy;
+}
+
+void CaduceusModelImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp) {
+  if (cp == nullptr || cp->group == nullptr) {
+    lm_->context = nullptr;
+    return;
+  }
+  const int world = cp->group->world_size(), rank = cp->group->rank();
+  DNALLM_CHECK(!lm_->options().classifier, ExitCode::kUsage,
+               "parallel.context_parallel = {}: a Caduceus sequence classifier pools over the "
+               "whole sequence and has no context parallelism; train it with "
+               "parallel.context_parallel = 1, or pre-train (model.task = \"pretrain\")",
+               world);
+  DNALLM_CHECK(cp->full_length > 0 && cp->full_length % world == 0, ExitCode::kUsage,
+               "parallel.context_parallel = {}: the sequence length {} is not a positive multiple "
+               "of it; pad sequences to a multiple of the context-parallel degree",
+               world, cp->full_length);
+  if (cp->positions.defined()) {  // Note [Mamba context parallelism]: contiguous shards only
+    const int64_t per_rank = cp->full_length / world;
+    DNALLM_CHECK(
+        cp->positions.numel() == per_rank &&
+            cp->positions.to(torch::kCPU, torch::kLong)
+                .equal(torch::arange(rank * per_rank, (rank + 1) * per_rank, torch::kLong)),
+        ExitCode::kUsage,
+        "context parallelism: Caduceus needs each rank's positions contiguous (rank {} "
+        "holding [{}, {})); the data path gave others (a zig-zag layout?)",
+        rank, rank * per_rank, (rank + 1) * per_rank);
+  }
+  lm_->context = make_mamba_context(*cp->group);
 }
 
 double CaduceusModelImpl::flops_per_token(int64_t /*seq_len*/) const {

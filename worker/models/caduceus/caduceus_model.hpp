@@ -30,6 +30,9 @@ class CaduceusModelImpl : public LanguageModelImpl {
   void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override {
     lm_->block_hooks = std::move(hooks);
   }
+  // Note [Mamba context parallelism]: contiguous shards (spec().context_layout); a classifier
+  // (mean over the whole sequence) refuses (exit 2). Collective over cp->group (a split).
+  void set_context_parallel(std::shared_ptr<ContextParallel> cp) override;
   // Parameters' 6/4 a token plus the selective scans: about 9 FLOPs a state element of each
   // inner channel, per direction (and strand, with RCPS), forward and twice in backward.
   double flops_per_token(int64_t seq_len) const override;

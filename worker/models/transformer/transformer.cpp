@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "core/host_memory.hpp"
 #include "core/untrusted_file.hpp"
+#include "worker/models/transformer/context_attention.hpp"
 #include "worker/tensor_buffer.hpp"
 
 namespace dnallm::models {
@@ -35,12 +36,13 @@ Tensor apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   return x * cos.to(x.dtype()) + rotated * sin.to(x.dtype());
 }
 
-// cos/sin tables [T, head_dim] for positions [start, start + T).
+// cos/sin tables [T, head_dim] for positions [start, start + T), or for the positions `at`
+// (int64 [T]) when defined (context parallelism: global positions).
 std::pair<Tensor, Tensor> rope_tables(int64_t start, int64_t len, int64_t head_dim,
-                                      const torch::Device& device) {
+                                      const torch::Device& device, const Tensor& at = {}) {
   auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   auto inv_freq = torch::pow(10000.0, -torch::arange(0, head_dim, 2, opts) / double(head_dim));
-  auto pos = torch::arange(start, start + len, opts);
+  auto pos = at.defined() ? at.to(opts) : torch::arange(start, start + len, opts);
   auto freqs = torch::outer(pos, inv_freq);
   auto emb = torch::cat({freqs, freqs}, -1);
   return {emb.cos(), emb.sin()};
@@ -427,6 +429,10 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
     cache->key = k;
     cache->value = v;
   }
+  if (context) {  // Note [Attention context parallelism]: every rank's keys, in rank order
+    k = gather_context(k, *context->group);
+    v = gather_context(v, *context->group);
+  }
   if (nkv != nh) {
     // Note [Grouped-query attention]: query head i attends with key/value head i / (nh / nkv)
     // (transformers' repeat_kv): each shared head is repeated after the cache, which keeps
@@ -438,7 +444,8 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
     k = repeat(k);
     v = repeat(v);
   }
-  auto a = attention_with_dropout(q, k, v, attn_bias, causal, options_.attn, p);
+  auto a = context ? context_attention(q, k, v, *context, p)
+                   : attention_with_dropout(q, k, v, attn_bias, causal, options_.attn, p);
   a = a.transpose(1, 2).reshape({b, tq, hidden});
   auto out = attn_out(a);
   if (p > 0) out = torch::dropout(out, p, true);
@@ -606,10 +613,57 @@ void TransformerLMImpl::update_spec() {
   spec_.extends_past_max_length = o.rotary || o.alibi;
   spec_.num_labels = o.num_labels;
   spec_.pad_id = o.pad_id;
-  spec_.shift_labels = o.shift_labels;
+  spec_.shift_labels = o.shift_labels && !context_;  // the data path shifts under CP
+  spec_.context_layout = o.arch == Arch::kGpt ? ContextLayout::kZigZag : ContextLayout::kContiguous;
   spec_.lora_r = o.lora_r;
   spec_.lora_alpha = o.lora_alpha;
   spec_.reserved_positions = o.position_padding_idx >= 0 ? o.position_padding_idx + 1 : 0;
+}
+
+void TransformerLMImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp) {
+  const auto& o = options_;
+  std::shared_ptr<AttentionContext> context;
+  if (cp != nullptr && cp->group != nullptr) {
+    auto& group = *cp->group;
+    const int world = group.world_size();
+    DNALLM_CHECK(o.task == Task::kPretrain, ExitCode::kUsage,
+                 "parallel.context_parallel = {}: a transformer classifier or regressor pools "
+                 "over the whole sequence and has no context parallelism; set "
+                 "parallel.context_parallel = 1 for model.task = \"{}\"",
+                 world, task_name(o.task));
+    DNALLM_CHECK(o.position_padding_idx < 0, ExitCode::kUsage,
+                 "parallel.context_parallel = {}: RoBERTa-numbered positions count the real "
+                 "tokens before each one, which a context shard does not see; set "
+                 "parallel.context_parallel = 1 for this model",
+                 world);
+    const auto positions =
+        cp->positions.defined() ? cp->positions.to(torch::kCPU, torch::kLong) : torch::Tensor();
+    DNALLM_CHECK(
+        positions.defined() && positions.dim() == 1 && cp->full_length % world == 0 &&
+            positions.numel() == cp->full_length / world && positions.min().item<int64_t>() >= 0 &&
+            positions.max().item<int64_t>() < cp->full_length,
+        ExitCode::kUsage, "context parallelism: rank {} needs {} / {} positions of [0, {}), got {}",
+        group.rank(), cp->full_length, world, cp->full_length,
+        positions.defined() ? positions.numel() : 0);
+    DNALLM_CHECK(cp->full_length <= o.max_seq_length || o.rotary || o.alibi, ExitCode::kBadData,
+                 "sequence of {} tokens exceeds model.max_seq_length = {}", cp->full_length,
+                 o.max_seq_length);
+    context = std::make_shared<AttentionContext>();
+    context->group = &group;
+    context->query_positions.assign(positions.data_ptr<int64_t>(),
+                                    positions.data_ptr<int64_t>() + positions.numel());
+    const auto keys = gather_context_rows(positions.view({1, -1}), group).reshape({-1});
+    context->key_positions.assign(keys.data_ptr<int64_t>(),
+                                  keys.data_ptr<int64_t>() + keys.numel());
+    context->causal = o.arch == Arch::kGpt;
+    if (o.alibi) context->alibi_slopes = alibi_slopes(o.heads);
+    context_positions_ = positions;
+  } else {
+    context_positions_ = torch::Tensor();
+  }
+  context_ = context;
+  for (auto& block : blocks_) block->context = context;
+  update_spec();
 }
 
 std::vector<std::shared_ptr<torch::nn::Module>> TransformerLMImpl::blocks() const {
@@ -681,7 +735,8 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
     auto real = ids.ne(o.position_padding_idx).to(torch::kInt64);
     x = x + embed(position_embeddings, real.cumsum(1) * real + o.position_padding_idx);
   } else if (position_embeddings) {
-    auto pos = torch::arange(past_len, past_len + t, ids.options());
+    auto pos = context_ ? context_positions_.to(device)
+                        : torch::arange(past_len, past_len + t, ids.options());
     x = x + embed(position_embeddings, pos).unsqueeze(0);
   }
   if (token_type_.defined()) x = x + token_type_[0];  // every token is of type 0
@@ -692,32 +747,57 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
   const double p = is_training() ? o.dropout : 0.0;
   if (p > 0) x = torch::dropout(x, p, true);
 
+  if (context_) {
+    DNALLM_CHECK(cache == nullptr && past_len == 0 && t == context_positions_.numel(),
+                 ExitCode::kUsage,
+                 "context parallelism: the model holds {} positions a sequence on this rank, the "
+                 "batch {} (and no key/value cache)",
+                 context_positions_.numel(), t);
+  }
   Tensor cos, sin;
-  if (o.rotary) std::tie(cos, sin) = rope_tables(past_len, t, o.hidden / o.heads, device);
+  if (o.rotary) {
+    std::tie(cos, sin) = rope_tables(past_len, t, o.hidden / o.heads, device,
+                                     context_ ? context_positions_ : Tensor());
+  }
 
+  // Note [Attention context parallelism]: the blocks build their masks per key block from the
+  // gathered padding mask and segments; none is built here.
+  const ForwardInputs no_masks;
+  const ForwardInputs& masked = context_ ? no_masks : in;
+  if (context_) {
+    auto& group = *context_->group;
+    context_->key_ok =
+        in.attention_mask.defined()
+            ? gather_context_rows(in.attention_mask.to(torch::kInt64), group).to(torch::kBool)
+            : Tensor();
+    context_->query_segments = in.segment_ids;
+    context_->key_segments = in.segment_ids.defined()
+                                 ? gather_context_rows(in.segment_ids.to(torch::kInt64), group)
+                                 : Tensor();
+  }
   // Build the additive mask (Note [Attention masks]).
   const bool causal = o.arch == Arch::kGpt;
   const int64_t tk = past_len + t;
   Tensor allowed;  // bool, broadcastable to [B, 1, T, Tk]
   bool padded_batch = false;
-  if (in.attention_mask.defined()) {
-    auto key_ok = in.attention_mask.to(torch::kBool);
+  if (masked.attention_mask.defined()) {
+    auto key_ok = masked.attention_mask.to(torch::kBool);
     if (key_ok.size(1) == t && past_len > 0) {
       key_ok = torch::cat({torch::ones({b, past_len}, key_ok.options()), key_ok}, 1);
     }
     // See Note [Host-known batch facts]: the host says whether anything is padded.
     const bool any_padding =
-        in.padded.has_value() && past_len == 0 ? *in.padded : !key_ok.all().item<bool>();
+        masked.padded.has_value() && past_len == 0 ? *masked.padded : !key_ok.all().item<bool>();
     if (any_padding) allowed = key_ok.view({b, 1, 1, tk});
     padded_batch = any_padding;
   }
-  if (in.segment_ids.defined()) {
+  if (masked.segment_ids.defined()) {
     DNALLM_CHECK(past_len == 0, ExitCode::kFailure, "packed segments are not cached");
-    auto seg = in.segment_ids;
+    auto seg = masked.segment_ids;
     auto same = seg.unsqueeze(2).eq(seg.unsqueeze(1)).unsqueeze(1);  // [B, 1, T, T]
     allowed = allowed.defined() ? allowed.logical_and(same) : same;
   }
-  if (causal && (allowed.defined() || (past_len > 0 && t > 1) || o.alibi)) {
+  if (causal && !context_ && (allowed.defined() || (past_len > 0 && t > 1) || o.alibi)) {
     auto tri = torch::ones({t, tk}, torch::TensorOptions().dtype(torch::kBool).device(device))
                    .tril(past_len);
     allowed = allowed.defined() ? allowed.logical_and(tri) : tri.view({1, 1, t, tk});
@@ -727,7 +807,7 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
     bias = torch::zeros(allowed.sizes(), x.options().dtype(torch::kFloat32))
                .masked_fill(allowed.logical_not(), mask_value(torch::kFloat32));
   }
-  if (o.alibi) {  // Note [ALiBi]: added to the padding/causal mask, as DNABERT-2 does
+  if (o.alibi && !context_) {  // Note [ALiBi]: added to the padding/causal mask, as DNABERT-2 does
     auto alibi = alibi_bias(o.heads, past_len, t, tk, device);
     bias = bias.defined() ? bias + alibi : alibi;
   }
@@ -778,7 +858,7 @@ ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
   // at 15% masking).
   Tensor selected_valid, selected_labels;
   Tensor hidden;
-  const bool mlm_selected = o.task == Task::kPretrain && o.arch == Arch::kBert &&
+  const bool mlm_selected = o.task == Task::kPretrain && o.arch == Arch::kBert && !context_ &&
                             in.logits_for_labels_only && in.labels.defined() &&
                             !in.segment_ids.defined() && in.labels.dim() == 2;
   if (mlm_selected && in.mlm_positions.defined() && in.mlm_selected.defined()) {
@@ -811,7 +891,7 @@ ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
   }
   if (o.task == Task::kPretrain) {
     Tensor labels = selected_valid.defined() ? selected_labels : in.labels;
-    if (labels.defined() && o.arch == Arch::kGpt && o.shift_labels) {
+    if (labels.defined() && o.arch == Arch::kGpt && spec_.shift_labels) {
       // Position i predicts token i + 1; the last position has no target.
       hidden = hidden.narrow(1, 0, hidden.size(1) - 1);
       labels = labels.narrow(1, 1, labels.size(1) - 1);

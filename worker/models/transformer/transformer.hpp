@@ -44,6 +44,8 @@ namespace dnallm::models {
 
 enum class AttnImpl { kSdpa, kEager };
 
+struct AttentionContext;  // worker/models/transformer/context_attention.hpp
+
 struct ModelOptions {
   Arch arch = Arch::kBert;
   Task task = Task::kPretrain;
@@ -168,6 +170,9 @@ class BlockImpl : public torch::nn::Module {
   LoraLinear ffn_gate{nullptr};  // options.gated_mlp
   torch::nn::LayerNorm ln_attn{nullptr}, ln_ffn{nullptr};
   torch::Tensor rms_attn, rms_ffn;  // options.rms_norm: the norms' weights instead
+  // Note [Attention context parallelism]: x holds this rank's positions; keys and values are
+  // gathered over the context group (null: off).
+  std::shared_ptr<AttentionContext> context;
 
  private:
   torch::Tensor forward_impl(const torch::Tensor& x, const torch::Tensor& bias, bool causal,
@@ -193,6 +198,11 @@ class TransformerLMImpl : public LanguageModelImpl {
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override;
   void set_activation_checkpointing(bool on) override;
   void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override { hooks_ = std::move(hooks); }
+  // Note [Attention context parallelism]: positions as cp->positions (zig-zag for a causal LM,
+  // spec().context_layout); labels come shifted (spec().shift_labels turns false). A classifier,
+  // RoBERTa positions or a sequence longer than the position table refuse (exit 2). Collective
+  // over cp->group (the positions are all-gathered).
+  void set_context_parallel(std::shared_ptr<ContextParallel> cp) override;
   // Note [Model FLOPs] (worker/train/mfu.hpp): the parameters' 6/4 a token plus attention's
   // 12 x layers x hidden x sequence.
   double flops_per_token(int64_t seq_len) const override;
@@ -227,6 +237,8 @@ class TransformerLMImpl : public LanguageModelImpl {
   torch::Tensor token_type_;  // options_.type_vocab_size > 0
   std::vector<Block> blocks_;
   std::shared_ptr<BlockHooks> hooks_;            // Note [Block hooks]
+  std::shared_ptr<AttentionContext> context_;    // Note [Attention context parallelism]
+  torch::Tensor context_positions_;              // this rank's global positions (int64)
   torch::nn::LayerNorm embedding_norm{nullptr};  // options_.embedding_layer_norm
   torch::nn::LayerNorm final_norm{nullptr};      // absent with options_.post_layer_norm
   torch::Tensor rms_final_;                      // options_.rms_norm

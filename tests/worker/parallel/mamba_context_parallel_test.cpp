@@ -1,0 +1,253 @@
+// Note [Mamba context parallelism] with real Gloo groups of 2 and 4 ranks in one process: the
+// carried-state selective scan, one Mamba mixer, and whole Caduceus models (Caduceus-Ph: BiMamba;
+// Caduceus-PS: RCPS) on sequence shards, gathered, against the same computation on the whole
+// sequence in one process, forward and backward (every parameter's gradient summed over the
+// ranks). A start state not carried, a halo from the wrong side, or a reverse direction over the
+// ranks in the wrong order changes values near the shard boundaries and fails these.
+#include "worker/models/caduceus/mamba_context.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "tests/worker/parallel/context_ranks.hpp"
+#include "worker/data/tokenizer.hpp"
+#include "worker/models/caduceus/caduceus.hpp"
+#include "worker/models/caduceus/caduceus_model.hpp"
+
+namespace dnallm::models::caduceus {
+namespace {
+
+using parallel::context_test::expect_no_errors;
+using parallel::context_test::gloo_available;
+using parallel::context_test::leaf;
+using parallel::context_test::run_on_ranks;
+using parallel::context_test::shard_of;
+using torch::Tensor;
+
+constexpr double kTolerance = 1e-6;
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  parallel::context_test::expect_close(got, want, what, kTolerance);
+}
+
+class MambaContextParallel : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (!gloo_available()) GTEST_SKIP() << "gloo was not built";
+  }
+  int world() const { return GetParam(); }
+  std::string tag() const { return " C=" + std::to_string(GetParam()); }
+};
+
+TEST_P(MambaContextParallel, SelectiveScanCarriesTheStateAcrossRanks) {
+  const int C = world();
+  const int64_t B = 2, D = 6, N = 4, L = 48;
+  torch::manual_seed(5);
+  // Slow decay (small |A|, small delta): the state carries far past each shard boundary.
+  const auto u = leaf(torch::randn({B, D, L})), delta = leaf(torch::randn({B, D, L}) - 2);
+  const auto z = leaf(torch::randn({B, D, L}));
+  const auto A = leaf(-torch::rand({D, N}) * 0.3 - 0.01);
+  const auto Bm = leaf(torch::randn({B, N, L})), Cm = leaf(torch::randn({B, N, L}));
+  const auto Dp = leaf(torch::randn({D})), bias = leaf(torch::randn({D}));
+  const auto weight = torch::randn({B, D, L});
+  const auto y = selective_scan_fused(u, delta, A, Bm, Cm, Dp, z, bias);
+  (y * weight).sum().backward();
+
+  const std::vector<Tensor> whole = {u, delta, A, Bm, Cm, Dp, z, bias};
+  // Per rank: the output and the gradient of each input.
+  std::vector<std::vector<Tensor>> got(C);
+  expect_no_errors(run_on_ranks(C, "scan", [&](int r, comm::Communicator& group) {
+    std::vector<Tensor> in;
+    for (const auto& t : whole) {
+      in.push_back(leaf(t.dim() == 3 ? shard_of(t, 2, C, r) : t));  // [.., L] sharded
+    }
+    auto out = context_parallel_selective_scan(in[0], in[1], in[2], in[3], in[4], in[5], in[6],
+                                               in[7], group);
+    (out * shard_of(weight, 2, C, r)).sum().backward();
+    got[r].push_back(out.detach());
+    for (const auto& t : in) got[r].push_back(t.grad());
+  }));
+  if (HasFailure()) return;
+  const char* names[] = {"u", "delta", "A", "B", "C", "D", "z", "delta_bias"};
+  std::vector<Tensor> outs;
+  for (int r = 0; r < C; ++r) outs.push_back(got[r][0]);
+  expect_close(torch::cat(outs, 2), y.detach(), "scan output" + tag());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    std::vector<Tensor> parts;
+    for (int r = 0; r < C; ++r) parts.push_back(got[r][i + 1]);
+    // Sharded inputs: the gradients side by side; replicated ones: summed over the ranks.
+    const auto merged = whole[i].dim() == 3 ? torch::cat(parts, 2) : torch::stack(parts).sum(0);
+    expect_close(merged, whole[i].grad(), std::string("scan gradient of ") + names[i] + tag());
+  }
+}
+
+CaduceusOptions tiny(bool rcps, bool bidirectional) {
+  CaduceusOptions o;
+  o.vocab_size = 16;
+  o.d_model = 8;
+  o.n_layer = 2;
+  o.d_state = 4;
+  o.d_conv = 4;
+  o.expand = 2;
+  o.dt_rank = 2;
+  o.rcps = rcps;
+  o.bidirectional = bidirectional;
+  if (rcps) {  // A<->T, C<->G at our ids 5..8; everything else maps to itself
+    o.complement = {0, 1, 2, 3, 4, 8, 7, 6, 5, 9, 10, 11, 12, 13, 14, 15};
+  }
+  return o;
+}
+
+// The gradient of every parameter, by name.
+std::map<std::string, Tensor> gradients(const torch::nn::Module& m) {
+  std::map<std::string, Tensor> out;
+  for (const auto& p : m.named_parameters()) {
+    out[p.key()] =
+        p.value().grad().defined() ? p.value().grad().clone() : torch::zeros_like(p.value());
+  }
+  return out;
+}
+
+TEST_P(MambaContextParallel, MambaMixerMatchesTheWholeSequence) {
+  const int C = world();
+  const int64_t B = 2, T = 32;
+  const auto o = tiny(false, false);
+  // One copy of the same weights per rank, and the reference (built here: one RNG, in order).
+  std::vector<Mamba> copies;
+  for (int r = 0; r <= C; ++r) {
+    torch::manual_seed(9);
+    copies.emplace_back(o, nullptr);
+  }
+  const auto x = torch::randn({B, T, o.d_model}), weight = torch::randn({B, T, o.d_model});
+  auto& reference = copies[C];
+  const auto whole_x = leaf(x);
+  const auto y = reference->forward(whole_x);
+  (y * weight).sum().backward();
+  const auto want = gradients(*reference);
+
+  std::vector<Tensor> ys(C), dx(C);
+  std::vector<std::map<std::string, Tensor>> grads(C);
+  expect_no_errors(run_on_ranks(C, "mixer", [&](int r, comm::Communicator& group) {
+    auto mine = leaf(shard_of(x, 1, C, r));
+    ys[r] = mamba_context_parallel(*copies[r], mine, group);
+    (ys[r] * shard_of(weight, 1, C, r)).sum().backward();
+    dx[r] = mine.grad();
+    grads[r] = gradients(*copies[r]);
+  }));
+  if (HasFailure()) return;
+  expect_close(torch::cat(ys, 1), y.detach(), "mixer output" + tag());
+  expect_close(torch::cat(dx, 1), whole_x.grad(), "mixer input gradient" + tag());
+  for (const auto& [name, g] : want) {
+    std::vector<Tensor> parts;
+    for (int r = 0; r < C; ++r) parts.push_back(grads[r].at(name));
+    expect_close(torch::stack(parts).sum(0), g, "mixer gradient of " + name + tag());
+  }
+}
+
+// A whole model behind the model interface: masked-LM logits, the summed loss and every
+// parameter's gradient, C ranks with set_context_parallel against one rank.
+void check_model(int C, bool rcps) {
+  const int64_t B = 2, T = 32, vocab = 14;
+  const auto o = tiny(rcps, /*bidirectional=*/true);
+  std::vector<CaduceusModel> copies;
+  for (int r = 0; r <= C; ++r) {
+    torch::manual_seed(13);
+    copies.emplace_back(std::make_shared<CaduceusModelImpl>(CaduceusLM(o), vocab));
+  }
+  torch::manual_seed(14);
+  const auto ids = torch::randint(data::kFirstRegularId, vocab, {B, T}, torch::kLong);
+  auto labels = torch::full({B, T}, -100, torch::kLong);
+  const auto scored = torch::rand({B, T}) < 0.3;
+  labels.masked_scatter_(scored, ids.masked_select(scored));
+  const std::string tag =
+      std::string(rcps ? " Caduceus-PS" : " Caduceus-Ph") + " C=" + std::to_string(C);
+
+  auto& reference = copies[C];
+  ForwardInputs whole;
+  whole.input_ids = ids;
+  whole.labels = labels;
+  const auto want = reference->forward(whole);
+  want.loss_sum.backward();
+  const auto want_grads = gradients(*reference);
+
+  std::vector<Tensor> logits(C), losses(C);
+  std::vector<int64_t> counts(C);
+  std::vector<std::map<std::string, Tensor>> grads(C);
+  expect_no_errors(run_on_ranks(C, "model", [&](int r, comm::Communicator& group) {
+    auto cp = std::make_shared<ContextParallel>();
+    cp->group = &group;
+    cp->full_length = T;
+    cp->positions = torch::arange(r * T / C, (r + 1) * T / C, torch::kLong);
+    copies[r]->set_context_parallel(cp);
+    ForwardInputs in;
+    in.input_ids = shard_of(ids, 1, C, r);
+    in.labels = shard_of(labels, 1, C, r);
+    const auto out = copies[r]->forward(in);
+    out.loss_sum.backward();
+    logits[r] = out.logits.detach();
+    losses[r] = out.loss_sum.detach();
+    counts[r] = out.loss_count;
+    grads[r] = gradients(*copies[r]);
+  }));
+  if (::testing::Test::HasFailure()) return;
+  expect_close(torch::cat(logits, 1), want.logits.detach(), "logits" + tag);
+  expect_close(torch::stack(losses).sum(), want.loss_sum.detach(), "loss" + tag);
+  int64_t count = 0;
+  for (const auto c : counts) count += c;
+  EXPECT_EQ(count, want.loss_count);
+  double worst = 0;
+  for (const auto& [name, g] : want_grads) {
+    std::vector<Tensor> parts;
+    for (int r = 0; r < C; ++r) parts.push_back(grads[r].at(name));
+    const double err = parallel::context_test::relative_error(torch::stack(parts).sum(0), g);
+    EXPECT_LE(err, kTolerance) << "gradient of " << name << tag;
+    worst = std::max(worst, err);
+  }
+  std::cout << "[ measured ]" << tag << ": " << want_grads.size()
+            << " parameter gradients, largest relative error " << worst << "\n";
+}
+
+TEST_P(MambaContextParallel, CaduceusPhModelMatchesOneRank) { check_model(world(), false); }
+
+TEST_P(MambaContextParallel, CaduceusPsModelMatchesOneRank) { check_model(world(), true); }
+
+TEST_P(MambaContextParallel, AClassifierOrAZigZagLayoutIsOneClearError) {
+  const int C = world();
+  auto classifier = tiny(false, true);
+  classifier.classifier = true;
+  const auto errors = run_on_ranks(C, "refuse", [&](int r, comm::Communicator& group) {
+    auto cp = std::make_shared<ContextParallel>();
+    cp->group = &group;
+    cp->full_length = 8 * C;
+    cp->positions = torch::arange(r * 8, (r + 1) * 8, torch::kLong);
+    CaduceusModel model(std::make_shared<CaduceusModelImpl>(CaduceusLM(classifier), 14));
+    try {
+      model->set_context_parallel(cp);
+      ADD_FAILURE() << "a classifier accepted context parallelism";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kUsage);
+      EXPECT_NE(std::string(e.what()).find("sequence classifier"), std::string::npos);
+    }
+    // Zig-zag: chunks r and 2C-1-r of 2C.
+    cp->positions = torch::cat({torch::arange(r * 4, (r + 1) * 4, torch::kLong),
+                                torch::arange((2 * C - 1 - r) * 4, (2 * C - r) * 4, torch::kLong)});
+    CaduceusModel lm(std::make_shared<CaduceusModelImpl>(CaduceusLM(tiny(false, true)), 14));
+    lm->set_context_parallel(cp);
+  });
+  for (int r = 0; r < C; ++r) {
+    // Rank 0's zig-zag chunks are [0, 4) and [last]: not contiguous either.
+    EXPECT_NE(errors[r].find("positions contiguous"), std::string::npos) << errors[r];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, MambaContextParallel, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "C" + std::to_string(info.param);
+                         });
+
+}  // namespace
+}  // namespace dnallm::models::caduceus

@@ -1,0 +1,275 @@
+#include "worker/models/caduceus/mamba_context.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.hpp"
+#include "worker/models/caduceus/caduceus.hpp"
+#include "worker/parallel/context_parallel.hpp"
+#include "worker/tensor_buffer.hpp"
+
+namespace dnallm::models::caduceus {
+
+using torch::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::shared_ptr<MambaContext> make_mamba_context(comm::Communicator& group) {
+  auto context = std::make_shared<MambaContext>();
+  context->group = &group;
+  if (group.world_size() > 1) {
+    context->reversed = group.split(0, group.world_size() - 1 - group.rank());
+  }
+  return context;
+}
+
+namespace {
+
+inline float softplus20(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
+
+// As in parallel/context_parallel.cpp: the node keeps the group as an integer (saved_data holds
+// IValues); the header's contract keeps it alive through the backward.
+comm::Communicator& saved_group(AutogradContext* ctx) {
+  return *reinterpret_cast<comm::Communicator*>(
+      static_cast<intptr_t>(ctx->saved_data["group"].toInt()));
+}
+
+// `mine` [...] from every rank of `group`: [C, ...], rank q's at index q (fp32).
+Tensor all_gather(const Tensor& mine, comm::Communicator& group) {
+  std::vector<int64_t> shape{group.world_size()};
+  for (const auto s : mine.sizes()) shape.push_back(s);
+  auto all = torch::empty(shape, mine.options());
+  group
+      .allgather(buffer_view(mine, 0, mine.numel(), DType::kFloat32),
+                 buffer_view(all, 0, all.numel(), DType::kFloat32))
+      ->wait();
+  return all;
+}
+
+// Note [Mamba context parallelism], steps 1-4 forward and backward. The loops are those of
+// Note [Fused selective scan] with a start state (forward) and an entering gradient (backward).
+struct ContextScan : torch::autograd::Function<ContextScan> {
+  static Tensor forward(AutogradContext* ctx, Tensor u, Tensor delta, Tensor A, Tensor Bm, Tensor C,
+                        Tensor Dv, Tensor z, Tensor bias, comm::Communicator* group) {
+    const int64_t batch = u.size(0), D = u.size(1), L = u.size(2), N = A.size(1);
+    u = u.contiguous(), delta = delta.contiguous(), z = z.contiguous();
+    A = A.contiguous(), Dv = Dv.contiguous(), bias = bias.contiguous();
+    auto Bt = Bm.transpose(1, 2).contiguous(), Ct = C.transpose(1, 2).contiguous();  // [B, L, N]
+    const float *pu = u.data_ptr<float>(), *pd = delta.data_ptr<float>(), *pz = z.data_ptr<float>();
+    const float *pA = A.data_ptr<float>(), *pD = Dv.data_ptr<float>(), *pb = bias.data_ptr<float>();
+    const float *pB = Bt.data_ptr<float>(), *pC = Ct.data_ptr<float>();
+
+    // 1. The shard's end state from zero and the product of its a_t: [B, D, (e | P)].
+    auto ends = torch::empty({batch, D, 2 * N}, u.options());
+    float* pe = ends.data_ptr<float>();
+    at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t bd = begin; bd < end; ++bd) {
+        const int64_t b = bd / D, d = bd % D;
+        float* h = pe + bd * 2 * N;
+        float* p = h + N;
+        std::fill(h, h + N, 0.f);
+        std::fill(p, p + N, 1.f);
+        const float* Ad = pA + d * N;
+        for (int64_t t = 0; t < L; ++t) {
+          const int64_t i = bd * L + t;
+          const float dt = softplus20(pd[i] + pb[d]);
+          const float du = dt * pu[i];
+          const float* Bbt = pB + (b * L + t) * N;
+          for (int64_t n = 0; n < N; ++n) {
+            const float a = std::exp(dt * Ad[n]);
+            h[n] = a * h[n] + du * Bbt[n];
+            p[n] *= a;
+          }
+        }
+      }
+    });
+    // 2-3. Everyone's, and this rank's start state folded from the ranks before it.
+    const auto all = all_gather(ends, *group);
+    const auto products = all.slice(-1, N).contiguous();  // [C, B, D, N], kept for the backward
+    auto start = torch::zeros({batch, D, N}, u.options());
+    for (int q = 0; q < group->rank(); ++q) start = products[q] * start + all[q].slice(-1, 0, N);
+    start = start.contiguous();
+
+    // 4. The scan of the shard from its start state, keeping the states for the backward.
+    auto out = torch::empty_like(u), y_pre = torch::empty_like(u);
+    auto H = torch::empty({batch, D, L, N}, u.options());
+    const float* ps = start.data_ptr<float>();
+    float *po = out.data_ptr<float>(), *py = y_pre.data_ptr<float>(), *pH = H.data_ptr<float>();
+    at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> h(static_cast<size_t>(N));
+      for (int64_t bd = begin; bd < end; ++bd) {
+        const int64_t b = bd / D, d = bd % D;
+        std::copy(ps + bd * N, ps + (bd + 1) * N, h.begin());
+        const float* Ad = pA + d * N;
+        for (int64_t t = 0; t < L; ++t) {
+          const int64_t i = bd * L + t;
+          const float dt = softplus20(pd[i] + pb[d]);
+          const float du = dt * pu[i];
+          const float* Bbt = pB + (b * L + t) * N;
+          const float* Cbt = pC + (b * L + t) * N;
+          float* Ht = pH + i * N;
+          float y = 0.f;
+          for (int64_t n = 0; n < N; ++n) {
+            h[n] = std::exp(dt * Ad[n]) * h[n] + du * Bbt[n];
+            y += h[n] * Cbt[n];
+            Ht[n] = h[n];
+          }
+          y += pu[i] * pD[d];
+          py[i] = y;
+          po[i] = y * pz[i] * sigmoidf(pz[i]);
+        }
+      }
+    });
+    ctx->saved_data["group"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(group));
+    ctx->save_for_backward({u, delta, A, Bt, Ct, Dv, z, bias, y_pre, H, start, products});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto& group = saved_group(ctx);
+    auto s = ctx->get_saved_variables();
+    const auto &u = s[0], &delta = s[1], &A = s[2], &Bt = s[3], &Ct = s[4], &Dv = s[5], &z = s[6],
+               &bias = s[7], &y_pre = s[8], &H = s[9], &start = s[10], &products = s[11];
+    const auto dout = grads[0].contiguous();
+    const int64_t batch = u.size(0), D = u.size(1), L = u.size(2), N = A.size(1);
+    const float *pu = u.data_ptr<float>(), *pd = delta.data_ptr<float>(), *pz = z.data_ptr<float>();
+    const float *pA = A.data_ptr<float>(), *pD = Dv.data_ptr<float>(), *pb = bias.data_ptr<float>();
+    const float *pB = Bt.data_ptr<float>(), *pC = Ct.data_ptr<float>();
+    const float *py = y_pre.data_ptr<float>(), *pH = H.data_ptr<float>(),
+                *pg = dout.data_ptr<float>(), *ps = start.data_ptr<float>();
+
+    // 1. The gradient at the shard's start from zero at its end (the states are not needed).
+    auto at_start = torch::empty({batch, D, N}, u.options());
+    float* pl = at_start.data_ptr<float>();
+    at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t bd = begin; bd < end; ++bd) {
+        const int64_t b = bd / D, d = bd % D;
+        float* carry = pl + bd * N;
+        std::fill(carry, carry + N, 0.f);
+        const float* Ad = pA + d * N;
+        for (int64_t t = L - 1; t >= 0; --t) {
+          const int64_t i = bd * L + t;
+          const float dt = softplus20(pd[i] + pb[d]);
+          const float g = pg[i] * pz[i] * sigmoidf(pz[i]);
+          const float* Cbt = pC + (b * L + t) * N;
+          for (int64_t n = 0; n < N; ++n) carry[n] = std::exp(dt * Ad[n]) * (Cbt[n] * g + carry[n]);
+        }
+      }
+    });
+    // 2-3. Everyone's, and the gradient entering this shard's end folded from the ranks after it.
+    const auto all = all_gather(at_start, group);
+    auto entering = torch::zeros({batch, D, N}, u.options());
+    for (int q = group.world_size() - 1; q > group.rank(); --q) {
+      entering = all[q] + products[q] * entering;
+    }
+    entering = entering.contiguous();
+
+    // 4. The backward of the shard entered with that gradient (Note [Fused selective scan]); the
+    // state before its first position is the start state.
+    auto du = torch::empty_like(u), ddelta = torch::empty_like(u), dz = torch::empty_like(u);
+    auto dy = torch::empty_like(u), dtu = torch::empty_like(u);
+    auto dH = torch::empty_like(H);
+    auto dA_rows = torch::zeros({batch, D, N}, u.options());
+    auto dD_rows = torch::zeros({batch, D}, u.options());
+    const float* pG = entering.data_ptr<float>();
+    float *pdu = du.data_ptr<float>(), *pdd = ddelta.data_ptr<float>(), *pdz = dz.data_ptr<float>();
+    float *pdy = dy.data_ptr<float>(), *pdtu = dtu.data_ptr<float>(), *pdH = dH.data_ptr<float>();
+    float *pdA = dA_rows.data_ptr<float>(), *pdD = dD_rows.data_ptr<float>();
+    at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> carry(static_cast<size_t>(N));
+      for (int64_t bd = begin; bd < end; ++bd) {
+        const int64_t b = bd / D, d = bd % D;
+        std::copy(pG + bd * N, pG + (bd + 1) * N, carry.begin());
+        const float* Ad = pA + d * N;
+        float* dAd = pdA + bd * N;
+        for (int64_t t = L - 1; t >= 0; --t) {
+          const int64_t i = bd * L + t;
+          const float x = pd[i] + pb[d];
+          const float dt = softplus20(x);
+          const float sz = sigmoidf(pz[i]);
+          const float g = pg[i] * pz[i] * sz;  // d loss / d y_pre
+          pdz[i] = pg[i] * py[i] * sz * (1.f + pz[i] * (1.f - sz));
+          pdy[i] = g;
+          pdtu[i] = dt * pu[i];
+          const float* Bbt = pB + (b * L + t) * N;
+          const float* Cbt = pC + (b * L + t) * N;
+          const float* Hprev = t > 0 ? pH + (i - 1) * N : ps + bd * N;
+          float* dHt = pdH + i * N;
+          float ddt = 0.f, dui = g * pD[d];
+          for (int64_t n = 0; n < N; ++n) {
+            const float a = std::exp(dt * Ad[n]);
+            const float dh = Cbt[n] * g + carry[n];
+            dHt[n] = dh;
+            const float da = dh * Hprev[n];
+            ddt += da * a * Ad[n] + dh * Bbt[n] * pu[i];
+            dAd[n] += da * a * dt;
+            dui += dh * dt * Bbt[n];
+            carry[n] = a * dh;
+          }
+          pdu[i] = dui;
+          pdD[bd] += g * pu[i];
+          pdd[i] = ddt * (x > 20.f ? 1.f : sigmoidf(x));
+        }
+      }
+    });
+    auto dC = torch::einsum("bdtn,bdt->bnt", {H, dy});
+    auto dB = torch::einsum("bdtn,bdt->bnt", {dH, dtu});
+    return {du,
+            ddelta,
+            dA_rows.sum(0),
+            dB,
+            dC,
+            dD_rows.sum(0),
+            dz,
+            ddelta.sum(at::IntArrayRef{0, 2}),
+            Tensor()};
+  }
+};
+
+}  // namespace
+
+Tensor context_parallel_selective_scan(const Tensor& u, const Tensor& delta, const Tensor& A,
+                                       const Tensor& Bm, const Tensor& C, const Tensor& D,
+                                       const Tensor& z, const Tensor& delta_bias,
+                                       comm::Communicator& group) {
+  DNALLM_CHECK(u.device().is_cpu(), ExitCode::kUsage,
+               "Mamba context parallelism runs its selective scan on the CPU only (the fused "
+               "kernel of Note [Fused selective scan]); the model is on {}: set "
+               "parallel.context_parallel = 1 for a Caduceus model on a GPU",
+               u.device().str());
+  DNALLM_CHECK(u.dim() == 3 && delta.sizes() == u.sizes() && z.sizes() == u.sizes() &&
+                   A.dim() == 2 && A.size(0) == u.size(1) && Bm.dim() == 3 &&
+                   Bm.size(0) == u.size(0) && Bm.size(1) == A.size(1) && Bm.size(2) == u.size(2) &&
+                   C.sizes() == Bm.sizes(),
+               ExitCode::kUsage,
+               "context_parallel_selective_scan: expected u, delta, z [B, D, L], A [D, N], B and "
+               "C [B, N, L]");
+  auto f = [](const Tensor& t) { return t.to(torch::kFloat32); };
+  return ContextScan::apply(f(u), f(delta), f(A), f(Bm), f(C), f(D), f(z), f(delta_bias), &group);
+}
+
+Tensor mamba_context_parallel(MambaImpl& m, const Tensor& x, comm::Communicator& group) {
+  const int64_t L = x.size(1), batch = x.size(0);
+  const auto parts = m.in_proj->forward(x).chunk(2, -1);  // x and z, [B, L, d_inner] each
+  const auto& conv = m.conv1d->weight;                    // [d_inner, 1, d_conv]
+  const int64_t d_inner = conv.size(0), d_conv = conv.size(2);
+  // The causal conv: the previous rank's last d_conv - 1 positions, then no padding.
+  const auto with_halo = parallel::causal_halo(parts[0], d_conv - 1, group);
+  const int64_t no_padding = 0;  // (a literal 0 would also convert to the string overload)
+  const auto u = torch::silu(
+      torch::conv1d(with_halo.transpose(1, 2), conv, m.conv1d->bias, 1, no_padding, 1, d_inner));
+  const int64_t dt_rank = m.dt_proj->weight.size(1);
+  auto x_dbl = m.x_proj->forward(u.transpose(1, 2).reshape({batch * L, -1}));
+  const int64_t d_state = (x_dbl.size(-1) - dt_rank) / 2;
+  auto pieces = x_dbl.split_with_sizes({dt_rank, d_state, d_state}, -1);
+  auto dt = torch::matmul(m.dt_proj->weight, pieces[0].t()).view({-1, batch, L}).transpose(0, 1);
+  auto Bm = pieces[1].view({batch, L, -1}).transpose(1, 2).contiguous();
+  auto C = pieces[2].view({batch, L, -1}).transpose(1, 2).contiguous();
+  auto A = -torch::exp(m.A_log.to(torch::kFloat32));
+  auto y = context_parallel_selective_scan(u, dt, A, Bm, C, m.D, parts[1].transpose(1, 2),
+                                           m.dt_proj->bias, group);
+  return m.out_proj->forward(y.transpose(1, 2));
+}
+
+}  // namespace dnallm::models::caduceus
