@@ -13,6 +13,7 @@
 #include "worker/models/family_io.hpp"
 #include "worker/models/fp32_region.hpp"
 #include "worker/models/hf_directory.hpp"
+#include "worker/models/recompute_autocast.hpp"
 #include "worker/models/transformer/transformer.hpp"
 #include "worker/tensor_buffer.hpp"
 
@@ -290,6 +291,7 @@ struct CaduceusCheckpoint : public torch::autograd::Function<CaduceusCheckpoint>
     ctx->save_for_backward({x});
     ctx->saved_data["model"] = model_address;
     ctx->saved_data["layer"] = layer;
+    save_autocast_state(ctx);  // Note [Recompute under the forward's autocast]
     return reinterpret_cast<CaduceusLMImpl*>(model_address)->mixer(static_cast<size_t>(layer), x);
   }
 
@@ -301,6 +303,7 @@ struct CaduceusCheckpoint : public torch::autograd::Function<CaduceusCheckpoint>
     Tensor out;
     {
       torch::AutoGradMode grad_mode(true);
+      RecomputeAutocast autocast(ctx);
       out = model->mixer(layer, x);
     }
     torch::autograd::backward({out}, {grad_out[0]});

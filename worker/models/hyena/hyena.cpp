@@ -11,6 +11,7 @@
 #include "worker/models/family_io.hpp"
 #include "worker/models/fp32_region.hpp"
 #include "worker/models/hf_directory.hpp"
+#include "worker/models/recompute_autocast.hpp"
 #include "worker/models/transformer/transformer.hpp"
 #include "worker/parallel/context_parallel.hpp"
 #include "worker/tensor_buffer.hpp"
@@ -440,6 +441,7 @@ struct HyenaCheckpoint : public torch::autograd::Function<HyenaCheckpoint> {
                         int64_t block_address) {
     ctx->save_for_backward({x, z, t});
     ctx->saved_data["block"] = block_address;
+    save_autocast_state(ctx);  // Note [Recompute under the forward's autocast]
     return reinterpret_cast<HyenaBlockImpl*>(block_address)->forward(x, z, t);
   }
 
@@ -451,6 +453,7 @@ struct HyenaCheckpoint : public torch::autograd::Function<HyenaCheckpoint> {
     Tensor out;
     {
       torch::AutoGradMode grad_mode(true);
+      RecomputeAutocast autocast(ctx);
       out = block->forward(x, saved[1], saved[2]);
     }
     torch::autograd::backward({out}, {grad_out[0]});

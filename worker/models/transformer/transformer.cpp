@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "core/host_memory.hpp"
 #include "core/untrusted_file.hpp"
+#include "worker/models/recompute_autocast.hpp"
 #include "worker/models/transformer/context_attention.hpp"
 #include "worker/tensor_buffer.hpp"
 
@@ -504,6 +505,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     ctx->save_for_backward({x, bias, cos, sin});
     ctx->saved_data["block"] = block_address;
     ctx->saved_data["causal"] = causal;
+    save_autocast_state(ctx);  // Note [Recompute under the forward's autocast]
     auto* block = reinterpret_cast<BlockImpl*>(block_address);
     return block->forward(x, opt(bias), causal, nullptr, opt(cos), opt(sin));
   }
@@ -517,6 +519,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     Tensor out;
     {
       torch::AutoGradMode grad_mode(true);
+      RecomputeAutocast autocast(ctx);
       out = block->forward(x, opt(saved[1]), causal, nullptr, opt(saved[2]), opt(saved[3]));
     }
     torch::autograd::backward({out}, {grad_out[0]});
