@@ -16,7 +16,7 @@ void LanguageModelImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp
   if (cp == nullptr) return;
   fail(ExitCode::kUsage,
        "the {} family has no context parallelism yet: set parallel.context_parallel = 1, or "
-       "choose a family that has it (model.arch = \"hyena\")",
+       "choose a family that has it (HyenaDNA, Caduceus, the transformer's language models)",
        spec().family);
 }
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -76,6 +77,10 @@ Errors expect_same_training(const TrainRun& want, const TrainRun& got, const std
   if (want.params.size() != got.params.size()) return {};
   double worst_param = 0;
   for (const auto& [name, v] : want.params) {
+    // Attention's key bias adds q.b to every score of a query: softmax cancels it, so its
+    // gradient is 0 up to rounding, and AdamW turns that rounding into steps of lr in either
+    // direction: noise in every run, compared by the losses only.
+    if (name.find("attention.self.key.bias") != std::string::npos) continue;
     const auto& w = got.params.at(name);
     EXPECT_EQ(v.size(), w.size()) << name;
     if (v.size() != w.size()) return {};
@@ -172,6 +177,28 @@ TEST_F(ContextParallelTraining, ResumesAtAnotherDataByContextLayout) {
   resumed.summary["tokens"] = uninterrupted.summary.at("tokens");
   expect_same_training(uninterrupted, resumed, "data 2 x context 1, resumed at data 1 x context 2",
                        4 * std::max(scale.loss, 1e-7), 4 * std::max(scale.params, 1e-6));
+}
+
+// The other families through the same mesh and data path: Caduceus-PS (Note [Mamba context
+// parallelism]: contiguous shards, the scan's state passed from rank to rank, the reverse strand
+// over the group in reverse order), a causal GPT (Note [Attention context parallelism]: zig-zag
+// chunks, labels shifted on the whole sequence) and a masked-LM BERT (contiguous chunks): 10
+// steps at context 2 equal 1 rank, losses within 1e-6 (Mamba) and 1e-5 (attention) relative
+// (measured 1.4e-7 to 1.6e-7). Parameters: 5e-5 as above for Caduceus and GPT; BERT's 1-rank
+// masked LM runs its last block at the scored positions only (Note [Scored positions only]),
+// which context parallelism does not, so its sums differ in order from the first step, and
+// AdamW magnifies that in rarely used rows (position embeddings): 2.2e-4 measured, 5e-4 allowed.
+TEST_F(ContextParallelTraining, CaduceusGptAndBertTrainAtContextTwoLikeOneRank) {
+  for (const auto& [arch, loss_tolerance, param_tolerance] :
+       {std::tuple<std::string, double, double>{"caduceus-ps", 1e-6, 5e-5},
+        {"gpt", 1e-5, 5e-5},
+        {"bert", 1e-5, 5e-4}}) {
+    const std::string model = "--set model.arch=" + arch + " ";
+    const TrainRun one = train("cp_ref_" + arch, 1, 4, model);
+    expect_same_training(one,
+                         train("cp2_" + arch, 2, 4, model + "--set parallel.context_parallel=2"),
+                         "context 2 vs 1 rank, " + arch, loss_tolerance, param_tolerance);
+  }
 }
 
 TEST_F(ContextParallelTraining, WhatItCannotDoIsOneUsageErrorBeforeTraining) {

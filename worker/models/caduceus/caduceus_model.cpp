@@ -254,7 +254,9 @@ void CaduceusModelImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp
                "whole sequence and has no context parallelism; train it with "
                "parallel.context_parallel = 1, or pre-train (model.task = \"pretrain\")",
                world);
-  DNALLM_CHECK(cp->full_length > 0 && cp->full_length % world == 0, ExitCode::kUsage,
+  // The trainer's mesh gives the length per batch (0 until then; its padding keeps it a
+  // multiple of the degree and its layout contiguous, as spec().context_layout asks).
+  DNALLM_CHECK(cp->full_length >= 0 && cp->full_length % world == 0, ExitCode::kUsage,
                "parallel.context_parallel = {}: the sequence length {} is not a positive multiple "
                "of it; pad sequences to a multiple of the context-parallel degree",
                world, cp->full_length);

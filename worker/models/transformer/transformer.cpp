@@ -616,17 +616,43 @@ void TransformerLMImpl::update_spec() {
   spec_.extends_past_max_length = o.rotary || o.alibi;
   spec_.num_labels = o.num_labels;
   spec_.pad_id = o.pad_id;
-  spec_.shift_labels = o.shift_labels && !context_;  // the data path shifts under CP
+  spec_.shift_labels = o.shift_labels && !context_view_;  // the data path shifts under CP
   spec_.context_layout = o.arch == Arch::kGpt ? ContextLayout::kZigZag : ContextLayout::kContiguous;
   spec_.lora_r = o.lora_r;
   spec_.lora_alpha = o.lora_alpha;
   spec_.reserved_positions = o.position_padding_idx >= 0 ? o.position_padding_idx + 1 : 0;
 }
 
+// The trainer's context mesh (Note [Data x context mesh]) hands over one ContextParallel and
+// updates its length and positions in place per batch; the attention context is built from it
+// when the length changes (refresh_context, in encode: a collective over the group, which every
+// rank of it reaches with the same length), or at once where positions are already given.
 void TransformerLMImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp) {
+  context_view_ = cp != nullptr && cp->group != nullptr ? cp : nullptr;
+  context_.reset();
+  context_length_ = -1;
+  if (context_view_ && !context_view_->positions.defined()) {
+    DNALLM_CHECK(options_.task == Task::kPretrain, ExitCode::kUsage,
+                 "parallel.context_parallel = {}: a transformer classifier or regressor pools "
+                 "over the whole sequence and has no context parallelism; set "
+                 "parallel.context_parallel = 1 for model.task = \"{}\"",
+                 context_view_->group->world_size(), task_name(options_.task));
+    for (auto& block : blocks_) block->context = nullptr;
+    update_spec();
+    return;
+  }
+  build_context(context_view_);
+}
+
+void TransformerLMImpl::refresh_context() {
+  if (context_view_ && context_length_ != context_view_->full_length) build_context(context_view_);
+}
+
+void TransformerLMImpl::build_context(const std::shared_ptr<ContextParallel>& cp) {
   const auto& o = options_;
   std::shared_ptr<AttentionContext> context;
   if (cp != nullptr && cp->group != nullptr) {
+    context_length_ = cp->full_length;
     auto& group = *cp->group;
     const int world = group.world_size();
     DNALLM_CHECK(o.task == Task::kPretrain, ExitCode::kUsage,
@@ -725,6 +751,7 @@ void TransformerLMImpl::merge_lora() {
 Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache>* cache,
                                  int64_t past_len) {
   const auto& o = options_;
+  refresh_context();
   const auto& ids = in.input_ids;
   DNALLM_CHECK(ids.dim() == 2, ExitCode::kFailure, "input_ids must be [batch, seq]");
   const int64_t b = ids.size(0), t = ids.size(1);
@@ -855,6 +882,7 @@ Tensor TransformerLMImpl::lm_logits(const Tensor& hidden) {
 
 ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
   const auto& o = options_;
+  refresh_context();  // before the scored-positions choice below, which context parallelism skips
   ModelOutput out;
   // See Note [Scored positions only]: a masked LM that only needs the scored positions runs
   // the last block for those queries alone (exact; ~85% of the last block's work is skipped

@@ -236,8 +236,12 @@ class TransformerLMImpl : public LanguageModelImpl {
   torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr};
   torch::Tensor token_type_;  // options_.type_vocab_size > 0
   std::vector<Block> blocks_;
-  std::shared_ptr<BlockHooks> hooks_;            // Note [Block hooks]
-  std::shared_ptr<AttentionContext> context_;    // Note [Attention context parallelism]
+  std::shared_ptr<BlockHooks> hooks_;              // Note [Block hooks]
+  std::shared_ptr<AttentionContext> context_;      // Note [Attention context parallelism]
+  std::shared_ptr<ContextParallel> context_view_;  // what set_context_parallel() got
+  int64_t context_length_ = -1;                    // the full length context_ was built for
+  void refresh_context();
+  void build_context(const std::shared_ptr<ContextParallel>& cp);
   torch::Tensor context_positions_;              // this rank's global positions (int64)
   torch::nn::LayerNorm embedding_norm{nullptr};  // options_.embedding_layer_norm
   torch::nn::LayerNorm final_norm{nullptr};      // absent with options_.post_layer_norm
