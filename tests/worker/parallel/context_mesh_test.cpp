@@ -17,6 +17,7 @@
 
 #include "coordinator/store.hpp"
 #include "core/error.hpp"
+#include "tests/worker/parallel/context_ranks.hpp"
 #include "worker/models/hyena/hyena_model.hpp"
 #include "worker/train/trainer.hpp"
 
@@ -28,48 +29,9 @@ using torch::Tensor;
 
 constexpr double kTolerance = 1e-6;
 
-// Runs `body(rank, world)` on `world` threads, each rank with its own gloo communicator.
-// Returns each rank's error ("" when none).
-std::vector<std::string> run_on_ranks(int world, const std::string& name,
-                                      const std::function<void(int, comm::Communicator&)>& body) {
-  auto store = std::make_shared<coordinator::InMemoryStore>();
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        comm::CommOptions o;
-        o.backend = "gloo";
-        o.rank = r;
-        o.world_size = world;
-        o.store = store;
-        o.loopback = true;
-        o.timeout = std::chrono::seconds(30);
-        o.name = name;
-        auto group = comm::make_communicator(o);
-        body(r, *group);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-        if (errors[static_cast<size_t>(r)].empty())
-          errors[static_cast<size_t>(r)] = "(empty error)";
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-void expect_no_errors(const std::vector<std::string>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
-
-// max |a - b| / max |b| (normwise: elementwise ratios are meaningless near zero).
-double relative_error(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.sizes(), b.sizes());
-  if (a.sizes() != b.sizes()) return 1.0;
-  const double scale = b.abs().max().item<double>();
-  return (a - b).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
-}
+using context_test::expect_no_errors;
+using context_test::relative_error;
+using context_test::run_on_ranks;
 
 // ---------------------------------------------------------------------------------------------
 // The mesh's policy
