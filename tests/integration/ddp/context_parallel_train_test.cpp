@@ -4,6 +4,7 @@
 // genome, fp32, 10 steps. Compared: every step's loss and every final parameter.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
@@ -198,6 +199,20 @@ TEST_F(ContextParallelTraining, CaduceusGptAndBertTrainAtContextTwoLikeOneRank) 
     expect_same_training(one,
                          train("cp2_" + arch, 2, 4, model + "--set parallel.context_parallel=2"),
                          "context 2 vs 1 rank, " + arch, loss_tolerance, param_tolerance);
+  }
+}
+
+// LoRA (issue 26 item 5): adapters on HyenaDNA's and Caduceus' projections, the base frozen;
+// the context-parallel operators pass the adapters' gradients through like the base's.
+TEST_F(ContextParallelTraining, LoraAdaptersTrainAtContextTwoLikeOneRank) {
+  for (const std::string arch : {"hyena", "caduceus-ps"}) {
+    const std::string lora = "--set model.arch=" + arch + " --set lora.r=4 ";
+    const TrainRun one = train("cp_lora_ref_" + arch, 1, 4, lora);
+    const TrainRun cp2 =
+        train("cp2_lora_" + arch, 2, 4, lora + "--set parallel.context_parallel=2");
+    expect_same_training(one, cp2, "LoRA, context 2 vs 1 rank, " + arch);
+    // LoRA was on: the run exported its adapters beside the merged model.
+    EXPECT_TRUE(std::filesystem::exists(cp2.dir + "/ckpt/final/adapter_model.safetensors"));
   }
 }
 
