@@ -47,122 +47,162 @@ Tensor selective_scan(const Tensor& u_in, const Tensor& delta_in, const Tensor& 
   return y * torch::silu(z);
 }
 
-namespace {
-
-inline float softplus20(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
-inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
-
 // Note [Fused selective scan]: the scan as one loop per (batch, channel) over raw fp32 memory,
 // parallel over (batch, channel) and sequential over time: O(B D L N) work with no per-step
 // tensor dispatch (the reference's Python loop, and selective_scan() above, launch several tensor
 // ops per time step). The forward keeps the states h [B, D, L, N] for the backward, which runs
 // the reverse recurrence dh_t = C_t dy_t + exp(delta_{t+1} A) dh_{t+1} by hand; dB and dC are
 // then two contractions over the channels. Equal to selective_scan() in values and gradients
-// (tests/worker/caduceus_test.cpp).
+// (tests/worker/caduceus_test.cpp). The two loops take a state before the first position and a
+// gradient entering after the last (zero for a whole sequence), which the context-parallel scan
+// (Note [Mamba context parallelism]) passes between ranks.
+FusedScanOutputs fused_scan_forward(const FusedScanInputs& in, const Tensor& start) {
+  const auto &u = in.u, &delta = in.delta, &A = in.A, &Bt = in.Bt, &Ct = in.Ct, &Dv = in.Dv,
+             &z = in.z, &bias = in.bias;
+  const int64_t batch = u.size(0), D = u.size(1), L = u.size(2), N = A.size(1);
+  FusedScanOutputs o{torch::empty_like(u), torch::empty_like(u),
+                     torch::empty({batch, D, L, N}, u.options())};
+  const float *pu = u.data_ptr<float>(), *pd = delta.data_ptr<float>(), *pz = z.data_ptr<float>();
+  const float *pA = A.data_ptr<float>(), *pD = Dv.data_ptr<float>(), *pb = bias.data_ptr<float>();
+  const float *pB = Bt.data_ptr<float>(), *pC = Ct.data_ptr<float>();
+  const float* ps = start.defined() ? start.data_ptr<float>() : nullptr;
+  float *po = o.out.data_ptr<float>(), *py = o.y_pre.data_ptr<float>(), *pH = o.H.data_ptr<float>();
+  at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> h(static_cast<size_t>(N));
+    for (int64_t bd = begin; bd < end; ++bd) {
+      const int64_t b = bd / D, d = bd % D;
+      if (ps != nullptr) {
+        std::copy(ps + bd * N, ps + (bd + 1) * N, h.begin());
+      } else {
+        std::fill(h.begin(), h.end(), 0.f);
+      }
+      const float* Ad = pA + d * N;
+      for (int64_t t = 0; t < L; ++t) {
+        const int64_t i = bd * L + t;
+        const float dt = softplus20(pd[i] + pb[d]);
+        const float du = dt * pu[i];
+        const float* Bbt = pB + (b * L + t) * N;
+        const float* Cbt = pC + (b * L + t) * N;
+        float* Ht = pH + i * N;
+        float y = 0.f;
+        for (int64_t n = 0; n < N; ++n) {
+          h[n] = std::exp(dt * Ad[n]) * h[n] + du * Bbt[n];
+          y += h[n] * Cbt[n];
+          Ht[n] = h[n];
+        }
+        y += pu[i] * pD[d];
+        py[i] = y;
+        po[i] = y * pz[i] * sigmoidf(pz[i]);
+      }
+    }
+  });
+  return o;
+}
+
+torch::autograd::variable_list fused_scan_backward(const FusedScanInputs& in,
+                                                   const FusedScanOutputs& fwd,
+                                                   const Tensor& dout_in, const Tensor& start,
+                                                   const Tensor& entering) {
+  const auto &u = in.u, &delta = in.delta, &A = in.A, &Bt = in.Bt, &Ct = in.Ct, &Dv = in.Dv,
+             &z = in.z, &bias = in.bias;
+  const auto &y_pre = fwd.y_pre, &H = fwd.H;
+  const auto dout = dout_in.contiguous();
+  const int64_t batch = u.size(0), D = u.size(1), L = u.size(2), N = A.size(1);
+  auto du = torch::empty_like(u), ddelta = torch::empty_like(u), dz = torch::empty_like(u);
+  auto dy = torch::empty_like(u), dtu = torch::empty_like(u);
+  auto dH = torch::empty_like(H);
+  auto dA_rows = torch::zeros({batch, D, N}, u.options());
+  auto dD_rows = torch::zeros({batch, D}, u.options());
+  const float *pu = u.data_ptr<float>(), *pd = delta.data_ptr<float>(), *pz = z.data_ptr<float>();
+  const float *pA = A.data_ptr<float>(), *pD = Dv.data_ptr<float>(), *pb = bias.data_ptr<float>();
+  const float *pB = Bt.data_ptr<float>(), *pC = Ct.data_ptr<float>();
+  const float *py = y_pre.data_ptr<float>(), *pH = H.data_ptr<float>(),
+              *pg = dout.data_ptr<float>();
+  const float* ps = start.defined() ? start.data_ptr<float>() : nullptr;
+  const float* pG = entering.defined() ? entering.data_ptr<float>() : nullptr;
+  float *pdu = du.data_ptr<float>(), *pdd = ddelta.data_ptr<float>(), *pdz = dz.data_ptr<float>();
+  float *pdy = dy.data_ptr<float>(), *pdtu = dtu.data_ptr<float>(), *pdH = dH.data_ptr<float>();
+  float *pdA = dA_rows.data_ptr<float>(), *pdD = dD_rows.data_ptr<float>();
+  at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> carry(static_cast<size_t>(N));
+    for (int64_t bd = begin; bd < end; ++bd) {
+      const int64_t b = bd / D, d = bd % D;
+      if (pG != nullptr) {
+        std::copy(pG + bd * N, pG + (bd + 1) * N, carry.begin());
+      } else {
+        std::fill(carry.begin(), carry.end(), 0.f);
+      }
+      const float* Ad = pA + d * N;
+      float* dAd = pdA + bd * N;
+      for (int64_t t = L - 1; t >= 0; --t) {
+        const int64_t i = bd * L + t;
+        const float x = pd[i] + pb[d];
+        const float dt = softplus20(x);
+        const float sz = sigmoidf(pz[i]);
+        const float g = pg[i] * pz[i] * sz;  // d loss / d y_pre
+        pdz[i] = pg[i] * py[i] * sz * (1.f + pz[i] * (1.f - sz));
+        pdy[i] = g;
+        pdtu[i] = dt * pu[i];
+        const float* Bbt = pB + (b * L + t) * N;
+        const float* Cbt = pC + (b * L + t) * N;
+        // The state before position t: the start state (or none: zero) before the first.
+        const float* Hprev = t > 0 ? pH + (i - 1) * N : (ps != nullptr ? ps + bd * N : nullptr);
+        float* dHt = pdH + i * N;
+        float ddt = 0.f, dui = g * pD[d];
+        for (int64_t n = 0; n < N; ++n) {
+          const float a = std::exp(dt * Ad[n]);
+          const float dh = Cbt[n] * g + carry[n];
+          dHt[n] = dh;
+          const float da = Hprev != nullptr ? dh * Hprev[n] : 0.f;
+          ddt += da * a * Ad[n] + dh * Bbt[n] * pu[i];
+          dAd[n] += da * a * dt;
+          dui += dh * dt * Bbt[n];
+          carry[n] = a * dh;
+        }
+        pdu[i] = dui;
+        pdD[bd] += g * pu[i];
+        pdd[i] = ddt * (x > 20.f ? 1.f : sigmoidf(x));
+      }
+    }
+  });
+  // dC_t = sum_d dy_t h_t, dB_t = sum_d dh_t delta_t u_t: contractions over the channels.
+  auto dC = torch::einsum("bdtn,bdt->bnt", {H, dy});
+  auto dB = torch::einsum("bdtn,bdt->bnt", {dH, dtu});
+  return {
+      du, ddelta, dA_rows.sum(0), dB, dC, dD_rows.sum(0), dz, ddelta.sum(at::IntArrayRef{0, 2})};
+}
+
+FusedScanInputs FusedScanInputs::of(const Tensor& u, const Tensor& delta, const Tensor& A,
+                                    const Tensor& Bm, const Tensor& C, const Tensor& Dv,
+                                    const Tensor& z, const Tensor& bias) {
+  return {u.contiguous(),
+          delta.contiguous(),
+          A.contiguous(),
+          Bm.transpose(1, 2).contiguous(),  // [B, L, N]
+          C.transpose(1, 2).contiguous(),
+          Dv.contiguous(),
+          z.contiguous(),
+          bias.contiguous()};
+}
+
+namespace {
+
 struct FusedScan : public torch::autograd::Function<FusedScan> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, Tensor u, Tensor delta, Tensor A,
                         Tensor Bm, Tensor C, Tensor Dv, Tensor z, Tensor bias) {
-    const int64_t batch = u.size(0), D = u.size(1), L = u.size(2), N = A.size(1);
-    u = u.contiguous(), delta = delta.contiguous(), z = z.contiguous();
-    A = A.contiguous(), Dv = Dv.contiguous(), bias = bias.contiguous();
-    auto Bt = Bm.transpose(1, 2).contiguous(), Ct = C.transpose(1, 2).contiguous();  // [B, L, N]
-    auto out = torch::empty_like(u), y_pre = torch::empty_like(u);
-    auto H = torch::empty({batch, D, L, N}, u.options());
-    const float *pu = u.data_ptr<float>(), *pd = delta.data_ptr<float>(), *pz = z.data_ptr<float>();
-    const float *pA = A.data_ptr<float>(), *pD = Dv.data_ptr<float>(), *pb = bias.data_ptr<float>();
-    const float *pB = Bt.data_ptr<float>(), *pC = Ct.data_ptr<float>();
-    float *po = out.data_ptr<float>(), *py = y_pre.data_ptr<float>(), *pH = H.data_ptr<float>();
-    at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> h(static_cast<size_t>(N));
-      for (int64_t bd = begin; bd < end; ++bd) {
-        const int64_t b = bd / D, d = bd % D;
-        std::fill(h.begin(), h.end(), 0.f);
-        const float* Ad = pA + d * N;
-        for (int64_t t = 0; t < L; ++t) {
-          const int64_t i = bd * L + t;
-          const float dt = softplus20(pd[i] + pb[d]);
-          const float du = dt * pu[i];
-          const float* Bbt = pB + (b * L + t) * N;
-          const float* Cbt = pC + (b * L + t) * N;
-          float* Ht = pH + i * N;
-          float y = 0.f;
-          for (int64_t n = 0; n < N; ++n) {
-            h[n] = std::exp(dt * Ad[n]) * h[n] + du * Bbt[n];
-            y += h[n] * Cbt[n];
-            Ht[n] = h[n];
-          }
-          y += pu[i] * pD[d];
-          py[i] = y;
-          po[i] = y * pz[i] * sigmoidf(pz[i]);
-        }
-      }
-    });
-    ctx->save_for_backward({u, delta, A, Bt, Ct, Dv, z, bias, y_pre, H});
-    return out;
+    const auto in = FusedScanInputs::of(u, delta, A, Bm, C, Dv, z, bias);
+    auto o = fused_scan_forward(in, Tensor());
+    ctx->save_for_backward(
+        {in.u, in.delta, in.A, in.Bt, in.Ct, in.Dv, in.z, in.bias, o.y_pre, o.H});
+    return o.out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto s = ctx->get_saved_variables();
-    const auto &u = s[0], &delta = s[1], &A = s[2], &Bt = s[3], &Ct = s[4], &Dv = s[5], &z = s[6],
-               &bias = s[7], &y_pre = s[8], &H = s[9];
-    const auto dout = grads[0].contiguous();
-    const int64_t batch = u.size(0), D = u.size(1), L = u.size(2), N = A.size(1);
-    auto du = torch::empty_like(u), ddelta = torch::empty_like(u), dz = torch::empty_like(u);
-    auto dy = torch::empty_like(u), dtu = torch::empty_like(u);
-    auto dH = torch::empty_like(H);
-    auto dA_rows = torch::zeros({batch, D, N}, u.options());
-    auto dD_rows = torch::zeros({batch, D}, u.options());
-    const float *pu = u.data_ptr<float>(), *pd = delta.data_ptr<float>(), *pz = z.data_ptr<float>();
-    const float *pA = A.data_ptr<float>(), *pD = Dv.data_ptr<float>(), *pb = bias.data_ptr<float>();
-    const float *pB = Bt.data_ptr<float>(), *pC = Ct.data_ptr<float>();
-    const float *py = y_pre.data_ptr<float>(), *pH = H.data_ptr<float>(),
-                *pg = dout.data_ptr<float>();
-    float *pdu = du.data_ptr<float>(), *pdd = ddelta.data_ptr<float>(), *pdz = dz.data_ptr<float>();
-    float *pdy = dy.data_ptr<float>(), *pdtu = dtu.data_ptr<float>(), *pdH = dH.data_ptr<float>();
-    float *pdA = dA_rows.data_ptr<float>(), *pdD = dD_rows.data_ptr<float>();
-    at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> carry(static_cast<size_t>(N));
-      for (int64_t bd = begin; bd < end; ++bd) {
-        const int64_t b = bd / D, d = bd % D;
-        std::fill(carry.begin(), carry.end(), 0.f);
-        const float* Ad = pA + d * N;
-        float* dAd = pdA + bd * N;
-        for (int64_t t = L - 1; t >= 0; --t) {
-          const int64_t i = bd * L + t;
-          const float x = pd[i] + pb[d];
-          const float dt = softplus20(x);
-          const float sz = sigmoidf(pz[i]);
-          const float g = pg[i] * pz[i] * sz;  // d loss / d y_pre
-          pdz[i] = pg[i] * py[i] * sz * (1.f + pz[i] * (1.f - sz));
-          pdy[i] = g;
-          pdtu[i] = dt * pu[i];
-          const float* Bbt = pB + (b * L + t) * N;
-          const float* Cbt = pC + (b * L + t) * N;
-          const float* Hprev = t > 0 ? pH + (i - 1) * N : nullptr;
-          float* dHt = pdH + i * N;
-          float ddt = 0.f, dui = g * pD[d];
-          for (int64_t n = 0; n < N; ++n) {
-            const float a = std::exp(dt * Ad[n]);
-            const float dh = Cbt[n] * g + carry[n];
-            dHt[n] = dh;
-            const float da = Hprev != nullptr ? dh * Hprev[n] : 0.f;
-            ddt += da * a * Ad[n] + dh * Bbt[n] * pu[i];
-            dAd[n] += da * a * dt;
-            dui += dh * dt * Bbt[n];
-            carry[n] = a * dh;
-          }
-          pdu[i] = dui;
-          pdD[bd] += g * pu[i];
-          pdd[i] = ddt * (x > 20.f ? 1.f : sigmoidf(x));
-        }
-      }
-    });
-    // dC_t = sum_d dy_t h_t, dB_t = sum_d dh_t delta_t u_t: contractions over the channels.
-    auto dC = torch::einsum("bdtn,bdt->bnt", {H, dy});
-    auto dB = torch::einsum("bdtn,bdt->bnt", {dH, dtu});
-    return {
-        du, ddelta, dA_rows.sum(0), dB, dC, dD_rows.sum(0), dz, ddelta.sum(at::IntArrayRef{0, 2})};
+    const FusedScanInputs in{s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]};
+    return fused_scan_backward(in, FusedScanOutputs{Tensor(), s[8], s[9]}, grads[0], Tensor(),
+                               Tensor());
   }
 };
 

@@ -19,6 +19,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -63,6 +65,31 @@ torch::Tensor selective_scan(const torch::Tensor& u, const torch::Tensor& delta,
 
 // The same function, Note [Fused selective scan]: one hand-written loop per (batch, channel) on
 // the CPU, forward and backward (an autograd Function); other devices take selective_scan().
+// Note [Fused selective scan]'s CPU kernels (fp32, contiguous), for FusedScan and the
+// context-parallel scan (Note [Mamba context parallelism]).
+inline float softplus20(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
+struct FusedScanInputs {
+  torch::Tensor u, delta, A, Bt, Ct, Dv, z, bias;  // Bt, Ct [B, L, N]
+  // Contiguous fp32 copies as the kernels read them (B and C transposed to [B, L, N]).
+  static FusedScanInputs of(const torch::Tensor& u, const torch::Tensor& delta,
+                            const torch::Tensor& A, const torch::Tensor& Bm, const torch::Tensor& C,
+                            const torch::Tensor& Dv, const torch::Tensor& z,
+                            const torch::Tensor& bias);
+};
+struct FusedScanOutputs {
+  torch::Tensor out, y_pre, H;  // y * silu(z); y before the gate; the states [B, D, L, N]
+};
+// From `start` [B, D, N] before the first position (undefined: zero).
+FusedScanOutputs fused_scan_forward(const FusedScanInputs& in, const torch::Tensor& start);
+// The gradients of (u, delta, A, B, C, D, z, delta_bias), the state `entering` [B, D, N] after
+// the last position (undefined: zero), `start` as in the forward.
+torch::autograd::variable_list fused_scan_backward(const FusedScanInputs& in,
+                                                   const FusedScanOutputs& forward,
+                                                   const torch::Tensor& dout,
+                                                   const torch::Tensor& start,
+                                                   const torch::Tensor& entering);
+
 torch::Tensor selective_scan_fused(const torch::Tensor& u, const torch::Tensor& delta,
                                    const torch::Tensor& A, const torch::Tensor& Bm,
                                    const torch::Tensor& C, const torch::Tensor& D,

@@ -25,9 +25,6 @@ std::shared_ptr<MambaContext> make_mamba_context(comm::Communicator& group) {
 
 namespace {
 
-inline float softplus20(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
-inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
-
 // As in parallel/context_parallel.cpp: the node keeps the group as an integer (saved_data holds
 // IValues); the header's contract keeps it alive through the backward.
 comm::Communicator& saved_group(AutogradContext* ctx) {
@@ -53,12 +50,10 @@ struct ContextScan : torch::autograd::Function<ContextScan> {
   static Tensor forward(AutogradContext* ctx, Tensor u, Tensor delta, Tensor A, Tensor Bm, Tensor C,
                         Tensor Dv, Tensor z, Tensor bias, comm::Communicator* group) {
     const int64_t batch = u.size(0), D = u.size(1), L = u.size(2), N = A.size(1);
-    u = u.contiguous(), delta = delta.contiguous(), z = z.contiguous();
-    A = A.contiguous(), Dv = Dv.contiguous(), bias = bias.contiguous();
-    auto Bt = Bm.transpose(1, 2).contiguous(), Ct = C.transpose(1, 2).contiguous();  // [B, L, N]
-    const float *pu = u.data_ptr<float>(), *pd = delta.data_ptr<float>(), *pz = z.data_ptr<float>();
-    const float *pA = A.data_ptr<float>(), *pD = Dv.data_ptr<float>(), *pb = bias.data_ptr<float>();
-    const float *pB = Bt.data_ptr<float>(), *pC = Ct.data_ptr<float>();
+    const auto in = FusedScanInputs::of(u, delta, A, Bm, C, Dv, z, bias);
+    const float *pu = in.u.data_ptr<float>(), *pd = in.delta.data_ptr<float>();
+    const float *pA = in.A.data_ptr<float>(), *pb = in.bias.data_ptr<float>();
+    const float* pB = in.Bt.data_ptr<float>();
 
     // 1. The shard's end state from zero and the product of its a_t: [B, D, (e | P)].
     auto ends = torch::empty({batch, D, 2 * N}, u.options());
@@ -92,52 +87,23 @@ struct ContextScan : torch::autograd::Function<ContextScan> {
     start = start.contiguous();
 
     // 4. The scan of the shard from its start state, keeping the states for the backward.
-    auto out = torch::empty_like(u), y_pre = torch::empty_like(u);
-    auto H = torch::empty({batch, D, L, N}, u.options());
-    const float* ps = start.data_ptr<float>();
-    float *po = out.data_ptr<float>(), *py = y_pre.data_ptr<float>(), *pH = H.data_ptr<float>();
-    at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> h(static_cast<size_t>(N));
-      for (int64_t bd = begin; bd < end; ++bd) {
-        const int64_t b = bd / D, d = bd % D;
-        std::copy(ps + bd * N, ps + (bd + 1) * N, h.begin());
-        const float* Ad = pA + d * N;
-        for (int64_t t = 0; t < L; ++t) {
-          const int64_t i = bd * L + t;
-          const float dt = softplus20(pd[i] + pb[d]);
-          const float du = dt * pu[i];
-          const float* Bbt = pB + (b * L + t) * N;
-          const float* Cbt = pC + (b * L + t) * N;
-          float* Ht = pH + i * N;
-          float y = 0.f;
-          for (int64_t n = 0; n < N; ++n) {
-            h[n] = std::exp(dt * Ad[n]) * h[n] + du * Bbt[n];
-            y += h[n] * Cbt[n];
-            Ht[n] = h[n];
-          }
-          y += pu[i] * pD[d];
-          py[i] = y;
-          po[i] = y * pz[i] * sigmoidf(pz[i]);
-        }
-      }
-    });
+    const auto o = fused_scan_forward(in, start);
     ctx->saved_data["group"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(group));
-    ctx->save_for_backward({u, delta, A, Bt, Ct, Dv, z, bias, y_pre, H, start, products});
-    return out;
+    ctx->save_for_backward(
+        {in.u, in.delta, in.A, in.Bt, in.Ct, in.Dv, in.z, in.bias, o.y_pre, o.H, start, products});
+    return o.out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto& group = saved_group(ctx);
     auto s = ctx->get_saved_variables();
-    const auto &u = s[0], &delta = s[1], &A = s[2], &Bt = s[3], &Ct = s[4], &Dv = s[5], &z = s[6],
-               &bias = s[7], &y_pre = s[8], &H = s[9], &start = s[10], &products = s[11];
+    const FusedScanInputs in{s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]};
+    const auto &u = in.u, &start = s[10], &products = s[11];
     const auto dout = grads[0].contiguous();
-    const int64_t batch = u.size(0), D = u.size(1), L = u.size(2), N = A.size(1);
-    const float *pu = u.data_ptr<float>(), *pd = delta.data_ptr<float>(), *pz = z.data_ptr<float>();
-    const float *pA = A.data_ptr<float>(), *pD = Dv.data_ptr<float>(), *pb = bias.data_ptr<float>();
-    const float *pB = Bt.data_ptr<float>(), *pC = Ct.data_ptr<float>();
-    const float *py = y_pre.data_ptr<float>(), *pH = H.data_ptr<float>(),
-                *pg = dout.data_ptr<float>(), *ps = start.data_ptr<float>();
+    const int64_t batch = u.size(0), D = u.size(1), L = u.size(2), N = in.A.size(1);
+    const float *pd = in.delta.data_ptr<float>(), *pz = in.z.data_ptr<float>();
+    const float *pA = in.A.data_ptr<float>(), *pb = in.bias.data_ptr<float>();
+    const float *pC = in.Ct.data_ptr<float>(), *pg = dout.data_ptr<float>();
 
     // 1. The gradient at the shard's start from zero at its end (the states are not needed).
     auto at_start = torch::empty({batch, D, N}, u.options());
@@ -167,63 +133,9 @@ struct ContextScan : torch::autograd::Function<ContextScan> {
 
     // 4. The backward of the shard entered with that gradient (Note [Fused selective scan]); the
     // state before its first position is the start state.
-    auto du = torch::empty_like(u), ddelta = torch::empty_like(u), dz = torch::empty_like(u);
-    auto dy = torch::empty_like(u), dtu = torch::empty_like(u);
-    auto dH = torch::empty_like(H);
-    auto dA_rows = torch::zeros({batch, D, N}, u.options());
-    auto dD_rows = torch::zeros({batch, D}, u.options());
-    const float* pG = entering.data_ptr<float>();
-    float *pdu = du.data_ptr<float>(), *pdd = ddelta.data_ptr<float>(), *pdz = dz.data_ptr<float>();
-    float *pdy = dy.data_ptr<float>(), *pdtu = dtu.data_ptr<float>(), *pdH = dH.data_ptr<float>();
-    float *pdA = dA_rows.data_ptr<float>(), *pdD = dD_rows.data_ptr<float>();
-    at::parallel_for(0, batch * D, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> carry(static_cast<size_t>(N));
-      for (int64_t bd = begin; bd < end; ++bd) {
-        const int64_t b = bd / D, d = bd % D;
-        std::copy(pG + bd * N, pG + (bd + 1) * N, carry.begin());
-        const float* Ad = pA + d * N;
-        float* dAd = pdA + bd * N;
-        for (int64_t t = L - 1; t >= 0; --t) {
-          const int64_t i = bd * L + t;
-          const float x = pd[i] + pb[d];
-          const float dt = softplus20(x);
-          const float sz = sigmoidf(pz[i]);
-          const float g = pg[i] * pz[i] * sz;  // d loss / d y_pre
-          pdz[i] = pg[i] * py[i] * sz * (1.f + pz[i] * (1.f - sz));
-          pdy[i] = g;
-          pdtu[i] = dt * pu[i];
-          const float* Bbt = pB + (b * L + t) * N;
-          const float* Cbt = pC + (b * L + t) * N;
-          const float* Hprev = t > 0 ? pH + (i - 1) * N : ps + bd * N;
-          float* dHt = pdH + i * N;
-          float ddt = 0.f, dui = g * pD[d];
-          for (int64_t n = 0; n < N; ++n) {
-            const float a = std::exp(dt * Ad[n]);
-            const float dh = Cbt[n] * g + carry[n];
-            dHt[n] = dh;
-            const float da = dh * Hprev[n];
-            ddt += da * a * Ad[n] + dh * Bbt[n] * pu[i];
-            dAd[n] += da * a * dt;
-            dui += dh * dt * Bbt[n];
-            carry[n] = a * dh;
-          }
-          pdu[i] = dui;
-          pdD[bd] += g * pu[i];
-          pdd[i] = ddt * (x > 20.f ? 1.f : sigmoidf(x));
-        }
-      }
-    });
-    auto dC = torch::einsum("bdtn,bdt->bnt", {H, dy});
-    auto dB = torch::einsum("bdtn,bdt->bnt", {dH, dtu});
-    return {du,
-            ddelta,
-            dA_rows.sum(0),
-            dB,
-            dC,
-            dD_rows.sum(0),
-            dz,
-            ddelta.sum(at::IntArrayRef{0, 2}),
-            Tensor()};
+    auto g = fused_scan_backward(in, FusedScanOutputs{Tensor(), s[8], s[9]}, dout, start, entering);
+    g.push_back(Tensor());  // the group
+    return g;
   }
 };
 
