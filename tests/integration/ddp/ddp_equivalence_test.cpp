@@ -206,6 +206,16 @@ std::vector<nlohmann::json> metric_lines(const std::string& dir, const std::stri
   return out;
 }
 
+// ZeRO-3 (Note [Fully sharded]): the run's peak of model state (shard, moments, frozen
+// parameters and gathered blocks, measured from their storage) is the predicted one within 5%.
+void expect_peak_as_predicted(const TrainRun& run, const std::string& what) {
+  const auto summary = metric_lines(run.dir, "summary");
+  ASSERT_EQ(summary.size(), 1u) << what;
+  const double peak = summary[0].at("model_state_peak_bytes").get<double>();
+  const double predicted = summary[0].at("model_state_predicted_peak_bytes").get<double>();
+  EXPECT_NEAR(peak, predicted, 0.05 * predicted) << what;
+}
+
 // Note [Optimizer offload] (worker/train/trainer.hpp): on CPU the host update is the same
 // arithmetic on the same values, so offload changes nothing, bit for bit.
 void expect_identical(const TrainRun& a, const TrainRun& b, const std::string& what) {
@@ -331,13 +341,7 @@ TEST_F(DdpEquivalence, Zero3TwoRanksIsBitIdenticalToDdp) {
     EXPECT_LT(zm[0].at("params_bytes").get<int64_t>(),
               dm[0].at("params_bytes").get<int64_t>() * 6 / 10)
         << arch;
-    // The peak of model state (shard + gathered blocks, measured from their storage) is the
-    // predicted one within 5%.
-    const auto summary = metric_lines(z3.dir, "summary");
-    ASSERT_EQ(summary.size(), 1u);
-    const double peak = summary[0].at("model_state_peak_bytes").get<double>();
-    const double predicted = summary[0].at("model_state_predicted_peak_bytes").get<double>();
-    EXPECT_NEAR(peak, predicted, 0.05 * predicted) << arch;
+    expect_peak_as_predicted(z3, arch);
   }
 }
 
@@ -393,11 +397,7 @@ TEST_F(DdpEquivalence, Zero3AccumulationIsDdpBitForBit) {
       train("z3_unsharded", 2, 3, 2, z3 + "--set parallel.zero3_accumulate_unsharded=true");
   expect_identical(train("ddp_last", 2, 3, 2, common + "--set parallel.accumulate_sync=last"),
                    unsharded, "ZeRO-3 accumulating unsharded vs DDP last, 2 micro-steps");
-  const auto summary = metric_lines(unsharded.dir, "summary");
-  ASSERT_EQ(summary.size(), 1u);
-  const double peak = summary[0].at("model_state_peak_bytes").get<double>();
-  const double predicted = summary[0].at("model_state_predicted_peak_bytes").get<double>();
-  EXPECT_NEAR(peak, predicted, 0.05 * predicted);
+  expect_peak_as_predicted(unsharded, "ZeRO-3 accumulating unsharded");
 }
 
 TEST_F(DdpEquivalence, Zero3FourRanksEqualsOneRankAndZero2) {
@@ -437,11 +437,7 @@ TEST_F(DdpEquivalence, Zero3ComposesWithCheckpointingAccumulationAndOffload) {
             << " bytes held by a rank\n";
   EXPECT_GT(held, 0);
   EXPECT_LT(held, total * 3 / 4);
-  const auto summary = metric_lines(z3_lora.dir, "summary");
-  ASSERT_EQ(summary.size(), 1u);
-  const double peak = summary[0].at("model_state_peak_bytes").get<double>();
-  const double predicted = summary[0].at("model_state_predicted_peak_bytes").get<double>();
-  EXPECT_NEAR(peak, predicted, 0.05 * predicted);
+  expect_peak_as_predicted(z3_lora, "ZeRO-3 with LoRA");
 }
 
 }  // namespace
