@@ -1,8 +1,11 @@
 // Multi-process tests of the real backends: gloo ranks spawned here (this process hosts
 // the store), MPI ranks started by mpirun. See comm_worker_main.cpp for what each rank does.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +25,22 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
+
+// A loopback port the kernel just handed out and released, for a rank 0 that hosts the store
+// at MASTER_PORT (a port derived from the pid collided once with another program's).
+std::string free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  if (fd >= 0) ::close(fd);
+  EXPECT_TRUE(ok) << "no free loopback port";
+  return std::to_string(ntohs(addr.sin_port));
+}
 
 using dnallm::testing::kBin;
 using dnallm::testing::read_text;
@@ -256,9 +275,7 @@ TEST(BenchComm, HelpAndGlooSweepForEveryOp) {
   if (!backend_available("gloo")) return;
   for (const char* op : {"allreduce", "reduce_scatter", "allgather", "broadcast", "all_to_all"}) {
     for (const char* dtype : {"fp32", "bf16"}) {
-      // World size 1 with rank 0 hosting the store on a kernel-chosen port is not possible
-      // through MASTER_PORT, so pick a port from this process's pid.
-      std::string port = std::to_string(20000 + ::getpid() % 20000);
+      const std::string port = free_loopback_port();
       std::string cmd = "RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port +
                         " timeout 60 " + bench + " --backend gloo --op " + op + " --dtype " +
                         dtype + " --redop max --min-bytes 64 --max-bytes 4096 --iters 2 --warmup 1";
@@ -274,7 +291,7 @@ TEST(BenchComm, GlooAllToAllAndSendRecvSweepsCheckEveryElement) {
   if (!backend_available("gloo")) GTEST_SKIP();
   const std::string bench = kBin + "dnallm-bench-comm";
   for (const char* op : {"all_to_all", "sendrecv"}) {
-    const std::string port = std::to_string(20000 + (::getpid() + 7) % 20000);
+    const std::string port = free_loopback_port();
     std::string cmd;
     for (int r = 2; r >= 0; --r)
       cmd += "RANK=" + std::to_string(r) +
@@ -290,10 +307,10 @@ TEST(BenchComm, GlooAllToAllAndSendRecvSweepsCheckEveryElement) {
       EXPECT_EQ(out.compare(p, 10, "\"wrong\":0}"), 0) << out.substr(p, 20);
   }
   // A ring needs neighbours.
-  EXPECT_EQ(run_command("RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                        std::to_string(20000 + (::getpid() + 11) % 20000) + " timeout 60 " + bench +
-                        " --backend gloo --op sendrecv"),
-            2);
+  EXPECT_EQ(
+      run_command("RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + free_loopback_port() +
+                  " timeout 60 " + bench + " --backend gloo --op sendrecv"),
+      2);
 }
 
 }  // namespace
