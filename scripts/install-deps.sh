@@ -26,6 +26,7 @@ build_pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev libxxhash-dev libhts-dev libsentencepiece-dev
   libcli11-dev libspdlog-dev nlohmann-json3-dev
+  libgoogle-perftools-dev
   python3 python3-venv
 )
 # Used by the integration tests: a real one-node Slurm cluster and network namespaces
