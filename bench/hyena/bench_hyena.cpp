@@ -9,6 +9,7 @@
 // docs/long-context.md.
 //   dnallm-bench-hyena --measure-memory --seq 1048576 --max-seq-len 1048576 --checkpoint
 //     --chunk-positions 16384 --chunk-channels 16   (one command line)
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -66,6 +67,12 @@ int main(int argc, char** argv) {
   app.add_flag("--measure-memory", measure_memory,
                "one step: peak resident memory, seconds, bytes a token, predictions");
   app.add_option("--predict", predict, "lengths to predict peak memory for (--measure-memory)");
+  std::string profile;
+  app.add_option(
+      "--profile", profile,
+      "after the timed steps, one more under LibTorch's profiler, its trace to this file "
+      "(Chrome's trace format: chrome://tracing, or summed per operator with "
+      "bench/hyena/profile_summary.py)");
   CLI11_PARSE(app, argc, argv);
   o.max_seq_len = max_seq_len > 0 ? max_seq_len : seq + 2;
   o.emb_dim = 5;
@@ -125,5 +132,9 @@ int main(int argc, char** argv) {
   fields["batch"] = batch;
   fields["threads"] = torch::get_num_threads();
   dnallm::bench::time_steps_and_print(step, warmup, steps, double(batch * seq), fields);
+  if (!profile.empty()) {
+    torch::autograd::profiler::RecordProfile guard(profile);
+    step();
+  }
   return 0;
 }

@@ -17,6 +17,12 @@
 #include "worker/models/transformer/transformer.hpp"
 #include "worker/tensor_buffer.hpp"
 
+// Note [OpenMP in our kernels] (worker/CMakeLists.txt): at::parallel_for is serial in a file
+// compiled without OpenMP.
+#if defined(AT_PARALLEL_OPENMP) && AT_PARALLEL_OPENMP && !defined(_OPENMP)
+#error "compile this file with -fopenmp: at::parallel_for would run its loops on one thread"
+#endif
+
 namespace dnallm::models::caduceus {
 
 using nlohmann::json;

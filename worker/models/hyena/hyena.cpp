@@ -11,6 +11,7 @@
 #include "worker/models/family_io.hpp"
 #include "worker/models/fp32_region.hpp"
 #include "worker/models/hf_directory.hpp"
+#include "worker/models/hyena/hyena_mixer.hpp"
 #include "worker/models/recompute_autocast.hpp"
 #include "worker/models/transformer/transformer.hpp"
 #include "worker/parallel/context_parallel.hpp"
@@ -106,8 +107,9 @@ std::pair<Tensor, Tensor> positional_features(const HyenaOptions& o, int64_t len
 
 Tensor fft_long_conv(const Tensor& u_in, const Tensor& k_in, const Tensor& bias_in) {
   Fp32Region fp32;  // Note [fp32 regions under autocast]
-  const auto u = u_in.to(torch::kFloat32), k = k_in.to(torch::kFloat32);
-  const auto bias = bias_in.to(torch::kFloat32);
+  // fp32, or double for double operands (the tests' exact comparisons).
+  const auto type = u_in.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat32;
+  const auto u = u_in.to(type), k = k_in.to(type), bias = bias_in.to(type);
   Tensor y;
   {
     RECORD_FUNCTION("dnallm::hyena::fft_long_conv", std::vector<c10::IValue>({u, k}));
@@ -167,7 +169,7 @@ Tensor HyenaFilterImpl::filter(const Tensor& z_in, const Tensor& t) {
   RECORD_FUNCTION("dnallm::hyena::filter", std::vector<c10::IValue>({z_in, t}));
   auto h = mlp.back()->forward(hidden(z_in));                // [L, d]
   auto decay = torch::exp(-t * deltas.view({1, -1}).abs());  // [L, d]
-  return (h * (decay + 0.05)).transpose(0, 1);               // [d, L]
+  return h * (decay + 0.05);
 }
 
 HyenaOperatorImpl::HyenaOperatorImpl(const HyenaOptions& o) : d_(o.d_model) {
@@ -204,12 +206,18 @@ Tensor HyenaOperatorImpl::forward(const Tensor& x, const Tensor& z, const Tensor
     return out_proj->forward(v * parts[0].transpose(1, 2));
   }
   const int64_t L = x.size(1);
-  auto u = in_proj->forward(x).transpose(1, 2);  // [B, 3d, L]
+  auto u = in_proj->forward(x);           // [B, L, 3d]
+  if (fused_mixer_applies(u) && fused) {  // Note [Hyena fused mixer]
+    Fp32Region fp32;                      // Note [fp32 regions under autocast]
+    const auto type = u.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat32;
+    return out_proj->forward(fused_mixer(u.to(type), short_filter->weight, short_filter->bias,
+                                         filter_fn->filter(z, t), filter_fn->bias));
+  }
   // Padding 2 on both sides, the first L outputs kept: each position sees itself and the two
   // before it (causal).
-  auto uc = short_filter->forward(u).slice(-1, 0, L);
+  auto uc = short_filter->forward(u.transpose(1, 2)).slice(-1, 0, L);  // [B, 3d, L]
   auto parts = uc.split(d_, 1);
-  auto k = filter_fn->filter(z, t);
+  auto k = filter_fn->filter(z, t).transpose(0, 1);
   auto v = fft_long_conv(parts[2] * parts[1], k, filter_fn->bias);
   return out_proj->forward((v * parts[0]).transpose(1, 2));
 }

@@ -112,7 +112,7 @@ torch::Tensor fft_long_conv(const torch::Tensor& u, const torch::Tensor& k,
 class HyenaFilterImpl : public torch::nn::Module {
  public:
   explicit HyenaFilterImpl(const HyenaOptions& o);
-  // The filter [d_model, L] for positional features z [L, emb_dim], t [L, 1].
+  // The filter [L, d_model] (position-major) for positional features z [L, emb_dim], t [L, 1].
   torch::Tensor filter(const torch::Tensor& z, const torch::Tensor& t);
   // The same in two steps (Note [Hyena chunked block]): the MLP up to its last Linear [L, order],
   // then channels [first, last) of the filter [last - first, L] from it.
@@ -145,6 +145,9 @@ class HyenaOperatorImpl : public torch::nn::Module {
   LoraLinear in_proj{nullptr}, out_proj{nullptr};  // LoRA targets (Note [Hyena LoRA targets])
   torch::nn::Conv1d short_filter{nullptr};  // depthwise: Conv1d(3d, 3d, 3, padding 2, groups 3d)
   HyenaFilter filter_fn{nullptr};
+  // Note [Hyena fused mixer] on the CPU (false: the plain form everywhere, as on other devices;
+  // tests compare the two).
+  bool fused = true;
   std::shared_ptr<ContextParallel> context;  // Note [HyenaDNA context parallelism] (null: off)
 
  private:
