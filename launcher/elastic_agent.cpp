@@ -155,6 +155,10 @@ JobView ElasticAgent::wait_for_assignment(int& stop_signal) {
   }
 }
 
+bool ElasticAgent::settled(const JobView& v) const {
+  return v.terminal() || v.generation_open > generation_;
+}
+
 JobView ElasticAgent::wait_for_next(bool heartbeat, int& stop_signal) {
   auto last = Clock::now() - options_.monitor_interval;
   JobView v;
@@ -165,7 +169,7 @@ JobView ElasticAgent::wait_for_next(bool heartbeat, int& stop_signal) {
     } else {
       v = client_.state(options_.node.node_id);
     }
-    if (v.terminal() || v.generation_open > generation_) return v;
+    if (settled(v)) return v;
     stop_signal = signals_.wait(options_.poll_interval);
     if (stop_signal != 0) return v;
   }
@@ -206,7 +210,7 @@ GenerationResult ElasticAgent::run_generation(const JobView& view, JobView& late
   return result;
 }
 
-void ElasticAgent::report_failure(const GenerationResult& result) {
+JobView ElasticAgent::report_failure(const GenerationResult& result) {
   for (const auto& f : result.failures) spdlog::error("{}", describe_failure(f));
   const WorkerFailure& first = result.failures.front();
   coordinator::FailureReport report;
@@ -218,7 +222,7 @@ void ElasticAgent::report_failure(const GenerationResult& result) {
   report.reason = fmt::format("local rank {}, pid {}", first.local_rank, first.pid);
   report.last_lines = first.last_lines;
   report.generation = generation_;
-  client_.report_failure(report);
+  return client_.report_failure(report);
 }
 
 int ElasticAgent::run() {
@@ -242,15 +246,18 @@ int ElasticAgent::run() {
         spdlog::warn("generation {} replaced by generation {}: {}", generation_,
                      latest.generation_open, latest.round_reason);
         continue;
+      // The reply to a report is a view of the job like any other, and the coordinator counts
+      // it as telling this node the outcome when the report ended the job (the coordinator's
+      // host may then stop it at once): act on it before asking again.
       case GenerationOutcome::kWorkerFailed:
-        report_failure(result);
-        view = wait_for_next(/*heartbeat=*/false, sig);
+        view = report_failure(result);
+        if (!settled(view)) view = wait_for_next(/*heartbeat=*/false, sig);
         break;
       case GenerationOutcome::kSucceeded:
         spdlog::info("all {} local worker(s) finished generation {}", options_.node.nproc,
                      generation_);
-        client_.report_success(options_.node.node_id, generation_);
-        view = wait_for_next(/*heartbeat=*/true, sig);
+        view = client_.report_success(options_.node.node_id, generation_);
+        if (!settled(view)) view = wait_for_next(/*heartbeat=*/true, sig);
         break;
     }
     if (sig != 0) return 128 + sig;

@@ -72,7 +72,11 @@ class ElasticAgent {
   // are reaped.
   GenerationResult run_generation(const coordinator::JobView& view, coordinator::JobView& latest);
   // Step 3: logs every failed worker and reports the first to the coordinator.
-  void report_failure(const GenerationResult& result);
+  // Returns the coordinator's reply: the job as it stands once the report is in.
+  coordinator::JobView report_failure(const GenerationResult& result);
+  // Whether `v` ends this node's wait after a generation: the job ended, or a later generation
+  // opened.
+  bool settled(const coordinator::JobView& v) const;
   // Steps 3 and 4: waits while the current generation is still the open one.
   coordinator::JobView wait_for_next(bool heartbeat, int& stop_signal);
   // Per local rank, from one read of its progress file: the last step, and whether its worker
