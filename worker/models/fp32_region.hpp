@@ -30,4 +30,10 @@ class Fp32Region {
   c10::impl::ExcludeDispatchKeyGuard no_autocast_;
 };
 
+// The dtype a region computes in for operands of dtype `t`: fp32, or double for double operands
+// (which the tests use for exact comparisons).
+inline c10::ScalarType fp32_or_double(c10::ScalarType t) {
+  return t == c10::kDouble ? c10::kDouble : c10::kFloat;
+}
+
 }  // namespace dnallm::models

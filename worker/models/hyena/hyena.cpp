@@ -107,8 +107,7 @@ std::pair<Tensor, Tensor> positional_features(const HyenaOptions& o, int64_t len
 
 Tensor fft_long_conv(const Tensor& u_in, const Tensor& k_in, const Tensor& bias_in) {
   Fp32Region fp32;  // Note [fp32 regions under autocast]
-  // fp32, or double for double operands (the tests' exact comparisons).
-  const auto type = u_in.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat32;
+  const auto type = fp32_or_double(u_in.scalar_type());
   const auto u = u_in.to(type), k = k_in.to(type), bias = bias_in.to(type);
   Tensor y;
   {
@@ -209,8 +208,7 @@ Tensor HyenaOperatorImpl::forward(const Tensor& x, const Tensor& z, const Tensor
   auto u = in_proj->forward(x);           // [B, L, 3d]
   if (fused_mixer_applies(u) && fused) {  // Note [Hyena fused mixer]
     Fp32Region fp32;                      // Note [fp32 regions under autocast]
-    const auto type = u.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat32;
-    return out_proj->forward(fused_mixer(u.to(type), short_filter->weight, short_filter->bias,
+    return out_proj->forward(fused_mixer(u, short_filter->weight, short_filter->bias,
                                          filter_fn->filter(z, t), filter_fn->bias));
   }
   // Padding 2 on both sides, the first L outputs kept: each position sees itself and the two

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "worker/models/fp32_region.hpp"
+
 // Note [OpenMP in our kernels] (worker/CMakeLists.txt): at::parallel_for is serial in a file
 // compiled without OpenMP.
 #if defined(AT_PARALLEL_OPENMP) && AT_PARALLEL_OPENMP && !defined(_OPENMP)
@@ -204,6 +206,7 @@ DNALLM_ROW_KERNELS(double)
 // The shape of one call: u [B, L, 3d], the padded transforms of length n = 2L.
 struct Shape {
   int64_t B, L, d, n;
+  static Shape of(const Tensor& u) { return {u.size(0), u.size(1), u.size(2) / 3, 2 * u.size(1)}; }
 };
 
 // A block of positions [t0, t1) and channels [c0, c1) of sequence b.
@@ -217,22 +220,22 @@ struct Block {
 // bias[c] + w2[c] u[t, c] + w1[c] u[t - 1, c] + w0[c] u[t - 2, c] (zero before the sequence).
 template <typename scalar_t>
 struct ShortFilter {
-  const scalar_t* u;      // [B, L, 3d]
-  Taps<scalar_t> taps;    // each [3d]
-  const scalar_t* zeros;  // [3d] of zeros: the rows before the sequence
-  int64_t L, width;       // width = 3d
+  const scalar_t* u;                // [B, L, 3d]
+  Taps<scalar_t> taps;              // each [3d]
+  int64_t L, width;                 // width = 3d
+  std::vector<scalar_t> zero_row_;  // [3d]: the rows before the sequence
 
-  ShortFilter(const Tensor& u_, const Tensor& taps_, const Tensor& bias, const Tensor& zeros_)
-      : u(u_.data_ptr<scalar_t>()),
-        zeros(zeros_.data_ptr<scalar_t>()),
-        L(u_.size(1)),
-        width(u_.size(2)) {
+  ShortFilter(const Tensor& u_, const Tensor& taps_, const Tensor& bias)
+      : u(u_.data_ptr<scalar_t>()), L(u_.size(1)), width(u_.size(2)), zero_row_(width) {
     const scalar_t* t = taps_.data_ptr<scalar_t>();  // [3, 3d]
     taps = {t, t + width, t + 2 * width, bias.data_ptr<scalar_t>()};
   }
+  ShortFilter(const ShortFilter&) = delete;
+  ShortFilter& operator=(const ShortFilter&) = delete;
+  const scalar_t* zeros() const { return zero_row_.data(); }
   // Row t of sequence b (zeros before the sequence).
   const scalar_t* row(int64_t b, int64_t t) const {
-    return t < 0 ? zeros : u + (b * L + t) * width;
+    return t < 0 ? zeros() : u + (b * L + t) * width;
   }
 };
 
@@ -437,8 +440,8 @@ void short_filter_backward(const ShortFilter<scalar_t>& f, const Shape& sh, cons
       for (int64_t r = k * per; r < std::min(rows, (k + 1) * per); ++r) {
         const int64_t b = r / sh.L, t = r % sh.L;
         const scalar_t* g0 = g + r * width;
-        const scalar_t* g1 = t + 1 < sh.L ? g0 + width : f.zeros;
-        const scalar_t* g2 = t + 2 < sh.L ? g0 + 2 * width : f.zeros;
+        const scalar_t* g1 = t + 1 < sh.L ? g0 + width : f.zeros();
+        const scalar_t* g2 = t + 2 < sh.L ? g0 + 2 * width : f.zeros();
         filter_backward_row(g0, g1, g2, f.row(b, t), f.row(b, t - 1), f.row(b, t - 2), f.taps,
                             width, out + r * width, acc);
       }
@@ -458,19 +461,18 @@ struct FusedMixer : public torch::autograd::Function<FusedMixer> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& u_in,
                         const Tensor& weight, const Tensor& bias, const Tensor& k_in,
                         const Tensor& skip_in) {
-    const auto type = u_in.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat32;
+    const auto type = fp32_or_double(u_in.scalar_type());
     const auto u = u_in.to(type).contiguous();
     const auto taps = weight.to(type).reshape({-1, 3}).t().contiguous();  // [3, 3d]
     const auto b = bias.to(type).contiguous();
     const auto k = k_in.to(type).contiguous();
     const auto skip = skip_in.to(type).contiguous();
     RECORD_FUNCTION("dnallm::hyena::fft_long_conv", std::vector<c10::IValue>({u, k}));
-    const Shape sh{u.size(0), u.size(1), u.size(2) / 3, 2 * u.size(1)};
-    const auto zeros = torch::zeros({3 * sh.d}, u.options());
+    const auto sh = Shape::of(u);
     Tensor s = torch::empty({sh.B, sh.L, sh.d}, u.options()), o = torch::empty_like(s);
     Tensor k_f, w_f;
     AT_DISPATCH_FLOATING_TYPES(type, "hyena_fused_mixer", [&] {
-      const ShortFilter<scalar_t> f(u, taps, b, zeros);
+      const ShortFilter<scalar_t> f(u, taps, b);
       const auto w = gated_input(f, sh, u);
       k_f = torch::fft::rfft(change_layout<scalar_t>(k, sh, /*to_channels=*/true));  // [d, L + 1]
       w_f = torch::fft::rfft(w);                          // [B, d, L + 1]
@@ -487,13 +489,12 @@ struct FusedMixer : public torch::autograd::Function<FusedMixer> {
     const auto &u = saved[0], &taps = saved[1], &b = saved[2], &skip = saved[3], &k_f = saved[4],
                &s = saved[5], &w_f = saved[6];
     const auto grad = grads[0].to(u.scalar_type()).contiguous();
-    const Shape sh{u.size(0), u.size(1), u.size(2) / 3, 2 * u.size(1)};
-    const auto zeros = torch::zeros({3 * sh.d}, u.options());
+    const auto sh = Shape::of(u);
     auto du_filtered = torch::empty_like(u), du = torch::empty_like(u);
     auto dtaps = torch::empty_like(taps), dbias = torch::empty_like(b);
     Tensor dk, dskip;
     AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "hyena_fused_mixer_backward", [&] {
-      const ShortFilter<scalar_t> f(u, taps, b, zeros);
+      const ShortFilter<scalar_t> f(u, taps, b);
       const auto ds = output_backward(f, sh, grad, s, du_filtered);
       auto ds_f = torch::fft::rfft(ds);
       // dk: the correlation of ds with w, summed over the sequences; dD beside it.

@@ -6,21 +6,23 @@
 // largest single cost of a HyenaDNA layer on the CPU after the matrix products: 100 ms for
 // 32k x 768 floats), pads for the FFT, and differentiates the FFTs through complex transforms
 // of size 2L. Here:
-//   forward   w = x1 * v written transposed into a zero-padded [B, d, 2L] buffer by tiles of
-//             16 positions (the short filter computed on the fly: 3 multiply-adds a value),
-//             y = irfft(rfft(w) * rfft(k)) (real transforms of the padded buffers, 1/2L in the
-//             inverse), s = y + D * w and o = s * x0 written back as [B, L, d] by the same
-//             tiles (x0 again on the fly).
-//   saved     u (in_proj's output), s [B, L, d] and rfft(k): 4d + 2d floats a position; x0,
-//             x1, v and w are recomputed from u (3 multiply-adds a value, and one rfft).
+//   forward   w = x1 * v written transposed into a zero-padded [B, d, 2L] buffer by blocks of
+//             64 positions x 64 channels (the short filter computed on the fly: 3
+//             multiply-adds a value), y = irfft(rfft(w) * rfft(k)) (real transforms of the padded
+//             buffers, 1/2L in the inverse), s = y + D * w and o = s * x0 written back as
+//             [B, L, d] by the same blocks (x0 again on the fly).
+//   saved     u (in_proj's output), s [B, L, d], rfft(k) and rfft(w): 4d floats a position and
+//             two spectra of L + 1 complex values a channel; x0, x1 and v are recomputed from u
+//             (3 multiply-adds a value).
 //   backward  ds = do * x0 (transposed into a padded buffer), dx0 = do * s; dw = irfft(rfft(ds)
 //             * conj(rfft(k))) + D * ds, dk = irfft(sum over the batch of rfft(ds) *
 //             conj(rfft(w))) (the correlations the convolution's adjoint is; the padding keeps
-//             them linear), dD = sum ds * w; dx1 = dw * v, dv = dw * x1; then the short filter's
-//             backward in the same layout. Seven real FFTs a layer where autograd's form runs
-//             three real and two complex ones of twice the size, plus the copies.
+//             them linear), dD = sum ds * w (by Parseval, from dk's spectrum); dx1 = dw * v,
+//             dv = dw * x1; then the short filter's backward in the same layout. Six real FFTs a
+//             layer where autograd's form runs three real and two complex ones of twice the
+//             size, plus the copies.
 // Parameter gradients are summed in fixed position chunks (the sums do not depend on the
-// thread count), dD by Parseval from dk's spectrum. Equal to the plain form up to float rounding
+// thread count). Equal to the plain form up to float rounding
 // (worker_hyena_test FusedMixerGivesThePlainOutputAndGradients: in double within 1e-12 and in
 // float within 1e-5, the output and every gradient).
 // The loops: the innermost ones over channels on restrict pointers, compiled for AVX-512, AVX2
