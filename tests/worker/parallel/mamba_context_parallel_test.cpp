@@ -1,9 +1,10 @@
 // Note [Mamba context parallelism] with real Gloo groups of 2 and 4 ranks in one process: the
-// carried-state selective scan, one Mamba mixer, and whole Caduceus models (Caduceus-Ph: BiMamba;
-// Caduceus-PS: RCPS) on sequence shards, gathered, against the same computation on the whole
-// sequence in one process, forward and backward (every parameter's gradient summed over the
-// ranks). A start state not carried, a halo from the wrong side, or a reverse direction over the
-// ranks in the wrong order changes values near the shard boundaries and fails these.
+// carried-state selective scan (the fused CPU kernels and the device-generic torch ops, over the
+// group and its reversed twin), one Mamba mixer, and whole Caduceus models (Caduceus-Ph: BiMamba;
+// Caduceus-PS: RCPS; with either scan) on sequence shards, gathered, against the same computation
+// on the whole sequence in one process, forward and backward (every parameter's gradient summed
+// over the ranks). A start state not carried, a halo from the wrong side, or a reverse direction
+// over the ranks in the wrong order changes values near the shard boundaries and fails these.
 #include "worker/models/caduceus/mamba_context.hpp"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/caduceus.hpp"
 #include "worker/models/caduceus/caduceus_model.hpp"
+#include "worker/parallel/device_group.hpp"
 
 namespace dnallm::models::caduceus {
 namespace {
@@ -43,45 +45,129 @@ class MambaContextParallel : public ::testing::TestWithParam<int> {
   std::string tag() const { return " C=" + std::to_string(GetParam()); }
 };
 
-TEST_P(MambaContextParallel, SelectiveScanCarriesTheStateAcrossRanks) {
-  const int C = world();
+// The selective scan's inputs on the whole sequence (u, delta, A, B, C, D, z, delta_bias) and
+// the weight of the loss sum(y * weight).
+struct ScanCase {
+  std::vector<Tensor> inputs;
+  Tensor weight;
+};
+
+ScanCase scan_case() {
   const int64_t B = 2, D = 6, N = 4, L = 48;
   torch::manual_seed(5);
   // Slow decay (small |A|, small delta): the state carries far past each shard boundary.
-  const auto u = leaf(torch::randn({B, D, L})), delta = leaf(torch::randn({B, D, L}) - 2);
-  const auto z = leaf(torch::randn({B, D, L}));
-  const auto A = leaf(-torch::rand({D, N}) * 0.3 - 0.01);
-  const auto Bm = leaf(torch::randn({B, N, L})), Cm = leaf(torch::randn({B, N, L}));
-  const auto Dp = leaf(torch::randn({D})), bias = leaf(torch::randn({D}));
-  const auto weight = torch::randn({B, D, L});
-  const auto y = selective_scan_fused(u, delta, A, Bm, Cm, Dp, z, bias);
-  (y * weight).sum().backward();
+  const auto u = torch::randn({B, D, L}), delta = torch::randn({B, D, L}) - 2;
+  const auto z = torch::randn({B, D, L});
+  const auto A = -torch::rand({D, N}) * 0.3 - 0.01;
+  const auto Bm = torch::randn({B, N, L}), Cm = torch::randn({B, N, L});
+  const auto Dp = torch::randn({D}), bias = torch::randn({D});
+  return {{u, delta, A, Bm, Cm, Dp, z, bias}, torch::randn({B, D, L})};
+}
 
-  const std::vector<Tensor> whole = {u, delta, A, Bm, Cm, Dp, z, bias};
-  // Per rank: the output and the gradient of each input.
-  std::vector<std::vector<Tensor>> got(C);
-  expect_no_errors(run_on_ranks(C, "scan", [&](int r, comm::Communicator& group) {
+const char* const kScanInputs[] = {"u", "delta", "A", "B", "C", "D", "z", "delta_bias"};
+
+// The output, then the gradient of each input, over the whole sequence.
+using ScanResult = std::vector<Tensor>;
+
+using ScanFn = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          const Tensor&, const Tensor&, const Tensor&);
+
+ScanResult whole_scan(const ScanCase& c, ScanFn scan) {
+  std::vector<Tensor> in;
+  for (const auto& t : c.inputs) in.push_back(leaf(t));
+  const auto y = scan(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7]);
+  (y * c.weight).sum().backward();
+  ScanResult out{y.detach()};
+  for (const auto& t : in) out.push_back(t.grad());
+  return out;
+}
+
+struct ScanRun {
+  ContextScanKernel kernel = ContextScanKernel::kByDevice;
+  bool reversed = false;  // over the group's reversed twin
+  // Through the staging communicator (Note [Staged collectives]) that a GPU's gloo group is,
+  // staging host buffers as it stages a GPU's: the collectives run on its thread, in issue order.
+  bool staged = false;
+};
+
+// The context-parallel scan on C ranks, each holding the shard of the group's rank it runs
+// as: over the group, or over its reversed twin (the flipped directions' group, Note [Mamba
+// context parallelism]) where rank r holds shard C - 1 - r. Sharded inputs' gradients side by
+// side, replicated ones' summed over the ranks.
+ScanResult context_scan(const ScanCase& c, int C, const ScanRun& run) {
+  std::vector<ScanResult> got(C);
+  expect_no_errors(run_on_ranks(C, "scan", [&](int r, comm::Communicator& world) {
+    std::unique_ptr<comm::Communicator> staged;
+    if (run.staged) {
+      parallel::StagingOptions o;
+      o.stage_host_buffers = true;
+      staged = parallel::stage_for_device(world.split(0, r), torch::kCPU, o);
+    }
+    const auto context = make_mamba_context(staged ? *staged : world);
+    auto& group = run.reversed ? context->reversed_group() : *context->group;
+    const int shard = group.rank();
+    EXPECT_EQ(shard, run.reversed ? C - 1 - r : r);
     std::vector<Tensor> in;
-    for (const auto& t : whole) {
-      in.push_back(leaf(t.dim() == 3 ? shard_of(t, 2, C, r) : t));  // [.., L] sharded
+    for (const auto& t : c.inputs) {
+      in.push_back(leaf(t.dim() == 3 ? shard_of(t, 2, C, shard) : t));  // [.., L] sharded
     }
     auto out = context_parallel_selective_scan(in[0], in[1], in[2], in[3], in[4], in[5], in[6],
-                                               in[7], group);
-    (out * shard_of(weight, 2, C, r)).sum().backward();
-    got[r].push_back(out.detach());
-    for (const auto& t : in) got[r].push_back(t.grad());
+                                               in[7], group, run.kernel);
+    (out * shard_of(c.weight, 2, C, shard)).sum().backward();
+    got[shard].push_back(out.detach());
+    for (const auto& t : in) got[shard].push_back(t.grad());
   }));
-  if (HasFailure()) return;
-  const char* names[] = {"u", "delta", "A", "B", "C", "D", "z", "delta_bias"};
-  std::vector<Tensor> outs;
-  for (int r = 0; r < C; ++r) outs.push_back(got[r][0]);
-  expect_close(torch::cat(outs, 2), y.detach(), "scan output" + tag());
-  for (size_t i = 0; i < whole.size(); ++i) {
+  if (::testing::Test::HasFailure()) return {};
+  ScanResult merged;
+  for (size_t i = 0; i <= c.inputs.size(); ++i) {
     std::vector<Tensor> parts;
-    for (int r = 0; r < C; ++r) parts.push_back(got[r][i + 1]);
-    // Sharded inputs: the gradients side by side; replicated ones: summed over the ranks.
-    const auto merged = whole[i].dim() == 3 ? torch::cat(parts, 2) : torch::stack(parts).sum(0);
-    expect_close(merged, whole[i].grad(), std::string("scan gradient of ") + names[i] + tag());
+    for (int q = 0; q < C; ++q) parts.push_back(got[q][i]);
+    const bool sharded = i == 0 || c.inputs[i - 1].dim() == 3;
+    merged.push_back(sharded ? torch::cat(parts, 2) : torch::stack(parts).sum(0));
+  }
+  return merged;
+}
+
+void expect_same_scan(const ScanResult& got, const ScanResult& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  expect_close(got[0], want[0], what + ": output");
+  for (size_t i = 1; i < want.size(); ++i) {
+    expect_close(got[i], want[i], what + ": gradient of " + kScanInputs[i - 1]);
+  }
+}
+
+TEST_P(MambaContextParallel, SelectiveScanCarriesTheStateAcrossRanks) {
+  const auto c = scan_case();
+  const auto want = whole_scan(c, selective_scan_fused);
+  for (const bool reversed : {false, true}) {
+    ScanRun run;
+    run.reversed = reversed;
+    const auto got = context_scan(c, world(), run);
+    if (HasFailure()) return;
+    expect_same_scan(got, want, std::string("fused scan") + (reversed ? " reversed" : "") + tag());
+  }
+}
+
+// The device-generic scan (torch ops, what a GPU runs) against the whole-sequence generic scan
+// on one rank and against the fused context-parallel scan, over the group and its reversed twin,
+// and over a staging communicator (a GPU's gloo group).
+TEST_P(MambaContextParallel, GenericScanMatchesTheWholeSequenceAndTheFusedScan) {
+  const auto c = scan_case();
+  const auto whole = whole_scan(c, selective_scan);
+  for (const bool reversed : {false, true}) {
+    const std::string how = reversed ? " reversed" : "";
+    ScanRun run;
+    run.reversed = reversed;
+    const auto fused = context_scan(c, world(), run);
+    run.kernel = ContextScanKernel::kGeneric;
+    const auto generic = context_scan(c, world(), run);
+    if (HasFailure()) return;
+    expect_same_scan(generic, whole, "generic scan vs one rank" + how + tag());
+    expect_same_scan(generic, fused, "generic scan vs fused" + how + tag());
+    run.staged = true;
+    const auto staged = context_scan(c, world(), run);
+    if (HasFailure()) return;
+    expect_same_scan(staged, generic, "generic scan staged vs unstaged" + how + tag());
   }
 }
 
@@ -150,7 +236,7 @@ TEST_P(MambaContextParallel, MambaMixerMatchesTheWholeSequence) {
 
 // A whole model behind the model interface: masked-LM logits, the summed loss and every
 // parameter's gradient, C ranks with set_context_parallel against one rank.
-void check_model(int C, bool rcps) {
+void check_model(int C, bool rcps, ContextScanKernel kernel = ContextScanKernel::kByDevice) {
   const int64_t B = 2, T = 32, vocab = 14;
   const auto o = tiny(rcps, /*bidirectional=*/true);
   std::vector<CaduceusModel> copies;
@@ -163,8 +249,9 @@ void check_model(int C, bool rcps) {
   auto labels = torch::full({B, T}, -100, torch::kLong);
   const auto scored = torch::rand({B, T}) < 0.3;
   labels.masked_scatter_(scored, ids.masked_select(scored));
-  const std::string tag =
-      std::string(rcps ? " Caduceus-PS" : " Caduceus-Ph") + " C=" + std::to_string(C);
+  const std::string tag = std::string(rcps ? " Caduceus-PS" : " Caduceus-Ph") +
+                          (kernel == ContextScanKernel::kGeneric ? " generic scan" : "") +
+                          " C=" + std::to_string(C);
 
   auto& reference = copies[C];
   ForwardInputs whole;
@@ -183,6 +270,7 @@ void check_model(int C, bool rcps) {
     cp->full_length = T;
     cp->positions = torch::arange(r * T / C, (r + 1) * T / C, torch::kLong);
     copies[r]->set_context_parallel(cp);
+    copies[r]->lm()->context->kernel = kernel;
     ForwardInputs in;
     in.input_ids = shard_of(ids, 1, C, r);
     in.labels = shard_of(labels, 1, C, r);
@@ -214,6 +302,16 @@ void check_model(int C, bool rcps) {
 TEST_P(MambaContextParallel, CaduceusPhModelMatchesOneRank) { check_model(world(), false); }
 
 TEST_P(MambaContextParallel, CaduceusPsModelMatchesOneRank) { check_model(world(), true); }
+
+// The device-generic scan in the model, on the CPU: BiMamba's two directions and RCPS's two
+// strands, forward and backward, through torch ops and gather_context.
+TEST_P(MambaContextParallel, CaduceusPhModelWithTheGenericScanMatchesOneRank) {
+  check_model(world(), false, ContextScanKernel::kGeneric);
+}
+
+TEST_P(MambaContextParallel, CaduceusPsModelWithTheGenericScanMatchesOneRank) {
+  check_model(world(), true, ContextScanKernel::kGeneric);
+}
 
 TEST_P(MambaContextParallel, AClassifierOrAZigZagLayoutIsOneClearError) {
   const int C = world();

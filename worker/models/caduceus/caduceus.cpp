@@ -29,15 +29,23 @@ using nlohmann::json;
 using torch::Tensor;
 using torch::indexing::Slice;
 
-Tensor selective_scan(const Tensor& u_in, const Tensor& delta_in, const Tensor& A_in,
-                      const Tensor& Bm_in, const Tensor& C_in, const Tensor& D_in,
-                      const Tensor& z_in, const Tensor& delta_bias_in) {
+ScanFromZero selective_scan_from_zero(const Tensor& u_in, const Tensor& delta_in,
+                                      const Tensor& A_in, const Tensor& Bm_in, const Tensor& C_in,
+                                      const Tensor& D_in, const Tensor& z_in,
+                                      const Tensor& delta_bias_in) {
   Fp32Region fp32;  // Note [fp32 regions under autocast]
   auto f = [](const Tensor& t) { return t.to(torch::kFloat32); };
-  const auto u = f(u_in), dt = f(delta_in), A = f(A_in), Bm = f(Bm_in), C = f(C_in);
-  const auto D = f(D_in), z = f(z_in), delta_bias = f(delta_bias_in);
+  ScanFromZero s;
+  s.u = f(u_in);
+  s.A = f(A_in);
+  s.C = f(C_in);
+  s.D = f(D_in);
+  s.z = f(z_in);
+  const auto dt = f(delta_in), Bm = f(Bm_in), delta_bias = f(delta_bias_in);
+  const auto &u = s.u, &A = s.A, &C = s.C;
   RECORD_FUNCTION("dnallm::caduceus::selective_scan", std::vector<c10::IValue>({u, dt, A, Bm, C}));
-  auto delta = torch::softplus(dt + delta_bias.unsqueeze(-1));
+  s.delta = torch::softplus(dt + delta_bias.unsqueeze(-1));
+  const auto& delta = s.delta;
   const int64_t L = u.size(2);
   // [B, D, L, N]: exp(delta A) and delta B u, as the reference forms them.
   const auto dA = torch::exp(delta.unsqueeze(-1) * A.view({1, A.size(0), 1, A.size(1)}));
@@ -49,8 +57,20 @@ Tensor selective_scan(const Tensor& u_in, const Tensor& delta_in, const Tensor& 
     h = dA.select(2, t) * h + dBu.select(2, t);
     ys.push_back((h * C.select(2, t).unsqueeze(1)).sum(-1));
   }
-  auto y = torch::stack(ys, 2) + u * D.view({1, -1, 1});
-  return y * torch::silu(z);
+  s.y = torch::stack(ys, 2);
+  s.last = h;
+  return s;
+}
+
+Tensor selective_scan_output(const ScanFromZero& s, const Tensor& y) {
+  Fp32Region fp32;  // Note [fp32 regions under autocast]
+  return (y + s.u * s.D.view({1, -1, 1})) * torch::silu(s.z);
+}
+
+Tensor selective_scan(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& Bm,
+                      const Tensor& C, const Tensor& D, const Tensor& z, const Tensor& delta_bias) {
+  const auto s = selective_scan_from_zero(u, delta, A, Bm, C, D, z, delta_bias);
+  return selective_scan_output(s, s.y);
 }
 
 // Note [Fused selective scan]: the scan as one loop per (batch, channel) over raw fp32 memory,
@@ -309,7 +329,8 @@ Tensor CaduceusLMImpl::mixer(size_t layer, const Tensor& x) {
   // then on the ranks in reverse order (Note [Mamba context parallelism]).
   auto mamba = [&](Mamba& m, const Tensor& h, bool flipped) {
     if (!context) return m->forward(h);
-    return mamba_context_parallel(*m, h, flipped ? context->reversed_group() : *context->group);
+    return mamba_context_parallel(*m, h, flipped ? context->reversed_group() : *context->group,
+                                  context->kernel);
   };
   auto bimamba = [&](const Tensor& h, bool flipped) {
     auto out = mamba(fwd[layer], h, flipped);

@@ -63,6 +63,21 @@ torch::Tensor selective_scan(const torch::Tensor& u, const torch::Tensor& delta,
                              const torch::Tensor& C, const torch::Tensor& D, const torch::Tensor& z,
                              const torch::Tensor& delta_bias);
 
+// selective_scan() in two steps, for the device-generic context-parallel scan (Note [Mamba
+// context parallelism]): the scan from a zero state, keeping what the contribution of a start
+// state needs, then the skip and the gate. selective_scan_output(s, s.y) is selective_scan().
+struct ScanFromZero {
+  torch::Tensor u, delta, A, C, D, z;  // fp32; delta = softplus(delta + delta_bias) [B, D, L]
+  torch::Tensor y;                     // sum_n C_t h_t [B, D, L], before the D u skip and the gate
+  torch::Tensor last;                  // the state h after the last position [B, D, N]
+};
+ScanFromZero selective_scan_from_zero(const torch::Tensor& u, const torch::Tensor& delta,
+                                      const torch::Tensor& A, const torch::Tensor& Bm,
+                                      const torch::Tensor& C, const torch::Tensor& D,
+                                      const torch::Tensor& z, const torch::Tensor& delta_bias);
+// (y + D u) * silu(z) for the scan `s` whose sum_n C_t h_t is `y` [B, D, L].
+torch::Tensor selective_scan_output(const ScanFromZero& s, const torch::Tensor& y);
+
 // The same function, Note [Fused selective scan]: one hand-written loop per (batch, channel) on
 // the CPU, forward and backward (an autograd Function); other devices take selective_scan().
 // Note [Fused selective scan]'s CPU kernels (fp32, contiguous), for FusedScan and the

@@ -5,6 +5,8 @@
 
 #include "core/error.hpp"
 #include "worker/models/caduceus/caduceus.hpp"
+#include "worker/models/fp32_region.hpp"
+#include "worker/models/transformer/context_attention.hpp"
 #include "worker/parallel/context_parallel.hpp"
 #include "worker/tensor_buffer.hpp"
 
@@ -145,17 +147,40 @@ struct ContextScan : torch::autograd::Function<ContextScan> {
   }
 };
 
+// The same steps in torch ops under autograd, on any device (Note [Mamba context parallelism]).
+Tensor generic_context_scan(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& Bm,
+                            const Tensor& C, const Tensor& D, const Tensor& z,
+                            const Tensor& delta_bias, comm::Communicator& group) {
+  // 1. The shard's scan from zero, its end state e and P = exp(A sum_t delta_t): [B, D, N] each.
+  const auto s = selective_scan_from_zero(u, delta, A, Bm, C, D, z, delta_bias);
+  Fp32Region fp32;  // Note [fp32 regions under autocast]
+  const int64_t batch = s.u.size(0), channels = s.u.size(1), N = s.A.size(1);
+  const auto A3 = s.A.view({1, channels, N});
+  const auto product = torch::exp(s.delta.sum(-1, /*keepdim=*/true) * A3);
+  // 2. Everyone's (e, P): [C, B, D, 2N] (gather_context's [B, H, C t, D] with t = 1, B = H = 1).
+  const auto mine = torch::cat({s.last, product}, -1).reshape({1, 1, 1, -1});
+  const auto all =
+      models::gather_context(mine, group).view({group.world_size(), batch, channels, 2 * N});
+  // 3. Every rank's start state, s_0 = 0 and s_{q+1} = P_q s_q + e_q, then this rank's: picked
+  // from the stack, so that the gather is in rank 0's graph too (its backward is a collective).
+  std::vector<Tensor> starts{torch::zeros({batch, channels, N}, s.u.options())};
+  for (int q = 0; q + 1 < group.world_size(); ++q) {
+    starts.push_back(all[q].slice(-1, N) * starts.back() + all[q].slice(-1, 0, N));
+  }
+  const auto start = torch::stack(starts)[group.rank()];
+  // 4. Its zero-input response at each position t: sum_n C_t[n] exp(A[n] sum_{t' <= t} delta_t')
+  // s[n], added before the skip and the gate. [B, D, L, N], as the scan's own exp(delta A).
+  const auto decay = torch::exp(s.delta.cumsum(-1).unsqueeze(-1) * A3.unsqueeze(2));
+  const auto carried = (decay * start.unsqueeze(2) * s.C.transpose(1, 2).unsqueeze(1)).sum(-1);
+  return selective_scan_output(s, s.y + carried);
+}
+
 }  // namespace
 
 Tensor context_parallel_selective_scan(const Tensor& u, const Tensor& delta, const Tensor& A,
                                        const Tensor& Bm, const Tensor& C, const Tensor& D,
                                        const Tensor& z, const Tensor& delta_bias,
-                                       comm::Communicator& group) {
-  DNALLM_CHECK(u.device().is_cpu(), ExitCode::kUsage,
-               "Mamba context parallelism runs its selective scan on the CPU only (the fused "
-               "kernel of Note [Fused selective scan]); the model is on {}: set "
-               "parallel.context_parallel = 1 for a Caduceus model on a GPU",
-               u.device().str());
+                                       comm::Communicator& group, ContextScanKernel kernel) {
   DNALLM_CHECK(u.dim() == 3 && delta.sizes() == u.sizes() && z.sizes() == u.sizes() &&
                    A.dim() == 2 && A.size(0) == u.size(1) && Bm.dim() == 3 &&
                    Bm.size(0) == u.size(0) && Bm.size(1) == A.size(1) && Bm.size(2) == u.size(2) &&
@@ -163,11 +188,15 @@ Tensor context_parallel_selective_scan(const Tensor& u, const Tensor& delta, con
                ExitCode::kUsage,
                "context_parallel_selective_scan: expected u, delta, z [B, D, L], A [D, N], B and "
                "C [B, N, L]");
+  if (kernel == ContextScanKernel::kGeneric || !u.device().is_cpu()) {
+    return generic_context_scan(u, delta, A, Bm, C, D, z, delta_bias, group);
+  }
   auto f = [](const Tensor& t) { return t.to(torch::kFloat32); };
   return ContextScan::apply(f(u), f(delta), f(A), f(Bm), f(C), f(D), f(z), f(delta_bias), &group);
 }
 
-Tensor mamba_context_parallel(MambaImpl& m, const Tensor& x, comm::Communicator& group) {
+Tensor mamba_context_parallel(MambaImpl& m, const Tensor& x, comm::Communicator& group,
+                              ContextScanKernel kernel) {
   const int64_t L = x.size(1), batch = x.size(0);
   const auto parts = m.in_proj->forward(x).chunk(2, -1);  // x and z, [B, L, d_inner] each
   const auto& conv = m.conv1d->weight;                    // [d_inner, 1, d_conv]
@@ -186,7 +215,7 @@ Tensor mamba_context_parallel(MambaImpl& m, const Tensor& x, comm::Communicator&
   auto C = pieces[2].view({batch, L, -1}).transpose(1, 2).contiguous();
   auto A = -torch::exp(m.A_log.to(torch::kFloat32));
   auto y = context_parallel_selective_scan(u, dt, A, Bm, C, m.D, parts[1].transpose(1, 2),
-                                           m.dt_proj->bias, group);
+                                           m.dt_proj->bias, group, kernel);
   return m.out_proj->forward(y.transpose(1, 2));
 }
 

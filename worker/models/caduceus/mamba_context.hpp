@@ -31,6 +31,20 @@
 //    instead of the activations (about 4 B T D / C a rank): it costs a second, lighter pass over
 //    the shard in forward and backward. The result is the whole-sequence scan up to rounding
 //    (the start state enters as P s instead of step by step).
+//    Two implementations of these steps (ContextScanKernel): on the CPU the fused kernels of
+//    Note [Fused selective scan], one autograd Function running the steps above by hand; on any
+//    other device (and on the CPU when asked, as the tests do) torch ops under autograd, from the
+//    same linearity. The generic scan from zero (selective_scan_from_zero) gives the shard's
+//    y^0_t = sum_n C_t h^0_t and e_r; P_r = exp(A sum_t delta_t) in closed form; gather_context
+//    (Note [Attention context parallelism]) all-gathers (e_r, P_r), its backward a reduce-scatter
+//    (each rank receives the sum of the gradients for its slice); the fold is torch ops; and the
+//    start state's zero-input response, sum_n C_t[n] exp(A[n] (delta_1 + ... + delta_t)) s_r[n],
+//    is added to y^0_t before the D u skip and the gate. Autograd derives the backward, in which
+//    the gather's backward is a collective: each rank folds every rank's start state and picks
+//    its own from their stack, so the gather is in rank 0's graph too (whose own start state is
+//    zero) and its backward runs on every rank, in the same order. Memory: exp(A cumsum(delta))
+//    is [B, D, L / C, N] (kept for the backward), as the generic scan's own exp(delta A) and
+//    delta B u; no rank holds a full-length tensor here either.
 //    A, D and delta_bias are replicated: each rank's gradient is its positions' part, summed by
 //    the gradient reduction over the context group like any parameter's.
 // BiMamba's reverse direction runs Mamba on flip(x): under CP the flip of the whole sequence is
@@ -43,7 +57,7 @@
 // Contracts (as parallel::causal_halo and Note [Hyena context parallelism]): collective over the
 // group, called by every rank in the same order with the same B and channels; the backward
 // communicates too and must run on every rank; blocks in forward and backward; the group must
-// outlive the backward. fp32 CPU scan (the fused kernel's; other devices: Error(kUsage)).
+// outlive the backward. The scan runs in fp32 (its inputs cast up), on any device.
 #pragma once
 
 #include <torch/torch.h>
@@ -56,11 +70,19 @@ namespace dnallm::models::caduceus {
 
 class MambaImpl;
 
+// Which implementation of the context-parallel selective scan runs (Note [Mamba context
+// parallelism]).
+enum class ContextScanKernel {
+  kByDevice,  // the fused kernels on the CPU, the device-generic scan on any other device
+  kGeneric,   // the device-generic scan (torch ops) on every device, the CPU included
+};
+
 // The groups a context-parallel Caduceus model runs its mixers over: `group` in sequence order
 // and `reversed`, the same ranks in reverse order (for the flipped directions).
 struct MambaContext {
   comm::Communicator* group = nullptr;
   std::unique_ptr<comm::Communicator> reversed;  // null for a group of one rank
+  ContextScanKernel kernel = ContextScanKernel::kByDevice;
 
   comm::Communicator& reversed_group() const { return reversed ? *reversed : *group; }
 };
@@ -71,17 +93,17 @@ std::shared_ptr<MambaContext> make_mamba_context(comm::Communicator& group);
 // The selective scan of this rank's positions, context-parallel over `group` (Note [Mamba
 // context parallelism]): arguments as selective_scan() with L = this rank's positions, equal to
 // selective_scan_fused over the whole sequence restricted to them. Forward and backward
-// (an autograd Function).
-torch::Tensor context_parallel_selective_scan(const torch::Tensor& u, const torch::Tensor& delta,
-                                              const torch::Tensor& A, const torch::Tensor& Bm,
-                                              const torch::Tensor& C, const torch::Tensor& D,
-                                              const torch::Tensor& z,
-                                              const torch::Tensor& delta_bias,
-                                              comm::Communicator& group);
+// (`kernel`: the fused autograd Function on the CPU, or torch ops under autograd).
+torch::Tensor context_parallel_selective_scan(
+    const torch::Tensor& u, const torch::Tensor& delta, const torch::Tensor& A,
+    const torch::Tensor& Bm, const torch::Tensor& C, const torch::Tensor& D, const torch::Tensor& z,
+    const torch::Tensor& delta_bias, comm::Communicator& group,
+    ContextScanKernel kernel = ContextScanKernel::kByDevice);
 
 // MambaImpl::forward of a sequence shard x [B, T / C, d_model], context-parallel over `group`
 // (whose rank order is the order of the shards in x's sequence).
 torch::Tensor mamba_context_parallel(MambaImpl& mamba, const torch::Tensor& x,
-                                     comm::Communicator& group);
+                                     comm::Communicator& group,
+                                     ContextScanKernel kernel = ContextScanKernel::kByDevice);
 
 }  // namespace dnallm::models::caduceus
