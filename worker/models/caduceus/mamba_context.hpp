@@ -43,8 +43,9 @@
 //    the gather's backward is a collective: each rank folds every rank's start state and picks
 //    its own from their stack, so the gather is in rank 0's graph too (whose own start state is
 //    zero) and its backward runs on every rank, in the same order. Memory: exp(A cumsum(delta))
-//    is [B, D, L / C, N] (kept for the backward), as the generic scan's own exp(delta A) and
-//    delta B u; no rank holds a full-length tensor here either.
+//    and its product with s_r are [B, D, L / C, N] each (autograd keeps both for the backward),
+//    as the generic scan's own exp(delta A) and delta B u; no rank holds a full-length tensor
+//    here either.
 //    A, D and delta_bias are replicated: each rank's gradient is its positions' part, summed by
 //    the gradient reduction over the context group like any parameter's.
 // BiMamba's reverse direction runs Mamba on flip(x): under CP the flip of the whole sequence is
