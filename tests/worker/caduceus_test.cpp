@@ -8,10 +8,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "worker/models/caduceus/caduceus_model.hpp"
 #include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models::caduceus {
@@ -168,6 +170,42 @@ TEST(Caduceus, ActivationCheckpointingGivesTheSameGradients) {
         EXPECT_TRUE(torch::equal(plain[i].second, checkpointed[i].second)) << plain[i].first;
       }
     }
+  }
+}
+
+// Layer i's unit (blocks()[i], what ZeRO-3 gathers and frees around mixer i: Note [Fully
+// sharded]) holds both directions' mixers of layer i: mamba_rev's own x_proj, dt_proj, conv1d,
+// A_log and D as well as the projections it shares with mamba_fwd. Everything else (embeddings,
+// norms, head) is in no unit: the root.
+TEST(Caduceus, EachLayersUnitHoldsBothDirectionsOfItsMixer) {
+  for (const bool rcps : {false, true}) {
+    SCOPED_TRACE(rcps ? "ps" : "ph");
+    CaduceusOptions o;
+    o.d_model = 16, o.n_layer = 3, o.d_state = 4, o.dt_rank = 2, o.vocab_size = 16;
+    o.rcps = rcps;
+    o.complement = {0, 1, 2, 3, 4, 5, 6, 10, 9, 8, 7, 11, 12, 13, 14, 15};
+    auto model = std::make_shared<CaduceusModelImpl>(CaduceusLM(o), 12);
+    const auto blocks = model->blocks();
+    ASSERT_EQ(blocks.size(), 3u);
+    std::map<const void*, size_t> unit_of;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      for (const auto& p : blocks[b]->parameters()) unit_of[p.unsafeGetTensorImpl()] = b;
+    }
+    int64_t rev = 0;
+    for (const auto& p : model->named_parameters()) {
+      const auto it = unit_of.find(p.value().unsafeGetTensorImpl());
+      const auto at = p.key().find("mamba_");
+      if (at == std::string::npos) {
+        EXPECT_EQ(it, unit_of.end()) << p.key() << " is in a unit";
+        continue;
+      }
+      ASSERT_NE(it, unit_of.end()) << p.key() << " is in no unit (the root)";
+      const auto layer = p.key().substr(p.key().find('_', at + 6) + 1);
+      EXPECT_EQ(std::to_string(it->second), layer.substr(0, layer.find('.'))) << p.key();
+      rev += p.key().find("mamba_rev_") != std::string::npos ? 1 : 0;
+    }
+    // mamba_rev_i owns x_proj.weight, dt_proj.{weight,bias}, conv1d.{weight,bias}, A_log, D.
+    EXPECT_EQ(rev, 3 * 7);
   }
 }
 

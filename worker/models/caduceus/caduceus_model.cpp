@@ -196,9 +196,26 @@ torch::Tensor CaduceusModelImpl::encode(const ForwardInputs& in) {
   return lm_->hidden(in.input_ids);
 }
 
+namespace {
+
+// Layer i's unit: both directions of its BiMamba (mamba_rev's own x_proj, dt_proj, conv1d, A_log
+// and D besides the tied projections that mamba_fwd holds), which mixer(i) alone reads, inside
+// the block hooks. A view for blocks(): not registered in the model, so names are unchanged.
+struct LayerUnit : torch::nn::Module {
+  LayerUnit(const Mamba& fwd, const Mamba* rev) {
+    register_module("mamba_fwd", fwd.ptr());
+    if (rev != nullptr) register_module("mamba_rev", rev->ptr());
+  }
+};
+
+}  // namespace
+
 std::vector<std::shared_ptr<torch::nn::Module>> CaduceusModelImpl::blocks() const {
   std::vector<std::shared_ptr<torch::nn::Module>> out;
-  for (const auto& m : lm_->fwd) out.push_back(m.ptr());
+  for (size_t i = 0; i < lm_->fwd.size(); ++i) {
+    out.push_back(
+        std::make_shared<LayerUnit>(lm_->fwd[i], i < lm_->rev.size() ? &lm_->rev[i] : nullptr));
+  }
   return out;
 }
 
