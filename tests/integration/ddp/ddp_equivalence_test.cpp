@@ -509,6 +509,18 @@ TEST_F(DdpEquivalence, Zero3Bf16GathersTrainLikeBf16Ddp) {
     EXPECT_GT(loss_diff, 0) << arch << ": bf16 parameters must change the numbers";
     EXPECT_LT(rms, 2 * rms_bf16) << arch;
     expect_peak_as_predicted(z3, "bf16 gathers, " + arch);
+    if (arch == "bert") {
+      // Evaluation every 3 steps (and at the last) gathers fp32 parameters and goes back to bf16
+      // ones (new gradient hooks): training goes on bit for bit as without it.
+      const std::string eval = fmt::format(
+          "--set training.eval_steps=3 --set training.eval_batches=2 "
+          "--set data.eval_files=[\\\"{}/data/ecoli_k12_mg1655.fa.gz\\\"] ",
+          kSrc);
+      TrainRun evaluated =
+          train("z3_bf16_eval", 2, 6, 1, model + eval + "--set parallel.zero_stage=3");
+      EXPECT_EQ(metric_lines(evaluated.dir, "eval").size(), 4u);  // steps 3, 6, 9 and 10
+      expect_identical(z3, evaluated, "bf16 gathers with evaluation every 3 steps vs without");
+    }
   }
   // HyenaDNA gathers fp32 (its fused mixer reads fp32 parameters) and computes under autocast
   // as DDP does: at 2 ranks without clipping, DDP's run bit for bit.
