@@ -522,6 +522,13 @@ TEST_F(DdpEquivalence, Zero3Bf16GathersTrainLikeBf16Ddp) {
       expect_identical(z3, evaluated, "bf16 gathers with evaluation every 3 steps vs without");
     }
   }
+  // LoRA: the trainable parameters are the adapters, read only by matmuls, whose autocast
+  // rounds DDP's fp32 adapters to the bf16 values ZeRO-3 gathers, and whose bf16 gradients
+  // both add into fp32 (the frozen base is fp32 in both): DDP's run bit for bit.
+  const std::string lora = bf16 + "--set lora.r=4 ";
+  expect_identical(train("ddp_bf16_lora", 2, 6, 1, lora),
+                   train("z3_bf16_lora", 2, 6, 1, lora + "--set parallel.zero_stage=3"),
+                   "ZeRO-3 bf16 gathers with LoRA vs DDP bf16 with LoRA");
   // HyenaDNA gathers fp32 (its fused mixer reads fp32 parameters) and computes under autocast
   // as DDP does: at 2 ranks without clipping, DDP's run bit for bit.
   const std::string hyena = bf16 + "--set model.arch=hyena ";
