@@ -599,8 +599,9 @@ void parallel_keys(std::vector<KeyDesc>& out) {
       .range("zero_stage", &ParallelConfig::zero_stage, 0, 3,
              "0: every rank keeps the whole optimizer state; 1: optimizer state sharded across "
              "ranks; 2: gradients sharded too (reduce-scatter); 3: parameters sharded too, "
-             "each block all-gathered just before it computes and freed after "
-             "(docs/parallelism.md)")
+             "each block all-gathered just before it computes and freed after; with "
+             "training.precision = bf16 gathered in bf16 and computed with in bf16, the shard "
+             "staying fp32 (docs/parallelism.md)")
       .range("bucket_cap_mb", &ParallelConfig::bucket_cap_mb, 0.001, 65536,
              "size of a gradient bucket (MiB): a bucket is reduced as soon as its last gradient "
              "is written, while the backward pass goes on")
@@ -610,7 +611,9 @@ void parallel_keys(std::vector<KeyDesc>& out) {
               "with `grad_accum_steps` > 1: reduce gradients on the `last` micro-step only, or "
               "on `every` one")
       .choice("grad_reduce_dtype", &ParallelConfig::grad_reduce_dtype,
-              "dtype gradients are reduced in; bf16/fp16 halve the bytes sent")
+              "dtype gradients are reduced in; bf16/fp16 halve the bytes sent. ZeRO-3: the "
+              "dtype of each block's reduce-scatter; the fp32 gradient is cast to it and the "
+              "result added into the fp32 gradient shard (docs/parallelism.md)")
       .key("find_unused_parameters", &ParallelConfig::find_unused_parameters,
            "allow parameters that get no gradient in a step (they contribute a zero gradient "
            "to the reduction); without it such a step exits 2 naming them")

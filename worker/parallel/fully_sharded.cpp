@@ -41,7 +41,11 @@ void allocate_storage(const torch::Tensor& t) {
 }
 
 BufferView view_of(const torch::Tensor& t, int64_t begin, int64_t count) {
-  return buffer_view(t, begin, count, DType::kFloat32);
+  return buffer_view(t, begin, count, *dtype_of(t.scalar_type()));
+}
+
+int64_t bytes_of(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
 }
 
 }  // namespace
@@ -125,6 +129,18 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
   global_numel_ = plan.empty() ? 0 : plan.back().begin + plan.back().numel;
 
   auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  // Note [Fully sharded mixed precision]: bf16 runs gather (and compute with) bf16 parameters,
+  // except HyenaDNA's, whose fused mixer and fp32 regions read fp32 parameters.
+  param_dtype_ = options_.precision == cfg::Precision::kBf16 ? torch::kBFloat16 : torch::kFloat32;
+  if (param_dtype_ != torch::kFloat32 && model->spec().family == "hyena") {
+    param_dtype_ = torch::kFloat32;
+    if (rank == 0) {
+      spdlog::warn(
+          "ZeRO-3 with training.precision = \"bf16\": HyenaDNA's units are gathered in fp32 "
+          "(its fused mixer and fp32 regions read fp32 parameters); it computes under autocast "
+          "as with DDP (Note [Fully sharded mixed precision])");
+    }
+  }
   shard_params_ = torch::zeros({local}, opts);
   shard_grads_ = torch::zeros({local}, opts);
   auto mask = torch::zeros({local}, opts);
@@ -135,41 +151,46 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     unit.shard = plan[u];
     const int64_t padded = unit.shard.chunk * world;
     // Rank 0's values everywhere (as DDP's broadcast), then this rank's chunk into the shard.
-    unit.full = torch::zeros({padded}, opts);
+    auto init = torch::zeros({padded}, opts);
     unit.full_grad = torch::zeros({padded}, opts);
     auto unit_mask = torch::zeros({padded}, opts);
     for (size_t k = 0; k < unit.params.size(); ++k) {
       const auto& p = unit.params[k];
       const int64_t off = unit.offsets[k], n = p.numel();
-      unit.full.narrow(0, off, n).copy_(p.detach().reshape({-1}));
+      init.narrow(0, off, n).copy_(p.detach().reshape({-1}));
       const std::string& name = named[members[u][k]].first;
       unit_mask.narrow(0, off, n).fill_(optim::decays(name) ? 1.0 : 0.0);
       entries.push_back({name, unit.shard.begin + off, n, unit.shapes[k]});
     }
-    if (padded > 0) comm_.broadcast(view_of(unit.full, 0, padded), 0)->wait();
+    if (padded > 0) comm_.broadcast(view_of(init, 0, padded), 0)->wait();
     const int64_t lo = rank * unit.shard.chunk;
     shard_params_.narrow(0, unit.shard.local_offset, unit.shard.chunk)
-        .copy_(unit.full.narrow(0, lo, unit.shard.chunk));
+        .copy_(init.narrow(0, lo, unit.shard.chunk));
+    if (param_dtype_ == torch::kFloat32) {
+      unit.full = init;
+    } else {
+      unit.full = torch::zeros({padded}, opts.dtype(param_dtype_));
+      unit.whole = torch::zeros({padded}, opts);
+      release_storage(unit.whole);
+    }
     mask.narrow(0, unit.shard.local_offset, unit.shard.chunk)
         .copy_(unit_mask.narrow(0, lo, unit.shard.chunk));
     if (unit.shard.owned.size() > 0) {
       pieces.push_back({unit.shard.owned.begin, unit.shard.owned.end, unit.shard.local_offset});
     }
-    // The parameters become views of the gathered buffer, their gradients of its gradient one.
+    // The parameters become views of the gathered buffer, their gradients of its gradient one
+    // (fp32 under bf16 gathers too: Note [Fully sharded mixed precision]).
+    point_params(u, unit.full);
     for (size_t k = 0; k < unit.params.size(); ++k) {
       auto param = unit.params[k];
       const int64_t off = unit.offsets[k], n = param.numel();
-      param.set_data(unit.full.narrow(0, off, n).view(unit.shapes[k]));
       param.mutable_grad() = unit.full_grad.narrow(0, off, n).view(unit.shapes[k]);
     }
     unit.gathered = true;
     release(u);
     release_storage(unit.full_grad);
-    // Note [Fully sharded], step 3: a unit's gradients are complete when all have arrived.
-    for (const auto& p : unit.params) {
-      accumulators_.push_back(on_gradient_ready(p, alive_, [this, u] { on_grad_ready(u); }));
-    }
   }
+  hook_gradients();
   // Note [Fully sharded frozen base]: each block's fp32 frozen parameters, sharded with it.
   std::set<const void*> trainable, placed;
   for (const auto& np : named) trainable.insert(np.second.unsafeGetTensorImpl());
@@ -217,29 +238,39 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
   // and gradients, block i - 1's parameters (the prefetch) and the gradients of blocks i + 1
   // and i + 2 (two reductions in flight). Measured (DNALLM_TRACE_ZERO3=1 logs every change):
   // 6 blocks of 34,176 bytes and a root of 14,272 peak at 199,424 bytes in backward, exactly.
-  // pbytes: a block's gathered parameters (trainable and frozen); gbytes: its gradients.
-  auto gbytes = [&](int64_t i) {
-    return i >= 0 && i < static_cast<int64_t>(root_) ? units_[size_t(i)].full.numel() * 4 : 0;
+  // pbytes: a block's gathered parameters (trainable ones in param_dtype_, frozen ones fp32);
+  // gbytes: its gradients (fp32); rbytes: its gradient while its reduce-scatter flies (the fp32
+  // gradient itself, or the 2-byte staging copy that replaced it: Note [Fully sharded mixed
+  // precision]); wbytes: its parameters while every parameter is held (fp32).
+  auto in_range = [&](int64_t i) { return i >= 0 && i < static_cast<int64_t>(root_); };
+  auto gbytes = [&](int64_t i) { return in_range(i) ? bytes_of(units_[size_t(i)].full_grad) : 0; };
+  auto frozen_bytes = [&](int64_t i) {
+    return in_range(i) ? bytes_of(units_[size_t(i)].frozen_full) : 0;
   };
   auto pbytes = [&](int64_t i) {
-    const auto& frozen =
-        i >= 0 && i < static_cast<int64_t>(root_) ? units_[size_t(i)].frozen_full : torch::Tensor();
-    return gbytes(i) + (frozen.defined() ? frozen.numel() * 4 : 0);
+    return in_range(i) ? bytes_of(units_[size_t(i)].full) + frozen_bytes(i) : 0;
   };
+  const int64_t reduce_size = static_cast<int64_t>(dtype_size(options_.reduce_dtype));
+  auto rbytes = [&](int64_t i) {
+    return reduce_size == 4 ? gbytes(i) : gbytes(i) / 4 * reduce_size;
+  };
+  auto wbytes = [&](int64_t i) { return gbytes(i) + frozen_bytes(i); };
   // The root's parameters and gradients are held for the whole forward and backward.
-  const int64_t root = 2 * units_[root_].full.numel() * 4;
+  const int64_t root_params = bytes_of(units_[root_].full);
+  const int64_t root_grads = bytes_of(units_[root_].full_grad);
+  const int64_t root = root_params + root_grads;
   predicted_peak_bytes_ = root;
   for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) {
     const int64_t forward = pbytes(i) + (options_.prefetch ? pbytes(i + 1) : 0);
     const int64_t backward = pbytes(i) + gbytes(i) + (options_.prefetch ? pbytes(i - 1) : 0) +
-                             gbytes(i + 1) + gbytes(i + 2);
+                             rbytes(i + 1) + rbytes(i + 2);
     predicted_peak_bytes_ = std::max({predicted_peak_bytes_, root + forward, root + backward});
   }
-  // Evaluation and the exports hold every parameter (FullParameters).
+  // Evaluation and the exports hold every parameter (FullParameters), in fp32.
   int64_t whole = 0, whole_grads = 0;
-  for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) whole += pbytes(i);
-  for (const auto& unit : units_) whole_grads += unit.full.numel() * 4;
-  whole += root / 2;
+  for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) whole += wbytes(i);
+  for (const auto& unit : units_) whole_grads += bytes_of(unit.full_grad);
+  whole += root_grads;  // the root's fp32 parameters: as many bytes as its gradients
   predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole);
   // Accumulating unsharded: every block's gradient, the root's parameters and, in backward,
   // a block's parameters with its prefetched predecessor's.
@@ -248,15 +279,16 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) {
       pair = std::max(pair, pbytes(i) + (options_.prefetch ? pbytes(i - 1) : 0));
     }
-    predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole_grads + root / 2 + pair);
+    predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole_grads + root_params + pair);
   }
   hooks_ = std::make_shared<Hooks>(this);
   model->set_block_hooks(hooks_);
   spdlog::info(
       "ZeRO-3: {} units ({} blocks and the root), {} of {} elements on rank {}; frozen "
-      "parameters: {} of {} bytes held",
+      "parameters: {} of {} bytes held; gathers in {}, reduce-scatters in {}",
       units_.size(), blocks.size(), local, global_numel_, rank, frozen_held_bytes_,
-      frozen_total_bytes_);
+      frozen_total_bytes_, param_dtype_ == torch::kFloat32 ? "fp32" : "bf16",
+      dtype_name(options_.reduce_dtype));
   return std::make_unique<optim::FlatParameters>(std::move(entries), global_numel_, shard_params_,
                                                  shard_grads_, mask, std::move(pieces));
 }
@@ -265,12 +297,24 @@ void FullyShardedSync::launch_gather(size_t u) {
   Unit& unit = units_[u];
   if (unit.gathered || unit.gathering) return;
   const int64_t chunk = unit.shard.chunk;
-  if (unit.full.storage().nbytes() == 0) add_live(unit.full.numel() * 4, "P+", u);
+  if (unit.full.storage().nbytes() == 0) add_live(bytes_of(unit.full), "P+", u);
   allocate_storage(unit.full);
-  unit.gathering = comm_.allgather(view_of(shard_params_, unit.shard.local_offset, chunk),
-                                   view_of(unit.full, 0, unit.full.numel()));
-  if (unit.frozen_full.defined() && !unit.frozen_gathered) {  // Note [Fully sharded frozen base]
-    if (unit.frozen_full.storage().nbytes() == 0) add_live(unit.frozen_full.numel() * 4, "F+", u);
+  torch::Tensor mine = shard_params_.narrow(0, unit.shard.local_offset, chunk);
+  if (param_dtype_ != torch::kFloat32) {
+    // Note [Fully sharded mixed precision]: the chunk is cast before it goes on the wire.
+    unit.gather_in = mine.to(param_dtype_);
+    mine = unit.gather_in;
+  }
+  unit.gathering =
+      comm_.allgather(view_of(mine, 0, chunk), view_of(unit.full, 0, unit.full.numel()));
+  launch_frozen_gather(u);
+}
+
+void FullyShardedSync::launch_frozen_gather(size_t u) {
+  Unit& unit = units_[u];
+  if (unit.frozen_full.defined() && !unit.frozen_gathered && !unit.frozen_gathering) {
+    // Note [Fully sharded frozen base]
+    if (unit.frozen_full.storage().nbytes() == 0) add_live(bytes_of(unit.frozen_full), "F+", u);
     allocate_storage(unit.frozen_full);
     unit.frozen_gathering =
         comm_.allgather(view_of(unit.frozen_shard, 0, unit.frozen_shard.numel()),
@@ -278,12 +322,60 @@ void FullyShardedSync::launch_gather(size_t u) {
   }
 }
 
+void FullyShardedSync::gather_whole(size_t u) {
+  Unit& unit = units_[u];
+  if (unit.whole.storage().nbytes() == 0) add_live(bytes_of(unit.whole), "W+", u);
+  allocate_storage(unit.whole);
+  comm_
+      .allgather(view_of(shard_params_, unit.shard.local_offset, unit.shard.chunk),
+                 view_of(unit.whole, 0, unit.whole.numel()))
+      ->wait();
+  point_params(u, unit.whole);
+}
+
+void FullyShardedSync::release_whole(size_t u) {
+  Unit& unit = units_[u];
+  if (!unit.whole.defined() || unit.whole.storage().nbytes() == 0) return;
+  add_live(-bytes_of(unit.whole), "W-", u);
+  release_storage(unit.whole);
+  // Views are made within a storage's bounds: `full` holds its bytes for that moment (after
+  // `whole` gave its twice as many back).
+  allocate_storage(unit.full);
+  point_params(u, unit.full);
+  release_storage(unit.full);
+  unit.gathered = false;
+}
+
+void FullyShardedSync::point_params(size_t u, const torch::Tensor& buffer) {
+  Unit& unit = units_[u];
+  for (size_t k = 0; k < unit.params.size(); ++k) {
+    unit.params[k].set_data(
+        buffer.narrow(0, unit.offsets[k], unit.params[k].numel()).view(unit.shapes[k]));
+  }
+}
+
+void FullyShardedSync::hook_gradients() {
+  // Note [Fully sharded], step 3: a unit's gradients are complete when all have arrived.
+  accumulators_.clear();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    for (const auto& p : units_[u].params) {
+      accumulators_.push_back(on_gradient_ready(p, alive_, [this, u] { on_grad_ready(u); }));
+    }
+  }
+}
+
 void FullyShardedSync::gather(size_t u) {
   Unit& unit = units_[u];
   if (unit.gathered) return;
-  launch_gather(u);
-  unit.gathering->wait();
-  unit.gathering.reset();
+  if (full_ && unit.whole.defined()) {
+    gather_whole(u);
+  } else {
+    launch_gather(u);
+    unit.gathering->wait();
+    unit.gathering.reset();
+    unit.gather_in = torch::Tensor();
+  }
+  launch_frozen_gather(u);
   if (unit.frozen_gathering) {
     unit.frozen_gathering->wait();
     unit.frozen_gathering.reset();
@@ -298,8 +390,9 @@ void FullyShardedSync::release(size_t u, bool keep_frozen) {
   if (unit.gathering) {  // a prefetch nobody used (e.g. the last block's successor)
     unit.gathering->wait();
     unit.gathering.reset();
+    unit.gather_in = torch::Tensor();
   }
-  if (unit.full.storage().nbytes() > 0) add_live(-unit.full.numel() * 4, "P-", u);
+  if (unit.full.storage().nbytes() > 0) add_live(-bytes_of(unit.full), "P-", u);
   release_storage(unit.full);
   unit.gathered = false;
   if (!keep_frozen) release_frozen(u);
@@ -312,7 +405,7 @@ void FullyShardedSync::release_frozen(size_t u) {
     unit.frozen_gathering->wait();
     unit.frozen_gathering.reset();
   }
-  if (unit.frozen_full.storage().nbytes() > 0) add_live(-unit.frozen_full.numel() * 4, "F-", u);
+  if (unit.frozen_full.storage().nbytes() > 0) add_live(-bytes_of(unit.frozen_full), "F-", u);
   release_storage(unit.frozen_full);
   unit.frozen_gathered = false;
 }
@@ -320,7 +413,7 @@ void FullyShardedSync::release_frozen(size_t u) {
 void FullyShardedSync::allocate_grad(size_t u) {
   Unit& unit = units_[u];
   if (unit.grad_live) return;
-  add_live(unit.full_grad.numel() * 4, "G+", u);
+  add_live(bytes_of(unit.full_grad), "G+", u);
   allocate_storage(unit.full_grad);
   unit.full_grad.zero_();
   unit.grad_live = true;
@@ -329,7 +422,7 @@ void FullyShardedSync::allocate_grad(size_t u) {
 void FullyShardedSync::release_grad(size_t u) {
   Unit& unit = units_[u];
   if (!unit.grad_live) return;
-  add_live(-unit.full_grad.numel() * 4, "G-", u);
+  add_live(-bytes_of(unit.full_grad), "G-", u);
   release_storage(unit.full_grad);
   unit.grad_live = false;
 }
@@ -403,9 +496,17 @@ void FullyShardedSync::launch_reduce(size_t u) {
   const int64_t chunk = unit.shard.chunk;
   InFlight f;
   f.unit = u;
-  f.out = torch::empty({chunk}, shard_grads_.options());
-  f.work = comm_.reduce_scatter(view_of(unit.full_grad, 0, unit.full_grad.numel()),
-                                view_of(f.out, 0, chunk), comm::ReduceOp::kSum);
+  torch::Tensor in = unit.full_grad;
+  if (options_.reduce_dtype != DType::kFloat32) {
+    // Note [Fully sharded mixed precision]: a 2-byte copy flies instead of the fp32 gradient.
+    f.staging = unit.full_grad.to(torch_dtype(options_.reduce_dtype));
+    add_live(bytes_of(f.staging), "S+", u);
+    release_grad(u);
+    in = f.staging;
+  }
+  f.out = torch::empty({chunk}, shard_grads_.options().dtype(in.scalar_type()));
+  f.work = comm_.reduce_scatter(view_of(in, 0, in.numel()), view_of(f.out, 0, chunk),
+                                comm::ReduceOp::kSum);
   in_flight_.push_back(std::move(f));
 }
 
@@ -415,6 +516,7 @@ void FullyShardedSync::complete_oldest() {
   f.work->wait();
   Unit& unit = units_[f.unit];
   shard_grads_.narrow(0, unit.shard.local_offset, unit.shard.chunk).add_(f.out);
+  if (f.staging.defined()) add_live(-bytes_of(f.staging), "S-", f.unit);
   release_grad(f.unit);
 }
 
@@ -465,13 +567,28 @@ void FullyShardedSync::after_optimizer_step(optim::FlatParameters&) {
 }
 
 void FullyShardedSync::gather_full_parameters() {
+  // Between steps nothing is gathered; under bf16 gathers a unit held now would be the bf16
+  // one, and the whole model is gathered in fp32 (Note [Fully sharded mixed precision]).
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u].whole.defined()) release(u);
+  }
   full_ = true;
   for (size_t u = 0; u < units_.size(); ++u) gather(u);
 }
 
 void FullyShardedSync::release_full_parameters() {
   full_ = false;
-  for (size_t u = 0; u < units_.size(); ++u) release(u);
+  bool repointed = false;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u].whole.defined() && units_[u].whole.storage().nbytes() > 0) {
+      release_whole(u);
+      repointed = true;
+    }
+    release(u);
+  }
+  // Changing a parameter's dtype (set_data) drops its gradient accumulator, and the hooks with
+  // it: the bf16 parameters get new ones.
+  if (repointed) hook_gradients();
 }
 
 std::optional<GradientSync::Memory> FullyShardedSync::memory() const {

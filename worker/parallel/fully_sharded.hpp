@@ -35,15 +35,39 @@
 //  5. the trainer's norm is the sum of the shards' partial squares over ranks; the optimizer
 //     updates the shard.
 // Evaluation and exports hold the whole model for their duration (FullParameters): 4 bytes a
-// parameter on every rank, the peak of a run whose blocks are many.
+// parameter on every rank (fp32 under bf16 gathers too), the peak of a run whose blocks are many.
 // Every collective is issued in the same order on every rank: forward runs blocks in order and
 // the autograd engine runs the same graph in the same order everywhere.
 //
 // Equivalence: with 2 ranks the reduce-scatter adds the same two numbers as DDP's all-reduce,
 // so an fp32 run without clipping is bitwise DDP's; with clipping, or more ranks, sums differ
-// in order (tests state the tolerance). What is not here yet: bf16 gathers, and a separate
-// CUDA stream for prefetches (the communicator's work runs asynchronously, the compute stream
-// waits for it when the unit is needed).
+// in order (tests state the tolerance). bf16 runs gather bf16: Note [Fully sharded mixed
+// precision]. What is not here yet: a separate CUDA stream for prefetches (the communicator's
+// work runs asynchronously, the compute stream waits for it when the unit is needed).
+//
+// Note [Fully sharded mixed precision]: with training.precision = "bf16" (FSDP's param_dtype)
+//  - launch_gather casts this rank's fp32 chunk of the unit to bf16 (gather_in, kept until the
+//    all-gather completes) and all-gathers bf16 into `full`, now bf16: half the bytes on the
+//    wire and gathered. The parameters are bf16 views of it, so the model computes with bf16
+//    weights under autocast; code that computes in fp32 casts them up (the transformer's
+//    LayerNorm: CPU layer_norm takes no fp32 input with bf16 weights). HyenaDNA's fused mixer
+//    and fp32 regions read fp32 parameters: its units stay fp32 (a warning says so).
+//  - the gradient buffer `full_grad` stays fp32: AccumulateGrad adds a bf16 parameter's bf16
+//    gradient into an fp32 .grad in place, so a parameter's several contributions (tied
+//    embeddings, the micro-steps kept by zero3_accumulate_unsharded) add in fp32, and the
+//    default fp32 reduce-scatter reads the buffer with no copy. It costs 2 bytes a parameter
+//    more than bf16 gradients, for the at most three blocks whose gradients are live.
+//  - parallel.grad_reduce_dtype: fp32 reduces `full_grad`; bf16 (fp16) casts it to a staging
+//    copy, releases the fp32 buffer at once (2 bytes a parameter fly instead of 4), reduces and
+//    adds the result into the fp32 gradient shard. The same holds under fp32 gathers.
+//  - the shard (master weights), the optimizer and the checkpoint are fp32 and unchanged.
+//    Evaluation and exports (FullParameters) gather fp32 into `whole` and point the
+//    parameters at it (exports write the master values); set_data to another dtype drops a
+//    parameter's gradient accumulator, so going back to bf16 hooks the new ones (hook_gradients).
+//  - a block's frozen base (LoRA) stays fp32: the root's frozen embeddings, whole and fp32, feed
+//    the blocks fp32 activations, which CPU layer_norm cannot take with bf16 weights.
+// The memory account counts each buffer at its element size: a unit's parameters 2 bytes an
+// element, gradients 4, a reduction in flight 4 or 2, the whole model 4 (steps 1-4 above).
 //
 // Note [Fully sharded frozen base]: a block's frozen parameters (the base of a LoRA model,
 // 4 bytes a parameter that DDP and ZeRO-1/2 replicate) are sharded with their block: each
@@ -78,7 +102,10 @@
 namespace dnallm::parallel {
 
 struct FullyShardedOptions {
+  // training.precision; bf16 gathers the units in bf16 (Note [Fully sharded mixed precision]).
   cfg::Precision precision = cfg::Precision::kFp32;
+  // parallel.grad_reduce_dtype: the dtype of the reduce-scatter (fp32, bf16 or fp16).
+  DType reduce_dtype = DType::kFloat32;
   bool prefetch = true;  // all-gather the next unit while the current one computes
   // parallel.zero3_accumulate_unsharded: whole gradients kept between micro-steps, one
   // reduce-scatter at the last.
@@ -120,7 +147,11 @@ class FullyShardedSync final : public GradientSync {
     comm::WorkPtr frozen_gathering;
     bool frozen_gathered = false;  // frozen_full holds the frozen parameters
     UnitShard shard;
-    torch::Tensor full;       // [chunk * world]; storage released when not gathered
+    torch::Tensor full;       // [chunk * world] of param_dtype_; storage released when not gathered
+    torch::Tensor gather_in;  // bf16 gathers: this rank's chunk cast, alive while gathering
+    // bf16 gathers: the fp32 parameters while every parameter is held (FullParameters: the
+    // exports write fp32); storage released otherwise. Note [Fully sharded mixed precision].
+    torch::Tensor whole;
     torch::Tensor full_grad;  // [chunk * world]; storage released outside its backward
     comm::WorkPtr gathering;  // a launched all-gather not yet waited for
     bool gathered = false;    // full holds the current parameters
@@ -131,11 +162,19 @@ class FullyShardedSync final : public GradientSync {
   struct InFlight {
     size_t unit = 0;
     comm::WorkPtr work;
-    torch::Tensor out;  // [chunk]
+    torch::Tensor out;      // [chunk] of the reduce dtype
+    torch::Tensor staging;  // [chunk * world]: the gradient cast to a 2-byte reduce dtype
   };
   class Hooks;  // the model's BlockHooks (fully_sharded.cpp)
 
   void launch_gather(size_t u);
+  void launch_frozen_gather(size_t u);
+  // bf16 gathers, every parameter held: the unit's fp32 parameters gathered into `whole`.
+  void gather_whole(size_t u);
+  void release_whole(size_t u);
+  // The unit's parameters become views of `buffer` (its dtype theirs).
+  void point_params(size_t u, const torch::Tensor& buffer);
+  void hook_gradients();  // Note [Fully sharded], step 3: the AccumulateGrad post-hooks
   void gather(size_t u);  // gathered on return
   // Parameters' storage released (unless every parameter is held). keep_frozen: in backward,
   // the frozen ones stay until the block's backward is over (Note [Fully sharded frozen base]).
@@ -156,6 +195,7 @@ class FullyShardedSync final : public GradientSync {
   FullyShardedOptions options_;
   std::vector<Unit> units_;  // blocks in order, then the root
   size_t root_ = 0;
+  torch::ScalarType param_dtype_ = torch::kFloat32;  // of the gathered units (compute)
   torch::Tensor shard_params_, shard_grads_;
   std::deque<InFlight> in_flight_;
   std::shared_ptr<Hooks> hooks_;

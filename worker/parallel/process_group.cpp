@@ -74,6 +74,7 @@ std::shared_ptr<GradientSync> make_gradient_sync(const Config& config, comm::Pro
   if (config.parallel.zero_stage == 3) {
     FullyShardedOptions o;
     o.precision = config.training.precision;
+    o.reduce_dtype = cfg::dtype_of(config.parallel.grad_reduce_dtype);
     o.accumulate_unsharded = config.parallel.zero3_accumulate_unsharded;
     return std::make_shared<FullyShardedSync>(*group.comm, o);
   }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
@@ -438,6 +439,204 @@ TEST_F(DdpEquivalence, Zero3ComposesWithCheckpointingAccumulationAndOffload) {
   EXPECT_GT(held, 0);
   EXPECT_LT(held, total * 3 / 4);
   expect_peak_as_predicted(z3_lora, "ZeRO-3 with LoRA");
+}
+
+// Note [Fully sharded mixed precision] (worker/parallel/fully_sharded.hpp): with training.precision
+// = "bf16" ZeRO-3 gathers bf16 parameters and computes with them; fp32 gradients, reduced in
+// parallel.grad_reduce_dtype, land in the fp32 master shard.
+double largest_parameter_difference(const TrainRun& a, const TrainRun& b) {
+  double out = 0;
+  for (const auto& [name, v] : a.params) {
+    const auto& w = b.params.at(name);
+    for (size_t i = 0; i < v.size(); ++i) out = std::max(out, double(std::abs(v[i] - w[i])));
+  }
+  return out;
+}
+
+// Root mean square of the difference of two runs' final parameters, over every element.
+double rms_parameter_difference(const TrainRun& a, const TrainRun& b) {
+  double sum = 0;
+  size_t n = 0;
+  for (const auto& [name, v] : a.params) {
+    const auto& w = b.params.at(name);
+    for (size_t i = 0; i < v.size(); ++i, ++n) sum += double(v[i] - w[i]) * double(v[i] - w[i]);
+  }
+  return n > 0 ? std::sqrt(sum / double(n)) : 0;
+}
+
+double largest_relative_loss_difference(const TrainRun& a, const TrainRun& b) {
+  double out = 0;
+  for (const auto& [step, loss] : a.losses) {
+    out = std::max(out, std::abs(b.losses.at(step) - loss) / std::abs(loss));
+  }
+  return out;
+}
+
+TEST_F(DdpEquivalence, Zero3Bf16GathersTrainLikeBf16Ddp) {
+  // The reference: DDP at 2 ranks with the same precision (autocast over fp32 parameters). Every
+  // matmul of both multiplies the bf16 roundings of the same fp32 master values, and both reduce
+  // fp32 gradients; they differ where DDP keeps fp32 values that ZeRO-3 holds in bf16 (the
+  // embeddings, the LayerNorm weights, which the norms cast up) and in whether autograd's
+  // gradient of a bf16 parameter is rounded to bf16 before it reaches the fp32 buffer (here it
+  // is; under DDP the cast's backward keeps fp32). Not bitwise, then: bf16 rounding (2^-8
+  // relative) of a few values a step, the same kind of difference as bf16 compute's own. Losses
+  // stay within 2e-3 relative over 10 steps (measured 5.0e-4), and the parameters' root mean
+  // square difference from DDP's within twice that of DDP's bf16 run from its fp32 one (measured
+  // 1.26, 1.02 and 0.99 times; a parameter whose gradient is near 0 can take Adam's full step
+  // either way, so the largest differences are lr-sized in both and the rms is compared).
+  const std::string common = "--set training.max_steps=10 --set training.max_grad_norm=0 ";
+  const std::string bf16 = common + "--set training.precision=bf16 ";
+  for (const std::string arch : {"bert", "gpt", "caduceus-ps"}) {
+    const std::string model = bf16 + "--set model.arch=" + arch + " ";
+    TrainRun ddp = train("ddp_bf16_" + arch, 2, 6, 1, model);
+    TrainRun ddp32 = train("ddp_fp32_" + arch, 2, 6, 1, common + "--set model.arch=" + arch);
+    std::string log;
+    TrainRun z3 =
+        train("z3_bf16_" + arch, 2, 6, 1, model + "--set parallel.zero_stage=3", "", &log);
+    ASSERT_EQ(ddp.losses.size(), 10u) << arch;
+    ASSERT_EQ(z3.losses.size(), 10u) << arch;
+    EXPECT_NE(log.find("gathers in bf16, reduce-scatters in fp32"), std::string::npos) << log;
+    const double loss_diff = largest_relative_loss_difference(ddp, z3);
+    const double rms = rms_parameter_difference(ddp, z3);
+    const double rms_bf16 = rms_parameter_difference(ddp32, ddp);
+    std::cout << "[ measured ] " << arch << ": ZeRO-3 bf16 gathers vs DDP bf16, 2 ranks, 10 steps: "
+              << "largest relative loss difference " << loss_diff << " (DDP bf16 vs fp32 "
+              << largest_relative_loss_difference(ddp32, ddp) << "), parameters: largest "
+              << largest_parameter_difference(ddp, z3) << ", rms " << rms
+              << " (DDP bf16 vs fp32: " << largest_parameter_difference(ddp32, ddp) << ", rms "
+              << rms_bf16 << ")\n";
+    EXPECT_LT(loss_diff, 2e-3) << arch;
+    EXPECT_GT(loss_diff, 0) << arch << ": bf16 parameters must change the numbers";
+    EXPECT_LT(rms, 2 * rms_bf16) << arch;
+    expect_peak_as_predicted(z3, "bf16 gathers, " + arch);
+    if (arch == "bert") {
+      // Evaluation every 3 steps (and at the last) gathers fp32 parameters and goes back to bf16
+      // ones (new gradient hooks): training goes on bit for bit as without it.
+      const std::string eval = fmt::format(
+          "--set training.eval_steps=3 --set training.eval_batches=2 "
+          "--set data.eval_files=[\\\"{}/data/ecoli_k12_mg1655.fa.gz\\\"] ",
+          kSrc);
+      TrainRun evaluated =
+          train("z3_bf16_eval", 2, 6, 1, model + eval + "--set parallel.zero_stage=3");
+      EXPECT_EQ(metric_lines(evaluated.dir, "eval").size(), 4u);  // steps 3, 6, 9 and 10
+      expect_identical(z3, evaluated, "bf16 gathers with evaluation every 3 steps vs without");
+    }
+  }
+  // LoRA: the trainable parameters are the adapters, read only by matmuls, whose autocast
+  // rounds DDP's fp32 adapters to the bf16 values ZeRO-3 gathers, and whose bf16 gradients
+  // both add into fp32 (the frozen base is fp32 in both): DDP's run bit for bit.
+  const std::string lora = bf16 + "--set lora.r=4 ";
+  expect_identical(train("ddp_bf16_lora", 2, 6, 1, lora),
+                   train("z3_bf16_lora", 2, 6, 1, lora + "--set parallel.zero_stage=3"),
+                   "ZeRO-3 bf16 gathers with LoRA vs DDP bf16 with LoRA");
+  // HyenaDNA gathers fp32 (its fused mixer reads fp32 parameters) and computes under autocast
+  // as DDP does: at 2 ranks without clipping, DDP's run bit for bit.
+  const std::string hyena = bf16 + "--set model.arch=hyena ";
+  std::string log;
+  TrainRun z3 = train("z3_bf16_hyena", 2, 6, 1, hyena + "--set parallel.zero_stage=3", "", &log);
+  EXPECT_NE(log.find("HyenaDNA's units are gathered in fp32"), std::string::npos) << log;
+  expect_identical(train("ddp_bf16_hyena", 2, 6, 1, hyena), z3, "ZeRO-3 bf16 HyenaDNA vs DDP");
+}
+
+TEST_F(DdpEquivalence, Zero3Bf16ReductionTrainsLikeFp32Reduction) {
+  // bf16 gathers with parallel.grad_reduce_dtype = "bf16" (the reduce-scatter in bf16, added into
+  // the fp32 shard) against "fp32": both train, and differ by bf16 rounding of the gradients
+  // only (relative 2^-8 an element): losses within 2e-3 relative, and the parameters' root mean
+  // square difference below bf16 compute's own (DDP bf16 vs fp32, the same model and steps).
+  const std::string common =
+      "--set training.max_steps=10 --set training.precision=bf16 --set parallel.zero_stage=3 ";
+  TrainRun fp32 = train("z3_bf16_red32", 2, 6, 1, common);
+  std::string log;
+  TrainRun bf16 =
+      train("z3_bf16_red16", 2, 6, 1, common + "--set parallel.grad_reduce_dtype=bf16", "", &log);
+  EXPECT_NE(log.find("gathers in bf16, reduce-scatters in bf16"), std::string::npos) << log;
+  for (const TrainRun* r : {&fp32, &bf16}) {
+    ASSERT_EQ(r->losses.size(), 10u);
+    EXPECT_LT(r->losses.at(10), r->losses.at(1) - 0.3);  // trains: 2.29 -> 1.79
+  }
+  const double loss_diff = largest_relative_loss_difference(fp32, bf16);
+  const double rms = rms_parameter_difference(fp32, bf16);
+  const double rms_bf16 = rms_parameter_difference(
+      train("ddp_red_fp32", 2, 6, 1, "--set training.max_steps=10"),
+      train("ddp_red_bf16", 2, 6, 1, "--set training.max_steps=10 --set training.precision=bf16"));
+  std::cout << "[ measured ] ZeRO-3 bf16 gathers, bf16 vs fp32 reduce-scatter, 10 steps: largest "
+            << "relative loss difference " << loss_diff << ", parameters: largest "
+            << largest_parameter_difference(fp32, bf16) << ", rms " << rms
+            << " (DDP bf16 vs fp32: rms " << rms_bf16 << ")\n";
+  EXPECT_LT(loss_diff, 2e-3);
+  EXPECT_GT(rms, 0) << "the bf16 reduction must change the numbers";
+  EXPECT_LT(rms, rms_bf16);
+  expect_peak_as_predicted(bf16, "bf16 gathers and reduce-scatters");
+}
+
+// One DNALLM_TRACE_ZERO3 line of rank 0: an event, its unit and the bytes live after it.
+struct TraceEvent {
+  std::string what;
+  int unit = 0;
+  int64_t live = 0, delta = 0;
+};
+
+// Rank 0's events from the first allocation on (place() releases before it counts from 0).
+std::vector<TraceEvent> rank0_trace(const std::string& log) {
+  std::vector<TraceEvent> out;
+  std::istringstream in(log);
+  std::string line;
+  int64_t previous = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("[rank 0] zero3 ", 0) != 0) continue;
+    std::istringstream fields(line.substr(15));
+    TraceEvent e;
+    std::string word;
+    fields >> e.what >> e.unit >> word >> e.live;
+    if (out.empty() && e.what.back() == '-') continue;
+    e.delta = e.live - previous;
+    previous = e.live;
+    out.push_back(e);
+  }
+  return out;
+}
+
+TEST_F(DdpEquivalence, Zero3Bf16GathersHalveTheGatheredParameters) {
+  // One step of the same model, fp32 and bf16 gathers, every change of the gathered bytes
+  // traced: the same events in the same order, each unit's gathered parameters half as many
+  // bytes (gradients stay fp32), except the export's: it holds fp32 parameters (W events).
+  // Replaying the fp32 run's events with those bytes halved gives the bf16 run's peak, which its
+  // summary reports (shard and moments equal) and its prediction matches within 5%.
+  const std::string common = "--set parallel.zero_stage=3 --set training.max_steps=1 ";
+  const std::string traced =
+      fmt::format("DNALLM_TRACE_ZERO3=1 {}dnallm-launch --nproc-per-node 2 --", kBin);
+  std::string fp32_log, bf16_log;
+  TrainRun fp32 = train("z3_trace_fp32", 2, 6, 1, common, traced, &fp32_log);
+  TrainRun bf16 =
+      train("z3_trace_bf16", 2, 6, 1, common + "--set training.precision=bf16", traced, &bf16_log);
+  const auto a = rank0_trace(fp32_log), b = rank0_trace(bf16_log);
+  ASSERT_GT(a.size(), 10u) << fp32_log;
+  ASSERT_EQ(a.size(), b.size()) << bf16_log;
+  int64_t replayed = 0, replayed_peak = 0, fp32_peak = 0, bf16_peak = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool whole = b[i].what[0] == 'W';  // the export's fp32 gather: fp32's P
+    ASSERT_EQ(whole ? "P" + b[i].what.substr(1) : b[i].what, a[i].what) << "event " << i;
+    ASSERT_EQ(a[i].unit, b[i].unit) << "event " << i;
+    const bool parameters = a[i].what[0] == 'P' && !whole;
+    EXPECT_EQ(b[i].delta, parameters ? a[i].delta / 2 : a[i].delta)
+        << "event " << i << " " << a[i].what << " unit " << a[i].unit;
+    replayed += parameters ? a[i].delta / 2 : a[i].delta;
+    replayed_peak = std::max(replayed_peak, replayed);
+    fp32_peak = std::max(fp32_peak, a[i].live);
+    bf16_peak = std::max(bf16_peak, b[i].live);
+  }
+  EXPECT_EQ(bf16_peak, replayed_peak);
+  const auto peak_of = [](const TrainRun& r) {
+    const auto s = metric_lines(r.dir, "summary");
+    return s.empty() ? 0 : s[0].at("model_state_peak_bytes").get<int64_t>();
+  };
+  std::cout << "[ measured ] ZeRO-3 gathered bytes at the peak, rank 0: fp32 gathers " << fp32_peak
+            << ", bf16 gathers " << bf16_peak << "; model-state peak " << peak_of(fp32) << " -> "
+            << peak_of(bf16) << "\n";
+  EXPECT_LT(bf16_peak, fp32_peak);
+  EXPECT_EQ(peak_of(fp32) - peak_of(bf16), fp32_peak - replayed_peak);
+  expect_peak_as_predicted(fp32, "fp32 gathers");
+  expect_peak_as_predicted(bf16, "bf16 gathers");
 }
 
 }  // namespace

@@ -476,5 +476,30 @@ TEST_F(Resume, Zero3StoppedAndResumedIsBitIdentical) {
   expect_bit_identical(first, exported, "dnallm-ckpt export of the ZeRO-3 checkpoint at step 4");
 }
 
+// Note [Fully sharded mixed precision]: under bf16 gathers (and a bf16 reduce-scatter) the
+// checkpoint holds the fp32 master shard, so the resumed run gathers the same bf16 values and
+// continues bit for bit; the run's export at step 4 (the whole model gathered in fp32) is the
+// checkpoint's master weights, bit for bit.
+TEST_F(Resume, Zero3Bf16GathersStoppedAndResumedIsBitIdentical) {
+  const std::string z3 =
+      "--set parallel.zero_stage=3 --set training.precision=bf16 "
+      "--set parallel.grad_reduce_dtype=bf16";
+  const std::string dir = make_temp_dir("resume_z3_bf16");
+  TrainRun straight = train(dir + "/straight", "straight", 2, 8, 0, z3);
+  ASSERT_EQ(straight.rc, 0) << straight.log;
+  const auto [first, second] = stop_at_4_and_resume(dir + "/ckpt", 2, 4, z3);
+  ASSERT_EQ(second.rc, 0);
+  for (int64_t step = 5; step <= 8; ++step) {
+    EXPECT_EQ(second.losses.at(step), straight.losses.at(step)) << "step " << step;
+  }
+  expect_bit_identical(straight, second, "ZeRO-3 bf16 gathers, 2 ranks, resumed at step 4");
+  ASSERT_EQ(run_command(fmt::format("{}dnallm-ckpt export {}/ckpt/step_000000004 --out {}/exported",
+                                    kBin, dir, dir)),
+            0);
+  TrainRun exported;
+  exported.params = read_safetensors_f32(dir + "/exported/model.safetensors");
+  expect_bit_identical(first, exported, "dnallm-ckpt export of the bf16 ZeRO-3 checkpoint");
+}
+
 }  // namespace
 }  // namespace dnallm::testing

@@ -50,9 +50,15 @@ std::pair<Tensor, Tensor> rope_tables(int64_t start, int64_t len, int64_t head_d
 }
 
 // LayerNorm in fp32 (LibTorch 1.13's CPU autocast passes bf16 activations to layer_norm with
-// fp32 weights, which it then rejects); a no-op without autocast.
+// fp32 weights, which it then rejects); a no-op without autocast. Its weight and bias are cast
+// up too where they are bf16 (ZeRO-3's bf16 gathers, Note [Fully sharded mixed precision]):
+// CPU layer_norm takes no fp32 input with bf16 weights; fp32 ones pass unchanged.
 Tensor norm(torch::nn::LayerNorm& ln, const Tensor& x) {
-  return ln(x.scalar_type() == torch::kFloat32 ? x : x.to(torch::kFloat32));
+  const auto xf = x.scalar_type() == torch::kFloat32 ? x : x.to(torch::kFloat32);
+  if (!ln->weight.defined() || ln->weight.scalar_type() == torch::kFloat32) return ln(xf);
+  const auto& o = ln->options;
+  return torch::layer_norm(xf, o.normalized_shape(), ln->weight.to(torch::kFloat32),
+                           ln->bias.defined() ? ln->bias.to(torch::kFloat32) : Tensor(), o.eps());
 }
 
 // RMSNorm as Llama computes it: in fp32, x / sqrt(mean(x^2) + eps), times the weight.
