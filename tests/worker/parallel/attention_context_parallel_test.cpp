@@ -91,6 +91,15 @@ Case llama_rotary() {
   return {"Llama rotary GQA", o, false};
 }
 
+// Note [Activation checkpointing]: the blocks' backward recomputes the forward, K/V exchange
+// included, inside the outer backward (a nested backward through the exchange's autograd nodes).
+Case llama_checkpointed() {
+  auto c = llama_rotary();
+  c.name += ", checkpointed";
+  c.options.gradient_checkpointing = true;
+  return c;
+}
+
 Case gpt_learned_padded() { return {"GPT learned positions, padded", base(Arch::kGpt), true}; }
 
 void check(const Case& c, int C) {
@@ -207,6 +216,9 @@ TEST_P(AttentionContextParallel, Dnabert2WithAlibiMatchesOneRank) {
 }
 TEST_P(AttentionContextParallel, LlamaWithRotaryOnZigZagChunksMatchesOneRank) {
   check(llama_rotary(), GetParam());
+}
+TEST_P(AttentionContextParallel, CheckpointedLlamaRecomputesTheExchangeInBackward) {
+  check(llama_checkpointed(), GetParam());
 }
 TEST_P(AttentionContextParallel, PaddedGptOnZigZagChunksMatchesOneRank) {
   check(gpt_learned_padded(), GetParam());
