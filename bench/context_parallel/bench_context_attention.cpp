@@ -3,9 +3,12 @@
 // process with a thread a rank (loopback TCP between them), with the K/V exchange overlapped
 // with the local blocks against the same call waiting for it first (the previous order:
 // AttentionContext::overlap_exchange = false), measured alternately in the same run.
-// Per length: both orders' median step (the slower rank's time of each step), their ratio, and
-// the exchange alone (the all-gather of k and v, then the reduce-scatter of their gradient,
-// waited for): the time there is to hide.
+// Per length: both orders' median step (the slower rank's time of each step), the median of
+// their ratio step by step, the exchange alone (the all-gather of k and v, then the
+// reduce-scatter of their gradient, waited for: the time there is to hide), and the time each
+// order spent blocked in the exchanges' waits on the less blocked rank
+// (ContextAttentionCounts::seconds_waiting: what the overlap hid is the difference, even where
+// the machine's noise hides it in the step).
 //   dnallm-bench-context-attention [--lengths 1024 4096] [--ranks 2] [--heads 4] [--head-dim 32]
 //     [--batch 1] [--causal] [--threads 1] [--warmup 2] [--iters 10]
 #include <torch/torch.h>
@@ -17,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -69,6 +73,8 @@ double median(std::vector<double> v) {
 
 struct Timings {
   std::vector<double> waited, overlapped, exchange;  // seconds, per timed step
+  // Seconds blocked in the exchanges' waits (ContextAttentionCounts), per timed step.
+  std::vector<double> waited_blocked, overlapped_blocked;
 };
 
 // One rank's steps at `length`: each timed iteration runs both orders (alternating which goes
@@ -84,6 +90,8 @@ Timings run_rank(const Options& o, int64_t length, int r, dnallm::comm::Communic
     context.key_positions.insert(context.key_positions.end(), theirs.begin(), theirs.end());
   }
   context.causal = o.causal;
+  dnallm::models::ContextAttentionCounts counts;
+  context.counts = &counts;
   const int64_t t = int64_t(pos.size());
   torch::manual_seed(100 + r);
   const auto shape = std::vector<int64_t>{o.batch, o.heads, t, o.head_dim};
@@ -91,13 +99,15 @@ Timings run_rank(const Options& o, int64_t length, int r, dnallm::comm::Communic
              k = torch::randn(shape).requires_grad_(true),
              v = torch::randn(shape).requires_grad_(true), g = torch::randn(shape);
   auto barrier = [&] { group.barrier()->wait(); };
+  // The step's seconds, and those of them blocked in the exchanges' waits.
   auto step = [&](bool overlap) {
     context.overlap_exchange = overlap;
     barrier();
+    const double blocked = counts.seconds_waiting;
     const auto start = Clock::now();
     const auto out = dnallm::models::context_attention(q, k, v, context, 0.0);
     (out * g).sum().backward();
-    return seconds_since(start);
+    return std::pair<double, double>{seconds_since(start), counts.seconds_waiting - blocked};
   };
   // The exchange alone: the same all-gather and reduce-scatter, waited for at once.
   const auto sent = torch::randn({2, o.batch, o.heads, t, o.head_dim});
@@ -120,7 +130,7 @@ Timings run_rank(const Options& o, int64_t length, int r, dnallm::comm::Communic
   };
   Timings timings;
   for (int i = 0; i < o.warmup + o.iters; ++i) {
-    double overlapped = 0, waited = 0;
+    std::pair<double, double> overlapped, waited;
     if (i % 2 == 0) {
       waited = step(false);
       overlapped = step(true);
@@ -130,8 +140,10 @@ Timings run_rank(const Options& o, int64_t length, int r, dnallm::comm::Communic
     }
     const double alone = exchange();
     if (i < o.warmup) continue;
-    timings.waited.push_back(waited);
-    timings.overlapped.push_back(overlapped);
+    timings.waited.push_back(waited.first);
+    timings.overlapped.push_back(overlapped.first);
+    timings.waited_blocked.push_back(waited.second);
+    timings.overlapped_blocked.push_back(overlapped.second);
     timings.exchange.push_back(alone);
   }
   return timings;
@@ -159,12 +171,14 @@ int main(int argc, char** argv) {
   torch::set_num_threads(o.threads);
   std::printf(
       "# C %d, %s, batch %lld, heads %lld, head_dim %lld, fp32, %d thread(s) a rank, "
-      "warm-up %d, iterations %d, medians of the slower rank's step\n",
+      "warm-up %d, iterations %d, medians over the iterations\n",
       o.ranks, o.causal ? "causal zig-zag" : "bidirectional contiguous",
       static_cast<long long>(o.batch), static_cast<long long>(o.heads),
       static_cast<long long>(o.head_dim), o.threads, o.warmup, o.iters);
-  std::printf("%10s %14s %14s %8s %14s\n", "length", "waited_ms", "overlapped_ms", "ratio",
-              "exchange_ms");
+  // ratio: the median of each iteration's overlapped / waited (adjacent steps: less of the
+  // machine's drift than the ratio of the medians); blocked: in the exchanges' waits.
+  std::printf("%8s %11s %14s %8s %12s %16s %12s\n", "length", "waited_ms", "overlapped_ms", "ratio",
+              "exchange_ms", "waited_blocked", "overl_blocked");
   for (const auto length : o.lengths) {
     if (length % (2 * o.ranks) != 0) {
       std::fprintf(stderr, "dnallm-bench-context-attention: length %lld is not divisible by 2 C\n",
@@ -200,17 +214,27 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    // Each step's time is its slower rank's.
-    auto slowest = [&](std::vector<double> Timings::*field) {
-      std::vector<double> out((timings[0].*field).size(), 0.0);
+    // Each step's time is its slower rank's; its time blocked, the less blocked rank's (the
+    // other ranks' include waiting for the last one to arrive: skew, not the exchange).
+    auto over_ranks = [&](std::vector<double> Timings::*field, bool slowest) {
+      std::vector<double> out = timings[0].*field;
       for (const auto& t : timings) {
-        for (size_t i = 0; i < out.size(); ++i) out[i] = std::max(out[i], (t.*field)[i]);
+        for (size_t i = 0; i < out.size(); ++i) {
+          out[i] = slowest ? std::max(out[i], (t.*field)[i]) : std::min(out[i], (t.*field)[i]);
+        }
       }
-      return median(out) * 1e3;
+      return out;
     };
-    const double waited = slowest(&Timings::waited), overlapped = slowest(&Timings::overlapped);
-    std::printf("%10lld %14.2f %14.2f %8.3f %14.2f\n", static_cast<long long>(length), waited,
-                overlapped, overlapped / waited, slowest(&Timings::exchange));
+    auto slowest = [&](std::vector<double> Timings::*field) { return over_ranks(field, true); };
+    auto least = [&](std::vector<double> Timings::*field) { return over_ranks(field, false); };
+    const auto waited = slowest(&Timings::waited), overlapped = slowest(&Timings::overlapped);
+    std::vector<double> ratios(waited.size());
+    for (size_t i = 0; i < ratios.size(); ++i) ratios[i] = overlapped[i] / waited[i];
+    std::printf("%8lld %11.2f %14.2f %8.3f %12.2f %16.2f %12.2f\n", static_cast<long long>(length),
+                median(waited) * 1e3, median(overlapped) * 1e3, median(ratios),
+                median(slowest(&Timings::exchange)) * 1e3,
+                median(least(&Timings::waited_blocked)) * 1e3,
+                median(least(&Timings::overlapped_blocked)) * 1e3);
     std::fflush(stdout);
   }
   return 0;

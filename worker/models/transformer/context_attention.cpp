@@ -1,5 +1,6 @@
 #include "worker/models/transformer/context_attention.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <tuple>
 #include <utility>
@@ -74,6 +75,14 @@ struct KeyValueExchange : torch::CustomClassHolder {
     }
   }
 
+  void timed_wait(comm::Work& work) {
+    if (counts == nullptr) return work.wait();
+    const auto start = std::chrono::steady_clock::now();
+    work.wait();
+    counts->seconds_waiting +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
   void launch_gather(const Tensor& k, const Tensor& v) {
     sent = torch::stack({k.detach(), v.detach()});
     std::tie(received, gather) = launch_all_gather(sent, *group);
@@ -83,7 +92,7 @@ struct KeyValueExchange : torch::CustomClassHolder {
   // Waits for the all-gather; the received buffer, handed over once (see ReceivedKeys).
   void wait_gather() {
     if (gather == nullptr) return;
-    gather->wait();
+    timed_wait(*gather);
     gather.reset();
     sent = Tensor();
   }
@@ -103,7 +112,7 @@ struct KeyValueExchange : torch::CustomClassHolder {
   bool scattering() const { return scatter != nullptr; }
   void wait_scatter() {
     if (scatter == nullptr) return;
-    scatter->wait();
+    timed_wait(*scatter);
     scatter.reset();
     gradient = Tensor();
   }

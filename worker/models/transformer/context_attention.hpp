@@ -67,6 +67,7 @@ struct ContextAttentionCounts {
   int64_t blocks_after_wait = 0;           // blocks computed after it
   int64_t gradient_exchanges = 0;          // reduce-scatters launched (backward)
   int64_t local_backward_before_wait = 0;  // local blocks' backward run while one was in flight
+  double seconds_waiting = 0;  // blocked in the waits on the exchanges, forward and backward
 };
 
 struct AttentionContext {
