@@ -4,7 +4,8 @@
 // Llama), against one rank on the whole sequence: logits, the summed loss and every parameter's
 // gradient (summed over the ranks). A key block in the wrong order, a causal mask by local instead
 // of global positions, rotary or ALiBi by local positions, or a padding mask not gathered fails
-// these.
+// these. ContextAttentionOverlap checks, at the function, that the K/V exchange overlaps the local
+// blocks (forward and backward) and changes no number.
 #include "worker/models/transformer/context_attention.hpp"
 
 #include <gtest/gtest.h>
