@@ -101,6 +101,27 @@ Tensor to_sequence(const Tensor& y, comm::Communicator& group) {
   return got.permute({1, 2, 0, 3}).reshape({B, positions, world * per_rank});
 }
 
+struct GatherRanks : torch::autograd::Function<GatherRanks> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, comm::Communicator* group) {
+    save_group(ctx, *group);
+    const auto mine = x.contiguous();
+    const auto dtype = wire_dtype(mine, "gather_ranks");
+    std::vector<int64_t> sizes{group->world_size()};
+    for (const auto s : mine.sizes()) sizes.push_back(s);
+    auto all = torch::empty(sizes, mine.options());
+    group->allgather(whole(mine, dtype), whole(all, dtype))->wait();
+    return all;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto& group = saved_group(ctx);
+    const auto gradient = grads[0].contiguous();
+    const auto dtype = wire_dtype(gradient, "gather_ranks");
+    auto mine = torch::empty(gradient.sizes().slice(1), gradient.options());
+    group.reduce_scatter(whole(gradient, dtype), whole(mine, dtype), comm::ReduceOp::kSum)->wait();
+    return {mine, Tensor()};
+  }
+};
+
 struct SequenceToChannels : torch::autograd::Function<SequenceToChannels> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, comm::Communicator* group) {
     save_group(ctx, *group);
@@ -178,6 +199,10 @@ struct CausalHalo : torch::autograd::Function<CausalHalo> {
 };
 
 }  // namespace
+
+Tensor gather_ranks(const Tensor& x, comm::Communicator& group) {
+  return GatherRanks::apply(x, &group);
+}
 
 Tensor sequence_to_channels(const Tensor& x, comm::Communicator& group) {
   return SequenceToChannels::apply(x, &group);

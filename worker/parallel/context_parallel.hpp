@@ -71,6 +71,12 @@ torch::Tensor channels_to_sequence(const torch::Tensor& y, comm::Communicator& g
 // equals the whole-sequence conv (padding K - 1, first L outputs) restricted to this shard.
 torch::Tensor causal_halo(const torch::Tensor& x, int64_t halo, comm::Communicator& group);
 
+// x (any shape, the same on every rank) -> [C, x's shape]: every rank's x in rank order, by one
+// allgather. Backward: the gradient of row p is summed over the ranks and returned to rank p
+// (one reduce_scatter), so x's gradient counts every rank's use of it. A collective: every rank
+// of the group calls it, forward and backward (its result must reach every rank's loss).
+torch::Tensor gather_ranks(const torch::Tensor& x, comm::Communicator& group);
+
 // The Hyena long convolution of a sequence shard, context-parallel (Note [Hyena context
 // parallelism]): u [B, L / C, D] -> [B, L / C, D], equal to
 // models::hyena::fft_long_conv(u_whole.transpose(1, 2), k, bias).transpose(1, 2) restricted

@@ -4,11 +4,13 @@
 // Llama), against one rank on the whole sequence: logits, the summed loss and every parameter's
 // gradient (summed over the ranks). A key block in the wrong order, a causal mask by local instead
 // of global positions, rotary or ALiBi by local positions, or a padding mask not gathered fails
-// these.
+// these. ContextAttentionOverlap checks, at the function, that the K/V exchange overlaps the local
+// blocks (forward and backward) and changes no number.
 #include "worker/models/transformer/context_attention.hpp"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,6 +24,7 @@ namespace {
 
 using parallel::context_test::expect_no_errors;
 using parallel::context_test::gloo_available;
+using parallel::context_test::leaf;
 using parallel::context_test::relative_error;
 using parallel::context_test::run_on_ranks;
 using torch::Tensor;
@@ -87,6 +90,15 @@ Case llama_rotary() {
   o.kv_heads = 2;  // grouped-query attention: the gathered keys are the shared heads
   o.tie_embeddings = false;
   return {"Llama rotary GQA", o, false};
+}
+
+// Note [Activation checkpointing]: the blocks' backward recomputes the forward, K/V exchange
+// included, inside the outer backward (a nested backward through the exchange's autograd nodes).
+Case llama_checkpointed() {
+  auto c = llama_rotary();
+  c.name += ", checkpointed";
+  c.options.gradient_checkpointing = true;
+  return c;
 }
 
 Case gpt_learned_padded() { return {"GPT learned positions, padded", base(Arch::kGpt), true}; }
@@ -206,11 +218,127 @@ TEST_P(AttentionContextParallel, Dnabert2WithAlibiMatchesOneRank) {
 TEST_P(AttentionContextParallel, LlamaWithRotaryOnZigZagChunksMatchesOneRank) {
   check(llama_rotary(), GetParam());
 }
+TEST_P(AttentionContextParallel, CheckpointedLlamaRecomputesTheExchangeInBackward) {
+  check(llama_checkpointed(), GetParam());
+}
 TEST_P(AttentionContextParallel, PaddedGptOnZigZagChunksMatchesOneRank) {
   check(gpt_learned_padded(), GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, AttentionContextParallel, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "C" + std::to_string(info.param);
+                         });
+
+// Note [Attention context parallelism]'s overlap, at the function: context_attention on each
+// rank's q, k, v (grouped-query heads) against softmax attention over the whole sequence, its
+// output and the gradients of q, k and v. With the overlap, the blocks of the local keys must have
+// been computed while the all-gather was in flight and the local blocks' backward while the
+// reduce-scatter was; without it (the bench's baseline) none, and the same numbers bit for bit.
+// A causal contiguous layout leaves rank 0 no remote key (its reduce-scatter is launched with
+// zeros: without it the other ranks would wait out the timeout).
+enum class Layout { kCausalZigZag, kBidirectional, kCausalContiguous };
+
+void check_overlap(int C, Layout layout) {
+  const int64_t B = 2, H = 4, Hkv = 2, T = 32, D = 8;
+  const bool causal = layout != Layout::kBidirectional;
+  const std::string tag = " C=" + std::to_string(C) + " layout " + std::to_string(int(layout));
+  torch::manual_seed(31);
+  const auto q = torch::randn({B, H, T, D}), k = torch::randn({B, Hkv, T, D}),
+             v = torch::randn({B, Hkv, T, D}), g = torch::randn({B, H, T, D});
+  // The whole sequence on one rank: dense softmax attention, query head i on key head i / 2.
+  const auto wq = leaf(q), wk = leaf(k), wv = leaf(v);
+  auto repeat = [&](const Tensor& x) {
+    return x.unsqueeze(2).expand({B, Hkv, H / Hkv, T, D}).reshape({B, H, T, D});
+  };
+  auto scores = torch::matmul(wq, repeat(wk).transpose(-2, -1)) / std::sqrt(double(D));
+  if (causal) scores = scores.masked_fill(torch::ones({T, T}).triu(1).to(torch::kBool), -1e9);
+  const auto want = torch::matmul(torch::softmax(scores, -1), repeat(wv));
+  (want * g).sum().backward();
+
+  std::vector<Tensor> positions(C);
+  std::vector<int64_t> keys;
+  for (int r = 0; r < C; ++r) {
+    positions[r] = positions_of(T, C, r, layout == Layout::kCausalZigZag);
+    keys.insert(keys.end(), positions[r].data_ptr<int64_t>(),
+                positions[r].data_ptr<int64_t>() + positions[r].numel());
+  }
+  struct Result {
+    Tensor out, dq, dk, dv;
+    ContextAttentionCounts counts;
+  };
+  std::vector<Result> overlapped(C), waited(C);
+  for (const bool overlap : {true, false}) {
+    auto& results = overlap ? overlapped : waited;
+    expect_no_errors(run_on_ranks(C, "overlap", [&](int r, comm::Communicator& group) {
+      const auto& pos = positions[r];
+      AttentionContext context;
+      context.group = &group;
+      context.query_positions.assign(pos.data_ptr<int64_t>(),
+                                     pos.data_ptr<int64_t>() + pos.numel());
+      context.key_positions = keys;
+      context.causal = causal;
+      context.overlap_exchange = overlap;
+      auto& result = results[r];
+      context.counts = &result.counts;
+      const auto qr = leaf(q.index_select(2, pos)), kr = leaf(k.index_select(2, pos)),
+                 vr = leaf(v.index_select(2, pos));
+      const auto out = context_attention(qr, kr, vr, context, 0.0);
+      (out * g.index_select(2, pos)).sum().backward();
+      result.out = out.detach();
+      result.dq = qr.grad();
+      result.dk = kr.grad();
+      result.dv = vr.grad();
+    }));
+  }
+  if (::testing::Test::HasFailure()) return;
+  for (int r = 0; r < C; ++r) {
+    const auto& pos = positions[r];
+    const auto& got = overlapped[r];
+    const std::string at = tag + " rank " + std::to_string(r);
+    EXPECT_LE(relative_error(got.out, want.detach().index_select(2, pos)), kTolerance) << at;
+    EXPECT_LE(relative_error(got.dq, wq.grad().index_select(2, pos)), kTolerance) << at;
+    EXPECT_LE(relative_error(got.dk, wk.grad().index_select(2, pos)), kTolerance) << at;
+    EXPECT_LE(relative_error(got.dv, wv.grad().index_select(2, pos)), kTolerance) << at;
+    const auto& baseline = waited[r];
+    EXPECT_TRUE(torch::equal(got.out, baseline.out) && torch::equal(got.dq, baseline.dq) &&
+                torch::equal(got.dk, baseline.dk) && torch::equal(got.dv, baseline.dv))
+        << "the overlap changed the numbers" << at;
+
+    const auto& n = got.counts;
+    std::cout << "[ measured ]" << at << ": " << n.blocks_before_wait << " blocks before the wait, "
+              << n.blocks_after_wait << " after; " << n.local_backward_before_wait
+              << " local blocks' backward before the gradients' wait\n";
+    EXPECT_EQ(n.exchanges, 1) << at;
+    EXPECT_EQ(n.gradient_exchanges, 1) << at;
+    EXPECT_GE(n.blocks_before_wait, 1) << "no local block overlapped the all-gather" << at;
+    // Every rank but rank 0 of the causal contiguous layout reads remote keys.
+    const bool remote = !(layout == Layout::kCausalContiguous && r == 0);
+    EXPECT_EQ(n.blocks_after_wait > 0, remote) << at;
+    if (remote) {
+      EXPECT_GE(n.local_backward_before_wait, 1)
+          << "no local block's backward overlapped the reduce-scatter" << at;
+    }
+    const auto& m = baseline.counts;
+    EXPECT_EQ(m.blocks_before_wait, 0) << at;
+    EXPECT_EQ(m.local_backward_before_wait, 0) << at;
+    EXPECT_EQ(m.blocks_after_wait, n.blocks_before_wait + n.blocks_after_wait) << at;
+  }
+}
+
+class ContextAttentionOverlap : public AttentionContextParallel {};
+
+TEST_P(ContextAttentionOverlap, CausalZigZagLocalBlocksRunWhileTheExchangeIsInFlight) {
+  check_overlap(GetParam(), Layout::kCausalZigZag);
+}
+TEST_P(ContextAttentionOverlap, BidirectionalLocalBlocksRunWhileTheExchangeIsInFlight) {
+  check_overlap(GetParam(), Layout::kBidirectional);
+}
+TEST_P(ContextAttentionOverlap, CausalContiguousRankZeroWithoutRemoteKeysStillExchanges) {
+  check_overlap(GetParam(), Layout::kCausalContiguous);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ContextAttentionOverlap, ::testing::Values(2, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "C" + std::to_string(info.param);
                          });

@@ -304,7 +304,7 @@ TEST_P(MambaContextParallel, CaduceusPhModelMatchesOneRank) { check_model(world(
 TEST_P(MambaContextParallel, CaduceusPsModelMatchesOneRank) { check_model(world(), true); }
 
 // The device-generic scan in the model, on the CPU: BiMamba's two directions and RCPS's two
-// strands, forward and backward, through torch ops and gather_context.
+// strands, forward and backward, through torch ops and gather_ranks.
 TEST_P(MambaContextParallel, CaduceusPhModelWithTheGenericScanMatchesOneRank) {
   check_model(world(), false, ContextScanKernel::kGeneric);
 }

@@ -6,7 +6,6 @@
 #include "core/error.hpp"
 #include "worker/models/caduceus/caduceus.hpp"
 #include "worker/models/fp32_region.hpp"
-#include "worker/models/transformer/context_attention.hpp"
 #include "worker/parallel/context_parallel.hpp"
 #include "worker/tensor_buffer.hpp"
 
@@ -157,10 +156,8 @@ Tensor generic_context_scan(const Tensor& u, const Tensor& delta, const Tensor& 
   const int64_t batch = s.u.size(0), channels = s.u.size(1), N = s.A.size(1);
   const auto A3 = s.A.view({1, channels, N});
   const auto product = torch::exp(s.delta.sum(-1, /*keepdim=*/true) * A3);
-  // 2. Everyone's (e, P): [C, B, D, 2N] (gather_context's [B, H, C t, D] with t = 1, B = H = 1).
-  const auto mine = torch::cat({s.last, product}, -1).reshape({1, 1, 1, -1});
-  const auto all =
-      models::gather_context(mine, group).view({group.world_size(), batch, channels, 2 * N});
+  // 2. Everyone's (e, P): [C, B, D, 2N].
+  const auto all = parallel::gather_ranks(torch::cat({s.last, product}, -1), group);
   // 3. Every rank's start state, s_0 = 0 and s_{q+1} = P_q s_q + e_q, then this rank's: picked
   // from the stack, so that the gather is in rank 0's graph too (its backward is a collective).
   std::vector<Tensor> starts{torch::zeros({batch, channels, N}, s.u.options())};

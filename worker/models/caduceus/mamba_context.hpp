@@ -35,9 +35,9 @@
 //    Note [Fused selective scan], one autograd Function running the steps above by hand; on any
 //    other device (and on the CPU when asked, as the tests do) torch ops under autograd, from the
 //    same linearity. The generic scan from zero (selective_scan_from_zero) gives the shard's
-//    y^0_t = sum_n C_t h^0_t and e_r; P_r = exp(A sum_t delta_t) in closed form; gather_context
-//    (Note [Attention context parallelism]) all-gathers (e_r, P_r), its backward a reduce-scatter
-//    (each rank receives the sum of the gradients for its slice); the fold is torch ops; and the
+//    y^0_t = sum_n C_t h^0_t and e_r; P_r = exp(A sum_t delta_t) in closed form;
+//    parallel::gather_ranks all-gathers (e_r, P_r), its backward a reduce-scatter (each rank
+//    receives the sum of the gradients for its slice); the fold is torch ops; and the
 //    start state's zero-input response, sum_n C_t[n] exp(A[n] (delta_1 + ... + delta_t)) s_r[n],
 //    is added to y^0_t before the D u skip and the gate. Autograd derives the backward, in which
 //    the gather's backward is a collective: each rank folds every rank's start state and picks

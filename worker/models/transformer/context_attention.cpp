@@ -1,6 +1,9 @@
 #include "worker/models/transformer/context_attention.hpp"
 
+#include <chrono>
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include "core/error.hpp"
 #include "worker/tensor_buffer.hpp"
@@ -32,39 +35,139 @@ DType wire_dtype(const Tensor& t) {
   return *d;
 }
 
-// `mine` contiguous -> [C, mine...], rank q's at index q.
-Tensor all_gather(const Tensor& mine, comm::Communicator& group) {
+// `mine` contiguous -> [C, mine...] (an empty one), rank q's at index q, and the all-gather's
+// Work (running: keep both tensors until it completes).
+std::pair<Tensor, comm::WorkPtr> launch_all_gather(const Tensor& mine, comm::Communicator& group) {
   std::vector<int64_t> shape{group.world_size()};
   for (const auto s : mine.sizes()) shape.push_back(s);
   auto all = torch::empty(shape, mine.options());
   const auto dtype = wire_dtype(mine);
-  group
-      .allgather(buffer_view(mine, 0, mine.numel(), dtype), buffer_view(all, 0, all.numel(), dtype))
-      ->wait();
-  return all;
+  auto work = group.allgather(buffer_view(mine, 0, mine.numel(), dtype),
+                              buffer_view(all, 0, all.numel(), dtype));
+  return {all, work};
 }
 
-struct GatherContext : torch::autograd::Function<GatherContext> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& x, comm::Communicator* group) {
-    ctx->saved_data["group"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(group));
-    const auto all = all_gather(x.contiguous(), *group);  // [C, B, H, T / C, D]
-    const int64_t C = all.size(0), B = x.size(0), H = x.size(1), t = x.size(2), D = x.size(3);
-    return all.permute({1, 2, 0, 3, 4}).reshape({B, H, C * t, D});
+// Note [Attention context parallelism]: one context_attention call's K/V exchange, shared by the
+// two autograd nodes around its blocks (LocalKeys, ReceivedKeys) and kept alive by them.
+struct KeyValueExchange : torch::CustomClassHolder {
+  comm::Communicator* group = nullptr;
+  bool overlap = true;
+  ContextAttentionCounts* counts = nullptr;
+  // Forward: this rank's k and v [2, B, Hkv, t, D] all-gathered into [C, 2, B, Hkv, t, D].
+  Tensor sent, received;
+  comm::WorkPtr gather;
+  // Backward: the remote blocks' gradient of `received` reduce-scattered into this rank's share.
+  Tensor gradient, own_gradient;
+  comm::WorkPtr scatter;
+
+  KeyValueExchange() = default;
+  KeyValueExchange(const KeyValueExchange&) = delete;
+  KeyValueExchange& operator=(const KeyValueExchange&) = delete;
+  // A collective must not outlive its buffers (Communicator contract): one still runs here only
+  // when an error ended the call or the backward between launch and wait.
+  ~KeyValueExchange() override {
+    for (auto* work : {&gather, &scatter}) {
+      if (*work == nullptr) continue;
+      try {
+        (*work)->wait();
+      } catch (...) {  // the first error was reported where it happened; never throw here
+      }
+    }
+  }
+
+  void timed_wait(comm::Work& work) {
+    if (counts == nullptr) return work.wait();
+    const auto start = std::chrono::steady_clock::now();
+    work.wait();
+    counts->seconds_waiting +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  void launch_gather(const Tensor& k, const Tensor& v) {
+    sent = torch::stack({k.detach(), v.detach()});
+    std::tie(received, gather) = launch_all_gather(sent, *group);
+    if (counts != nullptr) ++counts->exchanges;
+  }
+  bool gathering() const { return gather != nullptr; }
+  // Waits for the all-gather; the received buffer, handed over once (see ReceivedKeys).
+  void wait_gather() {
+    if (gather == nullptr) return;
+    timed_wait(*gather);
+    gather.reset();
+    sent = Tensor();
+  }
+
+  // `g`: the gradient of `received` (undefined: zero).
+  void launch_scatter(const Tensor& g, c10::IntArrayRef received_shape,
+                      const torch::TensorOptions& options) {
+    gradient = g.defined() ? g.contiguous() : torch::zeros(received_shape, options);
+    own_gradient = torch::empty(received_shape.slice(1), gradient.options());
+    const auto dtype = wire_dtype(gradient);
+    scatter = group->reduce_scatter(buffer_view(gradient, 0, gradient.numel(), dtype),
+                                    buffer_view(own_gradient, 0, own_gradient.numel(), dtype),
+                                    comm::ReduceOp::kSum);
+    if (counts != nullptr) ++counts->gradient_exchanges;
+    if (!overlap) wait_scatter();
+  }
+  bool scattering() const { return scatter != nullptr; }
+  void wait_scatter() {
+    if (scatter == nullptr) return;
+    timed_wait(*scatter);
+    scatter.reset();
+    gradient = Tensor();
+  }
+};
+
+c10::intrusive_ptr<KeyValueExchange> exchange_of(AutogradContext* ctx) {
+  return c10::static_intrusive_pointer_cast<KeyValueExchange>(
+      ctx->saved_data["exchange"].toCapsule());
+}
+
+// Hands this rank's k and v to the blocks unchanged. Its backward runs after every block's (they
+// all read its outputs, ReceivedKeys too): it waits for the reduce-scatter that ReceivedKeys'
+// backward launched, or launches it with zeros when that did not run (no remote block reached
+// the loss: every rank still issues it), and adds this rank's share of the remote blocks'
+// gradients to the local blocks'.
+struct LocalKeys : torch::autograd::Function<LocalKeys> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& k, const Tensor& v,
+                               const c10::intrusive_ptr<KeyValueExchange>& exchange) {
+    ctx->saved_data["exchange"] = c10::IValue::make_capsule(exchange);
+    ctx->saved_data["received_shape"] = c10::IValue(exchange->received.sizes().vec());
+    return {k, v};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto& group = *reinterpret_cast<comm::Communicator*>(
-        static_cast<intptr_t>(ctx->saved_data["group"].toInt()));
+    const auto exchange = exchange_of(ctx);
+    if (!exchange->scattering() && !exchange->own_gradient.defined()) {
+      const auto shape = ctx->saved_data["received_shape"].toIntVector();
+      const auto& like = grads[0].defined() ? grads[0] : grads[1];
+      exchange->launch_scatter(Tensor(), shape, like.options());
+    }
+    exchange->wait_scatter();
+    const auto own = std::move(exchange->own_gradient);  // [2, B, Hkv, t, D]
+    exchange->own_gradient = Tensor();
+    auto add = [](const Tensor& g, const Tensor& r) { return g.defined() ? g + r : r; };
+    return {add(grads[0], own[0]), add(grads[1], own[1]), Tensor()};
+  }
+};
+
+// The received buffer [C, 2, B, Hkv, t, D] as a function of this rank's k and v (LocalKeys'
+// outputs): the all-gather ran before, the forward only hands it over (and lets go of it: the
+// exchange must not hold a tensor whose grad_fn holds the exchange). Backward: launches the
+// reduce-scatter of its gradient to the ranks that own the keys and returns none itself
+// (LocalKeys' backward adds it).
+struct ReceivedKeys : torch::autograd::Function<ReceivedKeys> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& /*k*/, const Tensor& /*v*/,
+                        const c10::intrusive_ptr<KeyValueExchange>& exchange) {
+    ctx->saved_data["exchange"] = c10::IValue::make_capsule(exchange);
+    return std::exchange(exchange->received, Tensor());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto exchange = exchange_of(ctx);
     const auto& g = grads[0];
-    const int64_t C = group.world_size(), B = g.size(0), H = g.size(1), D = g.size(3);
-    const int64_t t = g.size(2) / C;
-    const auto blocks = g.reshape({B, H, C, t, D}).permute({2, 0, 1, 3, 4}).contiguous();
-    auto mine = torch::empty({B, H, t, D}, g.options());
-    const auto dtype = wire_dtype(blocks);
-    group
-        .reduce_scatter(buffer_view(blocks, 0, blocks.numel(), dtype),
-                        buffer_view(mine, 0, mine.numel(), dtype), comm::ReduceOp::kSum)
-        ->wait();
-    return {mine, Tensor()};
+    DNALLM_CHECK(g.defined(), ExitCode::kFailure,
+                 "context attention: no gradient for the received keys and values");
+    exchange->launch_scatter(g, g.sizes(), g.options());
+    return {Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -76,29 +179,41 @@ Tensor run_positions(const PositionRun& run, const torch::Device& device) {
 
 }  // namespace
 
-Tensor gather_context(const Tensor& x, comm::Communicator& group) {
-  DNALLM_CHECK(x.dim() == 4, ExitCode::kUsage,
-               "gather_context: expected [batch, heads, positions, head_dim], got {} dimensions",
-               x.dim());
-  return GatherContext::apply(x, &group);
-}
-
 Tensor gather_context_rows(const Tensor& x, comm::Communicator& group) {
-  const auto all = all_gather(x.contiguous(), group);  // [C, B, T / C]
+  const auto mine = x.contiguous();
+  const auto [all, work] = launch_all_gather(mine, group);  // [C, B, T / C]
+  work->wait();
   return all.permute({1, 0, 2}).reshape({x.size(0), -1});
 }
 
 Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionContext& context, double dropout_p) {
+  DNALLM_CHECK(context.group != nullptr, ExitCode::kFailure, "context attention without a group");
+  auto& group = *context.group;
+  const int C = group.world_size(), me = group.rank();
+  DNALLM_CHECK(
+      q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes() && k.scalar_type() == v.scalar_type(),
+      ExitCode::kUsage,
+      "context attention: expected q [batch, heads, positions, head_dim] and k, v of one "
+      "shape and dtype, got {}, {} and {}",
+      c10::str(q.sizes()), c10::str(k.sizes()), c10::str(v.sizes()));
+  const int64_t B = q.size(0), H = q.size(1), Hkv = k.size(1), t = k.size(2);
+  DNALLM_CHECK(
+      q.size(2) == int64_t(context.query_positions.size()) &&
+          C * t == int64_t(context.key_positions.size()) && Hkv > 0 && H % Hkv == 0,
+      ExitCode::kUsage,
+      "context attention: {} queries of {} heads and {} keys a rank of {} heads for {} and "
+      "{} positions over {} ranks",
+      q.size(2), H, t, Hkv, context.query_positions.size(), context.key_positions.size(), C);
   const auto query_runs = position_runs(context.query_positions);
-  const auto key_runs = position_runs(context.key_positions);
-  DNALLM_CHECK(q.size(2) == int64_t(context.query_positions.size()) &&
-                   k.size(2) == int64_t(context.key_positions.size()),
-               ExitCode::kUsage,
-               "context attention: {} queries and {} keys for {} and {} positions", q.size(2),
-               k.size(2), context.query_positions.size(), context.key_positions.size());
+  // Each rank's key runs; their offsets index the gathered positions [T] (rank q's from q t).
+  std::vector<std::vector<PositionRun>> key_runs(static_cast<size_t>(C));
+  for (int r = 0; r < C; ++r) {
+    const auto first = context.key_positions.begin() + r * t;
+    key_runs[r] = position_runs(std::vector<int64_t>(first, first + t));
+    for (auto& run : key_runs[r]) run.offset += r * t;
+  }
   const auto device = q.device();
-  const int64_t B = q.size(0), H = q.size(1);
   const double scale = 1.0 / std::sqrt(double(q.size(-1)));
   const auto f32 = q.options().dtype(torch::kFloat32);
   Tensor slopes;
@@ -106,52 +221,94 @@ Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v,
     std::vector<float> s(context.alibi_slopes.begin(), context.alibi_slopes.end());
     slopes = torch::tensor(s, torch::kFloat32).to(device).view({1, H, 1, 1});
   }
-  std::vector<Tensor> outputs;
-  for (const auto& qr : query_runs) {
-    const auto qi = q.narrow(2, qr.offset, qr.length);
-    const int64_t q_last = qr.first + qr.length - 1;
-    const auto q_pos = run_positions(qr, device);
+  // Note [Grouped-query attention]: each shared head repeated after the exchange.
+  auto repeat = [&](const Tensor& x) {
+    if (Hkv == H) return x;
+    return x.unsqueeze(2).expand({B, Hkv, H / Hkv, t, x.size(3)}).reshape({B, H, t, x.size(3)});
+  };
+
+  // Note [Attention context parallelism]: launch the exchange, compute the local blocks, wait,
+  // compute the remote ones.
+  auto exchange = c10::make_intrusive<KeyValueExchange>();
+  exchange->group = &group;
+  exchange->overlap = context.overlap_exchange;
+  exchange->counts = context.counts;
+  exchange->launch_gather(k, v);
+  if (!context.overlap_exchange) exchange->wait_gather();
+  const auto local = LocalKeys::apply(k, v, exchange);
+
+  struct Blocks {
     std::vector<Tensor> parts, lses;
-    for (const auto& kr : key_runs) {
-      const int64_t k_last = kr.first + kr.length - 1;
-      if (context.causal && kr.first > q_last) continue;  // every key after every query
-      const auto kj = k.narrow(2, kr.offset, kr.length), vj = v.narrow(2, kr.offset, kr.length);
-      auto scores = torch::matmul(qi, kj.transpose(-2, -1)) * scale;  // [B, H, tq, tk]
-      const auto k_pos = run_positions(kr, device);
-      Tensor allowed;                             // bool, broadcastable to [B, 1, tq, tk]
-      if (context.causal && k_last > qr.first) {  // the block straddles the diagonal
-        allowed = (k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)).view({1, 1, qr.length, kr.length});
+  };
+  std::vector<Blocks> blocks(query_runs.size());
+  // The (query run, key run) blocks of rank r's keys and values [B, H, t, D].
+  auto attend = [&](int r, const Tensor& keys, const Tensor& values) {
+    for (size_t i = 0; i < query_runs.size(); ++i) {
+      const auto& qr = query_runs[i];
+      const auto qi = q.narrow(2, qr.offset, qr.length);
+      const int64_t q_last = qr.first + qr.length - 1;
+      const auto q_pos = run_positions(qr, device);
+      for (const auto& kr : key_runs[r]) {
+        const int64_t k_last = kr.first + kr.length - 1;
+        if (context.causal && kr.first > q_last) continue;  // every key after every query
+        const int64_t at = kr.offset - r * t;               // in this rank's keys
+        const auto kj = keys.narrow(2, at, kr.length), vj = values.narrow(2, at, kr.length);
+        auto scores = torch::matmul(qi, kj.transpose(-2, -1)) * scale;  // [B, H, tq, tk]
+        const auto k_pos = run_positions(kr, device);
+        Tensor allowed;                             // bool, broadcastable to [B, 1, tq, tk]
+        if (context.causal && k_last > qr.first) {  // the block straddles the diagonal
+          allowed = (k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)).view({1, 1, qr.length, kr.length});
+        }
+        auto both = [&](const Tensor& a) { return allowed.defined() ? allowed.logical_and(a) : a; };
+        if (context.key_ok.defined()) {
+          allowed = both(context.key_ok.narrow(1, kr.offset, kr.length).view({B, 1, 1, kr.length}));
+        }
+        if (context.key_segments.defined()) {
+          const auto qs = context.query_segments.narrow(1, qr.offset, qr.length);
+          const auto ks = context.key_segments.narrow(1, kr.offset, kr.length);
+          allowed = both(qs.unsqueeze(2).eq(ks.unsqueeze(1)).unsqueeze(1));
+        }
+        // The one-rank path's additive bias (Note [Attention masks], Note [ALiBi]), this block's.
+        Tensor bias;
+        if (allowed.defined()) {
+          bias = torch::zeros(allowed.sizes(), f32).masked_fill(allowed.logical_not(), -1e9);
+        }
+        if (slopes.defined()) {
+          const auto alibi =
+              slopes * (k_pos.unsqueeze(0) - q_pos.unsqueeze(1)).abs().neg().to(torch::kFloat32);
+          bias = bias.defined() ? bias + alibi : alibi;
+        }
+        if (bias.defined()) scores = scores + bias.to(scores.dtype());
+        const auto lse = torch::logsumexp(scores, -1, /*keepdim=*/true);  // [B, H, tq, 1]
+        auto probs = torch::exp(scores - lse);
+        if (dropout_p > 0) probs = torch::dropout(probs, dropout_p, true);
+        blocks[i].parts.push_back(torch::matmul(probs, vj));
+        blocks[i].lses.push_back(lse);
+        if (context.counts != nullptr) {
+          ++(exchange->gathering() ? context.counts->blocks_before_wait
+                                   : context.counts->blocks_after_wait);
+        }
+        if (r == me && context.counts != nullptr && blocks[i].parts.back().requires_grad()) {
+          blocks[i].parts.back().register_hook([exchange](const Tensor&) {
+            if (exchange->scattering()) ++exchange->counts->local_backward_before_wait;
+          });
+        }
       }
-      auto both = [&](const Tensor& a) { return allowed.defined() ? allowed.logical_and(a) : a; };
-      if (context.key_ok.defined()) {
-        allowed = both(context.key_ok.narrow(1, kr.offset, kr.length).view({B, 1, 1, kr.length}));
-      }
-      if (context.key_segments.defined()) {
-        const auto qs = context.query_segments.narrow(1, qr.offset, qr.length);
-        const auto ks = context.key_segments.narrow(1, kr.offset, kr.length);
-        allowed = both(qs.unsqueeze(2).eq(ks.unsqueeze(1)).unsqueeze(1));
-      }
-      // The one-rank path's additive bias (Note [Attention masks], Note [ALiBi]), this block's.
-      Tensor bias;
-      if (allowed.defined()) {
-        bias = torch::zeros(allowed.sizes(), f32).masked_fill(allowed.logical_not(), -1e9);
-      }
-      if (slopes.defined()) {
-        const auto alibi =
-            slopes * (k_pos.unsqueeze(0) - q_pos.unsqueeze(1)).abs().neg().to(torch::kFloat32);
-        bias = bias.defined() ? bias + alibi : alibi;
-      }
-      if (bias.defined()) scores = scores + bias.to(scores.dtype());
-      const auto lse = torch::logsumexp(scores, -1, /*keepdim=*/true);  // [B, H, tq, 1]
-      auto probs = torch::exp(scores - lse);
-      if (dropout_p > 0) probs = torch::dropout(probs, dropout_p, true);
-      parts.push_back(torch::matmul(probs, vj));
-      lses.push_back(lse);
     }
-    const auto lse = torch::logsumexp(torch::cat(lses, -1), -1, /*keepdim=*/true);
+  };
+  attend(me, repeat(local[0]), repeat(local[1]));
+  exchange->wait_gather();
+  const auto received = ReceivedKeys::apply(local[0], local[1], exchange);  // [C, 2, B, Hkv, t, D]
+  for (int r = 0; r < C; ++r) {
+    if (r != me) attend(r, repeat(received[r][0]), repeat(received[r][1]));
+  }
+
+  std::vector<Tensor> outputs;
+  for (const auto& b : blocks) {
+    const auto lse = torch::logsumexp(torch::cat(b.lses, -1), -1, /*keepdim=*/true);
     Tensor out;
-    for (size_t j = 0; j < parts.size(); ++j) {
-      const auto part = torch::exp(lses[j] - lse) * parts[j];
+    for (size_t j = 0; j < b.parts.size(); ++j) {
+      const auto part = torch::exp(b.lses[j] - lse) * b.parts[j];
       out = out.defined() ? out + part : part;
     }
     outputs.push_back(out);

@@ -436,11 +436,9 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
     cache->key = k;
     cache->value = v;
   }
-  if (context) {  // Note [Attention context parallelism]: every rank's keys, in rank order
-    k = gather_context(k, *context->group);
-    v = gather_context(v, *context->group);
-  }
-  if (nkv != nh) {
+  // Note [Attention context parallelism]: context_attention exchanges k and v (the nkv shared
+  // heads, repeated after the exchange) while it computes the local blocks.
+  if (nkv != nh && !context) {
     // Note [Grouped-query attention]: query head i attends with key/value head i / (nh / nkv)
     // (transformers' repeat_kv): each shared head is repeated after the cache, which keeps
     // nkv heads. Exact for every attention kernel and mask.
