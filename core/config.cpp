@@ -632,7 +632,8 @@ void parallel_keys(std::vector<KeyDesc>& out) {
              "context-parallel degree C: consecutive groups of C ranks split every sequence "
              "between them (each holds 1/C of its positions: longer sequences at the same memory "
              "per rank), the world size / C groups train data-parallel; must divide the world "
-             "size. HyenaDNA language-model pre-training (docs/parallelism.md)")
+             "size. Language-model pre-training and sequence classification (not regression "
+             "yet) of HyenaDNA, Caduceus and the transformer (docs/parallelism.md)")
       .key("share_gpus", &ParallelConfig::share_gpus,
            "allow more ranks on a node (LOCAL_WORLD_SIZE) than visible GPUs: rank r uses GPU r "
            "mod n and the ranks reduce over gloo/mpi through host memory (NCCL cannot put two "

@@ -53,10 +53,17 @@ data::Batch context_shard(const data::Batch& whole, const ContextShardOptions& o
                "into one row): set data.packing = false",
                c);
   const int64_t rows = whole.rows, t = whole.seq_len;
-  DNALLM_CHECK(static_cast<int64_t>(whole.labels.size()) == rows * t, ExitCode::kUsage,
-               "parallel.context_parallel = {} trains language models only (one label a "
-               "position): set model.task = \"pretrain\" or parallel.context_parallel = 1",
+  DNALLM_CHECK(whole.targets.empty(), ExitCode::kUsage,
+               "parallel.context_parallel = {} cannot train a regressor yet (model.task = "
+               "\"regression\"): set parallel.context_parallel = 1",
                c);
+  // A classification batch: one label a row (t = 1 with one row is a language model's).
+  const bool per_row = static_cast<int64_t>(whole.labels.size()) == rows &&
+                       static_cast<int64_t>(whole.labels.size()) != rows * t;
+  DNALLM_CHECK(per_row || static_cast<int64_t>(whole.labels.size()) == rows * t, ExitCode::kUsage,
+               "parallel.context_parallel = {}: a batch of {} rows x {} positions with {} labels "
+               "is neither a language model's (one a position) nor a classifier's (one a row)",
+               c, rows, t, whole.labels.size());
   const int64_t multiple = context_length_multiple(o.layout, c);
   const int64_t padded = (t + multiple - 1) / multiple * multiple;
   const auto positions = context_positions(o.layout, padded, c, o.context_rank);
@@ -71,11 +78,17 @@ data::Batch context_shard(const data::Batch& whole, const ContextShardOptions& o
   const bool masked = !whole.attention_mask.empty() || padded > t;
   const auto n = static_cast<size_t>(rows * local);
   out.input_ids.assign(n, o.pad_id);
-  out.labels.assign(n, data::kIgnoreIndex);
+  if (per_row) {
+    // Note [Context-parallel pooling]: a row's label is context rank 0's alone.
+    out.labels.assign(static_cast<size_t>(rows), data::kIgnoreIndex);
+    if (o.context_rank == 0) out.labels = whole.labels;
+  } else {
+    out.labels.assign(n, data::kIgnoreIndex);
+  }
   if (masked) out.attention_mask.assign(n, 0);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t* ids = whole.input_ids.data() + r * t;
-    const int64_t* labels = whole.labels.data() + r * t;
+    const int64_t* labels = per_row ? nullptr : whole.labels.data() + r * t;
     for (int64_t j = 0; j < local; ++j) {
       const int64_t p = positions[static_cast<size_t>(j)];
       const auto at = static_cast<size_t>(r * local + j);
@@ -87,7 +100,7 @@ data::Batch context_shard(const data::Batch& whole, const ContextShardOptions& o
       }
       // Position p predicts token p + 1 of the WHOLE sequence (Note [Data x context mesh]).
       const int64_t from = o.shift_labels ? p + 1 : p;
-      if (from < t) out.labels[at] = labels[from];
+      if (!per_row && from < t) out.labels[at] = labels[from];
     }
   }
   out.num_label_tokens = std::count_if(out.labels.begin(), out.labels.end(),
@@ -144,11 +157,12 @@ std::shared_ptr<ContextMesh> make_context_mesh(const Config& config, comm::Commu
                "search probes whole sequences on one rank: set training.micro_batch_size",
                c);
   const auto& spec = model.spec();
-  DNALLM_CHECK(spec.task == models::Task::kPretrain, ExitCode::kUsage,
-               "parallel.context_parallel = {} trains language models only (one label a "
-               "position; model.task = \"{}\" pools whole sequences): set model.task = "
-               "\"pretrain\" or parallel.context_parallel = 1",
-               c, models::task_name(spec.task));
+  // Classifiers pool over the group (Note [Context-parallel pooling]); a regressor's target
+  // has no "ignored" value to give the other ranks of a group yet.
+  DNALLM_CHECK(spec.task != models::Task::kRegression, ExitCode::kUsage,
+               "parallel.context_parallel = {} cannot train a regressor yet (model.task = "
+               "\"regression\"): set parallel.context_parallel = 1",
+               c);
   const int64_t multiple = context_length_multiple(spec.context_layout, static_cast<int>(c));
   DNALLM_CHECK(spec.extends_past_max_length || spec.max_seq_length % multiple == 0,
                ExitCode::kUsage,

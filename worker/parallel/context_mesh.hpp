@@ -16,6 +16,8 @@
 //    i + 1, so the last position of a chunk is scored against the first token of the next),
 //    then the rank's columns taken. The model does not shift again (spec().shift_labels is
 //    false under context parallelism).
+//  - Classifiers: a row's label stays on context rank 0; the model pools over the group (Note
+//    [Context-parallel pooling], worker/parallel/context_parallel.hpp).
 //  - Loss and gradients: nothing new. A rank's loss sum and label count are those of its
 //    positions; summed over the world (GradientSync::sum_scalar) they are the global batch's,
 //    so Note [Loss normalisation] holds unchanged. A parameter's gradient on a rank is the
@@ -67,8 +69,9 @@ struct ContextShardOptions {
 };
 // This rank's shard of a whole language-modelling batch [rows, T] (Note [Data x context
 // mesh]): [rows, T' / C] with T' = T padded up to context_length_multiple(). Label count and
-// `padded` are the shard's own. Error(kUsage) for a packed batch (segment_ids) or one without
-// per-token labels (classification, regression).
+// `padded` are the shard's own. A classification batch (one label a row) keeps its labels on
+// context rank 0 only, kIgnoreIndex elsewhere (Note [Context-parallel pooling]). Error(kUsage)
+// for a packed batch (segment_ids) or a regression one (targets).
 data::Batch context_shard(const data::Batch& whole, const ContextShardOptions& options);
 
 // A rank's place in the mesh and its context group, for the trainer: cuts batches and keeps
@@ -100,7 +103,7 @@ class ContextMesh {
 // dnallm-train's mesh: null when parallel.context_parallel = 1; else (a collective over `world`,
 // the job's communicator) the mesh for `model`'s family, the model already set on it. Refuses
 // (Error(kUsage)) what context parallelism does not do yet, before any training: packing,
-// training.batch_size = "auto", a task other than pretraining, a family without it, and a
+// training.batch_size = "auto", regression, a family (or a classifier's pooling) without it, and a
 // model.max_seq_length that a sequence padded to the layout's multiple would exceed.
 std::shared_ptr<ContextMesh> make_context_mesh(const Config& config, comm::Communicator* world,
                                                models::LanguageModelImpl& model);

@@ -198,10 +198,90 @@ struct CausalHalo : torch::autograd::Function<CausalHalo> {
   }
 };
 
+// In place: t summed over the group. See Note [Context-parallel pooling].
+void all_reduce_in_place(Tensor& t, comm::ReduceOp op, comm::Communicator& group,
+                         const char* what) {
+  const auto dtype = wire_dtype(t, what);
+  group.allreduce(whole(t, dtype), whole(t, dtype), op)->wait();
+}
+
+struct ContextAllReduceSum : torch::autograd::Function<ContextAllReduceSum> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, comm::Communicator* group) {
+    save_group(ctx, *group);
+    auto out = x.contiguous().clone();
+    all_reduce_in_place(out, comm::ReduceOp::kSum, *group, "context_all_reduce_sum");
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto g = grads[0].contiguous().clone();
+    all_reduce_in_place(g, comm::ReduceOp::kSum, saved_group(ctx),
+                        "context_all_reduce_sum backward");
+    return {g, Tensor()};
+  }
+};
+
 }  // namespace
 
 Tensor gather_ranks(const Tensor& x, comm::Communicator& group) {
   return GatherRanks::apply(x, &group);
+}
+
+Tensor context_all_reduce_sum(const Tensor& x, comm::Communicator& group) {
+  return ContextAllReduceSum::apply(x, &group);
+}
+
+Tensor context_mean_pool(const Tensor& hidden, const Tensor& mask, comm::Communicator& group) {
+  constexpr const char* what = "context_mean_pool";
+  check_shard(hidden, what);
+  DNALLM_CHECK(!mask.defined() || (mask.dim() == 2 && mask.size(0) == hidden.size(0) &&
+                                   mask.size(1) == hidden.size(1)),
+               ExitCode::kUsage, "{}: a mask {} for hidden states {}", what,
+               mask.defined() ? shape(mask) : "[]", shape(hidden));
+  Tensor sum, count;
+  if (mask.defined()) {
+    const auto m = mask.to(hidden.scalar_type()).unsqueeze(-1);
+    sum = (hidden * m).sum(1);
+    count = m.sum(1);
+  } else {
+    sum = hidden.sum(1);
+    count = torch::full({hidden.size(0), 1}, double(hidden.size(1)), hidden.options());
+  }
+  auto total = count.detach().contiguous().clone();  // counts carry no gradient
+  all_reduce_in_place(total, comm::ReduceOp::kSum, group, what);
+  return context_all_reduce_sum(sum, group) / total.clamp_min(1.0);
+}
+
+Tensor context_token_pool(const Tensor& hidden, const Tensor& positions, const Tensor& index,
+                          comm::Communicator& group) {
+  constexpr const char* what = "context_token_pool";
+  check_shard(hidden, what);
+  DNALLM_CHECK(positions.dim() == 1 && positions.size(0) == hidden.size(1) && index.dim() == 1 &&
+                   index.size(0) == hidden.size(0),
+               ExitCode::kUsage, "{}: positions {} and index {} for hidden states {}", what,
+               shape(positions), shape(index), shape(hidden));
+  const int64_t B = hidden.size(0), H = hidden.size(2);
+  // [B, T / C]: where each row's position lies here, if it does.
+  const auto here = positions.to(hidden.device()).view({1, -1}).eq(index.view({-1, 1}));
+  const auto slot = here.to(torch::kInt64).argmax(1);
+  const auto picked = hidden.gather(1, slot.view({B, 1, 1}).expand({B, 1, H})).squeeze(1);
+  // Zeros where the position is another rank's (where, not a product: 0 x inf is NaN).
+  const auto mine = torch::where(here.any(1, /*keepdim=*/true), picked, torch::zeros_like(picked));
+  return context_all_reduce_sum(mine, group);
+}
+
+Tensor context_first_position(const Tensor& where, const Tensor& positions, int64_t none,
+                              comm::Communicator& group) {
+  constexpr const char* what = "context_first_position";
+  DNALLM_CHECK(where.dim() == 2 && positions.dim() == 1 && positions.size(0) == where.size(1),
+               ExitCode::kUsage, "{}: positions {} for a mask {}", what, shape(positions),
+               shape(where));
+  torch::NoGradGuard no_grad;
+  const auto global = positions.to(where.device(), torch::kInt64).view({1, -1}).expand_as(where);
+  const auto none_here = torch::full_like(global, none);
+  // The communicator has no minimum: the maximum of the negated positions.
+  auto negated = torch::where(where, global, none_here).amin(1).neg().contiguous();
+  all_reduce_in_place(negated, comm::ReduceOp::kMax, group, what);
+  return negated.neg();
 }
 
 Tensor sequence_to_channels(const Tensor& x, comm::Communicator& group) {

@@ -87,4 +87,46 @@ torch::Tensor gather_ranks(const torch::Tensor& x, comm::Communicator& group);
 torch::Tensor context_parallel_long_conv(const torch::Tensor& u, const torch::Tensor& k,
                                          const torch::Tensor& bias, comm::Communicator& group);
 
+// Note [Context-parallel pooling]
+// A sequence classifier pools each sequence into one vector before its head; under context
+// parallelism the ranks of a group each hold some of its positions (issue 26, item 2). The pool
+// is then a sum over the group, whatever the layout (contiguous or zig-zag):
+//  - mean pooling: each rank sums its positions (masked) and counts them; both are summed over
+//    the group, then divided (context_mean_pool);
+//  - token pooling ([CLS], HyenaDNA's last real token): the rank that holds the position gives
+//    its hidden state, the others zeros (context_token_pool).
+// The sum is context_all_reduce_sum, whose backward all-reduces the gradients: with
+// pooled = sum_r p_r on every rank and a loss L = sum_s l_s(pooled) made of each rank's own term,
+// dL/dp_r = sum_s dl_s/dpooled, which is what every rank receives. After the pool every rank
+// holds the same vector and runs the same head on it, so a sequence's loss must be counted by
+// one rank: the data path gives its label to context rank 0 only (context_shard: the others
+// get kIgnoreIndex and count no label), and the other ranks' loss terms are sums of nothing
+// that still carry the graph (every rank runs the backward: it communicates). The head's
+// gradient then comes from rank 0 alone and the backbone's from every rank through the
+// all-reduce's backward; summed over the world by the data-parallel engine, each counts once,
+// as Note [Loss normalisation] needs. Every function here is collective over `group` (called by
+// every rank, in the same order, with the same shapes, in forward and backward).
+
+// x summed over the group, on every rank; backward: the gradient summed over the group. Any
+// dtype the communicator carries; x [any shape], the same on every rank.
+torch::Tensor context_all_reduce_sum(const torch::Tensor& x, comm::Communicator& group);
+
+// The mean over the whole sequence of hidden [B, T / C, H] (this rank's positions), weighting
+// each position by mask [B, T / C] (1 real, 0 padding; undefined: every position counts, the
+// padding the mesh adds included): [B, H], the same on every rank. A row without any position
+// counted gives zeros.
+torch::Tensor context_mean_pool(const torch::Tensor& hidden, const torch::Tensor& mask,
+                                comm::Communicator& group);
+
+// The hidden state at global position index[b] of each row: hidden [B, T / C, H], positions
+// [T / C] (int64, the global position of each local one: ContextParallel::positions), index
+// [B] (int64, global, held by exactly one rank) -> [B, H], the same on every rank.
+torch::Tensor context_token_pool(const torch::Tensor& hidden, const torch::Tensor& positions,
+                                 const torch::Tensor& index, comm::Communicator& group);
+
+// Per row the smallest global position where `where` [B, T / C] (bool) holds, over the whole
+// sequence; `none` where it holds nowhere: [B] int64, the same on every rank. No gradient.
+torch::Tensor context_first_position(const torch::Tensor& where, const torch::Tensor& positions,
+                                     int64_t none, comm::Communicator& group);
+
 }  // namespace dnallm::parallel

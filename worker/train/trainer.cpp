@@ -275,7 +275,11 @@ EvalResult evaluate(models::LanguageModel model, BatchSource& source, int64_t ba
         correct += p[r] == truth ? 1.0 : 0.0;
         if (scored) confusion[truth][p[r]] += 1.0;
       }
-      rows += double(batch.rows);
+      // Note [Context-parallel pooling]: a context group's rows are context rank 0's (the
+      // others hold no labels; their truth above is kIgnoreIndex).
+      if (context == nullptr || context->coordinates().context_rank == 0) {
+        rows += double(batch.rows);
+      }
     }
   }
   if (sync != nullptr) {

@@ -140,7 +140,7 @@ TEST(ContextShard, ZigZagChunksTakeTheirShiftedLabelsAlong) {
   EXPECT_EQ(first.num_label_tokens + second.num_label_tokens, 6);
 }
 
-TEST(ContextShard, PackedOrClassificationBatchesAreOneUsageError) {
+TEST(ContextShard, PackedOrRegressionBatchesAreOneUsageError) {
   ContextShardOptions o;
   o.context_size = 2;
   auto packed = small_batch();
@@ -152,9 +152,31 @@ TEST(ContextShard, PackedOrClassificationBatchesAreOneUsageError) {
     EXPECT_EQ(e.code(), ExitCode::kUsage);
     EXPECT_NE(std::string(e.what()).find("data.packing = false"), std::string::npos) << e.what();
   }
+  auto regression = small_batch();
+  regression.labels.clear();
+  regression.targets = {0.5F, 1.5F};
+  EXPECT_THROW(context_shard(regression, o), Error);
+}
+
+// Note [Context-parallel pooling]: a classification batch's positions are cut as a language
+// model's, its labels (one a row) stay on context rank 0, and only there are they counted.
+TEST(ContextShard, ClassificationLabelsStayOnContextRankZero) {
   auto classification = small_batch();
   classification.labels = {0, 1};
-  EXPECT_THROW(context_shard(classification, o), Error);
+  classification.num_label_tokens = 2;
+  ContextShardOptions o;
+  o.context_size = 2;
+  const auto first = context_shard(classification, o);
+  o.context_rank = 1;
+  const auto second = context_shard(classification, o);
+  EXPECT_EQ(first.labels, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(second.labels, (std::vector<int64_t>{data::kIgnoreIndex, data::kIgnoreIndex}));
+  EXPECT_EQ(first.num_label_tokens, 2);
+  EXPECT_EQ(second.num_label_tokens, 0);
+  // 5 positions padded to 6: [0, 3) and [3, 6).
+  EXPECT_EQ(first.input_ids, (std::vector<int64_t>{10, 11, 12, 20, 21, 22}));
+  EXPECT_EQ(second.input_ids, (std::vector<int64_t>{13, 14, 0, 4, 4, 0}));
+  EXPECT_EQ(second.attention_mask, (std::vector<int64_t>{1, 1, 0, 0, 0, 0}));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -315,14 +337,13 @@ INSTANTIATE_TEST_SUITE_P(Ranks, HyenaContextParallel, ::testing::Values(2, 4),
 
 // What HyenaDNA cannot do under context parallelism says so on every rank, before any
 // communication, as Error(kUsage).
-TEST(HyenaContextParallelRefusals, ClassificationChunkingAndIndivisibleWidth) {
+TEST(HyenaContextParallelRefusals, ChunkingAndIndivisibleWidth) {
   if (!comm::backend_available("gloo")) GTEST_SKIP() << "gloo was not built";
   struct Refusal {
     std::string what, message;
     std::function<void(models::hyena::HyenaOptions&)> change;
   };
   const std::vector<Refusal> refusals = {
-      {"classifier", "sequence classification", [](auto& o) { o.classifier = true; }},
       {"chunked", "model.chunk_positions", [](auto& o) { o.chunking.positions = 8; }},
       {"width", "model.hidden = 6", [](auto& o) { o.d_model = 6; }},
   };

@@ -313,23 +313,13 @@ TEST_P(MambaContextParallel, CaduceusPsModelWithTheGenericScanMatchesOneRank) {
   check_model(world(), true, ContextScanKernel::kGeneric);
 }
 
-TEST_P(MambaContextParallel, AClassifierOrAZigZagLayoutIsOneClearError) {
+// Classifiers pool over the group (Note [Context-parallel pooling]: worker_context_pooling_test).
+TEST_P(MambaContextParallel, AZigZagLayoutIsOneClearError) {
   const int C = world();
-  auto classifier = tiny(false, true);
-  classifier.classifier = true;
   const auto errors = run_on_ranks(C, "refuse", [&](int r, comm::Communicator& group) {
     auto cp = std::make_shared<ContextParallel>();
     cp->group = &group;
     cp->full_length = 8 * C;
-    cp->positions = torch::arange(r * 8, (r + 1) * 8, torch::kLong);
-    CaduceusModel model(std::make_shared<CaduceusModelImpl>(CaduceusLM(classifier), 14));
-    try {
-      model->set_context_parallel(cp);
-      ADD_FAILURE() << "a classifier accepted context parallelism";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kUsage);
-      EXPECT_NE(std::string(e.what()).find("sequence classifier"), std::string::npos);
-    }
     // Zig-zag: chunks r and 2C-1-r of 2C.
     cp->positions = torch::cat({torch::arange(r * 4, (r + 1) * 4, torch::kLong),
                                 torch::arange((2 * C - 1 - r) * 4, (2 * C - r) * 4, torch::kLong)});

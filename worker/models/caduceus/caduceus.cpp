@@ -15,6 +15,7 @@
 #include "worker/models/hf_directory.hpp"
 #include "worker/models/recompute_autocast.hpp"
 #include "worker/models/transformer/transformer.hpp"
+#include "worker/parallel/context_parallel.hpp"
 #include "worker/tensor_buffer.hpp"
 
 // Note [OpenMP in our kernels] (worker/CMakeLists.txt): at::parallel_for is serial in a file
@@ -425,6 +426,16 @@ Tensor CaduceusLMImpl::forward(const Tensor& input_ids) {
     return torch::nn::functional::linear(h.slice(-1, 0, d), head_weight) +
            torch::nn::functional::linear(h.slice(-1, d).flip({-1}),
                                          head_weight.index({complement}));
+  }
+  if (context) {
+    // Note [Context-parallel pooling]: the mean over every position of the whole sequence
+    // (the padding the mesh adds included, as the reference includes a batch's padding), both
+    // RCPS halves in one sum; the RC half's channels flipped back after the mean.
+    const auto pooled = parallel::context_mean_pool(h, torch::Tensor(), *context->group);
+    if (!o.rcps) return torch::nn::functional::linear(pooled, head_weight);
+    return (torch::nn::functional::linear(pooled.slice(-1, 0, d), head_weight) +
+            torch::nn::functional::linear(pooled.slice(-1, d).flip({-1}), head_weight)) /
+           2;
   }
   if (!o.rcps) return torch::nn::functional::linear(h.mean(1), head_weight);
   // RCPS: the forward half and the RC half (flipped back) pooled apart, their logits averaged.

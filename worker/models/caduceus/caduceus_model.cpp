@@ -266,11 +266,6 @@ void CaduceusModelImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp
     return;
   }
   const int world = cp->group->world_size(), rank = cp->group->rank();
-  DNALLM_CHECK(!lm_->options().classifier, ExitCode::kUsage,
-               "parallel.context_parallel = {}: a Caduceus sequence classifier pools over the "
-               "whole sequence and has no context parallelism; train it with "
-               "parallel.context_parallel = 1, or pre-train (model.task = \"pretrain\")",
-               world);
   // The trainer's mesh gives the length per batch (0 until then; its padding keeps it a
   // multiple of the degree and its layout contiguous, as spec().context_layout asks).
   DNALLM_CHECK(cp->full_length >= 0 && cp->full_length % world == 0, ExitCode::kUsage,

@@ -496,11 +496,6 @@ struct HyenaChunkedCheckpoint : public torch::autograd::Function<HyenaChunkedChe
 void HyenaLMImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp) {
   if (cp != nullptr) {
     const int c = cp->group != nullptr ? cp->group->world_size() : 1;
-    DNALLM_CHECK(!options_.classifier, ExitCode::kUsage,
-                 "parallel.context_parallel = {}: HyenaDNA's sequence classification pools the "
-                 "last real token, which has no context-parallel form yet: set "
-                 "parallel.context_parallel = 1 or model.task = \"pretrain\"",
-                 c);
     DNALLM_CHECK(!options_.chunking.enabled(), ExitCode::kUsage,
                  "parallel.context_parallel = {} with model.chunk_positions / "
                  "model.chunk_channels: the chunked Hyena block has no context-parallel form yet "
@@ -549,6 +544,22 @@ Tensor HyenaLMImpl::hidden(const Tensor& input_ids) {
 }
 
 Tensor HyenaLMImpl::forward(const Tensor& input_ids) {
+  if (options_.classifier && context_) {
+    // Note [Context-parallel pooling]: the position below found over the whole sequence (the
+    // first [PAD] of every rank's positions, none: L), its hidden state from the rank holding
+    // it, then the head. The mesh pads at the end, which moves only the wrap of a row that
+    // begins with [PAD] (our data path pads on the right) to the padded sequence's last position.
+    auto& group = *context_->group;
+    const int64_t L = context_->full_length, local = input_ids.size(1);
+    const auto positions =
+        context_->positions.defined()
+            ? context_->positions.to(input_ids.device())
+            : torch::arange(group.rank() * local, (group.rank() + 1) * local, input_ids.options());
+    const auto first_pad = parallel::context_first_position(input_ids.eq(options_.pad_token_id),
+                                                            positions, /*none=*/L, group);
+    const auto index = (first_pad - 1 + L).remainder(L);
+    return head->forward(parallel::context_token_pool(hidden(input_ids), positions, index, group));
+  }
   auto logits = head->forward(hidden(input_ids));
   if (!options_.classifier) return logits.to(torch::kFloat32);
   // The reference pools at (index of the first [PAD]) - 1, wrapping: the last token with left

@@ -188,8 +188,9 @@ class HyenaLMImpl : public torch::nn::Module {
   const HyenaOptions& options() const { return options_; }
   void set_gradient_checkpointing(bool on) { options_.gradient_checkpointing = on; }
   // Note [HyenaDNA context parallelism]: every block's operator runs context-parallel from now
-  // on (null: off). Error(kUsage) for what has no context-parallel form yet (the classifier's
-  // pooling, the chunked block) and for a d_model the group does not divide.
+  // on (null: off), and the classifier pools over the group (Note [Context-parallel pooling]).
+  // Error(kUsage) for what has no context-parallel form yet (the chunked block) and for a
+  // d_model the group does not divide.
   void set_context_parallel(std::shared_ptr<ContextParallel> cp);
   const std::shared_ptr<ContextParallel>& context_parallel() const { return context_; }
 

@@ -17,6 +17,7 @@
 #include "core/untrusted_file.hpp"
 #include "worker/models/recompute_autocast.hpp"
 #include "worker/models/transformer/context_attention.hpp"
+#include "worker/parallel/context_parallel.hpp"
 #include "worker/tensor_buffer.hpp"
 
 namespace dnallm::models {
@@ -635,12 +636,11 @@ void TransformerLMImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp
   context_view_ = cp != nullptr && cp->group != nullptr ? cp : nullptr;
   context_.reset();
   context_length_ = -1;
+  DNALLM_CHECK(!context_view_ || options_.task != Task::kRegression, ExitCode::kUsage,
+               "parallel.context_parallel = {} cannot train a regressor yet (model.task = "
+               "\"regression\"): set parallel.context_parallel = 1",
+               context_view_ ? context_view_->group->world_size() : 1);
   if (context_view_ && !context_view_->positions.defined()) {
-    DNALLM_CHECK(options_.task == Task::kPretrain, ExitCode::kUsage,
-                 "parallel.context_parallel = {}: a transformer classifier or regressor pools "
-                 "over the whole sequence and has no context parallelism; set "
-                 "parallel.context_parallel = 1 for model.task = \"{}\"",
-                 context_view_->group->world_size(), task_name(options_.task));
     for (auto& block : blocks_) block->context = nullptr;
     update_spec();
     return;
@@ -659,11 +659,6 @@ void TransformerLMImpl::build_context(const std::shared_ptr<ContextParallel>& cp
     context_length_ = cp->full_length;
     auto& group = *cp->group;
     const int world = group.world_size();
-    DNALLM_CHECK(o.task == Task::kPretrain, ExitCode::kUsage,
-                 "parallel.context_parallel = {}: a transformer classifier or regressor pools "
-                 "over the whole sequence and has no context parallelism; set "
-                 "parallel.context_parallel = 1 for model.task = \"{}\"",
-                 world, task_name(o.task));
     DNALLM_CHECK(o.position_padding_idx < 0, ExitCode::kUsage,
                  "parallel.context_parallel = {}: RoBERTa-numbered positions count the real "
                  "tokens before each one, which a context shard does not see; set "
@@ -955,7 +950,15 @@ ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
     return out;
   }
   Tensor pooled;
-  if (o.mean_pooling) {
+  if (context_) {
+    // Note [Context-parallel pooling]: the masked mean, or [CLS] (global position 0, on context
+    // rank 0 in both layouts), summed over the group.
+    auto& group = *context_->group;
+    pooled = o.mean_pooling ? parallel::context_mean_pool(hidden, in.attention_mask, group)
+                            : parallel::context_token_pool(
+                                  hidden, context_positions_,
+                                  torch::zeros({hidden.size(0)}, in.input_ids.options()), group);
+  } else if (o.mean_pooling) {
     auto mask = in.attention_mask.defined()
                     ? in.attention_mask.to(hidden.dtype()).unsqueeze(-1)
                     : torch::ones({hidden.size(0), hidden.size(1), 1}, hidden.options());

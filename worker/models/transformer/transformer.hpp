@@ -199,8 +199,9 @@ class TransformerLMImpl : public LanguageModelImpl {
   void set_activation_checkpointing(bool on) override;
   void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override { hooks_ = std::move(hooks); }
   // Note [Attention context parallelism]: positions as cp->positions (zig-zag for a causal LM,
-  // spec().context_layout); labels come shifted (spec().shift_labels turns false). A classifier,
-  // RoBERTa positions or a sequence longer than the position table refuse (exit 2). Collective
+  // spec().context_layout); labels come shifted (spec().shift_labels turns false); a classifier
+  // pools over the group (Note [Context-parallel pooling]). A regressor, RoBERTa positions or a
+  // sequence longer than the position table refuse (exit 2). Collective
   // over cp->group (the positions are all-gathered).
   void set_context_parallel(std::shared_ptr<ContextParallel> cp) override;
   // Note [Model FLOPs] (worker/train/mfu.hpp): the parameters' 6/4 a token plus attention's
