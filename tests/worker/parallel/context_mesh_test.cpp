@@ -17,6 +17,7 @@
 
 #include "coordinator/store.hpp"
 #include "core/error.hpp"
+#include "tests/worker/parallel/context_model_run.hpp"
 #include "tests/worker/parallel/context_ranks.hpp"
 #include "worker/models/hyena/hyena_model.hpp"
 #include "worker/train/trainer.hpp"
@@ -30,8 +31,10 @@ using torch::Tensor;
 constexpr double kTolerance = 1e-6;
 
 using context_test::expect_no_errors;
+using context_test::forward_backward;
 using context_test::relative_error;
 using context_test::run_on_ranks;
+using context_test::RunResult;
 
 // ---------------------------------------------------------------------------------------------
 // The mesh's policy
@@ -230,28 +233,6 @@ data::Batch random_batch(int64_t rows, int64_t length, int64_t short_by = 0) {
   for (auto l : b.labels) b.num_label_tokens += l != data::kIgnoreIndex;
   b.padded = short_by > 0;
   return b;
-}
-
-struct RunResult {
-  Tensor logits;  // [B, T, V] (whole) or [B, T / C, V] (a shard)
-  double loss_sum = 0;
-  int64_t loss_count = 0;
-  std::map<std::string, Tensor> grads;
-};
-
-RunResult forward_backward(models::LanguageModel& model, const data::Batch& batch) {
-  auto in = train::to_inputs(batch, model, torch::kCPU);
-  auto out = model->forward(in);
-  out.loss_sum.backward();
-  RunResult r;
-  r.logits = out.logits.detach();
-  r.loss_sum = out.loss_sum.item<double>();
-  r.loss_count = out.loss_count;
-  for (const auto& p : model->named_parameters()) {
-    r.grads[p.key()] =
-        p.value().grad().defined() ? p.value().grad().clone() : torch::zeros_like(p.value());
-  }
-  return r;
 }
 
 struct CpCase {

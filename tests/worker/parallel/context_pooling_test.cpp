@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "tests/worker/parallel/context_model_run.hpp"
 #include "tests/worker/parallel/context_ranks.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/caduceus_model.hpp"
@@ -32,7 +33,9 @@ namespace {
 
 using context_test::expect_close;
 using context_test::expect_no_errors;
+using context_test::forward_backward;
 using context_test::run_on_ranks;
+using context_test::RunResult;
 using models::LanguageModel;
 using torch::Tensor;
 
@@ -62,29 +65,6 @@ data::Batch classification_batch(int64_t rows, int64_t length, int64_t short_by,
   return b;
 }
 
-struct RunResult {
-  Tensor logits;  // [B, labels]
-  double loss_sum = 0;
-  int64_t loss_count = 0;
-  std::map<std::string, Tensor> grads;
-};
-
-RunResult forward_backward(LanguageModel& model, const data::Batch& batch) {
-  auto in = train::to_inputs(batch, model, torch::kCPU);
-  in.logits_for_labels_only = true;  // as the trainer asks
-  auto out = model->forward(in);
-  out.loss_sum.backward();
-  RunResult r;
-  r.logits = out.logits.detach();
-  r.loss_sum = out.loss_sum.item<double>();
-  r.loss_count = out.loss_count;
-  for (const auto& p : model->named_parameters()) {
-    r.grads[p.key()] =
-        p.value().grad().defined() ? p.value().grad().clone() : torch::zeros_like(p.value());
-  }
-  return r;
-}
-
 struct Family {
   std::string name;
   // A fresh model, the same weights at every call (the reference `whole`: the arithmetic the
@@ -100,7 +80,7 @@ void check_against_one_rank(const Family& f, int C, int64_t length, int64_t shor
   const auto& spec = reference->spec();
   ASSERT_EQ(spec.task, models::Task::kClassification) << f.name;
   const auto batch = classification_batch(3, length, short_by, spec.pad_id, f.vocab);
-  const auto want = forward_backward(reference, batch);
+  const auto want = forward_backward(reference, batch, /*labels_only=*/true);
   ASSERT_EQ(want.logits.sizes(), (std::vector<int64_t>{3, kLabels})) << f.name;
 
   std::vector<LanguageModel> models;
@@ -113,7 +93,7 @@ void check_against_one_rank(const Family& f, int C, int64_t length, int64_t shor
     model->set_context_parallel(mesh.model_view());
     const auto shard = mesh.shard(batch);
     mesh.select(shard.seq_len, torch::kCPU);
-    got[static_cast<size_t>(r)] = forward_backward(model, shard);
+    got[static_cast<size_t>(r)] = forward_backward(model, shard, /*labels_only=*/true);
   }));
   if (::testing::Test::HasFailure()) return;
 
@@ -185,17 +165,7 @@ Family hyena() {
 Family caduceus(bool rcps) {
   return {rcps ? "Caduceus-PS" : "Caduceus-Ph",
           [rcps](bool /*whole*/) {
-            models::caduceus::CaduceusOptions o;
-            o.vocab_size = 16;
-            o.d_model = 8;
-            o.n_layer = 2;
-            o.d_state = 4;
-            o.d_conv = 4;
-            o.expand = 2;
-            o.dt_rank = 2;
-            o.rcps = rcps;
-            o.bidirectional = true;
-            if (rcps) o.complement = {0, 1, 2, 3, 4, 8, 7, 6, 5, 9, 10, 11, 12, 13, 14, 15};
+            auto o = context_test::tiny_caduceus(rcps, /*bidirectional=*/true);
             o.classifier = true;
             o.num_labels = kLabels;
             torch::manual_seed(13);

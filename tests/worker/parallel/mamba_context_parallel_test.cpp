@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "tests/worker/parallel/context_model_run.hpp"
 #include "tests/worker/parallel/context_ranks.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/caduceus.hpp"
@@ -172,20 +173,7 @@ TEST_P(MambaContextParallel, GenericScanMatchesTheWholeSequenceAndTheFusedScan) 
 }
 
 CaduceusOptions tiny(bool rcps, bool bidirectional) {
-  CaduceusOptions o;
-  o.vocab_size = 16;
-  o.d_model = 8;
-  o.n_layer = 2;
-  o.d_state = 4;
-  o.d_conv = 4;
-  o.expand = 2;
-  o.dt_rank = 2;
-  o.rcps = rcps;
-  o.bidirectional = bidirectional;
-  if (rcps) {  // A<->T, C<->G at our ids 5..8; everything else maps to itself
-    o.complement = {0, 1, 2, 3, 4, 8, 7, 6, 5, 9, 10, 11, 12, 13, 14, 15};
-  }
-  return o;
+  return parallel::context_test::tiny_caduceus(rcps, bidirectional);
 }
 
 // The gradient of every parameter, by name.

@@ -1,0 +1,64 @@
+// What the model-level context-parallel tests compare (context_mesh_test, context_pooling_test,
+// mamba_context_parallel_test): one forward and backward of a model through the trainer's inputs,
+// and the tiny Caduceus they build.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "worker/data/batch.hpp"
+#include "worker/models/caduceus/caduceus.hpp"
+#include "worker/models/language_model.hpp"
+#include "worker/train/trainer.hpp"
+
+namespace dnallm::parallel::context_test {
+
+struct RunResult {
+  torch::Tensor
+      logits;  // language models: [B, T, V] (whole) or [B, T / C, V]; classifiers [B, labels]
+  double loss_sum = 0;
+  int64_t loss_count = 0;
+  std::map<std::string, torch::Tensor> grads;  // every parameter's (zeros where it has none)
+};
+
+// `labels_only`: the logits at the labelled positions only, as the trainer asks
+// (ForwardInputs::logits_for_labels_only).
+inline RunResult forward_backward(models::LanguageModel& model, const data::Batch& batch,
+                                  bool labels_only = false) {
+  auto in = train::to_inputs(batch, model, torch::kCPU);
+  in.logits_for_labels_only = labels_only;
+  auto out = model->forward(in);
+  out.loss_sum.backward();
+  RunResult r;
+  r.logits = out.logits.detach();
+  r.loss_sum = out.loss_sum.item<double>();
+  r.loss_count = out.loss_count;
+  for (const auto& p : model->named_parameters()) {
+    r.grads[p.key()] =
+        p.value().grad().defined() ? p.value().grad().clone() : torch::zeros_like(p.value());
+  }
+  return r;
+}
+
+// A Caduceus of 2 layers, d_model 8, over our 16-id character vocabulary.
+inline models::caduceus::CaduceusOptions tiny_caduceus(bool rcps, bool bidirectional) {
+  models::caduceus::CaduceusOptions o;
+  o.vocab_size = 16;
+  o.d_model = 8;
+  o.n_layer = 2;
+  o.d_state = 4;
+  o.d_conv = 4;
+  o.expand = 2;
+  o.dt_rank = 2;
+  o.rcps = rcps;
+  o.bidirectional = bidirectional;
+  if (rcps) {  // A<->T, C<->G at our ids 5..8; everything else maps to itself
+    o.complement = {0, 1, 2, 3, 4, 8, 7, 6, 5, 9, 10, 11, 12, 13, 14, 15};
+  }
+  return o;
+}
+
+}  // namespace dnallm::parallel::context_test
