@@ -185,18 +185,7 @@ TEST(ContextShard, ClassificationLabelsStayOnContextRankZero) {
 // ---------------------------------------------------------------------------------------------
 // HyenaDNA, C ranks vs 1
 
-models::hyena::HyenaOptions tiny_hyena() {
-  models::hyena::HyenaOptions o;
-  o.vocab_size = 12;
-  o.d_model = 8;
-  o.d_inner = 16;
-  o.n_layer = 2;
-  o.max_seq_len = 64;
-  o.emb_dim = 5;
-  o.filter_order = 8;
-  o.num_inner_mlps = 1;
-  return o;
-}
+using context_test::tiny_hyena;
 
 // `fused`: Note [Hyena fused mixer] on the CPU (the default); false runs the plain operator, the
 // arithmetic of the context-parallel one, so that a whole-sequence reference isolates the context

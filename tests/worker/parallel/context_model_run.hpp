@@ -1,6 +1,6 @@
 // What the model-level context-parallel tests compare (context_mesh_test, context_pooling_test,
 // mamba_context_parallel_test): one forward and backward of a model through the trainer's inputs,
-// and the tiny Caduceus they build.
+// and the tiny HyenaDNA and Caduceus they build.
 #pragma once
 
 #include <torch/torch.h>
@@ -11,6 +11,7 @@
 
 #include "worker/data/batch.hpp"
 #include "worker/models/caduceus/caduceus.hpp"
+#include "worker/models/hyena/hyena.hpp"
 #include "worker/models/language_model.hpp"
 #include "worker/train/trainer.hpp"
 
@@ -58,6 +59,20 @@ inline models::caduceus::CaduceusOptions tiny_caduceus(bool rcps, bool bidirecti
   if (rcps) {  // A<->T, C<->G at our ids 5..8; everything else maps to itself
     o.complement = {0, 1, 2, 3, 4, 8, 7, 6, 5, 9, 10, 11, 12, 13, 14, 15};
   }
+  return o;
+}
+
+// A HyenaDNA of 2 layers, d_model 8, up to 64 positions.
+inline models::hyena::HyenaOptions tiny_hyena() {
+  models::hyena::HyenaOptions o;
+  o.vocab_size = 12;
+  o.d_model = 8;
+  o.d_inner = 16;
+  o.n_layer = 2;
+  o.max_seq_len = 64;
+  o.emb_dim = 5;
+  o.filter_order = 8;
+  o.num_inner_mlps = 1;
   return o;
 }
 

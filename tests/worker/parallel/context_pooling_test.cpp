@@ -140,15 +140,7 @@ void check_against_one_rank(const Family& f, int C, int64_t length, int64_t shor
 
 Family hyena() {
   return {"HyenaDNA", [](bool whole) {
-            models::hyena::HyenaOptions o;
-            o.vocab_size = 12;
-            o.d_model = 8;
-            o.d_inner = 16;
-            o.n_layer = 2;
-            o.max_seq_len = 64;
-            o.emb_dim = 5;
-            o.filter_order = 8;
-            o.num_inner_mlps = 1;
+            auto o = context_test::tiny_hyena();
             o.classifier = true;
             o.num_labels = kLabels;
             torch::manual_seed(11);
