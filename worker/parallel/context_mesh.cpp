@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "worker/parallel/context_parallel.hpp"
 
 namespace dnallm::parallel {
 
@@ -53,10 +54,7 @@ data::Batch context_shard(const data::Batch& whole, const ContextShardOptions& o
                "into one row): set data.packing = false",
                c);
   const int64_t rows = whole.rows, t = whole.seq_len;
-  DNALLM_CHECK(whole.targets.empty(), ExitCode::kUsage,
-               "parallel.context_parallel = {} cannot train a regressor yet (model.task = "
-               "\"regression\"): set parallel.context_parallel = 1",
-               c);
+  refuse_context_parallel_regression(!whole.targets.empty(), c);
   // A classification batch: one label a row (t = 1 with one row is a language model's).
   const bool per_row = static_cast<int64_t>(whole.labels.size()) == rows &&
                        static_cast<int64_t>(whole.labels.size()) != rows * t;
@@ -159,10 +157,7 @@ std::shared_ptr<ContextMesh> make_context_mesh(const Config& config, comm::Commu
   const auto& spec = model.spec();
   // Classifiers pool over the group (Note [Context-parallel pooling]); a regressor's target
   // has no "ignored" value to give the other ranks of a group yet.
-  DNALLM_CHECK(spec.task != models::Task::kRegression, ExitCode::kUsage,
-               "parallel.context_parallel = {} cannot train a regressor yet (model.task = "
-               "\"regression\"): set parallel.context_parallel = 1",
-               c);
+  refuse_context_parallel_regression(spec.task == models::Task::kRegression, c);
   const int64_t multiple = context_length_multiple(spec.context_layout, static_cast<int>(c));
   DNALLM_CHECK(spec.extends_past_max_length || spec.max_seq_length % multiple == 0,
                ExitCode::kUsage,

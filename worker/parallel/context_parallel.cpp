@@ -222,6 +222,13 @@ struct ContextAllReduceSum : torch::autograd::Function<ContextAllReduceSum> {
 
 }  // namespace
 
+void refuse_context_parallel_regression(bool regression, int64_t degree) {
+  DNALLM_CHECK(!regression, ExitCode::kUsage,
+               "parallel.context_parallel = {} cannot train a regressor yet (model.task = "
+               "\"regression\"): set parallel.context_parallel = 1",
+               degree);
+}
+
 Tensor gather_ranks(const Tensor& x, comm::Communicator& group) {
   return GatherRanks::apply(x, &group);
 }

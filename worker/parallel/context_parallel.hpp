@@ -71,6 +71,11 @@ torch::Tensor channels_to_sequence(const torch::Tensor& y, comm::Communicator& g
 // equals the whole-sequence conv (padding K - 1, first L outputs) restricted to this shard.
 torch::Tensor causal_halo(const torch::Tensor& x, int64_t halo, comm::Communicator& group);
 
+// Error(kUsage) when `regression`: a regressor's float target has no "ignored" value to give
+// the other ranks of a context group of `degree` ranks (Note [Context-parallel pooling]). The
+// mesh checks the task before training and each batch; the transformer when it is set.
+void refuse_context_parallel_regression(bool regression, int64_t degree);
+
 // x (any shape, the same on every rank) -> [C, x's shape]: every rank's x in rank order, by one
 // allgather. Backward: the gradient of row p is summed over the ranks and returned to rank p
 // (one reduce_scatter), so x's gradient counts every rank's use of it. A collective: every rank

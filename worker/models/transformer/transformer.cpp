@@ -636,10 +636,10 @@ void TransformerLMImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp
   context_view_ = cp != nullptr && cp->group != nullptr ? cp : nullptr;
   context_.reset();
   context_length_ = -1;
-  DNALLM_CHECK(!context_view_ || options_.task != Task::kRegression, ExitCode::kUsage,
-               "parallel.context_parallel = {} cannot train a regressor yet (model.task = "
-               "\"regression\"): set parallel.context_parallel = 1",
-               context_view_ ? context_view_->group->world_size() : 1);
+  if (context_view_) {
+    parallel::refuse_context_parallel_regression(options_.task == Task::kRegression,
+                                                 context_view_->group->world_size());
+  }
   if (context_view_ && !context_view_->positions.defined()) {
     for (auto& block : blocks_) block->context = nullptr;
     update_spec();
