@@ -105,11 +105,8 @@ struct GatherRanks : torch::autograd::Function<GatherRanks> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, comm::Communicator* group) {
     save_group(ctx, *group);
     const auto mine = x.contiguous();
-    const auto dtype = wire_dtype(mine, "gather_ranks");
-    std::vector<int64_t> sizes{group->world_size()};
-    for (const auto s : mine.sizes()) sizes.push_back(s);
-    auto all = torch::empty(sizes, mine.options());
-    group->allgather(whole(mine, dtype), whole(all, dtype))->wait();
+    auto [all, work] = launch_gather_ranks(mine, *group);
+    work->wait();
     return all;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -227,6 +224,16 @@ void refuse_context_parallel_regression(bool regression, int64_t degree) {
                "parallel.context_parallel = {} cannot train a regressor yet (model.task = "
                "\"regression\"): set parallel.context_parallel = 1",
                degree);
+}
+
+std::pair<Tensor, comm::WorkPtr> launch_gather_ranks(const Tensor& x, comm::Communicator& group) {
+  DNALLM_CHECK(x.is_contiguous(), ExitCode::kFailure, "launch_gather_ranks: a strided tensor");
+  std::vector<int64_t> sizes{group.world_size()};
+  for (const auto s : x.sizes()) sizes.push_back(s);
+  auto all = torch::empty(sizes, x.options());
+  const auto dtype = wire_dtype(x, "gather_ranks");
+  auto work = group.allgather(whole(x, dtype), whole(all, dtype));
+  return {all, work};
 }
 
 Tensor gather_ranks(const Tensor& x, comm::Communicator& group) {

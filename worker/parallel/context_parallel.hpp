@@ -37,6 +37,8 @@
 
 #include <cstdint>
 
+#include <utility>
+
 #include "comm/communicator.hpp"
 
 namespace dnallm::parallel {
@@ -81,6 +83,12 @@ void refuse_context_parallel_regression(bool regression, int64_t degree);
 // (one reduce_scatter), so x's gradient counts every rank's use of it. A collective: every rank
 // of the group calls it, forward and backward (its result must reach every rank's loss).
 torch::Tensor gather_ranks(const torch::Tensor& x, comm::Communicator& group);
+
+// Its forward without autograd, not waited for: x (contiguous) -> [C, x's shape] and the running
+// allgather's Work; x and the result must stay alive and untouched until it completes (the
+// attention's K/V exchange computes meanwhile: Note [Attention context parallelism]).
+std::pair<torch::Tensor, comm::WorkPtr> launch_gather_ranks(const torch::Tensor& x,
+                                                            comm::Communicator& group);
 
 // The Hyena long convolution of a sequence shard, context-parallel (Note [Hyena context
 // parallelism]): u [B, L / C, D] -> [B, L / C, D], equal to

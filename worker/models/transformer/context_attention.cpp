@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "worker/parallel/context_parallel.hpp"
 #include "worker/tensor_buffer.hpp"
 
 namespace dnallm::models {
@@ -33,18 +34,6 @@ DType wire_dtype(const Tensor& t) {
                "attention context parallelism: no communicator dtype for a {} tensor",
                c10::toString(t.scalar_type()));
   return *d;
-}
-
-// `mine` contiguous -> [C, mine...] (an empty one), rank q's at index q, and the all-gather's
-// Work (running: keep both tensors until it completes).
-std::pair<Tensor, comm::WorkPtr> launch_all_gather(const Tensor& mine, comm::Communicator& group) {
-  std::vector<int64_t> shape{group.world_size()};
-  for (const auto s : mine.sizes()) shape.push_back(s);
-  auto all = torch::empty(shape, mine.options());
-  const auto dtype = wire_dtype(mine);
-  auto work = group.allgather(buffer_view(mine, 0, mine.numel(), dtype),
-                              buffer_view(all, 0, all.numel(), dtype));
-  return {all, work};
 }
 
 // Note [Attention context parallelism]: one context_attention call's K/V exchange, shared by the
@@ -85,7 +74,7 @@ struct KeyValueExchange : torch::CustomClassHolder {
 
   void launch_gather(const Tensor& k, const Tensor& v) {
     sent = torch::stack({k.detach(), v.detach()});
-    std::tie(received, gather) = launch_all_gather(sent, *group);
+    std::tie(received, gather) = parallel::launch_gather_ranks(sent, *group);
     if (counts != nullptr) ++counts->exchanges;
   }
   bool gathering() const { return gather != nullptr; }
@@ -181,7 +170,7 @@ Tensor run_positions(const PositionRun& run, const torch::Device& device) {
 
 Tensor gather_context_rows(const Tensor& x, comm::Communicator& group) {
   const auto mine = x.contiguous();
-  const auto [all, work] = launch_all_gather(mine, group);  // [C, B, T / C]
+  const auto [all, work] = parallel::launch_gather_ranks(mine, group);  // [C, B, T / C]
   work->wait();
   return all.permute({1, 0, 2}).reshape({x.size(0), -1});
 }
