@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "tests/worker/parallel/context_model_run.hpp"
 #include "tests/worker/parallel/context_ranks.hpp"
 #include "worker/models/transformer/transformer.hpp"
 
@@ -55,17 +56,7 @@ struct Case {
   bool padded = false;  // the second row ends in padding (attention_mask 0, labels -100)
 };
 
-ModelOptions base(Arch arch) {
-  ModelOptions o;
-  o.arch = arch;
-  o.vocab_size = 12;
-  o.hidden = 16;
-  o.layers = 2;
-  o.heads = 4;
-  o.ffn = 32;
-  o.max_seq_length = 64;
-  return o;
-}
+ModelOptions base(Arch arch) { return parallel::context_test::tiny_transformer(arch); }
 
 Case bert_learned() { return {"BERT learned positions", base(Arch::kBert), true}; }
 

@@ -1,6 +1,6 @@
 // What the model-level context-parallel tests compare (context_mesh_test, context_pooling_test,
 // mamba_context_parallel_test): one forward and backward of a model through the trainer's inputs,
-// and the tiny HyenaDNA and Caduceus they build.
+// and the tiny transformer, HyenaDNA and Caduceus they build.
 #pragma once
 
 #include <torch/torch.h>
@@ -13,6 +13,7 @@
 #include "worker/models/caduceus/caduceus.hpp"
 #include "worker/models/hyena/hyena.hpp"
 #include "worker/models/language_model.hpp"
+#include "worker/models/transformer/transformer.hpp"
 #include "worker/train/trainer.hpp"
 
 namespace dnallm::parallel::context_test {
@@ -73,6 +74,19 @@ inline models::hyena::HyenaOptions tiny_hyena() {
   o.emb_dim = 5;
   o.filter_order = 8;
   o.num_inner_mlps = 1;
+  return o;
+}
+
+// A transformer of 2 layers, hidden 16, 4 heads, up to 64 positions.
+inline models::ModelOptions tiny_transformer(models::Arch arch) {
+  models::ModelOptions o;
+  o.arch = arch;
+  o.vocab_size = 12;
+  o.hidden = 16;
+  o.layers = 2;
+  o.heads = 4;
+  o.ffn = 32;
+  o.max_seq_length = 64;
   return o;
 }
 

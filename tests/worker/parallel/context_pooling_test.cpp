@@ -174,17 +174,10 @@ Family transformer(models::Arch arch, bool mean_pooling) {
                            (mean_pooling ? " mean pooling" : " [CLS]");
   return {name,
           [arch, mean_pooling](bool /*whole*/) {
-            models::ModelOptions o;
-            o.arch = arch;
+            auto o = context_test::tiny_transformer(arch);
             o.task = models::Task::kClassification;
             o.num_labels = kLabels;
             o.mean_pooling = mean_pooling;
-            o.vocab_size = 12;
-            o.hidden = 16;
-            o.layers = 2;
-            o.heads = 4;
-            o.ffn = 32;
-            o.max_seq_length = 64;
             torch::manual_seed(21);
             LanguageModel model = models::TransformerLM(o);
             model->train();
