@@ -37,6 +37,24 @@ void OutFile::write(const void* data, size_t size) {
   }
 }
 
+void OutFile::write_at(uint64_t offset, const void* data, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (size > 0) {
+    ssize_t n = ::pwrite(fd_, p, size, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = n < 0 ? errno : ENOSPC;
+      fail(kWriteFailed,
+           "writing {} at byte {} failed: {}: free disk space or make the directory "
+           "writable, then run again (it resumes from the last committed checkpoint)",
+           path_.string(), offset, errno_string(err));
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+}
+
 void OutFile::sync() { DNALLM_WRITECHECK(::fsync(fd_), path_.string()); }
 
 void OutFile::close() {

@@ -43,7 +43,10 @@ class OutFile {
   OutFile& operator=(const OutFile&) = delete;
 
   void write(const void* data, size_t size);  // retries short writes and EINTR
-  void sync();                                // fsync
+  // `size` bytes at file offset `offset` (pwrite: the sequential position and written() do
+  // not move); retries short writes and EINTR.
+  void write_at(uint64_t offset, const void* data, size_t size);
+  void sync();  // fsync
   void close();
   uint64_t written() const { return written_; }
 

@@ -1,6 +1,7 @@
 #include "checkpoint/safetensors.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 #include <optional>
 
@@ -152,14 +153,10 @@ std::ifstream open_for_reading(const fs::path& path) {
   return in;
 }
 
-uint64_t byte_size(const SafetensorsTensor& t) {
-  uint64_t n = 1;
-  for (auto d : t.shape) n *= static_cast<uint64_t>(d);
-  return n * dtype_size(t.dtype);
-}
+uint64_t byte_size(const TensorSpec& t) { return t.numel() * dtype_size(t.dtype); }
 
 // The header text, padded with spaces to a multiple of 8 bytes.
-std::string header_text(const std::vector<SafetensorsTensor>& tensors,
+std::string header_text(const std::vector<TensorSpec>& tensors,
                         const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -174,23 +171,6 @@ std::string header_text(const std::vector<SafetensorsTensor>& tensors,
   std::string text = header.dump();
   while (text.size() % 8 != 0) text.push_back(' ');
   return text;
-}
-
-void write_safetensors_to(OutFile& f, const std::vector<SafetensorsTensor>& tensors,
-                          const std::string& header, const fs::path& path) {
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(uint64_t{header.size()} >> (8 * i));
-  f.write(len, 8);
-  f.write(header.data(), header.size());
-  for (const auto& t : tensors) {
-    const uint64_t before = f.written();
-    t.write_data([&f](const void* data, size_t bytes) { f.write(data, bytes); });
-    DNALLM_CHECK(f.written() - before == byte_size(t), ExitCode::kFailure,
-                 "{}: tensor '{}' produced {} bytes, its shape and dtype need {}", path.string(),
-                 t.name, f.written() - before, byte_size(t));
-  }
-  f.sync();
-  f.close();
 }
 
 void write_json_file(const fs::path& path, const nlohmann::ordered_json& j) {
@@ -217,21 +197,85 @@ void SafetensorsReader::read(const SafetensorsEntry& entry, void* dst) {
                clip_for_message(entry.spec.name));
 }
 
-void write_safetensors(const fs::path& path, const std::vector<SafetensorsTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  const std::string header = header_text(tensors, metadata);
-  fs::path tmp = path;
-  tmp += ".tmp";
+SafetensorsWriter::SafetensorsWriter(fs::path path, std::vector<TensorSpec> tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), tensors_(std::move(tensors)), written_(tensors_.size(), false) {
+  tmp_ = path_;
+  tmp_ += ".tmp";
+  const std::string header = header_text(tensors_, metadata);
+  uint64_t offset = 8 + header.size();
+  for (const auto& t : tensors_) {
+    offsets_.push_back(offset);
+    offset += byte_size(t);
+  }
   try {
-    OutFile f(tmp);
-    write_safetensors_to(f, tensors, header, path);
+    file_ = std::make_unique<OutFile>(tmp_);
+    uint8_t len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(uint64_t{header.size()} >> (8 * i));
+    file_->write(len, 8);
+    file_->write(header.data(), header.size());
   } catch (...) {
+    file_.reset();
     std::error_code ec;
-    fs::remove(tmp, ec);  // no *.tmp left behind by a failed write
+    fs::remove(tmp_, ec);
     throw;
   }
-  fs::rename(tmp, path);
-  fsync_dir(path.has_parent_path() ? path.parent_path() : fs::path("."));
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (!file_) return;  // committed
+  file_.reset();
+  std::error_code ec;
+  fs::remove(tmp_, ec);  // no *.tmp left behind by a failed write
+}
+
+void SafetensorsWriter::write(size_t index,
+                              const std::function<void(const ByteSink&)>& write_data) {
+  DNALLM_CHECK(file_ != nullptr && index < tensors_.size() && !written_[index], ExitCode::kFailure,
+               "internal: {}: tensor {} of {} written twice, out of range or after commit",
+               path_.string(), index, tensors_.size());
+  const TensorSpec& t = tensors_[index];
+  const uint64_t want = byte_size(t);
+  uint64_t got = 0;
+  write_data([&](const void* data, size_t bytes) {
+    DNALLM_CHECK(got + bytes <= want, ExitCode::kFailure,
+                 "{}: tensor '{}' produced more than the {} bytes its shape and dtype need",
+                 path_.string(), t.name, want);
+    file_->write_at(offsets_[index] + got, data, bytes);
+    got += bytes;
+  });
+  DNALLM_CHECK(got == want, ExitCode::kFailure,
+               "{}: tensor '{}' produced {} bytes, its shape and dtype need {}", path_.string(),
+               t.name, got, want);
+  written_[index] = true;
+}
+
+void SafetensorsWriter::commit() {
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    DNALLM_CHECK(written_[i], ExitCode::kFailure, "internal: {}: tensor '{}' was never written",
+                 path_.string(), tensors_[i].name);
+  }
+  file_->sync();
+  file_->close();
+  file_.reset();  // from here the destructor leaves <path>.tmp alone
+  try {
+    DNALLM_WRITECHECK(::rename(tmp_.c_str(), path_.c_str()), path_.string());
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp_, ec);
+    throw;
+  }
+  fsync_dir(path_.has_parent_path() ? path_.parent_path() : fs::path("."));
+}
+
+void write_safetensors(const fs::path& path, const std::vector<SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  SafetensorsWriter writer(path, std::move(specs), metadata);
+  for (size_t i = 0; i < tensors.size(); ++i) writer.write(i, tensors[i].write_data);
+  writer.commit();
 }
 
 fs::path write_model_directory(const fs::path& dir, const ModelDirectory& model) {

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -82,6 +83,42 @@ struct SafetensorsTensor {
 void write_safetensors(const std::filesystem::path& path,
                        const std::vector<SafetensorsTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+class OutFile;  // checkpoint/durable_io.hpp
+
+// Note [Safetensors in any order]: the header depends on the tensors' names, dtypes and shapes
+// only, so it is written first and each tensor's bytes go to their offset whenever they are
+// ready, in any order: a ZeRO-3 export writes a unit's tensors while that unit is gathered
+// (models::export_live_model with a ParameterVisitor), not in the file's order, and never holds
+// more than one tensor's bytes. write_safetensors() is this writer fed in the file's order.
+// Durable as write_safetensors(): <path>.tmp until commit(), which fsyncs and renames it.
+class SafetensorsWriter {
+ public:
+  // Creates <path>.tmp and writes the header of `tensors` (in this order) and `metadata`
+  // (omitted when empty). Throws Error(kUsage, Note [A failed save]) on an I/O error.
+  SafetensorsWriter(std::filesystem::path path, std::vector<TensorSpec> tensors,
+                    const std::map<std::string, std::string>& metadata = {});
+  // Without commit(): <path>.tmp is removed, <path> untouched.
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  // Tensor `index`'s bytes: `write_data` passes exactly numel x dtype size bytes to the sink,
+  // in as many pieces as it likes; they land at the tensor's offset. Once per tensor, any
+  // order. Throws Error(kFailure) on a wrong count or a second write of the same tensor.
+  void write(size_t index, const std::function<void(const ByteSink&)>& write_data);
+  // Every tensor written (else Error(kFailure) naming the first missing one): fsync, rename
+  // over <path>, fsync of the directory.
+  void commit();
+
+ private:
+  std::filesystem::path path_, tmp_;
+  std::vector<TensorSpec> tensors_;
+  std::vector<uint64_t> offsets_;  // file offsets of each tensor's data
+  std::vector<bool> written_;
+  std::unique_ptr<OutFile> file_;
+};
 
 // Note [Exported model directory]
 // What dnallm-eval --model, dnallm-infer and transformers (where the architecture matches)

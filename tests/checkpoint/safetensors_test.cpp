@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -112,6 +113,59 @@ TEST(CheckpointSafetensorsTest, AWrongByteCountWritesNothing) {
   EXPECT_THROW(write_safetensors(path, {tensor_of("w", DType::kFloat32, {5}, bytes, 16)}), Error);
   EXPECT_FALSE(std::filesystem::exists(path));
   EXPECT_FALSE(std::filesystem::exists(tmp.path() / "bad.safetensors.tmp"));
+}
+
+std::vector<uint8_t> file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Note [Safetensors in any order]: tensors written at their offsets in another order than the
+// header's make the same file, byte for byte, as write_safetensors() in the header's order; a
+// writer that is not committed (a tensor missing, an error) leaves neither file nor *.tmp.
+TEST(CheckpointSafetensorsTest, WritingInAnyOrderMakesTheSameFile) {
+  TempDir tmp;
+  const auto a = make_data(DType::kFloat32, 6, 1);
+  const auto b = make_data(DType::kBFloat16, 5, 2);
+  const auto c = make_data(DType::kInt64, 3, 3);
+  const std::vector<SafetensorsTensor> tensors = {tensor_of("a", DType::kFloat32, {2, 3}, a, 8),
+                                                  tensor_of("b", DType::kBFloat16, {5}, b, 3),
+                                                  tensor_of("c", DType::kInt64, {3}, c, 24)};
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  write_safetensors(tmp.path() / "in_order.safetensors", tensors, metadata);
+  std::vector<TensorSpec> specs;
+  for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  {
+    SafetensorsWriter writer(tmp.path() / "any_order.safetensors", specs, metadata);
+    for (size_t i : {2, 0, 1}) writer.write(i, tensors[i].write_data);
+    EXPECT_THROW(writer.write(0, tensors[0].write_data), Error);  // once per tensor
+    writer.commit();
+  }
+  EXPECT_EQ(file_bytes(tmp.path() / "any_order.safetensors"),
+            file_bytes(tmp.path() / "in_order.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "any_order.safetensors.tmp"));
+  SafetensorsReader reader(tmp.path() / "any_order.safetensors");
+  for (const auto& [name, want] : {std::pair{"a", &a}, std::pair{"b", &b}, std::pair{"c", &c}}) {
+    const auto& e = reader.file().tensors.at(name);
+    std::vector<uint8_t> got(e.data_end - e.data_begin);
+    reader.read(e, got.data());
+    EXPECT_EQ(got, *want) << name;
+  }
+  const auto partial = tmp.path() / "partial.safetensors";
+  {
+    SafetensorsWriter writer(partial, specs, metadata);
+    writer.write(1, tensors[1].write_data);
+    EXPECT_TRUE(std::filesystem::exists(tmp.path() / "partial.safetensors.tmp"));
+    try {
+      writer.commit();
+      ADD_FAILURE() << "a file with a tensor never written was committed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("tensor 'a' was never written"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(partial));
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "partial.safetensors.tmp"));
 }
 
 TEST(CheckpointSafetensorsTest, TruncatedDataIsDamaged) {
