@@ -1,10 +1,15 @@
 #include "worker/models/registry.hpp"
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
 
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include "checkpoint/durable_io.hpp"
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
@@ -32,12 +37,46 @@ std::string arch_names(const ModelFamily& f) {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
+// What an export writes of one tensor: its name and shape in the file (fp32), the tensors
+// computing it reads, and the computation (Note [Exports unit by unit]).
+struct ExportedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<torch::Tensor> reads;
+  std::function<torch::Tensor()> value;
+};
+
+// model.safetensors: the named weights, a LoRA or quantized linear's weight in full precision
+// with its adapter merged (a copy: the live model keeps training with its adapters).
+std::vector<ExportedTensor> exported_weights(LanguageModel& model) {
+  const auto linears = lora_or_quantized_linears(*model);
+  std::vector<ExportedTensor> out;
+  for (auto& [name, t] : model->named_weights()) {
+    auto it = linears.find(name);
+    if (it == linears.end()) {
+      out.push_back({name, t.sizes().vec(), {t}, [t] { return t.detach().to(torch::kFloat32); }});
+      continue;
+    }
+    const auto linear = it->second;
+    std::vector<torch::Tensor> reads = linear->parameters();
+    for (const auto& b : linear->buffers()) reads.push_back(b);
+    // A quantized base's shape is its dequantized weight's (never sharded: not a parameter).
+    const auto shape =
+        linear->quantized() ? linear->full_weight().sizes().vec() : linear->weight.sizes().vec();
+    out.push_back(
+        {name, shape, std::move(reads), [linear] {
+           return full_linear_weight(*linear, /*merge_adapters=*/true).to(torch::kFloat32);
+         }});
+  }
+  return out;
+}
+
 // The LoRA adapters alone, under PEFT's names, for users who keep the base separate: the
 // module names of the model's Hugging Face layout (ours for the transformer and HyenaDNA;
 // Note [Caduceus PEFT names]).
-std::vector<std::pair<std::string, torch::Tensor>> lora_adapters(LanguageModel& model) {
+std::vector<ExportedTensor> lora_adapters(LanguageModel& model) {
   auto* caduceus_model = dynamic_cast<caduceus::CaduceusModelImpl*>(model.get());
-  std::vector<std::pair<std::string, torch::Tensor>> adapters;
+  std::vector<ExportedTensor> adapters;
   for (const auto& item : model->named_parameters()) {
     const auto& name = item.key();
     const auto at = name.rfind(".lora_");
@@ -46,13 +85,43 @@ std::vector<std::pair<std::string, torch::Tensor>> lora_adapters(LanguageModel& 
     const auto modules = caduceus_model != nullptr
                              ? caduceus::hf_module_names(caduceus_model->lm()->options(), module)
                              : std::vector<std::string>{module};
+    const torch::Tensor p = item.value();
     for (const auto& m : modules) {
-      adapters.emplace_back("base_model.model." + m + which + ".weight",
-                            item.value().detach().to(torch::kFloat32));
+      adapters.push_back({"base_model.model." + m + which + ".weight", p.sizes().vec(), {p}, [p] {
+                            return p.detach().to(torch::kFloat32);
+                          }});
     }
   }
   return adapters;
 }
+
+// Writes `tensors` into one safetensors file as `units` holds what they read.
+class StreamedFile {
+ public:
+  StreamedFile(const std::filesystem::path& path, std::vector<ExportedTensor> tensors,
+               const std::map<std::string, std::string>& metadata)
+      : tensors_(std::move(tensors)), done_(tensors_.size(), false) {
+    std::vector<checkpoint::TensorSpec> specs;
+    for (const auto& t : tensors_) specs.push_back({t.name, DType::kFloat32, t.shape});
+    writer_.emplace(path, std::move(specs), metadata);
+  }
+  // Writes every tensor not yet written whose reads `held` holds.
+  void write_held(const HeldTensor& held) {
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      if (done_[i]) continue;
+      const auto& reads = tensors_[i].reads;
+      if (!std::all_of(reads.begin(), reads.end(), held)) continue;
+      writer_->write(i, safetensors_tensor(tensors_[i].name, tensors_[i].value()).write_data);
+      done_[i] = true;
+    }
+  }
+  void commit() { writer_->commit(); }  // Error(kFailure) naming a tensor never written
+
+ private:
+  std::vector<ExportedTensor> tensors_;
+  std::vector<bool> done_;
+  std::optional<checkpoint::SafetensorsWriter> writer_;
+};
 
 }  // namespace
 
@@ -109,23 +178,45 @@ LanguageModel build_model_for(const Config& config, const data::Tokenizer& token
 }
 
 void export_live_model(LanguageModel model, const std::string& dir) {
+  // Every tensor of a model on one process holds its value: one call.
+  export_live_model(
+      model, dir, [](const auto& visit) { visit([](const torch::Tensor&) { return true; }); },
+      /*write=*/true);
+}
+
+void export_live_model(LanguageModel model, const std::string& dir, const ParameterUnits& units,
+                       bool write) {
+  if (!write) {  // a rank that only takes part in the gathers
+    units([](const HeldTensor&) {});
+    return;
+  }
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  DNALLM_CHECK(!ec, ExitCode::kFailure, "cannot create the model directory {}: {}", dir,
+               ec.message());
   const auto& spec = model->spec();
-  const auto merged = full_linear_weights(*model, /*merge_adapters=*/true);
-  checkpoint::ModelDirectory out;
-  if (!merged.empty() && spec.lora_r > 0) {  // (a quantized base alone has no adapters)
-    out.adapters = safetensors_tensors(lora_adapters(model));
-    out.adapters_metadata = {{"format", "pt"},
-                             {"lora_r", std::to_string(spec.lora_r)},
-                             {"lora_alpha", std::to_string(spec.lora_alpha)}};
+  std::optional<StreamedFile> adapters;
+  if (!lora_or_quantized_linears(*model).empty() && spec.lora_r > 0) {
+    // (a quantized base alone has no adapters)
+    adapters.emplace(
+        fs::path(dir) / "adapter_model.safetensors", lora_adapters(model),
+        std::map<std::string, std::string>{{"format", "pt"},
+                                           {"lora_r", std::to_string(spec.lora_r)},
+                                           {"lora_alpha", std::to_string(spec.lora_alpha)}});
   }
-  for (auto& [name, t] : model->named_weights()) {
-    auto it = merged.find(name);
-    out.weights.push_back(
-        safetensors_tensor(name, (it != merged.end() ? it->second : t).to(torch::kFloat32)));
-  }
-  out.weights_metadata = {{"format", "pt"}};
-  out.config = model->export_config();
-  checkpoint::write_model_directory(dir, out);
+  StreamedFile weights(fs::path(dir) / "model.safetensors", exported_weights(model),
+                       {{"format", "pt"}});
+  units([&](const HeldTensor& held) {
+    if (adapters) adapters->write_held(held);
+    weights.write_held(held);
+  });
+  // The files of checkpoint::write_model_directory(), in its order.
+  if (adapters) adapters->commit();
+  weights.commit();
+  checkpoint::write_file_durable(fs::path(dir) / "config.json",
+                                 model->export_config().dump(2) + "\n");
+  checkpoint::fsync_dir(dir);
 }
 
 LanguageModel load_exported_model(const std::string& dir) {

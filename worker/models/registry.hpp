@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,24 @@ LanguageModel build_model_for(const Config& config, const data::Tokenizer& token
 // adapters alone, PEFT names "base_model.model.<module>.lora_A.weight"). tokenizer.json is the
 // caller's (the trainer's write_tokenizer hook).
 void export_live_model(LanguageModel model, const std::string& dir);
+
+// Note [Exports unit by unit]: a model sharded across ranks (ZeRO-3) is never whole on one rank,
+// so its export gathers it a unit at a time. `units` calls its argument once or more, the same
+// calls on every rank (collective); during each call `held(t)` tells whether tensor `t` (a
+// parameter or buffer of the model) holds its current value, in fp32 where it trains in fp32
+// (the master values under bf16 gathers). Every tensor an export reads must be held in some
+// call, and each exported tensor is written in the first call that holds all it reads: the
+// named weights as themselves, a LoRA linear's merged weight from its base and adapters (one
+// block's, gathered together), an adapter from itself. The files and their bytes are
+// export_live_model()'s: model.safetensors's header is written first (names, fp32, shapes) and
+// each tensor at its offset (checkpoint::SafetensorsWriter), so `dir` on the writing rank holds
+// one exported tensor at a time besides what `units` gathers, and each file appears (rename)
+// only when complete. `write`: this rank writes the files (rank 0); the others only take part
+// in `units`.
+using HeldTensor = std::function<bool(const torch::Tensor&)>;
+using ParameterUnits = std::function<void(const std::function<void(const HeldTensor& held)>&)>;
+void export_live_model(LanguageModel model, const std::string& dir, const ParameterUnits& units,
+                       bool write);
 
 // Reads a directory written by export_live_model() or checkpoint::export_checkpoint_model():
 // config.json's model_type picks the family (unknown: exit 2 naming it).

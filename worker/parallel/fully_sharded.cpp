@@ -225,6 +225,10 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     release_storage(unit.frozen_full);
     frozen_held_bytes_ += chunk * 4;
   }
+  for (const auto& unit : units_) {
+    for (const auto& p : unit.params) sharded_.insert(p.unsafeGetTensorImpl());
+    for (const auto& p : unit.frozen) sharded_.insert(p.unsafeGetTensorImpl());
+  }
   for (const auto& p : model->parameters()) {
     const void* impl = p.unsafeGetTensorImpl();
     if (trainable.count(impl)) continue;
@@ -266,12 +270,22 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
                              rbytes(i + 1) + rbytes(i + 2);
     predicted_peak_bytes_ = std::max({predicted_peak_bytes_, root + forward, root + backward});
   }
-  // Evaluation and the exports hold every parameter (FullParameters), in fp32.
+  // Exports hold one unit at a time, in fp32 (Note [Fully sharded exports]): a block's fp32
+  // parameters and frozen base, or the root's fp32 parameters (as many bytes as its gradients).
+  // Never more than training holds (a block's gradients alone are as many bytes), counted
+  // anyway.
+  int64_t exported = root_grads;
+  for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i)
+    exported = std::max(exported, wbytes(i));
+  predicted_peak_bytes_ = std::max(predicted_peak_bytes_, exported);
+  // Evaluation holds every parameter (FullParameters), in fp32: counted only where it runs
+  // (options_.evaluates). Issue 25 took the exports out of this term; it goes when evaluation
+  // runs unit by unit too.
   int64_t whole = 0, whole_grads = 0;
   for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) whole += wbytes(i);
   for (const auto& unit : units_) whole_grads += bytes_of(unit.full_grad);
   whole += root_grads;  // the root's fp32 parameters: as many bytes as its gradients
-  predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole);
+  if (options_.evaluates) predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole);
   // Accumulating unsharded: every block's gradient, the root's parameters and, in backward,
   // a block's parameters with its prefetched predecessor's.
   if (options_.accumulate_unsharded) {
@@ -364,10 +378,10 @@ void FullyShardedSync::hook_gradients() {
   }
 }
 
-void FullyShardedSync::gather(size_t u) {
+void FullyShardedSync::gather(size_t u, bool master) {
   Unit& unit = units_[u];
   if (unit.gathered) return;
-  if (full_ && unit.whole.defined()) {
+  if ((full_ || master) && unit.whole.defined()) {
     gather_whole(u);
   } else {
     launch_gather(u);
@@ -588,6 +602,39 @@ void FullyShardedSync::release_full_parameters() {
   }
   // Changing a parameter's dtype (set_data) drops its gradient accumulator, and the hooks with
   // it: the bf16 parameters get new ones.
+  if (repointed) hook_gradients();
+}
+
+void FullyShardedSync::visit_parameter_units(
+    const std::function<void(const std::function<bool(const torch::Tensor&)>& held)>& visit) {
+  torch::NoGradGuard no_grad;
+  if (full_) {  // inside a FullParameters: every unit is held already
+    visit([](const torch::Tensor&) { return true; });
+    return;
+  }
+  // Note [Fully sharded exports]: between steps nothing is gathered; a unit held now would be
+  // the bf16 one.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u].whole.defined()) release(u);
+  }
+  bool repointed = false;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    gather(u, /*master=*/true);
+    std::set<const void*> here;
+    for (const auto& p : unit.params) here.insert(p.unsafeGetTensorImpl());
+    for (const auto& p : unit.frozen) here.insert(p.unsafeGetTensorImpl());
+    visit([&](const torch::Tensor& t) {
+      const void* impl = t.unsafeGetTensorImpl();
+      return here.count(impl) > 0 || sharded_.count(impl) == 0;
+    });
+    if (unit.whole.defined() && unit.whole.storage().nbytes() > 0) {
+      release_whole(u);
+      repointed = true;
+    }
+    release(u);
+  }
+  // As release_full_parameters(): set_data to fp32 and back dropped the gradient hooks.
   if (repointed) hook_gradients();
 }
 

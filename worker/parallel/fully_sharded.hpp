@@ -34,8 +34,9 @@
 //     adds the next micro-step's into them, and only the last micro-step reduce-scatters.
 //  5. the trainer's norm is the sum of the shards' partial squares over ranks; the optimizer
 //     updates the shard.
-// Evaluation and exports hold the whole model for their duration (FullParameters): 4 bytes a
-// parameter on every rank (fp32 under bf16 gathers too), the peak of a run whose blocks are many.
+// Evaluation holds the whole model for its duration (FullParameters): 4 bytes a parameter on
+// every rank (fp32 under bf16 gathers too), the peak of a run whose blocks are many. Exports do
+// not: Note [Fully sharded exports].
 // Every collective is issued in the same order on every rank: forward runs blocks in order and
 // the autograd engine runs the same graph in the same order everywhere.
 //
@@ -69,6 +70,14 @@
 // The memory account counts each buffer at its element size: a unit's parameters 2 bytes an
 // element, gradients 4, a reduction in flight 4 or 2, the whole model 4 (steps 1-4 above).
 //
+// Note [Fully sharded exports]: the final and the best model's exports (Note [Exports unit by
+// unit], models/registry.hpp) visit the units in order (blocks, then the root) on every rank:
+// all-gather unit u (fp32 into `whole` under bf16 gathers: exports write the master values;
+// its frozen base with it), let rank 0 write the tensors it completes, release it. So a rank
+// holds its shard plus one unit, in fp32 (trace: W+/W- or P+/P- per unit), never the whole
+// model; the root's frozen parameters and buffers are held anyway. Inside a FullParameters
+// every unit is held already: one visit, nothing gathered.
+//
 // Note [Fully sharded frozen base]: a block's frozen parameters (the base of a LoRA model,
 // 4 bytes a parameter that DDP and ZeRO-1/2 replicate) are sharded with their block: each
 // rank keeps its chunk (frozen_shard, an even split of the block's frozen parameters, each
@@ -88,8 +97,10 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -110,6 +121,9 @@ struct FullyShardedOptions {
   // parallel.zero3_accumulate_unsharded: whole gradients kept between micro-steps, one
   // reduce-scatter at the last.
   bool accumulate_unsharded = false;
+  // training.eval_steps > 0: evaluation holds every parameter (FullParameters), which the
+  // predicted peak counts then. Exports never do (Note [Fully sharded exports]).
+  bool evaluates = true;
 };
 
 class FullyShardedSync final : public GradientSync {
@@ -133,6 +147,10 @@ class FullyShardedSync final : public GradientSync {
   std::optional<Memory> memory() const override;
   void gather_full_parameters() override;
   void release_full_parameters() override;
+  // Note [Fully sharded exports]
+  void visit_parameter_units(
+      const std::function<void(const std::function<bool(const torch::Tensor&)>& held)>& visit)
+      override;
 
  private:
   struct Unit {
@@ -175,7 +193,9 @@ class FullyShardedSync final : public GradientSync {
   // The unit's parameters become views of `buffer` (its dtype theirs).
   void point_params(size_t u, const torch::Tensor& buffer);
   void hook_gradients();  // Note [Fully sharded], step 3: the AccumulateGrad post-hooks
-  void gather(size_t u);  // gathered on return
+  // Gathered on return; `master`: under bf16 gathers the fp32 values into `whole` (as while
+  // every parameter is held).
+  void gather(size_t u, bool master = false);
   // Parameters' storage released (unless every parameter is held). keep_frozen: in backward,
   // the frozen ones stay until the block's backward is over (Note [Fully sharded frozen base]).
   void release(size_t u, bool keep_frozen = false);
@@ -201,10 +221,11 @@ class FullyShardedSync final : public GradientSync {
   std::shared_ptr<Hooks> hooks_;
   std::shared_ptr<bool> alive_;  // gradient hooks outlive us inside autograd; they check this
   std::vector<GradAccumulator> accumulators_;
-  bool full_ = false;       // gather_full_parameters() in effect
-  bool armed_ = false;      // inside a micro-step's backward
-  bool reduce_now_ = true;  // this micro-step reduce-scatters (not before the last one when
-                            // accumulating unsharded)
+  std::set<const void*> sharded_;  // every unit's parameters, frozen ones too (TensorImpl)
+  bool full_ = false;              // gather_full_parameters() in effect
+  bool armed_ = false;             // inside a micro-step's backward
+  bool reduce_now_ = true;         // this micro-step reduce-scatters (not before the last one when
+                                   // accumulating unsharded)
   int64_t live_bytes_ = 0, peak_live_bytes_ = 0;  // gathered non-root parameters + gradients
   int64_t predicted_peak_bytes_ = 0;              // the same, predicted from the unit sizes
   bool trace_ = false;                            // DNALLM_TRACE_ZERO3: log every change

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,8 +33,10 @@ namespace dnallm::parallel {
 //   4. sum_scalar(local loss sum) (for the logged loss)           collective
 //   5. grad_sq_norm(flat grads of the shard)                      collective for ZeRO
 //   6. optimizer on shard_range(numel), then after_optimizer_step()  (ZeRO: all-gather)
-// Outside steps, evaluation and exports hold a FullParameters (every rank: ZeRO-3 gathers
-// every parameter for its lifetime). Memory figures come from memory(), not from a cast.
+// Outside steps, evaluation holds a FullParameters (every rank: ZeRO-3 gathers every parameter
+// for its lifetime); exports visit the parameters unit by unit instead (visit_parameter_units,
+// Note [Exports unit by unit] in models/registry.hpp). Memory figures come from memory(), not
+// from a cast.
 class GradientSync {
  public:
   virtual ~GradientSync() = default;
@@ -100,6 +103,15 @@ class GradientSync {
   // all-gathers every unit). No-op where every rank holds every parameter anyway.
   virtual void gather_full_parameters() {}
   virtual void release_full_parameters() {}
+  // Calls `visit(held)` once per group of parameters this rank holds whole at once, the same
+  // calls in the same order on every rank (collective: ZeRO-3 all-gathers a unit, fp32 master
+  // values under bf16 gathers, before its call and releases it after); `held(t)` tells whether
+  // tensor `t` holds its current value during that call: a parameter of the group, or one the
+  // sync never releases (buffers too). Default: one call, every tensor held.
+  virtual void visit_parameter_units(
+      const std::function<void(const std::function<bool(const torch::Tensor&)>& held)>& visit) {
+    visit([](const torch::Tensor&) { return true; });
+  }
 };
 
 // Every parameter whole for a scope: evaluation, exports (all ranks construct it).

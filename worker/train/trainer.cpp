@@ -655,10 +655,9 @@ RunEnd Trainer::run() {
   }
   for (auto& hook : options_.at_end) hook(*this);
   if (config_.checkpoint.save_final) {
-    parallel::FullParameters full(*sync_);  // every rank: ZeRO-3 gathers the model
+    const auto dir = export_dir();
+    export_model(dir);  // every rank: ZeRO-3 gathers the model unit by unit
     if (sync_->rank() == 0) {
-      const auto dir = export_dir();
-      models::export_live_model(model_, dir);
       if (options_.write_tokenizer) options_.write_tokenizer(dir);
       spdlog::info("exported the model to {}", dir);
     }
@@ -721,7 +720,11 @@ void Trainer::evaluate_at(int64_t step) {
   parallel::FullParameters full(*sync_);
   auto e = evaluate(model_, *eval_, t.eval_batches, device_, options_.bases_of_label, sync_.get(),
                     options_.context.get());
-  if (sync_->rank() != 0) return;
+  if (sync_->rank() != 0) {
+    // Every rank takes part in the best model's export (Note [Best checkpoint]).
+    if (config_.checkpoint.best_metric != cfg::BestMetric::kNone) keep_if_best(step, e);
+    return;
+  }
   const auto task = model_->spec().task;
   nlohmann::ordered_json line;
   line["event"] = "eval";
@@ -780,10 +783,22 @@ std::pair<double, bool> best_metric_value(cfg::BestMetric metric, const EvalResu
 
 }  // namespace
 
+void Trainer::export_model(const std::string& dir) {
+  // Note [Exports unit by unit] (models/registry.hpp): the ranks gather the model a unit at a
+  // time (ZeRO-3; other syncs hold it whole: one visit), rank 0 writes.
+  models::export_live_model(
+      model_, dir, [this](const auto& visit) { sync_->visit_parameter_units(visit); },
+      sync_->rank() == 0);
+}
+
 void Trainer::keep_if_best(int64_t step, const EvalResult& e) {
   namespace fs = std::filesystem;
   const cfg::BestMetric metric = config_.checkpoint.best_metric;
   const fs::path best = best_dir();
+  if (sync_->rank() != 0) {  // rank 0 decides (it alone reads best.json); the export is collective
+    if (sync_->sum_scalar(0.0) > 0) export_model((best.string() + ".tmp"));
+    return;
+  }
   if (!best_read_) {  // a resumed run: the value to beat survives the restart
     best_read_ = true;
     std::error_code ec;
@@ -797,14 +812,15 @@ void Trainer::keep_if_best(int64_t step, const EvalResult& e) {
     }
   }
   const auto [value, higher] = best_metric_value(metric, e);
-  if (!std::isfinite(value)) return;
   const bool better =
-      std::isnan(best_value_) || (higher ? value > best_value_ : value < best_value_);
+      std::isfinite(value) &&
+      (std::isnan(best_value_) || (higher ? value > best_value_ : value < best_value_));
+  if (sync_->world_size() > 1) sync_->sum_scalar(better ? 1.0 : 0.0);  // the others' decision
   if (!better) return;
   best_value_ = value;
   const fs::path tmp = best.string() + ".tmp", old = best.string() + ".old";
   fs::remove_all(tmp);
-  models::export_live_model(model_, tmp.string());
+  export_model(tmp.string());
   if (options_.write_tokenizer) options_.write_tokenizer(tmp.string());
   nlohmann::ordered_json info;
   info["step"] = step;

@@ -114,8 +114,9 @@ struct StepResult {
   int64_t host_reads = 0;
 };
 
-// Note [Best checkpoint]: with checkpoint.best_metric set, rank 0 exports the live model to
-// <checkpoint.dir>/best after each evaluation whose metric beats every earlier one (strictly;
+// Note [Best checkpoint]: with checkpoint.best_metric set, the live model is exported (rank 0
+// writes; every rank takes part, as ZeRO-3 gathers it unit by unit: Note [Exports unit by unit])
+// to <checkpoint.dir>/best after each evaluation whose metric beats every earlier one (strictly;
 // lower loss / bits_per_base, higher accuracy / mcc / f1), with best.json ({"step",
 // "metric", "value"}) beside the weights: the Hugging Face Trainer's load_best_model_at_end
 // without reloading (the test set is scored from <dir>/best, scripts/gue-finetune.sh). The
@@ -325,7 +326,11 @@ class Trainer {
   double account(const StepResult& r, RunTotals& totals);  // returns the step's global tokens
   void log_step(const StepResult& r, double global_tokens, const RunTotals& totals);
   void evaluate_at(int64_t step);
+  // Note [Best checkpoint]: called on every rank after each evaluation; rank 0 decides whether
+  // the model is the best so far and tells the others (sum_scalar), all export it. Collective.
   void keep_if_best(int64_t step, const EvalResult& e);
+  // The live model into `dir` (rank 0 writes); collective (Note [Exports unit by unit]).
+  void export_model(const std::string& dir);
   StepAction run_after_step_hooks(const StepResult& r);
   void write_summary(const RunTotals& totals);
   double peak_tflops_ = 0.0;  // one device's peak for MFU; 0: unknown (no MFU)

@@ -1104,18 +1104,31 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
 // ---------------------------------------------------------------------------------------------
 // Export / load
 
+std::map<std::string, std::shared_ptr<LoraLinearImpl>> lora_or_quantized_linears(
+    torch::nn::Module& model) {
+  std::map<std::string, std::shared_ptr<LoraLinearImpl>> out;
+  for (const auto& item : model.named_modules()) {
+    auto lin = std::dynamic_pointer_cast<LoraLinearImpl>(item.value());
+    if (lin == nullptr || (!lin->has_lora() && !lin->quantized())) continue;
+    out[item.key() + ".weight"] = lin;
+  }
+  return out;
+}
+
+Tensor full_linear_weight(const LoraLinearImpl& linear, bool merge_adapters) {
+  torch::NoGradGuard no_grad;
+  auto w = linear.full_weight();
+  if (merge_adapters && linear.has_lora()) {
+    auto params = linear.named_parameters(false);
+    w = w + torch::matmul(params["lora_B"], params["lora_A"]) * linear.lora_scaling();
+  }
+  return w.detach();
+}
+
 std::map<std::string, Tensor> full_linear_weights(torch::nn::Module& model, bool merge_adapters) {
   std::map<std::string, Tensor> out;
-  torch::NoGradGuard no_grad;
-  for (const auto& item : model.named_modules()) {
-    auto* lin = item.value()->as<LoraLinearImpl>();
-    if (lin == nullptr || (!lin->has_lora() && !lin->quantized())) continue;
-    auto w = lin->full_weight();
-    if (merge_adapters && lin->has_lora()) {
-      auto params = lin->named_parameters(false);
-      w = w + torch::matmul(params["lora_B"], params["lora_A"]) * lin->lora_scaling();
-    }
-    out[item.key() + ".weight"] = w.detach();
+  for (const auto& [name, lin] : lora_or_quantized_linears(model)) {
+    out[name] = full_linear_weight(*lin, merge_adapters);
   }
   return out;
 }

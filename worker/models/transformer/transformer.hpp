@@ -296,6 +296,12 @@ std::map<std::string, torch::Tensor> load_safetensors(const std::string& path);
 // Copies: the live model keeps training with its adapters. Every export goes through this.
 std::map<std::string, torch::Tensor> full_linear_weights(torch::nn::Module& model,
                                                          bool merge_adapters);
+// The linears full_linear_weights() covers (LoRA or quantized), by "<module>.weight", and one
+// such linear's full-precision weight: an export computes them one at a time (Note [Exports
+// unit by unit], registry.hpp).
+std::map<std::string, std::shared_ptr<LoraLinearImpl>> lora_or_quantized_linears(
+    torch::nn::Module& model);
+torch::Tensor full_linear_weight(const LoraLinearImpl& linear, bool merge_adapters);
 
 // A fresh transformer from [model] (model.init_from = one of our model directories: its
 // tensors by name and shape), after Note [Memory predicted]; LoRA and QLoRA as configured.
