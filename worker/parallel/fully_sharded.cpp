@@ -278,14 +278,14 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
   for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i)
     exported = std::max(exported, wbytes(i));
   predicted_peak_bytes_ = std::max(predicted_peak_bytes_, exported);
-  // Evaluation holds every parameter (FullParameters), in fp32: counted only where it runs
-  // (options_.evaluates). Issue 25 took the exports out of this term; it goes when evaluation
-  // runs unit by unit too.
+  // Evaluation and final/hf hold every parameter (FullParameters), in fp32: counted only where
+  // they run (options_.whole_model_held). Issue 25 took our own export files out of this term;
+  // it goes when evaluation and the Hugging Face layout run unit by unit too.
   int64_t whole = 0, whole_grads = 0;
   for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) whole += wbytes(i);
   for (const auto& unit : units_) whole_grads += bytes_of(unit.full_grad);
   whole += root_grads;  // the root's fp32 parameters: as many bytes as its gradients
-  if (options_.evaluates) predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole);
+  if (options_.whole_model_held) predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole);
   // Accumulating unsharded: every block's gradient, the root's parameters and, in backward,
   // a block's parameters with its prefetched predecessor's.
   if (options_.accumulate_unsharded) {

@@ -76,7 +76,9 @@
 // its frozen base with it), let rank 0 write the tensors it completes, release it. So a rank
 // holds its shard plus one unit, in fp32 (trace: W+/W- or P+/P- per unit), never the whole
 // model; the root's frozen parameters and buffers are held anyway. Inside a FullParameters
-// every unit is held already: one visit, nothing gathered.
+// every unit is held already: one visit, nothing gathered. Not covered yet: final/hf, the
+// Hugging Face layout that dnallm-train's tokenizer hook writes after the final export through
+// each family's export_hf from the live model: the trainer holds a FullParameters for it.
 //
 // Note [Fully sharded frozen base]: a block's frozen parameters (the base of a LoRA model,
 // 4 bytes a parameter that DDP and ZeRO-1/2 replicate) are sharded with their block: each
@@ -121,9 +123,11 @@ struct FullyShardedOptions {
   // parallel.zero3_accumulate_unsharded: whole gradients kept between micro-steps, one
   // reduce-scatter at the last.
   bool accumulate_unsharded = false;
-  // training.eval_steps > 0: evaluation holds every parameter (FullParameters), which the
-  // predicted peak counts then. Exports never do (Note [Fully sharded exports]).
-  bool evaluates = true;
+  // Something holds every parameter at once (FullParameters), which the predicted peak counts
+  // then: evaluation (training.eval_steps > 0) and the trainer's tokenizer hook after the final
+  // export, which writes final/hf (checkpoint.save_final). Our own export files never do (Note
+  // [Fully sharded exports]).
+  bool whole_model_held = true;
 };
 
 class FullyShardedSync final : public GradientSync {

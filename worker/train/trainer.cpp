@@ -657,10 +657,14 @@ RunEnd Trainer::run() {
   if (config_.checkpoint.save_final) {
     const auto dir = export_dir();
     export_model(dir);  // every rank: ZeRO-3 gathers the model unit by unit
-    if (sync_->rank() == 0) {
-      if (options_.write_tokenizer) options_.write_tokenizer(dir);
-      spdlog::info("exported the model to {}", dir);
+    if (options_.write_tokenizer) {
+      // The hook also writes final/hf (train_main.cpp: the Hugging Face layout, each family's
+      // export_hf), which reads the live model whole: every rank gathers it for that, as before
+      // issue 25. Note [Exports unit by unit] covers our own files only.
+      parallel::FullParameters full(*sync_);
+      if (sync_->rank() == 0) options_.write_tokenizer(dir);
     }
+    if (sync_->rank() == 0) spdlog::info("exported the model to {}", dir);
   }
   if (sync_->rank() == 0) write_summary(totals);
   return RunEnd::kCompleted;
@@ -821,6 +825,8 @@ void Trainer::keep_if_best(int64_t step, const EvalResult& e) {
   const fs::path tmp = best.string() + ".tmp", old = best.string() + ".old";
   fs::remove_all(tmp);
   export_model(tmp.string());
+  // (final/hf as well: the hook reads the live model whole, which evaluate_at's FullParameters
+  // holds; a FullParameters here would release it on leaving, as they do not nest.)
   if (options_.write_tokenizer) options_.write_tokenizer(tmp.string());
   nlohmann::ordered_json info;
   info["step"] = step;

@@ -68,7 +68,7 @@ Peaks export_both_ways(const Case& c, const fs::path& dir) {
         }
         FullyShardedOptions options;
         options.precision = c.precision;
-        options.evaluates = false;
+        options.whole_model_held = false;  // our export files alone
         FullyShardedSync sync(comm, options);
         auto flat = sync.place(model, named, torch::kCPU);
         // As training would: every rank's shard moves (LoRA's B away from 0), so each unit's
