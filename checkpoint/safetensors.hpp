@@ -122,9 +122,9 @@ class SafetensorsWriter {
 
 // Note [Exported model directory]
 // What dnallm-eval --model, dnallm-infer and transformers (where the architecture matches)
-// load, written by write_model_directory() for both exports: from a live model
-// (models::export_live_model, the end of training) and from a checkpoint
-// (export_checkpoint_model, dnallm-ckpt export):
+// load, written for both exports: from a live model (models::export_live_model, the end of
+// training: the same files streamed a tensor at a time, Note [Safetensors in any order]) and
+// from a checkpoint (export_checkpoint_model, dnallm-ckpt export, by write_model_directory()):
 //   model.safetensors          the weights under Hugging Face names
 //   config.json                models::export_config() (checkpoints store it in their state)
 //   tokenizer.json             when known (checkpoint state; the trainer's tokenizer hook)

@@ -707,5 +707,26 @@ TEST_F(DdpEquivalence, Zero3ExportGathersOneUnitAtATime) {
   expect_peak_as_predicted(run, "ZeRO-3, 8 blocks");
 }
 
+// Note [Best checkpoint] (worker/train/trainer.hpp): rank 0 decides whether an evaluation is
+// the best so far and every rank takes part in its export. ZeRO-3 at 2 ranks trains as DDP bit
+// for bit (no clipping), so both keep the same best step and write the same best/ files.
+TEST_F(DdpEquivalence, Zero3BestModelIsDdps) {
+  const std::string sets = fmt::format(
+      "--set training.max_steps=6 --set training.max_grad_norm=0 --set training.eval_steps=2 "
+      "--set training.eval_batches=2 --set checkpoint.best_metric=loss "
+      "--set data.eval_files=[\\\"{}/data/ecoli_k12_mg1655.fa.gz\\\"] ",
+      kSrc);
+  TrainRun ddp = train("best_ddp", 2, 6, 1, sets);
+  TrainRun z3 = train("best_z3", 2, 6, 1, sets + "--set parallel.zero_stage=3");
+  expect_identical(ddp, z3, "ZeRO-3 vs DDP with evaluation and the best model");
+  ASSERT_EQ(metric_lines(z3.dir, "eval").size(), 3u);
+  EXPECT_GE(metric_lines(z3.dir, "best").size(), 1u);
+  for (const char* f : {"model.safetensors", "config.json", "best.json", "tokenizer.json"}) {
+    const std::string a = ddp.dir + "/ckpt/best/" + f, b = z3.dir + "/ckpt/best/" + f;
+    ASSERT_TRUE(std::filesystem::exists(b)) << b;
+    EXPECT_TRUE(file_bytes(a) == file_bytes(b)) << "best/" << f << " differs";
+  }
+}
+
 }  // namespace
 }  // namespace dnallm::testing
