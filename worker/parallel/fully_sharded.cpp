@@ -266,12 +266,21 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
                              rbytes(i + 1) + rbytes(i + 2);
     predicted_peak_bytes_ = std::max({predicted_peak_bytes_, root + forward, root + backward});
   }
-  // Evaluation and the exports hold every parameter (FullParameters), in fp32.
-  int64_t whole = 0, whole_grads = 0;
-  for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) whole += wbytes(i);
+  // Note [Sharded evaluation]: the root and blocks i and i + 1 (fp32 gathers), or the root and
+  // block i, both fp32 (bf16 gathers: `whole`, no prefetch).
+  const bool eval_whole = param_dtype_ != torch::kFloat32;
+  for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) {
+    const int64_t forward = eval_whole
+                                ? root_grads + wbytes(i)
+                                : root_params + pbytes(i) + (options_.prefetch ? pbytes(i + 1) : 0);
+    predicted_peak_bytes_ = std::max(predicted_peak_bytes_, forward);
+  }
+  // The exports hold every parameter (FullParameters), in fp32: counted once one is made.
+  int64_t whole_grads = 0;
+  predicted_whole_bytes_ =
+      root_grads;  // the root's fp32 parameters: as many bytes as its gradients
+  for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) predicted_whole_bytes_ += wbytes(i);
   for (const auto& unit : units_) whole_grads += bytes_of(unit.full_grad);
-  whole += root_grads;  // the root's fp32 parameters: as many bytes as its gradients
-  predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole);
   // Accumulating unsharded: every block's gradient, the root's parameters and, in backward,
   // a block's parameters with its prefetched predecessor's.
   if (options_.accumulate_unsharded) {
@@ -367,7 +376,7 @@ void FullyShardedSync::hook_gradients() {
 void FullyShardedSync::gather(size_t u) {
   Unit& unit = units_[u];
   if (unit.gathered) return;
-  if (full_ && unit.whole.defined()) {
+  if (gathers_whole(u)) {
     gather_whole(u);
   } else {
     launch_gather(u);
@@ -384,6 +393,10 @@ void FullyShardedSync::gather(size_t u) {
   unit.gathered = true;
 }
 
+bool FullyShardedSync::gathers_whole(size_t u) const {
+  return (full_ || forwards_) && units_[u].whole.defined();
+}
+
 void FullyShardedSync::release(size_t u, bool keep_frozen) {
   Unit& unit = units_[u];
   if (full_) return;
@@ -392,6 +405,8 @@ void FullyShardedSync::release(size_t u, bool keep_frozen) {
     unit.gathering.reset();
     unit.gather_in = torch::Tensor();
   }
+  // Evaluation's fp32 unit under bf16 gathers (Note [Sharded evaluation]).
+  if (unit.whole.defined() && unit.whole.storage().nbytes() > 0) release_whole(u);
   if (unit.full.storage().nbytes() > 0) add_live(-bytes_of(unit.full), "P-", u);
   release_storage(unit.full);
   unit.gathered = false;
@@ -435,7 +450,7 @@ void FullyShardedSync::add_live(int64_t bytes, const char* what, size_t u) {
 
 void FullyShardedSync::before_block(size_t u) {
   gather(u);
-  if (options_.prefetch && !full_ && u + 1 < root_) launch_gather(u + 1);
+  if (options_.prefetch && !full_ && u + 1 < root_ && !gathers_whole(u + 1)) launch_gather(u + 1);
 }
 
 torch::Tensor FullyShardedSync::after_block(size_t u, torch::Tensor output) {
@@ -573,6 +588,7 @@ void FullyShardedSync::gather_full_parameters() {
     if (units_[u].whole.defined()) release(u);
   }
   full_ = true;
+  predicted_peak_bytes_ = std::max(predicted_peak_bytes_, predicted_whole_bytes_);
   for (size_t u = 0; u < units_.size(); ++u) gather(u);
 }
 
@@ -589,6 +605,29 @@ void FullyShardedSync::release_full_parameters() {
   // Changing a parameter's dtype (set_data) drops its gradient accumulator, and the hooks with
   // it: the bf16 parameters get new ones.
   if (repointed) hook_gradients();
+}
+
+void FullyShardedSync::begin_forwards() {
+  // Note [Sharded evaluation]: between steps nothing is gathered.
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+  forwards_ = true;
+}
+
+void FullyShardedSync::before_forward_only() {
+  gather(root_);
+  if (options_.prefetch && root_ > 0 && !gathers_whole(0)) launch_gather(0);
+}
+
+void FullyShardedSync::after_forward_only() {
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+}
+
+void FullyShardedSync::end_forwards() {
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+  forwards_ = false;
+  // The fp32 `whole` views replaced the bf16 parameters' gradient accumulators (set_data to
+  // another dtype): the bf16 ones get new hooks, as after release_full_parameters().
+  if (param_dtype_ != torch::kFloat32) hook_gradients();
 }
 
 std::optional<GradientSync::Memory> FullyShardedSync::memory() const {

@@ -34,8 +34,21 @@
 //     adds the next micro-step's into them, and only the last micro-step reduce-scatters.
 //  5. the trainer's norm is the sum of the shards' partial squares over ranks; the optimizer
 //     updates the shard.
-// Evaluation and exports hold the whole model for their duration (FullParameters): 4 bytes a
-// parameter on every rank (fp32 under bf16 gathers too), the peak of a run whose blocks are many.
+// Exports hold the whole model for their duration (FullParameters): 4 bytes a parameter on
+// every rank (fp32 under bf16 gathers too). Evaluation does not: Note [Sharded evaluation].
+//
+// Note [Sharded evaluation]: evaluation's forwards (ShardedForwards, gradient_sync.hpp) run the
+// block hooks as a training forward does: before_forward_only() gathers the root and prefetches
+// block 0, before block i gathers it and prefetches block i + 1, after it releases it, and
+// after_forward_only() releases the root: a rank holds its shard, the root and at most two
+// blocks' parameters (under bf16 gathers: the root and one block, gathered in fp32 into `whole`
+// without prefetch, so that evaluation computes with the master values as DDP's does, and the
+// bf16 parameters are hooked again after it). Every forward is then collective, so evaluate()
+// keeps the ranks in step (one scalar all-reduce a batch says whether any rank still has one; a
+// rank that ran out repeats its first batch and drops the result). Before this, evaluation held
+// the whole model on every rank (FullParameters), 4 bytes a parameter: for a model sharded
+// because it does not fit one rank, evaluation was the run's peak. A rank with no evaluation
+// batch at all has nothing to repeat: that evaluation falls back to FullParameters.
 // Every collective is issued in the same order on every rank: forward runs blocks in order and
 // the autograd engine runs the same graph in the same order everywhere.
 //
@@ -133,6 +146,11 @@ class FullyShardedSync final : public GradientSync {
   std::optional<Memory> memory() const override;
   void gather_full_parameters() override;
   void release_full_parameters() override;
+  bool forwards_are_collective() const override { return true; }
+  void begin_forwards() override;
+  void before_forward_only() override;
+  void after_forward_only() override;
+  void end_forwards() override;
 
  private:
   struct Unit {
@@ -169,8 +187,11 @@ class FullyShardedSync final : public GradientSync {
 
   void launch_gather(size_t u);
   void launch_frozen_gather(size_t u);
-  // bf16 gathers, every parameter held: the unit's fp32 parameters gathered into `whole`.
+  // bf16 gathers, every parameter held or evaluating: the unit's fp32 parameters gathered
+  // into `whole`.
   void gather_whole(size_t u);
+  // Whether unit u is gathered in fp32 into `whole` now (bf16 gathers, outside training steps).
+  bool gathers_whole(size_t u) const;
   void release_whole(size_t u);
   // The unit's parameters become views of `buffer` (its dtype theirs).
   void point_params(size_t u, const torch::Tensor& buffer);
@@ -202,12 +223,14 @@ class FullyShardedSync final : public GradientSync {
   std::shared_ptr<bool> alive_;  // gradient hooks outlive us inside autograd; they check this
   std::vector<GradAccumulator> accumulators_;
   bool full_ = false;       // gather_full_parameters() in effect
+  bool forwards_ = false;   // begin_forwards() in effect (Note [Sharded evaluation])
   bool armed_ = false;      // inside a micro-step's backward
   bool reduce_now_ = true;  // this micro-step reduce-scatters (not before the last one when
                             // accumulating unsharded)
   int64_t live_bytes_ = 0, peak_live_bytes_ = 0;  // gathered non-root parameters + gradients
   int64_t predicted_peak_bytes_ = 0;              // the same, predicted from the unit sizes
-  bool trace_ = false;                            // DNALLM_TRACE_ZERO3: log every change
+  int64_t predicted_whole_bytes_ = 0;  // every unit's parameters in fp32 (FullParameters)
+  bool trace_ = false;                 // DNALLM_TRACE_ZERO3: log every change
   int64_t global_numel_ = 0;
   int64_t frozen_held_bytes_ = 0;   // frozen shards of the blocks + the root's frozen parameters
   int64_t frozen_total_bytes_ = 0;  // every frozen parameter of the model

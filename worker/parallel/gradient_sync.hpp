@@ -32,8 +32,10 @@ namespace dnallm::parallel {
 //   4. sum_scalar(local loss sum) (for the logged loss)           collective
 //   5. grad_sq_norm(flat grads of the shard)                      collective for ZeRO
 //   6. optimizer on shard_range(numel), then after_optimizer_step()  (ZeRO: all-gather)
-// Outside steps, evaluation and exports hold a FullParameters (every rank: ZeRO-3 gathers
-// every parameter for its lifetime). Memory figures come from memory(), not from a cast.
+// Outside steps, exports hold a FullParameters (every rank: ZeRO-3 gathers every parameter
+// for its lifetime); evaluation holds a ShardedForwards and brackets each forward with
+// before_forward_only() / after_forward_only() (Note [Sharded evaluation]). Memory figures
+// come from memory(), not from a cast.
 class GradientSync {
  public:
   virtual ~GradientSync() = default;
@@ -100,6 +102,17 @@ class GradientSync {
   // all-gathers every unit). No-op where every rank holds every parameter anyway.
   virtual void gather_full_parameters() {}
   virtual void release_full_parameters() {}
+
+  // Note [Sharded evaluation]: forwards without backward (evaluation), between steps. Under
+  // ZeRO-3 each forward gathers the model unit by unit as a training forward does (at most the
+  // root and two units held, never the whole model), so a forward is collective: every rank
+  // must run as many as the others (forwards_are_collective(); evaluate() pads a rank that ran
+  // out of batches with a repeat whose result it drops). Elsewhere these are no-ops.
+  virtual bool forwards_are_collective() const { return false; }
+  virtual void begin_forwards() {}
+  virtual void before_forward_only() {}
+  virtual void after_forward_only() {}
+  virtual void end_forwards() {}
 };
 
 // Every parameter whole for a scope: evaluation, exports (all ranks construct it).
@@ -109,6 +122,18 @@ class FullParameters {
   ~FullParameters() { sync_.release_full_parameters(); }
   FullParameters(const FullParameters&) = delete;
   FullParameters& operator=(const FullParameters&) = delete;
+
+ private:
+  GradientSync& sync_;
+};
+
+// Evaluation's forwards for a scope (all ranks construct it): Note [Sharded evaluation].
+class ShardedForwards {
+ public:
+  explicit ShardedForwards(GradientSync& sync) : sync_(sync) { sync_.begin_forwards(); }
+  ~ShardedForwards() { sync_.end_forwards(); }
+  ShardedForwards(const ShardedForwards&) = delete;
+  ShardedForwards& operator=(const ShardedForwards&) = delete;
 
  private:
   GradientSync& sync_;

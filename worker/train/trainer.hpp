@@ -325,6 +325,8 @@ class Trainer {
   double account(const StepResult& r, RunTotals& totals);  // returns the step's global tokens
   void log_step(const StepResult& r, double global_tokens, const RunTotals& totals);
   void evaluate_at(int64_t step);
+  void log_evaluation(int64_t step, const EvalResult& e);  // rank 0
+  // Every rank (rank 0 decides; the export is collective under ZeRO-3).
   void keep_if_best(int64_t step, const EvalResult& e);
   StepAction run_after_step_hooks(const StepResult& r);
   void write_summary(const RunTotals& totals);
