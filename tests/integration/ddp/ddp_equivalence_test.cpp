@@ -322,6 +322,26 @@ TEST_F(DdpEquivalence, EvalCountsEveryTableRowOnceAtAnyWorldSize) {
   EXPECT_NEAR(e2[0].at("loss").get<double>(), e1[0].at("loss").get<double>(), 1e-4);
   EXPECT_NEAR(e3[0].at("loss").get<double>(), e2[0].at("loss").get<double>(), 1e-4);
   EXPECT_NEAR(e4[0].at("loss").get<double>(), e1[0].at("loss").get<double>(), 1e-4);
+  // 8 rows in micro-batches of 4 over 3 ranks: the third rank has no evaluation batch, nothing
+  // to repeat, and that evaluation holds the whole model instead (Note [Sharded evaluation]).
+  const std::string few = dir + "/few.csv";
+  {
+    std::ofstream csv(few);
+    csv << "sequence,label\n";
+    for (size_t i = 0; i < 8; ++i) csv << genome.substr(i * 60, 60) << "," << (i % 2) << "\n";
+  }
+  const std::string few_sets = fmt::format(
+      "--set model.task=classification --set model.num_labels=2 "
+      "--set data.train_files=[\\\"{0}\\\"] --set data.eval_files=[\\\"{0}\\\"] "
+      "--set data.eval_fraction=0 --set training.max_steps=2 --set training.eval_steps=2 "
+      "--set training.lr=1e-6 --set training.eval_batches=8 --set parallel.zero_stage=3",
+      few);
+  std::string log;
+  TrainRun starved = train("eval_rows3_z3_few", 3, 4, 1, few_sets, "", &log);
+  const auto e5 = metric_lines(starved.dir, "eval");
+  ASSERT_EQ(e5.size(), 1u);
+  EXPECT_EQ(e5[0].at("rows").get<int64_t>(), 8);
+  EXPECT_NE(log.find("have no evaluation batch"), std::string::npos) << log;
 }
 
 // Note [Sharded evaluation] (worker/parallel/fully_sharded.hpp): ZeRO-3 evaluates unit by unit.
