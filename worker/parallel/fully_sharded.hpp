@@ -146,6 +146,7 @@ class FullyShardedSync final : public GradientSync {
   std::optional<Memory> memory() const override;
   void gather_full_parameters() override;
   void release_full_parameters() override;
+  bool places_from_host() const override { return true; }
   bool forwards_are_collective() const override { return true; }
   void begin_forwards() override;
   void before_forward_only() override;

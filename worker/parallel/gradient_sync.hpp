@@ -59,6 +59,10 @@ class GradientSync {
     attach(*flat, named);
     return flat;
   }
+  // Whether place() takes the model where it was built (the host) and puts each parameter on
+  // `device` itself (Note [Sharded placement], trainer.cpp): ZeRO-3, so that the device never
+  // holds the whole model. Otherwise the model is on `device` before place().
+  virtual bool places_from_host() const { return false; }
   // The flat buffers exist and parameters are views into them. `named` in registration order.
   virtual void attach(optim::FlatParameters& flat,
                       const std::vector<std::pair<std::string, torch::Tensor>>& named) {}

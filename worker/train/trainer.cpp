@@ -431,13 +431,17 @@ void Trainer::use_context_mesh() {
 
 void Trainer::place_parameters() {
   const auto& t = config_.training;
-  model_->to(device_);
+  // Note [Sharded placement]: a sync that shards the parameters (ZeRO-3) copies them to the
+  // device unit by unit from where the model was built (the host), so the device never holds
+  // the whole model; what it did not take (buffers, the root's frozen parameters) follows.
+  if (!sync_->places_from_host()) model_->to(device_);
   model_->train();
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (const auto& p : model_->named_parameters()) {
     if (p.value().requires_grad()) named.emplace_back(p.key(), p.value());
   }
   flat_ = sync_->place(model_, named, device_);
+  if (sync_->places_from_host()) model_->to(device_);
   DNALLM_CHECK(!flat_->entries().empty(), ExitCode::kUsage,
                "the model has no trainable parameters");
   const auto [begin, end] = sync_->shard_range(flat_->numel());
