@@ -130,15 +130,16 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
 
   auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   // Note [Fully sharded mixed precision]: bf16 runs gather (and compute with) bf16 parameters,
-  // except HyenaDNA's, whose fused mixer and fp32 regions read fp32 parameters.
+  // except a family that reads fp32 parameters (ModelSpec::fp32_parameters: HyenaDNA).
   param_dtype_ = options_.precision == cfg::Precision::kBf16 ? torch::kBFloat16 : torch::kFloat32;
-  if (param_dtype_ != torch::kFloat32 && model->spec().family == "hyena") {
+  if (param_dtype_ != torch::kFloat32 && model->spec().fp32_parameters) {
     param_dtype_ = torch::kFloat32;
     if (rank == 0) {
       spdlog::warn(
-          "ZeRO-3 with training.precision = \"bf16\": HyenaDNA's units are gathered in fp32 "
-          "(its fused mixer and fp32 regions read fp32 parameters); it computes under autocast "
-          "as with DDP (Note [Fully sharded mixed precision])");
+          "ZeRO-3 with training.precision = \"bf16\": the {} family's units are gathered in "
+          "fp32 (it reads fp32 parameters); it computes under autocast as with DDP (Note [Fully "
+          "sharded mixed precision])",
+          model->spec().family);
     }
   }
   shard_params_ = torch::zeros({local}, opts);
@@ -378,13 +379,13 @@ void FullyShardedSync::gather(size_t u) {
   if (unit.gathered) return;
   if (gathers_whole(u)) {
     gather_whole(u);
+    launch_frozen_gather(u);
   } else {
-    launch_gather(u);
+    launch_gather(u);  // (the frozen parameters' too)
     unit.gathering->wait();
     unit.gathering.reset();
     unit.gather_in = torch::Tensor();
   }
-  launch_frozen_gather(u);
   if (unit.frozen_gathering) {
     unit.frozen_gathering->wait();
     unit.frozen_gathering.reset();

@@ -46,7 +46,10 @@ void check_predicted_memory(const Config& config, const ModelOptions& o, const B
   const double gathered_bytes = t.precision == cfg::Precision::kBf16 ? 2.0 : 4.0;
   const double weights = 4 * params / (stage >= 3 ? world : 1.0) + gathered_bytes * held;
   const double grads = lora ? 0.0 : 4 * params / (stage >= 2 ? world : 1.0) + 4 * held;
-  const double moments = lora ? 0.0 : 8 * params / (stage >= 1 ? world : 1.0);
+  // Offloaded from a GPU (Note [Optimizer offload]), the moments live on the host, outside the
+  // device's budget; on the CPU the host is the device.
+  const bool offloaded = t.optimizer_offload && !ctx.on_cpu;
+  const double moments = lora || offloaded ? 0.0 : 8 * params / (stage >= 1 ? world : 1.0);
   const double batch = t.batch_size == cfg::BatchSize::kAuto ? 1.0 : double(t.micro_batch_size);
   const double tokens = batch * double(o.max_seq_length);
   const double per_layer = config.model.gradient_checkpointing ? 1.0 : 8.0;
