@@ -92,6 +92,7 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     torch::Device device) {
   torch::NoGradGuard no_grad;
   const int world = comm_.world_size(), rank = comm_.rank();
+  stream_ordered_ = device.is_cuda();
   // Units: a parameter belongs to the first block that has it, else to the root.
   const auto blocks = model->blocks();
   std::vector<std::set<const void*>> in_block(blocks.size());
@@ -371,13 +372,15 @@ void FullyShardedSync::gather(size_t u) {
     gather_whole(u);
   } else {
     launch_gather(u);
-    unit.gathering->wait();
+    // Note [Fully sharded stream order]: the cast chunk goes back to the allocator only after
+    // the device stream waits for the all-gather that reads it.
+    wait_for_device(unit.gathering);
     unit.gathering.reset();
     unit.gather_in = torch::Tensor();
   }
   launch_frozen_gather(u);
   if (unit.frozen_gathering) {
-    unit.frozen_gathering->wait();
+    wait_for_device(unit.frozen_gathering);
     unit.frozen_gathering.reset();
   }
   unit.frozen_gathered = unit.frozen_full.defined();
@@ -388,7 +391,7 @@ void FullyShardedSync::release(size_t u, bool keep_frozen) {
   Unit& unit = units_[u];
   if (full_) return;
   if (unit.gathering) {  // a prefetch nobody used (e.g. the last block's successor)
-    unit.gathering->wait();
+    wait_for_device(unit.gathering);
     unit.gathering.reset();
     unit.gather_in = torch::Tensor();
   }
@@ -402,7 +405,7 @@ void FullyShardedSync::release_frozen(size_t u) {
   Unit& unit = units_[u];
   if (full_ || !unit.frozen_full.defined()) return;
   if (unit.frozen_gathering) {
-    unit.frozen_gathering->wait();
+    wait_for_device(unit.frozen_gathering);
     unit.frozen_gathering.reset();
   }
   if (unit.frozen_full.storage().nbytes() > 0) add_live(-bytes_of(unit.frozen_full), "F-", u);
@@ -513,11 +516,21 @@ void FullyShardedSync::launch_reduce(size_t u) {
 void FullyShardedSync::complete_oldest() {
   InFlight f = std::move(in_flight_.front());
   in_flight_.pop_front();
-  f.work->wait();
+  // Note [Fully sharded stream order]: the add below is queued after the reduction on the
+  // device; `out`, `staging` and the gradient buffer are freed after the wait.
+  wait_for_device(f.work);
   Unit& unit = units_[f.unit];
   shard_grads_.narrow(0, unit.shard.local_offset, unit.shard.chunk).add_(f.out);
   if (f.staging.defined()) add_live(-bytes_of(f.staging), "S-", f.unit);
   release_grad(f.unit);
+}
+
+void FullyShardedSync::wait_for_device(const comm::WorkPtr& work) {
+  if (stream_ordered_) {
+    work->wait_stream();
+  } else {
+    work->wait();
+  }
 }
 
 void FullyShardedSync::complete_all() {
