@@ -134,9 +134,10 @@ std::string split_name(const std::string& parent, uint64_t n, int color);
 //  - failures: wait_stream() throws at once if the communicator already failed. A collective
 //    nobody host-waits for is still watched: the nccl watchdog times out every enqueued
 //    collective (it keeps them all, not the waited ones) and polls NCCL's asynchronous
-//    errors, then aborts the communicator, which ends the collective's kernel (its end event
-//    completes, so the device stream is not left hanging) and fails every later collective
-//    and wait() with the watchdog's error. Kernels queued after the wait then read whatever
+//    errors, then aborts the communicator (ncclCommAbort "aborts any uncompleted
+//    operations": the collective's kernel ends, its end event completes, and the device
+//    stream waiting on it goes on) and fails every later collective and wait() with the
+//    watchdog's error. Kernels queued after the wait then read whatever
 //    the aborted collective left: the step that saw the failure is lost, never committed (the
 //    next collective of the step, at the latest the loss and norm sums, throws first).
 //  - wrappers: CheckedCommunicator and the staging communicator (worker/parallel/
