@@ -92,6 +92,7 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     torch::Device device) {
   torch::NoGradGuard no_grad;
   const int world = comm_.world_size(), rank = comm_.rank();
+  stream_ordered_ = device.is_cuda();
   // Units: a parameter belongs to the first block that has it, else to the root.
   const auto blocks = model->blocks();
   std::vector<std::set<const void*>> in_block(blocks.size());
@@ -382,12 +383,14 @@ void FullyShardedSync::gather(size_t u) {
     launch_frozen_gather(u);
   } else {
     launch_gather(u);  // (the frozen parameters' too)
-    unit.gathering->wait();
+    // Note [Fully sharded stream order]: the cast chunk goes back to the allocator only after
+    // the device stream waits for the all-gather that reads it.
+    wait_for_device(unit.gathering);
     unit.gathering.reset();
     unit.gather_in = torch::Tensor();
   }
   if (unit.frozen_gathering) {
-    unit.frozen_gathering->wait();
+    wait_for_device(unit.frozen_gathering);
     unit.frozen_gathering.reset();
   }
   unit.frozen_gathered = unit.frozen_full.defined();
@@ -402,7 +405,7 @@ void FullyShardedSync::release(size_t u, bool keep_frozen) {
   Unit& unit = units_[u];
   if (full_) return;
   if (unit.gathering) {  // a prefetch nobody used (e.g. the last block's successor)
-    unit.gathering->wait();
+    wait_for_device(unit.gathering);
     unit.gathering.reset();
     unit.gather_in = torch::Tensor();
   }
@@ -418,7 +421,7 @@ void FullyShardedSync::release_frozen(size_t u) {
   Unit& unit = units_[u];
   if (full_ || !unit.frozen_full.defined()) return;
   if (unit.frozen_gathering) {
-    unit.frozen_gathering->wait();
+    wait_for_device(unit.frozen_gathering);
     unit.frozen_gathering.reset();
   }
   if (unit.frozen_full.storage().nbytes() > 0) add_live(-bytes_of(unit.frozen_full), "F-", u);
@@ -529,11 +532,21 @@ void FullyShardedSync::launch_reduce(size_t u) {
 void FullyShardedSync::complete_oldest() {
   InFlight f = std::move(in_flight_.front());
   in_flight_.pop_front();
-  f.work->wait();
+  // Note [Fully sharded stream order]: the add below is queued after the reduction on the
+  // device; `out`, `staging` and the gradient buffer are freed after the wait.
+  wait_for_device(f.work);
   Unit& unit = units_[f.unit];
   shard_grads_.narrow(0, unit.shard.local_offset, unit.shard.chunk).add_(f.out);
   if (f.staging.defined()) add_live(-bytes_of(f.staging), "S-", f.unit);
   release_grad(f.unit);
+}
+
+void FullyShardedSync::wait_for_device(const comm::WorkPtr& work) {
+  if (stream_ordered_) {
+    work->wait_stream();
+  } else {
+    work->wait();
+  }
 }
 
 void FullyShardedSync::complete_all() {

@@ -55,8 +55,35 @@
 // Equivalence: with 2 ranks the reduce-scatter adds the same two numbers as DDP's all-reduce,
 // so an fp32 run without clipping is bitwise DDP's; with clipping, or more ranks, sums differ
 // in order (tests state the tolerance). bf16 runs gather bf16: Note [Fully sharded mixed
-// precision]. What is not here yet: a separate CUDA stream for prefetches (the communicator's
-// work runs asynchronously, the compute stream waits for it when the unit is needed).
+// precision]. On CUDA the waits are stream-ordered: Note [Fully sharded stream order].
+//
+// Note [Fully sharded stream order]: on a CUDA device every wait of steps 1-4 is
+// Work::wait_stream() (Note [Stream-ordered wait] in comm/communicator.hpp): before block i
+// runs, the default stream waits for unit i's all-gathers (trainable and frozen) and the host
+// goes straight on to launch unit i + 1's and queue block i's kernels; the add of a
+// reduce-scatter's result into the gradient shard is queued after the reduction the same way.
+// With nccl the collectives run on the communicator's own stream, each after what the default
+// stream had queued when it was issued (Note [Producer stream]): unit i + 1's all-gather runs
+// while block i computes, and the host no longer stalls at each block, so it runs ahead of
+// the device. Buffers, with LibTorch's caching allocator (stream-ordered: a block freed on the
+// default stream goes only to later allocations on it, whose kernels run after the waits):
+//  - gather_in, the bf16 chunk the all-gather reads, is dropped right after the stream wait:
+//    whatever reuses its block runs after the all-gather. No record_stream (the communicator's
+//    stream is not a LibTorch stream) and no host wait: the order is by events, as FSDP2's.
+//  - `full` (and frozen_full) released after block i while queued kernels still read it: the
+//    block goes to later default-stream work only, and an all-gather that writes into it
+//    again waits for everything queued before it was issued (those kernels included).
+//  - a reduction's input (full_grad or its 2-byte staging copy) and output stay in in_flight_
+//    until complete_oldest(), which stream-waits, queues the add, then frees them. "At most
+//    two in flight" now bounds the allocator's blocks; the host no longer waits for the
+//    oldest, and the communicator runs the reductions in issue order.
+//  - a prefetch nobody used is stream-waited for before its buffer is freed.
+// The host still waits where it needs values or host memory: sum_scalar (loss, gradient
+// norm), place()'s broadcasts, the fp32 gathers of evaluation and exports (gather_whole), and
+// every wait of a host backend (gloo, mpi; staged for a CUDA model through host memory:
+// StagedWork::wait_stream() is wait()). On CPU, wait() as before. comm_exposed_s (what
+// wait_gradients() returns: host seconds waiting for reductions after backward) reads about
+// 0 on CUDA with nccl: the device's waiting shows in the step time instead.
 //
 // Note [Fully sharded mixed precision]: with training.precision = "bf16" (FSDP's param_dtype)
 //  - launch_gather casts this rank's fp32 chunk of the unit to bf16 (gather_in, kept until the
@@ -212,6 +239,8 @@ class FullyShardedSync final : public GradientSync {
   void launch_reduce(size_t u);
   void complete_oldest();
   void complete_all();
+  // Note [Fully sharded stream order]: wait_stream() on a CUDA device, else wait().
+  void wait_for_device(const comm::WorkPtr& work);
 
   comm::Communicator& comm_;
   FullyShardedOptions options_;
@@ -232,6 +261,7 @@ class FullyShardedSync final : public GradientSync {
   int64_t predicted_peak_bytes_ = 0;              // the same, predicted from the unit sizes
   int64_t predicted_whole_bytes_ = 0;  // every unit's parameters in fp32 (FullParameters)
   bool trace_ = false;                 // DNALLM_TRACE_ZERO3: log every change
+  bool stream_ordered_ = false;        // CUDA: Note [Fully sharded stream order]
   int64_t global_numel_ = 0;
   int64_t frozen_held_bytes_ = 0;   // frozen shards of the blocks + the root's frozen parameters
   int64_t frozen_total_bytes_ = 0;  // every frozen parameter of the model
