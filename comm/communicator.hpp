@@ -114,6 +114,37 @@ std::vector<int> split_members(const std::vector<int>& colors, const std::vector
 // The name of the n-th (from 1) sub-communicator of `parent` with `color`.
 std::string split_name(const std::string& parent, uint64_t n, int color);
 
+// Note [Stream-ordered wait]
+// wait() blocks the host until a collective is done. On a GPU that stalls the thread that
+// queues kernels: ZeRO-3's all-gather of block i, waited for before block i runs, keeps the
+// host from queueing block i's kernels until the wire is done, so the device idles between
+// blocks. c10d's ProcessGroupNCCL (and FSDP) instead make the compute stream wait on the
+// collective's end event and return at once; Work::wait_stream() is that, and
+//  - what holds afterwards: kernels queued on the legacy default stream (LibTorch's default,
+//    Note [Producer stream] in comm/nccl/nccl_communicator.cpp) after wait_stream() run after
+//    the collective, so they may read its output and overwrite its input. The host may not:
+//    it reads results only after wait() (or after a device-to-host copy that synchronises).
+//  - buffers: "kept alive and untouched until the Work completes" (the contract above) is
+//    met for device buffers of LibTorch's caching allocator if they are freed after
+//    wait_stream(): the allocator is stream-ordered (a block freed on the default stream is
+//    handed out again only to allocations on that stream, whose kernels run after the wait),
+//    and a later collective that gets the block waits for everything queued on the default
+//    stream before it starts (Note [Producer stream]). Memory of any other allocator, or work
+//    on another stream, needs wait().
+//  - failures: wait_stream() throws at once if the communicator already failed. A collective
+//    nobody host-waits for is still watched: the nccl watchdog times out every enqueued
+//    collective (it keeps them all, not the waited ones) and polls NCCL's asynchronous
+//    errors, then aborts the communicator (ncclCommAbort "aborts any uncompleted
+//    operations": the collective's kernel ends, its end event completes, and the device
+//    stream waiting on it goes on) and fails every later collective and wait() with the
+//    watchdog's error. Kernels queued after the wait then read whatever
+//    the aborted collective left: the step that saw the failure is lost, never committed (the
+//    next collective of the step, at the latest the loss and norm sums, throws first).
+//  - wrappers: CheckedCommunicator and the staging communicator (worker/parallel/
+//    device_group.hpp) hand out the inner backend's Work itself where they do not stage, so
+//    wait_stream() reaches it; a staged collective's Work waits on the host, since its result
+//    comes back through a host copy done by the staging thread.
+
 // A handle on one asynchronous collective. Thread-safe.
 class Work {
  public:
@@ -125,6 +156,13 @@ class Work {
   virtual void wait(std::chrono::milliseconds timeout) = 0;
   // wait(communicator timeout + kDiagnosisGrace).
   virtual void wait() = 0;
+  // Stream-ordered wait (Note [Stream-ordered wait]): work the caller queues on its device
+  // stream from now on runs after this collective; the host returns at once. nccl: the
+  // legacy default stream (LibTorch's) waits for the collective's end event; every other
+  // Work (host backends, staged collectives) waits on the host, as wait() does. Throws the
+  // communicator's first error when it already failed; a failure or timeout that comes later
+  // surfaces at the next collective or host wait.
+  virtual void wait_stream() { wait(); }
 };
 using WorkPtr = std::shared_ptr<Work>;
 

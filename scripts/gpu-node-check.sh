@@ -11,7 +11,8 @@
 #   6. the bench/gpu table against Hugging Face,
 #   7. checkpoints on the GPU: the training thread's stall per save, steps after a resume
 #      against fresh steps, and a save after the resume (it must commit),
-#   8. dnallm-infer embed on the GPU against Hugging Face's AutoModel on the same export.
+#   8. dnallm-infer embed on the GPU against Hugging Face's AutoModel on the same export,
+#   9. ZeRO-3 bf16 against DDP on the device: tokens/s and the allocator's peak.
 # Every result goes under OUTDIR (summary.txt first); a failing step is recorded and the
 # next one runs anyway. Exit status: 0 when every step passed, else 1.
 #
@@ -19,7 +20,7 @@
 #   env: DNALLM_JOBS (nproc), BENCH_STEPS (100), PYTHON (python3)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-[ $# -ge 1 ] || { sed -n '2,15p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,17p' "$0"; exit 2; }
 out="$(mkdir -p "$1" && cd "$1" && pwd)"; shift
 deps=""
 tarball=""
@@ -201,6 +202,67 @@ if [ "$bench" = 1 ]; then
   gpu_step embed-vs-hf bench/gpu/bench_embed_gpu.sh --bin "$bin" --out "$out/embed"
   [ -f "$out/embed/table.txt" ] && cat "$out/embed/table.txt" >> "$summary"
 fi
+
+# 9. ZeRO-3 bf16 on the device against DDP in the same setting (configs/dnabert-mlm.toml at
+# micro-batch 16, 30 steps): median tokens/s after 5 warm-up steps and the allocator's peak.
+# NCCL takes one GPU per rank (it refuses two ranks on one device; parallel.backend = "nccl"
+# with share_gpus is a usage error), so on one GPU:
+#  - nccl at world size 1: ZeRO-3's stream-ordered path (Note [Fully sharded stream order]),
+#    every gather and reduction a real NCCL collective on its own stream, with nothing on the
+#    wire: what the machinery costs on the device, not the overlap of a real exchange;
+#  - 2 ranks sharing the GPU over staged gloo: a real exchange, through host memory, which
+#    waits on the host.
+# With 2+ GPUs the ranks are the GPUs over nccl instead of the second pair.
+z3_run() {  # LABEL RANKS ZERO_STAGE CONFIG_FLAGS...
+  local label=$1 ranks=$2 stage=$3; shift 3
+  "$bin/dnallm-launch" --nproc-per-node "$ranks" -- "$bin/dnallm-train" \
+    --config configs/dnabert-mlm.toml --set training.micro_batch_size=16 \
+    --set training.max_steps=30 --set training.logging_steps=1 --set training.eval_steps=0 \
+    --set training.precision=bf16 --set parallel.zero_stage="$stage" "$@" \
+    --set checkpoint.save_steps=0 --set checkpoint.save_final=false --set checkpoint.resume=none \
+    --set checkpoint.dir="$out/zero3/ckpt-$label" --metrics-file "$out/zero3/$label.jsonl"
+}
+mkdir -p "$out/zero3"
+z3_labels=(zero3-nccl-1 ddp-nccl-1)
+gpu_step zero3-nccl-1 z3_run zero3-nccl-1 1 3 --set parallel.backend=nccl
+gpu_step ddp-nccl-1 z3_run ddp-nccl-1 1 0 --set parallel.backend=nccl
+if [ "${gpus:-0}" -ge 2 ]; then
+  z3_labels+=(zero3-nccl-$gpus ddp-nccl-$gpus)
+  gpu_step zero3-nccl-$gpus z3_run zero3-nccl-$gpus "$gpus" 3 --set parallel.backend=nccl
+  gpu_step ddp-nccl-$gpus z3_run ddp-nccl-$gpus "$gpus" 0 --set parallel.backend=nccl
+else
+  z3_labels+=(zero3-gloo-2-shared ddp-gloo-2-shared)
+  gpu_step zero3-gloo-2-shared z3_run zero3-gloo-2-shared 2 3 --set parallel.share_gpus=true
+  gpu_step ddp-gloo-2-shared z3_run ddp-gloo-2-shared 2 0 --set parallel.share_gpus=true
+fi
+gpu_step zero3-summary "${PYTHON:-python3}" - "$out/zero3" "${z3_labels[@]}" <<'PY'
+import json, os, statistics, sys
+def run(label):
+    p = os.path.join(sys.argv[1], f"{label}.jsonl")
+    if not os.path.exists(p):
+        return None
+    lines = [json.loads(l) for l in open(p)]
+    steps = [j for j in lines if "event" not in j and "tokens_per_s" in j]
+    summary = next((j for j in lines if j.get("event") == "summary"), {})
+    late = [j["tokens_per_s"] for j in steps if j["step"] > 5]
+    return len(steps), statistics.median(late) if late else 0.0, summary
+results = {label: run(label) for label in sys.argv[2:]}
+print("ZeRO-3 bf16 vs DDP on the device (dnabert-mlm, micro-batch 16, median of steps 6-30):")
+for label, r in results.items():
+    if r is None:
+        print(f"  {label:22s} no metrics"); continue
+    n, tps, s = r
+    print(f"  {label:22s} {n:2d} steps  {tps:10,.0f} tokens/s  peak allocated "
+          f"{s.get('peak_gpu_mb', -1):8,.0f} MiB (reserved {s.get('peak_gpu_reserved_mb', -1):,.0f})"
+          f"  model state peak {s.get('model_state_peak_bytes', 0) / 2**20:,.0f} MiB")
+ok = True
+for z, d in zip(sys.argv[2::2], sys.argv[3::2]):
+    if results[z] and results[d] and results[d][1] > 0:
+        print(f"  {z} / {d} tokens/s: {results[z][1] / results[d][1]:.2f}x")
+    ok = ok and results[z] is not None and results[z][0] == 30
+sys.exit(0 if ok else 1)
+PY
+grep -v '^==' "$out/zero3-summary.log" >> "$summary" 2>/dev/null
 
 echo "total $(( $(date +%s) - t_start ))s; $( [ $failed -eq 0 ] && echo 'all steps passed' || echo 'some steps FAILED')" | tee -a "$summary"
 exit $failed

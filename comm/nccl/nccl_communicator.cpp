@@ -93,6 +93,7 @@ struct NcclShared {
   std::shared_ptr<detail::PeerMonitor> monitor;
   std::chrono::milliseconds timeout{0};
   int rank = 0;
+  int device = 0;
 };
 
 // One enqueued collective. Shared by its Work and the watchdog; the event dies with it.
@@ -138,6 +139,23 @@ class NcclWork final : public Work {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
+  // Note [Stream-ordered wait] (comm/communicator.hpp): the legacy default stream waits for
+  // the end event; the watchdog still watches the collective (it holds every enqueued one).
+  void wait_stream() override {
+    if (shared_->aborted) {
+      std::lock_guard<std::mutex> lock(shared_->mutex);
+      throw Error(ExitCode::kPeerFailed, shared_->abort_error);
+    }
+    cudaError_t rc = cudaEventQuery(op_->event);
+    if (rc == cudaSuccess) return;  // done: nothing to order
+    if (rc != cudaErrorNotReady)
+      fail(ExitCode::kFailure, "{} #{}: CUDA error {}", op_->what, op_->seq,
+           cudaGetErrorString(rc));
+    // The event's current record is what the stream waits for: the event may be destroyed
+    // before it completes (CUDA releases it once the device is done with it).
+    DNALLM_CUDA_CHECK(cudaSetDevice(shared_->device));
+    DNALLM_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, op_->event, 0));
+  }
 
  private:
   std::shared_ptr<NcclShared> shared_;
@@ -157,6 +175,7 @@ class NcclCommunicator final : public Communicator {
     shared_->monitor = std::make_shared<detail::PeerMonitor>(o.store, o.name, o.rank, o.world_size);
     shared_->timeout = o.timeout;
     shared_->rank = o.rank;
+    shared_->device = o.device.index;
     DNALLM_CUDA_CHECK(cudaSetDevice(device_));
     DNALLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DNALLM_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));

@@ -14,6 +14,7 @@
 
 #include "coordinator/store.hpp"
 #include "core/error.hpp"
+#include "tests/comm/counting_communicator.hpp"
 
 namespace dnallm::comm {
 namespace {
@@ -191,6 +192,43 @@ TEST(CollectiveCheckStore, ASkippedCollectiveNamesTheRankWithinTheTimeout) {
     EXPECT_NE(e.find("their last was collective #1 (allreduce sum fp32 x4)"), std::string::npos)
         << e;
   }
+}
+
+// Note [Stream-ordered wait]: the check hands out the backend's own Work, so a stream-ordered
+// wait reaches it (a wrapped Work would have to forward it) and nothing waits on the host.
+TEST(CollectiveCheckStreamWait, TheBackendsWorkReceivesWaitStream) {
+  auto inner = std::make_unique<testing::CountingCommunicator>("nccl", 0, 1);
+  auto counts = inner->counts();
+  CheckedCommunicator checked(std::move(inner), std::make_shared<coordinator::InMemoryStore>(),
+                              "stream_wait", 5s);
+  Communicator& c = checked;
+  std::vector<float> a(4, 1.0f), shard(4);
+  Device gpu{DeviceType::kCUDA, 0};  // never dereferenced by the fake
+  BufferView va{a.data(), a.size(), DType::kFloat32, gpu};
+  BufferView vs{shard.data(), shard.size(), DType::kFloat32, gpu};
+  c.allreduce(va, ReduceOp::kSum)->wait_stream();
+  c.reduce_scatter(va, vs, ReduceOp::kSum)->wait_stream();
+  c.allgather(vs, va)->wait_stream();
+  c.broadcast(va, 0)->wait_stream();
+  c.barrier()->wait_stream();
+  EXPECT_EQ(counts->issued.load(), 5);
+  EXPECT_EQ(counts->stream.load(), 5);
+  EXPECT_EQ(counts->host.load(), 0);
+  EXPECT_EQ(checked.checked(), 5u);
+}
+
+// On a host backend wait_stream() is wait(): the result is there when it returns.
+TEST(CollectiveCheckStreamWait, OnAHostBackendItWaitsForTheResult) {
+  if (!backend_available("gloo")) GTEST_SKIP() << "gloo not built";
+  auto results = run_ranks(2, Mode::kStore, 20s, "host_stream_wait", [](int r, Communicator& c) {
+    for (int i = 0; i < 20; ++i) {
+      std::vector<float> a(1 << 16, float(r + i));
+      c.allreduce(view(a), ReduceOp::kSum)->wait_stream();
+      EXPECT_EQ(a.front(), float(1 + 2 * i));
+      EXPECT_EQ(a.back(), float(1 + 2 * i));
+    }
+  });
+  for (const auto& r : results) EXPECT_EQ(r.error, "");
 }
 
 TEST(CollectiveCheckMessage, GroupsRanksByWhatTheyIssued) {

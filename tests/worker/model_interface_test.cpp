@@ -104,6 +104,30 @@ TEST(ModelRegistry, AnExportWithAnUnknownTaskOrPoolingIsRefusedNotGuessed) {
   }
 }
 
+// Note [Memory predicted] (worker/models/transformer/family.cpp): 1.6e6 parameters at 4 ranks
+// under ZeRO-3 need about 10 MB a rank (a quarter of 16 bytes a parameter, the root and two
+// blocks gathered with their gradients, activations); offloading the optimizer from a GPU takes
+// the moments (3.2 MB) out of the device's 8 MB budget, and on the CPU it takes nothing out.
+TEST(ModelRegistry, OptimizerOffloadFromAGpuLeavesTheMomentsOutOfTheBudget) {
+  const auto tok = data::make_char_tokenizer();
+  const auto config = [](bool offload) {
+    return parse_config(fmt::format("[model]\narch = \"bert\"\nhidden = 128\nlayers = 8\n"
+                                    "heads = 2\nffn = 512\nmax_seq_length = 32\n"
+                                    "[training]\nmicro_batch_size = 1\nmemory_limit_gb = 0.008\n"
+                                    "optimizer_offload = {}\n[parallel]\nzero_stage = 3\n",
+                                    offload),
+                        "big");
+  };
+  BuildContext gpu{/*on_cpu=*/false, /*world_size=*/4, /*local_world_size=*/4};
+  BuildContext cpu{/*on_cpu=*/true, /*world_size=*/4, /*local_world_size=*/4};
+  expect_error([&] { build_model_for(config(false), *tok, gpu); }, ExitCode::kUsage,
+               {"more than training.memory_limit_gb = 0.008", "AdamW moments 0.0032"});
+  expect_error([&] { build_model_for(config(true), *tok, cpu); }, ExitCode::kUsage,
+               {"more than training.memory_limit_gb = 0.008"});
+  auto model = build_model_for(config(true), *tok, gpu);
+  EXPECT_EQ(model->blocks().size(), 8u);
+}
+
 TEST(ModelRegistry, EveryFamilyBuildsTrainsExportsAndLoadsBackExactly) {
   const auto tok = data::make_char_tokenizer();
   for (const auto& [arch, task] :

@@ -100,6 +100,9 @@ struct ModelSpec {
   int64_t reserved_positions = 0;
   // Under context parallelism (set_context_parallel): the positions each rank holds.
   ContextLayout context_layout = ContextLayout::kContiguous;
+  // The family reads its parameters in fp32 even under bf16 autocast (HyenaDNA's fused mixer
+  // and fp32 regions): ZeRO-3 gathers its units in fp32 (Note [Fully sharded mixed precision]).
+  bool fp32_parameters = false;
 };
 
 class LanguageModelImpl : public torch::nn::Module {

@@ -260,9 +260,10 @@ Tensor context_mean_pool(const Tensor& hidden, const Tensor& mask, comm::Communi
     sum = hidden.sum(1);
     count = torch::full({hidden.size(0), 1}, double(hidden.size(1)), hidden.options());
   }
-  auto total = count.detach().contiguous().clone();  // counts carry no gradient
-  all_reduce_in_place(total, comm::ReduceOp::kSum, group, what);
-  return context_all_reduce_sum(sum, group) / total.clamp_min(1.0);
+  // One all-reduce of [sum | count] (the counts carry no gradient).
+  const int64_t H = sum.size(1);
+  const auto both = context_all_reduce_sum(torch::cat({sum, count.detach()}, 1), group);
+  return both.narrow(1, 0, H) / both.narrow(1, H, 1).clamp_min(1.0);
 }
 
 Tensor context_token_pool(const Tensor& hidden, const Tensor& positions, const Tensor& index,

@@ -100,6 +100,10 @@ class StagedWork final : public comm::Work {
     }
     if (s_->error) std::rethrow_exception(s_->error);
   }
+  // Note [Stream-ordered wait]: a staged result reaches the caller's buffer through the
+  // staging thread's host-to-device copy, which no stream of the caller's can wait for, and a
+  // direct one through a host backend: both wait on the host.
+  void wait_stream() override { wait(); }
 
  private:
   std::shared_ptr<OpState> s_;

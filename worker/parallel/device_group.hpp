@@ -18,7 +18,10 @@
 // every rank (Communicator contract).
 // With NCCL the reverse happens for the few host buffers (scalar sums of the trainer): they
 // are copied to the GPU, reduced and copied back synchronously (they block the caller
-// anyway).
+// anyway); device buffers go to NCCL directly and the caller gets NCCL's own Work, so its
+// stream-ordered wait applies (Note [Stream-ordered wait] in comm/communicator.hpp). A staged
+// collective's Work waits on the host for wait_stream() too: the copy back is the staging
+// thread's.
 // comm/ never sees a CUDA type: the staging needs LibTorch's copies and streams, so it
 // lives here in worker/.
 #pragma once

@@ -92,6 +92,7 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     torch::Device device) {
   torch::NoGradGuard no_grad;
   const int world = comm_.world_size(), rank = comm_.rank();
+  stream_ordered_ = device.is_cuda();
   // Units: a parameter belongs to the first block that has it, else to the root.
   const auto blocks = model->blocks();
   std::vector<std::set<const void*>> in_block(blocks.size());
@@ -130,15 +131,16 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
 
   auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   // Note [Fully sharded mixed precision]: bf16 runs gather (and compute with) bf16 parameters,
-  // except HyenaDNA's, whose fused mixer and fp32 regions read fp32 parameters.
+  // except a family that reads fp32 parameters (ModelSpec::fp32_parameters: HyenaDNA).
   param_dtype_ = options_.precision == cfg::Precision::kBf16 ? torch::kBFloat16 : torch::kFloat32;
-  if (param_dtype_ != torch::kFloat32 && model->spec().family == "hyena") {
+  if (param_dtype_ != torch::kFloat32 && model->spec().fp32_parameters) {
     param_dtype_ = torch::kFloat32;
     if (rank == 0) {
       spdlog::warn(
-          "ZeRO-3 with training.precision = \"bf16\": HyenaDNA's units are gathered in fp32 "
-          "(its fused mixer and fp32 regions read fp32 parameters); it computes under autocast "
-          "as with DDP (Note [Fully sharded mixed precision])");
+          "ZeRO-3 with training.precision = \"bf16\": the {} family's units are gathered in "
+          "fp32 (it reads fp32 parameters); it computes under autocast as with DDP (Note [Fully "
+          "sharded mixed precision])",
+          model->spec().family);
     }
   }
   shard_params_ = torch::zeros({local}, opts);
@@ -270,6 +272,22 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
                              rbytes(i + 1) + rbytes(i + 2);
     predicted_peak_bytes_ = std::max({predicted_peak_bytes_, root + forward, root + backward});
   }
+  // Note [Sharded evaluation]: the root and blocks i and i + 1 (fp32 gathers), or the root and
+  // block i, both fp32 (bf16 gathers: `whole`, no prefetch).
+  const bool eval_whole = param_dtype_ != torch::kFloat32;
+  for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) {
+    const int64_t forward = eval_whole
+                                ? root_grads + wbytes(i)
+                                : root_params + pbytes(i) + (options_.prefetch ? pbytes(i + 1) : 0);
+    predicted_peak_bytes_ = std::max(predicted_peak_bytes_, forward);
+  }
+  // The Hugging Face layout holds every parameter (FullParameters), in fp32: counted once one
+  // is made (gather_full_parameters()).
+  int64_t whole_grads = 0;
+  predicted_whole_bytes_ =
+      root_grads;  // the root's fp32 parameters: as many bytes as its gradients
+  for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) predicted_whole_bytes_ += wbytes(i);
+  for (const auto& unit : units_) whole_grads += bytes_of(unit.full_grad);
   // Exports hold one unit at a time, in fp32 (Note [Fully sharded exports]): a block's fp32
   // parameters and frozen base, or the root's fp32 parameters (as many bytes as its gradients).
   // Never more than training holds (a block's gradients alone are as many bytes), counted
@@ -278,14 +296,6 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
   for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i)
     exported = std::max(exported, wbytes(i));
   predicted_peak_bytes_ = std::max(predicted_peak_bytes_, exported);
-  // Evaluation and final/hf hold every parameter (FullParameters), in fp32: counted only where
-  // they run (options_.whole_model_held). Issue 25 took our own export files out of this term;
-  // it goes when evaluation and the Hugging Face layout run unit by unit too.
-  int64_t whole = 0, whole_grads = 0;
-  for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) whole += wbytes(i);
-  for (const auto& unit : units_) whole_grads += bytes_of(unit.full_grad);
-  whole += root_grads;  // the root's fp32 parameters: as many bytes as its gradients
-  if (options_.whole_model_held) predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole);
   // Accumulating unsharded: every block's gradient, the root's parameters and, in backward,
   // a block's parameters with its prefetched predecessor's.
   if (options_.accumulate_unsharded) {
@@ -381,31 +391,39 @@ void FullyShardedSync::hook_gradients() {
 void FullyShardedSync::gather(size_t u, bool master) {
   Unit& unit = units_[u];
   if (unit.gathered) return;
-  if ((full_ || master) && unit.whole.defined()) {
+  if (gathers_whole(u) || (master && unit.whole.defined())) {
     gather_whole(u);
+    launch_frozen_gather(u);
   } else {
-    launch_gather(u);
-    unit.gathering->wait();
+    launch_gather(u);  // (the frozen parameters' too)
+    // Note [Fully sharded stream order]: the cast chunk goes back to the allocator only after
+    // the device stream waits for the all-gather that reads it.
+    wait_for_device(unit.gathering);
     unit.gathering.reset();
     unit.gather_in = torch::Tensor();
   }
-  launch_frozen_gather(u);
   if (unit.frozen_gathering) {
-    unit.frozen_gathering->wait();
+    wait_for_device(unit.frozen_gathering);
     unit.frozen_gathering.reset();
   }
   unit.frozen_gathered = unit.frozen_full.defined();
   unit.gathered = true;
 }
 
+bool FullyShardedSync::gathers_whole(size_t u) const {
+  return (full_ || forwards_) && units_[u].whole.defined();
+}
+
 void FullyShardedSync::release(size_t u, bool keep_frozen) {
   Unit& unit = units_[u];
   if (full_) return;
   if (unit.gathering) {  // a prefetch nobody used (e.g. the last block's successor)
-    unit.gathering->wait();
+    wait_for_device(unit.gathering);
     unit.gathering.reset();
     unit.gather_in = torch::Tensor();
   }
+  // Evaluation's fp32 unit under bf16 gathers (Note [Sharded evaluation]).
+  if (unit.whole.defined() && unit.whole.storage().nbytes() > 0) release_whole(u);
   if (unit.full.storage().nbytes() > 0) add_live(-bytes_of(unit.full), "P-", u);
   release_storage(unit.full);
   unit.gathered = false;
@@ -416,7 +434,7 @@ void FullyShardedSync::release_frozen(size_t u) {
   Unit& unit = units_[u];
   if (full_ || !unit.frozen_full.defined()) return;
   if (unit.frozen_gathering) {
-    unit.frozen_gathering->wait();
+    wait_for_device(unit.frozen_gathering);
     unit.frozen_gathering.reset();
   }
   if (unit.frozen_full.storage().nbytes() > 0) add_live(-bytes_of(unit.frozen_full), "F-", u);
@@ -449,7 +467,7 @@ void FullyShardedSync::add_live(int64_t bytes, const char* what, size_t u) {
 
 void FullyShardedSync::before_block(size_t u) {
   gather(u);
-  if (options_.prefetch && !full_ && u + 1 < root_) launch_gather(u + 1);
+  if (options_.prefetch && !full_ && u + 1 < root_ && !gathers_whole(u + 1)) launch_gather(u + 1);
 }
 
 torch::Tensor FullyShardedSync::after_block(size_t u, torch::Tensor output) {
@@ -527,11 +545,21 @@ void FullyShardedSync::launch_reduce(size_t u) {
 void FullyShardedSync::complete_oldest() {
   InFlight f = std::move(in_flight_.front());
   in_flight_.pop_front();
-  f.work->wait();
+  // Note [Fully sharded stream order]: the add below is queued after the reduction on the
+  // device; `out`, `staging` and the gradient buffer are freed after the wait.
+  wait_for_device(f.work);
   Unit& unit = units_[f.unit];
   shard_grads_.narrow(0, unit.shard.local_offset, unit.shard.chunk).add_(f.out);
   if (f.staging.defined()) add_live(-bytes_of(f.staging), "S-", f.unit);
   release_grad(f.unit);
+}
+
+void FullyShardedSync::wait_for_device(const comm::WorkPtr& work) {
+  if (stream_ordered_) {
+    work->wait_stream();
+  } else {
+    work->wait();
+  }
 }
 
 void FullyShardedSync::complete_all() {
@@ -587,6 +615,7 @@ void FullyShardedSync::gather_full_parameters() {
     if (units_[u].whole.defined()) release(u);
   }
   full_ = true;
+  predicted_peak_bytes_ = std::max(predicted_peak_bytes_, predicted_whole_bytes_);
   for (size_t u = 0; u < units_.size(); ++u) gather(u);
 }
 
@@ -636,6 +665,29 @@ void FullyShardedSync::visit_parameter_units(
   }
   // As release_full_parameters(): set_data to fp32 and back dropped the gradient hooks.
   if (repointed) hook_gradients();
+}
+
+void FullyShardedSync::begin_forwards() {
+  // Note [Sharded evaluation]: between steps nothing is gathered.
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+  forwards_ = true;
+}
+
+void FullyShardedSync::before_forward_only() {
+  gather(root_);
+  if (options_.prefetch && root_ > 0 && !gathers_whole(0)) launch_gather(0);
+}
+
+void FullyShardedSync::after_forward_only() {
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+}
+
+void FullyShardedSync::end_forwards() {
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+  forwards_ = false;
+  // The fp32 `whole` views replaced the bf16 parameters' gradient accumulators (set_data to
+  // another dtype): the bf16 ones get new hooks, as after release_full_parameters().
+  if (param_dtype_ != torch::kFloat32) hook_gradients();
 }
 
 std::optional<GradientSync::Memory> FullyShardedSync::memory() const {

@@ -34,17 +34,57 @@
 //     adds the next micro-step's into them, and only the last micro-step reduce-scatters.
 //  5. the trainer's norm is the sum of the shards' partial squares over ranks; the optimizer
 //     updates the shard.
-// Evaluation holds the whole model for its duration (FullParameters): 4 bytes a parameter on
-// every rank (fp32 under bf16 gathers too), the peak of a run whose blocks are many. Exports do
-// not: Note [Fully sharded exports].
+// The Hugging Face layout of the exports (final/hf, best/hf) holds the whole model for its
+// duration (FullParameters): 4 bytes a parameter on every rank (fp32 under bf16 gathers too).
+// Our own export files do not (Note [Fully sharded exports]), nor does evaluation:
+//
+// Note [Sharded evaluation]: evaluation's forwards (ShardedForwards, gradient_sync.hpp) run the
+// block hooks as a training forward does: before_forward_only() gathers the root and prefetches
+// block 0, before block i gathers it and prefetches block i + 1, after it releases it, and
+// after_forward_only() releases the root: a rank holds its shard, the root and at most two
+// blocks' parameters (under bf16 gathers: the root and one block, gathered in fp32 into `whole`
+// without prefetch, so that evaluation computes with the master values as DDP's does, and the
+// bf16 parameters are hooked again after it). Every forward is then collective, so evaluate()
+// keeps the ranks in step (one scalar all-reduce a batch says whether any rank still has one; a
+// rank that ran out repeats its first batch and drops the result). Before this, evaluation held
+// the whole model on every rank (FullParameters), 4 bytes a parameter: for a model sharded
+// because it does not fit one rank, evaluation was the run's peak. A rank with no evaluation
+// batch at all has nothing to repeat: that evaluation falls back to FullParameters.
 // Every collective is issued in the same order on every rank: forward runs blocks in order and
 // the autograd engine runs the same graph in the same order everywhere.
 //
 // Equivalence: with 2 ranks the reduce-scatter adds the same two numbers as DDP's all-reduce,
 // so an fp32 run without clipping is bitwise DDP's; with clipping, or more ranks, sums differ
 // in order (tests state the tolerance). bf16 runs gather bf16: Note [Fully sharded mixed
-// precision]. What is not here yet: a separate CUDA stream for prefetches (the communicator's
-// work runs asynchronously, the compute stream waits for it when the unit is needed).
+// precision]. On CUDA the waits are stream-ordered: Note [Fully sharded stream order].
+//
+// Note [Fully sharded stream order]: on a CUDA device every wait of steps 1-4 is
+// Work::wait_stream() (Note [Stream-ordered wait] in comm/communicator.hpp): before block i
+// runs, the default stream waits for unit i's all-gathers (trainable and frozen) and the host
+// goes straight on to launch unit i + 1's and queue block i's kernels; the add of a
+// reduce-scatter's result into the gradient shard is queued after the reduction the same way.
+// With nccl the collectives run on the communicator's own stream, each after what the default
+// stream had queued when it was issued (Note [Producer stream]): unit i + 1's all-gather runs
+// while block i computes, and the host no longer stalls at each block, so it runs ahead of
+// the device. Buffers, with LibTorch's caching allocator (stream-ordered: a block freed on the
+// default stream goes only to later allocations on it, whose kernels run after the waits):
+//  - gather_in, the bf16 chunk the all-gather reads, is dropped right after the stream wait:
+//    whatever reuses its block runs after the all-gather. No record_stream (the communicator's
+//    stream is not a LibTorch stream) and no host wait: the order is by events, as FSDP2's.
+//  - `full` (and frozen_full) released after block i while queued kernels still read it: the
+//    block goes to later default-stream work only, and an all-gather that writes into it
+//    again waits for everything queued before it was issued (those kernels included).
+//  - a reduction's input (full_grad or its 2-byte staging copy) and output stay in in_flight_
+//    until complete_oldest(), which stream-waits, queues the add, then frees them. "At most
+//    two in flight" now bounds the allocator's blocks; the host no longer waits for the
+//    oldest, and the communicator runs the reductions in issue order.
+//  - a prefetch nobody used is stream-waited for before its buffer is freed.
+// The host still waits where it needs values or host memory: sum_scalar (loss, gradient
+// norm), place()'s broadcasts, the fp32 gathers of evaluation and exports (gather_whole), and
+// every wait of a host backend (gloo, mpi; staged for a CUDA model through host memory:
+// StagedWork::wait_stream() is wait()). On CPU, wait() as before. comm_exposed_s (what
+// wait_gradients() returns: host seconds waiting for reductions after backward) reads about
+// 0 on CUDA with nccl: the device's waiting shows in the step time instead.
 //
 // Note [Fully sharded mixed precision]: with training.precision = "bf16" (FSDP's param_dtype)
 //  - launch_gather casts this rank's fp32 chunk of the unit to bf16 (gather_in, kept until the
@@ -123,11 +163,6 @@ struct FullyShardedOptions {
   // parallel.zero3_accumulate_unsharded: whole gradients kept between micro-steps, one
   // reduce-scatter at the last.
   bool accumulate_unsharded = false;
-  // Something holds every parameter at once (FullParameters), which the predicted peak counts
-  // then: evaluation (training.eval_steps > 0) and the trainer's tokenizer hook after the final
-  // export, which writes final/hf (checkpoint.save_final). Our own export files never do (Note
-  // [Fully sharded exports]).
-  bool whole_model_held = true;
 };
 
 class FullyShardedSync final : public GradientSync {
@@ -155,6 +190,12 @@ class FullyShardedSync final : public GradientSync {
   void visit_parameter_units(
       const std::function<void(const std::function<bool(const torch::Tensor&)>& held)>& visit)
       override;
+  bool places_from_host() const override { return true; }
+  bool forwards_are_collective() const override { return true; }
+  void begin_forwards() override;
+  void before_forward_only() override;
+  void after_forward_only() override;
+  void end_forwards() override;
 
  private:
   struct Unit {
@@ -191,8 +232,11 @@ class FullyShardedSync final : public GradientSync {
 
   void launch_gather(size_t u);
   void launch_frozen_gather(size_t u);
-  // bf16 gathers, every parameter held: the unit's fp32 parameters gathered into `whole`.
+  // bf16 gathers, every parameter held or evaluating: the unit's fp32 parameters gathered
+  // into `whole`.
   void gather_whole(size_t u);
+  // Whether unit u is gathered in fp32 into `whole` now (bf16 gathers, outside training steps).
+  bool gathers_whole(size_t u) const;
   void release_whole(size_t u);
   // The unit's parameters become views of `buffer` (its dtype theirs).
   void point_params(size_t u, const torch::Tensor& buffer);
@@ -214,6 +258,8 @@ class FullyShardedSync final : public GradientSync {
   void launch_reduce(size_t u);
   void complete_oldest();
   void complete_all();
+  // Note [Fully sharded stream order]: wait_stream() on a CUDA device, else wait().
+  void wait_for_device(const comm::WorkPtr& work);
 
   comm::Communicator& comm_;
   FullyShardedOptions options_;
@@ -227,12 +273,15 @@ class FullyShardedSync final : public GradientSync {
   std::vector<GradAccumulator> accumulators_;
   std::set<const void*> sharded_;  // every unit's parameters, frozen ones too (TensorImpl)
   bool full_ = false;              // gather_full_parameters() in effect
+  bool forwards_ = false;          // begin_forwards() in effect (Note [Sharded evaluation])
   bool armed_ = false;             // inside a micro-step's backward
   bool reduce_now_ = true;         // this micro-step reduce-scatters (not before the last one when
                                    // accumulating unsharded)
   int64_t live_bytes_ = 0, peak_live_bytes_ = 0;  // gathered non-root parameters + gradients
   int64_t predicted_peak_bytes_ = 0;              // the same, predicted from the unit sizes
-  bool trace_ = false;                            // DNALLM_TRACE_ZERO3: log every change
+  int64_t predicted_whole_bytes_ = 0;  // every unit's parameters in fp32 (FullParameters)
+  bool trace_ = false;                 // DNALLM_TRACE_ZERO3: log every change
+  bool stream_ordered_ = false;        // CUDA: Note [Fully sharded stream order]
   int64_t global_numel_ = 0;
   int64_t frozen_held_bytes_ = 0;   // frozen shards of the blocks + the root's frozen parameters
   int64_t frozen_total_bytes_ = 0;  // every frozen parameter of the model

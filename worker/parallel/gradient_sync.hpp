@@ -33,10 +33,12 @@ namespace dnallm::parallel {
 //   4. sum_scalar(local loss sum) (for the logged loss)           collective
 //   5. grad_sq_norm(flat grads of the shard)                      collective for ZeRO
 //   6. optimizer on shard_range(numel), then after_optimizer_step()  (ZeRO: all-gather)
-// Outside steps, evaluation holds a FullParameters (every rank: ZeRO-3 gathers every parameter
-// for its lifetime); exports visit the parameters unit by unit instead (visit_parameter_units,
-// Note [Exports unit by unit] in models/registry.hpp). Memory figures come from memory(), not
-// from a cast.
+// Outside steps, evaluation holds a ShardedForwards and brackets each forward with
+// before_forward_only() / after_forward_only() (Note [Sharded evaluation]); exports visit the
+// parameters unit by unit (visit_parameter_units, Note [Exports unit by unit] in
+// models/registry.hpp); the Hugging Face layout (final/hf, best/hf) holds a FullParameters
+// (every rank: ZeRO-3 gathers every parameter for its lifetime). Memory figures come from
+// memory(), not from a cast.
 class GradientSync {
  public:
   virtual ~GradientSync() = default;
@@ -60,6 +62,10 @@ class GradientSync {
     attach(*flat, named);
     return flat;
   }
+  // Whether place() takes the model where it was built (the host) and puts each parameter on
+  // `device` itself (Note [Sharded placement], trainer.cpp): ZeRO-3, so that the device never
+  // holds the whole model. Otherwise the model is on `device` before place().
+  virtual bool places_from_host() const { return false; }
   // The flat buffers exist and parameters are views into them. `named` in registration order.
   virtual void attach(optim::FlatParameters& flat,
                       const std::vector<std::pair<std::string, torch::Tensor>>& named) {}
@@ -112,6 +118,17 @@ class GradientSync {
       const std::function<void(const std::function<bool(const torch::Tensor&)>& held)>& visit) {
     visit([](const torch::Tensor&) { return true; });
   }
+
+  // Note [Sharded evaluation]: forwards without backward (evaluation), between steps. Under
+  // ZeRO-3 each forward gathers the model unit by unit as a training forward does (at most the
+  // root and two units held, never the whole model), so a forward is collective: every rank
+  // must run as many as the others (forwards_are_collective(); evaluate() pads a rank that ran
+  // out of batches with a repeat whose result it drops). Elsewhere these are no-ops.
+  virtual bool forwards_are_collective() const { return false; }
+  virtual void begin_forwards() {}
+  virtual void before_forward_only() {}
+  virtual void after_forward_only() {}
+  virtual void end_forwards() {}
 };
 
 // Every parameter whole for a scope: evaluation, exports (all ranks construct it).
@@ -121,6 +138,18 @@ class FullParameters {
   ~FullParameters() { sync_.release_full_parameters(); }
   FullParameters(const FullParameters&) = delete;
   FullParameters& operator=(const FullParameters&) = delete;
+
+ private:
+  GradientSync& sync_;
+};
+
+// Evaluation's forwards for a scope (all ranks construct it): Note [Sharded evaluation].
+class ShardedForwards {
+ public:
+  explicit ShardedForwards(GradientSync& sync) : sync_(sync) { sync_.begin_forwards(); }
+  ~ShardedForwards() { sync_.end_forwards(); }
+  ShardedForwards(const ShardedForwards&) = delete;
+  ShardedForwards& operator=(const ShardedForwards&) = delete;
 
  private:
   GradientSync& sync_;

@@ -76,7 +76,6 @@ std::shared_ptr<GradientSync> make_gradient_sync(const Config& config, comm::Pro
     o.precision = config.training.precision;
     o.reduce_dtype = cfg::dtype_of(config.parallel.grad_reduce_dtype);
     o.accumulate_unsharded = config.parallel.zero3_accumulate_unsharded;
-    o.whole_model_held = config.training.eval_steps > 0 || config.checkpoint.save_final;
     return std::make_shared<FullyShardedSync>(*group.comm, o);
   }
   return std::make_shared<DdpGradientSync>(*group.comm, ddp_options_from_config(config.parallel),

@@ -248,14 +248,50 @@ EvalResult evaluate(models::LanguageModel model, BatchSource& source, int64_t ba
   const int64_t labels = model->spec().num_labels;
   const bool scored = task == models::Task::kClassification && labels <= kMaxScoredClasses;
   ConfusionMatrix confusion(scored ? labels : 0, std::vector<double>(scored ? labels : 0, 0.0));
+  // Note [Sharded evaluation]: where a forward is collective (ZeRO-3 gathers unit by unit),
+  // every rank runs as many as the rank with the most batches: one that ran out repeats its
+  // first batch and drops the result. A rank with none at all has nothing to repeat: then every
+  // rank holds the whole model for this evaluation instead, and forwards are local.
+  bool lockstep = sync != nullptr && sync->forwards_are_collective();
+  std::optional<data::Batch> first, spare;
+  std::optional<parallel::FullParameters> whole;
+  if (lockstep && batches > 0) {
+    first = source.next();
+    const double without = sync->sum_scalar(first->rows == 0 ? 1.0 : 0.0);
+    if (without > 0 && without < double(sync->world_size())) {
+      spdlog::warn(
+          "evaluation: {} rank(s) have no evaluation batch, so this evaluation holds the whole "
+          "model on every rank (Note [Sharded evaluation]); a larger evaluation set avoids it",
+          static_cast<int64_t>(without));
+      whole.emplace(*sync);
+      lockstep = false;
+    }
+  }
+  bool exhausted = false;
   for (int64_t i = 0; i < batches; ++i) {
-    auto batch = source.next();
-    if (batch.rows == 0) break;
+    data::Batch batch;
+    if (first) {
+      batch = std::move(*first);
+      first.reset();
+    } else if (!exhausted) {
+      batch = source.next();
+    }
+    exhausted = batch.rows == 0;
+    if (lockstep) {
+      if (sync->sum_scalar(exhausted ? 0.0 : 1.0) == 0) break;
+      if (!spare) spare = batch;
+    } else if (exhausted) {
+      break;
+    }
+    const bool counted = !exhausted;
+    if (!counted) batch = *spare;
     auto in = to_inputs(batch, model, device);
     in.logits_for_labels_only = true;
     if (context != nullptr) context->select(batch.seq_len, device);
+    if (lockstep) sync->before_forward_only();
     auto out = model->forward(in);
-    if (!out.loss_sum.defined()) continue;
+    if (lockstep) sync->after_forward_only();
+    if (!counted || !out.loss_sum.defined()) continue;
     nll += out.loss_sum.item<double>();
     tokens += double(out.loss_count);
     if (task == models::Task::kPretrain) {
@@ -395,13 +431,17 @@ void Trainer::use_context_mesh() {
 
 void Trainer::place_parameters() {
   const auto& t = config_.training;
-  model_->to(device_);
+  // Note [Sharded placement]: a sync that shards the parameters (ZeRO-3) copies them to the
+  // device unit by unit from where the model was built (the host), so the device never holds
+  // the whole model; what it did not take (buffers, the root's frozen parameters) follows.
+  if (!sync_->places_from_host()) model_->to(device_);
   model_->train();
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (const auto& p : model_->named_parameters()) {
     if (p.value().requires_grad()) named.emplace_back(p.key(), p.value());
   }
   flat_ = sync_->place(model_, named, device_);
+  if (sync_->places_from_host()) model_->to(device_);
   DNALLM_CHECK(!flat_->entries().empty(), ExitCode::kUsage,
                "the model has no trainable parameters");
   const auto [begin, end] = sync_->shard_range(flat_->numel());
@@ -719,16 +759,20 @@ void Trainer::log_step(const StepResult& r, double global_tokens, const RunTotal
 
 void Trainer::evaluate_at(int64_t step) {
   const auto& t = config_.training;
-  // Every rank: ZeRO-3 gathers the model (ranks may run different numbers of batches, and
-  // rank 0 may export the best model).
-  parallel::FullParameters full(*sync_);
-  auto e = evaluate(model_, *eval_, t.eval_batches, device_, options_.bases_of_label, sync_.get(),
-                    options_.context.get());
-  if (sync_->rank() != 0) {
-    // Every rank takes part in the best model's export (Note [Best checkpoint]).
-    if (config_.checkpoint.best_metric != cfg::BestMetric::kNone) keep_if_best(step, e);
-    return;
+  // Every rank: under ZeRO-3 evaluation's forwards gather unit by unit (Note [Sharded
+  // evaluation]); an export of the best model gathers the whole model itself.
+  EvalResult e;
+  {
+    parallel::ShardedForwards forwards(*sync_);
+    e = evaluate(model_, *eval_, t.eval_batches, device_, options_.bases_of_label, sync_.get(),
+                 options_.context.get());
   }
+  if (sync_->rank() == 0) log_evaluation(step, e);
+  // Every rank: the export of a new best model is collective under ZeRO-3.
+  if (config_.checkpoint.best_metric != cfg::BestMetric::kNone) keep_if_best(step, e);
+}
+
+void Trainer::log_evaluation(int64_t step, const EvalResult& e) {
   const auto task = model_->spec().task;
   nlohmann::ordered_json line;
   line["event"] = "eval";
@@ -757,7 +801,6 @@ void Trainer::evaluate_at(int64_t step) {
   } else {
     spdlog::info("eval at step {}: loss {:.4f}", step, e.loss);
   }
-  if (config_.checkpoint.best_metric != cfg::BestMetric::kNone) keep_if_best(step, e);
 }
 
 namespace {
@@ -799,11 +842,7 @@ void Trainer::keep_if_best(int64_t step, const EvalResult& e) {
   namespace fs = std::filesystem;
   const cfg::BestMetric metric = config_.checkpoint.best_metric;
   const fs::path best = best_dir();
-  if (sync_->rank() != 0) {  // rank 0 decides (it alone reads best.json); the export is collective
-    if (sync_->sum_scalar(0.0) > 0) export_model((best.string() + ".tmp"));
-    return;
-  }
-  if (!best_read_) {  // a resumed run: the value to beat survives the restart
+  if (!best_read_ && sync_->rank() == 0) {  // a resumed run: the value to beat survives the restart
     best_read_ = true;
     std::error_code ec;
     if (step_ > 0 && fs::is_regular_file(best / "best.json", ec)) {
@@ -815,19 +854,22 @@ void Trainer::keep_if_best(int64_t step, const EvalResult& e) {
       }
     }
   }
+  // Every rank holds the same summed metrics; rank 0, which reads best.json, decides.
   const auto [value, higher] = best_metric_value(metric, e);
   const bool better =
-      std::isfinite(value) &&
+      sync_->rank() == 0 && std::isfinite(value) &&
       (std::isnan(best_value_) || (higher ? value > best_value_ : value < best_value_));
-  if (sync_->world_size() > 1) sync_->sum_scalar(better ? 1.0 : 0.0);  // the others' decision
-  if (!better) return;
+  if (sync_->sum_scalar(better ? 1.0 : 0.0) == 0) return;
   best_value_ = value;
   const fs::path tmp = best.string() + ".tmp", old = best.string() + ".old";
-  fs::remove_all(tmp);
-  export_model(tmp.string());
-  // (final/hf as well: the hook reads the live model whole, which evaluate_at's FullParameters
-  // holds; a FullParameters here would release it on leaving, as they do not nest.)
-  if (options_.write_tokenizer) options_.write_tokenizer(tmp.string());
+  if (sync_->rank() == 0) fs::remove_all(tmp);
+  export_model(tmp.string());  // every rank: ZeRO-3 gathers the model unit by unit
+  if (options_.write_tokenizer) {
+    // The hook also writes best/hf, which reads the live model whole (as final/hf, run()).
+    parallel::FullParameters full(*sync_);
+    if (sync_->rank() == 0) options_.write_tokenizer(tmp.string());
+  }
+  if (sync_->rank() != 0) return;
   nlohmann::ordered_json info;
   info["step"] = step;
   info["metric"] = cfg::spelling(metric);

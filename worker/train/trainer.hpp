@@ -326,6 +326,7 @@ class Trainer {
   double account(const StepResult& r, RunTotals& totals);  // returns the step's global tokens
   void log_step(const StepResult& r, double global_tokens, const RunTotals& totals);
   void evaluate_at(int64_t step);
+  void log_evaluation(int64_t step, const EvalResult& e);  // rank 0
   // Note [Best checkpoint]: called on every rank after each evaluation; rank 0 decides whether
   // the model is the best so far and tells the others (sum_scalar), all export it. Collective.
   void keep_if_best(int64_t step, const EvalResult& e);

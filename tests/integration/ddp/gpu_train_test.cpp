@@ -1,6 +1,6 @@
 // GPU training through the real binaries (label "gpu"): NCCL at world size 1 through
-// dnallm-train, two ranks sharing one GPU over the staged gloo backend against one rank,
-// and more ranks than GPUs exiting 2. Each case skips itself, with the reason, where no GPU
+// dnallm-train (DDP and ZeRO-3), two ranks sharing one GPU over the staged gloo backend against one
+// rank, and more ranks than GPUs exiting 2. Each case skips itself, with the reason, where no GPU
 // is visible or dnallm-train was built without CUDA.
 #include <cmath>
 #include <string>
@@ -78,6 +78,24 @@ TEST(GpuTraining, NcclAtWorldSizeOneThroughTheTrainer) {
   // up to CUDA's run-to-run noise (atomic adds in the embedding backward, another flat
   // layout order for the gradient norm).
   expect_same_losses(plain, nccl, 1e-5, "nccl world size 1 vs no communicator");
+}
+
+// Note [Fully sharded stream order]: ZeRO-3 over NCCL at world size 1 runs every gather and
+// reduction as a real collective on the communicator's stream, ordered by stream waits only
+// (the host never waits for a unit). fp32 gathers and a sum over one rank change no value, so
+// a gather or reduction read before it completed, or a buffer reused too early, shows as a
+// loss apart from the run without a communicator.
+TEST(GpuTraining, Zero3OverNcclAtWorldSizeOneMatchesOneProcess) {
+  if (auto why = gpu_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  const TrainResult plain = train("gpu_z3_plain", "", 8, 1, "");
+  ASSERT_EQ(plain.rc, 0) << plain.log;
+  const TrainResult z3 =
+      train("gpu_z3_nccl1", "", 8, 1, "--set parallel.backend=nccl --set parallel.zero_stage=3");
+  ASSERT_EQ(z3.rc, 0) << z3.log;
+  EXPECT_NE(z3.log.find("ZeRO-3: "), std::string::npos) << z3.log;
+  EXPECT_NE(z3.log.find("nccl backend on cuda:0"), std::string::npos) << z3.log;
+  // Up to CUDA's run-to-run noise, as DDP's above (the gradient norm sums the unit layout).
+  expect_same_losses(plain, z3, 1e-5, "ZeRO-3 over nccl at world size 1 vs no communicator");
 }
 
 TEST(GpuTraining, TwoRanksSharingTheGpuOverStagedGlooMatchOneRank) {

@@ -7,11 +7,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <functional>
 #include <thread>
+#include <vector>
 
 #include "coordinator/store.hpp"
 #include "core/error.hpp"
+#include "tests/comm/counting_communicator.hpp"
 #include "worker/train/device_stats.hpp"
 
 namespace dnallm::parallel {
@@ -203,6 +206,45 @@ TEST(StagedCollectives, NothingToStageOnCpuReturnsTheBackendItself) {
   EXPECT_EQ(stage_for_device(std::move(inner), torch::kCPU).get(), raw);
 }
 
+// Note [Stream-ordered wait]: over nccl, device buffers are not staged and the caller gets
+// NCCL's own Work, so wait_stream() reaches it and the host does not wait.
+TEST(StagedCollectives, NcclDeviceBuffersGetTheBackendsWorkForAStreamWait) {
+  auto inner = std::make_unique<comm::testing::CountingCommunicator>("nccl", 0, 2);
+  auto counts = inner->counts();
+  auto c = stage_for_device(std::move(inner), torch::kCPU);
+  std::vector<float> a(8), shard(4);
+  const Device gpu{DeviceType::kCUDA, 0};  // never dereferenced by the fake
+  const BufferView va{a.data(), a.size(), DType::kFloat32, gpu};
+  const BufferView vs{shard.data(), shard.size(), DType::kFloat32, gpu};
+  c->allgather(vs, va)->wait_stream();
+  c->reduce_scatter(va, vs, comm::ReduceOp::kSum)->wait_stream();
+  c->allreduce(va, comm::ReduceOp::kSum)->wait_stream();
+  c->broadcast(va, 0)->wait_stream();
+  EXPECT_EQ(counts->issued.load(), 4);
+  EXPECT_EQ(counts->stream.load(), 4);
+  EXPECT_EQ(counts->host.load(), 0);
+}
+
+// A staged collective's result comes back through the staging thread's copy: wait_stream()
+// waits on the host for it (the backend's Work is host-waited by the staging thread), and the
+// caller's buffer holds the result when it returns.
+TEST(StagedCollectives, AStagedWaitStreamWaitsOnTheHostForTheCopyBack) {
+  auto inner = std::make_unique<comm::testing::CountingCommunicator>("gloo", 1, 2);
+  auto counts = inner->counts();
+  StagingOptions so;
+  so.stage_host_buffers = true;
+  auto c = stage_for_device(std::move(inner), torch::kCPU, so);
+  constexpr int64_t kShard = 1 << 20;  // a copy back long enough to be seen if not waited for
+  for (int i = 0; i < 5; ++i) {
+    torch::Tensor mine = torch::full({kShard}, float(i + 1)), all = torch::zeros({2 * kShard});
+    c->allgather(view(mine), view(all))->wait_stream();
+    EXPECT_TRUE(all.narrow(0, kShard, kShard).equal(mine)) << "try " << i;
+  }
+  EXPECT_EQ(counts->issued.load(), 5);
+  EXPECT_EQ(counts->host.load(), 5);  // by the staging thread
+  EXPECT_EQ(counts->stream.load(), 0);
+}
+
 TEST(RankDevice, CpuStaysCpuAndCudaWithoutAGpuIsAUsageError) {
   Config config;
   config.training.device = cfg::Device::kCpu;
@@ -224,6 +266,39 @@ TEST(RankDevice, CpuStaysCpuAndCudaWithoutAGpuIsAUsageError) {
 TEST(StagedCollectivesGpu, TwoRanksShareOneGpuThroughHostMemory) {
   if (!kCuda) GTEST_SKIP() << "no CUDA device: LibTorch sees no GPU here";
   check_collectives(torch::Device(torch::kCUDA, 0));
+}
+
+// Note [Stream-ordered wait] on the device: NCCL at world size 1 (an all-gather is a copy on
+// the communicator's stream). The collective is issued behind ~tens of ms of matrix products
+// on the default stream, so it cannot be done when wait_stream() returns; a kernel queued
+// right after must still read its output. Without the stream wait it runs beside the copy.
+TEST(StagedCollectivesGpu, NcclWaitStreamOrdersTheDefaultStreamAfterTheCollective) {
+  if (!kCuda) GTEST_SKIP() << "no CUDA device: LibTorch sees no GPU here";
+  if (!comm::backend_available("nccl")) GTEST_SKIP() << "the CUDA plugin has no nccl";
+  comm::CommOptions o;
+  o.backend = "nccl";
+  o.store = std::make_shared<coordinator::InMemoryStore>();
+  o.device = Device{DeviceType::kCUDA, 0};
+  o.name = "stream_wait";
+  o.timeout = std::chrono::seconds(60);
+  auto comm = comm::make_communicator(o);
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(torch::kCUDA, 0);
+  const torch::Tensor m = torch::rand({2048, 2048}, opts);
+  int went_on = 0;
+  for (int i = 0; i < 5; ++i) {
+    torch::Tensor busy = m;
+    for (int k = 0; k < 40; ++k) busy = torch::mm(busy, m) / 2048;
+    // Written on the default stream behind the products: NCCL reads it after them.
+    const torch::Tensor src = busy.sum() * 0 + float(i + 3);
+    torch::Tensor src_full = src.expand({1 << 24}).contiguous(), out = torch::zeros_like(src_full);
+    auto work = comm->allgather(view(src_full), view(out));
+    work->wait_stream();
+    went_on += work->is_completed() ? 0 : 1;  // informative: the host did not wait
+    const torch::Tensor doubled = out * 2;    // queued after the wait
+    EXPECT_EQ(doubled.min().item<float>(), 2.0f * float(i + 3)) << "try " << i;
+    EXPECT_EQ(doubled.max().item<float>(), 2.0f * float(i + 3)) << "try " << i;
+  }
+  std::printf("wait_stream returned before the collective completed in %d of 5 tries\n", went_on);
 }
 
 TEST(RankDeviceGpu, IndexedCurrentDeviceAndTooManyRanks) {

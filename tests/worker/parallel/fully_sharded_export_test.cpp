@@ -68,7 +68,6 @@ Peaks export_both_ways(const Case& c, const fs::path& dir) {
         }
         FullyShardedOptions options;
         options.precision = c.precision;
-        options.whole_model_held = false;  // our export files alone
         FullyShardedSync sync(comm, options);
         auto flat = sync.place(model, named, torch::kCPU);
         // As training would: every rank's shard moves (LoRA's B away from 0), so each unit's
@@ -80,12 +79,13 @@ Peaks export_both_ways(const Case& c, const fs::path& dir) {
             model, (dir / "streamed").string(),
             [&](const auto& visit) { sync.visit_parameter_units(visit); }, rank == 0);
         const int64_t streamed = sync.memory()->gathered_peak;
+        // (before a FullParameters adds the whole model to the prediction)
+        const int64_t predicted = sync.memory()->gathered_predicted;
         {
           FullParameters full(sync);
           if (rank == 0) models::export_live_model(model, (dir / "whole").string());
         }
-        if (rank == 0)
-          peaks = {streamed, sync.memory()->gathered_peak, sync.memory()->gathered_predicted};
+        if (rank == 0) peaks = {streamed, sync.memory()->gathered_peak, predicted};
       });
   expect_no_errors(errors);
   return peaks;

@@ -181,6 +181,7 @@ HyenaModelImpl::HyenaModelImpl(HyenaLM lm) : lm_(std::move(lm)) {
   for (const auto& child : lm_->named_children()) register_module(child.key(), child.value());
   const auto& o = lm_->options();
   spec_.family = "hyena";
+  spec_.fp32_parameters = true;  // the fused mixer and fp32 regions read fp32 parameters
   spec_.arch = Arch::kGpt;
   spec_.task = o.classifier ? Task::kClassification : Task::kPretrain;
   spec_.vocab_size = o.vocab_size;

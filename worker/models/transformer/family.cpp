@@ -20,8 +20,9 @@ namespace {
 
 // Note [Memory predicted]: before the model is built, a rank's memory is predicted from its
 // shape: fp32 parameters, their gradients and AdamW's two moments (16 bytes a trainable
-// parameter, 4 a frozen one; divided over the ranks as the ZeRO stage shards them, plus two
-// gathered blocks under ZeRO-3) and activations
+// parameter, 4 a frozen one; divided over the ranks as the ZeRO stage shards them, plus, under
+// ZeRO-3, the root unit (embeddings, heads) and two blocks gathered with their gradients, the
+// parameters in 2 bytes under bf16 gathers: Note [Fully sharded]) and activations
 // (about 8 [batch, seq, hidden] fp32 tensors a layer, one a layer with activation
 // checkpointing, plus the logits twice). It is a lower bound, so a run predicted over the
 // limit (training.memory_limit_gb, else available memory / ranks on the node, CPU only) would
@@ -37,11 +38,18 @@ void check_predicted_memory(const Config& config, const ModelOptions& o, const B
   // ZeRO shards the moments (stage >= 1), the gradients (>= 2) and the weights (3); ZeRO-3
   // also holds up to two whole blocks (and their gradients) while they compute.
   const int64_t stage = config.parallel.zero_stage;
-  const double block = double(o.layers) > 0 ? 4 * params / double(o.layers) : 0.0;
-  const double gathered = stage >= 3 ? 2 * block : 0.0;
-  const double weights = 4 * params / (stage >= 3 ? world : 1.0) + gathered;
-  const double grads = lora ? 0.0 : 4 * params / (stage >= 2 ? world : 1.0) + gathered;
-  const double moments = lora ? 0.0 : 8 * params / (stage >= 1 ? world : 1.0);
+  ModelOptions no_blocks = o;
+  no_blocks.layers = 0;
+  const double root = parameter_count(no_blocks);
+  const double block = o.layers > 0 ? (params - root) / double(o.layers) : 0.0;
+  const double held = stage >= 3 ? root + 2 * block : 0.0;  // gathered elements
+  const double gathered_bytes = t.precision == cfg::Precision::kBf16 ? 2.0 : 4.0;
+  const double weights = 4 * params / (stage >= 3 ? world : 1.0) + gathered_bytes * held;
+  const double grads = lora ? 0.0 : 4 * params / (stage >= 2 ? world : 1.0) + 4 * held;
+  // Offloaded from a GPU (Note [Optimizer offload]), the moments live on the host, outside the
+  // device's budget; on the CPU the host is the device.
+  const bool offloaded = t.optimizer_offload && !ctx.on_cpu;
+  const double moments = lora || offloaded ? 0.0 : 8 * params / (stage >= 1 ? world : 1.0);
   const double batch = t.batch_size == cfg::BatchSize::kAuto ? 1.0 : double(t.micro_batch_size);
   const double tokens = batch * double(o.max_seq_length);
   const double per_layer = config.model.gradient_checkpointing ? 1.0 : 8.0;
