@@ -302,18 +302,20 @@ TEST_F(DdpEquivalence, EvalCountsEveryTableRowOnceAtAnyWorldSize) {
   // The first 20 kB of the bundled genome, without headers and line breaks.
   const std::string genome = bundled_genome(20000);
   ASSERT_GT(genome.size(), 64u * 60u);
-  const std::string table = dir + "/table.csv";
-  {
+  // A table of `rows` 60-base rows, alternating labels; the settings that train and evaluate on it.
+  const auto table_sets = [&](const std::string& name, size_t rows) {
+    const std::string table = dir + "/" + name + ".csv";
     std::ofstream csv(table);
     csv << "sequence,label\n";
-    for (size_t i = 0; i < 64; ++i) csv << genome.substr(i * 60, 60) << "," << (i % 2) << "\n";
-  }
-  const std::string sets = fmt::format(
-      "--set model.task=classification --set model.num_labels=2 "
-      "--set data.train_files=[\\\"{0}\\\"] --set data.eval_files=[\\\"{0}\\\"] "
-      "--set data.eval_fraction=0 --set training.max_steps=2 --set training.eval_steps=2 "
-      "--set training.lr=1e-6 --set training.eval_batches=8",
-      table);
+    for (size_t i = 0; i < rows; ++i) csv << genome.substr(i * 60, 60) << "," << (i % 2) << "\n";
+    return fmt::format(
+        "--set model.task=classification --set model.num_labels=2 "
+        "--set data.train_files=[\\\"{0}\\\"] --set data.eval_files=[\\\"{0}\\\"] "
+        "--set data.eval_fraction=0 --set training.max_steps=2 --set training.eval_steps=2 "
+        "--set training.lr=1e-6 --set training.eval_batches=8 ",
+        table);
+  };
+  const std::string sets = table_sets("table", 64);
   // 1 rank x 8 rows and 2 ranks x 4 rows: 8 micro-batches of 8 / 2 x 8 of 4 cover 64 rows;
   // 2 ranks x 8 rows could cover 128, the table holds 64.
   TrainRun one = train("eval_rows1", 1, 8, 1, sets);
@@ -344,18 +346,7 @@ TEST_F(DdpEquivalence, EvalCountsEveryTableRowOnceAtAnyWorldSize) {
   EXPECT_NEAR(e4[0].at("loss").get<double>(), e1[0].at("loss").get<double>(), 1e-4);
   // 8 rows in micro-batches of 4 over 3 ranks: the third rank has no evaluation batch, nothing
   // to repeat, and that evaluation holds the whole model instead (Note [Sharded evaluation]).
-  const std::string few = dir + "/few.csv";
-  {
-    std::ofstream csv(few);
-    csv << "sequence,label\n";
-    for (size_t i = 0; i < 8; ++i) csv << genome.substr(i * 60, 60) << "," << (i % 2) << "\n";
-  }
-  const std::string few_sets = fmt::format(
-      "--set model.task=classification --set model.num_labels=2 "
-      "--set data.train_files=[\\\"{0}\\\"] --set data.eval_files=[\\\"{0}\\\"] "
-      "--set data.eval_fraction=0 --set training.max_steps=2 --set training.eval_steps=2 "
-      "--set training.lr=1e-6 --set training.eval_batches=8 --set parallel.zero_stage=3",
-      few);
+  const std::string few_sets = table_sets("few", 8) + "--set parallel.zero_stage=3";
   std::string log;
   TrainRun starved = train("eval_rows3_z3_few", 3, 4, 1, few_sets, "", &log);
   const auto e5 = metric_lines(starved.dir, "eval");
