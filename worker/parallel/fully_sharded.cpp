@@ -289,13 +289,8 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
   for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i) predicted_whole_bytes_ += wbytes(i);
   for (const auto& unit : units_) whole_grads += bytes_of(unit.full_grad);
   // Exports hold one unit at a time, in fp32 (Note [Fully sharded exports]): a block's fp32
-  // parameters and frozen base, or the root's fp32 parameters (as many bytes as its gradients).
-  // Never more than training holds (a block's gradients alone are as many bytes), counted
-  // anyway.
-  int64_t exported = root_grads;
-  for (int64_t i = 0; i < static_cast<int64_t>(root_); ++i)
-    exported = std::max(exported, wbytes(i));
-  predicted_peak_bytes_ = std::max(predicted_peak_bytes_, exported);
+  // parameters and frozen base (wbytes(i)), or the root's fp32 parameters (root_grads bytes);
+  // evaluation's figure above holds the root and a block at once, so it covers both.
   // Accumulating unsharded: every block's gradient, the root's parameters and, in backward,
   // a block's parameters with its prefetched predecessor's.
   if (options_.accumulate_unsharded) {
@@ -368,6 +363,7 @@ void FullyShardedSync::release_whole(size_t u) {
   point_params(u, unit.full);
   release_storage(unit.full);
   unit.gathered = false;
+  rehook_ = true;
 }
 
 void FullyShardedSync::point_params(size_t u, const torch::Tensor& buffer) {
@@ -608,12 +604,20 @@ void FullyShardedSync::after_optimizer_step(optim::FlatParameters&) {
   }
 }
 
+void FullyShardedSync::release_all() {
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+  // Changing a parameter's dtype (set_data to `whole` and back, release_whole) drops its
+  // gradient accumulator, and the hooks with it: the bf16 parameters get new ones.
+  if (rehook_) {
+    hook_gradients();
+    rehook_ = false;
+  }
+}
+
 void FullyShardedSync::gather_full_parameters() {
   // Between steps nothing is gathered; under bf16 gathers a unit held now would be the bf16
   // one, and the whole model is gathered in fp32 (Note [Fully sharded mixed precision]).
-  for (size_t u = 0; u < units_.size(); ++u) {
-    if (units_[u].whole.defined()) release(u);
-  }
+  release_all();
   full_ = true;
   predicted_peak_bytes_ = std::max(predicted_peak_bytes_, predicted_whole_bytes_);
   for (size_t u = 0; u < units_.size(); ++u) gather(u);
@@ -621,17 +625,7 @@ void FullyShardedSync::gather_full_parameters() {
 
 void FullyShardedSync::release_full_parameters() {
   full_ = false;
-  bool repointed = false;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    if (units_[u].whole.defined() && units_[u].whole.storage().nbytes() > 0) {
-      release_whole(u);
-      repointed = true;
-    }
-    release(u);
-  }
-  // Changing a parameter's dtype (set_data) drops its gradient accumulator, and the hooks with
-  // it: the bf16 parameters get new ones.
-  if (repointed) hook_gradients();
+  release_all();
 }
 
 void FullyShardedSync::visit_parameter_units(
@@ -643,10 +637,7 @@ void FullyShardedSync::visit_parameter_units(
   }
   // Note [Fully sharded exports]: between steps nothing is gathered; a unit held now would be
   // the bf16 one.
-  for (size_t u = 0; u < units_.size(); ++u) {
-    if (units_[u].whole.defined()) release(u);
-  }
-  bool repointed = false;
+  release_all();
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
     gather(u, /*master=*/true);
@@ -657,19 +648,14 @@ void FullyShardedSync::visit_parameter_units(
       const void* impl = t.unsafeGetTensorImpl();
       return here.count(impl) > 0 || sharded_.count(impl) == 0;
     });
-    if (unit.whole.defined() && unit.whole.storage().nbytes() > 0) {
-      release_whole(u);
-      repointed = true;
-    }
     release(u);
   }
-  // As release_full_parameters(): set_data to fp32 and back dropped the gradient hooks.
-  if (repointed) hook_gradients();
+  release_all();  // (the gradient hooks again, after the fp32 views of bf16 gathers)
 }
 
 void FullyShardedSync::begin_forwards() {
   // Note [Sharded evaluation]: between steps nothing is gathered.
-  for (size_t u = 0; u < units_.size(); ++u) release(u);
+  release_all();
   forwards_ = true;
 }
 
@@ -683,11 +669,8 @@ void FullyShardedSync::after_forward_only() {
 }
 
 void FullyShardedSync::end_forwards() {
-  for (size_t u = 0; u < units_.size(); ++u) release(u);
   forwards_ = false;
-  // The fp32 `whole` views replaced the bf16 parameters' gradient accumulators (set_data to
-  // another dtype): the bf16 ones get new hooks, as after release_full_parameters().
-  if (param_dtype_ != torch::kFloat32) hook_gradients();
+  release_all();
 }
 
 std::optional<GradientSync::Memory> FullyShardedSync::memory() const {

@@ -248,6 +248,8 @@ class FullyShardedSync final : public GradientSync {
   // the frozen ones stay until the block's backward is over (Note [Fully sharded frozen base]).
   void release(size_t u, bool keep_frozen = false);
   void release_frozen(size_t u);
+  // Every unit released, and the gradient hooks made again if a release_whole() dropped them.
+  void release_all();
   void allocate_grad(size_t u);
   void release_grad(size_t u);
   void add_live(int64_t bytes, const char* what, size_t u);
@@ -274,6 +276,7 @@ class FullyShardedSync final : public GradientSync {
   std::set<const void*> sharded_;  // every unit's parameters, frozen ones too (TensorImpl)
   bool full_ = false;              // gather_full_parameters() in effect
   bool forwards_ = false;          // begin_forwards() in effect (Note [Sharded evaluation])
+  bool rehook_ = false;            // a release_whole() dropped the gradient hooks
   bool armed_ = false;             // inside a micro-step's backward
   bool reduce_now_ = true;         // this micro-step reduce-scatters (not before the last one when
                                    // accumulating unsharded)
