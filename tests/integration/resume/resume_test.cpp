@@ -98,6 +98,18 @@ void expect_bit_identical(const TrainRun& ref, const TrainRun& run, const std::s
   }
 }
 
+// `dnallm-ckpt export` of <dir>/ckpt/step_000000004 writes `ref`'s weights, bit for bit.
+void expect_checkpoint_exports(const std::string& dir, const TrainRun& ref,
+                               const std::string& what) {
+  ASSERT_EQ(run_command(fmt::format("{}dnallm-ckpt export {}/ckpt/step_000000004 --out {}/exported",
+                                    kBin, dir, dir)),
+            0)
+      << what;
+  TrainRun exported;
+  exported.params = read_safetensors_f32(dir + "/exported/model.safetensors");
+  expect_bit_identical(ref, exported, what);
+}
+
 double max_param_diff(const TrainRun& ref, const TrainRun& run) {
   double max_diff = 0;
   for (const auto& [name, v] : ref.params) {
@@ -468,17 +480,12 @@ TEST_F(Resume, Zero3StoppedAndResumedIsBitIdentical) {
   expect_bit_identical(straight, second, "ZeRO-3 2 ranks, resumed at step 4");
   // dnallm-ckpt export assembles the model from the ranks' pieces, a tensor at a time: the
   // same weights the first run exported at step 4.
-  ASSERT_EQ(run_command(fmt::format("{}dnallm-ckpt export {}/ckpt/step_000000004 --out {}/exported",
-                                    kBin, dir, dir)),
-            0);
-  TrainRun exported;
-  exported.params = read_safetensors_f32(dir + "/exported/model.safetensors");
-  expect_bit_identical(first, exported, "dnallm-ckpt export of the ZeRO-3 checkpoint at step 4");
+  expect_checkpoint_exports(dir, first, "dnallm-ckpt export of the ZeRO-3 checkpoint at step 4");
 }
 
 // Note [Fully sharded mixed precision]: under bf16 gathers (and a bf16 reduce-scatter) the
 // checkpoint holds the fp32 master shard, so the resumed run gathers the same bf16 values and
-// continues bit for bit; the run's export at step 4 (the whole model gathered in fp32) is the
+// continues bit for bit; the run's export at step 4 (each unit gathered in fp32) is the
 // checkpoint's master weights, bit for bit.
 TEST_F(Resume, Zero3Bf16GathersStoppedAndResumedIsBitIdentical) {
   const std::string z3 =
@@ -493,12 +500,7 @@ TEST_F(Resume, Zero3Bf16GathersStoppedAndResumedIsBitIdentical) {
     EXPECT_EQ(second.losses.at(step), straight.losses.at(step)) << "step " << step;
   }
   expect_bit_identical(straight, second, "ZeRO-3 bf16 gathers, 2 ranks, resumed at step 4");
-  ASSERT_EQ(run_command(fmt::format("{}dnallm-ckpt export {}/ckpt/step_000000004 --out {}/exported",
-                                    kBin, dir, dir)),
-            0);
-  TrainRun exported;
-  exported.params = read_safetensors_f32(dir + "/exported/model.safetensors");
-  expect_bit_identical(first, exported, "dnallm-ckpt export of the bf16 ZeRO-3 checkpoint");
+  expect_checkpoint_exports(dir, first, "dnallm-ckpt export of the bf16 ZeRO-3 checkpoint");
 }
 
 }  // namespace
