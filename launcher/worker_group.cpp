@@ -180,12 +180,16 @@ int exit_code_for(const GenerationResult& result) {
       break;
   }
   if (result.failures.empty()) return static_cast<int>(ExitCode::kPeerFailed);
-  const WorkerExit& first = result.failures.front().exit;
-  bool own_code = !first.signaled && is_worker_diagnosis(first.code);
+  // Note [Launcher exit code]: one diagnosis that every other failure agrees with or follows.
+  const int peer_failed = static_cast<int>(ExitCode::kPeerFailed);
+  int diagnosis = 0;
   for (const auto& f : result.failures) {
-    if (f.exit.signaled || f.exit.code != first.code) own_code = false;
+    if (!f.exit.signaled && f.exit.code == peer_failed) continue;
+    if (f.exit.signaled || !is_worker_diagnosis(f.exit.code)) return peer_failed;
+    if (diagnosis != 0 && f.exit.code != diagnosis) return peer_failed;
+    diagnosis = f.exit.code;
   }
-  return own_code ? first.code : static_cast<int>(ExitCode::kPeerFailed);
+  return diagnosis != 0 ? diagnosis : peer_failed;
 }
 
 bool should_restart(const GenerationResult& result, int restarts_done, int max_restarts) {

@@ -84,7 +84,9 @@ class LocalWorkerGroup {
 // worker's own code when it is 2 (usage), 3 (bad data) or 5 (checkpoint corrupt) and every
 // worker that failed on its own agrees on it — those are the worker's diagnosis (Note [Worker
 // diagnosis] in core/error.hpp) and a script can act on them — else 4 (kPeerFailed): a rank crashed
-// or was killed.
+// or was killed. A worker that exited 4 itself saw a peer go, which the diagnosing worker
+// explains: it neither disagrees nor hides the diagnosis (ranks refusing a configuration one
+// by one leave the slower ones in a collective with the first that left).
 int exit_code_for(const GenerationResult& result);
 
 // Whether the group is started again: only after a worker failure, while restarts are

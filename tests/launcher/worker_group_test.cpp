@@ -261,7 +261,12 @@ TEST(ExitCodePolicy, Table) {
       {{{false, 4}}, 4},
       {{{false, 2}, {false, 2}}, 2},
       {{{false, 2}, {false, 3}}, 4},  // disagree: a peer failure
-      {{{false, 3}, {true, 9}}, 4},   // a crash besides the data error
+      {{{false, 4}, {false, 2}}, 2},  // the 4 saw the rank that refused leave
+      {{{false, 2}, {false, 4}, {false, 2}}, 2},
+      {{{false, 4}, {false, 2}, {false, 3}}, 4},
+      {{{false, 4}, {false, 1}}, 4},
+      {{{false, 4}, {false, 4}}, 4},
+      {{{false, 3}, {true, 9}}, 4},  // a crash besides the data error
       {{{true, 11}}, 4},
       {{{true, 2}}, 4},  // killed by signal 2 is not exit code 2
   };
