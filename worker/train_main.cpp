@@ -102,10 +102,13 @@ int train_in_group(Config& config, const WorkerEnv& env, const cluster::Topology
       !config.model.init_from.empty() && models::is_hf_model_dir(config.model.init_from)
           ? config.model.init_from
           : std::string();
-  trainer_options.write_tokenizer = [tokenizer, model, hf_source](const std::string& dir) mutable {
-    data::save_tokenizer(*tokenizer, dir + "/tokenizer.json");
-    // The same model in a transformers layout that computes the same function.
-    models::export_hf_directory(model, *tokenizer, dir + "/hf", hf_source);
+  trainer_options.write_tokenizer = [tokenizer, model, hf_source](
+                                        const std::string& dir, const models::ParameterUnits& units,
+                                        bool write) mutable {
+    if (write) data::save_tokenizer(*tokenizer, dir + "/tokenizer.json");
+    // The same model in a transformers layout that computes the same function (every rank:
+    // a model sharded by ZeRO-3 is gathered a unit at a time).
+    models::export_hf_directory(model, *tokenizer, dir + "/hf", hf_source, units, write);
   };
   const auto profiler = make_profiler(config, profile_range, topo.rank);
   // Declared before the trainer: its hooks call into the checkpointer.

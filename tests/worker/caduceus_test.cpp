@@ -81,6 +81,13 @@ TEST(Caduceus, ExportIsTheLayoutItCameInAndLoadsBackExactly) {
     for (const auto& [key, t] : got) {
       if (want.count(key) != 0) continue;
       SCOPED_TRACE(key);
+      if (key == "lm_head.lm_head.weight") {
+        // The RCPS masked LM's head, tied to the embedding (Note [Caduceus tied projections]):
+        // the fixture's file leaves it out, ours writes it, equal to the embedding it was tied to.
+        EXPECT_TRUE(
+            torch::equal(t, got.at("caduceus.backbone.embeddings.word_embeddings.embedding.weight")));
+        continue;
+      }
       const auto at = key.find(".mamba_rev.");
       ASSERT_NE(at, std::string::npos);
       EXPECT_TRUE(key.find(".in_proj.") != std::string::npos ||

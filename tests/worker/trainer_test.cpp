@@ -256,8 +256,8 @@ TEST(TrainerTest, RunWritesMetricsAndExports) {
   cfg.checkpoint.save_final = true;
   cfg.logging.metrics_file = (dir / "metrics.jsonl").string();
   auto options = quiet();
-  options.write_tokenizer = [](const std::string& d) {
-    std::ofstream(d + "/tokenizer.json") << "{}\n";
+  options.write_tokenizer = [](const std::string& d, const models::ParameterUnits&, bool write) {
+    if (write) std::ofstream(d + "/tokenizer.json") << "{}\n";
   };
   Trainer trainer(cfg, build_model(cfg, 9), std::make_unique<SyntheticSource>(2, 16),
                   std::make_unique<SyntheticSource>(2, 16), nullptr, options);

@@ -3,16 +3,21 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 
+#include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "checkpoint/durable_io.hpp"
+#include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_directory.hpp"
 #include "worker/models/transformer/transformer.hpp"
+#include "worker/tensor_buffer.hpp"
 
 namespace dnallm::models {
 namespace {
@@ -174,6 +179,173 @@ LoraOptions family_lora_options(const Config& config, const std::vector<std::str
                "lora.target_modules is empty: name some of the {} linears ({})", family,
                fmt::format("{}", fmt::join(all, ", ")));
   return o;
+}
+
+ParameterUnits whole_model_units() {
+  return [](const auto& visit) { visit([](const torch::Tensor&) { return true; }); };
+}
+
+namespace {
+
+// The file's type of a tensor that reads `t`: floating point in fp32 (the master values under
+// bf16 gathers, whatever the parameter holds between steps), integers as they are.
+DType exported_dtype(const torch::Tensor& t) {
+  if (t.is_floating_point()) return DType::kFloat32;
+  const auto d = dtype_of(t.scalar_type());
+  DNALLM_CHECK(d.has_value(), ExitCode::kFailure, "export: unsupported dtype {}",
+               c10::toString(t.scalar_type()));
+  return *d;
+}
+
+torch::Tensor on_host(const torch::Tensor& t) {
+  auto c = t.detach().to(torch::kCPU);
+  if (c.is_floating_point()) c = c.to(torch::kFloat32);
+  return c.contiguous();
+}
+
+}  // namespace
+
+ExportedTensor live_tensor(const std::string& name, const torch::Tensor& t) {
+  return {name, t.sizes().vec(), exported_dtype(t), {t}, [t] { return on_host(t); }};
+}
+
+ExportedTensor computed_tensor(const std::string& name, std::vector<int64_t> shape,
+                               std::function<torch::Tensor()> make) {
+  return {name, std::move(shape), DType::kFloat32, {}, [make = std::move(make)] {
+            return on_host(make());
+          }};
+}
+
+ExportedTensor renamed_tensor(const ExportedTensor& from, const std::string& name) {
+  ExportedTensor t = from;
+  t.name = name;
+  return t;
+}
+
+ExportedTensor combined_tensor(
+    const std::string& name, std::vector<int64_t> shape, const std::vector<ExportedTensor>& inputs,
+    std::function<torch::Tensor(const std::vector<torch::Tensor>&)> combine) {
+  ExportedTensor out{name, std::move(shape), DType::kFloat32, {}, nullptr};
+  std::vector<std::function<torch::Tensor()>> values;
+  for (const auto& in : inputs) {
+    out.reads.insert(out.reads.end(), in.reads.begin(), in.reads.end());
+    values.push_back(in.value);
+  }
+  out.value = [values = std::move(values), combine = std::move(combine)] {
+    std::vector<torch::Tensor> v;
+    for (const auto& f : values) v.push_back(f());
+    return on_host(combine(v));
+  };
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> computed_values(
+    const std::vector<ExportedTensor>& tensors) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) out.emplace_back(t.name, t.value());
+  return out;
+}
+
+LiveWeights::LiveWeights(torch::nn::Module& module, bool merge_adapters) : merge_(merge_adapters) {
+  for (const auto& [name, linear] : lora_or_quantized_linears(module)) {
+    linears_[linear->weight.unsafeGetTensorImpl()] = linear;
+  }
+}
+
+ExportedTensor LiveWeights::operator()(const std::string& name, const torch::Tensor& t) const {
+  const auto it = linears_.find(t.unsafeGetTensorImpl());
+  if (it == linears_.end()) return live_tensor(name, t);
+  const auto linear = it->second;
+  std::vector<torch::Tensor> reads = linear->parameters();
+  for (const auto& b : linear->buffers()) reads.push_back(b);
+  // A quantized base's shape is its dequantized weight's (never sharded: not a parameter).
+  const auto shape =
+      linear->quantized() ? linear->full_weight().sizes().vec() : linear->weight.sizes().vec();
+  const bool merge = merge_;
+  return {name, shape, DType::kFloat32, std::move(reads),
+          [linear, merge] { return on_host(full_linear_weight(*linear, merge)); }};
+}
+
+WeightReader vocabulary_scatter(WeightReader weight, std::vector<int64_t> map,
+                                const torch::Tensor& embedding,
+                                const torch::Tensor& source_embedding, const torch::Tensor& head,
+                                const torch::Tensor& source_head) {
+  return [=](const std::string& name, const torch::Tensor& t) {
+    const void* impl = t.unsafeGetTensorImpl();
+    const bool is_embedding = impl == embedding.unsafeGetTensorImpl();
+    const bool is_head = head.defined() && impl == head.unsafeGetTensorImpl();
+    if (!is_embedding && !is_head) return weight(name, t);
+    const torch::Tensor source = is_embedding ? source_embedding : source_head;
+    // (a head the checkpoint did not have as ours: its rows are the embedding's shape)
+    const auto shape = (source.defined() ? source : source_embedding).sizes().vec();
+    return combined_tensor(name, shape, {weight(name, t)},
+                           [map, source, shape](const std::vector<torch::Tensor>& v) {
+                             torch::Tensor theirs = torch::zeros(shape);
+                             scatter_rows(theirs, v[0], map, source);
+                             return theirs;
+                           });
+  };
+}
+
+namespace {
+
+// One file of write_exported_files(): each tensor written once what it reads is held.
+class StreamedFile {
+ public:
+  StreamedFile(const std::filesystem::path& path, const ExportedFile& file)
+      : tensors_(file.tensors), done_(tensors_.size(), false) {
+    std::vector<checkpoint::TensorSpec> specs;
+    for (const auto& t : tensors_) specs.push_back({t.name, t.dtype, t.shape});
+    writer_.emplace(path, std::move(specs), file.metadata);
+  }
+  void write_held(const HeldTensor& held) {
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      if (done_[i]) continue;
+      const auto& t = tensors_[i];
+      if (!std::all_of(t.reads.begin(), t.reads.end(), held)) continue;
+      const auto value = t.value();
+      DNALLM_CHECK(value.sizes().vec() == t.shape && dtype_of(value.scalar_type()) == t.dtype,
+                   ExitCode::kFailure,
+                   "internal: the export computed {} as {} {}, its header says {} {}", t.name,
+                   c10::toString(value.scalar_type()),
+                   fmt::format("{}", fmt::join(value.sizes(), "x")), dtype_name(t.dtype),
+                   fmt::format("{}", fmt::join(t.shape, "x")));
+      writer_->write(i, safetensors_tensor(t.name, value).write_data);
+      done_[i] = true;
+    }
+  }
+  void commit() { writer_->commit(); }  // Error(kFailure) naming a tensor never written
+
+ private:
+  std::vector<ExportedTensor> tensors_;
+  std::vector<bool> done_;
+  std::optional<checkpoint::SafetensorsWriter> writer_;
+};
+
+}  // namespace
+
+void write_exported_files(const std::string& dir, const std::vector<ExportedFile>& files,
+                          const ParameterUnits& units, bool write) {
+  torch::NoGradGuard no_grad;
+  if (!write) {  // a rank that only takes part in the gathers
+    units([](const HeldTensor&) {});
+    return;
+  }
+  namespace fs = std::filesystem;
+  std::vector<std::unique_ptr<StreamedFile>> streamed;
+  for (const auto& f : files) {
+    const fs::path path = fs::path(dir) / f.path;
+    std::error_code ec;
+    fs::create_directories(path.parent_path(), ec);
+    DNALLM_CHECK(!ec, ExitCode::kFailure, "cannot create the directory {}: {}",
+                 path.parent_path().string(), ec.message());
+    streamed.push_back(std::make_unique<StreamedFile>(path, f));
+  }
+  units([&](const HeldTensor& held) {
+    for (auto& s : streamed) s->write_held(held);
+  });
+  for (auto& s : streamed) s->commit();
 }
 
 }  // namespace dnallm::models

@@ -14,11 +14,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/dtype.hpp"
 #include "worker/models/lora_linear.hpp"
 
 namespace dnallm::data {
@@ -65,5 +68,88 @@ void load_named_tensors(const std::vector<std::pair<std::string, torch::Tensor>>
 // the transformer's), with or without adapters. lora.r = 0: r = 0 (no adapters).
 LoraOptions family_lora_options(const Config& config, const std::vector<std::string>& all,
                                 const std::string& family);
+
+// Note [Exports unit by unit]: a model sharded across ranks (ZeRO-3) is never whole on one rank,
+// so its exports gather it a unit at a time. `units` calls its argument once or more, the same
+// calls on every rank (collective); during each call `held(t)` tells whether tensor `t` (a
+// parameter or buffer of the model) holds its current value, in fp32 where it trains in fp32
+// (the master values under bf16 gathers). Every tensor an export reads must be held in some
+// call, and each exported tensor is written in the first call that holds all it reads: a
+// weight as itself, a LoRA linear's merged weight from its base and adapters (one block's,
+// gathered together), a fused or renamed Hugging Face tensor from what it is made of (one
+// block's), a table computed from the config from nothing. Each file's header is written first
+// (names, dtypes, shapes) and each tensor at its offset (checkpoint::SafetensorsWriter), so the
+// writing rank holds one exported tensor at a time besides what `units` gathers, and each file
+// appears (rename) only when complete. Our own directory (export_live_model, registry.hpp) and
+// every family's Hugging Face layout (ModelFamily::hf_export) are written this way.
+using HeldTensor = std::function<bool(const torch::Tensor&)>;
+using ParameterUnits = std::function<void(const std::function<void(const HeldTensor& held)>&)>;
+// A model on one process: one call, every tensor held.
+ParameterUnits whole_model_units();
+
+// What an export writes of one tensor: its name, dtype and shape in the file, the tensors
+// computing it reads, and the computation (run once, when everything it reads is held).
+struct ExportedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kFloat32;
+  std::vector<torch::Tensor> reads;
+  std::function<torch::Tensor()> value;
+};
+// `t` as it is, on the host (floating point in fp32, integers in their own type); reads `t`.
+ExportedTensor live_tensor(const std::string& name, const torch::Tensor& t);
+// A tensor that reads nothing the ranks shard (zeros, a table from the config): `make` runs
+// when the file is written.
+ExportedTensor computed_tensor(const std::string& name, std::vector<int64_t> shape,
+                               std::function<torch::Tensor()> make);
+// `from`'s value under another name.
+ExportedTensor renamed_tensor(const ExportedTensor& from, const std::string& name);
+// `combine` of `inputs`' values (in fp32), of `shape`: reads what they read.
+ExportedTensor combined_tensor(
+    const std::string& name, std::vector<int64_t> shape, const std::vector<ExportedTensor>& inputs,
+    std::function<torch::Tensor(const std::vector<torch::Tensor>&)> combine);
+// Every tensor of `tensors` computed now (one process, everything held): for callers that want
+// the values themselves.
+std::vector<std::pair<std::string, torch::Tensor>> computed_values(
+    const std::vector<ExportedTensor>& tensors);
+
+// How an export reads the tensors of `module`: a LoRA or quantized linear's weight (by its
+// tensor) in full precision, its adapters merged when `merge_adapters` (from its base and
+// adapters: the linear's parameters and buffers), every other tensor as itself (live_tensor).
+class LiveWeights {
+ public:
+  LiveWeights(torch::nn::Module& module, bool merge_adapters);
+  ExportedTensor operator()(const std::string& name, const torch::Tensor& t) const;
+
+ private:
+  std::map<const void*, std::shared_ptr<LoraLinearImpl>> linears_;
+  bool merge_;
+};
+
+// How an export reads one named tensor of a model (a LiveWeights, or one wrapping it).
+using WeightReader = std::function<ExportedTensor(const std::string&, const torch::Tensor&)>;
+
+// Note [Character vocabularies]: the hub export of a model imported with a vocabulary map reads
+// `embedding` (and the output rows `head`, when defined) scattered back into the checkpoint's
+// token order (scatter_rows into `source_embedding` / `source_head`, as imported; rows we have
+// no token for come back as the checkpoint had them, or zero where it kept none), every other
+// tensor through `weight`.
+WeightReader vocabulary_scatter(WeightReader weight, std::vector<int64_t> map,
+                                const torch::Tensor& embedding,
+                                const torch::Tensor& source_embedding, const torch::Tensor& head,
+                                const torch::Tensor& source_head);
+
+// One safetensors file of an export: its path under the export's directory, its tensors in
+// header order, its metadata.
+struct ExportedFile {
+  std::string path;
+  std::vector<ExportedTensor> tensors;
+  std::map<std::string, std::string> metadata;
+};
+// Writes `files` under `dir` as `units` holds what their tensors read (Note [Exports unit by
+// unit]); `write`: this rank writes (creating the directories), the others only take part in
+// `units`. Error(kFailure) naming a tensor whose reads no call held.
+void write_exported_files(const std::string& dir, const std::vector<ExportedFile>& files,
+                          const ParameterUnits& units, bool write);
 
 }  // namespace dnallm::models

@@ -37,37 +37,12 @@ std::string arch_names(const ModelFamily& f) {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
-// What an export writes of one tensor: its name and shape in the file (fp32), the tensors
-// computing it reads, and the computation (Note [Exports unit by unit]).
-struct ExportedTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<torch::Tensor> reads;
-  std::function<torch::Tensor()> value;
-};
-
 // model.safetensors: the named weights, a LoRA or quantized linear's weight in full precision
-// with its adapter merged (a copy: the live model keeps training with its adapters).
+// with its adapter merged (computed into a copy: the live model keeps training with its adapters).
 std::vector<ExportedTensor> exported_weights(LanguageModel& model) {
-  const auto linears = lora_or_quantized_linears(*model);
+  const LiveWeights weights(*model, /*merge_adapters=*/true);
   std::vector<ExportedTensor> out;
-  for (auto& [name, t] : model->named_weights()) {
-    auto it = linears.find(name);
-    if (it == linears.end()) {
-      out.push_back({name, t.sizes().vec(), {t}, [t] { return t.detach().to(torch::kFloat32); }});
-      continue;
-    }
-    const auto linear = it->second;
-    std::vector<torch::Tensor> reads = linear->parameters();
-    for (const auto& b : linear->buffers()) reads.push_back(b);
-    // A quantized base's shape is its dequantized weight's (never sharded: not a parameter).
-    const auto shape =
-        linear->quantized() ? linear->full_weight().sizes().vec() : linear->weight.sizes().vec();
-    out.push_back(
-        {name, shape, std::move(reads), [linear] {
-           return full_linear_weight(*linear, /*merge_adapters=*/true).to(torch::kFloat32);
-         }});
-  }
+  for (auto& [name, t] : model->named_weights()) out.push_back(weights(name, t));
   return out;
 }
 
@@ -85,43 +60,12 @@ std::vector<ExportedTensor> lora_adapters(LanguageModel& model) {
     const auto modules = caduceus_model != nullptr
                              ? caduceus::hf_module_names(caduceus_model->lm()->options(), module)
                              : std::vector<std::string>{module};
-    const torch::Tensor p = item.value();
     for (const auto& m : modules) {
-      adapters.push_back({"base_model.model." + m + which + ".weight", p.sizes().vec(), {p}, [p] {
-                            return p.detach().to(torch::kFloat32);
-                          }});
+      adapters.push_back(live_tensor("base_model.model." + m + which + ".weight", item.value()));
     }
   }
   return adapters;
 }
-
-// Writes `tensors` into one safetensors file as `units` holds what they read.
-class StreamedFile {
- public:
-  StreamedFile(const std::filesystem::path& path, std::vector<ExportedTensor> tensors,
-               const std::map<std::string, std::string>& metadata)
-      : tensors_(std::move(tensors)), done_(tensors_.size(), false) {
-    std::vector<checkpoint::TensorSpec> specs;
-    for (const auto& t : tensors_) specs.push_back({t.name, DType::kFloat32, t.shape});
-    writer_.emplace(path, std::move(specs), metadata);
-  }
-  // Writes every tensor not yet written whose reads `held` holds.
-  void write_held(const HeldTensor& held) {
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      if (done_[i]) continue;
-      const auto& reads = tensors_[i].reads;
-      if (!std::all_of(reads.begin(), reads.end(), held)) continue;
-      writer_->write(i, safetensors_tensor(tensors_[i].name, tensors_[i].value()).write_data);
-      done_[i] = true;
-    }
-  }
-  void commit() { writer_->commit(); }  // Error(kFailure) naming a tensor never written
-
- private:
-  std::vector<ExportedTensor> tensors_;
-  std::vector<bool> done_;
-  std::optional<checkpoint::SafetensorsWriter> writer_;
-};
 
 }  // namespace
 
@@ -178,43 +122,26 @@ LanguageModel build_model_for(const Config& config, const data::Tokenizer& token
 }
 
 void export_live_model(LanguageModel model, const std::string& dir) {
-  // Every tensor of a model on one process holds its value: one call.
-  export_live_model(
-      model, dir, [](const auto& visit) { visit([](const torch::Tensor&) { return true; }); },
-      /*write=*/true);
+  export_live_model(model, dir, whole_model_units(), /*write=*/true);
 }
 
 void export_live_model(LanguageModel model, const std::string& dir, const ParameterUnits& units,
                        bool write) {
-  if (!write) {  // a rank that only takes part in the gathers
-    units([](const HeldTensor&) {});
-    return;
-  }
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  DNALLM_CHECK(!ec, ExitCode::kFailure, "cannot create the model directory {}: {}", dir,
-               ec.message());
   const auto& spec = model->spec();
-  std::optional<StreamedFile> adapters;
-  if (!lora_or_quantized_linears(*model).empty() && spec.lora_r > 0) {
-    // (a quantized base alone has no adapters)
-    adapters.emplace(
-        fs::path(dir) / "adapter_model.safetensors", lora_adapters(model),
-        std::map<std::string, std::string>{{"format", "pt"},
-                                           {"lora_r", std::to_string(spec.lora_r)},
-                                           {"lora_alpha", std::to_string(spec.lora_alpha)}});
+  std::vector<ExportedFile> files;
+  // (a quantized base alone has no adapters)
+  if (write && !lora_or_quantized_linears(*model).empty() && spec.lora_r > 0) {
+    files.push_back({"adapter_model.safetensors",
+                     lora_adapters(model),
+                     {{"format", "pt"},
+                      {"lora_r", std::to_string(spec.lora_r)},
+                      {"lora_alpha", std::to_string(spec.lora_alpha)}}});
   }
-  StreamedFile weights(fs::path(dir) / "model.safetensors", exported_weights(model),
-                       {{"format", "pt"}});
-  units([&](const HeldTensor& held) {
-    if (adapters) adapters->write_held(held);
-    weights.write_held(held);
-  });
+  if (write) files.push_back({"model.safetensors", exported_weights(model), {{"format", "pt"}}});
+  write_exported_files(dir, files, units, write);
+  if (!write) return;
   // The files of checkpoint::write_model_directory(), in its order.
-  if (adapters) adapters->commit();
-  weights.commit();
-  checkpoint::write_file_durable(fs::path(dir) / "config.json",
+  checkpoint::write_file_durable(std::filesystem::path(dir) / "config.json",
                                  model->export_config().dump(2) + "\n");
   checkpoint::fsync_dir(dir);
 }
@@ -245,16 +172,49 @@ LanguageModel load_exported_model(const std::string& dir) {
 
 bool export_hf_directory(LanguageModel model, const data::Tokenizer& tokenizer,
                          const std::string& dir, const std::string& source_dir) {
+  return export_hf_directory(model, tokenizer, dir, source_dir, whole_model_units(),
+                             /*write=*/true);
+}
+
+bool export_hf_directory(LanguageModel model, const data::Tokenizer& tokenizer,
+                         const std::string& dir, const std::string& source_dir,
+                         const ParameterUnits& units, bool write) {
   const auto& family = model->spec().family;
-  for (const auto& f : model_families()) {
-    if (f.name != family) continue;
-    if (f.export_hf == nullptr) {
-      spdlog::warn("no Hugging Face layout for a {} model: {} not written", family, dir);
-      return false;
+  const auto f = std::find_if(model_families().begin(), model_families().end(),
+                              [&](const ModelFamily& m) { return m.name == family; });
+  DNALLM_CHECK(f != model_families().end(), ExitCode::kFailure,
+               "internal: the model family \"{}\" is not registered", family);
+  const auto skipped = [&](const std::string& why) {
+    std::error_code ec;
+    if (write) {
+      std::filesystem::remove_all(dir, ec);
+      spdlog::warn("no Hugging Face export: {}", why);
     }
-    return f.export_hf(model, tokenizer, dir, source_dir);
+    return false;
+  };
+  if (f->hf_export == nullptr) {
+    return skipped(
+        fmt::format("a {} model has no Hugging Face layout: {} not written", family, dir));
   }
-  fail(ExitCode::kFailure, "internal: the model family \"{}\" is not registered", family);
+  // Planned on every rank alike, so that either all of them take part in the gathers or none.
+  std::optional<HfExport> plan;
+  try {
+    plan = f->hf_export(model, tokenizer, source_dir);
+  } catch (const Error& e) {
+    if (e.code() != ExitCode::kUsage) throw;
+    return skipped(e.what());
+  }
+  if (!plan) return false;
+  write_exported_files(dir, plan->files, units, write);
+  if (!write) return true;
+  try {
+    plan->finish(dir);
+  } catch (const Error& e) {  // (a tokenizer with no transformers layout)
+    if (e.code() != ExitCode::kUsage) throw;
+    return skipped(e.what());
+  }
+  checkpoint::fsync_dir(dir);
+  return true;
 }
 
 }  // namespace dnallm::models

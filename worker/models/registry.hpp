@@ -9,10 +9,12 @@
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/config.hpp"
+#include "worker/models/family_io.hpp"
 #include "worker/models/language_model.hpp"
 
 namespace dnallm::data {
@@ -29,6 +31,15 @@ struct BuildContext {
   int local_world_size = 1;
 };
 
+// A Hugging Face layout to write (Note [Exports unit by unit] in family_io.hpp): the safetensors
+// files, streamed as the ranks gather the model, then the small files (config.json, the
+// tokenizer's, remote code) that `finish` writes into the directory on the writing rank, and
+// logs what it wrote.
+struct HfExport {
+  std::vector<ExportedFile> files;
+  std::function<void(const std::string& dir)> finish;
+};
+
 struct ModelFamily {
   std::string name;                         // "transformer", "hyena", "caduceus"
   std::vector<cfg::Arch> arches;            // the model.arch values it builds
@@ -42,11 +53,12 @@ struct ModelFamily {
   LanguageModel (*init_from_hf)(const Config& config, const data::Tokenizer& tokenizer) = nullptr;
   // Our model directory (config.json already parsed) back into a model, eval mode.
   LanguageModel (*load_exported)(const std::string& dir, const nlohmann::json& config) = nullptr;
-  // A Hugging Face directory in the family's layout next to our export (final/hf); false
-  // when this model has no such layout (logged, not an error). `source_dir`: the directory it
-  // was imported from, if any.
-  bool (*export_hf)(LanguageModel& model, const data::Tokenizer& tokenizer, const std::string& dir,
-                    const std::string& source_dir) = nullptr;
+  // The Hugging Face layout of `model` next to our export (final/hf): what hf_export plans,
+  // every rank the same (it reads only the model's structure and options); nullopt when this
+  // model has no such layout (the family says why in a warning), Error(kUsage) when what it
+  // holds has none. `source_dir`: the directory it was imported from, if any.
+  std::optional<HfExport> (*hf_export)(LanguageModel& model, const data::Tokenizer& tokenizer,
+                                       const std::string& source_dir) = nullptr;
 };
 
 const std::vector<ModelFamily>& model_families();
@@ -73,21 +85,9 @@ LanguageModel build_model_for(const Config& config, const data::Tokenizer& token
 // caller's (the trainer's write_tokenizer hook).
 void export_live_model(LanguageModel model, const std::string& dir);
 
-// Note [Exports unit by unit]: a model sharded across ranks (ZeRO-3) is never whole on one rank,
-// so its export gathers it a unit at a time. `units` calls its argument once or more, the same
-// calls on every rank (collective); during each call `held(t)` tells whether tensor `t` (a
-// parameter or buffer of the model) holds its current value, in fp32 where it trains in fp32
-// (the master values under bf16 gathers). Every tensor an export reads must be held in some
-// call, and each exported tensor is written in the first call that holds all it reads: the
-// named weights as themselves, a LoRA linear's merged weight from its base and adapters (one
-// block's, gathered together), an adapter from itself. The files and their bytes are
-// export_live_model()'s: model.safetensors's header is written first (names, fp32, shapes) and
-// each tensor at its offset (checkpoint::SafetensorsWriter), so `dir` on the writing rank holds
-// one exported tensor at a time besides what `units` gathers, and each file appears (rename)
-// only when complete. `write`: this rank writes the files (rank 0); the others only take part
-// in `units`.
-using HeldTensor = std::function<bool(const torch::Tensor&)>;
-using ParameterUnits = std::function<void(const std::function<void(const HeldTensor& held)>&)>;
+// Note [Exports unit by unit] (family_io.hpp): the same files from a model sharded across ranks
+// (ZeRO-3), gathered a unit at a time by `units` (collective: every rank calls this); `write`:
+// this rank writes the files (rank 0), the others only take part in `units`.
 void export_live_model(LanguageModel model, const std::string& dir, const ParameterUnits& units,
                        bool write);
 
@@ -95,8 +95,13 @@ void export_live_model(LanguageModel model, const std::string& dir, const Parame
 // config.json's model_type picks the family (unknown: exit 2 naming it).
 LanguageModel load_exported_model(const std::string& dir);
 
-// The Hugging Face layout of `model` in `dir` (final/hf), through its family.
+// The Hugging Face layout of `model` in `dir` (final/hf), through its family's hf_export. False
+// (a warning naming why, `dir` removed) when the model has none. The second form is
+// collective, as export_live_model()'s (Note [Exports unit by unit]).
 bool export_hf_directory(LanguageModel model, const data::Tokenizer& tokenizer,
                          const std::string& dir, const std::string& source_dir = "");
+bool export_hf_directory(LanguageModel model, const data::Tokenizer& tokenizer,
+                         const std::string& dir, const std::string& source_dir,
+                         const ParameterUnits& units, bool write);
 
 }  // namespace dnallm::models

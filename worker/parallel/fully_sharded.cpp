@@ -281,8 +281,8 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
                                 : root_params + pbytes(i) + (options_.prefetch ? pbytes(i + 1) : 0);
     predicted_peak_bytes_ = std::max(predicted_peak_bytes_, forward);
   }
-  // The Hugging Face layout holds every parameter (FullParameters), in fp32: counted once one
-  // is made (gather_full_parameters()).
+  // A FullParameters (an evaluation on a rank with no batch: Note [Sharded evaluation]) holds
+  // every parameter in fp32: counted once one is made (gather_full_parameters()).
   int64_t whole_grads = 0;
   predicted_whole_bytes_ =
       root_grads;  // the root's fp32 parameters: as many bytes as its gradients

@@ -116,9 +116,9 @@
 // its frozen base with it), let rank 0 write the tensors it completes, release it. So a rank
 // holds its shard plus one unit, in fp32 (trace: W+/W- or P+/P- per unit), never the whole
 // model; the root's frozen parameters and buffers are held anyway. Inside a FullParameters
-// every unit is held already: one visit, nothing gathered. Not covered yet: final/hf, the
-// Hugging Face layout that dnallm-train's tokenizer hook writes after the final export through
-// each family's export_hf from the live model: the trainer holds a FullParameters for it.
+// every unit is held already: one visit, nothing gathered. The Hugging Face layouts (final/hf,
+// best/hf: each family's hf_export, fused and renamed tensors, LoRA merged, PEFT's adapter and
+// base) are written the same way, in a second visit.
 //
 // Note [Fully sharded frozen base]: a block's frozen parameters (the base of a LoRA model,
 // 4 bytes a parameter that DDP and ZeRO-1/2 replicate) are sharded with their block: each

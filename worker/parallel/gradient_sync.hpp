@@ -36,8 +36,7 @@ namespace dnallm::parallel {
 // Outside steps, evaluation holds a ShardedForwards and brackets each forward with
 // before_forward_only() / after_forward_only() (Note [Sharded evaluation]); exports visit the
 // parameters unit by unit (visit_parameter_units, Note [Exports unit by unit] in
-// models/registry.hpp); the Hugging Face layout (final/hf, best/hf) holds a FullParameters
-// (every rank: ZeRO-3 gathers every parameter for its lifetime). Memory figures come from
+// models/family_io.hpp), our files and the Hugging Face layouts alike. Memory figures come from
 // memory(), not from a cast.
 class GradientSync {
  public:
@@ -131,7 +130,8 @@ class GradientSync {
   virtual void end_forwards() {}
 };
 
-// Every parameter whole for a scope: evaluation, exports (all ranks construct it).
+// Every parameter whole for a scope (all ranks construct it): the evaluation of a rank with no
+// batch (Note [Sharded evaluation]); evaluation and exports otherwise go unit by unit.
 class FullParameters {
  public:
   explicit FullParameters(GradientSync& sync) : sync_(sync) { sync_.gather_full_parameters(); }

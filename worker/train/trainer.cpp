@@ -697,13 +697,10 @@ RunEnd Trainer::run() {
   if (config_.checkpoint.save_final) {
     const auto dir = export_dir();
     export_model(dir);  // every rank: ZeRO-3 gathers the model unit by unit
-    if (options_.write_tokenizer) {
-      // The hook also writes final/hf (train_main.cpp: the Hugging Face layout, each family's
-      // export_hf), which reads the live model whole: every rank gathers it for that, as before
-      // issue 25. Note [Exports unit by unit] covers our own files only.
-      parallel::FullParameters full(*sync_);
-      if (sync_->rank() == 0) options_.write_tokenizer(dir);
-    }
+    // The hook also writes final/hf (train_main.cpp: each family's Hugging Face layout),
+    // gathered unit by unit as our own files are.
+    if (options_.write_tokenizer)
+      options_.write_tokenizer(dir, parameter_units(), sync_->rank() == 0);
     if (sync_->rank() == 0) spdlog::info("exported the model to {}", dir);
   }
   if (sync_->rank() == 0) write_summary(totals);
@@ -831,11 +828,13 @@ std::pair<double, bool> best_metric_value(cfg::BestMetric metric, const EvalResu
 }  // namespace
 
 void Trainer::export_model(const std::string& dir) {
-  // Note [Exports unit by unit] (models/registry.hpp): the ranks gather the model a unit at a
+  // Note [Exports unit by unit] (models/family_io.hpp): the ranks gather the model a unit at a
   // time (ZeRO-3; other syncs hold it whole: one visit), rank 0 writes.
-  models::export_live_model(
-      model_, dir, [this](const auto& visit) { sync_->visit_parameter_units(visit); },
-      sync_->rank() == 0);
+  models::export_live_model(model_, dir, parameter_units(), sync_->rank() == 0);
+}
+
+models::ParameterUnits Trainer::parameter_units() {
+  return [this](const auto& visit) { sync_->visit_parameter_units(visit); };
 }
 
 void Trainer::keep_if_best(int64_t step, const EvalResult& e) {
@@ -863,11 +862,9 @@ void Trainer::keep_if_best(int64_t step, const EvalResult& e) {
   best_value_ = value;
   const fs::path tmp = best.string() + ".tmp", old = best.string() + ".old";
   if (sync_->rank() == 0) fs::remove_all(tmp);
-  export_model(tmp.string());  // every rank: ZeRO-3 gathers the model unit by unit
-  if (options_.write_tokenizer) {
-    // The hook also writes best/hf, which reads the live model whole (as final/hf, run()).
-    parallel::FullParameters full(*sync_);
-    if (sync_->rank() == 0) options_.write_tokenizer(tmp.string());
+  export_model(tmp.string());      // every rank: ZeRO-3 gathers the model unit by unit
+  if (options_.write_tokenizer) {  // best/hf, as final/hf (run())
+    options_.write_tokenizer(tmp.string(), parameter_units(), sync_->rank() == 0);
   }
   if (sync_->rank() != 0) return;
   nlohmann::ordered_json info;

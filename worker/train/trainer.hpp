@@ -65,6 +65,7 @@
 #include "core/config.hpp"
 #include "core/metrics.hpp"
 #include "worker/data/batch.hpp"
+#include "worker/models/family_io.hpp"
 #include "worker/models/transformer/transformer.hpp"
 #include "worker/optim/flat_adamw.hpp"
 #include "worker/parallel/gradient_sync.hpp"
@@ -165,8 +166,12 @@ struct TrainerOptions {
   // Bases spelled by token id `id` (for bits_per_base). Default: 1.
   std::function<int64_t(int64_t id)> bases_of_label;
   // Writes what the export needs beyond the weights and config.json, which the trainer cannot:
-  // <dir>/tokenizer.json and the transformers layout <dir>/hf (train_main.cpp).
-  std::function<void(const std::string& dir)> write_tokenizer;
+  // <dir>/tokenizer.json and the transformers layout <dir>/hf (train_main.cpp). Called on every
+  // rank: `units` gathers the model a unit at a time for the Hugging Face layout's files
+  // (collective, Note [Exports unit by unit] in models/family_io.hpp); `write`: this rank
+  // writes (rank 0).
+  std::function<void(const std::string& dir, const models::ParameterUnits& units, bool write)>
+      write_tokenizer;
   bool console_progress = true;
   // Append to logging.metrics_file instead of truncating it: a resumed run (requeue,
   // elastic restart, restart by hand) keeps the history of the runs before it.
@@ -332,6 +337,8 @@ class Trainer {
   void keep_if_best(int64_t step, const EvalResult& e);
   // The live model into `dir` (rank 0 writes); collective (Note [Exports unit by unit]).
   void export_model(const std::string& dir);
+  // The sync's visit_parameter_units as an export takes it (collective).
+  models::ParameterUnits parameter_units();
   StepAction run_after_step_hooks(const StepResult& r);
   void write_summary(const RunTotals& totals);
   double peak_tflops_ = 0.0;  // one device's peak for MFU; 0: unknown (no MFU)

@@ -312,9 +312,13 @@ CaduceusLMImpl::CaduceusLMImpl(CaduceusOptions options) : options_(std::move(opt
   if (!o.rms_norm) norm_f_bias = register_parameter("norm_f_bias", torch::zeros({o.d_model}));
   head_weight = register_parameter(
       "head_weight", torch::randn({o.classifier ? o.num_labels : o.vocab_size, o.d_model}) * 0.02);
+  complement = register_buffer("complement", complement_table(o));
+}
+
+Tensor complement_table(const CaduceusOptions& o) {
   std::vector<int64_t> map = o.complement;
   for (int64_t i = int64_t(map.size()); i < o.vocab_size; ++i) map.push_back(i);
-  complement = register_buffer("complement", torch::tensor(map, torch::kLong));
+  return torch::tensor(map, torch::kLong);
 }
 
 Tensor CaduceusLMImpl::norm(const Tensor& x, const Tensor& w, const Tensor& b) const {
@@ -651,10 +655,30 @@ json hf_config_of(const CaduceusOptions& o) {
   return config;
 }
 
-void export_hf_caduceus(CaduceusLM& model, const std::string& dir,
-                        const std::string& tokenizer_from) {
-  namespace fs = std::filesystem;
+std::vector<ExportedTensor> hf_tensors(CaduceusLM& model, const Tensor& complement,
+                                       const WeightReader& weight) {
   const auto& o = model->options();
+  std::vector<ExportedTensor> tensors;
+  for (const auto& [name, t] : hf_names(*model)) {
+    tensors.push_back(weight(name, t));
+    // Note [Caduceus tied projections].
+    const auto fwd = name.find(".mamba_fwd.");
+    if (o.bidirectional && fwd != std::string::npos &&
+        (name.find(".in_proj.") != std::string::npos ||
+         name.find(".out_proj.") != std::string::npos)) {
+      tensors.push_back(renamed_tensor(
+          tensors.back(), name.substr(0, fwd) + ".mamba_rev." + name.substr(fwd + 11)));
+    }
+  }
+  if (o.rcps) {  // RCPSEmbedding's and RCPSLMHead's buffers, as the hub code saves them
+    tensors.push_back(
+        live_tensor("caduceus.backbone.embeddings.word_embeddings.complement_map", complement));
+    if (!o.classifier) tensors.push_back(live_tensor("lm_head.complement_map", complement));
+  }
+  return tensors;
+}
+
+json hf_export_config(const CaduceusOptions& o) {
   json config = o.hf_config.is_null() ? hf_config_of(o) : o.hf_config;
   if (!config.contains("auto_map")) {
     config["auto_map"] = {{"AutoConfig", "configuration_caduceus.CaduceusConfig"},
@@ -663,29 +687,19 @@ void export_hf_caduceus(CaduceusLM& model, const std::string& dir,
                           {"AutoModelForSequenceClassification",
                            "modeling_caduceus.CaduceusForSequenceClassification"}};
   }
-  torch::NoGradGuard no_grad;
-  const auto cpu = [](const Tensor& t) { return t.detach().to(torch::kCPU).contiguous(); };
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  const auto embedding = cpu(model->word_embeddings->weight);
-  for (const auto& [name, t] : hf_names(*model)) {
-    // Note [Caduceus tied projections].
-    if (name == "lm_head.lm_head.weight" && torch::equal(cpu(t), embedding)) continue;
-    tensors.emplace_back(name, cpu(t));
-    const auto fwd = name.find(".mamba_fwd.");
-    if (o.bidirectional && fwd != std::string::npos &&
-        (name.find(".in_proj.") != std::string::npos ||
-         name.find(".out_proj.") != std::string::npos)) {
-      tensors.emplace_back(name.substr(0, fwd) + ".mamba_rev." + name.substr(fwd + 11), cpu(t));
-    }
-  }
-  if (o.rcps) {  // RCPSEmbedding's and RCPSLMHead's buffers, as the hub code saves them
-    tensors.emplace_back("caduceus.backbone.embeddings.word_embeddings.complement_map",
-                         cpu(model->complement));
-    if (!o.classifier) tensors.emplace_back("lm_head.complement_map", cpu(model->complement));
-  }
-  fs::create_directories(dir);
-  save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
-  checkpoint::write_file_durable(fs::path(dir) / "config.json", config.dump(2) + "\n");
+  return config;
+}
+
+void export_hf_caduceus(CaduceusLM& model, const std::string& dir,
+                        const std::string& tokenizer_from) {
+  namespace fs = std::filesystem;
+  write_exported_files(dir,
+                       {{"model.safetensors",
+                         hf_tensors(model, model->complement, LiveWeights(*model, true)),
+                         {{"format", "pt"}}}},
+                       whole_model_units(), /*write=*/true);
+  checkpoint::write_file_durable(fs::path(dir) / "config.json",
+                                 hf_export_config(model->options()).dump(2) + "\n");
   copy_tokenizer_files(tokenizer_from, dir);
 }
 

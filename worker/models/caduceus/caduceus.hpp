@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/models/block_hooks.hpp"
+#include "worker/models/family_io.hpp"
 #include "worker/models/lora_linear.hpp"
 
 namespace dnallm::models::caduceus {
@@ -189,9 +190,18 @@ nlohmann::json hf_config_of(const CaduceusOptions& o);
 // Files written by safetensors' save_model hold such a tensor once (the fixtures do), and the hub
 // code under transformers 5 then leaves mamba_rev's copy uninitialised (its logits are NaN), so
 // the export writes them under both names; the import reads mamba_fwd's. The RCPS masked LM's
-// lm_head.lm_head.weight is written only when it differs from the embedding it is tied to (the
-// hub code's tie_weights sets it).
+// lm_head.lm_head.weight, tied to the embedding in the hub code (its tie_weights sets it), is
+// written as ours holds it (exports stream, so what a file holds cannot depend on values).
 void export_hf_caduceus(CaduceusLM& model, const std::string& dir,
                         const std::string& tokenizer_from = "");
+// export_hf_caduceus's model.safetensors as an export computes it (Note [Exports unit by unit]
+// in family_io.hpp): each tensor of `model` read through `weight` (LiveWeights: LoRA merged; a
+// vocabulary map's scatter), the RCPS complement_map buffers from `complement`.
+std::vector<ExportedTensor> hf_tensors(CaduceusLM& model, const torch::Tensor& complement,
+                                       const WeightReader& weight);
+// The config.json export_hf_caduceus writes for `o` (with the hub code's auto_map).
+nlohmann::json hf_export_config(const CaduceusOptions& o);
+// RCPS's complement table for `o`: complement_map, then the identity up to vocab_size.
+torch::Tensor complement_table(const CaduceusOptions& o);
 
 }  // namespace dnallm::models::caduceus

@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "checkpoint/durable_io.hpp"
 #include "core/error.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/mamba_context.hpp"
@@ -134,34 +135,43 @@ LanguageModel load_exported(const std::string& dir, const nlohmann::json& c) {
   return model;
 }
 
-bool export_hf(LanguageModel& model, const data::Tokenizer& /*tokenizer*/, const std::string& dir,
-               const std::string& source_dir) {
+std::optional<HfExport> hf_export(LanguageModel& model, const data::Tokenizer& /*tokenizer*/,
+                                  const std::string& source_dir) {
   auto* m = dynamic_cast<CaduceusModelImpl*>(model.get());
   DNALLM_CHECK(m != nullptr, ExitCode::kFailure, "internal: not a Caduceus model");
-  auto source = m->merged_lm();  // LoRA: the hub layout holds the merged weights
-  if (m->vocab_map.empty()) {    // built here: our vocabulary is the model's
-    export_hf_caduceus(source, dir, source_dir);
-    return true;
+  CaduceusLM lm = m->lm();
+  // LoRA: the hub layout holds the merged weights (computed one linear at a time).
+  const LiveWeights live(*lm, /*merge_adapters=*/true);
+  CaduceusOptions o = lm->options();
+  WeightReader weight = live;
+  torch::Tensor complement = lm->complement;
+  if (!m->vocab_map.empty()) {
+    // Note [Character vocabularies]: back to the checkpoint's token order and complement map.
+    const auto& ours = lm->options();
+    o = m->source_options;
+    o.classifier = ours.classifier;
+    o.num_labels = ours.num_labels;
+    if (!o.hf_config.is_null()) {
+      o.hf_config["architectures"] = {o.classifier ? "CaduceusForSequenceClassification"
+                                                   : "CaduceusForMaskedLM"};
+      if (o.classifier) o.hf_config["num_labels"] = o.num_labels;
+    }
+    weight =
+        vocabulary_scatter(live, m->vocab_map, lm->word_embeddings->weight, m->source_embedding,
+                           o.classifier ? torch::Tensor() : lm->head_weight, m->source_head);
+    complement = complement_table(o);
   }
-  // Note [Character vocabularies]: back to the checkpoint's token order and complement map.
-  CaduceusOptions o = m->source_options;
-  const auto& ours = m->lm()->options();
-  o.classifier = ours.classifier;
-  o.num_labels = ours.num_labels;
-  if (!o.hf_config.is_null()) {
-    o.hf_config["architectures"] = {o.classifier ? "CaduceusForSequenceClassification"
-                                                 : "CaduceusForMaskedLM"};
-    if (o.classifier) o.hf_config["num_labels"] = o.num_labels;
-  }
-  CaduceusLM theirs(o);
-  copy_matching_parameters(*source, *theirs);
-  scatter_rows(theirs->word_embeddings->weight, source->word_embeddings->weight, m->vocab_map,
-               m->source_embedding);
-  if (!o.classifier) {
-    scatter_rows(theirs->head_weight, source->head_weight, m->vocab_map, m->source_head);
-  }
-  export_hf_caduceus(theirs, dir, source_dir);
-  return true;
+  HfExport plan;
+  plan.files.push_back(
+      {"model.safetensors", hf_tensors(lm, complement, weight), {{"format", "pt"}}});
+  const nlohmann::json config = hf_export_config(o);
+  plan.finish = [config, source_dir](const std::string& dir) {
+    checkpoint::write_file_durable(std::filesystem::path(dir) / "config.json",
+                                   config.dump(2) + "\n");
+    copy_tokenizer_files(source_dir, dir);
+    spdlog::info("exported a Caduceus model in the hub's layout to {}", dir);
+  };
+  return plan;
 }
 
 bool recognises_hf(const nlohmann::json& c) {
@@ -248,18 +258,6 @@ void CaduceusModelImpl::merge_lora() {
   }
 }
 
-CaduceusLM CaduceusModelImpl::merged_lm() {
-  if (spec_.lora_r == 0) return lm_;
-  auto copy = CaduceusLM(lm_->options());
-  copy_matching_parameters(*lm_, *copy);
-  auto params = copy->named_parameters();
-  torch::NoGradGuard no_grad;
-  for (const auto& [name, w] : full_linear_weights(*lm_, /*merge_adapters=*/true)) {
-    params[name].copy_(w);
-  }
-  return copy;
-}
-
 void CaduceusModelImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp) {
   if (cp == nullptr || cp->group == nullptr) {
     lm_->context = nullptr;
@@ -322,7 +320,7 @@ ModelFamily caduceus_family() {
   f.build = build;
   f.init_from_hf = init_from_hf;
   f.load_exported = load_exported;
-  f.export_hf = export_hf;
+  f.hf_export = hf_export;
   return f;
 }
 

@@ -50,12 +50,10 @@ class CaduceusModelImpl : public LanguageModelImpl {
   void merge_lora() override;
 
   CaduceusLM& lm() { return lm_; }
-  // The model's CaduceusLM, or with adapters a copy with them merged (the live model keeps them).
-  CaduceusLM merged_lm();
 
   LoraOptions lora;  // set by the family before enable_lora()
 
-  // Set by an import (Note [Character vocabularies] in family_io.hpp): what export_hf needs to
+  // Set by an import (Note [Character vocabularies] in family_io.hpp): what hf_export needs to
   // write the hub's layout back in its token order.
   std::vector<int64_t> vocab_map;
   CaduceusOptions source_options;

@@ -715,23 +715,38 @@ json hf_config_of(const HyenaOptions& o) {
   return config;
 }
 
+std::vector<ExportedTensor> hf_tensors(HyenaLM& model, const WeightReader& weight) {
+  const auto o = model->options();
+  std::vector<ExportedTensor> tensors;
+  for (auto& [name, t] : model->named_weights()) tensors.push_back(weight(name, t));
+  for (int64_t i = 0; i < o.n_layer; ++i) {
+    const auto& stored = model->blocks[i]->mixer->filter_fn->stored_z;
+    // z: [t | cos | sin] over (emb_dim - 1) / 2 bands (positional_features).
+    const std::vector<int64_t> shape =
+        stored.defined() ? std::vector<int64_t>{1, stored.size(0), stored.size(1)}
+                         : std::vector<int64_t>{1, o.max_seq_len, 1 + 2 * ((o.emb_dim - 1) / 2)};
+    tensors.push_back(
+        stored.defined()
+            ? combined_tensor(pos_emb_name(i, "z"), shape, {live_tensor("z", stored)},
+                              [](const std::vector<Tensor>& v) { return v[0].unsqueeze(0); })
+            : computed_tensor(pos_emb_name(i, "z"), shape, [o] {
+                return positional_features(o, o.max_seq_len, torch::kCPU).first.unsqueeze(0);
+              }));
+    tensors.push_back(computed_tensor(pos_emb_name(i, "t"), {1, o.max_seq_len, 1}, [o] {
+      return positional_features(o, o.max_seq_len, torch::kCPU).second.unsqueeze(0);
+    }));
+  }
+  return tensors;
+}
+
 void export_hf_hyena(HyenaLM& model, const std::string& dir, const std::string& tokenizer_from) {
   namespace fs = std::filesystem;
   const auto& o = model->options();
-  fs::create_directories(dir);
   json config = o.hf_config.is_null() ? hf_config_of(o) : o.hf_config;
-  torch::NoGradGuard no_grad;
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (auto& [name, t] : model->named_weights())
-    tensors.emplace_back(name, t.detach().to(torch::kCPU));
-  const auto regenerated = positional_features(o, o.max_seq_len, torch::kCPU);
-  for (int64_t i = 0; i < o.n_layer; ++i) {
-    const auto& stored = model->blocks[i]->mixer->filter_fn->stored_z;
-    const auto z = stored.defined() ? stored.to(torch::kCPU) : regenerated.first;
-    tensors.emplace_back(pos_emb_name(i, "z"), z.unsqueeze(0).contiguous());
-    tensors.emplace_back(pos_emb_name(i, "t"), regenerated.second.unsqueeze(0).contiguous());
-  }
-  save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  write_exported_files(
+      dir,
+      {{"model.safetensors", hf_tensors(model, LiveWeights(*model, true)), {{"format", "pt"}}}},
+      whole_model_units(), /*write=*/true);
   checkpoint::write_file_durable(fs::path(dir) / "config.json", config.dump(2) + "\n");
   copy_tokenizer_files(tokenizer_from, dir);
 }

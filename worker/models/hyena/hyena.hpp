@@ -34,6 +34,7 @@
 
 #include "worker/models/block_hooks.hpp"
 #include "worker/models/context_shard.hpp"
+#include "worker/models/family_io.hpp"
 #include "worker/models/lora_linear.hpp"
 
 namespace dnallm::models::hyena {
@@ -221,5 +222,9 @@ nlohmann::json hf_config_of(const HyenaOptions& o);
 // tokenizer_config.json and special_tokens_map.json.
 void export_hf_hyena(HyenaLM& model, const std::string& dir,
                      const std::string& tokenizer_from = "");
+// export_hf_hyena's model.safetensors as an export computes it (Note [Exports unit by unit] in
+// family_io.hpp): each tensor of `model` read through `weight` (LiveWeights: LoRA merged; a
+// vocabulary map's scatter), the positional features from `model`'s options.
+std::vector<ExportedTensor> hf_tensors(HyenaLM& model, const WeightReader& weight);
 
 }  // namespace dnallm::models::hyena

@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "checkpoint/durable_io.hpp"
 #include "core/error.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_directory.hpp"
@@ -140,34 +141,40 @@ LanguageModel load_exported(const std::string& dir, const nlohmann::json& c) {
   return model;
 }
 
-bool export_hf(LanguageModel& model, const data::Tokenizer& /*tokenizer*/, const std::string& dir,
-               const std::string& source_dir) {
+std::optional<HfExport> hf_export(LanguageModel& model, const data::Tokenizer& /*tokenizer*/,
+                                  const std::string& source_dir) {
   auto* m = dynamic_cast<HyenaModelImpl*>(model.get());
   DNALLM_CHECK(m != nullptr, ExitCode::kFailure, "internal: not a HyenaDNA model");
-  auto source = m->merged_lm();  // LoRA: the hub layout holds the merged weights
-  if (m->vocab_map.empty()) {    // built here: our vocabulary is the model's
-    export_hf_hyena(source, dir, source_dir);
-    return true;
+  HyenaLM lm = m->lm();
+  // LoRA: the hub layout holds the merged weights (computed one linear at a time).
+  const LiveWeights live(*lm, /*merge_adapters=*/true);
+  HyenaOptions o = lm->options();
+  WeightReader weight = live;
+  if (!m->vocab_map.empty()) {
+    // Note [Character vocabularies]: back to the checkpoint's token order.
+    const auto& ours = lm->options();
+    o = m->source_options;
+    o.classifier = ours.classifier;
+    o.num_labels = ours.num_labels;
+    if (!o.hf_config.is_null()) {
+      o.hf_config["architectures"] = {o.classifier ? "HyenaDNAForSequenceClassification"
+                                                   : "HyenaDNAForCausalLM"};
+      if (o.classifier) o.hf_config["num_labels"] = o.num_labels;
+    }
+    weight =
+        vocabulary_scatter(live, m->vocab_map, lm->word_embeddings->weight, m->source_embedding,
+                           o.classifier ? torch::Tensor() : lm->head->weight, m->source_head);
   }
-  // Note [Character vocabularies]: back to the checkpoint's token order.
-  HyenaOptions o = m->source_options;
-  const auto& ours = m->lm()->options();
-  o.classifier = ours.classifier;
-  o.num_labels = ours.num_labels;
-  if (!o.hf_config.is_null()) {
-    o.hf_config["architectures"] = {o.classifier ? "HyenaDNAForSequenceClassification"
-                                                 : "HyenaDNAForCausalLM"};
-    if (o.classifier) o.hf_config["num_labels"] = o.num_labels;
-  }
-  HyenaLM theirs(o);
-  copy_matching(source, theirs);
-  scatter_rows(theirs->word_embeddings->weight, source->word_embeddings->weight, m->vocab_map,
-               m->source_embedding);
-  if (!o.classifier) {
-    scatter_rows(theirs->head->weight, source->head->weight, m->vocab_map, m->source_head);
-  }
-  export_hf_hyena(theirs, dir, source_dir);
-  return true;
+  HfExport plan;
+  plan.files.push_back({"model.safetensors", hf_tensors(lm, weight), {{"format", "pt"}}});
+  const nlohmann::json config = o.hf_config.is_null() ? hf_config_of(o) : o.hf_config;
+  plan.finish = [config, source_dir](const std::string& dir) {
+    checkpoint::write_file_durable(std::filesystem::path(dir) / "config.json",
+                                   config.dump(2) + "\n");
+    copy_tokenizer_files(source_dir, dir);
+    spdlog::info("exported a HyenaDNA model in the hub's layout to {}", dir);
+  };
+  return plan;
 }
 
 bool recognises_hf(const nlohmann::json& c) {
@@ -236,20 +243,6 @@ void HyenaModelImpl::merge_lora() {
   }
 }
 
-HyenaLM HyenaModelImpl::merged_lm() {
-  if (spec_.lora_r == 0) return lm_;
-  auto o = lm_->options();
-  o.gradient_checkpointing = false;
-  HyenaLM copy(o);
-  copy_matching(lm_, copy);
-  auto params = copy->named_parameters();
-  torch::NoGradGuard no_grad;
-  for (const auto& [name, w] : full_linear_weights(*lm_, /*merge_adapters=*/true)) {
-    params[name].copy_(w);
-  }
-  return copy;
-}
-
 void HyenaModelImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp) {
   const bool on = cp != nullptr;
   lm_->set_context_parallel(std::move(cp));
@@ -288,7 +281,7 @@ ModelFamily hyena_family() {
   f.build = build;
   f.init_from_hf = init_from_hf;
   f.load_exported = load_exported;
-  f.export_hf = export_hf;
+  f.hf_export = hf_export;
   return f;
 }
 

@@ -45,13 +45,11 @@ class HyenaModelImpl : public LanguageModelImpl {
   void merge_lora() override;
 
   HyenaLM& lm() { return lm_; }
-  // The model's HyenaLM, or with adapters a copy with them merged (the live model keeps them).
-  HyenaLM merged_lm();
 
   LoraOptions lora;  // set by the family before enable_lora()
 
   // Set by an import with a vocabulary map (Note [Character vocabularies] in family_io.hpp):
-  // what export_hf needs to write the hub's layout back.
+  // what hf_export needs to write the hub's layout back.
   std::vector<int64_t> vocab_map;
   HyenaOptions source_options;
   torch::Tensor source_embedding, source_head;

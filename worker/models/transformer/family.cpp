@@ -136,10 +136,10 @@ ModelFamily transformer_family() {
   f.load_exported = [](const std::string& dir, const nlohmann::json& config) {
     return as_language_model(load_exported_transformer(dir, config));
   };
-  f.export_hf = [](LanguageModel& model, const data::Tokenizer& tokenizer, const std::string& dir,
+  f.hf_export = [](LanguageModel& model, const data::Tokenizer& tokenizer,
                    const std::string& source_dir) {
     TransformerLM transformer(std::dynamic_pointer_cast<TransformerLMImpl>(model.ptr()));
-    return export_hf_transformer(transformer, tokenizer, dir, source_dir);
+    return hf_export_transformer(transformer, tokenizer, source_dir);
   };
   return f;
 }

@@ -97,13 +97,12 @@ Family family_of(const ModelOptions& o) {
   return Family::kEsm;
 }
 
-// Our weights with LoRA adapters merged into copies (or left out when !merge).
-std::map<std::string, Tensor> our_weights(TransformerLM& model, bool merge) {
-  std::map<std::string, Tensor> out;
-  for (auto& [name, t] : model->named_weights()) out[name] = t.detach().to(torch::kFloat32);
-  // Quantized bases come back dequantized (their live parameter is empty); adapters merged
-  // when asked.
-  for (auto& [name, t] : full_linear_weights(*model, merge)) out[name] = t.to(torch::kFloat32);
+// How the export reads our weights: LoRA adapters merged into copies (or left out when
+// !merge), quantized bases dequantized (their live parameter is empty).
+std::map<std::string, ExportedTensor> our_weights(TransformerLM& model, bool merge) {
+  const LiveWeights weights(*model, merge);
+  std::map<std::string, ExportedTensor> out;
+  for (auto& [name, t] : model->named_weights()) out.emplace(name, weights(name, t));
   return out;
 }
 
@@ -135,17 +134,6 @@ void write_json(const std::string& path, const ordered_json& j) {
   checkpoint::write_file_durable(path, j.dump(2) + "\n");
 }
 
-// model.safetensors and config.json in `dir` (Note [Exported model directory]).
-void write_hf_model(const std::string& dir,
-                    const std::vector<std::pair<std::string, Tensor>>& tensors,
-                    const ordered_json& config) {
-  checkpoint::ModelDirectory out;
-  out.weights = safetensors_tensors(tensors);
-  out.weights_metadata = {{"format", "pt"}};
-  out.config = config;
-  checkpoint::write_model_directory(dir, out);
-}
-
 ordered_json labels(int64_t n) {
   ordered_json id2label = ordered_json::object(), label2id = ordered_json::object();
   for (int64_t i = 0; i < n; ++i) {
@@ -159,7 +147,12 @@ ordered_json labels(int64_t n) {
 
 namespace {
 
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+using NamedTensors = std::vector<ExportedTensor>;
+
+// A table of zeros (a tensor their layout has and ours does not).
+ExportedTensor zeros_tensor(const std::string& name, std::vector<int64_t> shape) {
+  return computed_tensor(name, shape, [shape] { return torch::zeros(shape); });
+}
 
 // architectures, model_type and the fields every family's config.json has.
 ordered_json common_config(Family f, const ModelOptions& o) {
@@ -221,8 +214,8 @@ int64_t add_encoder_config(Family f, const ModelOptions& o, ordered_json& c, Nam
         {"AutoModelForTokenClassification", "modeling_esm.EsmForTokenClassification"}};
     c["add_bias_fnn"] = o.ffn_bias;
     if (o.rotary) {  // its EsmEmbeddings always has the table; rotary models never read it
-      out.emplace_back("esm.embeddings.position_embeddings.weight",
-                       torch::zeros({o.max_seq_length, o.hidden}));
+      out.push_back(
+          zeros_tensor("esm.embeddings.position_embeddings.weight", {o.max_seq_length, o.hidden}));
     }
   }
   if (f == Family::kEsm || f == Family::kNtV2) {
@@ -236,20 +229,21 @@ int64_t add_encoder_config(Family f, const ModelOptions& o, ordered_json& c, Nam
     c["max_position_embeddings"] = o.max_seq_length + position_offset;
     c["is_folding_model"] = false;
     // EsmModel always has a contact head (attention maps -> contacts): zeros, unused by LM/cls.
-    out.emplace_back("esm.contact_head.regression.weight", torch::zeros({1, o.layers * o.heads}));
-    out.emplace_back("esm.contact_head.regression.bias", torch::zeros({1}));
+    out.push_back(zeros_tensor("esm.contact_head.regression.weight", {1, o.layers * o.heads}));
+    out.push_back(zeros_tensor("esm.contact_head.regression.bias", {1}));
     if (o.rotary) {
       // The rotary table is a persistent buffer of EsmModel: transformers saves it (per layer,
       // where 4.x keeps it; 5.x moves it to esm.rotary_embeddings on load) and reports it as
       // newly initialised when a file lacks it. Computed as transformers does, in fp32.
       const int64_t head_dim = o.hidden / o.heads;
-      const auto inv_freq =
-          1.0 /
-          torch::pow(10000.0, torch::arange(0, head_dim, 2, torch::kFloat32) / double(head_dim));
+      const auto inv_freq = [head_dim] {
+        return 1.0 / torch::pow(10000.0,
+                                torch::arange(0, head_dim, 2, torch::kFloat32) / double(head_dim));
+      };
       for (int64_t i = 0; i < o.layers; ++i) {
-        out.emplace_back(
+        out.push_back(computed_tensor(
             "esm.encoder.layer." + std::to_string(i) + ".attention.self.rotary_embeddings.inv_freq",
-            inv_freq.clone());
+            {(head_dim + 1) / 2}, inv_freq));
       }
     }
     return position_offset;
@@ -260,10 +254,10 @@ int64_t add_encoder_config(Family f, const ModelOptions& o, ordered_json& c, Nam
   c["hidden_dropout_prob"] = 0.0;
   c["attention_probs_dropout_prob"] = 0.0;
   // Our positions hold token type 0 folded in: the token-type table is zero.
-  out.emplace_back(f == Family::kBert
-                       ? "bert.embeddings.token_type_embeddings.weight"
-                       : "roberta_prelayernorm.embeddings.token_type_embeddings.weight",
-                   torch::zeros({f == Family::kBert ? 2 : 1, o.hidden}));
+  out.push_back(zeros_tensor(f == Family::kBert
+                                 ? "bert.embeddings.token_type_embeddings.weight"
+                                 : "roberta_prelayernorm.embeddings.token_type_embeddings.weight",
+                             {f == Family::kBert ? 2 : 1, o.hidden}));
   return position_offset;
 }
 
@@ -294,8 +288,9 @@ void add_causal_config(Family f, const ModelOptions& o, ordered_json& c) {
 
 // Our weights under the family's names (GPT-NeoX's attention projections: add_fused_qkv), and
 // the tied decoder written out for loaders that do not tie (transformers ties them again).
-void add_renamed_weights(Family f, TransformerLM& model, const std::map<std::string, Tensor>& w,
-                         int64_t position_offset, NamedTensors& out) {
+void add_renamed_weights(Family f, TransformerLM& model,
+                         const std::map<std::string, ExportedTensor>& w, int64_t position_offset,
+                         NamedTensors& out) {
   const auto& o = model->options();
   for (auto& [name, t] : w) {
     if (name.find(".attention.self.") != std::string::npos &&
@@ -305,44 +300,54 @@ void add_renamed_weights(Family f, TransformerLM& model, const std::map<std::str
     if (name.find(".intermediate.") != std::string::npos && f == Family::kDnabert2) continue;
     if (name.find(".intermediate.") != std::string::npos && f == Family::kNtV2) continue;
     if (name == "bert.embeddings.position_embeddings.weight" && position_offset > 0) {
-      auto table = torch::zeros({t.size(0) + position_offset, t.size(1)});
-      table.narrow(0, position_offset, t.size(0)).copy_(t);
-      out.emplace_back(hf_name(f, name), table);
+      out.push_back(combined_tensor(
+          hf_name(f, name), {t.shape.at(0) + position_offset, t.shape.at(1)}, {t},
+          [position_offset](const std::vector<Tensor>& v) {
+            auto table = torch::zeros({v[0].size(0) + position_offset, v[0].size(1)});
+            table.narrow(0, position_offset, v[0].size(0)).copy_(v[0]);
+            return table;
+          }));
       continue;
     }
-    out.emplace_back(hf_name(f, name), t.contiguous());
+    out.push_back(renamed_tensor(t, hf_name(f, name)));
   }
   if (o.tie_embeddings && o.task == Task::kPretrain) {
-    out.emplace_back(f == Family::kGptNeoX ? "embed_out.weight"
-                     : f == Family::kLlama ? "lm_head.weight"
-                     : f == Family::kBert || f == Family::kDnabert2
-                         ? "cls.predictions.decoder.weight"
-                         : "lm_head.decoder.weight",
-                     w.at(model->root_name() + ".embeddings.word_embeddings.weight"));
+    out.push_back(renamed_tensor(w.at(model->root_name() + ".embeddings.word_embeddings.weight"),
+                                 f == Family::kGptNeoX ? "embed_out.weight"
+                                 : f == Family::kLlama ? "lm_head.weight"
+                                 : f == Family::kBert || f == Family::kDnabert2
+                                     ? "cls.predictions.decoder.weight"
+                                     : "lm_head.decoder.weight"));
   }
 }
 
 // GPT-NeoX fuses query, key and value per head: rows [head][q|k|v][head_dim].
-void add_fused_qkv(const ModelOptions& o, const std::map<std::string, Tensor>& w,
+void add_fused_qkv(const ModelOptions& o, const std::map<std::string, ExportedTensor>& w,
                    NamedTensors& out) {
-  const int64_t hd = o.hidden / o.heads;
+  const int64_t hd = o.hidden / o.heads, heads = o.heads, hidden = o.hidden;
   for (int64_t i = 0; i < o.layers; ++i) {
     const std::string ours = "gpt.encoder.layer." + std::to_string(i) + ".attention.self.";
     const std::string theirs =
         "gpt_neox.layers." + std::to_string(i) + ".attention.query_key_value.";
-    auto part = [&](const char* which, const char* kind) {
-      return w.at(ours + which + "." + kind);
+    auto parts = [&](const char* kind) {
+      return std::vector<ExportedTensor>{w.at(ours + "query." + kind), w.at(ours + "key." + kind),
+                                         w.at(ours + "value." + kind)};
     };
-    auto wq = torch::stack({part("query", "weight").view({o.heads, hd, o.hidden}),
-                            part("key", "weight").view({o.heads, hd, o.hidden}),
-                            part("value", "weight").view({o.heads, hd, o.hidden})},
-                           1);
-    auto bq = torch::stack(
-        {part("query", "bias").view({o.heads, hd}), part("key", "bias").view({o.heads, hd}),
-         part("value", "bias").view({o.heads, hd})},
-        1);
-    out.emplace_back(theirs + "weight", wq.reshape({3 * o.hidden, o.hidden}).contiguous());
-    out.emplace_back(theirs + "bias", bq.reshape({3 * o.hidden}).contiguous());
+    out.push_back(combined_tensor(theirs + "weight", {3 * hidden, hidden}, parts("weight"),
+                                  [heads, hd, hidden](const std::vector<Tensor>& v) {
+                                    return torch::stack({v[0].view({heads, hd, hidden}),
+                                                         v[1].view({heads, hd, hidden}),
+                                                         v[2].view({heads, hd, hidden})},
+                                                        1)
+                                        .reshape({3 * hidden, hidden});
+                                  }));
+    out.push_back(combined_tensor(
+        theirs + "bias", {3 * hidden}, parts("bias"),
+        [heads, hd, hidden](const std::vector<Tensor>& v) {
+          return torch::stack(
+                     {v[0].view({heads, hd}), v[1].view({heads, hd}), v[2].view({heads, hd})}, 1)
+              .reshape({3 * hidden});
+        }));
   }
 }
 
@@ -419,34 +424,38 @@ void add_dnabert2_config(const ModelOptions& o, const std::string& source_dir, o
   }
   c = merged;
   if (o.type_vocab_size == 0) {
-    out.emplace_back("bert.embeddings.token_type_embeddings.weight", torch::zeros({2, o.hidden}));
+    out.push_back(zeros_tensor("bert.embeddings.token_type_embeddings.weight", {2, o.hidden}));
   }
 }
 
+// The rows of `parts` one after the other.
+ExportedTensor rows_of(const std::string& name, const std::vector<ExportedTensor>& parts) {
+  std::vector<int64_t> shape = parts.at(0).shape;
+  for (size_t i = 1; i < parts.size(); ++i) shape[0] += parts[i].shape.at(0);
+  return combined_tensor(name, shape, parts,
+                         [](const std::vector<Tensor>& v) { return torch::cat(v, 0); });
+}
+
 // Wqkv and gated_layers (Note [DNABERT-2 export]).
-void add_dnabert2_fused(const ModelOptions& o, const std::map<std::string, Tensor>& w,
+void add_dnabert2_fused(const ModelOptions& o, const std::map<std::string, ExportedTensor>& w,
                         NamedTensors& out) {
   for (int64_t i = 0; i < o.layers; ++i) {
     const std::string layer = "bert.encoder.layer." + std::to_string(i);
     auto at = [&](const std::string& name) { return w.at(layer + name); };
-    out.emplace_back(
-        layer + ".attention.self.Wqkv.weight",
-        torch::cat({at(".attention.self.query.weight"), at(".attention.self.key.weight"),
-                    at(".attention.self.value.weight")},
-                   0));
-    out.emplace_back(layer + ".attention.self.Wqkv.bias",
-                     torch::cat({at(".attention.self.query.bias"), at(".attention.self.key.bias"),
-                                 at(".attention.self.value.bias")},
-                                0));
-    out.emplace_back(
-        layer + ".mlp.gated_layers.weight",
-        torch::cat({at(".intermediate.gate.weight"), at(".intermediate.dense.weight")}, 0));
+    out.push_back(rows_of(layer + ".attention.self.Wqkv.weight",
+                          {at(".attention.self.query.weight"), at(".attention.self.key.weight"),
+                           at(".attention.self.value.weight")}));
+    out.push_back(rows_of(layer + ".attention.self.Wqkv.bias",
+                          {at(".attention.self.query.bias"), at(".attention.self.key.bias"),
+                           at(".attention.self.value.bias")}));
+    out.push_back(rows_of(layer + ".mlp.gated_layers.weight",
+                          {at(".intermediate.gate.weight"), at(".intermediate.dense.weight")}));
   }
 }
 
 // Nucleotide Transformer v2 fuses the gated feed-forward's input linears: intermediate.dense
 // [2 x ffn, hidden] = [our intermediate.gate; our intermediate.dense] (silu of the first half).
-void add_fused_glu(const ModelOptions& o, const std::map<std::string, Tensor>& w,
+void add_fused_glu(const ModelOptions& o, const std::map<std::string, ExportedTensor>& w,
                    NamedTensors& out) {
   for (int64_t i = 0; i < o.layers; ++i) {
     const std::string ours = "bert.encoder.layer." + std::to_string(i) + ".intermediate.";
@@ -454,16 +463,19 @@ void add_fused_glu(const ModelOptions& o, const std::map<std::string, Tensor>& w
     for (const char* kind : {"weight", "bias"}) {
       auto gate = w.find(ours + "gate." + kind);
       if (gate == w.end()) continue;  // no biases (add_bias_fnn false)
-      out.emplace_back(theirs + kind,
-                       torch::cat({gate->second, w.at(ours + "dense." + kind)}, 0).contiguous());
+      out.push_back(rows_of(theirs + kind, {gate->second, w.at(ours + "dense." + kind)}));
     }
   }
 }
 
 }  // namespace
 
-std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(
-    TransformerLM& model, bool merge_lora, const std::string& source_dir) {
+namespace {
+
+// What export_hf_model writes: the tensors (to compute: Note [Exports unit by unit]) and the
+// config.json.
+std::pair<std::vector<ExportedTensor>, ordered_json> hf_state(TransformerLM& model, bool merge_lora,
+                                                              const std::string& source_dir = "") {
   const auto& o = model->options();
   const Family f = family_of(o);
   const auto w = our_weights(model, merge_lora);
@@ -485,17 +497,30 @@ std::pair<std::vector<std::pair<std::string, Tensor>>, ordered_json> hf_state(
   return {out, c};
 }
 
-std::string export_hf_model(TransformerLM& model, const std::string& dir,
-                            const std::string& source_dir) {
-  auto [tensors, config] = hf_state(model, true, source_dir);
-  write_hf_model(dir, tensors, config);
-  if (family_of(model->options()) == Family::kDnabert2 && has_dnabert2_code(source_dir)) {
-    for (const char* f : kDnabert2Files) {  // Note [DNABERT-2 export]
-      std::filesystem::copy_file(source_dir + "/" + f, dir + "/" + f,
+// config.json, and DNABERT-2's remote code where the source directory has it (Note [DNABERT-2
+// export]), next to model.safetensors.
+void write_hf_config(const std::string& dir, const ordered_json& config, Family f,
+                     const std::string& source_dir) {
+  std::filesystem::create_directories(dir);
+  write_json(dir + "/config.json", config);
+  if (f == Family::kDnabert2 && has_dnabert2_code(source_dir)) {
+    for (const char* file : kDnabert2Files) {
+      std::filesystem::copy_file(source_dir + "/" + file, dir + "/" + file,
                                  std::filesystem::copy_options::overwrite_existing);
     }
   }
-  return model_type_of(family_of(model->options()));
+}
+
+}  // namespace
+
+std::string export_hf_model(TransformerLM& model, const std::string& dir,
+                            const std::string& source_dir) {
+  auto [tensors, config] = hf_state(model, true, source_dir);
+  write_exported_files(dir, {{"model.safetensors", tensors, {{"format", "pt"}}}},
+                       whole_model_units(), /*write=*/true);
+  const Family f = family_of(model->options());
+  write_hf_config(dir, config, f, source_dir);
+  return model_type_of(f);
 }
 
 namespace {
@@ -653,10 +678,20 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, int64_t max_seq_
   write_json(dir + "/tokenizer_config.json", config);
 }
 
-void export_peft_adapter(TransformerLM& model, const std::string& adapter_dir,
-                         const std::string& base_dir) {
+namespace {
+
+// PEFT's format for a model with LoRA: adapter/adapter_model.safetensors
+// ("base_model.model.<HF module>.lora_A.weight", task heads as modules_to_save) and the base it
+// applies to (the frozen weights, adapters not merged) in base/; the adapter_config.json and the
+// base's config.json are `finish`'s.
+struct PeftExport {
+  std::vector<ExportedFile> files;
+  ordered_json base_config, adapter_config;
+};
+
+PeftExport peft_export(TransformerLM& model) {
   const auto& o = model->options();
-  DNALLM_CHECK(o.lora_r > 0, ExitCode::kFailure, "export_peft_adapter needs a model with LoRA");
+  DNALLM_CHECK(o.lora_r > 0, ExitCode::kFailure, "peft_export needs a model with LoRA");
   const Family f = family_of(o);
   DNALLM_CHECK(f != Family::kGptNeoX && f != Family::kLlama, ExitCode::kUsage,
                "LoRA on a causal model has no PEFT export yet");
@@ -666,39 +701,40 @@ void export_peft_adapter(TransformerLM& model, const std::string& adapter_dir,
                  "value",
                  t);
   }
+  PeftExport out;
   // The base: frozen weights, adapters not merged.
   auto [base, config] = hf_state(model, false);
-  write_hf_model(base_dir, base, config);
-
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  std::vector<std::string> modules_to_save;
+  out.base_config = config;
+  std::vector<ExportedTensor> adapters;
   for (const auto& item : model->named_parameters()) {
     const auto& name = item.key();
     const auto pos = name.rfind(".lora_");
     if (pos != std::string::npos) {
       const std::string module = hf_name(f, name.substr(0, pos) + ".weight");
-      tensors.emplace_back(
+      adapters.push_back(live_tensor(
           "base_model.model." + module.substr(0, module.size() - 7) + name.substr(pos) + ".weight",
-          item.value().detach().to(torch::kFloat32));
+          item.value()));
     }
   }
+  std::vector<std::string> modules_to_save;
   if (o.task != Task::kPretrain) {
     // Task heads train in full: PEFT's modules_to_save.
-    for (auto& [name, t] : base) {
-      if (name.rfind("classifier.", 0) == 0 ||
-          (f == Family::kBert && name.rfind("bert.pooler.", 0) == 0)) {
-        tensors.emplace_back("base_model.model." + name, t);
+    for (const auto& t : base) {
+      if (t.name.rfind("classifier.", 0) == 0 ||
+          (f == Family::kBert && t.name.rfind("bert.pooler.", 0) == 0)) {
+        adapters.push_back(renamed_tensor(t, "base_model.model." + t.name));
       }
     }
     modules_to_save = f == Family::kBert ? std::vector<std::string>{"classifier", "pooler"}
                                          : std::vector<std::string>{"classifier"};
   }
-  std::filesystem::create_directories(adapter_dir);
-  save_safetensors(adapter_dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
-  ordered_json a;
+  out.files.push_back({"base/model.safetensors", std::move(base), {{"format", "pt"}}});
+  out.files.push_back(
+      {"adapter/adapter_model.safetensors", std::move(adapters), {{"format", "pt"}}});
+  ordered_json& a = out.adapter_config;
   a["peft_type"] = "LORA";
   a["task_type"] = o.task == Task::kPretrain ? "FEATURE_EXTRACTION" : "SEQ_CLS";
-  a["base_model_name_or_path"] = std::filesystem::absolute(base_dir).string();
+  a["base_model_name_or_path"] = nullptr;  // the base's absolute path, once written
   a["r"] = o.lora_r;
   a["lora_alpha"] = o.lora_alpha;
   a["lora_dropout"] = o.lora_dropout;
@@ -710,34 +746,52 @@ void export_peft_adapter(TransformerLM& model, const std::string& adapter_dir,
   a["inference_mode"] = true;
   a["modules_to_save"] =
       modules_to_save.empty() ? ordered_json(nullptr) : ordered_json(modules_to_save);
-  write_json(adapter_dir + "/adapter_config.json", a);
+  return out;
 }
 
-bool export_hf_transformer(TransformerLM& model, const data::Tokenizer& tokenizer,
-                           const std::string& dir, const std::string& source_dir) {
-  try {
-    const auto arch = model->options().arch;
-    export_hf_tokenizer(tokenizer, arch, model->options().max_seq_length, dir);
-    const auto type = export_hf_model(model, dir, source_dir);
-    if (model->options().lora_r > 0 && type == "dnabert2") {
-      // PEFT would target its fused Wqkv, which our query/value adapters are not.
+}  // namespace
+
+std::optional<HfExport> hf_export_transformer(TransformerLM& model,
+                                              const data::Tokenizer& tokenizer,
+                                              const std::string& source_dir) {
+  const auto& o = model->options();
+  auto [tensors, config] = hf_state(model, true, source_dir);
+  const Family f = family_of(o);
+  HfExport plan;
+  plan.files.push_back({"model.safetensors", std::move(tensors), {{"format", "pt"}}});
+  // PEFT would target DNABERT-2's fused Wqkv, which our query/value adapters are not.
+  std::optional<PeftExport> peft;
+  if (o.lora_r > 0 && f != Family::kDnabert2) {
+    peft = peft_export(model);
+    for (auto& file : peft->files) plan.files.push_back(std::move(file));
+  }
+  const auto arch = o.arch;
+  const int64_t max_seq_length = o.max_seq_length;
+  const auto* tok = &tokenizer;  // (the caller's, alive until the export returns)
+  const bool lora = o.lora_r > 0;
+  plan.finish = [=, config = std::move(config)](const std::string& dir) {
+    export_hf_tokenizer(*tok, arch, max_seq_length, dir);
+    write_hf_config(dir, config, f, source_dir);
+    if (lora && !peft) {
       spdlog::warn(
           "no PEFT adapter export for DNABERT-2 (its attention is one fused Wqkv): "
           "{} holds the model with the adapters merged",
           dir);
-    } else if (model->options().lora_r > 0) {
-      export_peft_adapter(model, dir + "/adapter", dir + "/base");
-      export_hf_tokenizer(tokenizer, arch, model->options().max_seq_length, dir + "/base");
+    } else if (peft) {
+      write_hf_config(dir + "/base", peft->base_config, f, "");
+      export_hf_tokenizer(*tok, arch, max_seq_length, dir + "/base");
+      auto adapter_config = peft->adapter_config;
+      adapter_config["base_model_name_or_path"] = std::filesystem::absolute(dir + "/base").string();
+      write_json(dir + "/adapter/adapter_config.json", adapter_config);
     }
-    spdlog::info("exported a transformers {} model to {}", type, dir);
-    return true;
-  } catch (const Error& e) {
-    if (e.code() != ExitCode::kUsage) throw;
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-    spdlog::warn("no Hugging Face export: {}", e.what());
-    return false;
-  }
+    spdlog::info("exported a transformers {} model to {}", model_type_of(f), dir);
+  };
+  return plan;
+}
+
+bool export_hf_transformer(TransformerLM& model, const data::Tokenizer& tokenizer,
+                           const std::string& dir, const std::string& source_dir) {
+  return export_hf_directory(as_language_model(model), tokenizer, dir, source_dir);
 }
 
 }  // namespace dnallm::models

@@ -17,8 +17,10 @@
 // token), a causal model with learned positions or a task head.
 #pragma once
 
+#include <optional>
 #include <string>
 
+#include "worker/models/registry.hpp"
 #include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::data {
@@ -35,10 +37,6 @@ namespace dnallm::models {
 std::string export_hf_model(TransformerLM& model, const std::string& dir,
                             const std::string& source_dir = "");
 
-// Our weights as `export_hf_model` writes them: (HF name, tensor) and the config.json.
-std::pair<std::vector<std::pair<std::string, torch::Tensor>>, nlohmann::ordered_json> hf_state(
-    TransformerLM& model, bool merge_lora, const std::string& source_dir = "");
-
 // tokenizer.json (tokenizers' WordLevel format, loaded by PreTrainedTokenizerFast),
 // tokenizer_config.json and special_tokens_map.json for `tokenizer` with the framing our objectives
 // use ([CLS] ... [SEP] for encoders, [CLS] ... for causal models). One token a base, or overlapping
@@ -49,16 +47,18 @@ std::pair<std::vector<std::pair<std::string, torch::Tensor>>, nlohmann::ordered_
 void export_hf_tokenizer(const data::Tokenizer& tokenizer, Arch arch, int64_t max_seq_length,
                          const std::string& dir);
 
-// PEFT's format for a model with LoRA: adapter_config.json + adapter_model.safetensors
-// ("base_model.model.<HF module>.lora_A.weight", task heads as modules_to_save), and the base
-// it applies to (the frozen weights, adapters not merged) in `base_dir`.
-void export_peft_adapter(TransformerLM& model, const std::string& adapter_dir,
-                         const std::string& base_dir);
-
-// All of the above into `dir` (dnallm-train's <final>/hf): the merged model and tokenizer
-// in `dir`, with LoRA also `dir`/adapter (PEFT) and `dir`/base (its base, with the
-// tokenizer). What has no transformers equivalent is skipped with a warning naming why (the
-// model's own export next to it is unaffected); returns false then.
+// All of the above as one Hugging Face layout (dnallm-train's <final>/hf, ModelFamily::hf_export):
+// the merged model and tokenizer in the directory, with LoRA also adapter/ (PEFT's
+// adapter_config.json + adapter_model.safetensors: "base_model.model.<HF module>.lora_A.weight",
+// task heads as modules_to_save) and base/ (the frozen weights it applies to, adapters not
+// merged, with the tokenizer). The safetensors files stream (Note [Exports unit by unit]).
+// What has no transformers equivalent is Error(kUsage) naming why (export_hf_directory skips
+// the layout with a warning; the model's own export next to it is unaffected).
+std::optional<HfExport> hf_export_transformer(TransformerLM& model,
+                                              const data::Tokenizer& tokenizer,
+                                              const std::string& source_dir = "");
+// That layout written into `dir` from a model on one process (export_hf_directory): false when
+// it is skipped.
 bool export_hf_transformer(TransformerLM& model, const data::Tokenizer& tokenizer,
                            const std::string& dir, const std::string& source_dir = "");
 
