@@ -84,8 +84,8 @@ TEST(Caduceus, ExportIsTheLayoutItCameInAndLoadsBackExactly) {
       if (key == "lm_head.lm_head.weight") {
         // The RCPS masked LM's head, tied to the embedding (Note [Caduceus tied projections]):
         // the fixture's file leaves it out, ours writes it, equal to the embedding it was tied to.
-        EXPECT_TRUE(
-            torch::equal(t, got.at("caduceus.backbone.embeddings.word_embeddings.embedding.weight")));
+        EXPECT_TRUE(torch::equal(
+            t, got.at("caduceus.backbone.embeddings.word_embeddings.embedding.weight")));
         continue;
       }
       const auto at = key.find(".mamba_rev.");

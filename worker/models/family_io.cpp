@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "checkpoint/durable_io.hpp"
 #include "checkpoint/safetensors.hpp"
@@ -346,6 +347,19 @@ void write_exported_files(const std::string& dir, const std::vector<ExportedFile
     for (auto& s : streamed) s->write_held(held);
   });
   for (auto& s : streamed) s->commit();
+}
+
+HfExport hub_layout_export(std::vector<ExportedTensor> tensors, nlohmann::json config,
+                           const std::string& source_dir, const std::string& family) {
+  HfExport plan;
+  plan.files.push_back({"model.safetensors", std::move(tensors), {{"format", "pt"}}});
+  plan.finish = [config = std::move(config), source_dir, family](const std::string& dir) {
+    checkpoint::write_file_durable(std::filesystem::path(dir) / "config.json",
+                                   config.dump(2) + "\n");
+    copy_tokenizer_files(source_dir, dir);
+    spdlog::info("exported a {} model in the hub's layout to {}", family, dir);
+  };
+  return plan;
 }
 
 }  // namespace dnallm::models

@@ -20,7 +20,9 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include "core/config.hpp"
+
 #include "core/dtype.hpp"
 #include "worker/models/lora_linear.hpp"
 
@@ -151,5 +153,35 @@ struct ExportedFile {
 // `units`. Error(kFailure) naming a tensor whose reads no call held.
 void write_exported_files(const std::string& dir, const std::vector<ExportedFile>& files,
                           const ParameterUnits& units, bool write);
+
+// A Hugging Face layout to write (Note [Exports unit by unit]): the safetensors
+// files, streamed as the ranks gather the model, then the small files (config.json, the
+// tokenizer's, remote code) that `finish` writes into the directory on the writing rank, and
+// logs what it wrote.
+struct HfExport {
+  std::vector<ExportedFile> files;
+  std::function<void(const std::string& dir)> finish;
+};
+
+// Note [Character vocabularies]: the options a model imported with a vocabulary map exports
+// under: the checkpoint's (`source`) with our task head (`ours`), the imported config.json's
+// architectures (`classifier_arch` or `lm_arch`) and num_labels saying so.
+template <class Options>
+Options hub_options(Options source, const Options& ours, const char* classifier_arch,
+                    const char* lm_arch) {
+  source.classifier = ours.classifier;
+  source.num_labels = ours.num_labels;
+  if (!source.hf_config.is_null()) {
+    source.hf_config["architectures"] = {source.classifier ? classifier_arch : lm_arch};
+    if (source.classifier) source.hf_config["num_labels"] = source.num_labels;
+  }
+  return source;
+}
+
+// A hub layout of a family with a module of its own (HyenaDNA's, Caduceus'): model.safetensors
+// of `tensors`, then `config` as config.json and the tokenizer files of `source_dir`
+// (copy_tokenizer_files); `family` names it in the log.
+HfExport hub_layout_export(std::vector<ExportedTensor> tensors, nlohmann::json config,
+                           const std::string& source_dir, const std::string& family);
 
 }  // namespace dnallm::models

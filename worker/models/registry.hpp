@@ -31,15 +31,6 @@ struct BuildContext {
   int local_world_size = 1;
 };
 
-// A Hugging Face layout to write (Note [Exports unit by unit] in family_io.hpp): the safetensors
-// files, streamed as the ranks gather the model, then the small files (config.json, the
-// tokenizer's, remote code) that `finish` writes into the directory on the writing rank, and
-// logs what it wrote.
-struct HfExport {
-  std::vector<ExportedFile> files;
-  std::function<void(const std::string& dir)> finish;
-};
-
 struct ModelFamily {
   std::string name;                         // "transformer", "hyena", "caduceus"
   std::vector<cfg::Arch> arches;            // the model.arch values it builds

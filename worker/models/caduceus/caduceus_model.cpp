@@ -147,31 +147,15 @@ std::optional<HfExport> hf_export(LanguageModel& model, const data::Tokenizer& /
   torch::Tensor complement = lm->complement;
   if (!m->vocab_map.empty()) {
     // Note [Character vocabularies]: back to the checkpoint's token order and complement map.
-    const auto& ours = lm->options();
-    o = m->source_options;
-    o.classifier = ours.classifier;
-    o.num_labels = ours.num_labels;
-    if (!o.hf_config.is_null()) {
-      o.hf_config["architectures"] = {o.classifier ? "CaduceusForSequenceClassification"
-                                                   : "CaduceusForMaskedLM"};
-      if (o.classifier) o.hf_config["num_labels"] = o.num_labels;
-    }
+    o = hub_options(m->source_options, lm->options(), "CaduceusForSequenceClassification",
+                    "CaduceusForMaskedLM");
     weight =
         vocabulary_scatter(live, m->vocab_map, lm->word_embeddings->weight, m->source_embedding,
                            o.classifier ? torch::Tensor() : lm->head_weight, m->source_head);
     complement = complement_table(o);
   }
-  HfExport plan;
-  plan.files.push_back(
-      {"model.safetensors", hf_tensors(lm, complement, weight), {{"format", "pt"}}});
-  const nlohmann::json config = hf_export_config(o);
-  plan.finish = [config, source_dir](const std::string& dir) {
-    checkpoint::write_file_durable(std::filesystem::path(dir) / "config.json",
-                                   config.dump(2) + "\n");
-    copy_tokenizer_files(source_dir, dir);
-    spdlog::info("exported a Caduceus model in the hub's layout to {}", dir);
-  };
-  return plan;
+  return hub_layout_export(hf_tensors(lm, complement, weight), hf_export_config(o), source_dir,
+                           "Caduceus");
 }
 
 bool recognises_hf(const nlohmann::json& c) {

@@ -152,29 +152,15 @@ std::optional<HfExport> hf_export(LanguageModel& model, const data::Tokenizer& /
   WeightReader weight = live;
   if (!m->vocab_map.empty()) {
     // Note [Character vocabularies]: back to the checkpoint's token order.
-    const auto& ours = lm->options();
-    o = m->source_options;
-    o.classifier = ours.classifier;
-    o.num_labels = ours.num_labels;
-    if (!o.hf_config.is_null()) {
-      o.hf_config["architectures"] = {o.classifier ? "HyenaDNAForSequenceClassification"
-                                                   : "HyenaDNAForCausalLM"};
-      if (o.classifier) o.hf_config["num_labels"] = o.num_labels;
-    }
+    o = hub_options(m->source_options, lm->options(), "HyenaDNAForSequenceClassification",
+                    "HyenaDNAForCausalLM");
     weight =
         vocabulary_scatter(live, m->vocab_map, lm->word_embeddings->weight, m->source_embedding,
                            o.classifier ? torch::Tensor() : lm->head->weight, m->source_head);
   }
-  HfExport plan;
-  plan.files.push_back({"model.safetensors", hf_tensors(lm, weight), {{"format", "pt"}}});
-  const nlohmann::json config = o.hf_config.is_null() ? hf_config_of(o) : o.hf_config;
-  plan.finish = [config, source_dir](const std::string& dir) {
-    checkpoint::write_file_durable(std::filesystem::path(dir) / "config.json",
-                                   config.dump(2) + "\n");
-    copy_tokenizer_files(source_dir, dir);
-    spdlog::info("exported a HyenaDNA model in the hub's layout to {}", dir);
-  };
-  return plan;
+  return hub_layout_export(hf_tensors(lm, weight),
+                           o.hf_config.is_null() ? hf_config_of(o) : o.hf_config, source_dir,
+                           "HyenaDNA");
 }
 
 bool recognises_hf(const nlohmann::json& c) {
