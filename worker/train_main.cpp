@@ -73,13 +73,13 @@ void install_step_hooks(train::TrainerOptions& o, train::StepProfiler* profiler,
 // Everything after the process group: data, model, resume, checkpointer, hooks, training.
 int train_in_group(Config& config, const WorkerEnv& env, const cluster::Topology& topo,
                    comm::ProcessGroup& group, train::Preemption& preemption,
-                   const std::optional<train::ProfileRange>& profile_range, bool owns_dir) {
+                   const std::optional<train::ProfileRange>& profile_range, bool owns_dir,
+                   const std::shared_ptr<const data::Tokenizer>& tokenizer) {
   // Note [Data x context mesh]: the samples and the global batch follow the data ranks.
   const auto mesh =
       parallel::mesh_coordinates(topo.rank, topo.world_size, config.parallel.context_parallel);
   const int data_rank = mesh.data_rank, data_world = mesh.data_world;
   auto sync = parallel::make_gradient_sync(config, group);
-  const std::shared_ptr<const data::Tokenizer> tokenizer = data::make_tokenizer(config);
   const nlohmann::json tokenizer_json = tokenizer->to_json();
   train::check_base_tokenizer(config, tokenizer_json);
   train::ResumePoint resume =
@@ -149,11 +149,16 @@ int train_worker(const ConfigOptions& options, const std::string& profile) {
       parallel::select_rank_device(config, topo.local_rank, topo.local_world_size,
                                    topo.source == cluster::TopologySource::kSlurm ||
                                        topo.source == cluster::TopologySource::kOpenMpi);
+  const std::shared_ptr<const data::Tokenizer> tokenizer = data::make_tokenizer(config);
+  // Note [Memory predicted]: a model that cannot fit is refused before the ranks connect, so
+  // every rank exits 2 on its own instead of one leaving another in a collective.
+  models::check_model_memory(config, *tokenizer, train::build_context(config));
   comm::ProcessGroup group;
   if (parallel::needs_process_group(config, topo)) {
     group = parallel::join_process_group(config, env, topo, rank_device);
   }
-  return train_in_group(config, env, topo, group, preemption, profile_range, ckpt_lock.has_value());
+  return train_in_group(config, env, topo, group, preemption, profile_range, ckpt_lock.has_value(),
+                        tokenizer);
 }
 
 }  // namespace

@@ -99,6 +99,14 @@ const ModelFamily& family_for_hf_config(const nlohmann::json& config, const std:
        where, clip_for_message(type));
 }
 
+void check_model_memory(const Config& config, const data::Tokenizer& tokenizer,
+                        const BuildContext& context) {
+  const auto& from = config.model.init_from;
+  if (!from.empty() && is_hf_model_dir(from)) return;
+  const auto& family = family_for_arch(config.model.arch);
+  if (family.check_memory != nullptr) family.check_memory(config, tokenizer, context);
+}
+
 LanguageModel build_model_for(const Config& config, const data::Tokenizer& tokenizer,
                               const BuildContext& context) {
   const auto& from = config.model.init_from;

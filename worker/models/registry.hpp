@@ -37,6 +37,10 @@ struct ModelFamily {
   std::vector<std::string> exported_types;  // model_type in our config.json
   // True when a Hugging Face config.json (not ours) is this family's.
   bool (*recognises_hf)(const nlohmann::json& config) = nullptr;
+  // Note [Memory predicted]: Error(kUsage) when a fresh model from [model] would not fit,
+  // before anything is built (null: the family predicts nothing).
+  void (*check_memory)(const Config& config, const data::Tokenizer& tokenizer,
+                       const BuildContext& context) = nullptr;
   // A fresh model from [model] (and model.init_from = one of our model directories).
   LanguageModel (*build)(const Config& config, const data::Tokenizer& tokenizer,
                          const BuildContext& context) = nullptr;
@@ -63,6 +67,13 @@ const ModelFamily& family_for_hf_config(const nlohmann::json& config, const std:
 
 // True when `dir`/config.json is a Hugging Face config (not one written by export_live_model).
 bool is_hf_model_dir(const std::string& dir);
+
+// Note [Memory predicted]: the model build_model_for() would build refused (Error(kUsage) with
+// the figures) when it cannot fit, before anything is built; dnallm-train calls it before the
+// ranks connect, so that each refuses on its own instead of leaving its peers in a collective.
+// A Hugging Face base (model.init_from) is not predicted.
+void check_model_memory(const Config& config, const data::Tokenizer& tokenizer,
+                        const BuildContext& context);
 
 // The model a training run starts from: model.init_from's family when it names a Hugging Face
 // directory, else model.arch's.

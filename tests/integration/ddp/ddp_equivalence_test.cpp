@@ -489,7 +489,15 @@ TEST_F(DdpEquivalence, Zero3TrainsAModelLargerThanOneRanksMemoryLimit) {
                              dir, 4 / c.world, 1, sets),
           &log);
       EXPECT_EQ(rc, 2) << name << "\n" << log;
-      EXPECT_NE(log.find("more than training.memory_limit_gb = 0.03"), std::string::npos) << log;
+      // Every rank refuses, before the ranks connect (no "rank i of n (gloo backend ...)").
+      size_t refusals = 0;
+      for (size_t at = log.find("more than training.memory_limit_gb = 0.03");
+           at != std::string::npos;
+           at = log.find("more than training.memory_limit_gb = 0.03", at + 1)) {
+        ++refusals;
+      }
+      EXPECT_GE(refusals, size_t(c.world)) << log;
+      EXPECT_EQ(log.find("backend on"), std::string::npos) << name << " connected first\n" << log;
       continue;
     }
     TrainRun run = train(name, c.world, 4 / c.world, 1, sets);

@@ -126,6 +126,11 @@ ModelFamily transformer_family() {
   f.arches = {cfg::Arch::kBert, cfg::Arch::kGpt};
   f.exported_types = {"bert", "dnallm-gpt"};
   f.recognises_hf = is_transformer_hf_config;
+  f.check_memory = [](const Config& config, const data::Tokenizer& tokenizer,
+                      const BuildContext& context) {
+    check_predicted_memory(config, model_options_from_config(config, tokenizer.vocab_size()),
+                           context);
+  };
   f.build = [](const Config& config, const data::Tokenizer& tokenizer,
                const BuildContext& context) {
     return as_language_model(build_transformer(config, tokenizer.vocab_size(), context));
