@@ -27,7 +27,8 @@ namespace {
 // checkpointing, plus the logits twice). It is a lower bound, so a run predicted over the
 // limit (training.memory_limit_gb, else available memory / ranks on the node, CPU only) would
 // fail later anyway: exit 2 at once with the figures and what to lower, instead of
-// allocating gigabytes first.
+// allocating gigabytes first. dnallm-train predicts before the ranks connect
+// (models::check_model_memory), so every rank refuses on its own; the build predicts again.
 void check_predicted_memory(const Config& config, const ModelOptions& o, const BuildContext& ctx) {
   const auto& t = config.training;
   if (t.memory_limit_gb <= 0 && !ctx.on_cpu) return;
