@@ -240,14 +240,6 @@ ExportedTensor combined_tensor(
   return out;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> computed_values(
-    const std::vector<ExportedTensor>& tensors) {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  out.reserve(tensors.size());
-  for (const auto& t : tensors) out.emplace_back(t.name, t.value());
-  return out;
-}
-
 LiveWeights::LiveWeights(torch::nn::Module& module, bool merge_adapters) : merge_(merge_adapters) {
   for (const auto& [name, linear] : lora_or_quantized_linears(module)) {
     linears_[linear->weight.unsafeGetTensorImpl()] = linear;

@@ -110,11 +110,6 @@ ExportedTensor renamed_tensor(const ExportedTensor& from, const std::string& nam
 ExportedTensor combined_tensor(
     const std::string& name, std::vector<int64_t> shape, const std::vector<ExportedTensor>& inputs,
     std::function<torch::Tensor(const std::vector<torch::Tensor>&)> combine);
-// Every tensor of `tensors` computed now (one process, everything held): for callers that want
-// the values themselves.
-std::vector<std::pair<std::string, torch::Tensor>> computed_values(
-    const std::vector<ExportedTensor>& tensors);
-
 // How an export reads the tensors of `module`: a LoRA or quantized linear's weight (by its
 // tensor) in full precision, its adapters merged when `merge_adapters` (from its base and
 // adapters: the linear's parameters and buffers), every other tensor as itself (live_tensor).

@@ -757,7 +757,7 @@ void Trainer::log_step(const StepResult& r, double global_tokens, const RunTotal
 void Trainer::evaluate_at(int64_t step) {
   const auto& t = config_.training;
   // Every rank: under ZeRO-3 evaluation's forwards gather unit by unit (Note [Sharded
-  // evaluation]); an export of the best model gathers the whole model itself.
+  // evaluation]), as does an export of the best model (Note [Exports unit by unit]).
   EvalResult e;
   {
     parallel::ShardedForwards forwards(*sync_);

@@ -719,6 +719,13 @@ std::vector<ExportedTensor> hf_tensors(HyenaLM& model, const WeightReader& weigh
   const auto o = model->options();
   std::vector<ExportedTensor> tensors;
   for (auto& [name, t] : model->named_weights()) tensors.push_back(weight(name, t));
+  // The regenerated positional features (z, t), the same for every layer: computed once, by the
+  // first tensor written that needs them, and kept while the export lasts.
+  auto features = std::make_shared<std::pair<Tensor, Tensor>>();
+  const auto regenerated = [o, features] {
+    if (!features->first.defined()) *features = positional_features(o, o.max_seq_len, torch::kCPU);
+    return *features;
+  };
   for (int64_t i = 0; i < o.n_layer; ++i) {
     const auto& stored = model->blocks[i]->mixer->filter_fn->stored_z;
     // z: [t | cos | sin] over (emb_dim - 1) / 2 bands (positional_features).
@@ -729,12 +736,10 @@ std::vector<ExportedTensor> hf_tensors(HyenaLM& model, const WeightReader& weigh
         stored.defined()
             ? combined_tensor(pos_emb_name(i, "z"), shape, {live_tensor("z", stored)},
                               [](const std::vector<Tensor>& v) { return v[0].unsqueeze(0); })
-            : computed_tensor(pos_emb_name(i, "z"), shape, [o] {
-                return positional_features(o, o.max_seq_len, torch::kCPU).first.unsqueeze(0);
-              }));
-    tensors.push_back(computed_tensor(pos_emb_name(i, "t"), {1, o.max_seq_len, 1}, [o] {
-      return positional_features(o, o.max_seq_len, torch::kCPU).second.unsqueeze(0);
-    }));
+            : computed_tensor(pos_emb_name(i, "z"), shape,
+                              [regenerated] { return regenerated().first.unsqueeze(0); }));
+    tensors.push_back(computed_tensor(pos_emb_name(i, "t"), {1, o.max_seq_len, 1},
+                                      [regenerated] { return regenerated().second.unsqueeze(0); }));
   }
   return tensors;
 }

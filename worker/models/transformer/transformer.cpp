@@ -1125,14 +1125,6 @@ Tensor full_linear_weight(const LoraLinearImpl& linear, bool merge_adapters) {
   return w.detach();
 }
 
-std::map<std::string, Tensor> full_linear_weights(torch::nn::Module& model, bool merge_adapters) {
-  std::map<std::string, Tensor> out;
-  for (const auto& [name, lin] : lora_or_quantized_linears(model)) {
-    out[name] = full_linear_weight(*lin, merge_adapters);
-  }
-  return out;
-}
-
 nlohmann::ordered_json export_config(const ModelOptions& o) {
   nlohmann::ordered_json c;
   c["architectures"] = {

@@ -291,14 +291,10 @@ void save_safetensors(const std::string& path,
                       const std::map<std::string, std::string>& metadata = {});
 std::map<std::string, torch::Tensor> load_safetensors(const std::string& path);
 
-// The full-precision weight of every LoRA or quantized linear, by parameter name
-// ("<module>.weight"): a quantized base dequantized, plus the adapter when `merge_adapters`.
-// Copies: the live model keeps training with its adapters. Every export goes through this.
-std::map<std::string, torch::Tensor> full_linear_weights(torch::nn::Module& model,
-                                                         bool merge_adapters);
-// The linears full_linear_weights() covers (LoRA or quantized), by "<module>.weight", and one
-// such linear's full-precision weight: an export computes them one at a time (Note [Exports
-// unit by unit], registry.hpp).
+// Every LoRA or quantized linear of `model`, by parameter name ("<module>.weight"), and one such
+// linear's full-precision weight: a quantized base dequantized, plus the adapter when
+// `merge_adapters`. A copy: the live model keeps training with its adapters. Every export reads
+// them so, one linear at a time (LiveWeights, Note [Exports unit by unit] in family_io.hpp).
 std::map<std::string, std::shared_ptr<LoraLinearImpl>> lora_or_quantized_linears(
     torch::nn::Module& model);
 torch::Tensor full_linear_weight(const LoraLinearImpl& linear, bool merge_adapters);
