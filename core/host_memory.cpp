@@ -1,5 +1,7 @@
 #include "core/host_memory.hpp"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -27,6 +29,12 @@ double available_memory_bytes() {
     avail = avail > 0 ? std::min(avail, headroom) : headroom;
   }
   return avail;
+}
+
+double peak_rss_mb() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) / 1024.0;  // Linux: kilobytes
 }
 
 }  // namespace dnallm

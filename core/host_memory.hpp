@@ -10,4 +10,7 @@ double mem_available_bytes();
 // headroom (memory.max - memory.current) when there is one; 0 when unknown.
 double available_memory_bytes();
 
+// The most resident memory this process has held so far (getrusage's ru_maxrss), in MB.
+double peak_rss_mb();
+
 }  // namespace dnallm

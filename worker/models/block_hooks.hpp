@@ -32,4 +32,50 @@ torch::Tensor run_block(BlockHooks* hooks, size_t index, Forward&& forward) {
   return hooks->after_block(index, std::forward<Forward>(forward)());
 }
 
+// Note [Streamed build]: a model under ZeRO-3 is never whole on any rank, not even while it is
+// built. A fresh model's constructor builds its blocks one after another (the same random
+// numbers in the same order as ever, so every initial value is what a whole build gives); after
+// block i is complete it hands the block to the thread's BlockSink, if one is installed
+// (StreamedBuild). ZeRO-3's sink (FullyShardedSync) keeps this rank's chunk of the block's
+// trainable parameters (rank 0's values, broadcast, as placement did) and releases their storage
+// (0 bytes, shapes kept), so the host holds the root, the block being built and the chunks:
+// 4 bytes a parameter / N plus one block, instead of the whole model (4 bytes a parameter on
+// every rank: 28 GB a rank for a 7B model, on each of a node's 8 ranks). Placement then takes
+// the chunks instead of reading the parameters. Only a fresh build streams: a model that is
+// loaded (model.init_from), gets LoRA adapters or a quantized base after it is built, or is
+// probed whole (training.batch_size = "auto") is built whole, as before. Between the build and
+// placement nothing may read a streamed block's parameters (their data pointer is null: a read
+// fails at once instead of computing with garbage).
+class BlockSink {
+ public:
+  virtual ~BlockSink() = default;
+  // Block `index` (blocks() order) is complete; the sink may release its parameters' storage.
+  virtual void block_built(size_t index, torch::nn::Module& block) = 0;
+};
+
+inline BlockSink*& current_block_sink() {
+  thread_local BlockSink* sink = nullptr;
+  return sink;
+}
+
+// While alive, the blocks a model constructor on this thread builds go to `sink` (nullptr:
+// none), as torch's meta-device mode scopes a build in Python.
+class StreamedBuild {
+ public:
+  explicit StreamedBuild(BlockSink* sink) : previous_(current_block_sink()) {
+    current_block_sink() = sink;
+  }
+  ~StreamedBuild() { current_block_sink() = previous_; }
+  StreamedBuild(const StreamedBuild&) = delete;
+  StreamedBuild& operator=(const StreamedBuild&) = delete;
+
+ private:
+  BlockSink* previous_;
+};
+
+// A family's constructor calls this once block `index` is complete (Note [Streamed build]).
+inline void block_built(size_t index, torch::nn::Module& block) {
+  if (current_block_sink() != nullptr) current_block_sink()->block_built(index, block);
+}
+
 }  // namespace dnallm::models

@@ -107,6 +107,12 @@ void check_model_memory(const Config& config, const data::Tokenizer& tokenizer,
   if (family.check_memory != nullptr) family.check_memory(config, tokenizer, context);
 }
 
+bool streams_blocks(const Config& config) {
+  return config.model.init_from.empty() && config.lora.r == 0 &&
+         config.lora.quantize_base == cfg::QuantizeBase::kNone &&
+         config.training.batch_size != cfg::BatchSize::kAuto;
+}
+
 LanguageModel build_model_for(const Config& config, const data::Tokenizer& tokenizer,
                               const BuildContext& context) {
   const auto& from = config.model.init_from;

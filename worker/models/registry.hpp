@@ -29,7 +29,16 @@ struct BuildContext {
   bool on_cpu = true;
   int world_size = 1;
   int local_world_size = 1;
+  // Note [Streamed build]: where a fresh model's blocks go as they are built (ZeRO-3's sink);
+  // null: built whole. Set only where nothing reads the whole model before placement
+  // (streams_blocks()); a family's build installs it around its constructor alone.
+  BlockSink* blocks = nullptr;
 };
+
+// Note [Streamed build]: whether `config` builds a fresh model that nothing reads whole before
+// placement: no model.init_from, no LoRA (adapters added after the build), no quantized base,
+// no training.batch_size = "auto" (its probe runs the whole model).
+bool streams_blocks(const Config& config);
 
 struct ModelFamily {
   std::string name;                         // "transformer", "hyena", "caduceus"

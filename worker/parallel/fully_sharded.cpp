@@ -87,6 +87,54 @@ double FullyShardedSync::sum_scalar(double value) {
   return v;
 }
 
+models::BlockSink* FullyShardedSync::block_sink(torch::Device device) {
+  build_device_ = device;
+  return this;
+}
+
+void FullyShardedSync::block_built(size_t index, torch::nn::Module& block) {
+  // Note [Streamed build]: the unit's layout as place() makes it (the block's trainable fp32
+  // parameters in its order, each 16-element aligned; one already taken by an earlier block
+  // belongs to that one), rank 0's values broadcast, this rank's chunk kept.
+  torch::NoGradGuard no_grad;
+  DNALLM_CHECK(build_device_.has_value() && index == streamed_.size(), ExitCode::kFailure,
+               "internal: block {} built with {} streamed before it", index, streamed_.size());
+  const int world = comm_.world_size(), rank = comm_.rank();
+  Streamed s;
+  std::vector<int64_t> offsets;
+  int64_t n = 0;
+  for (const auto& p : block.parameters()) {
+    if (!p.requires_grad() || p.scalar_type() != torch::kFloat32 ||
+        !streamed_seen_.insert(p.unsafeGetTensorImpl()).second) {
+      continue;
+    }
+    s.params.push_back(p);
+    offsets.push_back(n);
+    n += align_up(p.numel());
+  }
+  const int64_t chunk = (n + world - 1) / world;
+  auto init = torch::zeros({chunk * world},
+                           torch::TensorOptions().dtype(torch::kFloat32).device(*build_device_));
+  for (size_t k = 0; k < s.params.size(); ++k) {
+    init.narrow(0, offsets[k], s.params[k].numel()).copy_(s.params[k].reshape({-1}));
+  }
+  if (chunk > 0) comm_.broadcast(view_of(init, 0, chunk * world), 0)->wait();
+  s.chunk = init.narrow(0, rank * chunk, chunk).clone();
+  // What the blocks built so far hold whole now, from their storage: this one only, once
+  // the earlier ones were released.
+  int64_t held = 0;
+  for (const auto& earlier : streamed_) {
+    for (const auto& p : earlier.params) held += int64_t(p.storage().nbytes());
+  }
+  for (const auto& p : s.params) {
+    held += int64_t(p.storage().nbytes());
+    build_whole_bytes_ += bytes_of(p);
+  }
+  build_held_peak_ = std::max(build_held_peak_, held);
+  for (const auto& p : s.params) release_storage(p);
+  streamed_.push_back(std::move(s));
+}
+
 std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     models::LanguageModel& model, const std::vector<std::pair<std::string, torch::Tensor>>& named,
     torch::Device device) {
@@ -143,6 +191,9 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
           model->spec().family);
     }
   }
+  // Note [Streamed build]: every block streamed, or none (the model was built whole).
+  DNALLM_CHECK(streamed_.empty() || streamed_.size() == blocks.size(), ExitCode::kFailure,
+               "internal: {} of {} blocks streamed", streamed_.size(), blocks.size());
   shard_params_ = torch::zeros({local}, opts);
   shard_grads_ = torch::zeros({local}, opts);
   auto mask = torch::zeros({local}, opts);
@@ -152,22 +203,39 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     Unit& unit = units_[u];
     unit.shard = plan[u];
     const int64_t padded = unit.shard.chunk * world;
-    // Rank 0's values everywhere (as DDP's broadcast), then this rank's chunk into the shard.
-    auto init = torch::zeros({padded}, opts);
+    const bool streamed = u < streamed_.size();
+    if (streamed) {  // the same parameters in the same order as the sink laid out
+      const auto& taken = streamed_[u].params;
+      bool same = taken.size() == unit.params.size();
+      for (size_t k = 0; same && k < taken.size(); ++k) {
+        same = taken[k].unsafeGetTensorImpl() == unit.params[k].unsafeGetTensorImpl();
+      }
+      DNALLM_CHECK(same && streamed_[u].chunk.numel() == unit.shard.chunk, ExitCode::kFailure,
+                   "internal: block {} was streamed with {} parameters, placed with {}", u,
+                   taken.size(), unit.params.size());
+    }
+    // Rank 0's values everywhere (as DDP's broadcast), then this rank's chunk into the shard;
+    // a streamed block's chunk was taken so as it was built (Note [Streamed build]).
+    auto init = streamed ? torch::empty({padded}, opts) : torch::zeros({padded}, opts);
     unit.full_grad = torch::zeros({padded}, opts);
     auto unit_mask = torch::zeros({padded}, opts);
     for (size_t k = 0; k < unit.params.size(); ++k) {
       const auto& p = unit.params[k];
       const int64_t off = unit.offsets[k], n = p.numel();
-      init.narrow(0, off, n).copy_(p.detach().reshape({-1}));
+      if (!streamed) init.narrow(0, off, n).copy_(p.detach().reshape({-1}));
       const std::string& name = named[members[u][k]].first;
       unit_mask.narrow(0, off, n).fill_(optim::decays(name) ? 1.0 : 0.0);
       entries.push_back({name, unit.shard.begin + off, n, unit.shapes[k]});
     }
-    if (padded > 0) comm_.broadcast(view_of(init, 0, padded), 0)->wait();
     const int64_t lo = rank * unit.shard.chunk;
-    shard_params_.narrow(0, unit.shard.local_offset, unit.shard.chunk)
-        .copy_(init.narrow(0, lo, unit.shard.chunk));
+    auto mine = shard_params_.narrow(0, unit.shard.local_offset, unit.shard.chunk);
+    if (streamed) {
+      mine.copy_(streamed_[u].chunk);
+      streamed_[u].chunk = torch::Tensor();
+    } else {
+      if (padded > 0) comm_.broadcast(view_of(init, 0, padded), 0)->wait();
+      mine.copy_(init.narrow(0, lo, unit.shard.chunk));
+    }
     if (param_dtype_ == torch::kFloat32) {
       unit.full = init;
     } else {
@@ -192,6 +260,8 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     release(u);
     release_storage(unit.full_grad);
   }
+  streamed_.clear();
+  streamed_seen_.clear();
   hook_gradients();
   // Note [Fully sharded frozen base]: each block's fp32 frozen parameters, sharded with it.
   std::set<const void*> trainable, placed;
@@ -308,6 +378,12 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
       units_.size(), blocks.size(), local, global_numel_, rank, frozen_held_bytes_,
       frozen_total_bytes_, param_dtype_ == torch::kFloat32 ? "fp32" : "bf16",
       dtype_name(options_.reduce_dtype));
+  if (build_whole_bytes_ > 0) {
+    spdlog::info(
+        "ZeRO-3: the model was built block by block (Note [Streamed build]): at most {} of its "
+        "blocks' {} bytes whole at once on rank {}",
+        build_held_peak_, build_whole_bytes_, rank);
+  }
   return std::make_unique<optim::FlatParameters>(std::move(entries), global_numel_, shard_params_,
                                                  shard_grads_, mask, std::move(pieces));
 }
@@ -684,6 +760,8 @@ std::optional<GradientSync::Memory> FullyShardedSync::memory() const {
   m.gathered_predicted = predicted_peak_bytes_;
   m.frozen_held = frozen_held_bytes_;
   m.frozen_total = frozen_total_bytes_;
+  m.build_held_peak = build_held_peak_;
+  m.build_whole = build_whole_bytes_;
   return m;
 }
 

@@ -34,9 +34,9 @@
 //     adds the next micro-step's into them, and only the last micro-step reduce-scatters.
 //  5. the trainer's norm is the sum of the shards' partial squares over ranks; the optimizer
 //     updates the shard.
-// The Hugging Face layout of the exports (final/hf, best/hf) holds the whole model for its
-// duration (FullParameters): 4 bytes a parameter on every rank (fp32 under bf16 gathers too).
-// Our own export files do not (Note [Fully sharded exports]), nor does evaluation:
+// Neither the exports (ours and the Hugging Face layouts: Note [Fully sharded exports]) nor
+// evaluation gather the whole model, and the build never makes it whole (Note [Streamed build]
+// in models/block_hooks.hpp: block_built() keeps each block's chunk as it is built):
 //
 // Note [Sharded evaluation]: evaluation's forwards (ShardedForwards, gradient_sync.hpp) run the
 // block hooks as a training forward does: before_forward_only() gathers the root and prefetches
@@ -165,7 +165,7 @@ struct FullyShardedOptions {
   bool accumulate_unsharded = false;
 };
 
-class FullyShardedSync final : public GradientSync {
+class FullyShardedSync final : public GradientSync, public models::BlockSink {
  public:
   FullyShardedSync(comm::Communicator& comm, FullyShardedOptions options);
   ~FullyShardedSync() override;
@@ -191,6 +191,10 @@ class FullyShardedSync final : public GradientSync {
       const std::function<void(const std::function<bool(const torch::Tensor&)>& held)>& visit)
       override;
   bool places_from_host() const override { return true; }
+  // Note [Streamed build]: this rank's chunk of each block's trainable parameters, taken as the
+  // block is built (a broadcast of rank 0's values; collective), its storage released.
+  models::BlockSink* block_sink(torch::Device device) override;
+  void block_built(size_t index, torch::nn::Module& block) override;
   bool forwards_are_collective() const override { return true; }
   void begin_forwards() override;
   void before_forward_only() override;
@@ -229,6 +233,11 @@ class FullyShardedSync final : public GradientSync {
     torch::Tensor staging;  // [chunk * world]: the gradient cast to a 2-byte reduce dtype
   };
   class Hooks;  // the model's BlockHooks (fully_sharded.cpp)
+  // Note [Streamed build]: a block as block_built() took it, until place().
+  struct Streamed {
+    std::vector<torch::Tensor> params;  // its trainable fp32 parameters, storage released
+    torch::Tensor chunk;  // [chunk] on build_device_: this rank's, as place() lays out
+  };
 
   void launch_gather(size_t u);
   void launch_frozen_gather(size_t u);
@@ -286,6 +295,12 @@ class FullyShardedSync final : public GradientSync {
   bool trace_ = false;                 // DNALLM_TRACE_ZERO3: log every change
   bool stream_ordered_ = false;        // CUDA: Note [Fully sharded stream order]
   int64_t global_numel_ = 0;
+  // Note [Streamed build]
+  std::optional<torch::Device> build_device_;
+  std::vector<Streamed> streamed_;
+  std::set<const void*> streamed_seen_;  // parameters taken by an earlier block (TensorImpl)
+  int64_t build_held_peak_ = 0;          // most bytes of whole block parameters held while built
+  int64_t build_whole_bytes_ = 0;        // every block's trainable parameters, whole
   int64_t frozen_held_bytes_ = 0;   // frozen shards of the blocks + the root's frozen parameters
   int64_t frozen_total_bytes_ = 0;  // every frozen parameter of the model
   double exposed_s_ = 0;            // this step's waiting for reductions after backward

@@ -65,6 +65,9 @@ class GradientSync {
   // `device` itself (Note [Sharded placement], trainer.cpp): ZeRO-3, so that the device never
   // holds the whole model. Otherwise the model is on `device` before place().
   virtual bool places_from_host() const { return false; }
+  // Note [Streamed build] (models/block_hooks.hpp): where a fresh model's blocks go as they are
+  // built, for place() on `device` to take; null (the default): the model is built whole.
+  virtual models::BlockSink* block_sink(torch::Device device) { return nullptr; }
   // The flat buffers exist and parameters are views into them. `named` in registration order.
   virtual void attach(optim::FlatParameters& flat,
                       const std::vector<std::pair<std::string, torch::Tensor>>& named) {}
@@ -102,6 +105,10 @@ class GradientSync {
     // Frozen parameters (LoRA's base): the bytes this rank holds between steps, and the
     // model's whole (Note [Fully sharded frozen base]); 0 where the sync does not shard them.
     int64_t frozen_held = 0, frozen_total = 0;
+    // Note [Streamed build]: the most bytes of whole blocks' trainable parameters this rank held
+    // at once while the model was built (measured from their storage), and all of them; 0
+    // where the model was built whole.
+    int64_t build_held_peak = 0, build_whole = 0;
   };
   virtual std::optional<Memory> memory() const { return std::nullopt; }
   // Every parameter whole on this rank until release_full_parameters(); collective (ZeRO-3

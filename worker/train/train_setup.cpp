@@ -13,6 +13,7 @@
 #include "checkpoint/dir_lock.hpp"
 #include "coordinator/commit_registry.hpp"
 #include "core/error.hpp"
+#include "core/host_memory.hpp"
 #include "worker/models/registry.hpp"
 #include "worker/parallel/plan.hpp"
 #include "worker/train/data_source.hpp"
@@ -44,8 +45,13 @@ ResumePoint open_resume_point(Config& config, const nlohmann::json& tokenizer, i
   return p;
 }
 
-models::LanguageModel make_model(const Config& config, const data::Tokenizer& tokenizer) {
-  return models::build_model_for(config, tokenizer, build_context(config));
+models::LanguageModel make_model(const Config& config, const data::Tokenizer& tokenizer,
+                                 parallel::GradientSync& sync) {
+  auto context = build_context(config);
+  if (models::streams_blocks(config)) {
+    context.blocks = sync.block_sink(pick_device(config.training.device));
+  }
+  return models::build_model_for(config, tokenizer, context);
 }
 
 std::unique_ptr<BatchSource> make_eval_source(const Config& config,
@@ -140,6 +146,13 @@ void write_memory_event(Trainer& trainer, int rank) {
     line["frozen_bytes"] = memory->frozen_held;
     line["frozen_total_bytes"] = memory->frozen_total;
   }
+  if (memory && memory->build_whole > 0) {
+    // Note [Streamed build]: the blocks' parameters held whole at once while built.
+    line["build_held_peak_bytes"] = memory->build_held_peak;
+    line["build_whole_bytes"] = memory->build_whole;
+  }
+  // The host's high-water mark so far: the build, placement and restore (Note [Streamed build]).
+  line["peak_rss_mb"] = peak_rss_mb();
   line["zero_paper_bytes"] = {
       {"params", paper.params}, {"grads", paper.grads}, {"optimizer", paper.optimizer}};
   const auto gpu = device_memory_stats(trainer.device());

@@ -1,7 +1,6 @@
 #include "worker/train/trainer.hpp"
 
 #include <c10/core/impl/VirtualGuardImpl.h>
-#include <sys/resource.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -28,12 +27,6 @@ namespace dnallm::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double peak_rss_mb() {
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  return double(usage.ru_maxrss) / 1024.0;  // Linux: kilobytes
-}
 
 int64_t label_count(const data::Batch& b, models::Task task) {
   if (task == models::Task::kRegression) return b.rows;
@@ -432,8 +425,9 @@ void Trainer::use_context_mesh() {
 void Trainer::place_parameters() {
   const auto& t = config_.training;
   // Note [Sharded placement]: a sync that shards the parameters (ZeRO-3) copies them to the
-  // device unit by unit from where the model was built (the host), so the device never holds
-  // the whole model; what it did not take (buffers, the root's frozen parameters) follows.
+  // device unit by unit from where the model was built (the host; a fresh model's blocks as
+  // the chunks its build kept: Note [Streamed build]), so the device never holds the whole model;
+  // what it did not take (buffers, the root's frozen parameters) follows.
   if (!sync_->places_from_host()) model_->to(device_);
   model_->train();
   std::vector<std::pair<std::string, torch::Tensor>> named;

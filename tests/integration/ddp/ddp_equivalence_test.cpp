@@ -510,6 +510,14 @@ TEST_F(DdpEquivalence, Zero3TrainsAModelLargerThanOneRanksMemoryLimit) {
                 << peak << " bytes a rank (training, evaluation, final exports), limit "
                 << limit * 1e9 << "\n";
       EXPECT_LT(double(peak), limit * 1e9);
+      // Note [Streamed build]: built block by block, never whole: one block of 28 at a time.
+      const auto memory = metric_lines(run.dir, "memory").at(0);
+      const auto held = memory.at("build_held_peak_bytes").get<int64_t>();
+      const auto blocks = memory.at("build_whole_bytes").get<int64_t>();
+      std::cout << "[ measured ] ZeRO-3, 4 ranks, " << c.layers << " layers: built with at most "
+                << held << " of the blocks' " << blocks << " bytes whole at once\n";
+      EXPECT_GT(held, 0);
+      EXPECT_EQ(held * c.layers, blocks);
       for (const char* f : {"final/model.safetensors", "final/hf/model.safetensors"}) {
         EXPECT_TRUE(std::filesystem::exists(run.dir + "/ckpt/" + f)) << f;
       }

@@ -307,6 +307,12 @@ CaduceusLMImpl::CaduceusLMImpl(CaduceusOptions options) : options_(std::move(opt
     norm_weight.push_back(register_parameter("norm_weight_" + n, torch::ones({o.d_model})));
     norm_bias.push_back(
         o.rms_norm ? Tensor() : register_parameter("norm_bias_" + n, torch::zeros({o.d_model})));
+    // Note [Streamed build]: layer i's unit as CaduceusModelImpl::blocks() lists it (LayerUnit:
+    // both directions; the norms are the root's).
+    torch::nn::Module unit;
+    unit.register_module("mamba_fwd", fwd.back().ptr());
+    if (o.bidirectional) unit.register_module("mamba_rev", rev.back().ptr());
+    block_built(size_t(i), unit);
   }
   norm_f_weight = register_parameter("norm_f_weight", torch::ones({o.d_model}));
   if (!o.rms_norm) norm_f_bias = register_parameter("norm_f_bias", torch::zeros({o.d_model}));

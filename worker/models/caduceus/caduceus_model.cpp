@@ -58,7 +58,7 @@ void configure(CaduceusModelImpl& model, const Config& config) {
 // [model] as Caduceus options: model.hidden = d_model, model.layers = n_layer; d_state 16,
 // expand 2, d_conv 4 (the published models'); RCPS for model.arch = "caduceus-ps".
 LanguageModel build(const Config& config, const data::Tokenizer& tokenizer,
-                    const BuildContext& /*context*/) {
+                    const BuildContext& context) {
   const auto& m = config.model;
   check_task(config, fmt::format("model.arch = \"{}\"", cfg::spelling(m.arch)));
   DNALLM_CHECK(m.hidden > 0 && m.layers > 0, ExitCode::kUsage,
@@ -77,7 +77,12 @@ LanguageModel build(const Config& config, const data::Tokenizer& tokenizer,
   o.classifier = m.task == cfg::Task::kClassification;
   o.num_labels = m.num_labels;
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
-  auto model = wrap(CaduceusLM(o), tokenizer.vocab_size());
+  CaduceusLM lm(nullptr);
+  {
+    StreamedBuild streamed(context.blocks);  // Note [Streamed build]
+    lm = CaduceusLM(o);
+  }
+  auto model = wrap(lm, tokenizer.vocab_size());
   configure(*model, config);
   return model;
 }

@@ -61,9 +61,13 @@ int64_t copy_matching(HyenaLM& from, HyenaLM& to) {
 }
 
 LanguageModel build(const Config& config, const data::Tokenizer& tokenizer,
-                    const BuildContext& /*context*/) {
+                    const BuildContext& context) {
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
-  HyenaLM lm(options_from_config(config, tokenizer.vocab_size()));
+  HyenaLM lm(nullptr);
+  {
+    StreamedBuild streamed(context.blocks);  // Note [Streamed build]
+    lm = HyenaLM(options_from_config(config, tokenizer.vocab_size()));
+  }
   if (!config.model.init_from.empty()) {  // one of our own HyenaDNA directories
     auto base = load_exported_model(config.model.init_from);
     auto* hyena = dynamic_cast<HyenaModelImpl*>(base.get());

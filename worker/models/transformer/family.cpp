@@ -86,7 +86,11 @@ TransformerLM build_transformer(const Config& config, int64_t vocab_size,
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
   const int64_t lora_r = options.lora_r;
   options.lora_r = 0;  // load base weights first, then add adapters
-  TransformerLM model(options);
+  TransformerLM model(nullptr);
+  {
+    StreamedBuild streamed(context.blocks);  // Note [Streamed build]
+    model = TransformerLM(options);
+  }
   if (!config.model.init_from.empty()) {
     const std::string path = config.model.init_from + "/model.safetensors";
     DNALLM_CHECK(std::filesystem::exists(path), ExitCode::kUsage,

@@ -569,6 +569,7 @@ TransformerLMImpl::TransformerLMImpl(ModelOptions options) : options_(std::move(
   auto layer = holder(*encoder, "layer");
   for (int64_t i = 0; i < o.layers; ++i) {
     blocks_.push_back(layer->register_module(std::to_string(i), Block(o)));
+    block_built(size_t(i), *blocks_.back());  // Note [Streamed build]
   }
   if (o.rms_norm) {
     rms_final_ =
