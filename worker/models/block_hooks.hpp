@@ -11,6 +11,8 @@
 #include <torch/torch.h>
 
 #include <cstddef>
+#include <functional>
+#include <string>
 #include <utility>
 
 namespace dnallm::models {
@@ -41,16 +43,35 @@ torch::Tensor run_block(BlockHooks* hooks, size_t index, Forward&& forward) {
 // (0 bytes, shapes kept), so the host holds the root, the block being built and the chunks:
 // 4 bytes a parameter / N plus one block, instead of the whole model (4 bytes a parameter on
 // every rank: 28 GB a rank for a 7B model, on each of a node's 8 ranks). Placement then takes
-// the chunks instead of reading the parameters. Only a fresh build streams: a model that is
-// loaded (model.init_from), gets LoRA adapters or a quantized base after it is built, or is
-// probed whole (training.batch_size = "auto") is built whole, as before. Between the build and
-// placement nothing may read a streamed block's parameters (their data pointer is null: a read
-// fails at once instead of computing with garbage).
+// the chunks instead of reading the parameters. A family that starts from one of our own model
+// directories (model.init_from, the transformer family) fills each block from the file as it
+// is built (FillingSink: tensor by tensor, never the whole file in memory), the rest after.
+// A model that is imported from a Hugging Face directory, gets LoRA adapters or a quantized
+// base after it is built, or is probed whole (training.batch_size = "auto") is built whole, as
+// before. Between the build and placement nothing may read a streamed block's parameters
+// (their data pointer is null: a read fails at once instead of computing with garbage).
 class BlockSink {
  public:
   virtual ~BlockSink() = default;
   // Block `index` (blocks() order) is complete; the sink may release its parameters' storage.
-  virtual void block_built(size_t index, torch::nn::Module& block) = 0;
+  // `path`: the block's parameters' name prefix in the model ("bert.encoder.layer.3."; empty
+  // where the unit is not one module: Caduceus's two directions).
+  virtual void block_built(size_t index, const std::string& path, torch::nn::Module& block) = 0;
+};
+
+// Fills each block (from a file) before the next sink takes it.
+class FillingSink final : public BlockSink {
+ public:
+  using Fill = std::function<void(const std::string& path, torch::nn::Module& block)>;
+  FillingSink(BlockSink* next, Fill fill) : next_(next), fill_(std::move(fill)) {}
+  void block_built(size_t index, const std::string& path, torch::nn::Module& block) override {
+    fill_(path, block);
+    if (next_ != nullptr) next_->block_built(index, path, block);
+  }
+
+ private:
+  BlockSink* next_;
+  Fill fill_;
 };
 
 inline BlockSink*& current_block_sink() {
@@ -74,8 +95,8 @@ class StreamedBuild {
 };
 
 // A family's constructor calls this once block `index` is complete (Note [Streamed build]).
-inline void block_built(size_t index, torch::nn::Module& block) {
-  if (current_block_sink() != nullptr) current_block_sink()->block_built(index, block);
+inline void block_built(size_t index, const std::string& path, torch::nn::Module& block) {
+  if (current_block_sink() != nullptr) current_block_sink()->block_built(index, path, block);
 }
 
 }  // namespace dnallm::models

@@ -108,7 +108,8 @@ void check_model_memory(const Config& config, const data::Tokenizer& tokenizer,
 }
 
 bool streams_blocks(const Config& config) {
-  return config.model.init_from.empty() && config.lora.r == 0 &&
+  const auto& from = config.model.init_from;
+  return (from.empty() || !is_hf_model_dir(from)) && config.lora.r == 0 &&
          config.lora.quantize_base == cfg::QuantizeBase::kNone &&
          config.training.batch_size != cfg::BatchSize::kAuto;
 }

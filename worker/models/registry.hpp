@@ -35,9 +35,11 @@ struct BuildContext {
   BlockSink* blocks = nullptr;
 };
 
-// Note [Streamed build]: whether `config` builds a fresh model that nothing reads whole before
-// placement: no model.init_from, no LoRA (adapters added after the build), no quantized base,
-// no training.batch_size = "auto" (its probe runs the whole model).
+// Note [Streamed build]: whether `config` builds a model that nothing reads whole before
+// placement: not imported from a Hugging Face directory, no LoRA (adapters added after the
+// build), no quantized base, no training.batch_size = "auto" (its probe runs the whole model).
+// A family whose build starts from one of our directories fills each block as it is built
+// (FillingSink) or builds whole (installs no sink).
 bool streams_blocks(const Config& config);
 
 struct ModelFamily {

@@ -92,7 +92,8 @@ models::BlockSink* FullyShardedSync::block_sink(torch::Device device) {
   return this;
 }
 
-void FullyShardedSync::block_built(size_t index, torch::nn::Module& block) {
+void FullyShardedSync::block_built(size_t index, const std::string& /*path*/,
+                                   torch::nn::Module& block) {
   // Note [Streamed build]: the unit's layout as place() makes it (the block's trainable fp32
   // parameters in its order, each 16-element aligned; one already taken by an earlier block
   // belongs to that one), rank 0's values broadcast, this rank's chunk kept.

@@ -194,7 +194,7 @@ class FullyShardedSync final : public GradientSync, public models::BlockSink {
   // Note [Streamed build]: this rank's chunk of each block's trainable parameters, taken as the
   // block is built (a broadcast of rank 0's values; collective), its storage released.
   models::BlockSink* block_sink(torch::Device device) override;
-  void block_built(size_t index, torch::nn::Module& block) override;
+  void block_built(size_t index, const std::string& path, torch::nn::Module& block) override;
   bool forwards_are_collective() const override { return true; }
   void begin_forwards() override;
   void before_forward_only() override;

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 #include <set>
 #include <string>
@@ -119,6 +120,48 @@ TEST(StreamedBuild, ShardsAreTheWholeBuildsAndOneBlockIsWholeAtATime) {
       expect_no_errors(errors);
     }
   }
+}
+
+// model.init_from = one of our directories (the transformer family): each block is filled from
+// the file as it is built, then sharded. Every value comes from the file, so at 2 ranks too the
+// placed shards are those of the model built whole and loaded.
+TEST(StreamedBuild, InitFromOurDirectoryFillsEachBlockAsItIsBuilt) {
+  const auto tokenizer = data::make_char_tokenizer();
+  const std::string shape =
+      "[model]\narch = \"bert\"\ntask = \"pretrain\"\nhidden = 16\nlayers = 6\nheads = 2\n"
+      "ffn = 32\nmax_seq_length = 64\n";
+  const auto dir = std::filesystem::temp_directory_path() / "dnallm_streamed_build_init_from";
+  std::filesystem::remove_all(dir);
+  {  // the base: another seed, every weight moved off its initial value
+    auto base = models::build_model_for(parse_config(shape + "[training]\nseed = 3\n", "base"),
+                                        *tokenizer, models::BuildContext{});
+    torch::NoGradGuard no_grad;
+    for (auto& p : base->parameters()) p.add_(torch::randn_like(p) * 0.1);
+    models::export_live_model(base, dir.string());
+  }
+  const Config config =
+      parse_config(shape + fmt::format("init_from = \"{}\"\n[training]\nseed = 11\n", dir.string()),
+                   "init_from");
+  ASSERT_TRUE(models::streams_blocks(config));
+  const auto errors =
+      run_on_ranks(2, "streamed_init_from", [&](int rank, comm::Communicator& comm) {
+        auto whole = models::build_model_for(config, *tokenizer, models::BuildContext{});
+        FullyShardedSync whole_sync(comm, FullyShardedOptions{});
+        auto whole_flat = whole_sync.place(whole, trainable(whole), torch::kCPU);
+
+        FullyShardedSync sync(comm, FullyShardedOptions{});
+        models::BuildContext context;
+        context.blocks = sync.block_sink(torch::kCPU);
+        auto model = models::build_model_for(config, *tokenizer, context);
+        const BlockBytes built = block_bytes(model);
+        EXPECT_EQ(built.allocated, 0);
+        auto flat = sync.place(model, trainable(model), torch::kCPU);
+        EXPECT_TRUE(torch::equal(flat->params(), whole_flat->params())) << "rank " << rank;
+        EXPECT_EQ(sync.memory()->build_held_peak, built.largest);
+        EXPECT_EQ(sync.memory()->build_whole, built.total);
+      });
+  expect_no_errors(errors);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

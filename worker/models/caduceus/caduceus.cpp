@@ -312,7 +312,7 @@ CaduceusLMImpl::CaduceusLMImpl(CaduceusOptions options) : options_(std::move(opt
     torch::nn::Module unit;
     unit.register_module("mamba_fwd", fwd.back().ptr());
     if (o.bidirectional) unit.register_module("mamba_rev", rev.back().ptr());
-    block_built(size_t(i), unit);
+    block_built(size_t(i), "", unit);
   }
   norm_f_weight = register_parameter("norm_f_weight", torch::ones({o.d_model}));
   if (!o.rms_norm) norm_f_bias = register_parameter("norm_f_bias", torch::zeros({o.d_model}));

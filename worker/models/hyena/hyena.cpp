@@ -428,7 +428,8 @@ HyenaLMImpl::HyenaLMImpl(HyenaOptions options) : options_(std::move(options)) {
   auto layers = scope(*backbone, "layers");
   for (int64_t i = 0; i < o.n_layer; ++i) {
     blocks.push_back(layers->register_module(std::to_string(i), HyenaBlock(o)));
-    block_built(size_t(i), *blocks.back());  // Note [Streamed build]
+    block_built(size_t(i), "hyena.backbone.layers." + std::to_string(i) + ".",
+                *blocks.back());  // Note [Streamed build]
   }
   ln_f = backbone->register_module(
       "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model}).eps(o.layer_norm_eps)));

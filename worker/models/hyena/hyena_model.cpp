@@ -65,7 +65,8 @@ LanguageModel build(const Config& config, const data::Tokenizer& tokenizer,
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
   HyenaLM lm(nullptr);
   {
-    StreamedBuild streamed(context.blocks);  // Note [Streamed build]
+    // Note [Streamed build]: whole when it copies from another model below.
+    StreamedBuild streamed(config.model.init_from.empty() ? context.blocks : nullptr);
     lm = HyenaLM(options_from_config(config, tokenizer.vocab_size()));
   }
   if (!config.model.init_from.empty()) {  // one of our own HyenaDNA directories

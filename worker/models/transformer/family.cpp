@@ -2,12 +2,17 @@
 // RoBERTa-PreLN encoders and GPT-NeoX/Llama/our GPT decoders, built from [model], imported from
 // their Hugging Face layouts (hf_import.hpp) and exported to them (hf_export.hpp).
 #include <filesystem>
+#include <optional>
+#include <set>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
+#include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
 #include "core/host_memory.hpp"
 #include "worker/data/tokenizer.hpp"
+#include "worker/models/hf_directory.hpp"
 #include "worker/models/registry.hpp"
 #include "worker/models/transformer/hf_export.hpp"
 #include "worker/models/transformer/hf_import.hpp"
@@ -86,25 +91,44 @@ TransformerLM build_transformer(const Config& config, int64_t vocab_size,
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
   const int64_t lora_r = options.lora_r;
   options.lora_r = 0;  // load base weights first, then add adapters
-  TransformerLM model(nullptr);
-  {
-    StreamedBuild streamed(context.blocks);  // Note [Streamed build]
-    model = TransformerLM(options);
-  }
-  if (!config.model.init_from.empty()) {
-    const std::string path = config.model.init_from + "/model.safetensors";
+  // model.init_from = one of our directories: every tensor whose name and shape match, read
+  // one at a time (a fresh head stays fresh).
+  const bool from_dir = !config.model.init_from.empty();
+  const std::string path = config.model.init_from + "/model.safetensors";
+  std::optional<checkpoint::SafetensorsReader> reader;
+  if (from_dir) {
     DNALLM_CHECK(std::filesystem::exists(path), ExitCode::kUsage,
                  "model.init_from = \"{}\" has no model.safetensors: point it at an exported "
                  "final/ directory",
                  config.model.init_from);
-    auto weights = load_safetensors(path);
-    int64_t loaded = 0;
+    reader.emplace(path);  // the header checked (Note [Untrusted files])
+  }
+  int64_t loaded = 0;
+  std::set<const void*> filled;
+  auto fill = [&](const std::string& name, const torch::Tensor& p) {
+    const auto& tensors = reader->file().tensors;
+    auto it = tensors.find(name);
+    if (it == tensors.end()) return;
+    const auto& shape = it->second.spec.shape;
+    if (std::vector<int64_t>(shape.begin(), shape.end()) != p.sizes().vec()) return;
     torch::NoGradGuard no_grad;
+    p.copy_(read_finite_tensor(*reader, it->second, path, name));
+    filled.insert(p.unsafeGetTensorImpl());
+    ++loaded;
+  };
+  // Note [Streamed build]: under ZeRO-3 each block is filled as it is built, then sharded.
+  FillingSink filling(context.blocks, [&](const std::string& prefix, torch::nn::Module& block) {
+    for (const auto& p : block.named_parameters()) fill(prefix + p.key(), p.value());
+  });
+  TransformerLM model(nullptr);
+  {
+    StreamedBuild streamed(from_dir && context.blocks != nullptr ? &filling : context.blocks);
+    model = TransformerLM(options);
+  }
+  if (from_dir) {
     for (auto& [name, p] : model->named_weights()) {
-      auto it = weights.find(name);
-      if (it == weights.end() || it->second.sizes() != p.sizes()) continue;
-      p.copy_(it->second);
-      ++loaded;
+      // (a streamed block's parameters were filled and taken; their storage is gone)
+      if (filled.count(p.unsafeGetTensorImpl()) == 0 && p.storage().nbytes() > 0) fill(name, p);
     }
     DNALLM_CHECK(loaded > 0, ExitCode::kUsage,
                  "model.init_from = \"{}\": no tensor matches this model's names and shapes",

@@ -569,7 +569,9 @@ TransformerLMImpl::TransformerLMImpl(ModelOptions options) : options_(std::move(
   auto layer = holder(*encoder, "layer");
   for (int64_t i = 0; i < o.layers; ++i) {
     blocks_.push_back(layer->register_module(std::to_string(i), Block(o)));
-    block_built(size_t(i), *blocks_.back());  // Note [Streamed build]
+    // Note [Streamed build]
+    block_built(size_t(i), root_name() + ".encoder.layer." + std::to_string(i) + ".",
+                *blocks_.back());
   }
   if (o.rms_norm) {
     rms_final_ =
