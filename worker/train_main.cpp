@@ -84,7 +84,7 @@ int train_in_group(Config& config, const WorkerEnv& env, const cluster::Topology
   train::check_base_tokenizer(config, tokenizer_json);
   train::ResumePoint resume =
       train::open_resume_point(config, tokenizer_json, data_world, owns_dir);
-  auto model = train::make_model(config, *tokenizer, *sync);
+  auto model = train::make_model(config, *tokenizer, *sync, resume);
   auto context = parallel::make_context_mesh(config, group.comm.get(), *model);
   // training.batch_size = "auto": before the loaders, which take the micro-batch size.
   train::resolve_auto_batch(config, model, *sync, topo.local_world_size);

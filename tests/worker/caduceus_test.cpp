@@ -12,8 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/config.hpp"
 #include "core/error.hpp"
+#include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/caduceus_model.hpp"
+#include "worker/models/registry.hpp"
 #include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models::caduceus {
@@ -101,6 +104,85 @@ TEST(Caduceus, ExportIsTheLayoutItCameInAndLoadsBackExactly) {
     torch::NoGradGuard no_grad;
     EXPECT_TRUE(torch::equal(model->forward(ids), again->forward(ids)));
     if (keep == nullptr || *keep == '\0') fs::remove_all(out);
+  }
+}
+
+// Note [Caduceus tied head]: a Caduceus-PS masked LM's head is the embedding matrix, as the hub
+// code ties it on load (RCPSLMHead.set_weight), so what we train is what the exported model
+// computes; Caduceus-Ph keeps its own head and its export says tie_word_embeddings = false, so
+// that transformers 4 does not tie it either. A PS run resumed from a checkpoint with its own
+// head_weight (before the tie) keeps it, and so does a directory we exported then.
+TEST(Caduceus, RcpsMaskedLmHeadIsTheEmbeddingAsTheHubTiesIt) {
+  const auto tokenizer = data::make_char_tokenizer();
+  const auto ids = torch::tensor({{5, 6, 7, 8, 9, 6, 7, 5}}, torch::kLong);
+  auto lm_of = [](LanguageModel& model) {
+    auto* m = dynamic_cast<CaduceusModelImpl*>(model.get());
+    EXPECT_NE(m, nullptr);
+    return m->lm();
+  };
+  auto has_parameter = [](LanguageModel& model, const std::string& name) {
+    for (const auto& p : model->named_parameters()) {
+      if (p.key() == name) return true;
+    }
+    return false;
+  };
+  for (const std::string arch : {"caduceus", "caduceus-ps"}) {
+    SCOPED_TRACE(arch);
+    const bool rcps = arch == "caduceus-ps";
+    const Config config = parse_config(
+        "[model]\narch = \"" + arch + "\"\ntask = \"pretrain\"\nhidden = 16\nlayers = 2\n", "tied");
+    auto model = build_model_for(config, *tokenizer, BuildContext{});
+    auto lm = lm_of(model);
+    EXPECT_EQ(has_parameter(model, "head_weight"), !rcps);
+    EXPECT_EQ(lm->head().unsafeGetTensorImpl() == lm->word_embeddings->weight.unsafeGetTensorImpl(),
+              rcps);
+    // A tied head's gradient lands in the embedding.
+    lm->forward(ids).logsumexp(-1).sum().backward();
+    ASSERT_TRUE(lm->word_embeddings->weight.grad().defined());
+    torch::NoGradGuard no_grad;
+    if (!rcps) lm->head_weight.add_(1.0);  // apart from the embedding, as after training
+    const auto logits = lm->forward(ids);
+
+    const fs::path dir = fs::temp_directory_path() / ("dnallm_caduceus_tied_" + arch);
+    fs::remove_all(dir);
+    ASSERT_TRUE(export_hf_directory(model, *tokenizer, (dir / "hf").string(), "",
+                                    whole_model_units(), true));
+    const auto hub = load_safetensors((dir / "hf" / "model.safetensors").string());
+    const std::string head = rcps ? "lm_head.lm_head.weight" : "lm_head.weight";
+    const std::string emb = std::string("caduceus.backbone.embeddings.word_embeddings") +
+                            (rcps ? ".embedding" : "") + ".weight";
+    ASSERT_EQ(hub.count(head), 1u);
+    EXPECT_EQ(torch::equal(hub.at(head), hub.at(emb)), rcps);
+    const auto hub_config = nlohmann::json::parse(std::ifstream(dir / "hf" / "config.json"));
+    EXPECT_EQ(hub_config.at("tie_word_embeddings"), rcps);
+    EXPECT_TRUE(torch::equal(load_hf_caduceus((dir / "hf").string())->forward(ids), logits));
+
+    export_live_model(model, (dir / "ours").string());
+    auto again = load_exported_model((dir / "ours").string());
+    EXPECT_EQ(has_parameter(again, "head_weight"), !rcps);
+    EXPECT_TRUE(torch::equal(lm_of(again)->forward(ids), logits));
+    if (!rcps) {
+      fs::remove_all(dir);
+      continue;
+    }
+    // Resumed from before the tie: its own head, kept through our export, whose config.json
+    // says so (and one from before the tie, with no such key, reads as untied).
+    BuildContext resumed;
+    resumed.resumed_parameters = {"head_weight", "word_embeddings.weight"};
+    auto untied = build_model_for(config, *tokenizer, resumed);
+    ASSERT_TRUE(has_parameter(untied, "head_weight"));
+    lm_of(untied)->head_weight.add_(1.0);
+    const auto untied_logits = lm_of(untied)->forward(ids);
+    export_live_model(untied, (dir / "untied").string());
+    const fs::path config_path = dir / "untied" / "config.json";
+    auto untied_config = nlohmann::json::parse(std::ifstream(config_path));
+    EXPECT_EQ(untied_config.at("tie_word_embeddings"), false);
+    untied_config.erase("tie_word_embeddings");
+    std::ofstream(config_path) << untied_config.dump();
+    auto old = load_exported_model((dir / "untied").string());
+    ASSERT_TRUE(has_parameter(old, "head_weight"));
+    EXPECT_TRUE(torch::equal(lm_of(old)->forward(ids), untied_logits));
+    fs::remove_all(dir);
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,9 @@ struct BuildContext {
   // null: built whole. Set only where nothing reads the whole model before placement
   // (streams_blocks()); a family's build installs it around its constructor alone.
   BlockSink* blocks = nullptr;
+  // The trainable parameters of the checkpoint this run resumes (its layout's names); empty
+  // for a fresh run. A family keeps a layout it has since changed (Note [Caduceus tied head]).
+  std::set<std::string> resumed_parameters;
 };
 
 // Note [Streamed build]: whether `config` builds a model that nothing reads whole before

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/dir_lock.hpp"
+#include "checkpoint/train_state.hpp"
 #include "coordinator/commit_registry.hpp"
 #include "core/error.hpp"
 #include "core/host_memory.hpp"
@@ -46,8 +47,13 @@ ResumePoint open_resume_point(Config& config, const nlohmann::json& tokenizer, i
 }
 
 models::LanguageModel make_model(const Config& config, const data::Tokenizer& tokenizer,
-                                 parallel::GradientSync& sync) {
+                                 parallel::GradientSync& sync, const ResumePoint& resume) {
   auto context = build_context(config);
+  if (resume.checkpoint) {
+    for (const auto& e : checkpoint::read_train_state(*resume.checkpoint).layout) {
+      context.resumed_parameters.insert(e.name);
+    }
+  }
   if (models::streams_blocks(config)) {
     context.blocks = sync.block_sink(pick_device(config.training.device));
   }

@@ -45,9 +45,10 @@ ResumePoint open_resume_point(Config& config, const nlohmann::json& tokenizer, i
 
 // The model of `config`: imported from a transformers directory (model.init_from), else built
 // (and initialised from an exported directory when model.init_from names one). A fresh build
-// hands its blocks to `sync`'s sink as they are built (Note [Streamed build]).
+// hands its blocks to `sync`'s sink as they are built (Note [Streamed build]); a resumed run's
+// family sees the checkpoint's parameter names (BuildContext::resumed_parameters).
 models::LanguageModel make_model(const Config& config, const data::Tokenizer& tokenizer,
-                                 parallel::GradientSync& sync);
+                                 parallel::GradientSync& sync, const ResumePoint& resume);
 
 // The evaluation batches when training.eval_steps > 0 and there is evaluation data; null
 // otherwise (warns when eval_steps asks for data that is not there).

@@ -316,8 +316,11 @@ CaduceusLMImpl::CaduceusLMImpl(CaduceusOptions options) : options_(std::move(opt
   }
   norm_f_weight = register_parameter("norm_f_weight", torch::ones({o.d_model}));
   if (!o.rms_norm) norm_f_bias = register_parameter("norm_f_bias", torch::zeros({o.d_model}));
-  head_weight = register_parameter(
-      "head_weight", torch::randn({o.classifier ? o.num_labels : o.vocab_size, o.d_model}) * 0.02);
+  if (!o.tied_head()) {  // Note [Caduceus tied head]
+    head_weight = register_parameter(
+        "head_weight",
+        torch::randn({o.classifier ? o.num_labels : o.vocab_size, o.d_model}) * 0.02);
+  }
   complement = register_buffer("complement", complement_table(o));
 }
 
@@ -431,28 +434,26 @@ Tensor CaduceusLMImpl::forward(const Tensor& input_ids) {
   const auto& o = options_;
   const int64_t d = o.d_model;
   auto h = hidden(input_ids);
+  const Tensor& w = head();  // Note [Caduceus tied head]
   if (!o.classifier) {
-    if (!o.rcps) return torch::nn::functional::linear(h, head_weight);
-    return torch::nn::functional::linear(h.slice(-1, 0, d), head_weight) +
-           torch::nn::functional::linear(h.slice(-1, d).flip({-1}),
-                                         head_weight.index({complement}));
+    if (!o.rcps) return torch::nn::functional::linear(h, w);
+    return torch::nn::functional::linear(h.slice(-1, 0, d), w) +
+           torch::nn::functional::linear(h.slice(-1, d).flip({-1}), w.index({complement}));
   }
   if (context) {
     // Note [Context-parallel pooling]: the mean over every position of the whole sequence
     // (the padding the mesh adds included, as the reference includes a batch's padding), both
     // RCPS halves in one sum; the RC half's channels flipped back after the mean.
     const auto pooled = parallel::context_mean_pool(h, torch::Tensor(), *context->group);
-    if (!o.rcps) return torch::nn::functional::linear(pooled, head_weight);
-    return (torch::nn::functional::linear(pooled.slice(-1, 0, d), head_weight) +
-            torch::nn::functional::linear(pooled.slice(-1, d).flip({-1}), head_weight)) /
+    if (!o.rcps) return torch::nn::functional::linear(pooled, w);
+    return (torch::nn::functional::linear(pooled.slice(-1, 0, d), w) +
+            torch::nn::functional::linear(pooled.slice(-1, d).flip({-1}), w)) /
            2;
   }
-  if (!o.rcps) return torch::nn::functional::linear(h.mean(1), head_weight);
+  if (!o.rcps) return torch::nn::functional::linear(h.mean(1), w);
   // RCPS: the forward half and the RC half (flipped back) pooled apart, their logits averaged.
   const auto pf = h.slice(-1, 0, d).mean(1), pr = h.slice(-1, d).flip({1, 2}).mean(1);
-  return (torch::nn::functional::linear(pf, head_weight) +
-          torch::nn::functional::linear(pr, head_weight)) /
-         2;
+  return (torch::nn::functional::linear(pf, w) + torch::nn::functional::linear(pr, w)) / 2;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -464,6 +465,18 @@ int64_t int_key(const json& c, const std::string& key, int64_t fallback, int64_t
                 const std::string& where) {
   return family_int(c, key, fallback, lo, hi, where, "Caduceus");
 }
+
+}  // namespace
+
+bool tie_word_embeddings(const json& c, bool fallback, const std::string& where) {
+  if (!c.contains("tie_word_embeddings")) return fallback;
+  DNALLM_CHECK(c["tie_word_embeddings"].is_boolean(), ExitCode::kUsage,
+               "{}: tie_word_embeddings = {} is not true or false", where,
+               clip_for_message(c["tie_word_embeddings"].dump()));
+  return c["tie_word_embeddings"].get<bool>();
+}
+
+namespace {
 
 CaduceusOptions options_from(const json& c, const std::string& where) {
   CaduceusOptions o;
@@ -490,6 +503,8 @@ CaduceusOptions options_from(const json& c, const std::string& where) {
   }
   o.rms_norm = c.value("rms_norm", true);
   o.rcps = c.value("rcps", false);
+  // Note [Caduceus tied head]: CaduceusForMaskedLM ties an RCPS head whatever the config says.
+  o.tie_head = o.rcps || tie_word_embeddings(c, false, where);
   o.bidirectional = c.value("bidirectional", true);
   DNALLM_CHECK(c.value("bidirectional_strategy", std::string("add")) == "add", ExitCode::kUsage,
                "{}: bidirectional_strategy {} is not supported: \"add\" (every published model)",
@@ -524,14 +539,23 @@ CaduceusOptions options_from(const json& c, const std::string& where) {
   return o;
 }
 
+// The task head's name in the Hugging Face layout.
+std::string hf_head_name(const CaduceusOptions& o) {
+  return o.classifier ? "score.weight" : (o.rcps ? "lm_head.lm_head.weight" : "lm_head.weight");
+}
+
+std::string hf_embedding_name(const CaduceusOptions& o) {
+  return std::string("caduceus.backbone.embeddings.word_embeddings") +
+         (o.rcps ? ".embedding" : "") + ".weight";
+}
+
 // name in the Hugging Face layout -> the tensor it fills.
 std::map<std::string, Tensor> hf_names(CaduceusLMImpl& m) {
   const auto& o = m.options();
   const std::string sub = o.rcps ? ".submodule" : "";
   std::map<std::string, Tensor> out;
   const std::string bb = "caduceus.backbone.";
-  out[bb + "embeddings.word_embeddings" + (o.rcps ? ".embedding" : "") + ".weight"] =
-      m.word_embeddings->weight;
+  out[hf_embedding_name(o)] = m.word_embeddings->weight;
   for (int64_t i = 0; i < o.n_layer; ++i) {
     const std::string l = bb + "layers." + std::to_string(i) + ".";
     out[l + "norm" + sub + ".weight"] = m.norm_weight[i];
@@ -554,8 +578,8 @@ std::map<std::string, Tensor> hf_names(CaduceusLMImpl& m) {
   }
   out[bb + "norm_f" + sub + ".weight"] = m.norm_f_weight;
   if (!o.rms_norm) out[bb + "norm_f" + sub + ".bias"] = m.norm_f_bias;
-  out[o.classifier ? "score.weight" : (o.rcps ? "lm_head.lm_head.weight" : "lm_head.weight")] =
-      m.head_weight;
+  // Note [Caduceus tied head]: a tied head is the embedding, read and written under its name.
+  if (!o.tied_head()) out[hf_head_name(o)] = m.head_weight;
   return out;
 }
 
@@ -603,7 +627,8 @@ CaduceusLM load_hf_caduceus(const std::string& dir) {
         name.find(tied) != std::string::npos && (name.find(".in_proj.") != std::string::npos ||
                                                  name.find(".out_proj.") != std::string::npos);
     if (rev_projection) continue;  // tied to mamba_fwd's (Note [Caduceus])
-    if (!o.classifier && name == "lm_head.weight" && o.rcps) continue;
+    // Note [Caduceus tied head]: a tied head is the embedding (the hub code ties it on load).
+    if (o.tied_head() && (name == "lm_head.weight" || name == "lm_head.lm_head.weight")) continue;
     auto it = expected.find(name);
     DNALLM_CHECK(it != expected.end(), ExitCode::kUsage,
                  "{}: unexpected tensor {} for this config.json (n_layer {}, rcps {}): the "
@@ -617,12 +642,11 @@ CaduceusLM load_hf_caduceus(const std::string& dir) {
     it->second.copy_(t);
     loaded.insert(name);
   }
-  // The published masked LMs tie lm_head to the embedding and may store it under one name.
+  // An untied head missing from the file starts as the embedding.
   for (const auto& [name, t] : expected) {
     if (loaded.count(name) != 0) continue;
     const bool head = name == "lm_head.weight" || name == "lm_head.lm_head.weight";
-    const std::string emb = std::string("caduceus.backbone.embeddings.word_embeddings") +
-                            (o.rcps ? ".embedding" : "") + ".weight";
+    const std::string emb = hf_embedding_name(o);
     DNALLM_CHECK(head && loaded.count(emb) != 0, ExitCode::kUsage,
                  "{}: tensor {} is missing: the download is incomplete or of another model",
                  weights, name);
@@ -651,6 +675,7 @@ json hf_config_of(const CaduceusOptions& o) {
                  {"bidirectional_strategy", "add"},
                  {"bidirectional_weight_tie", true},
                  {"rcps", o.rcps},
+                 {"tie_word_embeddings", o.tie_head},
                  {"pad_token_id", 4}};
   if (!o.complement.empty()) {
     json map = json::object();
@@ -676,6 +701,14 @@ std::vector<ExportedTensor> hf_tensors(CaduceusLM& model, const Tensor& compleme
           tensors.back(), name.substr(0, fwd) + ".mamba_rev." + name.substr(fwd + 11)));
     }
   }
+  if (o.tied_head()) {  // Note [Caduceus tied head]: the hub files hold it under its own name
+    for (const auto& t : tensors) {
+      if (t.name == hf_embedding_name(o)) {
+        tensors.push_back(renamed_tensor(t, hf_head_name(o)));
+        break;
+      }
+    }
+  }
   if (o.rcps) {  // RCPSEmbedding's and RCPSLMHead's buffers, as the hub code saves them
     tensors.push_back(
         live_tensor("caduceus.backbone.embeddings.word_embeddings.complement_map", complement));
@@ -686,6 +719,8 @@ std::vector<ExportedTensor> hf_tensors(CaduceusLM& model, const Tensor& compleme
 
 json hf_export_config(const CaduceusOptions& o) {
   json config = o.hf_config.is_null() ? hf_config_of(o) : o.hf_config;
+  // Note [Caduceus tied head]: said, so that transformers 4 and 5 compute the same head.
+  config["tie_word_embeddings"] = o.tie_head;
   if (!config.contains("auto_map")) {
     config["auto_map"] = {{"AutoConfig", "configuration_caduceus.CaduceusConfig"},
                           {"AutoModel", "modeling_caduceus.Caduceus"},

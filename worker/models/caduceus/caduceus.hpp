@@ -52,7 +52,19 @@ struct CaduceusOptions {
   std::vector<int64_t> complement;  // token id -> its complement's id (RCPS)
   bool classifier = false;
   int64_t num_labels = 2;
+  // Note [Caduceus tied head]: an RCPS masked LM's lm_head IS the word-embedding matrix, as the
+  // hub code ties it on load whatever the config says (CaduceusForMaskedLM.tie_weights ->
+  // RCPSLMHead.set_weight; the Caduceus-PS fixture's reference logits use the embedding). Not
+  // RCPS, the hub code defers to transformers, and transformers 5 ties nothing there (the
+  // Caduceus-Ph fixture's lm_head is its own), so Caduceus-Ph keeps a separate head unless its
+  // config.json says tie_word_embeddings = true; our exports write the key, so that
+  // transformers 4 (which ties when it is absent) computes the same. false for RCPS: a
+  // Caduceus-PS trained before the tie, resumed or loaded with the head_weight it has.
+  bool tie_head = false;
   nlohmann::json hf_config;  // the imported config.json (export writes it back)
+
+  // Whether lm_head is the embedding (a masked LM with tie_head).
+  bool tied_head() const { return !classifier && tie_head; }
 
   int64_t d_inner() const { return expand * d_model; }
 };
@@ -142,7 +154,12 @@ class CaduceusLMImpl : public torch::nn::Module {
   std::vector<Mamba> fwd, rev;
   std::vector<torch::Tensor> norm_weight, norm_bias;  // per layer; bias undefined for RMSNorm
   torch::Tensor norm_f_weight, norm_f_bias;
-  torch::Tensor head_weight;                // lm_head [vocab, d] or score [labels, d]
+  // lm_head [vocab, d] or score [labels, d]; undefined when options().tied_head(): head() is
+  // then the embedding's weight (Note [Caduceus tied head]).
+  torch::Tensor head_weight;
+  const torch::Tensor& head() const {
+    return options_.tied_head() ? word_embeddings->weight : head_weight;
+  }
   torch::Tensor complement;                 // int64 [vocab] (RCPS)
   std::shared_ptr<BlockHooks> block_hooks;  // Note [Block hooks]: around mixer i (null: none)
   // Note [Caduceus activation checkpointing]: in training with gradients, each mixer's
@@ -173,6 +190,9 @@ std::vector<std::string> hf_module_names(const CaduceusOptions& o, const std::st
 // A config.json of Caduceus' layout (d_model, n_layer, vocab_size, ssm_cfg, rms_norm, rcps,
 // bidirectional, complement_map, ...) as options; a value we do not compute is exit 2.
 CaduceusOptions options_from_hf_config(const nlohmann::json& config, const std::string& where);
+
+// config.json's tie_word_embeddings, `fallback` where it has none; not a boolean is exit 2.
+bool tie_word_embeddings(const nlohmann::json& config, bool fallback, const std::string& where);
 
 // A Hugging Face Caduceus directory (config.json of model_type "caduceus", model.safetensors).
 // A missing or unexpected tensor, a shape that disagrees with config.json: exit 2 naming it.

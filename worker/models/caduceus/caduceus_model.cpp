@@ -76,6 +76,9 @@ LanguageModel build(const Config& config, const data::Tokenizer& tokenizer,
   if (o.rcps) o.complement = complement_of(tokenizer, o.vocab_size);
   o.classifier = m.task == cfg::Task::kClassification;
   o.num_labels = m.num_labels;
+  // Note [Caduceus tied head]: RCPS ties, except a run from before the tie, resumed with its
+  // own head.
+  o.tie_head = o.rcps && context.resumed_parameters.count("head_weight") == 0;
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
   CaduceusLM lm(nullptr);
   {
@@ -104,8 +107,8 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
   torch::NoGradGuard no_grad;
   lm->word_embeddings->weight.copy_(
       gather_rows(theirs->word_embeddings->weight, map, lm->word_embeddings->weight));
-  if (!o.classifier && !t.classifier) {
-    lm->head_weight.copy_(gather_rows(theirs->head_weight, map, lm->head_weight));
+  if (!o.classifier && !t.classifier && !o.tied_head()) {  // (a tied head is the embedding)
+    lm->head_weight.copy_(gather_rows(theirs->head(), map, lm->head_weight));
   }
   spdlog::info(
       "initialised {} tensors from the Caduceus checkpoint {} (embedding rows in our "
@@ -115,7 +118,7 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
   model->vocab_map = map;
   model->source_options = t;
   model->source_embedding = theirs->word_embeddings->weight.detach().clone();
-  if (!t.classifier) model->source_head = theirs->head_weight.detach().clone();
+  if (!t.classifier && !t.tied_head()) model->source_head = theirs->head_weight.detach().clone();
   configure(*model, config);
   return model;
 }
@@ -127,6 +130,9 @@ LanguageModel load_exported(const std::string& dir, const nlohmann::json& c) {
   DNALLM_CHECK(task != Task::kRegression, ExitCode::kUsage,
                "{}: a Caduceus model has no regression head", where);
   o.classifier = task == Task::kClassification;
+  // Note [Caduceus tied head]: our directories say whether the head is the embedding; those
+  // from before the tie do not, and hold a separate head_weight.
+  o.tie_head = tie_word_embeddings(c, false, where);
   if (o.classifier) {
     o.num_labels = family_int(c, "num_labels", 2, 1, int64_t{1} << 16, where, "Caduceus");
   }
@@ -148,15 +154,22 @@ std::optional<HfExport> hf_export(LanguageModel& model, const data::Tokenizer& /
   // LoRA: the hub layout holds the merged weights (computed one linear at a time).
   const LiveWeights live(*lm, /*merge_adapters=*/true);
   CaduceusOptions o = lm->options();
+  if (o.rcps && !o.classifier && !o.tie_head) {
+    spdlog::warn(
+        "this Caduceus-PS masked LM has its own lm_head (trained before Note [Caduceus tied "
+        "head]), but the hub code ties an RCPS head to the embedding on load: the exported "
+        "model will compute with the embedding as its head");
+  }
   WeightReader weight = live;
   torch::Tensor complement = lm->complement;
   if (!m->vocab_map.empty()) {
     // Note [Character vocabularies]: back to the checkpoint's token order and complement map.
     o = hub_options(m->source_options, lm->options(), "CaduceusForSequenceClassification",
                     "CaduceusForMaskedLM");
-    weight =
-        vocabulary_scatter(live, m->vocab_map, lm->word_embeddings->weight, m->source_embedding,
-                           o.classifier ? torch::Tensor() : lm->head_weight, m->source_head);
+    weight = vocabulary_scatter(
+        live, m->vocab_map, lm->word_embeddings->weight, m->source_embedding,
+        o.classifier || lm->options().tied_head() ? torch::Tensor() : lm->head_weight,
+        m->source_head);
     complement = complement_table(o);
   }
   return hub_layout_export(hf_tensors(lm, complement, weight), hf_export_config(o), source_dir,
