@@ -384,6 +384,13 @@ TEST(Caduceus, DamagedDirectoriesAreOneLineRefusals) {
                "bidirectional_strategy");
   expect_usage([](auto& c) { c["complement_map"]["7"] = 99; }, "complement_map entry");
   expect_usage([](auto& c) { c["ssm_cfg"]["d_state"] = 5; }, "has shape");
+  // A value of the wrong JSON type names its key (it was an "internal error" from the JSON
+  // library before).
+  expect_usage([](auto& c) { c["rcps"] = "yes"; }, "\"rcps\" = \"yes\" is not true or false");
+  expect_usage([](auto& c) { c["rms_norm"] = 1; }, "\"rms_norm\" = 1 is not true or false");
+  expect_usage([](auto& c) { c["bidirectional_strategy"] = 7; },
+               "\"bidirectional_strategy\" = 7 is not a string");
+  expect_usage([](auto& c) { c["tie_word_embeddings"] = "true"; }, "tie_word_embeddings");
 }
 
 }  // namespace

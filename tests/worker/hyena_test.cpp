@@ -271,6 +271,9 @@ TEST(Hyena, DamagedDirectoriesAreOneLineRefusals) {
   expect_usage(damaged_copy("width", [](auto& c) { c["d_model"] = 0; }), "d_model");
   expect_usage(damaged_copy("emb", [](auto& c) { c["emb_dim"] = 4; }), "emb_dim");
   expect_usage(damaged_copy("inner", [](auto& c) { c["d_inner"] = 48; }), "has shape");
+  // The wrong JSON type names its key (an "internal error" from the JSON library before).
+  expect_usage(damaged_copy("freq", [](auto& c) { c["train_freq"] = "yes"; }),
+               "\"train_freq\" = \"yes\" is not true or false");
   auto no_weights = damaged_copy("bin", [](auto&) {});
   fs::rename(no_weights + "/model.safetensors", no_weights + "/pytorch_model.bin");
   expect_usage(no_weights, "safetensors only");

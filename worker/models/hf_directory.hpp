@@ -33,14 +33,40 @@ inline nlohmann::json read_directory_json(const std::string& path, const char* h
   return c;
 }
 
+// Whether `c` is an object whose "model_type" is the string `model_type`.
+inline bool has_model_type(const nlohmann::json& c, const std::string& model_type) {
+  return c.is_object() && c.contains("model_type") && c["model_type"].is_string() &&
+         c["model_type"].get<std::string>() == model_type;
+}
+
 // <dir>/config.json (read_directory_json) whose model_type is `model_type`; else Error(kUsage).
 inline nlohmann::json read_family_config(const std::string& dir, const std::string& model_type,
                                          const std::string& family) {
   const std::string path = dir + "/config.json";
   auto c = read_directory_json(path, "a model directory holds config.json");
-  DNALLM_CHECK(c.value("model_type", std::string()) == model_type, ExitCode::kUsage,
+  DNALLM_CHECK(has_model_type(c, model_type), ExitCode::kUsage,
                "{}: not a {} config (model_type is not \"{}\")", path, family, model_type);
   return c;
+}
+
+// `c[key]` as true or false, or `fallback` when absent or null; else Error(kUsage) (a
+// downloaded config.json is untrusted: a wrong type is a refusal naming the key, not an
+// internal error).
+inline bool family_bool(const nlohmann::json& c, const std::string& key, bool fallback,
+                        const std::string& where) {
+  if (!c.contains(key) || c[key].is_null()) return fallback;
+  DNALLM_CHECK(c[key].is_boolean(), ExitCode::kUsage, "{}: \"{}\" = {} is not true or false", where,
+               key, clip_for_message(c[key].dump()));
+  return c[key].get<bool>();
+}
+
+// `c[key]` as a string, or `fallback` when absent or null; else Error(kUsage).
+inline std::string family_string(const nlohmann::json& c, const std::string& key,
+                                 const std::string& fallback, const std::string& where) {
+  if (!c.contains(key) || c[key].is_null()) return fallback;
+  DNALLM_CHECK(c[key].is_string(), ExitCode::kUsage, "{}: \"{}\" = {} is not a string", where, key,
+               clip_for_message(c[key].dump()));
+  return c[key].get<std::string>();
 }
 
 // `c[key]` as an integer in [lo, hi], or `fallback` when absent or null; else Error(kUsage).

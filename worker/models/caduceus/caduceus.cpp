@@ -469,11 +469,7 @@ int64_t int_key(const json& c, const std::string& key, int64_t fallback, int64_t
 }  // namespace
 
 bool tie_word_embeddings(const json& c, bool fallback, const std::string& where) {
-  if (!c.contains("tie_word_embeddings")) return fallback;
-  DNALLM_CHECK(c["tie_word_embeddings"].is_boolean(), ExitCode::kUsage,
-               "{}: tie_word_embeddings = {} is not true or false", where,
-               clip_for_message(c["tie_word_embeddings"].dump()));
-  return c["tie_word_embeddings"].get<bool>();
+  return family_bool(c, "tie_word_embeddings", fallback, where);
 }
 
 namespace {
@@ -501,15 +497,16 @@ CaduceusOptions options_from(const json& c, const std::string& where) {
                  "Mamba defaults)",
                  where, key, ssm.contains(key) ? ssm[key].dump() : "");
   }
-  o.rms_norm = c.value("rms_norm", true);
-  o.rcps = c.value("rcps", false);
+  o.rms_norm = family_bool(c, "rms_norm", true, where);
+  o.rcps = family_bool(c, "rcps", false, where);
   // Note [Caduceus tied head]: CaduceusForMaskedLM ties an RCPS head whatever the config says.
-  o.tie_head = o.rcps || tie_word_embeddings(c, false, where);
-  o.bidirectional = c.value("bidirectional", true);
-  DNALLM_CHECK(c.value("bidirectional_strategy", std::string("add")) == "add", ExitCode::kUsage,
+  const bool tie = tie_word_embeddings(c, false, where);  // (read, so a damaged value refuses)
+  o.tie_head = o.rcps || tie;
+  o.bidirectional = family_bool(c, "bidirectional", true, where);
+  DNALLM_CHECK(family_string(c, "bidirectional_strategy", "add", where) == "add", ExitCode::kUsage,
                "{}: bidirectional_strategy {} is not supported: \"add\" (every published model)",
                where, c.value("bidirectional_strategy", json()).dump());
-  DNALLM_CHECK(c.value("bidirectional_weight_tie", true), ExitCode::kUsage,
+  DNALLM_CHECK(family_bool(c, "bidirectional_weight_tie", true, where), ExitCode::kUsage,
                "{}: bidirectional_weight_tie = false is not supported (every published model ties)",
                where);
   if (c.contains("norm_epsilon") && c["norm_epsilon"].is_number()) {

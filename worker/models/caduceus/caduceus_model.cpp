@@ -126,7 +126,7 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
 LanguageModel load_exported(const std::string& dir, const nlohmann::json& c) {
   const std::string where = dir + "/config.json";
   CaduceusOptions o = options_from_hf_config(c, where);
-  const auto task = task_from_name(c.value("task", std::string("pretrain")), where);
+  const auto task = task_from_name(family_string(c, "task", "pretrain", where), where);
   DNALLM_CHECK(task != Task::kRegression, ExitCode::kUsage,
                "{}: a Caduceus model has no regression head", where);
   o.classifier = task == Task::kClassification;
@@ -176,9 +176,7 @@ std::optional<HfExport> hf_export(LanguageModel& model, const data::Tokenizer& /
                            "Caduceus");
 }
 
-bool recognises_hf(const nlohmann::json& c) {
-  return c.is_object() && c.value("model_type", std::string()) == "caduceus";
-}
+bool recognises_hf(const nlohmann::json& c) { return has_model_type(c, "caduceus"); }
 
 }  // namespace
 

@@ -80,7 +80,7 @@ HyenaOptions options_from_hf_config(const json& c, const std::string& where) {
   o.activation_freq = number_key(c, "activation_freq", 1.0, where);
   o.layer_norm_eps = number_key(c, "layer_norm_epsilon", 1e-5, where);
   o.pad_token_id = int_key(c, "pad_token_id", 4, 0, o.padded_vocab() - 1, where);
-  DNALLM_CHECK(c.value("train_freq", true), ExitCode::kUsage,
+  DNALLM_CHECK(family_bool(c, "train_freq", true, where), ExitCode::kUsage,
                "{}: \"train_freq\" = false is not supported (every published model trains it)",
                where);
   return o;

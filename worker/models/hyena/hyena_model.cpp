@@ -129,7 +129,7 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
 LanguageModel load_exported(const std::string& dir, const nlohmann::json& c) {
   const std::string where = dir + "/config.json";
   HyenaOptions o = options_from_hf_config(c, where);
-  const auto task = task_from_name(c.value("task", std::string("pretrain")), where);
+  const auto task = task_from_name(family_string(c, "task", "pretrain", where), where);
   DNALLM_CHECK(task != Task::kRegression, ExitCode::kUsage,
                "{}: a HyenaDNA model has no regression head", where);
   o.classifier = task == Task::kClassification;
@@ -168,9 +168,7 @@ std::optional<HfExport> hf_export(LanguageModel& model, const data::Tokenizer& /
                            "HyenaDNA");
 }
 
-bool recognises_hf(const nlohmann::json& c) {
-  return c.is_object() && c.value("model_type", std::string()) == "hyenadna";
-}
+bool recognises_hf(const nlohmann::json& c) { return has_model_type(c, "hyenadna"); }
 
 }  // namespace
 
