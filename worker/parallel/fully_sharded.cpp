@@ -23,6 +23,19 @@ constexpr int64_t kAlign = 16;  // elements: each parameter starts 64 bytes in, 
 
 int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
+// Each of `params`' offset in its unit's flat buffer (16-element aligned, in order) and the
+// buffer's length: the one layout of a unit's trainable and of its frozen parameters, and what
+// the streamed build lays out before place() (Note [Streamed build]).
+int64_t aligned_offsets(const std::vector<torch::Tensor>& params, std::vector<int64_t>& offsets) {
+  offsets.clear();
+  int64_t n = 0;
+  for (const auto& p : params) {
+    offsets.push_back(n);
+    n += align_up(p.numel());
+  }
+  return n;
+}
+
 // Note [Fully sharded]: a gathered buffer's storage goes to 0 bytes and comes back in place,
 // so every view (the parameters, what autograd saved) follows it.
 void release_storage(const torch::Tensor& t) {
@@ -87,6 +100,18 @@ double FullyShardedSync::sum_scalar(double value) {
   return v;
 }
 
+torch::Tensor FullyShardedSync::broadcast_packed(const std::vector<torch::Tensor>& params,
+                                                 const std::vector<int64_t>& offsets, int64_t chunk,
+                                                 torch::TensorOptions options) {
+  const int64_t padded = chunk * comm_.world_size();
+  auto buffer = torch::zeros({padded}, options);
+  for (size_t k = 0; k < params.size(); ++k) {
+    buffer.narrow(0, offsets[k], params[k].numel()).copy_(params[k].detach().reshape({-1}));
+  }
+  if (padded > 0) comm_.broadcast(view_of(buffer, 0, padded), 0)->wait();
+  return buffer;
+}
+
 models::BlockSink* FullyShardedSync::block_sink(torch::Device device) {
   build_device_ = device;
   return this;
@@ -102,24 +127,18 @@ void FullyShardedSync::block_built(size_t index, const std::string& /*path*/,
                "internal: block {} built with {} streamed before it", index, streamed_.size());
   const int world = comm_.world_size(), rank = comm_.rank();
   Streamed s;
-  std::vector<int64_t> offsets;
-  int64_t n = 0;
   for (const auto& p : block.parameters()) {
     if (!p.requires_grad() || p.scalar_type() != torch::kFloat32 ||
         !streamed_seen_.insert(p.unsafeGetTensorImpl()).second) {
       continue;
     }
     s.params.push_back(p);
-    offsets.push_back(n);
-    n += align_up(p.numel());
   }
-  const int64_t chunk = (n + world - 1) / world;
-  auto init = torch::zeros({chunk * world},
-                           torch::TensorOptions().dtype(torch::kFloat32).device(*build_device_));
-  for (size_t k = 0; k < s.params.size(); ++k) {
-    init.narrow(0, offsets[k], s.params[k].numel()).copy_(s.params[k].reshape({-1}));
-  }
-  if (chunk > 0) comm_.broadcast(view_of(init, 0, chunk * world), 0)->wait();
+  std::vector<int64_t> offsets;
+  const int64_t chunk = (aligned_offsets(s.params, offsets) + world - 1) / world;
+  const auto init =
+      broadcast_packed(s.params, offsets, chunk,
+                       torch::TensorOptions().dtype(torch::kFloat32).device(*build_device_));
   s.chunk = init.narrow(0, rank * chunk, chunk).clone();
   // What the blocks built so far hold whole now, from their storage: this one only, once
   // the earlier ones were released.
@@ -164,14 +183,11 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
   std::vector<int64_t> sizes;
   for (size_t u = 0; u < members.size(); ++u) {
     Unit& unit = units_[u];
-    int64_t n = 0;
     for (size_t i : members[u]) {
       unit.params.push_back(named[i].second);
-      unit.offsets.push_back(n);
       unit.shapes.push_back(named[i].second.sizes().vec());
-      n += align_up(named[i].second.numel());
     }
-    sizes.push_back(n);
+    sizes.push_back(aligned_offsets(unit.params, unit.offsets));
   }
   const auto plan = plan_unit_shards(sizes, world, rank);
   int64_t local = 0;
@@ -217,13 +233,12 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     }
     // Rank 0's values everywhere (as DDP's broadcast), then this rank's chunk into the shard;
     // a streamed block's chunk was taken so as it was built (Note [Streamed build]).
-    auto init = streamed ? torch::empty({padded}, opts) : torch::zeros({padded}, opts);
+    auto init = streamed ? torch::empty({padded}, opts)
+                         : broadcast_packed(unit.params, unit.offsets, unit.shard.chunk, opts);
     unit.full_grad = torch::zeros({padded}, opts);
     auto unit_mask = torch::zeros({padded}, opts);
     for (size_t k = 0; k < unit.params.size(); ++k) {
-      const auto& p = unit.params[k];
-      const int64_t off = unit.offsets[k], n = p.numel();
-      if (!streamed) init.narrow(0, off, n).copy_(p.detach().reshape({-1}));
+      const int64_t off = unit.offsets[k], n = unit.params[k].numel();
       const std::string& name = named[members[u][k]].first;
       unit_mask.narrow(0, off, n).fill_(optim::decays(name) ? 1.0 : 0.0);
       entries.push_back({name, unit.shard.begin + off, n, unit.shapes[k]});
@@ -234,7 +249,6 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
       mine.copy_(streamed_[u].chunk);
       streamed_[u].chunk = torch::Tensor();
     } else {
-      if (padded > 0) comm_.broadcast(view_of(init, 0, padded), 0)->wait();
       mine.copy_(init.narrow(0, lo, unit.shard.chunk));
     }
     if (param_dtype_ == torch::kFloat32) {
@@ -269,8 +283,6 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
   for (const auto& np : named) trainable.insert(np.second.unsafeGetTensorImpl());
   for (size_t b = 0; b < blocks.size(); ++b) {
     Unit& unit = units_[b];
-    std::vector<int64_t> offsets;
-    int64_t n = 0;
     for (const auto& p : blocks[b]->parameters()) {
       const void* impl = p.unsafeGetTensorImpl();
       if (trainable.count(impl) || p.scalar_type() != torch::kFloat32 ||
@@ -278,17 +290,11 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
         continue;
       }
       unit.frozen.push_back(p);
-      offsets.push_back(n);
-      n += align_up(p.numel());
     }
     if (unit.frozen.empty()) continue;
-    const int64_t chunk = (n + world - 1) / world;
-    unit.frozen_full = torch::zeros({chunk * world}, opts);
-    for (size_t k = 0; k < unit.frozen.size(); ++k) {
-      unit.frozen_full.narrow(0, offsets[k], unit.frozen[k].numel())
-          .copy_(unit.frozen[k].detach().reshape({-1}));
-    }
-    comm_.broadcast(view_of(unit.frozen_full, 0, chunk * world), 0)->wait();
+    std::vector<int64_t> offsets;
+    const int64_t chunk = (aligned_offsets(unit.frozen, offsets) + world - 1) / world;
+    unit.frozen_full = broadcast_packed(unit.frozen, offsets, chunk, opts);
     unit.frozen_shard = unit.frozen_full.narrow(0, rank * chunk, chunk).clone();
     for (size_t k = 0; k < unit.frozen.size(); ++k) {
       auto param = unit.frozen[k];

@@ -239,6 +239,12 @@ class FullyShardedSync final : public GradientSync, public models::BlockSink {
     torch::Tensor chunk;  // [chunk] on build_device_: this rank's, as place() lays out
   };
 
+  // `params` at `offsets` in a zeroed buffer of chunk x world elements, then rank 0's values
+  // everywhere (as DDP's broadcast): a unit's placement (its frozen base too) and the streamed
+  // build's (Note [Streamed build]).
+  torch::Tensor broadcast_packed(const std::vector<torch::Tensor>& params,
+                                 const std::vector<int64_t>& offsets, int64_t chunk,
+                                 torch::TensorOptions options);
   void launch_gather(size_t u);
   void launch_frozen_gather(size_t u);
   // bf16 gathers, every parameter held or evaluating: the unit's fp32 parameters gathered
