@@ -356,7 +356,7 @@ TEST_P(HfInitFromTest, OurVocabularyComputesTheFixture) {
   config.tokenizer.k = c.k;
   config.tokenizer.stride = 1;
   auto ours = data::make_tokenizer(config);
-  auto model = init_from_hf(config, *ours);
+  auto model = init_from_hf(config, *ours, BuildContext{});
   model->eval();
   const auto theirs = data::HfTokenizer::load(dir);
   const auto map = vocabulary_map(*ours, theirs, dir);
@@ -425,7 +425,7 @@ TEST(HfInitFromTest, AnotherTokenizationIsRefused) {
   config.tokenizer.k = 6;
   config.tokenizer.stride = 6;
   try {
-    init_from_hf(config, *data::make_tokenizer(config));
+    init_from_hf(config, *data::make_tokenizer(config), BuildContext{});
     FAIL() << "accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ExitCode::kUsage);
@@ -659,10 +659,12 @@ TEST_F(HfRefusalTest, ConfigJsonLinkedToDevZero) {
   expect_refused({"is not a regular file (a device)"});
 }
 
-// Damaged weights: exit code 5 (a damaged file), naming the file or the tensor.
+// Damaged weights: exit code 5 (a damaged file), naming the file or the tensor: a file that
+// cannot be opened when the directory is read, a damaged tensor when it is (Note [Lazy Hugging
+// Face import]: when the model is built).
 void expect_damaged(const fs::path& dir, const std::string& needle) {
   try {
-    read_hf_checkpoint(dir.string());
+    build_hf_model(read_hf_checkpoint(dir.string()));
     FAIL() << "accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt) << e.what();

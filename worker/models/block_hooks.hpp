@@ -43,13 +43,14 @@ torch::Tensor run_block(BlockHooks* hooks, size_t index, Forward&& forward) {
 // (0 bytes, shapes kept), so the host holds the root, the block being built and the chunks:
 // 4 bytes a parameter / N plus one block, instead of the whole model (4 bytes a parameter on
 // every rank: 28 GB a rank for a 7B model, on each of a node's 8 ranks). Placement then takes
-// the chunks instead of reading the parameters. A family that starts from one of our own model
-// directories (model.init_from, the transformer family) fills each block from the file as it
-// is built (FillingSink: tensor by tensor, never the whole file in memory), the rest after.
-// A model that is imported from a Hugging Face directory, gets LoRA adapters or a quantized
-// base after it is built, or is probed whole (training.batch_size = "auto") is built whole, as
-// before. Between the build and placement nothing may read a streamed block's parameters
-// (their data pointer is null: a read fails at once instead of computing with garbage).
+// the chunks instead of reading the parameters. The transformer family, started from one of our
+// own model directories or from a Hugging Face one (model.init_from; Note [Lazy Hugging Face
+// import]), fills each block from the file as it is built (FillingSink: tensor by tensor,
+// never the whole file in memory), the rest after. A model that gets LoRA adapters or a
+// quantized base after it is built, is probed whole (training.batch_size = "auto"), or is a
+// HyenaDNA or Caduceus started from a directory is built whole, as before. Between the build and
+// placement nothing may read a streamed block's parameters (their data pointer is null: a read
+// fails at once instead of computing with garbage).
 class BlockSink {
  public:
   virtual ~BlockSink() = default;

@@ -108,9 +108,7 @@ void check_model_memory(const Config& config, const data::Tokenizer& tokenizer,
 }
 
 bool streams_blocks(const Config& config) {
-  const auto& from = config.model.init_from;
-  return (from.empty() || !is_hf_model_dir(from)) && config.lora.r == 0 &&
-         config.lora.quantize_base == cfg::QuantizeBase::kNone &&
+  return config.lora.r == 0 && config.lora.quantize_base == cfg::QuantizeBase::kNone &&
          config.training.batch_size != cfg::BatchSize::kAuto;
 }
 
@@ -131,7 +129,7 @@ LanguageModel build_model_for(const Config& config, const data::Tokenizer& token
                  "model.init_from = \"{}\": the {} family cannot be fine-tuned from a Hugging "
                  "Face directory yet",
                  from, family.name);
-    return family.init_from_hf(config, tokenizer);
+    return family.init_from_hf(config, tokenizer, context);
   }
   return family_for_arch(config.model.arch).build(config, tokenizer, context);
 }

@@ -40,10 +40,10 @@ struct BuildContext {
 };
 
 // Note [Streamed build]: whether `config` builds a model that nothing reads whole before
-// placement: not imported from a Hugging Face directory, no LoRA (adapters added after the
-// build), no quantized base, no training.batch_size = "auto" (its probe runs the whole model).
-// A family whose build starts from one of our directories fills each block as it is built
-// (FillingSink) or builds whole (installs no sink).
+// placement: no LoRA (adapters added after the build), no quantized base, no
+// training.batch_size = "auto" (its probe runs the whole model). A family whose build starts
+// from a directory (ours or a Hugging Face one) fills each block as it is built (FillingSink)
+// or builds whole (installs no sink).
 bool streams_blocks(const Config& config);
 
 struct ModelFamily {
@@ -59,8 +59,10 @@ struct ModelFamily {
   // A fresh model from [model] (and model.init_from = one of our model directories).
   LanguageModel (*build)(const Config& config, const data::Tokenizer& tokenizer,
                          const BuildContext& context) = nullptr;
-  // model.init_from = a Hugging Face directory of this family (fine-tuning).
-  LanguageModel (*init_from_hf)(const Config& config, const data::Tokenizer& tokenizer) = nullptr;
+  // model.init_from = a Hugging Face directory of this family (fine-tuning); `context.blocks`
+  // as for build.
+  LanguageModel (*init_from_hf)(const Config& config, const data::Tokenizer& tokenizer,
+                                const BuildContext& context) = nullptr;
   // Our model directory (config.json already parsed) back into a model, eval mode.
   LanguageModel (*load_exported)(const std::string& dir, const nlohmann::json& config) = nullptr;
   // The Hugging Face layout of `model` next to our export (final/hf): what hf_export plans,

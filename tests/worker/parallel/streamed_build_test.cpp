@@ -164,5 +164,55 @@ TEST(StreamedBuild, InitFromOurDirectoryFillsEachBlockAsItIsBuilt) {
   std::filesystem::remove_all(dir);
 }
 
+// model.init_from = a Hugging Face directory (Note [Lazy Hugging Face import]): each block is
+// filled from the file as it is built (fused and split tensors read from the file's header
+// positions), then sharded; the root after the build. The placed shards are those of the model
+// imported whole. At 2 in-process ranks for the layouts whose every value comes from the file;
+// at 1 rank also for those with fresh rows (a causal model has no [MASK]: both ranks' threads
+// would draw those from LibTorch's one generator).
+TEST(StreamedBuild, InitFromAHuggingFaceDirectoryFillsEachBlockAsItIsBuilt) {
+  struct Case {
+    const char* fixture;
+    const char* arch;
+    const char* tokenizer;
+    int world;
+  } cases[] = {
+      {"bert_mlm", "bert", "kind = \"kmer\"\nk = 3\nstride = 1\n", 2},  // token types folded
+      {"esm_v2_mlm", "bert", "kind = \"nt\"\n", 2},       // NT-v2: gated dense split in halves
+      {"esm_v1_mlm", "bert", "kind = \"nt\"\n", 2},       // positions after another pad id
+      {"gptneox_causal", "gpt", "kind = \"char\"\n", 1},  // per-head fused query_key_value
+      {"llama_gqa_causal", "gpt", "kind = \"char\"\n", 1}};
+  for (const auto& c : cases) {
+    const std::string dir = std::string(DNALLM_HF_FIXTURES) + "/" + c.fixture;
+    const Config config = parse_config(
+        fmt::format("[model]\narch = \"{}\"\ntask = \"pretrain\"\nmax_seq_length = 60\n"
+                    "init_from = \"{}\"\n[tokenizer]\n{}[training]\nseed = 11\n",
+                    c.arch, dir, c.tokenizer),
+        "init_from_hf");
+    ASSERT_TRUE(models::streams_blocks(config)) << c.fixture;
+    const auto tokenizer = data::make_tokenizer(config);
+    const auto errors = run_on_ranks(
+        c.world, fmt::format("streamed_hf_{}", c.fixture), [&](int rank, comm::Communicator& comm) {
+          auto whole = models::build_model_for(config, *tokenizer, models::BuildContext{});
+          FullyShardedSync whole_sync(comm, FullyShardedOptions{});
+          auto whole_flat = whole_sync.place(whole, trainable(whole), torch::kCPU);
+
+          FullyShardedSync sync(comm, FullyShardedOptions{});
+          models::BuildContext context;
+          context.blocks = sync.block_sink(torch::kCPU);
+          auto model = models::build_model_for(config, *tokenizer, context);
+          const BlockBytes built = block_bytes(model);
+          EXPECT_EQ(built.allocated, 0) << c.fixture;
+          auto flat = sync.place(model, trainable(model), torch::kCPU);
+          EXPECT_TRUE(torch::equal(flat->params(), whole_flat->params()))
+              << c.fixture << ", rank " << rank;
+          EXPECT_EQ(sync.memory()->build_held_peak, built.largest) << c.fixture;
+          EXPECT_EQ(sync.memory()->build_whole, built.total) << c.fixture;
+          EXPECT_LT(built.largest, built.total) << c.fixture;  // (the fixtures have 2 blocks)
+        });
+    expect_no_errors(errors);
+  }
+}
+
 }  // namespace
 }  // namespace dnallm::parallel

@@ -84,7 +84,9 @@ LanguageModel build(const Config& config, const data::Tokenizer& tokenizer,
   return model;
 }
 
-LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenizer) {
+// (built whole: `context.blocks` is not installed; these models are small)
+LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenizer,
+                           const BuildContext& /*context*/) {
   const auto& dir = config.model.init_from;
   HyenaLM theirs = load_hf_hyena(dir);
   const auto& t = theirs->options();

@@ -164,8 +164,9 @@ ModelFamily transformer_family() {
                const BuildContext& context) {
     return as_language_model(build_transformer(config, tokenizer.vocab_size(), context));
   };
-  f.init_from_hf = [](const Config& config, const data::Tokenizer& tokenizer) {
-    return as_language_model(init_from_hf(config, tokenizer));
+  f.init_from_hf = [](const Config& config, const data::Tokenizer& tokenizer,
+                      const BuildContext& context) {
+    return as_language_model(init_from_hf(config, tokenizer, context));
   };
   f.load_exported = [](const std::string& dir, const nlohmann::json& config) {
     return as_language_model(load_exported_transformer(dir, config));

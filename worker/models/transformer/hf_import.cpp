@@ -6,6 +6,8 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <set>
 
 #include <fmt/ranges.h>
@@ -16,6 +18,7 @@
 #include "core/untrusted_file.hpp"
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
+#include "worker/models/block_hooks.hpp"
 #include "worker/models/hf_directory.hpp"
 #include "worker/models/torch_pickle.hpp"
 #include "worker/models/transformer/hf_names.hpp"
@@ -311,6 +314,9 @@ std::string rename(const std::string& model_type, std::string name) {
 
 std::string shape_of(const Tensor& t) { return fmt::format("{}", fmt::join(t.sizes(), "x")); }
 
+using Shape = std::vector<int64_t>;
+std::string shape_text(const Shape& s) { return fmt::format("{}", fmt::join(s, "x")); }
+
 // Note [Remote code]: auto_map names a repository's own Python classes (trust_remote_code),
 // which are never run here. Accepted are only the targets whose code was read and whose function
 // this import computes: the Nucleotide Transformer v2 / AgroNT repositories' (InstaDeepAI on the
@@ -512,23 +518,31 @@ void set_model_type_options(const json& c, const std::string& path, const std::s
 
 // gpt_neox's fused query_key_value, per head rows [head][q|k|v][head_dim]: split into our
 // query, key and value tensors.
-void split_fused_qkv(const std::string& weights_path, const std::string& hf_name, const Tensor& t,
-                     HfCheckpoint& h) {
+void split_fused_qkv(const std::string& weights_path, const std::string& hf_name,
+                     const Shape& shape, HfCheckpoint& h) {
   const ModelOptions& o = h.options;
-  const int64_t hd = o.hidden / o.heads;
   const bool is_weight =
       hf_name.size() > 7 && hf_name.compare(hf_name.size() - 7, 7, ".weight") == 0;
-  DNALLM_CHECK(t.size(0) == 3 * o.hidden, ExitCode::kUsage, "{}: {} has shape {}", weights_path,
-               hf_name, shape_of(t));
-  auto split = is_weight ? t.view({o.heads, 3, hd, o.hidden}) : t.view({o.heads, 3, hd});
+  DNALLM_CHECK(shape.size() == (is_weight ? 2u : 1u) && shape[0] == 3 * o.hidden &&
+                   (!is_weight || shape[1] == o.hidden),
+               ExitCode::kUsage, "{}: {} has shape {} but config.json implies {}x{}", weights_path,
+               hf_name, shape_text(shape), 3 * o.hidden, o.hidden);
   const std::string prefix = rename(h.model_type, hf_name.substr(0, hf_name.find(".attention.")));
   const char* parts[] = {"query", "key", "value"};
   for (int i = 0; i < 3; ++i) {
-    auto part = split.select(1, i).reshape(is_weight ? std::vector<int64_t>{o.hidden, o.hidden}
-                                                     : std::vector<int64_t>{o.hidden});
-    h.weights[prefix + ".attention.self." + parts[i] + (is_weight ? ".weight" : ".bias")] =
-        part.to(torch::kFloat32).contiguous();
+    HfTensorSource source{hf_name, i,
+                          3,       /*per_head_qkv=*/true,
+                          "",      is_weight ? Shape{o.hidden, o.hidden} : Shape{o.hidden}};
+    h.tensors[prefix + ".attention.self." + parts[i] + (is_weight ? ".weight" : ".bias")] = source;
   }
+}
+
+// Row block `part` of `parts` of the file's `hf_name` (dimension 0) as our `ours`.
+void add_row_block(HfCheckpoint& h, const std::string& ours, const std::string& hf_name,
+                   const Shape& shape, int64_t part, int64_t parts) {
+  Shape mine = shape;
+  mine[0] /= parts;
+  h.tensors[ours] = HfTensorSource{hf_name, part, parts, false, "", mine};
 }
 
 // DNABERT-2's fused tensors (Note [DNABERT-2 import]): Wqkv [3 x hidden, hidden] and its bias
@@ -536,7 +550,7 @@ void split_fused_qkv(const std::string& weights_path, const std::string& hf_name
 // into the gate (first half, through GELU) and the up projection (second half). Returns false
 // for any other tensor.
 bool split_dnabert2_fused(const std::string& weights_path, const std::string& hf_name,
-                          const Tensor& t, HfCheckpoint& h) {
+                          const Shape& t, HfCheckpoint& h) {
   const ModelOptions& o = h.options;
   auto ends = [&](const std::string& s) {
     return hf_name.size() >= s.size() &&
@@ -547,25 +561,23 @@ bool split_dnabert2_fused(const std::string& weights_path, const std::string& hf
                                                   : hf_name.find(".mlp."));
   if (ends(".attention.self.Wqkv.weight") || ends(".attention.self.Wqkv.bias")) {
     const bool is_weight = ends(".weight");
-    DNALLM_CHECK(t.dim() == (is_weight ? 2 : 1) && t.size(0) == 3 * o.hidden &&
-                     (!is_weight || t.size(1) == o.hidden),
+    DNALLM_CHECK(t.size() == (is_weight ? 2u : 1u) && t[0] == 3 * o.hidden &&
+                     (!is_weight || t[1] == o.hidden),
                  ExitCode::kUsage, "{}: {} has shape {} but config.json implies {}x{}",
-                 weights_path, hf_name, shape_of(t), 3 * o.hidden, o.hidden);
-    const auto parts = t.to(torch::kFloat32).chunk(3, 0);
+                 weights_path, hf_name, shape_text(t), 3 * o.hidden, o.hidden);
     const char* names[] = {"query", "key", "value"};
     for (int i = 0; i < 3; ++i) {
-      h.weights[layer + ".attention.self." + names[i] + (is_weight ? ".weight" : ".bias")] =
-          parts[size_t(i)].contiguous();
+      add_row_block(h, layer + ".attention.self." + names[i] + (is_weight ? ".weight" : ".bias"),
+                    hf_name, t, i, 3);
     }
     return true;
   }
   if (ends(".mlp.gated_layers.weight")) {
-    DNALLM_CHECK(t.dim() == 2 && t.size(0) == 2 * o.ffn && t.size(1) == o.hidden, ExitCode::kUsage,
+    DNALLM_CHECK(t.size() == 2 && t[0] == 2 * o.ffn && t[1] == o.hidden, ExitCode::kUsage,
                  "{}: {} has shape {} but config.json implies {}x{}", weights_path, hf_name,
-                 shape_of(t), 2 * o.ffn, o.hidden);
-    const auto halves = t.to(torch::kFloat32).chunk(2, 0);
-    h.weights[layer + ".intermediate.gate.weight"] = halves[0].contiguous();
-    h.weights[layer + ".intermediate.dense.weight"] = halves[1].contiguous();
+                 shape_text(t), 2 * o.ffn, o.hidden);
+    add_row_block(h, layer + ".intermediate.gate.weight", hf_name, t, 0, 2);
+    add_row_block(h, layer + ".intermediate.dense.weight", hf_name, t, 1, 2);
     return true;
   }
   return false;
@@ -573,17 +585,17 @@ bool split_dnabert2_fused(const std::string& weights_path, const std::string& hf
 
 // Nucleotide Transformer v2's intermediate.dense [2 x ffn, hidden] (Note [Remote code]): the
 // first half is the SiLU-gated one (our intermediate.gate), the second our intermediate.dense.
-void split_gated_dense(const std::string& weights_path, const std::string& hf_name, const Tensor& t,
+void split_gated_dense(const std::string& weights_path, const std::string& hf_name, const Shape& t,
                        HfCheckpoint& h) {
   const int64_t f = h.options.ffn;
-  DNALLM_CHECK(t.size(0) == 2 * f, ExitCode::kUsage,
+  DNALLM_CHECK(!t.empty() && t[0] == 2 * f, ExitCode::kUsage,
                "{}: {} has shape {} but config.json implies {} rows (2 x intermediate_size)",
-               weights_path, hf_name, shape_of(t), 2 * f);
+               weights_path, hf_name, shape_text(t), 2 * f);
   std::string dense = rename(h.model_type, hf_name), gate = dense;
   const std::string part = ".intermediate.dense.";
   gate.replace(gate.find(part), part.size(), ".intermediate.gate.");
-  h.weights[gate] = t.narrow(0, 0, f).to(torch::kFloat32).contiguous();
-  h.weights[dense] = t.narrow(0, f, f).to(torch::kFloat32).contiguous();
+  add_row_block(h, gate, hf_name, t, 0, 2);
+  add_row_block(h, dense, hf_name, t, 1, 2);
 }
 
 // A stored rotary frequency table must be the base-10000 one this import computes.
@@ -623,12 +635,79 @@ std::map<std::string, Tensor> load_weights(const std::string& path) {
   return weights;
 }
 
-// Every tensor of model.safetensors under our names (fp32); token-type embeddings go to
-// `token_type` (folded afterwards), other tasks' tensors are logged and skipped.
-void map_tensors(const std::string& weights_path, HfCheckpoint& h, Tensor& token_type) {
+}  // namespace
+
+// Note [Lazy Hugging Face import]: the file's header (names, shapes) at once, a tensor's data
+// when it is read; the last tensor read is kept, so a fused tensor's parts cost one read.
+class HfWeightsFile {
+ public:
+  explicit HfWeightsFile(const std::string& path) : path_(path) {
+    if (path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0) {
+      pickled_ = load_weights(path);  // Note [pytorch_model.bin]: whole, checked
+      for (const auto& [name, t] : pickled_) shapes_.emplace(name, t.sizes().vec());
+      return;
+    }
+    reader_.emplace(path);  // the header checked (Note [Untrusted files])
+    for (const auto& [name, e] : reader_->file().tensors) {
+      shapes_.emplace(name, Shape(e.spec.shape.begin(), e.spec.shape.end()));
+    }
+  }
+  const std::string& path() const { return path_; }
+  const std::map<std::string, Shape>& shapes() const { return shapes_; }
+
+  // The file's tensor `name` as fp32 (NaN or infinite: exit 5).
+  Tensor read(const std::string& name) {
+    if (name == last_name_) return last_;
+    Tensor t;
+    if (reader_) {
+      const auto& tensors = reader_->file().tensors;
+      auto it = tensors.find(name);
+      DNALLM_CHECK(it != tensors.end(), ExitCode::kFailure, "{}: no tensor {}", path_, name);
+      t = read_finite_tensor(*reader_, it->second, path_, name);
+    } else {
+      t = pickled_.at(name).to(torch::kFloat32);
+    }
+    last_name_ = name;
+    last_ = t;
+    return t;
+  }
+
+ private:
+  std::string path_;
+  std::optional<checkpoint::SafetensorsReader> reader_;
+  std::map<std::string, Tensor> pickled_;
+  std::map<std::string, Shape> shapes_;
+  std::string last_name_;
+  Tensor last_;
+};
+
+Tensor HfCheckpoint::read(const std::string& name) const {
+  auto it = tensors.find(name);
+  DNALLM_CHECK(it != tensors.end(), ExitCode::kFailure, "{}: no tensor {} (our name)", dir, name);
+  const HfTensorSource& s = it->second;
+  Tensor t = file->read(s.name);
+  if (s.per_head_qkv) {  // [head][q|k|v][head_dim](, hidden)
+    const int64_t heads = options.heads, hd = options.hidden / options.heads;
+    t = (t.dim() == 2 ? t.view({heads, 3, hd, t.size(1)}) : t.view({heads, 3, hd}))
+            .select(1, s.part)
+            .reshape(s.shape);
+  } else if (s.parts > 1) {
+    t = t.chunk(s.parts, 0)[size_t(s.part)];
+  }
+  t = t.contiguous();
+  if (!s.plus_row0.empty()) t = t + file->read(s.plus_row0)[0];
+  return t;
+}
+
+namespace {
+
+// Every tensor of the weights file mapped onto our names (Note [Lazy Hugging Face import]);
+// the token-type table's name goes to `token_type` (folded afterwards), other tasks' tensors
+// are logged and skipped.
+void map_tensors(const std::string& weights_path, HfCheckpoint& h, std::string& token_type) {
   std::vector<std::string> skipped;
   const bool nt_v2 = h.model_type == "esm" && h.options.gated_mlp;  // Note [Remote code]
-  for (auto& [hf_name, t] : load_weights(weights_path)) {
+  for (const auto& [hf_name, t] : h.file->shapes()) {
     if (hf_name.rfind("esm.contact_head.", 0) == 0) {  // contact prediction: another task
       skipped.push_back(hf_name);
     } else if (nt_v2 && h.options.rotary &&
@@ -637,17 +716,20 @@ void map_tensors(const std::string& weights_path, HfCheckpoint& h, Tensor& token
     } else if (nt_v2 && hf_name.find(".intermediate.dense.") != std::string::npos) {
       split_gated_dense(weights_path, hf_name, t, h);
     } else if (hf_name.find("rotary_embeddings.inv_freq") != std::string::npos) {
-      check_rotary_table(weights_path, hf_name, t, h.options);
+      check_rotary_table(weights_path, hf_name, h.file->read(hf_name), h.options);
     } else if (h.model_type == "dnabert2" && split_dnabert2_fused(weights_path, hf_name, t, h)) {
       // (Note [DNABERT-2 import]: its token-type table is a parameter of ours, below)
     } else if (hf_name.find("token_type_embeddings") != std::string::npos &&
                h.model_type != "dnabert2") {
-      token_type = t.to(torch::kFloat32);
+      DNALLM_CHECK(t.size() == 2 && t[1] == h.options.hidden, ExitCode::kUsage,
+                   "{}: {} has shape {} but config.json implies rows of {}", weights_path, hf_name,
+                   shape_text(t), h.options.hidden);
+      token_type = hf_name;
     } else if (h.model_type == "gpt_neox" &&
                hf_name.find(".attention.query_key_value.") != std::string::npos) {
       split_fused_qkv(weights_path, hf_name, t, h);
     } else if (!is_computed_buffer(h.model_type, hf_name)) {
-      h.weights[rename(h.model_type, hf_name)] = t.to(torch::kFloat32);
+      h.tensors[rename(h.model_type, hf_name)] = HfTensorSource{hf_name, 0, 1, false, "", t};
     }
   }
   if (!skipped.empty()) {
@@ -657,50 +739,92 @@ void map_tensors(const std::string& weights_path, HfCheckpoint& h, Tensor& token
 }
 
 // Folds token-type row 0 into the positions and drops stored copies of tied tensors.
-void fold_and_untie(const std::string& weights_path, const Tensor& token_type, HfCheckpoint& h) {
+// (The root's tensors are read here: a few rows of the vocabulary's size.)
+void fold_and_untie(const std::string& weights_path, const std::string& token_type,
+                    HfCheckpoint& h) {
   // Fold token-type row 0 (every token is segment 0) into the learned positions.
-  if (token_type.defined()) {
-    auto it = h.weights.find("bert.embeddings.position_embeddings.weight");
-    DNALLM_CHECK(it != h.weights.end(), ExitCode::kUsage,
+  if (!token_type.empty()) {
+    auto it = h.tensors.find("bert.embeddings.position_embeddings.weight");
+    DNALLM_CHECK(it != h.tensors.end(), ExitCode::kUsage,
                  "{}: token_type_embeddings without position_embeddings", weights_path);
-    it->second = it->second + token_type[0];
+    it->second.plus_row0 = token_type;
   }
   // Tied decoders: a stored copy must equal the embedding it is tied to.
   for (const char* tied : {"cls.predictions.decoder.weight", "lm_head.weight"}) {
-    auto it = h.weights.find(tied);
-    if (it == h.weights.end() || !h.options.tie_embeddings) continue;
+    auto it = h.tensors.find(tied);
+    if (it == h.tensors.end() || !h.options.tie_embeddings) continue;
     const std::string emb = h.options.arch == Arch::kBert ? "bert.embeddings.word_embeddings.weight"
                                                           : "gpt.embeddings.word_embeddings.weight";
-    DNALLM_CHECK(h.weights.count(emb) && torch::equal(h.weights[emb], it->second), ExitCode::kUsage,
+    DNALLM_CHECK(h.tensors.count(emb) && h.tensors.at(emb).shape == it->second.shape &&
+                     torch::equal(h.read(emb), h.read(tied)),
+                 ExitCode::kUsage,
                  "{}: {} differs from the word embeddings although tie_word_embeddings is true",
                  weights_path, tied);
-    h.weights.erase(it);
+    h.tensors.erase(it);
   }
-  if (auto it = h.weights.find("cls.predictions.decoder.bias"); it != h.weights.end()) {
-    auto bias = h.weights.find("cls.predictions.bias");
-    DNALLM_CHECK(bias != h.weights.end() && torch::equal(bias->second, it->second),
+  if (auto it = h.tensors.find("cls.predictions.decoder.bias"); it != h.tensors.end()) {
+    DNALLM_CHECK(h.tensors.count("cls.predictions.bias") &&
+                     h.tensors.at("cls.predictions.bias").shape == it->second.shape &&
+                     torch::equal(h.read("cls.predictions.bias"), h.read(it->first)),
                  ExitCode::kUsage, "{}: lm_head.decoder.bias differs from lm_head.bias",
                  weights_path);
-    h.weights.erase(it);
+    h.tensors.erase(it);
   }
+}
+
+// Records the names and shapes of the blocks a model builds (and nothing else).
+class ShapeSink final : public BlockSink {
+ public:
+  void block_built(size_t, const std::string& path, torch::nn::Module& block) override {
+    path_ = path;
+    for (const auto& p : block.named_parameters())
+      shapes_.emplace_back(p.key(), p.value().sizes().vec());
+  }
+  std::string path_;
+  std::vector<std::pair<std::string, Shape>> shapes_;
+};
+
+// Every name and shape of the model `o` describes, from a one-layer model: the root's, and
+// the one block's repeated under each layer's prefix (ours end "<index>.").
+std::map<std::string, Shape> model_shapes(const ModelOptions& o) {
+  ModelOptions one = o;
+  one.layers = std::min<int64_t>(o.layers, 1);
+  ShapeSink sink;
+  TransformerLM probe(nullptr);
+  {
+    StreamedBuild streamed(&sink);
+    probe = TransformerLM(one);
+  }
+  std::map<std::string, Shape> out;
+  for (auto& [name, p] : probe->named_weights()) {
+    if (sink.path_.empty() || name.rfind(sink.path_, 0) != 0) out.emplace(name, p.sizes().vec());
+  }
+  if (o.layers == 0) return out;
+  DNALLM_CHECK(sink.path_.size() > 2 && sink.path_.compare(sink.path_.size() - 2, 2, "0.") == 0,
+               ExitCode::kFailure, "block prefix {} does not end with its index", sink.path_);
+  const std::string stem = sink.path_.substr(0, sink.path_.size() - 2);
+  for (int64_t i = 0; i < o.layers; ++i) {
+    for (const auto& [name, shape] : sink.shapes_) {
+      out.emplace(stem + std::to_string(i) + "." + name, shape);
+    }
+  }
+  return out;
 }
 
 // Every mapped tensor must be a parameter of the model, with its shape, and every parameter
 // must be there.
 void check_against_model(const std::string& weights_path, const HfCheckpoint& h) {
-  TransformerLM probe(h.options);
-  std::map<std::string, Tensor> ours;
-  for (auto& [name, p] : probe->named_weights()) ours.emplace(name, p);
+  const std::map<std::string, Shape> ours = model_shapes(h.options);
   std::vector<std::string> unused;
-  for (const auto& [name, t] : h.weights) {
+  for (const auto& [name, t] : h.tensors) {
     auto it = ours.find(name);
     if (it == ours.end()) {
       unused.push_back(name);
       continue;
     }
-    DNALLM_CHECK(it->second.sizes() == t.sizes(), ExitCode::kUsage,
-                 "{}: {} has shape {} but config.json implies {}", weights_path, name, shape_of(t),
-                 shape_of(it->second));
+    DNALLM_CHECK(it->second == t.shape, ExitCode::kUsage,
+                 "{}: {} has shape {} but config.json implies {}", weights_path, name,
+                 shape_text(t.shape), shape_text(it->second));
   }
   DNALLM_CHECK(unused.empty(), ExitCode::kUsage,
                "{}: tensors not used by the {} import (the model they belong to computes "
@@ -708,7 +832,7 @@ void check_against_model(const std::string& weights_path, const HfCheckpoint& h)
                weights_path, h.architecture, some_names(unused), kSupported);
   std::vector<std::string> missing;
   for (const auto& [name, p] : ours) {
-    if (!h.weights.count(name)) missing.push_back(name);
+    if (!h.tensors.count(name)) missing.push_back(name);
   }
   DNALLM_CHECK(missing.empty(), ExitCode::kUsage,
                "{}: {} needs tensors the file lacks: {} (our names)", weights_path, h.architecture,
@@ -767,7 +891,8 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
       "sharded and .bin checkpoints are not read",
       weights_path,
       std::filesystem::exists(dir + "/pytorch_model.bin", ec) ? " (pytorch_model.bin is)" : "");
-  Tensor token_type;
+  h.file = std::make_shared<HfWeightsFile>(weights_path);
+  std::string token_type;
   map_tensors(weights_path, h, token_type);
   fold_and_untie(weights_path, token_type, h);
   check_against_model(weights_path, h);
@@ -777,7 +902,7 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
 TransformerLM build_hf_model(const HfCheckpoint& h) {
   TransformerLM model(h.options);
   torch::NoGradGuard no_grad;
-  for (auto& [name, p] : model->named_weights()) p.copy_(h.weights.at(name));
+  for (auto& [name, p] : model->named_weights()) p.copy_(h.read(name));
   model->eval();
   return model;
 }
@@ -851,7 +976,7 @@ TransformerLM build_hf_model_with_adapter(const HfCheckpoint& base, const PeftAd
   std::map<std::string, Tensor> params;
   for (const auto& item : model->named_parameters()) params.emplace(item.key(), item.value());
   torch::NoGradGuard no_grad;
-  for (auto& [name, p] : model->named_weights()) p.copy_(base.weights.at(name));
+  for (auto& [name, p] : model->named_weights()) p.copy_(base.read(name));
   std::set<std::string> adapters_seen;
   for (const auto& [name, t] : a.weights) {
     auto it = params.find(name);
@@ -1011,56 +1136,72 @@ int64_t position_shift(const ModelOptions& theirs, const ModelOptions& ours) {
              : 0;
 }
 
-// Copies the checkpoint's tensors into `model` (vocabulary rows through `map`; a tensor the
-// checkpoint lacks or holds in another shape keeps its fresh initialisation) and logs it.
-void load_hf_weights(TransformerLM& model, const HfCheckpoint& h, const std::vector<int64_t>& map,
-                     const data::Tokenizer& ours) {
-  std::vector<std::string> fresh;
-  for (size_t id = 0; id < map.size(); ++id) {
-    DNALLM_CHECK(map[id] < h.options.vocab_size, ExitCode::kUsage,
-                 "model.init_from = \"{}\": token id {} is outside vocab_size {}", h.dir, map[id],
-                 h.options.vocab_size);
-    if (map[id] < 0) fresh.push_back(ours.id_to_piece(static_cast<int64_t>(id)));
+// Copies the checkpoint's tensors into a fine-tuned model's parameters (vocabulary rows
+// through `map`; a tensor the checkpoint lacks or holds in another shape keeps its fresh
+// initialisation), one at a time, and logs what it did.
+class HfLoader {
+ public:
+  HfLoader(const HfCheckpoint& h, const ModelOptions& ours, const std::string& root,
+           const std::vector<int64_t>& map, const data::Tokenizer& tokenizer)
+      : h_(h),
+        map_(map),
+        by_vocab_({root + ".embeddings.word_embeddings.weight", "cls.predictions.bias",
+                   "cls.predictions.decoder.weight", "lm_head.weight"}),
+        positions_(root + ".embeddings.position_embeddings.weight"),
+        shift_(position_shift(h.options, ours)) {
+    for (size_t id = 0; id < map.size(); ++id) {
+      DNALLM_CHECK(map[id] < h.options.vocab_size, ExitCode::kUsage,
+                   "model.init_from = \"{}\": token id {} is outside vocab_size {}", h.dir, map[id],
+                   h.options.vocab_size);
+      if (map[id] < 0) fresh_.push_back(tokenizer.id_to_piece(static_cast<int64_t>(id)));
+    }
   }
-  const std::set<std::string> by_vocab = {model->root_name() + ".embeddings.word_embeddings.weight",
-                                          "cls.predictions.bias", "cls.predictions.decoder.weight",
-                                          "lm_head.weight"};
-  int64_t loaded = 0;
-  std::vector<std::string> kept;
-  const std::string positions = model->root_name() + ".embeddings.position_embeddings.weight";
-  const int64_t shift = position_shift(h.options, model->options());
-  torch::NoGradGuard no_grad;
-  for (auto& [name, p] : model->named_weights()) {
-    auto it = h.weights.find(name);
-    if (it != h.weights.end() && name == positions && shift > 0 &&
-        it->second.size(0) == p.size(0) + shift) {
-      p.copy_(it->second.narrow(0, shift, p.size(0)));  // Note [Positions after another pad id]
-      ++loaded;
-      continue;
-    }
-    if (it == h.weights.end() || (by_vocab.count(name) == 0 && it->second.sizes() != p.sizes())) {
-      kept.push_back(name);  // a new head
-      continue;
-    }
-    if (by_vocab.count(name) != 0) {
-      for (size_t id = 0; id < map.size(); ++id) {
-        if (map[id] >= 0) p[static_cast<int64_t>(id)].copy_(it->second[map[id]]);
+
+  void load(const std::string& name, const Tensor& p) {
+    torch::NoGradGuard no_grad;
+    auto it = h_.tensors.find(name);
+    const bool vocab = by_vocab_.count(name) != 0;
+    if (it != h_.tensors.end() && name == positions_ && shift_ > 0 &&
+        it->second.shape[0] == p.size(0) + shift_) {
+      p.copy_(h_.read(name).narrow(0, shift_, p.size(0)));  // Note [Positions after another pad id]
+    } else if (it == h_.tensors.end() || (!vocab && it->second.shape != p.sizes().vec())) {
+      kept_.push_back(name);  // a new head
+      return;
+    } else if (vocab) {
+      const Tensor theirs = h_.read(name);
+      for (size_t id = 0; id < map_.size(); ++id) {
+        if (map_[id] >= 0) p[static_cast<int64_t>(id)].copy_(theirs[map_[id]]);
       }
     } else {
-      p.copy_(it->second);
+      p.copy_(h_.read(name));
     }
-    ++loaded;
+    ++loaded_;
   }
-  spdlog::info(
-      "initialised {} tensors from the Hugging Face {} in {}{}{}", loaded, h.architecture, h.dir,
-      kept.empty() ? std::string() : fmt::format("; newly initialised: {}", fmt::join(kept, ", ")),
-      fresh.empty() ? std::string()
-                    : fmt::format("; tokens without a row there: {}", fmt::join(fresh, " ")));
-}
+
+  void log() const {
+    spdlog::info("initialised {} tensors from the Hugging Face {} in {}{}{}", loaded_,
+                 h_.architecture, h_.dir,
+                 kept_.empty() ? std::string()
+                               : fmt::format("; newly initialised: {}", fmt::join(kept_, ", ")),
+                 fresh_.empty()
+                     ? std::string()
+                     : fmt::format("; tokens without a row there: {}", fmt::join(fresh_, " ")));
+  }
+
+ private:
+  const HfCheckpoint& h_;
+  const std::vector<int64_t>& map_;
+  const std::set<std::string> by_vocab_;
+  const std::string positions_;
+  const int64_t shift_;
+  int64_t loaded_ = 0;
+  std::vector<std::string> kept_, fresh_;
+};
 
 }  // namespace
 
-TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours) {
+TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours,
+                           const BuildContext& context) {
   const std::string& dir = config.model.init_from;
   const HfCheckpoint h = read_hf_checkpoint(dir);
   const auto theirs = data::HfTokenizer::load(dir);
@@ -1068,9 +1209,25 @@ TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours) {
   ModelOptions o = fine_tune_options(config, ours, h);
   const int64_t lora_r = o.lora_r;
   o.lora_r = 0;  // LoRA is enabled after the weights are loaded
+  const auto map = vocabulary_map(ours, theirs, dir);
+  HfLoader loader(h, o, o.arch == Arch::kBert ? "bert" : "gpt", map, ours);  // (root_name())
+  // Note [Streamed build]: under ZeRO-3 each block is filled as it is built, then sharded; the
+  // root after the build (Note [Lazy Hugging Face import]).
+  FillingSink filling(context.blocks, [&](const std::string& prefix, torch::nn::Module& block) {
+    for (const auto& p : block.named_parameters()) loader.load(prefix + p.key(), p.value());
+  });
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
-  TransformerLM model(o);
-  load_hf_weights(model, h, vocabulary_map(ours, theirs, dir), ours);
+  TransformerLM model(nullptr);
+  {
+    StreamedBuild streamed(context.blocks != nullptr ? &filling : nullptr);
+    model = TransformerLM(o);
+  }
+  for (auto& [name, p] : model->named_weights()) {
+    // (a streamed block's parameters were filled and taken: their storage is gone)
+    const bool streamed = context.blocks != nullptr && p.storage().nbytes() == 0 && p.numel() > 0;
+    if (!streamed) loader.load(name, p);
+  }
+  loader.log();
   if (lora_r > 0) model->enable_lora(lora_r);
   return model;
 }

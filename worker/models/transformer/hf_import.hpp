@@ -27,7 +27,9 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -41,6 +43,25 @@ class HfTokenizer;
 
 namespace dnallm::models {
 
+// Note [Lazy Hugging Face import]: read_hf_checkpoint reads config.json and the weights file's
+// header only: for each of our tensors it records where it lies in the file (a tensor, a row
+// block of a fused one, a token-type row to fold in) and checks every name and shape against
+// the model config.json describes. HfCheckpoint::read() reads one of our tensors when it is
+// copied into the model (fp32; NaN or infinite values are exit 5 then). An import thus holds
+// the model and one tensor of the file, not the whole file converted to fp32 next to a probe
+// model and then next to the model (two whole fp32 copies: 20 GB for Nucleotide Transformer v2
+// 2.5B, on every rank), and a fine-tune under ZeRO-3 fills each block as it is built (Note
+// [Streamed build]): one block.
+// DNABERT-2's pytorch_model.bin (a pickle, 117M parameters) is still read whole.
+struct HfTensorSource {
+  std::string name;             // the file's tensor
+  int64_t part = 0, parts = 1;  // row block `part` of `parts` equal ones (dimension 0)
+  bool per_head_qkv = false;    // gpt_neox's fused rows [head][q|k|v][head_dim]: `part` of 3
+  std::string plus_row0;        // the file's tensor whose row 0 is added (token types folded)
+  std::vector<int64_t> shape;   // ours
+};
+class HfWeightsFile;  // model.safetensors read one tensor at a time (or a loaded pickle)
+
 // A Hugging Face directory read and mapped onto our parameter names (vocabulary in the
 // directory's own id order).
 struct HfCheckpoint {
@@ -49,7 +70,14 @@ struct HfCheckpoint {
                              // "dnabert2"
   std::string architecture;  // e.g. "BertForMaskedLM"
   ModelOptions options;      // lora_r = 0
-  std::map<std::string, torch::Tensor> weights;  // by our names (TransformerLM::named_weights)
+  // By our names (TransformerLM::named_weights); every parameter of `options`' model, each
+  // shape checked.
+  std::map<std::string, HfTensorSource> tensors;
+  std::shared_ptr<HfWeightsFile> file;
+
+  // Our tensor `name` (fp32, contiguous), read from the file now (Note [Lazy Hugging Face
+  // import]). Error(kCheckpointCorrupt) for NaN or infinite values.
+  torch::Tensor read(const std::string& name) const;
 };
 
 // True when a Hugging Face config.json is one of the transformer layouts above (the registry's
@@ -84,7 +112,10 @@ TransformerLM build_hf_model_with_adapter(const HfCheckpoint& base, const PeftAd
 // <eos>). Rows without a counterpart (e.g. [MASK] for a causal model) keep their fresh
 // initialisation and are logged; heads the checkpoint lacks (a new classifier) too. Throws
 // Error(kUsage) naming the setting to change.
-TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours);
+// Under ZeRO-3 (`context.blocks`) each block is filled from the file as it is built (Note
+// [Streamed build]).
+TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours,
+                           const BuildContext& context);
 
 // Our token id -> the directory's (-1: no counterpart, allowed for special tokens only), by
 // piece and, for special tokens, by role. Throws Error(kUsage) naming a missing piece.
