@@ -122,6 +122,29 @@ TEST(StreamedBuild, ShardsAreTheWholeBuildsAndOneBlockIsWholeAtATime) {
   }
 }
 
+// `config` built under ZeRO-3's sink: no block holds storage before placement, one block was
+// whole at a time, and the placed shard is the one of the model built whole (every value from
+// the file, so at any number of in-process ranks).
+void expect_streamed_is_whole(const Config& config, const data::Tokenizer& tokenizer,
+                              comm::Communicator& comm, const std::string& what) {
+  auto whole = models::build_model_for(config, tokenizer, models::BuildContext{});
+  FullyShardedSync whole_sync(comm, FullyShardedOptions{});
+  auto whole_flat = whole_sync.place(whole, trainable(whole), torch::kCPU);
+
+  FullyShardedSync sync(comm, FullyShardedOptions{});
+  models::BuildContext context;
+  context.blocks = sync.block_sink(torch::kCPU);
+  auto model = models::build_model_for(config, tokenizer, context);
+  const BlockBytes built = block_bytes(model);
+  EXPECT_EQ(built.allocated, 0) << what;
+  auto flat = sync.place(model, trainable(model), torch::kCPU);
+  EXPECT_TRUE(torch::equal(flat->params(), whole_flat->params()))
+      << what << ", rank " << comm.rank();
+  EXPECT_EQ(sync.memory()->build_held_peak, built.largest) << what;
+  EXPECT_EQ(sync.memory()->build_whole, built.total) << what;
+  EXPECT_LT(built.largest, built.total) << what;  // more than one block
+}
+
 // model.init_from = one of our directories (the transformer family): each block is filled from
 // the file as it is built, then sharded. Every value comes from the file, so at 2 ranks too the
 // placed shards are those of the model built whole and loaded.
@@ -143,24 +166,9 @@ TEST(StreamedBuild, InitFromOurDirectoryFillsEachBlockAsItIsBuilt) {
       parse_config(shape + fmt::format("init_from = \"{}\"\n[training]\nseed = 11\n", dir.string()),
                    "init_from");
   ASSERT_TRUE(models::streams_blocks(config));
-  const auto errors =
-      run_on_ranks(2, "streamed_init_from", [&](int rank, comm::Communicator& comm) {
-        auto whole = models::build_model_for(config, *tokenizer, models::BuildContext{});
-        FullyShardedSync whole_sync(comm, FullyShardedOptions{});
-        auto whole_flat = whole_sync.place(whole, trainable(whole), torch::kCPU);
-
-        FullyShardedSync sync(comm, FullyShardedOptions{});
-        models::BuildContext context;
-        context.blocks = sync.block_sink(torch::kCPU);
-        auto model = models::build_model_for(config, *tokenizer, context);
-        const BlockBytes built = block_bytes(model);
-        EXPECT_EQ(built.allocated, 0);
-        auto flat = sync.place(model, trainable(model), torch::kCPU);
-        EXPECT_TRUE(torch::equal(flat->params(), whole_flat->params())) << "rank " << rank;
-        EXPECT_EQ(sync.memory()->build_held_peak, built.largest);
-        EXPECT_EQ(sync.memory()->build_whole, built.total);
-      });
-  expect_no_errors(errors);
+  expect_no_errors(run_on_ranks(2, "streamed_init_from", [&](int, comm::Communicator& comm) {
+    expect_streamed_is_whole(config, *tokenizer, comm, "init_from our directory");
+  }));
   std::filesystem::remove_all(dir);
 }
 
@@ -191,26 +199,10 @@ TEST(StreamedBuild, InitFromAHuggingFaceDirectoryFillsEachBlockAsItIsBuilt) {
         "init_from_hf");
     ASSERT_TRUE(models::streams_blocks(config)) << c.fixture;
     const auto tokenizer = data::make_tokenizer(config);
-    const auto errors = run_on_ranks(
-        c.world, fmt::format("streamed_hf_{}", c.fixture), [&](int rank, comm::Communicator& comm) {
-          auto whole = models::build_model_for(config, *tokenizer, models::BuildContext{});
-          FullyShardedSync whole_sync(comm, FullyShardedOptions{});
-          auto whole_flat = whole_sync.place(whole, trainable(whole), torch::kCPU);
-
-          FullyShardedSync sync(comm, FullyShardedOptions{});
-          models::BuildContext context;
-          context.blocks = sync.block_sink(torch::kCPU);
-          auto model = models::build_model_for(config, *tokenizer, context);
-          const BlockBytes built = block_bytes(model);
-          EXPECT_EQ(built.allocated, 0) << c.fixture;
-          auto flat = sync.place(model, trainable(model), torch::kCPU);
-          EXPECT_TRUE(torch::equal(flat->params(), whole_flat->params()))
-              << c.fixture << ", rank " << rank;
-          EXPECT_EQ(sync.memory()->build_held_peak, built.largest) << c.fixture;
-          EXPECT_EQ(sync.memory()->build_whole, built.total) << c.fixture;
-          EXPECT_LT(built.largest, built.total) << c.fixture;  // (the fixtures have 2 blocks)
-        });
-    expect_no_errors(errors);
+    expect_no_errors(run_on_ranks(c.world, fmt::format("streamed_hf_{}", c.fixture),
+                                  [&](int, comm::Communicator& comm) {
+                                    expect_streamed_is_whole(config, *tokenizer, comm, c.fixture);
+                                  }));
   }
 }
 
