@@ -13,6 +13,7 @@
 #include <limits>
 #include <set>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/config.hpp"
@@ -21,6 +22,7 @@
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/pipeline.hpp"
 #include "worker/data/tokenizer.hpp"
+#include "worker/models/registry.hpp"
 #include "worker/models/transformer/hf_export.hpp"
 #include "worker/models/transformer/hf_import.hpp"
 
@@ -415,6 +417,33 @@ INSTANTIATE_TEST_SUITE_P(
                       InitCase{"esm_v2_mlm", cfg::Arch::kBert, cfg::TokenizerKind::kNt, 6},
                       InitCase{"esm_v1_mlm", cfg::Arch::kBert, cfg::TokenizerKind::kNt, 6}),
     [](const auto& info) { return std::string(info.param.family); });
+
+// Note [Memory predicted]: a fine-tune of a Hugging Face directory is predicted from its
+// config.json and weights header before anything is built, with advice that fits a shape the
+// user does not choose; the same run under a limit it fits passes.
+TEST(HfInitFromTest, ABaseThatCannotFitIsRefusedBeforeItIsBuilt) {
+  SKIP_WITHOUT_FIXTURE("esm_v2_mlm");
+  const auto config = [](double limit_gb) {
+    return parse_config(fmt::format("[model]\narch = \"bert\"\nmax_seq_length = 60\n"
+                                    "init_from = \"{}/esm_v2_mlm\"\n[tokenizer]\nkind = \"nt\"\n"
+                                    "[training]\nmicro_batch_size = 2\nmemory_limit_gb = {}\n",
+                                    kFixtures, limit_gb),
+                        "hf_memory");
+  };
+  const auto tok = data::make_tokenizer(config(1.0));
+  const BuildContext context;
+  try {
+    check_model_memory(config(0.0001), *tok, context);  // 100 kB
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kUsage) << e.what();
+    for (const char* needle : {"more than training.memory_limit_gb = 0.0001",
+                               "the model is model.init_from", "parallel.zero_stage = 3"}) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(check_model_memory(config(1.0), *tok, context));
+}
 
 TEST(HfInitFromTest, AnotherTokenizationIsRefused) {
   Config config;

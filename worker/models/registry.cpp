@@ -102,8 +102,13 @@ const ModelFamily& family_for_hf_config(const nlohmann::json& config, const std:
 void check_model_memory(const Config& config, const data::Tokenizer& tokenizer,
                         const BuildContext& context) {
   const auto& from = config.model.init_from;
-  if (!from.empty() && is_hf_model_dir(from)) return;
   const auto& family = family_for_arch(config.model.arch);
+  if (!from.empty() && is_hf_model_dir(from)) {
+    // A directory of another family: build_model_for() says so.
+    const std::string where = from + "/config.json";
+    const auto c = read_directory_json(where, "a Hugging Face model directory");
+    if (&family_for_hf_config(c, where) != &family) return;
+  }
   if (family.check_memory != nullptr) family.check_memory(config, tokenizer, context);
 }
 

@@ -52,8 +52,9 @@ struct ModelFamily {
   std::vector<std::string> exported_types;  // model_type in our config.json
   // True when a Hugging Face config.json (not ours) is this family's.
   bool (*recognises_hf)(const nlohmann::json& config) = nullptr;
-  // Note [Memory predicted]: Error(kUsage) when a fresh model from [model] would not fit,
-  // before anything is built (null: the family predicts nothing).
+  // Note [Memory predicted]: Error(kUsage) when the model build_model_for() would build (from
+  // [model], or model.init_from) would not fit, before anything is built (null: the family
+  // predicts nothing).
   void (*check_memory)(const Config& config, const data::Tokenizer& tokenizer,
                        const BuildContext& context) = nullptr;
   // A fresh model from [model] (and model.init_from = one of our model directories).
@@ -88,7 +89,8 @@ bool is_hf_model_dir(const std::string& dir);
 // Note [Memory predicted]: the model build_model_for() would build refused (Error(kUsage) with
 // the figures) when it cannot fit, before anything is built; dnallm-train calls it before the
 // ranks connect, so that each refuses on its own instead of leaving its peers in a collective.
-// A Hugging Face base (model.init_from) is not predicted.
+// A Hugging Face base (model.init_from) is predicted by families that can (the transformer
+// family, from its config.json and weights header).
 void check_model_memory(const Config& config, const data::Tokenizer& tokenizer,
                         const BuildContext& context);
 

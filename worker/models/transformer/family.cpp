@@ -34,6 +34,9 @@ namespace {
 // fail later anyway: exit 2 at once with the figures and what to lower, instead of
 // allocating gigabytes first. dnallm-train predicts before the ranks connect
 // (models::check_model_memory), so every rank refuses on its own; the build predicts again.
+// A fine-tune of a Hugging Face directory is predicted from its config.json and weights header
+// (hf_fine_tune_options: nothing of the weights is read but the root's), whose shape the user
+// does not choose: the advice is then the rest (ZeRO-3, LoRA, more ranks, a shorter batch).
 void check_predicted_memory(const Config& config, const ModelOptions& o, const BuildContext& ctx) {
   const auto& t = config.training;
   if (t.memory_limit_gb <= 0 && !ctx.on_cpu) return;
@@ -57,7 +60,8 @@ void check_predicted_memory(const Config& config, const ModelOptions& o, const B
   const bool offloaded = t.optimizer_offload && !ctx.on_cpu;
   const double moments = lora || offloaded ? 0.0 : 8 * params / (stage >= 1 ? world : 1.0);
   const double batch = t.batch_size == cfg::BatchSize::kAuto ? 1.0 : double(t.micro_batch_size);
-  const double tokens = batch * double(o.max_seq_length);
+  // (config's length: an imported table may hold more positions than a sequence uses)
+  const double tokens = batch * double(config.model.max_seq_length);
   const double per_layer = config.model.gradient_checkpointing ? 1.0 : 8.0;
   const double activations =
       4 * tokens * (double(o.layers) * per_layer * double(o.hidden) + 2.0 * double(o.vocab_size));
@@ -65,6 +69,18 @@ void check_predicted_memory(const Config& config, const ModelOptions& o, const B
   const double limit =
       t.memory_limit_gb > 0 ? t.memory_limit_gb * 1e9 : available_memory_bytes() / ranks;
   if (limit <= 0 || need <= limit) return;
+  const bool imported = !config.model.init_from.empty() && is_hf_model_dir(config.model.init_from);
+  const std::string lower =
+      imported ? fmt::format(
+                     "the model is model.init_from = \"{}\": lower "
+                     "training.micro_batch_size or model.max_seq_length, set "
+                     "model.gradient_checkpointing = true, parallel.zero_stage = 3 or "
+                     "lora.r > 0, or run more ranks",
+                     config.model.init_from)
+               : std::string(
+                     "lower model.hidden, model.ffn, model.layers, "
+                     "training.micro_batch_size or model.max_seq_length, or set "
+                     "model.gradient_checkpointing = true");
   const std::string limit_text =
       t.memory_limit_gb > 0
           ? fmt::format("training.memory_limit_gb = {}", t.memory_limit_gb)
@@ -75,11 +91,9 @@ void check_predicted_memory(const Config& config, const ModelOptions& o, const B
   fail(ExitCode::kUsage,
        "this run needs at least {:.3g} GB a rank ({:.3g} parameters: weights {:.3g} GB, "
        "gradients {:.3g} GB, AdamW moments {:.3g} GB; activations {:.3g} GB at "
-       "micro_batch_size {} x max_seq_length {}), more than {}: lower model.hidden, model.ffn, "
-       "model.layers, training.micro_batch_size or model.max_seq_length, or set "
-       "model.gradient_checkpointing = true",
+       "micro_batch_size {} x max_seq_length {}), more than {}: {}",
        need / 1e9, params, weights / 1e9, grads / 1e9, moments / 1e9, activations / 1e9, batch,
-       o.max_seq_length, limit_text);
+       config.model.max_seq_length, limit_text, lower);
 }
 
 }  // namespace
@@ -157,7 +171,11 @@ ModelFamily transformer_family() {
   f.recognises_hf = is_transformer_hf_config;
   f.check_memory = [](const Config& config, const data::Tokenizer& tokenizer,
                       const BuildContext& context) {
-    check_predicted_memory(config, model_options_from_config(config, tokenizer.vocab_size()),
+    const auto& from = config.model.init_from;
+    check_predicted_memory(config,
+                           !from.empty() && is_hf_model_dir(from)
+                               ? hf_fine_tune_options(config, tokenizer)
+                               : model_options_from_config(config, tokenizer.vocab_size()),
                            context);
   };
   f.build = [](const Config& config, const data::Tokenizer& tokenizer,

@@ -1200,6 +1200,10 @@ class HfLoader {
 
 }  // namespace
 
+ModelOptions hf_fine_tune_options(const Config& config, const data::Tokenizer& ours) {
+  return fine_tune_options(config, ours, read_hf_checkpoint(config.model.init_from));
+}
+
 TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours,
                            const BuildContext& context) {
   const std::string& dir = config.model.init_from;

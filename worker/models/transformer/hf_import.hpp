@@ -117,6 +117,10 @@ TransformerLM build_hf_model_with_adapter(const HfCheckpoint& base, const PeftAd
 TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours,
                            const BuildContext& context);
 
+// The options of the model init_from_hf() builds (Note [Memory predicted]); reads config.json
+// and the weights file's header (and the root's tied tensors), as read_hf_checkpoint does.
+ModelOptions hf_fine_tune_options(const Config& config, const data::Tokenizer& ours);
+
 // Our token id -> the directory's (-1: no counterpart, allowed for special tokens only), by
 // piece and, for special tokens, by role. Throws Error(kUsage) naming a missing piece.
 std::vector<int64_t> vocabulary_map(const data::Tokenizer& ours, const data::HfTokenizer& theirs,
