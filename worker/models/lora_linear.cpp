@@ -17,9 +17,14 @@ LoraLinearImpl::LoraLinearImpl(int64_t in, int64_t out, bool with_bias) {
 }
 
 void LoraLinearImpl::enable_lora(int64_t r, double alpha, double dropout) {
-  const int64_t out = weight.size(0), in = weight.size(1);
   weight.set_requires_grad(false);
   if (bias.defined()) bias.set_requires_grad(false);
+  if (has_lora() && scaling_ != 0.0) {  // enabled while its block was built: trainable again
+    lora_a_.set_requires_grad(true);
+    lora_b_.set_requires_grad(true);
+    return;
+  }
+  const int64_t out = weight.size(0), in = weight.size(1);
   auto opts = weight.options();
   lora_a_ = register_parameter("lora_A", torch::empty({r, in}, opts));
   lora_b_ = register_parameter("lora_B", torch::zeros({out, r}, opts));

@@ -34,6 +34,7 @@ class LoraLinearImpl : public torch::nn::Module {
   // `base`'s weight and bias (torch::nn::Linear's initialisation, as the reference code of
   // HyenaDNA and Caduceus draws it), under the same names.
   explicit LoraLinearImpl(const torch::nn::Linear& base);
+  // Again on an adapter already there: marks it trainable (and the base frozen), draws nothing.
   void enable_lora(int64_t r, double alpha, double dropout);
   // Folds B A into W and removes the adapter (export path).
   void merge_lora();

@@ -113,7 +113,7 @@ void check_model_memory(const Config& config, const data::Tokenizer& tokenizer,
 }
 
 bool streams_blocks(const Config& config) {
-  return config.lora.r == 0 && config.lora.quantize_base == cfg::QuantizeBase::kNone &&
+  return config.lora.quantize_base == cfg::QuantizeBase::kNone &&
          config.training.batch_size != cfg::BatchSize::kAuto;
 }
 

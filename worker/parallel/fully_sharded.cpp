@@ -126,32 +126,42 @@ void FullyShardedSync::block_built(size_t index, const std::string& /*path*/,
   DNALLM_CHECK(build_device_.has_value() && index == streamed_.size(), ExitCode::kFailure,
                "internal: block {} built with {} streamed before it", index, streamed_.size());
   const int world = comm_.world_size(), rank = comm_.rank();
+  // Its frozen fp32 parameters (a LoRA base, Note [LoRA block by block]) the same way, as
+  // place()'s frozen base lays them out.
   Streamed s;
   for (const auto& p : block.parameters()) {
-    if (!p.requires_grad() || p.scalar_type() != torch::kFloat32 ||
+    if (p.scalar_type() != torch::kFloat32 ||
         !streamed_seen_.insert(p.unsafeGetTensorImpl()).second) {
       continue;
     }
-    s.params.push_back(p);
+    (p.requires_grad() ? s.params : s.frozen).push_back(p);
   }
-  std::vector<int64_t> offsets;
-  const int64_t chunk = (aligned_offsets(s.params, offsets) + world - 1) / world;
-  const auto init =
-      broadcast_packed(s.params, offsets, chunk,
-                       torch::TensorOptions().dtype(torch::kFloat32).device(*build_device_));
-  s.chunk = init.narrow(0, rank * chunk, chunk).clone();
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(*build_device_);
+  auto my_chunk = [&](const std::vector<torch::Tensor>& params) {
+    std::vector<int64_t> offsets;
+    const int64_t chunk = (aligned_offsets(params, offsets) + world - 1) / world;
+    return broadcast_packed(params, offsets, chunk, opts).narrow(0, rank * chunk, chunk).clone();
+  };
+  s.chunk = my_chunk(s.params);
+  if (!s.frozen.empty()) s.frozen_chunk = my_chunk(s.frozen);
   // What the blocks built so far hold whole now, from their storage: this one only, once
   // the earlier ones were released.
   int64_t held = 0;
   for (const auto& earlier : streamed_) {
-    for (const auto& p : earlier.params) held += int64_t(p.storage().nbytes());
+    for (const auto* list : {&earlier.params, &earlier.frozen}) {
+      for (const auto& p : *list) held += int64_t(p.storage().nbytes());
+    }
   }
-  for (const auto& p : s.params) {
-    held += int64_t(p.storage().nbytes());
-    build_whole_bytes_ += bytes_of(p);
+  for (const auto* list : {&s.params, &s.frozen}) {
+    for (const auto& p : *list) {
+      held += int64_t(p.storage().nbytes());
+      build_whole_bytes_ += bytes_of(p);
+    }
   }
   build_held_peak_ = std::max(build_held_peak_, held);
-  for (const auto& p : s.params) release_storage(p);
+  for (const auto* list : {&s.params, &s.frozen}) {
+    for (const auto& p : *list) release_storage(p);
+  }
   streamed_.push_back(std::move(s));
 }
 
@@ -275,8 +285,6 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     release(u);
     release_storage(unit.full_grad);
   }
-  streamed_.clear();
-  streamed_seen_.clear();
   hook_gradients();
   // Note [Fully sharded frozen base]: each block's fp32 frozen parameters, sharded with it.
   std::set<const void*> trainable, placed;
@@ -294,8 +302,22 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     if (unit.frozen.empty()) continue;
     std::vector<int64_t> offsets;
     const int64_t chunk = (aligned_offsets(unit.frozen, offsets) + world - 1) / world;
-    unit.frozen_full = broadcast_packed(unit.frozen, offsets, chunk, opts);
-    unit.frozen_shard = unit.frozen_full.narrow(0, rank * chunk, chunk).clone();
+    if (b < streamed_.size()) {  // taken as the block was built (Note [Streamed build])
+      const auto& taken = streamed_[b].frozen;
+      bool same = taken.size() == unit.frozen.size();
+      for (size_t k = 0; same && k < taken.size(); ++k) {
+        same = taken[k].unsafeGetTensorImpl() == unit.frozen[k].unsafeGetTensorImpl();
+      }
+      DNALLM_CHECK(same && streamed_[b].frozen_chunk.numel() == chunk, ExitCode::kFailure,
+                   "internal: block {} was streamed with {} frozen parameters, placed with {}", b,
+                   taken.size(), unit.frozen.size());
+      unit.frozen_full = torch::empty({chunk * world}, opts);
+      unit.frozen_shard = streamed_[b].frozen_chunk.to(opts.device());
+      streamed_[b].frozen_chunk = torch::Tensor();
+    } else {
+      unit.frozen_full = broadcast_packed(unit.frozen, offsets, chunk, opts);
+      unit.frozen_shard = unit.frozen_full.narrow(0, rank * chunk, chunk).clone();
+    }
     for (size_t k = 0; k < unit.frozen.size(); ++k) {
       auto param = unit.frozen[k];
       const auto shape = param.sizes().vec();
@@ -304,6 +326,8 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     release_storage(unit.frozen_full);
     frozen_held_bytes_ += chunk * 4;
   }
+  streamed_.clear();
+  streamed_seen_.clear();
   for (const auto& unit : units_) {
     for (const auto& p : unit.params) sharded_.insert(p.unsafeGetTensorImpl());
     for (const auto& p : unit.frozen) sharded_.insert(p.unsafeGetTensorImpl());

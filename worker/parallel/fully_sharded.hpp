@@ -131,7 +131,9 @@
 // autograd has run the nodes that read its frozen weights (a LoRA linear's base product, for
 // the gradient of its input), so they go when the gradient of the block's input is ready
 // (before_unit_backward of the block before), or after backward for the first. The root's frozen
-// parameters (embeddings under LoRA) stay whole, as the root is gathered for every step.
+// parameters (embeddings under LoRA) stay whole, as the root is gathered for every step. A
+// streamed build (Note [Streamed build]) hands each block's frozen chunk over as the block is
+// built (Note [LoRA block by block]), so the base is never whole on a rank either.
 #pragma once
 
 #include <torch/csrc/autograd/variable.h>
@@ -237,6 +239,9 @@ class FullyShardedSync final : public GradientSync, public models::BlockSink {
   struct Streamed {
     std::vector<torch::Tensor> params;  // its trainable fp32 parameters, storage released
     torch::Tensor chunk;  // [chunk] on build_device_: this rank's, as place() lays out
+    // Its frozen fp32 parameters (a LoRA base: Note [Fully sharded frozen base]), likewise.
+    std::vector<torch::Tensor> frozen;
+    torch::Tensor frozen_chunk;
   };
 
   // `params` at `offsets` in a zeroed buffer of chunk x world elements, then rank 0's values

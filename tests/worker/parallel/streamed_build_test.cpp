@@ -37,8 +37,8 @@ std::vector<std::pair<std::string, torch::Tensor>> trainable(models::LanguageMod
   return named;
 }
 
-// Bytes of each block's trainable parameters (a parameter counted with the first block that
-// has it), and what their storage holds now.
+// Bytes of each block's fp32 parameters, trainable or frozen (a LoRA base; a parameter counted
+// with the first block that has it), and what their storage holds now.
 struct BlockBytes {
   int64_t largest = 0, total = 0, allocated = 0;
 };
@@ -49,7 +49,9 @@ BlockBytes block_bytes(models::LanguageModel& model) {
   for (const auto& block : model->blocks()) {
     int64_t bytes = 0;
     for (const auto& p : block->parameters()) {
-      if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      if (p.scalar_type() != torch::kFloat32 || !seen.insert(p.unsafeGetTensorImpl()).second) {
+        continue;
+      }
       bytes += p.numel() * int64_t(p.element_size());
       b.allocated += int64_t(p.storage().nbytes());
     }
@@ -124,7 +126,8 @@ TEST(StreamedBuild, ShardsAreTheWholeBuildsAndOneBlockIsWholeAtATime) {
 
 // `config` built under ZeRO-3's sink: no block holds storage before placement, one block was
 // whole at a time, and the placed shard is the one of the model built whole (every value from
-// the file, so at any number of in-process ranks).
+// the file, so at any number of in-process ranks; LoRA's adapters are drawn, so at one). With
+// LoRA also the frozen base's shards, and each adapter's start.
 void expect_streamed_is_whole(const Config& config, const data::Tokenizer& tokenizer,
                               comm::Communicator& comm, const std::string& what) {
   auto whole = models::build_model_for(config, tokenizer, models::BuildContext{});
@@ -143,6 +146,28 @@ void expect_streamed_is_whole(const Config& config, const data::Tokenizer& token
   EXPECT_EQ(sync.memory()->build_held_peak, built.largest) << what;
   EXPECT_EQ(sync.memory()->build_whole, built.total) << what;
   EXPECT_LT(built.largest, built.total) << what;  // more than one block
+  if (config.lora.r == 0) return;
+  // Every frozen base parameter is this rank's shard of the whole build's (Note [Fully sharded
+  // frozen base]): gathered, they are equal. The adapters trained are the same ones.
+  const auto names = [](models::LanguageModel& m) {
+    std::vector<std::string> out;
+    for (const auto& [name, p] : trainable(m)) out.push_back(name);
+    return out;
+  };
+  EXPECT_EQ(names(model), names(whole)) << what;
+  EXPECT_GT(names(model).size(), 0u) << what;
+  auto gathered = [](FullyShardedSync& s, models::LanguageModel& m) {
+    FullParameters all(s);
+    std::vector<torch::Tensor> out;
+    for (const auto& p : m->parameters()) {
+      if (!p.requires_grad()) out.push_back(p.detach().clone());
+    }
+    return out;
+  };
+  const auto a = gathered(sync, model), b = gathered(whole_sync, whole);
+  ASSERT_EQ(a.size(), b.size()) << what;
+  ASSERT_GT(a.size(), 0u) << what;
+  for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(torch::equal(a[k], b[k])) << what << " " << k;
 }
 
 // model.init_from = one of our directories (the transformer family): each block is filled from
@@ -169,6 +194,19 @@ TEST(StreamedBuild, InitFromOurDirectoryFillsEachBlockAsItIsBuilt) {
   expect_no_errors(run_on_ranks(2, "streamed_init_from", [&](int, comm::Communicator& comm) {
     expect_streamed_is_whole(config, *tokenizer, comm, "init_from our directory");
   }));
+  // Note [LoRA block by block]: with LoRA, fresh and from the directory (one rank: the adapters
+  // are drawn).
+  for (const std::string& from : {std::string(), dir.string()}) {
+    const Config lora =
+        parse_config(shape + (from.empty() ? "" : fmt::format("init_from = \"{}\"\n", from)) +
+                         "[lora]\nr = 4\ntarget_modules = [\"query\", \"value\", \"dense\"]\n"
+                         "[training]\nseed = 11\n",
+                     "lora");
+    ASSERT_TRUE(models::streams_blocks(lora));
+    expect_no_errors(run_on_ranks(1, "streamed_lora", [&](int, comm::Communicator& comm) {
+      expect_streamed_is_whole(lora, *tokenizer, comm, "LoRA, init_from \"" + from + "\"");
+    }));
+  }
   std::filesystem::remove_all(dir);
 }
 

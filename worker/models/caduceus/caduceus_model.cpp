@@ -82,7 +82,8 @@ LanguageModel build(const Config& config, const data::Tokenizer& tokenizer,
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
   CaduceusLM lm(nullptr);
   {
-    StreamedBuild streamed(context.blocks);  // Note [Streamed build]
+    // Note [Streamed build] (LoRA is added to the whole model: built whole)
+    StreamedBuild streamed(config.lora.r == 0 ? context.blocks : nullptr);
     lm = CaduceusLM(o);
   }
   auto model = wrap(lm, tokenizer.vocab_size());

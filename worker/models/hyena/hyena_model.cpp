@@ -66,7 +66,9 @@ LanguageModel build(const Config& config, const data::Tokenizer& tokenizer,
   HyenaLM lm(nullptr);
   {
     // Note [Streamed build]: whole when it copies from another model below.
-    StreamedBuild streamed(config.model.init_from.empty() ? context.blocks : nullptr);
+    // (LoRA is added to the whole model: built whole)
+    StreamedBuild streamed(config.model.init_from.empty() && config.lora.r == 0 ? context.blocks
+                                                                                : nullptr);
     lm = HyenaLM(options_from_config(config, tokenizer.vocab_size()));
   }
   if (!config.model.init_from.empty()) {  // one of our own HyenaDNA directories

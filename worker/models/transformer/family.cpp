@@ -130,13 +130,19 @@ TransformerLM build_transformer(const Config& config, int64_t vocab_size,
     filled.insert(p.unsafeGetTensorImpl());
     ++loaded;
   };
-  // Note [Streamed build]: under ZeRO-3 each block is filled as it is built, then sharded.
+  // Note [Streamed build]: each block is filled as it is built and gets its adapters (Note
+  // [LoRA block by block]), then ZeRO-3 (if any) shards it.
+  ModelOptions lora_options = options;
+  lora_options.lora_r = lora_r;
   FillingSink filling(context.blocks, [&](const std::string& prefix, torch::nn::Module& block) {
-    for (const auto& p : block.named_parameters()) fill(prefix + p.key(), p.value());
+    if (from_dir) {
+      for (const auto& p : block.named_parameters()) fill(prefix + p.key(), p.value());
+    }
+    if (lora_r > 0) enable_block_lora(block, lora_options);
   });
   TransformerLM model(nullptr);
   {
-    StreamedBuild streamed(from_dir && context.blocks != nullptr ? &filling : context.blocks);
+    StreamedBuild streamed(from_dir || lora_r > 0 ? &filling : context.blocks);
     model = TransformerLM(options);
   }
   if (from_dir) {

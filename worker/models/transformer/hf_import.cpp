@@ -1215,21 +1215,27 @@ TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours,
   o.lora_r = 0;  // LoRA is enabled after the weights are loaded
   const auto map = vocabulary_map(ours, theirs, dir);
   HfLoader loader(h, o, o.arch == Arch::kBert ? "bert" : "gpt", map, ours);  // (root_name())
-  // Note [Streamed build]: under ZeRO-3 each block is filled as it is built, then sharded; the
-  // root after the build (Note [Lazy Hugging Face import]).
+  // Note [Streamed build]: each block is filled as it is built and gets its adapters (Note
+  // [LoRA block by block]), then ZeRO-3 (if any) shards it; the root after the build (Note
+  // [Lazy Hugging Face import]).
+  ModelOptions lora_options = o;
+  lora_options.lora_r = lora_r;
+  std::set<const void*> filled;
   FillingSink filling(context.blocks, [&](const std::string& prefix, torch::nn::Module& block) {
-    for (const auto& p : block.named_parameters()) loader.load(prefix + p.key(), p.value());
+    for (const auto& p : block.named_parameters()) {
+      loader.load(prefix + p.key(), p.value());
+      filled.insert(p.value().unsafeGetTensorImpl());
+    }
+    if (lora_r > 0) enable_block_lora(block, lora_options);
   });
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
   TransformerLM model(nullptr);
   {
-    StreamedBuild streamed(context.blocks != nullptr ? &filling : nullptr);
+    StreamedBuild streamed(&filling);
     model = TransformerLM(o);
   }
   for (auto& [name, p] : model->named_weights()) {
-    // (a streamed block's parameters were filled and taken: their storage is gone)
-    const bool streamed = context.blocks != nullptr && p.storage().nbytes() == 0 && p.numel() > 0;
-    if (!streamed) loader.load(name, p);
+    if (filled.count(p.unsafeGetTensorImpl()) == 0) loader.load(name, p);
   }
   loader.log();
   if (lora_r > 0) model->enable_lora(lora_r);

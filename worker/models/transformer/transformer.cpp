@@ -716,24 +716,29 @@ nlohmann::ordered_json TransformerLMImpl::export_config() const {
   return models::export_config(options_);
 }
 
-void TransformerLMImpl::enable_lora(int64_t r) {
-  if (r > 0) options_.lora_r = r;
-  update_spec();
-  const auto& o = options_;
-  for (auto& p : parameters()) p.set_requires_grad(false);
+void enable_block_lora(torch::nn::Module& module, const ModelOptions& o) {
+  auto* block = dynamic_cast<BlockImpl*>(&module);
+  DNALLM_CHECK(block != nullptr && o.lora_r > 0, ExitCode::kFailure,
+               "internal: enable_block_lora on a {} with r = {}", module.name(), o.lora_r);
+  for (auto& p : block->parameters()) p.set_requires_grad(false);
   auto wants = [&](const std::string& name) {
     return std::find(o.lora_targets.begin(), o.lora_targets.end(), name) != o.lora_targets.end();
   };
-  for (auto& block : blocks_) {
-    if (wants("query")) block->query->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
-    if (wants("key")) block->key->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
-    if (wants("value")) block->value->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
-    if (wants("dense")) {
-      block->attn_out->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
-      block->ffn_in->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
-      block->ffn_out->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
-    }
+  if (wants("query")) block->query->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
+  if (wants("key")) block->key->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
+  if (wants("value")) block->value->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
+  if (wants("dense")) {
+    block->attn_out->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
+    block->ffn_in->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
+    block->ffn_out->enable_lora(o.lora_r, o.lora_alpha, o.lora_dropout);
   }
+}
+
+void TransformerLMImpl::enable_lora(int64_t r) {
+  if (r > 0) options_.lora_r = r;
+  update_spec();
+  for (auto& p : parameters()) p.set_requires_grad(false);
+  for (auto& block : blocks_) enable_block_lora(*block, options_);
   // Task heads are new for a fine-tune: they train in full (PEFT's modules_to_save).
   if (pooler) {
     for (auto& p : pooler->parameters()) p.set_requires_grad(true);

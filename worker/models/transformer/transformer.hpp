@@ -183,6 +183,13 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// Note [LoRA block by block]: LoRA on one block as `options` asks (lora_r > 0; the targets):
+// its base frozen, adapters added (their draws) on the targeted linears; again on a block that
+// has them, it only marks them trainable. TransformerLMImpl::enable_lora runs it on every
+// block; a build that fills blocks as they are built (Note [Streamed build]) runs it on each
+// block right after it is filled, so DDP and ZeRO-3 draw the adapters in the same order.
+void enable_block_lora(torch::nn::Module& block, const ModelOptions& options);
+
 class TransformerLMImpl : public LanguageModelImpl {
  public:
   explicit TransformerLMImpl(ModelOptions options);
