@@ -151,6 +151,13 @@ std::shared_ptr<const HfBpe> HfBpe::parse(const json& tj, const std::vector<std:
   // Added tokens: the model's own tokens (DNABERT-2's five special tokens).
   if (tj.contains("added_tokens") && !tj["added_tokens"].is_null()) {
     for (const auto& t : tj["added_tokens"]) {
+      // (an id of 1e25 is a JSON number too: converting it to int64 is undefined behaviour)
+      DNALLM_CHECK(t.is_object() && t.contains("id") && t["id"].is_number_integer() &&
+                       t.contains("content") && t["content"].is_string(),
+                   ExitCode::kUsage,
+                   "{}: an added token is not {{\"id\": integer, \"content\": string, ...}}: "
+                   "the file is damaged; repair or re-download it",
+                   where);
       const auto id = t.at("id").get<int64_t>();
       const auto& content = t.at("content").get_ref<const std::string&>();
       DNALLM_CHECK(id >= 0 && id < int64_t(pieces.size()) && pieces[size_t(id)] == content,
