@@ -2,6 +2,7 @@
 // RoBERTa-PreLN encoders and GPT-NeoX/Llama/our GPT decoders, built from [model], imported from
 // their Hugging Face layouts (hf_import.hpp) and exported to them (hf_export.hpp).
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <set>
 #include <vector>
@@ -118,44 +119,27 @@ TransformerLM build_transformer(const Config& config, int64_t vocab_size,
     reader.emplace(path);  // the header checked (Note [Untrusted files])
   }
   int64_t loaded = 0;
-  std::set<const void*> filled;
-  auto fill = [&](const std::string& name, const torch::Tensor& p) {
-    const auto& tensors = reader->file().tensors;
-    auto it = tensors.find(name);
-    if (it == tensors.end()) return;
-    const auto& shape = it->second.spec.shape;
-    if (std::vector<int64_t>(shape.begin(), shape.end()) != p.sizes().vec()) return;
-    torch::NoGradGuard no_grad;
-    p.copy_(read_finite_tensor(*reader, it->second, path, name));
-    filled.insert(p.unsafeGetTensorImpl());
-    ++loaded;
-  };
-  // Note [Streamed build]: each block is filled as it is built and gets its adapters (Note
-  // [LoRA block by block]), then ZeRO-3 (if any) shards it.
-  ModelOptions lora_options = options;
-  lora_options.lora_r = lora_r;
-  FillingSink filling(context.blocks, [&](const std::string& prefix, torch::nn::Module& block) {
-    if (from_dir) {
-      for (const auto& p : block.named_parameters()) fill(prefix + p.key(), p.value());
-    }
-    if (lora_r > 0) enable_block_lora(block, lora_options);
-  });
-  TransformerLM model(nullptr);
-  {
-    StreamedBuild streamed(from_dir || lora_r > 0 ? &filling : context.blocks);
-    model = TransformerLM(options);
-  }
+  std::function<void(const std::string&, const torch::Tensor&)> fill;
   if (from_dir) {
-    for (auto& [name, p] : model->named_weights()) {
-      // (a streamed block's parameters were filled and taken; their storage is gone)
-      if (filled.count(p.unsafeGetTensorImpl()) == 0 && p.storage().nbytes() > 0) fill(name, p);
-    }
+    fill = [&](const std::string& name, const torch::Tensor& p) {
+      const auto& tensors = reader->file().tensors;
+      auto it = tensors.find(name);
+      if (it == tensors.end()) return;
+      const auto& shape = it->second.spec.shape;
+      if (std::vector<int64_t>(shape.begin(), shape.end()) != p.sizes().vec()) return;
+      torch::NoGradGuard no_grad;
+      p.copy_(read_finite_tensor(*reader, it->second, path, name));
+      ++loaded;
+    };
+  }
+  // Note [Streamed build], Note [LoRA block by block]: each block filled as it is built.
+  TransformerLM model = build_filled(options, lora_r, context.blocks, fill);
+  if (from_dir) {
     DNALLM_CHECK(loaded > 0, ExitCode::kUsage,
                  "model.init_from = \"{}\": no tensor matches this model's names and shapes",
                  config.model.init_from);
     spdlog::info("initialised {} tensors from {}", loaded, path);
   }
-  if (lora_r > 0) model->enable_lora(lora_r);
   if (config.lora.quantize_base != cfg::QuantizeBase::kNone) {  // QLoRA: 4-bit frozen base
     DNALLM_CHECK(lora_r > 0, ExitCode::kUsage,
                  "lora.quantize_base = \"{}\" quantizes the frozen base of a LoRA fine-tune: "

@@ -1200,6 +1200,32 @@ class HfLoader {
 
 }  // namespace
 
+TransformerLM build_filled(const ModelOptions& options, int64_t lora_r, BlockSink* blocks,
+                           const std::function<void(const std::string&, const Tensor&)>& fill) {
+  ModelOptions lora_options = options;
+  lora_options.lora_r = lora_r;
+  std::set<const void*> offered;  // the blocks' parameters, given to `fill` as they were built
+  FillingSink filling(blocks, [&](const std::string& prefix, torch::nn::Module& block) {
+    for (const auto& p : block.named_parameters()) {
+      if (fill) fill(prefix + p.key(), p.value());
+      offered.insert(p.value().unsafeGetTensorImpl());
+    }
+    if (lora_r > 0) enable_block_lora(block, lora_options);
+  });
+  TransformerLM model(nullptr);
+  {
+    StreamedBuild streamed(&filling);
+    model = TransformerLM(options);
+  }
+  if (fill) {
+    for (auto& [name, p] : model->named_weights()) {
+      if (offered.count(p.unsafeGetTensorImpl()) == 0) fill(name, p);
+    }
+  }
+  if (lora_r > 0) model->enable_lora(lora_r);
+  return model;
+}
+
 ModelOptions hf_fine_tune_options(const Config& config, const data::Tokenizer& ours) {
   return fine_tune_options(config, ours, read_hf_checkpoint(config.model.init_from));
 }
@@ -1212,33 +1238,15 @@ TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours,
   check_same_tokenization(config, ours, theirs, dir);
   ModelOptions o = fine_tune_options(config, ours, h);
   const int64_t lora_r = o.lora_r;
-  o.lora_r = 0;  // LoRA is enabled after the weights are loaded
+  o.lora_r = 0;  // LoRA is enabled block by block as the weights are loaded
   const auto map = vocabulary_map(ours, theirs, dir);
   HfLoader loader(h, o, o.arch == Arch::kBert ? "bert" : "gpt", map, ours);  // (root_name())
-  // Note [Streamed build]: each block is filled as it is built and gets its adapters (Note
-  // [LoRA block by block]), then ZeRO-3 (if any) shards it; the root after the build (Note
-  // [Lazy Hugging Face import]).
-  ModelOptions lora_options = o;
-  lora_options.lora_r = lora_r;
-  std::set<const void*> filled;
-  FillingSink filling(context.blocks, [&](const std::string& prefix, torch::nn::Module& block) {
-    for (const auto& p : block.named_parameters()) {
-      loader.load(prefix + p.key(), p.value());
-      filled.insert(p.value().unsafeGetTensorImpl());
-    }
-    if (lora_r > 0) enable_block_lora(block, lora_options);
-  });
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
-  TransformerLM model(nullptr);
-  {
-    StreamedBuild streamed(&filling);
-    model = TransformerLM(o);
-  }
-  for (auto& [name, p] : model->named_weights()) {
-    if (filled.count(p.unsafeGetTensorImpl()) == 0) loader.load(name, p);
-  }
+  // Note [Lazy Hugging Face import]: each tensor read as it is copied in.
+  TransformerLM model =
+      build_filled(o, lora_r, context.blocks,
+                   [&](const std::string& name, const Tensor& p) { loader.load(name, p); });
   loader.log();
-  if (lora_r > 0) model->enable_lora(lora_r);
   return model;
 }
 

@@ -26,6 +26,7 @@
 // head) are listed by name in the log.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -116,6 +117,16 @@ TransformerLM build_hf_model_with_adapter(const HfCheckpoint& base, const PeftAd
 // [Streamed build]).
 TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours,
                            const BuildContext& context);
+
+// Note [Streamed build], Note [LoRA block by block]: the model `options` describes (lora_r = 0),
+// built block by block: `fill` (may be empty) gets each of a block's parameters by name, then the
+// block gets its adapters (`lora_r` > 0), then `blocks` (ZeRO-3's sink; null: none) takes it; the
+// rest of the parameters (the root's) go to `fill` after the build, and LoRA is enabled on the
+// whole model last. The one order of a build from a directory, ours (family.cpp) or a Hugging
+// Face one (init_from_hf), so that DDP and ZeRO-3 draw the same adapters.
+TransformerLM build_filled(
+    const ModelOptions& options, int64_t lora_r, BlockSink* blocks,
+    const std::function<void(const std::string&, const torch::Tensor&)>& fill);
 
 // The options of the model init_from_hf() builds (Note [Memory predicted]); reads config.json
 // and the weights file's header (and the root's tied tensors), as read_hf_checkpoint does.
