@@ -53,6 +53,17 @@ void allocate_storage(const torch::Tensor& t) {
   impl->set_nbytes(bytes);
 }
 
+// Note [Streamed build]: whether place() found the parameters the sink took as the block was
+// built: the same TensorImpls in the same order.
+bool same_tensors(const std::vector<torch::Tensor>& taken,
+                  const std::vector<torch::Tensor>& placed) {
+  if (taken.size() != placed.size()) return false;
+  for (size_t k = 0; k < taken.size(); ++k) {
+    if (taken[k].unsafeGetTensorImpl() != placed[k].unsafeGetTensorImpl()) return false;
+  }
+  return true;
+}
+
 BufferView view_of(const torch::Tensor& t, int64_t begin, int64_t count) {
   return buffer_view(t, begin, count, *dtype_of(t.scalar_type()));
 }
@@ -232,14 +243,11 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     const int64_t padded = unit.shard.chunk * world;
     const bool streamed = u < streamed_.size();
     if (streamed) {  // the same parameters in the same order as the sink laid out
-      const auto& taken = streamed_[u].params;
-      bool same = taken.size() == unit.params.size();
-      for (size_t k = 0; same && k < taken.size(); ++k) {
-        same = taken[k].unsafeGetTensorImpl() == unit.params[k].unsafeGetTensorImpl();
-      }
-      DNALLM_CHECK(same && streamed_[u].chunk.numel() == unit.shard.chunk, ExitCode::kFailure,
+      DNALLM_CHECK(same_tensors(streamed_[u].params, unit.params) &&
+                       streamed_[u].chunk.numel() == unit.shard.chunk,
+                   ExitCode::kFailure,
                    "internal: block {} was streamed with {} parameters, placed with {}", u,
-                   taken.size(), unit.params.size());
+                   streamed_[u].params.size(), unit.params.size());
     }
     // Rank 0's values everywhere (as DDP's broadcast), then this rank's chunk into the shard;
     // a streamed block's chunk was taken so as it was built (Note [Streamed build]).
@@ -303,14 +311,11 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     std::vector<int64_t> offsets;
     const int64_t chunk = (aligned_offsets(unit.frozen, offsets) + world - 1) / world;
     if (b < streamed_.size()) {  // taken as the block was built (Note [Streamed build])
-      const auto& taken = streamed_[b].frozen;
-      bool same = taken.size() == unit.frozen.size();
-      for (size_t k = 0; same && k < taken.size(); ++k) {
-        same = taken[k].unsafeGetTensorImpl() == unit.frozen[k].unsafeGetTensorImpl();
-      }
-      DNALLM_CHECK(same && streamed_[b].frozen_chunk.numel() == chunk, ExitCode::kFailure,
+      DNALLM_CHECK(same_tensors(streamed_[b].frozen, unit.frozen) &&
+                       streamed_[b].frozen_chunk.numel() == chunk,
+                   ExitCode::kFailure,
                    "internal: block {} was streamed with {} frozen parameters, placed with {}", b,
-                   taken.size(), unit.frozen.size());
+                   streamed_[b].frozen.size(), unit.frozen.size());
       unit.frozen_full = torch::empty({chunk * world}, opts);
       unit.frozen_shard = streamed_[b].frozen_chunk.to(opts.device());
       streamed_[b].frozen_chunk = torch::Tensor();
