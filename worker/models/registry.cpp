@@ -113,8 +113,7 @@ void check_model_memory(const Config& config, const data::Tokenizer& tokenizer,
 }
 
 bool streams_blocks(const Config& config) {
-  return config.lora.quantize_base == cfg::QuantizeBase::kNone &&
-         config.training.batch_size != cfg::BatchSize::kAuto;
+  return config.training.batch_size != cfg::BatchSize::kAuto;
 }
 
 LanguageModel build_model_for(const Config& config, const data::Tokenizer& tokenizer,

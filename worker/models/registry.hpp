@@ -40,10 +40,10 @@ struct BuildContext {
 };
 
 // Note [Streamed build]: whether `config` builds a model that nothing reads whole before
-// placement: no quantized base (quantized after the build), no training.batch_size = "auto"
-// (its probe runs the whole model). A family whose build starts from a directory (ours or a
-// Hugging Face one) or adds LoRA fills each block and adds its adapters as it is built
-// (FillingSink, Note [LoRA block by block]) or builds whole (installs no sink).
+// placement: not under training.batch_size = "auto" (its probe runs the whole model). A family
+// whose build starts from a directory (ours or a Hugging Face one), adds LoRA or quantizes its
+// base (QLoRA) fills each block, adds its adapters and quantizes it as it is built (FillingSink,
+// Note [LoRA block by block]) or builds whole (installs no sink).
 bool streams_blocks(const Config& config);
 
 struct ModelFamily {

@@ -834,6 +834,29 @@ TEST_F(DdpEquivalence, Zero3ExportGathersOneUnitAtATime) {
   expect_peak_as_predicted(run, "ZeRO-3, 8 blocks");
 }
 
+// QLoRA (lora.quantize_base = "nf4") under ZeRO-3: each block's base linears are quantized as
+// the block is built, before the sink takes the chunk of what stays fp32 (Note [LoRA block by
+// block]); the quantized base stays whole on every rank (0.52 bytes a weight). DDP quantizes in
+// the same order, so the two train and export the same model bit for bit.
+TEST_F(DdpEquivalence, Zero3QloraIsDdpBitForBit) {
+  const std::string qlora =
+      "--set lora.r=4 --set lora.quantize_base=nf4 --set training.max_grad_norm=0 ";
+  std::string ddp_log, z3_log;
+  TrainRun ddp = train("qlora_ddp", 2, 6, 1, qlora, "", &ddp_log);
+  TrainRun z3 = train("qlora_z3", 2, 6, 1, qlora + "--set parallel.zero_stage=3", "", &z3_log);
+  expect_identical(ddp, z3, "ZeRO-3 with QLoRA vs DDP with QLoRA");
+  expect_same_export(ddp, z3, "ZeRO-3 with QLoRA vs DDP with QLoRA");
+  for (const std::string* log : {&ddp_log, &z3_log}) {
+    EXPECT_NE(log->find("base linears in nf4"), std::string::npos) << *log;
+  }
+  // Streamed: the blocks' fp32 parameters were never whole, one block at a time.
+  const auto memory = metric_lines(z3.dir, "memory").at(0);
+  const auto held = memory.at("build_held_peak_bytes").get<int64_t>();
+  EXPECT_GT(held, 0);
+  EXPECT_LT(held, memory.at("build_whole_bytes").get<int64_t>());
+  expect_peak_as_predicted(z3, "ZeRO-3 with QLoRA");
+}
+
 // Note [Best checkpoint] (worker/train/trainer.hpp): rank 0 decides whether an evaluation is
 // the best so far and every rank takes part in its export. ZeRO-3 at 2 ranks trains as DDP bit
 // for bit (no clipping), so both keep the same best step and write the same best/ files.

@@ -26,7 +26,8 @@ namespace {
 
 // Note [Memory predicted]: before the model is built, a rank's memory is predicted from its
 // shape: fp32 parameters, their gradients and AdamW's two moments (16 bytes a trainable
-// parameter, 4 a frozen one; divided over the ranks as the ZeRO stage shards them, plus, under
+// parameter, 4 a frozen one, 4.127 bits a QLoRA base weight on every rank; divided over the
+// ranks as the ZeRO stage shards them, plus, under
 // ZeRO-3, the root unit (embeddings, heads) and two blocks gathered with their gradients, the
 // parameters in 2 bytes under bf16 gathers: Note [Fully sharded]) and activations
 // (about 8 [batch, seq, hidden] fp32 tensors a layer, one a layer with activation
@@ -51,10 +52,16 @@ void check_predicted_memory(const Config& config, const ModelOptions& o, const B
   ModelOptions no_blocks = o;
   no_blocks.layers = 0;
   const double root = parameter_count(no_blocks);
-  const double block = o.layers > 0 ? (params - root) / double(o.layers) : 0.0;
+  // QLoRA: the blocks' linear weights are 4.127 bits each (Note [NF4 layout]), whole on every
+  // rank and never gathered; the rest of the base (norms, biases, the root) stays fp32.
+  const bool qlora = lora && config.lora.quantize_base != cfg::QuantizeBase::kNone;
+  const double block_linears = qlora ? block_linear_weight_count(o) : 0.0;
+  const double quantized = double(o.layers) * block_linears;
+  const double block = o.layers > 0 ? (params - root) / double(o.layers) - block_linears : 0.0;
   const double held = stage >= 3 ? root + 2 * block : 0.0;  // gathered elements
   const double gathered_bytes = t.precision == cfg::Precision::kBf16 ? 2.0 : 4.0;
-  const double weights = 4 * params / (stage >= 3 ? world : 1.0) + gathered_bytes * held;
+  const double weights = 4 * (params - quantized) / (stage >= 3 ? world : 1.0) +
+                         gathered_bytes * held + quantized * 4.127 / 8;
   const double grads = lora ? 0.0 : 4 * params / (stage >= 2 ? world : 1.0) + 4 * held;
   // Offloaded from a GPU (Note [Optimizer offload]), the moments live on the host, outside the
   // device's budget; on the CPU the host is the device.
@@ -75,8 +82,8 @@ void check_predicted_memory(const Config& config, const ModelOptions& o, const B
       imported ? fmt::format(
                      "the model is model.init_from = \"{}\": lower "
                      "training.micro_batch_size or model.max_seq_length, set "
-                     "model.gradient_checkpointing = true, parallel.zero_stage = 3 or "
-                     "lora.r > 0, or run more ranks",
+                     "model.gradient_checkpointing = true, parallel.zero_stage = 3, "
+                     "lora.r > 0 or (with it) lora.quantize_base = \"nf4\", or run more ranks",
                      config.model.init_from)
                : std::string(
                      "lower model.hidden, model.ffn, model.layers, "
@@ -133,22 +140,13 @@ TransformerLM build_transformer(const Config& config, int64_t vocab_size,
     };
   }
   // Note [Streamed build], Note [LoRA block by block]: each block filled as it is built.
-  TransformerLM model = build_filled(options, lora_r, context.blocks, fill);
+  TransformerLM model =
+      build_filled(options, lora_r, qlora_base_format(config, lora_r), context.blocks, fill);
   if (from_dir) {
     DNALLM_CHECK(loaded > 0, ExitCode::kUsage,
                  "model.init_from = \"{}\": no tensor matches this model's names and shapes",
                  config.model.init_from);
     spdlog::info("initialised {} tensors from {}", loaded, path);
-  }
-  if (config.lora.quantize_base != cfg::QuantizeBase::kNone) {  // QLoRA: 4-bit frozen base
-    DNALLM_CHECK(lora_r > 0, ExitCode::kUsage,
-                 "lora.quantize_base = \"{}\" quantizes the frozen base of a LoRA fine-tune: "
-                 "set lora.r > 0",
-                 cfg::spelling(config.lora.quantize_base));
-    const auto r = quantize_linears(*model, weight_format_of(config.lora.quantize_base));
-    spdlog::info("QLoRA: {} base linears in {} ({:.2f} MB, {:.3f}x bf16)", r.linears,
-                 cfg::spelling(config.lora.quantize_base), r.quantized_bytes / 1e6,
-                 double(r.quantized_bytes) / double(std::max<int64_t>(r.bf16_bytes(), 1)));
   }
   return model;
 }

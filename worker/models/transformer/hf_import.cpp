@@ -1200,17 +1200,20 @@ class HfLoader {
 
 }  // namespace
 
-TransformerLM build_filled(const ModelOptions& options, int64_t lora_r, BlockSink* blocks,
+TransformerLM build_filled(const ModelOptions& options, int64_t lora_r, WeightFormat base,
+                           BlockSink* blocks,
                            const std::function<void(const std::string&, const Tensor&)>& fill) {
   ModelOptions lora_options = options;
   lora_options.lora_r = lora_r;
   std::set<const void*> offered;  // the blocks' parameters, given to `fill` as they were built
+  QuantizeReport quantized;
   FillingSink filling(blocks, [&](const std::string& prefix, torch::nn::Module& block) {
     for (const auto& p : block.named_parameters()) {
       if (fill) fill(prefix + p.key(), p.value());
       offered.insert(p.value().unsafeGetTensorImpl());
     }
     if (lora_r > 0) enable_block_lora(block, lora_options);
+    quantize_block_linears(block, base, quantized);
   });
   TransformerLM model(nullptr);
   {
@@ -1223,7 +1226,22 @@ TransformerLM build_filled(const ModelOptions& options, int64_t lora_r, BlockSin
     }
   }
   if (lora_r > 0) model->enable_lora(lora_r);
+  if (quantized.linears > 0) {
+    spdlog::info(
+        "QLoRA: {} base linears in {} ({:.2f} MB, {:.3f}x bf16)", quantized.linears,
+        base == WeightFormat::kNf4 ? "nf4" : "int8", quantized.quantized_bytes / 1e6,
+        double(quantized.quantized_bytes) / double(std::max<int64_t>(quantized.bf16_bytes(), 1)));
+  }
   return model;
+}
+
+WeightFormat qlora_base_format(const Config& config, int64_t lora_r) {
+  const auto base = config.lora.quantize_base;
+  DNALLM_CHECK(base == cfg::QuantizeBase::kNone || lora_r > 0, ExitCode::kUsage,
+               "lora.quantize_base = \"{}\" quantizes the frozen base of a LoRA fine-tune: "
+               "set lora.r > 0",
+               cfg::spelling(base));
+  return weight_format_of(base);
 }
 
 ModelOptions hf_fine_tune_options(const Config& config, const data::Tokenizer& ours) {
@@ -1244,7 +1262,7 @@ TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours,
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));
   // Note [Lazy Hugging Face import]: each tensor read as it is copied in.
   TransformerLM model =
-      build_filled(o, lora_r, context.blocks,
+      build_filled(o, lora_r, qlora_base_format(config, lora_r), context.blocks,
                    [&](const std::string& name, const Tensor& p) { loader.load(name, p); });
   loader.log();
   return model;

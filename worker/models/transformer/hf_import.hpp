@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/models/registry.hpp"
+#include "worker/models/transformer/quantized_linear.hpp"
 #include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::data {
@@ -120,13 +121,18 @@ TransformerLM init_from_hf(const Config& config, const data::Tokenizer& ours,
 
 // Note [Streamed build], Note [LoRA block by block]: the model `options` describes (lora_r = 0),
 // built block by block: `fill` (may be empty) gets each of a block's parameters by name, then the
-// block gets its adapters (`lora_r` > 0), then `blocks` (ZeRO-3's sink; null: none) takes it; the
-// rest of the parameters (the root's) go to `fill` after the build, and LoRA is enabled on the
-// whole model last. The one order of a build from a directory, ours (family.cpp) or a Hugging
-// Face one (init_from_hf), so that DDP and ZeRO-3 draw the same adapters.
+// block gets its adapters (`lora_r` > 0) and, under QLoRA (`base` not kFull), its linears
+// quantized, then `blocks` (ZeRO-3's sink; null: none) takes it; the rest of the parameters (the
+// root's) go to `fill` after the build, and LoRA is enabled on the whole model last. The one
+// order of a build from a directory, ours (family.cpp) or a Hugging Face one (init_from_hf), so
+// that DDP and ZeRO-3 draw the same adapters, and a QLoRA base is never whole in fp32.
 TransformerLM build_filled(
-    const ModelOptions& options, int64_t lora_r, BlockSink* blocks,
+    const ModelOptions& options, int64_t lora_r, WeightFormat base, BlockSink* blocks,
     const std::function<void(const std::string&, const torch::Tensor&)>& fill);
+
+// lora.quantize_base as the format build_filled() quantizes the blocks' linears to; Error(kUsage)
+// when it is set without LoRA (`lora_r` = 0).
+WeightFormat qlora_base_format(const Config& config, int64_t lora_r);
 
 // The options of the model init_from_hf() builds (Note [Memory predicted]); reads config.json
 // and the weights file's header (and the root's tied tensors), as read_hf_checkpoint does.

@@ -212,17 +212,10 @@ WeightFormat weight_format_of(cfg::QuantizeBase base) {
        static_cast<int>(base));
 }
 
-QuantizeReport quantize_linears(LanguageModelImpl& model, WeightFormat format) {
-  QuantizeReport report;
-  if (format == WeightFormat::kFull) return report;
+void quantize_block_linears(torch::nn::Module& block, WeightFormat format, QuantizeReport& report) {
+  if (format == WeightFormat::kFull) return;
   torch::NoGradGuard no_grad;
-  std::vector<std::shared_ptr<torch::nn::Module>> linears;  // the blocks' (not the heads')
-  for (const auto& block : model.blocks()) {
-    for (const auto& m : block->modules()) linears.push_back(m);
-  }
-  DNALLM_CHECK(format == WeightFormat::kFull || !linears.empty(), ExitCode::kUsage,
-               "the {} model has no blocks to quantize", model.spec().family);
-  for (const auto& m : linears) {
+  for (const auto& m : block.modules()) {
     auto* lin = m->as<LoraLinearImpl>();
     if (lin == nullptr || lin->quantized()) continue;
     const auto w = lin->weight.detach();
@@ -232,6 +225,15 @@ QuantizeReport quantize_linears(LanguageModelImpl& model, WeightFormat format) {
     report.quantized_bytes += q->bytes();
     lin->set_quantized(std::move(q));
   }
+}
+
+QuantizeReport quantize_linears(LanguageModelImpl& model, WeightFormat format) {
+  QuantizeReport report;
+  if (format == WeightFormat::kFull) return report;
+  const auto blocks = model.blocks();  // the blocks' linears (not the heads')
+  DNALLM_CHECK(!blocks.empty(), ExitCode::kUsage, "the {} model has no blocks to quantize",
+               model.spec().family);
+  for (const auto& block : blocks) quantize_block_linears(*block, format, report);
   return report;
 }
 

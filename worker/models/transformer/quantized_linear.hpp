@@ -90,5 +90,8 @@ struct QuantizeReport {
 // output, FFN in/out: nearly all of a model's weights). Embeddings, the MLM transform, the
 // pooler and the classifier stay in full precision. Adapters already on a layer are kept.
 QuantizeReport quantize_linears(LanguageModelImpl& model, WeightFormat format);
+// The same for one block's linear layers, added to `report`: a QLoRA base is quantized block by
+// block as it is built (Note [LoRA block by block]), never whole in full precision.
+void quantize_block_linears(torch::nn::Module& block, WeightFormat format, QuantizeReport& report);
 
 }  // namespace dnallm::models

@@ -108,6 +108,12 @@ double parameter_count(const ModelOptions& o) {
   return total;
 }
 
+double block_linear_weight_count(const ModelOptions& o) {
+  const double h = double(o.hidden), f = double(o.ffn);
+  const double kv = double(key_value_heads(o)) * (h / double(std::max<int64_t>(o.heads, 1)));
+  return 2 * h * h + 2 * h * kv + (o.gated_mlp ? 3 : 2) * h * f;
+}
+
 void check_model_shape(const ModelOptions& o, const std::string& where) {
   auto in_range = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {
     DNALLM_CHECK(v >= lo && v <= hi, ExitCode::kUsage,

@@ -129,6 +129,8 @@ inline constexpr double kMaxParameters = 68719476736.0;  // 2^36
 // Parameters of a model with these options (LoRA adapters not counted), in double so that
 // no size overflows.
 double parameter_count(const ModelOptions& o);
+// The weights of one block's linear layers (what QLoRA quantizes: quantize_block_linears).
+double block_linear_weight_count(const ModelOptions& o);
 
 // Note [Model shape limits]: throws Error(kUsage) naming `where` (the config.json) and the key
 // when `o` is outside the limits, before any allocation.
@@ -187,7 +189,8 @@ TORCH_MODULE(Block);
 // its base frozen, adapters added (their draws) on the targeted linears; again on a block that
 // has them, it only marks them trainable. TransformerLMImpl::enable_lora runs it on every
 // block; a build that fills blocks as they are built (Note [Streamed build]) runs it on each
-// block right after it is filled, so DDP and ZeRO-3 draw the adapters in the same order.
+// block right after it is filled, so DDP and ZeRO-3 draw the adapters in the same order (and,
+// under QLoRA, quantizes the block's base linears then: build_filled in hf_import.hpp).
 void enable_block_lora(torch::nn::Module& block, const ModelOptions& options);
 
 class TransformerLMImpl : public LanguageModelImpl {
