@@ -37,6 +37,53 @@ Tensor levels_tensor(const torch::Device& device) {
       .to(device, false, true);
 }
 
+// Note [NF4 backward]: y = x W^T + b with W dequantised from its NF4 codes for the product and
+// freed after it. Autograd's own linear would save W (fp32, whole) for x's gradient until the
+// backward pass: every block's, the whole full-precision base at once while a QLoRA step runs.
+// This function saves the codes instead (references, no copy) and dequantises W again in
+// backward, as bitsandbytes' MatMul4Bit does: one more dequantisation a linear, and at most
+// one linear's full-precision weight alive. W gets no gradient (the base is frozen); the bias
+// gets one when it requires it.
+struct Nf4Linear : public torch::autograd::Function<Nf4Linear> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x, const Tensor& bias,
+                        const Nf4Tensor* q) {
+    ctx->saved_data["codes"] = q->codes;
+    ctx->saved_data["absmax_q"] = q->absmax_q;
+    ctx->saved_data["absmax_scale"] = q->absmax_scale;
+    ctx->saved_data["levels"] = q->levels;
+    ctx->saved_data["absmax_offset"] = q->absmax_offset;
+    ctx->saved_data["shape"] = q->shape;
+    ctx->saved_data["numel"] = q->numel;
+    ctx->saved_data["x_dtype"] = x.scalar_type();
+    const bool has_bias = bias.numel() > 0;
+    ctx->saved_data["bias_grad"] = has_bias && bias.requires_grad();
+    ctx->saved_data["bias_dtype"] = bias.scalar_type();
+    auto w = nf4_dequantize(*q).to(x.dtype());
+    // See Note [at::linear, not nn::functional::linear] (lora_linear.cpp).
+    return torch::linear(x, w, has_bias ? bias.to(x.dtype()) : Tensor());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto& g = grads[0];
+    Nf4Tensor q;
+    q.codes = ctx->saved_data["codes"].toTensor();
+    q.absmax_q = ctx->saved_data["absmax_q"].toTensor();
+    q.absmax_scale = ctx->saved_data["absmax_scale"].toTensor();
+    q.levels = ctx->saved_data["levels"].toTensor();
+    q.absmax_offset = ctx->saved_data["absmax_offset"].toDouble();
+    q.shape = ctx->saved_data["shape"].toIntVector();
+    q.numel = ctx->saved_data["numel"].toInt();
+    const auto w = nf4_dequantize(q).to(g.scalar_type());
+    const auto x_dtype = ctx->saved_data["x_dtype"].toScalarType();
+    Tensor grad_bias;
+    if (ctx->saved_data["bias_grad"].toBool()) {
+      grad_bias =
+          g.reshape({-1, g.size(-1)}).sum(0).to(ctx->saved_data["bias_dtype"].toScalarType());
+    }
+    return {torch::matmul(g, w).to(x_dtype), grad_bias, Tensor()};
+  }
+};
+
 class Nf4Weight final : public QuantizedWeight {
  public:
   explicit Nf4Weight(const Tensor& w) : q_(nf4_quantize(w)) {}
@@ -44,10 +91,10 @@ class Nf4Weight final : public QuantizedWeight {
     // A model quantized before it was moved (trainer: build, then .to(device)) follows its
     // activations once; the codes are not module buffers, so Module::to() does not move them.
     if (q_.codes.device() != x.device()) move_to(x.device());
-    // Dequantised on the fly into x's dtype, used once, freed: the resident base stays 4-bit.
-    auto w = dequantize().to(x.dtype());
-    // See Note [at::linear, not nn::functional::linear] (lora_linear.cpp).
-    return torch::linear(x, w, bias.defined() ? bias.to(x.dtype()) : torch::Tensor());
+    // Dequantised on the fly into x's dtype, used once, freed (and again in backward: Note
+    // [NF4 backward]): the resident base stays 4-bit.
+    // (no bias: an empty tensor, as autograd's apply() takes no undefined input)
+    return Nf4Linear::apply(x, bias.defined() ? bias : torch::empty({0}, x.options()), &q_);
   }
   Tensor dequantize() const override { return nf4_dequantize(q_); }
   int64_t bytes() const override { return q_.bytes(); }
