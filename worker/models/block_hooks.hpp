@@ -48,11 +48,11 @@ torch::Tensor run_block(BlockHooks* hooks, size_t index, Forward&& forward) {
 // import]), fills each block from the file as it is built (FillingSink: tensor by tensor,
 // never the whole file in memory), the rest after, and adds each block's LoRA adapters (and
 // under QLoRA quantizes its base linears) before the sink takes it (Note [LoRA block by block];
-// ZeRO-3 keeps the chunk of its frozen fp32 base too; a quantized base stays whole on every rank,
-// 0.52 bytes a weight). A model probed whole (training.batch_size = "auto"), or a HyenaDNA or
-// Caduceus started from a directory or given LoRA is built whole, as before. Between the build and
-// placement nothing may read a streamed block's parameters (their data pointer is null: a read
-// fails at once instead of computing with garbage).
+// ZeRO-3 keeps the chunk of its frozen fp32 base too, and of a quantized base's codes and scales:
+// Note [Fully sharded quantized base]). A model probed whole (training.batch_size = "auto"), or a
+// HyenaDNA or Caduceus started from a directory or given LoRA is built whole, as before. Between
+// the build and placement nothing may read a streamed block's parameters (their data pointer is
+// null: a read fails at once instead of computing with garbage).
 class BlockSink {
  public:
   virtual ~BlockSink() = default;

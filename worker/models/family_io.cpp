@@ -17,6 +17,7 @@
 #include "core/untrusted_file.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_directory.hpp"
+#include "worker/models/transformer/quantized_linear.hpp"
 #include "worker/models/transformer/transformer.hpp"
 #include "worker/tensor_buffer.hpp"
 
@@ -252,9 +253,11 @@ ExportedTensor LiveWeights::operator()(const std::string& name, const torch::Ten
   const auto linear = it->second;
   std::vector<torch::Tensor> reads = linear->parameters();
   for (const auto& b : linear->buffers()) reads.push_back(b);
-  // A quantized base's shape is its dequantized weight's (never sharded: not a parameter).
-  const auto shape =
-      linear->quantized() ? linear->full_weight().sizes().vec() : linear->weight.sizes().vec();
+  // A quantized base's shape is its dequantized weight's, read without dequantising: under
+  // ZeRO-3 its codes are sharded with its block (Note [Fully sharded quantized base]) and held
+  // only while the weight is.
+  const auto shape = linear->quantized() ? quantized_weight_shape(*linear->quantized())
+                                         : linear->weight.sizes().vec();
   const bool merge = merge_;
   return {name, shape, DType::kFloat32, std::move(reads),
           [linear, merge] { return on_host(full_linear_weight(*linear, merge)); }};

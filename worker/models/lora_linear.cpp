@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "worker/models/transformer/quantized_linear.hpp"
 
@@ -95,6 +96,20 @@ bool is_lora_parameter(const std::string& name) {
     return name.size() > t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0;
   };
   return ends(".lora_A") || ends(".lora_B");
+}
+
+std::vector<Tensor> quantized_storage(torch::nn::Module& module) {
+  std::vector<Tensor> out;
+  const auto take = [&](torch::nn::Module& m) {
+    const auto* linear = m.as<LoraLinearImpl>();
+    if (linear == nullptr || !linear->quantized()) return;
+    for (auto& t : quantized_weight_storage(*linear->quantized())) out.push_back(std::move(t));
+  };
+  // (the module itself apart: modules() can list it only when a shared_ptr holds it, which a
+  // block being built need not be)
+  take(module);
+  for (const auto& m : module.modules(/*include_self=*/false)) take(*m);
+  return out;
 }
 
 }  // namespace dnallm::models

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.hpp"
+#include "worker/models/lora_linear.hpp"
 #include "worker/tensor_buffer.hpp"
 
 namespace dnallm::parallel {
@@ -23,6 +24,22 @@ constexpr int64_t kAlign = 16;  // elements: each parameter starts 64 bytes in, 
 
 int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
+// The fp32 elements a tensor takes in a unit's buffer: its own for fp32, else its bytes in 4-byte
+// words (a QLoRA base's NF4 codes and scales: Note [Fully sharded quantized base]).
+int64_t slots(const torch::Tensor& t) {
+  if (t.scalar_type() == torch::kFloat32) return t.numel();
+  return (t.numel() * static_cast<int64_t>(t.element_size()) + 3) / 4;
+}
+
+// `t`'s place in an fp32 unit buffer at `offset`, with t's dtype and shape (its bytes as they
+// are: an all-gather copies bytes, whatever dtype it is told).
+torch::Tensor slot_view(const torch::Tensor& buffer, int64_t offset, const torch::Tensor& t) {
+  auto words = buffer.narrow(0, offset, slots(t));
+  if (t.scalar_type() == buffer.scalar_type()) return words.view(t.sizes());
+  const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+  return words.view(torch::kUInt8).narrow(0, 0, bytes).view(t.scalar_type()).view(t.sizes());
+}
+
 // Each of `params`' offset in its unit's flat buffer (16-element aligned, in order) and the
 // buffer's length: the one layout of a unit's trainable and of its frozen parameters, and what
 // the streamed build lays out before place() (Note [Streamed build]).
@@ -31,7 +48,7 @@ int64_t aligned_offsets(const std::vector<torch::Tensor>& params, std::vector<in
   int64_t n = 0;
   for (const auto& p : params) {
     offsets.push_back(n);
-    n += align_up(p.numel());
+    n += align_up(slots(p));
   }
   return n;
 }
@@ -117,7 +134,7 @@ torch::Tensor FullyShardedSync::broadcast_packed(const std::vector<torch::Tensor
   const int64_t padded = chunk * comm_.world_size();
   auto buffer = torch::zeros({padded}, options);
   for (size_t k = 0; k < params.size(); ++k) {
-    buffer.narrow(0, offsets[k], params[k].numel()).copy_(params[k].detach().reshape({-1}));
+    slot_view(buffer, offsets[k], params[k]).copy_(params[k].detach());
   }
   if (padded > 0) comm_.broadcast(view_of(buffer, 0, padded), 0)->wait();
   return buffer;
@@ -147,6 +164,8 @@ void FullyShardedSync::block_built(size_t index, const std::string& /*path*/,
     }
     (p.requires_grad() ? s.params : s.frozen).push_back(p);
   }
+  // A QLoRA base, quantized as the block was built (Note [Fully sharded quantized base]).
+  for (auto& t : models::quantized_storage(block)) s.frozen.push_back(std::move(t));
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(*build_device_);
   auto my_chunk = [&](const std::vector<torch::Tensor>& params) {
     std::vector<int64_t> offsets;
@@ -307,6 +326,12 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
       }
       unit.frozen.push_back(p);
     }
+    // Note [Fully sharded quantized base]: a QLoRA base's NF4 codes and scales, after the
+    // frozen parameters, in the buffer's bytes.
+    for (auto& t : models::quantized_storage(*blocks[b])) {
+      frozen_total_bytes_ += bytes_of(t);
+      unit.frozen.push_back(std::move(t));
+    }
     if (unit.frozen.empty()) continue;
     std::vector<int64_t> offsets;
     const int64_t chunk = (aligned_offsets(unit.frozen, offsets) + world - 1) / world;
@@ -324,9 +349,7 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
       unit.frozen_shard = unit.frozen_full.narrow(0, rank * chunk, chunk).clone();
     }
     for (size_t k = 0; k < unit.frozen.size(); ++k) {
-      auto param = unit.frozen[k];
-      const auto shape = param.sizes().vec();
-      param.set_data(unit.frozen_full.narrow(0, offsets[k], param.numel()).view(shape));
+      unit.frozen[k].set_data(slot_view(unit.frozen_full, offsets[k], unit.frozen[k]));
     }
     release_storage(unit.frozen_full);
     frozen_held_bytes_ += chunk * 4;

@@ -134,6 +134,16 @@
 // parameters (embeddings under LoRA) stay whole, as the root is gathered for every step. A
 // streamed build (Note [Streamed build]) hands each block's frozen chunk over as the block is
 // built (Note [LoRA block by block]), so the base is never whole on a rank either.
+//
+// Note [Fully sharded quantized base]: under QLoRA a block's base linears are NF4 codes and
+// scales (Note [NF4 layout]: 0.52 bytes a weight), not parameters: models::quantized_storage()
+// lists them. They join the block's frozen buffer after its fp32 frozen parameters, each in
+// 4-byte words (its bytes as they are: an all-gather copies bytes), and are sharded, gathered
+// and released with it: set_data points each at its place in frozen_full, so the linears (and
+// what the NF4 backward saved: Note [NF4 backward]) read the gathered bytes; its code book (16
+// values) follows the codes to the device. A rank holds 1/N of the 4-bit base between uses,
+// where DDP holds all of it (as FSDP-QLoRA shards bitsandbytes' Params4bit). The codes are those
+// every rank would compute, rank 0's broadcast: DDP and ZeRO-3 train the same model bit for bit.
 #pragma once
 
 #include <torch/csrc/autograd/variable.h>
@@ -208,8 +218,9 @@ class FullyShardedSync final : public GradientSync, public models::BlockSink {
     std::vector<torch::Tensor> params;  // the model's parameters (views of `full` when gathered)
     std::vector<int64_t> offsets;       // each one's offset inside the unit
     std::vector<std::vector<int64_t>> shapes;
-    // Note [Fully sharded frozen base]: the block's frozen parameters (LoRA's base), gathered
-    // and released with it; no gradient, no optimizer, not in the checkpoint.
+    // Note [Fully sharded frozen base]: the block's frozen parameters (LoRA's base), then its
+    // quantized base's tensors (Note [Fully sharded quantized base]), gathered and released
+    // with it; no gradient, no optimizer, not in the checkpoint.
     std::vector<torch::Tensor> frozen;
     torch::Tensor frozen_full;   // [frozen_chunk * world]; storage released when not gathered
     torch::Tensor frozen_shard;  // [frozen_chunk]: this rank's chunk, always held
@@ -239,7 +250,8 @@ class FullyShardedSync final : public GradientSync, public models::BlockSink {
   struct Streamed {
     std::vector<torch::Tensor> params;  // its trainable fp32 parameters, storage released
     torch::Tensor chunk;  // [chunk] on build_device_: this rank's, as place() lays out
-    // Its frozen fp32 parameters (a LoRA base: Note [Fully sharded frozen base]), likewise.
+    // Its frozen fp32 parameters (a LoRA base: Note [Fully sharded frozen base]) and quantized
+    // base (Note [Fully sharded quantized base]), likewise.
     std::vector<torch::Tensor> frozen;
     torch::Tensor frozen_chunk;
   };
@@ -311,9 +323,9 @@ class FullyShardedSync final : public GradientSync, public models::BlockSink {
   std::vector<Streamed> streamed_;
   std::set<const void*> streamed_seen_;  // parameters taken by an earlier block (TensorImpl)
   int64_t build_held_peak_ = 0;          // most bytes of whole block parameters held while built
-  int64_t build_whole_bytes_ = 0;        // every block's trainable parameters, whole
+  int64_t build_whole_bytes_ = 0;        // every block's parameters (frozen too), whole
   int64_t frozen_held_bytes_ = 0;   // frozen shards of the blocks + the root's frozen parameters
-  int64_t frozen_total_bytes_ = 0;  // every frozen parameter of the model
+  int64_t frozen_total_bytes_ = 0;  // every frozen parameter of the model, and a QLoRA base
   double exposed_s_ = 0;            // this step's waiting for reductions after backward
 };
 

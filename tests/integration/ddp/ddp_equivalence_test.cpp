@@ -836,8 +836,9 @@ TEST_F(DdpEquivalence, Zero3ExportGathersOneUnitAtATime) {
 
 // QLoRA (lora.quantize_base = "nf4") under ZeRO-3: each block's base linears are quantized as
 // the block is built, before the sink takes the chunk of what stays fp32 (Note [LoRA block by
-// block]); the quantized base stays whole on every rank (0.52 bytes a weight). DDP quantizes in
-// the same order, so the two train and export the same model bit for bit.
+// block]), and its NF4 codes and scales are sharded with the block (Note [Fully sharded
+// quantized base]). DDP quantizes in the same order, so the two train and export the same model
+// bit for bit.
 TEST_F(DdpEquivalence, Zero3QloraIsDdpBitForBit) {
   const std::string qlora =
       "--set lora.r=4 --set lora.quantize_base=nf4 --set training.max_grad_norm=0 ";
@@ -854,6 +855,15 @@ TEST_F(DdpEquivalence, Zero3QloraIsDdpBitForBit) {
   const auto held = memory.at("build_held_peak_bytes").get<int64_t>();
   EXPECT_GT(held, 0);
   EXPECT_LT(held, memory.at("build_whole_bytes").get<int64_t>());
+  // The blocks' frozen base is split in two (the root's embeddings every rank holds whole): of
+  // the NF4 bytes of 2 blocks of 8,192 weights (2 x 4,228) and their fp32 norms and biases
+  // (2 x 1,408), a rank leaves about half to the other (5,040 bytes measured), more than 4,096
+  // (about 1,408 when the NF4 base was whole on every rank).
+  const auto frozen = memory.at("frozen_bytes").get<int64_t>();
+  const auto frozen_total = memory.at("frozen_total_bytes").get<int64_t>();
+  std::cout << "[ measured ] ZeRO-3 with QLoRA, 2 ranks: " << frozen << " of " << frozen_total
+            << " frozen bytes held by a rank\n";
+  EXPECT_GT(frozen_total - frozen, 4096);
   expect_peak_as_predicted(z3, "ZeRO-3 with QLoRA");
 }
 

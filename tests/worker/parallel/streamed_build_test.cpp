@@ -20,6 +20,7 @@
 #include "context_ranks.hpp"
 #include "core/config.hpp"
 #include "worker/data/tokenizer.hpp"
+#include "worker/models/lora_linear.hpp"
 #include "worker/models/registry.hpp"
 #include "worker/parallel/fully_sharded.hpp"
 
@@ -38,7 +39,8 @@ std::vector<std::pair<std::string, torch::Tensor>> trainable(models::LanguageMod
 }
 
 // Bytes of each block's fp32 parameters, trainable or frozen (a LoRA base; a parameter counted
-// with the first block that has it), and what their storage holds now.
+// with the first block that has it) and of its quantized base (QLoRA), and what their storage
+// holds now.
 struct BlockBytes {
   int64_t largest = 0, total = 0, allocated = 0;
 };
@@ -54,6 +56,10 @@ BlockBytes block_bytes(models::LanguageModel& model) {
       }
       bytes += p.numel() * int64_t(p.element_size());
       b.allocated += int64_t(p.storage().nbytes());
+    }
+    for (const auto& t : models::quantized_storage(*block)) {
+      bytes += t.numel() * int64_t(t.element_size());
+      b.allocated += int64_t(t.storage().nbytes());
     }
     b.largest = std::max(b.largest, bytes);
     b.total += bytes;
@@ -148,7 +154,8 @@ void expect_streamed_is_whole(const Config& config, const data::Tokenizer& token
   EXPECT_LT(built.largest, built.total) << what;  // more than one block
   if (config.lora.r == 0) return;
   // Every frozen base parameter is this rank's shard of the whole build's (Note [Fully sharded
-  // frozen base]): gathered, they are equal. The adapters trained are the same ones.
+  // frozen base]), and so is a QLoRA base's every code and scale (Note [Fully sharded quantized
+  // base]): gathered, they are equal. The adapters trained are the same ones.
   const auto names = [](models::LanguageModel& m) {
     std::vector<std::string> out;
     for (const auto& [name, p] : trainable(m)) out.push_back(name);
@@ -162,12 +169,27 @@ void expect_streamed_is_whole(const Config& config, const data::Tokenizer& token
     for (const auto& p : m->parameters()) {
       if (!p.requires_grad()) out.push_back(p.detach().clone());
     }
+    for (const auto& block : m->blocks()) {
+      for (const auto& t : models::quantized_storage(*block)) out.push_back(t.clone());
+    }
     return out;
   };
   const auto a = gathered(sync, model), b = gathered(whole_sync, whole);
   ASSERT_EQ(a.size(), b.size()) << what;
   ASSERT_GT(a.size(), 0u) << what;
   for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(torch::equal(a[k], b[k])) << what << " " << k;
+}
+
+// One of our directories at `dir`: a model of `shape` (another seed), every weight moved off
+// its initial value.
+void write_base(const std::filesystem::path& dir, const std::string& shape,
+                const data::Tokenizer& tokenizer) {
+  std::filesystem::remove_all(dir);
+  auto base = models::build_model_for(parse_config(shape + "[training]\nseed = 3\n", "base"),
+                                      tokenizer, models::BuildContext{});
+  torch::NoGradGuard no_grad;
+  for (auto& p : base->parameters()) p.add_(torch::randn_like(p) * 0.1);
+  models::export_live_model(base, dir.string());
 }
 
 // model.init_from = one of our directories (the transformer family): each block is filled from
@@ -179,14 +201,7 @@ TEST(StreamedBuild, InitFromOurDirectoryFillsEachBlockAsItIsBuilt) {
       "[model]\narch = \"bert\"\ntask = \"pretrain\"\nhidden = 16\nlayers = 6\nheads = 2\n"
       "ffn = 32\nmax_seq_length = 64\n";
   const auto dir = std::filesystem::temp_directory_path() / "dnallm_streamed_build_init_from";
-  std::filesystem::remove_all(dir);
-  {  // the base: another seed, every weight moved off its initial value
-    auto base = models::build_model_for(parse_config(shape + "[training]\nseed = 3\n", "base"),
-                                        *tokenizer, models::BuildContext{});
-    torch::NoGradGuard no_grad;
-    for (auto& p : base->parameters()) p.add_(torch::randn_like(p) * 0.1);
-    models::export_live_model(base, dir.string());
-  }
+  write_base(dir, shape, *tokenizer);
   const Config config =
       parse_config(shape + fmt::format("init_from = \"{}\"\n[training]\nseed = 11\n", dir.string()),
                    "init_from");
@@ -194,19 +209,99 @@ TEST(StreamedBuild, InitFromOurDirectoryFillsEachBlockAsItIsBuilt) {
   expect_no_errors(run_on_ranks(2, "streamed_init_from", [&](int, comm::Communicator& comm) {
     expect_streamed_is_whole(config, *tokenizer, comm, "init_from our directory");
   }));
-  // Note [LoRA block by block]: with LoRA, fresh and from the directory (one rank: the adapters
-  // are drawn).
+  // Note [LoRA block by block]: with LoRA and QLoRA, fresh and from the directory (one rank:
+  // the adapters are drawn).
   for (const std::string& from : {std::string(), dir.string()}) {
-    const Config lora =
-        parse_config(shape + (from.empty() ? "" : fmt::format("init_from = \"{}\"\n", from)) +
-                         "[lora]\nr = 4\ntarget_modules = [\"query\", \"value\", \"dense\"]\n"
-                         "[training]\nseed = 11\n",
-                     "lora");
-    ASSERT_TRUE(models::streams_blocks(lora));
-    expect_no_errors(run_on_ranks(1, "streamed_lora", [&](int, comm::Communicator& comm) {
-      expect_streamed_is_whole(lora, *tokenizer, comm, "LoRA, init_from \"" + from + "\"");
-    }));
+    for (const std::string quantize : {"", "quantize_base = \"nf4\"\n"}) {
+      const Config lora =
+          parse_config(shape + (from.empty() ? "" : fmt::format("init_from = \"{}\"\n", from)) +
+                           "[lora]\nr = 4\ntarget_modules = [\"query\", \"value\", \"dense\"]\n" +
+                           quantize + "[training]\nseed = 11\n",
+                       "lora");
+      ASSERT_TRUE(models::streams_blocks(lora));
+      const std::string what =
+          fmt::format("{}, init_from \"{}\"", quantize.empty() ? "LoRA" : "QLoRA", from);
+      expect_no_errors(run_on_ranks(1, "streamed_lora", [&](int, comm::Communicator& comm) {
+        expect_streamed_is_whole(lora, *tokenizer, comm, what);
+      }));
+    }
   }
+  std::filesystem::remove_all(dir);
+}
+
+// Note [Fully sharded quantized base]: under QLoRA a rank keeps its chunk of every block's NF4
+// codes and scales, not all of them as DDP does. At 2 ranks: none of them holds storage between
+// uses, the rank's frozen bytes count about half of the base, and gathered (FullParameters) they
+// are bit for bit the codes of the model quantized whole (its values all come from the file).
+TEST(StreamedBuild, QloraBaseIsShardedWithItsBlocks) {
+  const auto tokenizer = data::make_char_tokenizer();
+  const std::string shape =
+      "[model]\narch = \"bert\"\ntask = \"pretrain\"\nhidden = 32\nlayers = 4\nheads = 2\n"
+      "ffn = 64\nmax_seq_length = 64\n";
+  const auto dir = std::filesystem::temp_directory_path() / "dnallm_streamed_build_qlora";
+  write_base(dir, shape, *tokenizer);
+  const Config config = parse_config(
+      shape + fmt::format("init_from = \"{}\"\n[lora]\nr = 4\nquantize_base = \"nf4\"\n"
+                          "[training]\nseed = 11\n",
+                          dir.string()),
+      "qlora");
+  ASSERT_TRUE(models::streams_blocks(config));
+  const auto codes = [](models::LanguageModel& m) {
+    std::vector<torch::Tensor> out;
+    for (const auto& block : m->blocks()) {
+      for (const auto& t : models::quantized_storage(*block)) out.push_back(t);
+    }
+    return out;
+  };
+  expect_no_errors(run_on_ranks(2, "streamed_qlora", [&](int rank, comm::Communicator& comm) {
+    auto whole = models::build_model_for(config, *tokenizer, models::BuildContext{});
+    const auto expected = codes(whole);
+    int64_t base_bytes = 0;
+    for (const auto& t : expected) base_bytes += t.numel() * int64_t(t.element_size());
+    ASSERT_GT(expected.size(), 0u);
+    ASSERT_GT(base_bytes, 0);
+
+    FullyShardedSync sync(comm, FullyShardedOptions{});
+    models::BuildContext context;
+    context.blocks = sync.block_sink(torch::kCPU);
+    auto model = models::build_model_for(config, *tokenizer, context);
+    auto flat = sync.place(model, trainable(model), torch::kCPU);
+    const auto sharded = codes(model);
+    ASSERT_EQ(sharded.size(), expected.size());
+    for (const auto& t : sharded) EXPECT_EQ(t.storage().nbytes(), 0u);
+    const auto memory = *sync.memory();
+    // Held: this rank's chunk of each block's frozen buffer (fp32 norms and biases, then the
+    // NF4 bytes) and the root's frozen parameters whole.
+    // Each piece is padded to 64 bytes in the buffer.
+    int64_t root_frozen = 0, pieces = int64_t(expected.size());
+    std::set<const void*> in_blocks;
+    for (const auto& block : model->blocks()) {
+      for (const auto& p : block->parameters()) {
+        if (!p.requires_grad() && in_blocks.insert(p.unsafeGetTensorImpl()).second) ++pieces;
+      }
+    }
+    for (const auto& p : model->parameters()) {
+      if (!p.requires_grad() && !in_blocks.count(p.unsafeGetTensorImpl())) {
+        root_frozen += p.numel() * int64_t(p.element_size());
+      }
+    }
+    const int64_t block_frozen = memory.frozen_total - root_frozen;  // NF4 bytes included
+    EXPECT_GT(block_frozen, base_bytes);
+    EXPECT_GE(memory.frozen_held - root_frozen, block_frozen / 2);
+    EXPECT_LE(memory.frozen_held - root_frozen, block_frozen / 2 + pieces * 64);
+    if (rank == 0) {
+      std::cout << "[ measured ] QLoRA, 2 ranks, 4 blocks: " << memory.frozen_held << " of "
+                << memory.frozen_total << " frozen bytes held by a rank (NF4 base " << base_bytes
+                << " bytes)\n";
+    }
+    {
+      FullParameters all(sync);
+      for (size_t k = 0; k < expected.size(); ++k) {
+        EXPECT_TRUE(torch::equal(sharded[k], expected[k])) << k;
+      }
+    }
+    for (const auto& t : sharded) EXPECT_EQ(t.storage().nbytes(), 0u);
+  }));
   std::filesystem::remove_all(dir);
 }
 

@@ -26,8 +26,8 @@ namespace {
 
 // Note [Memory predicted]: before the model is built, a rank's memory is predicted from its
 // shape: fp32 parameters, their gradients and AdamW's two moments (16 bytes a trainable
-// parameter, 4 a frozen one, 4.127 bits a QLoRA base weight on every rank; divided over the
-// ranks as the ZeRO stage shards them, plus, under
+// parameter, 4 a frozen one, 4.127 bits a QLoRA base weight; divided over the ranks as the
+// ZeRO stage shards them, plus, under
 // ZeRO-3, the root unit (embeddings, heads) and two blocks gathered with their gradients, the
 // parameters in 2 bytes under bf16 gathers: Note [Fully sharded]) and activations
 // (about 8 [batch, seq, hidden] fp32 tensors a layer, one a layer with activation
@@ -52,16 +52,19 @@ void check_predicted_memory(const Config& config, const ModelOptions& o, const B
   ModelOptions no_blocks = o;
   no_blocks.layers = 0;
   const double root = parameter_count(no_blocks);
-  // QLoRA: the blocks' linear weights are 4.127 bits each (Note [NF4 layout]), whole on every
-  // rank and never gathered; the rest of the base (norms, biases, the root) stays fp32.
+  // QLoRA: the blocks' linear weights are 4.127 bits each (Note [NF4 layout]); the rest of the
+  // base (norms, biases, the root) stays fp32. Whole on every rank, or under ZeRO-3 sharded with
+  // their blocks, two of them gathered (Note [Fully sharded quantized base]).
   const bool qlora = lora && config.lora.quantize_base != cfg::QuantizeBase::kNone;
   const double block_linears = qlora ? block_linear_weight_count(o) : 0.0;
   const double quantized = double(o.layers) * block_linears;
   const double block = o.layers > 0 ? (params - root) / double(o.layers) - block_linears : 0.0;
   const double held = stage >= 3 ? root + 2 * block : 0.0;  // gathered elements
   const double gathered_bytes = t.precision == cfg::Precision::kBf16 ? 2.0 : 4.0;
-  const double weights = 4 * (params - quantized) / (stage >= 3 ? world : 1.0) +
-                         gathered_bytes * held + quantized * 4.127 / 8;
+  const double nf4_bytes = 4.127 / 8;
+  const double weights =
+      4 * (params - quantized) / (stage >= 3 ? world : 1.0) + gathered_bytes * held +
+      nf4_bytes * (stage >= 3 ? quantized / world + 2 * block_linears : quantized);
   const double grads = lora ? 0.0 : 4 * params / (stage >= 2 ? world : 1.0) + 4 * held;
   // Offloaded from a GPU (Note [Optimizer offload]), the moments live on the host, outside the
   // device's budget; on the CPU the host is the device.

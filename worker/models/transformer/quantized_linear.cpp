@@ -91,23 +91,34 @@ class Nf4Weight final : public QuantizedWeight {
     // A model quantized before it was moved (trainer: build, then .to(device)) follows its
     // activations once; the codes are not module buffers, so Module::to() does not move them.
     if (q_.codes.device() != x.device()) move_to(x.device());
+    levels_follow_codes();
     // Dequantised on the fly into x's dtype, used once, freed (and again in backward: Note
     // [NF4 backward]): the resident base stays 4-bit.
     // (no bias: an empty tensor, as autograd's apply() takes no undefined input)
     return Nf4Linear::apply(x, bias.defined() ? bias : torch::empty({0}, x.options()), &q_);
   }
-  Tensor dequantize() const override { return nf4_dequantize(q_); }
+  Tensor dequantize() const override {
+    levels_follow_codes();
+    return nf4_dequantize(q_);
+  }
   int64_t bytes() const override { return q_.bytes(); }
   const char* format() const override { return "nf4"; }
+  std::vector<Tensor> storage() const { return {q_.codes, q_.absmax_q, q_.absmax_scale}; }
+  const std::vector<int64_t>& shape() const { return q_.shape; }
 
  private:
+  // ZeRO-3 moves the codes by pointing them into its buffer on the device (Note [Fully sharded
+  // quantized base]): the code book follows them.
+  void levels_follow_codes() const {
+    if (q_.levels.device() != q_.codes.device()) q_.levels = q_.levels.to(q_.codes.device());
+  }
   void move_to(const torch::Device& device) const {
     q_.codes = q_.codes.to(device);
     q_.absmax_q = q_.absmax_q.to(device);
     q_.absmax_scale = q_.absmax_scale.to(device);
     q_.levels = q_.levels.to(device);
   }
-  mutable Nf4Tensor q_;  // mutable for move_to() only (the model's thread)
+  mutable Nf4Tensor q_;  // mutable for move_to() and levels_follow_codes() (the model's thread)
 };
 
 // The quantized CPU ops are reached through the dispatcher (boxed), so no header of the
@@ -154,6 +165,7 @@ class Int8Weight final : public QuantizedWeight {
   }
   Tensor dequantize() const override { return qweight_.dequantize(); }
   int64_t bytes() const override { return out_ * in_ + 8; }
+  std::vector<int64_t> shape() const { return {out_, in_}; }
   const char* format() const override { return "int8"; }
 
  private:
@@ -199,7 +211,7 @@ Nf4Tensor nf4_quantize(const Tensor& weight) {
                    .to(torch::kInt8)
                    .reshape({-1})
                    .narrow(0, 0, blocks)
-                   .contiguous();
+                   .clone();  // its own storage: no padding kept alive
 
   // Codes against the absmax that dequantisation will use, so the rounding sees the
   // constants as they will be read back.
@@ -231,6 +243,16 @@ Tensor nf4_dequantize(const Nf4Tensor& q) {
   const int64_t blocks = q.absmax_q.numel();
   auto w = values.view({blocks, kNf4BlockSize}) * nf4_block_absmax(q).unsqueeze(1);
   return w.reshape({-1}).narrow(0, 0, q.numel).view(q.shape);
+}
+
+std::vector<Tensor> quantized_weight_storage(const QuantizedWeight& weight) {
+  const auto* nf4 = dynamic_cast<const Nf4Weight*>(&weight);
+  return nf4 != nullptr ? nf4->storage() : std::vector<Tensor>{};
+}
+
+std::vector<int64_t> quantized_weight_shape(const QuantizedWeight& weight) {
+  if (const auto* nf4 = dynamic_cast<const Nf4Weight*>(&weight)) return nf4->shape();
+  return dynamic_cast<const Int8Weight&>(weight).shape();
 }
 
 std::shared_ptr<QuantizedWeight> make_nf4_weight(const Tensor& weight) {
