@@ -24,18 +24,19 @@ constexpr int64_t kAlign = 16;  // elements: each parameter starts 64 bytes in, 
 
 int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-// The fp32 elements a tensor takes in a unit's buffer: its own for fp32, else its bytes in 4-byte
-// words (a QLoRA base's NF4 codes and scales: Note [Fully sharded quantized base]).
+// The elements a tensor takes in a unit's fp32 buffer: a floating-point one its own (a parameter,
+// or a QLoRA base's fp32 scales), an integer one its bytes in 4-byte words (a QLoRA base's NF4
+// codes and int8 block scales: Note [Fully sharded quantized base]).
 int64_t slots(const torch::Tensor& t) {
-  if (t.scalar_type() == torch::kFloat32) return t.numel();
+  if (t.is_floating_point()) return t.numel();
   return (t.numel() * static_cast<int64_t>(t.element_size()) + 3) / 4;
 }
 
-// `t`'s place in an fp32 unit buffer at `offset`, with t's dtype and shape (its bytes as they
-// are: an all-gather copies bytes, whatever dtype it is told).
+// `t`'s place in an fp32 unit buffer at `offset`: a floating-point tensor's elements, an integer
+// one's bytes, with its dtype and shape (an all-gather copies bytes, whatever dtype it is told).
 torch::Tensor slot_view(const torch::Tensor& buffer, int64_t offset, const torch::Tensor& t) {
   auto words = buffer.narrow(0, offset, slots(t));
-  if (t.scalar_type() == buffer.scalar_type()) return words.view(t.sizes());
+  if (t.is_floating_point()) return words.view(t.sizes());
   const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
   return words.view(torch::kUInt8).narrow(0, 0, bytes).view(t.scalar_type()).view(t.sizes());
 }
