@@ -314,7 +314,38 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     release_storage(unit.full_grad);
   }
   hook_gradients();
-  // Note [Fully sharded frozen base]: each block's fp32 frozen parameters, sharded with it.
+  place_frozen(model, named, opts);
+  streamed_.clear();
+  streamed_seen_.clear();
+  for (const auto& unit : units_) {
+    for (const auto& p : unit.params) sharded_.insert(p.unsafeGetTensorImpl());
+    for (const auto& p : unit.frozen) sharded_.insert(p.unsafeGetTensorImpl());
+  }
+  live_bytes_ = peak_live_bytes_ = 0;
+  predict_peak();
+  hooks_ = std::make_shared<Hooks>(this);
+  model->set_block_hooks(hooks_);
+  spdlog::info(
+      "ZeRO-3: {} units ({} blocks and the root), {} of {} elements on rank {}; frozen "
+      "parameters: {} of {} bytes held; gathers in {}, reduce-scatters in {}",
+      units_.size(), blocks.size(), local, global_numel_, rank, frozen_held_bytes_,
+      frozen_total_bytes_, param_dtype_ == torch::kFloat32 ? "fp32" : "bf16",
+      dtype_name(options_.reduce_dtype));
+  if (build_whole_bytes_ > 0) {
+    spdlog::info(
+        "ZeRO-3: the model was built block by block (Note [Streamed build]): at most {} of its "
+        "blocks' {} bytes whole at once on rank {}",
+        build_held_peak_, build_whole_bytes_, rank);
+  }
+  return std::make_unique<optim::FlatParameters>(std::move(entries), global_numel_, shard_params_,
+                                                 shard_grads_, mask, std::move(pieces));
+}
+
+void FullyShardedSync::place_frozen(models::LanguageModel& model,
+                                    const std::vector<std::pair<std::string, torch::Tensor>>& named,
+                                    const torch::TensorOptions& opts) {
+  const int world = comm_.world_size(), rank = comm_.rank();
+  const auto blocks = model->blocks();
   std::set<const void*> trainable, placed;
   for (const auto& np : named) trainable.insert(np.second.unsafeGetTensorImpl());
   for (size_t b = 0; b < blocks.size(); ++b) {
@@ -355,12 +386,6 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     release_storage(unit.frozen_full);
     frozen_held_bytes_ += chunk * 4;
   }
-  streamed_.clear();
-  streamed_seen_.clear();
-  for (const auto& unit : units_) {
-    for (const auto& p : unit.params) sharded_.insert(p.unsafeGetTensorImpl());
-    for (const auto& p : unit.frozen) sharded_.insert(p.unsafeGetTensorImpl());
-  }
   for (const auto& p : model->parameters()) {
     const void* impl = p.unsafeGetTensorImpl();
     if (trainable.count(impl)) continue;
@@ -368,7 +393,9 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     frozen_total_bytes_ += b;
     if (!placed.count(impl)) frozen_held_bytes_ += b;  // the root's, and non-fp32 ones: whole
   }
-  live_bytes_ = peak_live_bytes_ = 0;
+}
+
+void FullyShardedSync::predict_peak() {
   // What steps 1-3 of Note [Fully sharded] hold at once besides the root's parameters and
   // gradients: in forward blocks i and i + 1 (the prefetch); in backward block i's parameters
   // and gradients, block i - 1's parameters (the prefetch) and the gradients of blocks i + 1
@@ -430,22 +457,6 @@ std::unique_ptr<optim::FlatParameters> FullyShardedSync::place(
     }
     predicted_peak_bytes_ = std::max(predicted_peak_bytes_, whole_grads + root_params + pair);
   }
-  hooks_ = std::make_shared<Hooks>(this);
-  model->set_block_hooks(hooks_);
-  spdlog::info(
-      "ZeRO-3: {} units ({} blocks and the root), {} of {} elements on rank {}; frozen "
-      "parameters: {} of {} bytes held; gathers in {}, reduce-scatters in {}",
-      units_.size(), blocks.size(), local, global_numel_, rank, frozen_held_bytes_,
-      frozen_total_bytes_, param_dtype_ == torch::kFloat32 ? "fp32" : "bf16",
-      dtype_name(options_.reduce_dtype));
-  if (build_whole_bytes_ > 0) {
-    spdlog::info(
-        "ZeRO-3: the model was built block by block (Note [Streamed build]): at most {} of its "
-        "blocks' {} bytes whole at once on rank {}",
-        build_held_peak_, build_whole_bytes_, rank);
-  }
-  return std::make_unique<optim::FlatParameters>(std::move(entries), global_numel_, shard_params_,
-                                                 shard_grads_, mask, std::move(pieces));
 }
 
 void FullyShardedSync::launch_gather(size_t u) {

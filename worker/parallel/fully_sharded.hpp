@@ -256,6 +256,14 @@ class FullyShardedSync final : public GradientSync, public models::BlockSink {
     torch::Tensor frozen_chunk;
   };
 
+  // place()'s frozen half: each block's frozen parameters and quantized base sharded with it
+  // (Note [Fully sharded frozen base], Note [Fully sharded quantized base]), and the frozen
+  // bytes this rank holds and the model has.
+  void place_frozen(models::LanguageModel& model,
+                    const std::vector<std::pair<std::string, torch::Tensor>>& named,
+                    const torch::TensorOptions& opts);
+  // predicted_peak_bytes_ and predicted_whole_bytes_, from the placed units' buffers.
+  void predict_peak();
   // `params` at `offsets` in a zeroed buffer of chunk x world elements, then rank 0's values
   // everywhere (as DDP's broadcast): a unit's placement (its frozen base too) and the streamed
   // build's (Note [Streamed build]).
