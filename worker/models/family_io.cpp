@@ -256,8 +256,8 @@ ExportedTensor LiveWeights::operator()(const std::string& name, const torch::Ten
   // A quantized base's shape is its dequantized weight's, read without dequantising: under
   // ZeRO-3 its codes are sharded with its block (Note [Fully sharded quantized base]) and held
   // only while the weight is.
-  const auto shape = linear->quantized() ? quantized_weight_shape(*linear->quantized())
-                                         : linear->weight.sizes().vec();
+  const auto shape =
+      linear->quantized() ? linear->quantized()->shape() : linear->weight.sizes().vec();
   const bool merge = merge_;
   return {name, shape, DType::kFloat32, std::move(reads),
           [linear, merge] { return on_host(full_linear_weight(*linear, merge)); }};

@@ -103,7 +103,7 @@ std::vector<Tensor> quantized_storage(torch::nn::Module& module) {
   const auto take = [&](torch::nn::Module& m) {
     const auto* linear = m.as<LoraLinearImpl>();
     if (linear == nullptr || !linear->quantized()) return;
-    for (auto& t : quantized_weight_storage(*linear->quantized())) out.push_back(std::move(t));
+    for (auto& t : linear->quantized()->storage()) out.push_back(std::move(t));
   };
   // (the module itself apart: modules() can list it only when a shared_ptr holds it, which a
   // block being built need not be)

@@ -66,7 +66,7 @@ TORCH_MODULE(LoraLinear);
 bool is_lora_parameter(const std::string& name);
 
 // The tensors that hold the quantized base weights of every LoraLinear under `module` (a block),
-// in module order (quantized_weight_storage(): a QLoRA base's NF4 codes and scales). Frozen and
+// in module order (QuantizedWeight::storage(): a QLoRA base's NF4 codes and scales). Frozen and
 // not parameters: what ZeRO-3 shards with the block's frozen base (Note [Fully sharded
 // quantized base], worker/parallel/fully_sharded.hpp).
 std::vector<torch::Tensor> quantized_storage(torch::nn::Module& module);

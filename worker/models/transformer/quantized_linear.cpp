@@ -103,8 +103,8 @@ class Nf4Weight final : public QuantizedWeight {
   }
   int64_t bytes() const override { return q_.bytes(); }
   const char* format() const override { return "nf4"; }
-  std::vector<Tensor> storage() const { return {q_.codes, q_.absmax_q, q_.absmax_scale}; }
-  const std::vector<int64_t>& shape() const { return q_.shape; }
+  std::vector<int64_t> shape() const override { return q_.shape; }
+  std::vector<Tensor> storage() const override { return {q_.codes, q_.absmax_q, q_.absmax_scale}; }
 
  private:
   // ZeRO-3 moves the codes by pointing them into its buffer on the device (Note [Fully sharded
@@ -165,7 +165,7 @@ class Int8Weight final : public QuantizedWeight {
   }
   Tensor dequantize() const override { return qweight_.dequantize(); }
   int64_t bytes() const override { return out_ * in_ + 8; }
-  std::vector<int64_t> shape() const { return {out_, in_}; }
+  std::vector<int64_t> shape() const override { return {out_, in_}; }
   const char* format() const override { return "int8"; }
 
  private:
@@ -243,16 +243,6 @@ Tensor nf4_dequantize(const Nf4Tensor& q) {
   const int64_t blocks = q.absmax_q.numel();
   auto w = values.view({blocks, kNf4BlockSize}) * nf4_block_absmax(q).unsqueeze(1);
   return w.reshape({-1}).narrow(0, 0, q.numel).view(q.shape);
-}
-
-std::vector<Tensor> quantized_weight_storage(const QuantizedWeight& weight) {
-  const auto* nf4 = dynamic_cast<const Nf4Weight*>(&weight);
-  return nf4 != nullptr ? nf4->storage() : std::vector<Tensor>{};
-}
-
-std::vector<int64_t> quantized_weight_shape(const QuantizedWeight& weight) {
-  if (const auto* nf4 = dynamic_cast<const Nf4Weight*>(&weight)) return nf4->shape();
-  return dynamic_cast<const Int8Weight&>(weight).shape();
 }
 
 std::shared_ptr<QuantizedWeight> make_nf4_weight(const Tensor& weight) {

@@ -33,16 +33,15 @@ class QuantizedWeight {
   // Bytes the weight occupies (codes, scales and constants; no bias).
   virtual int64_t bytes() const = 0;
   virtual const char* format() const = 0;  // "int8" | "nf4"
+  // Its full-precision shape [out, in], read without dequantising (a ZeRO-3 rank may hold no
+  // codes at that moment).
+  virtual std::vector<int64_t> shape() const = 0;
+  // The tensors that hold the weight, frozen and dense (NF4: its codes, block scales and their
+  // scales; none for INT8, whose packed weight is opaque). Note [Fully sharded quantized base]:
+  // ZeRO-3 points them (set_data) into its gathered buffer and releases it between uses, so
+  // every use reads them through these same tensors.
+  virtual std::vector<torch::Tensor> storage() const { return {}; }
 };
-
-// The tensors that hold `weight`, frozen and dense (NF4: its codes, block scales and their
-// scales; none for INT8, whose packed weight is opaque). Note [Fully sharded quantized base]:
-// ZeRO-3 points them (set_data) into its gathered buffer and releases it between uses, so every
-// use reads them through these same tensors.
-std::vector<torch::Tensor> quantized_weight_storage(const QuantizedWeight& weight);
-// Its full-precision shape [out, in], read without dequantising (a ZeRO-3 rank may hold no codes
-// at that moment).
-std::vector<int64_t> quantized_weight_shape(const QuantizedWeight& weight);
 
 // Note [NF4 layout]: the weight is flattened row-major and cut into blocks of
 // kNf4BlockSize values. Each block stores one absmax; each value the index (4 bits, two per
