@@ -82,6 +82,24 @@ bool same_tensors(const std::vector<torch::Tensor>& taken,
   return true;
 }
 
+// A block's frozen tensors in its unit's order (Note [Fully sharded frozen base], Note [Fully
+// sharded quantized base]): its fp32 parameters that do not train, each once (`seen`: those an
+// earlier block took), then its quantized base's codes and scales. The streamed build and place()
+// both lay a block out through it, so they agree.
+std::vector<torch::Tensor> frozen_of(torch::nn::Module& block, std::set<const void*>& seen,
+                                     const std::function<bool(const torch::Tensor&)>& trains) {
+  std::vector<torch::Tensor> frozen;
+  for (const auto& p : block.parameters()) {
+    if (trains(p) || p.scalar_type() != torch::kFloat32 ||
+        !seen.insert(p.unsafeGetTensorImpl()).second) {
+      continue;
+    }
+    frozen.push_back(p);
+  }
+  for (auto& t : models::quantized_storage(block)) frozen.push_back(std::move(t));
+  return frozen;
+}
+
 BufferView view_of(const torch::Tensor& t, int64_t begin, int64_t count) {
   return buffer_view(t, begin, count, *dtype_of(t.scalar_type()));
 }
@@ -159,14 +177,13 @@ void FullyShardedSync::block_built(size_t index, const std::string& /*path*/,
   // place()'s frozen base lays them out.
   Streamed s;
   for (const auto& p : block.parameters()) {
-    if (p.scalar_type() != torch::kFloat32 ||
-        !streamed_seen_.insert(p.unsafeGetTensorImpl()).second) {
-      continue;
+    if (p.requires_grad() && p.scalar_type() == torch::kFloat32 &&
+        streamed_seen_.insert(p.unsafeGetTensorImpl()).second) {
+      s.params.push_back(p);
     }
-    (p.requires_grad() ? s.params : s.frozen).push_back(p);
   }
-  // A QLoRA base, quantized as the block was built (Note [Fully sharded quantized base]).
-  for (auto& t : models::quantized_storage(block)) s.frozen.push_back(std::move(t));
+  s.frozen =
+      frozen_of(block, streamed_seen_, [](const torch::Tensor& p) { return p.requires_grad(); });
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(*build_device_);
   auto my_chunk = [&](const std::vector<torch::Tensor>& params) {
     std::vector<int64_t> offsets;
@@ -348,22 +365,13 @@ void FullyShardedSync::place_frozen(models::LanguageModel& model,
   const auto blocks = model->blocks();
   std::set<const void*> trainable, placed;
   for (const auto& np : named) trainable.insert(np.second.unsafeGetTensorImpl());
+  const auto trains = [&](const torch::Tensor& p) {
+    return trainable.count(p.unsafeGetTensorImpl()) > 0;
+  };
   for (size_t b = 0; b < blocks.size(); ++b) {
     Unit& unit = units_[b];
-    for (const auto& p : blocks[b]->parameters()) {
-      const void* impl = p.unsafeGetTensorImpl();
-      if (trainable.count(impl) || p.scalar_type() != torch::kFloat32 ||
-          !placed.insert(impl).second) {
-        continue;
-      }
-      unit.frozen.push_back(p);
-    }
-    // Note [Fully sharded quantized base]: a QLoRA base's NF4 codes and scales, after the
-    // frozen parameters, in the buffer's bytes.
-    for (auto& t : models::quantized_storage(*blocks[b])) {
-      frozen_total_bytes_ += bytes_of(t);
-      unit.frozen.push_back(std::move(t));
-    }
+    unit.frozen = frozen_of(*blocks[b], placed, trains);
+    for (const auto& t : unit.frozen) frozen_total_bytes_ += bytes_of(t);
     if (unit.frozen.empty()) continue;
     std::vector<int64_t> offsets;
     const int64_t chunk = (aligned_offsets(unit.frozen, offsets) + world - 1) / world;
@@ -386,12 +394,12 @@ void FullyShardedSync::place_frozen(models::LanguageModel& model,
     release_storage(unit.frozen_full);
     frozen_held_bytes_ += chunk * 4;
   }
+  // The root's frozen parameters, and non-fp32 ones: whole.
   for (const auto& p : model->parameters()) {
     const void* impl = p.unsafeGetTensorImpl();
-    if (trainable.count(impl)) continue;
-    const int64_t b = p.numel() * static_cast<int64_t>(p.element_size());
-    frozen_total_bytes_ += b;
-    if (!placed.count(impl)) frozen_held_bytes_ += b;  // the root's, and non-fp32 ones: whole
+    if (trainable.count(impl) || placed.count(impl)) continue;
+    frozen_total_bytes_ += bytes_of(p);
+    frozen_held_bytes_ += bytes_of(p);
   }
 }
 
