@@ -20,7 +20,9 @@
 #include "worker/data/pipeline.hpp"
 #include "worker/data/sequence_reader.hpp"
 #include "worker/infer/inference.hpp"
-#include "worker/models/transformer/hf_import.hpp"
+#include "worker/infer/scoring.hpp"
+#include "worker/models/model_dir.hpp"
+#include "worker/models/transformer/transformer.hpp"
 #include "worker/train/data_source.hpp"
 #include "worker/train/trainer.hpp"
 
@@ -121,15 +123,17 @@ std::vector<std::string> read_sequences(const std::string& path) {
 struct EvalArgs {
   std::string model_dir, fasta, table;
   std::string log_level = "warn", device_spec = "auto";
-  std::string logits_in, logits_out, adapter_dir, tokenizer_dir;
-  int64_t max_bases = 0, batch_size = 8, seed = 42;
+  std::string logits_in, logits_out, adapter_dir, tokenizer_dir, base_dir;
+  int64_t max_bases = 0, batch_size = 8, seed = 42, window = 0;
 };
 
 void add_options(CLI::App& app, EvalArgs& a) {
   app.add_option("--model", a.model_dir,
-                 "exported model directory (config.json, "
-                 "model.safetensors, tokenizer.json)")
+                 "model directory: dnallm-train's final/ or best/, a Hugging Face directory as "
+                 "downloaded, or a PEFT adapter directory (docs/published-models.md)")
       ->required();
+  app.add_option("--base", a.base_dir,
+                 "a PEFT adapter's base directory, when its adapter_config.json does not name one");
   auto* fasta_opt = app.add_option("--fasta", a.fasta, "FASTA/FASTQ file (plain or gzip) to score");
   auto* table_opt = app.add_option("--table", a.table, "labelled table for a classification model");
   fasta_opt->excludes(table_opt);
@@ -145,6 +149,9 @@ void add_options(CLI::App& app, EvalArgs& a) {
   app.add_option("--tokenizer", a.tokenizer_dir,
                  "directory of the tokenizer files when not in --model (with --logits)");
   app.add_option("--max-bases", a.max_bases, "score about this many bases (0: the whole file)");
+  app.add_option("--window", a.window,
+                 "--fasta on a Hugging Face model: bases a scored window (0: the model's length, "
+                 "at most 4096 causal, 512 masked; docs/published-models.md)");
   app.add_option("--batch-size", a.batch_size, "sequences per forward pass")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -155,95 +162,56 @@ void add_options(CLI::App& app, EvalArgs& a) {
   app.add_option("--log-level", a.log_level, "trace|debug|info|warn|error");
 }
 
-// --logits: the model's own tokenizer, padded as it pads, one forward pass, and the layout of
-// the Hugging Face fixtures' expected.safetensors (input_ids, attention_mask, logits; with an
-// adapter also merged_logits, after merging it into the base).
-struct LogitsRun {
-  models::LanguageModel model{nullptr};
-  models::ForwardInputs in;  // input_ids and attention_mask [rows, tokens] on the CPU
-};
-
-// A Hugging Face directory: its tokenizer (or --tokenizer's), padded as transformers pads.
-LogitsRun hf_logits_run(const EvalArgs& a, const std::vector<std::string>& sequences) {
-  const auto checkpoint = models::read_hf_checkpoint(a.model_dir);
-  const auto tokenizer =
-      data::HfTokenizer::load(a.tokenizer_dir.empty() ? a.model_dir : a.tokenizer_dir);
-  DNALLM_CHECK(tokenizer.vocab_size() <= checkpoint.options.vocab_size, ExitCode::kUsage,
-               "the tokenizer has {} tokens but the model's vocab_size is {}",
-               tokenizer.vocab_size(), checkpoint.options.vocab_size);
-  const data::HfBatch batch = tokenizer.encode_batch(sequences);
-  // Issue 22: the model's positions bound a sequence for rotary models too (a 10 MB line made
-  // a rotary model allocate gigabytes, an ESM one terabytes, before).
-  const auto& o = checkpoint.options;
-  const int64_t positions =
-      o.max_seq_length - (o.position_padding_idx >= 0 ? o.position_padding_idx + 1 : 0);
-  if (batch.seq_len > positions) {
-    for (int64_t r = 0; r < batch.rows; ++r) {
-      int64_t tokens = 0;
-      for (int64_t j = 0; j < batch.seq_len; ++j)
-        tokens += batch.attention_mask[r * batch.seq_len + j];
-      DNALLM_CHECK(tokens <= positions, ExitCode::kBadData,
-                   "{}: sequence {} ({} bases) is {} tokens, more than the {} positions of {} "
-                   "(max_position_embeddings): cut it into windows of at most that many tokens",
-                   a.logits_in, r + 1, sequences[static_cast<size_t>(r)].size(), tokens, positions,
-                   a.model_dir);
-    }
-  }
-  LogitsRun run;
-  run.model = a.adapter_dir.empty()
-                  ? models::build_hf_model(checkpoint)
-                  : models::build_hf_model_with_adapter(
-                        checkpoint, models::read_peft_adapter(a.adapter_dir, checkpoint));
-  auto opts = torch::TensorOptions().dtype(torch::kInt64);
-  run.in.input_ids = torch::tensor(batch.input_ids, opts).view({batch.rows, batch.seq_len});
-  run.in.attention_mask =
-      torch::tensor(batch.attention_mask, opts).view({batch.rows, batch.seq_len});
-  return run;
-}
-
-// Our own export (dnallm-train's final/): our tokenizer with our objectives' framing,
-// infer::frame_sequence's [CLS] bases [SEP] (encoders) or [CLS] bases (causal models),
-// right-padded with [PAD]. A sequence longer than the model's positions is an error, not cut.
-LogitsRun own_logits_run(const EvalArgs& a, const std::vector<std::string>& sequences) {
-  DNALLM_CHECK(a.adapter_dir.empty(), ExitCode::kUsage,
-               "--adapter applies a PEFT adapter to a Hugging Face base directory; {} is this "
-               "project's own export (its LoRA is merged already)",
-               a.model_dir);
-  LogitsRun run;
-  run.model = models::load_exported_model(a.model_dir);
-  const auto tokenizer = data::load_tokenizer(a.model_dir + "/tokenizer.json");
-  const auto& o = run.model->spec();
-  std::vector<std::vector<int64_t>> rows;
-  for (size_t i = 0; i < sequences.size(); ++i) {
-    bool cut = false;
-    rows.push_back(infer::frame_sequence(*tokenizer, o, sequences[i], &cut));
-    DNALLM_CHECK(!cut, ExitCode::kBadData,
-                 "{}:{}: the sequence needs more than the model's max_seq_length = {} tokens; "
-                 "shorten it",
-                 a.logits_in, i + 1, o.max_seq_length);
-  }
-  run.in = infer::pad_batch(rows, data::kPadId, torch::kCPU);
-  return run;
-}
+// --logits: the model's own tokenizer (Note [Sequence codec]), padded as it pads, one forward
+// pass, and the layout of the Hugging Face fixtures' expected.safetensors (input_ids,
+// attention_mask, logits; with an adapter also merged_logits, after merging it into the base).
+// A sequence longer than the model's positions is an error, not cut; a model that computes past
+// them (rotary, ALiBi, long convolutions) takes up to kMaxLogitsTokens (issue 22: a 10 MB line
+// allocated gigabytes of attention before it was bounded).
+constexpr int64_t kMaxLogitsTokens = 8192;
 
 int write_logits(const EvalArgs& a) {
   const auto sequences = read_sequences(a.logits_in);
-  LogitsRun run = models::is_hf_model_dir(a.model_dir) ? hf_logits_run(a, sequences)
-                                                       : own_logits_run(a, sequences);
+  auto loaded = a.adapter_dir.empty() ? models::load_model_dir(a.model_dir, a.base_dir)
+                                      : models::load_model_dir(a.adapter_dir, a.model_dir);
+  if (!a.tokenizer_dir.empty()) {
+    const auto& s = loaded.source;
+    DNALLM_CHECK(s.layout != models::DirLayout::kOurs, ExitCode::kUsage,
+                 "--tokenizer replaces a Hugging Face directory's tokenizer files; {} is {}",
+                 a.model_dir, s.describe());
+    loaded.codec = data::make_hub_codec(s.family->hf_tokenizer(a.tokenizer_dir));
+  }
+  const auto& o = loaded.model->spec();
+  const int64_t positions = o.max_seq_length - o.reserved_positions;
+  const int64_t limit =
+      o.extends_past_max_length ? std::max(kMaxLogitsTokens, positions) : positions;
+  std::vector<std::vector<int64_t>> rows;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    bool cut = false;
+    rows.push_back(loaded.codec->frame(sequences[i], limit, &cut));
+    DNALLM_CHECK(
+        !cut, ExitCode::kBadData,
+        "{}: sequence {} ({} bases) needs more than the {} positions of {}{}: cut it "
+        "into windows of at most that many tokens",
+        a.logits_in, i + 1, sequences[i].size(), limit, a.model_dir,
+        o.extends_past_max_length ? " (the most --logits runs)" : " (max_position_embeddings)");
+  }
+  const auto in =
+      infer::pad_batch(rows, loaded.codec->pad_id(), torch::kCPU, loaded.codec->pads_left());
   torch::InferenceMode inference;
-  std::vector<std::pair<std::string, torch::Tensor>> out = {
-      {"input_ids", run.in.input_ids}, {"attention_mask", run.in.attention_mask}};
-  out.emplace_back("logits", run.model->forward(run.in).logits.to(torch::kFloat32));
-  if (!a.adapter_dir.empty()) {
-    run.model->merge_lora();
-    out.emplace_back("merged_logits", run.model->forward(run.in).logits.to(torch::kFloat32));
+  std::vector<std::pair<std::string, torch::Tensor>> out = {{"input_ids", in.input_ids},
+                                                            {"attention_mask", in.attention_mask}};
+  out.emplace_back("logits", loaded.model->forward(in).logits.to(torch::kFloat32));
+  if (loaded.source.layout == models::DirLayout::kPeftAdapter) {
+    loaded.model->merge_lora();
+    out.emplace_back("merged_logits", loaded.model->forward(in).logits.to(torch::kFloat32));
   }
   models::save_safetensors(a.logits_out, out, {{"format", "pt"}});
   nlohmann::ordered_json summary;
   summary["model"] = a.model_dir;
   summary["out"] = a.logits_out;
-  summary["rows"] = run.in.input_ids.size(0);
-  summary["tokens"] = run.in.input_ids.size(1);
+  summary["rows"] = in.input_ids.size(0);
+  summary["tokens"] = in.input_ids.size(1);
   summary["logits"] = out[2].second.sizes().vec();
   std::cout << summary.dump() << std::endl;
   return 0;
@@ -343,16 +311,51 @@ void score_regressor(Scoring& s, nlohmann::ordered_json& out) {
   out["rows"] = static_cast<int64_t>(rows);
 }
 
+// --fasta on a Hugging Face directory (or a PEFT adapter on one): Note [Likelihood of a genome]
+// (bits per base of a causal model, pseudo-log-likelihood of a masked one).
+int score_hub(const EvalArgs& a, models::LoadedModel loaded) {
+  DNALLM_CHECK(a.table.empty(), ExitCode::kUsage,
+               "--table scores a classifier fine-tuned by dnallm-train (its final/ or best/); {} "
+               "is {}: fine-tune from it (model.init_from) and score the result",
+               a.model_dir, loaded.source.describe());
+  const auto device = infer::resolve_device(
+      a.device_spec, cluster::detect_topology(cluster::current_env()).local_rank);
+  loaded.model->to(device);
+  infer::LikelihoodOptions lo;
+  lo.window = a.window;
+  lo.max_bases = a.max_bases;
+  lo.batch_size = a.batch_size;
+  const auto r = infer::score_likelihood(loaded.model, *loaded.codec, a.fasta, lo, device);
+  nlohmann::ordered_json out;
+  out["model"] = a.model_dir;
+  out["input"] = a.fasta;
+  out["device"] = device.str();
+  out["metric"] = r.pseudo ? "pseudo_log_likelihood" : "next_token";
+  out["bits_per_base"] = r.bits_per_base();
+  out["order0_bits_per_base"] = order0_bits_per_base(a.fasta, a.max_bases);
+  out["loss"] = r.tokens > 0 ? -r.log_prob / double(r.tokens) : 0.0;
+  out["tokens"] = r.tokens;
+  out["bases"] = r.bases;
+  out["windows"] = r.windows;
+  out["window"] =
+      a.window > 0 ? a.window : infer::default_window(loaded.model->spec(), *loaded.codec);
+  out["forward_passes"] = r.forward_passes;
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
 int score(const EvalArgs& a) {
   DNALLM_CHECK(!a.fasta.empty() || !a.table.empty(), ExitCode::kUsage,
                "give --fasta FILE (language model) or --table FILE (classifier)");
   const std::string input = a.fasta.empty() ? a.table : a.fasta;
   DNALLM_CHECK(std::filesystem::is_regular_file(input), ExitCode::kBadData,
                "{} does not exist or is not a file", input);
+  auto loaded = models::load_model_dir(a.model_dir, a.base_dir);
+  if (loaded.source.layout != models::DirLayout::kOurs) return score_hub(a, std::move(loaded));
   Scoring s;
-  s.model = models::load_exported_model(a.model_dir);
+  s.model = loaded.model;
   const auto& o = s.model->spec();
-  auto tokenizer = infer::load_model_tokenizer(a.model_dir, o);
+  auto tokenizer = data::load_tokenizer(a.model_dir + "/tokenizer.json");
   const Config config = eval_config(o, *tokenizer, input, a);
   // The whole file once (Note [Evaluation covers each sample once]); --max-bases cuts below.
   auto loader =

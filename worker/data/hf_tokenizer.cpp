@@ -369,6 +369,42 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
   }
 }
 
+HfTokenizer HfTokenizer::dna_characters(const std::string& dir, const std::string& cls) {
+  try {
+    HfTokenizer t;
+    json config = json::object();
+    const std::string where = dir + "/tokenizer_config.json";
+    read_json(where, config);
+    const std::string theirs = config.value("tokenizer_class", cls);
+    DNALLM_CHECK(theirs == cls, ExitCode::kUsage,
+                 "{}: tokenizer_class \"{}\" is not the {} this model's hub code defines", where,
+                 clip_for_message(theirs), cls);
+    t.tokenizer_class_ = cls;
+    t.scheme_ = Scheme::kCharacter;
+    t.pieces_ = {"[CLS]", "[SEP]", "[BOS]", "[MASK]", "[PAD]", "[RESERVED]", "[UNK]"};
+    std::vector<std::string> bases = {"A", "C", "G", "T", "N"};
+    if (config.contains("characters") && !config["characters"].is_null()) {
+      bases = config["characters"].get<std::vector<std::string>>();
+      DNALLM_CHECK(!bases.empty() && bases.size() <= 64 &&
+                       std::all_of(bases.begin(), bases.end(),
+                                   [](const std::string& b) { return b.size() == 1; }),
+                   ExitCode::kUsage,
+                   "{}: \"characters\" must list single characters (A, C, G, T, N)", where);
+    }
+    t.pieces_.insert(t.pieces_.end(), bases.begin(), bases.end());
+    check_unique(t.pieces_, where);
+    t.index();
+    t.special_ = {/*pad=*/4,  /*unk=*/6, /*cls=*/0, /*sep=*/1,
+                  /*mask=*/3, /*bos=*/2, /*eos=*/1};
+    t.suffix_ = {t.special_.sep};
+    t.pad_left_ = config.value("padding_side", std::string("left")) == "left";
+    return t;
+  } catch (const json::exception& e) {
+    fail(ExitCode::kUsage, "{}/tokenizer_config.json: a value of the wrong type ({})", dir,
+         clip_for_message(e.what(), 200));
+  }
+}
+
 std::vector<int64_t> HfTokenizer::encode(std::string_view raw) const {
   std::vector<int64_t> ids = prefix_;
   encode_into(raw, ids);

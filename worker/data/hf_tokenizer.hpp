@@ -69,6 +69,19 @@ class HfTokenizer {
   const HfSpecialTokens& special() const { return special_; }
   const std::string& piece(int64_t id) const { return pieces_.at(static_cast<size_t>(id)); }
   int64_t id_of(const std::string& piece) const;  // -1 when absent
+  // The special tokens encode() puts before and after the sequence.
+  const std::vector<int64_t>& prefix() const { return prefix_; }
+  const std::vector<int64_t>& suffix() const { return suffix_; }
+  bool pads_left() const { return pad_left_; }
+  const std::string& tokenizer_class() const { return tokenizer_class_; }
+
+  // The character tokenizer that HyenaDNA's and Caduceus' hub code define in Python
+  // (HyenaDNATokenizer, CaduceusTokenizer; a download holds at most its tokenizer_config.json):
+  // [CLS] [SEP] [BOS] [MASK] [PAD] [RESERVED] [UNK] = ids 0-6, then the bases A C G T N; a
+  // sequence becomes its bases + [SEP]; padding on the left unless tokenizer_config.json says
+  // otherwise. Reads <dir>/tokenizer_config.json when present (its class must be
+  // `tokenizer_class`, its "characters" the bases).
+  static HfTokenizer dna_characters(const std::string& dir, const std::string& tokenizer_class);
 
   // A BPE tokenizer from the documents themselves (tokenizer_config.json, maybe {}, and
   // tokenizer.json): what load() reads for a BPE model; `where` names them in messages.

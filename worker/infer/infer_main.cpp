@@ -1,8 +1,8 @@
-// dnallm-infer: batched inference with an exported model directory (dnallm-train's
-// <checkpoint.dir>/final): `embed` (pooled or per-token embeddings to .npy/.safetensors),
-// `generate` (causal LM continuation of prompts, KV cache), `predict` (classifier labels and
-// probabilities). A separate binary from dnallm-eval (which scores) so that each stays small;
-// see docs/inference.md.
+// dnallm-infer: batched inference with a model directory (Note [One model loader]: dnallm-train's
+// <checkpoint.dir>/final, a Hugging Face directory as downloaded, a PEFT adapter): `embed` (pooled
+// or per-token embeddings to .npy/.safetensors), `generate` (causal LM continuation of prompts, KV
+// cache), `predict` (classifier labels and probabilities). A separate binary from dnallm-eval
+// (which scores) so that each stays small; see docs/inference.md.
 //
 // Multi-process embedding (Note [Embedding shares]): under dnallm-launch, mpirun or srun every
 // rank embeds a contiguous share of the records ([r*N/W, (r+1)*N/W)) into
@@ -29,14 +29,15 @@
 #include "core/log.hpp"
 #include "core/worker_env.hpp"
 #include "worker/infer/inference.hpp"
-#include "worker/models/transformer/hf_import.hpp"
+#include "worker/models/model_dir.hpp"
+#include "worker/models/transformer/quantized_linear.hpp"
 
 namespace {
 
 using namespace dnallm;
 
 struct CommonArgs {
-  std::string model_dir;
+  std::string model_dir, base_dir;
   std::string device = "auto";
   std::string quantize = "none";
   int64_t batch_size = 32;
@@ -45,8 +46,11 @@ struct CommonArgs {
 
 void add_common(CLI::App& cmd, CommonArgs& a) {
   cmd.add_option("--model", a.model_dir,
-                 "exported model directory (config.json, model.safetensors, tokenizer.json)")
+                 "model directory: dnallm-train's final/ or best/, a Hugging Face directory as "
+                 "downloaded, or a PEFT adapter directory (docs/published-models.md)")
       ->required();
+  cmd.add_option("--base", a.base_dir,
+                 "a PEFT adapter's base directory, when its adapter_config.json does not name one");
   cmd.add_option("--device", a.device,
                  "auto (cuda:LOCAL_RANK when there is a GPU) | cpu | "
                  "cuda | cuda:N")
@@ -63,20 +67,16 @@ void add_common(CLI::App& cmd, CommonArgs& a) {
 
 struct Loaded {
   models::LanguageModel model{nullptr};
-  std::shared_ptr<const data::Tokenizer> tokenizer;
+  std::shared_ptr<data::SequenceCodec> codec;
   torch::Device device{torch::kCPU};
 };
 
 Loaded load(const CommonArgs& a, int local_rank) {
-  DNALLM_CHECK(!models::is_hf_model_dir(a.model_dir), ExitCode::kUsage,
-               "--model {} is a Hugging Face directory: dnallm-infer runs directories exported by "
-               "dnallm-train (<checkpoint.dir>/final); score it with dnallm-eval --model {}, or "
-               "fine-tune from it with model.init_from and run the export",
-               a.model_dir, a.model_dir);
   Loaded l;
   const auto format = models::parse_weight_format(a.quantize, "--quantize");
-  l.model = models::load_exported_model(a.model_dir);
-  l.tokenizer = infer::load_model_tokenizer(a.model_dir, l.model->spec());
+  auto loaded = models::load_model_dir(a.model_dir, a.base_dir);
+  l.model = loaded.model;
+  l.codec = loaded.codec;
   // After the model directory was checked: refusing a damaged one never loads CUDA (Note
   // [Lazy CUDA]); the weights wait on the CPU meanwhile.
   l.device = infer::resolve_device(a.device, local_rank);
@@ -141,8 +141,10 @@ void check_output(const std::string& out, const std::vector<std::string>& reads,
 
 // What a command reads from --model (besides its --input).
 std::vector<std::string> model_files(const std::string& dir) {
-  return {dir + "/config.json", dir + "/model.safetensors", dir + "/tokenizer.json",
-          dir + "/adapter_model.safetensors"};
+  return {dir + "/config.json",           dir + "/model.safetensors",
+          dir + "/tokenizer.json",        dir + "/adapter_model.safetensors",
+          dir + "/pytorch_model.bin",     dir + "/adapter_config.json",
+          dir + "/tokenizer_config.json", dir + "/vocab.txt"};
 }
 
 // An output file written whole or not at all (Note [Outputs never inputs]): the stream goes to
@@ -228,6 +230,7 @@ struct EmbedArgs {
   std::string input, out;
   std::string pooling = "mean";
   std::string sequence_column = "sequence";
+  bool rc_average = false;
 };
 
 struct GenerateArgs {
@@ -265,6 +268,8 @@ CLI::App* add_embed(CLI::App& app, EmbedArgs& a) {
       ->capture_default_str();
   embed->add_option("--sequence-column", a.sequence_column, "tables: the sequence column")
       ->capture_default_str();
+  embed->add_flag("--rc-average", a.rc_average,
+                  "average each pooled embedding with its reverse complement's (strand-invariant)");
   return embed;
 }
 
@@ -335,6 +340,7 @@ int run_embed(const EmbedArgs& a, const cluster::Topology& topo, const cluster::
   const int64_t dim = loaded.model->spec().hidden_size;
   infer::EmbedOptions eo;
   eo.pooling = pool;
+  eo.rc_average = a.rc_average;
   eo.batch_size = bounded_batch_size(a.common.batch_size, loaded.model->spec().max_seq_length);
   comm::ProcessGroup group;
   std::vector<std::string> parts;  // one a rank (Note [Embedding shares])
@@ -347,7 +353,7 @@ int run_embed(const EmbedArgs& a, const cluster::Topology& topo, const cluster::
     sink = std::make_unique<infer::EmbeddingFileWriter>(a.out, dim, per_token);
   }
   const auto counts =
-      infer::embed(loaded.model, *loaded.tokenizer, input, end - begin, *sink, eo, loaded.device);
+      infer::embed(loaded.model, *loaded.codec, input, end - begin, *sink, eo, loaded.device);
   sink->close();
   report_truncated(counts, loaded.model->spec().max_seq_length);
   if (w == 1) {
@@ -421,7 +427,7 @@ int run_generate(const GenerateArgs& a, const cluster::Topology& topo) {
   run.batch_size = bounded_batch_size(a.common.batch_size, loaded.model->spec().max_seq_length);
   OutputFile out(a.out);
   std::ostream& os = out.stream();
-  const auto counts = infer::generate(loaded.model, *loaded.tokenizer, input, n, run, loaded.device,
+  const auto counts = infer::generate(loaded.model, *loaded.codec, input, n, run, loaded.device,
                                       [&](const std::string& id, const std::string& bases) {
                                         os << '>' << id << " generated\n" << bases << '\n';
                                       });
@@ -460,7 +466,7 @@ int run_predict(const PredictArgs& a, const cluster::Topology& topo) {
   for (int64_t k = 0; classify && k < o.num_labels; ++k) os << ",prob_" << k;
   os << '\n';
   const auto counts =
-      infer::predict(loaded.model, *loaded.tokenizer, input, n,
+      infer::predict(loaded.model, *loaded.codec, input, n,
                      bounded_batch_size(a.common.batch_size, o.max_seq_length), loaded.device,
                      [&](const std::string& id, const std::vector<float>& v) {
                        write_prediction(os, classify, id, v);

@@ -31,20 +31,52 @@ bool is_table(cfg::DataFormat format) {
 }
 
 // Reads up to `n` selected records; their framed token ids go to `rows`.
-size_t read_batch(SequenceInput& input, const data::Tokenizer& tokenizer,
+size_t read_batch(SequenceInput& input, const data::SequenceCodec& codec,
                   const models::ModelSpec& options, size_t n, std::vector<InputSequence>& records,
-                  std::vector<std::vector<int64_t>>& rows, RunCounts& counts) {
+                  std::vector<std::vector<int64_t>>& rows, RunCounts& counts,
+                  bool prompts = false) {
   records.clear();
   rows.clear();
   InputSequence rec;
   while (records.size() < n && input.next(rec)) {
     bool cut = false;
-    rows.push_back(frame_sequence(tokenizer, options, rec.bases, &cut));
+    rows.push_back(prompts ? codec.frame_prompt(rec.bases, options.max_seq_length, &cut)
+                           : frame_sequence(codec, options, rec.bases, &cut));
     counts.truncated += cut ? 1 : 0;
     records.push_back(std::move(rec));
   }
   counts.sequences += records.size();
   return records.size();
+}
+
+// The batches of `order` (rows sorted by length when `sorted`): at most `batch` rows each, and
+// rows of one length only when the model's padding would change its result (ModelSpec::
+// masks_padding).
+std::vector<std::pair<size_t, size_t>> batch_ranges(const std::vector<size_t>& order,
+                                                    const std::vector<std::vector<int64_t>>& rows,
+                                                    size_t batch, bool equal_lengths) {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (size_t start = 0; start < order.size();) {
+    size_t stop = start + 1;
+    while (stop < order.size() && stop - start < batch &&
+           (!equal_lengths || rows[order[stop]].size() == rows[order[start]].size())) {
+      ++stop;
+    }
+    out.emplace_back(start, stop);
+    start = stop;
+  }
+  return out;
+}
+
+// Indices 0..n-1, stably sorted by row length when `sort`.
+std::vector<size_t> length_order(const std::vector<std::vector<int64_t>>& rows, bool sort) {
+  std::vector<size_t> order(rows.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (sort) {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return rows[a].size() < rows[b].size(); });
+  }
+  return order;
 }
 
 }  // namespace
@@ -69,19 +101,12 @@ torch::Device resolve_device(const std::string& spec, int local_rank) {
   fail(ExitCode::kUsage, "--device \"{}\": use auto, cpu, cuda or cuda:N", spec);
 }
 
-std::shared_ptr<const data::Tokenizer> load_model_tokenizer(const std::string& model_dir,
-                                                            const models::ModelSpec& options) {
-  const std::string path = model_dir + "/tokenizer.json";
-  std::error_code ec;
-  DNALLM_CHECK(
-      std::filesystem::symlink_status(path, ec).type() != std::filesystem::file_type::not_found,
-      ExitCode::kBadData, "{} is missing: --model must be a directory exported by dnallm-train",
-      path);
-  auto tokenizer = data::load_tokenizer(path);
-  DNALLM_CHECK(tokenizer->vocab_size() == options.vocab_size, ExitCode::kBadData,
-               "{}: tokenizer has {} tokens but the model {}", model_dir, tokenizer->vocab_size(),
-               options.vocab_size);
-  return tokenizer;
+std::string reverse_complement(const std::string& bases) {
+  std::string out(bases.rbegin(), bases.rend());
+  for (auto& c : out) {
+    c = c == 'A' ? 'T' : c == 'C' ? 'G' : c == 'G' ? 'C' : c == 'T' ? 'A' : 'N';
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -185,8 +210,14 @@ std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
   return ids;
 }
 
+std::vector<int64_t> frame_sequence(const data::SequenceCodec& codec,
+                                    const models::ModelSpec& options, const std::string& bases,
+                                    bool* truncated) {
+  return codec.frame(bases, options.max_seq_length, truncated);
+}
+
 models::ForwardInputs pad_batch(const std::vector<std::vector<int64_t>>& rows, int64_t pad_id,
-                                const torch::Device& device) {
+                                const torch::Device& device, bool left) {
   size_t longest = 0;
   for (const auto& r : rows) longest = std::max(longest, r.size());
   const auto b = static_cast<int64_t>(rows.size());
@@ -197,9 +228,10 @@ models::ForwardInputs pad_batch(const std::vector<std::vector<int64_t>>& rows, i
   auto mask_a = mask.accessor<int64_t, 2>();
   for (int64_t i = 0; i < b; ++i) {
     const auto& r = rows[static_cast<size_t>(i)];
+    const int64_t at = left ? t - static_cast<int64_t>(r.size()) : 0;
     for (size_t j = 0; j < r.size(); ++j) {
-      ids_a[i][static_cast<int64_t>(j)] = r[j];
-      mask_a[i][static_cast<int64_t>(j)] = 1;
+      ids_a[i][at + static_cast<int64_t>(j)] = r[j];
+      mask_a[i][at + static_cast<int64_t>(j)] = 1;
     }
   }
   models::ForwardInputs in;
@@ -255,7 +287,7 @@ void Progress::finish() {
 // ---------------------------------------------------------------------------------------------
 // Commands
 
-RunCounts embed(models::LanguageModel model, const data::Tokenizer& tokenizer, SequenceInput& input,
+RunCounts embed(models::LanguageModel model, const data::SequenceCodec& codec, SequenceInput& input,
                 uint64_t total, EmbeddingSink& sink, const EmbedOptions& options,
                 const torch::Device& device) {
   torch::InferenceMode inference;
@@ -263,8 +295,9 @@ RunCounts embed(models::LanguageModel model, const data::Tokenizer& tokenizer, S
   Progress progress("embed", total);
   std::vector<InputSequence> records;
   std::vector<std::vector<int64_t>> rows;
-  const int64_t pad = model->spec().pad_id;
+  const int64_t pad = codec.pad_id();
   const bool per_token = options.pooling == Pooling::kTokens;
+  const bool equal_lengths = !model->spec().masks_padding;
   // Note [Length-sorted batches]: pooled embeddings are computed over a chunk of
   // kSortChunk batches sorted by length, so rows of a batch have similar lengths and little
   // of each forward pass is padding; they are written back in input order. Per-token output
@@ -272,18 +305,16 @@ RunCounts embed(models::LanguageModel model, const data::Tokenizer& tokenizer, S
   constexpr size_t kSortChunk = 8;
   const size_t batch = static_cast<size_t>(options.batch_size);
   const size_t chunk = per_token ? batch : batch * kSortChunk;
-  while (read_batch(input, tokenizer, model->spec(), chunk, records, rows, counts) > 0) {
-    std::vector<size_t> order(records.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    if (!per_token) {
-      std::stable_sort(order.begin(), order.end(),
-                       [&](size_t a, size_t b) { return rows[a].size() < rows[b].size(); });
-    }
-    std::vector<torch::Tensor> results(records.size());
-    for (size_t start = 0; start < order.size(); start += batch) {
-      const size_t stop = std::min(order.size(), start + batch);
+  DNALLM_CHECK(!(per_token && options.rc_average), ExitCode::kUsage,
+               "--rc-average averages pooled embeddings; per-token rows (--pooling tokens) of the "
+               "two strands do not line up");
+  // The embeddings of `rows`, in their order.
+  const auto embed_rows = [&](std::vector<std::vector<int64_t>>& framed) {
+    const auto order = length_order(framed, !per_token || equal_lengths);
+    std::vector<torch::Tensor> results(framed.size());
+    for (const auto& [start, stop] : batch_ranges(order, framed, batch, equal_lengths)) {
       std::vector<std::vector<int64_t>> group;
-      for (size_t i = start; i < stop; ++i) group.push_back(std::move(rows[order[i]]));
+      for (size_t i = start; i < stop; ++i) group.push_back(std::move(framed[order[i]]));
       auto in = pad_batch(group, pad, device);
       auto pooled = pool_hidden(model->encode(in), in.attention_mask, options.pooling)
                         .to(torch::kFloat32)
@@ -295,6 +326,19 @@ RunCounts embed(models::LanguageModel model, const data::Tokenizer& tokenizer, S
         results[order[i]] = r.contiguous();
       }
     }
+    return results;
+  };
+  while (read_batch(input, codec, model->spec(), chunk, records, rows, counts) > 0) {
+    auto results = embed_rows(rows);
+    if (options.rc_average) {
+      std::vector<std::vector<int64_t>> rc_rows;
+      for (const auto& r : records) {
+        rc_rows.push_back(frame_sequence(codec, model->spec(), reverse_complement(r.bases)));
+      }
+      const auto rc = embed_rows(rc_rows);
+      for (size_t i = 0; i < results.size(); ++i)
+        results[i] = ((results[i] + rc[i]) / 2).contiguous();
+    }
     for (size_t i = 0; i < records.size(); ++i) {
       const int64_t n = per_token ? results[i].size(0) : 1;
       sink.append(records[i].id, results[i].data_ptr<float>(), n);
@@ -305,7 +349,7 @@ RunCounts embed(models::LanguageModel model, const data::Tokenizer& tokenizer, S
   return counts;
 }
 
-RunCounts predict(models::LanguageModel model, const data::Tokenizer& tokenizer,
+RunCounts predict(models::LanguageModel model, const data::SequenceCodec& codec,
                   SequenceInput& input, uint64_t total, int64_t batch_size,
                   const torch::Device& device,
                   const std::function<void(const std::string&, const std::vector<float>&)>& row) {
@@ -318,33 +362,42 @@ RunCounts predict(models::LanguageModel model, const data::Tokenizer& tokenizer,
   Progress progress("predict", total);
   std::vector<InputSequence> records;
   std::vector<std::vector<int64_t>> rows;
-  while (read_batch(input, tokenizer, o, static_cast<size_t>(batch_size), records, rows, counts) >
-         0) {
-    auto in = pad_batch(rows, o.pad_id, device);
-    auto logits = model->forward(in).logits.to(torch::kFloat32);
-    auto values = (o.task == models::Task::kClassification ? torch::softmax(logits, -1)
-                                                           : logits.unsqueeze(-1))
-                      .to(torch::kCPU)
-                      .contiguous();
-    const int64_t k = values.size(1);
-    const float* p = values.data_ptr<float>();
-    for (size_t i = 0; i < records.size(); ++i) {
-      row(records[i].id, std::vector<float>(p + int64_t(i) * k, p + int64_t(i + 1) * k));
+  const size_t batch = static_cast<size_t>(batch_size);
+  while (read_batch(input, codec, o, batch, records, rows, counts) > 0) {
+    const auto order = length_order(rows, !o.masks_padding);
+    std::vector<std::vector<float>> results(records.size());
+    for (const auto& [start, stop] : batch_ranges(order, rows, batch, !o.masks_padding)) {
+      std::vector<std::vector<int64_t>> group;
+      for (size_t i = start; i < stop; ++i) group.push_back(rows[order[i]]);
+      auto in = pad_batch(group, codec.pad_id(), device);
+      auto logits = model->forward(in).logits.to(torch::kFloat32);
+      auto values = (o.task == models::Task::kClassification ? torch::softmax(logits, -1)
+                                                             : logits.unsqueeze(-1))
+                        .to(torch::kCPU)
+                        .contiguous();
+      const int64_t k = values.size(1);
+      const float* p = values.data_ptr<float>();
+      for (size_t i = start; i < stop; ++i) {
+        const int64_t at = static_cast<int64_t>(i - start);
+        results[order[i]] = std::vector<float>(p + at * k, p + (at + 1) * k);
+      }
     }
+    for (size_t i = 0; i < records.size(); ++i) row(records[i].id, results[i]);
     progress.advance(records.size());
   }
   progress.finish();
   return counts;
 }
 
-RunCounts generate(models::LanguageModel model, const data::Tokenizer& tokenizer,
+RunCounts generate(models::LanguageModel model, const data::SequenceCodec& codec,
                    SequenceInput& input, uint64_t total, const GenerateRun& run,
                    const torch::Device& device,
                    const std::function<void(const std::string&, const std::string&)>& out) {
   const auto& o = model->spec();
   DNALLM_CHECK(o.arch == models::Arch::kGpt && o.task == models::Task::kPretrain, ExitCode::kUsage,
-               "generate needs a causal language model (model_type \"dnallm-gpt\", task "
-               "\"pretrain\" in config.json)");
+               "generate needs a causal language model (a GPT-style, Llama, GPT-NeoX or HyenaDNA "
+               "language model; this one is {} {})",
+               models::arch_name(o.arch), models::task_name(o.task));
   // Room for the new tokens: prompts are cut so prompt + new tokens fit max_seq_length.
   models::ModelSpec prompt_options = o;
   if (!o.extends_past_max_length) {
@@ -367,10 +420,11 @@ RunCounts generate(models::LanguageModel model, const data::Tokenizer& tokenizer
   // Special tokens decode to no base: never generated, so every new token adds bases.
   models::GenerateOptions sampling = run.generate;
   for (int64_t id = 0; id < o.vocab_size; ++id) {
-    if (tokenizer.is_special(id)) sampling.suppress_ids.push_back(id);
+    if (id >= codec.vocab_size() || codec.is_special(id)) sampling.suppress_ids.push_back(id);
   }
   uint64_t short_rows = 0;
-  while (read_batch(input, tokenizer, prompt_options, chunk, records, rows, counts) > 0) {
+  while (read_batch(input, codec, prompt_options, chunk, records, rows, counts,
+                    /*prompts=*/true) > 0) {
     std::vector<size_t> order(records.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::stable_sort(order.begin(), order.end(),
@@ -384,7 +438,7 @@ RunCounts generate(models::LanguageModel model, const data::Tokenizer& tokenizer
       }
       std::vector<std::vector<int64_t>> group;
       for (size_t i = start; i < stop; ++i) group.push_back(rows[order[i]]);
-      auto prompt = pad_batch(group, o.pad_id, device).input_ids;
+      auto prompt = pad_batch(group, codec.pad_id(), device).input_ids;
       auto options = sampling;
       options.seed = run.generate.seed + batch_index++;
       auto tokens = model->generate(prompt, options).to(torch::kCPU).contiguous();
@@ -393,10 +447,10 @@ RunCounts generate(models::LanguageModel model, const data::Tokenizer& tokenizer
         auto row = tokens[static_cast<int64_t>(i - start)];
         std::vector<int64_t> ids(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
         const std::vector<int64_t> fresh(ids.begin() + prompt_len, ids.end());
-        if (static_cast<int64_t>(tokenizer.decode(fresh).size()) < run.generate.max_new_tokens) {
+        if (static_cast<int64_t>(codec.decode(fresh).size()) < run.generate.max_new_tokens) {
           ++short_rows;
         }
-        results[order[i]] = tokenizer.decode(ids);
+        results[order[i]] = codec.decode(ids);
       }
       start = stop;
     }
@@ -408,7 +462,7 @@ RunCounts generate(models::LanguageModel model, const data::Tokenizer& tokenizer
     spdlog::warn(
         "{} of {} sequences got fewer than --max-new-tokens = {} new bases: the {} tokenizer "
         "has tokens that decode to no base",
-        short_rows, counts.sequences, run.generate.max_new_tokens, tokenizer.kind());
+        short_rows, counts.sequences, run.generate.max_new_tokens, codec.describe());
   }
   return counts;
 }

@@ -16,9 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "worker/data/sequence_codec.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/infer/embedding_writer.hpp"
-#include "worker/models/transformer/transformer.hpp"
+#include "worker/models/language_model.hpp"
 
 namespace dnallm::infer {
 
@@ -27,11 +28,6 @@ namespace dnallm::infer {
 // the CUDA plugin first where a GPU may be used (Note [Lazy CUDA] in core/cuda_plugin.hpp):
 // call it after the inputs were checked, before anything else asks LibTorch about CUDA.
 torch::Device resolve_device(const std::string& spec, int local_rank);
-
-// The tokenizer of a directory exported by dnallm-train (its tokenizer.json); Error(kBadData)
-// when it is missing or its vocabulary is not the model's (`options.vocab_size`).
-std::shared_ptr<const data::Tokenizer> load_model_tokenizer(const std::string& model_dir,
-                                                            const models::ModelSpec& options);
 
 // One input sequence. FASTA/FASTQ ids are the record names; a table row's id is "row<N>"
 // (N: 1-based among the good records, the header not counted; other columns are not read).
@@ -62,9 +58,16 @@ std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
                                     const models::ModelSpec& options, const std::string& bases,
                                     bool* truncated = nullptr);
 
-// Pads rows to the longest: input_ids [B, T] and attention_mask [B, T] on `device`.
+// The framed ids of `bases` through the model's own tokenizer (Note [Sequence codec]), cut to
+// the model's max_seq_length tokens; `truncated` is set when cut.
+std::vector<int64_t> frame_sequence(const data::SequenceCodec& codec,
+                                    const models::ModelSpec& options, const std::string& bases,
+                                    bool* truncated = nullptr);
+
+// Pads rows to the longest: input_ids [B, T] and attention_mask [B, T] on `device`; on the
+// left when `left` (as transformers pads HyenaDNA and Caduceus).
 models::ForwardInputs pad_batch(const std::vector<std::vector<int64_t>>& rows, int64_t pad_id,
-                                const torch::Device& device);
+                                const torch::Device& device, bool left = false);
 
 enum class Pooling { kMean, kCls, kTokens };
 Pooling parse_pooling(const std::string& name);
@@ -91,7 +94,13 @@ class Progress {
 struct EmbedOptions {
   Pooling pooling = Pooling::kMean;
   int64_t batch_size = 32;  // sequences per forward pass
+  // The mean of the sequence's and its reverse complement's pooled embeddings (strand-invariant
+  // features, as Caduceus' authors pool); not with Pooling::kTokens.
+  bool rc_average = false;
 };
+
+// The reverse complement of upper-case bases (anything but A, C, G, T becomes N).
+std::string reverse_complement(const std::string& bases);
 
 struct RunCounts {
   uint64_t sequences = 0;
@@ -99,12 +108,12 @@ struct RunCounts {
 };
 
 // Embeds every selected record of `input` into `sink`, in input order.
-RunCounts embed(models::LanguageModel model, const data::Tokenizer& tokenizer, SequenceInput& input,
+RunCounts embed(models::LanguageModel model, const data::SequenceCodec& codec, SequenceInput& input,
                 uint64_t total, EmbeddingSink& sink, const EmbedOptions& options,
                 const torch::Device& device);
 
 // Classifier / regression predictions: calls `row(id, probabilities or {value})` in order.
-RunCounts predict(models::LanguageModel model, const data::Tokenizer& tokenizer,
+RunCounts predict(models::LanguageModel model, const data::SequenceCodec& codec,
                   SequenceInput& input, uint64_t total, int64_t batch_size,
                   const torch::Device& device,
                   const std::function<void(const std::string&, const std::vector<float>&)>& row);
@@ -117,7 +126,7 @@ struct GenerateRun {
 // Generation from every selected record as a prompt: calls `out(id, bases)` with the prompt
 // followed by the generated bases, in input order. Deterministic for a given seed and
 // batch size (batch i samples with seed + i).
-RunCounts generate(models::LanguageModel model, const data::Tokenizer& tokenizer,
+RunCounts generate(models::LanguageModel model, const data::SequenceCodec& codec,
                    SequenceInput& input, uint64_t total, const GenerateRun& run,
                    const torch::Device& device,
                    const std::function<void(const std::string&, const std::string&)>& out);

@@ -1,5 +1,9 @@
 #include "worker/models/language_model.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <limits>
+
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
 
@@ -20,12 +24,39 @@ void LanguageModelImpl::set_context_parallel(std::shared_ptr<ContextParallel> cp
        spec().family);
 }
 
-torch::Tensor LanguageModelImpl::generate(const torch::Tensor& /*prompt*/,
-                                          const GenerateOptions& /*options*/) {
-  fail(ExitCode::kUsage,
-       "this {} model cannot generate: generation needs a causal language model (pre-trained "
-       "with model.arch = \"gpt\")",
-       spec().family);
+torch::Tensor LanguageModelImpl::generate(const torch::Tensor& prompt, const GenerateOptions& g) {
+  DNALLM_CHECK(can_generate(), ExitCode::kUsage,
+               "this {} model cannot generate: generation needs a causal language model "
+               "(pre-trained with model.arch = \"gpt\", or a causal Hugging Face model)",
+               spec().family);
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(g.seed);
+  const int64_t vocab = spec().vocab_size;
+  auto tokens = prompt;
+  for (int64_t step = 0; step < g.max_new_tokens; ++step) {
+    ForwardInputs in;
+    in.input_ids = tokens;
+    // A padded head's extra rows (HyenaDNA pads its vocabulary to a multiple of 8) are no token.
+    auto logits = forward(in).logits.select(1, tokens.size(1) - 1).narrow(-1, 0, vocab);
+    logits = logits.to(torch::kFloat32).cpu().clone();
+    for (const int64_t id : g.suppress_ids) {
+      if (id >= 0 && id < vocab)
+        logits.select(-1, id).fill_(-std::numeric_limits<float>::infinity());
+    }
+    tokens = torch::cat({tokens, sample_next_token(logits, g, gen).to(tokens.device())}, 1);
+  }
+  return tokens;
+}
+
+torch::Tensor sample_next_token(torch::Tensor logits, const GenerateOptions& g,
+                                at::Generator& gen) {
+  if (g.greedy || g.temperature <= 0) return logits.argmax(-1, true);
+  logits = logits / g.temperature;
+  if (g.top_k > 0 && g.top_k < logits.size(-1)) {
+    auto kth = std::get<0>(logits.topk(g.top_k, -1)).select(-1, g.top_k - 1).unsqueeze(-1);
+    logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+  }
+  return torch::multinomial(torch::softmax(logits, -1), 1, false, gen);
 }
 
 const char* task_name(Task task) {

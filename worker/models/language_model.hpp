@@ -103,6 +103,9 @@ struct ModelSpec {
   // The family reads its parameters in fp32 even under bf16 autocast (HyenaDNA's fused mixer
   // and fp32 regions): ZeRO-3 gathers its units in fp32 (Note [Fully sharded mixed precision]).
   bool fp32_parameters = false;
+  // false: padding changes what the real positions compute (Caduceus' bidirectional scan has
+  // no attention mask), so inference batches only rows of one length.
+  bool masks_padding = true;
 };
 
 class LanguageModelImpl : public torch::nn::Module {
@@ -143,8 +146,12 @@ class LanguageModelImpl : public torch::nn::Module {
   // Folds adapters into the base weights (export path); a no-op without adapters.
   virtual void merge_lora() {}
 
-  // Causal LM generation; `prompt` [B, P]. Families that cannot generate refuse (exit 2).
-  virtual bool can_generate() const { return false; }
+  // Causal LM generation; `prompt` [B, P] (one length), returns [B, P + new]. By default a
+  // causal language model recomputes the whole prefix for each new token (no KV cache: HyenaDNA);
+  // other models refuse (exit 2).
+  virtual bool can_generate() const {
+    return spec().arch == Arch::kGpt && spec().task == Task::kPretrain;
+  }
   virtual torch::Tensor generate(const torch::Tensor& prompt, const GenerateOptions& options);
 };
 
@@ -179,6 +186,11 @@ const char* arch_name(Arch arch);
 // returned logits are then the scored rows [N, V]), the count from in.label_count when known.
 ModelOutput loss_from_logits(const torch::Tensor& logits, const ForwardInputs& in,
                              const ModelSpec& spec);
+
+// One decoding step of `g`: the next token of each row [B, 1] from the last position's logits
+// [B, V] (fp32, CPU; suppressed ids already -inf): greedy, or sampled at g.temperature among the
+// g.top_k most likely with `gen`.
+torch::Tensor sample_next_token(torch::Tensor logits, const GenerateOptions& g, at::Generator& gen);
 
 // Training FLOPs a token of the parameters alone: 6 a trainable parameter, 4 a frozen one.
 double parameter_flops_per_token(const torch::nn::Module& model);

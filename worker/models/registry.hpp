@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -20,7 +21,8 @@
 
 namespace dnallm::data {
 class Tokenizer;
-}
+class HfTokenizer;
+}  // namespace dnallm::data
 
 namespace dnallm::models {
 
@@ -64,6 +66,14 @@ struct ModelFamily {
   // as for build.
   LanguageModel (*init_from_hf)(const Config& config, const data::Tokenizer& tokenizer,
                                 const BuildContext& context) = nullptr;
+  // Note [One model loader]: a Hugging Face directory of this family as downloaded, in its own
+  // token ids (the logits' columns are its vocabulary's), eval mode; and its tokenizer as
+  // transformers loads it (null: the family has no hub layout to run).
+  LanguageModel (*load_hf)(const std::string& dir) = nullptr;
+  std::shared_ptr<const data::HfTokenizer> (*hf_tokenizer)(const std::string& dir) = nullptr;
+  // A PEFT LoRA adapter directory applied on a Hugging Face base of this family (null: none).
+  LanguageModel (*load_hf_with_adapter)(const std::string& base_dir,
+                                        const std::string& adapter_dir) = nullptr;
   // Our model directory (config.json already parsed) back into a model, eval mode.
   LanguageModel (*load_exported)(const std::string& dir, const nlohmann::json& config) = nullptr;
   // The Hugging Face layout of `model` next to our export (final/hf): what hf_export plans,

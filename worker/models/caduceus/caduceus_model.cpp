@@ -7,6 +7,7 @@
 
 #include "checkpoint/durable_io.hpp"
 #include "core/error.hpp"
+#include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/mamba_context.hpp"
 #include "worker/models/hf_directory.hpp"
@@ -199,6 +200,7 @@ CaduceusModelImpl::CaduceusModelImpl(CaduceusLM lm, int64_t vocab_size) : lm_(st
   spec_.extends_past_max_length = true;
   spec_.num_labels = o.classifier ? o.num_labels : 2;
   spec_.pad_id = data::kPadId;
+  spec_.masks_padding = false;
 }
 
 ModelOutput CaduceusModelImpl::forward(const ForwardInputs& in) {
@@ -323,6 +325,15 @@ ModelFamily caduceus_family() {
   f.build = build;
   f.init_from_hf = init_from_hf;
   f.load_exported = load_exported;
+  f.load_hf = [](const std::string& dir) {
+    auto lm = load_hf_caduceus(dir);
+    const int64_t vocab = lm->options().vocab_size;
+    return LanguageModel(wrap(std::move(lm), vocab));
+  };
+  f.hf_tokenizer = [](const std::string& dir) {
+    return std::make_shared<const data::HfTokenizer>(
+        data::HfTokenizer::dna_characters(dir, "CaduceusTokenizer"));
+  };
   f.hf_export = hf_export;
   return f;
 }

@@ -8,6 +8,7 @@
 
 #include "checkpoint/durable_io.hpp"
 #include "core/error.hpp"
+#include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_directory.hpp"
 #include "worker/models/transformer/transformer.hpp"
@@ -274,6 +275,11 @@ ModelFamily hyena_family() {
   f.build = build;
   f.init_from_hf = init_from_hf;
   f.load_exported = load_exported;
+  f.load_hf = [](const std::string& dir) { return LanguageModel(wrap(load_hf_hyena(dir))); };
+  f.hf_tokenizer = [](const std::string& dir) {
+    return std::make_shared<const data::HfTokenizer>(
+        data::HfTokenizer::dna_characters(dir, "HyenaDNATokenizer"));
+  };
   f.hf_export = hf_export;
   return f;
 }

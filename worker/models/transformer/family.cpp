@@ -12,6 +12,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
 #include "core/host_memory.hpp"
+#include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_directory.hpp"
 #include "worker/models/registry.hpp"
@@ -179,6 +180,17 @@ ModelFamily transformer_family() {
   };
   f.load_exported = [](const std::string& dir, const nlohmann::json& config) {
     return as_language_model(load_exported_transformer(dir, config));
+  };
+  f.load_hf = [](const std::string& dir) {
+    return as_language_model(build_hf_model(read_hf_checkpoint(dir)));
+  };
+  f.load_hf_with_adapter = [](const std::string& base_dir, const std::string& adapter_dir) {
+    const auto base = read_hf_checkpoint(base_dir);
+    return as_language_model(
+        build_hf_model_with_adapter(base, read_peft_adapter(adapter_dir, base)));
+  };
+  f.hf_tokenizer = [](const std::string& dir) {
+    return std::make_shared<const data::HfTokenizer>(data::HfTokenizer::load(dir));
   };
   f.hf_export = [](LanguageModel& model, const data::Tokenizer& tokenizer,
                    const std::string& source_dir) {

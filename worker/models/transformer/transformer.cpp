@@ -1037,18 +1037,7 @@ Tensor TransformerLMImpl::generate(const Tensor& prompt, const GenerateOptions& 
     auto logits = lm_logits(hidden.select(1, hidden.size(1) - 1)).to(torch::kFloat32).cpu();
     if (suppress.defined())
       logits.index_fill_(-1, suppress, -std::numeric_limits<float>::infinity());
-    Tensor next;
-    if (g.greedy || g.temperature <= 0) {
-      next = logits.argmax(-1, true);
-    } else {
-      logits = logits / g.temperature;
-      if (g.top_k > 0 && g.top_k < logits.size(-1)) {
-        auto kth = std::get<0>(logits.topk(g.top_k, -1)).select(-1, g.top_k - 1).unsqueeze(-1);
-        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
-      }
-      next = torch::multinomial(torch::softmax(logits, -1), 1, false, gen);
-    }
-    next = next.to(tokens.device());
+    Tensor next = sample_next_token(logits, g, gen).to(tokens.device());
     tokens = torch::cat({tokens, next}, 1);
     next_input = next;
   }

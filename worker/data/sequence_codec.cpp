@@ -1,0 +1,162 @@
+#include "worker/data/sequence_codec.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "worker/data/hf_tokenizer.hpp"
+#include "worker/data/tokenizer.hpp"
+
+namespace dnallm::data {
+namespace {
+
+bool is_base_piece(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return c == 'A' || c == 'C' || c == 'G' || c == 'T' || c == 'N';
+  });
+}
+
+// The regular tokens cut to what fits `max_tokens` with `framing` special tokens around them.
+void fit(std::vector<int64_t>& tokens, int64_t max_tokens, int64_t framing, bool* cut) {
+  const int64_t budget = std::max<int64_t>(max_tokens - framing, 0);
+  const bool too_long = max_tokens > 0 && static_cast<int64_t>(tokens.size()) > budget;
+  if (too_long) tokens.resize(static_cast<size_t>(budget));
+  if (cut != nullptr) *cut = too_long;
+}
+
+class OwnCodec final : public SequenceCodec {
+ public:
+  OwnCodec(std::shared_ptr<const Tokenizer> t, bool encoder)
+      : t_(std::move(t)), encoder_(encoder) {}
+
+  std::vector<int64_t> frame(std::string_view bases, int64_t max_tokens, bool* cut) const override {
+    auto tokens = t_->encode(bases);
+    fit(tokens, max_tokens, framing_tokens(), cut);
+    std::vector<int64_t> ids;
+    ids.reserve(tokens.size() + 2);
+    ids.push_back(kClsId);
+    ids.insert(ids.end(), tokens.begin(), tokens.end());
+    if (encoder_) ids.push_back(kSepId);
+    return ids;
+  }
+  std::vector<int64_t> frame_prompt(std::string_view bases, int64_t max_tokens,
+                                    bool* cut) const override {
+    auto tokens = t_->encode(bases);
+    fit(tokens, max_tokens, 1, cut);
+    tokens.insert(tokens.begin(), kClsId);
+    return tokens;
+  }
+  std::vector<int64_t> encode(std::string_view bases) const override { return t_->encode(bases); }
+  int64_t framing_tokens() const override { return encoder_ ? 2 : 1; }
+  int64_t prefix_tokens() const override { return 1; }
+  int64_t vocab_size() const override { return t_->vocab_size(); }
+  int64_t pad_id() const override { return kPadId; }
+  int64_t mask_id() const override { return kMaskId; }
+  bool is_special(int64_t id) const override { return t_->is_special(id); }
+  std::string bases_of(int64_t id) const override {
+    if (id < 0 || id >= t_->vocab_size() || t_->is_special(id)) return "";
+    auto piece = t_->id_to_piece(id);
+    return is_base_piece(piece) ? piece : std::string();
+  }
+  int64_t id_of(const std::string& piece) const override {
+    for (int64_t id = kFirstRegularId; id < t_->vocab_size(); ++id) {
+      if (t_->id_to_piece(id) == piece) return id;
+    }
+    return -1;
+  }
+  bool tiles_bases() const override {
+    const auto j = t_->to_json();
+    if (t_->tokenizer_kind() == cfg::TokenizerKind::kKmer) {
+      return j.value("stride", 1) == j.value("k", 1);
+    }
+    return true;
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override { return t_->decode(ids); }
+  std::string describe() const override { return fmt::format("ours ({})", t_->kind()); }
+
+ private:
+  std::shared_ptr<const Tokenizer> t_;
+  bool encoder_;
+};
+
+class HubCodec final : public SequenceCodec {
+ public:
+  explicit HubCodec(std::shared_ptr<const HfTokenizer> t) : t_(std::move(t)) {
+    special_ = {t_->special().pad,  t_->special().unk, t_->special().cls, t_->special().sep,
+                t_->special().mask, t_->special().bos, t_->special().eos};
+  }
+
+  std::vector<int64_t> frame(std::string_view bases, int64_t max_tokens, bool* cut) const override {
+    auto tokens = t_->encode_unframed(bases);
+    fit(tokens, max_tokens, framing_tokens(), cut);
+    std::vector<int64_t> ids = t_->prefix();
+    ids.insert(ids.end(), tokens.begin(), tokens.end());
+    ids.insert(ids.end(), t_->suffix().begin(), t_->suffix().end());
+    return ids;
+  }
+  std::vector<int64_t> frame_prompt(std::string_view bases, int64_t max_tokens,
+                                    bool* cut) const override {
+    auto tokens = t_->encode_unframed(bases);
+    fit(tokens, max_tokens, static_cast<int64_t>(t_->prefix().size()), cut);
+    std::vector<int64_t> ids = t_->prefix();
+    ids.insert(ids.end(), tokens.begin(), tokens.end());
+    return ids;
+  }
+  std::vector<int64_t> encode(std::string_view bases) const override {
+    return t_->encode_unframed(bases);
+  }
+  int64_t framing_tokens() const override {
+    return static_cast<int64_t>(t_->prefix().size() + t_->suffix().size());
+  }
+  int64_t prefix_tokens() const override { return static_cast<int64_t>(t_->prefix().size()); }
+  int64_t vocab_size() const override { return t_->vocab_size(); }
+  int64_t pad_id() const override { return std::max<int64_t>(t_->special().pad, 0); }
+  int64_t mask_id() const override { return t_->special().mask; }
+  bool pads_left() const override { return t_->pads_left(); }
+  bool is_special(int64_t id) const override {
+    if (id < 0 || id >= t_->vocab_size()) return true;
+    for (const auto s : special_) {
+      if (s == id) return true;
+    }
+    return !is_base_piece(t_->piece(id));
+  }
+  std::string bases_of(int64_t id) const override {
+    if (is_special(id)) return "";
+    return t_->piece(id);
+  }
+  int64_t id_of(const std::string& piece) const override { return t_->id_of(piece); }
+  bool tiles_bases() const override {
+    return t_->scheme() != HfTokenizer::Scheme::kOverlappingKmer;
+  }
+  std::string describe() const override {
+    static const char* const kSchemes[] = {"overlapping k-mers", "longest match",
+                                           "one token a base", "BPE"};
+    return fmt::format("the directory's {} ({})",
+                       t_->tokenizer_class().empty() ? "tokenizer.json" : t_->tokenizer_class(),
+                       kSchemes[static_cast<int>(t_->scheme())]);
+  }
+
+ private:
+  std::shared_ptr<const HfTokenizer> t_;
+  std::vector<int64_t> special_;
+};
+
+}  // namespace
+
+std::string SequenceCodec::decode(const std::vector<int64_t>& ids) const {
+  std::string out;
+  for (const auto id : ids) out += bases_of(id);
+  return out;
+}
+
+std::shared_ptr<SequenceCodec> make_own_codec(std::shared_ptr<const Tokenizer> tokenizer,
+                                              bool encoder) {
+  return std::make_shared<OwnCodec>(std::move(tokenizer), encoder);
+}
+
+std::shared_ptr<SequenceCodec> make_hub_codec(std::shared_ptr<const HfTokenizer> tokenizer) {
+  return std::make_shared<HubCodec>(std::move(tokenizer));
+}
+
+}  // namespace dnallm::data

@@ -1,0 +1,154 @@
+#include "worker/infer/scoring.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <spdlog/spdlog.h>
+
+#include "core/error.hpp"
+#include "worker/data/sequence_reader.hpp"
+#include "worker/infer/inference.hpp"
+
+namespace dnallm::infer {
+namespace {
+
+using torch::Tensor;
+
+// A window's framed ids, and which tokens are scored with how many bases each.
+struct Window {
+  std::vector<int64_t> ids;
+  std::vector<int64_t> scored;  // positions in ids
+  std::vector<int64_t> bases;   // bases of each scored token
+};
+
+Window frame_window(const data::SequenceCodec& codec, const std::string& bases, bool causal) {
+  Window w;
+  w.ids = codec.frame(bases, 0);
+  const bool overlapping = !codec.tiles_bases();
+  for (int64_t t = causal ? 1 : 0; t < static_cast<int64_t>(w.ids.size()); ++t) {
+    const auto piece = codec.bases_of(w.ids[static_cast<size_t>(t)]);
+    if (piece.empty()) continue;
+    w.scored.push_back(t);
+    w.bases.push_back(overlapping ? 1 : static_cast<int64_t>(piece.size()));
+  }
+  return w;
+}
+
+// Causal: one pass a window, the next-token log-probabilities of its scored tokens.
+void score_causal(models::LanguageModel& model, const Window& w, const torch::Device& device,
+                  LikelihoodScore& s) {
+  auto in = pad_batch({w.ids}, 0, device);
+  auto logp = torch::log_softmax(model->forward(in).logits.to(torch::kFloat32)[0], -1)
+                  .to(torch::kCPU)
+                  .contiguous();
+  auto a = logp.accessor<float, 2>();
+  for (size_t i = 0; i < w.scored.size(); ++i) {
+    const auto t = w.scored[i];
+    s.log_prob += a[t - 1][w.ids[static_cast<size_t>(t)]];
+    s.tokens += 1;
+    s.bases += w.bases[i];
+  }
+  s.forward_passes += 1;
+}
+
+// Masked: a pass a scored token (Note [Likelihood of a genome]), `batch` rows at a time.
+void score_masked(models::LanguageModel& model, const data::SequenceCodec& codec, const Window& w,
+                  int64_t batch, const torch::Device& device, LikelihoodScore& s) {
+  const int64_t span =
+      codec.tiles_bases()
+          ? 0
+          : static_cast<int64_t>(
+                codec.bases_of(w.ids[static_cast<size_t>(w.scored.empty() ? 0 : w.scored[0])])
+                    .size()) -
+                1;
+  const auto n = static_cast<int64_t>(w.scored.size());
+  for (int64_t start = 0; start < n; start += batch) {
+    const int64_t stop = std::min(n, start + batch);
+    std::vector<std::vector<int64_t>> rows;
+    for (int64_t i = start; i < stop; ++i) {
+      auto row = w.ids;
+      const auto t = w.scored[static_cast<size_t>(i)];
+      for (int64_t j = std::max<int64_t>(0, t - span);
+           j <= std::min<int64_t>(static_cast<int64_t>(row.size()) - 1, t + span); ++j) {
+        if (j == t || !codec.bases_of(row[static_cast<size_t>(j)]).empty()) {
+          row[static_cast<size_t>(j)] = codec.mask_id();
+        }
+      }
+      rows.push_back(std::move(row));
+    }
+    auto in = pad_batch(rows, codec.pad_id(), device);
+    auto logp = torch::log_softmax(model->forward(in).logits.to(torch::kFloat32), -1)
+                    .to(torch::kCPU)
+                    .contiguous();
+    auto a = logp.accessor<float, 3>();
+    for (int64_t i = start; i < stop; ++i) {
+      const auto t = w.scored[static_cast<size_t>(i)];
+      s.log_prob += a[i - start][t][w.ids[static_cast<size_t>(t)]];
+      s.tokens += 1;
+      s.bases += w.bases[static_cast<size_t>(i)];
+    }
+    s.forward_passes += stop - start;
+  }
+}
+
+}  // namespace
+
+double LikelihoodScore::bits_per_base() const {
+  return bases > 0 ? -log_prob / std::log(2.0) / double(bases) : 0.0;
+}
+
+int64_t default_window(const models::ModelSpec& spec, const data::SequenceCodec& codec) {
+  const bool causal = spec.arch == models::Arch::kGpt;
+  const int64_t most = causal ? 4096 : 512;
+  return std::max<int64_t>(1, std::min(most, spec.max_seq_length - codec.framing_tokens()));
+}
+
+LikelihoodScore score_likelihood(models::LanguageModel model, const data::SequenceCodec& codec,
+                                 const std::string& fasta, const LikelihoodOptions& options,
+                                 const torch::Device& device) {
+  const auto& spec = model->spec();
+  DNALLM_CHECK(spec.task == models::Task::kPretrain, ExitCode::kUsage,
+               "--fasta scores a language model; this one is a {} model: score it on a labelled "
+               "table with --table",
+               models::task_name(spec.task));
+  const bool causal = spec.arch == models::Arch::kGpt;
+  DNALLM_CHECK(causal || codec.mask_id() >= 0, ExitCode::kUsage,
+               "the masked language model's tokenizer ({}) has no mask token: its "
+               "pseudo-log-likelihood cannot be computed",
+               codec.describe());
+  const int64_t window = options.window > 0 ? options.window : default_window(spec, codec);
+  LikelihoodScore s;
+  s.pseudo = !causal;
+  torch::InferenceMode inference;
+  data::SequenceReader reader(fasta);
+  data::SequenceRecord rec;
+  Progress progress("score (windows)", 0, 10.0);
+  int64_t seen = 0;
+  while ((options.max_bases <= 0 || seen < options.max_bases) && reader.next(rec)) {
+    for (size_t at = 0; at < rec.bases.size(); at += static_cast<size_t>(window)) {
+      if (options.max_bases > 0 && seen >= options.max_bases) break;
+      const auto piece = rec.bases.substr(at, static_cast<size_t>(window));
+      seen += static_cast<int64_t>(piece.size());
+      const auto w = frame_window(codec, piece, causal);
+      if (w.scored.empty()) continue;
+      DNALLM_CHECK(
+          spec.extends_past_max_length || static_cast<int64_t>(w.ids.size()) <= spec.max_seq_length,
+          ExitCode::kUsage,
+          "--window {} bases make {} tokens, more than the model's {} positions: give "
+          "a smaller --window",
+          window, w.ids.size(), spec.max_seq_length);
+      if (causal) {
+        score_causal(model, w, device, s);
+      } else {
+        score_masked(model, codec, w, options.batch_size, device, s);
+      }
+      s.windows += 1;
+      progress.advance(1);
+    }
+  }
+  progress.finish();
+  DNALLM_CHECK(s.tokens > 0, ExitCode::kBadData, "{} holds no sequence to score", fasta);
+  return s;
+}
+
+}  // namespace dnallm::infer
