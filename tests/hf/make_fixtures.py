@@ -21,12 +21,13 @@ regenerated set therefore differs from the committed one; both must pass our C++
 (DNALLM_HF_FIXTURES_DIR=OUT build/tests/worker/worker_hf_import_test). Needs torch,
 transformers, tokenizers, peft and safetensors (scripts/install-deps.sh).
 
-DNABERT-2 (dnabert2_mlm, dnabert2_cls) runs its own remote code, which is not in this
-repository: with --dnabert2-ref DIR (or DNALLM_DNABERT2_REF) the reference's fp32 CPU logits
-are made with it (tests/hf/dnabert2_reference.py says which shims it gets and needs einops);
-without, these families are skipped with a message. Their folders hold what a download holds
-except the .py files (config.json with auto_map, model.safetensors, tokenizer.json of a real
-BPE model in DNABERT-2's layout, tokenizer_config.json).
+DNABERT-2 (dnabert2_mlm, dnabert2_cls, dnabert2_long_mlm: inputs longer than its
+max_position_embeddings) runs its own remote code, which is not in this repository: with
+--dnabert2-ref DIR (or DNALLM_DNABERT2_REF) the reference's fp32 CPU logits are made with it
+(tests/hf/dnabert2_reference.py says which shims it gets and needs einops); without, these
+families are skipped with a message. Their folders hold what a download holds except the .py
+files (config.json with auto_map, model.safetensors, tokenizer.json of a real BPE model in
+DNABERT-2's layout, tokenizer_config.json).
 """
 import argparse
 import itertools
@@ -79,6 +80,15 @@ DNABERT2_CONFIG = {
     "max_position_embeddings": 512, "model_type": "bert", "position_embedding_type": "absolute",
     "torch_dtype": "float32", "transformers_version": "4.28.0", "type_vocab_size": 2,
     "use_cache": True}
+
+
+# dnabert2_long_mlm's sequences: the start of E. coli lacZ (88 bases), the lac promoter and
+# operator with one N (74 bases), a short one (16 bases, padding); the first two tokenize to
+# more than 16 tokens.
+DNABERT2_LONG_SEQS = [
+    "ATGACCATGATTACGGATTCACTGGCCGTCGTTTTACAACGTCGTGACTGGGAAAACCCTGGCGTTACCCAACTTAATCGCCTTGCAG",
+    "TTTACACTTTATGCTTCCGGCTCGTATGTTGTGTGGAATTGTGAGCGGATAACAATTTCACACAGGAANCAGCT",
+    "GGGCGCATTACGATCC"]
 
 
 class Maker:
@@ -244,9 +254,10 @@ class Maker:
     FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
                 "roberta_prelayernorm_mlm", "bert_cls_lora", "llama_gqa_causal",
                 "llama_mqa_causal", "esm_v2_mlm", "esm_v2_cls", "esm_v1_mlm", "dnabert2_mlm",
-                "dnabert2_cls"]
+                "dnabert2_cls", "dnabert2_long_mlm"]
     # Family i is seeded with seed + i; the dnabert2 families keep the places 8 and 9 they were
-    # made with (their fixtures predate the llama_gqa_causal .. esm_v1_mlm families).
+    # made with (their fixtures predate the llama_gqa_causal .. esm_v1_mlm families);
+    # dnabert2_long_mlm its place (15).
     SEED_INDEX = {"dnabert2_mlm": 8, "dnabert2_cls": 9}
     DNABERT2 = {
         # 4 heads (power of two); 6 heads: the slopes of 4, then every second of 8.
@@ -255,6 +266,13 @@ class Maker:
         "dnabert2_cls": dict(head="BertForSequenceClassification", hidden_size=48,
                              num_attention_heads=6, intermediate_size=64, num_hidden_layers=2,
                              num_labels=2),
+        # Inputs longer than max_position_embeddings: ALiBi has no position table, and the
+        # reference runs them (its table rebuilt past alibi_starting_size; the only thing sized
+        # by max_position_embeddings, the token_type_ids buffer, BertModel never reads).
+        "dnabert2_long_mlm": dict(head="BertForMaskedLM", hidden_size=16, num_attention_heads=4,
+                                  intermediate_size=24, num_hidden_layers=2,
+                                  max_position_embeddings=16, alibi_starting_size=8,
+                                  sequences=DNABERT2_LONG_SEQS),
     }
 
     # -- DNABERT-2 (its own remote code: --dnabert2-ref) ---------------------------------------
@@ -283,6 +301,7 @@ class Maker:
         torch, transformers = self.torch, self.transformers
         spec = dict(self.DNABERT2[family])
         head = spec.pop("head")
+        seqs = list(spec.pop("sequences", SEQS))
         tok = self.dnabert2_tokenizer()
         assert tok.convert_tokens_to_ids("[PAD]") == 3, "DNABERT-2's [PAD] is id 3"
         config = dict(DNABERT2_CONFIG, architectures=[head], vocab_size=len(tok), **spec)
@@ -308,12 +327,23 @@ class Maker:
                 # (the decoder sharing the word embeddings' storage), for the .bin import.
                 torch.save(model.state_dict(), os.path.join(work, "pytorch_model.bin"))
             tok.save_pretrained(work)
-            ids, mask = self.encode(tok, list(SEQS))
-            self.check_round_trip(work, tok, list(SEQS), ids, mask)
+            ids, mask = self.encode(tok, seqs)
+            self.check_round_trip(work, tok, seqs, ids, mask)
             assert ids.shape[1] > config["alibi_starting_size"], (
                 f"{family}: {ids.shape[1]} tokens do not run past alibi_starting_size")
+            long = ids.shape[1] > config["max_position_embeddings"]
+            assert long == (family == "dnabert2_long_mlm"), (family, list(ids.shape))
             with torch.no_grad():
                 logits = model(input_ids=ids, attention_mask=mask).logits.float()
+                # The reference rebuilt its ALiBi table to the batch's length.
+                alibi = model.bert.encoder.alibi
+                assert list(alibi.shape[-2:]) == [ids.shape[1]] * 2, (family, alibi.shape)
+                if long:  # each sequence alone (no padding) computes the same at its tokens
+                    for b in range(ids.shape[0]):
+                        n = int(mask[b].sum())
+                        alone = model(input_ids=ids[b:b + 1, :n],
+                                      attention_mask=mask[b:b + 1, :n]).logits
+                        assert max_abs_diff(alone[0], logits[b, :n]) < 1e-5, (family, b)
                 reloaded, info = cls.from_pretrained(work, trust_remote_code=True,
                                                      output_loading_info=True)
                 again = reloaded.eval()(input_ids=ids, attention_mask=mask).logits
@@ -326,13 +356,20 @@ class Maker:
         self.write_expected(folder, {"input_ids": ids, "attention_mask": mask, "logits": logits})
         self.write_fixture_json(folder, {
             "family": family, "class": f"bert_layers.{head} (DNABERT-2 remote code)",
-            "tokenizer_class": type(tok).__name__, "sequences": SEQS,
-            "tokenizer_inputs": list(SEQS),
-            "note": "DNABERT-2 (MosaicBERT): ALiBi (alibi_starting_size 16, shorter than the "
-                    "sequences), fused Wqkv, GLU feed-forward, post-LN; tokenizer.json a "
-                    "tokenizers BPE in DNABERT-2's layout. Logits by the reference code on the "
-                    "CPU (PyTorch attention path); at padding positions the reference outputs "
-                    "the head of a zero state: compare at real tokens (attention_mask)",
+            "tokenizer_class": type(tok).__name__, "sequences": seqs,
+            "tokenizer_inputs": seqs,
+            "note": ("DNABERT-2 (MosaicBERT): ALiBi (alibi_starting_size "
+                     f"{config['alibi_starting_size']}, shorter than the sequences), fused Wqkv, "
+                     "GLU feed-forward, post-LN; tokenizer.json a tokenizers BPE in DNABERT-2's "
+                     "layout. " +
+                     (f"Inputs longer than max_position_embeddings "
+                      f"({config['max_position_embeddings']}; the padded batch has "
+                      f"{ids.shape[1]} tokens, the sequences {mask.sum(1).tolist()}): ALiBi has "
+                      "no position table and the reference computes them; each sequence alone "
+                      "gives the same logits at its tokens. " if long else "") +
+                     "Logits by the reference code on the CPU (PyTorch attention path); at "
+                     "padding positions the reference outputs the head of a zero state: compare "
+                     "at real tokens (attention_mask)"),
             "reference_code_sha256": dnabert2_reference.code_digest(self.dnabert2_ref),
             "reference_patches": dnabert2_reference.PATCHES,
             "input_ids": ids.tolist(), "logits_shape": list(logits.shape),
