@@ -98,7 +98,8 @@ double order0_bits_per_base(const std::string& path, int64_t max_bases) {
   return total > 0 ? h : 0.0;
 }
 
-std::vector<std::string> read_sequences(const std::string& path) {
+// One DNA sequence a line; upper-cased unless `keep_case` (Note [Sequence codec]).
+std::vector<std::string> read_sequences(const std::string& path, bool keep_case) {
   std::ifstream f(path);
   DNALLM_CHECK(f.good(), ExitCode::kBadData, "cannot read {}: {}", path, errno_string());
   std::vector<std::string> out;
@@ -109,10 +110,12 @@ std::vector<std::string> read_sequences(const std::string& path) {
     while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
     if (line.empty()) continue;
     for (auto& c : line) {
-      c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-      DNALLM_CHECK(c == 'A' || c == 'C' || c == 'G' || c == 'T' || c == 'N', ExitCode::kBadData,
+      const char upper = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      DNALLM_CHECK(upper == 'A' || upper == 'C' || upper == 'G' || upper == 'T' || upper == 'N',
+                   ExitCode::kBadData,
                    "{}:{}: '{}' is not a base (A, C, G, T, N): give one DNA sequence a line", path,
                    number, c);
+      if (!keep_case) c = upper;
     }
     out.push_back(line);
   }
@@ -125,6 +128,7 @@ struct EvalArgs {
   std::string log_level = "warn", device_spec = "auto";
   std::string logits_in, logits_out, adapter_dir, tokenizer_dir, base_dir;
   int64_t max_bases = 0, batch_size = 8, seed = 42, window = 0;
+  bool uppercase = false;
 };
 
 void add_options(CLI::App& app, EvalArgs& a) {
@@ -132,6 +136,9 @@ void add_options(CLI::App& app, EvalArgs& a) {
                  "model directory: dnallm-train's final/ or best/, a Hugging Face directory as "
                  "downloaded, or a PEFT adapter directory (docs/published-models.md)")
       ->required();
+  app.add_flag("--uppercase", a.uppercase,
+               "read lower-case (soft-masked) bases as bases; by default a Hugging Face model's "
+               "tokenizer reads them as its reference does (unknown tokens)");
   app.add_option("--base", a.base_dir,
                  "a PEFT adapter's base directory, when its adapter_config.json does not name one");
   auto* fasta_opt = app.add_option("--fasta", a.fasta, "FASTA/FASTQ file (plain or gzip) to score");
@@ -171,7 +178,6 @@ void add_options(CLI::App& app, EvalArgs& a) {
 constexpr int64_t kMaxLogitsTokens = 8192;
 
 int write_logits(const EvalArgs& a) {
-  const auto sequences = read_sequences(a.logits_in);
   auto loaded = a.adapter_dir.empty() ? models::load_model_dir(a.model_dir, a.base_dir)
                                       : models::load_model_dir(a.adapter_dir, a.model_dir);
   if (!a.tokenizer_dir.empty()) {
@@ -181,6 +187,9 @@ int write_logits(const EvalArgs& a) {
                  a.model_dir, s.describe());
     loaded.codec = data::make_hub_codec(s.family->hf_tokenizer(a.tokenizer_dir));
   }
+  loaded.codec->set_uppercase(a.uppercase);
+  const auto sequences = read_sequences(a.logits_in, loaded.codec->keeps_case());
+  data::LowerCaseReport lower_case;
   const auto& o = loaded.model->spec();
   const int64_t positions = o.max_seq_length - o.reserved_positions;
   const int64_t limit =
@@ -189,6 +198,7 @@ int write_logits(const EvalArgs& a) {
   for (size_t i = 0; i < sequences.size(); ++i) {
     bool cut = false;
     rows.push_back(loaded.codec->frame(sequences[i], limit, &cut));
+    lower_case.add(sequences[i], rows.back(), loaded.codec->unk_id());
     DNALLM_CHECK(
         !cut, ExitCode::kBadData,
         "{}: sequence {} ({} bases) needs more than the {} positions of {}{}: cut it "
@@ -196,6 +206,7 @@ int write_logits(const EvalArgs& a) {
         a.logits_in, i + 1, sequences[i].size(), limit, a.model_dir,
         o.extends_past_max_length ? " (the most --logits runs)" : " (max_position_embeddings)");
   }
+  lower_case.warn();
   const auto in =
       infer::pad_batch(rows, loaded.codec->pad_id(), torch::kCPU, loaded.codec->pads_left());
   torch::InferenceMode inference;
@@ -321,6 +332,7 @@ int score_hub(const EvalArgs& a, models::LoadedModel loaded) {
   const auto device = infer::resolve_device(
       a.device_spec, cluster::detect_topology(cluster::current_env()).local_rank);
   loaded.model->to(device);
+  loaded.codec->set_uppercase(a.uppercase);
   infer::LikelihoodOptions lo;
   lo.window = a.window;
   lo.max_bases = a.max_bases;

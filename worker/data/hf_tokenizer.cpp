@@ -407,20 +407,23 @@ HfTokenizer HfTokenizer::dna_characters(const std::string& dir, const std::strin
 
 std::vector<int64_t> HfTokenizer::encode(std::string_view raw) const {
   std::vector<int64_t> ids = prefix_;
-  encode_into(raw, ids);
+  encode_into(raw, ids, /*keep_case=*/false);
   ids.insert(ids.end(), suffix_.begin(), suffix_.end());
   return ids;
 }
 
-std::vector<int64_t> HfTokenizer::encode_unframed(std::string_view raw) const {
+std::vector<int64_t> HfTokenizer::encode_unframed(std::string_view raw, bool keep_case) const {
   std::vector<int64_t> ids;
-  encode_into(raw, ids);
+  encode_into(raw, ids, keep_case);
   return ids;
 }
 
-void HfTokenizer::encode_into(std::string_view raw, std::vector<int64_t>& ids) const {
+void HfTokenizer::encode_into(std::string_view raw, std::vector<int64_t>& ids,
+                              bool keep_case) const {
   std::string bases(raw);
-  for (auto& c : bases) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (!keep_case) {
+    for (auto& c : bases) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
   switch (scheme_) {
     case Scheme::kOverlappingKmer:
       for (size_t i = 0; i + size_t(k_) <= bases.size(); ++i) {
@@ -428,7 +431,8 @@ void HfTokenizer::encode_into(std::string_view raw, std::vector<int64_t>& ids) c
         ids.push_back(id >= 0 ? id : special_.unk);
       }
       break;
-    case Scheme::kLongestMatch:
+    case Scheme::kLongestMatch: {
+      bool in_unknown_run = false;
       for (size_t i = 0; i < bases.size();) {
         size_t len = std::min(max_piece_, bases.size() - i);
         int64_t id = -1;
@@ -437,14 +441,19 @@ void HfTokenizer::encode_into(std::string_view raw, std::vector<int64_t>& ids) c
           if (id >= 0) break;
         }
         if (id < 0) {
-          ids.push_back(special_.unk);
+          // A run of characters that start no piece is one unknown token, as the trie split
+          // of EsmTokenizer leaves it one chunk.
+          if (!in_unknown_run) ids.push_back(special_.unk);
+          in_unknown_run = true;
           ++i;
         } else {
+          in_unknown_run = false;
           ids.push_back(id);
           i += len;
         }
       }
       break;
+    }
     case Scheme::kCharacter:
       for (char c : bases) {
         const auto id = id_of(std::string(1, c));

@@ -57,8 +57,12 @@ class HfTokenizer {
   // `bases`: A/C/G/T/N (upper-cased here). Ids with the family's special tokens around them.
   // BPE: Error(kBadData) for a byte that is not printable ASCII (hf_bpe.hpp).
   std::vector<int64_t> encode(std::string_view bases) const;
-  // encode() without the post-processor's special tokens around the sequence.
-  std::vector<int64_t> encode_unframed(std::string_view bases) const;
+  // encode() without the post-processor's special tokens around the sequence. `keep_case`:
+  // lower-case bases are read as the reference tokenizer reads them (none of these
+  // vocabularies has lower-case pieces: a k-mer or character holding one is the unknown token,
+  // BPE's unknown characters follow its fuse_unk, and the longest-match split (EsmTokenizer's
+  // trie) makes a run of characters that start no piece one unknown token).
+  std::vector<int64_t> encode_unframed(std::string_view bases, bool keep_case = false) const;
   // encode() each sequence and pad them to the longest.
   HfBatch encode_batch(const std::vector<std::string>& sequences) const;
 
@@ -95,7 +99,7 @@ class HfTokenizer {
  private:
   HfTokenizer() = default;
   void index();
-  void encode_into(std::string_view bases, std::vector<int64_t>& ids) const;
+  void encode_into(std::string_view bases, std::vector<int64_t>& ids, bool keep_case) const;
   void read_template(const nlohmann::json& tj, const std::string& where);
 
   Scheme scheme_ = Scheme::kCharacter;

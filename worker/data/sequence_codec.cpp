@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <utility>
 
+#include <cctype>
+
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
@@ -31,7 +34,7 @@ class OwnCodec final : public SequenceCodec {
       : t_(std::move(t)), encoder_(encoder) {}
 
   std::vector<int64_t> frame(std::string_view bases, int64_t max_tokens, bool* cut) const override {
-    auto tokens = t_->encode(bases);
+    auto tokens = encode(bases);
     fit(tokens, max_tokens, framing_tokens(), cut);
     std::vector<int64_t> ids;
     ids.reserve(tokens.size() + 2);
@@ -42,17 +45,22 @@ class OwnCodec final : public SequenceCodec {
   }
   std::vector<int64_t> frame_prompt(std::string_view bases, int64_t max_tokens,
                                     bool* cut) const override {
-    auto tokens = t_->encode(bases);
+    auto tokens = encode(bases);
     fit(tokens, max_tokens, 1, cut);
     tokens.insert(tokens.begin(), kClsId);
     return tokens;
   }
-  std::vector<int64_t> encode(std::string_view bases) const override { return t_->encode(bases); }
+  std::vector<int64_t> encode(std::string_view bases) const override {
+    std::string upper(bases);  // ours read upper-case bases, as in training
+    for (auto& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return t_->encode(upper);
+  }
   int64_t framing_tokens() const override { return encoder_ ? 2 : 1; }
   int64_t prefix_tokens() const override { return 1; }
   int64_t vocab_size() const override { return t_->vocab_size(); }
   int64_t pad_id() const override { return kPadId; }
   int64_t mask_id() const override { return kMaskId; }
+  int64_t unk_id() const override { return kUnkId; }
   bool is_special(int64_t id) const override { return t_->is_special(id); }
   std::string bases_of(int64_t id) const override {
     if (id < 0 || id >= t_->vocab_size() || t_->is_special(id)) return "";
@@ -88,7 +96,7 @@ class HubCodec final : public SequenceCodec {
   }
 
   std::vector<int64_t> frame(std::string_view bases, int64_t max_tokens, bool* cut) const override {
-    auto tokens = t_->encode_unframed(bases);
+    auto tokens = t_->encode_unframed(bases, keep_case_);
     fit(tokens, max_tokens, framing_tokens(), cut);
     std::vector<int64_t> ids = t_->prefix();
     ids.insert(ids.end(), tokens.begin(), tokens.end());
@@ -97,14 +105,14 @@ class HubCodec final : public SequenceCodec {
   }
   std::vector<int64_t> frame_prompt(std::string_view bases, int64_t max_tokens,
                                     bool* cut) const override {
-    auto tokens = t_->encode_unframed(bases);
+    auto tokens = t_->encode_unframed(bases, keep_case_);
     fit(tokens, max_tokens, static_cast<int64_t>(t_->prefix().size()), cut);
     std::vector<int64_t> ids = t_->prefix();
     ids.insert(ids.end(), tokens.begin(), tokens.end());
     return ids;
   }
   std::vector<int64_t> encode(std::string_view bases) const override {
-    return t_->encode_unframed(bases);
+    return t_->encode_unframed(bases, keep_case_);
   }
   int64_t framing_tokens() const override {
     return static_cast<int64_t>(t_->prefix().size() + t_->suffix().size());
@@ -113,6 +121,9 @@ class HubCodec final : public SequenceCodec {
   int64_t vocab_size() const override { return t_->vocab_size(); }
   int64_t pad_id() const override { return std::max<int64_t>(t_->special().pad, 0); }
   int64_t mask_id() const override { return t_->special().mask; }
+  int64_t unk_id() const override { return t_->special().unk; }
+  void set_uppercase(bool on) override { keep_case_ = !on; }
+  bool keeps_case() const override { return keep_case_; }
   bool pads_left() const override { return t_->pads_left(); }
   bool is_special(int64_t id) const override {
     if (id < 0 || id >= t_->vocab_size()) return true;
@@ -140,9 +151,27 @@ class HubCodec final : public SequenceCodec {
  private:
   std::shared_ptr<const HfTokenizer> t_;
   std::vector<int64_t> special_;
+  bool keep_case_ = true;
 };
 
 }  // namespace
+
+void LowerCaseReport::add(std::string_view bases, const std::vector<int64_t>& ids, int64_t unk_id) {
+  int64_t lower = 0;
+  for (const char c : bases) lower += std::islower(static_cast<unsigned char>(c)) ? 1 : 0;
+  if (lower == 0) return;
+  lower_bases += lower;
+  for (const auto id : ids) unknown_tokens += id == unk_id ? 1 : 0;
+}
+
+void LowerCaseReport::warn() const {
+  if (lower_bases == 0 || unknown_tokens == 0) return;
+  spdlog::warn(
+      "{} lower-case (soft-masked) bases were tokenized as the model's own tokenizer reads them: "
+      "it has no lower-case tokens, so the sequences holding them have {} unknown tokens; give "
+      "--uppercase to read them as bases",
+      lower_bases, unknown_tokens);
+}
 
 std::string SequenceCodec::decode(const std::vector<int64_t>& ids) const {
   std::string out;

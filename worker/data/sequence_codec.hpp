@@ -7,6 +7,10 @@
 //   - a Hugging Face directory: its own tokenizer files in its own ids (data::HfTokenizer),
 //     framed by its post-processor (DNABERT-2's [CLS] .. [SEP], NT's <cls> .., HyenaDNA's and
 //     Caduceus' .. [SEP]), padded on the side it pads.
+// Case: a Hugging Face tokenizer reads lower-case (soft-masked) bases as its reference does,
+// by default (none of the published DNA vocabularies has lower-case pieces, so they become its
+// unknown token: one per k-mer or base, one per run for NT's split); set_uppercase(true)
+// (--uppercase) reads them as bases. Ours upper-case every base, as training did.
 // Torch-free: worker/data's tests build it without LibTorch.
 #pragma once
 
@@ -41,6 +45,7 @@ class SequenceCodec {
   virtual int64_t vocab_size() const = 0;
   virtual int64_t pad_id() const = 0;
   virtual int64_t mask_id() const = 0;  // -1: none
+  virtual int64_t unk_id() const = 0;   // -1: none
   // Transformers pads this model's batches on the left (HyenaDNA, Caduceus).
   virtual bool pads_left() const { return false; }
   virtual bool is_special(int64_t id) const = 0;
@@ -54,8 +59,22 @@ class SequenceCodec {
   virtual bool tiles_bases() const = 0;
   // The regular tokens decoded back to bases (generation).
   virtual std::string decode(const std::vector<int64_t>& ids) const;
+  // --uppercase: read lower-case bases as bases (a Hugging Face tokenizer; ours always do).
+  virtual void set_uppercase(bool /*on*/) {}
+  // Whether lower-case bases reach the tokenizer as they are (readers then keep the case).
+  virtual bool keeps_case() const { return false; }
   // What it is, for logs: "ours (char)", "DNABERT-2 BPE tokenizer.json", ...
   virtual std::string describe() const = 0;
+};
+
+// Counts what lower-case input became, for the warning that says it (LowerCaseReport::warn).
+struct LowerCaseReport {
+  int64_t lower_bases = 0;     // lower-case bases read
+  int64_t unknown_tokens = 0;  // unknown tokens in the sequences that held them
+  // Adds a sequence and its ids.
+  void add(std::string_view bases, const std::vector<int64_t>& ids, int64_t unk_id);
+  // Logs a warning when lower-case bases became unknown tokens (nothing otherwise).
+  void warn() const;
 };
 
 // Our tokenizer with our objectives' framing: [CLS] tokens [SEP] (`encoder`) or [CLS] tokens.

@@ -16,22 +16,26 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// Normalisation table: 0 = invalid, else the upper-case base to keep.
-std::array<char, 256> make_base_table() {
+// Normalisation table: 0 = invalid, else the base to keep: upper-case, or with `keep_case` a
+// lower-case base stays lower-case (acgtn; u -> t, lower-case IUPAC codes -> n).
+std::array<char, 256> make_base_table(bool keep_case) {
   std::array<char, 256> t{};
   const std::string keep = "ACGTN";
   for (char c : keep) {
+    const char lower = static_cast<char>(c - 'A' + 'a');
     t[static_cast<uint8_t>(c)] = c;
-    t[static_cast<uint8_t>(c - 'A' + 'a')] = c;
+    t[static_cast<uint8_t>(lower)] = keep_case ? lower : c;
   }
-  t['U'] = t['u'] = 'T';
+  t['U'] = 'T';
+  t['u'] = keep_case ? 't' : 'T';
   for (char c : std::string("RYSWKMBDHV")) {
     t[static_cast<uint8_t>(c)] = 'N';
-    t[static_cast<uint8_t>(c - 'A' + 'a')] = 'N';
+    t[static_cast<uint8_t>(c - 'A' + 'a')] = keep_case ? 'n' : 'N';
   }
   return t;
 }
-const std::array<char, 256> kBaseTable = make_base_table();
+const std::array<char, 256> kBaseTable = make_base_table(false);
+const std::array<char, 256> kBaseTableKeepCase = make_base_table(true);
 
 std::string printable(char c) {
   auto u = static_cast<unsigned char>(c);
@@ -172,11 +176,12 @@ void SequenceReader::bad(int64_t line, const std::string& record, const std::str
   fail(ExitCode::kBadData, "{}:{}: record '{}': {}", path_, line, record, what);
 }
 
-size_t normalise_bases(std::string_view raw, std::string& out) {
+size_t normalise_bases(std::string_view raw, std::string& out, bool keep_case) {
+  const auto& table = keep_case ? kBaseTableKeepCase : kBaseTable;
   for (size_t i = 0; i < raw.size(); ++i) {
     char c = raw[i];
     if (c == ' ' || c == '\t') continue;
-    char b = kBaseTable[static_cast<uint8_t>(c)];
+    char b = table[static_cast<uint8_t>(c)];
     if (b == 0) return i;
     out.push_back(b);
   }
@@ -187,7 +192,7 @@ std::string printable_char(char c) { return printable(c); }
 
 bool SequenceReader::normalise(const std::string& raw, int64_t line, std::string& out,
                                std::string& why) const {
-  size_t bad_at = normalise_bases(raw, out);
+  size_t bad_at = normalise_bases(raw, out, keep_case_);
   if (bad_at == std::string::npos) return true;
   why = fmt::format("invalid character {} at line {} column {} (allowed: ACGTN, IUPAC codes)",
                     printable(raw[bad_at]), line, bad_at + 1);

@@ -33,7 +33,7 @@ enum class SequenceFormat { kFasta, kFastq };
 
 struct SequenceRecord {
   std::string name;   // header up to the first whitespace
-  std::string bases;  // validated, upper-case A C G T N
+  std::string bases;  // validated, upper-case A C G T N (lower-case too with set_keep_case)
   int64_t line = 0;   // 1-based line of the header
 };
 
@@ -52,6 +52,9 @@ class SequenceReader {
   bool next(SequenceRecord& out);
 
   int64_t skipped_records() const { return skipped_; }
+  // Keep lower-case (soft-masked) bases lower-case, for a tokenizer that reads them as its
+  // reference does (Note [Sequence codec]); off: every base upper-case.
+  void set_keep_case(bool on) { keep_case_ = on; }
   SequenceFormat format() const { return format_; }
   const std::string& path() const { return path_; }
 
@@ -66,6 +69,7 @@ class SequenceReader {
   std::string path_;
   SequenceFormat format_ = SequenceFormat::kFasta;
   BadRecordPolicy policy_;
+  bool keep_case_ = false;
   struct Handle;
   std::unique_ptr<Handle> handle_;
   int64_t line_no_ = 0;
@@ -84,9 +88,10 @@ std::vector<SequenceRecord> read_sequences(const std::string& path, cfg::DataFor
 cfg::DataFormat format_from_extension(const std::string& path);
 
 // Appends the normalised bases of `raw` to `out` (upper case; U -> T; IUPAC codes -> N;
-// spaces and tabs ignored). Returns the index in `raw` of the first invalid character, or
+// spaces and tabs ignored; with `keep_case` lower-case bases stay lower-case: a c g t, u -> t,
+// IUPAC -> n). Returns the index in `raw` of the first invalid character, or
 // std::string::npos when all are valid (then `out` holds every base).
-size_t normalise_bases(std::string_view raw, std::string& out);
+size_t normalise_bases(std::string_view raw, std::string& out, bool keep_case = false);
 // "'x'" for printable characters, "byte 0xNN" otherwise (messages).
 std::string printable_char(char c);
 

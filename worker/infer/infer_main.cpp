@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -40,6 +42,7 @@ namespace {
 using namespace dnallm;
 
 struct CommonArgs {
+  bool uppercase = false;
   std::string model_dir, base_dir;
   std::string device = "auto";
   std::string quantize = "none";
@@ -52,6 +55,9 @@ void add_common(CLI::App& cmd, CommonArgs& a) {
                  "model directory: dnallm-train's final/ or best/, a Hugging Face directory as "
                  "downloaded, or a PEFT adapter directory (docs/published-models.md)")
       ->required();
+  cmd.add_flag("--uppercase", a.uppercase,
+               "read lower-case (soft-masked) bases as bases; by default a Hugging Face "
+               "model's tokenizer reads them as its reference does (unknown tokens)");
   cmd.add_option("--base", a.base_dir,
                  "a PEFT adapter's base directory, when its adapter_config.json does not name one");
   cmd.add_option("--device", a.device,
@@ -80,6 +86,7 @@ Loaded load(const CommonArgs& a, int local_rank) {
   auto loaded = models::load_model_dir(a.model_dir, a.base_dir);
   l.model = loaded.model;
   l.codec = loaded.codec;
+  l.codec->set_uppercase(a.uppercase);
   // After the model directory was checked: refusing a damaged one never loads CUDA (Note
   // [Lazy CUDA]); the weights wait on the CPU meanwhile.
   l.device = infer::resolve_device(a.device, local_rank);
@@ -206,6 +213,7 @@ int64_t bounded_batch_size(int64_t requested, int64_t max_seq_length) {
 }
 
 void report_truncated(const infer::RunCounts& c, int64_t max_seq) {
+  c.lower_case.warn();
   if (c.truncated > 0) {
     spdlog::warn("{} of {} sequences were longer than max_seq_length = {} tokens and were cut",
                  c.truncated, c.sequences, max_seq);
@@ -334,7 +342,7 @@ int run_embed(const EmbedArgs& a, const cluster::Topology& topo, const cluster::
     check_output(infer::offsets_path(a.out), reads, "--out's offsets file");
   }
   auto loaded = load(a.common, topo.local_rank);
-  infer::SequenceInput input(a.input, a.sequence_column);
+  infer::SequenceInput input(a.input, a.sequence_column, loaded.codec->keeps_case());
   const uint64_t n = input.count();
   const uint64_t w = static_cast<uint64_t>(topo.world_size);
   const uint64_t r = static_cast<uint64_t>(topo.rank);
@@ -423,7 +431,7 @@ int run_generate(const GenerateArgs& a, const cluster::Topology& topo) {
   g.use_cache = !a.no_cache;
   g.greedy = g.temperature <= 0;
   auto loaded = load(a.common, topo.local_rank);
-  infer::SequenceInput input(prompt_file);
+  infer::SequenceInput input(prompt_file, "sequence", loaded.codec->keeps_case());
   const uint64_t n = input.count();
   infer::GenerateRun run;
   run.generate = g;
@@ -459,7 +467,7 @@ int run_predict(const PredictArgs& a, const cluster::Topology& topo) {
   reads.push_back(a.input);
   check_output(a.out, reads);
   auto loaded = load(a.common, topo.local_rank);
-  infer::SequenceInput input(a.input);
+  infer::SequenceInput input(a.input, "sequence", loaded.codec->keeps_case());
   const uint64_t n = input.count();
   OutputFile out(a.out);
   std::ostream& os = out.stream();
@@ -532,6 +540,8 @@ CLI::App* add_mutagenesis(CLI::App& app, MutagenesisArgs& a) {
   return cmd;
 }
 
+char upper_base(char c) { return static_cast<char>(std::toupper(static_cast<unsigned char>(c))); }
+
 // What `variants` skipped, for the closing lines.
 struct VariantCounts {
   int64_t records = 0, scored = 0, not_snv = 0, unscored = 0;
@@ -560,6 +570,7 @@ int run_variants(const VariantArgs& a) {
   std::vector<Site> sites;
   size_t first = 0;  // the index of sites[0]
   VariantCounts counts;
+  int64_t soft_masked = 0;  // sites whose window holds lower-case bases
   infer::VariantScorer scorer(loaded.model, *loaded.codec, vo, loaded.device,
                               [&](size_t site, const std::vector<double>& scores) {
                                 const auto& s = sites[site - first];
@@ -605,7 +616,11 @@ int run_variants(const VariantArgs& a) {
     counts.not_snv += static_cast<int64_t>(rec.alts.size() - site.scored.size());
     if (site.scored.empty()) continue;
     const auto [begin, end] = infer::centred_window(rec.pos, scorer.window(), length);
-    query.window = genome.fetch(rec.chrom, begin, end);
+    query.window = genome.fetch(rec.chrom, begin, end, loaded.codec->keeps_case());
+    soft_masked += std::any_of(query.window.begin(), query.window.end(),
+                               [](char c) { return std::islower(static_cast<unsigned char>(c)); })
+                       ? 1
+                       : 0;
     query.offset = rec.pos - begin;
     sites.push_back(std::move(site));
     scorer.add(std::move(query));
@@ -625,6 +640,12 @@ int run_variants(const VariantArgs& a) {
       "multi-base or symbolic alleles) skipped; {} with an alternative piece outside the "
       "vocabulary skipped; {} model rows",
       counts.records, counts.scored, counts.not_snv, counts.unscored, scorer.forward_rows());
+  if (soft_masked > 0) {
+    spdlog::warn(
+        "{} sites have lower-case (soft-masked) bases in their window, which the model's "
+        "own tokenizer reads as unknown tokens; give --uppercase to read them as bases",
+        soft_masked);
+  }
   if (counts.not_snv + counts.unscored > 0) {
     spdlog::warn("{} alternatives were not scored (see the line above)",
                  counts.not_snv + counts.unscored);
@@ -650,7 +671,9 @@ int run_mutagenesis(const MutagenesisArgs& a) {
   DNALLM_CHECK(first >= 1 && last >= first, ExitCode::kUsage,
                "--region {}: give START-END, 1-based and inclusive, START <= END (e.g. 101-200)",
                a.region);
+  auto loaded = load(a.common, 0);
   data::SequenceReader reader(a.input);
+  reader.set_keep_case(loaded.codec->keeps_case());
   data::SequenceRecord rec;
   bool found = false;
   while (reader.next(rec)) {
@@ -665,7 +688,6 @@ int run_mutagenesis(const MutagenesisArgs& a) {
   const auto length = static_cast<int64_t>(rec.bases.size());
   DNALLM_CHECK(last <= length, ExitCode::kUsage, "--region {}: the record {} has {} bases",
                a.region, rec.name, length);
-  auto loaded = load(a.common, 0);
   infer::VariantOptions vo = a.options;
   vo.batch_size = a.common.batch_size;
   OutputFile out(a.out);
@@ -680,7 +702,7 @@ int run_mutagenesis(const MutagenesisArgs& a) {
         os << pos + 1 << '\t' << ref;
         size_t k = 0;
         for (const char b : bases) {
-          if (b == ref) {
+          if (b == upper_base(ref)) {
             os << "\t0";
           } else {
             os << '\t'
@@ -692,7 +714,7 @@ int run_mutagenesis(const MutagenesisArgs& a) {
       });
   os << "pos\tref\tA\tC\tG\tT\n";
   for (int64_t pos = first - 1; pos < last; ++pos) {
-    const char ref = rec.bases[static_cast<size_t>(pos)];
+    const char ref = upper_base(rec.bases[static_cast<size_t>(pos)]);
     infer::VariantSite q;
     for (const char b : bases) {
       if (b != ref) q.alts.push_back(b);

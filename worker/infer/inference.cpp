@@ -42,6 +42,7 @@ size_t read_batch(SequenceInput& input, const data::SequenceCodec& codec,
     bool cut = false;
     rows.push_back(prompts ? codec.frame_prompt(rec.bases, options.max_seq_length, &cut)
                            : frame_sequence(codec, options, rec.bases, &cut));
+    counts.lower_case.add(rec.bases, rows.back(), codec.unk_id());
     counts.truncated += cut ? 1 : 0;
     records.push_back(std::move(rec));
   }
@@ -124,15 +125,20 @@ struct SequenceInput::Impl {
   uint64_t begin = 0, end = UINT64_MAX, next_index = 0;
   bool selected = false;
 
+  bool keep_case = false;
+
   void open_reader() {
     reader = std::make_unique<data::SequenceReader>(path, format);
+    reader->set_keep_case(keep_case);
     position = 0;
   }
 };
 
-SequenceInput::SequenceInput(const std::string& path, const std::string& sequence_column)
+SequenceInput::SequenceInput(const std::string& path, const std::string& sequence_column,
+                             bool keep_case)
     : impl_(std::make_unique<Impl>()) {
   impl_->path = path;
+  impl_->keep_case = keep_case;
   impl_->format = data::format_from_extension(path);
   impl_->sequence_column = sequence_column;
   if (is_table(impl_->format)) {

@@ -40,7 +40,10 @@ struct InputSequence {
 // file order. Tables are read through their offset index, FASTA by a sequential scan.
 class SequenceInput {
  public:
-  explicit SequenceInput(const std::string& path, const std::string& sequence_column = "sequence");
+  // `keep_case`: FASTA/FASTQ lower-case bases stay lower-case (Note [Sequence codec]; tables
+  // are upper-cased).
+  explicit SequenceInput(const std::string& path, const std::string& sequence_column = "sequence",
+                         bool keep_case = false);
   ~SequenceInput();
   // Records in the file (a FASTA file is scanned once for this).
   uint64_t count();
@@ -104,7 +107,8 @@ std::string reverse_complement(const std::string& bases);
 
 struct RunCounts {
   uint64_t sequences = 0;
-  uint64_t truncated = 0;  // sequences cut to max_seq_length
+  uint64_t truncated = 0;            // sequences cut to max_seq_length
+  data::LowerCaseReport lower_case;  // what soft-masked bases became
 };
 
 // Embeds every selected record of `input` into `sink`, in input order.

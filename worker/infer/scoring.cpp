@@ -121,6 +121,8 @@ LikelihoodScore score_likelihood(models::LanguageModel model, const data::Sequen
   s.pseudo = !causal;
   torch::InferenceMode inference;
   data::SequenceReader reader(fasta);
+  reader.set_keep_case(codec.keeps_case());
+  data::LowerCaseReport lower_case;
   data::SequenceRecord rec;
   Progress progress("score (windows)", 0, 10.0);
   int64_t seen = 0;
@@ -130,6 +132,7 @@ LikelihoodScore score_likelihood(models::LanguageModel model, const data::Sequen
       const auto piece = rec.bases.substr(at, static_cast<size_t>(window));
       seen += static_cast<int64_t>(piece.size());
       const auto w = frame_window(codec, piece, causal);
+      lower_case.add(piece, w.ids, codec.unk_id());
       if (w.scored.empty()) continue;
       DNALLM_CHECK(
           spec.extends_past_max_length || static_cast<int64_t>(w.ids.size()) <= spec.max_seq_length,
@@ -147,6 +150,7 @@ LikelihoodScore score_likelihood(models::LanguageModel model, const data::Sequen
     }
   }
   progress.finish();
+  lower_case.warn();
   DNALLM_CHECK(s.tokens > 0, ExitCode::kBadData, "{} holds no sequence to score", fasta);
   return s;
 }

@@ -63,7 +63,8 @@ int64_t ReferenceGenome::length(const std::string& contig) const {
 
 int64_t ReferenceGenome::contigs() const { return faidx_nseq(index_->fai); }
 
-std::string ReferenceGenome::fetch(const std::string& contig, int64_t begin, int64_t end) const {
+std::string ReferenceGenome::fetch(const std::string& contig, int64_t begin, int64_t end,
+                                   bool keep_case) const {
   hts_pos_t len = 0;
   char* s = faidx_fetch_seq64(index_->fai, contig.c_str(), begin, end - 1, &len);
   DNALLM_CHECK(s != nullptr && len == end - begin, ExitCode::kBadData,
@@ -72,8 +73,10 @@ std::string ReferenceGenome::fetch(const std::string& contig, int64_t begin, int
   std::string out(s, static_cast<size_t>(len));
   std::free(s);
   for (auto& c : out) {
+    const bool lower = std::islower(static_cast<unsigned char>(c)) != 0;
     c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     if (c != 'A' && c != 'C' && c != 'G' && c != 'T') c = 'N';
+    if (lower && keep_case) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   }
   return out;
 }

@@ -21,8 +21,10 @@ class ReferenceGenome {
   ReferenceGenome& operator=(const ReferenceGenome&) = delete;
   // The contig's length, -1 when the reference has no such contig.
   int64_t length(const std::string& contig) const;
-  // Bases [begin, end) of `contig`, upper-cased.
-  std::string fetch(const std::string& contig, int64_t begin, int64_t end) const;
+  // Bases [begin, end) of `contig`, upper-cased, or with `keep_case` lower-case (soft-masked)
+  // bases kept lower-case; anything but A C G T is N (n).
+  std::string fetch(const std::string& contig, int64_t begin, int64_t end,
+                    bool keep_case = false) const;
   int64_t contigs() const;
   const std::string& path() const { return path_; }
 

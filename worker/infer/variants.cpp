@@ -1,6 +1,7 @@
 #include "worker/infer/variants.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -181,9 +182,15 @@ void VariantScorer::flush_masked() {
                               const std::vector<char>& alts) {
     Row row;
     row.ids = codec_.frame(window, 0);
+    // An unknown token stands for one base, except a run of soft-masked ones read as they are
+    // (NT's split makes a run one token): past one, the variant's token is not known.
+    const bool soft_masked = std::any_of(window.begin(), window.end(), [](char c) {
+      return std::islower(static_cast<unsigned char>(c)) != 0;
+    });
     int64_t start = 0;  // bases before token t
     for (int64_t t = codec_.prefix_tokens(); t < static_cast<int64_t>(row.ids.size()); ++t) {
       const auto piece = codec_.bases_of(row.ids[static_cast<size_t>(t)]);
+      if (piece.empty() && soft_masked) break;
       const int64_t len = piece.empty() ? 1 : static_cast<int64_t>(piece.size());
       if (offset < start + len) {
         if (!piece.empty()) {

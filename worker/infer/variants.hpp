@@ -10,7 +10,9 @@
 //     Caduceus papers): the token covering the variant masked in the reference window, then
 //     log p(alt piece) - log p(ref piece) at that position, the alt piece being the ref token
 //     with the variant's base substituted (a 6-mer of NT, a BPE piece of DNABERT-2, a base).
-//     An alt piece that is not in the vocabulary (BPE) is skipped and counted. Overlapping
+//     An alt piece that is not in the vocabulary (BPE) is skipped and counted, as is a variant
+//     after a soft-masked run read as unknown tokens (NT makes a run one token: the variant's
+//     token is not known; --uppercase reads them as bases). Overlapping
 //     k-mers (DNABERT-1) are refused: the variant sits in k tokens.
 // `rc_average` averages the score with the same on the reverse-complement strand.
 // Speed (issue 40 item 5): the windows of a batch go through the model together; a site's
