@@ -178,15 +178,9 @@ void add_options(CLI::App& app, EvalArgs& a) {
 constexpr int64_t kMaxLogitsTokens = 8192;
 
 int write_logits(const EvalArgs& a) {
-  auto loaded = a.adapter_dir.empty() ? models::load_model_dir(a.model_dir, a.base_dir)
-                                      : models::load_model_dir(a.adapter_dir, a.model_dir);
-  if (!a.tokenizer_dir.empty()) {
-    const auto& s = loaded.source;
-    DNALLM_CHECK(s.layout != models::DirLayout::kOurs, ExitCode::kUsage,
-                 "--tokenizer replaces a Hugging Face directory's tokenizer files; {} is {}",
-                 a.model_dir, s.describe());
-    loaded.codec = data::make_hub_codec(s.family->hf_tokenizer(a.tokenizer_dir));
-  }
+  auto loaded = a.adapter_dir.empty()
+                    ? models::load_model_dir(a.model_dir, a.base_dir, a.tokenizer_dir)
+                    : models::load_model_dir(a.adapter_dir, a.model_dir, a.tokenizer_dir);
   loaded.codec->set_uppercase(a.uppercase);
   const auto sequences = read_sequences(a.logits_in, loaded.codec->keeps_case());
   data::LowerCaseReport lower_case;

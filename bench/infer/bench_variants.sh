@@ -10,7 +10,8 @@
 # dnallm-infer embed vs a transformers loop), goal of issue 40: >= 3x for variants.
 #
 #   bench/infer/bench_variants.sh [--python PATH]... [build dir]
-#   env: N (200), WINDOW (200), BATCH (16), ROUNDS (2), THREADS (nproc), PYTHON ($DNALLM_PYTHON)
+#   env: N (200), WINDOW (200), BATCH (16), ROUNDS (2), THREADS (nproc), PYTHON ($DNALLM_PYTHON),
+#        EMBED_N (256 windows of 100-400 bases for the embedding rows)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . bench/python.sh
@@ -18,6 +19,7 @@ bench_parse_args "$@"
 set -- "${ARGS[@]}"
 BUILD=${1:-build}
 N=${N:-200}
+EMBED_N=${EMBED_N:-256}
 WINDOW=${WINDOW:-200}
 BATCH=${BATCH:-16}
 ROUNDS=${ROUNDS:-2}
@@ -45,10 +47,18 @@ with open(f"{tmp}/v.vcf", "w") as f:
         f.write(f"chr\t{pos + 1}\t.\t{ref}\t{alt}\t.\t.\t.\n")
 PY
 echo "bench/infer variants: $N SNVs, window $WINDOW, batch $BATCH, threads $THREADS, $(getconf _NPROCESSORS_ONLN) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "  ours: $BUILD/bin/dnallm-infer variants; peer: transformers loop (variants_peer.py)"
+echo "  ours: $BUILD/bin/dnallm-infer variants / embed; peers: transformers loops (variants_peer.py, hub_embed_peer.py)"
 bench_describe_peers
+"$PYTHON" bench/infer/make_windows.py "$TMP/windows.fa" "$EMBED_N" 100 400
 for r in $(seq "$ROUNDS"); do
   for kind in causal masked; do
+    start=$(date +%s.%N)
+    "$BUILD/bin/dnallm-infer" embed --device cpu --model "$TMP/hub/$kind" --input "$TMP/windows.fa" \
+      --batch-size 32 --out "$TMP/ours_embed_$kind.npy" --log-level warn
+    end=$(date +%s.%N)
+    echo "$start $end" > "$TMP/ours_embed_${kind}_$r.time"
+    (cd bench/infer && "$PYTHON" hub_embed_peer.py --model "$TMP/hub/$kind" --fasta "$TMP/windows.fa" \
+      --batch 32 --threads "$THREADS" --out "$TMP/peer_embed_$kind.npy") > "$TMP/peer_embed_${kind}_$r.json"
     start=$(date +%s.%N)
     "$BUILD/bin/dnallm-infer" variants --device cpu --model "$TMP/hub/$kind" --reference "$TMP/ref.fa" \
       --vcf "$TMP/v.vcf" --window "$WINDOW" --batch-size "$BATCH" --out "$TMP/ours_$kind.tsv" \
@@ -79,6 +89,19 @@ for kind in ("causal", "masked"):
     om, pm = statistics.median(ours), statistics.median(peer)
     print(f"{kind:<8} {'dnallm-infer':<14} {rounds:>6} {om:>13.1f}")
     print(f"{kind:<8} {'transformers':<14} {rounds:>6} {pm:>13.1f} {om / pm:>9.2f}x {diff:>11.2e}")
-print("ours/peer = variants/s on the medians; ours includes process start and model load, the "
-      "peer's loop excludes them")
+import numpy as np
+print(f"{'model':<8} {'side':<14} {'rounds':>6} {'median seq/s':>13} {'ours/peer':>10} {'max |diff|':>11}")
+for kind in ("causal", "masked"):
+    a, b = np.load(f"{tmp}/ours_embed_{kind}.npy"), np.load(f"{tmp}/peer_embed_{kind}.npy")
+    diff = float(np.abs(a - b).max())
+    ours = []
+    for r in range(1, rounds + 1):
+        s, e = map(float, open(f"{tmp}/ours_embed_{kind}_{r}.time").read().split())
+        ours.append(len(a) / (e - s))
+    peer = [json.load(open(f"{tmp}/peer_embed_{kind}_{r}.json"))["seq_per_s"] for r in range(1, rounds + 1)]
+    om, pm = statistics.median(ours), statistics.median(peer)
+    print(f"{kind:<8} {'dnallm-infer':<14} {rounds:>6} {om:>13.1f}")
+    print(f"{kind:<8} {'transformers':<14} {rounds:>6} {pm:>13.1f} {om / pm:>9.2f}x {diff:>11.2e}")
+print("ours/peer on the medians; ours includes process start and model load, the peer's loop "
+      "excludes them")
 PY

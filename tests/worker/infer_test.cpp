@@ -104,7 +104,8 @@ TEST(Embed, EqualsTheModelsHiddenStatesForEveryPooling) {
     EmbedOptions eo;
     eo.pooling = pooling;
     eo.batch_size = 5;  // batches of mixed lengths: padding must not leak in
-    const auto counts = embed(model, *tok, input, 13, sink, eo, torch::kCPU);
+    const auto counts = embed(model, *data::make_own_codec(tok, /*encoder=*/true), input, 13, sink,
+                              eo, torch::kCPU);
     EXPECT_EQ(counts.sequences, 13u);
     EXPECT_GT(counts.truncated, 0u);  // some are longer than 96 tokens
     ASSERT_EQ(sink.ids.size(), 13u);
@@ -173,7 +174,7 @@ TEST(Generate, WithCacheEqualsWithoutBatchedAndInInputOrder) {
       run.generate.top_k = sample ? 3 : 0;
       run.generate.seed = 11;
       SequenceInput input((dir / "p.fa").string());
-      generate(model, *tok, input, 9, run, torch::kCPU,
+      generate(model, *data::make_own_codec(tok, /*encoder=*/false), input, 9, run, torch::kCPU,
                [&](const std::string& id, const std::string& bases) {
                  out[cache].emplace_back(id, bases);
                });

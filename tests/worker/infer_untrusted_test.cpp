@@ -225,11 +225,19 @@ TEST_F(InferUntrusted, AHugeBatchSizeIsBoundedByTokens) {
   EXPECT_EQ(read_text((dir_ / "e.ids.txt").string()), "a\nb\n");
 }
 
-TEST_F(InferUntrusted, AHuggingFaceDirectoryIsSentToDnallmEval) {
+// Note [One model loader]: a Hugging Face directory runs (worker_published_models_test); one whose
+// config.json no family reads is one exit-2 line naming its model_type, not bad data.
+TEST_F(InferUntrusted, AHuggingFaceDirectoryOfAnotherModelIsOneUsageError) {
+  const auto t5 = dir_ / "t5";
+  fs::copy(kSrc + "/tests/data/hf-fixtures/bert_mlm", t5);
+  fs::permissions(t5 / "config.json", fs::perms::owner_write, fs::perm_options::add);
+  auto config = nlohmann::json::parse(std::ifstream(t5 / "config.json"));
+  config["model_type"] = "t5";
+  std::ofstream(t5 / "config.json") << config.dump();
   expect_refused(
-      infer("embed", kSrc + "/tests/data/hf-fixtures/bert_mlm",
+      infer("embed", t5.string(),
             "--input " + (dir_ / "in.fa").string() + " --out " + (dir_ / "e.npy").string()),
-      2, "is a Hugging Face directory: dnallm-infer runs directories exported by");
+      2, "model_type \"t5\" is not a Hugging Face layout this program reads");
 }
 
 struct ConfigCase {

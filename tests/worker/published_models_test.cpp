@@ -96,7 +96,8 @@ std::vector<std::string> hub_fixtures() {
 void write_inputs(const std::string& name, const std::string& dir) {
   std::ofstream lines(dir + "/seqs.txt"), fasta(dir + "/seqs.fa");
   int i = 0;
-  for (const auto& s : fixture_json(name).at("sequences")) {
+  const auto fixture = fixture_json(name);  // (a temporary's member would dangle in the loop)
+  for (const auto& s : fixture.at("sequences")) {
     lines << s.get<std::string>() << "\n";
     fasta << ">s" << ++i << "\n" << s.get<std::string>() << "\n";
   }

@@ -109,7 +109,8 @@ ModelDirectory identify_model_dir(const std::string& dir, const std::string& bas
        dir, kSupported);
 }
 
-LoadedModel load_model_dir(const std::string& dir, const std::string& base_dir) {
+LoadedModel load_model_dir(const std::string& dir, const std::string& base_dir,
+                           const std::string& tokenizer_dir) {
   LoadedModel l;
   l.source = identify_model_dir(dir, base_dir);
   const auto& s = l.source;
@@ -124,6 +125,9 @@ LoadedModel load_model_dir(const std::string& dir, const std::string& base_dir) 
                    "{}: the tokenizer has {} tokens but the model {}: the files are from "
                    "different runs",
                    dir, tokenizer->vocab_size(), l.model->spec().vocab_size);
+      DNALLM_CHECK(tokenizer_dir.empty(), ExitCode::kUsage,
+                   "--tokenizer replaces a Hugging Face directory's tokenizer files; {} is {}", dir,
+                   s.describe());
       l.codec = data::make_own_codec(std::move(tokenizer), l.model->spec().arch == Arch::kBert);
       break;
     }
@@ -143,11 +147,17 @@ LoadedModel load_model_dir(const std::string& dir, const std::string& base_dir) 
       } else {
         l.model = f.load_hf(model_dir);
       }
-      auto tokenizer = f.hf_tokenizer(model_dir);
+      std::string from = tokenizer_dir.empty() ? model_dir : tokenizer_dir;
+      if (tokenizer_dir.empty() && s.layout == DirLayout::kPeftAdapter) {
+        for (const char* file : {"tokenizer.json", "tokenizer_config.json", "vocab.txt"}) {
+          if (present(fs::path(dir) / file)) from = dir;
+        }
+      }
+      auto tokenizer = f.hf_tokenizer(from);
       DNALLM_CHECK(tokenizer->vocab_size() <= l.model->spec().vocab_size, ExitCode::kUsage,
                    "{}: the tokenizer has {} tokens but the model's vocab_size is {}: the "
                    "tokenizer files are from another model",
-                   model_dir, tokenizer->vocab_size(), l.model->spec().vocab_size);
+                   from, tokenizer->vocab_size(), l.model->spec().vocab_size);
       l.codec = data::make_hub_codec(std::move(tokenizer));
       break;
     }

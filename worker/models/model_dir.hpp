@@ -46,7 +46,10 @@ struct LoadedModel {
 };
 
 // The model of `dir` and its tokenizer (eval mode, CPU). Error(kUsage) for a directory that is
-// not a model, Error(kBadData)/Error(kCheckpointCorrupt) for damaged files.
-LoadedModel load_model_dir(const std::string& dir, const std::string& base_dir = "");
+// not a model, Error(kBadData)/Error(kCheckpointCorrupt) for damaged files. A Hugging Face
+// model's tokenizer files are read from `tokenizer_dir` when given, else from a PEFT adapter's
+// directory when it holds them, else from the model's.
+LoadedModel load_model_dir(const std::string& dir, const std::string& base_dir = "",
+                           const std::string& tokenizer_dir = "");
 
 }  // namespace dnallm::models
