@@ -94,6 +94,17 @@ Case llama_checkpointed() {
 
 Case gpt_learned_padded() { return {"GPT learned positions, padded", base(Arch::kGpt), true}; }
 
+// Pythia-style GPT-NeoX (Note [Rotary variants], Note [Parallel residual]): rotary on half of
+// each head at its global positions, another base, both sublayers reading the block's input.
+Case pythia_partial_rotary_padded() {
+  auto o = base(Arch::kGpt);
+  o.rotary = true;
+  o.rotary_fraction = 0.5;  // 2 of the 4 channels of each head
+  o.rope_theta = 500000.0;
+  o.parallel_residual = true;
+  return {"Pythia partial rotary, parallel residual, padded", o, true};
+}
+
 void check(const Case& c, int C) {
   const int64_t B = 2, T = 32;
   const bool causal = c.options.arch == Arch::kGpt;
@@ -214,6 +225,9 @@ TEST_P(AttentionContextParallel, CheckpointedLlamaRecomputesTheExchangeInBackwar
 }
 TEST_P(AttentionContextParallel, PaddedGptOnZigZagChunksMatchesOneRank) {
   check(gpt_learned_padded(), GetParam());
+}
+TEST_P(AttentionContextParallel, PythiaPartialRotaryParallelResidualMatchesOneRank) {
+  check(pythia_partial_rotary_padded(), GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, AttentionContextParallel, ::testing::Values(2, 4),

@@ -29,8 +29,23 @@ std::shared_ptr<torch::nn::Module> holder(torch::nn::Module& parent, const std::
   return parent.register_module(name, std::make_shared<torch::nn::Module>());
 }
 
-// Rotary embedding in the "rotate half" form: x * cos + rotate_half(x) * sin.
+// Note [Rotary variants]: rotary positions as transformers' Llama and GPT-NeoX compute them.
+// The frequencies are rope_theta^(-2i / d) for i < d / 2, d = rotary_dims() (base 10000 over
+// the whole head unless the model says otherwise: Llama 3's rope_theta 500000, Pythia's
+// rotary_pct 0.25); the tables hold [freqs, freqs] (d columns) and the first d channels of each
+// query and key head rotate in the "rotate half" form, the others pass through unchanged
+// (GPT-NeoX's apply_rotary_pos_emb: q[..., :d] rotated, then cat with q[..., d:]). With the
+// defaults (10000, the whole head) the arithmetic is the one this project always did.
+
+// Rotary embedding in the "rotate half" form: x * cos + rotate_half(x) * sin, on the first
+// cos.size(-1) channels of x (Note [Rotary variants]); the others pass unchanged.
 Tensor apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const int64_t rotated_dims = cos.size(-1);
+  if (rotated_dims < x.size(-1)) {
+    return torch::cat({apply_rope(x.narrow(-1, 0, rotated_dims), cos, sin),
+                       x.narrow(-1, rotated_dims, x.size(-1) - rotated_dims)},
+                      -1);
+  }
   const int64_t half = x.size(-1) / 2;
   auto x1 = x.narrow(-1, 0, half);
   auto x2 = x.narrow(-1, half, half);
@@ -38,12 +53,13 @@ Tensor apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   return x * cos.to(x.dtype()) + rotated * sin.to(x.dtype());
 }
 
-// cos/sin tables [T, head_dim] for positions [start, start + T), or for the positions `at`
-// (int64 [T]) when defined (context parallelism: global positions).
-std::pair<Tensor, Tensor> rope_tables(int64_t start, int64_t len, int64_t head_dim,
+// cos/sin tables [T, dims] (dims: rotary_dims(), base `theta`: Note [Rotary variants]) for
+// positions [start, start + T), or for the positions `at` (int64 [T]) when defined (context
+// parallelism: global positions).
+std::pair<Tensor, Tensor> rope_tables(int64_t start, int64_t len, int64_t dims, double theta,
                                       const torch::Device& device, const Tensor& at = {}) {
   auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  auto inv_freq = torch::pow(10000.0, -torch::arange(0, head_dim, 2, opts) / double(head_dim));
+  auto inv_freq = torch::pow(theta, -torch::arange(0, dims, 2, opts) / double(dims));
   auto pos = at.defined() ? at.to(opts) : torch::arange(start, start + len, opts);
   auto freqs = torch::outer(pos, inv_freq);
   auto emb = torch::cat({freqs, freqs}, -1);
@@ -139,6 +155,26 @@ void check_model_shape(const ModelOptions& o, const std::string& where) {
   in_range("type_vocab_size", o.type_vocab_size, 0, kMaxLabels);
   DNALLM_CHECK(!(o.alibi && o.rotary), ExitCode::kUsage,
                "{}: ALiBi and rotary positions together are not a model this program builds",
+               where);
+  // Note [Rotary variants]
+  DNALLM_CHECK(std::isfinite(o.rope_theta) && o.rope_theta > 0, ExitCode::kUsage,
+               "{}: rope_theta = {} must be a positive finite number: the file is damaged", where,
+               o.rope_theta);
+  DNALLM_CHECK(std::isfinite(o.rotary_fraction) && o.rotary_fraction > 0 && o.rotary_fraction <= 1,
+               ExitCode::kUsage,
+               "{}: a rotary fraction (rotary_pct / partial_rotary_factor) of {} is not supported: "
+               "supported is a share of the head in (0, 1]",
+               where, o.rotary_fraction);
+  if (o.rotary) {
+    const int64_t dims = rotary_dims(o);
+    DNALLM_CHECK(dims >= 2 && dims % 2 == 0, ExitCode::kUsage,
+                 "{}: rotary positions on {} channels of each head (head size {} x rotary fraction "
+                 "{}) are not supported: supported is an even number of channels, at least 2",
+                 where, dims, o.hidden / o.heads, o.rotary_fraction);
+  }
+  DNALLM_CHECK(!(o.parallel_residual && o.post_layer_norm), ExitCode::kUsage,
+               "{}: a parallel residual (use_parallel_residual) with post-LN blocks is not a model "
+               "this program builds",
                where);
   if (o.position_padding_idx >= 0) {
     in_range("position_padding_idx", o.position_padding_idx, 0, o.max_seq_length - 1);
@@ -425,8 +461,9 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
     q = query(h.gather(1, index)).view({b, tq, nh, hd}).transpose(1, 2);
     residual = x.gather(1, index);
     if (rope_cos.defined()) {
-      q_cos = rope_cos.index_select(0, positions.reshape({-1})).view({b, 1, tq, hd});
-      q_sin = rope_sin.index_select(0, positions.reshape({-1})).view({b, 1, tq, hd});
+      const int64_t rd = rope_cos.size(-1);  // Note [Rotary variants]: maybe part of the head
+      q_cos = rope_cos.index_select(0, positions.reshape({-1})).view({b, 1, tq, rd});
+      q_sin = rope_sin.index_select(0, positions.reshape({-1})).view({b, 1, tq, rd});
     }
   } else if (!q.defined()) {
     q = query(h).view({b, t, nh, hd}).transpose(1, 2);
@@ -463,11 +500,20 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
   if (p > 0) out = torch::dropout(out, p, true);
   auto y = residual + out;
   if (post_ln) y = norm_attn(y);
-  auto hf = post_ln ? y : norm_ffn(y);
-  Tensor y_rows = y;
+  // Note [Parallel residual]: GPT-NeoX's use_parallel_residual (Pythia): the feed-forward reads
+  // the block's input, not y, and the block returns mlp + attn + x, summed in that order as
+  // transformers' GPTNeoXLayer does. (Pre-LN only: check_model_shape.)
+  const bool parallel = options_.parallel_residual;
+  auto hf = post_ln ? y : norm_ffn(parallel ? residual : y);
+  Tensor y_rows = y, out_rows = out, residual_rows = residual;
   if (ffn_rows.defined()) {  // Note [Padding-free feed-forward]
-    hf = hf.reshape({-1, hidden}).index_select(0, ffn_rows);
-    y_rows = y.reshape({-1, hidden}).index_select(0, ffn_rows);
+    auto rows = [&](const Tensor& t) { return t.reshape({-1, hidden}).index_select(0, ffn_rows); };
+    hf = rows(hf);
+    y_rows = rows(y);
+    if (parallel) {
+      out_rows = rows(out);
+      residual_rows = rows(residual);
+    }
   }
   Tensor inner;
   if (!ffn_gate) {
@@ -496,7 +542,9 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
   }
   auto f = ffn_out(inner);
   if (p > 0) f = torch::dropout(f, p, true);
-  auto block_out = post_ln ? norm_ffn(y_rows + f) : y_rows + f;
+  auto block_out = post_ln    ? norm_ffn(y_rows + f)
+                   : parallel ? f + out_rows + residual_rows
+                              : y_rows + f;
   if (!ffn_rows.defined()) return block_out;
   return y.reshape({-1, hidden}).index_copy(0, ffn_rows, block_out).view(y.sizes());
 }
@@ -799,7 +847,7 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
   }
   Tensor cos, sin;
   if (o.rotary) {
-    std::tie(cos, sin) = rope_tables(past_len, t, o.hidden / o.heads, device,
+    std::tie(cos, sin) = rope_tables(past_len, t, rotary_dims(o), o.rope_theta, device,
                                      context_ ? context_positions_ : Tensor());
   }
 
@@ -1145,6 +1193,13 @@ nlohmann::ordered_json export_config(const ModelOptions& o) {
   c["intermediate_size"] = o.ffn;
   c["max_position_embeddings"] = o.max_seq_length;
   c["position_embedding_type"] = o.rotary ? "rotary" : o.alibi ? "alibi" : "absolute";
+  // Note [Rotary variants], Note [Parallel residual]: written when not the defaults, so that
+  // the config.json of every other model stays as it was.
+  if (o.rope_theta != ModelOptions().rope_theta) c["rope_theta"] = o.rope_theta;
+  if (o.rotary_fraction != ModelOptions().rotary_fraction) {
+    c["rotary_fraction"] = o.rotary_fraction;
+  }
+  if (o.parallel_residual) c["parallel_residual"] = true;
   c["hidden_act"] = "gelu";
   c["layer_norm_eps"] = o.layer_norm_eps;
   c["pre_layer_norm"] = !o.post_layer_norm;
@@ -1199,6 +1254,9 @@ TransformerLM load_exported_transformer(const std::string& dir, const nlohmann::
                  config_path, clip_for_message(position));
     o.rotary = position == "rotary";
     o.alibi = position == "alibi";
+    o.rope_theta = c.value("rope_theta", ModelOptions().rope_theta);
+    o.rotary_fraction = c.value("rotary_fraction", ModelOptions().rotary_fraction);
+    o.parallel_residual = c.value("parallel_residual", false);
     o.type_vocab_size = c.value("type_vocab_size", int64_t{0});
     o.layer_norm_eps = c.value("layer_norm_eps", 1e-12);
     o.tie_embeddings = c.value("tie_word_embeddings", true);

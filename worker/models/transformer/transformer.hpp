@@ -59,6 +59,15 @@ struct ModelOptions {
   int64_t ffn = 1024;
   int64_t max_seq_length = 512;
   bool rotary = false;  // false: learned absolute positions
+  // Rotary variants (Note [Rotary variants] in transformer.cpp), as transformers computes them:
+  // rope_theta is the base of the frequencies (rope_theta; Llama 3: 500000); rotary_fraction
+  // the share of each head's channels that rotate (GPT-NeoX's rotary_pct, Pythia 0.25): the
+  // first rotary_dims() = int(head_dim * rotary_fraction) channels, the others pass unchanged.
+  double rope_theta = 10000.0;
+  double rotary_fraction = 1.0;
+  // GPT-NeoX's use_parallel_residual: x + Attn(LN1(x)) + FFN(LN2(x)), both sublayers reading
+  // the block's input, instead of y = x + Attn(LN1(x)), then y + FFN(LN2(y)). Pre-LN only.
+  bool parallel_residual = false;
   AttnImpl attn = AttnImpl::kSdpa;
   double dropout = 0.0;
   bool gradient_checkpointing = false;
@@ -112,6 +121,12 @@ inline int64_t key_value_heads(const ModelOptions& o) {
   return o.kv_heads > 0 ? o.kv_heads : o.heads;
 }
 
+// The channels of each head that rotary positions rotate: int(head_dim * rotary_fraction), as
+// transformers' GPT-NeoX truncates it (the whole head when rotary_fraction is 1).
+inline int64_t rotary_dims(const ModelOptions& o) {
+  return static_cast<int64_t>(double(o.hidden / o.heads) * o.rotary_fraction);
+}
+
 // Note [Model shape limits]: a model directory (config.json: ours or a Hugging Face one) is
 // untrusted, so its sizes are checked before anything is allocated: every size positive,
 // hidden a multiple of heads, heads a multiple of kv_heads, layers <= kMaxLayers, each size within
@@ -148,7 +163,7 @@ struct LayerCache {
   torch::Tensor key, value;
 };
 
-// One pre-LN block: x + Attn(LN(x)), then x + FFN(LN(x)).
+// One pre-LN block: x + Attn(LN(x)), then x + FFN(LN(x)) (or both on x: parallel_residual).
 class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const ModelOptions& options);
