@@ -34,7 +34,7 @@ from hf_common import (adapter_problems, auto_model_class, import_nt_v2, import_
 FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
             "roberta_prelayernorm_mlm", "bert_cls_lora", "llama_gqa_causal", "llama_mqa_causal",
             "esm_v2_mlm", "esm_v2_cls", "esm_v1_mlm", "dnabert2_mlm", "dnabert2_cls",
-            "dnabert2_long_mlm"]
+            "dnabert2_long_mlm", "llama_rope500k_gqa_causal", "gptneox_pythia_causal"]
 
 
 def expected_inputs(folder, fixture, tokenizer_class):

@@ -237,6 +237,45 @@ class Maker:
     def llama_gqa_causal(self, folder):
         return self.llama_grouped(2, "grouped-query attention")
 
+    def llama_rope500k_gqa_causal(self, folder):
+        """Llama 3's rotary base (rope_theta 500000) with grouped-query attention."""
+        tok = self.char_tokenizer()
+        cfg = self.transformers.LlamaConfig(
+            vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id, **dict(TINY, num_attention_heads=4),
+            num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+        model = self.transformers.LlamaForCausalLM(cfg)
+        self.expect_inv_freq(model.model.rotary_emb.inv_freq, 500000.0, 8)
+        return Fixture(model, tok, list(SEQS),
+                       "as llama_gqa_causal (4 query heads, 2 key/value heads) with Llama 3's "
+                       "rotary base: rope_parameters.rope_theta 500000")
+
+    def gptneox_pythia_causal(self, folder):
+        """Pythia's GPT-NeoX: rotary on the first quarter of each head (rotary_pct 0.25: 4 of
+        16 channels) and the parallel residual x + attn(ln1(x)) + mlp(ln2(x))."""
+        tok = self.char_tokenizer()
+        cfg = self.transformers.GPTNeoXConfig(
+            vocab_size=len(tok), rotary_pct=0.25, rotary_emb_base=10000,
+            use_parallel_residual=True, hidden_dropout=0.0, attention_dropout=0.0,
+            tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **TINY)
+        model = self.transformers.GPTNeoXForCausalLM(cfg)
+        layer = model.gpt_neox.layers[0]
+        assert layer.use_parallel_residual and layer.attention.rotary_ndims == 4, (
+            layer.use_parallel_residual, layer.attention.rotary_ndims)
+        self.expect_inv_freq(model.gpt_neox.rotary_emb.inv_freq, 10000.0, 4)
+        return Fixture(model, tok, list(SEQS),
+                       "Pythia style: causal, single-nucleotide tokens, rotary on the first 4 of "
+                       "each head's 16 channels (rotary_pct 0.25), parallel residual "
+                       "(use_parallel_residual), untied head")
+
+    def expect_inv_freq(self, inv_freq, theta, dims):
+        """The reference's rotary frequencies are base `theta` over `dims` channels."""
+        torch = self.torch
+        want = 1.0 / (theta ** (torch.arange(0, dims, 2, dtype=torch.float64) / dims))
+        assert inv_freq.shape == want.shape and torch.allclose(
+            inv_freq.double(), want, rtol=1e-6, atol=0), (inv_freq, want)
+
     def llama_mqa_causal(self, folder):
         return self.llama_grouped(1, "multi-query attention")
 
@@ -254,10 +293,12 @@ class Maker:
     FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
                 "roberta_prelayernorm_mlm", "bert_cls_lora", "llama_gqa_causal",
                 "llama_mqa_causal", "esm_v2_mlm", "esm_v2_cls", "esm_v1_mlm", "dnabert2_mlm",
-                "dnabert2_cls", "dnabert2_long_mlm"]
+                "dnabert2_cls", "dnabert2_long_mlm", "llama_rope500k_gqa_causal",
+                "gptneox_pythia_causal"]
     # Family i is seeded with seed + i; the dnabert2 families keep the places 8 and 9 they were
     # made with (their fixtures predate the llama_gqa_causal .. esm_v1_mlm families);
-    # dnabert2_long_mlm its place (15).
+    # dnabert2_long_mlm its place (15), llama_rope500k_gqa_causal and gptneox_pythia_causal
+    # theirs (16, 17).
     SEED_INDEX = {"dnabert2_mlm": 8, "dnabert2_cls": 9}
     DNABERT2 = {
         # 4 heads (power of two); 6 heads: the slopes of 4, then every second of 8.
