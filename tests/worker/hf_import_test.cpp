@@ -100,7 +100,9 @@ void expect_matches_fixture(const std::string& family) {
                                                                << expected.at("input_ids");
   ASSERT_TRUE(torch::equal(got.mask, expected.at("attention_mask")));
   ASSERT_EQ(got.logits.sizes(), expected.at("logits").sizes());
-  EXPECT_LE(max_abs_diff(got.logits, expected.at("logits")), kTolerance);
+  const double diff = max_abs_diff(got.logits, expected.at("logits"));
+  std::cout << family << ": max |logit diff| vs transformers " << diff << "\n";
+  EXPECT_LE(diff, kTolerance);
 }
 
 TEST(HfImportTest, BertMaskedLmDnabertKmers) { expect_matches_fixture("bert_mlm"); }
@@ -111,11 +113,48 @@ TEST(HfImportTest, GptNeoXCausalLm) { expect_matches_fixture("gptneox_causal"); 
 TEST(HfImportTest, LlamaCausalLm) { expect_matches_fixture("llama_causal"); }
 TEST(HfImportTest, LlamaGroupedQueryAttention) { expect_matches_fixture("llama_gqa_causal"); }
 TEST(HfImportTest, LlamaMultiQueryAttention) { expect_matches_fixture("llama_mqa_causal"); }
+// Note [Rotary variants], Note [Parallel residual]: Llama 3's rotary base; Pythia's partial
+// rotary (rotary_pct 0.25) with the parallel residual.
+TEST(HfImportTest, LlamaRopeTheta500k) { expect_matches_fixture("llama_rope500k_gqa_causal"); }
+TEST(HfImportTest, GptNeoXPythiaPartialRotaryParallelResidual) {
+  expect_matches_fixture("gptneox_pythia_causal");
+}
+
+// The two fixtures above can fail: each setting, put back to the default, moves the logits far
+// past the tolerance (the import reads the settings; the fixtures depend on them).
+TEST(HfImportTest, RotaryVariantFixturesDependOnTheirSettings) {
+  struct Change {
+    const char* family;
+    const char* what;
+    std::function<void(ModelOptions&)> edit;
+  };
+  const std::vector<Change> changes = {
+      {"llama_rope500k_gqa_causal", "rope_theta 10000", [](auto& o) { o.rope_theta = 10000; }},
+      {"gptneox_pythia_causal", "the whole head rotating", [](auto& o) { o.rotary_fraction = 1; }},
+      {"gptneox_pythia_causal", "sequential residual",
+       [](auto& o) { o.parallel_residual = false; }}};
+  for (const auto& c : changes) {
+    SCOPED_TRACE(std::string(c.family) + ", " + c.what);
+    const std::string dir = kFixtures + "/" + c.family;
+    auto checkpoint = read_hf_checkpoint(dir);
+    const auto expected = load_safetensors(dir + "/expected.safetensors");
+    ForwardInputs in;
+    in.input_ids = expected.at("input_ids");
+    in.attention_mask = expected.at("attention_mask");
+    torch::NoGradGuard no_grad;
+    EXPECT_LE(max_abs_diff(build_hf_model(checkpoint)->forward(in).logits, expected.at("logits")),
+              kTolerance);
+    c.edit(checkpoint.options);
+    EXPECT_GT(max_abs_diff(build_hf_model(checkpoint)->forward(in).logits, expected.at("logits")),
+              100 * kTolerance);
+  }
+}
 
 // Generation with the KV cache (which keeps the shared key/value heads once) picks the same
-// tokens as recomputing the whole prefix, for grouped- and multi-query Llama.
+// tokens as recomputing the whole prefix, for grouped- and multi-query Llama (also with Llama
+// 3's rotary base).
 TEST(HfImportTest, GroupedQueryKvCacheGenerationEqualsRecomputation) {
-  for (const char* family : {"llama_gqa_causal", "llama_mqa_causal"}) {
+  for (const char* family : {"llama_gqa_causal", "llama_mqa_causal", "llama_rope500k_gqa_causal"}) {
     SCOPED_TRACE(family);
     auto model = build_hf_model(read_hf_checkpoint(kFixtures + "/" + family));
     ASSERT_LT(key_value_heads(model->options()), model->options().heads);
@@ -128,6 +167,35 @@ TEST(HfImportTest, GroupedQueryKvCacheGenerationEqualsRecomputation) {
     g.use_cache = false;
     EXPECT_TRUE(torch::equal(cached, model->generate(prompt, g)));
   }
+}
+
+// The KV cache with a partial rotary and the parallel residual (Pythia): the cached positions'
+// tables are those of their places, so each step's logits equal the whole prefix's.
+TEST(HfImportTest, PythiaKvCacheGenerationEqualsRecomputation) {
+  const std::string dir = kFixtures + "/gptneox_pythia_causal";
+  auto model = build_hf_model(read_hf_checkpoint(dir));
+  ASSERT_LT(rotary_dims(model->options()), model->options().hidden / model->options().heads);
+  ASSERT_TRUE(model->options().parallel_residual);
+  auto ids = load_safetensors(dir + "/expected.safetensors").at("input_ids").narrow(1, 0, 20);
+  torch::NoGradGuard no_grad;
+  ForwardInputs whole;
+  whole.input_ids = ids;
+  const auto want = model->forward(whole).logits;
+  std::vector<LayerCache> cache(size_t(model->options().layers));
+  int64_t past = 0;
+  for (int64_t step : {6, 1, 1, 5, 7}) {  // a prompt, single tokens, then chunks
+    ForwardInputs in;
+    in.input_ids = ids.narrow(1, past, step);
+    auto hidden = model->encode(in, &cache, past);
+    auto logits = torch::linear(hidden, model->named_parameters()["lm_head.weight"]);
+    EXPECT_LE(max_abs_diff(logits, want.narrow(1, past, step)), 1e-5) << "at " << past;
+    past += step;
+  }
+  GenerateOptions g;
+  g.max_new_tokens = 12;
+  auto cached = model->generate(ids.narrow(1, 0, 6), g);
+  g.use_cache = false;
+  EXPECT_TRUE(torch::equal(cached, model->generate(ids.narrow(1, 0, 6), g)));
 }
 
 // Nucleotide Transformer v2 / AgroNT: its remote code (auto_map, Note [Remote code]) made these.
@@ -574,6 +642,15 @@ class HfRefusalTest : public ::testing::Test {
     std::ofstream(dir_ / "config.json") << c.dump(2);
   }
 
+  // dir_ becomes a writable copy of the fixture `family`.
+  void use_fixture(const std::string& family) {
+    fs::remove_all(dir_);
+    fs::copy(kFixtures + "/" + family, dir_);
+    for (auto& e : fs::directory_iterator(dir_)) {
+      fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+    }
+  }
+
   // Expects read_hf_checkpoint to fail with kUsage and a message holding every `needles`.
   void expect_refused(const std::vector<std::string>& needles) {
     try {
@@ -702,6 +779,76 @@ TEST_F(HfRefusalTest, ScaledRotary) {
   fs::copy(kFixtures + "/llama_causal", dir_);
   edit_config([](auto& c) { c["rope_parameters"]["rope_type"] = "yarn"; });
   expect_refused({"rope_type", "default"});
+  use_fixture("gptneox_pythia_causal");
+  edit_config([](auto& c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; });
+  expect_refused({"rope_scaling", "not supported"});
+}
+
+// Note [Rotary config]: the rotary keys of other transformers versions (Pythia's and Llama 3's
+// own config.json: rotary_pct, rotary_emb_base; rope_theta) and GPTNeoXConfig's defaults
+// (rotary_pct 0.25, use_parallel_residual true) give the fixtures' function, as transformers
+// computes it for these files (checked with transformers 5.24: the same logits).
+TEST_F(HfRefusalTest, RotaryKeysOfOtherTransformersVersionsComputeTheFixture) {
+  auto expect_fixture_logits = [&](const std::string& family) {
+    const auto expected = load_safetensors(kFixtures + "/" + family + "/expected.safetensors");
+    EXPECT_LE(max_abs_diff(run_family(dir_.string(), dir_.string(), family).logits,
+                           expected.at("logits")),
+              kTolerance);
+  };
+  use_fixture("gptneox_pythia_causal");
+  edit_config([](auto& c) {  // Pythia's config.json
+    c.erase("rope_parameters");
+    c["rotary_pct"] = 0.25;
+    c["rotary_emb_base"] = 10000;
+  });
+  expect_fixture_logits("gptneox_pythia_causal");
+  edit_config([](auto& c) {  // nothing said: GPTNeoXConfig's defaults
+    c.erase("rotary_pct");
+    c.erase("rotary_emb_base");
+    c.erase("use_parallel_residual");
+  });
+  expect_fixture_logits("gptneox_pythia_causal");
+  use_fixture("llama_rope500k_gqa_causal");
+  edit_config([](auto& c) {  // Llama 3's config.json
+    c.erase("rope_parameters");
+    c["rope_theta"] = 500000.0;
+  });
+  expect_fixture_logits("llama_rope500k_gqa_causal");
+}
+
+// A rotary key that disagrees with the one transformers reads, or that the model type's code
+// ignores, or a share of the head that is not an even number of channels: exit 2 naming it.
+TEST_F(HfRefusalTest, RotarySettingsThatDisagreeOrCannotBeComputed) {
+  use_fixture("llama_rope500k_gqa_causal");
+  edit_config([](auto& c) { c["rope_theta"] = 10000.0; });
+  expect_refused({"rope_theta = 10000 is not supported", "llama reads the rotary base = 500000"});
+  use_fixture("llama_rope500k_gqa_causal");
+  edit_config([](auto& c) { c["rope_parameters"]["partial_rotary_factor"] = 0.5; });
+  expect_refused({"rope_parameters.partial_rotary_factor = 0.5 is not supported",
+                  "the rotating share of each head = 1"});
+  use_fixture("llama_rope500k_gqa_causal");
+  edit_config([](auto& c) { c["use_parallel_residual"] = true; });
+  expect_refused({"use_parallel_residual", "sequential residual"});
+  use_fixture("gptneox_pythia_causal");
+  edit_config([](auto& c) { c["rotary_pct"] = 0.5; });
+  expect_refused({"rotary_pct = 0.5 is not supported", "gpt_neox reads the rotating share"});
+  use_fixture("gptneox_pythia_causal");
+  edit_config([](auto& c) { c["rope_theta"] = 500000; });  // GPTNeoXConfig reads rotary_emb_base
+  expect_refused(
+      {"rope_theta = 500000 is not supported", "gpt_neox reads the rotary base = 10000"});
+  use_fixture("gptneox_pythia_causal");
+  edit_config([](auto& c) { c["rope_parameters"]["partial_rotary_factor"] = 0.3125; });
+  expect_refused({"rotary positions on 5 channels of each head", "an even number of channels"});
+  edit_config([](auto& c) { c["rope_parameters"]["partial_rotary_factor"] = 0; });
+  expect_refused({"rotary fraction", "(0, 1]"});
+  edit_config([](auto& c) { c["rope_parameters"]["partial_rotary_factor"] = "half"; });
+  expect_refused({"rope_parameters.partial_rotary_factor", "is not a number"});
+  use_fixture("gptneox_pythia_causal");
+  edit_config([](auto& c) { c["use_parallel_residual"] = "yes"; });
+  expect_refused({"a value has the wrong type"});
+  use_fixture("esm_mlm");  // ESM's rotary has a fixed base
+  edit_config([](auto& c) { c["rope_theta"] = 500000; });
+  expect_refused({"rope_theta = 500000 is not supported", "esm reads the rotary base = 10000"});
 }
 
 // Issue 22: a downloaded directory is untrusted (Note [Model shape limits], Note [Untrusted

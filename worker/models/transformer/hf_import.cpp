@@ -187,35 +187,90 @@ void check_llama_config(const json& c, const std::string& path) {
   expect_value(c, path, "pretraining_tp", 1, "supported is 1");
 }
 
-// Rotary: our tables are base 10000 over the whole head (rotate-half form).
-void check_rotary_config(const json& c, const std::string& path) {
-  double theta = c.value("rope_theta", c.value("rotary_emb_base", 10000.0));
-  double fraction = c.value("rotary_pct", c.value("partial_rotary_factor", 1.0));
-  if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
-    const auto& rp = c["rope_parameters"];
-    for (const auto& [key, value] : rp.items()) {
-      DNALLM_CHECK(key == "rope_theta" || key == "rope_type" || key == "partial_rotary_factor",
-                   ExitCode::kUsage,
-                   "{}: rope_parameters.{} is not supported: supported are rope_theta, "
-                   "rope_type = \"default\" and partial_rotary_factor = 1.0",
-                   path, key);
-    }
-    theta = rp.value("rope_theta", theta);
-    fraction = rp.value("partial_rotary_factor", fraction);
-    DNALLM_CHECK(rp.value("rope_type", std::string("default")) == "default", ExitCode::kUsage,
-                 "{}: rope_parameters.rope_type = \"{}\" is not supported: supported is "
-                 "\"default\"",
-                 path, rp.value("rope_type", std::string()));
-  }
+// Note [Rotary config]: where a config.json says the rotary base and the rotating share of
+// each head (Note [Rotary variants] in transformer.cpp), read as transformers reads them. Several
+// keys say the same thing, written by different transformers versions:
+//   base:     rope_parameters.rope_theta (transformers 5), rope_theta (Llama), rotary_emb_base
+//             (GPT-NeoX);
+//   fraction: rope_parameters.partial_rotary_factor (5), rotary_pct (GPT-NeoX),
+//             partial_rotary_factor.
+// transformers 5 reads, for gpt_neox, rope_parameters first, else rotary_emb_base (10000) and
+// rotary_pct (0.25: GPTNeoXConfig's default, as in transformers 4); for llama rope_parameters,
+// else rope_theta (10000), and the whole head (its rotary ignores partial_rotary_factor);
+// ESM's rotary is base 10000 over the whole head whatever the file says. Every such key present
+// must agree with the value read: a file whose keys disagree would compute differently under
+// another transformers version, and one asking a model type for what its code ignores (ESM with
+// rope_theta 500000, Llama with a partial rotary) was not made by that code: both are refused.
+struct RotaryConfig {
+  double theta = 10000.0;
+  double fraction = 1.0;
+};
+
+RotaryConfig read_rotary_config(const json& c, const std::string& path,
+                                const std::string& model_type) {
   DNALLM_CHECK(c.value("rope_scaling", json()).is_null(), ExitCode::kUsage,
                "{}: rope_scaling = {} is not supported (unscaled rotary only)", path,
-               c["rope_scaling"].dump());
-  DNALLM_CHECK(theta == 10000.0, ExitCode::kUsage,
-               "{}: rope_theta = {} is not supported: supported is 10000", path, theta);
-  DNALLM_CHECK(fraction == 1.0, ExitCode::kUsage,
-               "{}: a rotary fraction (rotary_pct / partial_rotary_factor) of {} is not "
-               "supported: supported is 1.0 (the whole head)",
-               path, fraction);
+               clip_for_message(c["rope_scaling"].dump()));
+  json rp = c.value("rope_parameters", json());
+  DNALLM_CHECK(rp.is_null() || rp.is_object(), ExitCode::kUsage,
+               "{}: rope_parameters = {} is not supported: supported is an object with "
+               "rope_theta, partial_rotary_factor and rope_type",
+               path, clip_for_message(rp.dump()));
+  if (rp.is_null()) rp = json::object();
+  for (const auto& [key, value] : rp.items()) {
+    DNALLM_CHECK(key == "rope_theta" || key == "rope_type" || key == "partial_rotary_factor",
+                 ExitCode::kUsage,
+                 "{}: rope_parameters.{} is not supported: supported are rope_theta, "
+                 "partial_rotary_factor and rope_type = \"default\"",
+                 path, clip_for_message(key));
+  }
+  const std::string rope_type = rp.value("rope_type", std::string("default"));
+  DNALLM_CHECK(rope_type == "default", ExitCode::kUsage,
+               "{}: rope_parameters.rope_type = \"{}\" is not supported: supported is "
+               "\"default\"",
+               path, clip_for_message(rope_type));
+  const bool neox = model_type == "gpt_neox", llama = model_type == "llama";
+  // One setting's keys in the order transformers looks at them, each with whether this model
+  // type's code reads it: the value is the first present key that is read (else `fallback`),
+  // and every present key must equal it.
+  struct Key {
+    const char* name;  // "rope_parameters.<key>" or a top-level key
+    bool read;
+  };
+  auto agreed = [&](const std::vector<Key>& keys, double fallback, const char* what) {
+    std::vector<std::pair<std::string, double>> found;
+    std::optional<double> value;
+    for (const auto& k : keys) {
+      const std::string name = k.name;
+      const bool nested = name.rfind("rope_parameters.", 0) == 0;
+      const std::string key = nested ? name.substr(std::strlen("rope_parameters.")) : name;
+      const json& holder = nested ? rp : c;
+      if (!holder.contains(key) || holder[key].is_null()) continue;
+      DNALLM_CHECK(holder[key].is_number(), ExitCode::kUsage, "{}: {} = {} is not a number", path,
+                   name, clip_for_message(holder[key].dump()));
+      found.emplace_back(name, holder[key].get<double>());
+      if (k.read && !value) value = found.back().second;
+    }
+    for (const auto& [name, v] : found) {
+      DNALLM_CHECK(v == value.value_or(fallback), ExitCode::kUsage,
+                   "{}: {} = {} is not supported: {} reads {} = {} (keys that disagree compute "
+                   "differently under other transformers versions, and a value the model "
+                   "type's code ignores was not made by it: make them equal)",
+                   path, name, v, model_type, what, value.value_or(fallback));
+    }
+    return value.value_or(fallback);
+  };
+  RotaryConfig r;
+  r.theta = agreed({{"rope_parameters.rope_theta", neox || llama},
+                    {"rotary_emb_base", neox},
+                    {"rope_theta", llama}},
+                   10000.0, "the rotary base");
+  // GPTNeoXConfig's default rotary_pct is 0.25 (transformers 4 and 5).
+  r.fraction = agreed({{"rope_parameters.partial_rotary_factor", neox},
+                       {"rotary_pct", neox},
+                       {"partial_rotary_factor", false}},
+                      neox ? 0.25 : 1.0, "the rotating share of each head");
+  return r;
 }
 
 // Note [Nothing silently ignored]: checks of the keys that change the function.
@@ -268,9 +323,11 @@ void check_config(const json& c, const std::string& path, const std::string& mod
                "{}: position_embedding_type = \"{}\" is not supported for {}: supported are "
                "\"absolute\" (learned) and, for esm, \"rotary\"",
                path, pos, model_type);
-  check_rotary_config(c, path);
-  expect("use_parallel_residual", false,
-         "supported is the sequential residual (use_parallel_residual = false)");
+  read_rotary_config(c, path, model_type);  // (the values: set_model_type_options)
+  if (model_type != "gpt_neox") {  // (gpt_neox: Note [Parallel residual] in transformer.cpp)
+    expect("use_parallel_residual", false,
+           "supported is the sequential residual (use_parallel_residual = false)");
+  }
   if (llama) {
     expect("attention_bias", false, "supported are unbiased attention projections (false)");
   } else {
@@ -465,6 +522,11 @@ void set_common_options(const json& c, const std::string& path, ModelOptions& o)
 void set_model_type_options(const json& c, const std::string& path, const std::string& model_type,
                             ModelOptions& o) {
   const std::string pos = c.value("position_embedding_type", std::string("absolute"));
+  if (model_type != "dnabert2") {  // Note [Rotary config]
+    const RotaryConfig rotary = read_rotary_config(c, path, model_type);
+    o.rope_theta = rotary.theta;
+    o.rotary_fraction = rotary.fraction;
+  }
   if (model_type == "dnabert2") {  // Note [DNABERT-2 import]
     o.post_layer_norm = true;
     o.embedding_layer_norm = true;
@@ -500,6 +562,8 @@ void set_model_type_options(const json& c, const std::string& path, const std::s
     o.rotary = true;
     o.tie_embeddings = c.value("tie_word_embeddings", false);
     o.shift_labels = true;
+    // GPTNeoXConfig's default is the parallel residual (Pythia's), in transformers 4 and 5.
+    if (model_type == "gpt_neox") o.parallel_residual = c.value("use_parallel_residual", true);
     if (model_type == "llama") {
       o.rms_norm = true;
       o.gated_mlp = true;

@@ -9,9 +9,12 @@
 //                         Transformer v2 remote code's auto_map (Note [Remote code]) its
 //                         SwiGLU feed-forward
 //   roberta-prelayernorm  RobertaPreLayerNormForMaskedLM / ...ForSequenceClassification
-//   gpt_neox              GPTNeoXForCausalLM: rotary (full head), sequential residual
-//   llama                 LlamaForCausalLM: RMSNorm, gated SiLU MLP, no biases, rotary
-//                         (grouped-query / multi-query: num_key_value_heads)
+//   gpt_neox              GPTNeoXForCausalLM: rotary (any base; the whole head or its first
+//                         rotary_pct share, Pythia's 0.25), sequential or parallel residual
+//                         (use_parallel_residual, Pythia's)
+//   llama                 LlamaForCausalLM: RMSNorm, gated SiLU MLP, no biases, rotary (any
+//                         rope_theta: Llama 3's 500000) (grouped-query / multi-query:
+//                         num_key_value_heads)
 //   dnabert2              model_type "bert" with DNABERT-2's remote code in auto_map
 //                         (bert_layers.BertForMaskedLM / BertForSequenceClassification):
 //                         ALiBi, fused Wqkv, GEGLU feed-forward, post-LN (Note [DNABERT-2
@@ -19,8 +22,9 @@
 // Note [Nothing silently ignored]: every config.json key is either understood (and its value
 // checked against what the import computes) or on a list of keys that do not change the
 // function (dropout rates, token ids, bookkeeping); any other key, a value we do not compute
-// (ALiBi outside DNABERT-2, relative positions, partial rotary, parallel residual, remote code
-// "auto_map" other than Note [Remote code]'s and DNABERT-2's), and
+// (ALiBi outside DNABERT-2, relative positions, scaled rotary, a rotary setting the model
+// type's code does not read (Note [Rotary config]), remote code "auto_map" other than Note
+// [Remote code]'s and DNABERT-2's), and
 // any tensor of model.safetensors the model does not use is an Error(kUsage) naming the key
 // or tensor and what is supported. Tensors that exist only for another task (ESM's contact
 // head) are listed by name in the log.
