@@ -1191,6 +1191,8 @@ INSTANTIATE_TEST_SUITE_P(
                       ReexportCase{"llama_causal", "llama", false},
                       ReexportCase{"llama_gqa_causal", "llama", false},
                       ReexportCase{"llama_mqa_causal", "llama", false},
+                      ReexportCase{"llama_rope500k_gqa_causal", "llama", false},
+                      ReexportCase{"gptneox_pythia_causal", "gpt_neox", false},
                       ReexportCase{"esm_v2_mlm", "esm", false},
                       ReexportCase{"esm_v2_cls", "esm", false},
                       ReexportCase{"roberta_prelayernorm_mlm", "roberta-prelayernorm", true},
@@ -1233,6 +1235,81 @@ TEST(HfExportTest, Dnabert2RemoteCodeComesFromTheSourceDirectory) {
   fs::remove_all(src);
   fs::remove_all(bare);
   fs::remove_all(with_code);
+}
+
+// Note [Rotary variants], Note [Parallel residual]: the export writes the settings back in the
+// keys transformers reads (the reimport above computes the fixtures' logits with them), and our
+// own model directory (config.json: rope_theta, rotary_fraction, parallel_residual) keeps them.
+TEST(HfExportTest, RotaryVariantsRoundTrip) {
+  struct Want {
+    const char* family;
+    const char* key;
+    nlohmann::json value;
+  };
+  for (const auto& w :
+       std::vector<Want>{{"llama_rope500k_gqa_causal", "rope_theta", 500000.0},
+                         {"gptneox_pythia_causal", "rotary_pct", 0.25},
+                         {"gptneox_pythia_causal", "use_parallel_residual", true}}) {
+    SCOPED_TRACE(std::string(w.family) + " " + w.key);
+    auto model = build_hf_model(read_hf_checkpoint(kFixtures + "/" + w.family));
+    const auto dir = fs::temp_directory_path() /
+                     ("dnallm_hf_rotary_" + std::to_string(::getpid()) + "_" + w.family);
+    fs::remove_all(dir);
+    export_hf_model(model, (dir / "hf").string());
+    const auto config = nlohmann::json::parse(std::ifstream(dir / "hf" / "config.json"));
+    EXPECT_EQ(config.at(w.key), w.value);
+    if (std::string(w.family) == "gptneox_pythia_causal") {
+      EXPECT_EQ(config.at("rope_parameters").at("partial_rotary_factor"), 0.25);
+    }
+    // Ours: the same options and bit-identical logits after our own export and load.
+    export_live_model(as_language_model(model), (dir / "ours").string());
+    auto again = load_exported_model((dir / "ours").string());
+    EXPECT_EQ(again->export_config(), model->export_config());
+    const auto expected = load_safetensors(kFixtures + "/" + w.family + "/expected.safetensors");
+    ForwardInputs in;
+    in.input_ids = expected.at("input_ids");
+    in.attention_mask = expected.at("attention_mask");
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(torch::equal(again->forward(in).logits, model->forward(in).logits));
+    fs::remove_all(dir);
+  }
+  // The defaults write none of these keys: other models' config.json stay as they were.
+  auto plain = build_hf_model(read_hf_checkpoint(kFixtures + "/llama_gqa_causal"));
+  const auto ours = plain->export_config();
+  for (const char* key : {"rope_theta", "rotary_fraction", "parallel_residual"}) {
+    EXPECT_FALSE(ours.contains(key)) << key;
+  }
+}
+
+// A rotary setting the target model type cannot say is refused (exit 2, saying which), never
+// exported as another model; export_hf_directory then skips the export.
+TEST(HfExportTest, RotaryVariantsWithoutATransformersEquivalentAreRefused) {
+  const auto dir = fs::temp_directory_path() / ("dnallm_hf_skip_rot_" + std::to_string(::getpid()));
+  auto refused = [&](const char* family, const std::function<void(ModelOptions&)>& edit,
+                     const std::string& needle) {
+    SCOPED_TRACE(needle);
+    auto checkpoint = read_hf_checkpoint(kFixtures + "/" + family);
+    edit(checkpoint.options);
+    auto model = build_hf_model(checkpoint);
+    try {
+      export_hf_model(model, dir.string());
+      ADD_FAILURE() << "exported";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kUsage);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(export_hf_transformer(model, *data::make_char_tokenizer(), dir.string()));
+    EXPECT_FALSE(fs::exists(dir));
+  };
+  refused(
+      "llama_causal", [](auto& o) { o.rotary_fraction = 0.5; },
+      "a partial rotary (0.5 of each head) exports only as gpt_neox");
+  refused(
+      "llama_causal", [](auto& o) { o.parallel_residual = true; },
+      "the parallel residual exports only as gpt_neox");
+  refused(
+      "esm_mlm", [](auto& o) { o.rope_theta = 500000; },
+      "a rotary base (rope_theta) of 500000 exports only as gpt_neox or llama");
 }
 
 TEST(HfExportTest, NoTransformersEquivalentIsSkippedNotWrong) {

@@ -26,7 +26,8 @@ using torch::Tensor;
 // kDnabert2: Note [DNABERT-2 export].
 enum class Family { kEsm, kBert, kRobertaPreLn, kGptNeoX, kLlama, kNtV2, kDnabert2 };
 
-Family family_of(const ModelOptions& o) {
+// The family by norms, MLP, positions and heads (family_of adds the rotary variants).
+Family layout_family(const ModelOptions& o) {
   DNALLM_CHECK(!o.mean_pooling || o.task == Task::kPretrain, ExitCode::kUsage,
                "model.pooling = \"mean\" has no transformers equivalent (its classification "
                "heads pool the first token): use pooling = \"cls\" for a Hugging Face export");
@@ -123,6 +124,30 @@ const char* model_type_of(Family f) {
       return "dnabert2";  // (config.json says "bert": see common_config)
   }
   return "bert";
+}
+
+// Note [Rotary variants], Note [Parallel residual] (transformer.cpp): a rotary base other than
+// 10000 exports as gpt_neox (rotary_emb_base) or llama (rope_theta); a partial rotary and the
+// parallel residual as gpt_neox (rotary_pct, use_parallel_residual) only.
+Family family_of(const ModelOptions& o) {
+  const Family f = layout_family(o);
+  const ModelOptions defaults;
+  DNALLM_CHECK(!o.rotary || o.rope_theta == defaults.rope_theta || f == Family::kGptNeoX ||
+                   f == Family::kLlama,
+               ExitCode::kUsage,
+               "a rotary base (rope_theta) of {} exports only as gpt_neox or llama: this model "
+               "exports as {}, whose rotary base is 10000",
+               o.rope_theta, model_type_of(f));
+  DNALLM_CHECK(!o.rotary || o.rotary_fraction == defaults.rotary_fraction || f == Family::kGptNeoX,
+               ExitCode::kUsage,
+               "a partial rotary ({} of each head) exports only as gpt_neox (rotary_pct): this "
+               "model exports as {}, which rotates the whole head",
+               o.rotary_fraction, model_type_of(f));
+  DNALLM_CHECK(!o.parallel_residual || f == Family::kGptNeoX, ExitCode::kUsage,
+               "the parallel residual exports only as gpt_neox (use_parallel_residual): this "
+               "model exports as {}",
+               model_type_of(f));
+  return f;
 }
 
 // Our parameter name -> the family's (hf_names.hpp; hf_import's rename() reads it backwards).
@@ -267,17 +292,18 @@ void add_causal_config(Family f, const ModelOptions& o, ordered_json& c) {
   if (f == Family::kLlama) {
     c["num_key_value_heads"] = key_value_heads(o);
     c["head_dim"] = o.hidden / o.heads;
-    c["rope_theta"] = 10000.0;
-    c["rope_parameters"] = {{"rope_theta", 10000.0}, {"rope_type", "default"}};
+    c["rope_theta"] = o.rope_theta;
+    c["rope_parameters"] = {{"rope_theta", o.rope_theta}, {"rope_type", "default"}};
     c["attention_bias"] = false;
     c["mlp_bias"] = false;
     c["attention_dropout"] = 0.0;
   } else {
-    c["rotary_pct"] = 1.0;
-    c["rotary_emb_base"] = 10000;
-    c["rope_parameters"] = {
-        {"partial_rotary_factor", 1.0}, {"rope_theta", 10000.0}, {"rope_type", "default"}};
-    c["use_parallel_residual"] = false;
+    c["rotary_pct"] = o.rotary_fraction;
+    c["rotary_emb_base"] = o.rope_theta;
+    c["rope_parameters"] = {{"partial_rotary_factor", o.rotary_fraction},
+                            {"rope_theta", o.rope_theta},
+                            {"rope_type", "default"}};
+    c["use_parallel_residual"] = o.parallel_residual;
     c["attention_bias"] = true;
     c["hidden_dropout"] = 0.0;
     c["attention_dropout"] = 0.0;

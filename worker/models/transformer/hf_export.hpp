@@ -8,13 +8,16 @@
 //          written at ESM's offset padding_idx + 1)
 //   encoder, post-LN with embedding LayerNorm (an imported BERT) -> bert
 //   encoder, pre-LN with embedding LayerNorm and RoBERTa positions -> roberta-prelayernorm
-//   causal, rotary -> gpt_neox (GPTNeoXForCausalLM, sequential residual, full rotary)
-//   causal, rotary, RMSNorm + gated SiLU MLP + no biases (an imported Llama) -> llama
+//   causal, rotary -> gpt_neox (GPTNeoXForCausalLM: rotary_emb_base, rotary_pct and
+//       use_parallel_residual from the model's rope_theta, rotary_fraction, parallel_residual)
+//   causal, rotary, RMSNorm + gated SiLU MLP + no biases (an imported Llama) -> llama (its
+//       rope_theta; the whole head rotates and the residual is sequential)
 //   encoder, ALiBi, post-LN, GEGLU feed-forward (DNABERT-2, imported or our preset) -> bert
 //       with DNABERT-2's remote code in auto_map (Note [DNABERT-2 export] in hf_export.cpp;
 //       LoRA: the merged model only, no PEFT adapter)
 // Not exportable (Error(kUsage) saying so): mean pooling (transformers pools the first
-// token), a causal model with learned positions or a task head.
+// token), a causal model with learned positions or a task head, an encoder with a rotary base
+// other than 10000 or a partial rotary, a parallel residual outside gpt_neox.
 #pragma once
 
 #include <optional>
