@@ -264,6 +264,64 @@ TEST_F(PublishedModels, EmbeddingsOfEveryHubDirectoryDoNotDependOnTheirBatch) {
   }
 }
 
+// The reference implementation's final hidden states (hidden.safetensors: tests/hf/
+// make_hidden_states.py) against dnallm-infer embed, per token and mean-pooled, each sequence
+// embedded alone: rows the reference did not pad are compared at every position; a padded row
+// only where the reference masks (right padding) and not at all where its model has no mask
+// (HyenaDNA, Caduceus: the left [PAD] tokens are inputs there).
+TEST_F(PublishedModels, EmbeddingsAreTheReferencesHiddenStates) {
+  int compared = 0;
+  for (const auto& name : hub_fixtures()) {
+    const std::string dir = kFixtures + "/" + name;
+    if (!fs::exists(dir + "/hidden.safetensors")) continue;
+    SCOPED_TRACE(name);
+    write_inputs(name, tmp_);
+    const auto want = read_arrays(kFixtures + "/" + name + "/expected.safetensors");
+    const auto hidden = read_arrays(dir + "/hidden.safetensors").at("hidden_states");
+    const bool has_mask = want.count("attention_mask") != 0;
+    const auto mask = reference_mask(want);
+    const std::string cmd =
+        kBin + "dnallm-infer embed --device cpu --log-level warn --batch-size 1 --model " + dir +
+        " --input " + tmp_ + "/seqs.fa";
+    ASSERT_EQ(run(cmd + " --pooling tokens --out " + tmp_ + "/tokens.safetensors").code, 0);
+    ASSERT_EQ(run(cmd + " --pooling mean --out " + tmp_ + "/mean.safetensors").code, 0);
+    const auto tokens = read_arrays(tmp_ + "/tokens.safetensors");
+    const auto& rows = tokens.at("embeddings");
+    const auto& offsets = tokens.at("offsets");
+    const auto mean = read_arrays(tmp_ + "/mean.safetensors").at("embeddings");
+    const int64_t b = hidden.shape[0], t_len = hidden.shape[1], h = hidden.shape[2];
+    ASSERT_EQ(rows.shape[1], h);
+    double worst = 0, worst_mean = 0;
+    for (int64_t r = 0; r < b; ++r) {
+      int64_t real = 0, first = -1;
+      for (int64_t t = 0; t < t_len; ++t) {
+        if (mask.v[size_t(r * t_len + t)] != 0) {
+          ++real;
+          if (first < 0) first = t;
+        }
+      }
+      if (real < t_len && !has_mask) continue;  // padded as an input: another sequence
+      const auto begin = int64_t(offsets.v[size_t(r)]), end = int64_t(offsets.v[size_t(r + 1)]);
+      ASSERT_EQ(end - begin, real) << "row " << r;
+      for (int64_t k = 0; k < h; ++k) {
+        double sum = 0;
+        for (int64_t j = 0; j < real; ++j) {
+          const double ref = hidden.v[size_t(((r * t_len) + first + j) * h + k)];
+          worst = std::max(worst, std::abs(rows.v[size_t((begin + j) * h + k)] - ref));
+          sum += ref;
+        }
+        worst_mean = std::max(worst_mean, std::abs(mean.v[size_t(r * h + k)] - sum / real));
+      }
+      ++compared;
+    }
+    EXPECT_LE(worst, kTolerance);
+    EXPECT_LE(worst_mean, kTolerance);
+    std::cout << name << ": hidden states max |ours - reference| = " << worst << " per token, "
+              << worst_mean << " mean-pooled\n";
+  }
+  EXPECT_GE(compared, 40);
+}
+
 TEST_F(PublishedModels, PredictionsAreTheReferencesSoftmax) {
   for (const auto& name : hub_fixtures()) {
     if (!is_classifier(name)) continue;

@@ -215,8 +215,9 @@ int64_t bounded_batch_size(int64_t requested, int64_t max_seq_length) {
 void report_truncated(const infer::RunCounts& c, int64_t max_seq) {
   c.lower_case.warn();
   if (c.truncated > 0) {
-    spdlog::warn("{} of {} sequences were longer than max_seq_length = {} tokens and were cut",
-                 c.truncated, c.sequences, max_seq);
+    spdlog::warn(
+        "{} of {} sequences were longer than {} tokens (the model's longest input) and were cut",
+        c.truncated, c.sequences, max_seq);
   }
 }
 
@@ -366,7 +367,7 @@ int run_embed(const EmbedArgs& a, const cluster::Topology& topo, const cluster::
   const auto counts =
       infer::embed(loaded.model, *loaded.codec, input, end - begin, *sink, eo, loaded.device);
   sink->close();
-  report_truncated(counts, loaded.model->spec().max_seq_length);
+  report_truncated(counts, infer::longest_input(loaded.model->spec()));
   if (w == 1) {
     spdlog::info("{} sequences -> {}", counts.sequences, a.out);
     return 0;
@@ -482,7 +483,7 @@ int run_predict(const PredictArgs& a, const cluster::Topology& topo) {
                      [&](const std::string& id, const std::vector<float>& v) {
                        write_prediction(os, classify, id, v);
                      });
-  report_truncated(counts, o.max_seq_length);
+  report_truncated(counts, infer::longest_input(o));
   out.commit();
   return 0;
 }

@@ -216,10 +216,15 @@ std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
   return ids;
 }
 
+int64_t longest_input(const models::ModelSpec& spec) {
+  return spec.extends_past_max_length ? std::max(spec.max_seq_length, kLongestInput)
+                                      : spec.max_seq_length;
+}
+
 std::vector<int64_t> frame_sequence(const data::SequenceCodec& codec,
                                     const models::ModelSpec& options, const std::string& bases,
                                     bool* truncated) {
-  return codec.frame(bases, options.max_seq_length, truncated);
+  return codec.frame(bases, longest_input(options), truncated);
 }
 
 models::ForwardInputs pad_batch(const std::vector<std::vector<int64_t>>& rows, int64_t pad_id,

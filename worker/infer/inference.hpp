@@ -61,8 +61,13 @@ std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
                                     const models::ModelSpec& options, const std::string& bases,
                                     bool* truncated = nullptr);
 
+// The longest input embed and predict give a model, in tokens: max_seq_length, or for a model
+// that computes past it (rotary, ALiBi: DNABERT-2 runs any length) at least kLongestInput.
+inline constexpr int64_t kLongestInput = 8192;
+int64_t longest_input(const models::ModelSpec& spec);
+
 // The framed ids of `bases` through the model's own tokenizer (Note [Sequence codec]), cut to
-// the model's max_seq_length tokens; `truncated` is set when cut.
+// longest_input() tokens; `truncated` is set when cut.
 std::vector<int64_t> frame_sequence(const data::SequenceCodec& codec,
                                     const models::ModelSpec& options, const std::string& bases,
                                     bool* truncated = nullptr);

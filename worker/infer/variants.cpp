@@ -102,12 +102,9 @@ void VariantScorer::flush() {
   pending_.clear();
 }
 
-// log P of each window: the sum of its regular tokens' next-token log-probabilities.
-std::vector<double> VariantScorer::causal_log_probs(const std::vector<std::string>& windows) {
-  std::vector<std::vector<int64_t>> rows;
-  rows.reserve(windows.size());
-  for (const auto& w : windows) rows.push_back(codec_.frame(w, 0));
-  std::vector<double> out(windows.size(), 0.0);
+void VariantScorer::for_each_log_probs(
+    const std::vector<std::vector<int64_t>>& rows,
+    const std::function<void(size_t, const torch::TensorAccessor<float, 2>&)>& read) {
   torch::InferenceMode inference;
   for (const auto& group :
        batches(rows, static_cast<size_t>(options_.batch_size), !model_->spec().masks_padding)) {
@@ -118,17 +115,26 @@ std::vector<double> VariantScorer::causal_log_probs(const std::vector<std::strin
                     .to(torch::kCPU)
                     .contiguous();
     auto a = logp.accessor<float, 3>();
-    for (size_t r = 0; r < group.size(); ++r) {
-      const auto& ids = rows[group[r]];
-      double sum = 0;
-      for (size_t t = 1; t < ids.size(); ++t) {
-        if (codec_.bases_of(ids[t]).empty()) continue;
-        sum += a[static_cast<int64_t>(r)][static_cast<int64_t>(t - 1)][ids[t]];
-      }
-      out[group[r]] = sum;
-    }
+    for (size_t r = 0; r < group.size(); ++r) read(group[r], a[static_cast<int64_t>(r)]);
     forward_rows_ += static_cast<int64_t>(group.size());
   }
+}
+
+// log P of each window: the sum of its regular tokens' next-token log-probabilities.
+std::vector<double> VariantScorer::causal_log_probs(const std::vector<std::string>& windows) {
+  std::vector<std::vector<int64_t>> rows;
+  rows.reserve(windows.size());
+  for (const auto& w : windows) rows.push_back(codec_.frame(w, 0));
+  std::vector<double> out(windows.size(), 0.0);
+  for_each_log_probs(rows, [&](size_t i, const torch::TensorAccessor<float, 2>& logp) {
+    const auto& ids = rows[i];
+    double sum = 0;
+    for (size_t t = 1; t < ids.size(); ++t) {
+      if (codec_.bases_of(ids[t]).empty()) continue;
+      sum += logp[static_cast<int64_t>(t - 1)][ids[t]];
+    }
+    out[i] = sum;
+  });
   return out;
 }
 
@@ -223,27 +229,13 @@ void VariantScorer::flush_masked() {
   std::vector<std::vector<int64_t>> ids;
   for (const auto& r : rows) ids.push_back(r.ids);
   std::vector<std::vector<double>> row_scores(rows.size());
-  torch::InferenceMode inference;
-  for (const auto& group :
-       batches(ids, static_cast<size_t>(options_.batch_size), !model_->spec().masks_padding)) {
-    std::vector<std::vector<int64_t>> batch;
-    for (const auto i : group) batch.push_back(ids[i]);
-    auto in = pad_batch(batch, codec_.pad_id(), device_);
-    auto logp = torch::log_softmax(model_->forward(in).logits.to(torch::kFloat32), -1)
-                    .to(torch::kCPU)
-                    .contiguous();
-    auto a = logp.accessor<float, 3>();
-    for (size_t r = 0; r < group.size(); ++r) {
-      const auto& row = rows[group[r]];
-      auto& out = row_scores[group[r]];
-      for (const auto alt_id : row.alt_ids) {
-        out.push_back(alt_id < 0 ? kNaN
-                                 : double(a[static_cast<int64_t>(r)][row.at][alt_id]) -
-                                       double(a[static_cast<int64_t>(r)][row.at][row.ref_id]));
-      }
+  for_each_log_probs(ids, [&](size_t i, const torch::TensorAccessor<float, 2>& logp) {
+    const auto& row = rows[i];
+    for (const auto alt_id : row.alt_ids) {
+      row_scores[i].push_back(
+          alt_id < 0 ? kNaN : double(logp[row.at][alt_id]) - double(logp[row.at][row.ref_id]));
     }
-    forward_rows_ += static_cast<int64_t>(group.size());
-  }
+  });
   const size_t per_site = options_.rc_average ? 2 : 1;
   for (size_t i = 0; i < pending_.size(); ++i) {
     auto scores = row_scores[i * per_site];

@@ -63,6 +63,11 @@ class VariantScorer {
   int64_t forward_rows() const { return forward_rows_; }
 
  private:
+  // Runs `rows` (framed ids) through the model, batched, and calls `read(i, log-probabilities
+  // [T, V] of row i)` for each (right-padded: a row's own positions come first).
+  void for_each_log_probs(
+      const std::vector<std::vector<int64_t>>& rows,
+      const std::function<void(size_t, const torch::TensorAccessor<float, 2>&)>& read);
   std::vector<double> causal_log_probs(const std::vector<std::string>& windows);
   void flush_causal();
   void flush_masked();
