@@ -34,6 +34,13 @@ def main():
     reference_package("caduceus_ref", args.code)
     from caduceus_ref.modeling_caduceus import CaduceusForMaskedLM, CaduceusForSequenceClassification
     from safetensors.torch import load_file
+    import caduceus_ref.modeling_caduceus as modeling_caduceus
+    import caduceus_ref.modeling_rcps as modeling_rcps
+    import mamba_ssm.ops.triton.layer_norm as mamba_layer_norm
+    from make_caduceus_fixtures import fused_norm_fn
+    for module in (modeling_caduceus, modeling_rcps):  # fused_add_norm (caduceus_ps_fused_mlm)
+        module.layer_norm_fn = fused_norm_fn(mamba_layer_norm, False)
+        module.rms_norm_fn = fused_norm_fn(mamba_layer_norm, True)
     worst = 0.0
     names = sorted(os.listdir(args.exports))
     if not names:

@@ -8,7 +8,8 @@ folder holding a `mamba_ssm` package that imports on the CPU: mamba_ssm/modules/
 and block.py from state-spaces/mamba unchanged, mamba_ssm/ops/selective_scan_interface.py
 defining selective_scan_fn = that repository's selective_scan_ref (and mamba_inner_fn = None),
 mamba_ssm/ops/triton/layer_norm.py defining RMSNorm as its rms_norm_ref computes it (and
-layer_norm_fn = rms_norm_fn = None), plus einops on the path. Without them this script exits 0
+layer_norm_fn = rms_norm_fn = None) and holding that repository's layer_norm_ref and rms_norm_ref
+unchanged, plus einops on the path. Without them this script exits 0
 with a message (CI cannot fetch them). The caduceus code needs one patch for transformers 5:
 tie_weights() must accept the keyword recompute_mapping (the fixture README says so; `def
 tie_weights(self, *args, **kwargs)` does).
@@ -17,9 +18,14 @@ tests/hf/check_caduceus_export.py loads our exports of these fixtures with the s
 
   python tests/hf/make_caduceus_fixtures.py --code DIR --mamba DIR --out tests/data/hf-fixtures
 
-Fixtures (d_model 16, 2 layers, d_state 4, fused_add_norm off: the same function as the fused
-kernels): caduceus_ph_mlm (bidirectional, weight-tied), caduceus_ps_mlm (RCPS),
-caduceus_ps_cls (RCPS classifier, 3 labels, mean pooling). Every parameter is perturbed.
+Fixtures (d_model 16, 2 layers, d_state 4): caduceus_ph_mlm (bidirectional, weight-tied),
+caduceus_ps_mlm (RCPS), caduceus_ps_cls (RCPS classifier, 3 labels, mean pooling), all with
+fused_add_norm off, and caduceus_ps_fused_mlm (RCPS, fused_add_norm on, as the published
+Caduceus-PS configs: the RCPS block's fused path normalises the channel halves swapped, unlike the
+unfused RCPSAddNormWrapper). For the fused path the Triton kernels layer_norm_fn / rms_norm_fn the
+caduceus code calls are replaced by mamba-ssm's own references layer_norm_ref / rms_norm_ref with
+the same arguments (fused_norm_fn below), which compute what the kernels compute. Every parameter
+is perturbed.
 """
 import argparse
 import json
@@ -47,6 +53,23 @@ def ids_of(seqs):
     return [[4] * (longest - len(s) - 1) + [table[c] for c in s] + [1] for s in seqs]
 
 
+def fused_norm_fn(ref_module, is_rms_norm):
+    """layer_norm_fn / rms_norm_fn (mamba_ssm/ops/triton/layer_norm.py) on the CPU: the add of the
+    residual, the norm and the prenorm residual as the kernel returns them, by the repository's
+    layer_norm_ref / rms_norm_ref. No dropout, rowscale or second input in Caduceus' calls."""
+    ref = ref_module.rms_norm_ref if is_rms_norm else ref_module.layer_norm_ref
+
+    def fn(x, weight, bias, residual=None, x1=None, weight1=None, bias1=None, eps=1e-6,
+           dropout_p=0.0, rowscale=None, prenorm=False, residual_in_fp32=False,
+           is_rms_norm=is_rms_norm, return_dropout_mask=False):
+        assert x1 is None and weight1 is None and dropout_p == 0.0 and rowscale is None
+        out = ref(x, weight, bias, residual=residual, eps=eps, prenorm=prenorm)
+        if prenorm and residual_in_fp32:  # the kernel's residual_out is fp32 then
+            out = (out[0], out[1].float())
+        return out
+    return fn
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--code", default=os.environ.get("DNALLM_CADUCEUS_CODE", ""))
@@ -64,16 +87,23 @@ def main():
     from caduceus_ref.configuration_caduceus import CaduceusConfig
     from caduceus_ref.modeling_caduceus import CaduceusForMaskedLM, CaduceusForSequenceClassification
     from safetensors.torch import save_file, save_model
+    import caduceus_ref.modeling_caduceus as modeling_caduceus
+    import caduceus_ref.modeling_rcps as modeling_rcps
+    import mamba_ssm.ops.triton.layer_norm as mamba_layer_norm
+    for module in (modeling_caduceus, modeling_rcps):  # only the fused_add_norm path calls them
+        module.layer_norm_fn = fused_norm_fn(mamba_layer_norm, False)
+        module.rms_norm_fn = fused_norm_fn(mamba_layer_norm, True)
 
     cases = [("caduceus_ph_mlm", CaduceusForMaskedLM, dict(rcps=False)),
              ("caduceus_ps_mlm", CaduceusForMaskedLM, dict(rcps=True)),
-             ("caduceus_ps_cls", CaduceusForSequenceClassification, dict(rcps=True, num_labels=3))]
+             ("caduceus_ps_cls", CaduceusForSequenceClassification, dict(rcps=True, num_labels=3)),
+             ("caduceus_ps_fused_mlm", CaduceusForMaskedLM, dict(rcps=True, fused_add_norm=True))]
     ids = torch.tensor(ids_of(SEQS))
     for index, (name, cls, extra) in enumerate(cases):
         folder = os.path.join(args.out, name)
         os.makedirs(folder, exist_ok=True)
         torch.manual_seed(args.seed + index)
-        config = CaduceusConfig(**{**TINY, "complement_map": dict(COMPLEMENT)}, **extra)
+        config = CaduceusConfig(**{**TINY, "complement_map": dict(COMPLEMENT), **extra})
         config.architectures = [cls.__name__]
         model = cls(config).eval()
         with torch.no_grad():
@@ -89,7 +119,9 @@ def main():
             json.dump({"family": name, "class": cls.__name__, "sequences": SEQS,
                        "input_ids": ids.tolist(), "logits_shape": list(logits.shape),
                        "made_by": "tests/hf/make_caduceus_fixtures.py (kuleshov-group/caduceus "
-                                  "over mamba-ssm's selective_scan_ref)"}, f, indent=1)
+                                  "over mamba-ssm's selective_scan_ref" +
+                                  (", layer_norm_fn/rms_norm_fn by layer_norm_ref/rms_norm_ref)"
+                                   if extra.get("fused_add_norm") else ")")}, f, indent=1)
             f.write("\n")
         print(f"{name}: logits {list(logits.shape)}")
     return 0

@@ -28,7 +28,7 @@ call. With --check it compares with the hidden.safetensors already there instead
     encoder.emb_layer_norm_after)
   HyenaDNAModel outputs[0] (after backbone.ln_f)     hyenadna_causal, hyenadna_cls, hyenadna_long
   Caduceus outputs[0] (after backbone.norm_f; RCPS:  caduceus_ph_mlm, caduceus_ps_mlm,
-    2*d_model channels, forward half then the          caduceus_ps_cls
+    2*d_model channels, forward half then the          caduceus_ps_cls, caduceus_ps_fused_mlm
     reverse-complement half as the backbone returns
     them)
 
@@ -132,6 +132,12 @@ def main():
         reference_package("caduceus_ref", args.caduceus_code)
         import caduceus_ref.configuration_caduceus as caduceus_config
         import caduceus_ref.modeling_caduceus as caduceus
+        import caduceus_ref.modeling_rcps as caduceus_rcps
+        import mamba_ssm.ops.triton.layer_norm as mamba_layer_norm
+        from make_caduceus_fixtures import fused_norm_fn
+        for module in (caduceus, caduceus_rcps):  # fused_add_norm (caduceus_ps_fused_mlm)
+            module.layer_norm_fn = fused_norm_fn(mamba_layer_norm, False)
+            module.rms_norm_fn = fused_norm_fn(mamba_layer_norm, True)
     from safetensors.torch import load_file, save_file
     from safetensors.torch import load_model as load_safetensors_model
     versions = (f"transformers {transformers.__version__}, torch {torch.__version__}")
