@@ -29,7 +29,8 @@ std::string fixture(const std::string& name) {
 }
 
 TEST(Caduceus, HuggingFaceFixturesMatchTheReference) {
-  for (const char* name : {"caduceus_ph_mlm", "caduceus_ps_mlm", "caduceus_ps_cls"}) {
+  for (const char* name :
+       {"caduceus_ph_mlm", "caduceus_ps_mlm", "caduceus_ps_cls", "caduceus_ps_fused_mlm"}) {
     SCOPED_TRACE(name);
     auto expected = load_safetensors(fixture(name) + "/expected.safetensors");
     auto model = load_hf_caduceus(fixture(name));
@@ -43,6 +44,31 @@ TEST(Caduceus, HuggingFaceFixturesMatchTheReference) {
   }
 }
 
+// Note [Caduceus fused add+norm]: config.json's fused_add_norm is read, written back by our
+// exports (hub layout and our own config), and changes the function: the fused fixture's weights
+// under the unfused path miss the reference by far more than the tolerance.
+TEST(Caduceus, FusedAddNormIsReadWrittenBackAndComputedApart) {
+  auto model = load_hf_caduceus(fixture("caduceus_ps_fused_mlm"));
+  ASSERT_TRUE(model->options().fused_add_norm);
+  EXPECT_FALSE(load_hf_caduceus(fixture("caduceus_ps_mlm"))->options().fused_add_norm);
+  auto o = model->options();
+  o.hf_config = nlohmann::json();
+  const auto written = hf_config_of(o);
+  EXPECT_EQ(written.at("fused_add_norm"), true);
+  EXPECT_TRUE(options_from_hf_config(written, "test").fused_add_norm);
+  EXPECT_EQ(hf_export_config(model->options()).at("fused_add_norm"), true);
+  o.fused_add_norm = false;
+  CaduceusLM unfused(o);
+  torch::NoGradGuard no_grad;
+  auto theirs = model->named_parameters();
+  for (auto& p : unfused->named_parameters()) p.value().copy_(theirs[p.key()]);
+  const auto expected =
+      load_safetensors(fixture("caduceus_ps_fused_mlm") + "/expected.safetensors");
+  const auto want = expected.at("logits");
+  EXPECT_LE((model->forward(expected.at("input_ids")) - want).abs().max().item<double>(), 1e-4);
+  EXPECT_GT((unfused->forward(expected.at("input_ids")) - want).abs().max().item<double>(), 1e-2);
+}
+
 // The reverse complement of ids: reversed, each base replaced by its complement.
 torch::Tensor reverse_complement(const torch::Tensor& ids, const torch::Tensor& complement) {
   return complement.index({ids.flip({-1})});
@@ -52,7 +78,8 @@ torch::Tensor reverse_complement(const torch::Tensor& ids, const torch::Tensor& 
 // the fixture's tensors (names, shapes, dtypes, values) plus only the second names of BiMamba's
 // tied projections (Note [Caduceus tied projections]), equal to the first.
 TEST(Caduceus, ExportIsTheLayoutItCameInAndLoadsBackExactly) {
-  for (const char* name : {"caduceus_ph_mlm", "caduceus_ps_mlm", "caduceus_ps_cls"}) {
+  for (const char* name :
+       {"caduceus_ph_mlm", "caduceus_ps_mlm", "caduceus_ps_cls", "caduceus_ps_fused_mlm"}) {
     SCOPED_TRACE(name);
     auto model = load_hf_caduceus(fixture(name));
     // DNALLM_CADUCEUS_EXPORT_KEEP=DIR keeps the exports in DIR/<fixture> for
@@ -188,6 +215,8 @@ TEST(Caduceus, RcpsMaskedLmHeadIsTheEmbeddingAsTheHubTiesIt) {
 
 TEST(Caduceus, RcpsIsReverseComplementEquivariantAtAnyLength) {
   auto mlm = load_hf_caduceus(fixture("caduceus_ps_mlm"));
+  // Note [Caduceus fused add+norm]: the half swap commutes with the RC permutation.
+  auto fused = load_hf_caduceus(fixture("caduceus_ps_fused_mlm"));
   auto cls = load_hf_caduceus(fixture("caduceus_ps_cls"));
   torch::NoGradGuard no_grad;
   torch::manual_seed(5);
@@ -197,9 +226,11 @@ TEST(Caduceus, RcpsIsReverseComplementEquivariantAtAnyLength) {
     auto rc = reverse_complement(ids, mlm->complement);
     // Masked LM: the logits on the RC strand are the RC-permuted logits (position reversed,
     // vocabulary complemented).
-    auto a = mlm->forward(ids), b = mlm->forward(rc);
-    auto permuted = a.flip({1}).index_select(-1, mlm->complement);
-    EXPECT_LE((b - permuted).abs().max().item<double>(), 1e-5);
+    for (auto* m : {&mlm, &fused}) {
+      auto a = (*m)->forward(ids), b = (*m)->forward(rc);
+      auto permuted = a.flip({1}).index_select(-1, (*m)->complement);
+      EXPECT_LE((b - permuted).abs().max().item<double>(), 1e-5);
+    }
     // Classifier: the same logits for a sequence and its reverse complement.
     EXPECT_LE((cls->forward(ids) - cls->forward(rc)).abs().max().item<double>(), 1e-5);
   }
@@ -380,6 +411,9 @@ TEST(Caduceus, DamagedDirectoriesAreOneLineRefusals) {
   expect_usage([](auto& c) { c["n_layer"] = 3; }, "caduceus.backbone.layers.2.");
   expect_usage([](auto& c) { c["n_layer"] = 1; }, "unexpected tensor caduceus.backbone.layers.1.");
   expect_usage([](auto& c) { c["rcps"] = false; }, "unexpected tensor");
+  // Note [Caduceus fused add+norm]: without the key, CaduceusConfig's default (fused) holds,
+  // whose norms have other names than this unfused file's.
+  expect_usage([](auto& c) { c.erase("fused_add_norm"); }, "fused_add_norm true");
   expect_usage([](auto& c) { c["bidirectional_strategy"] = "ew_multiply"; },
                "bidirectional_strategy");
   expect_usage([](auto& c) { c["complement_map"]["7"] = 99; }, "complement_map entry");

@@ -205,6 +205,7 @@ TEST(ModelRegistry, PublishedCheckpointsFineTuneInOurTokenOrderWithTheReferenceL
   for (const auto& [name, arch] :
        std::vector<std::pair<std::string, std::string>>{{"hyenadna_causal", "hyena"},
                                                         {"caduceus_ps_mlm", "caduceus-ps"},
+                                                        {"caduceus_ps_fused_mlm", "caduceus-ps"},
                                                         {"caduceus_ph_mlm", "caduceus"}}) {
     SCOPED_TRACE(name);
     auto config = tiny(arch, "pretrain");

@@ -224,9 +224,11 @@ TEST_P(MambaContextParallel, MambaMixerMatchesTheWholeSequence) {
 
 // A whole model behind the model interface: masked-LM logits, the summed loss and every
 // parameter's gradient, C ranks with set_context_parallel against one rank.
-void check_model(int C, bool rcps, ContextScanKernel kernel = ContextScanKernel::kByDevice) {
+void check_model(int C, bool rcps, ContextScanKernel kernel = ContextScanKernel::kByDevice,
+                 bool fused_add_norm = false) {
   const int64_t B = 2, T = 32, vocab = 14;
-  const auto o = tiny(rcps, /*bidirectional=*/true);
+  auto o = tiny(rcps, /*bidirectional=*/true);
+  o.fused_add_norm = fused_add_norm;  // Note [Caduceus fused add+norm]
   std::vector<CaduceusModel> copies;
   for (int r = 0; r <= C; ++r) {
     torch::manual_seed(13);
@@ -238,6 +240,7 @@ void check_model(int C, bool rcps, ContextScanKernel kernel = ContextScanKernel:
   const auto scored = torch::rand({B, T}) < 0.3;
   labels.masked_scatter_(scored, ids.masked_select(scored));
   const std::string tag = std::string(rcps ? " Caduceus-PS" : " Caduceus-Ph") +
+                          (fused_add_norm ? " fused_add_norm" : "") +
                           (kernel == ContextScanKernel::kGeneric ? " generic scan" : "") +
                           " C=" + std::to_string(C);
 
@@ -290,6 +293,11 @@ void check_model(int C, bool rcps, ContextScanKernel kernel = ContextScanKernel:
 TEST_P(MambaContextParallel, CaduceusPhModelMatchesOneRank) { check_model(world(), false); }
 
 TEST_P(MambaContextParallel, CaduceusPsModelMatchesOneRank) { check_model(world(), true); }
+
+// The published Caduceus-PS configuration (Note [Caduceus fused add+norm]).
+TEST_P(MambaContextParallel, CaduceusPsFusedAddNormModelMatchesOneRank) {
+  check_model(world(), true, ContextScanKernel::kByDevice, /*fused_add_norm=*/true);
+}
 
 // The device-generic scan in the model, on the CPU: BiMamba's two directions and RCPS's two
 // strands, forward and backward, through torch ops and gather_ranks.

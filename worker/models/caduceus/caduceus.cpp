@@ -405,10 +405,18 @@ Tensor CaduceusLMImpl::hidden(const Tensor& input_ids) {
     h = word_embeddings->forward(input_ids);
   }
   Tensor residual;
-  auto add_norm = [&](const Tensor& w, const Tensor& b) {
+  // Note [Caduceus fused add+norm]: the RCPS block's fused path swaps the halves first.
+  const auto swap_halves = [&](const Tensor& x) {
+    return torch::cat({x.slice(-1, d), x.slice(-1, 0, d)}, -1);
+  };
+  auto add_norm = [&](const Tensor& w, const Tensor& b, bool block) {
     if (!o.rcps) {
       residual = residual.defined() ? h + residual : h;
       return norm(residual, w, b);
+    }
+    if (block && o.fused_add_norm) {
+      h = swap_halves(h);
+      if (residual.defined()) residual = swap_halves(residual);
     }
     const auto hf = h.slice(-1, 0, d), hr = rc(h.slice(-1, d));
     const auto rf = residual.defined() ? hf + residual.slice(-1, 0, d) : hf;
@@ -418,7 +426,7 @@ Tensor CaduceusLMImpl::hidden(const Tensor& input_ids) {
   };
   const bool checkpoint = gradient_checkpointing && is_training() && torch::GradMode::is_enabled();
   for (int64_t i = 0; i < o.n_layer; ++i) {
-    const auto normed = add_norm(norm_weight[i], norm_bias[i]);
+    const auto normed = add_norm(norm_weight[i], norm_bias[i], /*block=*/true);
     h = run_block(block_hooks.get(), static_cast<size_t>(i), [&] {  // Note [Block hooks]
       if (!checkpoint) return mixer(static_cast<size_t>(i), normed);
       // An input that needs no gradient (a frozen base under LoRA) still must reach the
@@ -427,7 +435,7 @@ Tensor CaduceusLMImpl::hidden(const Tensor& input_ids) {
       return CaduceusCheckpoint::apply(input, reinterpret_cast<int64_t>(this), i);
     });
   }
-  return add_norm(norm_f_weight, norm_f_bias);
+  return add_norm(norm_f_weight, norm_f_bias, /*block=*/false);
 }
 
 Tensor CaduceusLMImpl::forward(const Tensor& input_ids) {
@@ -499,6 +507,8 @@ CaduceusOptions options_from(const json& c, const std::string& where) {
   }
   o.rms_norm = family_bool(c, "rms_norm", true, where);
   o.rcps = family_bool(c, "rcps", false, where);
+  // CaduceusConfig's default is true (our exports always write the key).
+  o.fused_add_norm = family_bool(c, "fused_add_norm", true, where);
   // Note [Caduceus tied head]: CaduceusForMaskedLM ties an RCPS head whatever the config says.
   const bool tie = tie_word_embeddings(c, false, where);  // (read, so a damaged value refuses)
   o.tie_head = o.rcps || tie;
@@ -550,13 +560,15 @@ std::string hf_embedding_name(const CaduceusOptions& o) {
 std::map<std::string, Tensor> hf_names(CaduceusLMImpl& m) {
   const auto& o = m.options();
   const std::string sub = o.rcps ? ".submodule" : "";
+  // The fused path's norms are plain RMSNorm/LayerNorm modules, not RCPSAddNormWrapper's.
+  const std::string norm_sub = o.rcps && !o.fused_add_norm ? ".submodule" : "";
   std::map<std::string, Tensor> out;
   const std::string bb = "caduceus.backbone.";
   out[hf_embedding_name(o)] = m.word_embeddings->weight;
   for (int64_t i = 0; i < o.n_layer; ++i) {
     const std::string l = bb + "layers." + std::to_string(i) + ".";
-    out[l + "norm" + sub + ".weight"] = m.norm_weight[i];
-    if (!o.rms_norm) out[l + "norm" + sub + ".bias"] = m.norm_bias[i];
+    out[l + "norm" + norm_sub + ".weight"] = m.norm_weight[i];
+    if (!o.rms_norm) out[l + "norm" + norm_sub + ".bias"] = m.norm_bias[i];
     for (int dir = 0; dir < (o.bidirectional ? 2 : 1); ++dir) {
       auto& mm = dir == 0 ? m.fwd[i] : m.rev[i];
       const std::string p = l + "mixer" + sub + (dir == 0 ? ".mamba_fwd." : ".mamba_rev.");
@@ -573,8 +585,8 @@ std::map<std::string, Tensor> hf_names(CaduceusLMImpl& m) {
       }
     }
   }
-  out[bb + "norm_f" + sub + ".weight"] = m.norm_f_weight;
-  if (!o.rms_norm) out[bb + "norm_f" + sub + ".bias"] = m.norm_f_bias;
+  out[bb + "norm_f" + norm_sub + ".weight"] = m.norm_f_weight;
+  if (!o.rms_norm) out[bb + "norm_f" + norm_sub + ".bias"] = m.norm_f_bias;
   // Note [Caduceus tied head]: a tied head is the embedding, read and written under its name.
   if (!o.tied_head()) out[hf_head_name(o)] = m.head_weight;
   return out;
@@ -628,9 +640,9 @@ CaduceusLM load_hf_caduceus(const std::string& dir) {
     if (o.tied_head() && (name == "lm_head.weight" || name == "lm_head.lm_head.weight")) continue;
     auto it = expected.find(name);
     DNALLM_CHECK(it != expected.end(), ExitCode::kUsage,
-                 "{}: unexpected tensor {} for this config.json (n_layer {}, rcps {}): the "
-                 "directory mixes files of different models",
-                 weights, clip_for_message(name), o.n_layer, o.rcps);
+                 "{}: unexpected tensor {} for this config.json (n_layer {}, rcps {}, "
+                 "fused_add_norm {}): the directory mixes files of different models",
+                 weights, clip_for_message(name), o.n_layer, o.rcps, o.fused_add_norm);
     const auto t = read_finite_tensor(reader, entry, weights, name);
     DNALLM_CHECK(t.sizes() == it->second.sizes(), ExitCode::kUsage,
                  "{}: {} has shape {} but config.json implies {}", weights, name,
@@ -667,7 +679,7 @@ json hf_config_of(const CaduceusOptions& o) {
                  {"rms_norm", o.rms_norm},
                  {"norm_epsilon", o.norm_eps},
                  {"residual_in_fp32", false},
-                 {"fused_add_norm", false},
+                 {"fused_add_norm", o.fused_add_norm},
                  {"bidirectional", o.bidirectional},
                  {"bidirectional_strategy", "add"},
                  {"bidirectional_weight_tie", true},

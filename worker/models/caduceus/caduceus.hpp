@@ -10,6 +10,12 @@
 //              of the other (flip over sequence and channels); embedding, every norm and mixer
 //              and the LM head apply the same weights to both halves (Zhou et al. 2022), so the
 //              output on the reverse complement of a sequence is the RC-permuted output.
+//   fused      Note [Caduceus fused add+norm]: with fused_add_norm, RCPSMambaBlock normalises the
+//              two halves swapped (modeling_rcps.py passes the second half, unflipped, where
+//              the unfused RCPSAddNormWrapper passes the first, and the first half flipped where
+//              it passes the flipped second), and its residual comes out swapped the same way:
+//              every block computes the unfused add+norm of the half-swapped stream and
+//              residual. The final norm_f is the same in both paths.
 // Heads: masked LM (lm_head, tied to the embedding in the published models; the RCPS head adds
 // the complement-permuted logits of the second half) and sequence classification (score, mean
 // pooling over every position; RCPS: the two halves' logits averaged).
@@ -48,6 +54,10 @@ struct CaduceusOptions {
   bool rms_norm = true;
   double norm_eps = 1e-5;
   bool rcps = false;
+  // config.json's fused_add_norm (true in the published configs, and CaduceusConfig's default):
+  // Note [Caduceus fused add+norm]. Only RCPS computes differently with it; the tensor names of
+  // its norms lose ".submodule". (Options built here, not read from a config, stay unfused.)
+  bool fused_add_norm = false;
   bool bidirectional = true;
   std::vector<int64_t> complement;  // token id -> its complement's id (RCPS)
   bool classifier = false;
@@ -188,7 +198,8 @@ TORCH_MODULE(CaduceusLM);
 std::vector<std::string> hf_module_names(const CaduceusOptions& o, const std::string& ours);
 
 // A config.json of Caduceus' layout (d_model, n_layer, vocab_size, ssm_cfg, rms_norm, rcps,
-// bidirectional, complement_map, ...) as options; a value we do not compute is exit 2.
+// fused_add_norm, bidirectional, complement_map, ...) as options; a value we do not compute is
+// exit 2.
 CaduceusOptions options_from_hf_config(const nlohmann::json& config, const std::string& where);
 
 // config.json's tie_word_embeddings, `fallback` where it has none; not a boolean is exit 2.
