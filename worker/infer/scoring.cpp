@@ -34,21 +34,29 @@ Window frame_window(const data::SequenceCodec& codec, const std::string& bases, 
   return w;
 }
 
-// Causal: one pass a window, the next-token log-probabilities of its scored tokens.
-void score_causal(models::LanguageModel& model, const Window& w, const torch::Device& device,
-                  LikelihoodScore& s) {
-  auto in = pad_batch({w.ids}, 0, device);
-  auto logp = torch::log_softmax(model->forward(in).logits.to(torch::kFloat32)[0], -1)
+// Causal: the windows of a batch in one pass, the next-token log-probabilities of their scored
+// tokens. Right-padded: a causal model's real positions never see the padding after them.
+void score_causal(models::LanguageModel& model, std::vector<Window>& windows, int64_t pad_id,
+                  const torch::Device& device, LikelihoodScore& s) {
+  if (windows.empty()) return;
+  std::vector<std::vector<int64_t>> rows;
+  for (const auto& w : windows) rows.push_back(w.ids);
+  auto in = pad_batch(rows, pad_id, device);
+  auto logp = torch::log_softmax(model->forward(in).logits.to(torch::kFloat32), -1)
                   .to(torch::kCPU)
                   .contiguous();
-  auto a = logp.accessor<float, 2>();
-  for (size_t i = 0; i < w.scored.size(); ++i) {
-    const auto t = w.scored[i];
-    s.log_prob += a[t - 1][w.ids[static_cast<size_t>(t)]];
-    s.tokens += 1;
-    s.bases += w.bases[i];
+  auto a = logp.accessor<float, 3>();
+  for (size_t r = 0; r < windows.size(); ++r) {
+    const auto& w = windows[r];
+    for (size_t i = 0; i < w.scored.size(); ++i) {
+      const auto t = w.scored[i];
+      s.log_prob += a[static_cast<int64_t>(r)][t - 1][w.ids[static_cast<size_t>(t)]];
+      s.tokens += 1;
+      s.bases += w.bases[i];
+    }
   }
-  s.forward_passes += 1;
+  s.forward_passes += static_cast<int64_t>(windows.size());
+  windows.clear();
 }
 
 // Masked: a pass a scored token (Note [Likelihood of a genome]), `batch` rows at a time.
@@ -123,6 +131,7 @@ LikelihoodScore score_likelihood(models::LanguageModel model, const data::Sequen
   data::SequenceReader reader(fasta);
   reader.set_keep_case(codec.keeps_case());
   data::LowerCaseReport lower_case;
+  std::vector<Window> pending;  // causal windows waiting for a full batch
   data::SequenceRecord rec;
   Progress progress("score (windows)", 0, 10.0);
   int64_t seen = 0;
@@ -141,7 +150,10 @@ LikelihoodScore score_likelihood(models::LanguageModel model, const data::Sequen
           "a smaller --window",
           window, w.ids.size(), spec.max_seq_length);
       if (causal) {
-        score_causal(model, w, device, s);
+        pending.push_back(w);
+        if (static_cast<int64_t>(pending.size()) >= options.batch_size) {
+          score_causal(model, pending, codec.pad_id(), device, s);
+        }
       } else {
         score_masked(model, codec, w, options.batch_size, device, s);
       }
@@ -149,6 +161,7 @@ LikelihoodScore score_likelihood(models::LanguageModel model, const data::Sequen
       progress.advance(1);
     }
   }
+  score_causal(model, pending, codec.pad_id(), device, s);
   progress.finish();
   lower_case.warn();
   DNALLM_CHECK(s.tokens > 0, ExitCode::kBadData, "{} holds no sequence to score", fasta);

@@ -3,7 +3,7 @@
 // each framed as the model frames a sequence, and scored:
 //   - causal models: the sum of the next-token log-probabilities of every regular token that
 //     has a token before it (the first token of a window without a BOS/CLS has none and is not
-//     counted, nor are its bases);
+//     counted, nor are its bases); `batch_size` windows a forward pass, right-padded;
 //   - masked models: the pseudo-log-likelihood (Salazar et al. 2020; what the Nucleotide
 //     Transformer and Caduceus papers report): every regular token masked in turn, its
 //     log-probability read at its own position with the rest of the window as context. One
