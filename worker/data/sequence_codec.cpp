@@ -1,6 +1,7 @@
 #include "worker/data/sequence_codec.hpp"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include <cctype>
@@ -30,8 +31,18 @@ void fit(std::vector<int64_t>& tokens, int64_t max_tokens, int64_t framing, bool
 
 class OwnCodec final : public SequenceCodec {
  public:
-  OwnCodec(std::shared_ptr<const Tokenizer> t, bool encoder)
-      : t_(std::move(t)), encoder_(encoder) {}
+  // What the tokenizer's pieces say is read once here, not per call: tiles_bases() and id_of()
+  // are asked per window and per alternative allele (to_json() of a BPE tokenizer embeds its
+  // whole model).
+  OwnCodec(std::shared_ptr<const Tokenizer> t, bool encoder) : t_(std::move(t)), encoder_(encoder) {
+    if (t_->tokenizer_kind() == cfg::TokenizerKind::kKmer) {
+      const auto j = t_->to_json();
+      tiles_ = j.value("stride", 1) == j.value("k", 1);
+    }
+    for (int64_t id = kFirstRegularId; id < t_->vocab_size(); ++id) {
+      ids_.emplace(t_->id_to_piece(id), id);
+    }
+  }
 
   std::vector<int64_t> frame(std::string_view bases, int64_t max_tokens, bool* cut) const override {
     auto tokens = encode(bases);
@@ -68,24 +79,18 @@ class OwnCodec final : public SequenceCodec {
     return is_base_piece(piece) ? piece : std::string();
   }
   int64_t id_of(const std::string& piece) const override {
-    for (int64_t id = kFirstRegularId; id < t_->vocab_size(); ++id) {
-      if (t_->id_to_piece(id) == piece) return id;
-    }
-    return -1;
+    const auto it = ids_.find(piece);
+    return it == ids_.end() ? -1 : it->second;
   }
-  bool tiles_bases() const override {
-    const auto j = t_->to_json();
-    if (t_->tokenizer_kind() == cfg::TokenizerKind::kKmer) {
-      return j.value("stride", 1) == j.value("k", 1);
-    }
-    return true;
-  }
+  bool tiles_bases() const override { return tiles_; }
   std::string decode(const std::vector<int64_t>& ids) const override { return t_->decode(ids); }
   std::string describe() const override { return fmt::format("ours ({})", t_->kind()); }
 
  private:
   std::shared_ptr<const Tokenizer> t_;
   bool encoder_;
+  bool tiles_ = true;                   // not overlapping k-mers
+  std::map<std::string, int64_t> ids_;  // regular pieces, first id of each
 };
 
 class HubCodec final : public SequenceCodec {
