@@ -1,0 +1,196 @@
+// See cli_common.hpp.
+#include "worker/infer/cli_common.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "core/error.hpp"
+#include "core/worker_env.hpp"
+#include "worker/models/model_dir.hpp"
+#include "worker/models/transformer/quantized_linear.hpp"
+
+namespace dnallm::infer::cli {
+
+void add_common(CLI::App& cmd, CommonArgs& a) {
+  cmd.add_option("--model", a.model_dir,
+                 "model directory: dnallm-train's final/ or best/, a Hugging Face directory as "
+                 "downloaded, or a PEFT adapter directory (docs/published-models.md)")
+      ->required();
+  cmd.add_flag("--uppercase", a.uppercase,
+               "read lower-case (soft-masked) bases as bases; by default a Hugging Face "
+               "model's tokenizer reads them as its reference does (unknown tokens)");
+  cmd.add_option("--base", a.base_dir,
+                 "a PEFT adapter's base directory, when its adapter_config.json does not name one");
+  cmd.add_option("--device", a.device,
+                 "auto (cuda:LOCAL_RANK when there is a GPU) | cpu | "
+                 "cuda | cuda:N")
+      ->capture_default_str();
+  cmd.add_option("--quantize", a.quantize,
+                 "none | int8 (dynamic quantisation of the block linears, CPU) | nf4 (4-bit "
+                 "weights dequantised on the fly)")
+      ->capture_default_str();
+  cmd.add_option("--batch-size", a.batch_size, "sequences per forward pass")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--log-level", a.log_level, "trace|debug|info|warn|error")->capture_default_str();
+}
+
+Loaded load(const CommonArgs& a, int local_rank) {
+  Loaded l;
+  const auto format = models::parse_weight_format(a.quantize, "--quantize");
+  auto loaded = models::load_model_dir(a.model_dir, a.base_dir);
+  l.model = loaded.model;
+  l.codec = loaded.codec;
+  l.codec->set_uppercase(a.uppercase);
+  // After the model directory was checked: refusing a damaged one never loads CUDA (Note
+  // [Lazy CUDA]); the weights wait on the CPU meanwhile.
+  l.device = infer::resolve_device(a.device, local_rank);
+  DNALLM_CHECK(format != models::WeightFormat::kInt8 || l.device.is_cpu(), ExitCode::kUsage,
+               "--quantize int8 is CPU inference (dynamic quantisation): add --device cpu");
+  l.model->to(l.device);
+  l.model->eval();
+  if (format != models::WeightFormat::kFull) {
+    const auto r = models::quantize_linears(*l.model, format);
+    spdlog::info("{}: {} linears, {:.2f} MB -> {:.2f} MB ({:.3f}x fp32)", a.quantize, r.linears,
+                 r.fp32_bytes() / 1e6, r.quantized_bytes / 1e6,
+                 double(r.quantized_bytes) / double(std::max<int64_t>(r.fp32_bytes(), 1)));
+  }
+  spdlog::info("model {} on {}", a.model_dir, l.device.str());
+  return l;
+}
+
+void check_input(const std::string& path) {
+  DNALLM_CHECK(std::filesystem::is_regular_file(path), ExitCode::kBadData,
+               "--input {} does not exist or is not a file", path);
+}
+
+// Note [Outputs never inputs]: every file dnallm-infer writes is checked before any work:
+// not an existing directory, not any file the command reads (the same file by device and
+// inode, or the same resolved path: a hard link or a symlink counts), in an existing
+// directory. It is then written as a temporary file in its own directory and renamed over
+// the final name only when complete (OutputFile; the embedding writer does the same), so a
+// failed run never leaves a truncated output or a destroyed input.
+void check_output(const std::string& out, const std::vector<std::string>& reads, const char* flag) {
+  namespace fs = std::filesystem;
+  if (out == "-") return;
+  struct stat o {};
+  if (::stat(out.c_str(), &o) == 0) {
+    DNALLM_CHECK(!S_ISDIR(o.st_mode), ExitCode::kUsage,
+                 "{} {} is an existing directory: name a file (e.g. {}/out{})", flag, out, out,
+                 fs::path(out).extension().string());
+    for (const auto& in : reads) {
+      struct stat i {};
+      if (::stat(in.c_str(), &i) != 0) continue;
+      DNALLM_CHECK(!(i.st_dev == o.st_dev && i.st_ino == o.st_ino), ExitCode::kUsage,
+                   "{} {} is the same file as {}, which this command reads: writing it would "
+                   "destroy the input; name another output file",
+                   flag, out, in);
+    }
+  }
+  std::error_code ec;
+  const auto resolved = fs::weakly_canonical(out, ec);
+  for (const auto& in : reads) {
+    std::error_code ec_in;
+    const auto r = fs::weakly_canonical(in, ec_in);
+    DNALLM_CHECK(ec || ec_in || r != resolved, ExitCode::kUsage,
+                 "{} {} is the same file as {}, which this command reads: writing it would "
+                 "destroy the input; name another output file",
+                 flag, out, in);
+  }
+  const auto parent = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : ".";
+  DNALLM_CHECK(fs::is_directory(parent, ec), ExitCode::kUsage,
+               "{} {}: the directory {} does not exist; create it first", flag, out,
+               parent.string());
+}
+
+std::vector<std::string> model_files(const std::string& dir) {
+  return {dir + "/config.json",           dir + "/model.safetensors",
+          dir + "/tokenizer.json",        dir + "/adapter_model.safetensors",
+          dir + "/pytorch_model.bin",     dir + "/adapter_config.json",
+          dir + "/tokenizer_config.json", dir + "/vocab.txt"};
+}
+
+OutputFile::OutputFile(std::string out) : out_(std::move(out)) {
+  if (out_ == "-") return;
+  tmp_ = fmt::format("{}.tmp.{}", out_, ::getpid());
+  file_.open(tmp_);
+  DNALLM_CHECK(file_.good(), ExitCode::kUsage, "cannot write --out {} ({}): {}", out_, tmp_,
+               errno_string());
+}
+
+OutputFile::~OutputFile() {
+  if (tmp_.empty() || committed_) return;
+  file_.close();
+  std::error_code ec;
+  std::filesystem::remove(tmp_, ec);
+}
+
+std::ostream& OutputFile::stream() { return out_ == "-" ? std::cout : file_; }
+
+void OutputFile::commit() {
+  stream().flush();
+  DNALLM_CHECK(stream().good(), ExitCode::kUsage, "write to --out {} failed: {}", out_,
+               errno_string());
+  if (tmp_.empty()) return;
+  file_.close();
+  DNALLM_CHECK(!file_.fail(), ExitCode::kUsage, "write to --out {} failed: {}", out_,
+               errno_string());
+  std::error_code ec;
+  std::filesystem::rename(tmp_, out_, ec);
+  DNALLM_CHECK(!ec, ExitCode::kUsage, "cannot rename {} to --out {}: {}", tmp_, out_, ec.message());
+  committed_ = true;
+}
+
+// Note [Batches bounded by tokens]: a forward pass holds batch x max_seq_length tokens (and
+// embed reads 8 batches ahead), so --batch-size is lowered to at most kMaxBatchTokens tokens
+// a batch, with a warning: `embed --batch-size 1000000` used 17 GB on 100k records before.
+constexpr int64_t kMaxBatchTokens = int64_t{1} << 16;
+
+int64_t bounded_batch_size(int64_t requested, int64_t max_seq_length) {
+  const int64_t most = std::max<int64_t>(1, kMaxBatchTokens / std::max<int64_t>(max_seq_length, 1));
+  if (requested <= most) return requested;
+  spdlog::warn("--batch-size {} lowered to {}: at most {} tokens a batch ({} x max_seq_length {})",
+               requested, most, kMaxBatchTokens, most, max_seq_length);
+  return most;
+}
+
+void report_truncated(const RunCounts& c, int64_t max_seq) {
+  c.lower_case.warn();
+  if (c.truncated > 0) {
+    spdlog::warn(
+        "{} of {} sequences were longer than {} tokens (the model's longest input) and were cut",
+        c.truncated, c.sequences, max_seq);
+  }
+}
+
+// The job's process group (Note [Embedding shares]); world_size 1: none.
+comm::ProcessGroup connect(const cluster::Topology& topo, const cluster::EnvMap& env) {
+  comm::ProcessGroupOptions po;
+  po.backend = "gloo";  // a barrier between host processes
+  po.rank = topo.rank;
+  po.world_size = topo.world_size;
+  po.master_addr = topo.master_addr;
+  po.master_port = topo.master_port > 0 ? topo.master_port : 29500;
+  // Note [Worker environment] (core/worker_env.hpp).
+  const WorkerEnv w = WorkerEnv::from_environment(env);
+  po.rank0_hosts_store = !w.external_coordinator;
+  po.token = w.job_token;
+  po.name = w.generation ? "infer-g" + std::to_string(*w.generation) : "infer";
+  return comm::connect_process_group(po);
+}
+
+void require_one_process(const cluster::Topology& topo, const char* what) {
+  DNALLM_CHECK(topo.world_size == 1, ExitCode::kUsage,
+               "{} runs as one process (this is rank {} of {}); embed, variants and mutagenesis "
+               "split their input over ranks",
+               what, topo.rank, topo.world_size);
+}
+
+}  // namespace dnallm::infer::cli
