@@ -9,7 +9,9 @@ Nucleotide Transformer's 6-mers) of tests/data/hf-fixtures:
 - every scored row equals transformers' within --tolerance, with and without --rc-average;
 - refusals: a REF that disagrees with the reference and a contig missing from it (exit 3
   naming chrom:pos), a plain-gzip reference (exit 3 saying how to bgzip and index it);
-- mutagenesis of a region equals the same site scores.
+- mutagenesis of a region equals the same site scores;
+- under dnallm-launch --nproc-per-node 2 (Note [Row shares]) both write the same file as one
+  process, byte for byte, and leave no part files.
 
   python tests/hf/check_variants.py --infer build/bin/dnallm-infer --fixtures tests/data/hf-fixtures
 """
@@ -139,6 +141,31 @@ def main():
             failures += 0 if ok else 1
             print(f"{'ok  ' if ok else 'FAIL'} {name} mutagenesis: {len(rows)} positions, "
                   f"max |ours - transformers| = {worst:.2e}")
+
+    # Two ranks under the launcher write what one process writes (Note [Row shares]).
+    launch = os.path.join(os.path.dirname(os.path.abspath(args.infer)), "dnallm-launch")
+    for what, name, cmd in [
+            ("variants", "llama_causal",
+             ["variants", "--reference", fasta, "--vcf", vcf, "--rc-average"]),
+            ("mutagenesis", "esm_mlm",
+             ["mutagenesis", "--input", fasta, "--record", "chr2", "--region", "40-52"])]:
+        folder = os.path.join(args.fixtures, name)
+        outs = []
+        for ranks in (1, 2):
+            out = os.path.join(tmp, f"{what}_{ranks}ranks.tsv")
+            full = [args.infer] + cmd + ["--device", "cpu", "--model", folder, "--window",
+                                         str(args.window), "--batch-size", "2", "--out", out]
+            if ranks > 1:
+                full = [launch, "--nproc-per-node", str(ranks), "--"] + full
+            r = run(full)
+            outs.append(open(out).read() if r.returncode == 0 else f"exit {r.returncode}\n"
+                        f"{r.stdout}{r.stderr}")
+        parts = [f for f in os.listdir(tmp) if ".part" in f or ".tmp." in f]
+        rows = outs[0].count("\n") - 1
+        ok = outs[0] == outs[1] and rows > 5 and not parts
+        failures += 0 if ok else 1
+        print(f"{'ok  ' if ok else 'FAIL'} {what} on 2 ranks equals 1 process ({rows} rows)"
+              + ("" if ok else f"\n1 rank:\n{outs[0]}\n2 ranks:\n{outs[1]}\nleft: {parts}"))
 
     # Refusals: one message, exit 3.
     folder = os.path.join(args.fixtures, "llama_causal")

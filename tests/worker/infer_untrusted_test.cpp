@@ -1,5 +1,5 @@
 // Issue 22 through the real dnallm-infer binary: nothing a command reads is ever written
-// (Note [Outputs never inputs], infer_main.cpp), sampling options are checked, and a damaged
+// (Note [Outputs never inputs], cli_common.cpp), sampling options are checked, and a damaged
 // model directory (Note [Model shape limits], Note [Untrusted files]) is refused with exit
 // code 2 or 5 and one line, never a stack trace, a signal or "internal error". Each test
 // writes the damaged file itself from a tiny model that dnallm-train trains for 2 steps.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -184,6 +185,53 @@ comm::ProcessGroup connect(const cluster::Topology& topo, const cluster::EnvMap&
   po.token = w.job_token;
   po.name = w.generation ? "infer-g" + std::to_string(*w.generation) : "infer";
   return comm::connect_process_group(po);
+}
+
+RowShares::RowShares(const cluster::Topology& topo, const cluster::EnvMap& env,
+                     const std::string& out, std::string header)
+    : rank_(topo.rank), world_size_(topo.world_size), out_(out), header_(std::move(header)) {
+  if (world_size_ == 1) {
+    part_ = std::make_unique<OutputFile>(out_);
+    part_->stream() << header_;
+    return;
+  }
+  check(topo, out_);
+  group_ = connect(topo, env);
+  for (int k = 0; k < world_size_; ++k) parts_.push_back(fmt::format("{}.part{}", out_, k));
+  part_ = std::make_unique<OutputFile>(parts_[static_cast<size_t>(rank_)]);
+}
+
+void RowShares::check(const cluster::Topology& topo, const std::string& out) {
+  DNALLM_CHECK(topo.world_size == 1 || out != "-", ExitCode::kUsage,
+               "--out -: under {} ranks give a file (each rank writes its share beside it and "
+               "rank 0 merges them)",
+               topo.world_size);
+}
+
+std::pair<int64_t, int64_t> RowShares::share(int64_t n) const {
+  return {n * rank_ / world_size_, n * (rank_ + 1) / world_size_};
+}
+
+void RowShares::commit() {
+  part_->commit();
+  if (world_size_ == 1) return;
+  group_.comm->barrier()->wait();  // every part is closed
+  if (rank_ != 0) return;
+  OutputFile merged(out_);
+  merged.stream() << header_;
+  for (const auto& p : parts_) {
+    std::ifstream in(p, std::ios::binary);
+    DNALLM_CHECK(in.good(), ExitCode::kPeerFailed, "cannot read {}, a rank's share of --out {}", p,
+                 out_);
+    // (an empty part would set the output's failbit)
+    if (in.peek() != std::ifstream::traits_type::eof()) merged.stream() << in.rdbuf();
+  }
+  merged.commit();
+  for (const auto& p : parts_) {
+    std::error_code ec;
+    std::filesystem::remove(p, ec);
+  }
+  spdlog::info("merged {} parts -> {}", parts_.size(), out_);
 }
 
 void require_one_process(const cluster::Topology& topo, const char* what) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -79,6 +80,33 @@ void report_truncated(const RunCounts& c, int64_t max_seq);
 
 // The job's process group (Note [Embedding shares]), a barrier between host processes (gloo).
 comm::ProcessGroup connect(const cluster::Topology& topo, const cluster::EnvMap& env);
+
+// Note [Row shares]: a table that several ranks write, each the rows of its contiguous share
+// of the work (variants, mutagenesis). One rank: `out` itself (an OutputFile, header first).
+// Several: each rank writes its rows to <out>.part<r> (an OutputFile: whole or not at all);
+// commit() closes it, waits at a barrier over the process group, and rank 0 writes `out` (again
+// an OutputFile): the header, then the parts in rank order, so the rows are in input order
+// whatever the world size; then it deletes the parts. The output directory must be shared by
+// all ranks; "-" (stdout) is one process only. Must be constructed and committed on every rank.
+class RowShares {
+ public:
+  RowShares(const cluster::Topology& topo, const cluster::EnvMap& env, const std::string& out,
+            std::string header);
+  // Exit 2 when `out` cannot be shared (stdout under several ranks): call before any work.
+  static void check(const cluster::Topology& topo, const std::string& out);
+  // This rank's rows.
+  std::ostream& rows() { return part_->stream(); }
+  // [begin, end) of this rank's contiguous share of `n` items.
+  std::pair<int64_t, int64_t> share(int64_t n) const;
+  void commit();
+
+ private:
+  int rank_ = 0, world_size_ = 1;
+  std::string out_, header_;
+  comm::ProcessGroup group_;
+  std::vector<std::string> parts_;
+  std::unique_ptr<OutputFile> part_;
+};
 
 // Exit 2 unless this is the only process: `what` does not split its work over ranks.
 void require_one_process(const cluster::Topology& topo, const char* what);

@@ -62,23 +62,32 @@ class Variants final : public Command {
     app_ = cmd;
   }
 
-  int run(const cluster::Topology& topo, const cluster::EnvMap&) override {
+  int run(const cluster::Topology& topo, const cluster::EnvMap& env) override {
     const VariantArgs& a = args_;
-    require_one_process(topo, "variants");
     init_logging("infer", a.common.log_level);
+    set_log_identity(topo.rank);
     check_input(a.vcf);
     check_input(a.reference);
     auto reads = model_files(a.common.model_dir);
     reads.push_back(a.vcf);
     reads.push_back(a.reference);
     check_output(a.out, reads);
+    RowShares::check(topo, a.out);
     ReferenceGenome genome(a.reference);
+    // Note [Row shares]: this rank scores the records [begin, end) of the VCF; every rank checks
+    // every record, so a bad one is the same exit 3 on all of them.
+    int64_t records = 0;
+    if (topo.world_size > 1) {
+      VcfReader count(a.vcf);
+      for (VcfRecord r; count.next(r);) ++records;
+    }
     VcfReader vcf(a.vcf);
-    auto loaded = load(a.common, 0);
+    auto loaded = load(a.common, topo.local_rank);
     VariantOptions vo = a.options;
     vo.batch_size = a.common.batch_size;
-    OutputFile out(a.out);
-    std::ostream& os = out.stream();
+    RowShares out(topo, env, a.out, "chrom\tpos\tref\talt\tscore\n");
+    const auto [share_begin, share_end] = out.share(records);
+    std::ostream& os = out.rows();
     // The sites in flight, in VCF order, with the alternatives scored (the others are not SNVs).
     struct Site {
       VcfRecord record;
@@ -102,11 +111,9 @@ class Variants final : public Command {
                              ++counts.scored;
                            }
                          });
-    os << "chrom\tpos\tref\talt\tscore\n";  // (after the scorer accepted the model)
     Progress progress("variants", 0);
     VcfRecord rec;
-    while (vcf.next(rec)) {
-      ++counts.records;
+    for (int64_t index = 0; vcf.next(rec); ++index) {
       const int64_t length = genome.length(rec.chrom);
       DNALLM_CHECK(length >= 0, ExitCode::kBadData,
                    "--vcf {}: contig \"{}\" ({}:{}) is not in --reference {} ({} contigs): give "
@@ -122,6 +129,8 @@ class Variants final : public Command {
           "--vcf {}: {}:{} has REF {} but the reference holds {} there: the VCF was called "
           "against another reference (or another version of it)",
           a.vcf, rec.chrom, rec.pos + 1, rec.ref, actual);
+      if (topo.world_size > 1 && (index < share_begin || index >= share_end)) continue;
+      ++counts.records;
       Site site{rec, {}};
       VariantSite query;
       if (is_snv_allele(rec.ref)) {
@@ -154,9 +163,10 @@ class Variants final : public Command {
     progress.finish();
     out.commit();
     spdlog::info(
-        "{} VCF records: {} alternatives scored; {} not single-nucleotide (indels, "
+        "{}{} VCF records: {} alternatives scored; {} not single-nucleotide (indels, "
         "multi-base or symbolic alleles) skipped; {} with an alternative piece outside the "
         "vocabulary skipped; {} model rows",
+        topo.world_size > 1 ? fmt::format("rank {}'s share: ", topo.rank) : std::string(),
         counts.records, counts.scored, counts.not_snv, counts.unscored, scorer.forward_rows());
     if (soft_masked > 0) {
       spdlog::warn(
@@ -192,14 +202,15 @@ class Mutagenesis final : public Command {
     app_ = cmd;
   }
 
-  int run(const cluster::Topology& topo, const cluster::EnvMap&) override {
+  int run(const cluster::Topology& topo, const cluster::EnvMap& env) override {
     const MutagenesisArgs& a = args_;
-    require_one_process(topo, "mutagenesis");
     init_logging("infer", a.common.log_level);
+    set_log_identity(topo.rank);
     check_input(a.input);
     auto reads = model_files(a.common.model_dir);
     reads.push_back(a.input);
     check_output(a.out, reads);
+    RowShares::check(topo, a.out);
     int64_t first = 0, last = 0;
     const auto dash = a.region.find('-');
     try {
@@ -212,7 +223,7 @@ class Mutagenesis final : public Command {
     DNALLM_CHECK(first >= 1 && last >= first, ExitCode::kUsage,
                  "--region {}: give START-END, 1-based and inclusive, START <= END (e.g. 101-200)",
                  a.region);
-    auto loaded = load(a.common, 0);
+    auto loaded = load(a.common, topo.local_rank);
     data::SequenceReader reader(a.input);
     reader.set_keep_case(loaded.codec->keeps_case());
     data::SequenceRecord rec;
@@ -231,8 +242,10 @@ class Mutagenesis final : public Command {
                  a.region, rec.name, length);
     VariantOptions vo = a.options;
     vo.batch_size = a.common.batch_size;
-    OutputFile out(a.out);
-    std::ostream& os = out.stream();
+    // Note [Row shares]: this rank scores the positions [begin, end) of the region.
+    RowShares out(topo, env, a.out, "pos\tref\tA\tC\tG\tT\n");
+    const auto [share_begin, share_end] = out.share(last - first + 1);
+    std::ostream& os = out.rows();
     const std::string bases = "ACGT";
     std::vector<int64_t> positions;  // of the sites added, in order
     VariantScorer scorer(
@@ -253,8 +266,7 @@ class Mutagenesis final : public Command {
           }
           os << '\n';
         });
-    os << "pos\tref\tA\tC\tG\tT\n";
-    for (int64_t pos = first - 1; pos < last; ++pos) {
+    for (int64_t pos = first - 1 + share_begin; pos < first - 1 + share_end; ++pos) {
       const char ref = upper_base(rec.bases[static_cast<size_t>(pos)]);
       VariantSite q;
       for (const char b : bases) {
@@ -268,7 +280,7 @@ class Mutagenesis final : public Command {
     }
     scorer.flush();
     out.commit();
-    spdlog::info("{} positions x 3 substitutions scored ({} model rows)", last - first + 1,
+    spdlog::info("{} positions x 3 substitutions scored ({} model rows)", share_end - share_begin,
                  scorer.forward_rows());
     return 0;
   }

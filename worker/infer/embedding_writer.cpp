@@ -183,7 +183,7 @@ void EmbeddingFileWriter::close() {
     close_file(offsets_, offsets_path(path_));
   }
   // Every name is checked before the first rename (Note [Outputs never inputs] in
-  // infer_main.cpp): an existing directory would make a rename fail after the others.
+  // cli_common.cpp): an existing directory would make a rename fail after the others.
   for (const auto& p : {path_, ids_path(path_), offsets_path(path_)}) {
     DNALLM_CHECK(!std::filesystem::is_directory(p), ExitCode::kUsage,
                  "{} is an existing directory: name another --out file", p);

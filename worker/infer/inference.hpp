@@ -1,5 +1,5 @@
 // Batched inference with an exported model: embeddings, generation, classifier predictions.
-// Used by dnallm-infer (worker/infer/infer_main.cpp); see docs/inference.md.
+// Used by dnallm-infer (worker/infer/infer_main.cpp and its cli_*.cpp); see docs/inference.md.
 //
 // Sequences are framed as in training ([CLS] tokens [SEP] for BERT, [CLS] tokens for GPT) and
 // cut to model.max_seq_length tokens (the number cut is counted and reported). A batch pads
