@@ -398,6 +398,9 @@ HfTokenizer HfTokenizer::dna_characters(const std::string& dir, const std::strin
                   /*mask=*/3, /*bos=*/2, /*eos=*/1};
     t.suffix_ = {t.special_.sep};
     t.pad_left_ = config.value("padding_side", std::string("left")) == "left";
+    // CaduceusTokenizer's _tokenize is list(text.upper()), HyenaDNA's list(text): their ids for
+    // lower-case input are tests/data/hf-fixtures/{caduceus,hyenadna}_*/lower_case.json.
+    t.upper_cases_ = cls == "CaduceusTokenizer";
     return t;
   } catch (const json::exception& e) {
     fail(ExitCode::kUsage, "{}/tokenizer_config.json: a value of the wrong type ({})", dir,
@@ -421,7 +424,7 @@ std::vector<int64_t> HfTokenizer::encode_unframed(std::string_view raw, bool kee
 void HfTokenizer::encode_into(std::string_view raw, std::vector<int64_t>& ids,
                               bool keep_case) const {
   std::string bases(raw);
-  if (!keep_case) {
+  if (!keep_case || upper_cases_) {
     for (auto& c : bases) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   }
   switch (scheme_) {

@@ -61,7 +61,8 @@ class HfTokenizer {
   // lower-case bases are read as the reference tokenizer reads them (none of these
   // vocabularies has lower-case pieces: a k-mer or character holding one is the unknown token,
   // BPE's unknown characters follow its fuse_unk, and the longest-match split (EsmTokenizer's
-  // trie) makes a run of characters that start no piece one unknown token).
+  // trie) makes a run of characters that start no piece one unknown token; a tokenizer that
+  // upper-cases its text, Caduceus', reads them as bases: upper_cases_input()).
   std::vector<int64_t> encode_unframed(std::string_view bases, bool keep_case = false) const;
   // encode() each sequence and pad them to the longest.
   HfBatch encode_batch(const std::vector<std::string>& sequences) const;
@@ -78,13 +79,17 @@ class HfTokenizer {
   const std::vector<int64_t>& suffix() const { return suffix_; }
   bool pads_left() const { return pad_left_; }
   const std::string& tokenizer_class() const { return tokenizer_class_; }
+  // Whether the reference upper-cases the text before it splits it (CaduceusTokenizer's
+  // _tokenize: list(text.upper())): lower-case bases are then bases whatever `keep_case` says.
+  bool upper_cases_input() const { return upper_cases_; }
 
   // The character tokenizer that HyenaDNA's and Caduceus' hub code define in Python
   // (HyenaDNATokenizer, CaduceusTokenizer; a download holds at most its tokenizer_config.json):
   // [CLS] [SEP] [BOS] [MASK] [PAD] [RESERVED] [UNK] = ids 0-6, then the bases A C G T N; a
   // sequence becomes its bases + [SEP]; padding on the left unless tokenizer_config.json says
   // otherwise. Reads <dir>/tokenizer_config.json when present (its class must be
-  // `tokenizer_class`, its "characters" the bases).
+  // `tokenizer_class`, its "characters" the bases). HyenaDNATokenizer keeps the case (a
+  // lower-case base is [UNK]); CaduceusTokenizer upper-cases the text (upper_cases_input()).
   static HfTokenizer dna_characters(const std::string& dir, const std::string& tokenizer_class);
 
   // A BPE tokenizer from the documents themselves (tokenizer_config.json, maybe {}, and
@@ -110,6 +115,7 @@ class HfTokenizer {
   int k_ = 0;
   size_t max_piece_ = 1;
   bool pad_left_ = false;
+  bool upper_cases_ = false;  // upper_cases_input()
   std::string tokenizer_class_;
   std::shared_ptr<const HfBpe> bpe_;  // kBpe
 };

@@ -128,7 +128,7 @@ class HubCodec final : public SequenceCodec {
   int64_t mask_id() const override { return t_->special().mask; }
   int64_t unk_id() const override { return t_->special().unk; }
   void set_uppercase(bool on) override { keep_case_ = !on; }
-  bool keeps_case() const override { return keep_case_; }
+  bool keeps_case() const override { return keep_case_ && !t_->upper_cases_input(); }
   bool pads_left() const override { return t_->pads_left(); }
   bool is_special(int64_t id) const override {
     if (id < 0 || id >= t_->vocab_size()) return true;

@@ -9,8 +9,9 @@
 //     Caduceus' .. [SEP]), padded on the side it pads.
 // Case: a Hugging Face tokenizer reads lower-case (soft-masked) bases as its reference does,
 // by default (none of the published DNA vocabularies has lower-case pieces, so they become its
-// unknown token: one per k-mer or base, one per run for NT's split); set_uppercase(true)
-// (--uppercase) reads them as bases. Ours upper-case every base, as training did.
+// unknown token: one per k-mer or base, one per run for NT's split; Caduceus' tokenizer
+// upper-cases its text, so they are bases there); set_uppercase(true) (--uppercase) reads them
+// as bases. Ours upper-case every base, as training did.
 // Torch-free: worker/data's tests build it without LibTorch.
 #pragma once
 
