@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "core/error.hpp"
+#include "worker/train/train_setup.hpp"
 
 namespace dnallm::train {
 namespace {

@@ -13,6 +13,7 @@
 #include "lm_batches.hpp"
 #include "worker/train/checkpointing.hpp"
 #include "worker/train/device_stats.hpp"
+#include "worker/train/train_setup.hpp"
 #include "worker/train/trainer.hpp"
 
 namespace dnallm::train {

@@ -13,6 +13,7 @@
 #include "core/config.hpp"
 #include "worker/data/batch.hpp"
 #include "worker/train/checkpointing.hpp"
+#include "worker/train/train_setup.hpp"
 #include "worker/train/trainer.hpp"
 
 namespace dnallm::train::testing {

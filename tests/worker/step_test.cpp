@@ -24,6 +24,7 @@
 #include "worker/train/device_stats.hpp"
 #include "worker/train/mfu.hpp"
 #include "worker/train/profiler.hpp"
+#include "worker/train/train_setup.hpp"
 #include "worker/train/trainer.hpp"
 
 namespace dnallm::train {

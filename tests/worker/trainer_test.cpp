@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "worker/train/train_setup.hpp"
 #include "worker/train/trainer.hpp"
 
 namespace dnallm::train {

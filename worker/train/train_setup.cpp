@@ -4,6 +4,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -21,6 +22,22 @@
 #include "worker/train/device_stats.hpp"
 
 namespace dnallm::train {
+
+models::TransformerLM build_model(const Config& config, int64_t vocab_size) {
+  return models::build_transformer(config, vocab_size, build_context(config));
+}
+
+models::BuildContext build_context(const Config& config) {
+  models::BuildContext c;
+  c.on_cpu =
+      config.training.device == cfg::Device::kCpu ||
+      (config.training.device == cfg::Device::kAuto && !cuda_usable("auto", "training.device"));
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  c.local_world_size = std::max(1, local != nullptr ? std::atoi(local) : 1);
+  const char* world = std::getenv("WORLD_SIZE");
+  c.world_size = std::max(1, world != nullptr ? std::atoi(world) : 1);
+  return c;
+}
 
 void check_base_tokenizer(const Config& config, const nlohmann::json& tokenizer) {
   const std::string& base = config.model.init_from;

@@ -17,10 +17,18 @@
 #include "core/worker_env.hpp"
 #include "worker/data/pipeline.hpp"
 #include "worker/data/tokenizer.hpp"
+#include "worker/models/transformer/transformer.hpp"
 #include "worker/train/checkpointing.hpp"
 #include "worker/train/trainer.hpp"
 
 namespace dnallm::train {
+
+// Builds the model for `config` (vocabulary from the tokenizer); loads model.init_from
+// (an exported directory) by name where shapes match (task heads stay fresh).
+models::TransformerLM build_model(const Config& config, int64_t vocab_size);
+// Where this process will build its model: the device (training.device; loads the CUDA plugin
+// where a GPU may be used) and the ranks sharing the memory (WORLD_SIZE, LOCAL_WORLD_SIZE).
+models::BuildContext build_context(const Config& config);
 
 // A fine-tune must tokenize as its base model did: init_from loads tensors by name and shape,
 // so another tokenizer would leave the embeddings untrained (other shape) or, with the same

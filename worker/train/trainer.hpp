@@ -66,9 +66,10 @@
 #include "core/metrics.hpp"
 #include "worker/data/batch.hpp"
 #include "worker/models/family_io.hpp"
-#include "worker/models/transformer/transformer.hpp"
+#include "worker/models/language_model.hpp"
 #include "worker/optim/flat_adamw.hpp"
 #include "worker/parallel/gradient_sync.hpp"
+#include "worker/train/batch_inputs.hpp"
 
 namespace dnallm::parallel {
 class ContextMesh;
@@ -199,17 +200,6 @@ torch::Device pick_device(cfg::Device wanted);
 
 // Number of optimizer steps: training.max_steps, or epochs × samples / global batch.
 int64_t total_steps(const Config& config, uint64_t samples_per_epoch, int world_size);
-
-// Builds the model for `config` (vocabulary from the tokenizer); loads model.init_from
-// (an exported directory) by name where shapes match (task heads stay fresh).
-models::TransformerLM build_model(const Config& config, int64_t vocab_size);
-// Where this process will build its model: the device (training.device; loads the CUDA plugin
-// where a GPU may be used) and the ranks sharing the memory (WORLD_SIZE, LOCAL_WORLD_SIZE).
-models::BuildContext build_context(const Config& config);
-
-// Tensors of a batch on `device`.
-models::ForwardInputs to_inputs(const data::Batch& batch, const models::LanguageModel& model,
-                                const torch::Device& device);
 
 // Runs `batches` micro-batches from `source` (rewound first) without gradients. With
 // `context`, the source gives context shards and the model runs context-parallel.
