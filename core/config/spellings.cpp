@@ -1,51 +1,7 @@
-// The spelling tables' compile-time checks, and cfg::spelling() / cfg::dtype_of() of
-// core/config.hpp.
-#include <iterator>
-
+// cfg::spelling() and cfg::dtype_of() of core/config.hpp, and the resume spellings.
 #include "core/config/spellings.hpp"
 
 namespace dnallm::config_detail {
-
-// Each enumerator in its table exactly once: the enums count from 0 without gaps, so a table
-// of E's size whose values are 0..n-1 in some order covers E.
-template <class E>
-constexpr bool covers_each_once(std::span<const Spelling<E>> table) {
-  for (size_t i = 0; i < table.size(); ++i) {
-    size_t seen = 0;
-    for (const auto& s : table) seen += static_cast<size_t>(s.value) == i ? 1 : 0;
-    if (seen != 1) return false;
-  }
-  return true;
-}
-static_assert(covers_each_once(spellings_of(Arch{})) && std::size(kArchSpellings) == 5);
-static_assert(covers_each_once(spellings_of(Task{})) && std::size(kTaskSpellings) == 3);
-static_assert(covers_each_once(spellings_of(Position{})) && std::size(kPositionSpellings) == 3);
-static_assert(covers_each_once(spellings_of(Mlp{})) && std::size(kMlpSpellings) == 2);
-static_assert(covers_each_once(spellings_of(AttnImplementation{})) &&
-              std::size(kAttnImplementationSpellings) == 3);
-static_assert(covers_each_once(spellings_of(Pooling{})) && std::size(kPoolingSpellings) == 2);
-static_assert(covers_each_once(spellings_of(QuantizeBase{})) &&
-              std::size(kQuantizeBaseSpellings) == 2);
-static_assert(covers_each_once(spellings_of(TokenizerKind{})) &&
-              std::size(kTokenizerKindSpellings) == 5);
-static_assert(covers_each_once(spellings_of(DataFormat{})) && std::size(kDataFormatSpellings) == 6);
-static_assert(covers_each_once(spellings_of(OnBadRecord{})) &&
-              std::size(kOnBadRecordSpellings) == 2);
-static_assert(covers_each_once(spellings_of(Sampling{})) && std::size(kSamplingSpellings) == 2);
-static_assert(covers_each_once(spellings_of(NPolicy{})) && std::size(kNPolicySpellings) == 2);
-static_assert(covers_each_once(spellings_of(BatchSize{})) && std::size(kBatchSizeSpellings) == 2);
-static_assert(covers_each_once(spellings_of(LrScheduler{})) &&
-              std::size(kLrSchedulerSpellings) == 3);
-static_assert(covers_each_once(spellings_of(Precision{})) && std::size(kPrecisionSpellings) == 3);
-static_assert(covers_each_once(spellings_of(SyncFree{})) && std::size(kSyncFreeSpellings) == 3);
-static_assert(covers_each_once(spellings_of(cfg::Device{})) && std::size(kDeviceSpellings) == 3);
-static_assert(covers_each_once(spellings_of(Backend{})) && std::size(kBackendSpellings) == 4);
-static_assert(covers_each_once(spellings_of(AccumulateSync{})) &&
-              std::size(kAccumulateSyncSpellings) == 2);
-static_assert(covers_each_once(spellings_of(Compression{})) &&
-              std::size(kCompressionSpellings) == 2);
-static_assert(covers_each_once(spellings_of(BestMetric{})) && std::size(kBestMetricSpellings) == 6);
-static_assert(covers_each_once(spellings_of(LogLevel{})) && std::size(kLogLevelSpellings) == 7);
 
 std::string resume_text(const Resume& r) {
   switch (r.kind) {

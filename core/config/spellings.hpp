@@ -2,6 +2,8 @@
 // (value, spelling), from which the schema parses and prints every closed-choice key.
 #pragma once
 
+#include <cstddef>
+#include <iterator>
 #include <optional>
 #include <span>
 #include <string>
@@ -85,53 +87,93 @@ constexpr Spelling<LogLevel> kLogLevelSpellings[] = {
     {LogLevel::kWarn, "warn"},   {LogLevel::kError, "error"}, {LogLevel::kCritical, "critical"},
     {LogLevel::kOff, "off"}};
 
-// The table of E (overloads: the argument only selects it).
-constexpr std::span<const Spelling<Arch>> spellings_of(Arch) { return kArchSpellings; }
-constexpr std::span<const Spelling<Task>> spellings_of(Task) { return kTaskSpellings; }
-constexpr std::span<const Spelling<Position>> spellings_of(Position) { return kPositionSpellings; }
-constexpr std::span<const Spelling<Mlp>> spellings_of(Mlp) { return kMlpSpellings; }
-constexpr std::span<const Spelling<AttnImplementation>> spellings_of(AttnImplementation) {
-  return kAttnImplementationSpellings;
+// Each enumerator in its table exactly once: the enums count from 0 without gaps, so a table
+// of E's size whose values are 0..n-1 in some order covers E.
+template <class Table>
+constexpr bool covers_each_once(const Table& table) {
+  for (size_t i = 0; i < std::size(table); ++i) {
+    size_t seen = 0;
+    for (const auto& s : table) seen += static_cast<size_t>(s.value) == i ? 1 : 0;
+    if (seen != 1) return false;
+  }
+  return true;
 }
-constexpr std::span<const Spelling<Pooling>> spellings_of(Pooling) { return kPoolingSpellings; }
+
+// `kTable`, the table of an enum of `kCount` enumerators, checked at compile time to name each
+// of them exactly once (a table that misses one or repeats one does not compile).
+template <size_t kCount, const auto& kTable>
+constexpr auto checked_table() {
+  static_assert(std::size(kTable) == kCount && covers_each_once(kTable));
+  return std::span(kTable);
+}
+
+// The table of E (overloads: the argument only selects it).
+constexpr std::span<const Spelling<Arch>> spellings_of(Arch) {
+  return checked_table<5, kArchSpellings>();
+}
+constexpr std::span<const Spelling<Task>> spellings_of(Task) {
+  return checked_table<3, kTaskSpellings>();
+}
+constexpr std::span<const Spelling<Position>> spellings_of(Position) {
+  return checked_table<3, kPositionSpellings>();
+}
+constexpr std::span<const Spelling<Mlp>> spellings_of(Mlp) {
+  return checked_table<2, kMlpSpellings>();
+}
+constexpr std::span<const Spelling<AttnImplementation>> spellings_of(AttnImplementation) {
+  return checked_table<3, kAttnImplementationSpellings>();
+}
+constexpr std::span<const Spelling<Pooling>> spellings_of(Pooling) {
+  return checked_table<2, kPoolingSpellings>();
+}
 constexpr std::span<const Spelling<QuantizeBase>> spellings_of(QuantizeBase) {
-  return kQuantizeBaseSpellings;
+  return checked_table<2, kQuantizeBaseSpellings>();
 }
 constexpr std::span<const Spelling<TokenizerKind>> spellings_of(TokenizerKind) {
-  return kTokenizerKindSpellings;
+  return checked_table<5, kTokenizerKindSpellings>();
 }
 constexpr std::span<const Spelling<DataFormat>> spellings_of(DataFormat) {
-  return kDataFormatSpellings;
+  return checked_table<6, kDataFormatSpellings>();
 }
 constexpr std::span<const Spelling<OnBadRecord>> spellings_of(OnBadRecord) {
-  return kOnBadRecordSpellings;
+  return checked_table<2, kOnBadRecordSpellings>();
 }
-constexpr std::span<const Spelling<Sampling>> spellings_of(Sampling) { return kSamplingSpellings; }
-constexpr std::span<const Spelling<NPolicy>> spellings_of(NPolicy) { return kNPolicySpellings; }
+constexpr std::span<const Spelling<Sampling>> spellings_of(Sampling) {
+  return checked_table<2, kSamplingSpellings>();
+}
+constexpr std::span<const Spelling<NPolicy>> spellings_of(NPolicy) {
+  return checked_table<2, kNPolicySpellings>();
+}
 constexpr std::span<const Spelling<BatchSize>> spellings_of(BatchSize) {
-  return kBatchSizeSpellings;
+  return checked_table<2, kBatchSizeSpellings>();
 }
 constexpr std::span<const Spelling<LrScheduler>> spellings_of(LrScheduler) {
-  return kLrSchedulerSpellings;
+  return checked_table<3, kLrSchedulerSpellings>();
 }
 constexpr std::span<const Spelling<Precision>> spellings_of(Precision) {
-  return kPrecisionSpellings;
+  return checked_table<3, kPrecisionSpellings>();
 }
-constexpr std::span<const Spelling<SyncFree>> spellings_of(SyncFree) { return kSyncFreeSpellings; }
+constexpr std::span<const Spelling<SyncFree>> spellings_of(SyncFree) {
+  return checked_table<3, kSyncFreeSpellings>();
+}
 constexpr std::span<const Spelling<cfg::Device>> spellings_of(cfg::Device) {
-  return kDeviceSpellings;
+  return checked_table<3, kDeviceSpellings>();
 }
-constexpr std::span<const Spelling<Backend>> spellings_of(Backend) { return kBackendSpellings; }
+constexpr std::span<const Spelling<Backend>> spellings_of(Backend) {
+  return checked_table<4, kBackendSpellings>();
+}
 constexpr std::span<const Spelling<AccumulateSync>> spellings_of(AccumulateSync) {
-  return kAccumulateSyncSpellings;
+  return checked_table<2, kAccumulateSyncSpellings>();
 }
 constexpr std::span<const Spelling<Compression>> spellings_of(Compression) {
-  return kCompressionSpellings;
+  return checked_table<2, kCompressionSpellings>();
 }
 constexpr std::span<const Spelling<BestMetric>> spellings_of(BestMetric) {
-  return kBestMetricSpellings;
+  return checked_table<6, kBestMetricSpellings>();
 }
-constexpr std::span<const Spelling<LogLevel>> spellings_of(LogLevel) { return kLogLevelSpellings; }
+constexpr std::span<const Spelling<LogLevel>> spellings_of(LogLevel) {
+  return checked_table<7, kLogLevelSpellings>();
+}
 
 template <class E>
 const char* spelling_in_table(E v) {
