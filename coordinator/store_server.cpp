@@ -6,95 +6,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <list>
-#include <map>
-#include <set>
-#include <thread>
-#include <unordered_map>
 
-#include <spdlog/spdlog.h>
-#include <boost/asio.hpp>
-
-#include "coordinator/store.hpp"
+#include "coordinator/store_server_impl.hpp"
 #include "coordinator/store_wire.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::coordinator {
 
-namespace asio = boost::asio;
-using tcp = asio::ip::tcp;
-
-// One client connection. Strictly sequential: read a frame, dispatch, wait for the
-// handler's single reply, write it, read the next frame. All on the io thread.
-// See Note [Hostile clients] in the header for the deadlines and budgets enforced here.
-struct Responder::Target : std::enable_shared_from_this<Responder::Target> {
-  Target(StoreServer::Impl& server, tcp::socket socket, uint64_t id);
-  void start();
-  void read_header();
-  void on_header();
-  void read_body(uint32_t n);
-  void dispatch();
-  void on_hello(FrameReader& args);
-  void reply(std::vector<uint8_t> frame, bool close_after);
-  void close(const std::string& why, bool warn);
-  // Arms the single deadline timer (the handshake's or the current frame's); a timer
-  // armed again or cancelled never fires its old expiry.
-  void arm_deadline(std::chrono::milliseconds after, std::string why);
-  void cancel_deadline();
-  void release_body();
-  void leave_pending();  // out of the server's list of connections waiting for HELLO
-
-  StoreServer::Impl& server_;
-  tcp::socket socket_;
-  uint64_t id_;
-  std::string peer_;
-  uint8_t header_[4] = {};
-  size_t header_got_ = 0;
-  std::vector<uint8_t> body_;
-  uint64_t reserved_ = 0;  // bytes of body_ counted in the server's buffered_bytes
-  asio::steady_timer deadline_;
-  uint64_t deadline_seq_ = 0;
-  bool authed_ = false;
-  bool awaiting_reply_ = false;
-  bool closed_ = false;
-  bool pending_ = false;  // in the server's list of connections waiting for HELLO
-  std::list<Target*>::iterator pending_it_;
-  std::vector<std::string> owned_keys_;
-};
-
 namespace {
-
-// At most kBurst warnings a second; the rest are counted and reported as one line.
-class WarningBudget {
- public:
-  static constexpr int kBurst = 10;
-  bool allow() {
-    auto now = std::chrono::steady_clock::now();
-    if (now - window_start_ >= std::chrono::seconds(1)) {
-      if (suppressed_ > 0)
-        spdlog::warn(
-            "coordinator: {} more warning(s) like the above suppressed in the last {:.1f} s",
-            suppressed_, std::chrono::duration<double>(now - window_start_).count());
-      window_start_ = now;
-      in_window_ = 0;
-      suppressed_ = 0;
-    }
-    if (in_window_ < kBurst) {
-      ++in_window_;
-      return true;
-    }
-    ++suppressed_;
-    return false;
-  }
-
- private:
-  std::chrono::steady_clock::time_point window_start_{};
-  int in_window_ = 0;
-  uint64_t suppressed_ = 0;
-};
 
 std::string default_identity() {
   char name[256] = {0};
@@ -157,62 +78,10 @@ std::string describe_listener(const asio::ip::address& address, uint16_t port) {
 
 }  // namespace
 
-struct StoreServer::Impl {
-  struct Waiter {
-    std::vector<std::string> keys;
-    Responder reply;
-    std::unique_ptr<asio::steady_timer> timer;
-    bool done = false;
-  };
-
-  explicit Impl(StoreServerOptions o) : options(std::move(o)), acceptor(io), accept_timer(io) {
-    if (options.identity.empty()) options.identity = default_identity();
-  }
-
-  void accept();
-  void accept_ready();
-  void on_accepted(int fd);
-  void accept_failed(int err, int accepted);
-  // Closes the connection that has waited longest for its HELLO; false if none waits.
-  bool evict_oldest_pending(const char* why);
-  void warn(const std::string& message) {
-    if (warnings.allow()) spdlog::warn("coordinator: {}", message);
-  }
-  void register_builtins();
-  // The built-in ops' handlers (coordinator/store_wire.hpp).
-  void on_ping(FrameReader& a, Responder r);
-  void on_set(FrameReader& a, Responder r);
-  void on_set_owned(FrameReader& a, Responder r);
-  void on_get(FrameReader& a, Responder r);
-  void on_wait(FrameReader& a, Responder r);
-  void on_add(FrameReader& a, Responder r);
-  void on_compare_set(FrameReader& a, Responder r);
-  void on_delete(FrameReader& a, Responder r);
-  void on_check(FrameReader& a, Responder r);
-  void on_num_keys(FrameReader& a, Responder r);
-  void set_value(const std::string& key, Bytes value);  // set: a plain (not owned) key
-  void on_write(const std::string& key);                // wakes waiters whose keys now all exist
-  void on_session_closed(Responder::Target& s);
-
-  StoreServerOptions options;
-  asio::io_context io;
-  tcp::acceptor acceptor;
-  std::thread thread;
-  std::atomic<uint16_t> port{0};
-  std::atomic<bool> stopped{false};
-  uint64_t next_session_id = 1;
-  // Everything below: io thread only.
-  std::unordered_map<uint8_t, Handler> handlers;
-  detail::KeyValues data;
-  std::map<std::string, uint64_t> owner;  // owned key -> session id
-  std::list<std::shared_ptr<Waiter>> waiters;
-  std::set<std::shared_ptr<Responder::Target>> sessions;
-  std::list<Responder::Target*> pending;  // waiting for HELLO, oldest first
-  uint64_t buffered_bytes = 0;            // frame bodies being received, all sessions
-  asio::steady_timer accept_timer;
-  std::chrono::milliseconds accept_backoff{0};
-  WarningBudget warnings;
-};
+StoreServer::Impl::Impl(StoreServerOptions o)
+    : options(std::move(o)), acceptor(io), accept_timer(io) {
+  if (options.identity.empty()) options.identity = default_identity();
+}
 
 // ---------------------------------------------------------------- Responder
 
@@ -517,133 +386,6 @@ void StoreServer::Impl::on_session_closed(Responder::Target& s) {
   // Defer the erase: the session may be running one of its own handlers right now.
   auto self = s.shared_from_this();
   asio::post(io, [this, self] { sessions.erase(self); });
-}
-
-void StoreServer::Impl::on_write(const std::string& key) {
-  for (auto it = waiters.begin(); it != waiters.end();) {
-    auto& w = **it;
-    bool relevant = false;
-    for (const auto& k : w.keys) relevant = relevant || k == key;
-    if (relevant && detail::has_all(data, w.keys)) {
-      w.done = true;
-      w.timer->cancel();
-      w.reply.send(Status::kOk);
-      it = waiters.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-// The built-in store ops (coordinator/store_wire.hpp), one named handler each.
-void StoreServer::Impl::register_builtins() {
-  using Method = void (Impl::*)(FrameReader&, Responder);
-  const std::pair<Op, Method> table[] = {
-      {Op::kPing, &Impl::on_ping},
-      {Op::kSet, &Impl::on_set},
-      {Op::kSetOwned, &Impl::on_set_owned},
-      {Op::kGet, &Impl::on_get},
-      {Op::kWait, &Impl::on_wait},
-      {Op::kAdd, &Impl::on_add},
-      {Op::kCompareSet, &Impl::on_compare_set},
-      {Op::kDelete, &Impl::on_delete},
-      {Op::kCheck, &Impl::on_check},
-      {Op::kNumKeys, &Impl::on_num_keys},
-  };
-  for (const auto& [op, method] : table) {
-    handlers[static_cast<uint8_t>(op)] = [this, method = method](FrameReader& a, Responder r) {
-      (this->*method)(a, std::move(r));
-    };
-  }
-}
-
-void StoreServer::Impl::set_value(const std::string& key, Bytes value) {
-  data[key] = std::move(value);
-  owner.erase(key);
-  on_write(key);
-}
-
-void StoreServer::Impl::on_ping(FrameReader& a, Responder r) {
-  decode_message<NoFields>(a);
-  r.send(Status::kOk);
-}
-
-void StoreServer::Impl::on_set(FrameReader& a, Responder r) {
-  auto m = decode_message<KeyValueRequest>(a);
-  set_value(m.key, std::move(m.value));
-  r.send(Status::kOk);
-}
-
-void StoreServer::Impl::on_set_owned(FrameReader& a, Responder r) {
-  auto m = decode_message<KeyValueRequest>(a);
-  set_value(m.key, std::move(m.value));
-  owner[m.key] = r.session_id();
-  for (auto& s : sessions)
-    if (s->id_ == r.session_id()) s->owned_keys_.push_back(m.key);
-  r.send(Status::kOk);
-}
-
-void StoreServer::Impl::on_get(FrameReader& a, Responder r) {
-  const auto m = decode_message<KeyRequest>(a);
-  auto it = data.find(m.key);
-  if (it == data.end())
-    r.send(Status::kNotFound);
-  else
-    r.send(Status::kOk, encode_reply(ValueReply{it->second}));
-}
-
-void StoreServer::Impl::on_wait(FrameReader& a, Responder r) {
-  auto m = decode_message<WaitRequest>(a);
-  if (detail::has_all(data, m.keys)) {
-    r.send(Status::kOk);
-    return;
-  }
-  auto w = std::make_shared<Waiter>();
-  w->keys = std::move(m.keys);
-  w->reply = r;
-  w->timer = std::make_unique<asio::steady_timer>(io);
-  w->timer->expires_after(std::chrono::milliseconds(std::max<int64_t>(0, m.timeout_ms)));
-  waiters.push_back(w);
-  w->timer->async_wait([this, w](boost::system::error_code ec) {
-    if (ec || w->done) return;
-    w->done = true;
-    waiters.remove(w);
-    w->reply.send(Status::kTimeout);
-  });
-}
-
-void StoreServer::Impl::on_add(FrameReader& a, Responder r) {
-  const auto m = decode_message<AddRequest>(a);
-  const int64_t v = detail::add_to_counter(data, m.key, m.delta);
-  on_write(m.key);
-  r.send(Status::kOk, encode_reply(CountReply{v}));
-}
-
-void StoreServer::Impl::on_compare_set(FrameReader& a, Responder r) {
-  const auto m = decode_message<CompareSetRequest>(a);
-  bool changed = false;
-  Bytes stored = detail::compare_and_set(data, m.key, m.expected, m.desired, &changed);
-  if (changed) {
-    owner.erase(m.key);
-    on_write(m.key);
-  }
-  r.send(Status::kOk, encode_reply(ValueReply{std::move(stored)}));
-}
-
-void StoreServer::Impl::on_delete(FrameReader& a, Responder r) {
-  const auto m = decode_message<KeyRequest>(a);
-  owner.erase(m.key);
-  r.send(Status::kOk, encode_reply(FlagReply{data.erase(m.key) > 0}));
-}
-
-void StoreServer::Impl::on_check(FrameReader& a, Responder r) {
-  const auto m = decode_message<KeysRequest>(a);
-  r.send(Status::kOk, encode_reply(FlagReply{detail::has_all(data, m.keys)}));
-}
-
-void StoreServer::Impl::on_num_keys(FrameReader& a, Responder r) {
-  decode_message<NoFields>(a);
-  r.send(Status::kOk, encode_reply(CountReply{static_cast<int64_t>(data.size())}));
 }
 
 StoreServer::StoreServer(StoreServerOptions options)

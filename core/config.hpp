@@ -1,7 +1,7 @@
 // The run configuration: typed sections with defaults, loaded from TOML and `--set` overrides.
 // The defaults are the member initialisers below; what each key means, and what values it
-// takes, is its entry in the schema (core/config.cpp), from which docs/config.md is generated
-// (config_reference()).
+// takes, is its entry in the schema (core/config/<section>_keys.cpp), from which docs/config.md
+// is generated (config_reference()).
 //
 // Precedence: `--set section.key=value` > file > defaults. Keys and sections follow
 // DESIGN.md; Hugging Face / DNALLM spellings are accepted as aliases (see docs/config.md).
@@ -20,10 +20,10 @@
 namespace dnallm {
 
 // Note [Config choices]: every key with a closed set of values is an enum below; its spellings
-// are one table in core/config.cpp, used to parse (an unknown spelling is exit 2 naming the
-// key, the value and the allowed spellings), to print (to_toml(), docs/config.md, the model
-// hash) and by spelling() for messages. Code outside the schema compares enum values, never
-// strings (tests/lint/config_choices.sh checks it).
+// are one table in core/config/spellings.hpp, used to parse (an unknown spelling is exit 2
+// naming the key, the value and the allowed spellings), to print (to_toml(), docs/config.md,
+// the model hash) and by spelling() for messages. Code outside the schema compares enum values,
+// never strings (tests/lint/config_choices.sh checks it).
 namespace cfg {
 
 enum class Arch { kBert, kGpt, kHyena, kCaduceus, kCaduceusPs };      // model.arch

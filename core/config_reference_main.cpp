@@ -1,5 +1,5 @@
 // dnallm-config-reference: renders the configuration reference (docs/config.md) from the
-// schema in core/config.cpp and the page's prose in docs/config.md.in. Run
+// schema in core/config/ and the page's prose in docs/config.md.in. Run
 // `cmake --build build --target config-reference` to regenerate docs/config.md.
 #include <fstream>
 #include <iostream>

@@ -458,7 +458,7 @@ TEST(ConfigReference, DocsMatchTheSchema) {
   size_t n = 0;
   std::string line;
   while (std::getline(have, line) && n < want.size() && line == want[n]) ++n;
-  ADD_FAILURE() << "docs/config.md differs from the schema (core/config.cpp) and "
+  ADD_FAILURE() << "docs/config.md differs from the schema (core/config/) and "
                    "docs/config.md.in, first at line "
                 << n + 1 << ":\n  docs/config.md: " << (n < want.size() ? line : "(end)")
                 << "\n  rendered:       " << (n < want.size() ? want[n] : "(end)")

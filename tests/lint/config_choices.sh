@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Note [Config choices] (core/config.hpp): a closed-choice key reaches the code as an enum,
-# parsed once in the schema (core/config.cpp). Fails when code outside the schema compares a
+# parsed once in the schema (core/config/). Fails when code outside the schema compares a
 # config choice with a string literal again:
 #   - <section>.<field> ==/!= "..." (either side) for every enum field of core/config.hpp,
 #   - <x>.<field> ==/!= "..." through a section alias (t.precision) for the fields whose names
