@@ -126,8 +126,8 @@ const char* model_type_of(Family f) {
   return "bert";
 }
 
-// Note [Rotary variants], Note [Parallel residual] (transformer.cpp): a rotary base other than
-// 10000 exports as gpt_neox (rotary_emb_base) or llama (rope_theta); a partial rotary and the
+// Note [Rotary variants], Note [Parallel residual] (positions.cpp, block.cpp): a rotary base other
+// than 10000 exports as gpt_neox (rotary_emb_base) or llama (rope_theta); a partial rotary and the
 // parallel residual as gpt_neox (rotary_pct, use_parallel_residual) only.
 Family family_of(const ModelOptions& o) {
   const Family f = layout_family(o);

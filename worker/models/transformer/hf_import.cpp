@@ -188,7 +188,7 @@ void check_llama_config(const json& c, const std::string& path) {
 }
 
 // Note [Rotary config]: where a config.json says the rotary base and the rotating share of
-// each head (Note [Rotary variants] in transformer.cpp), read as transformers reads them. Several
+// each head (Note [Rotary variants] in positions.cpp), read as transformers reads them. Several
 // keys say the same thing, written by different transformers versions:
 //   base:     rope_parameters.rope_theta (transformers 5), rope_theta (Llama), rotary_emb_base
 //             (GPT-NeoX);
@@ -324,7 +324,7 @@ void check_config(const json& c, const std::string& path, const std::string& mod
                "\"absolute\" (learned) and, for esm, \"rotary\"",
                path, pos, model_type);
   read_rotary_config(c, path, model_type);  // (the values: set_model_type_options)
-  if (model_type != "gpt_neox") {  // (gpt_neox: Note [Parallel residual] in transformer.cpp)
+  if (model_type != "gpt_neox") {           // (gpt_neox: Note [Parallel residual] in block.cpp)
     expect("use_parallel_residual", false,
            "supported is the sequential residual (use_parallel_residual = false)");
   }
