@@ -36,4 +36,47 @@ Tensor attention_with_dropout(const Tensor& q, const Tensor& k, const Tensor& v,
   return torch::matmul(probs, v);
 }
 
+QkvHeads project_qkv(const Tensor& h, LoraLinear& query, LoraLinear& key, LoraLinear& value,
+                     const AttentionHeads& heads, bool with_query) {
+  const int64_t b = h.size(0), t = h.size(1), nh = heads.heads, nkv = heads.kv_heads,
+                hd = heads.head_dim, hidden = nh * hd;
+  Tensor q, k, v;
+  const bool plain_qkv = !query->has_lora() && !key->has_lora() && !value->has_lora() &&
+                         !query->quantized() && !key->quantized() && !value->quantized();
+  if (plain_qkv && with_query) {
+    // One GEMM for Q, K and V (the weights stay separate parameters, HF names).
+    auto w = torch::cat({query->weight, key->weight, value->weight}, 0);
+    auto bqkv =
+        query->bias.defined() ? torch::cat({query->bias, key->bias, value->bias}, 0) : Tensor();
+    // unbind, not qkv[0..2]: the backward of three selects allocates and zero-fills a full
+    // [3, B, H, T, D] gradient for each and sums them; unbind's backward stacks once (the same
+    // values: the selects' zeros add exactly).
+    if (nkv == nh) {
+      auto qkv =
+          torch::linear(h, w, bqkv).view({b, t, 3, nh, hd}).permute({2, 0, 3, 1, 4}).unbind(0);
+      q = qkv[0];
+      k = qkv[1];
+      v = qkv[2];
+    } else {
+      auto qkv = torch::linear(h, w, bqkv).split_with_sizes({hidden, nkv * hd, nkv * hd}, -1);
+      q = qkv[0].view({b, t, nh, hd}).transpose(1, 2);
+      k = qkv[1].view({b, t, nkv, hd}).transpose(1, 2);
+      v = qkv[2].view({b, t, nkv, hd}).transpose(1, 2);
+    }
+  } else {
+    k = key(h).view({b, t, nkv, hd}).transpose(1, 2);
+    v = value(h).view({b, t, nkv, hd}).transpose(1, 2);
+  }
+  if (with_query && !q.defined()) q = query(h).view({b, t, nh, hd}).transpose(1, 2);
+  return {q, k, v};
+}
+
+Tensor repeat_kv_heads(const Tensor& x, int64_t heads) {
+  // Note [Grouped-query attention]: query head i attends with key/value head i / (nh / nkv)
+  // (transformers' repeat_kv): each shared head is repeated after the cache, which keeps
+  // nkv heads. Exact for every attention kernel and mask.
+  const int64_t b = x.size(0), nkv = x.size(1), n = x.size(2), hd = x.size(3);
+  return x.unsqueeze(2).expand({b, nkv, heads / nkv, n, hd}).reshape({b, heads, n, hd});
+}
+
 }  // namespace dnallm::models

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include "worker/models/lora_linear.hpp"
 #include "worker/models/transformer/model_options.hpp"
 
 namespace dnallm::models {
@@ -19,5 +20,27 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 torch::Tensor attention_with_dropout(const torch::Tensor& q, const torch::Tensor& k,
                                      const torch::Tensor& v, const torch::Tensor& bias, bool causal,
                                      AttnImpl impl, double dropout_p);
+
+// The heads of one attention: `heads` query heads and `kv_heads` key/value heads (grouped-query
+// attention when fewer), each of `head_dim` channels.
+struct AttentionHeads {
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+};
+
+// Queries [B, heads, T, D], keys and values [B, kv_heads, T, D] of `h` [B, T, hidden]. Where no
+// projection has an adapter or a quantized base, one GEMM computes all three (the weights stay
+// separate parameters, HF names). Without `with_query` the queries stay undefined (the caller
+// computes them at some positions only: Note [Scored positions only]) and the keys and values
+// come from their own linears. In the unfused form, K, V and then Q run in that order (LoRA
+// dropout draws).
+struct QkvHeads {
+  torch::Tensor q, k, v;
+};
+QkvHeads project_qkv(const torch::Tensor& h, LoraLinear& query, LoraLinear& key, LoraLinear& value,
+                     const AttentionHeads& heads, bool with_query);
+
+// Note [Grouped-query attention]: key/value heads [B, kv_heads, T, D] repeated to `heads` query
+// heads [B, heads, T, D], each shared head `heads / kv_heads` times in a row.
+torch::Tensor repeat_kv_heads(const torch::Tensor& x, int64_t heads);
 
 }  // namespace dnallm::models

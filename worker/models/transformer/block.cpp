@@ -6,6 +6,7 @@
 #include "worker/models/recompute_autocast.hpp"
 #include "worker/models/transformer/attention.hpp"
 #include "worker/models/transformer/context_attention.hpp"
+#include "worker/models/transformer/feed_forward.hpp"
 #include "worker/models/transformer/layers.hpp"
 #include "worker/models/transformer/positions.hpp"
 
@@ -76,33 +77,9 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
     return ln_ffn ? norm(ln_ffn, t) : rms_norm(rms_ffn, t, options_.layer_norm_eps);
   };
   auto h = post_ln ? x : norm_attn(x);
-  Tensor q, k, v;
-  const bool plain_qkv = !query->has_lora() && !key->has_lora() && !value->has_lora() &&
-                         !query->quantized() && !key->quantized() && !value->quantized();
-  if (plain_qkv && !positions.defined()) {
-    // One GEMM for Q, K and V (the weights stay separate parameters, HF names).
-    auto w = torch::cat({query->weight, key->weight, value->weight}, 0);
-    auto bqkv =
-        query->bias.defined() ? torch::cat({query->bias, key->bias, value->bias}, 0) : Tensor();
-    // unbind, not qkv[0..2]: the backward of three selects allocates and zero-fills a full
-    // [3, B, H, T, D] gradient for each and sums them; unbind's backward stacks once (the same
-    // values: the selects' zeros add exactly).
-    if (nkv == nh) {
-      auto qkv =
-          torch::linear(h, w, bqkv).view({b, t, 3, nh, hd}).permute({2, 0, 3, 1, 4}).unbind(0);
-      q = qkv[0];
-      k = qkv[1];
-      v = qkv[2];
-    } else {
-      auto qkv = torch::linear(h, w, bqkv).split_with_sizes({hidden, nkv * hd, nkv * hd}, -1);
-      q = qkv[0].view({b, t, nh, hd}).transpose(1, 2);
-      k = qkv[1].view({b, t, nkv, hd}).transpose(1, 2);
-      v = qkv[2].view({b, t, nkv, hd}).transpose(1, 2);
-    }
-  } else {
-    k = key(h).view({b, t, nkv, hd}).transpose(1, 2);
-    v = value(h).view({b, t, nkv, hd}).transpose(1, 2);
-  }
+  // (with `positions`: the queries below, at those positions only)
+  auto [q, k, v] = project_qkv(h, query, key, value, AttentionHeads{nh, nkv, hd},
+                               /*with_query=*/!positions.defined());
   Tensor residual = x;
   Tensor q_cos = rope_cos, q_sin = rope_sin;
   Tensor attn_bias = bias;
@@ -124,8 +101,6 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
       q_cos = rope_cos.index_select(0, positions.reshape({-1})).view({b, 1, tq, rd});
       q_sin = rope_sin.index_select(0, positions.reshape({-1})).view({b, 1, tq, rd});
     }
-  } else if (!q.defined()) {
-    q = query(h).view({b, t, nh, hd}).transpose(1, 2);
   }
   if (rope_cos.defined()) {
     q = apply_rope(q, q_cos, q_sin);
@@ -142,15 +117,8 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
   // Note [Attention context parallelism]: context_attention exchanges k and v (the nkv shared
   // heads, repeated after the exchange) while it computes the local blocks.
   if (nkv != nh && !context) {
-    // Note [Grouped-query attention]: query head i attends with key/value head i / (nh / nkv)
-    // (transformers' repeat_kv): each shared head is repeated after the cache, which keeps
-    // nkv heads. Exact for every attention kernel and mask.
-    auto repeat = [&](const Tensor& x) {
-      const int64_t n = x.size(2);
-      return x.unsqueeze(2).expand({b, nkv, nh / nkv, n, hd}).reshape({b, nh, n, hd});
-    };
-    k = repeat(k);
-    v = repeat(v);
+    k = repeat_kv_heads(k, nh);  // Note [Grouped-query attention]
+    v = repeat_kv_heads(v, nh);
   }
   auto a = context ? context_attention(q, k, v, *context, p)
                    : attention_with_dropout(q, k, v, attn_bias, causal, options_.attn, p);
@@ -174,32 +142,7 @@ Tensor BlockImpl::forward_impl(const Tensor& x, const Tensor& bias, bool causal,
       residual_rows = rows(residual);
     }
   }
-  Tensor inner;
-  if (!ffn_gate) {
-    inner = torch::gelu(ffn_in(hf));
-  } else {
-    Tensor gate, up;
-    const bool plain_ffn = !ffn_gate->has_lora() && !ffn_in->has_lora() && !ffn_gate->quantized() &&
-                           !ffn_in->quantized();
-    if (plain_ffn) {
-      // One GEMM for the gate and up projections (as for Q, K and V above; DNABERT-2 stores
-      // them fused, gated_layers), the weights separate parameters.
-      auto w = torch::cat({ffn_gate->weight, ffn_in->weight}, 0);
-      auto bgu =
-          ffn_gate->bias.defined() ? torch::cat({ffn_gate->bias, ffn_in->bias}, 0) : Tensor();
-      auto gu = torch::linear(hf, w, bgu).chunk(2, -1);
-      gate = gu[0];
-      up = gu[1];
-    } else {
-      gate = ffn_gate(hf);
-      up = ffn_in(hf);
-    }
-    // Exact (erf) GELU as DNABERT-2's GLU, or SiLU (Llama).
-    inner = options_.gate_activation == ModelOptions::GateActivation::kGelu
-                ? torch::gelu(gate) * up
-                : torch::silu(gate) * up;
-  }
-  auto f = ffn_out(inner);
+  auto f = feed_forward(hf, ffn_in, ffn_gate, ffn_out, feed_forward_kind(options_));
   if (p > 0) f = torch::dropout(f, p, true);
   auto block_out = post_ln    ? norm_ffn(y_rows + f)
                    : parallel ? f + out_rows + residual_rows

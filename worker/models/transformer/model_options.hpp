@@ -83,7 +83,7 @@ struct ModelOptions {
   std::vector<std::string> lora_targets = {"query", "value"};
 };
 
-// Key/value heads of `o` (Note [Grouped-query attention] in block.cpp).
+// Key/value heads of `o` (Note [Grouped-query attention] in attention.cpp).
 inline int64_t key_value_heads(const ModelOptions& o) {
   return o.kv_heads > 0 ? o.kv_heads : o.heads;
 }
