@@ -2,6 +2,9 @@
 
 #include <cmath>
 
+#include "core/error.hpp"
+#include "worker/models/transformer/positions.hpp"
+
 namespace dnallm::models {
 
 using torch::Tensor;
@@ -77,6 +80,46 @@ Tensor repeat_kv_heads(const Tensor& x, int64_t heads) {
   // nkv heads. Exact for every attention kernel and mask.
   const int64_t b = x.size(0), nkv = x.size(1), n = x.size(2), hd = x.size(3);
   return x.unsqueeze(2).expand({b, nkv, heads / nkv, n, hd}).reshape({b, heads, n, hd});
+}
+
+AttentionBias attention_bias(const ForwardInputs& in, int64_t b, int64_t t, int64_t past_len,
+                             bool causal, int64_t alibi_heads, const torch::Device& device) {
+  const int64_t tk = past_len + t;
+  Tensor allowed;  // bool, broadcastable to [B, 1, T, Tk]
+  bool padded_batch = false;
+  if (in.attention_mask.defined()) {
+    auto key_ok = in.attention_mask.to(torch::kBool);
+    if (key_ok.size(1) == t && past_len > 0) {
+      key_ok = torch::cat({torch::ones({b, past_len}, key_ok.options()), key_ok}, 1);
+    }
+    // See Note [Host-known batch facts]: the host says whether anything is padded.
+    const bool any_padding =
+        in.padded.has_value() && past_len == 0 ? *in.padded : !key_ok.all().item<bool>();
+    if (any_padding) allowed = key_ok.view({b, 1, 1, tk});
+    padded_batch = any_padding;
+  }
+  if (in.segment_ids.defined()) {
+    DNALLM_CHECK(past_len == 0, ExitCode::kFailure, "packed segments are not cached");
+    auto seg = in.segment_ids;
+    auto same = seg.unsqueeze(2).eq(seg.unsqueeze(1)).unsqueeze(1);  // [B, 1, T, T]
+    allowed = allowed.defined() ? allowed.logical_and(same) : same;
+  }
+  if (causal && (allowed.defined() || (past_len > 0 && t > 1) || alibi_heads > 0)) {
+    auto tri = torch::ones({t, tk}, torch::TensorOptions().dtype(torch::kBool).device(device))
+                   .tril(past_len);
+    allowed = allowed.defined() ? allowed.logical_and(tri) : tri.view({1, 1, t, tk});
+  }
+  Tensor bias;
+  if (allowed.defined()) {
+    bias =
+        torch::zeros(allowed.sizes(), torch::TensorOptions().dtype(torch::kFloat32).device(device))
+            .masked_fill(allowed.logical_not(), mask_value(torch::kFloat32));
+  }
+  if (alibi_heads > 0) {  // Note [ALiBi]: added to the padding/causal mask, as DNABERT-2 does
+    auto alibi = alibi_bias(alibi_heads, past_len, t, tk, device);
+    bias = bias.defined() ? bias + alibi : alibi;
+  }
+  return {bias, padded_batch};
 }
 
 }  // namespace dnallm::models

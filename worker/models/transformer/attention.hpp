@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include "worker/models/language_model.hpp"
 #include "worker/models/lora_linear.hpp"
 #include "worker/models/transformer/model_options.hpp"
 
@@ -42,5 +43,18 @@ QkvHeads project_qkv(const torch::Tensor& h, LoraLinear& query, LoraLinear& key,
 // Note [Grouped-query attention]: key/value heads [B, kv_heads, T, D] repeated to `heads` query
 // heads [B, heads, T, D], each shared head `heads / kv_heads` times in a row.
 torch::Tensor repeat_kv_heads(const torch::Tensor& x, int64_t heads);
+
+// Note [Attention masks]: the additive mask [B or 1, 1 or H, T, past_len + T] of `t` queries
+// that follow `past_len` cached positions, from `in`'s attention_mask (padding; `in.padded` is
+// the host's answer, Note [Host-known batch facts]) and segment_ids (packing), with causality
+// where `causal` and the kernel's own causal path does not serve (another mask, several new
+// queries after a cache, ALiBi), plus ALiBi's biases when `alibi_heads` > 0 (Note [ALiBi]).
+// `bias` stays undefined when nothing masks; `padded_batch` says whether some key is padding.
+struct AttentionBias {
+  torch::Tensor bias;  // fp32
+  bool padded_batch = false;
+};
+AttentionBias attention_bias(const ForwardInputs& in, int64_t batch, int64_t t, int64_t past_len,
+                             bool causal, int64_t alibi_heads, const torch::Device& device);
 
 }  // namespace dnallm::models

@@ -290,40 +290,9 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
   }
   // Build the additive mask (Note [Attention masks]).
   const bool causal = o.arch == Arch::kGpt;
-  const int64_t tk = past_len + t;
-  Tensor allowed;  // bool, broadcastable to [B, 1, T, Tk]
-  bool padded_batch = false;
-  if (masked.attention_mask.defined()) {
-    auto key_ok = masked.attention_mask.to(torch::kBool);
-    if (key_ok.size(1) == t && past_len > 0) {
-      key_ok = torch::cat({torch::ones({b, past_len}, key_ok.options()), key_ok}, 1);
-    }
-    // See Note [Host-known batch facts]: the host says whether anything is padded.
-    const bool any_padding =
-        masked.padded.has_value() && past_len == 0 ? *masked.padded : !key_ok.all().item<bool>();
-    if (any_padding) allowed = key_ok.view({b, 1, 1, tk});
-    padded_batch = any_padding;
-  }
-  if (masked.segment_ids.defined()) {
-    DNALLM_CHECK(past_len == 0, ExitCode::kFailure, "packed segments are not cached");
-    auto seg = masked.segment_ids;
-    auto same = seg.unsqueeze(2).eq(seg.unsqueeze(1)).unsqueeze(1);  // [B, 1, T, T]
-    allowed = allowed.defined() ? allowed.logical_and(same) : same;
-  }
-  if (causal && !context_ && (allowed.defined() || (past_len > 0 && t > 1) || o.alibi)) {
-    auto tri = torch::ones({t, tk}, torch::TensorOptions().dtype(torch::kBool).device(device))
-                   .tril(past_len);
-    allowed = allowed.defined() ? allowed.logical_and(tri) : tri.view({1, 1, t, tk});
-  }
-  Tensor bias;
-  if (allowed.defined()) {
-    bias = torch::zeros(allowed.sizes(), x.options().dtype(torch::kFloat32))
-               .masked_fill(allowed.logical_not(), mask_value(torch::kFloat32));
-  }
-  if (o.alibi && !context_) {  // Note [ALiBi]: added to the padding/causal mask, as DNABERT-2 does
-    auto alibi = alibi_bias(o.heads, past_len, t, tk, device);
-    bias = bias.defined() ? bias + alibi : alibi;
-  }
+  const AttentionBias mask = attention_bias(masked, b, t, past_len, causal && !context_,
+                                            o.alibi && !context_ ? o.heads : 0, device);
+  const Tensor& bias = mask.bias;
   // A single cached decode step (t == 1) attends to everything before it: no mask needed.
   const bool kernel_causal = causal && !bias.defined() && !(past_len > 0 && t == 1);
   // Note [Padding-free feed-forward]: DNABERT-2's reference runs its feed-forward on the real
@@ -331,7 +300,7 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
   // a synchronisation on a GPU). The padding rows' outputs are not part of the function:
   // they are keys masked out of every attention and positions no loss or pooling reads.
   Tensor ffn_rows;
-  if (o.alibi && padded_batch && device.is_cpu() && cache == nullptr && past_len == 0 &&
+  if (o.alibi && mask.padded_batch && device.is_cpu() && cache == nullptr && past_len == 0 &&
       in.attention_mask.size(1) == t) {
     ffn_rows = in.attention_mask.reshape({-1}).nonzero().squeeze(1);
   }
