@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
 #include "worker/models/transformer/context_attention.hpp"
+#include "worker/models/transformer/heads.hpp"
 #include "worker/models/transformer/layers.hpp"
 #include "worker/parallel/context_parallel.hpp"
 #include "worker/tensor_buffer.hpp"
@@ -389,12 +390,7 @@ ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
         flat_labels = flat_labels.index_select(0, idx);
       }
       auto logits = lm_logits(flat_hidden);
-      out.loss_sum = torch::nn::functional::cross_entropy(
-          logits.to(torch::kFloat32), flat_labels,
-          torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(
-              torch::kSum));
-      out.loss_count =
-          in.label_count >= 0 ? in.label_count : flat_labels.ne(-100).sum().item<int64_t>();
+      add_cross_entropy(logits, flat_labels, in.label_count, out);
       out.logits =
           in.logits_for_labels_only ? logits : logits.view({hidden.size(0), hidden.size(1), -1});
     } else {
@@ -402,43 +398,10 @@ ModelOutput TransformerLMImpl::forward(const ForwardInputs& in) {
     }
     return out;
   }
-  Tensor pooled;
-  if (context_) {
-    // Note [Context-parallel pooling]: the masked mean, or [CLS] (global position 0, on context
-    // rank 0 in both layouts), summed over the group.
-    auto& group = *context_->group;
-    pooled = o.mean_pooling ? parallel::context_mean_pool(hidden, in.attention_mask, group)
-                            : parallel::context_token_pool(
-                                  hidden, context_positions_,
-                                  torch::zeros({hidden.size(0)}, in.input_ids.options()), group);
-  } else if (o.mean_pooling) {
-    auto mask = in.attention_mask.defined()
-                    ? in.attention_mask.to(hidden.dtype()).unsqueeze(-1)
-                    : torch::ones({hidden.size(0), hidden.size(1), 1}, hidden.options());
-    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0);
-  } else {
-    pooled = hidden.select(1, 0);
-  }
+  Tensor pooled = pool_hidden(hidden, in, o.mean_pooling, context_.get(), context_positions_);
   pooled = torch::tanh(pooler(pooled));
   if (is_training() && o.dropout > 0) pooled = torch::dropout(pooled, o.dropout, true);
-  auto logits = classifier(pooled);
-  if (o.task == Task::kRegression) {
-    out.logits = logits.squeeze(-1);
-    if (in.targets.defined()) {
-      out.loss_sum = (out.logits.to(torch::kFloat32) - in.targets.to(torch::kFloat32)).pow(2).sum();
-      out.loss_count = in.targets.numel();
-    }
-  } else {
-    out.logits = logits;
-    if (in.labels.defined()) {
-      out.loss_sum = torch::nn::functional::cross_entropy(
-          logits.to(torch::kFloat32), in.labels,
-          torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(
-              torch::kSum));
-      out.loss_count =
-          in.label_count >= 0 ? in.label_count : in.labels.ne(-100).sum().item<int64_t>();
-    }
-  }
+  add_sequence_head_output(classifier(pooled), in, o.task, out);
   return out;
 }
 
