@@ -20,7 +20,7 @@ using nlohmann::ordered_json;
 using torch::Tensor;
 
 // kNtV2: ESM with the Nucleotide Transformer v2 remote code's SwiGLU (Note [Remote code] in
-// hf_import.cpp); config.json names that code in auto_map, as the hub's repositories do.
+// hf_import_esm.cpp); config.json names that code in auto_map, as the hub's repositories do.
 // kDnabert2: Note [DNABERT-2 export].
 enum class Family { kEsm, kBert, kRobertaPreLn, kGptNeoX, kLlama, kNtV2, kDnabert2 };
 
@@ -229,7 +229,7 @@ ordered_json common_config(Family f, const ModelOptions& o) {
 // ours count from 0; ESM and RoBERTa from padding_idx + 1.
 int64_t add_encoder_config(Family f, const ModelOptions& o, ordered_json& c, NamedTensors& out) {
   int64_t position_offset = 0;
-  if (f == Family::kNtV2) {  // Note [Remote code] in hf_import.cpp
+  if (f == Family::kNtV2) {  // Note [Remote code] in hf_import_esm.cpp
     c["auto_map"] = {
         {"AutoConfig", "esm_config.EsmConfig"},
         {"AutoModelForMaskedLM", "modeling_esm.EsmForMaskedLM"},
