@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "worker/models/transformer/attention.hpp"
 #include "worker/parallel/context_parallel.hpp"
 #include "worker/tensor_buffer.hpp"
 
@@ -166,6 +167,60 @@ Tensor run_positions(const PositionRun& run, const torch::Device& device) {
                        torch::TensorOptions().dtype(torch::kInt64).device(device));
 }
 
+// The additive bias [B or 1, 1 or H, tq, tk] of the block of query run `qr` (global positions
+// `q_pos`) and key run `kr` (`k_pos`), undefined when nothing masks it: causality where the
+// block straddles the diagonal, padding, segments and ALiBi (`slopes` [1, H, 1, 1], defined).
+Tensor block_bias(const AttentionContext& context, const PositionRun& qr, const PositionRun& kr,
+                  const Tensor& q_pos, const Tensor& k_pos, int64_t batch, const Tensor& slopes,
+                  const torch::TensorOptions& f32) {
+  const int64_t k_last = kr.first + kr.length - 1;
+  Tensor allowed;                             // bool, broadcastable to [B, 1, tq, tk]
+  if (context.causal && k_last > qr.first) {  // the block straddles the diagonal
+    allowed = (k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)).view({1, 1, qr.length, kr.length});
+  }
+  auto both = [&](const Tensor& a) { return allowed.defined() ? allowed.logical_and(a) : a; };
+  if (context.key_ok.defined()) {
+    allowed = both(context.key_ok.narrow(1, kr.offset, kr.length).view({batch, 1, 1, kr.length}));
+  }
+  if (context.key_segments.defined()) {
+    const auto qs = context.query_segments.narrow(1, qr.offset, qr.length);
+    const auto ks = context.key_segments.narrow(1, kr.offset, kr.length);
+    allowed = both(qs.unsqueeze(2).eq(ks.unsqueeze(1)).unsqueeze(1));
+  }
+  // The one-rank path's additive bias (Note [Attention masks], Note [ALiBi]), this block's.
+  Tensor bias;
+  if (allowed.defined()) {
+    bias = torch::zeros(allowed.sizes(), f32).masked_fill(allowed.logical_not(), -1e9);
+  }
+  if (slopes.defined()) {
+    const auto alibi =
+        slopes * (k_pos.unsqueeze(0) - q_pos.unsqueeze(1)).abs().neg().to(torch::kFloat32);
+    bias = bias.defined() ? bias + alibi : alibi;
+  }
+  return bias;
+}
+
+// The (query run, key run) blocks of one query run: their outputs and log-sum-exps.
+struct RunBlocks {
+  std::vector<Tensor> parts, lses;
+};
+
+// Note [Attention context parallelism]: each query run's blocks merged exactly by their
+// log-sum-exp, the runs concatenated along the positions.
+Tensor merge_blocks(const std::vector<RunBlocks>& blocks) {
+  std::vector<Tensor> outputs;
+  for (const auto& b : blocks) {
+    const auto lse = torch::logsumexp(torch::cat(b.lses, -1), -1, /*keepdim=*/true);
+    Tensor out;
+    for (size_t j = 0; j < b.parts.size(); ++j) {
+      const auto part = torch::exp(b.lses[j] - lse) * b.parts[j];
+      out = out.defined() ? out + part : part;
+    }
+    outputs.push_back(out);
+  }
+  return outputs.size() == 1 ? outputs[0] : torch::cat(outputs, 2);
+}
+
 }  // namespace
 
 Tensor gather_context_rows(const Tensor& x, comm::Communicator& group) {
@@ -211,10 +266,7 @@ Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v,
     slopes = torch::tensor(s, torch::kFloat32).to(device).view({1, H, 1, 1});
   }
   // Note [Grouped-query attention]: each shared head repeated after the exchange.
-  auto repeat = [&](const Tensor& x) {
-    if (Hkv == H) return x;
-    return x.unsqueeze(2).expand({B, Hkv, H / Hkv, t, x.size(3)}).reshape({B, H, t, x.size(3)});
-  };
+  auto repeat = [&](const Tensor& x) { return Hkv == H ? x : repeat_kv_heads(x, H); };
 
   // Note [Attention context parallelism]: launch the exchange, compute the local blocks, wait,
   // compute the remote ones.
@@ -226,10 +278,7 @@ Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   if (!context.overlap_exchange) exchange->wait_gather();
   const auto local = LocalKeys::apply(k, v, exchange);
 
-  struct Blocks {
-    std::vector<Tensor> parts, lses;
-  };
-  std::vector<Blocks> blocks(query_runs.size());
+  std::vector<RunBlocks> blocks(query_runs.size());
   // The (query run, key run) blocks of rank r's keys and values [B, H, t, D].
   auto attend = [&](int r, const Tensor& keys, const Tensor& values) {
     for (size_t i = 0; i < query_runs.size(); ++i) {
@@ -238,35 +287,12 @@ Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v,
       const int64_t q_last = qr.first + qr.length - 1;
       const auto q_pos = run_positions(qr, device);
       for (const auto& kr : key_runs[r]) {
-        const int64_t k_last = kr.first + kr.length - 1;
         if (context.causal && kr.first > q_last) continue;  // every key after every query
         const int64_t at = kr.offset - r * t;               // in this rank's keys
         const auto kj = keys.narrow(2, at, kr.length), vj = values.narrow(2, at, kr.length);
         auto scores = torch::matmul(qi, kj.transpose(-2, -1)) * scale;  // [B, H, tq, tk]
-        const auto k_pos = run_positions(kr, device);
-        Tensor allowed;                             // bool, broadcastable to [B, 1, tq, tk]
-        if (context.causal && k_last > qr.first) {  // the block straddles the diagonal
-          allowed = (k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)).view({1, 1, qr.length, kr.length});
-        }
-        auto both = [&](const Tensor& a) { return allowed.defined() ? allowed.logical_and(a) : a; };
-        if (context.key_ok.defined()) {
-          allowed = both(context.key_ok.narrow(1, kr.offset, kr.length).view({B, 1, 1, kr.length}));
-        }
-        if (context.key_segments.defined()) {
-          const auto qs = context.query_segments.narrow(1, qr.offset, qr.length);
-          const auto ks = context.key_segments.narrow(1, kr.offset, kr.length);
-          allowed = both(qs.unsqueeze(2).eq(ks.unsqueeze(1)).unsqueeze(1));
-        }
-        // The one-rank path's additive bias (Note [Attention masks], Note [ALiBi]), this block's.
-        Tensor bias;
-        if (allowed.defined()) {
-          bias = torch::zeros(allowed.sizes(), f32).masked_fill(allowed.logical_not(), -1e9);
-        }
-        if (slopes.defined()) {
-          const auto alibi =
-              slopes * (k_pos.unsqueeze(0) - q_pos.unsqueeze(1)).abs().neg().to(torch::kFloat32);
-          bias = bias.defined() ? bias + alibi : alibi;
-        }
+        const auto bias =
+            block_bias(context, qr, kr, q_pos, run_positions(kr, device), B, slopes, f32);
         if (bias.defined()) scores = scores + bias.to(scores.dtype());
         const auto lse = torch::logsumexp(scores, -1, /*keepdim=*/true);  // [B, H, tq, 1]
         auto probs = torch::exp(scores - lse);
@@ -292,17 +318,7 @@ Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v,
     if (r != me) attend(r, repeat(received[r][0]), repeat(received[r][1]));
   }
 
-  std::vector<Tensor> outputs;
-  for (const auto& b : blocks) {
-    const auto lse = torch::logsumexp(torch::cat(b.lses, -1), -1, /*keepdim=*/true);
-    Tensor out;
-    for (size_t j = 0; j < b.parts.size(); ++j) {
-      const auto part = torch::exp(b.lses[j] - lse) * b.parts[j];
-      out = out.defined() ? out + part : part;
-    }
-    outputs.push_back(out);
-  }
-  return outputs.size() == 1 ? outputs[0] : torch::cat(outputs, 2);
+  return merge_blocks(blocks);
 }
 
 }  // namespace dnallm::models

@@ -18,7 +18,7 @@
 //   dnabert2              model_type "bert" with DNABERT-2's remote code in auto_map
 //                         (bert_layers.BertForMaskedLM / BertForSequenceClassification):
 //                         ALiBi, fused Wqkv, GEGLU feed-forward, post-LN (Note [DNABERT-2
-//                         import] in hf_import.cpp); its Python files are not run
+//                         import] in hf_import_dnabert2.cpp); its Python files are not run
 // Note [Nothing silently ignored]: every config.json key is either understood (and its value
 // checked against what the import computes) or on a list of keys that do not change the
 // function (dropout rates, token ids, bookkeeping); any other key, a value we do not compute
