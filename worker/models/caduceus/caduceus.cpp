@@ -1,18 +1,10 @@
 #include "worker/models/caduceus/caduceus.hpp"
 
 #include <cmath>
-#include <filesystem>
-#include <map>
-#include <set>
 
-#include "checkpoint/durable_io.hpp"
-#include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
-#include "core/untrusted_file.hpp"
 #include "worker/models/caduceus/mamba_context.hpp"
-#include "worker/models/family_io.hpp"
 #include "worker/models/fp32_region.hpp"
-#include "worker/models/hf_directory.hpp"
 #include "worker/models/recompute_autocast.hpp"
 #include "worker/models/transformer/transformer.hpp"
 #include "worker/parallel/context_parallel.hpp"
@@ -26,7 +18,6 @@
 
 namespace dnallm::models::caduceus {
 
-using nlohmann::json;
 using torch::Tensor;
 using torch::indexing::Slice;
 

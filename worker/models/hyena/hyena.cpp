@@ -1,16 +1,9 @@
 #include "worker/models/hyena/hyena.hpp"
 
 #include <cmath>
-#include <map>
-#include <set>
 
-#include "checkpoint/durable_io.hpp"
-#include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
-#include "core/untrusted_file.hpp"
-#include "worker/models/family_io.hpp"
 #include "worker/models/fp32_region.hpp"
-#include "worker/models/hf_directory.hpp"
 #include "worker/models/hyena/hyena_mixer.hpp"
 #include "worker/models/recompute_autocast.hpp"
 #include "worker/models/transformer/transformer.hpp"
@@ -19,7 +12,6 @@
 
 namespace dnallm::models::hyena {
 
-using nlohmann::json;
 using torch::Tensor;
 
 // A named, empty module: Hugging Face's dotted names as LibTorch's nested modules.
