@@ -51,13 +51,9 @@ class HashingWriter {
   XXH64_state_t* state_;
 };
 
-}  // namespace
-
-std::string shard_file_name(int rank) { return fmt::format("shard_{:05d}.dnc", rank); }
-
-ShardDescriptor write_shard(const fs::path& step_dir, int rank,
-                            const std::vector<TensorSlice>& slices, const CodecOptions& codec) {
-  DNALLM_CHECK(rank >= 0, ExitCode::kUsage, "write_shard: rank {} is negative", rank);
+// Checks each slice lies inside its tensor and has data, and that no two ranges of one tensor
+// overlap.
+void check_slices(const std::vector<TensorSlice>& slices) {
   // Note [Pieces of a tensor]: a shard may hold several disjoint ranges of one tensor (a
   // fully sharded rank owns a piece of every unit); they must not overlap.
   std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> seen;
@@ -74,6 +70,102 @@ ShardDescriptor write_shard(const fs::path& step_dir, int rank,
     }
     seen[s.spec.name].emplace_back(s.begin, s.end);
   }
+}
+
+// Encodes the slices' chunks and writes them after the header; each slice's chunk index
+// entries (offset, stored bytes, first element, elements, encoding, hash), by slice.
+std::vector<json> write_chunks(HashingWriter& w, const std::vector<TensorSlice>& slices,
+                               const CodecOptions& codec) {
+  // Chunks are encoded `threads` at a time (std::async, joined before the next
+  // window) and written in order, so memory stays at threads x chunk_bytes.
+  struct Pending {
+    size_t slice;
+    uint64_t elem_begin, count;
+  };
+  std::vector<Pending> all;
+  for (size_t si = 0; si < slices.size(); ++si) {
+    const auto& s = slices[si];
+    const uint64_t per_chunk = std::max<uint64_t>(1, codec.chunk_bytes / dtype_size(s.spec.dtype));
+    for (uint64_t e = s.begin; e < s.end; e += per_chunk)
+      all.push_back({si, e, std::min(per_chunk, s.end - e)});
+  }
+  std::vector<json> chunks(slices.size(), json::array());
+  const size_t window = static_cast<size_t>(std::max(1, codec.threads));
+  std::vector<std::vector<uint8_t>> stored(window);
+  std::vector<std::future<ChunkEncoding>> encoded(window);
+  for (size_t w0 = 0; w0 < all.size(); w0 += window) {
+    const size_t wn = std::min(window, all.size() - w0);
+    for (size_t k = 0; k < wn; ++k) {
+      const Pending& p = all[w0 + k];
+      const TensorSlice& s = slices[p.slice];
+      const size_t es = dtype_size(s.spec.dtype);
+      const auto* src = static_cast<const uint8_t*>(s.data) + (p.elem_begin - s.begin) * es;
+      auto job = [src, n = p.count * es, dtype = s.spec.dtype, &codec, out = &stored[k]] {
+        return encode_chunk(src, n, dtype, codec, *out);
+      };
+      encoded[k] =
+          wn == 1 ? std::async(std::launch::deferred, job) : std::async(std::launch::async, job);
+    }
+    for (size_t k = 0; k < wn; ++k) encoded[k].wait();  // all joined before any rethrow
+    for (size_t k = 0; k < wn; ++k) {
+      const ChunkEncoding enc = encoded[k].get();  // rethrows an encoding error
+      const Pending& p = all[w0 + k];
+      const uint64_t off = w.offset();
+      w.write(stored[k].data(), stored[k].size());
+      chunks[p.slice].push_back({off, stored[k].size(), p.elem_begin, p.count,
+                                 static_cast<int>(enc),
+                                 XXH64(stored[k].data(), stored[k].size(), 0)});
+    }
+  }
+  return chunks;
+}
+
+// The index's "tensors" list (each slice with its chunks, moved from `chunks`); the slices'
+// specs and ranges added to `desc`.
+json tensor_index(const std::vector<TensorSlice>& slices, std::vector<json>& chunks,
+                  ShardDescriptor& desc) {
+  json jtensors = json::array();
+  for (size_t si = 0; si < slices.size(); ++si) {
+    const auto& s = slices[si];
+    jtensors.push_back({{"name", s.spec.name},
+                        {"dtype", dtype_name(s.spec.dtype)},
+                        {"shape", s.spec.shape},
+                        {"begin", s.begin},
+                        {"end", s.end},
+                        {"chunks", std::move(chunks[si])}});
+    desc.tensors.push_back(s.spec);
+    desc.ranges.push_back({s.spec.name, s.begin, s.end});
+  }
+  return jtensors;
+}
+
+// The index and the footer after the chunks; the file's hash and size into `desc`.
+void write_index_and_footer(OutFile& f, HashingWriter& w, const json& index,
+                            ShardDescriptor& desc) {
+  const std::string itext = index.dump();
+  const uint64_t index_offset = w.offset();
+  w.write(itext.data(), itext.size());
+
+  uint8_t footer[kFooterBytes];
+  put_u64(footer, index_offset);
+  put_u64(footer + 8, itext.size());
+  put_u64(footer + 16, XXH64(itext.data(), itext.size(), 0));
+  w.write(footer, 24);
+  desc.xxh64 = w.digest();  // covers everything before the file-hash field
+  put_u64(footer + 24, desc.xxh64);
+  std::memcpy(footer + 32, kFooterMagic, 8);
+  f.write(footer + 24, 16);
+  desc.bytes = f.written();
+}
+
+}  // namespace
+
+std::string shard_file_name(int rank) { return fmt::format("shard_{:05d}.dnc", rank); }
+
+ShardDescriptor write_shard(const fs::path& step_dir, int rank,
+                            const std::vector<TensorSlice>& slices, const CodecOptions& codec) {
+  DNALLM_CHECK(rank >= 0, ExitCode::kUsage, "write_shard: rank {} is negative", rank);
+  check_slices(slices);
   std::error_code mkdir_error;
   fs::create_directories(step_dir, mkdir_error);
   DNALLM_CHECK(!mkdir_error, kWriteFailed,
@@ -101,75 +193,9 @@ ShardDescriptor write_shard(const fs::path& step_dir, int rank,
     index["codec"] = codec_name(codec.codec);
     index["level"] = codec.level;
     index["byte_grouping"] = codec.byte_grouping;
-    // Chunks are encoded `threads` at a time (std::async, joined before the next
-    // window) and written in order, so memory stays at threads x chunk_bytes.
-    struct Pending {
-      size_t slice;
-      uint64_t elem_begin, count;
-    };
-    std::vector<Pending> all;
-    for (size_t si = 0; si < slices.size(); ++si) {
-      const auto& s = slices[si];
-      const uint64_t per_chunk =
-          std::max<uint64_t>(1, codec.chunk_bytes / dtype_size(s.spec.dtype));
-      for (uint64_t e = s.begin; e < s.end; e += per_chunk)
-        all.push_back({si, e, std::min(per_chunk, s.end - e)});
-    }
-    std::vector<json> chunks(slices.size(), json::array());
-    const size_t window = static_cast<size_t>(std::max(1, codec.threads));
-    std::vector<std::vector<uint8_t>> stored(window);
-    std::vector<std::future<ChunkEncoding>> encoded(window);
-    for (size_t w0 = 0; w0 < all.size(); w0 += window) {
-      const size_t wn = std::min(window, all.size() - w0);
-      for (size_t k = 0; k < wn; ++k) {
-        const Pending& p = all[w0 + k];
-        const TensorSlice& s = slices[p.slice];
-        const size_t es = dtype_size(s.spec.dtype);
-        const auto* src = static_cast<const uint8_t*>(s.data) + (p.elem_begin - s.begin) * es;
-        auto job = [src, n = p.count * es, dtype = s.spec.dtype, &codec, out = &stored[k]] {
-          return encode_chunk(src, n, dtype, codec, *out);
-        };
-        encoded[k] =
-            wn == 1 ? std::async(std::launch::deferred, job) : std::async(std::launch::async, job);
-      }
-      for (size_t k = 0; k < wn; ++k) encoded[k].wait();  // all joined before any rethrow
-      for (size_t k = 0; k < wn; ++k) {
-        const ChunkEncoding enc = encoded[k].get();  // rethrows an encoding error
-        const Pending& p = all[w0 + k];
-        const uint64_t off = w.offset();
-        w.write(stored[k].data(), stored[k].size());
-        chunks[p.slice].push_back({off, stored[k].size(), p.elem_begin, p.count,
-                                   static_cast<int>(enc),
-                                   XXH64(stored[k].data(), stored[k].size(), 0)});
-      }
-    }
-    json jtensors = json::array();
-    for (size_t si = 0; si < slices.size(); ++si) {
-      const auto& s = slices[si];
-      jtensors.push_back({{"name", s.spec.name},
-                          {"dtype", dtype_name(s.spec.dtype)},
-                          {"shape", s.spec.shape},
-                          {"begin", s.begin},
-                          {"end", s.end},
-                          {"chunks", std::move(chunks[si])}});
-      desc.tensors.push_back(s.spec);
-      desc.ranges.push_back({s.spec.name, s.begin, s.end});
-    }
-    index["tensors"] = std::move(jtensors);
-    const std::string itext = index.dump();
-    const uint64_t index_offset = w.offset();
-    w.write(itext.data(), itext.size());
-
-    uint8_t footer[kFooterBytes];
-    put_u64(footer, index_offset);
-    put_u64(footer + 8, itext.size());
-    put_u64(footer + 16, XXH64(itext.data(), itext.size(), 0));
-    w.write(footer, 24);
-    desc.xxh64 = w.digest();  // covers everything before the file-hash field
-    put_u64(footer + 24, desc.xxh64);
-    std::memcpy(footer + 32, kFooterMagic, 8);
-    f.write(footer + 24, 16);
-    desc.bytes = f.written();
+    auto chunks = write_chunks(w, slices, codec);
+    index["tensors"] = tensor_index(slices, chunks, desc);
+    write_index_and_footer(f, w, index, desc);
     f.sync();
     f.close();
   } catch (...) {

@@ -149,11 +149,7 @@ Timings run_rank(const Options& o, int64_t length, int r, dnallm::comm::Communic
   return timings;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Options o;
-  CLI::App app{"attention context parallelism: the K/V exchange overlapped or waited for first"};
+void add_options(CLI::App& app, Options& o) {
   app.add_option("--lengths", o.lengths, "whole sequence lengths (divisible by 2 C)");
   app.add_option("--ranks", o.ranks, "context-parallel degree C (threads of this process)");
   app.add_option("--heads", o.heads);
@@ -163,12 +159,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "LibTorch threads a rank");
   app.add_option("--warmup", o.warmup);
   app.add_option("--iters", o.iters);
-  CLI11_PARSE(app, argc, argv);
-  if (!dnallm::comm::backend_available("gloo")) {
-    std::fprintf(stderr, "dnallm-bench-context-attention: gloo was not built\n");
-    return 2;
-  }
-  torch::set_num_threads(o.threads);
+}
+
+// The run's settings and the table's column names.
+void print_header(const Options& o) {
   std::printf(
       "# C %d, %s, batch %lld, heads %lld, head_dim %lld, fp32, %d thread(s) a rank, "
       "warm-up %d, iterations %d, medians over the iterations\n",
@@ -179,63 +173,98 @@ int main(int argc, char** argv) {
   // machine's drift than the ratio of the medians); blocked: in the exchanges' waits.
   std::printf("%8s %11s %14s %8s %12s %16s %12s\n", "length", "waited_ms", "overlapped_ms", "ratio",
               "exchange_ms", "waited_blocked", "overl_blocked");
+}
+
+// Every rank's timings at `length`, a thread a rank over one in-memory store; false (the first
+// failed rank's error printed) where a rank threw.
+bool run_ranks(const Options& o, int64_t length, std::vector<Timings>& timings) {
+  auto store = std::make_shared<dnallm::coordinator::InMemoryStore>();
+  timings.assign(static_cast<size_t>(o.ranks), Timings{});
+  std::vector<std::string> errors(static_cast<size_t>(o.ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < o.ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        torch::set_num_threads(o.threads);
+        dnallm::comm::CommOptions co;
+        co.backend = "gloo";
+        co.rank = r;
+        co.world_size = o.ranks;
+        co.store = store;
+        co.loopback = true;
+        co.name = "bench_context_attention." + std::to_string(length);
+        auto group = dnallm::comm::make_communicator(co);
+        timings[r] = run_rank(o, length, r, *group);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < o.ranks; ++r) {
+    if (!errors[r].empty()) {
+      std::fprintf(stderr, "dnallm-bench-context-attention: rank %d: %s\n", r, errors[r].c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+// `field` step by step over the ranks: the slowest rank's value, or the least.
+std::vector<double> over_ranks(const std::vector<Timings>& timings,
+                               std::vector<double> Timings::*field, bool slowest) {
+  std::vector<double> out = timings[0].*field;
+  for (const auto& t : timings) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i] = slowest ? std::max(out[i], (t.*field)[i]) : std::min(out[i], (t.*field)[i]);
+    }
+  }
+  return out;
+}
+
+// One row of the table: `length`'s medians over the timed steps.
+void print_row(int64_t length, const std::vector<Timings>& timings) {
+  // Each step's time is its slower rank's; its time blocked, the less blocked rank's (the
+  // other ranks' include waiting for the last one to arrive: skew, not the exchange).
+  auto slowest = [&](std::vector<double> Timings::*field) {
+    return over_ranks(timings, field, true);
+  };
+  auto least = [&](std::vector<double> Timings::*field) {
+    return over_ranks(timings, field, false);
+  };
+  const auto waited = slowest(&Timings::waited), overlapped = slowest(&Timings::overlapped);
+  std::vector<double> ratios(waited.size());
+  for (size_t i = 0; i < ratios.size(); ++i) ratios[i] = overlapped[i] / waited[i];
+  std::printf("%8lld %11.2f %14.2f %8.3f %12.2f %16.2f %12.2f\n", static_cast<long long>(length),
+              median(waited) * 1e3, median(overlapped) * 1e3, median(ratios),
+              median(slowest(&Timings::exchange)) * 1e3,
+              median(least(&Timings::waited_blocked)) * 1e3,
+              median(least(&Timings::overlapped_blocked)) * 1e3);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"attention context parallelism: the K/V exchange overlapped or waited for first"};
+  add_options(app, o);
+  CLI11_PARSE(app, argc, argv);
+  if (!dnallm::comm::backend_available("gloo")) {
+    std::fprintf(stderr, "dnallm-bench-context-attention: gloo was not built\n");
+    return 2;
+  }
+  torch::set_num_threads(o.threads);
+  print_header(o);
   for (const auto length : o.lengths) {
     if (length % (2 * o.ranks) != 0) {
       std::fprintf(stderr, "dnallm-bench-context-attention: length %lld is not divisible by 2 C\n",
                    static_cast<long long>(length));
       return 2;
     }
-    auto store = std::make_shared<dnallm::coordinator::InMemoryStore>();
-    std::vector<Timings> timings(static_cast<size_t>(o.ranks));
-    std::vector<std::string> errors(static_cast<size_t>(o.ranks));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < o.ranks; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          torch::set_num_threads(o.threads);
-          dnallm::comm::CommOptions co;
-          co.backend = "gloo";
-          co.rank = r;
-          co.world_size = o.ranks;
-          co.store = store;
-          co.loopback = true;
-          co.name = "bench_context_attention." + std::to_string(length);
-          auto group = dnallm::comm::make_communicator(co);
-          timings[r] = run_rank(o, length, r, *group);
-        } catch (const std::exception& e) {
-          errors[r] = e.what();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (int r = 0; r < o.ranks; ++r) {
-      if (!errors[r].empty()) {
-        std::fprintf(stderr, "dnallm-bench-context-attention: rank %d: %s\n", r, errors[r].c_str());
-        return 1;
-      }
-    }
-    // Each step's time is its slower rank's; its time blocked, the less blocked rank's (the
-    // other ranks' include waiting for the last one to arrive: skew, not the exchange).
-    auto over_ranks = [&](std::vector<double> Timings::*field, bool slowest) {
-      std::vector<double> out = timings[0].*field;
-      for (const auto& t : timings) {
-        for (size_t i = 0; i < out.size(); ++i) {
-          out[i] = slowest ? std::max(out[i], (t.*field)[i]) : std::min(out[i], (t.*field)[i]);
-        }
-      }
-      return out;
-    };
-    auto slowest = [&](std::vector<double> Timings::*field) { return over_ranks(field, true); };
-    auto least = [&](std::vector<double> Timings::*field) { return over_ranks(field, false); };
-    const auto waited = slowest(&Timings::waited), overlapped = slowest(&Timings::overlapped);
-    std::vector<double> ratios(waited.size());
-    for (size_t i = 0; i < ratios.size(); ++i) ratios[i] = overlapped[i] / waited[i];
-    std::printf("%8lld %11.2f %14.2f %8.3f %12.2f %16.2f %12.2f\n", static_cast<long long>(length),
-                median(waited) * 1e3, median(overlapped) * 1e3, median(ratios),
-                median(slowest(&Timings::exchange)) * 1e3,
-                median(least(&Timings::waited_blocked)) * 1e3,
-                median(least(&Timings::overlapped_blocked)) * 1e3);
-    std::fflush(stdout);
+    std::vector<Timings> timings;
+    if (!run_ranks(o, length, timings)) return 1;
+    print_row(length, timings);
   }
   return 0;
 }

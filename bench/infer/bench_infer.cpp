@@ -191,12 +191,8 @@ void bench_int8_model(const std::string& dir, const std::string& fasta, int64_t 
                   report.fp32_bytes() / 1e6, report.quantized_bytes / 1e6));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{
-      "dnallm-bench-infer: KV-cache generation, INT8 linear and NF4 QLoRA base vs "
-      "their plain peers (ratios in one run)"};
+// The command line: each benchmark's sizes, and which of them to run.
+struct BenchOptions {
   int64_t gen_hidden = 128, gen_layers = 4, new_tokens = 512, gen_batch = 4;
   int64_t lin_in = 768, lin_out = 3072, lin_tokens = 512;
   int64_t q_hidden = 768, q_layers = 2, q_tokens = 128;
@@ -204,36 +200,56 @@ int main(int argc, char** argv) {
   std::vector<std::string> only;
   std::string model_dir, fasta = "data/ecoli_k12_mg1655.fa.gz";
   int64_t windows = 64;
-  app.add_option("--gen-hidden", gen_hidden)->capture_default_str();
-  app.add_option("--gen-layers", gen_layers)->capture_default_str();
-  app.add_option("--new-tokens", new_tokens)->capture_default_str();
-  app.add_option("--gen-batch", gen_batch)->capture_default_str();
-  app.add_option("--linear-in", lin_in)->capture_default_str();
-  app.add_option("--linear-out", lin_out)->capture_default_str();
-  app.add_option("--linear-tokens", lin_tokens)->capture_default_str();
-  app.add_option("--qlora-hidden", q_hidden)->capture_default_str();
-  app.add_option("--qlora-layers", q_layers)->capture_default_str();
-  app.add_option("--qlora-tokens", q_tokens)->capture_default_str();
-  app.add_option("--iters", iters, "timed iterations (generation: at least 1)")
+};
+
+void add_options(CLI::App& app, BenchOptions& b) {
+  app.add_option("--gen-hidden", b.gen_hidden)->capture_default_str();
+  app.add_option("--gen-layers", b.gen_layers)->capture_default_str();
+  app.add_option("--new-tokens", b.new_tokens)->capture_default_str();
+  app.add_option("--gen-batch", b.gen_batch)->capture_default_str();
+  app.add_option("--linear-in", b.lin_in)->capture_default_str();
+  app.add_option("--linear-out", b.lin_out)->capture_default_str();
+  app.add_option("--linear-tokens", b.lin_tokens)->capture_default_str();
+  app.add_option("--qlora-hidden", b.q_hidden)->capture_default_str();
+  app.add_option("--qlora-layers", b.q_layers)->capture_default_str();
+  app.add_option("--qlora-tokens", b.q_tokens)->capture_default_str();
+  app.add_option("--iters", b.iters, "timed iterations (generation: at least 1)")
       ->capture_default_str();
-  app.add_option("--threads", threads, "intra-op threads (0: LibTorch's default)");
-  app.add_option("--only", only, "generate | int8 | nf4 | int8-model (repeatable; default all)");
-  app.add_option("--model", model_dir, "int8-model: an exported causal LM (dnallm-train final/)");
-  app.add_option("--fasta", fasta, "int8-model: sequences to score")->capture_default_str();
-  app.add_option("--windows", windows, "int8-model: windows to score")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  if (threads > 0) torch::set_num_threads(threads);
+  app.add_option("--threads", b.threads, "intra-op threads (0: LibTorch's default)");
+  app.add_option("--only", b.only, "generate | int8 | nf4 | int8-model (repeatable; default all)");
+  app.add_option("--model", b.model_dir, "int8-model: an exported causal LM (dnallm-train final/)");
+  app.add_option("--fasta", b.fasta, "int8-model: sequences to score")->capture_default_str();
+  app.add_option("--windows", b.windows, "int8-model: windows to score")->capture_default_str();
+}
+
+// The benchmarks --only names (all without it), a table row or two each.
+void run_selected(const BenchOptions& b) {
   auto wants = [&](const char* name) {
-    return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
+    return b.only.empty() || std::find(b.only.begin(), b.only.end(), name) != b.only.end();
   };
-  fmt::print("bench/infer: LibTorch threads {}\n", torch::get_num_threads());
-  header();
-  if (wants("int8")) bench_int8(lin_in, lin_out, lin_tokens, iters);
-  if (wants("int8-model") && !model_dir.empty()) bench_int8_model(model_dir, fasta, windows);
-  if (wants("nf4")) bench_nf4(q_hidden, q_layers, q_tokens, std::max(1, iters / 2));
+  if (wants("int8")) bench_int8(b.lin_in, b.lin_out, b.lin_tokens, b.iters);
+  if (wants("int8-model") && !b.model_dir.empty()) {
+    bench_int8_model(b.model_dir, b.fasta, b.windows);
+  }
+  if (wants("nf4")) bench_nf4(b.q_hidden, b.q_layers, b.q_tokens, std::max(1, b.iters / 2));
   if (wants("generate")) {
     torch::InferenceMode mode;
-    bench_generate(gen_hidden, gen_layers, new_tokens, gen_batch, std::max(1, iters / 3));
+    bench_generate(b.gen_hidden, b.gen_layers, b.new_tokens, b.gen_batch, std::max(1, b.iters / 3));
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "dnallm-bench-infer: KV-cache generation, INT8 linear and NF4 QLoRA base vs "
+      "their plain peers (ratios in one run)"};
+  BenchOptions b;
+  add_options(app, b);
+  CLI11_PARSE(app, argc, argv);
+  if (b.threads > 0) torch::set_num_threads(b.threads);
+  fmt::print("bench/infer: LibTorch threads {}\n", torch::get_num_threads());
+  header();
+  run_selected(b);
   return 0;
 }

@@ -31,14 +31,8 @@ bool optional_bool(const json& model, const char* key, const std::string& where)
   return model[key].get<bool>();
 }
 
-}  // namespace
-
-std::shared_ptr<const HfBpe> HfBpe::parse(const json& tj, const std::vector<std::string>& pieces,
-                                          const std::string& where) {
-  auto b = std::shared_ptr<HfBpe>(new HfBpe());
-  b->where_ = where;
-  const json& model = tj.at("model");
-
+// The BPE model's options: only those this encoder reproduces (Error(kUsage) for the others).
+void check_model_options(const json& model, const std::string& where) {
   static const char* const kKnown[] = {"type",
                                        "dropout",
                                        "unk_token",
@@ -77,6 +71,68 @@ std::shared_ptr<const HfBpe> HfBpe::parse(const json& tj, const std::vector<std:
                  "supported is null",
                  where, key, clip_for_message(v));
   }
+}
+
+// The added tokens' contents (the model's own tokens: DNABERT-2's five special tokens), each
+// checked to be model.vocab's token of its id.
+std::vector<std::string> added_token_contents(const json& tj,
+                                              const std::vector<std::string>& pieces,
+                                              const std::string& where) {
+  std::vector<std::string> added;
+  if (tj.contains("added_tokens") && !tj["added_tokens"].is_null()) {
+    for (const auto& t : tj["added_tokens"]) {
+      // (an id of 1e25 is a JSON number too: converting it to int64 is undefined behaviour)
+      DNALLM_CHECK(t.is_object() && t.contains("id") && t["id"].is_number_integer() &&
+                       t.contains("content") && t["content"].is_string(),
+                   ExitCode::kUsage,
+                   "{}: an added token is not {{\"id\": integer, \"content\": string, ...}}: "
+                   "the file is damaged; repair or re-download it",
+                   where);
+      const auto id = t.at("id").get<int64_t>();
+      const auto& content = t.at("content").get_ref<const std::string&>();
+      DNALLM_CHECK(id >= 0 && id < int64_t(pieces.size()) && pieces[size_t(id)] == content,
+                   ExitCode::kUsage,
+                   "{}: added token \"{}\" (id {}) is not model.vocab's token of that id: added "
+                   "tokens beyond the BPE vocabulary are not supported",
+                   where, clip_for_message(content), id);
+      if (!content.empty()) added.push_back(content);
+    }
+  }
+  return added;
+}
+
+// The normalizer (checked: none or a Unicode normal form) and the pre-tokenizer.
+HfBpe::PreTokenizer pre_tokenizer_of(const json& tj, const std::string& where) {
+  const json normalizer = tj.value("normalizer", json());
+  if (!normalizer.is_null()) {
+    const std::string type = normalizer.is_object() ? normalizer.value("type", "") : "";
+    DNALLM_CHECK(type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD",
+                 ExitCode::kUsage,
+                 "{}: normalizer {} is not supported for a BPE model: supported are null and the "
+                 "Unicode normal forms (NFC, NFD, NFKC, NFKD)",
+                 where, clip_for_message(normalizer.dump(), 200));
+  }
+  const json pre = tj.value("pre_tokenizer", json());
+  if (!pre.is_null()) {
+    const std::string type = pre.is_object() ? pre.value("type", "") : "";
+    DNALLM_CHECK(type == "Whitespace" || type == "WhitespaceSplit", ExitCode::kUsage,
+                 "{}: pre_tokenizer {} is not supported for a BPE model: supported are null, "
+                 "Whitespace and WhitespaceSplit",
+                 where, clip_for_message(pre.dump(), 200));
+    return type == "Whitespace" ? HfBpe::PreTokenizer::kWhitespace
+                                : HfBpe::PreTokenizer::kWhitespaceSplit;
+  }
+  return HfBpe::PreTokenizer::kNone;
+}
+
+}  // namespace
+
+std::shared_ptr<const HfBpe> HfBpe::parse(const json& tj, const std::vector<std::string>& pieces,
+                                          const std::string& where) {
+  auto b = std::shared_ptr<HfBpe>(new HfBpe());
+  b->where_ = where;
+  const json& model = tj.at("model");
+  check_model_options(model, where);
   b->fuse_unk_ = optional_bool(model, "fuse_unk", where);
   b->ignore_merges_ = optional_bool(model, "ignore_merges", where);
 
@@ -94,16 +150,23 @@ std::shared_ptr<const HfBpe> HfBpe::parse(const json& tj, const std::vector<std:
     b->unk_ = it->second;
   }
 
+  b->read_merges(model);
+  b->added_ = added_token_contents(tj, pieces, where);
+  b->pre_ = pre_tokenizer_of(tj, where);
+  return b;
+}
+
+void HfBpe::read_merges(const json& model) {
   // Merges: "a b" strings (lines starting "#version" skipped, as the library skips them) or
   // ["a", "b"] pairs, all of one form. Rank = position.
   DNALLM_CHECK(model.contains("merges") && model["merges"].is_array(), ExitCode::kUsage,
-               "{}: model.merges is missing or not a list", where);
+               "{}: model.merges is missing or not a list", where_);
   const json& merges = model["merges"];
   size_t capacity = 16;
   while (capacity < 2 * merges.size()) capacity *= 2;
-  b->keys_.assign(capacity, kEmpty);
-  b->values_.resize(capacity);
-  b->mask_ = capacity - 1;
+  keys_.assign(capacity, kEmpty);
+  values_.resize(capacity);
+  mask_ = capacity - 1;
   const bool pairs = !merges.empty() && merges[0].is_array();
   uint32_t rank = 0;
   for (size_t i = 0; i < merges.size(); ++i) {
@@ -112,82 +175,41 @@ std::shared_ptr<const HfBpe> HfBpe::parse(const json& tj, const std::vector<std:
     if (pairs) {
       DNALLM_CHECK(
           m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(), ExitCode::kUsage,
-          "{}: model.merges[{}] is not a pair of strings like the merges before it", where, i);
+          "{}: model.merges[{}] is not a pair of strings like the merges before it", where_, i);
       a = m[0].get<std::string>();
       bb = m[1].get<std::string>();
     } else {
       DNALLM_CHECK(m.is_string(), ExitCode::kUsage,
-                   "{}: model.merges[{}] is not a string \"a b\" like the merges before it", where,
+                   "{}: model.merges[{}] is not a string \"a b\" like the merges before it", where_,
                    i);
       const auto& s = m.get_ref<const std::string&>();
       if (s.rfind("#version", 0) == 0) continue;
       const size_t space = s.find(' ');
       DNALLM_CHECK(space != std::string::npos && s.find(' ', space + 1) == std::string::npos,
                    ExitCode::kUsage,
-                   "{}: model.merges[{}] (\"{}\") is not two tokens separated by one space", where,
+                   "{}: model.merges[{}] (\"{}\") is not two tokens separated by one space", where_,
                    i, clip_for_message(s));
       a = s.substr(0, space);
       bb = s.substr(space + 1);
     }
     auto id_of = [&](const std::string& piece) -> uint32_t {
-      auto it = b->vocab_.find(piece);
-      DNALLM_CHECK(it != b->vocab_.end(), ExitCode::kUsage,
+      auto it = vocab_.find(piece);
+      DNALLM_CHECK(it != vocab_.end(), ExitCode::kUsage,
                    "{}: model.merges[{}] (\"{} {}\") needs \"{}\", which is not in model.vocab: "
                    "the file is damaged; repair or re-download it",
-                   where, i, clip_for_message(a, 40), clip_for_message(bb, 40),
+                   where_, i, clip_for_message(a, 40), clip_for_message(bb, 40),
                    clip_for_message(piece, 80));
       return it->second;
     };
     const uint32_t left = id_of(a), right = id_of(bb), merged = id_of(a + bb);
-    const Merge* earlier = b->insert(key(left, right), Merge{rank, merged});
+    const Merge* earlier = insert(key(left, right), Merge{rank, merged});
     DNALLM_CHECK(earlier == nullptr, ExitCode::kUsage,
                  "{}: model.merges[{}] (\"{} {}\") repeats an earlier merge (rank {}): the file "
                  "is damaged; repair or re-download it",
-                 where, i, clip_for_message(a, 40), clip_for_message(bb, 40),
+                 where_, i, clip_for_message(a, 40), clip_for_message(bb, 40),
                  earlier ? earlier->rank : 0);
     ++rank;
   }
-
-  // Added tokens: the model's own tokens (DNABERT-2's five special tokens).
-  if (tj.contains("added_tokens") && !tj["added_tokens"].is_null()) {
-    for (const auto& t : tj["added_tokens"]) {
-      // (an id of 1e25 is a JSON number too: converting it to int64 is undefined behaviour)
-      DNALLM_CHECK(t.is_object() && t.contains("id") && t["id"].is_number_integer() &&
-                       t.contains("content") && t["content"].is_string(),
-                   ExitCode::kUsage,
-                   "{}: an added token is not {{\"id\": integer, \"content\": string, ...}}: "
-                   "the file is damaged; repair or re-download it",
-                   where);
-      const auto id = t.at("id").get<int64_t>();
-      const auto& content = t.at("content").get_ref<const std::string&>();
-      DNALLM_CHECK(id >= 0 && id < int64_t(pieces.size()) && pieces[size_t(id)] == content,
-                   ExitCode::kUsage,
-                   "{}: added token \"{}\" (id {}) is not model.vocab's token of that id: added "
-                   "tokens beyond the BPE vocabulary are not supported",
-                   where, clip_for_message(content), id);
-      if (!content.empty()) b->added_.push_back(content);
-    }
-  }
-
-  const json normalizer = tj.value("normalizer", json());
-  if (!normalizer.is_null()) {
-    const std::string type = normalizer.is_object() ? normalizer.value("type", "") : "";
-    DNALLM_CHECK(type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD",
-                 ExitCode::kUsage,
-                 "{}: normalizer {} is not supported for a BPE model: supported are null and the "
-                 "Unicode normal forms (NFC, NFD, NFKC, NFKD)",
-                 where, clip_for_message(normalizer.dump(), 200));
-  }
-  const json pre = tj.value("pre_tokenizer", json());
-  if (!pre.is_null()) {
-    const std::string type = pre.is_object() ? pre.value("type", "") : "";
-    DNALLM_CHECK(type == "Whitespace" || type == "WhitespaceSplit", ExitCode::kUsage,
-                 "{}: pre_tokenizer {} is not supported for a BPE model: supported are null, "
-                 "Whitespace and WhitespaceSplit",
-                 where, clip_for_message(pre.dump(), 200));
-    b->pre_ = type == "Whitespace" ? PreTokenizer::kWhitespace : PreTokenizer::kWhitespaceSplit;
-  }
-  return b;
 }
 
 const HfBpe::Merge* HfBpe::insert(uint64_t k, Merge m) {

@@ -71,6 +71,8 @@ class HfBpe {
   const Merge* insert(uint64_t k, Merge m);         // the existing entry when `k` is there already
   static constexpr uint64_t kEmpty = ~uint64_t{0};  // no id is 2^32 - 1 (bounded file)
   void encode_word(std::string_view word, std::vector<int64_t>& out) const;
+  // model.merges into the table, each checked against vocab_ (parse, after the vocabulary).
+  void read_merges(const nlohmann::json& model);
 
   std::string where_;
   std::unordered_map<std::string, uint32_t> vocab_;  // piece -> id

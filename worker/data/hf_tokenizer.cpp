@@ -260,57 +260,14 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
                  "base)",
                  dir);
 
-    auto role = [&](const char* key, const std::string& fallback) {
-      return role_id(t, config, key, fallback);
-    };
-
     if (cls == "EsmTokenizer") {
-      DNALLM_CHECK(has_vocab, ExitCode::kUsage, "{}: EsmTokenizer needs vocab.txt", dir);
-      t.scheme_ = Scheme::kLongestMatch;
-      t.pieces_ = read_lines(dir + "/vocab.txt");
-      check_unique(t.pieces_, dir + "/vocab.txt");
-      if (has_tj) check_same_vocabulary(t.pieces_, tj, dir);
-      t.index();
-      t.special_.unk = role("unk_token", "<unk>");
-      t.special_.pad = role("pad_token", "<pad>");
-      t.special_.mask = role("mask_token", "<mask>");
-      t.special_.cls = role("cls_token", "<cls>");
-      t.special_.eos = role("eos_token", "<eos>");
-      t.special_.bos = t.id_of("<bos>");
-      t.k_ = static_cast<int>(t.max_piece_);
-      if (t.special_.cls >= 0) t.prefix_ = {t.special_.cls};
-      if (t.special_.eos >= 0) t.suffix_ = {t.special_.eos};
+      t.load_esm(dir, config, tj, has_tj, has_vocab);
       return t;
     }
 
     if (cls == "BertTokenizer" || cls == "BertTokenizerFast" || cls == "DNATokenizer" ||
         (cls.empty() && has_vocab)) {
-      if (has_vocab) {
-        t.pieces_ = read_lines(dir + "/vocab.txt");
-        check_unique(t.pieces_, dir + "/vocab.txt");
-        if (has_tj) check_same_vocabulary(t.pieces_, tj, dir);
-      } else {
-        DNALLM_CHECK(has_tj && tj.contains("model") && tj["model"].contains("vocab"),
-                     ExitCode::kUsage, "{}: BertTokenizer needs vocab.txt or tokenizer.json", dir);
-        t.pieces_ = pieces_by_id(tj["model"]["vocab"], dir);
-      }
-      DNALLM_CHECK(!config.value("do_lower_case", false), ExitCode::kUsage,
-                   "{}/tokenizer_config.json: do_lower_case = true is not supported (DNA k-mers "
-                   "are upper case): set it to false",
-                   dir);
-      t.scheme_ = Scheme::kOverlappingKmer;
-      t.index();
-      t.k_ = kmer_length(t.pieces_, dir);
-      t.special_.unk = role("unk_token", "[UNK]");
-      t.special_.pad = role("pad_token", "[PAD]");
-      t.special_.cls = role("cls_token", "[CLS]");
-      t.special_.sep = role("sep_token", "[SEP]");
-      t.special_.mask = role("mask_token", "[MASK]");
-      DNALLM_CHECK(t.special_.cls >= 0 && t.special_.sep >= 0 && t.special_.unk >= 0,
-                   ExitCode::kUsage, "{}: BertTokenizer vocabulary lacks [CLS], [SEP] or [UNK]",
-                   dir);
-      t.prefix_ = {t.special_.cls};
-      t.suffix_ = {t.special_.sep};
+      t.load_bert(dir, config, tj, has_tj, has_vocab);
       return t;
     }
 
@@ -332,34 +289,7 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
       if (has_vocab) check_same_vocabulary(read_lines(dir + "/vocab.txt"), tj, dir);
       return from_bpe_json(config, tj, dir + "/tokenizer.json");
     }
-    const auto& pre = tj.value("pre_tokenizer", json());
-    const bool per_char = pre.is_object() && pre.value("type", std::string()) == "Split" &&
-                          pre.contains("pattern") && pre["pattern"].value("String", "x").empty() &&
-                          pre.value("behavior", std::string()) == "Isolated";
-    // Words split at spaces: the input is the overlapping k-mers separated by spaces (DNABERT's
-    // convention, what export_hf_tokenizer writes for k-mer tokenizers).
-    const bool words = pre.is_object() && pre.value("type", std::string()) == "WhitespaceSplit";
-    DNALLM_CHECK(
-        per_char || words, ExitCode::kUsage,
-        "{}/tokenizer.json: pre_tokenizer {} is not supported: supported are Split on \"\" "
-        "(Isolated), one token a character, and WhitespaceSplit over k-mers",
-        dir, pre.dump());
-    DNALLM_CHECK(tj.value("normalizer", json()).is_null(), ExitCode::kUsage,
-                 "{}/tokenizer.json: a normalizer ({}) is not supported", dir,
-                 tj["normalizer"].dump());
-    t.pieces_ = pieces_by_id(model.at("vocab"), dir);
-    if (has_vocab) check_same_vocabulary(read_lines(dir + "/vocab.txt"), tj, dir);
-    t.scheme_ = per_char ? Scheme::kCharacter : Scheme::kOverlappingKmer;
-    t.index();
-    if (words) t.k_ = kmer_length(t.pieces_, dir);
-    t.special_.unk = t.id_of(model.value("unk_token", std::string("<unk>")));
-    t.special_.pad = role("pad_token", "<pad>");
-    t.special_.bos = role("bos_token", "<bos>");
-    t.special_.eos = role("eos_token", "<eos>");
-    t.special_.mask = role("mask_token", "");
-    t.special_.cls = role("cls_token", "");
-    t.special_.sep = role("sep_token", "");
-    t.read_template(tj, dir + "/tokenizer.json");
+    t.load_word_level(dir, config, tj, has_vocab);
     return t;
   } catch (const json::exception& e) {  // a value of the wrong JSON type
     fail(ExitCode::kUsage,
@@ -367,6 +297,98 @@ HfTokenizer HfTokenizer::load(const std::string& dir) {
          "re-download it",
          dir, clip_for_message(e.what(), 200));
   }
+}
+
+// EsmTokenizer (Nucleotide Transformer): vocab.txt, longest match first.
+void HfTokenizer::load_esm(const std::string& dir, const json& config, const json& tj, bool has_tj,
+                           bool has_vocab) {
+  auto role = [&](const char* key, const std::string& fallback) {
+    return role_id(*this, config, key, fallback);
+  };
+  DNALLM_CHECK(has_vocab, ExitCode::kUsage, "{}: EsmTokenizer needs vocab.txt", dir);
+  scheme_ = Scheme::kLongestMatch;
+  pieces_ = read_lines(dir + "/vocab.txt");
+  check_unique(pieces_, dir + "/vocab.txt");
+  if (has_tj) check_same_vocabulary(pieces_, tj, dir);
+  index();
+  special_.unk = role("unk_token", "<unk>");
+  special_.pad = role("pad_token", "<pad>");
+  special_.mask = role("mask_token", "<mask>");
+  special_.cls = role("cls_token", "<cls>");
+  special_.eos = role("eos_token", "<eos>");
+  special_.bos = id_of("<bos>");
+  k_ = static_cast<int>(max_piece_);
+  if (special_.cls >= 0) prefix_ = {special_.cls};
+  if (special_.eos >= 0) suffix_ = {special_.eos};
+}
+
+// BertTokenizer (DNABERT): overlapping k-mers from vocab.txt or tokenizer.json's vocabulary.
+void HfTokenizer::load_bert(const std::string& dir, const json& config, const json& tj, bool has_tj,
+                            bool has_vocab) {
+  auto role = [&](const char* key, const std::string& fallback) {
+    return role_id(*this, config, key, fallback);
+  };
+  if (has_vocab) {
+    pieces_ = read_lines(dir + "/vocab.txt");
+    check_unique(pieces_, dir + "/vocab.txt");
+    if (has_tj) check_same_vocabulary(pieces_, tj, dir);
+  } else {
+    DNALLM_CHECK(has_tj && tj.contains("model") && tj["model"].contains("vocab"), ExitCode::kUsage,
+                 "{}: BertTokenizer needs vocab.txt or tokenizer.json", dir);
+    pieces_ = pieces_by_id(tj["model"]["vocab"], dir);
+  }
+  DNALLM_CHECK(!config.value("do_lower_case", false), ExitCode::kUsage,
+               "{}/tokenizer_config.json: do_lower_case = true is not supported (DNA k-mers "
+               "are upper case): set it to false",
+               dir);
+  scheme_ = Scheme::kOverlappingKmer;
+  index();
+  k_ = kmer_length(pieces_, dir);
+  special_.unk = role("unk_token", "[UNK]");
+  special_.pad = role("pad_token", "[PAD]");
+  special_.cls = role("cls_token", "[CLS]");
+  special_.sep = role("sep_token", "[SEP]");
+  special_.mask = role("mask_token", "[MASK]");
+  DNALLM_CHECK(special_.cls >= 0 && special_.sep >= 0 && special_.unk >= 0, ExitCode::kUsage,
+               "{}: BertTokenizer vocabulary lacks [CLS], [SEP] or [UNK]", dir);
+  prefix_ = {special_.cls};
+  suffix_ = {special_.sep};
+}
+
+// A tokenizers WordLevel tokenizer.json: one token a base, or k-mers separated by spaces.
+void HfTokenizer::load_word_level(const std::string& dir, const json& config, const json& tj,
+                                  bool has_vocab) {
+  const auto& model = tj.value("model", json::object());
+  auto role = [&](const char* key, const std::string& fallback) {
+    return role_id(*this, config, key, fallback);
+  };
+  const auto& pre = tj.value("pre_tokenizer", json());
+  const bool per_char = pre.is_object() && pre.value("type", std::string()) == "Split" &&
+                        pre.contains("pattern") && pre["pattern"].value("String", "x").empty() &&
+                        pre.value("behavior", std::string()) == "Isolated";
+  // Words split at spaces: the input is the overlapping k-mers separated by spaces (DNABERT's
+  // convention, what export_hf_tokenizer writes for k-mer tokenizers).
+  const bool words = pre.is_object() && pre.value("type", std::string()) == "WhitespaceSplit";
+  DNALLM_CHECK(per_char || words, ExitCode::kUsage,
+               "{}/tokenizer.json: pre_tokenizer {} is not supported: supported are Split on \"\" "
+               "(Isolated), one token a character, and WhitespaceSplit over k-mers",
+               dir, pre.dump());
+  DNALLM_CHECK(tj.value("normalizer", json()).is_null(), ExitCode::kUsage,
+               "{}/tokenizer.json: a normalizer ({}) is not supported", dir,
+               tj["normalizer"].dump());
+  pieces_ = pieces_by_id(model.at("vocab"), dir);
+  if (has_vocab) check_same_vocabulary(read_lines(dir + "/vocab.txt"), tj, dir);
+  scheme_ = per_char ? Scheme::kCharacter : Scheme::kOverlappingKmer;
+  index();
+  if (words) k_ = kmer_length(pieces_, dir);
+  special_.unk = id_of(model.value("unk_token", std::string("<unk>")));
+  special_.pad = role("pad_token", "<pad>");
+  special_.bos = role("bos_token", "<bos>");
+  special_.eos = role("eos_token", "<eos>");
+  special_.mask = role("mask_token", "");
+  special_.cls = role("cls_token", "");
+  special_.sep = role("sep_token", "");
+  read_template(tj, dir + "/tokenizer.json");
 }
 
 HfTokenizer HfTokenizer::dna_characters(const std::string& dir, const std::string& cls) {

@@ -106,6 +106,13 @@ class HfTokenizer {
   void index();
   void encode_into(std::string_view bases, std::vector<int64_t>& ids, bool keep_case) const;
   void read_template(const nlohmann::json& tj, const std::string& where);
+  // load's three kinds of tokenizer, into this one (tokenizer_class_ and pad_left_ already set).
+  void load_esm(const std::string& dir, const nlohmann::json& config, const nlohmann::json& tj,
+                bool has_tj, bool has_vocab);
+  void load_bert(const std::string& dir, const nlohmann::json& config, const nlohmann::json& tj,
+                 bool has_tj, bool has_vocab);
+  void load_word_level(const std::string& dir, const nlohmann::json& config,
+                       const nlohmann::json& tj, bool has_vocab);
 
   Scheme scheme_ = Scheme::kCharacter;
   std::vector<std::string> pieces_;     // by id

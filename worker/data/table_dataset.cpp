@@ -81,6 +81,58 @@ bool is_blank(const std::string& line) {
                      [](char c) { return c == ' ' || c == '\t' || c == '\r'; });
 }
 
+// Compressed tables are refused: records are read by offset.
+void check_uncompressed(const std::string& path) {
+  std::string lower = path;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  if (lower.size() > 3 && lower.compare(lower.size() - 3, 3, ".gz") == 0) {
+    fail(ExitCode::kUsage, "{}: compressed tables cannot be read lazily; decompress it (gunzip -k)",
+         path);
+  }
+}
+
+// What an index was built for: the format, the columns, the task and the bad-record policy.
+uint64_t index_key(const TableOptions& options, cfg::DataFormat format) {
+  uint64_t key = string_key(0xD1A, cfg::spelling(format));  // "csv", "tsv", "jsonl"
+  key = string_key(key, options.sequence_column);
+  key = string_key(key, options.label_column);
+  key = string_key(key, cfg::spelling(options.task));  // as the index files name it
+  key = hash_combine(key, static_cast<uint64_t>(options.num_labels));
+  key = hash_combine(key, options.on_bad_record == BadRecordPolicy::kSkip ? 1 : 0);
+  return key;
+}
+
+// Candidate index locations of `path`: cache_dir, beside the file, $TMPDIR/dnallm-index.
+std::vector<std::string> index_candidates(const std::string& path, const std::string& cache_dir) {
+  namespace fs = std::filesystem;
+  std::string flat = fs::absolute(path).lexically_normal().string();
+  std::replace(flat.begin(), flat.end(), '/', '_');
+  std::vector<std::string> candidates;
+  if (!cache_dir.empty()) candidates.push_back((fs::path(cache_dir) / (flat + ".dnaidx")).string());
+  candidates.push_back(path + ".dnaidx");
+  const char* tmp = std::getenv("TMPDIR");
+  candidates.push_back(
+      (fs::path(tmp != nullptr ? tmp : "/tmp") / "dnallm-index" / (flat + ".dnaidx")).string());
+  return candidates;
+}
+
+// The first candidate a file can be created in (its folder made where missing), or "".
+std::string first_writable(const std::vector<std::string>& candidates) {
+  namespace fs = std::filesystem;
+  for (const auto& c : candidates) {
+    std::error_code ec;
+    fs::create_directories(fs::path(c).parent_path(), ec);
+    std::string probe = c + ".probe." + unique_suffix();
+    int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) continue;
+    ::close(fd);
+    ::unlink(probe.c_str());
+    return c;
+  }
+  return "";
+}
+
 }  // namespace
 
 std::vector<std::string> split_table_line(const std::string& line, char separator) {
@@ -140,15 +192,7 @@ void TableDataset::open_file(const std::string& path) {
          "{}: cannot read format \"{}\" as a table (csv, tsv, jsonl); set data.format", path,
          f.format == cfg::DataFormat::kAuto ? "" : cfg::spelling(f.format));
   }
-  {
-    std::string lower = path;
-    std::transform(lower.begin(), lower.end(), lower.begin(),
-                   [](unsigned char c) { return std::tolower(c); });
-    if (lower.size() > 3 && lower.compare(lower.size() - 3, 3, ".gz") == 0) {
-      fail(ExitCode::kUsage,
-           "{}: compressed tables cannot be read lazily; decompress it (gunzip -k)", path);
-    }
-  }
+  check_uncompressed(path);
   f.data_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (f.data_fd < 0) fail(ExitCode::kBadData, "cannot open table {}: {}", path, errno_string());
   struct stat st {};
@@ -158,48 +202,54 @@ void TableDataset::open_file(const std::string& path) {
   const int64_t mtime_ns =
       static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
 
-  // Column positions from the header (csv/tsv).
-  if (f.format != cfg::DataFormat::kJsonl) {
-    f.header_line = read_line_at(f.data_fd, 0, path);
-    if (f.header_line.rfind("\xEF\xBB\xBF", 0) == 0)
-      f.header_line.erase(0, 3);  // UTF-8 BOM (Excel)
-    auto cols = split_table_line(f.header_line, f.format == cfg::DataFormat::kCsv ? ',' : '\t');
-    for (size_t i = 0; i < cols.size(); ++i) {
-      if (cols[i] == options_.sequence_column) f.sequence_col = static_cast<int>(i);
-      if (cols[i] == options_.label_column) f.label_col = static_cast<int>(i);
+  if (f.format != cfg::DataFormat::kJsonl) read_header(f);
+
+  const uint64_t key = index_key(options_, f.format);
+  const auto candidates = index_candidates(path, options_.cache_dir);
+  if (!reuse_index(f, candidates, file_size, mtime_ns, key)) {
+    const std::string chosen = first_writable(candidates);
+    if (chosen.empty()) {
+      fail(ExitCode::kUsage,
+           "{}: no writable place for its record index (tried {}); set data.cache_dir", path,
+           candidates.front());
     }
-    if (f.sequence_col < 0) {
-      fail(ExitCode::kBadData,
-           "{}:1: missing column \"{}\" in the header (found: {}); set data.sequence_column", path,
-           options_.sequence_column, f.header_line.substr(0, 200));
-    }
-    if (options_.task != cfg::Task::kPretrain && f.label_col < 0) {
-      fail(ExitCode::kBadData,
-           "{}:1: missing label column \"{}\" in the header (found: {}); set data.label_column",
-           path, options_.label_column, f.header_line.substr(0, 200));
-    }
+    build_index(f, chosen, file_size, mtime_ns, key);
+    f.index_fd = ::open(chosen.c_str(), O_RDONLY | O_CLOEXEC);
+    if (f.index_fd < 0)
+      fail(ExitCode::kFailure, "cannot reopen index {}: {}", chosen, errno_string());
+    index_paths_.push_back(chosen);
   }
+  f.first_record = total_records_;
+  total_records_ += f.records;
+  files_.push_back(std::move(f));
+}
 
-  uint64_t key = string_key(0xD1A, cfg::spelling(f.format));  // "csv", "tsv", "jsonl"
-  key = string_key(key, options_.sequence_column);
-  key = string_key(key, options_.label_column);
-  key = string_key(key, cfg::spelling(options_.task));  // as the index files name it
-  key = hash_combine(key, static_cast<uint64_t>(options_.num_labels));
-  key = hash_combine(key, options_.on_bad_record == BadRecordPolicy::kSkip ? 1 : 0);
+// Csv/tsv: the header line and the sequence and label columns' positions in it.
+void TableDataset::read_header(File& f) const {
+  const std::string& path = f.path;
+  f.header_line = read_line_at(f.data_fd, 0, path);
+  if (f.header_line.rfind("\xEF\xBB\xBF", 0) == 0) f.header_line.erase(0, 3);  // UTF-8 BOM (Excel)
+  auto cols = split_table_line(f.header_line, f.format == cfg::DataFormat::kCsv ? ',' : '\t');
+  for (size_t i = 0; i < cols.size(); ++i) {
+    if (cols[i] == options_.sequence_column) f.sequence_col = static_cast<int>(i);
+    if (cols[i] == options_.label_column) f.label_col = static_cast<int>(i);
+  }
+  if (f.sequence_col < 0) {
+    fail(ExitCode::kBadData,
+         "{}:1: missing column \"{}\" in the header (found: {}); set data.sequence_column", path,
+         options_.sequence_column, f.header_line.substr(0, 200));
+  }
+  if (options_.task != cfg::Task::kPretrain && f.label_col < 0) {
+    fail(ExitCode::kBadData,
+         "{}:1: missing label column \"{}\" in the header (found: {}); set data.label_column", path,
+         options_.label_column, f.header_line.substr(0, 200));
+  }
+}
 
-  // Candidate index locations: cache_dir, beside the file, $TMPDIR/dnallm-index.
-  namespace fs = std::filesystem;
-  std::string flat = fs::absolute(path).lexically_normal().string();
-  std::replace(flat.begin(), flat.end(), '/', '_');
-  std::vector<std::string> candidates;
-  if (!options_.cache_dir.empty())
-    candidates.push_back((fs::path(options_.cache_dir) / (flat + ".dnaidx")).string());
-  candidates.push_back(path + ".dnaidx");
-  const char* tmp = std::getenv("TMPDIR");
-  candidates.push_back(
-      (fs::path(tmp != nullptr ? tmp : "/tmp") / "dnallm-index" / (flat + ".dnaidx")).string());
-
-  // Reuse a fresh index if any candidate holds one.
+// Takes the first candidate that holds an index of this file as it is now (size, mtime and key
+// alike); false where none does.
+bool TableDataset::reuse_index(File& f, const std::vector<std::string>& candidates,
+                               uint64_t file_size, int64_t mtime_ns, uint64_t key) {
   for (const auto& c : candidates) {
     int fd = ::open(c.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;
@@ -219,37 +269,11 @@ void TableDataset::open_file(const std::string& path) {
       f.records = words[3];
       skipped_ += static_cast<int64_t>(words[4]);
       index_paths_.push_back(c);
-      break;
+      return true;
     }
     ::close(fd);
   }
-  if (f.index_fd < 0) {
-    std::string chosen;
-    for (const auto& c : candidates) {
-      std::error_code ec;
-      fs::create_directories(fs::path(c).parent_path(), ec);
-      std::string probe = c + ".probe." + unique_suffix();
-      int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (fd < 0) continue;
-      ::close(fd);
-      ::unlink(probe.c_str());
-      chosen = c;
-      break;
-    }
-    if (chosen.empty()) {
-      fail(ExitCode::kUsage,
-           "{}: no writable place for its record index (tried {}); set data.cache_dir", path,
-           candidates.front());
-    }
-    build_index(f, chosen, file_size, mtime_ns, key);
-    f.index_fd = ::open(chosen.c_str(), O_RDONLY | O_CLOEXEC);
-    if (f.index_fd < 0)
-      fail(ExitCode::kFailure, "cannot reopen index {}: {}", chosen, errno_string());
-    index_paths_.push_back(chosen);
-  }
-  f.first_record = total_records_;
-  total_records_ += f.records;
-  files_.push_back(std::move(f));
+  return false;
 }
 
 void TableDataset::build_index(File& f, const std::string& index_path, uint64_t file_size,

@@ -70,6 +70,9 @@ class TableDataset final : public Dataset {
     std::string header_line;
   };
   void open_file(const std::string& path);
+  void read_header(File& f) const;
+  bool reuse_index(File& f, const std::vector<std::string>& candidates, uint64_t file_size,
+                   int64_t mtime_ns, uint64_t key);
   void build_index(File& f, const std::string& index_path, uint64_t file_size, int64_t mtime_ns,
                    uint64_t key);
   // Parses one line into a sample; false with `why` when the record is bad.

@@ -68,178 +68,215 @@ class Unpickler {
     data_ = static_cast<const uint8_t*>(pickle_.get());
   }
 
+  // Runs the pickle to its STOP and returns the value on top of the stack. Each opcode group
+  // below handles its own opcodes and returns false for any other.
   ValuePtr run() {
     while (true) {
       const uint8_t op = byte();
-      switch (op) {
-        case 0x80:  // PROTO
-          byte();
-          break;
-        case 0x95:  // FRAME
-          bytes(8);
-          break;
-        case '.':  // STOP
-          check(!stack_.empty(), "STOP on an empty stack");
-          return stack_.back();
-        case 'c': {  // GLOBAL
-          auto module = line();
-          auto name = line();
-          push_global(module + "." + name);
-          break;
-        }
-        case 'q':  // BINPUT
-          put(byte());
-          break;
-        case 'r':  // LONG_BINPUT
-          put(uint32());
-          break;
-        case 0x94:  // MEMOIZE
-          put(memo_.size());
-          break;
-        case 'h':  // BINGET
-          get(byte());
-          break;
-        case 'j':  // LONG_BINGET
-          get(uint32());
-          break;
-        case '(':  // MARK
-          check(marks_.size() < kMaxStack, "too many marks");
-          marks_.push_back(stack_.size());
-          break;
-        case ')':  // EMPTY_TUPLE
-          push(make(Value::Kind::kTuple));
-          break;
-        case 't': {  // TUPLE
-          auto t = make(Value::Kind::kTuple);
-          t->items = pop_to_mark();
-          push(t);
-          break;
-        }
-        case 0x85:
-        case 0x86:
-        case 0x87: {  // TUPLE1..3
-          const size_t n = op - 0x84;
-          check(stack_.size() >= n, "TUPLE past the stack");
-          auto t = make(Value::Kind::kTuple);
-          t->items.assign(stack_.end() - long(n), stack_.end());
-          stack_.resize(stack_.size() - n);
-          push(t);
-          break;
-        }
-        case ']':  // EMPTY_LIST
-          push(make(Value::Kind::kList));
-          break;
-        case 'a': {  // APPEND
-          auto v = pop();
-          top(Value::Kind::kList)->items.push_back(v);
-          break;
-        }
-        case 'e': {  // APPENDS
-          auto items = pop_to_mark();
-          auto list = top(Value::Kind::kList);
-          list->items.insert(list->items.end(), items.begin(), items.end());
-          break;
-        }
-        case '}':  // EMPTY_DICT
-          push(make(Value::Kind::kDict));
-          break;
-        case 's': {  // SETITEM
-          auto v = pop();
-          auto k = pop();
-          top(Value::Kind::kDict)->kv.emplace_back(k, v);
-          break;
-        }
-        case 'u': {  // SETITEMS
-          auto items = pop_to_mark();
-          check(items.size() % 2 == 0, "SETITEMS with an odd number of items");
-          auto dict = top(Value::Kind::kDict);
-          for (size_t i = 0; i < items.size(); i += 2)
-            dict->kv.emplace_back(items[i], items[i + 1]);
-          break;
-        }
-        case 'X': {  // BINUNICODE
-          const uint32_t n = uint32();
-          push_string(bytes(n), n);
-          break;
-        }
-        case 0x8c:   // SHORT_BINUNICODE
-        case 'U': {  // SHORT_BINSTRING
-          const uint8_t n = byte();
-          push_string(bytes(n), n);
-          break;
-        }
-        case 'T': {  // BINSTRING
-          const uint32_t n = uint32();
-          push_string(bytes(n), n);
-          break;
-        }
-        case 'J': {  // BININT
-          int32_t v;
-          std::memcpy(&v, bytes(4), 4);
-          push_int(v);
-          break;
-        }
-        case 'K':  // BININT1
-          push_int(byte());
-          break;
-        case 'M': {  // BININT2
-          uint16_t v;
-          std::memcpy(&v, bytes(2), 2);
-          push_int(v);
-          break;
-        }
-        case 0x8a: {  // LONG1
-          const uint8_t n = byte();
-          check(n <= 8, "an integer of more than 64 bits");
-          const uint8_t* p = bytes(n);
-          uint64_t u = 0;
-          for (int b = n - 1; b >= 0; --b) u = (u << 8) | p[b];
-          if (n > 0 && n < 8 && (p[n - 1] & 0x80)) u |= ~uint64_t{0} << (8 * n);  // sign
-          push_int(static_cast<int64_t>(u));
-          break;
-        }
-        case 'G': {  // BINFLOAT (big-endian)
-          const uint8_t* p = bytes(8);
-          uint64_t u = 0;
-          for (int b = 0; b < 8; ++b) u = (u << 8) | p[b];
-          auto v = make(Value::Kind::kFloat);
-          std::memcpy(&v->f, &u, 8);
-          push(v);
-          break;
-        }
-        case 'N':
-          push(make(Value::Kind::kNone));
-          break;
-        case 0x88:
-        case 0x89: {  // NEWTRUE, NEWFALSE
-          auto v = make(Value::Kind::kBool);
-          v->i = op == 0x88 ? 1 : 0;
-          push(v);
-          break;
-        }
-        case 'Q':  // BINPERSID
-          push(storage(pop()));
-          break;
-        case 'R': {  // REDUCE
-          auto args = pop();
-          auto callable = pop();
-          push(reduce(callable, args));
-          break;
-        }
-        case 'b': {  // BUILD: an OrderedDict's _metadata, a tensor's state: not needed
-          pop();
-          check(!stack_.empty() && (stack_.back()->kind == Value::Kind::kDict ||
-                                    stack_.back()->kind == Value::Kind::kTensor),
-                "BUILD of something that is neither a dictionary nor a tensor");
-          break;
-        }
-        default:
-          fail(ExitCode::kCheckpointCorrupt,
-               "{}: pickle opcode 0x{:02x} at byte {} is not one torch.save writes for a state "
-               "dict: convert the file to model.safetensors",
-               path_, op, pos_ - 1);
+      if (op == '.') {  // STOP
+        check(!stack_.empty(), "STOP on an empty stack");
+        return stack_.back();
+      }
+      if (!(stream_op(op) || container_op(op) || scalar_op(op) || object_op(op))) {
+        fail(ExitCode::kCheckpointCorrupt,
+             "{}: pickle opcode 0x{:02x} at byte {} is not one torch.save writes for a state "
+             "dict: convert the file to model.safetensors",
+             path_, op, pos_ - 1);
       }
     }
+  }
+
+  // Protocol, framing, the memo and marks.
+  bool stream_op(uint8_t op) {
+    switch (op) {
+      case 0x80:  // PROTO
+        byte();
+        break;
+      case 0x95:  // FRAME
+        bytes(8);
+        break;
+      case 'q':  // BINPUT
+        put(byte());
+        break;
+      case 'r':  // LONG_BINPUT
+        put(uint32());
+        break;
+      case 0x94:  // MEMOIZE
+        put(memo_.size());
+        break;
+      case 'h':  // BINGET
+        get(byte());
+        break;
+      case 'j':  // LONG_BINGET
+        get(uint32());
+        break;
+      case '(':  // MARK
+        check(marks_.size() < kMaxStack, "too many marks");
+        marks_.push_back(stack_.size());
+        break;
+      default:
+        return false;
+    }
+    return true;
+  }
+
+  // Tuples, lists and dictionaries.
+  bool container_op(uint8_t op) {
+    switch (op) {
+      case ')':  // EMPTY_TUPLE
+        push(make(Value::Kind::kTuple));
+        break;
+      case 't': {  // TUPLE
+        auto t = make(Value::Kind::kTuple);
+        t->items = pop_to_mark();
+        push(t);
+        break;
+      }
+      case 0x85:
+      case 0x86:
+      case 0x87: {  // TUPLE1..3
+        const size_t n = op - 0x84;
+        check(stack_.size() >= n, "TUPLE past the stack");
+        auto t = make(Value::Kind::kTuple);
+        t->items.assign(stack_.end() - long(n), stack_.end());
+        stack_.resize(stack_.size() - n);
+        push(t);
+        break;
+      }
+      case ']':  // EMPTY_LIST
+        push(make(Value::Kind::kList));
+        break;
+      case 'a': {  // APPEND
+        auto v = pop();
+        top(Value::Kind::kList)->items.push_back(v);
+        break;
+      }
+      case 'e': {  // APPENDS
+        auto items = pop_to_mark();
+        auto list = top(Value::Kind::kList);
+        list->items.insert(list->items.end(), items.begin(), items.end());
+        break;
+      }
+      case '}':  // EMPTY_DICT
+        push(make(Value::Kind::kDict));
+        break;
+      case 's': {  // SETITEM
+        auto v = pop();
+        auto k = pop();
+        top(Value::Kind::kDict)->kv.emplace_back(k, v);
+        break;
+      }
+      case 'u': {  // SETITEMS
+        auto items = pop_to_mark();
+        check(items.size() % 2 == 0, "SETITEMS with an odd number of items");
+        auto dict = top(Value::Kind::kDict);
+        for (size_t i = 0; i < items.size(); i += 2) dict->kv.emplace_back(items[i], items[i + 1]);
+        break;
+      }
+      default:
+        return false;
+    }
+    return true;
+  }
+
+  // Strings, integers, floats, None and booleans.
+  bool scalar_op(uint8_t op) {
+    switch (op) {
+      case 'X': {  // BINUNICODE
+        const uint32_t n = uint32();
+        push_string(bytes(n), n);
+        break;
+      }
+      case 0x8c:   // SHORT_BINUNICODE
+      case 'U': {  // SHORT_BINSTRING
+        const uint8_t n = byte();
+        push_string(bytes(n), n);
+        break;
+      }
+      case 'T': {  // BINSTRING
+        const uint32_t n = uint32();
+        push_string(bytes(n), n);
+        break;
+      }
+      case 'J': {  // BININT
+        int32_t v;
+        std::memcpy(&v, bytes(4), 4);
+        push_int(v);
+        break;
+      }
+      case 'K':  // BININT1
+        push_int(byte());
+        break;
+      case 'M': {  // BININT2
+        uint16_t v;
+        std::memcpy(&v, bytes(2), 2);
+        push_int(v);
+        break;
+      }
+      case 0x8a: {  // LONG1
+        const uint8_t n = byte();
+        check(n <= 8, "an integer of more than 64 bits");
+        const uint8_t* p = bytes(n);
+        uint64_t u = 0;
+        for (int b = n - 1; b >= 0; --b) u = (u << 8) | p[b];
+        if (n > 0 && n < 8 && (p[n - 1] & 0x80)) u |= ~uint64_t{0} << (8 * n);  // sign
+        push_int(static_cast<int64_t>(u));
+        break;
+      }
+      case 'G': {  // BINFLOAT (big-endian)
+        const uint8_t* p = bytes(8);
+        uint64_t u = 0;
+        for (int b = 0; b < 8; ++b) u = (u << 8) | p[b];
+        auto v = make(Value::Kind::kFloat);
+        std::memcpy(&v->f, &u, 8);
+        push(v);
+        break;
+      }
+      case 'N':
+        push(make(Value::Kind::kNone));
+        break;
+      case 0x88:
+      case 0x89: {  // NEWTRUE, NEWFALSE
+        auto v = make(Value::Kind::kBool);
+        v->i = op == 0x88 ? 1 : 0;
+        push(v);
+        break;
+      }
+      default:
+        return false;
+    }
+    return true;
+  }
+
+  // Globals (allowed ones only), storages, calls and BUILD.
+  bool object_op(uint8_t op) {
+    switch (op) {
+      case 'c': {  // GLOBAL
+        auto module = line();
+        auto name = line();
+        push_global(module + "." + name);
+        break;
+      }
+      case 'Q':  // BINPERSID
+        push(storage(pop()));
+        break;
+      case 'R': {  // REDUCE
+        auto args = pop();
+        auto callable = pop();
+        push(reduce(callable, args));
+        break;
+      }
+      case 'b': {  // BUILD: an OrderedDict's _metadata, a tensor's state: not needed
+        pop();
+        check(!stack_.empty() && (stack_.back()->kind == Value::Kind::kDict ||
+                                  stack_.back()->kind == Value::Kind::kTensor),
+              "BUILD of something that is neither a dictionary nor a tensor");
+        break;
+      }
+      default:
+        return false;
+    }
+    return true;
   }
 
  private:
