@@ -262,6 +262,18 @@ class FullyShardedSync final : public GradientSync, public models::BlockSink {
   void place_frozen(models::LanguageModel& model,
                     const std::vector<std::pair<std::string, torch::Tensor>>& named,
                     const torch::TensorOptions& opts);
+  // param_dtype_: the dtype units are gathered in (Note [Fully sharded mixed precision]).
+  void choose_param_dtype(const models::ModelSpec& spec);
+  // place()'s step for unit `u` (its shard already planned): its buffers, this rank's chunk of
+  // its parameters into the shard, their optimizer entries, decay mask and owned pieces; the
+  // parameters become views of the (released) gathered buffer. `members`: its indices into
+  // `named`.
+  void place_unit(size_t u, const std::vector<size_t>& members,
+                  const std::vector<std::pair<std::string, torch::Tensor>>& named,
+                  const torch::TensorOptions& opts, torch::Tensor& mask,
+                  std::vector<optim::FlatParameters::Entry>& entries,
+                  std::vector<optim::FlatParameters::Piece>& pieces);
+  void log_placement(size_t blocks, int64_t local) const;
   // predicted_peak_bytes_ and predicted_whole_bytes_, from the placed units' buffers.
   void predict_peak();
   // `params` at `offsets` in a zeroed buffer of chunk x world elements, then rank 0's values
