@@ -12,7 +12,9 @@
 //    is worth having (sharding.md: Savanna and NeMo do the same). So an all-to-all turns the
 //    sequence shard into a channel shard [B, L, D / C] (every position of channels
 //    [r D / C, (r + 1) D / C)), each rank runs the model's own fft_long_conv on its channels
-//    with their rows of the filter and bias, and a second all-to-all turns the result back.
+//    with their rows of the filter and bias, and a second all-to-all turns the result back
+//    (models::hyena::context_parallel_long_conv, worker/models/hyena/hyena_context.cpp: the
+//    family's operator lives in its folder, this file names no family).
 // Every function here is an autograd Function whose backward is the transposed
 // communication: the backward of sequence_to_channels is channels_to_sequence of the
 // gradient and vice versa; the halo's gradient goes back to the rank it came from.
@@ -89,16 +91,6 @@ torch::Tensor gather_ranks(const torch::Tensor& x, comm::Communicator& group);
 // attention's K/V exchange computes meanwhile: Note [Attention context parallelism]).
 std::pair<torch::Tensor, comm::WorkPtr> launch_gather_ranks(const torch::Tensor& x,
                                                             comm::Communicator& group);
-
-// The Hyena long convolution of a sequence shard, context-parallel (Note [Hyena context
-// parallelism]): u [B, L / C, D] -> [B, L / C, D], equal to
-// models::hyena::fft_long_conv(u_whole.transpose(1, 2), k, bias).transpose(1, 2) restricted
-// to this rank's positions. k is the filter [D, L] and bias its D term [D], both whole (only
-// rows channel_block(D, C, rank) are read, so only they get gradients: summed over the group
-// they are the whole gradient), or already this rank's rows ([D / C, L] and [D / C]: compute
-// only those, e.g. with HyenaFilterImpl::channels).
-torch::Tensor context_parallel_long_conv(const torch::Tensor& u, const torch::Tensor& k,
-                                         const torch::Tensor& bias, comm::Communicator& group);
 
 // Note [Context-parallel pooling]
 // A sequence classifier pools each sequence into one vector before its head; under context

@@ -84,7 +84,7 @@ TEST_P(ContextParallel, LongConvMatchesTheWholeSequenceForwardAndBackward) {
       auto mine = leaf(shard_of(u, 1, C, r));
       auto k_r = leaf(local_filter ? k.slice(0, block.first, block.last) : k);
       auto bias_r = leaf(local_filter ? bias.slice(0, block.first, block.last) : bias);
-      ys[r] = context_parallel_long_conv(mine, k_r, bias_r, group);
+      ys[r] = models::hyena::context_parallel_long_conv(mine, k_r, bias_r, group);
       (ys[r] * shard_of(grad_out, 1, C, r)).sum().backward();
       du[r] = mine.grad();
       dk[r] = k_r.grad();
@@ -176,8 +176,9 @@ TEST_P(ContextParallel, ChannelsNotDivisibleByTheGroupAreOneClearError) {
   }
   // The long conv checks the same before communicating, and a halo longer than a shard.
   const auto conv_errors = run_on_ranks(C, "bad_conv", [&](int, comm::Communicator& group) {
-    context_parallel_long_conv(torch::zeros({1, 8, channels}), torch::zeros({channels, 8 * C}),
-                               torch::zeros({channels}), group);
+    models::hyena::context_parallel_long_conv(torch::zeros({1, 8, channels}),
+                                              torch::zeros({channels, 8 * C}),
+                                              torch::zeros({channels}), group);
   });
   for (const auto& e : conv_errors) EXPECT_NE(e.find("not divisible"), std::string::npos) << e;
   const auto halo_errors = run_on_ranks(C, "bad_halo", [&](int, comm::Communicator& group) {

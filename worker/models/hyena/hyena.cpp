@@ -132,9 +132,9 @@ Tensor HyenaOperatorImpl::forward(const Tensor& x, const Tensor& z, const Tensor
                  .squeeze(0)
                  .transpose(0, 1);
     const auto block = parallel::channel_block(d_, group.world_size(), group.rank());
-    auto v = parallel::context_parallel_long_conv((parts[2] * parts[1]).transpose(1, 2), k,
-                                                  filter_fn->bias.slice(0, block.first, block.last),
-                                                  group);  // [B, L / C, d]
+    auto v = context_parallel_long_conv((parts[2] * parts[1]).transpose(1, 2), k,
+                                        filter_fn->bias.slice(0, block.first, block.last),
+                                        group);  // [B, L / C, d]
     return out_proj->forward(v * parts[0].transpose(1, 2));
   }
   const int64_t L = x.size(1);

@@ -110,6 +110,16 @@ std::pair<torch::Tensor, torch::Tensor> positional_features(const HyenaOptions& 
 torch::Tensor fft_long_conv(const torch::Tensor& u, const torch::Tensor& k,
                             const torch::Tensor& bias);
 
+// The Hyena long convolution of a sequence shard, context-parallel (hyena_context.cpp; Note
+// [Hyena context parallelism] in worker/parallel/context_parallel.hpp): u [B, L / C, D] -> [B, L /
+// C, D], equal to fft_long_conv(u_whole.transpose(1, 2), k, bias).transpose(1, 2) restricted to
+// this rank's positions. k is the filter [D, L] and bias its D term [D], both whole (only rows
+// channel_block(D, C, rank) are read, so only they get gradients: summed over the group they are
+// the whole gradient), or already this rank's rows ([D / C, L] and [D / C]: compute only those,
+// e.g. with HyenaFilterImpl::channels).
+torch::Tensor context_parallel_long_conv(const torch::Tensor& u, const torch::Tensor& k,
+                                         const torch::Tensor& bias, comm::Communicator& group);
+
 class HyenaFilterImpl : public torch::nn::Module {
  public:
   explicit HyenaFilterImpl(const HyenaOptions& o);
