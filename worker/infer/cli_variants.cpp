@@ -43,6 +43,27 @@ struct VariantCounts {
   int64_t records = 0, scored = 0, not_snv = 0, unscored = 0;
 };
 
+// `rec`'s contig length in `genome`, after checking that the reference has the contig and holds
+// REF at POS (exit 3 naming chrom:pos otherwise).
+int64_t checked_contig_length(const ReferenceGenome& genome, const VcfRecord& rec,
+                              const VariantArgs& a) {
+  const int64_t length = genome.length(rec.chrom);
+  DNALLM_CHECK(length >= 0, ExitCode::kBadData,
+               "--vcf {}: contig \"{}\" ({}:{}) is not in --reference {} ({} contigs): give "
+               "the reference the VCF was called against (contig names must match)",
+               a.vcf, rec.chrom, rec.chrom, rec.pos + 1, a.reference, genome.contigs());
+  DNALLM_CHECK(rec.pos >= 0 && rec.pos + static_cast<int64_t>(rec.ref.size()) <= length,
+               ExitCode::kBadData, "--vcf {}: {}:{} lies past the contig's end ({} bases)", a.vcf,
+               rec.chrom, rec.pos + 1, length);
+  const auto actual =
+      genome.fetch(rec.chrom, rec.pos, rec.pos + static_cast<int64_t>(rec.ref.size()));
+  DNALLM_CHECK(actual == rec.ref, ExitCode::kBadData,
+               "--vcf {}: {}:{} has REF {} but the reference holds {} there: the VCF was called "
+               "against another reference (or another version of it)",
+               a.vcf, rec.chrom, rec.pos + 1, rec.ref, actual);
+  return length;
+}
+
 class Variants final : public Command {
  public:
   explicit Variants(CLI::App& app) {
@@ -114,21 +135,7 @@ class Variants final : public Command {
     Progress progress("variants", 0);
     VcfRecord rec;
     for (int64_t index = 0; vcf.next(rec); ++index) {
-      const int64_t length = genome.length(rec.chrom);
-      DNALLM_CHECK(length >= 0, ExitCode::kBadData,
-                   "--vcf {}: contig \"{}\" ({}:{}) is not in --reference {} ({} contigs): give "
-                   "the reference the VCF was called against (contig names must match)",
-                   a.vcf, rec.chrom, rec.chrom, rec.pos + 1, a.reference, genome.contigs());
-      DNALLM_CHECK(rec.pos >= 0 && rec.pos + static_cast<int64_t>(rec.ref.size()) <= length,
-                   ExitCode::kBadData, "--vcf {}: {}:{} lies past the contig's end ({} bases)",
-                   a.vcf, rec.chrom, rec.pos + 1, length);
-      const auto actual =
-          genome.fetch(rec.chrom, rec.pos, rec.pos + static_cast<int64_t>(rec.ref.size()));
-      DNALLM_CHECK(
-          actual == rec.ref, ExitCode::kBadData,
-          "--vcf {}: {}:{} has REF {} but the reference holds {} there: the VCF was called "
-          "against another reference (or another version of it)",
-          a.vcf, rec.chrom, rec.pos + 1, rec.ref, actual);
+      const int64_t length = checked_contig_length(genome, rec, a);
       if (topo.world_size > 1 && (index < share_begin || index >= share_end)) continue;
       ++counts.records;
       Site site{rec, {}};
