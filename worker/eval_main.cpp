@@ -22,6 +22,7 @@
 #include "worker/infer/inference.hpp"
 #include "worker/infer/scoring.hpp"
 #include "worker/models/model_dir.hpp"
+#include "worker/models/model_dir_options.hpp"
 #include "worker/models/transformer/transformer.hpp"
 #include "worker/train/data_source.hpp"
 #include "worker/train/trainer.hpp"
@@ -132,15 +133,7 @@ struct EvalArgs {
 };
 
 void add_options(CLI::App& app, EvalArgs& a) {
-  app.add_option("--model", a.model_dir,
-                 "model directory: dnallm-train's final/ or best/, a Hugging Face directory as "
-                 "downloaded, or a PEFT adapter directory (docs/published-models.md)")
-      ->required();
-  app.add_flag("--uppercase", a.uppercase,
-               "read lower-case (soft-masked) bases as bases; by default a Hugging Face model's "
-               "tokenizer reads them as its reference does (unknown tokens)");
-  app.add_option("--base", a.base_dir,
-                 "a PEFT adapter's base directory, when its adapter_config.json does not name one");
+  models::add_model_dir_options(app, a.model_dir, a.base_dir, a.uppercase);
   auto* fasta_opt = app.add_option("--fasta", a.fasta, "FASTA/FASTQ file (plain or gzip) to score");
   auto* table_opt = app.add_option("--table", a.table, "labelled table for a classification model");
   fasta_opt->excludes(table_opt);

@@ -15,20 +15,13 @@
 #include "core/error.hpp"
 #include "core/worker_env.hpp"
 #include "worker/models/model_dir.hpp"
+#include "worker/models/model_dir_options.hpp"
 #include "worker/models/transformer/quantized_linear.hpp"
 
 namespace dnallm::infer::cli {
 
 void add_common(CLI::App& cmd, CommonArgs& a) {
-  cmd.add_option("--model", a.model_dir,
-                 "model directory: dnallm-train's final/ or best/, a Hugging Face directory as "
-                 "downloaded, or a PEFT adapter directory (docs/published-models.md)")
-      ->required();
-  cmd.add_flag("--uppercase", a.uppercase,
-               "read lower-case (soft-masked) bases as bases; by default a Hugging Face "
-               "model's tokenizer reads them as its reference does (unknown tokens)");
-  cmd.add_option("--base", a.base_dir,
-                 "a PEFT adapter's base directory, when its adapter_config.json does not name one");
+  models::add_model_dir_options(cmd, a.model_dir, a.base_dir, a.uppercase);
   cmd.add_option("--device", a.device,
                  "auto (cuda:LOCAL_RANK when there is a GPU) | cpu | "
                  "cuda | cuda:N")
