@@ -17,6 +17,13 @@ using torch::Tensor;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+std::string shape_text(const Tensor& t) { return fmt::format("[{}]", fmt::join(t.sizes(), ", ")); }
+
+void check_shard(const Tensor& x, const char* what) {
+  DNALLM_CHECK(x.dim() == 3, ExitCode::kUsage,
+               "{}: expected a [B, positions, channels] tensor, got {}", what, shape_text(x));
+}
+
 ChannelBlock channel_block(int64_t channels, int world_size, int rank) {
   DNALLM_CHECK(world_size > 0 && rank >= 0 && rank < world_size, ExitCode::kUsage,
                "context parallelism: rank {} outside a group of {}", rank, world_size);
@@ -29,8 +36,6 @@ ChannelBlock channel_block(int64_t channels, int world_size, int rank) {
 }
 
 namespace {
-
-std::string shape(const Tensor& t) { return fmt::format("[{}]", fmt::join(t.sizes(), ", ")); }
 
 // The autograd node keeps the group as an integer (saved_data holds IValues); the header's
 // contract makes the caller keep it alive through the backward.
@@ -50,11 +55,6 @@ DType wire_dtype(const Tensor& t, const char* what) {
 }
 
 BufferView whole(const Tensor& t, DType dtype) { return buffer_view(t, 0, t.numel(), dtype); }
-
-void check_shard(const Tensor& x, const char* what) {
-  DNALLM_CHECK(x.dim() == 3, ExitCode::kUsage,
-               "{}: expected a [B, positions, channels] tensor, got {}", what, shape(x));
-}
 
 // `blocks` [C, ...] contiguous: block p to rank p; returns the C blocks received, block p from
 // rank p.
@@ -249,7 +249,7 @@ Tensor context_mean_pool(const Tensor& hidden, const Tensor& mask, comm::Communi
   DNALLM_CHECK(!mask.defined() || (mask.dim() == 2 && mask.size(0) == hidden.size(0) &&
                                    mask.size(1) == hidden.size(1)),
                ExitCode::kUsage, "{}: a mask {} for hidden states {}", what,
-               mask.defined() ? shape(mask) : "[]", shape(hidden));
+               mask.defined() ? shape_text(mask) : "[]", shape_text(hidden));
   Tensor sum, count;
   if (mask.defined()) {
     const auto m = mask.to(hidden.scalar_type()).unsqueeze(-1);
@@ -272,7 +272,7 @@ Tensor context_token_pool(const Tensor& hidden, const Tensor& positions, const T
   DNALLM_CHECK(positions.dim() == 1 && positions.size(0) == hidden.size(1) && index.dim() == 1 &&
                    index.size(0) == hidden.size(0),
                ExitCode::kUsage, "{}: positions {} and index {} for hidden states {}", what,
-               shape(positions), shape(index), shape(hidden));
+               shape_text(positions), shape_text(index), shape_text(hidden));
   const int64_t B = hidden.size(0), H = hidden.size(2);
   // [B, T / C]: where each row's position lies here, if it does.
   const auto here = positions.to(hidden.device()).view({1, -1}).eq(index.view({-1, 1}));
@@ -287,8 +287,8 @@ Tensor context_first_position(const Tensor& where, const Tensor& positions, int6
                               comm::Communicator& group) {
   constexpr const char* what = "context_first_position";
   DNALLM_CHECK(where.dim() == 2 && positions.dim() == 1 && positions.size(0) == where.size(1),
-               ExitCode::kUsage, "{}: positions {} for a mask {}", what, shape(positions),
-               shape(where));
+               ExitCode::kUsage, "{}: positions {} for a mask {}", what, shape_text(positions),
+               shape_text(where));
   torch::NoGradGuard no_grad;
   const auto global = positions.to(where.device(), torch::kInt64).view({1, -1}).expand_as(where);
   const auto none_here = torch::full_like(global, none);

@@ -38,12 +38,17 @@
 #include <torch/torch.h>
 
 #include <cstdint>
-
+#include <string>
 #include <utility>
 
 #include "comm/communicator.hpp"
 
 namespace dnallm::parallel {
+
+// A tensor's shape as "[a, b, c]", for messages.
+std::string shape_text(const torch::Tensor& t);
+// Error(kUsage) naming `what` unless `x` is a sequence shard [B, positions, channels].
+void check_shard(const torch::Tensor& x, const char* what);
 
 // Point-to-point tags of causal_halo (Communicator::send/recv): the forward's positions and
 // the backward's gradients. Other users of send/recv on a context group should use others.
