@@ -318,7 +318,7 @@ TEST(StreamedBuild, InitFromAHuggingFaceDirectoryFillsEachBlockAsItIsBuilt) {
     const char* tokenizer;
     int world;
   } cases[] = {
-      {"bert_mlm", "bert", "kind = \"kmer\"\nk = 3\nstride = 1\n", 2},  // token types folded
+      {"bert_mlm", "bert", "kind = \"kmer\"\nk = 3\nstride = 1\n", 2},  // token-type weights
       {"esm_v2_mlm", "bert", "kind = \"nt\"\n", 2},       // NT-v2: gated dense split in halves
       {"esm_v1_mlm", "bert", "kind = \"nt\"\n", 2},       // positions after another pad id
       {"gptneox_causal", "gpt", "kind = \"char\"\n", 1},  // per-head fused query_key_value

@@ -273,14 +273,17 @@ int64_t add_encoder_config(Family f, const ModelOptions& o, ordered_json& c, Nam
   }
   c["position_embedding_type"] = "absolute";
   c["max_position_embeddings"] = o.max_seq_length;
-  c["type_vocab_size"] = f == Family::kBert ? 2 : 1;
   c["hidden_dropout_prob"] = 0.0;
   c["attention_probs_dropout_prob"] = 0.0;
-  // Our positions hold token type 0 folded in: the token-type table is zero.
-  out.push_back(zeros_tensor(f == Family::kBert
-                                 ? "bert.embeddings.token_type_embeddings.weight"
-                                 : "roberta_prelayernorm.embeddings.token_type_embeddings.weight",
-                             {f == Family::kBert ? 2 : 1, o.hidden}));
+  // An imported model's token-type table is a parameter (Note [Token-type table], exported with
+  // the others); a model of ours has none, and transformers' needs one: zeros.
+  c["type_vocab_size"] = o.type_vocab_size > 0 ? o.type_vocab_size : f == Family::kBert ? 2 : 1;
+  if (o.type_vocab_size == 0) {
+    out.push_back(zeros_tensor(f == Family::kBert
+                                   ? "bert.embeddings.token_type_embeddings.weight"
+                                   : "roberta_prelayernorm.embeddings.token_type_embeddings.weight",
+                               {f == Family::kBert ? 2 : 1, o.hidden}));
+  }
   return position_offset;
 }
 

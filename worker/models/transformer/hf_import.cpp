@@ -48,7 +48,7 @@ void add_row_block(HfCheckpoint& h, const std::string& ours, const std::string& 
                    const Shape& shape, int64_t part, int64_t parts) {
   Shape mine = shape;
   mine[0] /= parts;
-  h.tensors[ours] = HfTensorSource{hf_name, part, parts, false, "", mine};
+  h.tensors[ours] = HfTensorSource{hf_name, part, parts, false, mine};
 }
 
 }  // namespace detail
@@ -149,16 +149,22 @@ Tensor HfCheckpoint::read(const std::string& name) const {
     t = t.chunk(s.parts, 0)[size_t(s.part)];
   }
   t = t.contiguous();
-  if (!s.plus_row0.empty()) t = t + file->read(s.plus_row0)[0];
   return t;
 }
 
 namespace {
 
+// Note [Token-type table]: BERT and RoBERTa-PreLayerNorm add row 0 of their token-type table to
+// every token (a DNA sequence is one segment). The table stays a parameter of ours
+// (type_vocab_size rows, ModelOptions), as in transformers, instead of being folded into the
+// learned positions: the forward pass is the same either way, but fine-tuning is not. Folded,
+// the row got no gradient of its own (the sum over positions), no weight decay and no Adam
+// state, so every step after the first differed from the Hugging Face Trainer's
+// (tests/hf/check_finetune_parity.py found it: grad norm 0.1498 against 0.1567 at step 1).
+//
 // Every tensor of the weights file mapped onto our names (Note [Lazy Hugging Face import]);
-// the token-type table's name goes to `token_type` (folded afterwards), other tasks' tensors
-// are logged and skipped.
-void map_tensors(const std::string& weights_path, HfCheckpoint& h, std::string& token_type) {
+// other tasks' tensors are logged and skipped.
+void map_tensors(const std::string& weights_path, HfCheckpoint& h) {
   std::vector<std::string> skipped;
   const bool nt_v2 = h.model_type == "esm" && h.options.gated_mlp;  // Note [Remote code]
   for (const auto& [hf_name, t] : h.file->shapes()) {
@@ -175,15 +181,17 @@ void map_tensors(const std::string& weights_path, HfCheckpoint& h, std::string& 
       // (Note [DNABERT-2 import]: its token-type table is a parameter of ours, below)
     } else if (hf_name.find("token_type_embeddings") != std::string::npos &&
                h.model_type != "dnabert2") {
-      DNALLM_CHECK(t.size() == 2 && t[1] == h.options.hidden, ExitCode::kUsage,
+      // Note [Token-type table]: a parameter of ours, as in transformers.
+      DNALLM_CHECK(t.size() == 2 && t[0] >= 1 && t[1] == h.options.hidden, ExitCode::kUsage,
                    "{}: {} has shape {} but config.json implies rows of {}", weights_path, hf_name,
                    shape_text(t), h.options.hidden);
-      token_type = hf_name;
+      h.options.type_vocab_size = t[0];
+      h.tensors[rename(h.model_type, hf_name)] = HfTensorSource{hf_name, 0, 1, false, t};
     } else if (h.model_type == "gpt_neox" &&
                hf_name.find(".attention.query_key_value.") != std::string::npos) {
       split_fused_qkv(weights_path, hf_name, t, h);
     } else if (!is_computed_buffer(h.model_type, hf_name)) {
-      h.tensors[rename(h.model_type, hf_name)] = HfTensorSource{hf_name, 0, 1, false, "", t};
+      h.tensors[rename(h.model_type, hf_name)] = HfTensorSource{hf_name, 0, 1, false, t};
     }
   }
   if (!skipped.empty()) {
@@ -192,17 +200,9 @@ void map_tensors(const std::string& weights_path, HfCheckpoint& h, std::string& 
   }
 }
 
-// Folds token-type row 0 into the positions and drops stored copies of tied tensors.
-// (The root's tensors are read here: a few rows of the vocabulary's size.)
-void fold_and_untie(const std::string& weights_path, const std::string& token_type,
-                    HfCheckpoint& h) {
-  // Fold token-type row 0 (every token is segment 0) into the learned positions.
-  if (!token_type.empty()) {
-    auto it = h.tensors.find("bert.embeddings.position_embeddings.weight");
-    DNALLM_CHECK(it != h.tensors.end(), ExitCode::kUsage,
-                 "{}: token_type_embeddings without position_embeddings", weights_path);
-    it->second.plus_row0 = token_type;
-  }
+// Drops stored copies of tied tensors. (The root's tensors are read here: a few rows of the
+// vocabulary's size.)
+void untie(const std::string& weights_path, HfCheckpoint& h) {
   // Tied decoders: a stored copy must equal the embedding it is tied to.
   for (const char* tied : {"cls.predictions.decoder.weight", "lm_head.weight"}) {
     auto it = h.tensors.find(tied);
@@ -346,9 +346,8 @@ HfCheckpoint read_hf_checkpoint(const std::string& dir) {
       weights_path,
       std::filesystem::exists(dir + "/pytorch_model.bin", ec) ? " (pytorch_model.bin is)" : "");
   h.file = std::make_shared<HfWeightsFile>(weights_path);
-  std::string token_type;
-  map_tensors(weights_path, h, token_type);
-  fold_and_untie(weights_path, token_type, h);
+  map_tensors(weights_path, h);
+  untie(weights_path, h);
   check_against_model(weights_path, h);
   return h;
 }

@@ -63,7 +63,6 @@ struct HfTensorSource {
   std::string name;             // the file's tensor
   int64_t part = 0, parts = 1;  // row block `part` of `parts` equal ones (dimension 0)
   bool per_head_qkv = false;    // gpt_neox's fused rows [head][q|k|v][head_dim]: `part` of 3
-  std::string plus_row0;        // the file's tensor whose row 0 is added (token types folded)
   std::vector<int64_t> shape;   // ours
 };
 class HfWeightsFile;  // model.safetensors read one tensor at a time (or a loaded pickle)

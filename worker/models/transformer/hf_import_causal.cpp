@@ -126,9 +126,8 @@ void split_fused_qkv(const std::string& weights_path, const std::string& hf_name
   const std::string prefix = rename(h.model_type, hf_name.substr(0, hf_name.find(".attention.")));
   const char* parts[] = {"query", "key", "value"};
   for (int i = 0; i < 3; ++i) {
-    HfTensorSource source{hf_name, i,
-                          3,       /*per_head_qkv=*/true,
-                          "",      is_weight ? Shape{o.hidden, o.hidden} : Shape{o.hidden}};
+    HfTensorSource source{hf_name, i, 3, /*per_head_qkv=*/true,
+                          is_weight ? Shape{o.hidden, o.hidden} : Shape{o.hidden}};
     h.tensors[prefix + ".attention.self." + parts[i] + (is_weight ? ".weight" : ".bias")] = source;
   }
 }
