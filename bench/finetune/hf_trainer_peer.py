@@ -142,6 +142,27 @@ def load_model(a, transformers, num_labels, scratch):
     return model, encode, tok.pad_token_id, False
 
 
+def save_init(model, src, dst, k):
+    """The classifier as built (its new head included) as a directory of the base's layout: the
+    start both systems take for an exact comparison (tests/hf/check_finetune_parity.py)."""
+    import shutil
+    from safetensors.torch import save_file
+    os.makedirs(dst, exist_ok=True)
+    for name in os.listdir(src):
+        if name not in ("config.json", "model.safetensors") and \
+                os.path.isfile(os.path.join(src, name)):
+            shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+    state = {n: t.detach().contiguous() for n, t in model.state_dict().items()}
+    save_file(state, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    config["architectures"] = [type(model).__name__]
+    config["id2label"] = {str(i): f"LABEL_{i}" for i in range(k)}
+    config["label2id"] = {f"LABEL_{i}": i for i in range(k)}
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
 def with_lora(a, model):
     if a.lora_r <= 0:
         return model
@@ -178,6 +199,8 @@ def main():
     ap.add_argument("--lora-dropout", type=float, default=0.05)
     ap.add_argument("--lora-targets", default="query,value")
     ap.add_argument("--order", choices=["ours", "trainer"], default="trainer")
+    ap.add_argument("--save-init", default=None,
+                    help="only write the classifier as initialised (new head) to this directory")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--dnabert2-ref", default=None)
     ap.add_argument("--nt-v2-code", default=None)
@@ -195,6 +218,10 @@ def main():
     k = max(splits["train"][1]) + 1
     scratch = tempfile.mkdtemp(prefix="hf-trainer-peer-")
     model, encode, pad_id, left_pad = load_model(a, transformers, k, scratch)
+    if a.save_init:
+        save_init(model, a.model, a.save_init, k)
+        print(json.dumps({"saved": a.save_init, "class": type(model).__name__}))
+        return
     model = with_lora(a, model)
 
     class Rows(torch.utils.data.Dataset):

@@ -103,6 +103,18 @@ for b in $bases; do
   esac
 done
 
+# --- exactness first: from the same classifier, dropout off, our batch order, 20 steps ------
+for b in $bases; do
+  [ -n "${base_sets[$b]:-}" ] || continue
+  [ -s "$out/exact-$b.txt" ] && continue
+  sets=()
+  for kv in ${base_sets[$b]}; do [ "$kv" = --set ] || sets+=(--set "$kv"); done
+  "$PYTHON" tests/hf/check_finetune_parity.py --train "$BUILD/bin/dnallm-train" --source-dir . \
+    --model "$out/bases/$b/final/hf" "${sets[@]}" --lr 3e-3 > "$out/exact-$b.txt" 2>&1 ||
+    { cat "$out/exact-$b.txt" >&2; exit 1; }
+  log "$b: $(head -1 "$out/exact-$b.txt")"
+done
+
 # --- the runs ------------------------------------------------------------------------------
 record() {  # base task mode system seed wall json
   "$PYTHON" - "$@" >> "$results" <<'PY'

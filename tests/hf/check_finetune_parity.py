@@ -16,6 +16,9 @@ which a tiny model learns within 20 steps, so the scores compared are not those 
 prediction (the check fails when the final dev MCC is 0).
 
   check_finetune_parity.py --train build/bin/dnallm-train --source-dir . [--keep DIR]
+      [--model DIR --set key=value ... --kmer K --max-length N]   (another base; e.g. the
+      DNABERT-2 and NT-v2 bases of bench/finetune/parity.sh, whose reference code the peer
+      finds in DNALLM_DNABERT2_REF / DNALLM_NT_V2_CODE)
 """
 import argparse
 import json
@@ -42,8 +45,8 @@ def ours(args, model, task, work):
     ck = os.path.join(work, "ours")
     metrics = os.path.join(work, "ours.jsonl")
     sets = {
-        "model.init_from": model, "model.num_labels": 2, "model.max_seq_length": 64,
-        "model.dropout": 0, "tokenizer.kind": "kmer", "tokenizer.k": 3, "tokenizer.stride": 1,
+        "model.init_from": model, "model.num_labels": 2,
+        "model.max_seq_length": args.max_length, "model.dropout": 0,
         "data.train_files": f'["{task}/train.csv"]', "data.eval_files": f'["{task}/dev.csv"]',
         "training.seed": HYPER["seed"], "training.micro_batch_size": GLOBAL_BATCH // RANKS,
         "training.max_steps": STEPS, "training.num_train_epochs": 0,
@@ -58,6 +61,8 @@ def ours(args, model, task, work):
            "--log-level", "warn"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
+    for kv in args.set:
+        cmd += ["--set", kv]
     run(cmd, "dnallm-train")
     lines = [json.loads(line) for line in open(metrics)]
     losses = [line["loss"] for line in lines if "event" not in line and "loss" in line]
@@ -77,7 +82,8 @@ def peer(args, model, task):
                "--weight-decay", str(HYPER["weight_decay"]),
                "--max-grad-norm", str(HYPER["max_grad_norm"]), "--max-steps", str(STEPS),
                "--batch", str(GLOBAL_BATCH), "--eval-steps", str(EVAL_STEPS), "--dropout", "0",
-               "--kmer", "3", "--max-length", "64", "--threads", "1"], "hf_trainer_peer.py")
+               "--kmer", str(args.kmer), "--max-length", str(args.max_length), "--threads", "1"],
+              "hf_trainer_peer.py")
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -120,15 +126,34 @@ def main():
     ap.add_argument("--train", required=True, help="the dnallm-train binary")
     ap.add_argument("--source-dir", required=True)
     ap.add_argument("--keep", default=None, help="keep the runs in this folder")
+    ap.add_argument("--model", default=None, help="default: the bert_cls fixture")
+    ap.add_argument("--set", action="append", default=None,
+                    help="dnallm-train settings for --model (its tokenizer)")
+    ap.add_argument("--kmer", type=int, default=None)
+    ap.add_argument("--max-length", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=HYPER["lr"])
     args = ap.parse_args()
+    if args.model is None:  # DNABERT-1-shaped: overlapping 3-mers, 64 positions
+        args.set = args.set or ["tokenizer.kind=kmer", "tokenizer.k=3", "tokenizer.stride=1"]
+        args.kmer = 3 if args.kmer is None else args.kmer
+    args.set = args.set or []
+    HYPER["lr"] = args.lr
+    args.kmer = args.kmer or 0
     work = args.keep or tempfile.mkdtemp(prefix="finetune-parity-")
     os.makedirs(work, exist_ok=True)
     try:
-        model = os.path.join(args.source_dir, "tests", "data", "hf-fixtures", "bert_cls")
+        model = args.model or os.path.join(args.source_dir, "tests", "data", "hf-fixtures",
+                                           "bert_cls")
         run([sys.executable, os.path.join(args.source_dir, "scripts", "make-gue-tasks.py"),
              "--out", work, "--tasks", "species60", "--train", "320", "--dev", "64", "--test",
              "64"], "make-gue-tasks.py")
         task = os.path.join(work, "species60")
+        if args.model:  # a base: both start from the classifier the Trainer's code initialises
+            start = os.path.join(work, "start")
+            run([sys.executable, os.path.join(args.source_dir, "bench", "finetune",
+                                              "hf_trainer_peer.py"), "--model", model, "--task",
+                 task, "--seed", str(HYPER["seed"]), "--save-init", start], "the classifier's start")
+            model = start
         problems = compare(ours(args, model, task, work), peer(args, model, task))
     finally:
         if not args.keep:
