@@ -151,7 +151,7 @@ LanguageModel load_exported(const std::string& dir, const nlohmann::json& c) {
   return model;
 }
 
-std::optional<HfExport> hf_export(LanguageModel& model, const data::Tokenizer& /*tokenizer*/,
+std::optional<HfExport> hf_export(LanguageModel& model, const data::Tokenizer& tokenizer,
                                   const std::string& source_dir) {
   auto* m = dynamic_cast<HyenaModelImpl*>(model.get());
   DNALLM_CHECK(m != nullptr, ExitCode::kFailure, "internal: not a HyenaDNA model");
@@ -167,6 +167,19 @@ std::optional<HfExport> hf_export(LanguageModel& model, const data::Tokenizer& /
     weight =
         vocabulary_scatter(live, m->vocab_map, lm->word_embeddings->weight, m->source_embedding,
                            o.classifier ? torch::Tensor() : lm->head->weight, m->source_head);
+  } else if (tokenizer.tokenizer_kind() == cfg::TokenizerKind::kChar) {
+    // A model of ours: its rows go to CharacterTokenizer's ids too (Note [Character
+    // vocabularies]), [CLS] 0 ... [UNK] 6, A C G T N 7-11, so that the hub code and our own
+    // model.init_from read the export as they read a published checkpoint (rows we have no
+    // token for, [BOS] and [RESERVED], are zero).
+    constexpr int64_t kHubVocab = 12;
+    o.vocab_size = kHubVocab;
+    o.pad_token_id = 4;  // CharacterTokenizer's [PAD]
+    const auto zeros = torch::zeros({o.padded_vocab(), o.d_model});
+    weight = vocabulary_scatter(
+        live, character_vocabulary_map(tokenizer, "", kHubVocab, "HyenaDNA"),
+        lm->word_embeddings->weight, zeros, o.classifier ? torch::Tensor() : lm->head->weight,
+        o.classifier ? torch::Tensor() : zeros);
   }
   return hub_layout_export(hf_tensors(lm, weight),
                            o.hf_config.is_null() ? hf_config_of(o) : o.hf_config, source_dir,
