@@ -104,26 +104,26 @@ def inside(sums, a, b):
     return sums[b] - sums[a]
 
 
-def strand_label(maps, a, b):
+def gene_strand(maps, a, b):
+    """"+" when [a, b) lies inside a long ORF on the forward strand and in none on the
+    reverse, "-" for the converse, None otherwise."""
     w = b - a
     plus, minus = inside(maps["plus"], a, b), inside(maps["minus"], a, b)
     if plus == w and minus == 0:
-        return 1
+        return "+"
     if minus == w and plus == 0:
-        return 0
+        return "-"
     return None
+
+
+def strand_label(maps, a, b):
+    return {"+": 1, "-": 0}.get(gene_strand(maps, a, b))
 
 
 def coding3_label(maps, a, b):
-    w = b - a
     if inside(maps["any"], a, b) == 0:
         return 0
-    plus, minus = inside(maps["plus"], a, b), inside(maps["minus"], a, b)
-    if plus == w and minus == 0:
-        return 1
-    if minus == w and plus == 0:
-        return 2
-    return None
+    return {"+": 1, "-": 2}.get(gene_strand(maps, a, b))
 
 
 TASKS = {
