@@ -82,6 +82,11 @@ struct ModelFamily {
   // holds has none. `source_dir`: the directory it was imported from, if any.
   std::optional<HfExport> (*hf_export)(LanguageModel& model, const data::Tokenizer& tokenizer,
                                        const std::string& source_dir) = nullptr;
+  // The module names under which adapter_model.safetensors holds the adapter of `module`, one of
+  // `model`'s LoRA targets, for PEFT to apply it to the Hugging Face layout (Note [Caduceus PEFT
+  // names]); null: `module` itself (the layouts name it alike).
+  std::vector<std::string> (*peft_module_names)(LanguageModel& model,
+                                                const std::string& module) = nullptr;
 };
 
 const std::vector<ModelFamily>& model_families();

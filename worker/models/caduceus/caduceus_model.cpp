@@ -335,6 +335,11 @@ ModelFamily caduceus_family() {
         data::HfTokenizer::dna_characters(dir, "CaduceusTokenizer"));
   };
   f.hf_export = hf_export;
+  f.peft_module_names = [](LanguageModel& model, const std::string& module) {
+    auto* caduceus_model = dynamic_cast<CaduceusModelImpl*>(model.get());
+    return caduceus_model != nullptr ? hf_module_names(caduceus_model->lm()->options(), module)
+                                     : std::vector<std::string>{module};
+  };
   return f;
 }
 
