@@ -17,8 +17,8 @@
 #include "core/untrusted_file.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_directory.hpp"
-#include "worker/models/transformer/quantized_linear.hpp"
-#include "worker/models/transformer/transformer.hpp"
+#include "worker/models/quantized_weight.hpp"
+#include "worker/models/torch_safetensors.hpp"
 #include "worker/tensor_buffer.hpp"
 
 namespace dnallm::models {

@@ -13,10 +13,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
-#include "worker/models/caduceus/caduceus_model.hpp"
 #include "worker/models/hf_directory.hpp"
-#include "worker/models/hyena/hyena_model.hpp"
-#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models {
 namespace {
@@ -74,12 +71,6 @@ std::vector<ExportedTensor> lora_adapters(LanguageModel& model) {
 }
 
 }  // namespace
-
-const std::vector<ModelFamily>& model_families() {
-  static const std::vector<ModelFamily> families = {transformer_family(), hyena::hyena_family(),
-                                                    caduceus::caduceus_family()};
-  return families;
-}
 
 const ModelFamily& family_for_arch(cfg::Arch arch) {
   for (const auto& f : model_families()) {

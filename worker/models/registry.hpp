@@ -3,7 +3,7 @@
 // config.json, or by recognising a Hugging Face directory (its model_type and auto_map, never
 // model_type alone where remote code reuses one: DNABERT-2 says "bert"). An unknown value is
 // exit 2 naming it and the known ones, never a default. The families are listed in
-// registry.cpp (explicitly: a static library drops self-registering objects nobody calls).
+// families.cpp (explicitly: a static library drops self-registering objects nobody calls).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -89,6 +89,7 @@ struct ModelFamily {
                                                 const std::string& module) = nullptr;
 };
 
+// Every registered family, in families.cpp (the table: a new family adds its line there).
 const std::vector<ModelFamily>& model_families();
 
 // The family of model.arch. Every cfg::Arch has one (ModelRegistry.EveryFamily... builds each);

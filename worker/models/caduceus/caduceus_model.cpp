@@ -11,7 +11,6 @@
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/mamba_context.hpp"
 #include "worker/models/hf_directory.hpp"
-#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models::caduceus {
 namespace {

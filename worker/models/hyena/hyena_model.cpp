@@ -11,7 +11,6 @@
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_directory.hpp"
-#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models::hyena {
 namespace {
