@@ -349,8 +349,7 @@ HfExport hub_layout_export(std::vector<ExportedTensor> tensors, nlohmann::json c
   HfExport plan;
   plan.files.push_back({"model.safetensors", std::move(tensors), {{"format", "pt"}}});
   plan.finish = [config = std::move(config), source_dir, family](const std::string& dir) {
-    checkpoint::write_file_durable(std::filesystem::path(dir) / "config.json",
-                                   config.dump(2) + "\n");
+    checkpoint::write_json_durable(std::filesystem::path(dir) / "config.json", config);
     copy_tokenizer_files(source_dir, dir);
     spdlog::info("exported a {} model in the hub's layout to {}", family, dir);
   };

@@ -155,8 +155,8 @@ void export_live_model(LanguageModel model, const std::string& dir, const Parame
   write_exported_files(dir, files, units, write);
   if (!write) return;
   // The files of checkpoint::write_model_directory(), in its order.
-  checkpoint::write_file_durable(std::filesystem::path(dir) / "config.json",
-                                 model->export_config().dump(2) + "\n");
+  checkpoint::write_json_durable(std::filesystem::path(dir) / "config.json",
+                                 model->export_config());
   checkpoint::fsync_dir(dir);
 }
 
