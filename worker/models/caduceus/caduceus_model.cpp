@@ -183,7 +183,8 @@ bool recognises_hf(const nlohmann::json& c) { return has_model_type(c, "caduceus
 
 }  // namespace
 
-CaduceusModelImpl::CaduceusModelImpl(CaduceusLM lm, int64_t vocab_size) : lm_(std::move(lm)) {
+CaduceusModelImpl::CaduceusModelImpl(CaduceusLM lm, int64_t vocab_size)
+    : HubModelImpl(std::move(lm)) {
   for (const auto& p : lm_->named_parameters(/*recurse=*/false)) {
     register_parameter(p.key(), p.value());
   }
