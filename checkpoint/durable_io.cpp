@@ -90,6 +90,14 @@ void write_file_durable(const std::filesystem::path& path, const std::string& te
   fsync_dir(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
 }
 
+void write_json_durable(const std::filesystem::path& path, const nlohmann::json& j) {
+  write_file_durable(path, j.dump(2) + "\n");
+}
+
+void write_json_durable(const std::filesystem::path& path, const nlohmann::ordered_json& j) {
+  write_file_durable(path, j.dump(2) + "\n");
+}
+
 std::string read_small_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(ExitCode::kCheckpointCorrupt, "cannot read {}: {}", path.string(), errno_string());

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.hpp"
 
 namespace dnallm::checkpoint {
@@ -60,6 +62,10 @@ void fsync_dir(const std::filesystem::path& dir);
 
 // Writes `text` to `path` durably: <path>.tmp, fsync, rename, fsync parent directory.
 void write_file_durable(const std::filesystem::path& path, const std::string& text);
+// `j` as JSON text (indented by 2, a final newline), written by write_file_durable: every
+// config.json, tokenizer file and best.json we write.
+void write_json_durable(const std::filesystem::path& path, const nlohmann::json& j);
+void write_json_durable(const std::filesystem::path& path, const nlohmann::ordered_json& j);
 
 // Reads a whole (small) file; throws Error(kCheckpointCorrupt) when missing.
 std::string read_small_file(const std::filesystem::path& path);

@@ -142,6 +142,18 @@ std::optional<CheckpointReader> find_resume(const fs::path& root, const cfg::Res
        base.string(), all.size(), last_error);
 }
 
+std::string manifest_path(const CheckpointReader& ckpt) {
+  return (ckpt.dir() / kManifestName).string();
+}
+
+TrainState read_train_state(const CheckpointReader& ckpt) {
+  return TrainState::from_json(ckpt.manifest().state, manifest_path(ckpt));
+}
+
+ModelInfo read_model_info(const CheckpointReader& ckpt) {
+  return ModelInfo::from_json(ckpt.manifest().state, manifest_path(ckpt));
+}
+
 void check_compatible(const CheckpointReader& ckpt, const Expectation& expected) {
   const Manifest& m = ckpt.manifest();
   const std::string dir = ckpt.dir().string();

@@ -173,10 +173,6 @@ std::string header_text(const std::vector<TensorSpec>& tensors,
   return text;
 }
 
-void write_json_file(const fs::path& path, const nlohmann::ordered_json& j) {
-  write_file_durable(path, j.dump(2) + "\n");
-}
-
 }  // namespace
 
 SafetensorsFile read_safetensors_header(const fs::path& path) {
@@ -287,8 +283,8 @@ fs::path write_model_directory(const fs::path& dir, const ModelDirectory& model)
     write_safetensors(dir / "adapter_model.safetensors", model.adapters, model.adapters_metadata);
   const fs::path weights = dir / "model.safetensors";
   write_safetensors(weights, model.weights, model.weights_metadata);
-  if (model.config) write_json_file(dir / "config.json", *model.config);
-  if (model.tokenizer) write_json_file(dir / "tokenizer.json", *model.tokenizer);
+  if (model.config) write_json_durable(dir / "config.json", *model.config);
+  if (model.tokenizer) write_json_durable(dir / "tokenizer.json", *model.tokenizer);
   fsync_dir(dir);
   return weights;
 }

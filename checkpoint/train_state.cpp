@@ -2,7 +2,6 @@
 
 #include <limits>
 
-#include "checkpoint/manifest.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::checkpoint {
@@ -228,18 +227,6 @@ ModelInfo ModelInfo::from_json(const json& state, const std::string& where) {
   m.config = f.optional<json>(kConfig);
   if (const auto entries = f.optional_objects(kLayout)) m.layout = layout_from(*entries);
   return m;
-}
-
-std::string manifest_path(const CheckpointReader& ckpt) {
-  return (ckpt.dir() / kManifestName).string();
-}
-
-TrainState read_train_state(const CheckpointReader& ckpt) {
-  return TrainState::from_json(ckpt.manifest().state, manifest_path(ckpt));
-}
-
-ModelInfo read_model_info(const CheckpointReader& ckpt) {
-  return ModelInfo::from_json(ckpt.manifest().state, manifest_path(ckpt));
 }
 
 }  // namespace dnallm::checkpoint

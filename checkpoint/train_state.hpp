@@ -18,9 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/reader.hpp"
-
 namespace dnallm::checkpoint {
+
+class CheckpointReader;  // checkpoint/reader.hpp
 
 // Where one parameter lies in the flat parameter buffer (kFlatParameters) of the run that
 // saved it: `offset` elements from the buffer start, row-major `shape`.
@@ -97,7 +97,8 @@ struct ModelInfo {
   static ModelInfo from_json(const nlohmann::json& state, const std::string& where);
 };
 
-// The manifest's path as errors name it.
+// The manifest's path as errors name it. These three read a CheckpointReader, so they are
+// defined in reader.cpp: train_state does not include the reader (no include circle).
 std::string manifest_path(const CheckpointReader& ckpt);
 // TrainState::from_json / ModelInfo::from_json of ckpt's manifest state.
 TrainState read_train_state(const CheckpointReader& ckpt);

@@ -9,6 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "comm/make_communicator.hpp"
 #include "coordinator/commit_registry.hpp"
 #include "coordinator/net.hpp"
 #include "coordinator/tcp_store_client.hpp"

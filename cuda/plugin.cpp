@@ -14,6 +14,7 @@
 #include "core/cuda_plugin.hpp"
 #include "core/error.hpp"
 #ifdef DNALLM_PLUGIN_NCCL
+#include "comm/make_communicator.hpp"
 #include "comm/nccl/nccl_communicator.hpp"
 #endif
 

@@ -26,6 +26,7 @@
 #include <CLI/CLI.hpp>
 
 #include "comm/communicator.hpp"
+#include "comm/make_communicator.hpp"
 #include "coordinator/store.hpp"
 #include "worker/models/transformer/context_attention.hpp"
 #include "worker/tensor_buffer.hpp"

@@ -15,16 +15,13 @@
 # alike), and each figure is the median over all timed steps of all rounds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-. bench/python.sh
-bench_parse_args "$@"
-set -- "${ARGS[@]}"
-BUILD=${1:-build}
+. bench/lib.sh
+bench_start "$@"
 VARIANTS=${VARIANTS:-eager sdpa-fused compile}
 WARMUP=${WARMUP:-2}
 STEPS=${STEPS:-4}
 ROUNDS=${ROUNDS:-2}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+bench_tmp
 N=$((WARMUP + STEPS))
 common=(--config configs/bench-cpu.toml --set training.max_steps=$N --set training.logging_steps=1
         --set checkpoint.save_final=false --set parallel.backend=gloo --log-level warn)

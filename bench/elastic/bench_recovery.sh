@@ -9,10 +9,8 @@
 #   env: KILLS (5), PYTHON ($DNALLM_PYTHON: torchrun's torch), NO_PEER=1 to skip torchrun
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-. bench/python.sh
-bench_parse_args "$@"
-set -- "${ARGS[@]}"
-BUILD=${1:-build}
+. bench/lib.sh
+bench_start "$@"
 echo "bench/elastic: ours $BUILD/bin/dnallm-launch; torchrun from $PYTHON (torch ${PEER_TORCHES[0]})"
 args=(--launch "$BUILD/bin/dnallm-launch" --kills "${KILLS:-5}" --python "$PYTHON")
 [ -n "${NO_PEER:-}" ] && args+=(--no-peer)

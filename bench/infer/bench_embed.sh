@@ -11,10 +11,8 @@
 #        PYTHON ($DNALLM_PYTHON: the peer's torch), VARIANTS ("eager sdpa compile", embed_peer.py)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-. bench/python.sh
-bench_parse_args "$@"
-set -- "${ARGS[@]}"
-BUILD=${1:-build}
+. bench/lib.sh
+bench_start "$@"
 VARIANTS=${VARIANTS:-eager sdpa compile}
 N=${N:-512}
 MIN_LEN=${MIN_LEN:-50}
@@ -22,8 +20,7 @@ MAX_LEN=${MAX_LEN:-500}
 BATCH=${BATCH:-32}
 ROUNDS=${ROUNDS:-2}
 THREADS=${THREADS:-$(getconf _NPROCESSORS_ONLN)}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+bench_tmp
 export OMP_NUM_THREADS=$THREADS
 
 "$BUILD/bin/dnallm-train" --config configs/bench-cpu.toml --set training.max_steps=1 \

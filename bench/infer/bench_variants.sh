@@ -14,18 +14,15 @@
 #        EMBED_N (256 windows of 100-400 bases for the embedding rows)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-. bench/python.sh
-bench_parse_args "$@"
-set -- "${ARGS[@]}"
-BUILD=${1:-build}
+. bench/lib.sh
+bench_start "$@"
 N=${N:-200}
 EMBED_N=${EMBED_N:-256}
 WINDOW=${WINDOW:-200}
 BATCH=${BATCH:-16}
 ROUNDS=${ROUNDS:-2}
 THREADS=${THREADS:-$(getconf _NPROCESSORS_ONLN)}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+bench_tmp
 export OMP_NUM_THREADS=$THREADS
 
 "$PYTHON" bench/infer/make_hub_models.py "$TMP/hub"

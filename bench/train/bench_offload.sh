@@ -11,13 +11,13 @@
 # the median over all timed steps of all rounds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. bench/lib.sh
 BUILD=${1:-build}
 CONFIG=${CONFIG:-configs/bench-cpu.toml}
 WARMUP=${WARMUP:-2}
 STEPS=${STEPS:-4}
 ROUNDS=${ROUNDS:-2}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+bench_tmp
 N=$((WARMUP + STEPS))
 echo "bench/offload: $CONFIG, warmup $WARMUP, timed $STEPS, rounds $ROUNDS, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq "$ROUNDS"); do

@@ -296,17 +296,21 @@ std::shared_ptr<WorkState> QueuedCommunicator::new_state(const std::string& what
   return state;
 }
 
-WorkPtr QueuedCommunicator::submit(const char* what, std::function<void()> fn) {
-  auto state = new_state(what, -1);
+WorkPtr QueuedCommunicator::enqueue(const std::shared_ptr<WorkState>& state, uint64_t& next_seq,
+                                    std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     DNALLM_CHECK(!stopping_, ExitCode::kFailure, "{} issued on a communicator being destroyed",
                  state->what);
-    state->seq = next_seq_++;
+    state->seq = next_seq++;
     queue_.push_back(Task{state, std::move(fn)});
   }
   queue_changed_.notify_one();
   return std::make_shared<QueuedWork>(state);
+}
+
+WorkPtr QueuedCommunicator::submit(const char* what, std::function<void()> fn) {
+  return enqueue(new_state(what, -1), next_seq_, std::move(fn));
 }
 
 WorkPtr QueuedCommunicator::submit_transfer(bool is_send, BufferView buf, int peer, int tag) {
@@ -322,15 +326,7 @@ WorkPtr QueuedCommunicator::submit_transfer(bool is_send, BufferView buf, int pe
     }
     posted_changed_.notify_one();
   };
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    DNALLM_CHECK(!stopping_, ExitCode::kFailure, "{} issued on a communicator being destroyed",
-                 state->what);
-    state->seq = next_p2p_seq_++;
-    queue_.push_back(Task{state, std::move(post)});
-  }
-  queue_changed_.notify_one();
-  return std::make_shared<QueuedWork>(state);
+  return enqueue(state, next_p2p_seq_, std::move(post));
 }
 
 void QueuedCommunicator::check_cpu(const BufferView& b, const char* what, const char* arg) const {

@@ -145,6 +145,10 @@ class QueuedCommunicator : public Communicator {
   std::shared_ptr<WorkState> new_state(const std::string& what, int peer);
   WorkPtr submit(const char* what, std::function<void()> fn);
   WorkPtr submit_transfer(bool is_send, BufferView buf, int peer, int tag);
+  // Numbers `state` from `next_seq` (next_seq_ or next_p2p_seq_) and queues `fn` for the
+  // worker thread; refuses once the destructor has begun.
+  WorkPtr enqueue(const std::shared_ptr<WorkState>& state, uint64_t& next_seq,
+                  std::function<void()> fn);
   void worker_loop();
   void completion_loop();
   // The first failure (of a collective or a transfer) breaks the communicator: records

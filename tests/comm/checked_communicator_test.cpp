@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/make_communicator.hpp"
 #include "coordinator/store.hpp"
 #include "core/error.hpp"
 #include "tests/comm/counting_communicator.hpp"

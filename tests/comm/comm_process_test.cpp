@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/communicator.hpp"
+#include "comm/make_communicator.hpp"
 #include "coordinator/store_server.hpp"
 #include "tests/support/process.hpp"
 

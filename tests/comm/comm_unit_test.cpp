@@ -11,6 +11,7 @@
 #include "comm/communicator.hpp"
 #include "comm/detail/cpu_reduce.hpp"
 #include "comm/half.hpp"
+#include "comm/make_communicator.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::comm {

@@ -22,6 +22,7 @@
 
 #include "comm/communicator.hpp"
 #include "comm/half.hpp"
+#include "comm/make_communicator.hpp"
 #include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"

@@ -18,6 +18,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "tests/support/hf_fixtures.hpp"
 #include "tests/support/process.hpp"
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/pipeline.hpp"
@@ -32,13 +33,8 @@ namespace dnallm::models {
 namespace {
 
 namespace fs = std::filesystem;
-// The committed fixtures, or DNALLM_HF_FIXTURES_DIR (a set tests/hf/make_fixtures.py made now:
-// CTest hf_fixtures_regenerated).
-std::string fixtures_dir() {
-  const char* dir = std::getenv("DNALLM_HF_FIXTURES_DIR");
-  return dir != nullptr && *dir != '\0' ? std::string(dir) : std::string(DNALLM_HF_FIXTURES);
-}
-const std::string kFixtures = fixtures_dir();
+// The committed fixtures, or DNALLM_HF_FIXTURES_DIR (tests/support/hf_fixtures.hpp).
+const std::string kFixtures = dnallm::testing::hf_fixtures_dir();
 constexpr double kTolerance = 1e-4;
 
 std::vector<std::string> fixture_sequences(const std::string& family) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "tests/support/hf_fixtures.hpp"
 #include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models::hyena {
@@ -19,11 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fixture(const std::string& name) {
-  const char* dir = std::getenv("DNALLM_HF_FIXTURES_DIR");
-  return (dir != nullptr && *dir != '\0' ? std::string(dir) : std::string(DNALLM_HF_FIXTURES)) +
-         "/" + name;
-}
+std::string fixture(const std::string& name) { return dnallm::testing::hf_fixture(name); }
 
 // The HyenaDNA tokenizer's ids (characters A C G T N -> 7..11, others [UNK] 6, [SEP] 1
 // appended, [PAD] 4 on the left), written here from the hub tokenizer's definition.

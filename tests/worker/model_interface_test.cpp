@@ -12,6 +12,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "tests/support/hf_fixtures.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/caduceus_model.hpp"
 #include "worker/models/hyena/hyena_model.hpp"
@@ -24,11 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fixture(const std::string& name) {
-  const char* dir = std::getenv("DNALLM_HF_FIXTURES_DIR");
-  return (dir != nullptr && *dir != '\0' ? std::string(dir) : std::string(DNALLM_HF_FIXTURES)) +
-         "/" + name;
-}
+std::string fixture(const std::string& name) { return dnallm::testing::hf_fixture(name); }
 
 fs::path temp_dir(const std::string& name) {
   auto dir = fs::temp_directory_path() / ("dnallm_model_interface_" + name);

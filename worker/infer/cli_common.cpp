@@ -111,6 +111,14 @@ std::vector<std::string> model_files(const std::string& dir) {
           dir + "/tokenizer_config.json", dir + "/vocab.txt"};
 }
 
+std::vector<std::string> checked_reads(const std::string& model_dir,
+                                       const std::vector<std::string>& inputs) {
+  for (const auto& input : inputs) check_input(input);
+  auto reads = model_files(model_dir);
+  reads.insert(reads.end(), inputs.begin(), inputs.end());
+  return reads;
+}
+
 OutputFile::OutputFile(std::string out) : out_(std::move(out)) {
   if (out_ == "-") return;
   tmp_ = fmt::format("{}.tmp.{}", out_, ::getpid());

@@ -54,6 +54,11 @@ void check_output(const std::string& out, const std::vector<std::string>& reads,
 // What a command reads from --model (besides its --input).
 std::vector<std::string> model_files(const std::string& dir);
 
+// Each of `inputs` checked in order (check_input), and every file the command reads: the model's
+// (model_files) and `inputs`, what check_output refuses to overwrite.
+std::vector<std::string> checked_reads(const std::string& model_dir,
+                                       const std::vector<std::string>& inputs);
+
 // An output file written whole or not at all (Note [Outputs never inputs]): the stream goes to
 // <out>.tmp.<pid> in the same directory, renamed to `out` by commit(); "-" is stdout. The
 // destructor removes the temporary file of an output that was not committed.

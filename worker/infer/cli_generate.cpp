@@ -101,10 +101,7 @@ class Generate final : public Command {
     std::optional<PromptFile> prompts;
     if (!a.prompts.empty()) prompts.emplace(a.prompts);
     const std::string prompt_file = prompts ? prompts->path() : a.input;
-    check_input(prompt_file);
-    auto reads = model_files(a.common.model_dir);
-    reads.push_back(prompt_file);
-    check_output(a.out, reads);
+    check_output(a.out, checked_reads(a.common.model_dir, {prompt_file}));
     g.use_cache = !a.no_cache;
     g.greedy = g.temperature <= 0;
     auto loaded = load(a.common, topo.local_rank);

@@ -46,10 +46,7 @@ class Predict final : public Command {
     const PredictArgs& a = args_;
     require_one_process(topo, "predict");
     init_logging("infer", a.common.log_level);
-    check_input(a.input);
-    auto reads = model_files(a.common.model_dir);
-    reads.push_back(a.input);
-    check_output(a.out, reads);
+    check_output(a.out, checked_reads(a.common.model_dir, {a.input}));
     auto loaded = load(a.common, topo.local_rank);
     SequenceInput input(a.input, "sequence", loaded.codec->keeps_case());
     const uint64_t n = input.count();

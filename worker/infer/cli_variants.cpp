@@ -87,12 +87,7 @@ class Variants final : public Command {
     const VariantArgs& a = args_;
     init_logging("infer", a.common.log_level);
     set_log_identity(topo.rank);
-    check_input(a.vcf);
-    check_input(a.reference);
-    auto reads = model_files(a.common.model_dir);
-    reads.push_back(a.vcf);
-    reads.push_back(a.reference);
-    check_output(a.out, reads);
+    check_output(a.out, checked_reads(a.common.model_dir, {a.vcf, a.reference}));
     RowShares::check(topo, a.out);
     ReferenceGenome genome(a.reference);
     // Note [Row shares]: this rank scores the records [begin, end) of the VCF; every rank checks
@@ -213,10 +208,7 @@ class Mutagenesis final : public Command {
     const MutagenesisArgs& a = args_;
     init_logging("infer", a.common.log_level);
     set_log_identity(topo.rank);
-    check_input(a.input);
-    auto reads = model_files(a.common.model_dir);
-    reads.push_back(a.input);
-    check_output(a.out, reads);
+    check_output(a.out, checked_reads(a.common.model_dir, {a.input}));
     RowShares::check(topo, a.out);
     int64_t first = 0, last = 0;
     const auto dash = a.region.find('-');

@@ -202,7 +202,7 @@ std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
                                     const models::ModelSpec& options, const std::string& bases,
                                     bool* truncated) {
   // Same framing as data::encode_sample: [CLS] tokens [SEP] (BERT) or [CLS] tokens (GPT).
-  const bool bert = options.arch == models::Arch::kBert;
+  const bool bert = !options.causal();
   const int64_t budget = options.max_seq_length - (bert ? 2 : 1);
   auto tokens = tokenizer.encode(bases);
   const bool cut = static_cast<int64_t>(tokens.size()) > budget;
@@ -405,7 +405,7 @@ RunCounts generate(models::LanguageModel model, const data::SequenceCodec& codec
                    const torch::Device& device,
                    const std::function<void(const std::string&, const std::string&)>& out) {
   const auto& o = model->spec();
-  DNALLM_CHECK(o.arch == models::Arch::kGpt && o.task == models::Task::kPretrain, ExitCode::kUsage,
+  DNALLM_CHECK(o.causal() && o.task == models::Task::kPretrain, ExitCode::kUsage,
                "generate needs a causal language model (a GPT-style, Llama, GPT-NeoX or HyenaDNA "
                "language model; this one is {} {})",
                models::arch_name(o.arch), models::task_name(o.task));

@@ -106,7 +106,7 @@ double LikelihoodScore::bits_per_base() const {
 }
 
 int64_t default_window(const models::ModelSpec& spec, const data::SequenceCodec& codec) {
-  const bool causal = spec.arch == models::Arch::kGpt;
+  const bool causal = spec.causal();
   const int64_t most = causal ? 4096 : 512;
   return std::max<int64_t>(1, std::min(most, spec.max_seq_length - codec.framing_tokens()));
 }
@@ -119,7 +119,7 @@ LikelihoodScore score_likelihood(models::LanguageModel model, const data::Sequen
                "--fasta scores a language model; this one is a {} model: score it on a labelled "
                "table with --table",
                models::task_name(spec.task));
-  const bool causal = spec.arch == models::Arch::kGpt;
+  const bool causal = spec.causal();
   DNALLM_CHECK(causal || codec.mask_id() >= 0, ExitCode::kUsage,
                "the masked language model's tokenizer ({}) has no mask token: its "
                "pseudo-log-likelihood cannot be computed",

@@ -66,7 +66,7 @@ VariantScorer::VariantScorer(models::LanguageModel model, const data::SequenceCo
   DNALLM_CHECK(spec.task == models::Task::kPretrain, ExitCode::kUsage,
                "variant effects need a language model (its likelihoods); this one is a {} model",
                models::task_name(spec.task));
-  causal_ = spec.arch == models::Arch::kGpt;
+  causal_ = spec.causal();
   DNALLM_CHECK(causal_ || codec_.mask_id() >= 0, ExitCode::kUsage,
                "the masked language model's tokenizer ({}) has no mask token: no masked marginal",
                codec_.describe());

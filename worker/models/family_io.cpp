@@ -17,8 +17,8 @@
 #include "core/untrusted_file.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_directory.hpp"
-#include "worker/models/transformer/quantized_linear.hpp"
-#include "worker/models/transformer/transformer.hpp"
+#include "worker/models/quantized_weight.hpp"
+#include "worker/models/torch_safetensors.hpp"
 #include "worker/tensor_buffer.hpp"
 
 namespace dnallm::models {
@@ -349,8 +349,7 @@ HfExport hub_layout_export(std::vector<ExportedTensor> tensors, nlohmann::json c
   HfExport plan;
   plan.files.push_back({"model.safetensors", std::move(tensors), {{"format", "pt"}}});
   plan.finish = [config = std::move(config), source_dir, family](const std::string& dir) {
-    checkpoint::write_file_durable(std::filesystem::path(dir) / "config.json",
-                                   config.dump(2) + "\n");
+    checkpoint::write_json_durable(std::filesystem::path(dir) / "config.json", config);
     copy_tokenizer_files(source_dir, dir);
     spdlog::info("exported a {} model in the hub's layout to {}", family, dir);
   };

@@ -106,6 +106,12 @@ struct ModelSpec {
   // false: padding changes what the real positions compute (Caduceus' bidirectional scan has
   // no attention mask), so inference batches only rows of one length.
   bool masks_padding = true;
+
+  // Reads a sequence left to right (Arch::kGpt): next-token pre-training, framed [CLS] tokens,
+  // scored by its likelihood; else bidirectional (Arch::kBert): masked LM, [CLS] tokens [SEP].
+  bool causal() const { return arch == Arch::kGpt; }
+  // A causal LM whose labels are its input ids, shifted inside the model (shift_labels).
+  bool shifts_labels() const { return causal() && shift_labels; }
 };
 
 class LanguageModelImpl : public torch::nn::Module {

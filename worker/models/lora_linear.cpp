@@ -1,10 +1,12 @@
 #include "worker/models/lora_linear.hpp"
 
 #include <cmath>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "worker/models/transformer/quantized_linear.hpp"
+#include "worker/models/quantized_weight.hpp"
 
 namespace dnallm::models {
 
@@ -110,6 +112,27 @@ std::vector<Tensor> quantized_storage(torch::nn::Module& module) {
   take(module);
   for (const auto& m : module.modules(/*include_self=*/false)) take(*m);
   return out;
+}
+
+std::map<std::string, std::shared_ptr<LoraLinearImpl>> lora_or_quantized_linears(
+    torch::nn::Module& model) {
+  std::map<std::string, std::shared_ptr<LoraLinearImpl>> out;
+  for (const auto& item : model.named_modules()) {
+    auto lin = std::dynamic_pointer_cast<LoraLinearImpl>(item.value());
+    if (lin == nullptr || (!lin->has_lora() && !lin->quantized())) continue;
+    out[item.key() + ".weight"] = lin;
+  }
+  return out;
+}
+
+Tensor full_linear_weight(const LoraLinearImpl& linear, bool merge_adapters) {
+  torch::NoGradGuard no_grad;
+  auto w = linear.full_weight();
+  if (merge_adapters && linear.has_lora()) {
+    auto params = linear.named_parameters(false);
+    w = w + torch::matmul(params["lora_B"], params["lora_A"]) * linear.lora_scaling();
+  }
+  return w.detach();
 }
 
 }  // namespace dnallm::models

@@ -10,13 +10,14 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace dnallm::models {
 
-class QuantizedWeight;  // worker/models/transformer/quantized_linear.hpp
+class QuantizedWeight;  // worker/models/quantized_weight.hpp
 
 // [lora] as a family applies it: rank, scaling alpha / r, dropout on the adapter's input, and
 // the names of the linears that get adapters.
@@ -40,7 +41,7 @@ class LoraLinearImpl : public torch::nn::Module {
   void merge_lora();
   bool has_lora() const { return lora_a_.defined(); }
   double lora_scaling() const { return scaling_; }  // alpha / r
-  // Replaces the base weight by a quantized one (INT8/NF4, quantized_linear.hpp): `weight`
+  // Replaces the base weight by a quantized one (INT8/NF4, quantized_weight.hpp): `weight`
   // becomes an empty tensor and forward computes the base product through `q`.
   void set_quantized(std::shared_ptr<QuantizedWeight> q);
   const std::shared_ptr<QuantizedWeight>& quantized() const { return quantized_; }
@@ -70,5 +71,13 @@ bool is_lora_parameter(const std::string& name);
 // not parameters: what ZeRO-3 shards with the block's frozen base (Note [Fully sharded
 // quantized base], worker/parallel/fully_sharded.hpp).
 std::vector<torch::Tensor> quantized_storage(torch::nn::Module& module);
+
+// Every LoRA or quantized linear of `model`, by parameter name ("<module>.weight"), and one such
+// linear's full-precision weight: a quantized base dequantized, plus the adapter when
+// `merge_adapters`. A copy: the live model keeps training with its adapters. Every export reads
+// them so, one linear at a time (LiveWeights, Note [Exports unit by unit] in family_io.hpp).
+std::map<std::string, std::shared_ptr<LoraLinearImpl>> lora_or_quantized_linears(
+    torch::nn::Module& model);
+torch::Tensor full_linear_weight(const LoraLinearImpl& linear, bool merge_adapters);
 
 }  // namespace dnallm::models

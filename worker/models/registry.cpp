@@ -13,10 +13,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
-#include "worker/models/caduceus/caduceus_model.hpp"
 #include "worker/models/hf_directory.hpp"
-#include "worker/models/hyena/hyena_model.hpp"
-#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models {
 namespace {
@@ -46,20 +43,26 @@ std::vector<ExportedTensor> exported_weights(LanguageModel& model) {
   return out;
 }
 
+// The registered family called `name` (spec().family); null when none is.
+const ModelFamily* family_named(const std::string& name) {
+  const auto f = std::find_if(model_families().begin(), model_families().end(),
+                              [&](const ModelFamily& m) { return m.name == name; });
+  return f == model_families().end() ? nullptr : &*f;
+}
+
 // The LoRA adapters alone, under PEFT's names, for users who keep the base separate: the
-// module names of the model's Hugging Face layout (ours for the transformer and HyenaDNA;
-// Note [Caduceus PEFT names]).
+// module names of the model's Hugging Face layout (its family's peft_module_names; ours for the
+// transformer and HyenaDNA, Note [Caduceus PEFT names]).
 std::vector<ExportedTensor> lora_adapters(LanguageModel& model) {
-  auto* caduceus_model = dynamic_cast<caduceus::CaduceusModelImpl*>(model.get());
+  const ModelFamily* family = family_named(model->spec().family);
+  const auto names = family != nullptr ? family->peft_module_names : nullptr;
   std::vector<ExportedTensor> adapters;
   for (const auto& item : model->named_parameters()) {
     const auto& name = item.key();
     const auto at = name.rfind(".lora_");
     if (at == std::string::npos) continue;
     const std::string module = name.substr(0, at), which = name.substr(at);
-    const auto modules = caduceus_model != nullptr
-                             ? caduceus::hf_module_names(caduceus_model->lm()->options(), module)
-                             : std::vector<std::string>{module};
+    const auto modules = names != nullptr ? names(model, module) : std::vector<std::string>{module};
     for (const auto& m : modules) {
       adapters.push_back(live_tensor("base_model.model." + m + which + ".weight", item.value()));
     }
@@ -68,12 +71,6 @@ std::vector<ExportedTensor> lora_adapters(LanguageModel& model) {
 }
 
 }  // namespace
-
-const std::vector<ModelFamily>& model_families() {
-  static const std::vector<ModelFamily> families = {transformer_family(), hyena::hyena_family(),
-                                                    caduceus::caduceus_family()};
-  return families;
-}
 
 const ModelFamily& family_for_arch(cfg::Arch arch) {
   for (const auto& f : model_families()) {
@@ -158,8 +155,8 @@ void export_live_model(LanguageModel model, const std::string& dir, const Parame
   write_exported_files(dir, files, units, write);
   if (!write) return;
   // The files of checkpoint::write_model_directory(), in its order.
-  checkpoint::write_file_durable(std::filesystem::path(dir) / "config.json",
-                                 model->export_config().dump(2) + "\n");
+  checkpoint::write_json_durable(std::filesystem::path(dir) / "config.json",
+                                 model->export_config());
   checkpoint::fsync_dir(dir);
 }
 
@@ -197,9 +194,8 @@ bool export_hf_directory(LanguageModel model, const data::Tokenizer& tokenizer,
                          const std::string& dir, const std::string& source_dir,
                          const ParameterUnits& units, bool write) {
   const auto& family = model->spec().family;
-  const auto f = std::find_if(model_families().begin(), model_families().end(),
-                              [&](const ModelFamily& m) { return m.name == family; });
-  DNALLM_CHECK(f != model_families().end(), ExitCode::kFailure,
+  const ModelFamily* f = family_named(family);
+  DNALLM_CHECK(f != nullptr, ExitCode::kFailure,
                "internal: the model family \"{}\" is not registered", family);
   const auto skipped = [&](const std::string& why) {
     std::error_code ec;

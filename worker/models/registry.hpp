@@ -3,7 +3,7 @@
 // config.json, or by recognising a Hugging Face directory (its model_type and auto_map, never
 // model_type alone where remote code reuses one: DNABERT-2 says "bert"). An unknown value is
 // exit 2 naming it and the known ones, never a default. The families are listed in
-// registry.cpp (explicitly: a static library drops self-registering objects nobody calls).
+// families.cpp (explicitly: a static library drops self-registering objects nobody calls).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -82,8 +82,14 @@ struct ModelFamily {
   // holds has none. `source_dir`: the directory it was imported from, if any.
   std::optional<HfExport> (*hf_export)(LanguageModel& model, const data::Tokenizer& tokenizer,
                                        const std::string& source_dir) = nullptr;
+  // The module names under which adapter_model.safetensors holds the adapter of `module`, one of
+  // `model`'s LoRA targets, for PEFT to apply it to the Hugging Face layout (Note [Caduceus PEFT
+  // names]); null: `module` itself (the layouts name it alike).
+  std::vector<std::string> (*peft_module_names)(LanguageModel& model,
+                                                const std::string& module) = nullptr;
 };
 
+// Every registered family, in families.cpp (the table: a new family adds its line there).
 const std::vector<ModelFamily>& model_families();
 
 // The family of model.arch. Every cfg::Arch has one (ModelRegistry.EveryFamily... builds each);

@@ -166,7 +166,7 @@ std::shared_ptr<ContextMesh> make_context_mesh(const Config& config, comm::Commu
                "longest input; choose a model.max_seq_length that is",
                spec.max_seq_length, multiple, c);
   // Before the model is set: its spec still says whether it shifts causal labels itself.
-  const bool shift = spec.arch == models::Arch::kGpt && spec.shift_labels;
+  const bool shift = spec.shifts_labels();
   auto mesh = std::make_shared<ContextMesh>(*world, c, spec.context_layout, shift, spec.pad_id);
   model.set_context_parallel(mesh->model_view());  // a family without it refuses here
   return mesh;

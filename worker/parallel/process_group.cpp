@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "comm/make_communicator.hpp"
 #include "coordinator/store.hpp"
 #include "worker/parallel/ddp.hpp"
 #include "worker/parallel/fully_sharded.hpp"

@@ -97,7 +97,7 @@ models::ForwardInputs to_inputs(const data::Batch& b, const models::LanguageMode
   int64_t positions_at = -1, selected_at = -1, index_at = -1, m = 0;
   std::vector<int64_t> index;
   const bool lm = o.task == models::Task::kPretrain && !b.labels.empty();
-  if (lm && o.arch == models::Arch::kBert && b.segment_ids.empty()) {
+  if (lm && !o.causal() && b.segment_ids.empty()) {
     std::vector<int64_t> positions, selected;
     // Static-ish shapes on accelerators (the allocator reuses blocks); exact M on CPU.
     mlm_selection(b, device.is_cpu() ? 1 : 8, positions, selected, m);
@@ -106,7 +106,7 @@ models::ForwardInputs to_inputs(const data::Batch& b, const models::LanguageMode
     in.label_count = static_cast<int64_t>(selected.size());
     index = std::move(selected);
   } else if (lm) {
-    const bool shift = o.arch == models::Arch::kGpt && o.shift_labels;
+    const bool shift = o.shifts_labels();
     const int64_t width = shift ? t - 1 : t;
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t i = 0; i < width; ++i) {

@@ -229,7 +229,7 @@ void Trainer::keep_if_best(int64_t step, const EvalResult& e) {
   info["step"] = step;
   info["metric"] = cfg::spelling(metric);
   info["value"] = value;
-  checkpoint::write_file_durable(tmp / "best.json", info.dump(2) + "\n");
+  checkpoint::write_json_durable(tmp / "best.json", info);
   fs::remove_all(old);
   std::error_code ec;
   if (fs::exists(best, ec)) fs::rename(best, old);

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/make_communicator.hpp"
 #include "coordinator/store.hpp"
 #include "core/error.hpp"
 #include "tests/worker/parallel/context_model_run.hpp"

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/make_communicator.hpp"
 #include "coordinator/store.hpp"
 
 namespace dnallm::parallel::context_test {

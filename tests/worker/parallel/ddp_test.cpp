@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "comm/make_communicator.hpp"
 #include "coordinator/store.hpp"
 #include "core/error.hpp"
 

@@ -3,7 +3,7 @@
 //   mamba      xz = in_proj(x); x = silu(causal depthwise conv1d(x)); dt, B, C = x_proj(x);
 //              delta = softplus(dt_proj.weight dt + dt_proj.bias); A = -exp(A_log);
 //              h_t = exp(delta_t A) h_{t-1} + delta_t B_t u_t; y_t = C_t h_t + D u_t;
-//              out_proj(y * silu(z))      (the selective scan in fp32: selective_scan below)
+//              out_proj(y * silu(z))      (the selective scan in fp32: selective_scan, mamba.hpp)
 //   bimamba    mamba_fwd(x) + flip(mamba_rev(flip(x))), the two sharing in_proj and out_proj
 //   block      residual = x + residual; x = mixer(norm(residual))   (norm: RMSNorm or LayerNorm)
 //   RCPS (-PS) the stream holds 2 d_model channels: the forward half and the reverse complement
@@ -36,120 +36,14 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/models/block_hooks.hpp"
+#include "worker/models/caduceus/caduceus_options.hpp"
+#include "worker/models/caduceus/mamba.hpp"
 #include "worker/models/family_io.hpp"
 #include "worker/models/lora_linear.hpp"
 
 namespace dnallm::models::caduceus {
 
 struct MambaContext;  // worker/models/caduceus/mamba_context.hpp
-
-struct CaduceusOptions {
-  int64_t vocab_size = 16;  // padded to pad_vocab_size_multiple
-  int64_t d_model = 256;
-  int64_t n_layer = 16;
-  int64_t d_state = 16;
-  int64_t d_conv = 4;
-  int64_t expand = 2;
-  int64_t dt_rank = 16;
-  bool rms_norm = true;
-  double norm_eps = 1e-5;
-  bool rcps = false;
-  // config.json's fused_add_norm (true in the published configs, and CaduceusConfig's default):
-  // Note [Caduceus fused add+norm]. Only RCPS computes differently with it; the tensor names of
-  // its norms lose ".submodule". (Options built here, not read from a config, stay unfused.)
-  bool fused_add_norm = false;
-  bool bidirectional = true;
-  std::vector<int64_t> complement;  // token id -> its complement's id (RCPS)
-  bool classifier = false;
-  int64_t num_labels = 2;
-  // Note [Caduceus tied head]: an RCPS masked LM's lm_head IS the word-embedding matrix, as the
-  // hub code ties it on load whatever the config says (CaduceusForMaskedLM.tie_weights ->
-  // RCPSLMHead.set_weight; the Caduceus-PS fixture's reference logits use the embedding). Not
-  // RCPS, the hub code defers to transformers, and transformers 5 ties nothing there (the
-  // Caduceus-Ph fixture's lm_head is its own), so Caduceus-Ph keeps a separate head unless its
-  // config.json says tie_word_embeddings = true; our exports write the key, so that
-  // transformers 4 (which ties when it is absent) computes the same. false for RCPS: a
-  // Caduceus-PS trained before the tie, resumed or loaded with the head_weight it has.
-  bool tie_head = false;
-  nlohmann::json hf_config;  // the imported config.json (export writes it back)
-
-  // Whether lm_head is the embedding (a masked LM with tie_head).
-  bool tied_head() const { return !classifier && tie_head; }
-
-  int64_t d_inner() const { return expand * d_model; }
-};
-
-// The selective scan of Mamba (mamba-ssm's selective_scan_ref, delta_softplus on, z gating):
-// u, delta, z [B, D, L]; A [D, N]; Bm, C [B, N, L]; D, delta_bias [D]. fp32; returns [B, D, L].
-torch::Tensor selective_scan(const torch::Tensor& u, const torch::Tensor& delta,
-                             const torch::Tensor& A, const torch::Tensor& Bm,
-                             const torch::Tensor& C, const torch::Tensor& D, const torch::Tensor& z,
-                             const torch::Tensor& delta_bias);
-
-// selective_scan() in two steps, for the device-generic context-parallel scan (Note [Mamba
-// context parallelism]): the scan from a zero state, keeping what the contribution of a start
-// state needs, then the skip and the gate. selective_scan_output(s, s.y) is selective_scan().
-struct ScanFromZero {
-  torch::Tensor u, delta, A, C, D, z;  // fp32; delta = softplus(delta + delta_bias) [B, D, L]
-  torch::Tensor y;                     // sum_n C_t h_t [B, D, L], before the D u skip and the gate
-  torch::Tensor last;                  // the state h after the last position [B, D, N]
-};
-ScanFromZero selective_scan_from_zero(const torch::Tensor& u, const torch::Tensor& delta,
-                                      const torch::Tensor& A, const torch::Tensor& Bm,
-                                      const torch::Tensor& C, const torch::Tensor& D,
-                                      const torch::Tensor& z, const torch::Tensor& delta_bias);
-// (y + D u) * silu(z) for the scan `s` whose sum_n C_t h_t is `y` [B, D, L].
-torch::Tensor selective_scan_output(const ScanFromZero& s, const torch::Tensor& y);
-
-// The same function, Note [Fused selective scan]: one hand-written loop per (batch, channel) on
-// the CPU, forward and backward (an autograd Function); other devices take selective_scan().
-// Note [Fused selective scan]'s CPU kernels (fp32, contiguous), for FusedScan and the
-// context-parallel scan (Note [Mamba context parallelism]).
-inline float softplus20(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
-inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
-struct FusedScanInputs {
-  torch::Tensor u, delta, A, Bt, Ct, Dv, z, bias;  // Bt, Ct [B, L, N]
-  // Contiguous fp32 copies as the kernels read them (B and C transposed to [B, L, N]).
-  static FusedScanInputs of(const torch::Tensor& u, const torch::Tensor& delta,
-                            const torch::Tensor& A, const torch::Tensor& Bm, const torch::Tensor& C,
-                            const torch::Tensor& Dv, const torch::Tensor& z,
-                            const torch::Tensor& bias);
-};
-struct FusedScanOutputs {
-  torch::Tensor out, y_pre, H;  // y * silu(z); y before the gate; the states [B, D, L, N]
-};
-// From `start` [B, D, N] before the first position (undefined: zero).
-FusedScanOutputs fused_scan_forward(const FusedScanInputs& in, const torch::Tensor& start);
-// The gradients of (u, delta, A, B, C, D, z, delta_bias), the state `entering` [B, D, N] after
-// the last position (undefined: zero), `start` as in the forward.
-torch::autograd::variable_list fused_scan_backward(const FusedScanInputs& in,
-                                                   const FusedScanOutputs& forward,
-                                                   const torch::Tensor& dout,
-                                                   const torch::Tensor& start,
-                                                   const torch::Tensor& entering);
-
-torch::Tensor selective_scan_fused(const torch::Tensor& u, const torch::Tensor& delta,
-                                   const torch::Tensor& A, const torch::Tensor& Bm,
-                                   const torch::Tensor& C, const torch::Tensor& D,
-                                   const torch::Tensor& z, const torch::Tensor& delta_bias);
-
-class MambaImpl : public torch::nn::Module {
- public:
-  // `shared`: the module whose in_proj and out_proj this one uses (BiMamba's weight tying), or
-  // null to own them.
-  MambaImpl(const CaduceusOptions& o, MambaImpl* shared);
-  torch::Tensor forward(const torch::Tensor& x);  // [B, L, d_model]
-
-  // in_proj and out_proj carry LoRA adapters (Note [Caduceus LoRA targets]).
-  LoraLinear in_proj{nullptr}, out_proj{nullptr};
-  torch::nn::Linear x_proj{nullptr}, dt_proj{nullptr};
-  torch::nn::Conv1d conv1d{nullptr};
-  torch::Tensor A_log, D;
-
- private:
-  CaduceusOptions o_;
-};
-TORCH_MODULE(Mamba);
 
 class CaduceusLMImpl : public torch::nn::Module {
  public:

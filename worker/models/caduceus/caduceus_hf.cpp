@@ -303,8 +303,7 @@ void export_hf_caduceus(CaduceusLM& model, const std::string& dir,
                          hf_tensors(model, model->complement, LiveWeights(*model, true)),
                          {{"format", "pt"}}}},
                        whole_model_units(), /*write=*/true);
-  checkpoint::write_file_durable(fs::path(dir) / "config.json",
-                                 hf_export_config(model->options()).dump(2) + "\n");
+  checkpoint::write_json_durable(fs::path(dir) / "config.json", hf_export_config(model->options()));
   copy_tokenizer_files(tokenizer_from, dir);
 }
 

@@ -11,7 +11,6 @@
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/mamba_context.hpp"
 #include "worker/models/hf_directory.hpp"
-#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models::caduceus {
 namespace {
@@ -184,7 +183,8 @@ bool recognises_hf(const nlohmann::json& c) { return has_model_type(c, "caduceus
 
 }  // namespace
 
-CaduceusModelImpl::CaduceusModelImpl(CaduceusLM lm, int64_t vocab_size) : lm_(std::move(lm)) {
+CaduceusModelImpl::CaduceusModelImpl(CaduceusLM lm, int64_t vocab_size)
+    : HubModelImpl(std::move(lm)) {
   for (const auto& p : lm_->named_parameters(/*recurse=*/false)) {
     register_parameter(p.key(), p.value());
   }
@@ -335,6 +335,11 @@ ModelFamily caduceus_family() {
         data::HfTokenizer::dna_characters(dir, "CaduceusTokenizer"));
   };
   f.hf_export = hf_export;
+  f.peft_module_names = [](LanguageModel& model, const std::string& module) {
+    auto* caduceus_model = dynamic_cast<CaduceusModelImpl*>(model.get());
+    return caduceus_model != nullptr ? hf_module_names(caduceus_model->lm()->options(), module)
+                                     : std::vector<std::string>{module};
+  };
   return f;
 }
 

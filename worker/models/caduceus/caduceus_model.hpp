@@ -12,24 +12,21 @@
 
 #include "worker/models/caduceus/caduceus.hpp"
 #include "worker/models/family_io.hpp"
+#include "worker/models/hub_model.hpp"
 #include "worker/models/language_model.hpp"
 #include "worker/models/registry.hpp"
 
 namespace dnallm::models::caduceus {
 
-class CaduceusModelImpl : public LanguageModelImpl {
+class CaduceusModelImpl : public HubModelImpl<CaduceusLM, CaduceusOptions> {
  public:
   // `vocab_size`: our tokenizer's (the embedding may hold padding rows beyond it).
   CaduceusModelImpl(CaduceusLM lm, int64_t vocab_size);
 
-  const ModelSpec& spec() const override { return spec_; }
   ModelOutput forward(const ForwardInputs& inputs) override;
   torch::Tensor encode(const ForwardInputs& inputs) override;
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override;
   void set_activation_checkpointing(bool on) override;
-  void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override {
-    lm_->block_hooks = std::move(hooks);
-  }
   // Note [Mamba context parallelism]: contiguous shards (spec().context_layout); a classifier
   // (mean over the whole sequence) refuses (exit 2). Collective over cp->group (a split).
   void set_context_parallel(std::shared_ptr<ContextParallel> cp) override;
@@ -48,20 +45,6 @@ class CaduceusModelImpl : public LanguageModelImpl {
   // Everything else is frozen but the classification head (`score`).
   void enable_lora(int64_t r = 0) override;
   void merge_lora() override;
-
-  CaduceusLM& lm() { return lm_; }
-
-  LoraOptions lora;  // set by the family before enable_lora()
-
-  // Set by an import (Note [Character vocabularies] in family_io.hpp): what hf_export needs to
-  // write the hub's layout back in its token order.
-  std::vector<int64_t> vocab_map;
-  CaduceusOptions source_options;
-  torch::Tensor source_embedding, source_head;
-
- private:
-  CaduceusLM lm_;
-  ModelSpec spec_;
 };
 TORCH_MODULE(CaduceusModel);
 

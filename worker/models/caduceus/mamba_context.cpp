@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "worker/models/caduceus/caduceus.hpp"
+#include "worker/models/caduceus/mamba.hpp"
 #include "worker/models/fp32_region.hpp"
 #include "worker/parallel/context_parallel.hpp"
 #include "worker/tensor_buffer.hpp"

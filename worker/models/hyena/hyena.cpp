@@ -6,7 +6,6 @@
 #include "worker/models/fp32_region.hpp"
 #include "worker/models/hyena/hyena_mixer.hpp"
 #include "worker/models/recompute_autocast.hpp"
-#include "worker/models/transformer/transformer.hpp"
 #include "worker/parallel/context_parallel.hpp"
 #include "worker/tensor_buffer.hpp"
 

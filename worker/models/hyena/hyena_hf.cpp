@@ -251,7 +251,7 @@ void export_hf_hyena(HyenaLM& model, const std::string& dir, const std::string& 
       dir,
       {{"model.safetensors", hf_tensors(model, LiveWeights(*model, true)), {{"format", "pt"}}}},
       whole_model_units(), /*write=*/true);
-  checkpoint::write_file_durable(fs::path(dir) / "config.json", config.dump(2) + "\n");
+  checkpoint::write_json_durable(fs::path(dir) / "config.json", config);
   copy_tokenizer_files(tokenizer_from, dir);
 }
 

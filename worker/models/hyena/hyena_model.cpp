@@ -11,7 +11,6 @@
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/hf_directory.hpp"
-#include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models::hyena {
 namespace {
@@ -190,7 +189,7 @@ bool recognises_hf(const nlohmann::json& c) { return has_model_type(c, "hyenadna
 
 }  // namespace
 
-HyenaModelImpl::HyenaModelImpl(HyenaLM lm) : lm_(std::move(lm)) {
+HyenaModelImpl::HyenaModelImpl(HyenaLM lm) : HubModelImpl(std::move(lm)) {
   // The hub's names, unprefixed: this module holds the model's own children.
   for (const auto& child : lm_->named_children()) register_module(child.key(), child.value());
   const auto& o = lm_->options();

@@ -9,24 +9,21 @@
 #include <vector>
 
 #include "worker/models/family_io.hpp"
+#include "worker/models/hub_model.hpp"
 #include "worker/models/hyena/hyena.hpp"
 #include "worker/models/language_model.hpp"
 #include "worker/models/registry.hpp"
 
 namespace dnallm::models::hyena {
 
-class HyenaModelImpl : public LanguageModelImpl {
+class HyenaModelImpl : public HubModelImpl<HyenaLM, HyenaOptions> {
  public:
   explicit HyenaModelImpl(HyenaLM lm);
 
-  const ModelSpec& spec() const override { return spec_; }
   ModelOutput forward(const ForwardInputs& inputs) override;
   torch::Tensor encode(const ForwardInputs& inputs) override;
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() const override;
   void set_activation_checkpointing(bool on) override;
-  void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override {
-    lm_->block_hooks = std::move(hooks);
-  }
   // Note [HyenaDNA context parallelism]; spec().shift_labels is false while it is on (the
   // data path shifts labels on the whole sequence, Note [Data x context mesh]).
   void set_context_parallel(std::shared_ptr<ContextParallel> cp) override;
@@ -43,20 +40,6 @@ class HyenaModelImpl : public LanguageModelImpl {
   // chunked block]) folds in_proj's adapter into the rows it takes (LoRA dropout then unused).
   void enable_lora(int64_t r = 0) override;
   void merge_lora() override;
-
-  HyenaLM& lm() { return lm_; }
-
-  LoraOptions lora;  // set by the family before enable_lora()
-
-  // Set by an import with a vocabulary map (Note [Character vocabularies] in family_io.hpp):
-  // what hf_export needs to write the hub's layout back.
-  std::vector<int64_t> vocab_map;
-  HyenaOptions source_options;
-  torch::Tensor source_embedding, source_head;
-
- private:
-  HyenaLM lm_;
-  ModelSpec spec_;
 };
 TORCH_MODULE(HyenaModel);
 

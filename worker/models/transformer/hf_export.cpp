@@ -153,10 +153,6 @@ std::string hf_name(Family f, const std::string& ours) {
   return hf_names::translate(ours, hf_names::rules(model_type_of(f)), /*to_theirs=*/true);
 }
 
-void write_json(const std::string& path, const ordered_json& j) {
-  checkpoint::write_file_durable(path, j.dump(2) + "\n");
-}
-
 ordered_json labels(int64_t n) {
   ordered_json id2label = ordered_json::object(), label2id = ordered_json::object();
   for (int64_t i = 0; i < n; ++i) {
@@ -529,7 +525,7 @@ std::pair<std::vector<ExportedTensor>, ordered_json> hf_state(TransformerLM& mod
 void write_hf_config(const std::string& dir, const ordered_json& config, Family f,
                      const std::string& source_dir) {
   std::filesystem::create_directories(dir);
-  write_json(dir + "/config.json", config);
+  checkpoint::write_json_durable(dir + "/config.json", config);
   if (f == Family::kDnabert2 && has_dnabert2_code(source_dir)) {
     for (const char* file : kDnabert2Files) {
       std::filesystem::copy_file(source_dir + "/" + file, dir + "/" + file,
@@ -654,7 +650,7 @@ std::optional<HfExport> hf_export_transformer(TransformerLM& model,
       export_hf_tokenizer(*tok, arch, max_seq_length, dir + "/base");
       auto adapter_config = peft->adapter_config;
       adapter_config["base_model_name_or_path"] = std::filesystem::absolute(dir + "/base").string();
-      write_json(dir + "/adapter/adapter_config.json", adapter_config);
+      checkpoint::write_json_durable(dir + "/adapter/adapter_config.json", adapter_config);
     }
     spdlog::info("exported a transformers {} model to {}", model_type_of(f), dir);
   };

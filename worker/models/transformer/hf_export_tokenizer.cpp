@@ -17,10 +17,6 @@ namespace {
 
 using nlohmann::ordered_json;
 
-void write_json(const std::string& path, const ordered_json& j) {
-  checkpoint::write_file_durable(path, j.dump(2) + "\n");
-}
-
 // The Nucleotide Transformer split is EsmTokenizer's (longest vocabulary piece at each
 // position; <cls> = [CLS] before, <eos> = [SEP] after): vocab.txt in our id order.
 void export_esm_tokenizer(const data::Tokenizer& tok, ordered_json map, int64_t max_seq_length,
@@ -29,13 +25,13 @@ void export_esm_tokenizer(const data::Tokenizer& tok, ordered_json map, int64_t 
   for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab << tok.id_to_piece(id) << "\n";
   DNALLM_CHECK(vocab.good(), ExitCode::kFailure, "cannot write {}/vocab.txt", dir);
   map["eos_token"] = "[SEP]";
-  write_json(dir + "/special_tokens_map.json", map);
+  checkpoint::write_json_durable(dir + "/special_tokens_map.json", map);
   ordered_json config = map;
   config["tokenizer_class"] = "EsmTokenizer";
   config["model_max_length"] = max_seq_length;
   config["padding_side"] = "right";
   config["dnallm_input"] = "the bases as they are";
-  write_json(dir + "/tokenizer_config.json", config);
+  checkpoint::write_json_durable(dir + "/tokenizer_config.json", config);
 }
 
 // Our special tokens, ids 0.., as the tokenizers library lists them.
@@ -155,10 +151,11 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, int64_t max_seq_
                "the tokenizer {} has no Hugging Face export yet: supported are kind = \"char\", "
                "\"hf\", and for encoders overlapping k-mers (stride 1) and \"nt\"",
                clip_for_message(summary.dump()));
-  write_json(dir + "/tokenizer.json",
-             bpe ? hf_bpe_tokenizer(tok, arch) : word_level_tokenizer(tok, arch, kmer));
+  checkpoint::write_json_durable(
+      dir + "/tokenizer.json",
+      bpe ? hf_bpe_tokenizer(tok, arch) : word_level_tokenizer(tok, arch, kmer));
   if (arch == Arch::kGpt) map["bos_token"] = "[CLS]";
-  write_json(dir + "/special_tokens_map.json", map);
+  checkpoint::write_json_durable(dir + "/special_tokens_map.json", map);
   ordered_json config = map;
   config["tokenizer_class"] = "PreTrainedTokenizerFast";
   config["model_max_length"] = max_seq_length;
@@ -171,7 +168,7 @@ void export_hf_tokenizer(const data::Tokenizer& tok, Arch arch, int64_t max_seq_
   } else {
     config["dnallm_input"] = bpe ? "the bases, upper case (BPE)" : "the bases as they are";
   }
-  write_json(dir + "/tokenizer_config.json", config);
+  checkpoint::write_json_durable(dir + "/tokenizer_config.json", config);
 }
 
 }  // namespace dnallm::models

@@ -33,11 +33,11 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/safetensors.hpp"
 #include "core/config.hpp"
 #include "worker/models/language_model.hpp"
 #include "worker/models/lora_linear.hpp"
 #include "worker/models/registry.hpp"
+#include "worker/models/torch_safetensors.hpp"
 #include "worker/models/transformer/attention.hpp"
 #include "worker/models/transformer/block.hpp"
 #include "worker/models/transformer/model_options.hpp"
@@ -117,24 +117,6 @@ class TransformerLMImpl : public LanguageModelImpl {
   LoraLinear pooler{nullptr}, classifier{nullptr};
 };
 TORCH_MODULE(TransformerLM);
-
-// safetensors (the format: checkpoint/safetensors.hpp), tensors as torch tensors. The file is
-// written durably; a tensor is copied to the host, contiguous, in its own dtype.
-checkpoint::SafetensorsTensor safetensors_tensor(const std::string& name, const torch::Tensor& t);
-std::vector<checkpoint::SafetensorsTensor> safetensors_tensors(
-    const std::vector<std::pair<std::string, torch::Tensor>>& tensors);
-void save_safetensors(const std::string& path,
-                      const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
-std::map<std::string, torch::Tensor> load_safetensors(const std::string& path);
-
-// Every LoRA or quantized linear of `model`, by parameter name ("<module>.weight"), and one such
-// linear's full-precision weight: a quantized base dequantized, plus the adapter when
-// `merge_adapters`. A copy: the live model keeps training with its adapters. Every export reads
-// them so, one linear at a time (LiveWeights, Note [Exports unit by unit] in family_io.hpp).
-std::map<std::string, std::shared_ptr<LoraLinearImpl>> lora_or_quantized_linears(
-    torch::nn::Module& model);
-torch::Tensor full_linear_weight(const LoraLinearImpl& linear, bool merge_adapters);
 
 // A fresh transformer from [model] (model.init_from = one of our model directories: its
 // tensors by name and shape), after Note [Memory predicted]; LoRA and QLoRA as configured.

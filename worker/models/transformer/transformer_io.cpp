@@ -1,4 +1,4 @@
-// transformer.hpp's safetensors helpers and the export and load of our own model directory.
+// The export and load of the transformer's own model directory.
 #include <limits>
 
 #include <fmt/ranges.h>
@@ -15,75 +15,7 @@ namespace dnallm::models {
 using torch::Tensor;
 
 // ---------------------------------------------------------------------------------------------
-// safetensors: the format is checkpoint/safetensors.hpp's; here only tensors meet it.
-
-checkpoint::SafetensorsTensor safetensors_tensor(const std::string& name, const Tensor& t) {
-  auto c = t.detach().to(torch::kCPU).contiguous();
-  const auto dtype = dtype_of(c.scalar_type());
-  DNALLM_CHECK(dtype.has_value(), ExitCode::kFailure, "safetensors: unsupported dtype {} of {}",
-               c10::toString(c.scalar_type()), name);
-  checkpoint::SafetensorsTensor out{name, *dtype, c.sizes().vec(), nullptr};
-  out.write_data = [c](const checkpoint::ByteSink& sink) {  // little-endian host (x86-64, aarch64)
-    sink(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
-  };
-  return out;
-}
-
-std::vector<checkpoint::SafetensorsTensor> safetensors_tensors(
-    const std::vector<std::pair<std::string, Tensor>>& tensors) {
-  std::vector<checkpoint::SafetensorsTensor> out;
-  out.reserve(tensors.size());
-  for (const auto& [name, t] : tensors) out.push_back(safetensors_tensor(name, t));
-  return out;
-}
-
-void save_safetensors(const std::string& path,
-                      const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  checkpoint::write_safetensors(path, safetensors_tensors(tensors), metadata);
-}
-
-std::map<std::string, Tensor> load_safetensors(const std::string& path) {
-  checkpoint::SafetensorsReader reader(path);  // the header checked (Note [Untrusted files])
-  std::map<std::string, Tensor> out;
-  for (const auto& [name, entry] : reader.file().tensors) {
-    auto t =
-        torch::empty(entry.spec.shape, torch::TensorOptions().dtype(torch_dtype(entry.spec.dtype)));
-    reader.read(entry, t.data_ptr());
-    // A weight that is NaN or infinite makes every output NaN: a damaged file.
-    DNALLM_CHECK(!t.is_floating_point() || t.numel() == 0 || torch::isfinite(t).all().item<bool>(),
-                 ExitCode::kCheckpointCorrupt,
-                 "{}: tensor {} holds NaN or infinite values: the file is damaged; re-export or "
-                 "re-download it",
-                 path, clip_for_message(name));
-    out.emplace(name, t);
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Export / load
-
-std::map<std::string, std::shared_ptr<LoraLinearImpl>> lora_or_quantized_linears(
-    torch::nn::Module& model) {
-  std::map<std::string, std::shared_ptr<LoraLinearImpl>> out;
-  for (const auto& item : model.named_modules()) {
-    auto lin = std::dynamic_pointer_cast<LoraLinearImpl>(item.value());
-    if (lin == nullptr || (!lin->has_lora() && !lin->quantized())) continue;
-    out[item.key() + ".weight"] = lin;
-  }
-  return out;
-}
-
-Tensor full_linear_weight(const LoraLinearImpl& linear, bool merge_adapters) {
-  torch::NoGradGuard no_grad;
-  auto w = linear.full_weight();
-  if (merge_adapters && linear.has_lora()) {
-    auto params = linear.named_parameters(false);
-    w = w + torch::matmul(params["lora_B"], params["lora_A"]) * linear.lora_scaling();
-  }
-  return w.detach();
-}
 
 nlohmann::ordered_json export_config(const ModelOptions& o) {
   nlohmann::ordered_json c;

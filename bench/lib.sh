@@ -1,0 +1,16 @@
+# Sourced by the bench/ scripts after `cd` to the repository root: what their starts share.
+#   bench_start "$@"  the peers' interpreters (bench/python.sh: --python PATH..., PYTHONS,
+#                     PYTHON), then BUILD: the first other argument, else build
+#   bench_tmp         TMP: a temporary folder, removed when the script exits
+# shellcheck shell=bash
+# shellcheck source=python.sh
+. bench/python.sh
+# shellcheck disable=SC2034  # BUILD is the calling script's
+bench_start() {
+  bench_parse_args "$@"
+  BUILD=${ARGS[0]:-build}
+}
+bench_tmp() {
+  TMP=$(mktemp -d)
+  trap 'rm -rf "$TMP"' EXIT
+}
