@@ -127,7 +127,20 @@ def load_model(a, transformers, num_labels, scratch):
             sys.exit("SKIP: no HyenaDNA reference code (--hyena-code DIR)")
         reference_package("hyena_ref", a.hyena_code)
         from hyena_ref.modeling_hyena import HyenaDNAForSequenceClassification
-        model = HyenaDNAForSequenceClassification.from_pretrained(a.model, num_labels=num_labels)
+        # (embed_dropout: the hub code's only dropout, 0.1 by default; ours has none, so
+        # the comparisons set --dropout 0: docs/models.md)
+        model = HyenaDNAForSequenceClassification.from_pretrained(
+            a.model, num_labels=num_labels, embed_dropout=a.dropout)
+        # Its implicit filters share one Sin frequency per layer (one Parameter under three
+        # names); transformers 5's save_pretrained (the Trainer's checkpoints) refuses shared
+        # tensors that the model does not declare tied: declare them (no change to training).
+        first, tied = {}, {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            if id(p) in first:
+                tied[name] = first[id(p)]
+            else:
+                first[id(p)] = name
+        model._tied_weights_keys = {**(getattr(model, "_tied_weights_keys", None) or {}), **tied}
         ids = {"A": 7, "C": 8, "G": 9, "T": 10, "N": 11}
         return model, lambda seqs: [[ids.get(b, 6) for b in s.upper()] + [1] for s in seqs], 4, True
     else:
@@ -152,7 +165,8 @@ def save_init(model, src, dst, k):
         if name not in ("config.json", "model.safetensors") and \
                 os.path.isfile(os.path.join(src, name)):
             shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
-    state = {n: t.detach().contiguous() for n, t in model.state_dict().items()}
+    # (clones: HyenaDNA shares one Sin frequency between modules; the file holds each name)
+    state = {n: t.detach().clone().contiguous() for n, t in model.state_dict().items()}
     save_file(state, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(src, "config.json")) as f:
         config = json.load(f)

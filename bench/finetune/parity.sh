@@ -125,8 +125,14 @@ print(json.dumps({**r, "base": base, "task": task, "mode": mode, "system": syste
                   "seed": int(seed), "wall_s": float(wall)}))
 PY
 }
-done_already() {
-  [ -f "$results" ] && grep -q "\"base\": \"$1\", \"task\": \"$2\", \"mode\": \"$3\", \"system\": \"$4\", \"seed\": $5," "$results"
+done_already() {  # base task mode system seed: is that run in results.jsonl?
+  [ -f "$results" ] && python3 - "$results" "$@" <<'PY'
+import json, sys
+key = sys.argv[2:6] + [int(sys.argv[6])]
+runs = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+sys.exit(0 if any([r["base"], r["task"], r["mode"], r["system"], r["seed"]] == key
+                  for r in runs) else 1)
+PY
 }
 for b in $bases; do
   [ -n "${base_sets[$b]:-}" ] || continue
