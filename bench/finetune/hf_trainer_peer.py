@@ -101,7 +101,8 @@ def scores(labels, pred, k):
 
 
 def load_model(a, transformers, num_labels, scratch):
-    """(model, encode) for the directory: encode(list of sequences) -> list of id lists."""
+    """(model, encode, pad id, pads on the left) for the directory: encode(list of sequences)
+    -> list of id lists."""
     with open(os.path.join(a.model, "config.json")) as f:
         config = json.load(f)
     auto_map = config.get("auto_map", {})

@@ -172,13 +172,13 @@ std::optional<HfExport> hf_export(LanguageModel& model, const data::Tokenizer& t
     // model.init_from read the export as they read a published checkpoint (rows we have no
     // token for, [BOS] and [RESERVED], are zero).
     constexpr int64_t kHubVocab = 12;
+    const auto map = character_vocabulary_map(tokenizer, "", kHubVocab, "HyenaDNA");
     o.vocab_size = kHubVocab;
-    o.pad_token_id = 4;  // CharacterTokenizer's [PAD]
+    o.pad_token_id = map.at(data::kPadId);
     const auto zeros = torch::zeros({o.padded_vocab(), o.d_model});
-    weight = vocabulary_scatter(
-        live, character_vocabulary_map(tokenizer, "", kHubVocab, "HyenaDNA"),
-        lm->word_embeddings->weight, zeros, o.classifier ? torch::Tensor() : lm->head->weight,
-        o.classifier ? torch::Tensor() : zeros);
+    weight = vocabulary_scatter(live, map, lm->word_embeddings->weight, zeros,
+                                o.classifier ? torch::Tensor() : lm->head->weight,
+                                o.classifier ? torch::Tensor() : zeros);
   }
   return hub_layout_export(hf_tensors(lm, weight),
                            o.hf_config.is_null() ? hf_config_of(o) : o.hf_config, source_dir,
