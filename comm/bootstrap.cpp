@@ -114,10 +114,8 @@ std::unique_ptr<coordinator::StoreServer> host_store(const ProcessGroupOptions& 
   return server;
 }
 
-}  // namespace
-
-ProcessGroup connect_process_group(const ProcessGroupOptions& options) {
-  ProcessGroup group;
+// The communicator's options of connect_process_group, but for the store.
+CommOptions comm_options(const ProcessGroupOptions& options) {
   CommOptions co;
   co.backend = options.backend;
   co.rank = options.rank;
@@ -127,6 +125,24 @@ ProcessGroup connect_process_group(const ProcessGroupOptions& options) {
   co.device = options.device;
   co.device_shared = options.device_shared;
   co.check_collectives = options.check_collectives;
+  if (options.master_addr.empty()) return co;
+  co.loopback = is_loopback_name(options.master_addr);
+  // Note [Gloo address]: peers reach this rank at the address it uses to reach the store
+  // (the route towards MASTER_ADDR), not at whatever its host name resolves to, which is
+  // loopback on many machines (/etc/hosts) and wrong across network namespaces or
+  // multi-homed nodes. DNALLM_GLOO_HOST overrides.
+  if (const char* host = std::getenv("DNALLM_GLOO_HOST"); host != nullptr && *host != '\0') {
+    co.gloo_host = host;
+  } else if (!co.loopback) {
+    co.gloo_host = local_address_towards(options.master_addr, options.master_port);
+  }
+  return co;
+}
+
+}  // namespace
+
+ProcessGroup connect_process_group(const ProcessGroupOptions& options) {
+  ProcessGroup group;
   if (!options.master_addr.empty()) {
     DNALLM_CHECK(options.master_port > 0 && options.master_port < 65536, ExitCode::kUsage,
                  "MASTER_PORT {} is not a valid port", options.master_port);
@@ -137,20 +153,20 @@ ProcessGroup connect_process_group(const ProcessGroupOptions& options) {
     to.token = options.token;
     to.connect_timeout = options.connect_timeout;
     group.store = std::make_shared<coordinator::TcpStoreClient>(to);
-    co.store = group.store;
-    co.loopback = is_loopback_name(options.master_addr);
-    // Note [Gloo address]: peers reach this rank at the address it uses to reach the store
-    // (the route towards MASTER_ADDR), not at whatever its host name resolves to, which is
-    // loopback on many machines (/etc/hosts) and wrong across network namespaces or
-    // multi-homed nodes. DNALLM_GLOO_HOST overrides.
-    if (const char* host = std::getenv("DNALLM_GLOO_HOST"); host != nullptr && *host != '\0') {
-      co.gloo_host = host;
-    } else if (!co.loopback) {
-      co.gloo_host = local_address_towards(options.master_addr, options.master_port);
-    }
   }
+  CommOptions co = comm_options(options);
+  co.store = group.store;
   group.comm = make_communicator(co);
   return group;
+}
+
+std::unique_ptr<Communicator> reconnect(const ProcessGroupOptions& options,
+                                        std::shared_ptr<coordinator::Store> store,
+                                        const std::string& name) {
+  CommOptions co = comm_options(options);
+  co.store = std::move(store);
+  co.name = name;
+  return make_communicator(co);
 }
 
 }  // namespace dnallm::comm

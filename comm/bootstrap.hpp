@@ -49,6 +49,13 @@ struct ProcessGroup {
 // Throws Error(kPeerFailed) when peers do not come, Error(kUsage) for a bad backend.
 ProcessGroup connect_process_group(const ProcessGroupOptions& options);
 
+// Note [In-process recovery] (worker/train/in_process_recovery.hpp): a new communicator for
+// the same rank and world over `store` (the group's), named `name`, built as
+// connect_process_group builds its own (blocking, collective over all ranks).
+std::unique_ptr<Communicator> reconnect(const ProcessGroupOptions& options,
+                                        std::shared_ptr<coordinator::Store> store,
+                                        const std::string& name);
+
 // Note [Store bind address]: rank 0's store listens on the address MASTER_ADDR names on
 // this host, never on every interface silently. `resolved` is MASTER_ADDR resolved here
 // (IPv4 dotted quad, "" when it does not resolve). "localhost" binds 127.0.0.1, a 127.x

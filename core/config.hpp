@@ -240,6 +240,7 @@ struct ElasticConfig {
   double step_timeout_s = 300.0;
   double settle_s = 2.0;
   double join_timeout_s = 600.0;
+  int64_t spare_workers = 0;  // Note [In-process recovery]
 };
 
 struct LoggingConfig {

@@ -29,6 +29,8 @@ constexpr const char* kExternalCoordinator = "DNALLM_EXTERNAL_COORDINATOR";
 constexpr const char* kProgressFile = "DNALLM_PROGRESS_FILE";
 constexpr const char* kRestartReason = "DNALLM_RESTART_REASON";
 constexpr const char* kStopGraceMs = "DNALLM_STOP_GRACE_MS";
+constexpr const char* kInProcessRecovery = "DNALLM_IN_PROCESS_RECOVERY";
+constexpr const char* kSpareId = "DNALLM_SPARE_ID";
 constexpr const char* kTestStepDelayMs = "DNALLM_TEST_STEP_DELAY_MS";
 constexpr const char* kTestKillAfterSaveStep = "DNALLM_TEST_KILL_AFTER_SAVE_STEP";
 constexpr const char* kTestStageHostBuffers = "DNALLM_TEST_STAGE_HOST_BUFFERS";
@@ -103,6 +105,9 @@ WorkerEnv WorkerEnv::from_environment(const EnvVars& env) {
   w.external_coordinator = find(env, kExternalCoordinator) != nullptr;
   read_text(env, kProgressFile, w.progress_file);
   read_text(env, kRestartReason, w.restart_reason);
+  const std::string* recovery = find(env, kInProcessRecovery);
+  w.in_process_recovery = recovery != nullptr && *recovery == "1";
+  read_int(env, kSpareId, w.spare_id);
   int64_t grace_ms = w.stop_grace.count();
   read_int(env, kStopGraceMs, grace_ms);
   w.stop_grace = std::chrono::milliseconds(grace_ms);
@@ -138,6 +143,8 @@ void WorkerEnv::to_environment(EnvVars& env) const {
   } else {
     env.erase(kRestartReason);
   }
+  if (in_process_recovery) env[kInProcessRecovery] = "1";
+  write(env, kSpareId, spare_id);
   const WorkerEnv defaults;
   if (stop_grace != defaults.stop_grace) env[kStopGraceMs] = std::to_string(stop_grace.count());
   if (test.step_delay.count() > 0) env[kTestStepDelayMs] = std::to_string(test.step_delay.count());
@@ -156,6 +163,7 @@ bool WorkerEnv::operator==(const WorkerEnv& o) const {
          omp_num_threads == o.omp_num_threads && generation == o.generation &&
          job_token == o.job_token && external_coordinator == o.external_coordinator &&
          progress_file == o.progress_file && restart_reason == o.restart_reason &&
+         in_process_recovery == o.in_process_recovery && spare_id == o.spare_id &&
          stop_grace == o.stop_grace && test == o.test;
 }
 

@@ -7,7 +7,8 @@
 //     GROUP_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT
 //     TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID, and OMP_NUM_THREADS;
 //   dnallm-launch's own: DNALLM_GENERATION DNALLM_JOB_TOKEN DNALLM_EXTERNAL_COORDINATOR
-//     DNALLM_PROGRESS_FILE DNALLM_RESTART_REASON DNALLM_STOP_GRACE_MS;
+//     DNALLM_PROGRESS_FILE DNALLM_RESTART_REASON DNALLM_STOP_GRACE_MS
+//     DNALLM_IN_PROCESS_RECOVERY DNALLM_SPARE_ID;
 //   test-only hooks (WorkerTestHooks): DNALLM_TEST_STEP_DELAY_MS
 //     DNALLM_TEST_KILL_AFTER_SAVE_STEP DNALLM_TEST_STAGE_HOST_BUFFERS.
 // cluster::detect_topology still reads the torchrun, OpenMPI and Slurm variables for the
@@ -69,6 +70,13 @@ struct WorkerEnv {
   std::string progress_file;
   // Why the previous generation ended ("" for the first): rank 0's "restart" metrics line.
   std::string restart_reason;
+  // Note [In-process recovery] (worker/train/in_process_recovery.hpp): the agent keeps warm
+  // spares (dnallm-launch --spare-workers), so a survivor of a failed collective waits for a
+  // spare to take the dead rank's place instead of exiting (DNALLM_IN_PROCESS_RECOVERY=1).
+  bool in_process_recovery = false;
+  // This worker is spare number N of its agent (DNALLM_SPARE_ID): it starts, then waits at
+  // the coordinator until it is given a dead rank's place. Unset for ranks.
+  std::optional<int> spare_id;
   // Note [Stop while blocked] (worker/train/stop_watchdog.hpp): must stay below the
   // launcher's --grace-period (10 s) so that the worker, not SIGKILL, ends a blocked worker.
   std::chrono::milliseconds stop_grace{5000};

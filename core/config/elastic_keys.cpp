@@ -35,7 +35,13 @@ void elastic_keys(std::vector<KeyDesc>& out) {
              "`min_nodes` closes (`--rdzv-settle`)")
       .range("join_timeout_s", &ElasticConfig::join_timeout_s, 1, 864000,
              "elastic job: seconds a round may stay below `min_nodes` before the job fails "
-             "(`--join-timeout`)");
+             "(`--join-timeout`)")
+      .range("spare_workers", &ElasticConfig::spare_workers, 0, 1024,
+             "warm spare workers each `dnallm-launch` starts beside its ranks "
+             "(`--spare-workers`): when a rank dies the survivors stay in process and a spare "
+             "takes its place with a peer's state, losing no step (DDP; docs/elastic.md, "
+             "\"In-process recovery\"); 0: a failure restarts the group from the last "
+             "checkpoint");
 }
 
 }  // namespace dnallm::config_detail

@@ -1,0 +1,26 @@
+#include "comm/reformable_communicator.hpp"
+
+#include "core/error.hpp"
+
+namespace dnallm::comm {
+
+ReformableCommunicator::ReformableCommunicator(std::unique_ptr<Communicator> backend,
+                                               std::string name)
+    : backend_(std::move(backend)), name_(std::move(name)) {
+  DNALLM_CHECK(backend_ != nullptr, ExitCode::kFailure,
+               "ReformableCommunicator needs a backend (a bug; please report it)");
+}
+
+void ReformableCommunicator::replace(std::unique_ptr<Communicator> backend, std::string name) {
+  DNALLM_CHECK(backend != nullptr && backend->rank() == backend_->rank() &&
+                   backend->world_size() == backend_->world_size(),
+               ExitCode::kFailure,
+               "communicator '{}' re-formed as '{}' with another rank or world size (a bug; "
+               "please report it)",
+               name_, name);
+  backend_.reset();  // joins the old backend's thread first: its pending work fails there
+  backend_ = std::move(backend);
+  name_ = std::move(name);
+}
+
+}  // namespace dnallm::comm

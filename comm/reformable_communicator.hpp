@@ -1,0 +1,63 @@
+// A communicator whose backend can be replaced in place: what the engines built over the
+// world communicator (DDP, the checkpointer, the evaluation sums) hold a reference to, so that
+// a rank that survives a peer's death goes on with the same objects over a communicator
+// re-formed under a new name (Note [In-process recovery] in worker/train/in_process_recovery.hpp).
+//
+// Every operation forwards to the current backend. replace() swaps it: call it from the thread
+// that issues collectives, with none in flight (the old backend is destroyed there, which joins
+// its worker thread and fails what it still held). The rank and world size may not change.
+// Sub-communicators (split) belong to the backend they were split from: a re-formed world
+// needs its splits made again.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.hpp"
+
+namespace dnallm::comm {
+
+class ReformableCommunicator final : public Communicator {
+ public:
+  // `name`: the backend's name (CommOptions::name), under which it keeps its store keys.
+  ReformableCommunicator(std::unique_ptr<Communicator> backend, std::string name);
+
+  int rank() const override { return backend_->rank(); }
+  int world_size() const override { return backend_->world_size(); }
+  const char* backend() const override { return backend_->backend(); }
+
+  WorkPtr allreduce(BufferView in, BufferView out, ReduceOp op) override {
+    return backend_->allreduce(in, out, op);
+  }
+  WorkPtr reduce_scatter(BufferView in, BufferView out, ReduceOp op) override {
+    return backend_->reduce_scatter(in, out, op);
+  }
+  WorkPtr allgather(BufferView in, BufferView out) override { return backend_->allgather(in, out); }
+  WorkPtr broadcast(BufferView buf, int root) override { return backend_->broadcast(buf, root); }
+  WorkPtr barrier() override { return backend_->barrier(); }
+  WorkPtr all_to_all(BufferView in, const std::vector<int64_t>& in_counts, BufferView out,
+                     const std::vector<int64_t>& out_counts) override {
+    return backend_->all_to_all(in, in_counts, out, out_counts);
+  }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    return backend_->split(color, key);
+  }
+  WorkPtr send(BufferView buf, int peer, int tag) override {
+    return backend_->send(buf, peer, tag);
+  }
+  WorkPtr recv(BufferView buf, int peer, int tag) override {
+    return backend_->recv(buf, peer, tag);
+  }
+
+  // The current backend's name.
+  const std::string& name() const { return name_; }
+  // Destroys the current backend and forwards to `backend` (named `name`) from now on. Throws
+  // Error(kFailure) when its rank or world size differs from the old one's.
+  void replace(std::unique_ptr<Communicator> backend, std::string name);
+
+ private:
+  std::unique_ptr<Communicator> backend_;
+  std::string name_;
+};
+
+}  // namespace dnallm::comm

@@ -1,0 +1,93 @@
+#include "coordinator/recovery.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "coordinator/store.hpp"
+#include "core/config.hpp"
+#include "core/error.hpp"
+
+namespace dnallm::coordinator {
+
+std::string in_process_recovery_unsupported(const Config& config) {
+  if (config.parallel.zero_stage != 0) {
+    return fmt::format(
+        "parallel.zero_stage = {} shards the optimizer state, and a dead rank's shard is held "
+        "nowhere else (buddy copies are not implemented yet)",
+        config.parallel.zero_stage);
+  }
+  if (config.parallel.context_parallel > 1) {
+    return "parallel.context_parallel > 1: the re-formed world's sub-groups are not made again "
+           "yet";
+  }
+  if (config.training.batch_size == cfg::BatchSize::kAuto) {
+    return "training.batch_size = \"auto\": a spare cannot take part in the search the ranks "
+           "made at their start; set training.micro_batch_size";
+  }
+  if (config.parallel.backend == cfg::Backend::kMpi) {
+    return "parallel.backend = \"mpi\": MPI cannot abort a collective";
+  }
+  return "";
+}
+
+std::string RecoveryRecord::to_json() const {
+  nlohmann::ordered_json j;
+  j["number"] = number;
+  j["rank"] = rank;
+  j["local_rank"] = local_rank;
+  j["host"] = host;
+  j["reason"] = reason;
+  j["spare_id"] = spare_id;
+  j["progress_file"] = progress_file;
+  j["detected_unix_ms"] = detected_unix_ms;
+  return j.dump();
+}
+
+RecoveryRecord RecoveryRecord::from_json(const std::string& text, const std::string& key) {
+  try {
+    const auto j = nlohmann::json::parse(text);
+    RecoveryRecord r;
+    r.number = j.at("number").get<int64_t>();
+    r.rank = j.at("rank").get<int>();
+    r.local_rank = j.at("local_rank").get<int>();
+    r.host = j.at("host").get<std::string>();
+    r.reason = j.at("reason").get<std::string>();
+    r.spare_id = j.at("spare_id").get<int>();
+    r.progress_file = j.at("progress_file").get<std::string>();
+    r.detected_unix_ms = j.at("detected_unix_ms").get<int64_t>();
+    return r;
+  } catch (const nlohmann::json::exception& e) {
+    fail(ExitCode::kPeerFailed, "the recovery record at store key {} is unreadable: {}", key,
+         e.what());
+  }
+}
+
+std::string recovery_key(int64_t generation, int64_t number) {
+  return "recover/g" + std::to_string(generation) + "/" + std::to_string(number);
+}
+
+std::string recovery_count_key(int64_t generation) {
+  return "recover/g" + std::to_string(generation) + "/count";
+}
+
+std::string spare_key(int64_t generation, int spare_id) {
+  return "recover/g" + std::to_string(generation) + "/spare/" + std::to_string(spare_id);
+}
+
+std::string recovery_comm_name(int64_t generation, int64_t number) {
+  return "g" + std::to_string(generation) + ".r" + std::to_string(number);
+}
+
+int64_t announce_recovery(Store& store, int64_t generation, RecoveryRecord record) {
+  record.number = store.add(recovery_count_key(generation), 1);
+  store.set(recovery_key(generation, record.number), to_bytes(record.to_json()));
+  store.set(spare_key(generation, record.spare_id), to_bytes(std::to_string(record.number)));
+  return record.number;
+}
+
+int64_t unix_ms_now() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace dnallm::coordinator

@@ -1,0 +1,62 @@
+// Note [In-process recovery] (the whole protocol is in worker/train/in_process_recovery.hpp):
+// what the agent that saw a rank die tells the workers of the job, through the coordinator's
+// key-value store. Torch-free: the launcher writes these keys, dnallm-train reads them.
+//
+// Keys of generation G (every one deleted with the generation's comm/ keys' neighbours when
+// the job ends; a recovery never outlives its generation):
+//   recover/g<G>/<n>          the n-th recovery of the generation (n = 1, 2, ...), a JSON
+//                             RecoveryRecord: which rank died and which spare takes its place;
+//                             written once, after which every rank may read it;
+//   recover/g<G>/count        the number of recoveries announced so far (Store::add);
+//   recover/g<G>/spare/<id>   spare <id> of the agent whose rank died: the recovery number it
+//                             joins (a decimal integer), written with the record.
+// The re-formed communicator of recovery n is named recovery_comm_name(G, n) = "g<G>.r<n>".
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace dnallm {
+struct Config;
+}
+
+namespace dnallm::coordinator {
+
+class Store;
+
+// "" when a run of `config` can recover in process; else why not (one line). dnallm-launch
+// refuses --spare-workers for such a run; dnallm-train checks again. Sync-free steps are known
+// only to the worker (its device), which refuses them itself.
+std::string in_process_recovery_unsupported(const Config& config);
+
+struct RecoveryRecord {
+  int64_t number = 0;            // n: 1 for the generation's first recovery
+  int rank = 0;                  // the dead rank, whose place the spare takes
+  int local_rank = 0;            // its local rank on the agent's node
+  std::string host;              // where it ran
+  std::string reason;            // "rank 1 was killed by signal 9 (SIGKILL)"
+  int spare_id = 0;              // the spare (DNALLM_SPARE_ID) that takes the place
+  std::string progress_file;     // the dead rank's DNALLM_PROGRESS_FILE, which the spare writes
+  int64_t detected_unix_ms = 0;  // when the agent saw the death (wall clock, ms since 1970)
+
+  std::string to_json() const;
+  // Throws Error(kPeerFailed) naming `key` when `text` is not a record.
+  static RecoveryRecord from_json(const std::string& text, const std::string& key);
+};
+
+std::string recovery_key(int64_t generation, int64_t number);
+std::string recovery_count_key(int64_t generation);
+std::string spare_key(int64_t generation, int spare_id);
+std::string recovery_comm_name(int64_t generation, int64_t number);
+
+// The agent's side: numbers the record (Store::add on the count), writes it and the spare's
+// key. Returns the record's number.
+int64_t announce_recovery(Store& store, int64_t generation, RecoveryRecord record);
+
+// Milliseconds since 1970 by the wall clock (the phases of a recovery are measured across
+// processes, which share no steady clock).
+int64_t unix_ms_now();
+
+}  // namespace dnallm::coordinator
