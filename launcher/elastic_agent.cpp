@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <csignal>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -11,6 +13,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "coordinator/recovery.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::launcher {
@@ -69,13 +72,12 @@ WorkerProgress read_progress(const std::string& path) {
   return progress;
 }
 
-std::vector<WorkerSpec> make_elastic_worker_specs(const LaunchPlan& plan,
-                                                  const cluster::EnvMap& base_env,
-                                                  const coordinator::NodeAssignment& a,
-                                                  const std::string& restart_reason,
-                                                  const std::string& progress_dir) {
+std::vector<WorkerSpec> make_elastic_worker_specs(
+    const LaunchPlan& plan, const cluster::EnvMap& base_env, const coordinator::NodeAssignment& a,
+    const std::string& restart_reason, const std::string& progress_dir, int spare_workers) {
   LaunchPlan placed = plan;
-  placed.nproc_per_node = static_cast<int>(a.local_world_size);
+  const int nproc = static_cast<int>(a.local_world_size);
+  placed.nproc_per_node = nproc + spare_workers;
   placed.nnodes = static_cast<int>(a.nnodes);
   placed.node_rank = static_cast<int>(a.node_rank);
   // Job-wide ranks and generation; the coordinator is the launcher's (Note [Worker
@@ -85,10 +87,22 @@ std::vector<WorkerSpec> make_elastic_worker_specs(const LaunchPlan& plan,
                              const int local = w.local_rank.value_or(0);
                              w.rank = static_cast<int>(a.rank_offset) + local;
                              w.world_size = static_cast<int>(a.world_size);
+                             w.local_world_size = nproc;
                              w.generation = a.generation;
                              w.external_coordinator = true;
-                             w.progress_file = progress_file(progress_dir, local);
+                             w.in_process_recovery = spare_workers > 0;
+                             if (local < nproc) {
+                               w.progress_file = progress_file(progress_dir, local);
+                             } else {
+                               w.spare_id = local - nproc;  // its rank comes with a record
+                             }
                            });
+}
+
+bool replaceable_by_spare(const WorkerExit& exit) {
+  if (exit.signaled) return true;
+  return exit.code != 0 && exit.code != static_cast<int>(ExitCode::kPeerFailed) &&
+         exit.code != static_cast<int>(ExitCode::kRequeue) && !is_worker_diagnosis(exit.code);
 }
 
 std::pair<std::string, int> parse_endpoint(const std::string& endpoint, const std::string& flag) {
@@ -131,6 +145,7 @@ ElasticAgent::LocalProgress ElasticAgent::read_local_progress() const {
     const WorkerProgress p = read_progress(progress_file(options_.progress_dir, i));
     out.steps.push_back(p.step);
     out.stopped.push_back(process_stopped(p.pid));
+    out.pids.push_back(p.pid);
   }
   return out;
 }
@@ -178,6 +193,7 @@ JobView ElasticAgent::wait_for_next(bool heartbeat, int& stop_signal) {
 void ElasticAgent::begin_generation(const coordinator::NodeAssignment& a) {
   generation_ = a.generation;
   ++generations_run_;
+  stopped_beats_.assign(static_cast<size_t>(options_.node.nproc), 0);
   spdlog::info("generation {}: node rank {} of {}, ranks {}..{} of world size {}", a.generation,
                a.node_rank, a.nnodes, a.rank_offset, a.rank_offset + a.local_world_size - 1,
                a.world_size);
@@ -186,8 +202,35 @@ void ElasticAgent::begin_generation(const coordinator::NodeAssignment& a) {
   }
 }
 
+bool ElasticAgent::hand_to_spare(const WorkerFailure& f, int spare_id) {
+  coordinator::RecoveryRecord record;
+  record.rank = f.rank;
+  record.local_rank = f.local_rank;
+  record.host = options_.node.host;
+  record.reason = fmt::format("rank {} {}", f.rank, f.exit.describe());
+  record.spare_id = spare_id;
+  record.progress_file = progress_file(options_.progress_dir, f.local_rank);
+  record.detected_unix_ms = coordinator::unix_ms_now();
+  try {
+    const int64_t n = coordinator::announce_recovery(*options_.store, generation_, record);
+    spdlog::warn("{}: spare {} takes its place (in-process recovery {} of generation {})",
+                 record.reason, spare_id, n, generation_);
+    return true;
+  } catch (const std::exception& e) {
+    spdlog::error("{}: cannot hand its place to spare {} ({}); restarting the generation",
+                  record.reason, spare_id, e.what());
+    return false;
+  }
+}
+
 GenerationResult ElasticAgent::run_generation(const JobView& view, JobView& latest) {
   GroupOptions group_options = options_.group;
+  if (options_.spare_workers > 0 && options_.store) {
+    group_options.hand_to_spare = [this](const WorkerFailure& f, int spare_id) {
+      return replaceable_by_spare(f.exit) && hand_to_spare(f, spare_id);
+    };
+    group_options.replenish_spares = true;  // K spares stay warm
+  }
   auto last_heartbeat = Clock::now();
   std::exception_ptr error;
   latest = view;
@@ -196,6 +239,7 @@ GenerationResult ElasticAgent::run_generation(const JobView& view, JobView& late
     last_heartbeat = Clock::now();
     try {
       const LocalProgress progress = read_local_progress();
+      if (options_.spare_workers > 0) kill_stopped(progress);
       latest =
           client_.heartbeat(options_.node.node_id, generation_, progress.steps, progress.stopped);
     } catch (...) {
@@ -208,6 +252,20 @@ GenerationResult ElasticAgent::run_generation(const JobView& view, JobView& late
   GenerationResult result = group.run(make_specs_(*view.assignment, view.round_reason));
   if (error) std::rethrow_exception(error);
   return result;
+}
+
+void ElasticAgent::kill_stopped(const LocalProgress& progress) {
+  stopped_beats_.resize(progress.stopped.size(), 0);
+  for (size_t i = 0; i < progress.stopped.size(); ++i) {
+    stopped_beats_[i] = progress.stopped[i] ? stopped_beats_[i] + 1 : 0;
+    if (stopped_beats_[i] < 2 || progress.pids[i] <= 0) continue;
+    spdlog::warn(
+        "local rank {} (pid {}) is stopped at step {} (SIGSTOP?): killing it so that a spare "
+        "takes its place",
+        i, progress.pids[i], progress.steps[i]);
+    ::kill(progress.pids[i], SIGKILL);
+    stopped_beats_[i] = 0;
+  }
 }
 
 JobView ElasticAgent::report_failure(const GenerationResult& result) {

@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,11 @@ struct ElasticAgentOptions {
   std::chrono::milliseconds poll_interval{100};      // while waiting for the coordinator
   std::string progress_dir;                          // where workers' progress files live
   GroupOptions group;                                // grace, tick (should_stop is ours)
+  // Note [In-process recovery] (worker/train/in_process_recovery.hpp): warm spares started
+  // beside the ranks (--spare-workers), and the coordinator's store, through which a dead
+  // rank's place is given to one of them. 0 / null: a failure restarts the generation.
+  int spare_workers = 0;
+  std::shared_ptr<coordinator::Store> store;
 };
 
 // Builds one generation's workers from the coordinator's assignment.
@@ -71,6 +77,9 @@ class ElasticAgent {
   // An error talking to the coordinator stops the workers first and is rethrown once they
   // are reaped.
   GenerationResult run_generation(const coordinator::JobView& view, coordinator::JobView& latest);
+  // Note [In-process recovery]: gives the place of `failure`'s rank to spare `spare_id`
+  // through the store. False when the store cannot be reached.
+  bool hand_to_spare(const WorkerFailure& failure, int spare_id);
   // Step 3: logs every failed worker and reports the first to the coordinator.
   // Returns the coordinator's reply: the job as it stands once the report is in.
   coordinator::JobView report_failure(const GenerationResult& result);
@@ -84,8 +93,14 @@ class ElasticAgent {
   struct LocalProgress {
     std::vector<int64_t> steps;
     std::vector<bool> stopped;
+    std::vector<int> pids;
   };
   LocalProgress read_local_progress() const;
+  // Note [In-process recovery]: with spares, a local rank seen stopped (SIGSTOP) at two
+  // heartbeats in a row is hung for good: SIGKILL it, so that a spare takes its place instead
+  // of the coordinator restarting the generation after the hang timeout.
+  void kill_stopped(const LocalProgress& progress);
+  std::vector<int> stopped_beats_;  // per local rank: heartbeats in a row it was seen stopped
 
   coordinator::ElasticClient& client_;
   Spawner& spawner_;
@@ -117,11 +132,19 @@ bool process_stopped(int pid);
 // generation - 1 (job-wide), MASTER_ADDR/MASTER_PORT = the coordinator (whose key-value
 // store the workers bootstrap from), DNALLM_EXTERNAL_COORDINATOR=1 (rank 0 must not host a
 // store of its own) and DNALLM_PROGRESS_FILE (Note [Progress file]).
+// With `spare_workers` K > 0 the K spares follow the ranks: local ranks nproc..nproc+K-1 with
+// DNALLM_SPARE_ID 0..K-1, no progress file, and every worker gets DNALLM_IN_PROCESS_RECOVERY=1.
 std::vector<WorkerSpec> make_elastic_worker_specs(const LaunchPlan& plan,
                                                   const cluster::EnvMap& base_env,
                                                   const coordinator::NodeAssignment& assignment,
                                                   const std::string& restart_reason,
-                                                  const std::string& progress_dir);
+                                                  const std::string& progress_dir,
+                                                  int spare_workers = 0);
+
+// Whether a worker that ended with `exit` is replaced by a spare: killed by a signal, or a
+// failure of its own (not 2, 3, 5: its diagnosis would repeat; not 4: it saw a peer fail;
+// not 75: preempted).
+bool replaceable_by_spare(const WorkerExit& exit);
 
 // "host:port" -> (host, port); throws Error(kUsage) naming `flag` on anything else.
 std::pair<std::string, int> parse_endpoint(const std::string& endpoint, const std::string& flag);

@@ -120,6 +120,7 @@ std::vector<WorkerSpec> make_worker_specs(const LaunchPlan& plan, const cluster:
     WorkerSpec spec;
     spec.rank = w.rank.value_or(0);
     spec.local_rank = local;
+    spec.spare_id = w.spare_id.value_or(-1);
     spec.argv = plan.command;
     // dnallm-train unblocks them once its handlers are installed (Note [Early stop signals]).
     spec.hold_stop_signals = !plan.command.empty() &&

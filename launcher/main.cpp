@@ -21,7 +21,9 @@
 #include "coordinator/elastic_client.hpp"
 #include "coordinator/elastic_config.hpp"
 #include "coordinator/elastic_service.hpp"
+#include "coordinator/recovery.hpp"
 #include "coordinator/store_server.hpp"
+#include "coordinator/tcp_store_client.hpp"
 #include "core/cli.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
@@ -216,9 +218,14 @@ int run_agent(const Args& args, const LaunchPlan& plan, const cluster::EnvMap& e
   PrefixedConsole console;
   ProcessSpawner spawner(console);
   coordinator::ElasticClient client(co);
+  // Note [In-process recovery]: the agent hands a dead rank's place to a spare through the
+  // coordinator's store.
+  ao.spare_workers = static_cast<int>(elastic.spare_workers);
+  if (ao.spare_workers > 0) ao.store = std::make_shared<coordinator::TcpStoreClient>(co);
   ElasticAgent agent(client, spawner, signals, ao,
                      [&](const coordinator::NodeAssignment& a, const std::string& reason) {
-                       return make_elastic_worker_specs(plan, env, a, reason, progress.path());
+                       return make_elastic_worker_specs(plan, env, a, reason, progress.path(),
+                                                        ao.spare_workers);
                      });
   return agent.run();
 }
@@ -433,6 +440,23 @@ int run(Args& args, const CLI::App& app) {
   if (args.sbatch_script) return print_sbatch_script(args, app, config);
   if (args.grace_s < 0) fail(ExitCode::kUsage, "--grace-period must be >= 0");
 
+  if (config.elastic.spare_workers > 0) {
+    const std::string why = coordinator::in_process_recovery_unsupported(config);
+    DNALLM_CHECK(why.empty(), ExitCode::kUsage,
+                 "--spare-workers (elastic.spare_workers): no in-process recovery with {}; use "
+                 "--max-restarts (a restart from the last checkpoint) instead",
+                 why);
+  }
+  if (config.elastic.spare_workers > 0 && !is_elastic(args, app, config.elastic)) {
+    // Note [In-process recovery]: spares wait at a coordinator; one node gets its own.
+    DNALLM_CHECK(app.count("--nnodes") == 0 || args.nnodes == "1", ExitCode::kUsage,
+                 "--spare-workers (elastic.spare_workers) on --nnodes {} needs the elastic "
+                 "coordinator: add --rdzv-endpoint HOST:PORT (docs/elastic.md)",
+                 args.nnodes);
+    spdlog::info("--spare-workers {}: running as --standalone (a coordinator on this node)",
+                 config.elastic.spare_workers);
+    args.standalone = true;
+  }
   const bool elastic = is_elastic(args, app, config.elastic);
   HostFacts host;
   host.gpu_devices = count_nvidia_devices();
@@ -524,6 +548,9 @@ void add_elastic_options(CLI::App& app, Args& args) {
   app.add_option("--node-id", args.node_id, "this agent's unique id (default: HOST:PID)");
   app.add_option("--token-file", args.token_file,
                  "file whose first line is the job token (default: $DNALLM_JOB_TOKEN)");
+  add_key_option(app, args.config, "--spare-workers", "elastic.spare_workers",
+                 "warm spare workers beside this node's ranks: a dead rank's place goes to a "
+                 "spare, the survivors stay in process, no step is lost (DDP; docs/elastic.md)");
   add_key_option(app, args.config, "--monitor-interval", "elastic.heartbeat_interval_s",
                  "seconds between heartbeats (workers' progress) to the coordinator");
   add_coordinator_key_options(app, args.config, "hosted coordinator: ");

@@ -30,6 +30,9 @@ struct WorkerSpec {
   // are in place (dnallm-train does, first thing in main()); any other command would never
   // see them.
   bool hold_stop_signals = false;
+  // >= 0: a warm spare (DNALLM_SPARE_ID), not a rank until it takes a dead rank's place
+  // (Note [In-process recovery] in worker/train/in_process_recovery.hpp).
+  int spare_id = -1;
 };
 
 // How a worker ended.

@@ -16,6 +16,12 @@ struct LocalWorkerGroup::Running {
   std::unique_ptr<WorkerProcess> process;
   bool ended = false;
   std::optional<WorkerExit> exit;  // once ended
+  // Note [In-process recovery]: >= 0 while a spare waits; a spare that took a dead rank's
+  // place holds its rank from then on, and the dead worker is `replaced` (no rank any more).
+  int spare_id = -1;
+  int rank = 0, local_rank = 0;
+  bool replaced = false;
+  bool is_rank() const { return spare_id < 0 && !replaced; }
 };
 
 namespace {
@@ -28,20 +34,31 @@ bool is_requeue(const WorkerExit& e) { return !e.signaled && e.code == kRequeueC
 
 GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
   GenerationResult result;
-  std::vector<Running> workers;
-  workers.reserve(specs.size());
+  Workers workers;
+  extra_specs_.clear();
+  next_spare_id_ = 0;
+  for (const auto& spec : specs) next_spare_id_ = std::max(next_spare_id_, spec.spare_id + 1);
   try {
-    for (const auto& spec : specs)
-      workers.push_back({&spec, spawner_.spawn(spec), false, std::nullopt});
+    for (const auto& spec : specs) {
+      workers.push_back({&spec, spawner_.spawn(spec), false, std::nullopt, spec.spare_id, spec.rank,
+                         spec.local_rank, false});
+    }
   } catch (...) {
     stop_all(workers, SIGTERM, result);
     throw;
   }
 
-  std::size_t ended = 0;
-  std::size_t requeued = 0;      // workers that exited 75 (Note [Preemption])
-  std::vector<Running*> failed;  // parallel to result.failures
-  while (ended < workers.size()) {
+  std::size_t ended = 0;  // of every worker, spares too
+  auto ranks_running = [&] {
+    for (const auto& w : workers) {
+      if (w.is_rank() && !w.ended) return true;
+    }
+    return false;
+  };
+  std::size_t requeued = 0;                     // workers that exited 75 (Note [Preemption])
+  std::vector<Running*> failed;                 // parallel to result.failures
+  std::vector<const WorkerSpec*> to_replenish;  // spares that took a place this tick
+  while (ranks_running()) {
     int sig = signals_.wait(options_.tick);
     if (sig == SIGUSR1) {
       // Step 7: a preemption notice. The workers checkpoint and exit 75 on their own.
@@ -80,21 +97,33 @@ GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
       w.ended = true;
       w.exit = exit;
       ++ended;
+      if (w.spare_id >= 0) {
+        spdlog::warn("spare {} (pid {}) {} while waiting; {} spare(s) left", w.spare_id,
+                     w.process->pid(), exit->describe(), live_spares(workers));
+        continue;
+      }
       if (exit->ok()) {
-        spdlog::debug("rank {} exited with code 0", w.spec->rank);
+        spdlog::debug("rank {} exited with code 0", w.rank);
         continue;
       }
       if (is_requeue(*exit)) {
-        spdlog::info("rank {} exited {} (preempted)", w.spec->rank, kRequeueCode);
+        spdlog::info("rank {} exited {} (preempted)", w.rank, kRequeueCode);
         ++requeued;
+        continue;
+      }
+      WorkerFailure failure{w.rank, w.local_rank, w.process->pid(), *exit, {}};
+      if (const Running* spare = hand_to_spare(workers, w, failure)) {
+        if (options_.replenish_spares) to_replenish.push_back(spare->spec);
         continue;
       }
       // The output tail is collected after the others were stopped: reading it may wait
       // for the pipes to drain, which must not delay stopping the group.
-      result.failures.push_back({w.spec->rank, w.spec->local_rank, w.process->pid(), *exit, {}});
+      result.failures.push_back(std::move(failure));
       failed.push_back(&w);
     }
-    if (result.failures.empty() && ended < workers.size() && options_.should_stop &&
+    for (const WorkerSpec* like : to_replenish) replenish_spare(workers, *like);
+    to_replenish.clear();
+    if (result.failures.empty() && ranks_running() && options_.should_stop &&
         options_.should_stop()) {
       result.outcome = GenerationOutcome::kStopped;
       stop_all(workers, SIGTERM, result);
@@ -113,12 +142,57 @@ GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
       return result;
     }
   }
+  if (ended < workers.size()) {
+    spdlog::info("every rank ended; stopping {} unused spare(s)", workers.size() - ended);
+    stop_all(workers, SIGTERM, result);
+  }
   if (requeued > 0) result.outcome = GenerationOutcome::kPreempted;
   return result;
 }
 
-void LocalWorkerGroup::stop_all(std::vector<Running>& workers, int first_signal,
-                                GenerationResult& result) {
+std::size_t LocalWorkerGroup::live_spares(const Workers& workers) {
+  std::size_t n = 0;
+  for (const auto& w : workers) n += w.spare_id >= 0 && !w.ended;
+  return n;
+}
+
+const LocalWorkerGroup::Running* LocalWorkerGroup::hand_to_spare(Workers& workers, Running& dead,
+                                                                 const WorkerFailure& failure) {
+  if (!options_.hand_to_spare) return nullptr;
+  for (auto& w : workers) {
+    if (w.spare_id < 0 || w.ended) continue;
+    if (!options_.hand_to_spare(failure, w.spare_id)) return nullptr;
+    spdlog::warn("{}; spare {} (pid {}) takes its place", describe_failure(failure), w.spare_id,
+                 w.process->pid());
+    w.spare_id = -1;
+    w.rank = dead.rank;
+    w.local_rank = dead.local_rank;
+    dead.replaced = true;
+    return &w;
+  }
+  return nullptr;
+}
+
+void LocalWorkerGroup::replenish_spare(Workers& workers, const WorkerSpec& like) {
+  WorkerSpec spec = like;
+  spec.spare_id = next_spare_id_++;
+  const std::string id_var = "DNALLM_SPARE_ID=";
+  for (auto& kv : spec.env) {
+    if (kv.rfind(id_var, 0) == 0) kv = id_var + std::to_string(spec.spare_id);
+  }
+  extra_specs_.push_back(std::move(spec));
+  const WorkerSpec& kept = extra_specs_.back();
+  try {
+    workers.push_back({&kept, spawner_.spawn(kept), false, std::nullopt, kept.spare_id, kept.rank,
+                       kept.local_rank, false});
+    spdlog::info("started spare {} (pid {}) in its place", kept.spare_id,
+                 workers.back().process->pid());
+  } catch (const std::exception& e) {
+    spdlog::error("cannot start another spare: {}", e.what());
+  }
+}
+
+void LocalWorkerGroup::stop_all(Workers& workers, int first_signal, GenerationResult& result) {
   for (auto& w : workers) {
     if (!w.ended) w.process->send_signal(first_signal);
   }
@@ -155,7 +229,7 @@ void LocalWorkerGroup::stop_all(std::vector<Running>& workers, int first_signal,
   if (live() > 0) {
     for (auto& w : workers) {
       if (!w.ended) {
-        spdlog::warn("rank {} (pid {}) did not exit within {} ms: sending SIGKILL", w.spec->rank,
+        spdlog::warn("rank {} (pid {}) did not exit within {} ms: sending SIGKILL", w.rank,
                      w.process->pid(), options_.grace.count());
         w.process->send_signal(SIGKILL);
       }

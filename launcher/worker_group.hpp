@@ -1,6 +1,12 @@
 // Running the local workers: one generation (LocalWorkerGroup) and the restart loop
 // around it (RestartLoop). The failure and exit-code policy are pure functions.
 //
+// Spares (WorkerSpec::spare_id >= 0, Note [In-process recovery]) run beside the ranks: a spare
+// that ends before it took a place is logged and forgotten; one that took a place is a rank
+// from then on (GroupOptions::replenish_spares: another spare starts in its stead); the
+// generation ends when every rank has, and the spares left are then stopped (SIGTERM; they
+// exit 0).
+//
 // One generation, as LocalWorkerGroup::run() does it:
 //   1. spawn every worker (on a spawn error: stop those started, rethrow);
 //   2. every tick (StopSignals::wait, GroupOptions::tick) reap ended workers;
@@ -22,6 +28,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -31,11 +38,20 @@
 
 namespace dnallm::launcher {
 
+struct WorkerFailure;
+
 struct GroupOptions {
   std::chrono::milliseconds grace{10000};  // SIGTERM (or forwarded signal) -> SIGKILL
   std::chrono::milliseconds tick{50};      // monitor loop period
   // Called on the monitor thread once per tick while workers run; must not block long.
   std::function<bool()> should_stop;
+  // Note [In-process recovery]: a rank failed and a live spare (WorkerSpec::spare_id >= 0) is
+  // left: true when the spare `spare_id` was given the failed rank's place, which it then holds
+  // (the failure is not one of the generation); false: the failure counts as usual. Unset: no
+  // spare is ever used.
+  std::function<bool(const WorkerFailure& failure, int spare_id)> hand_to_spare;
+  // After a spare took a place, start another (a new spare id) so that as many stay warm.
+  bool replenish_spares = false;
 };
 
 struct WorkerFailure {
@@ -69,9 +85,21 @@ class LocalWorkerGroup {
 
  private:
   struct Running;
+  // A deque: a replacement spare is added while pointers to the others are held.
+  using Workers = std::deque<Running>;
   // Signals every live worker, waits up to grace (a stop signal meanwhile cuts it
   // short), then SIGKILLs and reaps what is left.
-  void stop_all(std::vector<Running>& workers, int first_signal, GenerationResult& result);
+  void stop_all(Workers& workers, int first_signal, GenerationResult& result);
+  // Note [In-process recovery]: GroupOptions::hand_to_spare for `dead`'s failure with the
+  // first live spare; true when a spare took its place.
+  // Returns the spare, null when none took the place.
+  const Running* hand_to_spare(Workers& workers, Running& dead, const WorkerFailure& failure);
+  static std::size_t live_spares(const Workers& workers);
+  // Starts a new spare like `like` (its DNALLM_SPARE_ID replaced by the next free id) so that
+  // GroupOptions::spare_workers stay warm; a spawn error is logged, not thrown.
+  void replenish_spare(Workers& workers, const WorkerSpec& like);
+  std::deque<WorkerSpec> extra_specs_;  // the replacement spares' specs, for one run()
+  int next_spare_id_ = 0;
 
   Spawner& spawner_;
   StopSignals& signals_;

@@ -119,5 +119,55 @@ TEST(ElasticAgentSpecs, WorkersGetTheCoordinatorsPlacement) {
   }
 }
 
+// Note [In-process recovery]: spares follow the ranks, know their number, write no progress
+// file, and every worker of the job knows that survivors wait for a spare.
+TEST(ElasticAgentSpecs, SparesFollowTheRanks) {
+  LaunchPlan plan;
+  plan.nproc_per_node = 2;
+  plan.master_addr = "127.0.0.1";
+  plan.master_port = 29400;
+  plan.command = {"/bin/true"};
+  coordinator::NodeAssignment a;
+  a.generation = 1;
+  a.nnodes = 1;
+  a.world_size = 2;
+  a.local_world_size = 2;
+  auto specs = make_elastic_worker_specs(plan, {{"PATH", "/bin"}}, a, "", "/tmp/p", 2);
+  ASSERT_EQ(specs.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    const WorkerSpec& s = specs[static_cast<size_t>(i)];
+    EXPECT_EQ(env_of(s, "DNALLM_IN_PROCESS_RECOVERY"), "1");
+    EXPECT_EQ(env_of(s, "LOCAL_WORLD_SIZE"), "2");
+    EXPECT_EQ(env_of(s, "WORLD_SIZE"), "2");
+    if (i < 2) {
+      EXPECT_EQ(s.spare_id, -1);
+      EXPECT_EQ(env_of(s, "DNALLM_SPARE_ID"), "<unset>");
+      EXPECT_EQ(env_of(s, "DNALLM_PROGRESS_FILE"),
+                "/tmp/p/local_rank_" + std::to_string(i) + ".step");
+    } else {
+      EXPECT_EQ(s.spare_id, i - 2);
+      EXPECT_EQ(env_of(s, "DNALLM_SPARE_ID"), std::to_string(i - 2));
+      EXPECT_EQ(env_of(s, "DNALLM_PROGRESS_FILE"), "<unset>");
+    }
+  }
+  // Without spares nothing changes.
+  for (const auto& s : make_elastic_worker_specs(plan, {{"PATH", "/bin"}}, a, "", "/tmp/p")) {
+    EXPECT_EQ(env_of(s, "DNALLM_IN_PROCESS_RECOVERY"), "<unset>");
+    EXPECT_EQ(s.spare_id, -1);
+  }
+}
+
+TEST(ElasticAgentSpecs, WhichFailuresASpareReplaces) {
+  EXPECT_TRUE(replaceable_by_spare(WorkerExit{true, 9}));   // SIGKILL
+  EXPECT_TRUE(replaceable_by_spare(WorkerExit{true, 11}));  // SIGSEGV
+  EXPECT_TRUE(replaceable_by_spare(WorkerExit{false, 1}));  // an error of its own
+  EXPECT_FALSE(replaceable_by_spare(WorkerExit{false, 0}));
+  EXPECT_FALSE(replaceable_by_spare(WorkerExit{false, 2}));   // usage: would repeat
+  EXPECT_FALSE(replaceable_by_spare(WorkerExit{false, 3}));   // bad data: would repeat
+  EXPECT_FALSE(replaceable_by_spare(WorkerExit{false, 5}));   // corrupt checkpoint
+  EXPECT_FALSE(replaceable_by_spare(WorkerExit{false, 4}));   // saw a peer fail
+  EXPECT_FALSE(replaceable_by_spare(WorkerExit{false, 75}));  // preempted
+}
+
 }  // namespace
 }  // namespace dnallm::launcher

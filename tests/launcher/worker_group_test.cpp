@@ -42,6 +42,13 @@ FakeBehaviour exits_after(int ticks, int code) {
 
 FakeBehaviour runs_forever() { return FakeBehaviour{}; }
 
+FakeBehaviour killed_after(int ticks, int sig) {
+  FakeBehaviour b;
+  b.ticks = ticks;
+  b.exit = WorkerExit{true, sig};
+  return b;
+}
+
 TEST(LocalWorkerGroup, AllWorkersSucceed) {
   FakeSpawner spawner([](const WorkerSpec& s, int) { return exits_after(s.rank + 1, 0); });
   FakeStopSignals signals;
@@ -246,6 +253,112 @@ GenerationResult failed(std::vector<WorkerExit> exits) {
   int rank = 0;
   for (const auto& e : exits) r.failures.push_back({rank++, 0, 0, e, {}});
   return r;
+}
+
+// Note [In-process recovery]: ranks 0..n-1, then spares with ids 0..k-1.
+std::vector<WorkerSpec> specs_with_spares(int n, int k) {
+  std::vector<WorkerSpec> out = specs(n);
+  for (int i = 0; i < k; ++i) {
+    WorkerSpec s;
+    s.rank = n + i;
+    s.local_rank = n + i;
+    s.spare_id = i;
+    s.argv = {"spare"};
+    out.push_back(s);
+  }
+  return out;
+}
+
+TEST(LocalWorkerGroup, ASpareTakesAKilledRanksPlace) {
+  // Rank 1 is killed at tick 2; the spare (spawn 2) then trains as rank 1 and ends with 0.
+  FakeSpawner spawner([](const WorkerSpec& s, int) {
+    if (s.spare_id >= 0) return exits_after(12, 0);
+    if (s.rank == 1) return killed_after(2, SIGKILL);
+    return exits_after(10, 0);
+  });
+  FakeStopSignals signals;
+  GroupOptions o = fast();
+  std::vector<std::pair<int, int>> handed;  // (rank, spare)
+  o.hand_to_spare = [&](const WorkerFailure& f, int spare) {
+    handed.emplace_back(f.rank, spare);
+    return true;
+  };
+  LocalWorkerGroup group(spawner, signals, o);
+  GenerationResult r = group.run(specs_with_spares(2, 1));
+  EXPECT_EQ(r.outcome, GenerationOutcome::kSucceeded);
+  EXPECT_TRUE(r.failures.empty());
+  EXPECT_EQ(handed, (std::vector<std::pair<int, int>>{{1, 1 - 1}}));
+  EXPECT_TRUE(spawner.record(0).signals.empty());  // the survivor was never stopped
+  EXPECT_TRUE(spawner.record(2).signals.empty());  // the spare ended on its own
+}
+
+TEST(LocalWorkerGroup, AnotherSpareStartsInTheStead) {
+  FakeSpawner spawner([](const WorkerSpec& s, int index) {
+    if (index == 1) return killed_after(2, SIGKILL);  // rank 1
+    return s.spare_id >= 0 && index > 2 ? runs_forever() : exits_after(10, 0);
+  });
+  FakeStopSignals signals;
+  GroupOptions o = fast();
+  o.hand_to_spare = [](const WorkerFailure&, int) { return true; };
+  o.replenish_spares = true;
+  LocalWorkerGroup group(spawner, signals, o);
+  std::vector<WorkerSpec> s = specs_with_spares(2, 1);
+  s[2].env = {"DNALLM_SPARE_ID=0"};
+  GenerationResult r = group.run(s);
+  EXPECT_EQ(r.outcome, GenerationOutcome::kSucceeded);
+  ASSERT_EQ(spawner.spawned(), 4u);
+  EXPECT_EQ(spawner.record(3).spec.spare_id, 1);
+  EXPECT_EQ(spawner.record(3).spec.env, std::vector<std::string>{"DNALLM_SPARE_ID=1"});
+  EXPECT_EQ(spawner.record(3).signals, std::vector<int>{SIGTERM});  // unused: stopped at the end
+}
+
+TEST(LocalWorkerGroup, UnusedSparesAreStoppedOnceEveryRankEnded) {
+  FakeSpawner spawner([](const WorkerSpec& s, int) {
+    return s.spare_id >= 0 ? runs_forever() : exits_after(3, 0);
+  });
+  FakeStopSignals signals;
+  GroupOptions o = fast();
+  o.hand_to_spare = [](const WorkerFailure&, int) { return true; };
+  LocalWorkerGroup group(spawner, signals, o);
+  GenerationResult r = group.run(specs_with_spares(2, 2));
+  EXPECT_EQ(r.outcome, GenerationOutcome::kSucceeded);
+  EXPECT_EQ(exit_code_for(r), 0);
+  EXPECT_EQ(spawner.record(2).signals, std::vector<int>{SIGTERM});
+  EXPECT_EQ(spawner.record(3).signals, std::vector<int>{SIGTERM});
+}
+
+TEST(LocalWorkerGroup, ASpareThatDiesWhileWaitingIsNoFailureAndIsNotUsed) {
+  // The spare dies at tick 1; rank 0 fails at tick 4 with no spare left: a failure as usual.
+  FakeSpawner spawner([](const WorkerSpec& s, int) {
+    if (s.spare_id >= 0) return killed_after(1, SIGKILL);
+    return s.rank == 0 ? exits_after(4, 1) : runs_forever();
+  });
+  FakeStopSignals signals;
+  GroupOptions o = fast();
+  int asked = 0;
+  o.hand_to_spare = [&](const WorkerFailure&, int) { return ++asked > 0; };
+  LocalWorkerGroup group(spawner, signals, o);
+  GenerationResult r = group.run(specs_with_spares(2, 1));
+  EXPECT_EQ(asked, 0);
+  ASSERT_EQ(r.outcome, GenerationOutcome::kWorkerFailed);
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_EQ(r.failures[0].rank, 0);
+  EXPECT_EQ(spawner.record(1).signals, std::vector<int>{SIGTERM});
+}
+
+TEST(LocalWorkerGroup, ARefusedHandOverIsAFailure) {
+  FakeSpawner spawner([](const WorkerSpec& s, int) {
+    if (s.spare_id >= 0) return runs_forever();
+    return s.rank == 1 ? exits_after(2, 3) : runs_forever();
+  });
+  FakeStopSignals signals;
+  GroupOptions o = fast();
+  o.hand_to_spare = [](const WorkerFailure&, int) { return false; };  // e.g. exit 3: bad data
+  LocalWorkerGroup group(spawner, signals, o);
+  GenerationResult r = group.run(specs_with_spares(2, 1));
+  ASSERT_EQ(r.outcome, GenerationOutcome::kWorkerFailed);
+  EXPECT_EQ(exit_code_for(r), 3);
+  EXPECT_EQ(spawner.record(2).signals, std::vector<int>{SIGTERM});  // the spare was stopped too
 }
 
 TEST(ExitCodePolicy, Table) {
