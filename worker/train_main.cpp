@@ -6,10 +6,12 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "checkpoint/dir_lock.hpp"
 #include "cluster/topology.hpp"
 #include "core/cli.hpp"
+#include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/worker_env.hpp"
 #include "worker/models/registry.hpp"
@@ -18,6 +20,7 @@
 #include "worker/parallel/process_group.hpp"
 #include "worker/train/auto_batch.hpp"
 #include "worker/train/data_source.hpp"
+#include "worker/train/in_process_recovery.hpp"
 #include "worker/train/preemption.hpp"
 #include "worker/train/profiler.hpp"
 #include "worker/train/train_setup.hpp"
@@ -70,33 +73,65 @@ void install_step_hooks(train::TrainerOptions& o, train::StepProfiler* profiler,
   o.after_step.push_back(preemption.stop_hook(checkpointer));
 }
 
+// Note [In-process recovery]: with spares in the job, the world communicator can be re-formed
+// in place; null when this run cannot recover in process (why is logged once).
+std::unique_ptr<train::InProcessRecovery> make_recovery(const Config& config, const WorkerEnv& env,
+                                                        const cluster::Topology& topo,
+                                                        const parallel::RankDevice& device,
+                                                        comm::ProcessGroup& group,
+                                                        data::DataLoader& loader,
+                                                        train::Checkpointer& checkpointer) {
+  auto* world = dynamic_cast<comm::ReformableCommunicator*>(group.comm.get());
+  if (world == nullptr) return nullptr;
+  if (const auto why = coordinator::in_process_recovery_unsupported(config); !why.empty()) {
+    spdlog::warn("no in-process recovery in this run ({}): a failure restarts the generation", why);
+    return nullptr;
+  }
+  train::RecoveryOptions o;
+  o.config = &config;
+  o.env = env;
+  o.topo = topo;
+  o.device = device;
+  o.store = group.store;
+  o.comm = world;
+  o.loader = &loader;
+  o.abandon_saves = [&checkpointer] { checkpointer.abandon_in_flight(); };
+  return std::make_unique<train::InProcessRecovery>(std::move(o));
+}
+
 // Everything after the process group: data, model, resume, checkpointer, hooks, training.
+// `spare`: this worker is a spare that took a dead rank's place (Note [In-process recovery]).
 int train_in_group(Config& config, const WorkerEnv& env, const cluster::Topology& topo,
-                   comm::ProcessGroup& group, train::Preemption& preemption,
+                   const parallel::RankDevice& rank_device, comm::ProcessGroup& group,
+                   train::Preemption& preemption,
                    const std::optional<train::ProfileRange>& profile_range, bool owns_dir,
-                   const std::shared_ptr<const data::Tokenizer>& tokenizer) {
+                   const std::shared_ptr<const data::Tokenizer>& tokenizer,
+                   const std::optional<train::SparePlace>& spare) {
   // Note [Data x context mesh]: the samples and the global batch follow the data ranks.
   const auto mesh =
       parallel::mesh_coordinates(topo.rank, topo.world_size, config.parallel.context_parallel);
   const int data_rank = mesh.data_rank, data_world = mesh.data_world;
-  auto sync = parallel::make_gradient_sync(config, group);
+  auto sync = parallel::make_gradient_sync(config, group, spare.has_value());
   const nlohmann::json tokenizer_json = tokenizer->to_json();
   train::check_base_tokenizer(config, tokenizer_json);
+  // A spare takes the state of its peers, not a checkpoint's.
   train::ResumePoint resume =
-      train::open_resume_point(config, tokenizer_json, data_world, owns_dir);
+      spare ? train::ResumePoint{}
+            : train::open_resume_point(config, tokenizer_json, data_world, owns_dir);
   auto model = train::make_model(config, *tokenizer, *sync, resume);
   auto context = parallel::make_context_mesh(config, group.comm.get(), *model);
   // training.batch_size = "auto": before the loaders, which take the micro-batch size.
   train::resolve_auto_batch(config, model, *sync, topo.local_world_size);
   auto train_loader = data::make_train_loader(config, tokenizer, data_rank, data_world,
                                               resume.sampler, resume.step().value_or(0));
-  const data::DataLoader& loader = *train_loader;  // owned by the trainer below
+  data::DataLoader& loader = *train_loader;  // owned by the trainer below
   train::TrainerOptions trainer_options;
   trainer_options.bases_of_label = train::bases_of_label(tokenizer);
   trainer_options.context = context;
   // A resumed run, or a restarted elastic generation (even one with no checkpoint to
   // resume yet), continues the metrics file of the runs before it.
-  trainer_options.append_metrics = resume.checkpoint.has_value() || env.generation.value_or(0) > 1;
+  trainer_options.append_metrics =
+      resume.checkpoint.has_value() || env.generation.value_or(0) > 1 || spare.has_value();
   // A Hugging Face base (model.init_from) lends its export its config keys and remote code.
   const std::string hf_source =
       !config.model.init_from.empty() && models::is_hf_model_dir(config.model.init_from)
@@ -115,13 +150,21 @@ int train_in_group(Config& config, const WorkerEnv& env, const cluster::Topology
   train::Checkpointer checkpointer(
       config,
       train::checkpointer_options(config, env, group, loader, tokenizer_json, resume.step()));
+  const auto recovery = make_recovery(config, env, topo, rank_device, group, loader, checkpointer);
+  if (recovery) recovery->install(trainer_options);
   install_step_hooks(trainer_options, profiler.get(), preemption, checkpointer, env);
   train::Trainer trainer(
       config, std::move(model), std::make_unique<train::LoaderSource>(std::move(train_loader)),
       train::make_eval_source(config, tokenizer, data_rank, data_world), sync, trainer_options);
   if (resume.checkpoint) train::restore(trainer, *resume.checkpoint);
-  train::write_memory_event(trainer, topo.rank);
-  train::write_restart_event(trainer, env);
+  if (spare) {
+    DNALLM_CHECK(recovery != nullptr, ExitCode::kFailure,
+                 "a spare took a place in a run that cannot recover in process (a bug)");
+    recovery->join(trainer, spare->record, spare->assigned);
+  } else {
+    train::write_memory_event(trainer, topo.rank);
+    train::write_restart_event(trainer, env);
+  }
   trainer.run();
   return preemption.exit_code(config.checkpoint.dir);
 }
@@ -135,11 +178,19 @@ int train_worker(const ConfigOptions& options, const std::string& profile) {
   init_logging("train", config.logging.level);
   std::optional<train::ProfileRange> profile_range;
   if (!profile.empty()) profile_range = train::parse_profile_range(profile, "--profile");
-  const cluster::EnvMap process_env = cluster::current_env();
-  const WorkerEnv env = WorkerEnv::from_environment(process_env);
+  cluster::EnvMap process_env = cluster::current_env();
+  WorkerEnv env = WorkerEnv::from_environment(process_env);
   // Note [Stop while blocked]: from here on (opening the data, joining the process group
   // and resuming can all block).
   train::Preemption preemption(env.stop_grace, config.checkpoint.dir);
+  const std::shared_ptr<const data::Tokenizer> tokenizer = data::make_tokenizer(config);
+  // Note [In-process recovery]: a spare waits here, warm, until it is given a dead rank's place.
+  std::optional<train::SparePlace> spare;
+  if (env.spare_id) {
+    spare = train::wait_for_place(env);
+    if (!spare) return 0;
+    train::take_place(spare->record, process_env, env);
+  }
   // DESIGN.md order: torchrun variables, OpenMPI, Slurm, else one process.
   const cluster::Topology topo = cluster::detect_topology(process_env);
   set_log_identity(topo.rank);
@@ -149,16 +200,22 @@ int train_worker(const ConfigOptions& options, const std::string& profile) {
       parallel::select_rank_device(config, topo.local_rank, topo.local_world_size,
                                    topo.source == cluster::TopologySource::kSlurm ||
                                        topo.source == cluster::TopologySource::kOpenMpi);
-  const std::shared_ptr<const data::Tokenizer> tokenizer = data::make_tokenizer(config);
   // Note [Memory predicted]: a model that cannot fit is refused before the ranks connect, so
   // every rank exits 2 on its own instead of one leaving another in a collective.
   models::check_model_memory(config, *tokenizer, train::build_context(config));
   comm::ProcessGroup group;
   if (parallel::needs_process_group(config, topo)) {
-    group = parallel::join_process_group(config, env, topo, rank_device);
+    // A spare joins the group the survivors re-form for its record.
+    const std::string name =
+        spare ? coordinator::recovery_comm_name(*env.generation, spare->record.number)
+              : parallel::process_group_name(env);
+    group = parallel::join_process_group(config, env, topo, rank_device, name);
+    if (env.in_process_recovery && env.generation) {
+      group.comm = std::make_unique<comm::ReformableCommunicator>(std::move(group.comm), name);
+    }
   }
-  return train_in_group(config, env, topo, group, preemption, profile_range, ckpt_lock.has_value(),
-                        tokenizer);
+  return train_in_group(config, env, topo, rank_device, group, preemption, profile_range,
+                        ckpt_lock.has_value(), tokenizer, spare);
 }
 
 }  // namespace

@@ -93,7 +93,7 @@ void DataLoader::stop() {
   workers_.clear();
 }
 
-void DataLoader::reset(const SamplerState& state) {
+void DataLoader::reset(const SamplerState& state, std::optional<uint64_t> first_step) {
   stop();
   if (state.seed != options_.seed || state.dataset_size != dataset_->size()) {
     fail(ExitCode::kUsage,
@@ -104,6 +104,7 @@ void DataLoader::reset(const SamplerState& state) {
     std::lock_guard<std::mutex> lock(mutex_);
     start_cursor_ = state.consumed_samples;
     next_consume_ = 0;
+    if (first_step) options_.first_step = *first_step;
   }
   start();
 }

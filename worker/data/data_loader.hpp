@@ -42,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -110,8 +111,10 @@ class DataLoader {
   SamplerState state() const;
 
   // Moves the cursor to `state` (e.g. to re-run evaluation from the start): stops the
-  // workers, drops prefetched batches, restarts.
-  void reset(const SamplerState& state);
+  // workers, drops prefetched batches, restarts. `first_step`, when given, is the global
+  // optimizer step `state`'s cursor begins (LoaderOptions::first_step: Note [Sequence-length
+  // warm-up]), for a training loader moved to another step.
+  void reset(const SamplerState& state, std::optional<uint64_t> first_step = std::nullopt);
 
   // reset() to the start of the stream (cursor 0): re-runs an evaluation from its first batch.
   void rewind();

@@ -172,6 +172,29 @@ void DataParallel::point_grads_at(const torch::Tensor& buffer) {
   }
 }
 
+void DataParallel::abandon_step() {
+  // The works belong to a communicator already destroyed (their failure is known): drop them.
+  flat_launched_.clear();
+  for (auto& st : stages_) {
+    st.launched.clear();
+    st.in_flight = false;
+    if (st.grads.defined()) st.grads.zero_();
+  }
+  armed_ = false;
+  step_open_ = false;
+  micro_ = 0;
+  next_bucket_ = 0;
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (auto& b : buckets_) {
+    b.pending = static_cast<int64_t>(b.entries.size());
+    b.launched = false;
+  }
+  point_grads_at(flat_.grads());
+  launch_buffer_ = flat_.grads();
+  launch_into_ = &flat_launched_;
+  flat_.grads().zero_();
+}
+
 void DataParallel::begin_micro_step(bool last_micro_step) {
   if (!step_open_) {
     step_open_ = true;
@@ -357,12 +380,18 @@ void DdpGradientSync::attach(
     optim::FlatParameters& flat,
     const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters) {
   ddp_ = std::make_unique<DataParallel>(flat, named_parameters, comm_, options_);
-  ddp_->broadcast_parameters();
+  if (options_.broadcast_on_attach) ddp_->broadcast_parameters();
 }
 
 void DdpGradientSync::before_backward(int64_t, bool last) { ddp_->begin_micro_step(last); }
 
 double DdpGradientSync::wait_gradients() { return ddp_->finish_step(); }
+
+bool DdpGradientSync::abandon_step() {
+  if (options_.zero_stage != 0 || !ddp_) return false;
+  ddp_->abandon_step();
+  return true;
+}
 
 double DdpGradientSync::grad_sq_norm(const torch::Tensor&) {
   double n = ddp_->global_grad_norm();

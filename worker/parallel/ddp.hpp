@@ -51,6 +51,9 @@ struct DdpOptions {
   DType reduce_dtype = DType::kFloat32;  // grad_reduce_dtype: bf16/fp16 halve the bytes sent
   int zero_stage = 0;                    // 0, 1, 2
   bool find_unused_parameters = false;
+  // attach() makes every rank start from rank 0's parameters (a broadcast). Off for a spare
+  // joining a re-formed group: its state comes from a peer (Note [In-process recovery]).
+  bool broadcast_on_attach = true;
 };
 
 DdpOptions ddp_options_from_config(const ParallelConfig& parallel);
@@ -87,6 +90,8 @@ class DataParallel {
   // Step 4: [begin, end) of the flat buffer this rank's optimizer updates.
   FlatRange owned_range() const { return owned_; }
   void gather_parameters();
+  // GradientSync::abandon_step: back to "no step open", nothing launched, zero gradients.
+  void abandon_step();
 
   const FlatLayout& layout() const { return layout_; }
   // Bytes this rank allocates for model state (parameters, gradients incl. staging, optimizer
@@ -168,6 +173,9 @@ class DdpGradientSync final : public GradientSync {
   double grad_sq_norm(const torch::Tensor& flat_grads) override;
   std::pair<int64_t, int64_t> shard_range(int64_t numel) const override;
   void after_optimizer_step(optim::FlatParameters& params) override;
+  // Every rank holds the whole parameters and, without ZeRO, the whole optimizer state; with
+  // ZeRO-1/2 the state of each rank's range is its alone, and a dead rank's range is lost.
+  bool abandon_step() override;
   std::optional<Memory> memory() const override {
     return Memory{ddp_->allocated_memory(precision_), ddp_->paper_memory(precision_), 0, 0};
   }

@@ -135,6 +135,13 @@ class GradientSync {
   virtual void before_forward_only() {}
   virtual void after_forward_only() {}
   virtual void end_forwards() {}
+
+  // Note [In-process recovery] (worker/train/in_process_recovery.hpp): a step broke off (a peer
+  // died in one of its collectives) and its communicator was replaced: forget what the step
+  // launched and left pending, zero the gradients, so that the step can run again from its
+  // start. Returns false when this engine cannot (its state is not held whole by every rank:
+  // ZeRO-3 shards the parameters); then the run restarts from its last checkpoint.
+  virtual bool abandon_step() { return false; }
 };
 
 // Every parameter whole for a scope (all ranks construct it): the evaluation of a rank with no

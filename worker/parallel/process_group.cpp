@@ -30,23 +30,42 @@ comm::ProcessGroupOptions group_options(const Config& config, const WorkerEnv& e
   po.rank0_hosts_store = !env.external_coordinator;
   po.token = env.job_token;
   po.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.parallel.timeout_s * 1000));
-  if (env.generation) po.name = fmt::format("g{}", *env.generation);
+  po.name = process_group_name(env);
   return po;
 }
 
+comm::CommOptions wanted_options(const Config& config, const RankDevice& device) {
+  comm::CommOptions wanted;
+  wanted.backend = cfg::spelling(config.parallel.backend);
+  wanted.device = comm_device(device.device);
+  wanted.device_shared = device.shared;
+  return wanted;
+}
+
+// Note [Staged collectives]: gloo/mpi with a CUDA model, or nccl with host scalars.
+std::unique_ptr<comm::Communicator> staged(std::unique_ptr<comm::Communicator> comm,
+                                           const WorkerEnv& env, const RankDevice& device) {
+  StagingOptions staging;
+  staging.stage_host_buffers = env.test.stage_host_buffers;  // tests: the staging path on CPU
+  return stage_for_device(std::move(comm), device.device, staging);
+}
+
 }  // namespace
+
+std::string process_group_name(const WorkerEnv& env) {
+  return env.generation ? fmt::format("g{}", *env.generation) : std::string("default");
+}
 
 bool needs_process_group(const Config& config, const cluster::Topology& topo) {
   return topo.world_size > 1 || config.parallel.backend == cfg::Backend::kNccl;
 }
 
 comm::ProcessGroup join_process_group(const Config& config, const WorkerEnv& env,
-                                      const cluster::Topology& topo, const RankDevice& device) {
-  comm::CommOptions wanted;
-  wanted.backend = cfg::spelling(config.parallel.backend);
-  wanted.device = comm_device(device.device);
-  wanted.device_shared = device.shared;
-  const comm::ProcessGroupOptions po = group_options(config, env, topo, wanted);
+                                      const cluster::Topology& topo, const RankDevice& device,
+                                      const std::string& name) {
+  comm::CommOptions wanted = wanted_options(config, device);
+  comm::ProcessGroupOptions po = group_options(config, env, topo, wanted);
+  if (!name.empty()) po.name = name;
   comm::ProcessGroup group;
   if (topo.world_size == 1) {  // nccl alone: needs_process_group()
     wanted.store = std::make_shared<coordinator::InMemoryStore>();
@@ -61,16 +80,24 @@ comm::ProcessGroup join_process_group(const Config& config, const WorkerEnv& env
         "parallel.check_collectives: every collective waits until every rank has issued "
         "it (Note [Collective check]): slow, for finding a hang's culprit");
   }
-  // Note [Staged collectives]: gloo/mpi with a CUDA model, or nccl with host scalars.
-  StagingOptions staging;
-  staging.stage_host_buffers = env.test.stage_host_buffers;  // tests: the staging path on CPU
-  group.comm = stage_for_device(std::move(group.comm), device.device, staging);
+  group.comm = staged(std::move(group.comm), env, device);
   spdlog::info("rank {} of {} ({} backend on {}, topology from {})", topo.rank, topo.world_size,
                group.comm->backend(), device.device.str(), cluster::to_string(topo.source));
   return group;
 }
 
-std::shared_ptr<GradientSync> make_gradient_sync(const Config& config, comm::ProcessGroup& group) {
+std::unique_ptr<comm::Communicator> rejoin_process_group(const Config& config, const WorkerEnv& env,
+                                                         const cluster::Topology& topo,
+                                                         const RankDevice& device,
+                                                         std::shared_ptr<coordinator::Store> store,
+                                                         const std::string& name) {
+  const comm::ProcessGroupOptions po =
+      group_options(config, env, topo, wanted_options(config, device));
+  return staged(comm::reconnect(po, std::move(store), name), env, device);
+}
+
+std::shared_ptr<GradientSync> make_gradient_sync(const Config& config, comm::ProcessGroup& group,
+                                                 bool joining) {
   if (!group.comm) return std::make_shared<SingleProcessSync>();
   if (config.parallel.zero_stage == 3) {
     FullyShardedOptions o;
@@ -79,8 +106,9 @@ std::shared_ptr<GradientSync> make_gradient_sync(const Config& config, comm::Pro
     o.accumulate_unsharded = config.parallel.zero3_accumulate_unsharded;
     return std::make_shared<FullyShardedSync>(*group.comm, o);
   }
-  return std::make_shared<DdpGradientSync>(*group.comm, ddp_options_from_config(config.parallel),
-                                           config.training.precision);
+  DdpOptions o = ddp_options_from_config(config.parallel);
+  o.broadcast_on_attach = !joining;
+  return std::make_shared<DdpGradientSync>(*group.comm, o, config.training.precision);
 }
 
 }  // namespace dnallm::parallel

@@ -24,11 +24,27 @@ bool needs_process_group(const Config& config, const cluster::Topology& topo);
 // store unless the coordinator is external (env.external_coordinator); under mpirun without
 // MASTER_ADDR the MPI backend bootstraps itself. An elastic generation names the communicator
 // "g<N>". Call only when needs_process_group(); logs "rank R of W (...)".
+// `name`, when not empty, names the communicator instead (a spare joining a re-formed group:
+// Note [In-process recovery] in worker/train/in_process_recovery.hpp).
 comm::ProcessGroup join_process_group(const Config& config, const WorkerEnv& env,
-                                      const cluster::Topology& topo, const RankDevice& device);
+                                      const cluster::Topology& topo, const RankDevice& device,
+                                      const std::string& name = "");
+
+// Note [In-process recovery]: a new communicator named `name` for this rank over the group's
+// `store`, wrapped for the device as join_process_group wraps its own. Blocking, collective.
+std::unique_ptr<comm::Communicator> rejoin_process_group(const Config& config, const WorkerEnv& env,
+                                                         const cluster::Topology& topo,
+                                                         const RankDevice& device,
+                                                         std::shared_ptr<coordinator::Store> store,
+                                                         const std::string& name);
+
+// The name join_process_group gives the communicator: "g<N>" in an elastic generation N.
+std::string process_group_name(const WorkerEnv& env);
 
 // DDP/ZeRO over `group` (parallel.* options); a SingleProcessSync when `group` has no
-// communicator. `group` must outlive the result.
-std::shared_ptr<GradientSync> make_gradient_sync(const Config& config, comm::ProcessGroup& group);
+// communicator. `group` must outlive the result. `joining`: a spare joining a re-formed group
+// (Note [In-process recovery]), whose parameters come from a peer: no broadcast at attach.
+std::shared_ptr<GradientSync> make_gradient_sync(const Config& config, comm::ProcessGroup& group,
+                                                 bool joining = false);
 
 }  // namespace dnallm::parallel

@@ -146,6 +146,17 @@ void Checkpointer::finish(Trainer& trainer) {
   report(trainer);
 }
 
+void Checkpointer::abandon_in_flight() {
+  if (!config_.checkpoint.async) return;  // the training thread itself wrote and committed
+  abort_ = true;
+  try {
+    writer_.wait();
+  } catch (const std::exception& e) {
+    spdlog::warn("the checkpoint save in flight was dropped: {}", e.what());
+  }
+  abort_ = false;
+}
+
 void Checkpointer::wait_writer() {
   if (config_.checkpoint.async) writer_.wait();  // rethrows a failed save's error
 }

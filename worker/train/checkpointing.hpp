@@ -102,6 +102,10 @@ class Checkpointer {
   void finish(Trainer& trainer);
   // Saves the trainer's current step now (steps 1 of the protocol; returns stall_s).
   double save(Trainer& trainer);
+  // Note [In-process recovery]: a rank died, maybe with the save in flight: rank 0's commit
+  // stops waiting for its shard and the save is dropped (its step stays uncommitted; the next
+  // save commits), its error is not rethrown. Training thread; blocks until the writer is idle.
+  void abandon_in_flight();
 
  private:
   using Clock = std::chrono::steady_clock;

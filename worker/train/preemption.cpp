@@ -42,6 +42,8 @@ void install_preemption_handlers() {
   ::pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
 }
 
+int Preemption::signal_received() { return g_preempt_signal.load(); }
+
 Preemption::Preemption(std::chrono::milliseconds stop_grace, const std::string& checkpoint_dir)
     : watchdog_(g_preempt_signal, stop_grace, checkpoint_dir,
                 [](int) { std::_Exit(static_cast<int>(ExitCode::kRequeue)); }) {

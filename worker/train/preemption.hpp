@@ -63,6 +63,9 @@ class Preemption {
   std::optional<int64_t> stopped_at() const { return stopped_at_; }
   // 0, or ExitCode::kRequeue (75) after logging why, when the run was preempted.
   int exit_code(const std::string& checkpoint_dir) const;
+  // The stop signal this process received (SIGUSR1, SIGTERM), 0 while none came: for loops
+  // that wait outside a step (a spare waiting for a place, Note [In-process recovery]).
+  static int signal_received();
 
  private:
   StopWatchdog watchdog_;

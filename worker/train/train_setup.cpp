@@ -190,6 +190,7 @@ void write_restart_event(Trainer& trainer, const WorkerEnv& env) {
   if (env.generation.value_or(0) <= 1) return;
   nlohmann::ordered_json line;
   line["event"] = "restart";
+  line["kind"] = "full_restart";
   line["generation"] = *env.generation;
   line["reason"] = env.restart_reason;
   trainer.write_metrics(line);

@@ -217,6 +217,10 @@ std::string Trainer::export_dir() const {
 }
 
 void Trainer::write_metrics(const nlohmann::ordered_json& event) {
+  if (logged_through_ > 0 && event.contains("step") && event["step"].is_number_integer() &&
+      event["step"].get<int64_t>() <= logged_through_ && event.value("event", "") != "restart") {
+    return;  // set_logged_through(): the rank 0 before this one wrote it
+  }
   if (metrics_) metrics_->write(event);
 }
 
@@ -418,13 +422,30 @@ RunEnd Trainer::run() {
         t.logging_steps > 0 && (next % t.logging_steps == 0 || next == total_steps_ || next == 1);
     for (auto& hook : options_.before_step) hook(*this, next);
     // Note [Sync-free step]: the loss and norm are read back on logging steps only.
-    const auto r = train_step(log_now);
+    // Note [In-process recovery]: after a peer's failure in the step, its evaluation or its
+    // hooks, a re-formed group goes on from the newest step any rank completed (this one again
+    // when none did); the evaluation or checkpoint save it broke off is not made again.
+    const auto recovered = [this] { return options_.recover && options_.recover(*this); };
+    StepResult r;
+    try {
+      r = train_step(log_now);
+    } catch (...) {
+      if (!recovered()) throw;
+      continue;
+    }
     const double global_tokens = account(r, totals);
     if (log_now && sync_->rank() == 0) log_step(r, global_tokens, totals);
-    if (eval_ && t.eval_steps > 0 && (r.step % t.eval_steps == 0 || r.step == total_steps_)) {
-      evaluate_at(r.step);
+    StepAction action = StepAction::kContinue;
+    try {
+      if (eval_ && t.eval_steps > 0 && (r.step % t.eval_steps == 0 || r.step == total_steps_)) {
+        evaluate_at(r.step);
+      }
+      action = run_after_step_hooks(r);
+    } catch (...) {
+      if (!recovered()) throw;
+      continue;
     }
-    if (run_after_step_hooks(r) == StepAction::kStop) return RunEnd::kStopped;
+    if (action == StepAction::kStop) return RunEnd::kStopped;
   }
   for (auto& hook : options_.at_end) hook(*this);
   if (config_.checkpoint.save_final) {

@@ -188,6 +188,11 @@ struct TrainerOptions {
   std::vector<std::function<void(Trainer&)>> at_end;
   // Before step `step` (1-based) of run(), in order: the profiler.
   std::vector<std::function<void(Trainer&, int64_t step)>> before_step;
+  // Note [In-process recovery] (worker/train/in_process_recovery.hpp): called on the training
+  // thread when a step throws. True: the group was re-formed and this rank holds the state
+  // after the last step any rank completed (step() may have moved), so run() goes on with
+  // the next step; false: run() rethrows the step's error. Null: every error is rethrown.
+  std::function<bool(Trainer&)> recover;
   // Note [Data x context mesh] (worker/parallel/context_mesh.hpp): with a mesh, the model runs
   // context-parallel over its group, every batch of both sources is cut to this rank's
   // positions, and the step count counts data ranks. Null: no context parallelism.
@@ -244,6 +249,16 @@ class Trainer {
   int64_t step() const { return step_; }
   // Resume: the optimizer steps already done (the LR schedule position follows it).
   void set_step(int64_t step) { step_ = step; }
+  // Note [Best checkpoint]: the best evaluation value so far (NaN: none yet), and setting it
+  // (a rank that took over rank 0 gets the value of the rank it replaced).
+  double best_value() const { return best_value_; }
+  void set_best_value(double value) {
+    best_value_ = value;
+    best_read_ = true;
+  }
+  // Metrics lines of steps up to `step` were already written by another rank 0 (one that
+  // died after writing them): this rank 0 does not write them again. Training thread.
+  void set_logged_through(int64_t step) { logged_through_ = step; }
   // One metrics event (docs/metrics.md; core/metrics.hpp): a JSON line and TensorBoard
   // scalars (rank 0; no-op without a metrics file or TensorBoard). Training thread.
   void write_metrics(const nlohmann::ordered_json& event);
@@ -278,6 +293,7 @@ class Trainer {
   // <best_dir()>/best.json at the first evaluation of a resumed run.
   double best_value_ = std::nan("");
   bool best_read_ = false;
+  int64_t logged_through_ = 0;              // see set_logged_through()
   std::unique_ptr<MetricsWriter> metrics_;  // rank 0: logging.metrics_file, tensorboard_dir
   bool autocast_bf16_ = false, autocast_fp16_ = false;
   bool sync_free_ = false;

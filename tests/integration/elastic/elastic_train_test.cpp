@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -60,8 +61,8 @@ Metrics read_metrics(const std::string& path) {
   return m;
 }
 
-// The pid of the child of `parent` whose environment has RANK=<rank>, or -1.
-pid_t worker_of(pid_t parent, int rank) {
+// The pid of the child of `parent` whose environment holds `assignment` ("RANK=1"), or -1.
+pid_t child_with(pid_t parent, const std::string& assignment) {
   DIR* proc = ::opendir("/proc");
   if (proc == nullptr) return -1;
   pid_t found = -1;
@@ -76,7 +77,7 @@ pid_t worker_of(pid_t parent, int rank) {
     if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != parent)
       continue;
     std::string env = slurp(fmt::format("/proc/{}/environ", pid));
-    if (env.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos) {
+    if (env.find(std::string(1, '\0') + assignment + '\0') != std::string::npos) {
       found = pid;
       break;
     }
@@ -85,20 +86,30 @@ pid_t worker_of(pid_t parent, int rank) {
   return found;
 }
 
+// The pid of the child of `parent` whose environment has RANK=<rank>, or -1.
+pid_t worker_of(pid_t parent, int rank) {
+  return child_with(parent, "RANK=" + std::to_string(rank));
+}
+
 class ElasticTrainTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = dnallm::testing::make_temp_dir("elastic_train"); }
 
-  // dnallm-launch --standalone, 2 workers, the tiny deterministic model of the resume tests.
-  std::unique_ptr<AgentProcess> launch(const std::string& name) {
+  // dnallm-launch --standalone, 2 workers, the tiny deterministic model of the resume tests;
+  // `extra` flags after the others (e.g. --spare-workers 1).
+  std::unique_ptr<AgentProcess> launch(const std::string& name,
+                                       const std::vector<std::string>& extra = {}) {
     const std::string ckpt = dir_ + "/" + name + "_ckpt";
     std::vector<std::string> argv = {kBin + "dnallm-launch", "--standalone",
                                      "--nproc-per-node",     "2",
-                                     "--max-restarts",       "2",
                                      "--monitor-interval",   "0.1",
                                      "--rdzv-settle",        "0.1",
                                      "--grace-period",       "2",
                                      "--metrics-file",       dir_ + "/" + name + ".jsonl"};
+    if (std::find(extra.begin(), extra.end(), "--max-restarts") == extra.end()) {
+      argv.insert(argv.end(), {"--max-restarts", "2"});
+    }
+    argv.insert(argv.end(), extra.begin(), extra.end());
     const std::vector<std::string> sets = {
         "model.hidden=32",
         "model.layers=2",
@@ -129,10 +140,24 @@ class ElasticTrainTest : public ::testing::Test {
     return std::make_unique<AgentProcess>(argv, std::vector<std::string>{"OMP_NUM_THREADS=1"},
                                           dir_ + "/" + name);
   }
+  // Every exported parameter of run `name` equals run `ref`'s bit for bit.
+  void expect_same_final_params(const std::string& ref, const std::string& name) const {
+    const auto want = final_params(ref);
+    const auto got = final_params(name);
+    ASSERT_FALSE(want.empty());
+    ASSERT_EQ(want.size(), got.size());
+    for (const auto& [key, v] : want) {
+      const auto& w = got.at(key);
+      ASSERT_EQ(v.size(), w.size()) << key;
+      for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], w[i]) << key << "[" << i << "]";
+    }
+  }
   std::map<std::string, std::vector<float>> final_params(const std::string& name) const {
     return dnallm::testing::read_safetensors_f32(dir_ + "/" + name +
                                                  "_ckpt/final/model.safetensors");
   }
+
+  void expect_spare_takes_over(int signal);
 
   static constexpr int kSteps = 40;
   static constexpr int kSaveSteps = 4;
@@ -225,15 +250,117 @@ TEST_F(ElasticTrainTest, KilledWorkerRestartsAndResumesBitIdentical) {
   }
   EXPECT_EQ(on_disk, (std::set<int64_t>{resumed, kSteps - kSaveSteps, kSteps}));
 
-  const auto want = final_params("ref");
-  const auto got = final_params("killed");
-  ASSERT_FALSE(want.empty());
-  ASSERT_EQ(want.size(), got.size());
-  for (const auto& [name, v] : want) {
-    const auto& w = got.at(name);
-    ASSERT_EQ(v.size(), w.size()) << name;
-    for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], w[i]) << name << "[" << i << "]";
+  expect_same_final_params("ref", "killed");
+}
+
+// The pid of the agent's child that is spare `id` (DNALLM_SPARE_ID in its environment), or -1.
+pid_t spare_of(pid_t parent, int id) {
+  return child_with(parent, "DNALLM_SPARE_ID=" + std::to_string(id));
+}
+
+// Note [In-process recovery]: with a spare, a rank (0 or 1, at a random step) that is SIGKILLed,
+// or SIGSTOPped (the agent kills a stopped rank), costs no step: the job finishes in generation
+// 1, every step has exactly one metrics line whose loss equals the uninterrupted run's bit for
+// bit, the final parameters are the same, and the restart event says which rank died, who
+// supplied the state and how long each phase took.
+void ElasticTrainTest::expect_spare_takes_over(int signal) {
+  auto ref_agent = launch("ref");
+  ASSERT_EQ(ref_agent->wait(240s), 0) << ref_agent->log();
+  const Metrics ref = read_metrics(dir_ + "/ref.jsonl");
+  ASSERT_EQ(ref.losses.size(), size_t(kSteps)) << ref_agent->log();
+
+  std::random_device rd;
+  const int victim_rank = static_cast<int>(rd() % 2);
+  const int64_t at_step = 3 + static_cast<int64_t>(rd() % 20);
+  std::printf("signal %d to rank %d once step %lld is logged\n", signal, victim_rank,
+              static_cast<long long>(at_step));
+  auto agent = launch("spare", {"--spare-workers", "1", "--max-restarts", "0"});
+  const std::string metrics = dir_ + "/spare.jsonl";
+  const auto deadline = std::chrono::steady_clock::now() + 180s;
+  int64_t hit_after = -1;
+  while (hit_after < 0 && std::chrono::steady_clock::now() < deadline) {
+    const Metrics m = read_metrics(metrics);
+    if (!m.losses.empty() && m.losses.rbegin()->first >= at_step) {
+      const pid_t victim = worker_of(agent->pid(), victim_rank);
+      ASSERT_GT(victim, 0) << agent->log();
+      ASSERT_EQ(::kill(victim, signal), 0);
+      hit_after = m.losses.rbegin()->first;
+      break;
+    }
+    ASSERT_EQ(agent->wait(0ms), -1) << "the job ended before the signal\n" << agent->log();
+    std::this_thread::sleep_for(1ms);
   }
+  ASSERT_GT(hit_after, 0) << agent->log();
+  ASSERT_LT(hit_after, kSteps) << "the run finished before the signal; slow the run down";
+  ASSERT_EQ(agent->wait(240s), 0) << agent->log();
+  const std::string log = agent->log();
+  EXPECT_EQ(log.find("generation 2"), std::string::npos) << "the group was restarted\n" << log;
+  EXPECT_NE(log.find("spare 0 takes its place"), std::string::npos) << log;
+  if (signal == SIGSTOP) {
+    EXPECT_NE(log.find("is stopped at step"), std::string::npos) << log;
+  }
+
+  const Metrics m = read_metrics(metrics);
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    ASSERT_EQ(m.losses.count(step), 1u)
+        << "step " << step << " (signal after " << hit_after << ")\n"
+        << log;
+    EXPECT_EQ(m.losses.find(step)->second, ref.losses.find(step)->second) << "step " << step;
+  }
+  const auto restarts = m.events("restart");
+  ASSERT_EQ(restarts.size(), 1u) << log;
+  const auto& e = restarts[0];
+  EXPECT_EQ(e["kind"], "spare") << e.dump();
+  EXPECT_EQ(e["generation"], 1) << e.dump();
+  EXPECT_EQ(e["dead_rank"], victim_rank) << e.dump();
+  EXPECT_EQ(e["steps_lost"], 0) << e.dump();
+  EXPECT_GT(e["bytes"].get<int64_t>(), 0) << e.dump();
+  for (const char* phase : {"abort_s", "reform_s", "transfer_s", "first_step_s", "total_s"}) {
+    ASSERT_TRUE(e.contains(phase)) << phase << ": " << e.dump();
+    EXPECT_GE(e[phase].get<double>(), 0.0) << phase << ": " << e.dump();
+  }
+  expect_same_final_params("ref", "spare");
+}
+
+TEST_F(ElasticTrainTest, SpareTakesAKilledRanksPlaceWithoutLosingAStep) {
+  expect_spare_takes_over(SIGKILL);
+}
+
+TEST_F(ElasticTrainTest, SpareTakesAStoppedRanksPlaceWithoutLosingAStep) {
+  expect_spare_takes_over(SIGSTOP);
+}
+
+// A spare that dies while it waits is no failure; a rank killed afterwards finds no spare and
+// the group restarts from the last checkpoint as without spares.
+TEST_F(ElasticTrainTest, ASpareThatDiesWhileWaitingLeavesTheCheckpointRestart) {
+  auto agent = launch("lost_spare", {"--spare-workers", "1", "--max-restarts", "1"});
+  const std::string metrics = dir_ + "/lost_spare.jsonl";
+  const auto deadline = std::chrono::steady_clock::now() + 180s;
+  bool spare_killed = false, rank_killed = false;
+  while (!rank_killed && std::chrono::steady_clock::now() < deadline) {
+    const Metrics m = read_metrics(metrics);
+    const int64_t at = m.losses.empty() ? 0 : m.losses.rbegin()->first;
+    if (!spare_killed && at >= 2) {
+      const pid_t spare = spare_of(agent->pid(), 0);
+      ASSERT_GT(spare, 0) << agent->log();
+      ASSERT_EQ(::kill(spare, SIGKILL), 0);
+      spare_killed = true;
+    } else if (spare_killed && at >= 2 * kSaveSteps + 1) {
+      const pid_t victim = worker_of(agent->pid(), 1);
+      ASSERT_GT(victim, 0) << agent->log();
+      ASSERT_EQ(::kill(victim, SIGKILL), 0);
+      rank_killed = true;
+    }
+    ASSERT_EQ(agent->wait(0ms), -1) << "the job ended before the kills\n" << agent->log();
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_TRUE(rank_killed) << agent->log();
+  ASSERT_EQ(agent->wait(240s), 0) << agent->log();
+  const std::string log = agent->log();
+  EXPECT_NE(log.find("spare 0 (pid"), std::string::npos) << log;
+  EXPECT_NE(log.find("while waiting; 0 spare(s) left"), std::string::npos) << log;
+  EXPECT_NE(log.find("generation 2"), std::string::npos) << log;
+  EXPECT_NE(log.find("resumed from"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -1,0 +1,149 @@
+// Note [In-process recovery]
+// A rank that dies costs no step: the survivors stay in process, a warm spare takes the dead
+// rank's place, and every rank takes the newest state from a peer instead of a checkpoint.
+//   1. Spares. `dnallm-launch --spare-workers K` (elastic.spare_workers) starts K extra
+//      dnallm-train processes beside each agent's ranks (DNALLM_SPARE_ID). A spare reads its
+//      configuration and tokenizer, checks the model's memory, then waits at the coordinator's
+//      store (key recover/g<G>/spare/<id>) with LibTorch loaded; a stop signal ends the wait
+//      (exit 0). Every worker of such a job has DNALLM_IN_PROCESS_RECOVERY=1.
+//   2. Detection. The agent reaps a rank that ended on its own (a signal, or an exit that is
+//      neither a diagnosis 2/3/5, nor 4, nor 75: replaceable_by_spare in
+//      launcher/elastic_agent.hpp) and, while a spare of its own waits, writes a
+//      coordinator::RecoveryRecord (coordinator/recovery.hpp): the dead rank, its host, the
+//      reason, the spare, its own detection time. No other agent and no generation change is
+//      involved: the coordinator's membership is untouched.
+//   3. Abort. A survivor's next collective with the dead rank fails (gloo sees the closed
+//      connection at once; a rank whose coordinator connection closed is named dead, Note
+//      [Peer failure] in comm/communicator.hpp). Trainer::run catches the step's error and asks
+//      TrainerOptions::recover, which goes on only when this rank's communicator recorded the
+//      failure (comm/<name>/failed/<rank>): any other error is rethrown as before.
+//   4. Re-form. The survivor waits (parallel.timeout_s at most; a stop signal ends the wait) for
+//      the record of the next recovery, builds a new backend for the same rank and world over
+//      the same store, named "g<G>.r<n>" (recovery_comm_name), and swaps it into the
+//      comm::ReformableCommunicator that DDP, the checkpointer and the evaluation hold: model,
+//      optimizer, data loader and LibTorch stay. The spare joins the same communicator as the
+//      dead rank (its rank, its local rank, its progress file; rank 0's directory lock too).
+//   5. State. Every rank tells the others the last step it completed (the spare: none); the
+//      lowest rank at the newest step is the source and broadcasts its step, optimizer step
+//      count, loss scaler, best evaluation value, the data cursor at that step, the flat
+//      parameters and both Adam moments, in chunks of at most kRecoveryChunkElements elements
+//      into the buffers every rank already has (no second copy). A survivor whose all-reduce
+//      completed before the death is ahead by one step: its state wins, the others catch up.
+//      Every rank resets its loader to the source's cursor and its DDP engine drops the
+//      broken step (GradientSync::abandon_step).
+//   6. Exactness. The step in flight is run again from the same batch (the data of a step is a
+//      function of the cursor and the rank) with the same dropout seeds (Note [Dropout
+//      randomness]: a function of seed, step, micro-step and rank), so the run is bit-identical
+//      to one without the failure. A rank 0 that died after writing a step's metrics line is
+//      not followed by a second line for it (Trainer::set_logged_through).
+//   7. Report. Rank 0 writes {"event":"restart","kind":"spare",...} after the first step the
+//      re-formed group completes: the generation, recovery number, dead rank and host, reason,
+//      source rank, bytes broadcast, steps lost (0), and the phases in seconds: abort_s (this
+//      rank's failed step to the record, or 0 for the spare), reform_s, transfer_s,
+//      first_step_s, and total_s from the agent's detection to the end of that step.
+// Where this cannot hold, the worker keeps today's behaviour (exit 4; the agent restarts the
+// generation from the last checkpoint): ZeRO-1/2/3 and context parallelism (a dead rank's
+// shard lives nowhere else), sync-free steps (their update precedes the last collective), a
+// failure outside a step (evaluation, a checkpoint save), the MPI backend (it cannot abort),
+// no spare left.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cluster/topology.hpp"
+#include "comm/reformable_communicator.hpp"
+#include "coordinator/recovery.hpp"
+#include "core/config.hpp"
+#include "core/worker_env.hpp"
+#include "worker/data/data_loader.hpp"
+#include "worker/parallel/device_group.hpp"
+#include "worker/train/trainer.hpp"
+
+namespace dnallm::coordinator {
+class Store;
+}
+
+namespace dnallm::train {
+
+inline constexpr int64_t kRecoveryChunkElements = int64_t{16} << 20;
+// Recoveries one broken step may go through (a rank dying while the group re-forms).
+inline constexpr int kRecoveryAttempts = 3;
+
+// A spare's wait (step 1): polls the coordinator's store (MASTER_ADDR, MASTER_PORT, the job
+// token of `env`) until spare env.spare_id of env.generation is given a place, and returns
+// that recovery's record and when it came; nullopt when a stop signal came first.
+struct SparePlace {
+  coordinator::RecoveryRecord record;
+  std::chrono::steady_clock::time_point assigned;
+};
+std::optional<SparePlace> wait_for_place(const WorkerEnv& env);
+// The worker environment of the rank whose place `record` gives: RANK, LOCAL_RANK and the
+// progress file written over `process_env` and `env`; no longer a spare.
+void take_place(const coordinator::RecoveryRecord& record,
+                std::map<std::string, std::string>& process_env, WorkerEnv& env);
+
+struct RecoveryOptions {
+  const Config* config = nullptr;
+  WorkerEnv env;
+  cluster::Topology topo;
+  parallel::RankDevice device;
+  std::shared_ptr<coordinator::Store> store;
+  comm::ReformableCommunicator* comm = nullptr;  // the group's world communicator
+  data::DataLoader* loader = nullptr;            // the trainer's training loader
+  // Drops a checkpoint save in flight (Checkpointer::abandon_in_flight): its commit would wait
+  // for the dead rank's shard. Null: no checkpoints.
+  std::function<void()> abandon_saves;
+};
+
+class InProcessRecovery {
+ public:
+  explicit InProcessRecovery(RecoveryOptions options);
+
+  // TrainerOptions::before_step (the loader's cursor at each step's start), ::recover, and an
+  // after_step hook that writes the pending restart event (rank 0).
+  void install(TrainerOptions& options);
+  // Steps 4-5 for a spare given `record`'s place, once its trainer is built (collective with
+  // the survivors' recover()). `assigned`: when the spare read the record.
+  void join(Trainer& trainer, const coordinator::RecoveryRecord& record,
+            std::chrono::steady_clock::time_point assigned);
+
+ private:
+  bool recover(Trainer& trainer);
+  // Waits for the record of a recovery after the last one this rank took part in.
+  std::optional<coordinator::RecoveryRecord> wait_for_record();
+  // Step 5; returns the bytes the source broadcast.
+  int64_t exchange_state(Trainer& trainer, bool holds_state, int& source);
+  void reform(const coordinator::RecoveryRecord& record);
+  StepAction after_step(Trainer& trainer, const StepResult& r);
+  struct Phases {
+    double abort_s = 0, reform_s = 0, transfer_s = 0;
+  };
+  // Rank 0: the restart event (step 7 of the Note), written after the next step.
+  void report(const Trainer& trainer, const coordinator::RecoveryRecord& record, int source,
+              int64_t bytes, const Phases& phases, std::chrono::steady_clock::time_point resumed);
+
+  RecoveryOptions o_;
+  // The loader's cursor where the current step began, after `marked_step_` steps.
+  data::SamplerState step_start_;
+  int64_t marked_step_ = 0;
+  // The loader's cursor after `steps_done` steps (the trainer's step(): the current one's start,
+  // or its end when the failure came after it).
+  data::SamplerState cursor_after(int64_t steps_done) const;
+  int64_t recoveries_ = 0;  // the last recovery number this rank took part in
+  struct Pending {
+    nlohmann::ordered_json event;
+    std::chrono::steady_clock::time_point resumed;
+    int64_t detected_unix_ms = 0;
+  };
+  std::optional<Pending> pending_;  // rank 0: the event written after the next step
+};
+
+}  // namespace dnallm::train
