@@ -8,9 +8,12 @@
 #include <fstream>
 
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::cluster {
 namespace {
+
+using dnallm::testing::expect_error;
 
 TEST(VisibleGpuCount, CudaVisibleDevicesWinsOverTheHostCount) {
   EXPECT_EQ(visible_gpu_count({}, 4), 4);
@@ -72,13 +75,7 @@ TEST(PlaceOnGpu, OneGpuBoundPerTaskByTheSchedulerIsNotSharing) {
 }
 
 TEST(PlaceOnGpu, NoVisibleGpuIsAUsageError) {
-  try {
-    place_on_gpu(0, 1, 0, true);
-    FAIL() << "placed on no GPU";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("CUDA_VISIBLE_DEVICES"), std::string::npos);
-  }
+  expect_error([&] { place_on_gpu(0, 1, 0, true); }, ExitCode::kUsage, {"CUDA_VISIBLE_DEVICES"});
 }
 
 TEST(CountHostGpus, DevNodesThenTheDriversProcFolder) {

@@ -10,9 +10,12 @@
 #include "comm/detail/queued_communicator.hpp"
 #include "coordinator/store.hpp"
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::comm {
 namespace {
+
+using dnallm::testing::expect_error;
 
 using namespace std::chrono_literals;
 
@@ -202,13 +205,7 @@ TEST(QueuedCommunicator, WaitTimeoutThrowsPeerFailed) {
   auto w = comm.barrier();
   EXPECT_FALSE(w->is_completed());
   auto t0 = std::chrono::steady_clock::now();
-  try {
-    w->wait(300ms);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kPeerFailed);
-    EXPECT_NE(std::string(e.what()).find("did not complete within 300 ms"), std::string::npos);
-  }
+  expect_error([&] { w->wait(300ms); }, ExitCode::kPeerFailed, {"did not complete within 300 ms"});
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 300ms + kDiagnosisWindow + 1s);
   comm.release();
   w->wait(5s);

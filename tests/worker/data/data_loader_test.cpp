@@ -11,10 +11,13 @@
 
 #include "core/error.hpp"
 #include "test_files.hpp"
+#include "tests/support/expect_error.hpp"
 #include "worker/data/genome_dataset.hpp"
 
 namespace dnallm::data {
 namespace {
+
+using dnallm::testing::expect_error;
 
 std::shared_ptr<const Dataset> genome(int64_t window = 30, uint64_t samples = 50) {
   GenomeOptions o;
@@ -190,13 +193,7 @@ TEST(DataLoader, WorkerErrorsReachTheConsumer) {
   auto opts = options(0, 1, 8, 1, 2);
   opts.shuffle = false;
   DataLoader l(std::make_shared<FailingDataset>(), make_char_tokenizer(), opts);
-  try {
-    l.next();
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kBadData);
-    EXPECT_NE(std::string(e.what()).find("record 3"), std::string::npos);
-  }
+  expect_error([&] { l.next(); }, ExitCode::kBadData, {"record 3"});
 }
 
 // Counts get() calls: how far the workers ran ahead of the consumer.

@@ -8,22 +8,18 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "test_files.hpp"
+#include "tests/support/expect_error.hpp"
 #include "worker/data/pipeline.hpp"
 
 namespace dnallm::data {
 namespace {
 
+using dnallm::testing::expect_error;
+
+// Runs `fn`, which must throw Error(kBadData) naming every one of `parts`.
 template <typename Fn>
-void expect_bad_data(Fn fn, std::vector<std::string> parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kBadData) << e.what();
-    for (const auto& p : parts) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
-    }
-  }
+void expect_bad_data(Fn fn, const std::vector<std::string>& parts) {
+  dnallm::testing::expect_error(fn, ExitCode::kBadData, parts);
 }
 
 TableOptions classification(const std::string& cache_dir = "") {
@@ -234,13 +230,8 @@ TEST(TableDataset, CompressedTablesRefused) {
   testing::write_gzip(dir.file("t.csv.gz"), "sequence\nACGT\n");
   TableOptions o;
   o.format = cfg::DataFormat::kCsv;
-  try {
-    TableDataset ds({dir.file("t.csv.gz")}, o);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("decompress"), std::string::npos);
-  }
+  expect_error([&] { TableDataset ds({dir.file("t.csv.gz")}, o); }, ExitCode::kUsage,
+               {"decompress"});
 }
 
 }  // namespace

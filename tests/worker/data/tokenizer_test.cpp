@@ -4,9 +4,12 @@
 
 #include "core/error.hpp"
 #include "test_files.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::data {
 namespace {
+
+using dnallm::testing::expect_error;
 
 TEST(Tokenizer, SpecialIdsAreFixed) {
   EXPECT_EQ(kPadId, 0);
@@ -67,13 +70,7 @@ TEST(KmerTokenizer, NonOverlappingAndN) {
 TEST(KmerTokenizer, RejectsBadOptions) {
   EXPECT_THROW(make_kmer_tokenizer(2, 1), Error);
   EXPECT_THROW(make_kmer_tokenizer(9, 1), Error);
-  try {
-    make_kmer_tokenizer(6, 3);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("stride"), std::string::npos);
-  }
+  expect_error([&] { make_kmer_tokenizer(6, 3); }, ExitCode::kUsage, {"stride"});
 }
 
 TEST(Tokenizer, JsonRoundTripAndEquality) {
