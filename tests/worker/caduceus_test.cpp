@@ -14,6 +14,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/caduceus_model.hpp"
 #include "worker/models/registry.hpp"
@@ -21,6 +22,8 @@
 
 namespace dnallm::models::caduceus {
 namespace {
+
+using dnallm::testing::expect_error;
 
 namespace fs = std::filesystem;
 
@@ -397,13 +400,7 @@ void expect_usage(const std::function<void(nlohmann::json&)>& edit, const std::s
   nlohmann::json c = nlohmann::json::parse(std::ifstream(out / "config.json"));
   edit(c);
   std::ofstream(out / "config.json") << c.dump();
-  try {
-    load_hf_caduceus(out.string());
-    FAIL() << "expected exit 2: " << needle;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
+  expect_error([&] { load_hf_caduceus(out.string()); }, ExitCode::kUsage, {needle});
   fs::remove_all(out);
 }
 
