@@ -15,6 +15,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "tests/support/expect_error.hpp"
+#include "tests/support/kept_export.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/caduceus_model.hpp"
 #include "worker/models/registry.hpp"
@@ -87,14 +88,8 @@ TEST(Caduceus, ExportIsTheLayoutItCameInAndLoadsBackExactly) {
     auto model = load_hf_caduceus(fixture(name));
     // DNALLM_CADUCEUS_EXPORT_KEEP=DIR keeps the exports in DIR/<fixture> for
     // tests/hf/check_caduceus_export.py (kuleshov-group's code loads them).
-    const char* keep = std::getenv("DNALLM_CADUCEUS_EXPORT_KEEP");
-    const auto out =
-        keep != nullptr && *keep != '\0'
-            ? std::string(keep) + "/" + name
-            : (fs::temp_directory_path() /
-               ("dnallm_caduceus_export_" + std::string(name) + std::to_string(::getpid())))
-                  .string();
-    fs::remove_all(out);
+    const dnallm::testing::KeptExport dir("DNALLM_CADUCEUS_EXPORT_KEEP", "caduceus_export", name);
+    const std::string& out = dir.path();
     export_hf_caduceus(model, out, fixture(name));
     const auto config = nlohmann::json::parse(std::ifstream(out + "/config.json"));
     const auto source = nlohmann::json::parse(std::ifstream(fixture(name) + "/config.json"));
@@ -133,7 +128,6 @@ TEST(Caduceus, ExportIsTheLayoutItCameInAndLoadsBackExactly) {
     const auto ids = load_safetensors(fixture(name) + "/expected.safetensors").at("input_ids");
     torch::NoGradGuard no_grad;
     EXPECT_TRUE(torch::equal(model->forward(ids), again->forward(ids)));
-    if (keep == nullptr || *keep == '\0') fs::remove_all(out);
   }
 }
 
