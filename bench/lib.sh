@@ -2,6 +2,7 @@
 #   bench_start "$@"  the peers' interpreters (bench/python.sh: --python PATH..., PYTHONS,
 #                     PYTHON), then BUILD: the first other argument, else build
 #   bench_tmp         TMP: a temporary folder, removed when the script exits
+#   bench_timed FILE CMD...   runs CMD and writes its start and end (date +%s.%N) to FILE
 # shellcheck shell=bash
 # shellcheck source=python.sh
 . bench/python.sh
@@ -13,4 +14,11 @@ bench_start() {
 bench_tmp() {
   TMP=$(mktemp -d)
   trap 'rm -rf "$TMP"' EXIT
+}
+bench_timed() {
+  local file=$1 start
+  shift
+  start=$(date +%s.%N)
+  "$@"
+  echo "$start $(date +%s.%N)" > "$file"
 }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -67,28 +68,15 @@ class FirstRowsSource final : public train::BatchSource {
 double order0_bits_per_base(const std::string& path, int64_t max_bases) {
   data::SequenceReader reader(path);
   data::SequenceRecord record;
+  constexpr std::string_view kBases = "ACGT";
   double counts[4] = {0, 0, 0, 0};
   int64_t seen = 0;
   while ((max_bases <= 0 || seen < max_bases) && reader.next(record)) {
     for (char c : record.bases) {
       if (max_bases > 0 && seen >= max_bases) break;
       ++seen;
-      switch (c) {
-        case 'A':
-          ++counts[0];
-          break;
-        case 'C':
-          ++counts[1];
-          break;
-        case 'G':
-          ++counts[2];
-          break;
-        case 'T':
-          ++counts[3];
-          break;
-        default:
-          break;
-      }
+      const auto base = kBases.find(c);  // anything else (N, lower case) counts as seen only
+      if (base != std::string_view::npos) ++counts[base];
     }
   }
   const double total = counts[0] + counts[1] + counts[2] + counts[3];
@@ -215,17 +203,7 @@ int write_logits(const EvalArgs& a) {
   return 0;
 }
 
-// The model.arch and model.task a model was built from.
-cfg::Arch config_arch(models::Arch arch) {
-  switch (arch) {
-    case models::Arch::kBert:
-      return cfg::Arch::kBert;
-    case models::Arch::kGpt:
-      return cfg::Arch::kGpt;
-  }
-  return cfg::Arch::kBert;
-}
-
+// The model.task a model was built from.
 cfg::Task config_task(models::Task task) {
   switch (task) {
     case models::Task::kPretrain:
@@ -243,7 +221,8 @@ cfg::Task config_task(models::Task task) {
 Config eval_config(const models::ModelSpec& o, const data::Tokenizer& tokenizer,
                    const std::string& input, const EvalArgs& a) {
   Config config;
-  config.model.arch = config_arch(o.arch);
+  // The framing (bert: masked, gpt: causal) is what evaluation needs of model.arch.
+  config.model.arch = o.causal() ? cfg::Arch::kGpt : cfg::Arch::kBert;
   config.model.task = config_task(o.task);
   config.model.max_seq_length = o.max_seq_length;
   config.model.num_labels = o.num_labels;

@@ -20,6 +20,7 @@
 # A length whose run fails (e.g. out of memory) is reported and counts as not fitting.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. bench/lib.sh
 BUILD=${1:-build}
 LENGTHS=${LENGTHS:-65536 131072 262144 524288}
 DEGREES=${DEGREES:-1 2 4}
@@ -29,8 +30,7 @@ D_MODEL=${D_MODEL:-16}
 CORES=${CORES:-$(nproc)}
 BUDGET_MB=${BUDGET_MB:-}
 REFINE_STEP=${REFINE_STEP:-32768}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+bench_tmp
 # Our programs are copied first: a rebuild of $BUILD during the run must not mix two builds.
 mkdir "$TMP/bin"
 cp "$BUILD/bin/dnallm-launch" "$BUILD/bin/dnallm-train" "$TMP/bin/"

@@ -18,7 +18,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "train"))
-from torch_peer import VARIANTS, BertMLM, make_optimizer, read_genome, timed_steps  # noqa: E402
+from torch_peer import (VARIANTS, BertMLM, add_step_arguments, make_optimizer,  # noqa: E402
+                        read_genome, timed_steps)
 
 
 def worker(rank, args, out):
@@ -48,15 +49,9 @@ def worker(rank, args, out):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fasta", default="data/ecoli_k12_mg1655.fa.gz")
+    add_step_arguments(ap, warmup=2, steps=4, threads=1, variant="eager")
     ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--port", type=int, default=29631)
-    ap.add_argument("--variant", choices=sorted(VARIANTS), default="eager")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

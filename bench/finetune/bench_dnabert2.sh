@@ -20,7 +20,7 @@
 # wall_s; the peer's loop).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-. scripts/python-env.sh
+. bench/lib.sh
 PYTHON=${PYTHON:-$HOME/.local/share/dnallm-dist/venv-215/bin/python}
 REF=${DNALLM_DNABERT2_REF:-}
 pos=()
@@ -51,8 +51,7 @@ HIDDEN=${HIDDEN:-256}
 LAYERS=${LAYERS:-4}
 HEADS=${HEADS:-4}
 FFN=${FFN:-1024}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+bench_tmp
 export OMP_NUM_THREADS=$THREADS
 peer_versions=$("$PYTHON" -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")')
 

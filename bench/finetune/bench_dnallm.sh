@@ -19,28 +19,19 @@
 # over the training loop's wall time: our summary's wall_s, DNATrainer.train()'s duration.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-. scripts/python-env.sh
-PYTHON=${PYTHON:-$DNALLM_VENV-dnallm/bin/python}
-pos=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --python) PYTHON=$2; shift 2 ;;
-    *) pos+=("$1"); shift ;;
-  esac
-done
-set -- "${pos[@]}"
+. bench/lib.sh
+PYTHON=${PYTHON:-$DNALLM_VENV-dnallm/bin/python}  # the peer: DNALLM's environment
+bench_start "$@"
 "$PYTHON" -c 'import dnallm' 2>/dev/null || {
   echo "bench_dnallm.sh: $PYTHON cannot import dnallm (scripts/install-deps.sh --bench makes" \
        "$DNALLM_VENV-dnallm; --python PATH picks another)" >&2
   exit 2
 }
-BUILD=${1:-build}
 STEPS=${STEPS:-20}
 ROUNDS=${ROUNDS:-2}
 THREADS=${THREADS:-$(getconf _NPROCESSORS_ONLN)}
 VARIANTS=${VARIANTS:-dnallm sdpa-fused}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+bench_tmp
 export OMP_NUM_THREADS=$THREADS
 peer_versions=$("$PYTHON" -c 'import dnallm, torch, transformers; print(f"DNALLM {dnallm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")' 2>/dev/null)
 

@@ -49,19 +49,15 @@ bench_describe_peers
 "$PYTHON" bench/infer/make_windows.py "$TMP/windows.fa" "$EMBED_N" 100 400
 for r in $(seq "$ROUNDS"); do
   for kind in causal masked; do
-    start=$(date +%s.%N)
-    "$BUILD/bin/dnallm-infer" embed --device cpu --model "$TMP/hub/$kind" --input "$TMP/windows.fa" \
+    bench_timed "$TMP/ours_embed_${kind}_$r.time" \
+      "$BUILD/bin/dnallm-infer" embed --device cpu --model "$TMP/hub/$kind" --input "$TMP/windows.fa" \
       --batch-size 32 --out "$TMP/ours_embed_$kind.npy" --log-level warn
-    end=$(date +%s.%N)
-    echo "$start $end" > "$TMP/ours_embed_${kind}_$r.time"
     (cd bench/infer && "$PYTHON" hub_embed_peer.py --model "$TMP/hub/$kind" --fasta "$TMP/windows.fa" \
       --batch 32 --threads "$THREADS" --out "$TMP/peer_embed_$kind.npy") > "$TMP/peer_embed_${kind}_$r.json"
-    start=$(date +%s.%N)
-    "$BUILD/bin/dnallm-infer" variants --device cpu --model "$TMP/hub/$kind" --reference "$TMP/ref.fa" \
+    bench_timed "$TMP/ours_${kind}_$r.time" \
+      "$BUILD/bin/dnallm-infer" variants --device cpu --model "$TMP/hub/$kind" --reference "$TMP/ref.fa" \
       --vcf "$TMP/v.vcf" --window "$WINDOW" --batch-size "$BATCH" --out "$TMP/ours_$kind.tsv" \
       --log-level warn
-    end=$(date +%s.%N)
-    echo "$start $end" > "$TMP/ours_${kind}_$r.time"
     "$PYTHON" bench/infer/variants_peer.py --model "$TMP/hub/$kind" --reference "$TMP/ref.fa" \
       --vcf "$TMP/v.vcf" --window "$WINDOW" --threads "$THREADS" --out "$TMP/peer_$kind.tsv" \
       > "$TMP/peer_${kind}_$r.json"
@@ -69,36 +65,34 @@ for r in $(seq "$ROUNDS"); do
 done
 "$PYTHON" - "$TMP" "$ROUNDS" <<'PY'
 import json, statistics, sys
+import numpy as np
 tmp, rounds = sys.argv[1], int(sys.argv[2])
 def rows(path):
     with open(path) as f:
         return [l.rstrip("\n").split("\t") for l in f][1:]
-print(f"{'model':<8} {'side':<14} {'rounds':>6} {'median var/s':>13} {'ours/peer':>10} {'max |diff|':>11}")
+def header(unit):
+    print(f"{'model':<8} {'side':<14} {'rounds':>6} {'median ' + unit:>13} {'ours/peer':>10} {'max |diff|':>11}")
+def report(kind, name, count, key, diff):
+    """A model's two rows: the medians over the rounds of `count` items over our process's wall
+    time (ours_<name>_<round>.time) and of the peer's own rate (peer_<name>_<round>.json)."""
+    ours = []
+    for r in range(1, rounds + 1):
+        s, e = map(float, open(f"{tmp}/ours_{name}_{r}.time").read().split())
+        ours.append(count / (e - s))
+    peer = [json.load(open(f"{tmp}/peer_{name}_{r}.json"))[key] for r in range(1, rounds + 1)]
+    om, pm = statistics.median(ours), statistics.median(peer)
+    print(f"{kind:<8} {'dnallm-infer':<14} {rounds:>6} {om:>13.1f}")
+    print(f"{kind:<8} {'transformers':<14} {rounds:>6} {pm:>13.1f} {om / pm:>9.2f}x {diff:>11.2e}")
+header("var/s")
 for kind in ("causal", "masked"):
     ours_rows, peer_rows = rows(f"{tmp}/ours_{kind}.tsv"), rows(f"{tmp}/peer_{kind}.tsv")
     assert [r[:4] for r in ours_rows] == [r[:4] for r in peer_rows], "different variants scored"
     diff = max(abs(float(a[4]) - float(b[4])) for a, b in zip(ours_rows, peer_rows))
-    ours = []
-    for r in range(1, rounds + 1):
-        s, e = map(float, open(f"{tmp}/ours_{kind}_{r}.time").read().split())
-        ours.append(len(ours_rows) / (e - s))
-    peer = [json.load(open(f"{tmp}/peer_{kind}_{r}.json"))["variants_per_s"] for r in range(1, rounds + 1)]
-    om, pm = statistics.median(ours), statistics.median(peer)
-    print(f"{kind:<8} {'dnallm-infer':<14} {rounds:>6} {om:>13.1f}")
-    print(f"{kind:<8} {'transformers':<14} {rounds:>6} {pm:>13.1f} {om / pm:>9.2f}x {diff:>11.2e}")
-import numpy as np
-print(f"{'model':<8} {'side':<14} {'rounds':>6} {'median seq/s':>13} {'ours/peer':>10} {'max |diff|':>11}")
+    report(kind, kind, len(ours_rows), "variants_per_s", diff)
+header("seq/s")
 for kind in ("causal", "masked"):
     a, b = np.load(f"{tmp}/ours_embed_{kind}.npy"), np.load(f"{tmp}/peer_embed_{kind}.npy")
-    diff = float(np.abs(a - b).max())
-    ours = []
-    for r in range(1, rounds + 1):
-        s, e = map(float, open(f"{tmp}/ours_embed_{kind}_{r}.time").read().split())
-        ours.append(len(a) / (e - s))
-    peer = [json.load(open(f"{tmp}/peer_embed_{kind}_{r}.json"))["seq_per_s"] for r in range(1, rounds + 1)]
-    om, pm = statistics.median(ours), statistics.median(peer)
-    print(f"{kind:<8} {'dnallm-infer':<14} {rounds:>6} {om:>13.1f}")
-    print(f"{kind:<8} {'transformers':<14} {rounds:>6} {pm:>13.1f} {om / pm:>9.2f}x {diff:>11.2e}")
+    report(kind, f"embed_{kind}", len(a), "seq_per_s", float(np.abs(a - b).max()))
 print("ours/peer on the medians; ours includes process start and model load, the peer's loop "
       "excludes them")
 PY

@@ -14,7 +14,7 @@
 # tokens/s = 8 x 512 / median step time, and the first dnallm-train's tokens/s over each row's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-. bench/python.sh
+. bench/lib.sh
 bench_parse_args "$@"
 set -- "${ARGS[@]}"
 [ $# -gt 0 ] || set -- build/bin/dnallm-train
@@ -23,8 +23,7 @@ STEPS=${STEPS:-5}
 ROUNDS=${ROUNDS:-2}
 THREADS=${THREADS:-$(getconf _NPROCESSORS_ONLN)}
 VARIANTS=${VARIANTS:-eager sdpa-fused compile}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+bench_tmp
 export OMP_NUM_THREADS=$THREADS
 
 echo "bench/train: warmup $WARMUP, timed $STEPS x $ROUNDS rounds, threads $THREADS, $(getconf _NPROCESSORS_ONLN) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -162,15 +162,22 @@ def timed_steps(model, opt, genome, rng, warmup, steps, batch, seq):
     return times, loss.item()
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def add_step_arguments(ap, warmup, steps, threads, variant, variants=VARIANTS):
+    """The options of every bench-cpu peer (this one, torch_ddp_peer.py, torch_fsdp_peer.py):
+    the genome, the warm-up and timed steps, threads, the batch's shape and the variant (one of
+    `variants`)."""
     ap.add_argument("--fasta", default="data/ecoli_k12_mg1655.fa.gz")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--warmup", type=int, default=warmup)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--threads", type=int, default=threads)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--variant", choices=sorted(VARIANTS), default="eager")
+    ap.add_argument("--variant", choices=sorted(variants), default=variant)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_step_arguments(ap, warmup=3, steps=5, threads=0, variant="eager")
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "train"))
-from torch_peer import BertMLM, make_optimizer, read_genome, timed_steps  # noqa: E402
+from torch_peer import BertMLM, add_step_arguments, make_optimizer, read_genome, timed_steps  # noqa: E402
 
 VARIANTS = {"eager": ("eager", False), "sdpa-fused": ("sdpa", True)}  # attention, fused AdamW
 
@@ -115,15 +115,9 @@ def run(args, mode):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fasta", default="data/ecoli_k12_mg1655.fa.gz")
+    add_step_arguments(ap, warmup=2, steps=4, threads=1, variant="sdpa-fused", variants=VARIANTS)
     ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--port", type=int, default=29651)
-    ap.add_argument("--variant", choices=sorted(VARIANTS), default="sdpa-fused")
     ap.add_argument("--mode", choices=["auto", "fsdp2", "ddp"], default="auto")
     args = ap.parse_args()
     mode, error = ("fsdp2" if args.mode == "auto" else args.mode), None

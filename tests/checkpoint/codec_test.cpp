@@ -6,9 +6,12 @@
 
 #include "core/error.hpp"
 #include "test_util.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::checkpoint {
 namespace {
+
+using dnallm::testing::expect_error;
 
 using testing::make_data;
 
@@ -107,14 +110,12 @@ TEST(CheckpointCodecTest, CorruptZstdIsCheckpointCorrupt) {
   auto enc = encode_chunk(raw.data(), raw.size(), DType::kFloat32, parse_codec("zstd"), stored);
   stored.resize(stored.size() / 2);
   std::vector<uint8_t> back(raw.size());
-  try {
-    decode_chunk(stored.data(), stored.size(), enc, DType::kFloat32, back.data(), back.size(),
-                 "here");
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt);
-    EXPECT_NE(std::string(e.what()).find("here"), std::string::npos);
-  }
+  expect_error(
+      [&] {
+        decode_chunk(stored.data(), stored.size(), enc, DType::kFloat32, back.data(), back.size(),
+                     "here");
+      },
+      ExitCode::kCheckpointCorrupt, {"here"});
 }
 
 TEST(CheckpointCodecTest, ParseCodec) {

@@ -8,9 +8,12 @@
 #include "checkpoint/shard_file.hpp"
 #include "core/error.hpp"
 #include "test_util.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::checkpoint {
 namespace {
+
+using dnallm::testing::expect_error;
 
 using testing::make_data;
 using testing::spec;
@@ -85,13 +88,8 @@ TEST(CheckpointReaderTest, GapInShardsIsReported) {
   commit_step(tmp.path(), {1, 2, 1, {}}, {d0, d1});
   auto r = CheckpointReader::open(dir);
   std::vector<uint8_t> got(400);
-  try {
-    r.read_range("flat", 0, 100, got.data());
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt);
-    EXPECT_NE(std::string(e.what()).find("[40, 100)"), std::string::npos) << e.what();
-  }
+  expect_error([&] { r.read_range("flat", 0, 100, got.data()); }, ExitCode::kCheckpointCorrupt,
+               {"[40, 100)"});
 }
 
 TEST(CheckpointReshardTest, PlanIsContiguousEvenAndComplete) {

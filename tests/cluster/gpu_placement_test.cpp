@@ -8,9 +8,12 @@
 #include <fstream>
 
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::cluster {
 namespace {
+
+using dnallm::testing::expect_error;
 
 TEST(VisibleGpuCount, CudaVisibleDevicesWinsOverTheHostCount) {
   EXPECT_EQ(visible_gpu_count({}, 4), 4);
@@ -35,16 +38,8 @@ TEST(PlaceOnGpu, OneGpuPerLocalRank) {
 }
 
 TEST(PlaceOnGpu, TooManyRanksNamesBothNumbers) {
-  try {
-    place_on_gpu(0, 3, 2, false);
-    FAIL() << "3 ranks on 2 GPUs accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    const std::string m = e.what();
-    EXPECT_NE(m.find("3 ranks on this node"), std::string::npos) << m;
-    EXPECT_NE(m.find("only 2 visible GPU(s)"), std::string::npos) << m;
-    EXPECT_NE(m.find("parallel.share_gpus = true"), std::string::npos) << m;
-  }
+  expect_error([&] { place_on_gpu(0, 3, 2, false); }, ExitCode::kUsage,
+               {"3 ranks on this node", "only 2 visible GPU(s)", "parallel.share_gpus = true"});
 }
 
 TEST(PlaceOnGpu, SharingIsExplicitAndRoundRobin) {
@@ -72,13 +67,7 @@ TEST(PlaceOnGpu, OneGpuBoundPerTaskByTheSchedulerIsNotSharing) {
 }
 
 TEST(PlaceOnGpu, NoVisibleGpuIsAUsageError) {
-  try {
-    place_on_gpu(0, 1, 0, true);
-    FAIL() << "placed on no GPU";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("CUDA_VISIBLE_DEVICES"), std::string::npos);
-  }
+  expect_error([&] { place_on_gpu(0, 1, 0, true); }, ExitCode::kUsage, {"CUDA_VISIBLE_DEVICES"});
 }
 
 TEST(CountHostGpus, DevNodesThenTheDriversProcFolder) {

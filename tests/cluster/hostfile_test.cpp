@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::cluster {
 namespace {
+
+using dnallm::testing::expect_error;
 
 TEST(Hostfile, ParsesSlotsCommentsAndBlanks) {
   const std::string text =
@@ -58,13 +61,8 @@ TEST(Hostfile, RefusesMalformedLinesWithFileAndLine) {
 }
 
 TEST(Hostfile, MissingFileIsUsageError) {
-  try {
-    load_hostfile("/nonexistent/dnallm-hosts");
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/dnallm-hosts"), std::string::npos);
-  }
+  expect_error([&] { load_hostfile("/nonexistent/dnallm-hosts"); }, ExitCode::kUsage,
+               {"/nonexistent/dnallm-hosts"});
 }
 
 }  // namespace

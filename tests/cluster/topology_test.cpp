@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::cluster {
 namespace {
+
+using dnallm::testing::expect_error;
 
 struct Expect {
   int rank, local_rank, world_size, local_world_size, node_rank, nnodes;
@@ -257,13 +260,7 @@ TEST(NodePlacement, MpirunAcrossHostsNeedsMasterAddr) {
                 {"OMPI_COMM_WORLD_SIZE", "2"},
                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"},
                 {"OMPI_MCA_ess_base_jobid", "7"}};
-  try {
-    detect_node_placement(env);
-    FAIL() << "accepted several hosts without MASTER_ADDR";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("mpirun -x MASTER_ADDR="), std::string::npos) << e.what();
-  }
+  expect_error([&] { detect_node_placement(env); }, ExitCode::kUsage, {"mpirun -x MASTER_ADDR="});
 }
 
 TEST(NodePlacement, MpirunWinsOverTheSlurmStepOfItsDaemons) {

@@ -129,6 +129,21 @@ std::unique_ptr<coordinator::StoreServer> start_store() {
   return server;
 }
 
+// Every rank exited 0 and printed `done` (the worker's line once its checks passed).
+void expect_every_rank_ok(const std::vector<RankResult>& results, const std::string& done) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find(done), std::string::npos);
+  }
+}
+
+// Every line of a dnallm-bench-comm --json sweep reports zero wrong elements (the bench also
+// exits 1 otherwise).
+void expect_nothing_wrong(const std::string& out) {
+  for (size_t p = out.find("\"wrong\":"); p != std::string::npos; p = out.find("\"wrong\":", p + 1))
+    EXPECT_EQ(out.compare(p, 10, "\"wrong\":0}"), 0) << out.substr(p, 20);
+}
+
 class GlooWorld : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
@@ -141,12 +156,7 @@ class GlooWorld : public ::testing::TestWithParam<int> {
 TEST_P(GlooWorld, EveryCollectiveDtypeAndLayoutMatchesClosedForm) {
   const int world = GetParam();
   auto results = run_ranks(world, server_->port(), {"DNALLM_TEST_MODE=matrix"}, 100s);
-  for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 0)
-        << "rank " << r << ":\n"
-        << results[static_cast<size_t>(r)].output;
-    EXPECT_NE(results[static_cast<size_t>(r)].output.find("cases OK"), std::string::npos);
-  }
+  expect_every_rank_ok(results, "cases OK");
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooWorld, ::testing::Values(1, 2, 3, 4));
@@ -158,12 +168,7 @@ class GlooGroups : public GlooWorld {};
 TEST_P(GlooGroups, SplitAllToAllAndSendRecvMatchClosedForm) {
   const int world = GetParam();
   auto results = run_ranks(world, server_->port(), {"DNALLM_TEST_MODE=groups"}, 100s);
-  for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 0)
-        << "rank " << r << ":\n"
-        << results[static_cast<size_t>(r)].output;
-    EXPECT_NE(results[static_cast<size_t>(r)].output.find("groups OK"), std::string::npos);
-  }
+  expect_every_rank_ok(results, "groups OK");
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooGroups, ::testing::Values(2, 3, 4));
@@ -209,6 +214,13 @@ TEST(GlooFailure, StalledRankIsNamedAfterTheTimeout) {
 }
 
 #ifdef DNALLM_TEST_HAVE_MPI
+// How many times `what` stands in `text`.
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
 // The matrix of comm_test_worker under mpirun; its output goes to `out`.
 int run_mpirun(int np, std::string* out) {
   return run_command("timeout 100 mpirun --allow-run-as-root --oversubscribe -np " +
@@ -222,11 +234,8 @@ TEST_P(MpiWorld, EveryCollectiveDtypeAndLayoutMatchesClosedForm) {
   const int world = GetParam();
   std::string out;
   EXPECT_EQ(run_mpirun(world, &out), 0) << out;
-  size_t oks = 0;
-  for (size_t p = out.find("backend mpi"); p != std::string::npos;
-       p = out.find("backend mpi", p + 1))
-    ++oks;
-  EXPECT_EQ(oks, static_cast<size_t>(world)) << out;  // backend "auto" chose mpi under mpirun
+  // backend "auto" chose mpi under mpirun
+  EXPECT_EQ(count_of(out, "backend mpi"), static_cast<size_t>(world)) << out;
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, MpiWorld, ::testing::Values(1, 2, 3, 4));
@@ -241,10 +250,7 @@ TEST_P(MpiGroups, SplitAllToAllAndSendRecvMatchClosedForm) {
                         &out),
             0)
       << out;
-  size_t oks = 0;
-  for (size_t p = out.find("groups OK"); p != std::string::npos; p = out.find("groups OK", p + 1))
-    ++oks;
-  EXPECT_EQ(oks, static_cast<size_t>(world)) << out;
+  EXPECT_EQ(count_of(out, "groups OK"), static_cast<size_t>(world)) << out;
   EXPECT_NE(out.find("backend mpi"), std::string::npos) << out;
 }
 
@@ -261,10 +267,7 @@ TEST(BenchComm, MpiAndRawMpiSweepsCheckEveryElement) {
                                &out);
     EXPECT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("\"bytes\":65536"), std::string::npos) << out;
-    // Every line reports zero wrong elements (the bench also exits 1 otherwise).
-    for (size_t p = out.find("\"wrong\":"); p != std::string::npos;
-         p = out.find("\"wrong\":", p + 1))
-      EXPECT_EQ(out.compare(p, 10, "\"wrong\":0}"), 0) << out.substr(p, 20);
+    expect_nothing_wrong(out);
   }
 }
 #endif
@@ -303,9 +306,7 @@ TEST(BenchComm, GlooAllToAllAndSendRecvSweepsCheckEveryElement) {
     std::string out;
     EXPECT_EQ(run_command(cmd, &out), 0) << op << "\n" << out;
     EXPECT_NE(out.find("\"bytes\":65536"), std::string::npos) << out;
-    for (size_t p = out.find("\"wrong\":"); p != std::string::npos;
-         p = out.find("\"wrong\":", p + 1))
-      EXPECT_EQ(out.compare(p, 10, "\"wrong\":0}"), 0) << out.substr(p, 20);
+    expect_nothing_wrong(out);
   }
   // A ring needs neighbours.
   EXPECT_EQ(

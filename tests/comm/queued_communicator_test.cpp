@@ -10,9 +10,12 @@
 #include "comm/detail/queued_communicator.hpp"
 #include "coordinator/store.hpp"
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::comm {
 namespace {
+
+using dnallm::testing::expect_error;
 
 using namespace std::chrono_literals;
 
@@ -163,16 +166,8 @@ TEST(QueuedCommunicator, FailureNamesAbsentRanksAndBreaksTheCommunicator) {
   auto w2 = comm.broadcast(BufferView{&b, 1, DType::kInt32, {}}, 0);
   auto w3 = comm.allreduce(BufferView{&c, 1, DType::kInt32, {}}, ReduceOp::kSum);
   w1->wait();
-  try {
-    w2->wait();
-    FAIL() << "the scripted failure did not surface";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kPeerFailed);
-    std::string msg = e.what();
-    EXPECT_NE(msg.find("fake broadcast #2"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("rank(s) 2 did not arrive"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("connection reset"), std::string::npos) << msg;
-  }
+  expect_error([&] { w2->wait(); }, ExitCode::kPeerFailed,
+               {"fake broadcast #2", "rank(s) 2 did not arrive", "connection reset"});
   // Later collectives fail with the first error without running.
   EXPECT_THROW(w3->wait(), Error);
   EXPECT_EQ(comm.order, std::vector<int>{1});
@@ -202,13 +197,7 @@ TEST(QueuedCommunicator, WaitTimeoutThrowsPeerFailed) {
   auto w = comm.barrier();
   EXPECT_FALSE(w->is_completed());
   auto t0 = std::chrono::steady_clock::now();
-  try {
-    w->wait(300ms);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kPeerFailed);
-    EXPECT_NE(std::string(e.what()).find("did not complete within 300 ms"), std::string::npos);
-  }
+  expect_error([&] { w->wait(300ms); }, ExitCode::kPeerFailed, {"did not complete within 300 ms"});
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 300ms + kDiagnosisWindow + 1s);
   comm.release();
   w->wait(5s);
@@ -262,17 +251,9 @@ TEST(QueuedCommunicator, UnmatchedTransferNamesThePeerAndTag) {
   ScriptedBackend comm(options(store));
   int v = 0;
   auto r = comm.recv(BufferView{&v, 1, DType::kInt32, {}}, 2, 4);
-  try {
-    r->wait(200ms);
-    FAIL() << "an unmatched recv completed";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kPeerFailed);
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("fake recv from rank 2 tag 4 #1 did not complete within 200 ms on rank 0"),
-              std::string::npos)
-        << msg;
-    EXPECT_NE(msg.find("rank 2 is alive but posted no matching send"), std::string::npos) << msg;
-  }
+  expect_error([&] { r->wait(200ms); }, ExitCode::kPeerFailed,
+               {"fake recv from rank 2 tag 4 #1 did not complete within 200 ms on rank 0",
+                "rank 2 is alive but posted no matching send"});
   // A short wait is not a failure: the transfer still completes.
   comm.release_transfers(1);
   r->wait(5s);
@@ -287,17 +268,9 @@ TEST(QueuedCommunicator, FailedTransferBreaksTheCommunicatorNamingTheDeadPeer) {
   int a = 1, c = 3;
   auto s = comm.send(BufferView{&a, 1, DType::kInt32, {}}, 1, 0);
   comm.release_transfers(1);
-  try {
-    s->wait(5s);
-    FAIL() << "the scripted transfer failure did not surface";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kPeerFailed);
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("fake send to rank 1 tag 0 #1 failed on rank 0@"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("rank 1 died (its coordinator connection closed)"), std::string::npos)
-        << msg;
-    EXPECT_NE(msg.find("peer reset"), std::string::npos) << msg;
-  }
+  expect_error([&] { s->wait(5s); }, ExitCode::kPeerFailed,
+               {"fake send to rank 1 tag 0 #1 failed on rank 0@",
+                "rank 1 died (its coordinator connection closed)", "peer reset"});
   // Broken: later collectives and transfers fail with that first error, without running.
   try {
     comm.allreduce(BufferView{&c, 1, DType::kInt32, {}}, ReduceOp::kSum)->wait(5s);

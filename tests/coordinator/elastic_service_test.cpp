@@ -15,9 +15,12 @@
 #include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
 #include "raw_socket.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::coordinator {
 namespace {
+
+using dnallm::testing::expect_error;
 
 using namespace std::chrono_literals;
 
@@ -42,13 +45,16 @@ class ElasticServiceTest : public ::testing::Test {
     if (service_) service_->join();
     if (server_) server_->join();
   }
-  std::unique_ptr<ElasticClient> client(const std::string& token = "secret") {
+  TcpStoreClientOptions client_options(const std::string& token = "secret") const {
     TcpStoreClientOptions o;
     o.port = server_->port();
     o.token = token;
     o.connect_timeout = 5s;
     o.op_timeout = 5s;
-    return std::make_unique<ElasticClient>(o);
+    return o;
+  }
+  std::unique_ptr<ElasticClient> client(const std::string& token = "secret") {
+    return std::make_unique<ElasticClient>(client_options(token));
   }
   static ElasticOptions two_nodes() {
     ElasticOptions o;
@@ -69,6 +75,27 @@ class ElasticServiceTest : public ::testing::Test {
       }
       std::this_thread::sleep_for(10ms);
     }
+  }
+  // Starts the service with `state`, and a and b join and are both assigned generation 1.
+  std::pair<std::unique_ptr<ElasticClient>, std::unique_ptr<ElasticClient>> start_generation_one(
+      ElasticOptions state = two_nodes()) {
+    start(state);
+    auto ca = client();
+    auto cb = client();
+    ca->join(a_, 0);
+    cb->join(b_, 0);
+    wait_assignment(*ca, a_, 0);
+    wait_assignment(*cb, b_, 0);
+    return {std::move(ca), std::move(cb)};
+  }
+  // A failure of `rank` on `node` in generation 1 (the fields each test adds: its cause).
+  static FailureReport failure_of(const NodeInfo& node, int rank) {
+    FailureReport f;
+    f.node_id = node.node_id;
+    f.host = node.host;
+    f.rank = rank;
+    f.generation = 1;
+    return f;
   }
   const NodeInfo a_{"a", "hosta", 2};
   const NodeInfo b_{"b", "hostb", 2};
@@ -105,21 +132,11 @@ TEST_F(ElasticServiceTest, TwoAgentsFormOneGenerationOfWorldFour) {
 }
 
 TEST_F(ElasticServiceTest, FailureOpensTheNextGenerationWhichBothRejoin) {
-  start(two_nodes());
-  auto ca = client();
-  auto cb = client();
-  ca->join(a_, 0);
-  cb->join(b_, 0);
-  wait_assignment(*ca, a_, 0);
-  wait_assignment(*cb, b_, 0);
+  auto [ca, cb] = start_generation_one();
   ca->heartbeat("a", 1, {5, 6});
-  FailureReport f;
-  f.node_id = "a";
-  f.host = "hosta";
-  f.rank = 1;
+  FailureReport f = failure_of(a_, 1);
   f.signal = 9;
   f.reason = "worker died";
-  f.generation = 1;
   JobView v = ca->report_failure(f);
   EXPECT_EQ(v.phase, JobPhase::kRendezvous);
   EXPECT_EQ(v.generation_open, 2);
@@ -138,28 +155,15 @@ TEST_F(ElasticServiceTest, FailureOpensTheNextGenerationWhichBothRejoin) {
 }
 
 TEST_F(ElasticServiceTest, KeysOfOlderGenerationsAreDeletedWhenTheNextOneStarts) {
-  start(two_nodes());
-  auto ca = client();
-  auto cb = client();
-  TcpStoreClientOptions so;
-  so.port = server_->port();
-  so.token = "secret";
-  TcpStoreClient store(so);
-  ca->join(a_, 0);
-  cb->join(b_, 0);
-  wait_assignment(*ca, a_, 0);
-  wait_assignment(*cb, b_, 0);
+  auto [ca, cb] = start_generation_one();
+  TcpStoreClient store(client_options());
   // Generation 1's workers: communicator bootstrap and a liveness key.
   store.set("comm/g1/gloo/addr/0", to_bytes("x"));
   store.set_owned("comm/g1/alive/0", to_bytes("1"));
   store.set("comm/g10/kept", to_bytes("y"));  // another generation's prefix, not g1's
   store.set("user/key", to_bytes("z"));
-  FailureReport f;
-  f.node_id = "a";
-  f.host = "hosta";
-  f.rank = 0;
+  FailureReport f = failure_of(a_, 0);
   f.signal = 9;
-  f.generation = 1;
   ca->report_failure(f);
   // Still there while the round is open (nothing is deleted before every member rejoined).
   EXPECT_TRUE(store.check({"comm/g1/gloo/addr/0", "comm/g1/alive/0"}));
@@ -182,13 +186,7 @@ TEST_F(ElasticServiceTest, KeysOfOlderGenerationsAreDeletedWhenTheNextOneStarts)
 }
 
 TEST_F(ElasticServiceTest, SuccessOfEveryMemberEndsTheJobAndIsDelivered) {
-  start(two_nodes());
-  auto ca = client();
-  auto cb = client();
-  ca->join(a_, 0);
-  cb->join(b_, 0);
-  wait_assignment(*ca, a_, 0);
-  wait_assignment(*cb, b_, 0);
+  auto [ca, cb] = start_generation_one();
   EXPECT_EQ(ca->report_success("a", 1).phase, JobPhase::kRunning);
   EXPECT_FALSE(service_->wait_outcome_delivered(50ms));
   EXPECT_EQ(cb->report_success("b", 1).phase, JobPhase::kSucceeded);
@@ -200,21 +198,11 @@ TEST_F(ElasticServiceTest, SuccessOfEveryMemberEndsTheJobAndIsDelivered) {
 TEST_F(ElasticServiceTest, ExhaustedBudgetFailsTheJobWithTheRootCause) {
   ElasticOptions o = two_nodes();
   o.max_restarts = 0;
-  start(o);
-  auto ca = client();
-  auto cb = client();
-  ca->join(a_, 0);
-  cb->join(b_, 0);
-  wait_assignment(*ca, a_, 0);
-  wait_assignment(*cb, b_, 0);
-  FailureReport f;
-  f.node_id = "b";
-  f.host = "hostb";
-  f.rank = 3;
+  auto [ca, cb] = start_generation_one(o);
+  FailureReport f = failure_of(b_, 3);
   f.exit_code = 7;
   f.reason = "worker exited";
   f.last_lines = {"loading", "CUDA error: out of memory"};
-  f.generation = 1;
   JobView v = cb->report_failure(f);
   EXPECT_EQ(v.phase, JobPhase::kFailed);
   for (const char* needle : {"rank 3 on hostb", "exited with code 7", "max_restarts = 0 exhausted",
@@ -227,13 +215,7 @@ TEST_F(ElasticServiceTest, ExhaustedBudgetFailsTheJobWithTheRootCause) {
 TEST_F(ElasticServiceTest, TickerFindsAHungRankWithoutAnyMessage) {
   ElasticOptions o = two_nodes();
   o.step_timeout = 300ms;
-  start(o);
-  auto ca = client();
-  auto cb = client();
-  ca->join(a_, 0);
-  cb->join(b_, 0);
-  wait_assignment(*ca, a_, 0);
-  wait_assignment(*cb, b_, 0);
+  auto [ca, cb] = start_generation_one(o);
   ca->heartbeat("a", 1, {1, 1});
   cb->heartbeat("b", 1, {1, 1});
   std::this_thread::sleep_for(600ms);  // no message: only the ticker can see it
@@ -299,12 +281,7 @@ TEST_F(ElasticServiceTest, HostileClientsAreRefusedAndTheJobIsUnaffected) {
   start(two_nodes());
   auto ca = client();
   ca->join(a_, 0);
-  try {
-    client("wrong");
-    ADD_FAILURE() << "a wrong token was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-  }
+  expect_error([&] { client("wrong"); }, ExitCode::kUsage);
   {  // an elastic op before HELLO
     RawSocket r(server_->port());
     r.send(FrameWriter().u8(static_cast<uint8_t>(Op::kElasticState)).str("a").frame());

@@ -18,10 +18,13 @@
 #include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
 #include "raw_socket.hpp"
+#include "tests/support/expect_error.hpp"
 #include "tests/support/process.hpp"
 
 namespace dnallm::coordinator {
 namespace {
+
+using dnallm::testing::expect_error;
 
 using namespace std::chrono_literals;
 
@@ -68,13 +71,7 @@ class StoreServerTest : public ::testing::Test {
 };
 
 TEST_F(StoreServerTest, WrongTokenIsRefused) {
-  try {
-    client("wrong");
-    FAIL() << "a wrong token was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("token"), std::string::npos);
-  }
+  expect_error([&] { client("wrong"); }, ExitCode::kUsage, {"token"});
   RawSocket raw(server_->port());
   raw.hello("wrong");
   auto reply = raw.recv_frame();
@@ -147,12 +144,7 @@ TEST_F(StoreServerTest, ServerGoneRaisesPeerFailedWithinTimeout) {
   server_->stop();
   server_->join();
   auto t0 = std::chrono::steady_clock::now();
-  try {
-    c->get("never", 1s);
-    FAIL() << "no error with the server gone";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kPeerFailed);
-  }
+  expect_error([&] { c->get("never", 1s); }, ExitCode::kPeerFailed);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 8s);
 }
 
@@ -284,15 +276,8 @@ TEST_F(HostileClientTest, RefusalNamesTheServer) {
   TcpStoreClientOptions co;
   co.port = server_->port();
   co.token = "another job's token";
-  try {
-    TcpStoreClient c(co);
-    FAIL() << "a wrong token was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("pid 4242 on host test-node"), std::string::npos)
-        << e.what();
-    EXPECT_NE(std::string(e.what()).find("another port"), std::string::npos) << e.what();
-  }
+  expect_error([&] { TcpStoreClient c(co); }, ExitCode::kUsage,
+               {"pid 4242 on host test-node", "another port"});
 }
 
 TEST_F(HostileClientTest, APortTakenByAnotherCoordinatorIsNamedAtBind) {
@@ -304,15 +289,7 @@ TEST_F(HostileClientTest, APortTakenByAnotherCoordinatorIsNamedAtBind) {
   second.port = server_->port();
   second.token = "mine";
   StoreServer clash(second);
-  try {
-    clash.start();
-    FAIL() << "two servers bound one port";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("taken by dnallm coordinator (pid 4242"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_error([&] { clash.start(); }, ExitCode::kUsage, {"taken by dnallm coordinator (pid 4242"});
 }
 
 TEST_F(HostileClientTest, SocketsAreCloseOnExec) {

@@ -12,23 +12,18 @@
 #include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm {
 namespace {
 
+using dnallm::testing::expect_error;
+
 // Expects parse_config(text) to fail with exit code 2 and a message containing every needle.
 void expect_usage_error(const std::string& text, const std::vector<std::string>& needles,
                         const std::vector<std::string>& overrides = {}) {
-  try {
-    parse_config(text, "run.toml", overrides);
-    FAIL() << "expected a configuration error for:\n" << text;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    for (const auto& n : needles) {
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << n << "'";
-    }
-  }
+  SCOPED_TRACE(text);
+  expect_error([&] { parse_config(text, "run.toml", overrides); }, ExitCode::kUsage, needles);
 }
 
 TEST(Config, DefaultsMatchDesign) {
@@ -306,13 +301,8 @@ TEST(Config, ModelHashIgnoresTrainingKnobs) {
 }
 
 TEST(Config, LoadFileErrors) {
-  try {
-    load_config("/nonexistent/run.toml");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/run.toml"), std::string::npos);
-  }
+  expect_error([&] { load_config("/nonexistent/run.toml"); }, ExitCode::kUsage,
+               {"/nonexistent/run.toml"});
   std::string path = ::testing::TempDir() + "/empty.toml";
   { std::ofstream(path) << ""; }
   EXPECT_TRUE(load_config(path) == parse_config("", ""));
@@ -321,13 +311,7 @@ TEST(Config, LoadFileErrors) {
 TEST(Config, ADirectoryAsConfigIsAUsageErrorNotDefaults) {
   const std::string dir = ::testing::TempDir() + "/config_is_a_dir";
   std::filesystem::create_directories(dir);
-  try {
-    load_config(dir);
-    FAIL() << "a directory was read as an empty configuration";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
-  }
+  expect_error([&] { load_config(dir); }, ExitCode::kUsage, {"is a directory"});
 }
 
 TEST(Config, AnAliasAndItsKeyInOneTableNameBoth) {
@@ -351,14 +335,9 @@ TEST(Config, AnAliasAndItsKeyInOneTableNameBoth) {
 TEST(Config, ConfigFilesAreBoundedAndRegular) {
   // Issue 22: --config /dev/zero read 2.2 GB before failing.
   for (const std::string path : {"/dev/zero", "/dev/null"}) {
-    try {
-      load_config(path);
-      FAIL() << path << " accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kUsage);
-      EXPECT_NE(std::string(e.what()).find("is not a regular file (a device)"), std::string::npos)
-          << e.what();
-    }
+    SCOPED_TRACE(path);
+    expect_error([&] { load_config(path); }, ExitCode::kUsage,
+                 {"is not a regular file (a device)"});
   }
   const std::string dir = ::testing::TempDir() + "/config_bounds";
   std::filesystem::remove_all(dir);
@@ -383,14 +362,8 @@ TEST(Config, ConfigFilesAreBoundedAndRegular) {
 }
 
 TEST(Config, AdamEpsilonZeroIsRefused) {
-  try {
-    parse_config("[training]\nadam_epsilon = 0\n", "run.toml");
-    FAIL() << "adam_epsilon = 0 accepted (the loss would be nan)";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("adam_epsilon"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("run.toml"), std::string::npos) << e.what();
-  }
+  expect_error([&] { parse_config("[training]\nadam_epsilon = 0\n", "run.toml"); },
+               ExitCode::kUsage, {"adam_epsilon", "run.toml"});
   EXPECT_NO_THROW(parse_config("[training]\nadam_epsilon = 1e-12\n", "run.toml"));
 }
 
@@ -499,14 +472,11 @@ TEST(Config, KeyOverridesNameTheirOrigin) {
                           {"elastic.settle_s", "0.5", "--rdzv-settle 0.5"}});
   EXPECT_EQ(c.elastic.max_restarts, 2);
   EXPECT_DOUBLE_EQ(c.elastic.settle_s, 0.5);
-  try {
-    apply_key_overrides(c, {{"elastic.max_restarts", "-1", "--max-restarts -1"}});
-    FAIL() << "a negative restart budget was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("--max-restarts -1"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("between 0 and"), std::string::npos) << e.what();
-  }
+  expect_error(
+      [&] {
+        apply_key_overrides(c, {{"elastic.max_restarts", "-1", "--max-restarts -1"}});
+      },
+      ExitCode::kUsage, {"--max-restarts -1", "between 0 and"});
   // The whole configuration is checked again: min_nodes above max_nodes.
   EXPECT_THROW(apply_key_overrides(c, {{"elastic.min_nodes", "3", "--nnodes 3:2"},
                                        {"elastic.max_nodes", "2", "--nnodes 3:2"}}),

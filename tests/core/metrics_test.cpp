@@ -12,9 +12,12 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm {
 namespace {
+
+using dnallm::testing::expect_error;
 
 namespace fs = std::filesystem;
 using nlohmann::ordered_json;
@@ -99,13 +102,11 @@ TEST(MetricsTest, AppendKeepsEarlierRunsAndTruncateDoesNot) {
 TEST(MetricsTest, AnUnwritablePathIsAUsageError) {
   const auto dir = temp_dir("bad");
   fs::create_directories(dir / "a_directory");
-  try {
-    MetricsWriter w({(dir / "a_directory").string(), false, ""});
-    FAIL() << "a directory accepted as the metrics file";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("logging.metrics_file"), std::string::npos);
-  }
+  expect_error(
+      [&] {
+        MetricsWriter w({(dir / "a_directory").string(), false, ""});
+      },
+      ExitCode::kUsage, {"logging.metrics_file"});
   fs::remove_all(dir);
 }
 

@@ -9,9 +9,12 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/signals.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm {
 namespace {
+
+using dnallm::testing::expect_error;
 
 constexpr DType kAll[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
                           DType::kInt64,   DType::kInt32,   DType::kUInt8,   DType::kInt8};
@@ -29,12 +32,7 @@ TEST(SharedHelpersTest, DtypeNamesRoundTripBothWays) {
   EXPECT_EQ(parse_dtype("bfloat16"), DType::kBFloat16);
   EXPECT_EQ(parse_dtype("double"), DType::kFloat64);
   EXPECT_FALSE(dtype_from_safetensors_name("BOOL").has_value());
-  try {
-    parse_dtype("fp8");
-    FAIL() << "fp8 accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-  }
+  expect_error([&] { parse_dtype("fp8"); }, ExitCode::kUsage);
 }
 
 TEST(SharedHelpersTest, SignalNames) {

@@ -12,9 +12,12 @@
 #include <iterator>
 
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm {
 namespace {
+
+using dnallm::testing::expect_error;
 
 namespace fs = std::filesystem;
 
@@ -113,13 +116,7 @@ TEST(TensorBoardTest, DamagedFilesAreBadData) {
   }
   auto expect_bad = [&](std::string bytes, const std::string& needle) {
     std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-    try {
-      read_event_file(path);
-      FAIL() << "accepted a damaged file (" << needle << ")";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kBadData);
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+    expect_error([&] { read_event_file(path); }, ExitCode::kBadData, {needle});
   };
   std::string flipped = data;
   flipped[data.size() - 6] ^= 0x01;  // inside the last payload

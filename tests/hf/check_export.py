@@ -36,9 +36,9 @@ import sys
 import tempfile
 
 import dnabert2_reference
-from hf_common import (SEQS, adapter_problems, auto_model_class, import_nt_v2, import_peers,
-                       load_model, max_abs_diff, nt_v2_code_dir, nt_v2_model_class,
-                       overlapping_kmers)
+from hf_common import (SEQS, adapter_problems, add_remote_code_arguments, auto_model_class,
+                       import_peers, load_model, max_abs_diff, nt_v2_model_class,
+                       overlapping_kmers, remote_code)
 
 
 BPE_PENDING = 'model type "BPE" is not supported'
@@ -73,16 +73,11 @@ def main():
     ap.add_argument("dirs", nargs="+", help="our Hugging Face export directories")
     ap.add_argument("--eval", default="build/bin/dnallm-eval", help="dnallm-eval binary")
     ap.add_argument("--tolerance", type=float, default=1e-4)
-    ap.add_argument("--dnabert2-ref", help="DNABERT-2's remote code (default "
-                    "$DNALLM_DNABERT2_REF); without it DNABERT-2 exports are skipped")
-    ap.add_argument("--nt-v2-code", help="folder with the Nucleotide Transformer v2 remote code "
-                    "(default $DNALLM_NT_V2_CODE)")
+    add_remote_code_arguments(ap, "DNABERT-2 exports")
     args = ap.parse_args()
-    ref = dnabert2_reference.reference_dir(args.dnabert2_ref)
     torch, transformers = import_peers()
     import peft
-    nt_v2_code = nt_v2_code_dir(args.nt_v2_code)
-    nt_v2 = import_nt_v2(nt_v2_code) if nt_v2_code else None
+    ref, nt_v2 = remote_code(args)
 
     print(f"transformers {transformers.__version__}, peft {peft.__version__}, "
           f"torch {torch.__version__}")

@@ -27,9 +27,9 @@ import sys
 import tempfile
 
 import dnabert2_reference
-from hf_common import (adapter_problems, auto_model_class, import_nt_v2, import_peers,
-                       load_model, max_abs_diff, nt_v2_code_dir, nt_v2_model_class,
-                       overlapping_kmers)
+from hf_common import (adapter_problems, add_remote_code_arguments, auto_model_class,
+                       import_peers, load_model, max_abs_diff, nt_v2_model_class,
+                       overlapping_kmers, remote_code)
 
 FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
             "roberta_prelayernorm_mlm", "bert_cls_lora", "llama_gqa_causal", "llama_mqa_causal",
@@ -52,16 +52,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("fixtures", help="the fixtures folder (tests/data/hf-fixtures)")
     ap.add_argument("--tolerance", type=float, default=1e-4)
-    ap.add_argument("--dnabert2-ref", help="DNABERT-2's remote code (default "
-                    "$DNALLM_DNABERT2_REF); without it the dnabert2 families are skipped")
-    ap.add_argument("--nt-v2-code", help="folder with the Nucleotide Transformer v2 remote code "
-                    "(default $DNALLM_NT_V2_CODE)")
+    add_remote_code_arguments(ap, "the dnabert2 families")
     args = ap.parse_args()
-    ref = dnabert2_reference.reference_dir(args.dnabert2_ref)
     scratch = tempfile.TemporaryDirectory()
     torch, transformers = import_peers()
-    nt_v2_code = nt_v2_code_dir(args.nt_v2_code)
-    nt_v2 = import_nt_v2(nt_v2_code) if nt_v2_code else None
+    ref, nt_v2 = remote_code(args)
     import peft
     from safetensors.torch import load_file
 

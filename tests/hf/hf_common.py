@@ -115,6 +115,26 @@ def nt_v2_code_dir(arg=None):
     return path
 
 
+def add_remote_code_arguments(ap, skipped):
+    """--dnabert2-ref and --nt-v2-code: the folders of DNABERT-2's and of Nucleotide Transformer
+    v2's remote code, which this repository does not hold; without DNABERT-2's, `skipped` are
+    skipped. remote_code() reads them."""
+    ap.add_argument("--dnabert2-ref", help="DNABERT-2's remote code (default "
+                    f"$DNALLM_DNABERT2_REF); without it {skipped} are skipped")
+    ap.add_argument("--nt-v2-code", help="folder with the Nucleotide Transformer v2 remote code "
+                    "(default $DNALLM_NT_V2_CODE)")
+
+
+def remote_code(args):
+    """(DNABERT-2's reference folder, the Nucleotide Transformer v2 modeling module) of
+    add_remote_code_arguments' options or their environment variables; None for either not
+    given."""
+    import dnabert2_reference
+    ref = dnabert2_reference.reference_dir(args.dnabert2_ref)
+    nt_v2_code = nt_v2_code_dir(args.nt_v2_code)
+    return ref, import_nt_v2(nt_v2_code) if nt_v2_code else None
+
+
 def import_nt_v2(path):
     """Imports the remote code from `path` as the package nt_v2_remote and returns the
     modeling_esm module. It was written for transformers 4.3x: what transformers 5 removed and

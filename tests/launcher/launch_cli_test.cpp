@@ -178,33 +178,25 @@ TEST(LaunchCli, WorkerIgnoringSigtermIsKilledAfterTheGracePeriod) {
   EXPECT_TRUE(contains(r.err, "sending SIGKILL")) << r.err;
 }
 
-TEST(LaunchCli, ForwardsSigtermToEveryWorker) {
+// dnallm-launch forwards `sig` (`name` in the shell's trap) to every worker, each of which says
+// so and exits 0; the launcher exits 128 + sig.
+void expect_forwarded_to_every_worker(int sig, const std::string& name) {
   TempDir dir;
   const std::string d = dir.path();
-  const std::string script =
-      "trap 'echo got TERM; exit 0' TERM; touch " + d + "/up.$RANK; while :; do sleep 0.02; done";
+  const std::string script = "trap 'echo got " + name + "; exit 0' " + name + "; touch " + d +
+                             "/up.$RANK; while :; do sleep 0.02; done";
   LaunchResult r = run_launch(with_sh({"--nproc-per-node", "2"}, script), {}, [&](pid_t pid) {
     ASSERT_TRUE(wait_for_files(dir, {"up.0", "up.1"}));
-    ::kill(pid, SIGTERM);
+    ::kill(pid, sig);
   });
-  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
-  EXPECT_TRUE(contains(r.out, "[rank 0] got TERM")) << r.out;
-  EXPECT_TRUE(contains(r.out, "[rank 1] got TERM")) << r.out;
+  EXPECT_EQ(r.exit_code, 128 + sig) << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank 0] got " + name)) << r.out;
+  EXPECT_TRUE(contains(r.out, "[rank 1] got " + name)) << r.out;
 }
 
-TEST(LaunchCli, ForwardsSigintToEveryWorker) {
-  TempDir dir;
-  const std::string d = dir.path();
-  const std::string script =
-      "trap 'echo got INT; exit 0' INT; touch " + d + "/up.$RANK; while :; do sleep 0.02; done";
-  LaunchResult r = run_launch(with_sh({"--nproc-per-node", "2"}, script), {}, [&](pid_t pid) {
-    ASSERT_TRUE(wait_for_files(dir, {"up.0", "up.1"}));
-    ::kill(pid, SIGINT);
-  });
-  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.err;
-  EXPECT_TRUE(contains(r.out, "[rank 0] got INT")) << r.out;
-  EXPECT_TRUE(contains(r.out, "[rank 1] got INT")) << r.out;
-}
+TEST(LaunchCli, ForwardsSigtermToEveryWorker) { expect_forwarded_to_every_worker(SIGTERM, "TERM"); }
+
+TEST(LaunchCli, ForwardsSigintToEveryWorker) { expect_forwarded_to_every_worker(SIGINT, "INT"); }
 
 // True once /proc says `pid` is gone or a zombie (nobody may reap it in a container).
 bool process_gone(const std::string& pid) {

@@ -11,9 +11,12 @@
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::launcher {
 namespace {
+
+using dnallm::testing::expect_error;
 
 std::map<std::string, std::string> env_of(const WorkerSpec& spec) {
   std::map<std::string, std::string> m;
@@ -47,13 +50,7 @@ TEST(ResolveNproc, Table) {
     EXPECT_EQ(resolve_nproc(c.spec, c.env, c.gpus), c.expected) << c.spec << " gpus " << c.gpus;
   }
   for (const char* bad : {"0", "-2", "x", "", "2x", "auto2", "99999"}) {
-    try {
-      resolve_nproc(bad, {}, 0);
-      ADD_FAILURE() << "accepted " << bad;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kUsage);
-      EXPECT_NE(std::string(e.what()).find("--nproc-per-node"), std::string::npos);
-    }
+    expect_error([&] { resolve_nproc(bad, {}, 0); }, ExitCode::kUsage, {"--nproc-per-node"});
   }
 }
 
@@ -317,13 +314,7 @@ TEST(ResolveLaunchPlan, SlurmStepGivesPlacementAndPort) {
 
 TEST(ResolveLaunchPlan, RefusesBadRequests) {
   auto refused = [](LaunchRequest req, const char* needle) {
-    try {
-      resolve_launch_plan(req, {}, fake_host());
-      ADD_FAILURE() << "accepted, expected " << needle;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kUsage);
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+    expect_error([&] { resolve_launch_plan(req, {}, fake_host()); }, ExitCode::kUsage, {needle});
   };
   LaunchRequest r;
   r.master_port = 70000;
@@ -346,12 +337,7 @@ TEST(LaunchPlan, ResolvesExecutables) {
   EXPECT_EQ(resolve_executable("sh", "/nonexistent:/bin"), "/bin/sh");
   EXPECT_EQ(resolve_executable("/bin/sh", ""), "/bin/sh");
   for (const char* bad : {"no-such-dnallm-command", "/nonexistent/x", "/tmp", ""}) {
-    try {
-      resolve_executable(bad, "/bin:/usr/bin");
-      ADD_FAILURE() << "accepted " << bad;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kUsage);
-    }
+    expect_error([&] { resolve_executable(bad, "/bin:/usr/bin"); }, ExitCode::kUsage);
   }
 }
 

@@ -12,9 +12,12 @@
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::launcher {
 namespace {
+
+using dnallm::testing::expect_error;
 
 class CapturingSink : public OutputSink {
  public:
@@ -167,13 +170,7 @@ TEST(ProcessSpawner, MissingCommandIsUsageError) {
   WorkerSpec s;
   s.argv = {"dnallm-no-such-command"};
   s.env = {"PATH=/bin"};
-  try {
-    spawner.spawn(s);
-    FAIL() << "spawned";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("dnallm-no-such-command"), std::string::npos);
-  }
+  expect_error([&] { spawner.spawn(s); }, ExitCode::kUsage, {"dnallm-no-such-command"});
 }
 
 // A sink slow enough that the pipe still holds output when the worker exits.

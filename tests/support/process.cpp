@@ -52,6 +52,15 @@ std::string make_temp_dir(const std::string& name) {
   return dir.string();
 }
 
+std::string make_test_case_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("dnallm_" + name + "_" + std::to_string(::getpid()) + "_" +
+              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
 std::string bundled_genome(size_t bytes) {
   const auto unzip = run_shell(
       "gzip -dc " + kSrc + "/data/ecoli_k12_mg1655.fa.gz | head -c " + std::to_string(bytes),

@@ -39,6 +39,9 @@ std::string read_text(const std::string& path);
 
 // A fresh (emptied) directory <gtest TempDir>/dnallm_<name>_<pid>.
 std::string make_temp_dir(const std::string& name);
+// A fresh (emptied) directory of the running test case:
+// <system temp>/dnallm_<name>_<pid>_<test case name>.
+std::string make_test_case_dir(const std::string& name);
 
 // The bases of the bundled E. coli genome (data/ecoli_k12_mg1655.fa.gz) in its first `bytes`
 // decompressed bytes, as one string (the header line dropped).

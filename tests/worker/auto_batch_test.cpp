@@ -7,10 +7,13 @@
 #include <torch/torch.h>
 
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 #include "worker/train/train_setup.hpp"
 
 namespace dnallm::train {
 namespace {
+
+using dnallm::testing::expect_error;
 
 Config tiny_config(const std::string& task = "pretrain") {
   Config c = parse_config("", "test", {"model.task=" + task});
@@ -26,6 +29,13 @@ Config tiny_config(const std::string& task = "pretrain") {
 }
 
 constexpr double kHuge = 1e15;  // bytes: everything fits
+
+// resolve_auto_batch for one process training the model `config` describes.
+void resolve_on_one_process(Config& config) {
+  auto model = build_model(config, 10);
+  SingleProcessSync sync;
+  resolve_auto_batch(config, model, sync, 1);
+}
 
 TEST(AutoBatchProbe, TrialFitsWithinAGenerousBudgetAndLeavesNoGradients) {
   for (const char* task : {"pretrain", "classification", "regression"}) {
@@ -55,9 +65,7 @@ TEST(AutoBatchResolve, KeepsTheGlobalBatchAndTakesTheLargestFittingMicroBatch) {
   auto config = tiny_config();
   config.training.batch_size = cfg::BatchSize::kAuto;
   config.training.auto_batch_memory_mb = kHuge / 1048576.0;
-  auto model = build_model(config, 10);
-  SingleProcessSync sync;
-  resolve_auto_batch(config, model, sync, 1);
+  resolve_on_one_process(config);
   // Everything fits: the whole per-rank batch (4 x 2) in one micro-step.
   EXPECT_EQ(config.training.micro_batch_size, 8);
   EXPECT_EQ(config.training.grad_accum_steps, 1);
@@ -65,9 +73,7 @@ TEST(AutoBatchResolve, KeepsTheGlobalBatchAndTakesTheLargestFittingMicroBatch) {
 
 TEST(AutoBatchResolve, WithoutAutoNothingChanges) {
   auto config = tiny_config();
-  auto model = build_model(config, 10);
-  SingleProcessSync sync;
-  resolve_auto_batch(config, model, sync, 1);
+  resolve_on_one_process(config);
   EXPECT_EQ(config.training.micro_batch_size, 4);
   EXPECT_EQ(config.training.grad_accum_steps, 2);
 }
@@ -76,15 +82,7 @@ TEST(AutoBatchResolve, NothingFitsIsAUsageError) {
   auto config = tiny_config();
   config.training.batch_size = cfg::BatchSize::kAuto;
   config.training.auto_batch_memory_mb = 0.001;  // about 1 KiB: not even one sequence
-  auto model = build_model(config, 10);
-  SingleProcessSync sync;
-  try {
-    resolve_auto_batch(config, model, sync, 1);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("auto_batch_memory_mb"), std::string::npos) << e.what();
-  }
+  expect_error([&] { resolve_on_one_process(config); }, ExitCode::kUsage, {"auto_batch_memory_mb"});
   EXPECT_EQ(config.training.micro_batch_size, 4);  // untouched
 }
 

@@ -14,6 +14,8 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
+#include "tests/support/kept_export.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/caduceus_model.hpp"
 #include "worker/models/registry.hpp"
@@ -21,6 +23,8 @@
 
 namespace dnallm::models::caduceus {
 namespace {
+
+using dnallm::testing::expect_error;
 
 namespace fs = std::filesystem;
 
@@ -84,14 +88,8 @@ TEST(Caduceus, ExportIsTheLayoutItCameInAndLoadsBackExactly) {
     auto model = load_hf_caduceus(fixture(name));
     // DNALLM_CADUCEUS_EXPORT_KEEP=DIR keeps the exports in DIR/<fixture> for
     // tests/hf/check_caduceus_export.py (kuleshov-group's code loads them).
-    const char* keep = std::getenv("DNALLM_CADUCEUS_EXPORT_KEEP");
-    const auto out =
-        keep != nullptr && *keep != '\0'
-            ? std::string(keep) + "/" + name
-            : (fs::temp_directory_path() /
-               ("dnallm_caduceus_export_" + std::string(name) + std::to_string(::getpid())))
-                  .string();
-    fs::remove_all(out);
+    const dnallm::testing::KeptExport dir("DNALLM_CADUCEUS_EXPORT_KEEP", "caduceus_export", name);
+    const std::string& out = dir.path();
     export_hf_caduceus(model, out, fixture(name));
     const auto config = nlohmann::json::parse(std::ifstream(out + "/config.json"));
     const auto source = nlohmann::json::parse(std::ifstream(fixture(name) + "/config.json"));
@@ -130,7 +128,6 @@ TEST(Caduceus, ExportIsTheLayoutItCameInAndLoadsBackExactly) {
     const auto ids = load_safetensors(fixture(name) + "/expected.safetensors").at("input_ids");
     torch::NoGradGuard no_grad;
     EXPECT_TRUE(torch::equal(model->forward(ids), again->forward(ids)));
-    if (keep == nullptr || *keep == '\0') fs::remove_all(out);
   }
 }
 
@@ -397,13 +394,7 @@ void expect_usage(const std::function<void(nlohmann::json&)>& edit, const std::s
   nlohmann::json c = nlohmann::json::parse(std::ifstream(out / "config.json"));
   edit(c);
   std::ofstream(out / "config.json") << c.dump();
-  try {
-    load_hf_caduceus(out.string());
-    FAIL() << "expected exit 2: " << needle;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
+  expect_error([&] { load_hf_caduceus(out.string()); }, ExitCode::kUsage, {needle});
   fs::remove_all(out);
 }
 

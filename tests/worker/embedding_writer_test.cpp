@@ -11,9 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::infer {
 namespace {
+
+using dnallm::testing::expect_error;
 
 namespace fs = std::filesystem;
 
@@ -131,20 +134,11 @@ TEST(EmbeddingWriter, PartsMergeInRankOrderAndAreRemoved) {
 
 TEST(EmbeddingWriter, BadNameAndMissingPartAreClearErrors) {
   const auto dir = temp_dir("bad");
-  try {
-    EmbeddingFileWriter w((dir / "e.txt").string(), 2, false);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-  }
+  expect_error([&] { EmbeddingFileWriter w((dir / "e.txt").string(), 2, false); },
+               ExitCode::kUsage);
   EmbeddingFileWriter w((dir / "e.npy").string(), 2, false);
-  try {
-    merge_embedding_parts({(dir / "missing").string()}, 2, w);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kPeerFailed);
-    EXPECT_NE(std::string(e.what()).find("shared"), std::string::npos);
-  }
+  expect_error([&] { merge_embedding_parts({(dir / "missing").string()}, 2, w); },
+               ExitCode::kPeerFailed, {"shared"});
 }
 
 }  // namespace

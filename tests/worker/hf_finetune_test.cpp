@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -41,6 +42,31 @@ std::vector<T> values(const std::string& path, const std::string& name) {
 }
 std::vector<float> floats(const std::string& path, const std::string& name) {
   return values<float>(path, name);
+}
+
+// dnallm-eval --logits: the logits of the model in `model` on the lines of `seqs`, into `out`.
+dnallm::testing::CommandResult eval_logits(const std::string& model, const std::string& seqs,
+                                           const std::string& out) {
+  return run(kBin + "dnallm-eval --model " + model + " --logits " + seqs + " --out " + out);
+}
+
+// The step lines of a metrics file (its lines without an "event").
+std::vector<nlohmann::json> step_lines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (!j.contains("event")) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// Every step line of a metrics file logged a finite loss; returns how many there are.
+int steps_with_finite_loss(const std::string& path) {
+  const auto steps = step_lines(path);
+  for (const auto& j : steps) EXPECT_TRUE(std::isfinite(j.at("loss").get<double>())) << j.dump();
+  return static_cast<int>(steps.size());
 }
 
 TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
@@ -97,17 +123,14 @@ TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
   std::ofstream(seqs) << genome.substr(5000, 60) << "\n" << genome.substr(7000, 45) << "\n";
   const auto merged = (dir / "merged.safetensors").string();
   const auto adapted = (dir / "adapted.safetensors").string();
-  ASSERT_EQ(run(kBin + "dnallm-eval --model " + hf + " --logits " + seqs + " --out " + merged).code,
-            0);
+  ASSERT_EQ(eval_logits(hf, seqs, merged).code, 0);
   auto with_adapter = run(kBin + "dnallm-eval --model " + hf + "/base --adapter " + hf +
                           "/adapter --logits " + seqs + " --out " + adapted);
   ASSERT_EQ(with_adapter.code, 0) << with_adapter.out;
   // Our own export (final/, our tokenizer) = its transformers export (final/hf) = PEFT's adapter
   // on its base = its merge.
   const auto own = (dir / "own.safetensors").string();
-  ASSERT_EQ(
-      run(kBin + "dnallm-eval --model " + ck + "/final --logits " + seqs + " --out " + own).code,
-      0);
+  ASSERT_EQ(eval_logits(ck + "/final", seqs, own).code, 0);
   const auto full = floats(merged, "logits");
   const auto ours = floats(own, "logits");
   ASSERT_EQ(ours.size(), full.size());
@@ -137,19 +160,14 @@ TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
     }
   }
   EXPECT_TRUE(saw_eval);
-  std::ifstream metrics(ck + "/metrics.jsonl");
-  std::string line;
-  int step_lines = 0;
-  while (std::getline(metrics, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("event")) continue;
-    ++step_lines;
+  const auto steps = step_lines(ck + "/metrics.jsonl");
+  for (const auto& j : steps) {
     const auto step = j.at("step").get<int64_t>();
     ASSERT_TRUE(tb_loss.count(step)) << "step " << step << " missing from the event file";
     EXPECT_EQ(tb_loss[step], static_cast<float>(j.at("loss").get<double>()));
   }
-  EXPECT_GE(step_lines, 8);
-  EXPECT_EQ(static_cast<int>(tb_loss.size()), step_lines);
+  EXPECT_GE(steps.size(), 8u);
+  EXPECT_EQ(tb_loss.size(), steps.size());
   fs::remove_all(dir);
 }
 
@@ -181,14 +199,8 @@ void continued_pretraining_with_the_nt_split(const std::string& family) {
   std::ofstream(seqs) << "ACGTACGTTAGCCGATAGGCTTACGATCGATCGGATCCATGCAAGTCNNACGTTGCA\n"
                       << "TTGACAGCTAGCTCAGTCCTAGGTATAATGCTAGCACGTAGCTAGCAGTCAGTACGA\n";
   const auto own = (ck / "own.safetensors").string(), hf = (ck / "hf.safetensors").string();
-  ASSERT_EQ(run(kBin + "dnallm-eval --model " + (ck / "final").string() + " --logits " + seqs +
-                " --out " + own)
-                .code,
-            0);
-  ASSERT_EQ(run(kBin + "dnallm-eval --model " + (ck / "final/hf").string() + " --logits " + seqs +
-                " --out " + hf)
-                .code,
-            0);
+  ASSERT_EQ(eval_logits((ck / "final").string(), seqs, own).code, 0);
+  ASSERT_EQ(eval_logits((ck / "final/hf").string(), seqs, hf).code, 0);
   EXPECT_EQ(values<int64_t>(own, "input_ids"), values<int64_t>(hf, "input_ids"));
   const auto a = floats(own, "logits"), b = floats(hf, "logits");
   ASSERT_EQ(a.size(), b.size());
@@ -196,16 +208,7 @@ void continued_pretraining_with_the_nt_split(const std::string& family) {
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, double(std::fabs(a[i] - b[i])));
   EXPECT_LE(worst, 1e-4);
   // Every step logged a finite loss (the import's exactness is worker_hf_import_test's).
-  std::ifstream metrics(ck / "metrics.jsonl");
-  std::string line;
-  int steps = 0;
-  while (std::getline(metrics, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("event")) continue;
-    EXPECT_TRUE(std::isfinite(j.at("loss").get<double>())) << line;
-    ++steps;
-  }
-  EXPECT_EQ(steps, 6);
+  EXPECT_EQ(steps_with_finite_loss((ck / "metrics.jsonl").string()), 6);
   fs::remove_all(ck);
 }
 
@@ -238,20 +241,14 @@ TEST(HfFineTune, Dnabert2PretrainExportThenLoraAndFullFineTune) {
   const auto seqs = (dir / "seqs.txt").string();
   std::ofstream(seqs) << genome.substr(5000, 200) << "\n" << genome.substr(9000, 70) << "\n";
   const auto own = (dir / "own.safetensors").string(), out = (dir / "hf.safetensors").string();
-  auto own_run = run(kBin + "dnallm-eval --model " + hf + " --logits " + seqs + " --out " + out);
+  auto own_run = eval_logits(hf, seqs, out);
   ASSERT_EQ(own_run.code, 0) << own_run.out;
   std::ofstream(dir / "short.txt") << genome.substr(5000, 100) << "\n"
                                    << genome.substr(9000, 70) << "\n";
   const auto short_seqs = (dir / "short.txt").string();
   const auto hf_short = (dir / "hf_short.safetensors").string();
-  ASSERT_EQ(
-      run(kBin + "dnallm-eval --model " + pre + "/final --logits " + short_seqs + " --out " + own)
-          .code,
-      0);
-  ASSERT_EQ(
-      run(kBin + "dnallm-eval --model " + hf + " --logits " + short_seqs + " --out " + hf_short)
-          .code,
-      0);
+  ASSERT_EQ(eval_logits(pre + "/final", short_seqs, own).code, 0);
+  ASSERT_EQ(eval_logits(hf, short_seqs, hf_short).code, 0);
   const auto mask = values<int64_t>(own, "attention_mask");
   const auto a = floats(own, "logits"), b = floats(hf_short, "logits");
   ASSERT_EQ(a.size(), b.size());
@@ -290,14 +287,8 @@ TEST(HfFineTune, Dnabert2PretrainExportThenLoraAndFullFineTune) {
   std::ofstream(cls_seqs) << genome.substr(5000, 60) << "\n" << genome.substr(9000, 45) << "\n";
   const auto c_own = (dir / "c_own.safetensors").string();
   const auto c_hf = (dir / "c_hf.safetensors").string();
-  ASSERT_EQ(
-      run(kBin + "dnallm-eval --model " + lora + "/final --logits " + cls_seqs + " --out " + c_own)
-          .code,
-      0);
-  ASSERT_EQ(run(kBin + "dnallm-eval --model " + lora + "/final/hf --logits " + cls_seqs +
-                " --out " + c_hf)
-                .code,
-            0);
+  ASSERT_EQ(eval_logits(lora + "/final", cls_seqs, c_own).code, 0);
+  ASSERT_EQ(eval_logits(lora + "/final/hf", cls_seqs, c_hf).code, 0);
   const auto ca = floats(c_own, "logits"), cb = floats(c_hf, "logits");
   ASSERT_EQ(ca.size(), 4u);
   ASSERT_EQ(cb.size(), ca.size());
@@ -321,16 +312,7 @@ TEST(HfFineTune, Dnabert2PretrainExportThenLoraAndFullFineTune) {
                       " --set lora.r=0 --set training.max_steps=6 --set checkpoint.dir=" + full +
                       " --metrics-file " + full + "/metrics.jsonl");
   ASSERT_EQ(full_run.code, 0) << full_run.out;
-  std::ifstream metrics(full + "/metrics.jsonl");
-  std::string line;
-  int steps = 0;
-  while (std::getline(metrics, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("event")) continue;
-    EXPECT_TRUE(std::isfinite(j.at("loss").get<double>())) << line;
-    ++steps;
-  }
-  EXPECT_GE(steps, 1);
+  EXPECT_GE(steps_with_finite_loss(full + "/metrics.jsonl"), 1);
   fs::remove_all(dir);
 }
 

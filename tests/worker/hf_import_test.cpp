@@ -18,6 +18,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 #include "tests/support/hf_fixtures.hpp"
 #include "tests/support/process.hpp"
 #include "worker/data/hf_tokenizer.hpp"
@@ -31,6 +32,8 @@
 
 namespace dnallm::models {
 namespace {
+
+using dnallm::testing::expect_error;
 
 namespace fs = std::filesystem;
 // The committed fixtures, or DNALLM_HF_FIXTURES_DIR (tests/support/hf_fixtures.hpp).
@@ -281,13 +284,7 @@ TEST(HfImportTest, Dnabert2PytorchModelBinAsShipped) {
   EXPECT_LE(dnabert2_diff(dnabert2_logits(model, expected), expected), kTolerance);
   fs::permissions(dir / "pytorch_model.bin", fs::perms::owner_write, fs::perm_options::add);
   auto expect_damaged_bin = [&](const std::string& needle) {
-    try {
-      read_hf_checkpoint(dir.string());
-      ADD_FAILURE() << "accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt) << e.what();
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+    expect_error([&] { read_hf_checkpoint(dir.string()); }, ExitCode::kCheckpointCorrupt, {needle});
   };
   std::ofstream(dir / "pytorch_model.bin", std::ios::trunc) << "not a pickle";
   expect_damaged_bin("not a torch.save zip archive");
@@ -600,15 +597,8 @@ TEST(HfInitFromTest, AnotherTokenizationIsRefused) {
   config.tokenizer.kind = cfg::TokenizerKind::kKmer;
   config.tokenizer.k = 6;
   config.tokenizer.stride = 6;
-  try {
-    init_from_hf(config, *data::make_tokenizer(config), BuildContext{});
-    FAIL() << "accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("tokenizer.kind = \"nt\", tokenizer.k = 6"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_error([&] { init_from_hf(config, *data::make_tokenizer(config), BuildContext{}); },
+               ExitCode::kUsage, {"tokenizer.kind = \"nt\", tokenizer.k = 6"});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -617,10 +607,7 @@ TEST(HfInitFromTest, AnotherTokenizationIsRefused) {
 class HfRefusalTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("dnallm_hf_refusal_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    dir_ = dnallm::testing::make_test_case_dir("hf_refusal");
     fs::copy(kFixtures + "/bert_mlm", dir_);
     for (auto& e : fs::directory_iterator(dir_)) {
       fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
@@ -918,13 +905,8 @@ TEST_F(HfRefusalTest, ConfigJsonLinkedToDevZero) {
 // cannot be opened when the directory is read, a damaged tensor when it is (Note [Lazy Hugging
 // Face import]: when the model is built).
 void expect_damaged(const fs::path& dir, const std::string& needle) {
-  try {
-    build_hf_model(read_hf_checkpoint(dir.string()));
-    FAIL() << "accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
+  expect_error([&] { build_hf_model(read_hf_checkpoint(dir.string())); },
+               ExitCode::kCheckpointCorrupt, {needle});
 }
 
 TEST_F(HfRefusalTest, WeightsFileThatIsNotARegularFile) {
@@ -1287,13 +1269,7 @@ TEST(HfExportTest, RotaryVariantsWithoutATransformersEquivalentAreRefused) {
     auto checkpoint = read_hf_checkpoint(kFixtures + "/" + family);
     edit(checkpoint.options);
     auto model = build_hf_model(checkpoint);
-    try {
-      export_hf_model(model, dir.string());
-      ADD_FAILURE() << "exported";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kUsage);
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+    expect_error([&] { export_hf_model(model, dir.string()); }, ExitCode::kUsage, {needle});
     EXPECT_FALSE(export_hf_transformer(model, *data::make_char_tokenizer(), dir.string()));
     EXPECT_FALSE(fs::exists(dir));
   };

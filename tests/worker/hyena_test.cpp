@@ -13,6 +13,7 @@
 
 #include "core/error.hpp"
 #include "tests/support/hf_fixtures.hpp"
+#include "tests/support/kept_export.hpp"
 #include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models::hyena {
@@ -208,14 +209,8 @@ TEST(Hyena, ExportIsTheLayoutItCameInAndLoadsBackExactly) {
     auto model = load_hf_hyena(fixture(name));
     // DNALLM_HYENA_EXPORT_KEEP=DIR keeps the exports in DIR/<fixture> for
     // tests/hf/check_hyena_export.py (LongSafari's code loads them).
-    const char* keep = std::getenv("DNALLM_HYENA_EXPORT_KEEP");
-    const auto out =
-        keep != nullptr && *keep != '\0'
-            ? std::string(keep) + "/" + name
-            : (fs::temp_directory_path() /
-               ("dnallm_hyena_export_" + std::string(name) + std::to_string(::getpid())))
-                  .string();
-    fs::remove_all(out);
+    const dnallm::testing::KeptExport dir("DNALLM_HYENA_EXPORT_KEEP", "hyena_export", name);
+    const std::string& out = dir.path();
     export_hf_hyena(model, out, fixture(name));
     nlohmann::json config = nlohmann::json::parse(std::ifstream(out + "/config.json"));
     EXPECT_EQ(config.at("auto_map").at("AutoModelForCausalLM"),
@@ -227,7 +222,6 @@ TEST(Hyena, ExportIsTheLayoutItCameInAndLoadsBackExactly) {
     auto ids = load_safetensors(fixture(name) + "/expected.safetensors").at("input_ids");
     torch::NoGradGuard no_grad;
     EXPECT_TRUE(torch::equal(model->forward(ids), again->forward(ids)));
-    if (keep == nullptr || *keep == '\0') fs::remove_all(out);
   }
 }
 

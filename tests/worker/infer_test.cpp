@@ -10,6 +10,7 @@
 #include <random>
 
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 #include "worker/data/sequence_reader.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/infer/inference.hpp"
@@ -19,6 +20,8 @@
 
 namespace dnallm::infer {
 namespace {
+
+using dnallm::testing::expect_error;
 
 // At start, before anything asks LibTorch about CUDA: loads the CUDA plugin where a GPU
 // shows (Note [Lazy CUDA] in core/cuda_plugin.hpp).
@@ -313,12 +316,7 @@ TEST(Int8, ModelLogitsWithinStatedErrorOfFp32) {
 TEST(Int8, RefusedOffTheCpuWithAUsageError) {
   if (!kCuda) GTEST_SKIP() << "no CUDA device: the refusal needs one";
   auto w = torch::randn({8, 8}, torch::kCUDA);
-  try {
-    models::make_int8_weight(w, torch::Tensor());
-    FAIL() << "expected Error(kUsage)";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-  }
+  expect_error([&] { models::make_int8_weight(w, torch::Tensor()); }, ExitCode::kUsage);
 }
 
 // Windows of the bundled genomes: E. coli K-12 (label 0) and S. aureus N315 (label 1), as

@@ -12,6 +12,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 #include "tests/support/hf_fixtures.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/caduceus_model.hpp"
@@ -23,6 +24,8 @@
 namespace dnallm::models {
 namespace {
 
+using dnallm::testing::expect_error;
+
 namespace fs = std::filesystem;
 
 std::string fixture(const std::string& name) { return dnallm::testing::hf_fixture(name); }
@@ -32,20 +35,6 @@ fs::path temp_dir(const std::string& name) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
-}
-
-// Runs `f`, which must throw Error with `code` and a message holding every one of `parts`.
-template <typename F>
-void expect_error(F f, ExitCode code, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-    return;
-  }
-  ADD_FAILURE() << "no error";
 }
 
 Config tiny(const std::string& arch, const std::string& task) {

@@ -8,11 +8,14 @@
 #include <fstream>
 
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 #include "worker/models/transformer/transformer.hpp"
 #include "worker/optim/flat_adamw.hpp"
 
 namespace dnallm::models {
 namespace {
+
+using dnallm::testing::expect_error;
 
 ModelOptions tiny(Arch arch, Task task = Task::kPretrain) {
   ModelOptions o;
@@ -365,12 +368,7 @@ TEST(ModelTest, SafetensorsRoundTrip) {
   }
   // A truncated file is a damaged file (exit code 5).
   std::filesystem::resize_file(path, 20);
-  try {
-    load_safetensors(path);
-    FAIL() << "truncated file accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt);
-  }
+  expect_error([&] { load_safetensors(path); }, ExitCode::kCheckpointCorrupt);
   // Issue 22: NaN or infinite weights (all-NaN logits, exit 0 before) are refused, naming the
   // tensor.
   for (const float bad :
@@ -378,15 +376,9 @@ TEST(ModelTest, SafetensorsRoundTrip) {
     auto w = torch::ones({3, 2});
     w[1][1] = bad;
     save_safetensors(path, {{"ok", torch::ones({2})}, {"encoder.w", w}});
-    try {
-      load_safetensors(path);
-      FAIL() << bad << " accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kCheckpointCorrupt);
-      EXPECT_NE(std::string(e.what()).find("tensor encoder.w holds NaN or infinite values"),
-                std::string::npos)
-          << e.what();
-    }
+    SCOPED_TRACE(bad);
+    expect_error([&] { load_safetensors(path); }, ExitCode::kCheckpointCorrupt,
+                 {"tensor encoder.w holds NaN or infinite values"});
   }
   std::filesystem::remove(path);
 }

@@ -7,10 +7,13 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 #include "worker/optim/flat_adamw.hpp"
 
 namespace dnallm::optim {
 namespace {
+
+using dnallm::testing::expect_error;
 
 struct TinyNet : torch::nn::Module {
   TinyNet() {
@@ -141,12 +144,7 @@ TEST(OptimTest, Schedules) {
   s = schedule_from_config(t, 200);
   EXPECT_EQ(s.warmup_steps, 20);
   t.lr = 0;
-  try {
-    schedule_from_config(t, 10);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-  }
+  expect_error([&] { schedule_from_config(t, 10); }, ExitCode::kUsage);
 }
 
 // The device coefficient (Note [Sync-free step]) is the host one, also for no clipping and a

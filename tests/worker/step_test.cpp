@@ -20,6 +20,7 @@
 #include "core/cuda_plugin.hpp"
 #include "core/error.hpp"
 #include "lm_batches.hpp"
+#include "tests/support/expect_error.hpp"
 #include "worker/train/checkpointing.hpp"
 #include "worker/train/device_stats.hpp"
 #include "worker/train/mfu.hpp"
@@ -29,6 +30,8 @@
 
 namespace dnallm::train {
 namespace {
+
+using dnallm::testing::expect_error;
 
 namespace fs = std::filesystem;
 
@@ -235,15 +238,8 @@ TEST(DeviceStatsTest, CudaHooksLookedUpBeforeThePluginAreAnInternalError) {
   if (cuda_plugin::loaded()) GTEST_SKIP() << "the CUDA plugin is loaded already";
   (void)torch::cuda::is_available();               // ATen looks its CUDA hooks up and keeps them
   setenv("DNALLM_TEST_LOAD_CUDA_PLUGIN", "1", 1);  // past the "no GPU in sight" refusal
-  try {
-    cuda_usable("cuda", "the test");
-    FAIL() << "CUDA hooks looked up too early went unnoticed";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kFailure) << e.what();
-    EXPECT_NE(std::string(e.what()).find("looked up before the CUDA plugin was loaded"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_error([&] { cuda_usable("cuda", "the test"); }, ExitCode::kFailure,
+               {"looked up before the CUDA plugin was loaded"});
   unsetenv("DNALLM_TEST_LOAD_CUDA_PLUGIN");
 }
 
@@ -252,13 +248,8 @@ TEST(ProfilerTest, RangeIsStartColonEnd) {
   EXPECT_EQ(r.first, 3);
   EXPECT_EQ(r.last, 5);
   for (const std::string bad : {"5:3", "0:2", "3", "a:b", "3:4x", ""}) {
-    try {
-      parse_profile_range(bad, "--profile");
-      ADD_FAILURE() << bad << " accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kUsage);
-      EXPECT_NE(std::string(e.what()).find("START:END"), std::string::npos) << e.what();
-    }
+    SCOPED_TRACE(bad);
+    expect_error([&] { parse_profile_range(bad, "--profile"); }, ExitCode::kUsage, {"START:END"});
   }
 }
 
@@ -268,13 +259,7 @@ TEST(ProfilerTest, WritesATraceOrRefusesClearly) {
           .string();
   if (!kineto_available()) {
     std::printf("this LibTorch has no Kineto: checking the refusal\n");
-    try {
-      StepProfiler p(ProfileRange{1, 1}, path);
-      FAIL() << "StepProfiler accepted a LibTorch without Kineto";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kUsage);
-      EXPECT_NE(std::string(e.what()).find("Kineto"), std::string::npos) << e.what();
-    }
+    expect_error([&] { StepProfiler p(ProfileRange{1, 1}, path); }, ExitCode::kUsage, {"Kineto"});
     return;
   }
   StepProfiler p(ProfileRange{2, 2}, path);

@@ -31,6 +31,18 @@ struct TrainRun {
 const std::string kHyena =
     "--set model.arch=hyena --set training.max_steps=10 --set parallel.backend=gloo ";
 
+// The outputs of the run in r.dir: its losses, final parameters, summary and evaluations.
+void read_outputs(TrainRun& r) {
+  r.losses = read_step_losses(r.dir + "/metrics.jsonl");
+  r.params = read_safetensors_f32(r.dir + "/ckpt/final/model.safetensors");
+  std::ifstream metrics(r.dir + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "summary") r.summary = j;
+    if (j.value("event", "") == "eval") r.evals.push_back(j);
+  }
+}
+
 TrainRun train(const std::string& name, int world, int micro, const std::string& extra) {
   TrainRun r;
   r.dir = make_temp_dir(name);
@@ -40,15 +52,7 @@ TrainRun train(const std::string& name, int world, int micro, const std::string&
   std::string log;
   const int rc = run_command(cmd, &log);
   EXPECT_EQ(rc, 0) << cmd << "\n" << log;
-  if (rc != 0) return r;
-  r.losses = read_step_losses(r.dir + "/metrics.jsonl");
-  r.params = read_safetensors_f32(r.dir + "/ckpt/final/model.safetensors");
-  std::ifstream metrics(r.dir + "/metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.value("event", "") == "summary") r.summary = j;
-    if (j.value("event", "") == "eval") r.evals.push_back(j);
-  }
+  if (rc == 0) read_outputs(r);
   return r;
 }
 
@@ -168,13 +172,7 @@ TEST_F(ContextParallelTraining, ResumesAtAnotherDataByContextLayout) {
   ASSERT_TRUE(part(4, "--set parallel.context_parallel=2 --set checkpoint.resume=auto"));
   // Else the second part trained all 10 steps itself.
   EXPECT_NE(log.find("resumed from"), std::string::npos) << log;
-  resumed.losses = read_step_losses(resumed.dir + "/metrics.jsonl");
-  resumed.params = read_safetensors_f32(resumed.dir + "/ckpt/final/model.safetensors");
-  std::ifstream metrics(resumed.dir + "/metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.value("event", "") == "summary") resumed.summary = j;
-  }
+  read_outputs(resumed);
   ASSERT_EQ(resumed.summary.value("steps", 0), 10);
   // Only this part's tokens are in its summary: compare the steps and the parameters.
   resumed.summary["tokens"] = uninterrupted.summary.at("tokens");

@@ -11,10 +11,13 @@
 
 #include "core/error.hpp"
 #include "test_files.hpp"
+#include "tests/support/expect_error.hpp"
 #include "worker/data/genome_dataset.hpp"
 
 namespace dnallm::data {
 namespace {
+
+using dnallm::testing::expect_error;
 
 std::shared_ptr<const Dataset> genome(int64_t window = 30, uint64_t samples = 50) {
   GenomeOptions o;
@@ -190,13 +193,7 @@ TEST(DataLoader, WorkerErrorsReachTheConsumer) {
   auto opts = options(0, 1, 8, 1, 2);
   opts.shuffle = false;
   DataLoader l(std::make_shared<FailingDataset>(), make_char_tokenizer(), opts);
-  try {
-    l.next();
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kBadData);
-    EXPECT_NE(std::string(e.what()).find("record 3"), std::string::npos);
-  }
+  expect_error([&] { l.next(); }, ExitCode::kBadData, {"record 3"});
 }
 
 // Counts get() calls: how far the workers ran ahead of the consumer.
@@ -332,30 +329,28 @@ TEST(DataLoader, SeqLenWarmupRanksSplitTheOneRankRows) {
   auto tok = make_char_tokenizer();
   auto one = options(0, 1, 4, 1, 0);
   one.seq_len_warmup = {{3, 16}};
-  std::map<uint64_t, std::vector<int64_t>> single, split;
-  DataLoader l1(ds, tok, one);
-  for (int i = 0; i < 3; ++i) {
-    const Batch b = l1.next();
-    ASSERT_EQ(b.rows, 8);
-    for (int64_t r = 0; r < b.rows; ++r) {
-      auto& row = single[b.sample_ids[r]];
-      row.insert(row.end(), b.input_ids.begin() + r * 16, b.input_ids.begin() + (r + 1) * 16);
-      row.insert(row.end(), b.labels.begin() + r * 16, b.labels.begin() + (r + 1) * 16);
-    }
-  }
-  for (int rank : {0, 1}) {
-    auto o = options(rank, 2, 2, 1, 0);
-    o.seq_len_warmup = one.seq_len_warmup;
-    DataLoader l(ds, tok, o);
+  // Each row of three batches of `loader` (`rows` rows of 16 tokens each) by its sample id: its
+  // ids, then its labels.
+  using Rows = std::map<uint64_t, std::vector<int64_t>>;
+  auto collect = [](DataLoader& loader, int64_t rows, Rows& into) {
     for (int i = 0; i < 3; ++i) {
-      const Batch b = l.next();
-      ASSERT_EQ(b.rows, 4);
+      const Batch b = loader.next();
+      ASSERT_EQ(b.rows, rows);
       for (int64_t r = 0; r < b.rows; ++r) {
-        auto& row = split[b.sample_ids[r]];
+        auto& row = into[b.sample_ids[r]];
         row.insert(row.end(), b.input_ids.begin() + r * 16, b.input_ids.begin() + (r + 1) * 16);
         row.insert(row.end(), b.labels.begin() + r * 16, b.labels.begin() + (r + 1) * 16);
       }
     }
+  };
+  Rows single, split;
+  DataLoader l1(ds, tok, one);
+  collect(l1, 8, single);
+  for (int rank : {0, 1}) {
+    auto o = options(rank, 2, 2, 1, 0);
+    o.seq_len_warmup = one.seq_len_warmup;
+    DataLoader l(ds, tok, o);
+    collect(l, 4, split);
   }
   EXPECT_EQ(single.size(), 12u);
   EXPECT_EQ(split, single);

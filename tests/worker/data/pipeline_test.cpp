@@ -4,9 +4,12 @@
 
 #include "core/error.hpp"
 #include "test_files.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::data {
 namespace {
+
+using dnallm::testing::expect_error;
 
 Config small_config() {
   Config c;
@@ -82,12 +85,8 @@ TEST(Pipeline, KmerWindowAndCausal) {
 // (Note [Config choices]).
 TEST(Pipeline, BadOptionsAreUsageErrors) {
   for (const char* bad : {"tokenizer.kind=words", "data.on_bad_record=ignore"}) {
-    try {
-      parse_config("", "test", {bad});
-      FAIL() << bad;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kUsage) << bad;
-    }
+    SCOPED_TRACE(bad);
+    expect_error([&] { parse_config("", "test", {bad}); }, ExitCode::kUsage);
   }
 }
 

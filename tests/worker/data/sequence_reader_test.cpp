@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "test_files.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::data {
 namespace {
@@ -31,17 +32,10 @@ void expect_records(const std::vector<SequenceRecord>& r) {
   EXPECT_EQ(r[2].line, 7);
 }
 
-// Runs `fn`, expects Error(kBadData) whose message contains every piece of `parts`.
+// Runs `fn`, which must throw Error(kBadData) naming every one of `parts`.
 template <typename Fn>
-void expect_bad_data(Fn fn, std::vector<std::string> parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kBadData) << e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
-  }
+void expect_bad_data(Fn fn, const std::vector<std::string>& parts) {
+  dnallm::testing::expect_error(fn, ExitCode::kBadData, parts);
 }
 
 TEST(SequenceReader, PlainGzipAndBgzfFasta) {

@@ -8,22 +8,18 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "test_files.hpp"
+#include "tests/support/expect_error.hpp"
 #include "worker/data/pipeline.hpp"
 
 namespace dnallm::data {
 namespace {
 
+using dnallm::testing::expect_error;
+
+// Runs `fn`, which must throw Error(kBadData) naming every one of `parts`.
 template <typename Fn>
-void expect_bad_data(Fn fn, std::vector<std::string> parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kBadData) << e.what();
-    for (const auto& p : parts) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
-    }
-  }
+void expect_bad_data(Fn fn, const std::vector<std::string>& parts) {
+  dnallm::testing::expect_error(fn, ExitCode::kBadData, parts);
 }
 
 TableOptions classification(const std::string& cache_dir = "") {
@@ -106,27 +102,44 @@ TEST(TableDataset, MultipleFiles) {
 
 TEST(TableDataset, BadRecordsNameFileLineAndRecord) {
   testing::TempDir dir;
-  testing::write_text(dir.file("missing.csv"), "seq,label\nACGT,1\n");
-  expect_bad_data([&] { TableDataset({dir.file("missing.csv")}, classification()); },
-                  {"missing.csv:1", "missing column \"sequence\""});
-  testing::write_text(dir.file("nolabel.csv"), "sequence\nACGT\n");
-  expect_bad_data([&] { TableDataset({dir.file("nolabel.csv")}, classification()); },
-                  {"nolabel.csv:1", "label"});
-  testing::write_text(dir.file("chars.csv"), "sequence,label\nACGT,1\nAC*T,0\n");
-  expect_bad_data([&] { TableDataset({dir.file("chars.csv")}, classification()); },
-                  {"chars.csv:3", "record 2", "'*'", "position 3"});
-  testing::write_text(dir.file("label.csv"), "sequence,label\nACGT,1\nACGT,7\n");
-  expect_bad_data([&] { TableDataset({dir.file("label.csv")}, classification()); },
-                  {"label.csv:3", "record 2", "bad label \"7\""});
-  testing::write_text(dir.file("empty.tsv"), "sequence\tlabel\nACGT\t1\n\t1\n");
-  expect_bad_data([&] { TableDataset({dir.file("empty.tsv")}, classification()); },
-                  {"empty.tsv:3", "empty sequence"});
-  testing::write_text(dir.file("short.csv"), "label,sequence\n1,ACGT\n1\n");
-  expect_bad_data([&] { TableDataset({dir.file("short.csv")}, classification()); },
-                  {"short.csv:3", "missing column"});
-  testing::write_text(dir.file("bad.jsonl"), "{\"sequence\": \"AC\"}\n{oops\n");
-  expect_bad_data([&] { TableDataset({dir.file("bad.jsonl")}, TableOptions{}); },
-                  {"bad.jsonl:2", "not a JSON object"});
+  struct Bad {
+    const char* file;
+    const char* text;
+    TableOptions options;
+    std::vector<std::string> parts;
+  };
+  const std::vector<Bad> cases = {
+      {"missing.csv",
+       "seq,label\nACGT,1\n",
+       classification(),
+       {"missing.csv:1", "missing column \"sequence\""}},
+      {"nolabel.csv", "sequence\nACGT\n", classification(), {"nolabel.csv:1", "label"}},
+      {"chars.csv",
+       "sequence,label\nACGT,1\nAC*T,0\n",
+       classification(),
+       {"chars.csv:3", "record 2", "'*'", "position 3"}},
+      {"label.csv",
+       "sequence,label\nACGT,1\nACGT,7\n",
+       classification(),
+       {"label.csv:3", "record 2", "bad label \"7\""}},
+      {"empty.tsv",
+       "sequence\tlabel\nACGT\t1\n\t1\n",
+       classification(),
+       {"empty.tsv:3", "empty sequence"}},
+      {"short.csv",
+       "label,sequence\n1,ACGT\n1\n",
+       classification(),
+       {"short.csv:3", "missing column"}},
+      {"bad.jsonl",
+       "{\"sequence\": \"AC\"}\n{oops\n",
+       TableOptions{},
+       {"bad.jsonl:2", "not a JSON object"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.file);
+    testing::write_text(dir.file(c.file), c.text);
+    expect_bad_data([&] { TableDataset({dir.file(c.file)}, c.options); }, c.parts);
+  }
   testing::write_text(dir.file("reg.csv"), "sequence,label\nACGT,abc\n");
   TableOptions reg;
   reg.task = cfg::Task::kRegression;
@@ -234,13 +247,8 @@ TEST(TableDataset, CompressedTablesRefused) {
   testing::write_gzip(dir.file("t.csv.gz"), "sequence\nACGT\n");
   TableOptions o;
   o.format = cfg::DataFormat::kCsv;
-  try {
-    TableDataset ds({dir.file("t.csv.gz")}, o);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("decompress"), std::string::npos);
-  }
+  expect_error([&] { TableDataset ds({dir.file("t.csv.gz")}, o); }, ExitCode::kUsage,
+               {"decompress"});
 }
 
 }  // namespace

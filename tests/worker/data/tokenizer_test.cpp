@@ -4,9 +4,12 @@
 
 #include "core/error.hpp"
 #include "test_files.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::data {
 namespace {
+
+using dnallm::testing::expect_error;
 
 TEST(Tokenizer, SpecialIdsAreFixed) {
   EXPECT_EQ(kPadId, 0);
@@ -67,13 +70,7 @@ TEST(KmerTokenizer, NonOverlappingAndN) {
 TEST(KmerTokenizer, RejectsBadOptions) {
   EXPECT_THROW(make_kmer_tokenizer(2, 1), Error);
   EXPECT_THROW(make_kmer_tokenizer(9, 1), Error);
-  try {
-    make_kmer_tokenizer(6, 3);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("stride"), std::string::npos);
-  }
+  expect_error([&] { make_kmer_tokenizer(6, 3); }, ExitCode::kUsage, {"stride"});
 }
 
 TEST(Tokenizer, JsonRoundTripAndEquality) {
@@ -112,16 +109,9 @@ TEST(NtTokenizer, KmersThenSingleBases) {
 TEST(Tokenizer, RequireSameTokenizerNamesTheMismatch) {
   auto kmer = make_kmer_tokenizer(6, 1);
   EXPECT_NO_THROW(require_same_tokenizer(*kmer, kmer->to_json(), "ckpt/step_1"));
-  try {
-    require_same_tokenizer(*kmer, make_char_tokenizer()->to_json(), "ckpt/step_1");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    std::string m = e.what();
-    EXPECT_NE(m.find("ckpt/step_1"), std::string::npos) << m;
-    EXPECT_NE(m.find("vocab 10"), std::string::npos) << m;
-    EXPECT_NE(m.find("vocab 4101"), std::string::npos) << m;
-  }
+  expect_error(
+      [&] { require_same_tokenizer(*kmer, make_char_tokenizer()->to_json(), "ckpt/step_1"); },
+      ExitCode::kUsage, {"ckpt/step_1", "vocab 10", "vocab 4101"});
 }
 
 TEST(BpeTokenizer, TrainSaveLoadRoundTrip) {

@@ -18,6 +18,7 @@
 #include "comm/make_communicator.hpp"
 #include "coordinator/store.hpp"
 #include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
 #include "tests/worker/parallel/context_model_run.hpp"
 #include "tests/worker/parallel/context_ranks.hpp"
 #include "worker/models/hyena/hyena_model.hpp"
@@ -25,6 +26,8 @@
 
 namespace dnallm::parallel {
 namespace {
+
+using dnallm::testing::expect_error;
 
 using models::ContextLayout;
 using torch::Tensor;
@@ -53,16 +56,9 @@ TEST(MeshCoordinates, ContextGroupsAreConsecutiveRanksAndDataRanksCountGroups) {
 }
 
 TEST(MeshCoordinates, ADegreeThatDoesNotDivideTheWorldIsOneUsageError) {
-  try {
-    mesh_coordinates(0, 6, 4);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("parallel.context_parallel = 4 does not divide the "
-                                         "world size 6"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_error([&] { mesh_coordinates(0, 6, 4); }, ExitCode::kUsage,
+               {"parallel.context_parallel = 4 does not divide the "
+                "world size 6"});
   EXPECT_THROW(mesh_coordinates(0, 1, 2), Error);
   EXPECT_THROW(mesh_coordinates(0, 2, 0), Error);
 }
@@ -99,16 +95,21 @@ data::Batch small_batch() {
   return b;
 }
 
+// What context ranks 0 and 1 of a group of two hold of `whole` under `o`.
+std::pair<data::Batch, data::Batch> two_shards(const data::Batch& whole, ContextShardOptions o) {
+  o.context_size = 2;
+  o.context_rank = 0;
+  data::Batch first = context_shard(whole, o);
+  o.context_rank = 1;
+  return {std::move(first), context_shard(whole, o)};
+}
+
 TEST(ContextShard, CausalLabelsAreShiftedOnTheWholeSequenceThenCut) {
   ContextShardOptions o;
-  o.context_size = 2;
   o.shift_labels = true;
   o.pad_id = 4;
   // T = 5 padded to 6: rank 0 holds positions 0..2, rank 1 positions 3..5.
-  o.context_rank = 0;
-  const auto first = context_shard(small_batch(), o);
-  o.context_rank = 1;
-  const auto second = context_shard(small_batch(), o);
+  const auto [first, second] = two_shards(small_batch(), o);
   EXPECT_EQ(first.seq_len, 3);
   EXPECT_EQ(first.input_ids, (std::vector<int64_t>{10, 11, 12, 20, 21, 22}));
   // Position 2 predicts token 3, which lives on the next rank.
@@ -127,14 +128,10 @@ TEST(ContextShard, CausalLabelsAreShiftedOnTheWholeSequenceThenCut) {
 TEST(ContextShard, ZigZagChunksTakeTheirShiftedLabelsAlong) {
   ContextShardOptions o;
   o.layout = ContextLayout::kZigZag;
-  o.context_size = 2;
   o.shift_labels = true;
   o.pad_id = 4;
   // T = 5 padded to 8 (2C = 4 chunks of 2): rank 0 holds positions 0, 1, 6, 7, rank 1 2..5.
-  o.context_rank = 0;
-  const auto first = context_shard(small_batch(), o);
-  o.context_rank = 1;
-  const auto second = context_shard(small_batch(), o);
+  const auto [first, second] = two_shards(small_batch(), o);
   EXPECT_EQ(first.seq_len, 4);
   EXPECT_EQ(first.input_ids, (std::vector<int64_t>{10, 11, 4, 4, 20, 21, 4, 4}));
   EXPECT_EQ(first.labels, (std::vector<int64_t>{11, 12, -100, -100, 21, 22, -100, -100}));
@@ -149,13 +146,7 @@ TEST(ContextShard, PackedOrRegressionBatchesAreOneUsageError) {
   o.context_size = 2;
   auto packed = small_batch();
   packed.segment_ids.assign(10, 1);
-  try {
-    context_shard(packed, o);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("data.packing = false"), std::string::npos) << e.what();
-  }
+  expect_error([&] { context_shard(packed, o); }, ExitCode::kUsage, {"data.packing = false"});
   auto regression = small_batch();
   regression.labels.clear();
   regression.targets = {0.5F, 1.5F};
@@ -168,11 +159,7 @@ TEST(ContextShard, ClassificationLabelsStayOnContextRankZero) {
   auto classification = small_batch();
   classification.labels = {0, 1};
   classification.num_label_tokens = 2;
-  ContextShardOptions o;
-  o.context_size = 2;
-  const auto first = context_shard(classification, o);
-  o.context_rank = 1;
-  const auto second = context_shard(classification, o);
+  const auto [first, second] = two_shards(classification, ContextShardOptions{});
   EXPECT_EQ(first.labels, (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(second.labels, (std::vector<int64_t>{data::kIgnoreIndex, data::kIgnoreIndex}));
   EXPECT_EQ(first.num_label_tokens, 2);

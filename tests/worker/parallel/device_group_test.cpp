@@ -16,10 +16,13 @@
 #include "coordinator/store.hpp"
 #include "core/error.hpp"
 #include "tests/comm/counting_communicator.hpp"
+#include "tests/support/expect_error.hpp"
 #include "worker/train/device_stats.hpp"
 
 namespace dnallm::parallel {
 namespace {
+
+using dnallm::testing::expect_error;
 
 // At start, before anything asks LibTorch about CUDA: loads the CUDA plugin where a GPU
 // shows (Note [Lazy CUDA] in core/cuda_plugin.hpp).
@@ -184,12 +187,8 @@ TEST(StagedCollectives, AFailureReachesTheWaiterAndBreaksTheCommunicator) {
     torch::Tensor t = torch::ones({4});
     c.allreduce(view(t), comm::ReduceOp::kSum)->wait();
     if (r == 1) return;
-    try {
-      c.allreduce(view(t), comm::ReduceOp::kSum)->wait();
-      ADD_FAILURE() << "a collective without its peer completed";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kPeerFailed) << e.what();
-    }
+    expect_error([&] { c.allreduce(view(t), comm::ReduceOp::kSum)->wait(); },
+                 ExitCode::kPeerFailed);
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_THROW(c.allreduce(view(t), comm::ReduceOp::kSum)->wait(), Error);
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
@@ -254,12 +253,7 @@ TEST(RankDevice, CpuStaysCpuAndCudaWithoutAGpuIsAUsageError) {
   EXPECT_FALSE(d.shared);
   if (kCuda) return;
   config.training.device = cfg::Device::kCuda;
-  try {
-    select_rank_device(config, 0, 1);
-    FAIL() << "cuda accepted without a GPU";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-  }
+  expect_error([&] { select_rank_device(config, 0, 1); }, ExitCode::kUsage);
 }
 
 // GPU: two ranks sharing one GPU (parallel.share_gpus) reduce CUDA buffers through pinned

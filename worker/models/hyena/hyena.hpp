@@ -68,8 +68,12 @@ struct HyenaChunking {
   bool enabled() const { return positions > 0 || channels > 0; }
 };
 
+// The published checkpoints' vocabulary (config.json's vocab_size, before padding):
+// CharacterTokenizer's seven special tokens and A C G T N (Note [Character vocabularies]).
+inline constexpr int64_t kHubVocabSize = 12;
+
 struct HyenaOptions {
-  int64_t vocab_size = 12;  // before padding (config.json vocab_size)
+  int64_t vocab_size = kHubVocabSize;  // before padding (config.json vocab_size)
   int64_t pad_vocab_size_multiple = 8;
   int64_t d_model = 256;
   int64_t d_inner = 1024;

@@ -48,7 +48,7 @@ double number_key(const json& c, const std::string& key, double fallback,
 
 HyenaOptions options_from_hf_config(const json& c, const std::string& where) {
   HyenaOptions o;
-  o.vocab_size = int_key(c, "vocab_size", 12, 1, kMaxVocab, where);
+  o.vocab_size = int_key(c, "vocab_size", kHubVocabSize, 1, kMaxVocab, where);
   o.pad_vocab_size_multiple = int_key(c, "pad_vocab_size_multiple", 8, 1, 1024, where);
   o.d_model = int_key(c, "d_model", 256, 1, kMaxWidth, where);
   o.d_inner = int_key(c, "d_inner", 4 * o.d_model, 1, 4 * kMaxWidth, where);

@@ -171,9 +171,8 @@ std::optional<HfExport> hf_export(LanguageModel& model, const data::Tokenizer& t
     // vocabularies]), [CLS] 0 ... [UNK] 6, A C G T N 7-11, so that the hub code and our own
     // model.init_from read the export as they read a published checkpoint (rows we have no
     // token for, [BOS] and [RESERVED], are zero).
-    constexpr int64_t kHubVocab = 12;
-    const auto map = character_vocabulary_map(tokenizer, "", kHubVocab, "HyenaDNA");
-    o.vocab_size = kHubVocab;
+    const auto map = character_vocabulary_map(tokenizer, "", kHubVocabSize, "HyenaDNA");
+    o.vocab_size = kHubVocabSize;
     o.pad_token_id = map.at(data::kPadId);
     const auto zeros = torch::zeros({o.padded_vocab(), o.d_model});
     weight = vocabulary_scatter(live, map, lm->word_embeddings->weight, zeros,

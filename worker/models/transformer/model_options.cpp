@@ -108,14 +108,8 @@ void check_model_shape(const ModelOptions& o, const std::string& where) {
 ModelOptions model_options_from_config(const Config& config, int64_t vocab_size) {
   const auto& m = config.model;
   ModelOptions o;
-  switch (m.arch) {
-    case cfg::Arch::kBert:
-      o.arch = Arch::kBert;
-      break;
-    case cfg::Arch::kGpt:
-      o.arch = Arch::kGpt;
-      break;
-  }
+  // The transformer's framing: model.arch = "gpt" causal, anything else bidirectional ("bert").
+  o.arch = m.arch == cfg::Arch::kGpt ? Arch::kGpt : Arch::kBert;
   switch (m.task) {
     case cfg::Task::kPretrain:
       o.task = Task::kPretrain;
