@@ -37,6 +37,9 @@ struct StateHeader {
     kBest,
     kCursor,
     kAccum,  // checked: a spare must accumulate as the survivors do
+    kLoss,   // the source's last step, for a rank 0 that did not log it
+    kLr,
+    kGradNorm,
     kCount
   };
 };
@@ -195,7 +198,11 @@ int64_t InProcessRecovery::exchange_state(Trainer& t, bool holds_state, int& sou
     h[StateHeader::kBest] = t.best_value();
     h[StateHeader::kCursor] = double(cursor_after(t.step()).consumed_samples);
     h[StateHeader::kAccum] = double(o_.config->training.grad_accum_steps);
+    h[StateHeader::kLoss] = t.last_step().loss;
+    h[StateHeader::kLr] = t.last_step().lr;
+    h[StateHeader::kGradNorm] = t.last_step().grad_norm;
   }
+  const int64_t own_step = holds_state ? t.step() : -1;
   int64_t bytes = broadcast_tensor(comm, header, source);
   {
     torch::NoGradGuard no_grad;
@@ -222,6 +229,20 @@ int64_t InProcessRecovery::exchange_state(Trainer& t, bool holds_state, int& sou
   o_.loader->reset(cursor, static_cast<uint64_t>(step));
   step_start_ = cursor;
   marked_step_ = step;
+  // The source completed a step this rank did not: when this is rank 0, nobody logged it (a
+  // rank 0 that died logged at most what the file holds: set_logged_through filters that).
+  const auto& ts = o_.config->training;
+  const bool logging_step = ts.logging_steps > 0 &&
+                            (step % ts.logging_steps == 0 || step == 1 || step == t.total_steps());
+  if (comm.rank() == 0 && step > own_step && step > 0 && logging_step) {
+    nlohmann::ordered_json line;
+    line["step"] = step;
+    line["loss"] = h[StateHeader::kLoss];
+    line["lr"] = h[StateHeader::kLr];
+    line["grad_norm"] = h[StateHeader::kGradNorm];
+    line["recovered_from_rank"] = source;
+    t.write_metrics(line);
+  }
   return bytes;
 }
 
@@ -299,12 +320,12 @@ void InProcessRecovery::join(Trainer& t, const coordinator::RecoveryRecord& reco
   // The spare's own process group already is the group the survivors build for this record
   // (join_process_group named it so): only the number is recorded here.
   recoveries_ = record.number;
-  int source = 0;
-  const int64_t bytes = exchange_state(t, /*holds_state=*/false, source);
-  const auto transferred = Clock::now();
   if (o_.comm->rank() == 0 && !o_.config->logging.metrics_file.empty()) {
     t.set_logged_through(last_logged_step(o_.config->logging.metrics_file));
   }
+  int source = 0;
+  const int64_t bytes = exchange_state(t, /*holds_state=*/false, source);
+  const auto transferred = Clock::now();
   spdlog::warn(
       "spare: took rank {}'s place ({}) at step {}: state from rank {} ({} bytes) in {:.3f} s",
       record.rank, record.reason, t.step(), source, bytes, seconds_between(assigned, transferred));

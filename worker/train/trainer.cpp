@@ -433,6 +433,7 @@ RunEnd Trainer::run() {
       if (!recovered()) throw;
       continue;
     }
+    last_step_ = r;
     const double global_tokens = account(r, totals);
     if (log_now && sync_->rank() == 0) log_step(r, global_tokens, totals);
     StepAction action = StepAction::kContinue;

@@ -259,6 +259,8 @@ class Trainer {
   // Metrics lines of steps up to `step` were already written by another rank 0 (one that
   // died after writing them): this rank 0 does not write them again. Training thread.
   void set_logged_through(int64_t step) { logged_through_ = step; }
+  // The result of the last step run() completed (step 0: none yet).
+  const StepResult& last_step() const { return last_step_; }
   // One metrics event (docs/metrics.md; core/metrics.hpp): a JSON line and TensorBoard
   // scalars (rank 0; no-op without a metrics file or TensorBoard). Training thread.
   void write_metrics(const nlohmann::ordered_json& event);
@@ -293,7 +295,8 @@ class Trainer {
   // <best_dir()>/best.json at the first evaluation of a resumed run.
   double best_value_ = std::nan("");
   bool best_read_ = false;
-  int64_t logged_through_ = 0;              // see set_logged_through()
+  int64_t logged_through_ = 0;  // see set_logged_through()
+  StepResult last_step_;
   std::unique_ptr<MetricsWriter> metrics_;  // rank 0: logging.metrics_file, tensorboard_dir
   bool autocast_bf16_ = false, autocast_fp16_ = false;
   bool sync_free_ = false;
