@@ -1,7 +1,14 @@
 """Recovery time of an elastic job after a worker is SIGKILLed: dnallm-launch --standalone
 with 2 dnallm-train workers (tiny BERT, Gloo, a checkpoint every --save-steps steps,
-resume = "auto") against torchrun (torch.distributed.run --standalone) with 2 PyTorch DDP
-workers over Gloo that resume from a torch.save checkpoint (torch_elastic_peer.py).
+resume = "auto"), restarting the group from the checkpoint ("dnallm") and with warm spares
+("spare": --spare-workers, one per kill: the survivors stay, a spare takes the dead rank's
+place with a peer's state, Note [In-process recovery]), against torchrun
+(torch.distributed.run --standalone) with 2 PyTorch DDP workers over Gloo that resume from a
+torch.save checkpoint (torch_elastic_peer.py).
+
+Steps lost per kill: the steps the killed rank had logged that the group runs again (the
+kill's step minus the step it resumed at); bytes moved: what the source rank broadcast to
+re-form (the restart event's "bytes"; a restart reads the checkpoint instead).
 
 Kill protocol, the same for both, --kills times in one job: wait until a checkpoint was
 written in the current generation, then 0..2 steps more; SIGKILL the rank-1 worker (a
@@ -9,7 +16,20 @@ child of the launcher whose environment has RANK=1); recovery = from the kill to
 moment the first step line of the restarted group appears in rank 0's metrics file (polled
 every millisecond). Both launchers use a 0.1 s monitor interval.
 
+torchft ("torchft", --torchft, on by default when the peer Python imports torchft):
+torchft_peer.py --supervise, a torchft Lighthouse and 2 replica groups of 1 process each
+(the same model, data and batch, torchft's Manager with min_replica_size=1, its Gloo process
+group and DDP/optimizer wrappers; heartbeats every 0.1 s, --torchft-heartbeat-timeout-ms);
+the same kill protocol, the victim being replica group 1 (RANK=1), killed once the quorum
+holds both groups again, and started again at once by the peer's supervisor loop. Its
+"recovery" is from the kill to the first step the surviving group 0 commits after its quorum
+dropped the dead group (no restart: group 0 keeps its weights; the step in flight is
+discarded, not lost); the "ft-rejoin" row is from the kill to the first step of the restarted
+group 1 with the weights it healed from group 0 (its bytes: the model and optimizer state it
+received). torchft_peer.py's docstring says more.
+
     recovery.py --launch build/bin/dnallm-launch [--kills 5] [--no-peer] [--python PY]
+                [--torchft | --no-torchft] [--torchft-only]
 Prints one line per kill and a summary; exit 1 when a run fails.
 """
 import argparse
@@ -75,10 +95,37 @@ def child_with_rank(parent, rank):
     return None
 
 
-def measure(name, cmd, env, metrics, kills, limit_s=300):
+def pid_of_rank(parent, rank, spare_mode, progress):
+    """The worker of `rank`: by its environment, or with spares (a spare that took rank 1's place
+    keeps the environment it started with) by the pid line of rank 1's progress file."""
+    if not spare_mode:
+        return child_with_rank(parent, rank)
+    if not progress:
+        pid = child_with_rank(parent, rank)
+        if pid is None:
+            return None
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for kv in f.read().split(b"\0"):
+                if kv.startswith(b"DNALLM_PROGRESS_FILE="):
+                    progress.append(kv.split(b"=", 1)[1].decode())
+        return pid
+    try:
+        with open(progress[0]) as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def measure(name, cmd, env, metrics, kills, limit_s=300, spare_mode=False, ready=None,
+            kill_log=None, wait_after=None):
+    """ready(lines): whether the job may be killed now besides the checkpoint rule (torchft:
+    both groups in the quorum); kill_log: a list the kill times are appended to;
+    wait_after(): run after the last kill, before the job is stopped (torchft: wait for the
+    last rejoin)."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                             stderr=open(metrics + ".log", "w"), start_new_session=True)
-    times = []
+    times, lost, moved = [], [], []
+    progress = []  # spare mode: rank 1's progress file
     try:
         for k in range(kills):
             extra = random.randint(0, 2)
@@ -94,13 +141,16 @@ def measure(name, cmd, env, metrics, kills, limit_s=300):
                 cur = since_last_restart(lines)
                 ckpt = [l["step"] for l in cur if l.get("event") == "checkpoint"]
                 steps = [l["step"] for l in cur if "event" not in l and "step" in l]
-                if ckpt and steps and steps[-1] >= ckpt[0] + extra:
-                    victim = child_with_rank(proc.pid, 1)
+                if ckpt and steps and steps[-1] >= ckpt[0] + extra and (ready is None
+                                                                         or ready(lines)):
+                    victim = pid_of_rank(proc.pid, 1, spare_mode, progress)
                     if victim is None:
                         continue
                     killed_at = time.time()
                     os.kill(victim, signal.SIGKILL)
                     at_step = steps[-1]
+                    if kill_log is not None:
+                        kill_log.append(killed_at)
                     break
                 time.sleep(0.002)
             while True:
@@ -108,16 +158,31 @@ def measure(name, cmd, env, metrics, kills, limit_s=300):
                     raise RuntimeError(f"{name}: no step after kill {k + 1} (exit {proc.poll()}); "
                                        f"see {metrics}.log")
                 lines = read_lines(metrics)
-                if sum(1 for l in lines if l.get("event") == "restart") > restarts_before:
-                    after = since_last_restart(lines)
-                    first = [l for l in after if "event" not in l and "step" in l]
-                    if first:
-                        seen = time.time()
+                events = [l for l in lines if l.get("event") == "restart"]
+                if len(events) > restarts_before:
+                    # A spare's event follows the first step of the re-formed group (it carries
+                    # that step); a restart's precedes the restarted group's first step line.
+                    if spare_mode:
+                        first, seen = events[-1]["step"], time.time()
+                        moved.append(events[-1]["bytes"])
+                        e = events[-1]
+                        phases = (f" (agent detection -> step {e['total_s']:.3f} s: abort "
+                                  f"{e['abort_s']:.3f}, re-form {e['reform_s']:.3f}, transfer "
+                                  f"{e['transfer_s']:.3f}, first step {e['first_step_s']:.3f})")
+                        break
+                    after = [l for l in since_last_restart(lines) if "event" not in l and "step" in l]
+                    if after:
+                        first, seen = after[0]["step"], time.time()
+                        moved.append(0)
                         break
                 time.sleep(0.001)
             times.append(seen - killed_at)
+            lost.append(max(0, at_step - (first - 1)))
             print(f"{name:<9} kill {k + 1}: rank 1 at step {at_step}, resumed at step "
-                  f"{first[0]['step'] - 1}, first step after {times[-1]:.3f} s", flush=True)
+                  f"{first - 1}, first step after {times[-1]:.3f} s, steps lost {lost[-1]}, "
+                  f"bytes moved {moved[-1]}{phases if spare_mode else ''}", flush=True)
+        if wait_after is not None:
+            wait_after()
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -128,7 +193,101 @@ def measure(name, cmd, env, metrics, kills, limit_s=300):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return times
+    return times, lost, moved
+
+
+def measure_torchft(a, python, version, env, tmp):
+    """The torchft rows: "torchft" (kill -> the surviving group's first step after the quorum
+    dropped the dead one) and "ft-rejoin" (kill -> the restarted group's first healed step)."""
+    metrics = f"{tmp}/torchft.jsonl"
+    cmd = [python, os.path.join(HERE, "torchft_peer.py"), "--supervise", "--replicas", "2",
+           "--metrics", metrics, "--ckpt", f"{tmp}/torchft.pt", "--save-steps",
+           str(a.save_steps), "--max-restarts", str(a.kills + 1),
+           "--heartbeat-timeout-ms", str(a.torchft_heartbeat_timeout_ms)]
+    print(f"torchft {version} from {python}: Lighthouse heartbeat timeout "
+          f"{a.torchft_heartbeat_timeout_ms} ms, Manager heartbeat 0.1 s", flush=True)
+
+    def both_in_quorum(lines):
+        events = [l for l in lines if l.get("event") == "restart"]
+        return bool(events) and events[-1].get("participants") == 2
+
+    kill_log = []
+
+    def rejoined(limit_s=120):
+        deadline = time.time() + limit_s
+        while len(torchft_rejoins(metrics, kill_log)) < len(kill_log):
+            if time.time() > deadline:
+                print(f"torchft: the restarted group did not heal within {limit_s} s of the "
+                      f"last kill; see {metrics}.log", flush=True)
+                return
+            time.sleep(0.01)
+
+    times, lost, _ = measure("torchft", cmd, env, metrics, a.kills, ready=both_in_quorum,
+                             kill_log=kill_log, wait_after=rejoined)
+    rejoins = torchft_rejoins(metrics, kill_log)
+    for k, (t, step, nbytes, started, manager, healed) in enumerate(rejoins):
+        print(f"{'ft-rejoin':<9} kill {k + 1}: restarted group 1 imported torch after "
+              f"{started:.3f} s, its Manager up after {manager:.3f} s, healed after "
+              f"{healed:.3f} s, first healed step {step} after {t:.3f} s, bytes moved {nbytes} "
+              f"(group 0's model and optimizer state)", flush=True)
+    # The survivor re-forms without moving state (bytes 0); the rejoin moves the state.
+    runs = {"torchft": (times, lost, [0] * len(times))}
+    if rejoins:
+        runs["ft-rejoin"] = ([r[0] for r in rejoins], [0] * len(rejoins),
+                             [r[2] for r in rejoins])
+    return runs
+
+
+def peer_python(explicit):
+    """The torchft peer's interpreter: --python when given, else what bench/python.sh picks
+    ($PYTHON, else $DNALLM_PYTHON, else scripts/python-env.sh's venv), else this one."""
+    if explicit:
+        return explicit
+    venv = os.environ.get("DNALLM_VENV") or os.path.join(
+        os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share"),
+        "dnallm-dist", "venv")
+    for py in (os.environ.get("PYTHON"), os.environ.get("DNALLM_PYTHON"),
+               os.path.join(venv, "bin", "python")):
+        if py and os.access(py, os.X_OK):
+            return py
+    return sys.executable
+
+
+def torchft_version(python):
+    """torchft's version in `python`, or None and why not."""
+    r = subprocess.run([python, "-c", "import torchft, importlib.metadata as m; "
+                        "print(m.version('torchft'))"], capture_output=True, text=True)
+    if r.returncode != 0:
+        lines = r.stderr.strip().splitlines()
+        return None, lines[-1] if lines else f"exit {r.returncode}"
+    return r.stdout.strip(), None
+
+
+def torchft_rejoins(metrics, kill_log):
+    """Per kill: seconds from the kill to the first step of the restarted replica group 1
+    after it healed, the step, the bytes it received (from its metrics file), and seconds
+    from the kill to its start (torch and torchft imported), to its Manager (model built,
+    heartbeating) and to its healed event."""
+    lines = read_lines(metrics + ".replica1")
+    out = []
+    for killed_at in kill_log:
+        seen = {}
+        healed = None
+        for l in lines:
+            if l.get("t", 0) <= killed_at:
+                continue
+            if l.get("event") in ("start", "manager"):
+                seen.setdefault(l["event"], l["t"] - killed_at)
+            if l.get("healed"):
+                healed = l
+            elif healed is not None and "event" not in l and "step" in l:
+                out.append((l["t"] - killed_at, l["step"], healed["bytes"],
+                            seen.get("start", float("nan")), seen.get("manager", float("nan")),
+                            healed["t"] - killed_at))
+                break
+        else:
+            return out
+    return out
 
 
 def main():
@@ -136,9 +295,18 @@ def main():
     p.add_argument("--launch", default=os.path.join(SRC, "build/bin/dnallm-launch"))
     p.add_argument("--kills", type=int, default=5)
     p.add_argument("--save-steps", type=int, default=5)
-    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--python", default=None)
     p.add_argument("--no-peer", action="store_true")
+    p.add_argument("--torchft", action=argparse.BooleanOptionalAction, default=None,
+                   help="measure torchft (torchft_peer.py); default: when the peer Python "
+                        "imports torchft")
+    p.add_argument("--torchft-only", action="store_true",
+                   help="measure only torchft (no dnallm-launch, no torchrun)")
+    p.add_argument("--torchft-heartbeat-timeout-ms", type=int, default=5000,
+                   help="the torchft Lighthouse's heartbeat timeout (torchft's default 5000)")
     a = p.parse_args()
+    ft_python = peer_python(a.python)
+    a.python = a.python or sys.executable
     tmp = tempfile.mkdtemp(prefix="dnallm-bench-elastic-")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("DNALLM_JOB_TOKEN", None)
@@ -164,18 +332,54 @@ def main():
 
     print(f"bench/elastic: {a.kills} kills per launcher, 2 workers, monitor interval {interval} s, "
           f"{os.cpu_count()} cores, load {open('/proc/loadavg').read().split()[:3]}", flush=True)
-    ours = measure("dnallm", ours_cmd, env, f"{tmp}/ours.jsonl", a.kills)
-    peer = None if a.no_peer else measure("torchrun", peer_cmd, env, f"{tmp}/peer.jsonl", a.kills)
-    m = statistics.median(ours)
-    print(f"\n{'launcher':<10}{'median_s':>10}{'min_s':>8}{'max_s':>8}")
-    print(f"{'dnallm':<10}{m:>10.3f}{min(ours):>8.3f}{max(ours):>8.3f}")
-    if peer:
-        pm = statistics.median(peer)
-        print(f"{'torchrun':<10}{pm:>10.3f}{min(peer):>8.3f}{max(peer):>8.3f}")
-    print(f"\nrecovery median (kill -> first step of the restarted group): {m:.3f} s; "
-          f"target {TARGET_S:.0f} s: {m / TARGET_S:.2f} of the target")
-    if peer:
-        print(f"ours / torchrun: {m / pm:.2f} (below 1: we recover faster)")
+    spare_cmd = [x.replace("/ours", "/spare") for x in ours_cmd]
+    spare_cmd[spare_cmd.index("--max-restarts") + 1] = "0"
+    spare_cmd += ["--spare-workers", str(a.kills)]
+    runs = {}
+    if not a.torchft_only:
+        runs = {"dnallm": measure("dnallm", ours_cmd, env, f"{tmp}/ours.jsonl", a.kills),
+                "spare": measure("spare", spare_cmd, env, f"{tmp}/spare.jsonl", a.kills,
+                                 spare_mode=True)}
+    if not a.no_peer and not a.torchft_only:
+        try:
+            runs["torchrun"] = measure("torchrun", peer_cmd, env, f"{tmp}/peer.jsonl", a.kills)
+        except RuntimeError as e:  # a peer that does not recover is a result, not an error
+            print(f"torchrun did not recover: {e}", flush=True)
+    if a.torchft is not False or a.torchft_only:
+        version, why = torchft_version(ft_python)
+        if version is None:
+            if a.torchft or a.torchft_only:
+                raise RuntimeError(f"torchft: {ft_python} cannot import torchft ({why}); "
+                                   f"pip install torchft there")
+            print(f"torchft: skipped, {ft_python} cannot import torchft ({why})", flush=True)
+        else:
+            runs.update(measure_torchft(a, ft_python, version, env, tmp))
+    if not runs:
+        raise RuntimeError("nothing measured")
+    print(f"\n{'launcher':<10}{'median_s':>10}{'min_s':>8}{'max_s':>8}{'lost':>6}{'bytes':>10}")
+    med = {}
+    for name, (times, lost, moved) in runs.items():
+        med[name] = statistics.median(times)
+        print(f"{name:<10}{med[name]:>10.3f}{min(times):>8.3f}{max(times):>8.3f}"
+              f"{sum(lost):>6}{int(statistics.median(moved)):>10}")
+    if "dnallm" in med:
+        m = med["dnallm"]
+        print(f"\nrecovery median (kill -> first step of the re-formed group): restart {m:.3f} s, "
+              f"spare {med['spare']:.3f} s (goal 0.2 s, 0 steps lost); target {TARGET_S:.0f} s: "
+              f"{m / TARGET_S:.2f} of the target")
+        print(f"spare / restart: {med['spare'] / m:.2f}")
+    if "torchrun" in med:
+        print(f"ours / torchrun: {m / med['torchrun']:.2f}, spare / torchrun: "
+              f"{med['spare'] / med['torchrun']:.2f} (below 1: we recover faster)")
+    if "torchft" in med:
+        print(f"\ntorchft (heartbeat timeout {a.torchft_heartbeat_timeout_ms} ms): survivor's "
+              f"first step after the quorum dropped the dead group {med['torchft']:.3f} s"
+              + (f", restarted group's first healed step {med['ft-rejoin']:.3f} s"
+                 if "ft-rejoin" in med else ""))
+        if "spare" in med:
+            print(f"spare / torchft: {med['spare'] / med['torchft']:.2f}"
+                  + (f", spare / ft-rejoin: {med['spare'] / med['ft-rejoin']:.2f}"
+                     if "ft-rejoin" in med else "") + " (below 1: we recover faster)")
     subprocess.run(["rm", "-rf", tmp])
 
 
