@@ -1,5 +1,7 @@
 #include "comm/reformable_communicator.hpp"
 
+#include "comm/detail/queued_communicator.hpp"
+#include "coordinator/store.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::comm {
@@ -9,6 +11,10 @@ ReformableCommunicator::ReformableCommunicator(std::unique_ptr<Communicator> bac
     : backend_(std::move(backend)), name_(std::move(name)) {
   DNALLM_CHECK(backend_ != nullptr, ExitCode::kFailure,
                "ReformableCommunicator needs a backend (a bug; please report it)");
+}
+
+bool ReformableCommunicator::backend_failed(coordinator::Store& store) const {
+  return store.check({detail::PeerMonitor::failed_key(name_, backend_->rank())});
 }
 
 void ReformableCommunicator::replace(std::unique_ptr<Communicator> backend, std::string name) {

@@ -51,6 +51,9 @@ class ReformableCommunicator final : public Communicator {
 
   // The current backend's name.
   const std::string& name() const { return name_; }
+  // Whether the current backend recorded a failed collective in `store` (the group's; Note
+  // [Peer failure]): a peer died or did not arrive, as opposed to an error of this rank's own.
+  bool backend_failed(coordinator::Store& store) const;
   // Destroys the current backend and forwards to `backend` (named `name`) from now on. Throws
   // Error(kFailure) when its rank or world size differs from the old one's.
   void replace(std::unique_ptr<Communicator> backend, std::string name);

@@ -44,20 +44,27 @@ std::string join_ranks(const std::vector<int>& ranks) {
 
 PeerMonitor::PeerMonitor(std::shared_ptr<coordinator::Store> store, std::string name, int rank,
                          int world)
-    : store_(std::move(store)), prefix_("comm/" + name + "/"), rank_(rank), world_(world) {
+    : store_(std::move(store)),
+      name_(name),
+      prefix_("comm/" + name + "/"),
+      rank_(rank),
+      world_(world) {
   if (store_)
     store_->set_owned(prefix_ + "alive/" + std::to_string(rank_),
                       coordinator::to_bytes(host_name()));
 }
 
+std::string PeerMonitor::failed_key(const std::string& name, int rank) {
+  return "comm/" + name + "/failed/" + std::to_string(rank);
+}
+
 std::string PeerMonitor::diagnose(uint64_t seq) const {
   if (!store_) return "no coordinator store to name the missing rank(s)";
   try {
-    store_->set(prefix_ + "failed/" + std::to_string(rank_),
-                coordinator::to_bytes(std::to_string(seq)));
+    store_->set(failed_key(name_, rank_), coordinator::to_bytes(std::to_string(seq)));
     // A rank that reported this same failure is a survivor even if it has exited since.
     auto reported = [&](int r) {
-      auto v = store_->try_get(prefix_ + "failed/" + std::to_string(r));
+      auto v = store_->try_get(failed_key(name_, r));
       return v && coordinator::to_string(*v) == std::to_string(seq);
     };
     std::vector<int> dead;

@@ -48,9 +48,13 @@ class PeerMonitor {
   // (polled up to kDiagnosisWindow) or is alive but did not post the matching `counterpart`
   // ("send" / "recv"). Records nothing. Never throws.
   std::string diagnose_peer(int peer, const char* counterpart) const;
+  // Where rank `rank` of communicator `name` records a failed collective (diagnose()):
+  // "comm/<name>/failed/<rank>". In-process recovery reads it (ReformableCommunicator).
+  static std::string failed_key(const std::string& name, int rank);
 
  private:
   std::shared_ptr<coordinator::Store> store_;
+  std::string name_;
   std::string prefix_;
   int rank_;
   int world_;

@@ -1,9 +1,6 @@
 #include "worker/train/in_process_recovery.hpp"
 
-#include <cmath>
 #include <fstream>
-#include <limits>
-#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -231,10 +228,7 @@ int64_t InProcessRecovery::exchange_state(Trainer& t, bool holds_state, int& sou
   marked_step_ = step;
   // The source completed a step this rank did not: when this is rank 0, nobody logged it (a
   // rank 0 that died logged at most what the file holds: set_logged_through filters that).
-  const auto& ts = o_.config->training;
-  const bool logging_step = ts.logging_steps > 0 &&
-                            (step % ts.logging_steps == 0 || step == 1 || step == t.total_steps());
-  if (comm.rank() == 0 && step > own_step && step > 0 && logging_step) {
+  if (comm.rank() == 0 && step > own_step && step > 0 && t.logs_step(step)) {
     nlohmann::ordered_json line;
     line["step"] = step;
     line["loss"] = h[StateHeader::kLoss];
@@ -260,11 +254,9 @@ data::SamplerState InProcessRecovery::cursor_after(int64_t steps_done) const {
 
 bool InProcessRecovery::recover(Trainer& t) {
   const auto failed_at = Clock::now();
-  const std::string failed_key =
-      "comm/" + o_.comm->name() + "/failed/" + std::to_string(o_.comm->rank());
   bool comm_failed = false;
   try {
-    comm_failed = o_.store->check({failed_key});
+    comm_failed = o_.comm->backend_failed(*o_.store);
   } catch (const std::exception& e) {
     spdlog::error("in-process recovery: the coordinator cannot be reached ({})", e.what());
   }

@@ -410,6 +410,11 @@ StepAction Trainer::run_after_step_hooks(const StepResult& r) {
   return StepAction::kContinue;
 }
 
+bool Trainer::logs_step(int64_t step) const {
+  const int64_t every = config_.training.logging_steps;
+  return every > 0 && (step % every == 0 || step == total_steps_ || step == 1);
+}
+
 RunEnd Trainer::run() {
   RunTotals totals;
   totals.start = Clock::now();
@@ -418,8 +423,7 @@ RunEnd Trainer::run() {
                t.micro_batch_size * t.grad_accum_steps * sync_->world_size());
   while (step_ < total_steps_) {
     const int64_t next = step_ + 1;
-    const bool log_now =
-        t.logging_steps > 0 && (next % t.logging_steps == 0 || next == total_steps_ || next == 1);
+    const bool log_now = logs_step(next);
     for (auto& hook : options_.before_step) hook(*this, next);
     // Note [Sync-free step]: the loss and norm are read back on logging steps only.
     // Note [In-process recovery]: after a peer's failure in the step, its evaluation or its

@@ -265,6 +265,9 @@ class Trainer {
   // scalars (rank 0; no-op without a metrics file or TensorBoard). Training thread.
   void write_metrics(const nlohmann::ordered_json& event);
   int64_t total_steps() const { return total_steps_; }
+  // Whether step `step` (1-based) writes a metrics line: every training.logging_steps, the
+  // first and the last.
+  bool logs_step(int64_t step) const;
   const torch::Device& device() const { return device_; }
   // Where run() exports the final model.
   std::string export_dir() const;
