@@ -93,6 +93,8 @@ std::string PeerMonitor::diagnose(uint64_t seq) const {
 std::string PeerMonitor::diagnose_peer(int peer, const char* counterpart) const {
   if (!store_) return fmt::format("no coordinator store to tell whether rank {} is alive", peer);
   try {
+    // Recorded as a collective's failure is (Note [In-process recovery] asks for it).
+    store_->set(failed_key(name_, rank_), coordinator::to_bytes(fmt::format("peer {}", peer)));
     const std::string key = prefix_ + "alive/" + std::to_string(peer);
     const auto deadline = Clock::now() + kDiagnosisWindow;
     while (store_->check({key})) {

@@ -46,9 +46,9 @@ class PeerMonitor {
   std::string diagnose(uint64_t seq) const;
   // For a point-to-point transfer with `peer` that did not complete: whether the peer died
   // (polled up to kDiagnosisWindow) or is alive but did not post the matching `counterpart`
-  // ("send" / "recv"). Records nothing. Never throws.
+  // ("send" / "recv"). Records the failure at failed_key() as diagnose() does. Never throws.
   std::string diagnose_peer(int peer, const char* counterpart) const;
-  // Where rank `rank` of communicator `name` records a failed collective (diagnose()):
+  // Where rank `rank` of communicator `name` records a failed transfer (diagnose*()):
   // "comm/<name>/failed/<rank>". In-process recovery reads it (ReformableCommunicator).
   static std::string failed_key(const std::string& name, int rank);
 
