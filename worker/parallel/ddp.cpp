@@ -388,7 +388,7 @@ void DdpGradientSync::before_backward(int64_t, bool last) { ddp_->begin_micro_st
 double DdpGradientSync::wait_gradients() { return ddp_->finish_step(); }
 
 bool DdpGradientSync::abandon_step() {
-  if (options_.zero_stage != 0 || !ddp_) return false;
+  if (!ddp_) return false;
   ddp_->abandon_step();
   return true;
 }

@@ -174,7 +174,7 @@ class DdpGradientSync final : public GradientSync {
   std::pair<int64_t, int64_t> shard_range(int64_t numel) const override;
   void after_optimizer_step(optim::FlatParameters& params) override;
   // Every rank holds the whole parameters and, without ZeRO, the whole optimizer state; with
-  // ZeRO-1/2 the state of each rank's range is its alone, and a dead rank's range is lost.
+  // ZeRO-1/2 a dead rank's range comes from its buddy's copy (Note [Buddy copies]).
   bool abandon_step() override;
   std::optional<Memory> memory() const override {
     return Memory{ddp_->allocated_memory(precision_), ddp_->paper_memory(precision_), 0, 0};

@@ -334,6 +334,25 @@ void FullyShardedSync::after_optimizer_step(optim::FlatParameters&) {
   }
 }
 
+bool FullyShardedSync::abandon_step() {
+  in_flight_.clear();
+  for (auto& unit : units_) {
+    unit.gathering.reset();
+    unit.frozen_gathering.reset();
+    unit.gather_in = torch::Tensor();
+    unit.reduced = false;
+  }
+  full_ = false;
+  forwards_ = false;
+  armed_ = false;
+  reduce_now_ = true;
+  exposed_s_ = 0;
+  for (size_t u = 0; u < units_.size(); ++u) release_grad(u);
+  release_all();
+  if (shard_grads_.defined()) shard_grads_.zero_();
+  return true;
+}
+
 void FullyShardedSync::release_all() {
   for (size_t u = 0; u < units_.size(); ++u) release(u);
   // Changing a parameter's dtype (set_data to `whole` and back, release_whole) drops its

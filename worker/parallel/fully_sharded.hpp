@@ -175,6 +175,9 @@ struct FullyShardedOptions {
   // parallel.zero3_accumulate_unsharded: whole gradients kept between micro-steps, one
   // reduce-scatter at the last.
   bool accumulate_unsharded = false;
+  // Whether place() gives every rank rank 0's initial values (a broadcast a unit); false for a
+  // spare that joins a running group (Note [In-process recovery]): its shard comes from a peer.
+  bool broadcast_on_place = true;
 };
 
 class FullyShardedSync final : public GradientSync, public models::BlockSink {
@@ -195,6 +198,9 @@ class FullyShardedSync final : public GradientSync, public models::BlockSink {
   double grad_sq_norm(const torch::Tensor& shard_grads) override;
   std::pair<int64_t, int64_t> shard_range(int64_t numel) const override { return {0, numel}; }
   void after_optimizer_step(optim::FlatParameters& params) override;
+  // Drops what the broken step launched (works of a destroyed communicator, unwaited) and
+  // releases every unit; the shard's state comes from the buddy copies (Note [Buddy copies]).
+  bool abandon_step() override;
   std::optional<Memory> memory() const override;
   void gather_full_parameters() override;
   void release_full_parameters() override;

@@ -48,7 +48,9 @@ torch::Tensor FullyShardedSync::broadcast_packed(const std::vector<torch::Tensor
   for (size_t k = 0; k < params.size(); ++k) {
     slot_view(buffer, offsets[k], params[k]).copy_(params[k].detach());
   }
-  if (padded > 0) comm_.broadcast(view_of(buffer, 0, padded), 0)->wait();
+  if (padded > 0 && options_.broadcast_on_place) {
+    comm_.broadcast(view_of(buffer, 0, padded), 0)->wait();
+  }
   return buffer;
 }
 

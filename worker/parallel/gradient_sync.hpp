@@ -139,8 +139,8 @@ class GradientSync {
   // Note [In-process recovery] (worker/train/in_process_recovery.hpp): a step broke off (a peer
   // died in one of its collectives) and its communicator was replaced: forget what the step
   // launched and left pending, zero the gradients, so that the step can run again from its
-  // start. Returns false when this engine cannot (its state is not held whole by every rank:
-  // ZeRO-3 shards the parameters); then the run restarts from its last checkpoint.
+  // start. Returns false when this engine cannot (ZeRO-3 cannot yet); then the run restarts
+  // from its last checkpoint. Sharded state comes from buddy copies (Note [Buddy copies]).
   virtual bool abandon_step() { return false; }
 };
 

@@ -104,6 +104,7 @@ std::shared_ptr<GradientSync> make_gradient_sync(const Config& config, comm::Pro
     o.precision = config.training.precision;
     o.reduce_dtype = cfg::dtype_of(config.parallel.grad_reduce_dtype);
     o.accumulate_unsharded = config.parallel.zero3_accumulate_unsharded;
+    o.broadcast_on_place = !joining;
     return std::make_shared<FullyShardedSync>(*group.comm, o);
   }
   DdpOptions o = ddp_options_from_config(config.parallel);
