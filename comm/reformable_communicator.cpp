@@ -14,7 +14,15 @@ ReformableCommunicator::ReformableCommunicator(std::unique_ptr<Communicator> bac
 }
 
 bool ReformableCommunicator::backend_failed(coordinator::Store& store) const {
-  return store.check({detail::PeerMonitor::failed_key(name_, backend_->rank())});
+  if (store.check({detail::PeerMonitor::failed_key(name_, backend_->rank())})) return true;
+  // A failure seen in a split of this world (the context group) is recorded under that group's
+  // name; the world's alive keys tell that one of its ranks is gone.
+  for (int r = 0; r < backend_->world_size(); ++r) {
+    if (r != backend_->rank() && !store.check({detail::PeerMonitor::alive_key(name_, r)})) {
+      return true;
+    }
+  }
+  return false;
 }
 
 void ReformableCommunicator::replace(std::unique_ptr<Communicator> backend, std::string name) {

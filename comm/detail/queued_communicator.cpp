@@ -44,18 +44,16 @@ std::string join_ranks(const std::vector<int>& ranks) {
 
 PeerMonitor::PeerMonitor(std::shared_ptr<coordinator::Store> store, std::string name, int rank,
                          int world)
-    : store_(std::move(store)),
-      name_(name),
-      prefix_("comm/" + name + "/"),
-      rank_(rank),
-      world_(world) {
-  if (store_)
-    store_->set_owned(prefix_ + "alive/" + std::to_string(rank_),
-                      coordinator::to_bytes(host_name()));
+    : store_(std::move(store)), name_(name), rank_(rank), world_(world) {
+  if (store_) store_->set_owned(alive_key(name_, rank_), coordinator::to_bytes(host_name()));
 }
 
 std::string PeerMonitor::failed_key(const std::string& name, int rank) {
   return "comm/" + name + "/failed/" + std::to_string(rank);
+}
+
+std::string PeerMonitor::alive_key(const std::string& name, int rank) {
+  return "comm/" + name + "/alive/" + std::to_string(rank);
 }
 
 std::string PeerMonitor::diagnose(uint64_t seq) const {
@@ -72,8 +70,7 @@ std::string PeerMonitor::diagnose(uint64_t seq) const {
     while (true) {
       dead.clear();
       for (int r = 0; r < world_; ++r)
-        if (r != rank_ && !store_->check({prefix_ + "alive/" + std::to_string(r)}) && !reported(r))
-          dead.push_back(r);
+        if (r != rank_ && !store_->check({alive_key(name_, r)}) && !reported(r)) dead.push_back(r);
       if (!dead.empty() || Clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -95,7 +92,7 @@ std::string PeerMonitor::diagnose_peer(int peer, const char* counterpart) const 
   try {
     // Recorded as a collective's failure is (Note [In-process recovery] asks for it).
     store_->set(failed_key(name_, rank_), coordinator::to_bytes(fmt::format("peer {}", peer)));
-    const std::string key = prefix_ + "alive/" + std::to_string(peer);
+    const std::string key = alive_key(name_, peer);
     const auto deadline = Clock::now() + kDiagnosisWindow;
     while (store_->check({key})) {
       if (Clock::now() >= deadline)

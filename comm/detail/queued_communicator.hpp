@@ -51,11 +51,13 @@ class PeerMonitor {
   // Where rank `rank` of communicator `name` records a failed transfer (diagnose*()):
   // "comm/<name>/failed/<rank>". In-process recovery reads it (ReformableCommunicator).
   static std::string failed_key(const std::string& name, int rank);
+  // Where rank `rank` of communicator `name` says it is alive (owned by its store connection:
+  // gone when the process is): "comm/<name>/alive/<rank>".
+  static std::string alive_key(const std::string& name, int rank);
 
  private:
   std::shared_ptr<coordinator::Store> store_;
   std::string name_;
-  std::string prefix_;
   int rank_;
   int world_;
 };
