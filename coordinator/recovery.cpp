@@ -1,5 +1,8 @@
 #include "coordinator/recovery.hpp"
 
+#include <algorithm>
+#include <chrono>
+
 #include <nlohmann/json.hpp>
 
 #include "coordinator/store.hpp"
@@ -9,16 +12,6 @@
 namespace dnallm::coordinator {
 
 std::string in_process_recovery_unsupported(const Config& config) {
-  if (config.parallel.zero_stage != 0) {
-    return fmt::format(
-        "parallel.zero_stage = {} shards the optimizer state, and a dead rank's shard is held "
-        "nowhere else (buddy copies are not implemented yet)",
-        config.parallel.zero_stage);
-  }
-  if (config.parallel.context_parallel > 1) {
-    return "parallel.context_parallel > 1: the re-formed world's sub-groups are not made again "
-           "yet";
-  }
   if (config.training.batch_size == cfg::BatchSize::kAuto) {
     return "training.batch_size = \"auto\": a spare cannot take part in the search the ranks "
            "made at their start; set training.micro_batch_size";
@@ -82,6 +75,68 @@ int64_t announce_recovery(Store& store, int64_t generation, RecoveryRecord recor
   store.set(recovery_key(generation, record.number), to_bytes(record.to_json()));
   store.set(spare_key(generation, record.spare_id), to_bytes(std::to_string(record.number)));
   return record.number;
+}
+
+namespace {
+
+class UntilNextRecovery final : public Store {
+ public:
+  UntilNextRecovery(std::shared_ptr<Store> inner, int64_t generation, int64_t number)
+      : inner_(std::move(inner)),
+        count_key_(recovery_count_key(generation)),
+        generation_(generation),
+        number_(number) {}
+
+  void set(const std::string& key, const Bytes& value) override { inner_->set(key, value); }
+  void set_owned(const std::string& key, const Bytes& value) override {
+    inner_->set_owned(key, value);
+  }
+  std::optional<Bytes> try_get(const std::string& key) override { return inner_->try_get(key); }
+  int64_t add(const std::string& key, int64_t delta) override { return inner_->add(key, delta); }
+  Bytes compare_and_set(const std::string& key, const Bytes& expected,
+                        const Bytes& desired) override {
+    return inner_->compare_and_set(key, expected, desired);
+  }
+  bool remove(const std::string& key) override { return inner_->remove(key); }
+  bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
+  int64_t num_keys() override { return inner_->num_keys(); }
+
+  // In slices, looking between them for a later recovery.
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    constexpr std::chrono::milliseconds kSlice{100};
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      try {
+        inner_->wait(keys, std::clamp(left, std::chrono::milliseconds(1), kSlice));
+        return;
+      } catch (const Error&) {
+        if (inner_->check(keys)) return;
+        if (std::chrono::steady_clock::now() >= deadline) throw;
+      }
+      const auto count = inner_->try_get(count_key_);
+      const int64_t latest = count ? std::stoll(to_string(*count)) : 0;
+      if (latest > number_) {
+        throw Error(ExitCode::kPeerFailed,
+                    fmt::format("recovery {} of generation {} gave way to recovery {} (a rank "
+                                "died while the group formed)",
+                                number_, generation_, latest));
+      }
+    }
+  }
+
+ private:
+  std::shared_ptr<Store> inner_;
+  std::string count_key_;
+  int64_t generation_, number_;
+};
+
+}  // namespace
+
+std::shared_ptr<Store> until_next_recovery(std::shared_ptr<Store> store, int64_t generation,
+                                           int64_t number) {
+  return std::make_shared<UntilNextRecovery>(std::move(store), generation, number);
 }
 
 int64_t unix_ms_now() {

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -54,6 +55,12 @@ std::string recovery_comm_name(int64_t generation, int64_t number);
 // The agent's side: numbers the record (Store::add on the count), writes it and the spare's
 // key. Returns the record's number.
 int64_t announce_recovery(Store& store, int64_t generation, RecoveryRecord record);
+
+// `store` for the group re-formed for recovery `number` of `generation`: its waits end with
+// Error(kPeerFailed) as soon as a later recovery is announced (a rank died while the group
+// formed: a spare killed as it joined never posts its address), instead of at their timeout.
+std::shared_ptr<Store> until_next_recovery(std::shared_ptr<Store> store, int64_t generation,
+                                           int64_t number);
 
 // Milliseconds since 1970 by the wall clock (the phases of a recovery are measured across
 // processes, which share no steady clock).

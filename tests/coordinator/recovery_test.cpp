@@ -1,0 +1,109 @@
+// Note [In-process recovery]'s store side (coordinator/recovery.hpp): records round-trip and
+// an unreadable one is refused, announcements are numbered and name their spare, a re-formed
+// group's waits give way to the next recovery at once, and what a configuration without
+// in-process recovery is told.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "coordinator/recovery.hpp"
+#include "coordinator/store.hpp"
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "tests/support/expect_error.hpp"
+
+namespace dnallm::coordinator {
+namespace {
+
+using namespace std::chrono_literals;
+
+RecoveryRecord sample() {
+  RecoveryRecord r;
+  r.rank = 3;
+  r.local_rank = 1;
+  r.host = "node7";
+  r.reason = "rank 3 was killed by signal 9 (SIGKILL)";
+  r.spare_id = 2;
+  r.progress_file = "/tmp/progress.1";
+  r.detected_unix_ms = 1'764'000'000'123;
+  return r;
+}
+
+TEST(RecoveryRecordTest, RoundTripsThroughTheStore) {
+  InMemoryStore store;
+  const int64_t first = announce_recovery(store, 4, sample());
+  const int64_t second = announce_recovery(store, 4, sample());
+  EXPECT_EQ(first, 1);
+  EXPECT_EQ(second, 2);
+  EXPECT_EQ(to_string(*store.try_get(recovery_count_key(4))), "2");
+  EXPECT_EQ(to_string(*store.try_get(spare_key(4, 2))), "2");
+  const auto r = RecoveryRecord::from_json(to_string(*store.try_get(recovery_key(4, 2))), "k");
+  EXPECT_EQ(r.number, 2);
+  EXPECT_EQ(r.rank, 3);
+  EXPECT_EQ(r.local_rank, 1);
+  EXPECT_EQ(r.host, "node7");
+  EXPECT_EQ(r.reason, sample().reason);
+  EXPECT_EQ(r.spare_id, 2);
+  EXPECT_EQ(r.progress_file, "/tmp/progress.1");
+  EXPECT_EQ(r.detected_unix_ms, 1'764'000'000'123);
+  EXPECT_EQ(recovery_comm_name(4, 2), "g4.r2");
+}
+
+TEST(RecoveryRecordTest, AnUnreadableRecordIsRefusedNamingItsKey) {
+  testing::expect_error([] { RecoveryRecord::from_json("{\"number\": 1}", "recover/g1/1"); },
+                        ExitCode::kPeerFailed, {"recover/g1/1", "unreadable"});
+  testing::expect_error([] { RecoveryRecord::from_json("not json", "recover/g1/1"); },
+                        ExitCode::kPeerFailed, {"recover/g1/1"});
+}
+
+TEST(UntilNextRecoveryTest, AWaitReturnsWhenItsKeyComes) {
+  auto inner = std::make_shared<InMemoryStore>();
+  auto store = until_next_recovery(inner, 1, 1);
+  std::thread later([&] {
+    std::this_thread::sleep_for(150ms);
+    inner->set("comm/g1.r1/gloo/1", to_bytes("addr"));
+  });
+  EXPECT_EQ(to_string(store->get("comm/g1.r1/gloo/1", 10s)), "addr");
+  later.join();
+}
+
+TEST(UntilNextRecoveryTest, AWaitGivesWayToALaterRecoveryAtOnce) {
+  auto inner = std::make_shared<InMemoryStore>();
+  announce_recovery(*inner, 1, sample());  // recovery 1: the group being formed
+  auto store = until_next_recovery(inner, 1, 1);
+  std::thread later([&] {
+    std::this_thread::sleep_for(150ms);
+    announce_recovery(*inner, 1, sample());  // its spare died: recovery 2
+  });
+  const auto start = std::chrono::steady_clock::now();
+  testing::expect_error([&] { store->wait({"comm/g1.r1/gloo/1"}, 30s); }, ExitCode::kPeerFailed,
+                        {"recovery 1 of generation 1", "recovery 2"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  later.join();
+}
+
+TEST(UntilNextRecoveryTest, AWaitStillTimesOutWithoutALaterRecovery) {
+  auto store = until_next_recovery(std::make_shared<InMemoryStore>(), 1, 1);
+  EXPECT_THROW(store->wait({"never"}, 300ms), Error);
+}
+
+TEST(InProcessRecoveryUnsupportedTest, SaysWhyForWhatItCannotRecover) {
+  Config c;
+  EXPECT_EQ(in_process_recovery_unsupported(c), "");
+  for (int zero : {1, 2, 3}) {
+    c.parallel.zero_stage = zero;
+    EXPECT_EQ(in_process_recovery_unsupported(c), "") << zero;  // Note [Buddy copies]
+  }
+  c.parallel.context_parallel = 2;  // the context groups are split again
+  EXPECT_EQ(in_process_recovery_unsupported(c), "");
+  c = Config{};
+  c.parallel.backend = cfg::Backend::kMpi;
+  EXPECT_NE(in_process_recovery_unsupported(c).find("mpi"), std::string::npos);
+  c = Config{};
+  c.training.batch_size = cfg::BatchSize::kAuto;
+  EXPECT_NE(in_process_recovery_unsupported(c).find("auto"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dnallm::coordinator
