@@ -192,8 +192,9 @@ std::unique_ptr<DataLoader> make_train_loader(const Config& config,
                                               std::shared_ptr<const Tokenizer> tokenizer, int rank,
                                               int world_size,
                                               const std::optional<SamplerState>& resume,
-                                              int64_t first_step) {
-  auto ds = make_dataset(config, *tokenizer, Split::kTrain);
+                                              int64_t first_step,
+                                              std::shared_ptr<const Dataset> train_set) {
+  auto ds = train_set ? std::move(train_set) : make_dataset(config, *tokenizer, Split::kTrain);
   auto options = loader_options(config, rank, world_size, true);
   // Note [Sequence-length warm-up] (data_loader.hpp).
   options.seq_len_warmup = config.data.seq_len_warmup;

@@ -40,10 +40,13 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
 LoaderOptions loader_options(const Config& config, int rank, int world_size, bool train);
 
 // `first_step`: the optimizer steps done before `resume`'s cursor (the resumed step; Note
-// [Sequence-length warm-up]). data.seq_len_warmup on tables is Error(kUsage).
+// [Sequence-length warm-up]). data.seq_len_warmup on tables is Error(kUsage). `train_set`: the
+// training set already opened (make_dataset(config, *tokenizer, kTrain): a warm spare opens
+// it before it knows its rank); null: opened here.
 std::unique_ptr<DataLoader> make_train_loader(
     const Config& config, std::shared_ptr<const Tokenizer> tokenizer, int rank, int world_size,
-    const std::optional<SamplerState>& resume = std::nullopt, int64_t first_step = 0);
+    const std::optional<SamplerState>& resume = std::nullopt, int64_t first_step = 0,
+    std::shared_ptr<const Dataset> train_set = nullptr);
 
 // nullptr when the config has no evaluation data.
 // Note [Evaluation covers each sample once]: an evaluation scores the first

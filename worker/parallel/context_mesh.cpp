@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "comm/reformable_communicator.hpp"
 #include "core/error.hpp"
 #include "worker/parallel/context_parallel.hpp"
 
@@ -118,11 +119,14 @@ ContextMesh::ContextMesh(comm::Communicator& world, int64_t context_parallel,
   options_.shift_labels = shift_labels;
   options_.pad_id = pad_id;
   // Note [Data x context mesh]: consecutive ranks, ranked within the group by world rank.
-  group_ = world.split(coords_.data_rank, coords_.context_rank);
-  DNALLM_CHECK(group_ != nullptr && group_->world_size() == coords_.context_size &&
-                   group_->rank() == coords_.context_rank,
+  // Reformable: Note [In-process recovery] splits the re-formed world again and swaps the new
+  // group in under the model's view.
+  auto group = world.split(coords_.data_rank, coords_.context_rank);
+  DNALLM_CHECK(group != nullptr && group->world_size() == coords_.context_size &&
+                   group->rank() == coords_.context_rank,
                ExitCode::kFailure, "internal: the context group of rank {} has {} ranks",
-               world.rank(), group_ ? group_->world_size() : 0);
+               world.rank(), group ? group->world_size() : 0);
+  group_ = std::make_unique<comm::ReformableCommunicator>(std::move(group), "context");
   view_->group = group_.get();
 }
 
