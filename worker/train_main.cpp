@@ -75,12 +75,11 @@ void install_step_hooks(train::TrainerOptions& o, train::StepProfiler* profiler,
 
 // Note [In-process recovery]: with spares in the job, the world communicator can be re-formed
 // in place; null when this run cannot recover in process (why is logged once).
-std::unique_ptr<train::InProcessRecovery> make_recovery(const Config& config, const WorkerEnv& env,
-                                                        const cluster::Topology& topo,
-                                                        const parallel::RankDevice& device,
-                                                        comm::ProcessGroup& group,
-                                                        data::DataLoader& loader,
-                                                        train::Checkpointer& checkpointer) {
+std::unique_ptr<train::InProcessRecovery> make_recovery(
+    const Config& config, const WorkerEnv& env, const cluster::Topology& topo,
+    const parallel::RankDevice& device, comm::ProcessGroup& group, data::DataLoader& loader,
+    train::Checkpointer& checkpointer, parallel::ContextMesh* context,
+    models::LanguageModel model) {
   auto* world = dynamic_cast<comm::ReformableCommunicator*>(group.comm.get());
   if (world == nullptr) return nullptr;
   if (const auto why = coordinator::in_process_recovery_unsupported(config); !why.empty()) {
@@ -96,6 +95,21 @@ std::unique_ptr<train::InProcessRecovery> make_recovery(const Config& config, co
   o.comm = world;
   o.loader = &loader;
   o.abandon_saves = [&checkpointer] { checkpointer.abandon_in_flight(); };
+  if (context != nullptr) {
+    // Note [Data x context mesh]: the context group is a split of the world, made again.
+    o.reform_groups = [context, model](comm::Communicator& w, const std::string& name) mutable {
+      const auto& c = context->coordinates();
+      dynamic_cast<comm::ReformableCommunicator&>(context->group())
+          .replace(w.split(c.data_rank, c.context_rank), name + ".context");
+      // The model set on the mesh again, as a spare's fresh one is (make_context_mesh): its
+      // attention context is built on the next forward (a collective over the new group, at
+      // the same point on every rank), not kept from the old group.
+      const auto view = context->model_view();
+      view->positions = torch::Tensor();
+      view->full_length = 0;
+      model->set_context_parallel(view);
+    };
+  }
   return std::make_unique<train::InProcessRecovery>(std::move(o));
 }
 
@@ -122,8 +136,9 @@ int train_in_group(Config& config, const WorkerEnv& env, const cluster::Topology
   auto context = parallel::make_context_mesh(config, group.comm.get(), *model);
   // training.batch_size = "auto": before the loaders, which take the micro-batch size.
   train::resolve_auto_batch(config, model, *sync, topo.local_world_size);
-  auto train_loader = data::make_train_loader(config, tokenizer, data_rank, data_world,
-                                              resume.sampler, resume.step().value_or(0));
+  auto train_loader =
+      data::make_train_loader(config, tokenizer, data_rank, data_world, resume.sampler,
+                              resume.step().value_or(0), spare ? spare->train_set : nullptr);
   data::DataLoader& loader = *train_loader;  // owned by the trainer below
   train::TrainerOptions trainer_options;
   trainer_options.bases_of_label = train::bases_of_label(tokenizer);
@@ -150,7 +165,8 @@ int train_in_group(Config& config, const WorkerEnv& env, const cluster::Topology
   train::Checkpointer checkpointer(
       config,
       train::checkpointer_options(config, env, group, loader, tokenizer_json, resume.step()));
-  const auto recovery = make_recovery(config, env, topo, rank_device, group, loader, checkpointer);
+  const auto recovery = make_recovery(config, env, topo, rank_device, group, loader, checkpointer,
+                                      context.get(), model);
   if (recovery) recovery->install(trainer_options);
   install_step_hooks(trainer_options, profiler.get(), preemption, checkpointer, env);
   train::Trainer trainer(
@@ -187,8 +203,10 @@ int train_worker(const ConfigOptions& options, const std::string& profile) {
   // Note [In-process recovery]: a spare waits here, warm, until it is given a dead rank's place.
   std::optional<train::SparePlace> spare;
   if (env.spare_id) {
+    auto train_set = data::make_dataset(config, *tokenizer, data::Split::kTrain);
     spare = train::wait_for_place(env);
     if (!spare) return 0;
+    spare->train_set = std::move(train_set);
     train::take_place(spare->record, process_env, env);
   }
   // DESIGN.md order: torchrun variables, OpenMPI, Slurm, else one process.
@@ -206,10 +224,12 @@ int train_worker(const ConfigOptions& options, const std::string& profile) {
   comm::ProcessGroup group;
   if (parallel::needs_process_group(config, topo)) {
     // A spare joins the group the survivors re-form for its record.
+    group = spare ? train::join_as_spare(config, env, topo, rank_device, spare->record)
+                  : parallel::join_process_group(config, env, topo, rank_device,
+                                                 parallel::process_group_name(env));
     const std::string name =
         spare ? coordinator::recovery_comm_name(*env.generation, spare->record.number)
               : parallel::process_group_name(env);
-    group = parallel::join_process_group(config, env, topo, rank_device, name);
     if (env.in_process_recovery && env.generation) {
       group.comm = std::make_unique<comm::ReformableCommunicator>(std::move(group.comm), name);
     }

@@ -41,6 +41,13 @@ struct StateHeader {
   };
 };
 
+// Note [Buddy copies]: no rank holds a copy of a dead rank's shard (its buddy died with it):
+// the recovery gives up at once and the generation restarts from its last checkpoint.
+class StateLost : public Error {
+ public:
+  using Error::Error;
+};
+
 // Broadcasts `t` (contiguous, the same numel on every rank) from `root` in place, in chunks.
 int64_t broadcast_tensor(comm::Communicator& comm, const torch::Tensor& t, int root) {
   if (!t.defined() || t.numel() == 0) return 0;
@@ -114,7 +121,7 @@ std::optional<SparePlace> wait_for_place(const WorkerEnv& env) {
       return SparePlace{
           coordinator::RecoveryRecord::from_json(
               coordinator::to_string(store.get(record_key, std::chrono::seconds(10))), record_key),
-          assigned};
+          assigned, nullptr};
     }
   }
   spdlog::info("spare {}: stopped before it was needed", *env.spare_id);
@@ -131,17 +138,50 @@ void take_place(const coordinator::RecoveryRecord& record,
   env.to_environment(process_env);
 }
 
+comm::ProcessGroup join_as_spare(const Config& config, const WorkerEnv& env,
+                                 const cluster::Topology& topo, const parallel::RankDevice& device,
+                                 coordinator::RecoveryRecord& record) {
+  coordinator::TcpStoreClientOptions co;
+  co.host = topo.master_addr;
+  co.port = static_cast<uint16_t>(topo.master_port);
+  co.token = env.job_token;
+  auto store = std::make_shared<coordinator::TcpStoreClient>(co);
+  const int64_t generation = *env.generation;
+  comm::ProcessGroup group;
+  group.store = store;
+  while (true) {
+    const std::string name = coordinator::recovery_comm_name(generation, record.number);
+    try {
+      group.comm = parallel::rejoin_process_group(
+          config, env, topo, device,
+          coordinator::until_next_recovery(store, generation, record.number), name);
+      spdlog::info("rank {} of {} ({} backend on {}): joined {}", topo.rank, topo.world_size,
+                   group.comm->backend(), device.device.str(), name);
+      return group;
+    } catch (const Error& e) {
+      const auto count = store->try_get(coordinator::recovery_count_key(generation));
+      const int64_t newest = count ? std::stoll(coordinator::to_string(*count)) : 0;
+      if (newest <= record.number) throw;
+      spdlog::warn("spare: {} ({}); joining recovery {}", name, e.what(), newest);
+      record.number = newest;
+    }
+  }
+}
+
 InProcessRecovery::InProcessRecovery(RecoveryOptions options) : o_(std::move(options)) {
   DNALLM_CHECK(o_.config && o_.store && o_.comm && o_.loader && o_.env.generation,
                ExitCode::kFailure,
                "in-process recovery without its group (a bug; please report it)");
   step_start_ = o_.loader->state();
+  sharded_ = o_.config->parallel.zero_stage > 0;
 }
 
 void InProcessRecovery::install(TrainerOptions& options) {
   options.before_step.push_back([this](Trainer& t, int64_t) {
     step_start_ = o_.loader->state();
     marked_step_ = t.step();
+    // Note [Buddy copies]: the state the run starts from is the first commit.
+    if (sharded_ && committed_ < 0) commit(t);
   });
   options.recover = [this](Trainer& t) { return recover(t); };
   options.after_step.push_back(
@@ -170,11 +210,33 @@ std::optional<coordinator::RecoveryRecord> InProcessRecovery::wait_for_record() 
 void InProcessRecovery::reform(const coordinator::RecoveryRecord& record) {
   const std::string name = coordinator::recovery_comm_name(*o_.env.generation, record.number);
   o_.comm->replace(
-      parallel::rejoin_process_group(*o_.config, o_.env, o_.topo, o_.device, o_.store, name), name);
+      parallel::rejoin_process_group(
+          *o_.config, o_.env, o_.topo, o_.device,
+          coordinator::until_next_recovery(o_.store, *o_.env.generation, record.number), name),
+      name);
+  if (o_.reform_groups) o_.reform_groups(*o_.comm, name);
   recoveries_ = record.number;
 }
 
+torch::Tensor InProcessRecovery::state_header(Trainer& t, int64_t steps_done) const {
+  auto header = torch::zeros({StateHeader::kCount}, torch::kFloat64);
+  auto h = header.accessor<double, 1>();
+  h[StateHeader::kStep] = double(steps_done);
+  h[StateHeader::kAdamSteps] = double(t.optimizer().steps());
+  h[StateHeader::kRawScale] = t.loss_scaler().raw_scale();
+  h[StateHeader::kCleanSteps] = double(t.loss_scaler().clean_steps());
+  h[StateHeader::kSkipped] = double(t.loss_scaler().skipped_steps());
+  h[StateHeader::kBest] = t.best_value();
+  h[StateHeader::kCursor] = double(cursor_after(steps_done).consumed_samples);
+  h[StateHeader::kAccum] = double(o_.config->training.grad_accum_steps);
+  h[StateHeader::kLoss] = t.last_step().loss;
+  h[StateHeader::kLr] = t.last_step().lr;
+  h[StateHeader::kGradNorm] = t.last_step().grad_norm;
+  return header;
+}
+
 int64_t InProcessRecovery::exchange_state(Trainer& t, bool holds_state, int& source) {
+  if (sharded_) return exchange_shards(t, holds_state, source);
   comm::Communicator& comm = *o_.comm;
   const int world = comm.world_size();
   const double newest = allreduce_max(comm, holds_state ? double(t.step()) : -1.0);
@@ -184,21 +246,8 @@ int64_t InProcessRecovery::exchange_state(Trainer& t, bool holds_state, int& sou
   const bool at_newest = holds_state && double(t.step()) == newest;
   source = world - static_cast<int>(allreduce_max(comm, at_newest ? world - comm.rank() : 0));
 
-  auto header = torch::zeros({StateHeader::kCount}, torch::kFloat64);
-  if (comm.rank() == source) {
-    auto h = header.accessor<double, 1>();
-    h[StateHeader::kStep] = double(t.step());
-    h[StateHeader::kAdamSteps] = double(t.optimizer().steps());
-    h[StateHeader::kRawScale] = t.loss_scaler().raw_scale();
-    h[StateHeader::kCleanSteps] = double(t.loss_scaler().clean_steps());
-    h[StateHeader::kSkipped] = double(t.loss_scaler().skipped_steps());
-    h[StateHeader::kBest] = t.best_value();
-    h[StateHeader::kCursor] = double(cursor_after(t.step()).consumed_samples);
-    h[StateHeader::kAccum] = double(o_.config->training.grad_accum_steps);
-    h[StateHeader::kLoss] = t.last_step().loss;
-    h[StateHeader::kLr] = t.last_step().lr;
-    h[StateHeader::kGradNorm] = t.last_step().grad_norm;
-  }
+  auto header = comm.rank() == source ? state_header(t, t.step())
+                                      : torch::zeros({StateHeader::kCount}, torch::kFloat64);
   const int64_t own_step = holds_state ? t.step() : -1;
   int64_t bytes = broadcast_tensor(comm, header, source);
   {
@@ -207,6 +256,13 @@ int64_t InProcessRecovery::exchange_state(Trainer& t, bool holds_state, int& sou
     bytes += broadcast_tensor(comm, t.optimizer().exp_avg(), source);
     bytes += broadcast_tensor(comm, t.optimizer().exp_avg_sq(), source);
   }
+  apply_header(t, header, own_step, source);
+  return bytes;
+}
+
+void InProcessRecovery::apply_header(Trainer& t, const torch::Tensor& header, int64_t own_step,
+                                     int source) {
+  comm::Communicator& comm = *o_.comm;
   const auto h = header.accessor<double, 1>();
   DNALLM_CHECK(h[StateHeader::kAccum] == double(o_.config->training.grad_accum_steps),
                ExitCode::kFailure,
@@ -214,6 +270,12 @@ int64_t InProcessRecovery::exchange_state(Trainer& t, bool holds_state, int& sou
                "{} {} (training.keep_global_batch resolved otherwise); restart the job",
                comm.rank(), o_.config->training.grad_accum_steps, source, h[StateHeader::kAccum]);
   const auto step = static_cast<int64_t>(h[StateHeader::kStep]);
+  // Note [Buddy copies]: a rank 0 that goes back to an earlier step does not log the steps it
+  // logged again (they are run again bit for bit).
+  if (comm.rank() == 0 && own_step > step) {
+    logged_through_ = std::max(logged_through_, own_step);
+    t.set_logged_through(logged_through_);
+  }
   t.set_step(step);
   t.optimizer().set_steps(static_cast<int64_t>(h[StateHeader::kAdamSteps]));
   t.loss_scaler().restore(h[StateHeader::kRawScale],
@@ -237,6 +299,168 @@ int64_t InProcessRecovery::exchange_state(Trainer& t, bool holds_state, int& sou
     line["recovered_from_rank"] = source;
     t.write_metrics(line);
   }
+}
+
+namespace {
+
+// Note [Buddy copies]: the tags of a commit's two messages, and of a spare's shard.
+constexpr int kHeaderTag = 41001, kShardTag = 41002, kSpareTag = 41003;
+
+// This rank's shard of the optimizer's range: [parameters | exp_avg | exp_avg_sq].
+struct ShardViews {
+  torch::Tensor params, exp_avg, exp_avg_sq;
+  int64_t numel() const { return params.numel(); }
+};
+ShardViews shard_views(Trainer& t) {
+  auto& opt = t.optimizer();
+  return {t.flat().params().slice(0, opt.begin(), opt.end()), opt.exp_avg(), opt.exp_avg_sq()};
+}
+
+void pack(const ShardViews& v, torch::Tensor& data) {
+  const int64_t n = v.numel();
+  if (!data.defined() || data.numel() != 3 * n) data = torch::empty({3 * n}, torch::kFloat32);
+  data.slice(0, 0, n).copy_(v.params);
+  data.slice(0, n, 2 * n).copy_(v.exp_avg);
+  data.slice(0, 2 * n, 3 * n).copy_(v.exp_avg_sq);
+}
+
+void unpack(const torch::Tensor& data, const ShardViews& v) {
+  const int64_t n = v.numel();
+  DNALLM_CHECK(data.numel() == 3 * n, ExitCode::kFailure,
+               "in-process recovery: a shard copy of {} elements for a shard of {} (a bug; please "
+               "report it)",
+               data.numel(), n);
+  v.params.copy_(data.slice(0, 0, n));
+  v.exp_avg.copy_(data.slice(0, n, 2 * n));
+  v.exp_avg_sq.copy_(data.slice(0, 2 * n, 3 * n));
+}
+
+// Sends or receives `t` (fp32 or fp64, contiguous) in chunks; the works, to wait for together.
+void transfer(comm::Communicator& comm, const torch::Tensor& t, int peer, int tag, bool send,
+              std::vector<comm::WorkPtr>& works) {
+  const auto dtype = *dtype_of(t.scalar_type());
+  for (int64_t begin = 0; begin < t.numel(); begin += kRecoveryChunkElements) {
+    const auto view =
+        buffer_view(t, begin, std::min(kRecoveryChunkElements, t.numel() - begin), dtype);
+    works.push_back(send ? comm.send(view, peer, tag) : comm.recv(view, peer, tag));
+  }
+}
+
+void wait_each(std::vector<comm::WorkPtr>& works) {
+  for (auto& w : works) w->wait();
+  works.clear();
+}
+
+// Every rank's numel, gathered.
+std::vector<int64_t> gather_counts(comm::Communicator& comm, int64_t own) {
+  auto mine = torch::full({1}, own, torch::kInt64);
+  auto all = torch::zeros({comm.world_size()}, torch::kInt64);
+  wait_all(comm.allgather(buffer_view(mine, 0, 1, DType::kInt64),
+                          buffer_view(all, 0, all.numel(), DType::kInt64)));
+  return {all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel()};
+}
+
+}  // namespace
+
+void InProcessRecovery::commit(Trainer& t) {
+  comm::Communicator& comm = *o_.comm;
+  const int world = comm.world_size(), rank = comm.rank();
+  const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+  const int64_t step = t.step();
+  const int slot = static_cast<int>(step % 2);
+  torch::NoGradGuard no_grad;
+  const ShardViews views = shard_views(t);
+  StateCopy& own = own_[slot];
+  StateCopy& buddy = buddy_[slot];
+  own.step = -1;
+  own.header = state_header(t, step);
+  pack(views, own.data);
+  own.step = step;
+  buddy.step = -1;
+  if (!buddy.header.defined()) buddy.header = torch::zeros({StateHeader::kCount}, torch::kFloat64);
+  if (prev_numel_ < 0) prev_numel_ = gather_counts(comm, views.numel())[prev];
+  if (!buddy.data.defined() || buddy.data.numel() != 3 * prev_numel_) {
+    buddy.data = torch::empty({3 * prev_numel_}, torch::kFloat32);
+  }
+  std::vector<comm::WorkPtr> works;
+  transfer(comm, buddy.header, prev, kHeaderTag, /*send=*/false, works);
+  transfer(comm, buddy.data, prev, kShardTag, /*send=*/false, works);
+  transfer(comm, own.header, next, kHeaderTag, /*send=*/true, works);
+  transfer(comm, own.data, next, kShardTag, /*send=*/true, works);
+  wait_each(works);
+  buddy.step = step;
+  // Past this barrier every rank holds its own copy of `step` and its predecessor's.
+  wait_all(comm.barrier());
+  committed_ = step;
+}
+
+int64_t InProcessRecovery::exchange_shards(Trainer& t, bool holds_state, int& source) {
+  comm::Communicator& comm = *o_.comm;
+  const int world = comm.world_size(), rank = comm.rank();
+  torch::NoGradGuard no_grad;
+  const ShardViews views = shard_views(t);
+  const auto counts = gather_counts(comm, views.numel());
+  prev_numel_ = counts[(rank + world - 1) % world];
+  const int64_t target = static_cast<int64_t>(allreduce_max(comm, holds_state ? committed_ : -1));
+  if (target < 0) {
+    throw StateLost(ExitCode::kPeerFailed,
+                    "in-process recovery: no rank of the re-formed group holds a committed state; "
+                    "the generation restarts from its last checkpoint");
+  }
+  const int slot = static_cast<int>(target % 2);
+  // Who holds what: [holds a state, has its own copy of `target`, has its predecessor's].
+  auto mine = torch::tensor({holds_state ? 1.0 : 0.0, own_[slot].step == target ? 1.0 : 0.0,
+                             buddy_[slot].step == target ? 1.0 : 0.0},
+                            torch::kFloat64);
+  auto table = torch::zeros({3 * world}, torch::kFloat64);
+  wait_all(comm.allgather(buffer_view(mine, 0, 3, DType::kFloat64),
+                          buffer_view(table, 0, table.numel(), DType::kFloat64)));
+  const auto at = [&](int r, int k) { return table[3 * r + k].item<double>() != 0.0; };
+  source = -1;
+  for (int r = 0; r < world; ++r) {
+    const int buddy = (r + 1) % world;
+    if (at(r, 0)) {
+      DNALLM_CHECK(at(r, 1), ExitCode::kFailure,
+                   "in-process recovery: rank {} holds no copy of its shard at step {} (a bug; "
+                   "please report it)",
+                   r, target);
+      if (source < 0) source = r;
+    } else {
+      if (!at(buddy, 0) || !at(buddy, 2)) {
+        throw StateLost(
+            ExitCode::kPeerFailed,
+            fmt::format("in-process recovery: rank {}'s shard of step {} was held only by rank {} "
+                        "(its buddy), which {}; the generation restarts from its last checkpoint",
+                        r, target, buddy, at(buddy, 0) ? "has no copy of it" : "failed too"));
+      }
+    }
+  }
+  // Every place given to a spare gets its shard from its buddy, the rank after it.
+  int64_t bytes = 0;
+  torch::Tensor received;
+  std::vector<comm::WorkPtr> works;
+  for (int r = 0; r < world; ++r) {
+    if (at(r, 0)) continue;
+    const int buddy = (r + 1) % world;
+    if (rank == buddy) {
+      transfer(comm, buddy_[slot].data, r, kSpareTag, /*send=*/true, works);
+    } else if (rank == r) {
+      received = torch::empty({3 * views.numel()}, torch::kFloat32);
+      transfer(comm, received, buddy, kSpareTag, /*send=*/false, works);
+    }
+    bytes += 3 * counts[r] * int64_t{4};
+  }
+  wait_each(works);
+  unpack(holds_state ? own_[slot].data : received, views);
+  auto header = rank == source ? own_[slot].header.clone()
+                               : torch::zeros({StateHeader::kCount}, torch::kFloat64);
+  bytes += broadcast_tensor(comm, header, source);
+  const int64_t own_step = holds_state ? t.step() : -1;
+  apply_header(t, header, own_step, source);
+  // ZeRO-1/2: every rank's parameters whole again, from the shards.
+  t.sync().after_optimizer_step(t.flat());
+  // The copies of `target` again, the spares' included (a second failure finds them).
+  commit(t);
   return bytes;
 }
 
@@ -299,6 +523,9 @@ bool InProcessRecovery::recover(Trainer& t) {
               seconds_between(reformed, transferred)},
              transferred);
       return true;
+    } catch (const StateLost& e) {
+      spdlog::error("{}", e.what());
+      return false;
     } catch (const std::exception& e) {
       if (attempt >= kRecoveryAttempts) throw;
       spdlog::warn("recovery {} broke off too ({}); waiting for the next", record->number,
@@ -313,7 +540,8 @@ void InProcessRecovery::join(Trainer& t, const coordinator::RecoveryRecord& reco
   // (join_process_group named it so): only the number is recorded here.
   recoveries_ = record.number;
   if (o_.comm->rank() == 0 && !o_.config->logging.metrics_file.empty()) {
-    t.set_logged_through(last_logged_step(o_.config->logging.metrics_file));
+    logged_through_ = last_logged_step(o_.config->logging.metrics_file);
+    t.set_logged_through(logged_through_);
   }
   int source = 0;
   const int64_t bytes = exchange_state(t, /*holds_state=*/false, source);
@@ -348,6 +576,7 @@ void InProcessRecovery::report(const Trainer& t, const coordinator::RecoveryReco
 }
 
 StepAction InProcessRecovery::after_step(Trainer& t, const StepResult& r) {
+  if (sharded_) commit(t);
   if (!pending_) return StepAction::kContinue;
   pending_->event["first_step_s"] = seconds_between(pending_->resumed, Clock::now());
   pending_->event["total_s"] =

@@ -3,7 +3,7 @@
 // rank's place, and every rank takes the newest state from a peer instead of a checkpoint.
 //   1. Spares. `dnallm-launch --spare-workers K` (elastic.spare_workers) starts K extra
 //      dnallm-train processes beside each agent's ranks (DNALLM_SPARE_ID). A spare reads its
-//      configuration and tokenizer, checks the model's memory, then waits at the coordinator's
+//      configuration and tokenizer, opens the training set, then waits at the coordinator's
 //      store (key recover/g<G>/spare/<id>) with LibTorch loaded; a stop signal ends the wait
 //      (exit 0). Every worker of such a job has DNALLM_IN_PROCESS_RECOVERY=1.
 //   2. Detection. The agent reaps a rank that ended on its own (a signal, or an exit that is
@@ -30,7 +30,8 @@
 //      into the buffers every rank already has (no second copy). A survivor whose all-reduce
 //      completed before the death is ahead by one step: its state wins, the others catch up.
 //      Every rank resets its loader to the source's cursor and its DDP engine drops the
-//      broken step (GradientSync::abandon_step).
+//      broken step (GradientSync::abandon_step). Under ZeRO-1/2/3 a shard is not on every rank:
+//      it comes from the copies of Note [Buddy copies] instead, at the newest committed step.
 //   6. Exactness. The step in flight is run again from the same batch (the data of a step is a
 //      function of the cursor and the rank) with the same dropout seeds (Note [Dropout
 //      randomness]: a function of seed, step, micro-step and rank), so the run is bit-identical
@@ -42,10 +43,36 @@
 //      rank's failed step to the record, or 0 for the spare), reform_s, transfer_s,
 //      first_step_s, and total_s from the agent's detection to the end of that step.
 // Where this cannot hold, the worker keeps today's behaviour (exit 4; the agent restarts the
-// generation from the last checkpoint): ZeRO-1/2/3 and context parallelism (a dead rank's
-// shard lives nowhere else), sync-free steps (their update precedes the last collective), a
-// failure outside a step (evaluation, a checkpoint save), the MPI backend (it cannot abort),
-// no spare left.
+// generation from the last checkpoint): sync-free steps (their update precedes the last
+// collective), the MPI backend (it cannot abort), no spare left, a dead rank whose buddy died
+// too (ZeRO), a third broken attempt. A failure in the evaluation or a checkpoint save goes on
+// without them (DDP) or runs the step again (ZeRO). Sub-groups of the world (the context
+// group) are split again after the re-form (RecoveryOptions::reform_groups); a group whose
+// forming a later recovery overtakes (a rank died meanwhile) gives way to it at once, and every
+// rank joins the newest recovery's group (coordinator::until_next_recovery, join_as_spare).
+//
+// Note [Buddy copies]
+// Under ZeRO-1/2/3 a rank's range of the optimizer state and of the parameters (only it updates
+// them; ZeRO-3 holds no other) lives on that rank alone. With spares in the job, every rank keeps a
+// host copy of its shard [parameters | exp_avg | exp_avg_sq] and of the step's scalars (the header
+// of step 5) and sends it to its buddy, the next rank (rank + 1 mod world), which keeps it:
+//   commit(step): own copy into the slot of the step's parity; send it to the next rank and
+//   receive the previous rank's into the same slot of its buddy copies; a barrier; committed.
+// It runs after every step (an after-step hook, before the checkpoint's) and once before the
+// first. Past the barrier of step S every rank holds its own copy and its predecessor's of S;
+// a rank that has not passed it yet holds them too as soon as any rank has passed it (every rank
+// entered the barrier after its exchange). No rank reaches the copies of S + 2 before every
+// rank passed the barrier of S + 1, so two slots always hold the newest committed step T.
+// Recovery (step 5): T = the newest step any survivor committed; every survivor takes its
+// shard back from its own copy of T (one that ran on into step T + 1 goes back: the step is
+// run again bit for bit, and rank 0 does not log again the steps it logged), a spare takes the
+// dead rank's from that rank's buddy (send/recv, chunked), the header comes from the lowest
+// survivor, ZeRO-1/2 gather the parameters whole again (after_optimizer_step), the copies of T
+// are committed afresh, the spare's included. A dead rank whose buddy died too (or no commit
+// at all) leaves no copy: the recovery says so and the generation restarts from its checkpoint.
+// Cost: host memory 2 slots x (own + buddy) x 3 x 4 bytes a shard element = 48 x P / world
+// bytes for P trainable parameters; each step copies 12 x P / world bytes to the host and sends
+// as many to the next rank, then one barrier (docs/elastic.md has the figures).
 #pragma once
 
 #include <chrono>
@@ -59,6 +86,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cluster/topology.hpp"
+#include "comm/bootstrap.hpp"
 #include "comm/reformable_communicator.hpp"
 #include "coordinator/recovery.hpp"
 #include "core/config.hpp"
@@ -83,12 +111,23 @@ inline constexpr int kRecoveryAttempts = 3;
 struct SparePlace {
   coordinator::RecoveryRecord record;
   std::chrono::steady_clock::time_point assigned;
+  // The training set, opened while the spare waited (the same on every rank): the loader of
+  // the place it takes only cuts its shard.
+  std::shared_ptr<const data::Dataset> train_set;
 };
 std::optional<SparePlace> wait_for_place(const WorkerEnv& env);
 // The worker environment of the rank whose place `record` gives: RANK, LOCAL_RANK and the
 // progress file written over `process_env` and `env`; no longer a spare.
 void take_place(const coordinator::RecoveryRecord& record,
                 std::map<std::string, std::string>& process_env, WorkerEnv& env);
+
+// A spare given `record`'s place joins the re-formed group (step 4) with the survivors. When
+// that group gives way to a later recovery (a rank died while it formed: two deaths at once),
+// it joins the newest one instead, as the survivors do; `record.number` is then that one.
+// Collective with the survivors' reform(); blocking.
+comm::ProcessGroup join_as_spare(const Config& config, const WorkerEnv& env,
+                                 const cluster::Topology& topo, const parallel::RankDevice& device,
+                                 coordinator::RecoveryRecord& record);
 
 struct RecoveryOptions {
   const Config* config = nullptr;
@@ -101,6 +140,9 @@ struct RecoveryOptions {
   // Drops a checkpoint save in flight (Checkpointer::abandon_in_flight): its commit would wait
   // for the dead rank's shard. Null: no checkpoints.
   std::function<void()> abandon_saves;
+  // After the world was re-formed as `name`: its sub-groups split again (the context mesh's).
+  // Collective over `world`; null: none.
+  std::function<void(comm::Communicator& world, const std::string& name)> reform_groups;
 };
 
 class InProcessRecovery {
@@ -119,8 +161,15 @@ class InProcessRecovery {
   bool recover(Trainer& trainer);
   // Waits for the record of a recovery after the last one this rank took part in.
   std::optional<coordinator::RecoveryRecord> wait_for_record();
-  // Step 5; returns the bytes the source broadcast.
+  // Step 5; returns the bytes the source broadcast (DDP) or the buddies sent (ZeRO).
   int64_t exchange_state(Trainer& trainer, bool holds_state, int& source);
+  // Note [Buddy copies]: step 5 under ZeRO-1/2, and the commit of a step's shard copies.
+  int64_t exchange_shards(Trainer& trainer, bool holds_state, int& source);
+  void commit(Trainer& trainer);
+  // The scalars of step 5 after `steps_done` steps, and taking them from rank `source`
+  // (`own_step`: the last step this rank completed before, -1 for a spare).
+  torch::Tensor state_header(Trainer& trainer, int64_t steps_done) const;
+  void apply_header(Trainer& trainer, const torch::Tensor& header, int64_t own_step, int source);
   void reform(const coordinator::RecoveryRecord& record);
   StepAction after_step(Trainer& trainer, const StepResult& r);
   struct Phases {
@@ -138,6 +187,17 @@ class InProcessRecovery {
   // or its end when the failure came after it).
   data::SamplerState cursor_after(int64_t steps_done) const;
   int64_t recoveries_ = 0;  // the last recovery number this rank took part in
+  // Note [Buddy copies]: parallel.zero_stage > 0. A copy is a step's header and this rank's
+  // shard [parameters | exp_avg | exp_avg_sq] (fp32, host), in the slot of the step's parity.
+  struct StateCopy {
+    int64_t step = -1;  // -1 while empty or being written
+    torch::Tensor header, data;
+  };
+  bool sharded_ = false;
+  StateCopy own_[2], buddy_[2];  // this rank's, and the rank before it's (rank - 1 mod world)
+  int64_t committed_ = -1;       // the last step whose copies every rank had (the barrier)
+  int64_t logged_through_ = 0;   // rank 0: what set_logged_through() was given
+  int64_t prev_numel_ = -1;      // the shard size of the rank before this one
   struct Pending {
     nlohmann::ordered_json event;
     std::chrono::steady_clock::time_point resumed;

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -98,10 +99,10 @@ class ElasticTrainTest : public ::testing::Test {
   // dnallm-launch --standalone, 2 workers, the tiny deterministic model of the resume tests;
   // `extra` flags after the others (e.g. --spare-workers 1).
   std::unique_ptr<AgentProcess> launch(const std::string& name,
-                                       const std::vector<std::string>& extra = {}) {
+                                       const std::vector<std::string>& extra = {}, int nproc = 2) {
     const std::string ckpt = dir_ + "/" + name + "_ckpt";
     std::vector<std::string> argv = {kBin + "dnallm-launch", "--standalone",
-                                     "--nproc-per-node",     "2",
+                                     "--nproc-per-node",     std::to_string(nproc),
                                      "--monitor-interval",   "0.1",
                                      "--rdzv-settle",        "0.1",
                                      "--grace-period",       "2",
@@ -157,7 +158,8 @@ class ElasticTrainTest : public ::testing::Test {
                                                  "_ckpt/final/model.safetensors");
   }
 
-  void expect_spare_takes_over(int signal);
+  // `sets`: configuration keys of both runs (--set), e.g. parallel.zero_stage=1.
+  void expect_spare_takes_over(int signal, const std::vector<std::string>& sets = {});
 
   static constexpr int kSteps = 40;
   static constexpr int kSaveSteps = 4;
@@ -263,18 +265,29 @@ pid_t spare_of(pid_t parent, int id) {
 // 1, every step has exactly one metrics line whose loss equals the uninterrupted run's bit for
 // bit, the final parameters are the same, and the restart event says which rank died, who
 // supplied the state and how long each phase took.
-void ElasticTrainTest::expect_spare_takes_over(int signal) {
-  auto ref_agent = launch("ref");
+void ElasticTrainTest::expect_spare_takes_over(int signal, const std::vector<std::string>& sets) {
+  std::vector<std::string> keys;
+  for (const auto& set : sets) keys.insert(keys.end(), {"--set", set});
+  auto ref_agent = launch("ref", keys);
   ASSERT_EQ(ref_agent->wait(240s), 0) << ref_agent->log();
   const Metrics ref = read_metrics(dir_ + "/ref.jsonl");
   ASSERT_EQ(ref.losses.size(), size_t(kSteps)) << ref_agent->log();
 
   std::random_device rd;
-  const int victim_rank = static_cast<int>(rd() % 2);
-  const int64_t at_step = 3 + static_cast<int64_t>(rd() % 20);
-  std::printf("signal %d to rank %d once step %lld is logged\n", signal, victim_rank,
+  int victim_rank = static_cast<int>(rd() % 2);
+  int64_t at_step = 3 + static_cast<int64_t>(rd() % 20);
+  // To run a failure again: ELASTIC_TRAIN_TEST_HIT=<rank>:<step>, as the line below printed.
+  if (const char* hit = std::getenv("ELASTIC_TRAIN_TEST_HIT")) {
+    long long step = 0;
+    ASSERT_EQ(std::sscanf(hit, "%d:%lld", &victim_rank, &step), 2) << hit;
+    at_step = step;
+  }
+  std::printf("signal %d to rank %d once step %lld is logged (ELASTIC_TRAIN_TEST_HIT=%d:%lld)\n",
+              signal, victim_rank, static_cast<long long>(at_step), victim_rank,
               static_cast<long long>(at_step));
-  auto agent = launch("spare", {"--spare-workers", "1", "--max-restarts", "0"});
+  std::vector<std::string> extra = {"--spare-workers", "1", "--max-restarts", "0"};
+  extra.insert(extra.end(), keys.begin(), keys.end());
+  auto agent = launch("spare", extra);
   const std::string metrics = dir_ + "/spare.jsonl";
   const auto deadline = std::chrono::steady_clock::now() + 180s;
   int64_t hit_after = -1;
@@ -328,6 +341,120 @@ TEST_F(ElasticTrainTest, SpareTakesAKilledRanksPlaceWithoutLosingAStep) {
 
 TEST_F(ElasticTrainTest, SpareTakesAStoppedRanksPlaceWithoutLosingAStep) {
   expect_spare_takes_over(SIGSTOP);
+}
+
+// Note [Buddy copies]: under ZeRO-1 and ZeRO-2 the optimizer state of the dead rank's range
+// lives on it and on its buddy.
+TEST_F(ElasticTrainTest, SpareTakesAKilledZero1RanksShardFromItsBuddy) {
+  expect_spare_takes_over(SIGKILL, {"parallel.zero_stage=1"});
+}
+
+TEST_F(ElasticTrainTest, SpareTakesAKilledZero2RanksShardFromItsBuddy) {
+  expect_spare_takes_over(SIGKILL, {"parallel.zero_stage=2"});
+}
+
+// ZeRO-3: the parameters' shard too; the spare places its model without rank 0's broadcast.
+TEST_F(ElasticTrainTest, SpareTakesAKilledZero3RanksShardFromItsBuddy) {
+  expect_spare_takes_over(SIGKILL, {"parallel.zero_stage=3"});
+}
+
+// Context parallelism (2 ranks, one context group): the survivors split the re-formed world
+// into its context group again, and the spare makes its own from the same world.
+TEST_F(ElasticTrainTest, SpareTakesAKilledContextParallelRanksPlace) {
+  expect_spare_takes_over(SIGKILL, {"parallel.context_parallel=2"});
+}
+
+// A second failure during the recovery: spare 0, given rank 1's place, is SIGKILLed as soon as
+// the agent hands it the place (while it builds its model or joins); the survivor's recovery
+// breaks off and joins the next one, with spare 1. Nothing is lost and nothing differs.
+TEST_F(ElasticTrainTest, ASecondFailureDuringTheRecoveryIsRecoveredToo) {
+  auto ref_agent = launch("ref");
+  ASSERT_EQ(ref_agent->wait(240s), 0) << ref_agent->log();
+  const Metrics ref = read_metrics(dir_ + "/ref.jsonl");
+  auto agent = launch(
+      "twice", {"--spare-workers", "2", "--max-restarts", "0", "--set", "parallel.timeout_s=30"});
+  const std::string metrics = dir_ + "/twice.jsonl";
+  const auto deadline = std::chrono::steady_clock::now() + 180s;
+  pid_t spare = -1;
+  bool rank_killed = false, spare_killed = false;
+  while (!spare_killed && std::chrono::steady_clock::now() < deadline) {
+    const Metrics m = read_metrics(metrics);
+    const int64_t at = m.losses.empty() ? 0 : m.losses.rbegin()->first;
+    if (!rank_killed && at >= 5) {
+      spare = spare_of(agent->pid(), 0);
+      const pid_t victim = worker_of(agent->pid(), 1);
+      ASSERT_GT(spare, 0) << agent->log();
+      ASSERT_GT(victim, 0) << agent->log();
+      ASSERT_EQ(::kill(victim, SIGKILL), 0);
+      rank_killed = true;
+    } else if (rank_killed && agent->log().find("spare 0 takes its place") != std::string::npos) {
+      ASSERT_EQ(::kill(spare, SIGKILL), 0);
+      spare_killed = true;
+    }
+    ASSERT_EQ(agent->wait(0ms), -1) << "the job ended before the kills\n" << agent->log();
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_TRUE(spare_killed) << agent->log();
+  ASSERT_EQ(agent->wait(240s), 0) << agent->log();
+  const std::string log = agent->log();
+  EXPECT_EQ(log.find("generation 2"), std::string::npos) << "the group was restarted\n" << log;
+  EXPECT_NE(log.find("spare 1 takes its place"), std::string::npos) << log;
+  const Metrics m = read_metrics(metrics);
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    ASSERT_EQ(m.losses.count(step), 1u) << "step " << step << "\n" << log;
+    EXPECT_EQ(m.losses.find(step)->second, ref.losses.find(step)->second) << "step " << step;
+  }
+  const auto restarts = m.events("restart");
+  ASSERT_FALSE(restarts.empty()) << log;
+  EXPECT_EQ(restarts.back()["kind"], "spare") << restarts.back().dump();
+  EXPECT_EQ(restarts.back()["recovery"], 2) << restarts.back().dump();
+  EXPECT_EQ(restarts.back()["dead_rank"], 1) << restarts.back().dump();
+  expect_same_final_params("ref", "twice");
+}
+
+// Note [Buddy copies]: ranks 1 and 2 of 3 die together under ZeRO-1, with two spares waiting;
+// rank 2 held the only copy of rank 1's shard. The spares and the survivor meet in the newest
+// recovery's group, find no copy, say so, and the generation restarts from its checkpoint:
+// every step line still equals the uninterrupted run's.
+TEST_F(ElasticTrainTest, ARankAndItsBuddyDyingTogetherFallBackToTheCheckpoint) {
+  const std::vector<std::string> zero = {"--set", "parallel.zero_stage=1"};
+  auto ref_agent = launch("ref", zero, 3);
+  ASSERT_EQ(ref_agent->wait(240s), 0) << ref_agent->log();
+  const Metrics ref = read_metrics(dir_ + "/ref.jsonl");
+  std::vector<std::string> extra = {"--spare-workers", "2", "--max-restarts", "1"};
+  extra.insert(extra.end(), zero.begin(), zero.end());
+  auto agent = launch("buddies", extra, 3);
+  const std::string metrics = dir_ + "/buddies.jsonl";
+  const auto deadline = std::chrono::steady_clock::now() + 180s;
+  bool killed = false;
+  while (!killed && std::chrono::steady_clock::now() < deadline) {
+    const Metrics m = read_metrics(metrics);
+    if (!m.losses.empty() && m.losses.rbegin()->first >= 2 * kSaveSteps + 1) {
+      const pid_t one = worker_of(agent->pid(), 1), two = worker_of(agent->pid(), 2);
+      ASSERT_GT(one, 0) << agent->log();
+      ASSERT_GT(two, 0) << agent->log();
+      ASSERT_EQ(::kill(one, SIGKILL), 0);
+      ASSERT_EQ(::kill(two, SIGKILL), 0);
+      killed = true;
+    }
+    ASSERT_EQ(agent->wait(0ms), -1) << "the job ended before the kills\n" << agent->log();
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_TRUE(killed) << agent->log();
+  ASSERT_EQ(agent->wait(240s), 0) << agent->log();
+  const std::string log = agent->log();
+  EXPECT_NE(log.find("rank 1's shard of step"), std::string::npos) << log;
+  EXPECT_NE(log.find("held only by rank 2 (its buddy), which failed too"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("generation 2"), std::string::npos) << log;
+  const Metrics m = read_metrics(metrics);
+  for (const auto& [step, loss] : m.losses) {
+    EXPECT_EQ(loss, ref.losses.find(step)->second) << "step " << step;
+  }
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    EXPECT_GE(m.losses.count(step), 1u) << "step " << step;
+  }
+  expect_same_final_params("ref", "buddies");
 }
 
 // A spare that dies while it waits is no failure; a rank killed afterwards finds no spare and
