@@ -550,7 +550,7 @@ void add_elastic_options(CLI::App& app, Args& args) {
                  "file whose first line is the job token (default: $DNALLM_JOB_TOKEN)");
   add_key_option(app, args.config, "--spare-workers", "elastic.spare_workers",
                  "warm spare workers beside this node's ranks: a dead rank's place goes to a "
-                 "spare, the survivors stay in process, no step is lost (DDP, ZeRO; docs/elastic.md)");
+                 "spare, the survivors stay in process, no step is lost (docs/elastic.md)");
   add_key_option(app, args.config, "--monitor-interval", "elastic.heartbeat_interval_s",
                  "seconds between heartbeats (workers' progress) to the coordinator");
   add_coordinator_key_options(app, args.config, "hosted coordinator: ");

@@ -39,9 +39,9 @@ void elastic_keys(std::vector<KeyDesc>& out) {
       .range("spare_workers", &ElasticConfig::spare_workers, 0, 1024,
              "warm spare workers each `dnallm-launch` starts beside its ranks "
              "(`--spare-workers`): when a rank dies the survivors stay in process and a spare "
-             "takes its place with a peer's state, losing no step (DDP, ZeRO-1/2/3; docs/elastic.md, "
-             "\"In-process recovery\"); 0: a failure restarts the group from the last "
-             "checkpoint");
+             "takes its place with a peer's state, losing no step (DDP, ZeRO-1/2/3, context "
+             "parallelism; docs/elastic.md, \"In-process recovery\"); 0: a failure restarts "
+             "the group from the last checkpoint");
 }
 
 }  // namespace dnallm::config_detail
