@@ -195,6 +195,16 @@ def reference_package(package, folder):
     return pkg
 
 
+def add_time_steps_arguments(ap, seq, steps):
+    """--seq and --batch (each step's input: batch x seq tokens), --steps and --warmup (what
+    time_steps times), with `seq` and `steps` as this peer's defaults (the peers of bench/hyena
+    and bench/caduceus)."""
+    ap.add_argument("--seq", type=int, default=seq)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--warmup", type=int, default=1)
+
+
 def time_steps(step, warmup, steps):
     """Seconds per call of `step` over `steps` calls after `warmup` untimed ones (the peers of
     bench/hyena and bench/caduceus)."""
