@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from hf_common import import_peers, reference_package
+from hf_common import import_reference
 
 
 def main():
@@ -29,9 +29,7 @@ def main():
               "not checked")
         return 0
     sys.path.insert(0, os.path.abspath(args.mamba))
-    torch, transformers = import_peers()
-    transformers.logging.set_verbosity_error()
-    reference_package("caduceus_ref", args.code)
+    torch, transformers = import_reference(args.code, "caduceus_ref")
     from caduceus_ref.modeling_caduceus import CaduceusForMaskedLM, CaduceusForSequenceClassification
     from safetensors.torch import load_file
     import caduceus_ref.modeling_caduceus as modeling_caduceus

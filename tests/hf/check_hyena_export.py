@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 
-from hf_common import import_peers, reference_package
+from hf_common import import_reference
 
 
 def main():
@@ -25,9 +25,7 @@ def main():
     if not args.code:
         print("check_hyena_export: no --code (DNALLM_HYENA_CODE): not checked")
         return 0
-    torch, transformers = import_peers()
-    transformers.logging.set_verbosity_error()
-    reference_package("hyena_ref", args.code)
+    torch, transformers = import_reference(args.code, "hyena_ref")
     from hyena_ref.modeling_hyena import HyenaDNAForCausalLM, HyenaDNAForSequenceClassification
     from safetensors.torch import load_file
     worst = 0.0

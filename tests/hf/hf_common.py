@@ -195,6 +195,17 @@ def reference_package(package, folder):
     return pkg
 
 
+def import_reference(code, package):
+    """import_peers() with transformers' logging at errors only, and the reference's model code
+    in the folder `code` importable as `package` (reference_package): what the scripts that check
+    our exports against, or make fixtures with, HyenaDNA's and Caduceus's hub code start with.
+    Returns (torch, transformers)."""
+    torch, transformers = import_peers()
+    transformers.logging.set_verbosity_error()
+    reference_package(package, code)
+    return torch, transformers
+
+
 def add_time_steps_arguments(ap, seq, steps):
     """--seq and --batch (each step's input: batch x seq tokens), --steps and --warmup (what
     time_steps times), with `seq` and `steps` as this peer's defaults (the peers of bench/hyena
