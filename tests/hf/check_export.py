@@ -37,7 +37,7 @@ import tempfile
 
 import dnabert2_reference
 from hf_common import (SEQS, adapter_problems, add_remote_code_arguments, auto_model_class,
-                       import_peers, load_model, max_abs_diff, nt_v2_model_class,
+                       checks_exit_code, import_peers, load_model, max_abs_diff, nt_v2_model_class,
                        overlapping_kmers, remote_code)
 
 
@@ -172,8 +172,7 @@ def main():
     width = [max((len(row[i]) for row in summary), default=0) for i in (0, 1)]
     for kind, what, diff in summary:
         print(f"  {kind:<{width[0]}}  {what:<{width[1]}}  {diff:.3g}")
-    print("all checks passed" if failures == 0 else f"{failures} check(s) failed")
-    return 1 if failures else 0
+    return checks_exit_code(failures)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import tempfile
 
 import dnabert2_reference
 from hf_common import (adapter_problems, add_remote_code_arguments, auto_model_class,
-                       import_peers, load_model, max_abs_diff, nt_v2_model_class,
+                       checks_exit_code, import_peers, load_model, max_abs_diff, nt_v2_model_class,
                        overlapping_kmers, remote_code)
 
 FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
@@ -126,8 +126,7 @@ def main():
             diff = max_abs_diff(merged, expected["merged_logits"])
             report(f"{family} merge_and_unload logits", diff <= args.tolerance,
                    f"max |logit diff| {diff:.3g}")
-    print("all checks passed" if failures == 0 else f"{failures} check(s) failed")
-    return 1 if failures else 0
+    return checks_exit_code(failures)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,23 @@ def import_peers(*extra):
     return torch, transformers
 
 
+def checks_exit_code(failures, passed="all checks passed"):
+    """Says how a script's checks went (`passed`, or how many failed) and returns its exit code:
+    0 when `failures` is 0."""
+    print(passed if failures == 0 else f"{failures} check(s) failed")
+    return 1 if failures else 0
+
+
+def exports_exit_code(script, worst):
+    """The exit code of a script that loads our exports with a reference's code: 0 when the
+    largest |logit difference| against the fixtures, `worst`, is within 1e-4, else 1 after
+    saying so."""
+    if worst > 1e-4:
+        print(f"{script}: FAILED (max difference {worst:.3g} > 1e-4)")
+        return 1
+    return 0
+
+
 def overlapping_kmers(seq, k):
     """DNABERT's input convention: every k-mer at stride 1, separated by spaces."""
     return " ".join(seq[i:i + k] for i in range(len(seq) - k + 1))
