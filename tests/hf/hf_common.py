@@ -42,6 +42,26 @@ def checks_exit_code(failures, passed="all checks passed"):
     return 1 if failures else 0
 
 
+class Checks:
+    """A check script's checks: report() prints one's line ("ok  " or "FAIL", what, detail) and
+    counts those that failed; exit_code() ends with the verdict (checks_exit_code)."""
+
+    def __init__(self):
+        self.failures = 0
+
+    def report(self, what, ok, detail):
+        self.failures += 0 if ok else 1
+        print(f"{'ok  ' if ok else 'FAIL'} {what}: {detail}", flush=True)
+
+    def exit_code(self, passed="all checks passed"):
+        return checks_exit_code(self.failures, passed)
+
+
+def versions(*modules):
+    """"name version" of each module, comma-separated: what a check ran against."""
+    return ", ".join(f"{m.__name__} {m.__version__}" for m in modules)
+
+
 def exports_exit_code(script, worst):
     """The exit code of a script that loads our exports with a reference's code: 0 when the
     largest |logit difference| against the fixtures, `worst`, is within 1e-4, else 1 after
