@@ -4,23 +4,18 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/parse_int.hpp"
 
 namespace dnallm::cluster {
 namespace {
 
 int parse_count(const std::string& value, const std::string& origin, int line,
                 const std::string& key) {
-  std::size_t used = 0;
-  long v = 0;
-  try {
-    v = std::stol(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != value.size() || value.empty() || v < 1 || v > 1000000) {
+  const auto v = parse_whole_int(value);
+  if (!v || *v < 1 || *v > 1000000) {
     fail(ExitCode::kUsage, "{}:{}: {}='{}' is not a positive integer", origin, line, key, value);
   }
-  return static_cast<int>(v);
+  return static_cast<int>(*v);
 }
 
 }  // namespace

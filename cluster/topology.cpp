@@ -7,6 +7,7 @@
 
 #include "cluster/hostlist.hpp"
 #include "core/error.hpp"
+#include "core/parse_int.hpp"
 
 extern char** environ;
 
@@ -19,17 +20,9 @@ const std::string* find(const EnvMap& env, const std::string& name) {
 }
 
 long long parse_int(const std::string& name, const std::string& value, const char* source) {
-  std::size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (value.empty() || used != value.size()) {
-    fail(ExitCode::kUsage, "{} environment: {}='{}' is not an integer", source, name, value);
-  }
-  return v;
+  const auto v = parse_whole_int(value);
+  if (!v) fail(ExitCode::kUsage, "{} environment: {}='{}' is not an integer", source, name, value);
+  return *v;
 }
 
 int get_int(const EnvMap& env, const std::string& name, const char* source) {

@@ -17,3 +17,13 @@ function(dnallm_executable name)
   dnallm_target_warnings(${name})
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
 endfunction()
+
+# dnallm_library(<name> SOURCES ... [PUBLIC ...] [PRIVATE ...]): a module's library, its
+# headers included from the project root, linking what PUBLIC and PRIVATE name.
+function(dnallm_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC;PRIVATE" ${ARGN})
+  add_library(${name} ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PUBLIC ${ARG_PUBLIC} PRIVATE ${ARG_PRIVATE})
+  dnallm_target_warnings(${name})
+endfunction()

@@ -2,10 +2,10 @@
 
 #include <cstdlib>
 #include <limits>
-#include <stdexcept>
 #include <type_traits>
 
 #include "core/error.hpp"
+#include "core/parse_int.hpp"
 
 namespace dnallm {
 namespace {
@@ -41,17 +41,11 @@ const std::string* find(const EnvVars& env, const char* name) {
 }
 
 int64_t parse_int(const char* name, const std::string& text, int64_t lo, int64_t hi) {
-  size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  DNALLM_CHECK(!text.empty() && used == text.size() && v >= lo && v <= hi, ExitCode::kUsage,
+  const auto v = parse_whole_int(text);
+  DNALLM_CHECK(v && *v >= lo && *v <= hi, ExitCode::kUsage,
                "environment variable {}='{}' is not an integer in [{}, {}]: fix or unset it", name,
                text, lo, hi);
-  return v;
+  return *v;
 }
 
 // An absent or empty variable leaves `out` as it is.

@@ -13,23 +13,18 @@
 #include "cluster/gpu_placement.hpp"
 #include "cluster/hostlist.hpp"
 #include "core/error.hpp"
+#include "core/parse_int.hpp"
 #include "launcher/sbatch_script.hpp"
 
 namespace dnallm::launcher {
 
 int resolve_nproc(const std::string& spec, const cluster::EnvMap& env, int gpu_device_count) {
   if (spec == "auto") return std::max(1, cluster::visible_gpu_count(env, gpu_device_count));
-  std::size_t used = 0;
-  long v = 0;
-  try {
-    v = std::stol(spec, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (spec.empty() || used != spec.size() || v < 1 || v > 4096) {
+  const auto v = parse_whole_int(spec);
+  if (!v || *v < 1 || *v > 4096) {
     fail(ExitCode::kUsage, "--nproc-per-node '{}' must be a positive integer or 'auto'", spec);
   }
-  return static_cast<int>(v);
+  return static_cast<int>(*v);
 }
 
 int count_nvidia_devices(const std::string& dev_dir) {

@@ -10,7 +10,7 @@ import resource
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "hf"))
-from hf_common import reference_package, time_steps  # noqa: E402
+from hf_common import add_time_steps_arguments, reference_package, time_steps  # noqa: E402
 
 
 def main():
@@ -20,10 +20,7 @@ def main():
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--d-state", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--warmup", type=int, default=1)
+    add_time_steps_arguments(ap, seq=4096, steps=2)
     ap.add_argument("--rcps", action="store_true")
     args = ap.parse_args()
     sys.path.insert(0, os.path.abspath(args.mamba))

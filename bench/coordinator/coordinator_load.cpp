@@ -22,7 +22,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <string>
@@ -32,6 +31,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/proc_status.hpp"
 #include "coordinator/protocol.hpp"
 #include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
@@ -82,15 +82,6 @@ bool cut_by_server(int fd) {
   if (n == 0) return true;
   if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOTCONN;
   return false;
-}
-
-double rss_mb(int pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  }
-  return -1;
 }
 
 // What the run measured; the probe thread and the main loop share it under `mu`.
@@ -199,7 +190,7 @@ void run_hostile(const Options& o, Stats& stats) {
   while (Clock::now() < end) {
     if (o.watch_pid > 0) {
       // A process that exited (a zombie until its parent reaps it) has no VmRSS line.
-      const double r = rss_mb(o.watch_pid);
+      const double r = dnallm::bench::proc_status_mb("VmRSS", std::to_string(o.watch_pid));
       if (r < 0) break;
       std::lock_guard<std::mutex> lock(stats.mu);
       stats.peak_rss = std::max(stats.peak_rss, r);

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/proc_status.hpp"
 #include "core/clock.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
@@ -32,23 +33,9 @@ using dnallm::seconds_since;
 
 using Clock = std::chrono::steady_clock;
 
-// Peak resident set (VmHWM) in MiB.
-double peak_rss_mb() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  }
-  return -1;
-}
-double rss_mb() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  }
-  return -1;
-}
+// Peak resident set (VmHWM) and resident set now (VmRSS) in MiB.
+double peak_rss_mb() { return dnallm::bench::proc_status_mb("VmHWM"); }
+double rss_mb() { return dnallm::bench::proc_status_mb("VmRSS"); }
 // Resets VmHWM to the current RSS (Linux: write "5" to clear_refs).
 void reset_peak_rss() {
   std::ofstream out("/proc/self/clear_refs");

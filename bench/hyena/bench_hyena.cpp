@@ -13,34 +13,20 @@
 #include <torch/torch.h>
 
 #include <chrono>
-#include <fstream>
 #include <functional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/proc_status.hpp"
 #include "bench/step_bench.hpp"
 #include "worker/models/hyena/hyena.hpp"
 
 namespace {
 
-// A "VmHWM:" or "VmRSS:" line of /proc/self/status in MB (-1 where there is none).
-double proc_status_mb(const std::string& key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key + ":", 0) == 0) {
-      std::istringstream fields(line.substr(key.size() + 1));
-      double kb = 0;
-      fields >> kb;
-      return kb / 1024.0;
-    }
-  }
-  return -1;
-}
+using dnallm::bench::proc_status_mb;
 
 // The command line: the model's shape and the run's.
 struct BenchOptions {

@@ -10,7 +10,7 @@ import sys
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "hf"))
-from hf_common import reference_package, time_steps  # noqa: E402
+from hf_common import add_time_steps_arguments, reference_package, time_steps  # noqa: E402
 
 
 def main():
@@ -19,10 +19,7 @@ def main():
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--d-inner", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=32768)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
+    add_time_steps_arguments(ap, seq=32768, steps=3)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--checkpoint", action="store_true")
     args = ap.parse_args()

@@ -10,6 +10,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/error.hpp"
 #include "tests/support/expect_error.hpp"
@@ -25,6 +28,21 @@ fs::path temp_dir(const std::string& name) {
   auto d = fs::temp_directory_path() / ("dnallm_tb_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
   return d;
+}
+
+// The path of a new event file in `dir` holding one record: `scalars` at `step`.
+std::string write_one_record(const fs::path& dir, int64_t step,
+                             const std::vector<std::pair<std::string, double>>& scalars,
+                             double wall_time = -1.0) {
+  EventFileWriter w(dir.string());
+  w.add_scalars(step, scalars, wall_time);
+  return w.path();
+}
+
+// The whole file at `path`, byte for byte.
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
 TEST(TensorBoardTest, Crc32cCheckValues) {
@@ -69,14 +87,7 @@ TEST(TensorBoardTest, ScalarsReadBack) {
 // encoder) must find the same fields at the same offsets.
 TEST(TensorBoardTest, RecordBytesFollowTheFormat) {
   const auto dir = temp_dir("bytes");
-  std::string path;
-  {
-    EventFileWriter w(dir.string());
-    path = w.path();
-    w.add_scalars(7, {{"a", 1.0}}, 0.5);
-  }
-  std::ifstream f(path, std::ios::binary);
-  std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string data = read_bytes(write_one_record(dir, 7, {{"a", 1.0}}, 0.5));
   // First record: file_version. Skip it using its length.
   uint64_t len0;
   std::memcpy(&len0, data.data(), 8);
@@ -103,17 +114,8 @@ TEST(TensorBoardTest, RecordBytesFollowTheFormat) {
 
 TEST(TensorBoardTest, DamagedFilesAreBadData) {
   const auto dir = temp_dir("damaged");
-  std::string path;
-  {
-    EventFileWriter w(dir.string());
-    path = w.path();
-    w.add_scalars(1, {{"train/loss", 2.0}});
-  }
-  std::string data;
-  {
-    std::ifstream f(path, std::ios::binary);
-    data.assign((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  }
+  const std::string path = write_one_record(dir, 1, {{"train/loss", 2.0}});
+  const std::string data = read_bytes(path);
   auto expect_bad = [&](std::string bytes, const std::string& needle) {
     std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
     expect_error([&] { read_event_file(path); }, ExitCode::kBadData, {needle});

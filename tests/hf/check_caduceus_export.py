@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from hf_common import import_peers, reference_package
+from hf_common import exports_exit_code, import_reference
 
 
 def main():
@@ -29,9 +29,7 @@ def main():
               "not checked")
         return 0
     sys.path.insert(0, os.path.abspath(args.mamba))
-    torch, transformers = import_peers()
-    transformers.logging.set_verbosity_error()
-    reference_package("caduceus_ref", args.code)
+    torch, transformers = import_reference(args.code, "caduceus_ref")
     from caduceus_ref.modeling_caduceus import CaduceusForMaskedLM, CaduceusForSequenceClassification
     from safetensors.torch import load_file
     import caduceus_ref.modeling_caduceus as modeling_caduceus
@@ -72,10 +70,7 @@ def main():
         worst = max(worst, diff)
         print(f"{name}: {cls.__name__} from our export, max |reference code - expected| = "
               f"{diff:.3g}")
-    if worst > 1e-4:
-        print(f"check_caduceus_export: FAILED (max difference {worst:.3g} > 1e-4)")
-        return 1
-    return 0
+    return exports_exit_code("check_caduceus_export", worst)
 
 
 if __name__ == "__main__":

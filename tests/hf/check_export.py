@@ -36,9 +36,9 @@ import sys
 import tempfile
 
 import dnabert2_reference
-from hf_common import (SEQS, adapter_problems, add_remote_code_arguments, auto_model_class,
-                       import_peers, load_model, max_abs_diff, nt_v2_model_class,
-                       overlapping_kmers, remote_code)
+from hf_common import (SEQS, Checks, adapter_problems, add_remote_code_arguments,
+                       auto_model_class, import_peers, load_model, max_abs_diff,
+                       nt_v2_model_class, overlapping_kmers, remote_code, versions)
 
 
 BPE_PENDING = 'model type "BPE" is not supported'
@@ -79,15 +79,12 @@ def main():
     import peft
     ref, nt_v2 = remote_code(args)
 
-    print(f"transformers {transformers.__version__}, peft {peft.__version__}, "
-          f"torch {torch.__version__}")
-    failures = 0
+    print(versions(transformers, peft, torch))
+    checks = Checks()
     summary = []  # (kind, what, max |logit diff|)
 
     def report(kind, what, ok, detail):
-        nonlocal failures
-        failures += 0 if ok else 1
-        print(f"{'ok  ' if ok else 'FAIL'} {kind} {what}: {detail}", flush=True)
+        checks.report(f"{kind} {what}", ok, detail)
 
     def compare(kind, what, theirs, mine, mask, token_level):
         # Padding positions are not part of our function: token-level logits count at real
@@ -172,8 +169,7 @@ def main():
     width = [max((len(row[i]) for row in summary), default=0) for i in (0, 1)]
     for kind, what, diff in summary:
         print(f"  {kind:<{width[0]}}  {what:<{width[1]}}  {diff:.3g}")
-    print("all checks passed" if failures == 0 else f"{failures} check(s) failed")
-    return 1 if failures else 0
+    return checks.exit_code()
 
 
 if __name__ == "__main__":

@@ -27,9 +27,9 @@ import sys
 import tempfile
 
 import dnabert2_reference
-from hf_common import (adapter_problems, add_remote_code_arguments, auto_model_class,
+from hf_common import (Checks, adapter_problems, add_remote_code_arguments, auto_model_class,
                        import_peers, load_model, max_abs_diff, nt_v2_model_class,
-                       overlapping_kmers, remote_code)
+                       overlapping_kmers, remote_code, versions)
 
 FAMILIES = ["bert_mlm", "bert_cls", "esm_mlm", "esm_cls", "gptneox_causal", "llama_causal",
             "roberta_prelayernorm_mlm", "bert_cls_lora", "llama_gqa_causal", "llama_mqa_causal",
@@ -60,14 +60,9 @@ def main():
     import peft
     from safetensors.torch import load_file
 
-    print(f"transformers {transformers.__version__}, peft {peft.__version__}, "
-          f"torch {torch.__version__}")
-    failures = 0
-
-    def report(name, ok, detail):
-        nonlocal failures
-        failures += 0 if ok else 1
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
+    print(versions(transformers, peft, torch))
+    checks = Checks()
+    report = checks.report
 
     for family in FAMILIES:
         folder = os.path.join(args.fixtures, family)
@@ -126,8 +121,7 @@ def main():
             diff = max_abs_diff(merged, expected["merged_logits"])
             report(f"{family} merge_and_unload logits", diff <= args.tolerance,
                    f"max |logit diff| {diff:.3g}")
-    print("all checks passed" if failures == 0 else f"{failures} check(s) failed")
-    return 1 if failures else 0
+    return checks.exit_code()
 
 
 if __name__ == "__main__":

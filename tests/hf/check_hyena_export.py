@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 
-from hf_common import import_peers, reference_package
+from hf_common import exports_exit_code, import_reference
 
 
 def main():
@@ -25,9 +25,7 @@ def main():
     if not args.code:
         print("check_hyena_export: no --code (DNALLM_HYENA_CODE): not checked")
         return 0
-    torch, transformers = import_peers()
-    transformers.logging.set_verbosity_error()
-    reference_package("hyena_ref", args.code)
+    torch, transformers = import_reference(args.code, "hyena_ref")
     from hyena_ref.modeling_hyena import HyenaDNAForCausalLM, HyenaDNAForSequenceClassification
     from safetensors.torch import load_file
     worst = 0.0
@@ -42,10 +40,7 @@ def main():
         diff = (logits - expected["logits"]).abs().max().item()
         worst = max(worst, diff)
         print(f"{name}: {cls.__name__} from our export, max |hub code - expected| = {diff:.3g}")
-    if worst > 1e-4:
-        print(f"check_hyena_export: FAILED (max difference {worst:.3g} > 1e-4)")
-        return 1
-    return 0
+    return exports_exit_code("check_hyena_export", worst)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-from hf_common import import_peers, overlapping_kmers
+from hf_common import checks_exit_code, import_peers, overlapping_kmers
 
 FAMILIES = ["bert_mlm", "esm_mlm", "esm_v2_mlm", "llama_causal", "gptneox_causal",
             "roberta_prelayernorm_mlm", "dnabert2_mlm", "hyenadna_causal", "caduceus_ps_mlm"]
@@ -127,11 +127,9 @@ def main():
                   f"{'equal' if got == want else 'DIFFER'}, warning {'given' if warned else 'none'}")
             if got != want:
                 print(f"  ours:      {got}\n  reference: {want}")
-    if failures:
-        print(f"{failures} check(s) failed")
-        sys.exit(1)
-    print("lower-case input is read as every reference tokenizer reads it")
+    return checks_exit_code(failures,
+                            "lower-case input is read as every reference tokenizer reads it")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from hf_common import require
+from hf_common import checks_exit_code, require
 
 # A tiny model for a few steps; eval and checkpoints at step 3 and the end (step 6).
 TINY = ["model.hidden=32", "model.layers=2", "model.heads=2", "model.ffn=64",
@@ -112,8 +112,7 @@ def main():
             print(f"ok   {tag}: steps {[s for s, _, _ in got]}")
         for f in failures:
             print(f"FAIL {f}")
-        print("all checks passed" if not failures else f"{len(failures)} check(s) failed")
-        return 1 if failures else 0
+        return checks_exit_code(len(failures))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 
+from hf_common import checks_exit_code
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "infer"))
 from variants_peer import COMP, Reference, centred  # noqa: E402  (the benchmark's peer loop)
 
@@ -188,11 +190,8 @@ def main():
         failures += 0 if ok else 1
         print(f"{'ok  ' if ok else 'FAIL'} refusal, {what}: exit {r.returncode}"
               + ("" if ok else f"\n{text}"))
-    if failures:
-        print(f"{failures} check(s) failed")
-        sys.exit(1)
-    print("all variant checks passed")
+    return checks_exit_code(failures, "all variant checks passed")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

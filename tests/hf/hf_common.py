@@ -35,6 +35,43 @@ def import_peers(*extra):
     return torch, transformers
 
 
+def checks_exit_code(failures, passed="all checks passed"):
+    """Says how a script's checks went (`passed`, or how many failed) and returns its exit code:
+    0 when `failures` is 0."""
+    print(passed if failures == 0 else f"{failures} check(s) failed")
+    return 1 if failures else 0
+
+
+class Checks:
+    """A check script's checks: report() prints one's line ("ok  " or "FAIL", what, detail) and
+    counts those that failed; exit_code() ends with the verdict (checks_exit_code)."""
+
+    def __init__(self):
+        self.failures = 0
+
+    def report(self, what, ok, detail):
+        self.failures += 0 if ok else 1
+        print(f"{'ok  ' if ok else 'FAIL'} {what}: {detail}", flush=True)
+
+    def exit_code(self, passed="all checks passed"):
+        return checks_exit_code(self.failures, passed)
+
+
+def versions(*modules):
+    """"name version" of each module, comma-separated: what a check ran against."""
+    return ", ".join(f"{m.__name__} {m.__version__}" for m in modules)
+
+
+def exports_exit_code(script, worst):
+    """The exit code of a script that loads our exports with a reference's code: 0 when the
+    largest |logit difference| against the fixtures, `worst`, is within 1e-4, else 1 after
+    saying so."""
+    if worst > 1e-4:
+        print(f"{script}: FAILED (max difference {worst:.3g} > 1e-4)")
+        return 1
+    return 0
+
+
 def overlapping_kmers(seq, k):
     """DNABERT's input convention: every k-mer at stride 1, separated by spaces."""
     return " ".join(seq[i:i + k] for i in range(len(seq) - k + 1))
@@ -193,6 +230,27 @@ def reference_package(package, folder):
     pkg.__path__ = [os.path.abspath(folder)]
     sys.modules[package] = pkg
     return pkg
+
+
+def import_reference(code, package):
+    """import_peers() with transformers' logging at errors only, and the reference's model code
+    in the folder `code` importable as `package` (reference_package): what the scripts that check
+    our exports against, or make fixtures with, HyenaDNA's and Caduceus's hub code start with.
+    Returns (torch, transformers)."""
+    torch, transformers = import_peers()
+    transformers.logging.set_verbosity_error()
+    reference_package(package, code)
+    return torch, transformers
+
+
+def add_time_steps_arguments(ap, seq, steps):
+    """--seq and --batch (each step's input: batch x seq tokens), --steps and --warmup (what
+    time_steps times), with `seq` and `steps` as this peer's defaults (the peers of bench/hyena
+    and bench/caduceus)."""
+    ap.add_argument("--seq", type=int, default=seq)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--warmup", type=int, default=1)
 
 
 def time_steps(step, warmup, steps):

@@ -32,7 +32,7 @@ import json
 import os
 import sys
 
-from hf_common import SEQS, import_peers, reference_package
+from hf_common import SEQS, import_reference
 
 # Caduceus' character tokenizer: [CLS] 0 [SEP] 1 [BOS] 2 [MASK] 3 [PAD] 4 [RESERVED] 5 [UNK] 6,
 # A C G T N = 7..11; its complement map swaps A/T and C/G.
@@ -81,9 +81,7 @@ def main():
         print("make_caduceus_fixtures: no --code/--mamba: Caduceus fixtures not made")
         return 0
     sys.path.insert(0, os.path.abspath(args.mamba))
-    torch, transformers = import_peers()
-    transformers.logging.set_verbosity_error()
-    reference_package("caduceus_ref", args.code)
+    torch, transformers = import_reference(args.code, "caduceus_ref")
     from caduceus_ref.configuration_caduceus import CaduceusConfig
     from caduceus_ref.modeling_caduceus import CaduceusForMaskedLM, CaduceusForSequenceClassification
     from safetensors.torch import save_file, save_model

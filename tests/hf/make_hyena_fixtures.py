@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from hf_common import SEQS, import_peers, reference_package
+from hf_common import SEQS, import_reference
 
 TINY = dict(vocab_size=12, d_model=32, d_inner=64, n_layer=2, emb_dim=5, filter_order=16,
             num_inner_mlps=2, activation_freq=10, pad_token_id=4, embed_dropout=0.0,
@@ -58,9 +58,7 @@ def main():
     if not args.code:
         print("make_hyena_fixtures: no --code (DNALLM_HYENA_CODE): HyenaDNA fixtures not made")
         return 0
-    torch, transformers = import_peers()
-    transformers.logging.set_verbosity_error()
-    reference_package("hyena_ref", args.code)
+    torch, transformers = import_reference(args.code, "hyena_ref")
     from hyena_ref.configuration_hyena import HyenaConfig
     from hyena_ref.modeling_hyena import HyenaDNAForCausalLM, HyenaDNAForSequenceClassification
     from hyena_ref.tokenization_hyena import HyenaDNATokenizer

@@ -16,6 +16,7 @@
 #include "core/error.hpp"
 #include "tests/support/expect_error.hpp"
 #include "tests/support/kept_export.hpp"
+#include "tests/worker/reference_logits.hpp"
 #include "worker/data/tokenizer.hpp"
 #include "worker/models/caduceus/caduceus_model.hpp"
 #include "worker/models/registry.hpp"
@@ -39,12 +40,9 @@ TEST(Caduceus, HuggingFaceFixturesMatchTheReference) {
     auto expected = load_safetensors(fixture(name) + "/expected.safetensors");
     auto model = load_hf_caduceus(fixture(name));
     torch::NoGradGuard no_grad;
-    auto logits = model->forward(expected.at("input_ids"));
-    const auto& want = expected.at("logits");
-    ASSERT_EQ(logits.sizes(), want.sizes());
-    const double diff = (logits - want).abs().max().item<double>();
-    EXPECT_LE(diff, 1e-4);
-    std::cout << name << ": max |ours - reference| = " << diff << "\n";
+    dnallm::testing::expect_reference_logits(name, model->forward(expected.at("input_ids")),
+                                             expected.at("logits"));
+    if (HasFatalFailure()) return;
   }
 }
 

@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "tests/support/hf_fixtures.hpp"
 #include "tests/support/kept_export.hpp"
+#include "tests/worker/reference_logits.hpp"
 #include "worker/models/transformer/transformer.hpp"
 
 namespace dnallm::models::hyena {
@@ -182,12 +183,7 @@ void expect_fixture(const std::string& name) {
   }
   auto model = load_hf_hyena(dir);
   torch::NoGradGuard no_grad;
-  auto logits = model->forward(want_ids);
-  const auto& want = expected.at("logits");
-  ASSERT_EQ(logits.sizes(), want.sizes());
-  const double diff = (logits - want).abs().max().item<double>();
-  EXPECT_LE(diff, 1e-4);
-  std::cout << name << ": max |ours - reference| = " << diff << "\n";
+  dnallm::testing::expect_reference_logits(name, model->forward(want_ids), expected.at("logits"));
 }
 
 TEST(Hyena, HuggingFaceFixturesMatchTheReference) {

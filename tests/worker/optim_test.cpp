@@ -178,12 +178,17 @@ TEST(OptimTest, ClippingByGlobalNorm) {
   EXPECT_TRUE(torch::allclose(p1, p2, 1e-6, 1e-7));
 }
 
-TEST(OptimTest, LossScalerSkipsOverflowAndBacksOff) {
+// Dynamic loss scaling from 1024, growing after `growth_interval` clean steps.
+LossScalerOptions scaling_from_1024(int64_t growth_interval) {
   LossScalerOptions o;
   o.enabled = true;
   o.init_scale = 1024;
-  o.growth_interval = 2;
-  LossScaler scaler(o);
+  o.growth_interval = growth_interval;
+  return o;
+}
+
+TEST(OptimTest, LossScalerSkipsOverflowAndBacksOff) {
+  LossScaler scaler(scaling_from_1024(2));
   auto p = torch::ones({3});
   FlatAdamW adamw({}, 0, 3, torch::ones({3}));
   auto g = torch::tensor({1.0f, std::numeric_limits<float>::infinity(), 1.0f});
@@ -202,10 +207,7 @@ TEST(OptimTest, LossScalerSkipsOverflowAndBacksOff) {
 }
 
 TEST(OptimTest, LossScalerRestoredStateContinuesLikeTheOriginal) {
-  LossScalerOptions o;
-  o.enabled = true;
-  o.init_scale = 1024;
-  o.growth_interval = 3;
+  const LossScalerOptions o = scaling_from_1024(3);
   LossScaler original(o);
   original.update(true);   // skip: 512
   original.update(false);  // 1 clean step

@@ -67,6 +67,16 @@ Config tiny_config() {
   return c;
 }
 
+// tiny_config() writing its checkpoints, final export and metrics into `dir` (emptied first).
+Config run_config(const std::filesystem::path& dir) {
+  std::filesystem::remove_all(dir);
+  auto c = tiny_config();
+  c.checkpoint.dir = dir.string();
+  c.checkpoint.save_final = true;
+  c.logging.metrics_file = (dir / "metrics.jsonl").string();
+  return c;
+}
+
 TrainerOptions quiet() {
   TrainerOptions o;
   o.console_progress = false;
@@ -195,14 +205,9 @@ TEST(TrainerTest, GptWithRotaryAndCheckpointingLearns) {
 // Note [Step hooks]: hooks run in list order after every step; the first kStop ends run() at
 // once, skipping the hooks after it, at_end, the export and the summary.
 TEST(TrainerTest, StepHooksRunInOrderAndAStopEndsTheRun) {
-  auto dir = std::filesystem::temp_directory_path() / "dnallm_trainer_hooks_test";
-  std::filesystem::remove_all(dir);
-  auto cfg = tiny_config();
+  auto cfg = run_config(std::filesystem::temp_directory_path() / "dnallm_trainer_hooks_test");
   cfg.training.micro_batch_size = 2;
   cfg.training.max_steps = 6;
-  cfg.checkpoint.dir = dir.string();
-  cfg.checkpoint.save_final = true;
-  cfg.logging.metrics_file = (dir / "metrics.jsonl").string();
   std::vector<std::string> calls;
   auto options = quiet();
   options.before_step.push_back(
@@ -246,16 +251,12 @@ TEST(TrainerTest, StepHooksRunInOrderAndAStopEndsTheRun) {
 }
 
 TEST(TrainerTest, RunWritesMetricsAndExports) {
-  auto dir = std::filesystem::temp_directory_path() / "dnallm_trainer_run_test";
-  std::filesystem::remove_all(dir);
-  auto cfg = tiny_config();
+  const auto dir = std::filesystem::temp_directory_path() / "dnallm_trainer_run_test";
+  auto cfg = run_config(dir);
   cfg.training.micro_batch_size = 2;
   cfg.training.max_steps = 4;
   cfg.training.eval_steps = 2;
   cfg.training.eval_batches = 2;
-  cfg.checkpoint.dir = dir.string();
-  cfg.checkpoint.save_final = true;
-  cfg.logging.metrics_file = (dir / "metrics.jsonl").string();
   auto options = quiet();
   options.write_tokenizer = [](const std::string& d, const models::ParameterUnits&, bool write) {
     if (write) std::ofstream(d + "/tokenizer.json") << "{}\n";

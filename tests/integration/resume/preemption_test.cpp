@@ -37,6 +37,15 @@ std::string launch_command(const std::string& ckpt, const std::string& metrics, 
       fmt::arg("metrics", metrics));
 }
 
+// Runs launch_command(ckpt, metrics, steps) from the source folder to its end: its exit code,
+// its output in `log`.
+int run_launch(const std::string& ckpt, const std::string& metrics, int64_t steps,
+               std::string* log) {
+  return run_command(
+      fmt::format("cd {} && {}", kSrc, launch_command(ckpt, metrics, static_cast<int>(steps))),
+      log);
+}
+
 struct Preempted {
   int rc = -1;
   std::string log;
@@ -93,17 +102,11 @@ TEST(Preemption, Sigusr1CheckpointsExits75AndResumesBitIdentical) {
   // Resume to 3 steps past the preemption, and an uninterrupted run to the same step.
   const int64_t last = p.step + 3;
   std::string resumed_log;
-  const int resumed_rc = run_command(
-      fmt::format("cd {} && {}", kSrc,
-                  launch_command(dir + "/ckpt", dir + "/resumed.jsonl", static_cast<int>(last))),
-      &resumed_log);
+  const int resumed_rc = run_launch(dir + "/ckpt", dir + "/resumed.jsonl", last, &resumed_log);
   ASSERT_EQ(resumed_rc, 0) << resumed_log;
   EXPECT_NE(resumed_log.find("resumed from"), std::string::npos) << resumed_log;
   std::string ref_log;
-  const int ref_rc = run_command(
-      fmt::format("cd {} && {}", kSrc,
-                  launch_command(dir + "/ref_ckpt", dir + "/ref.jsonl", static_cast<int>(last))),
-      &ref_log);
+  const int ref_rc = run_launch(dir + "/ref_ckpt", dir + "/ref.jsonl", last, &ref_log);
   ASSERT_EQ(ref_rc, 0) << ref_log;
 
   const auto resumed = read_step_losses(dir + "/resumed.jsonl");

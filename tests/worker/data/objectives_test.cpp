@@ -1,5 +1,8 @@
 #include "worker/data/objectives.hpp"
 
+#include <initializer_list>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
@@ -7,6 +10,21 @@
 
 namespace dnallm::data {
 namespace {
+
+// One sample a length: `len` random bases (seed `len`), sample id `len`, class `len % 2` (read
+// by classification only), each encoded by the character tokenizer with SampleRng(1).
+std::vector<EncodedSample> encode_lengths(const ObjectiveOptions& o,
+                                          std::initializer_list<int> lengths) {
+  const auto tok = make_char_tokenizer();
+  std::vector<EncodedSample> enc;
+  for (int len : lengths) {
+    Sample s{testing::random_bases(len, len)};
+    s.label = len % 2;
+    SampleRng rng(1);
+    enc.push_back(encode_sample(s, len, *tok, o, rng));
+  }
+  return enc;
+}
 
 TEST(Objectives, MaskedLmRatesAndSpecialsNeverMasked) {
   auto tok = make_char_tokenizer();
@@ -76,17 +94,10 @@ TEST(Objectives, CausalLabelsEqualInputsUnshifted) {
 }
 
 TEST(Objectives, PaddingAndAttentionMask) {
-  auto tok = make_char_tokenizer();
   ObjectiveOptions o;
   o.objective = Objective::kClassification;
   o.max_seq_length = 32;
-  std::vector<EncodedSample> enc;
-  for (int len : {5, 10, 3}) {
-    Sample s{testing::random_bases(len, len)};
-    s.label = len % 2;
-    SampleRng rng(1);
-    enc.push_back(encode_sample(s, len, *tok, o, rng));
-  }
+  auto enc = encode_lengths(o, {5, 10, 3});
   auto b = collate(enc, o);
   EXPECT_EQ(b.rows, 3);
   EXPECT_EQ(b.seq_len, 12);
@@ -109,16 +120,11 @@ TEST(Objectives, PaddingAndAttentionMask) {
 }
 
 TEST(Objectives, PackingKeepsDocumentsApart) {
-  auto tok = make_char_tokenizer();
   ObjectiveOptions o;
   o.objective = Objective::kCausalLm;
   o.max_seq_length = 20;
   o.packing = true;
-  std::vector<EncodedSample> enc;
-  for (int len : {8, 6, 9, 3}) {  // framed lengths 9, 7, 10, 4
-    SampleRng rng(1);
-    enc.push_back(encode_sample(Sample{testing::random_bases(len, len)}, len, *tok, o, rng));
-  }
+  auto enc = encode_lengths(o, {8, 6, 9, 3});  // framed lengths 9, 7, 10, 4
   auto b = collate(enc, o);
   ASSERT_EQ(b.rows, 2);  // [9 + 7] [10 + 4]
   EXPECT_EQ(b.seq_len, 20);

@@ -1,6 +1,8 @@
 #include "worker/data/sequence_reader.hpp"
 
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -36,6 +38,20 @@ void expect_records(const std::vector<SequenceRecord>& r) {
 template <typename Fn>
 void expect_bad_data(Fn fn, const std::vector<std::string>& parts) {
   dnallm::testing::expect_error(fn, ExitCode::kBadData, parts);
+}
+
+// One FASTA record "chr" of `lines` lines of 60 random bases.
+std::string long_fasta(int lines) {
+  std::string text = ">chr\n";
+  for (int i = 0; i < lines; ++i) text += testing::random_bases(60, i) + "\n";
+  return text;
+}
+
+// Reading `name` in `dir`, cut short, must fail naming the file and "truncated".
+void expect_truncated(const testing::TempDir& dir, const std::string& name,
+                      BadRecordPolicy policy) {
+  expect_bad_data([&] { read_sequences(dir.file(name), cfg::DataFormat::kAuto, policy); },
+                  {name, "truncated"});
 }
 
 TEST(SequenceReader, PlainGzipAndBgzfFasta) {
@@ -118,37 +134,24 @@ TEST(SequenceReader, EmptySequence) {
 
 TEST(SequenceReader, TruncatedGzip) {
   testing::TempDir dir;
-  std::string text = ">chr\n";
-  for (int i = 0; i < 2000; ++i) text += testing::random_bases(60, i) + "\n";
-  testing::write_gzip(dir.file("t.fa.gz"), text);
+  testing::write_gzip(dir.file("t.fa.gz"), long_fasta(2000));
   auto size = std::filesystem::file_size(dir.file("t.fa.gz"));
   std::filesystem::resize_file(dir.file("t.fa.gz"), size / 2);
-  expect_bad_data(
-      [&] { read_sequences(dir.file("t.fa.gz"), cfg::DataFormat::kAuto, BadRecordPolicy::kSkip); },
-      {"t.fa.gz", "truncated"});
+  expect_truncated(dir, "t.fa.gz", BadRecordPolicy::kSkip);
 }
 
 TEST(SequenceReader, TruncatedBgzf) {
   testing::TempDir dir;
-  std::string text = ">chr\n";
-  for (int i = 0; i < 3000; ++i) text += testing::random_bases(60, i) + "\n";
+  const std::string text = long_fasta(3000);
   testing::write_bgzf(dir.file("cut.fa.gz"), text);
   auto size = std::filesystem::file_size(dir.file("cut.fa.gz"));
   // Without the 28-byte EOF block: every data block intact, the end missing.
   std::filesystem::resize_file(dir.file("cut.fa.gz"), size - 28);
-  expect_bad_data(
-      [&] {
-        read_sequences(dir.file("cut.fa.gz"), cfg::DataFormat::kAuto, BadRecordPolicy::kError);
-      },
-      {"cut.fa.gz", "truncated"});
+  expect_truncated(dir, "cut.fa.gz", BadRecordPolicy::kError);
   // Cut inside a block.
   testing::write_bgzf(dir.file("mid.fa.gz"), text);
   std::filesystem::resize_file(dir.file("mid.fa.gz"), size / 2);
-  expect_bad_data(
-      [&] {
-        read_sequences(dir.file("mid.fa.gz"), cfg::DataFormat::kAuto, BadRecordPolicy::kError);
-      },
-      {"mid.fa.gz", "truncated"});
+  expect_truncated(dir, "mid.fa.gz", BadRecordPolicy::kError);
 }
 
 TEST(SequenceReader, FastqQualityMismatchAndMissingHeader) {

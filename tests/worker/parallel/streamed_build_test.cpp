@@ -180,16 +180,26 @@ void expect_streamed_is_whole(const Config& config, const data::Tokenizer& token
   for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(torch::equal(a[k], b[k])) << what << " " << k;
 }
 
-// One of our directories at `dir`: a model of `shape` (another seed), every weight moved off
-// its initial value.
-void write_base(const std::filesystem::path& dir, const std::string& shape,
-                const data::Tokenizer& tokenizer) {
+// The [model] table of a pretraining BERT of 2 heads and up to 64 positions.
+std::string bert_shape(int hidden, int layers, int ffn) {
+  return fmt::format(
+      "[model]\narch = \"bert\"\ntask = \"pretrain\"\nhidden = {}\nlayers = {}\nheads = 2\n"
+      "ffn = {}\nmax_seq_length = 64\n",
+      hidden, layers, ffn);
+}
+
+// One of our directories, <temp>/<name> (returned): a model of `shape` (another seed), every
+// weight moved off its initial value.
+std::filesystem::path write_base(const std::string& name, const std::string& shape,
+                                 const data::Tokenizer& tokenizer) {
+  const auto dir = std::filesystem::temp_directory_path() / name;
   std::filesystem::remove_all(dir);
   auto base = models::build_model_for(parse_config(shape + "[training]\nseed = 3\n", "base"),
                                       tokenizer, models::BuildContext{});
   torch::NoGradGuard no_grad;
   for (auto& p : base->parameters()) p.add_(torch::randn_like(p) * 0.1);
   models::export_live_model(base, dir.string());
+  return dir;
 }
 
 // model.init_from = one of our directories (the transformer family): each block is filled from
@@ -197,11 +207,8 @@ void write_base(const std::filesystem::path& dir, const std::string& shape,
 // placed shards are those of the model built whole and loaded.
 TEST(StreamedBuild, InitFromOurDirectoryFillsEachBlockAsItIsBuilt) {
   const auto tokenizer = data::make_char_tokenizer();
-  const std::string shape =
-      "[model]\narch = \"bert\"\ntask = \"pretrain\"\nhidden = 16\nlayers = 6\nheads = 2\n"
-      "ffn = 32\nmax_seq_length = 64\n";
-  const auto dir = std::filesystem::temp_directory_path() / "dnallm_streamed_build_init_from";
-  write_base(dir, shape, *tokenizer);
+  const std::string shape = bert_shape(16, 6, 32);
+  const auto dir = write_base("dnallm_streamed_build_init_from", shape, *tokenizer);
   const Config config =
       parse_config(shape + fmt::format("init_from = \"{}\"\n[training]\nseed = 11\n", dir.string()),
                    "init_from");
@@ -235,11 +242,8 @@ TEST(StreamedBuild, InitFromOurDirectoryFillsEachBlockAsItIsBuilt) {
 // are bit for bit the codes of the model quantized whole (its values all come from the file).
 TEST(StreamedBuild, QloraBaseIsShardedWithItsBlocks) {
   const auto tokenizer = data::make_char_tokenizer();
-  const std::string shape =
-      "[model]\narch = \"bert\"\ntask = \"pretrain\"\nhidden = 32\nlayers = 4\nheads = 2\n"
-      "ffn = 64\nmax_seq_length = 64\n";
-  const auto dir = std::filesystem::temp_directory_path() / "dnallm_streamed_build_qlora";
-  write_base(dir, shape, *tokenizer);
+  const std::string shape = bert_shape(32, 4, 64);
+  const auto dir = write_base("dnallm_streamed_build_qlora", shape, *tokenizer);
   const Config config = parse_config(
       shape + fmt::format("init_from = \"{}\"\n[lora]\nr = 4\nquantize_base = \"nf4\"\n"
                           "[training]\nseed = 11\n",
