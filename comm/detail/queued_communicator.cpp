@@ -90,8 +90,6 @@ std::string PeerMonitor::diagnose(uint64_t seq) const {
 std::string PeerMonitor::diagnose_peer(int peer, const char* counterpart) const {
   if (!store_) return fmt::format("no coordinator store to tell whether rank {} is alive", peer);
   try {
-    // Recorded as a collective's failure is (Note [In-process recovery] asks for it).
-    store_->set(failed_key(name_, rank_), coordinator::to_bytes(fmt::format("peer {}", peer)));
     const std::string key = alive_key(name_, peer);
     const auto deadline = Clock::now() + kDiagnosisWindow;
     while (store_->check({key})) {
@@ -99,6 +97,9 @@ std::string PeerMonitor::diagnose_peer(int peer, const char* counterpart) const 
         return fmt::format("rank {} is alive but posted no matching {}", peer, counterpart);
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    // A dead peer is recorded as a collective's failure is (Note [In-process recovery] reads
+    // it); a transfer that is only slow records nothing.
+    store_->set(failed_key(name_, rank_), coordinator::to_bytes(fmt::format("peer {}", peer)));
     return fmt::format("rank {} died (its coordinator connection closed)", peer);
   } catch (const std::exception& e) {
     return fmt::format("the coordinator could not be asked whether rank {} is alive ({})", peer,

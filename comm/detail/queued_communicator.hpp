@@ -46,7 +46,8 @@ class PeerMonitor {
   std::string diagnose(uint64_t seq) const;
   // For a point-to-point transfer with `peer` that did not complete: whether the peer died
   // (polled up to kDiagnosisWindow) or is alive but did not post the matching `counterpart`
-  // ("send" / "recv"). Records the failure at failed_key() as diagnose() does. Never throws.
+  // ("send" / "recv"). A dead peer is recorded at failed_key() as diagnose() records a failed
+  // collective; a peer that is alive, nothing. Never throws.
   std::string diagnose_peer(int peer, const char* counterpart) const;
   // Where rank `rank` of communicator `name` records a failed transfer (diagnose*()):
   // "comm/<name>/failed/<rank>". In-process recovery reads it (ReformableCommunicator).

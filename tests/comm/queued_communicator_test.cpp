@@ -257,7 +257,7 @@ TEST(QueuedCommunicator, UnmatchedTransferNamesThePeerAndTag) {
   // A short wait is not a failure: the transfer still completes.
   comm.release_transfers(1);
   r->wait(5s);
-  // Unlike a collective's, a transfer's diagnosis records no failure key.
+  // A slow transfer is no failure: its diagnosis records no failure key (a dead peer's does).
   EXPECT_FALSE(store->check({"comm/unit/failed/0"}));
 }
 
@@ -281,6 +281,8 @@ TEST(QueuedCommunicator, FailedTransferBreaksTheCommunicatorNamingTheDeadPeer) {
   EXPECT_THROW(comm.recv(BufferView{&c, 1, DType::kInt32, {}}, 2, 0)->wait(5s), Error);
   EXPECT_EQ(comm.order, std::vector<int>{1});
   EXPECT_EQ(comm.failures_cleaned, 1);
+  // Recorded as a failed collective is: in-process recovery takes it for a peer's failure.
+  EXPECT_TRUE(store->check({"comm/unit/failed/0"}));
 }
 
 TEST(QueuedCommunicator, ChecksTransferAndAllToAllArgumentsBeforeQueueing) {
