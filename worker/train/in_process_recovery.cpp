@@ -1,6 +1,8 @@
 #include "worker/train/in_process_recovery.hpp"
 
 #include <fstream>
+#include <future>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -138,6 +140,48 @@ void take_place(const coordinator::RecoveryRecord& record,
   env.to_environment(process_env);
 }
 
+namespace {
+
+// The number of the newest recovery announced in `generation` (0: none).
+int64_t latest_recovery(coordinator::Store& store, int64_t generation) {
+  const auto count = store.try_get(coordinator::recovery_count_key(generation));
+  return count ? std::stoll(coordinator::to_string(*count)) : 0;
+}
+
+// Step 4's group for recovery `number`. Connecting can block where no store wait sees a later
+// recovery (gloo retries a dead spare's published address until its timeout), so it runs on a
+// thread of its own; when a later recovery is announced first, this one gives way (Error
+// kPeerFailed) and leaves that thread to end on its own (its connection fails: a member died).
+std::unique_ptr<comm::Communicator> connect_recovery_group(
+    const Config& config, const WorkerEnv& env, const cluster::Topology& topo,
+    const parallel::RankDevice& device, const std::shared_ptr<coordinator::Store>& store,
+    int64_t number) {
+  const int64_t generation = *env.generation;
+  const std::string name = coordinator::recovery_comm_name(generation, number);
+  auto result = std::make_shared<std::promise<std::unique_ptr<comm::Communicator>>>();
+  auto connected = result->get_future();
+  std::thread([config, env, topo, device, name, result,
+               watched = coordinator::until_next_recovery(store, generation, number)] {
+    try {
+      result->set_value(parallel::rejoin_process_group(config, env, topo, device, watched, name));
+    } catch (...) {
+      result->set_exception(std::current_exception());
+    }
+  }).detach();
+  while (connected.wait_for(kWaitSlice) != std::future_status::ready) {
+    const int64_t newest = latest_recovery(*store, generation);
+    if (newest > number) {
+      throw Error(ExitCode::kPeerFailed,
+                  fmt::format("recovery {} of generation {} gave way to recovery {} (a rank died "
+                              "while the group connected)",
+                              number, generation, newest));
+    }
+  }
+  return connected.get();
+}
+
+}  // namespace
+
 comm::ProcessGroup join_as_spare(const Config& config, const WorkerEnv& env,
                                  const cluster::Topology& topo, const parallel::RankDevice& device,
                                  coordinator::RecoveryRecord& record) {
@@ -152,15 +196,12 @@ comm::ProcessGroup join_as_spare(const Config& config, const WorkerEnv& env,
   while (true) {
     const std::string name = coordinator::recovery_comm_name(generation, record.number);
     try {
-      group.comm = parallel::rejoin_process_group(
-          config, env, topo, device,
-          coordinator::until_next_recovery(store, generation, record.number), name);
+      group.comm = connect_recovery_group(config, env, topo, device, store, record.number);
       spdlog::info("rank {} of {} ({} backend on {}): joined {}", topo.rank, topo.world_size,
                    group.comm->backend(), device.device.str(), name);
       return group;
     } catch (const Error& e) {
-      const auto count = store->try_get(coordinator::recovery_count_key(generation));
-      const int64_t newest = count ? std::stoll(coordinator::to_string(*count)) : 0;
+      const int64_t newest = latest_recovery(*store, generation);
       if (newest <= record.number) throw;
       spdlog::warn("spare: {} ({}); joining recovery {}", name, e.what(), newest);
       record.number = newest;
@@ -195,8 +236,7 @@ std::optional<coordinator::RecoveryRecord> InProcessRecovery::wait_for_record() 
       std::chrono::milliseconds(static_cast<int64_t>(o_.config->parallel.timeout_s * 1000.0));
   while (Clock::now() < deadline && Preemption::signal_received() == 0) {
     // The newest announced recovery: after two deaths at once, the last one names every place.
-    const auto count = o_.store->try_get(coordinator::recovery_count_key(generation));
-    const int64_t n = count ? std::stoll(coordinator::to_string(*count)) : 0;
+    const int64_t n = latest_recovery(*o_.store, generation);
     const std::string key = coordinator::recovery_key(generation, n);
     if (n > recoveries_ && o_.store->check({key})) {
       return coordinator::RecoveryRecord::from_json(coordinator::to_string(*o_.store->try_get(key)),
@@ -210,9 +250,7 @@ std::optional<coordinator::RecoveryRecord> InProcessRecovery::wait_for_record() 
 void InProcessRecovery::reform(const coordinator::RecoveryRecord& record) {
   const std::string name = coordinator::recovery_comm_name(*o_.env.generation, record.number);
   o_.comm->replace(
-      parallel::rejoin_process_group(
-          *o_.config, o_.env, o_.topo, o_.device,
-          coordinator::until_next_recovery(o_.store, *o_.env.generation, record.number), name),
+      connect_recovery_group(*o_.config, o_.env, o_.topo, o_.device, o_.store, record.number),
       name);
   if (o_.reform_groups) o_.reform_groups(*o_.comm, name);
   recoveries_ = record.number;
@@ -401,32 +439,47 @@ int64_t InProcessRecovery::exchange_shards(Trainer& t, bool holds_state, int& so
   const ShardViews views = shard_views(t);
   const auto counts = gather_counts(comm, views.numel());
   prev_numel_ = counts[(rank + world - 1) % world];
-  const int64_t target = static_cast<int64_t>(allreduce_max(comm, holds_state ? committed_ : -1));
-  if (target < 0) {
+  const int64_t committed =
+      static_cast<int64_t>(allreduce_max(comm, holds_state ? committed_ : -1));
+  if (committed < 0) {
     throw StateLost(ExitCode::kPeerFailed,
                     "in-process recovery: no rank of the re-formed group holds a committed state; "
                     "the generation restarts from its last checkpoint");
   }
-  const int slot = static_cast<int>(target % 2);
-  // Who holds what: [holds a state, has its own copy of `target`, has its predecessor's].
-  auto mine = torch::tensor({holds_state ? 1.0 : 0.0, own_[slot].step == target ? 1.0 : 0.0,
-                             buddy_[slot].step == target ? 1.0 : 0.0},
+  // Who holds what, for the committed step S and the one after: [holds a state, has its own
+  // copy of S, has its predecessor's copy of S, the same two of S + 1].
+  const auto has = [](const StateCopy(&copies)[2], int64_t step) {
+    return copies[step % 2].step == step ? 1.0 : 0.0;
+  };
+  auto mine = torch::tensor({holds_state ? 1.0 : 0.0, has(own_, committed), has(buddy_, committed),
+                             has(own_, committed + 1), has(buddy_, committed + 1)},
                             torch::kFloat64);
-  auto table = torch::zeros({3 * world}, torch::kFloat64);
-  wait_all(comm.allgather(buffer_view(mine, 0, 3, DType::kFloat64),
+  constexpr int kFields = 5;
+  auto table = torch::zeros({kFields * world}, torch::kFloat64);
+  wait_all(comm.allgather(buffer_view(mine, 0, kFields, DType::kFloat64),
                           buffer_view(table, 0, table.numel(), DType::kFloat64)));
-  const auto at = [&](int r, int k) { return table[3 * r + k].item<double>() != 0.0; };
+  const auto at = [&](int r, int k) { return table[kFields * r + k].item<double>() != 0.0; };
+  // S + 1 when every shard's copy of it survived: a failure after the last step's exchange
+  // (during its barrier) then costs no step at all.
+  bool next_held = true;
+  for (int r = 0; r < world; ++r) {
+    const int buddy = (r + 1) % world;
+    next_held = next_held && (at(r, 0) ? at(r, 3) : at(buddy, 0) && at(buddy, 4));
+  }
+  const int64_t target = next_held ? committed + 1 : committed;
+  const int own_field = next_held ? 3 : 1, buddy_field = next_held ? 4 : 2;
+  const int slot = static_cast<int>(target % 2);
   source = -1;
   for (int r = 0; r < world; ++r) {
     const int buddy = (r + 1) % world;
     if (at(r, 0)) {
-      DNALLM_CHECK(at(r, 1), ExitCode::kFailure,
+      DNALLM_CHECK(at(r, own_field), ExitCode::kFailure,
                    "in-process recovery: rank {} holds no copy of its shard at step {} (a bug; "
                    "please report it)",
                    r, target);
       if (source < 0) source = r;
     } else {
-      if (!at(buddy, 0) || !at(buddy, 2)) {
+      if (!at(buddy, 0) || !at(buddy, buddy_field)) {
         throw StateLost(
             ExitCode::kPeerFailed,
             fmt::format("in-process recovery: rank {}'s shard of step {} was held only by rank {} "

@@ -63,7 +63,8 @@
 // a rank that has not passed it yet holds them too as soon as any rank has passed it (every rank
 // entered the barrier after its exchange). No rank reaches the copies of S + 2 before every
 // rank passed the barrier of S + 1, so two slots always hold the newest committed step T.
-// Recovery (step 5): T = the newest step any survivor committed; every survivor takes its
+// Recovery (step 5): T = the newest step any survivor committed, or the step after it where
+// every shard's copy of that one survived (a failure during its barrier); every survivor takes its
 // shard back from its own copy of T (one that ran on into step T + 1 goes back: the step is
 // run again bit for bit, and rank 0 does not log again the steps it logged), a spare takes the
 // dead rank's from that rank's buddy (send/recv, chunked), the header comes from the lowest
