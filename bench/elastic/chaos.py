@@ -10,6 +10,7 @@ time lost per failure: (chaos wall time - reference wall time) / kills, beside e
 event's phases.
 
     chaos.py --launch build/bin/dnallm-launch [--steps 200] [--every 20] [--ranks 4]
+             [--zero N] [--context-parallel C] [--seed S]
 Exit 1 when a run fails or a loss differs.
 """
 import argparse
@@ -101,6 +102,10 @@ def main():
     p.add_argument("--every", type=int, default=20)
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
+                   help="parallel.zero_stage (Note [Buddy copies])")
+    p.add_argument("--context-parallel", type=int, default=1,
+                   help="parallel.context_parallel (it must divide --ranks)")
     a = p.parse_args()
     random.seed(a.seed)
     tmp = tempfile.mkdtemp(prefix="dnallm-chaos-")
@@ -115,7 +120,8 @@ def main():
                 "training.lr=3e-3", "training.logging_steps=1", "training.seed=7",
                 "data.dataloader_num_workers=1", "parallel.backend=gloo",
                 f"checkpoint.dir={tmp}/{name}_ckpt", "checkpoint.save_steps=10",
-                "checkpoint.keep_last=2", "logging.level=warn"]
+                "checkpoint.keep_last=2", "logging.level=warn",
+                f"parallel.zero_stage={a.zero}", f"parallel.context_parallel={a.context_parallel}"]
         c = [a.launch, "--standalone", "--nproc-per-node", str(a.ranks), "--max-restarts", "0",
              "--monitor-interval", "0.1", "--rdzv-settle", "0.1", "--grace-period", "2",
              "--metrics-file", f"{tmp}/{name}.jsonl"]

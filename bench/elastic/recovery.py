@@ -28,7 +28,7 @@ discarded, not lost); the "ft-rejoin" row is from the kill to the first step of 
 group 1 with the weights it healed from group 0 (its bytes: the model and optimizer state it
 received). torchft_peer.py's docstring says more.
 
-    recovery.py --launch build/bin/dnallm-launch [--kills 5] [--no-peer] [--python PY]
+    recovery.py --launch build/bin/dnallm-launch [--kills 5] [--zero N] [--no-peer] [--python PY]
                 [--torchft | --no-torchft] [--torchft-only]
 Prints one line per kill and a summary; exit 1 when a run fails.
 """
@@ -297,6 +297,9 @@ def main():
     p.add_argument("--save-steps", type=int, default=5)
     p.add_argument("--python", default=None)
     p.add_argument("--no-peer", action="store_true")
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
+                   help="parallel.zero_stage of our runs (the spare's shard then comes from "
+                        "its buddy's copy, Note [Buddy copies]); the peers stay DDP")
     p.add_argument("--torchft", action=argparse.BooleanOptionalAction, default=None,
                    help="measure torchft (torchft_peer.py); default: when the peer Python "
                         "imports torchft")
@@ -319,7 +322,7 @@ def main():
             "training.logging_steps=1", "training.seed=7", "data.dataloader_num_workers=1",
             "parallel.backend=gloo", f"checkpoint.dir={tmp}/ours_ckpt",
             f"checkpoint.save_steps={a.save_steps}", "checkpoint.keep_last=2",
-            "checkpoint.resume=auto", "logging.level=warn"]
+            "checkpoint.resume=auto", "logging.level=warn", f"parallel.zero_stage={a.zero}"]
     ours_cmd = [a.launch, "--standalone", "--nproc-per-node", "2", "--max-restarts",
                 str(a.kills + 1), "--monitor-interval", interval, "--rdzv-settle", "0.1",
                 "--grace-period", "1", "--metrics-file", f"{tmp}/ours.jsonl"]
