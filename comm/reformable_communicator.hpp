@@ -22,32 +22,28 @@ class ReformableCommunicator final : public Communicator {
   // `name`: the backend's name (CommOptions::name), under which it keeps its store keys.
   ReformableCommunicator(std::unique_ptr<Communicator> backend, std::string name);
 
-  int rank() const override { return backend_->rank(); }
-  int world_size() const override { return backend_->world_size(); }
-  const char* backend() const override { return backend_->backend(); }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  const char* backend() const override { return kind_; }
 
   WorkPtr allreduce(BufferView in, BufferView out, ReduceOp op) override {
-    return backend_->allreduce(in, out, op);
+    return live().allreduce(in, out, op);
   }
   WorkPtr reduce_scatter(BufferView in, BufferView out, ReduceOp op) override {
-    return backend_->reduce_scatter(in, out, op);
+    return live().reduce_scatter(in, out, op);
   }
-  WorkPtr allgather(BufferView in, BufferView out) override { return backend_->allgather(in, out); }
-  WorkPtr broadcast(BufferView buf, int root) override { return backend_->broadcast(buf, root); }
-  WorkPtr barrier() override { return backend_->barrier(); }
+  WorkPtr allgather(BufferView in, BufferView out) override { return live().allgather(in, out); }
+  WorkPtr broadcast(BufferView buf, int root) override { return live().broadcast(buf, root); }
+  WorkPtr barrier() override { return live().barrier(); }
   WorkPtr all_to_all(BufferView in, const std::vector<int64_t>& in_counts, BufferView out,
                      const std::vector<int64_t>& out_counts) override {
-    return backend_->all_to_all(in, in_counts, out, out_counts);
+    return live().all_to_all(in, in_counts, out, out_counts);
   }
   std::unique_ptr<Communicator> split(int color, int key) override {
-    return backend_->split(color, key);
+    return live().split(color, key);
   }
-  WorkPtr send(BufferView buf, int peer, int tag) override {
-    return backend_->send(buf, peer, tag);
-  }
-  WorkPtr recv(BufferView buf, int peer, int tag) override {
-    return backend_->recv(buf, peer, tag);
-  }
+  WorkPtr send(BufferView buf, int peer, int tag) override { return live().send(buf, peer, tag); }
+  WorkPtr recv(BufferView buf, int peer, int tag) override { return live().recv(buf, peer, tag); }
 
   // The current backend's name.
   const std::string& name() const { return name_; }
@@ -57,10 +53,18 @@ class ReformableCommunicator final : public Communicator {
   // Destroys the current backend and forwards to `backend` (named `name`) from now on. Throws
   // Error(kFailure) when its rank or world size differs from the old one's.
   void replace(std::unique_ptr<Communicator> backend, std::string name);
+  // Destroys the current backend now (its connections close, so that a peer still blocked in a
+  // collective with this rank fails at once instead of at its timeout); until replace(), every
+  // operation but rank(), world_size() and backend() throws Error(kPeerFailed).
+  void abort();
 
  private:
+  Communicator& live() const;
+
   std::unique_ptr<Communicator> backend_;
   std::string name_;
+  int rank_ = 0, world_ = 1;
+  const char* kind_ = "";
 };
 
 }  // namespace dnallm::comm

@@ -109,6 +109,9 @@ std::unique_ptr<train::InProcessRecovery> make_recovery(
       view->full_length = 0;
       model->set_context_parallel(view);
     };
+    o.abort_groups = [context] {
+      dynamic_cast<comm::ReformableCommunicator&>(context->group()).abort();
+    };
   }
   return std::make_unique<train::InProcessRecovery>(std::move(o));
 }

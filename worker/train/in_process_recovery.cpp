@@ -547,6 +547,11 @@ bool InProcessRecovery::recover(Trainer& t) {
   spdlog::warn("step {} broke off: a peer failed; waiting for a spare to take its place",
                t.step() + 1);
   if (o_.abandon_saves) o_.abandon_saves();
+  // Closing this rank's connections fails at once the collectives that other survivors still
+  // wait in with it (one in another group's operation, or in an earlier one, would otherwise
+  // wait for its timeout while this rank waits for it in the new group).
+  o_.comm->abort();
+  if (o_.abort_groups) o_.abort_groups();
   // A rank that dies while the group re-forms breaks the new communicator too: its agent
   // announces another recovery, which this loop then joins.
   for (int attempt = 1;; ++attempt) {

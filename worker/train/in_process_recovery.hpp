@@ -144,6 +144,9 @@ struct RecoveryOptions {
   // After the world was re-formed as `name`: its sub-groups split again (the context mesh's).
   // Collective over `world`; null: none.
   std::function<void(comm::Communicator& world, const std::string& name)> reform_groups;
+  // When a peer's failure is known: the sub-groups' backends destroyed (ReformableCommunicator::
+  // abort), as the world's is; null: none.
+  std::function<void()> abort_groups;
 };
 
 class InProcessRecovery {
