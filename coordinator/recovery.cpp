@@ -70,6 +70,11 @@ std::string recovery_comm_name(int64_t generation, int64_t number) {
   return "g" + std::to_string(generation) + ".r" + std::to_string(number);
 }
 
+int64_t latest_recovery(Store& store, int64_t generation) {
+  const auto count = store.try_get(recovery_count_key(generation));
+  return count ? std::stoll(to_string(*count)) : 0;
+}
+
 int64_t announce_recovery(Store& store, int64_t generation, RecoveryRecord record) {
   record.number = store.add(recovery_count_key(generation), 1);
   store.set(recovery_key(generation, record.number), to_bytes(record.to_json()));
@@ -82,10 +87,7 @@ namespace {
 class UntilNextRecovery final : public Store {
  public:
   UntilNextRecovery(std::shared_ptr<Store> inner, int64_t generation, int64_t number)
-      : inner_(std::move(inner)),
-        count_key_(recovery_count_key(generation)),
-        generation_(generation),
-        number_(number) {}
+      : inner_(std::move(inner)), generation_(generation), number_(number) {}
 
   void set(const std::string& key, const Bytes& value) override { inner_->set(key, value); }
   void set_owned(const std::string& key, const Bytes& value) override {
@@ -115,8 +117,7 @@ class UntilNextRecovery final : public Store {
         if (inner_->check(keys)) return;
         if (std::chrono::steady_clock::now() >= deadline) throw;
       }
-      const auto count = inner_->try_get(count_key_);
-      const int64_t latest = count ? std::stoll(to_string(*count)) : 0;
+      const int64_t latest = latest_recovery(*inner_, generation_);
       if (latest > number_) {
         throw Error(ExitCode::kPeerFailed,
                     fmt::format("recovery {} of generation {} gave way to recovery {} (a rank "
@@ -128,7 +129,6 @@ class UntilNextRecovery final : public Store {
 
  private:
   std::shared_ptr<Store> inner_;
-  std::string count_key_;
   int64_t generation_, number_;
 };
 

@@ -52,6 +52,9 @@ std::string recovery_count_key(int64_t generation);
 std::string spare_key(int64_t generation, int spare_id);
 std::string recovery_comm_name(int64_t generation, int64_t number);
 
+// The number of the newest recovery announced in `generation` (0: none).
+int64_t latest_recovery(Store& store, int64_t generation);
+
 // The agent's side: numbers the record (Store::add on the count), writes it and the spare's
 // key. Returns the record's number.
 int64_t announce_recovery(Store& store, int64_t generation, RecoveryRecord record);

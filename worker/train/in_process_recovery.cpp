@@ -51,17 +51,32 @@ class StateLost : public Error {
 };
 
 // Broadcasts `t` (contiguous, the same numel on every rank) from `root` in place, in chunks.
-int64_t broadcast_tensor(comm::Communicator& comm, const torch::Tensor& t, int root) {
-  if (!t.defined() || t.numel() == 0) return 0;
+// `t` (contiguous, of a wire dtype) in views of at most kRecoveryChunkElements elements, so
+// that no transfer needs a second copy of a large buffer.
+void for_each_chunk(const torch::Tensor& t, const std::function<void(BufferView)>& fn) {
+  if (!t.defined() || t.numel() == 0) return;
   const auto dtype = dtype_of(t.scalar_type());
   DNALLM_CHECK(dtype.has_value() && t.is_contiguous(), ExitCode::kFailure,
-               "in-process recovery cannot broadcast a {} tensor (a bug; please report it)",
+               "in-process recovery cannot send a {} tensor (a bug; please report it)",
                std::string(c10::toString(t.scalar_type())));
   for (int64_t begin = 0; begin < t.numel(); begin += kRecoveryChunkElements) {
-    const int64_t count = std::min(kRecoveryChunkElements, t.numel() - begin);
-    wait_all(comm.broadcast(buffer_view(t, begin, count, *dtype), root));
+    fn(buffer_view(t, begin, std::min(kRecoveryChunkElements, t.numel() - begin), *dtype));
   }
-  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+int64_t broadcast_tensor(comm::Communicator& comm, const torch::Tensor& t, int root) {
+  for_each_chunk(t, [&](BufferView view) { wait_all(comm.broadcast(view, root)); });
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+// A client of the job's coordinator store (a spare's own, before it has a process group).
+std::shared_ptr<coordinator::TcpStoreClient> coordinator_client(const std::string& host, int port,
+                                                                const std::string& token) {
+  coordinator::TcpStoreClientOptions co;
+  co.host = host;
+  co.port = static_cast<uint16_t>(port);
+  co.token = token;
+  return std::make_shared<coordinator::TcpStoreClient>(co);
 }
 
 double allreduce_max(comm::Communicator& comm, double value) {
@@ -106,11 +121,8 @@ std::optional<SparePlace> wait_for_place(const WorkerEnv& env) {
                ExitCode::kUsage,
                "DNALLM_SPARE_ID needs DNALLM_GENERATION, MASTER_ADDR and MASTER_PORT (a spare is "
                "started by dnallm-launch --spare-workers)");
-  coordinator::TcpStoreClientOptions co;
-  co.host = *env.master_addr;
-  co.port = static_cast<uint16_t>(*env.master_port);
-  co.token = env.job_token;
-  coordinator::TcpStoreClient store(co);
+  auto client = coordinator_client(*env.master_addr, *env.master_port, env.job_token);
+  coordinator::Store& store = *client;
   const std::string key = coordinator::spare_key(*env.generation, *env.spare_id);
   spdlog::info("spare {}: ready; waiting for a rank's place (generation {})", *env.spare_id,
                *env.generation);
@@ -142,12 +154,6 @@ void take_place(const coordinator::RecoveryRecord& record,
 
 namespace {
 
-// The number of the newest recovery announced in `generation` (0: none).
-int64_t latest_recovery(coordinator::Store& store, int64_t generation) {
-  const auto count = store.try_get(coordinator::recovery_count_key(generation));
-  return count ? std::stoll(coordinator::to_string(*count)) : 0;
-}
-
 // Step 4's group for recovery `number`. Connecting can block where no store wait sees a later
 // recovery (gloo retries a dead spare's published address until its timeout), so it runs on a
 // thread of its own; when a later recovery is announced first, this one gives way (Error
@@ -169,7 +175,7 @@ std::unique_ptr<comm::Communicator> connect_recovery_group(
     }
   }).detach();
   while (connected.wait_for(kWaitSlice) != std::future_status::ready) {
-    const int64_t newest = latest_recovery(*store, generation);
+    const int64_t newest = coordinator::latest_recovery(*store, generation);
     if (newest > number) {
       throw Error(ExitCode::kPeerFailed,
                   fmt::format("recovery {} of generation {} gave way to recovery {} (a rank died "
@@ -185,11 +191,8 @@ std::unique_ptr<comm::Communicator> connect_recovery_group(
 comm::ProcessGroup join_as_spare(const Config& config, const WorkerEnv& env,
                                  const cluster::Topology& topo, const parallel::RankDevice& device,
                                  coordinator::RecoveryRecord& record) {
-  coordinator::TcpStoreClientOptions co;
-  co.host = topo.master_addr;
-  co.port = static_cast<uint16_t>(topo.master_port);
-  co.token = env.job_token;
-  auto store = std::make_shared<coordinator::TcpStoreClient>(co);
+  std::shared_ptr<coordinator::Store> store =
+      coordinator_client(topo.master_addr, topo.master_port, env.job_token);
   const int64_t generation = *env.generation;
   comm::ProcessGroup group;
   group.store = store;
@@ -201,7 +204,7 @@ comm::ProcessGroup join_as_spare(const Config& config, const WorkerEnv& env,
                    group.comm->backend(), device.device.str(), name);
       return group;
     } catch (const Error& e) {
-      const int64_t newest = latest_recovery(*store, generation);
+      const int64_t newest = coordinator::latest_recovery(*store, generation);
       if (newest <= record.number) throw;
       spdlog::warn("spare: {} ({}); joining recovery {}", name, e.what(), newest);
       record.number = newest;
@@ -236,7 +239,7 @@ std::optional<coordinator::RecoveryRecord> InProcessRecovery::wait_for_record() 
       std::chrono::milliseconds(static_cast<int64_t>(o_.config->parallel.timeout_s * 1000.0));
   while (Clock::now() < deadline && Preemption::signal_received() == 0) {
     // The newest announced recovery: after two deaths at once, the last one names every place.
-    const int64_t n = latest_recovery(*o_.store, generation);
+    const int64_t n = coordinator::latest_recovery(*o_.store, generation);
     const std::string key = coordinator::recovery_key(generation, n);
     if (n > recoveries_ && o_.store->check({key})) {
       return coordinator::RecoveryRecord::from_json(coordinator::to_string(*o_.store->try_get(key)),
@@ -376,12 +379,9 @@ void unpack(const torch::Tensor& data, const ShardViews& v) {
 // Sends or receives `t` (fp32 or fp64, contiguous) in chunks; the works, to wait for together.
 void transfer(comm::Communicator& comm, const torch::Tensor& t, int peer, int tag, bool send,
               std::vector<comm::WorkPtr>& works) {
-  const auto dtype = *dtype_of(t.scalar_type());
-  for (int64_t begin = 0; begin < t.numel(); begin += kRecoveryChunkElements) {
-    const auto view =
-        buffer_view(t, begin, std::min(kRecoveryChunkElements, t.numel() - begin), dtype);
+  for_each_chunk(t, [&](BufferView view) {
     works.push_back(send ? comm.send(view, peer, tag) : comm.recv(view, peer, tag));
-  }
+  });
 }
 
 void wait_each(std::vector<comm::WorkPtr>& works) {
