@@ -43,9 +43,17 @@ void ReformableCommunicator::replace(std::unique_ptr<Communicator> backend, std:
                "communicator '{}' re-formed as '{}' with another rank or world size (a bug; "
                "please report it)",
                name_, name);
+  resize(std::move(backend), std::move(name));
+}
+
+void ReformableCommunicator::resize(std::unique_ptr<Communicator> backend, std::string name) {
+  DNALLM_CHECK(backend != nullptr, ExitCode::kFailure,
+               "communicator '{}' re-formed without a backend (a bug; please report it)", name_);
   backend_.reset();  // joins the old backend's thread first: its pending work fails there
   backend_ = std::move(backend);
   name_ = std::move(name);
+  rank_ = backend_->rank();
+  world_ = backend_->world_size();
 }
 
 }  // namespace dnallm::comm

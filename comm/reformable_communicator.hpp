@@ -53,6 +53,10 @@ class ReformableCommunicator final : public Communicator {
   // Destroys the current backend and forwards to `backend` (named `name`) from now on. Throws
   // Error(kFailure) when its rank or world size differs from the old one's.
   void replace(std::unique_ptr<Communicator> backend, std::string name);
+  // Note [Shrink and grow] (worker/train/in_process_recovery.hpp): replace() by a backend of
+  // another rank or world size (the group shrank or grew); the engines over this communicator
+  // read both from it.
+  void resize(std::unique_ptr<Communicator> backend, std::string name);
   // Destroys the current backend now (its connections close, so that a peer still blocked in a
   // collective with this rank fails at once instead of at its timeout); until replace(), every
   // operation but rank(), world_size() and backend() throws Error(kPeerFailed).

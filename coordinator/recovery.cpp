@@ -22,9 +22,51 @@ std::string in_process_recovery_unsupported(const Config& config) {
   return "";
 }
 
+const char* recovery_kind_name(RecoveryKind kind) {
+  switch (kind) {
+    case RecoveryKind::kSpare:
+      return "spare";
+    case RecoveryKind::kShrink:
+      return "shrink";
+    case RecoveryKind::kGrow:
+      return "grow";
+  }
+  return "?";
+}
+
+namespace {
+
+RecoveryKind parse_recovery_kind(const std::string& text, const std::string& key) {
+  for (const auto kind : {RecoveryKind::kSpare, RecoveryKind::kShrink, RecoveryKind::kGrow}) {
+    if (text == recovery_kind_name(kind)) return kind;
+  }
+  fail(ExitCode::kPeerFailed,
+       "the recovery record at store key {} has kind \"{}\" (spare, shrink or grow expected): "
+       "the launcher and dnallm-train are of different versions",
+       key, text);
+}
+
+}  // namespace
+
+std::string shrink_unsupported(const Config& config) {
+  if (const auto why = in_process_recovery_unsupported(config); !why.empty()) return why;
+  if (config.parallel.zero_stage > 0) {
+    return fmt::format(
+        "parallel.zero_stage = {}: the dead rank's shard would have to be split among the "
+        "survivors, which is not done in process (spares keep ZeRO runs in process)",
+        static_cast<int>(config.parallel.zero_stage));
+  }
+  if (config.parallel.context_parallel > 1) {
+    return "parallel.context_parallel > 1: the context groups would change shape (spares keep "
+           "such runs in process)";
+  }
+  return "";
+}
+
 std::string RecoveryRecord::to_json() const {
   nlohmann::ordered_json j;
   j["number"] = number;
+  j["kind"] = recovery_kind_name(kind);
   j["rank"] = rank;
   j["local_rank"] = local_rank;
   j["host"] = host;
@@ -40,6 +82,7 @@ RecoveryRecord RecoveryRecord::from_json(const std::string& text, const std::str
     const auto j = nlohmann::json::parse(text);
     RecoveryRecord r;
     r.number = j.at("number").get<int64_t>();
+    r.kind = parse_recovery_kind(j.value("kind", std::string("spare")), key);
     r.rank = j.at("rank").get<int>();
     r.local_rank = j.at("local_rank").get<int>();
     r.host = j.at("host").get<std::string>();
@@ -66,6 +109,14 @@ std::string spare_key(int64_t generation, int spare_id) {
   return "recover/g" + std::to_string(generation) + "/spare/" + std::to_string(spare_id);
 }
 
+std::string spare_ready_key(int64_t generation, int spare_id) {
+  return "recover/g" + std::to_string(generation) + "/ready/" + std::to_string(spare_id);
+}
+
+std::string grow_step_key(int64_t generation, int64_t number) {
+  return recovery_key(generation, number) + "/at";
+}
+
 std::string recovery_comm_name(int64_t generation, int64_t number) {
   return "g" + std::to_string(generation) + ".r" + std::to_string(number);
 }
@@ -73,6 +124,31 @@ std::string recovery_comm_name(int64_t generation, int64_t number) {
 int64_t latest_recovery(Store& store, int64_t generation) {
   const auto count = store.try_get(recovery_count_key(generation));
   return count ? std::stoll(to_string(*count)) : 0;
+}
+
+int Membership::rank_of(int place) const {
+  const auto it = std::find(places.begin(), places.end(), place);
+  return it == places.end() ? -1 : static_cast<int>(it - places.begin());
+}
+
+Membership membership_after(Store& store, int64_t generation, int initial_world, int64_t n) {
+  Membership m;
+  for (int r = 0; r < initial_world; ++r) m.places.push_back(r);
+  for (int64_t i = 1; i <= n; ++i) {
+    const std::string key = recovery_key(generation, i);
+    // The count is raised before the record is written: a reader may be a moment early.
+    const auto record =
+        RecoveryRecord::from_json(to_string(store.get(key, std::chrono::seconds(30))), key);
+    const auto at = std::find(m.places.begin(), m.places.end(), record.rank);
+    if (record.kind == RecoveryKind::kShrink && at != m.places.end()) m.places.erase(at);
+    if (record.kind == RecoveryKind::kGrow && at == m.places.end()) m.places.push_back(record.rank);
+  }
+  return m;
+}
+
+int64_t accum_for_world(int64_t accum, int initial_world, int world) {
+  const int64_t global = accum * initial_world;
+  return world > 0 && global % world == 0 ? global / world : accum;
 }
 
 int64_t announce_recovery(Store& store, int64_t generation, RecoveryRecord record) {

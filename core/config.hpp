@@ -241,6 +241,7 @@ struct ElasticConfig {
   double settle_s = 2.0;
   double join_timeout_s = 600.0;
   int64_t spare_workers = 0;  // Note [In-process recovery]
+  bool shrink = false;        // Note [Shrink and grow]
 };
 
 struct LoggingConfig {

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -72,9 +73,12 @@ WorkerProgress read_progress(const std::string& path) {
   return progress;
 }
 
-std::vector<WorkerSpec> make_elastic_worker_specs(
-    const LaunchPlan& plan, const cluster::EnvMap& base_env, const coordinator::NodeAssignment& a,
-    const std::string& restart_reason, const std::string& progress_dir, int spare_workers) {
+std::vector<WorkerSpec> make_elastic_worker_specs(const LaunchPlan& plan,
+                                                  const cluster::EnvMap& base_env,
+                                                  const coordinator::NodeAssignment& a,
+                                                  const std::string& restart_reason,
+                                                  const std::string& progress_dir,
+                                                  int spare_workers, bool shrink) {
   LaunchPlan placed = plan;
   const int nproc = static_cast<int>(a.local_world_size);
   placed.nproc_per_node = nproc + spare_workers;
@@ -90,7 +94,7 @@ std::vector<WorkerSpec> make_elastic_worker_specs(
                              w.local_world_size = nproc;
                              w.generation = a.generation;
                              w.external_coordinator = true;
-                             w.in_process_recovery = spare_workers > 0;
+                             w.in_process_recovery = spare_workers > 0 || shrink;
                              if (local < nproc) {
                                w.progress_file = progress_file(progress_dir, local);
                              } else {
@@ -202,25 +206,64 @@ void ElasticAgent::begin_generation(const coordinator::NodeAssignment& a) {
   }
 }
 
-bool ElasticAgent::hand_to_spare(const WorkerFailure& f, int spare_id) {
+coordinator::RecoveryRecord ElasticAgent::local_record(coordinator::RecoveryKind kind, int place,
+                                                       int local_rank, std::string reason,
+                                                       int spare_id) const {
   coordinator::RecoveryRecord record;
-  record.rank = f.rank;
-  record.local_rank = f.local_rank;
+  record.kind = kind;
+  record.rank = place;
+  record.local_rank = local_rank;
   record.host = options_.node.host;
-  record.reason = fmt::format("rank {} {}", f.rank, f.exit.describe());
+  record.reason = std::move(reason);
   record.spare_id = spare_id;
-  record.progress_file = progress_file(options_.progress_dir, f.local_rank);
+  record.progress_file = progress_file(options_.progress_dir, local_rank);
   record.detected_unix_ms = coordinator::unix_ms_now();
+  return record;
+}
+
+bool ElasticAgent::announce(const coordinator::RecoveryRecord& record, const std::string& what) {
   try {
     const int64_t n = coordinator::announce_recovery(*options_.store, generation_, record);
-    spdlog::warn("{}: spare {} takes its place (in-process recovery {} of generation {})",
-                 record.reason, spare_id, n, generation_);
+    spdlog::warn("{}: {} (in-process recovery {} of generation {})", record.reason, what, n,
+                 generation_);
     return true;
   } catch (const std::exception& e) {
-    spdlog::error("{}: cannot hand its place to spare {} ({}); restarting the generation",
-                  record.reason, spare_id, e.what());
+    spdlog::error("{}: cannot announce that {} ({})", record.reason, what, e.what());
     return false;
   }
+}
+
+bool ElasticAgent::hand_to_spare(const WorkerFailure& f, int spare_id) {
+  return announce(local_record(coordinator::RecoveryKind::kSpare, f.rank, f.local_rank,
+                               fmt::format("rank {} {}", f.rank, f.exit.describe()), spare_id),
+                  fmt::format("spare {} takes its place", spare_id));
+}
+
+bool ElasticAgent::shrink(const WorkerFailure& f) {
+  const auto record =
+      local_record(coordinator::RecoveryKind::kShrink, f.rank, f.local_rank,
+                   fmt::format("rank {} {}", f.rank, f.exit.describe()), /*spare_id=*/-1);
+  if (!announce(record, "no spare is left: the others go on without it (elastic.shrink)")) {
+    return false;
+  }
+  // Its last step would read as a hang of that local rank until a worker returns to it.
+  std::error_code ignored;
+  std::filesystem::remove(record.progress_file, ignored);
+  return true;
+}
+
+bool ElasticAgent::grow(int place, int local_rank, int spare_id) {
+  try {
+    if (!options_.store->check({coordinator::spare_ready_key(generation_, spare_id)})) {
+      return false;
+    }
+  } catch (const std::exception&) {
+    return false;  // asked again at the next tick
+  }
+  return announce(
+      local_record(coordinator::RecoveryKind::kGrow, place, local_rank,
+                   fmt::format("rank {}'s place has a warm worker again", place), spare_id),
+      fmt::format("spare {} returns to it at the next step boundary", spare_id));
 }
 
 GenerationResult ElasticAgent::run_generation(const JobView& view, JobView& latest) {
@@ -231,6 +274,14 @@ GenerationResult ElasticAgent::run_generation(const JobView& view, JobView& late
     };
     group_options.replenish_spares = true;  // K spares stay warm
   }
+  if (options_.shrink && options_.store) {
+    group_options.shrink = [this](const WorkerFailure& f) {
+      return replaceable_by_spare(f.exit) && shrink(f);
+    };
+    group_options.grow = [this](int place, int local_rank, int spare_id) {
+      return grow(place, local_rank, spare_id);
+    };
+  }
   auto last_heartbeat = Clock::now();
   std::exception_ptr error;
   latest = view;
@@ -239,7 +290,7 @@ GenerationResult ElasticAgent::run_generation(const JobView& view, JobView& late
     last_heartbeat = Clock::now();
     try {
       const LocalProgress progress = read_local_progress();
-      if (options_.spare_workers > 0) kill_stopped(progress);
+      if (options_.spare_workers > 0 || options_.shrink) kill_stopped(progress);
       latest =
           client_.heartbeat(options_.node.node_id, generation_, progress.steps, progress.stopped);
     } catch (...) {

@@ -34,6 +34,7 @@
 
 #include "cluster/topology.hpp"
 #include "coordinator/elastic_client.hpp"
+#include "coordinator/recovery.hpp"
 #include "launcher/launch_plan.hpp"
 #include "launcher/worker_group.hpp"
 
@@ -50,6 +51,9 @@ struct ElasticAgentOptions {
   // rank's place is given to one of them. 0 / null: a failure restarts the generation.
   int spare_workers = 0;
   std::shared_ptr<coordinator::Store> store;
+  // Note [Shrink and grow]: a dead rank no spare takes is given up (elastic.shrink), and a fresh
+  // worker started in its stead returns to its place once warm. Needs `store`.
+  bool shrink = false;
 };
 
 // Builds one generation's workers from the coordinator's assignment.
@@ -80,6 +84,17 @@ class ElasticAgent {
   // Note [In-process recovery]: gives the place of `failure`'s rank to spare `spare_id`
   // through the store. False when the store cannot be reached.
   bool hand_to_spare(const WorkerFailure& failure, int spare_id);
+  // Note [Shrink and grow]: announces that the survivors go on without `failure`'s rank; false
+  // when the store cannot be reached.
+  bool shrink(const WorkerFailure& failure);
+  // Note [Shrink and grow]: when spare `spare_id` waits warm, announces that it returns to
+  // `place` (local rank `local_rank`); false while it is not ready or the store is unreachable.
+  bool grow(int place, int local_rank, int spare_id);
+  // The record of a recovery of this node's local rank `local_rank`, detected now.
+  coordinator::RecoveryRecord local_record(coordinator::RecoveryKind kind, int place,
+                                           int local_rank, std::string reason, int spare_id) const;
+  // Announces `record`; false (logged with `what`) when the store cannot be reached.
+  bool announce(const coordinator::RecoveryRecord& record, const std::string& what);
   // Step 3: logs every failed worker and reports the first to the coordinator.
   // Returns the coordinator's reply: the job as it stands once the report is in.
   coordinator::JobView report_failure(const GenerationResult& result);
@@ -133,13 +148,14 @@ bool process_stopped(int pid);
 // store the workers bootstrap from), DNALLM_EXTERNAL_COORDINATOR=1 (rank 0 must not host a
 // store of its own) and DNALLM_PROGRESS_FILE (Note [Progress file]).
 // With `spare_workers` K > 0 the K spares follow the ranks: local ranks nproc..nproc+K-1 with
-// DNALLM_SPARE_ID 0..K-1, no progress file, and every worker gets DNALLM_IN_PROCESS_RECOVERY=1.
+// DNALLM_SPARE_ID 0..K-1, no progress file, and every worker gets DNALLM_IN_PROCESS_RECOVERY=1
+// (also with `shrink`, Note [Shrink and grow]).
 std::vector<WorkerSpec> make_elastic_worker_specs(const LaunchPlan& plan,
                                                   const cluster::EnvMap& base_env,
                                                   const coordinator::NodeAssignment& assignment,
                                                   const std::string& restart_reason,
                                                   const std::string& progress_dir,
-                                                  int spare_workers = 0);
+                                                  int spare_workers = 0, bool shrink = false);
 
 // Whether a worker that ended with `exit` is replaced by a spare: killed by a signal, or a
 // failure of its own (not 2, 3, 5: its diagnosis would repeat; not 4: it saw a peer fail;

@@ -221,11 +221,14 @@ int run_agent(const Args& args, const LaunchPlan& plan, const cluster::EnvMap& e
   // Note [In-process recovery]: the agent hands a dead rank's place to a spare through the
   // coordinator's store.
   ao.spare_workers = static_cast<int>(elastic.spare_workers);
-  if (ao.spare_workers > 0) ao.store = std::make_shared<coordinator::TcpStoreClient>(co);
+  ao.shrink = elastic.shrink;  // Note [Shrink and grow]
+  if (ao.spare_workers > 0 || ao.shrink) {
+    ao.store = std::make_shared<coordinator::TcpStoreClient>(co);
+  }
   ElasticAgent agent(client, spawner, signals, ao,
                      [&](const coordinator::NodeAssignment& a, const std::string& reason) {
                        return make_elastic_worker_specs(plan, env, a, reason, progress.path(),
-                                                        ao.spare_workers);
+                                                        ao.spare_workers, ao.shrink);
                      });
   return agent.run();
 }
@@ -447,14 +450,22 @@ int run(Args& args, const CLI::App& app) {
                  "--max-restarts (a restart from the last checkpoint) instead",
                  why);
   }
-  if (config.elastic.spare_workers > 0 && !is_elastic(args, app, config.elastic)) {
+  if (config.elastic.shrink) {
+    const std::string why = coordinator::shrink_unsupported(config);
+    DNALLM_CHECK(why.empty(), ExitCode::kUsage,
+                 "elastic.shrink: the group cannot go on with fewer ranks with {}; set "
+                 "elastic.shrink = false (a failure then restarts the group from the last "
+                 "checkpoint)",
+                 why);
+  }
+  const bool in_process = config.elastic.spare_workers > 0 || config.elastic.shrink;
+  if (in_process && !is_elastic(args, app, config.elastic)) {
     // Note [In-process recovery]: spares wait at a coordinator; one node gets its own.
     DNALLM_CHECK(app.count("--nnodes") == 0 || args.nnodes == "1", ExitCode::kUsage,
-                 "--spare-workers (elastic.spare_workers) on --nnodes {} needs the elastic "
-                 "coordinator: add --rdzv-endpoint HOST:PORT (docs/elastic.md)",
+                 "--spare-workers (elastic.spare_workers) and elastic.shrink on --nnodes {} need "
+                 "the elastic coordinator: add --rdzv-endpoint HOST:PORT (docs/elastic.md)",
                  args.nnodes);
-    spdlog::info("--spare-workers {}: running as --standalone (a coordinator on this node)",
-                 config.elastic.spare_workers);
+    spdlog::info("in-process recovery: running as --standalone (a coordinator on this node)");
     args.standalone = true;
   }
   const bool elastic = is_elastic(args, app, config.elastic);

@@ -21,6 +21,8 @@ struct LocalWorkerGroup::Running {
   int spare_id = -1;
   int rank = 0, local_rank = 0;
   bool replaced = false;
+  // Note [Shrink and grow]: the place a spare started in a dead rank's stead returns to; -1: none.
+  int returns_to = -1;
   bool is_rank() const { return spare_id < 0 && !replaced; }
 };
 
@@ -55,9 +57,9 @@ GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
     }
     return false;
   };
-  std::size_t requeued = 0;                     // workers that exited 75 (Note [Preemption])
-  std::vector<Running*> failed;                 // parallel to result.failures
-  std::vector<const WorkerSpec*> to_replenish;  // spares that took a place this tick
+  std::size_t requeued = 0;      // workers that exited 75 (Note [Preemption])
+  std::vector<Running*> failed;  // parallel to result.failures
+  SpareStarts to_start;          // spares to start after this tick
   while (ranks_running()) {
     int sig = signals_.wait(options_.tick);
     if (sig == SIGUSR1) {
@@ -112,17 +114,15 @@ GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
         continue;
       }
       WorkerFailure failure{w.rank, w.local_rank, w.process->pid(), *exit, {}};
-      if (const Running* spare = hand_to_spare(workers, w, failure)) {
-        if (options_.replenish_spares) to_replenish.push_back(spare->spec);
-        continue;
-      }
+      if (recovered_in_process(workers, w, failure, to_start)) continue;
       // The output tail is collected after the others were stopped: reading it may wait
       // for the pipes to drain, which must not delay stopping the group.
       result.failures.push_back(std::move(failure));
       failed.push_back(&w);
     }
-    for (const WorkerSpec* like : to_replenish) replenish_spare(workers, *like);
-    to_replenish.clear();
+    for (const auto& [like, returns_to] : to_start) start_spare(workers, *like, returns_to);
+    to_start.clear();
+    if (options_.grow) grow_back(workers);
     if (result.failures.empty() && ranks_running() && options_.should_stop &&
         options_.should_stop()) {
       result.outcome = GenerationOutcome::kStopped;
@@ -150,6 +150,20 @@ GenerationResult LocalWorkerGroup::run(const std::vector<WorkerSpec>& specs) {
   return result;
 }
 
+bool LocalWorkerGroup::recovered_in_process(Workers& workers, Running& dead,
+                                            const WorkerFailure& failure, SpareStarts& to_start) {
+  if (const Running* spare = hand_to_spare(workers, dead, failure)) {
+    if (options_.replenish_spares) to_start.emplace_back(spare->spec, -1);
+    return true;
+  }
+  if (options_.shrink && options_.shrink(failure)) {
+    dead.replaced = true;
+    to_start.emplace_back(dead.spec, dead.rank);
+    return true;
+  }
+  return false;
+}
+
 std::size_t LocalWorkerGroup::live_spares(const Workers& workers) {
   std::size_t n = 0;
   for (const auto& w : workers) n += w.spare_id >= 0 && !w.ended;
@@ -160,7 +174,7 @@ const LocalWorkerGroup::Running* LocalWorkerGroup::hand_to_spare(Workers& worker
                                                                  const WorkerFailure& failure) {
   if (!options_.hand_to_spare) return nullptr;
   for (auto& w : workers) {
-    if (w.spare_id < 0 || w.ended) continue;
+    if (w.spare_id < 0 || w.ended || w.returns_to >= 0) continue;
     if (!options_.hand_to_spare(failure, w.spare_id)) return nullptr;
     spdlog::warn("{}; spare {} (pid {}) takes its place", describe_failure(failure), w.spare_id,
                  w.process->pid());
@@ -173,22 +187,38 @@ const LocalWorkerGroup::Running* LocalWorkerGroup::hand_to_spare(Workers& worker
   return nullptr;
 }
 
-void LocalWorkerGroup::replenish_spare(Workers& workers, const WorkerSpec& like) {
+void LocalWorkerGroup::start_spare(Workers& workers, const WorkerSpec& like, int returns_to) {
   WorkerSpec spec = like;
   spec.spare_id = next_spare_id_++;
   const std::string id_var = "DNALLM_SPARE_ID=";
-  for (auto& kv : spec.env) {
-    if (kv.rfind(id_var, 0) == 0) kv = id_var + std::to_string(spec.spare_id);
-  }
+  std::erase_if(spec.env, [&](const std::string& kv) { return kv.rfind(id_var, 0) == 0; });
+  spec.env.push_back(id_var + std::to_string(spec.spare_id));
   extra_specs_.push_back(std::move(spec));
   const WorkerSpec& kept = extra_specs_.back();
   try {
     workers.push_back({&kept, spawner_.spawn(kept), false, std::nullopt, kept.spare_id, kept.rank,
-                       kept.local_rank, false});
-    spdlog::info("started spare {} (pid {}) in its place", kept.spare_id,
-                 workers.back().process->pid());
+                       kept.local_rank, false, returns_to});
+    if (returns_to >= 0) {
+      spdlog::info("started spare {} (pid {}) to return to rank {}'s place", kept.spare_id,
+                   workers.back().process->pid(), returns_to);
+    } else {
+      spdlog::info("started spare {} (pid {}) in its place", kept.spare_id,
+                   workers.back().process->pid());
+    }
   } catch (const std::exception& e) {
     spdlog::error("cannot start another spare: {}", e.what());
+  }
+}
+
+void LocalWorkerGroup::grow_back(Workers& workers) {
+  for (auto& w : workers) {
+    if (w.returns_to < 0 || w.spare_id < 0 || w.ended) continue;
+    if (!options_.grow(w.returns_to, w.local_rank, w.spare_id)) continue;
+    spdlog::warn("spare {} (pid {}) returns to rank {}'s place", w.spare_id, w.process->pid(),
+                 w.returns_to);
+    w.spare_id = -1;
+    w.rank = w.returns_to;
+    w.returns_to = -1;
   }
 }
 

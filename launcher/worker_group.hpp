@@ -31,6 +31,7 @@
 #include <deque>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launcher/spawner.hpp"
@@ -52,6 +53,13 @@ struct GroupOptions {
   std::function<bool(const WorkerFailure& failure, int spare_id)> hand_to_spare;
   // After a spare took a place, start another (a new spare id) so that as many stay warm.
   bool replenish_spares = false;
+  // Note [Shrink and grow] (worker/train/in_process_recovery.hpp): a rank failed and no spare
+  // took its place: true when the survivors go on without it (elastic.shrink), after which a
+  // fresh worker is started in its stead as a spare that returns to the place. Unset: no shrink.
+  std::function<bool(const WorkerFailure& failure)> shrink;
+  // Asked every tick for such a returning spare `spare_id` (local rank `local_rank`): true when
+  // it was given place `place` back (it then is that rank).
+  std::function<bool(int place, int local_rank, int spare_id)> grow;
 };
 
 struct WorkerFailure {
@@ -94,10 +102,20 @@ class LocalWorkerGroup {
   // first live spare; true when a spare took its place.
   // Returns the spare, null when none took the place.
   const Running* hand_to_spare(Workers& workers, Running& dead, const WorkerFailure& failure);
+  // Spares to start after a tick: (like, the place it returns to or -1).
+  using SpareStarts = std::vector<std::pair<const WorkerSpec*, int>>;
+  // Note [In-process recovery], Note [Shrink and grow]: whether `dead`'s failure was taken in
+  // process: a spare took its place (another is queued when spares are replenished), or the
+  // group shrank (a spare returning to the place is queued).
+  bool recovered_in_process(Workers& workers, Running& dead, const WorkerFailure& failure,
+                            SpareStarts& to_start);
   static std::size_t live_spares(const Workers& workers);
-  // Starts a new spare like `like` (its DNALLM_SPARE_ID replaced by the next free id) so that
-  // GroupOptions::spare_workers stay warm; a spawn error is logged, not thrown.
-  void replenish_spare(Workers& workers, const WorkerSpec& like);
+  // Starts a new spare like `like` (its DNALLM_SPARE_ID set to the next free id) so that
+  // GroupOptions::spare_workers stay warm, or (`returns_to` >= 0) one that returns to that
+  // place (Note [Shrink and grow]); a spawn error is logged, not thrown.
+  void start_spare(Workers& workers, const WorkerSpec& like, int returns_to = -1);
+  // GroupOptions::grow for every returning spare still waiting.
+  void grow_back(Workers& workers);
   std::deque<WorkerSpec> extra_specs_;  // the replacement spares' specs, for one run()
   int next_spare_id_ = 0;
 

@@ -78,8 +78,8 @@ void install_step_hooks(train::TrainerOptions& o, train::StepProfiler* profiler,
 std::unique_ptr<train::InProcessRecovery> make_recovery(
     const Config& config, const WorkerEnv& env, const cluster::Topology& topo,
     const parallel::RankDevice& device, comm::ProcessGroup& group, data::DataLoader& loader,
-    train::Checkpointer& checkpointer, parallel::ContextMesh* context,
-    models::LanguageModel model) {
+    train::Checkpointer& checkpointer, parallel::ContextMesh* context, models::LanguageModel model,
+    const std::optional<train::SparePlace>& spare, std::function<void()> on_rank_zero) {
   auto* world = dynamic_cast<comm::ReformableCommunicator*>(group.comm.get());
   if (world == nullptr) return nullptr;
   if (const auto why = coordinator::in_process_recovery_unsupported(config); !why.empty()) {
@@ -95,6 +95,11 @@ std::unique_ptr<train::InProcessRecovery> make_recovery(
   o.comm = world;
   o.loader = &loader;
   o.abandon_saves = [&checkpointer] { checkpointer.abandon_in_flight(); };
+  // Note [Shrink and grow]: the place this process holds, and the group it began in.
+  o.place = spare ? spare->record.rank : topo.rank;
+  o.initial_world = spare ? spare->initial_world : topo.world_size;
+  o.initial_accum = spare ? spare->initial_accum : config.training.grad_accum_steps;
+  o.on_rank_zero = std::move(on_rank_zero);
   if (context != nullptr) {
     // Note [Data x context mesh]: the context group is a split of the world, made again.
     o.reform_groups = [context, model](comm::Communicator& w, const std::string& name) mutable {
@@ -121,9 +126,11 @@ std::unique_ptr<train::InProcessRecovery> make_recovery(
 int train_in_group(Config& config, const WorkerEnv& env, const cluster::Topology& topo,
                    const parallel::RankDevice& rank_device, comm::ProcessGroup& group,
                    train::Preemption& preemption,
-                   const std::optional<train::ProfileRange>& profile_range, bool owns_dir,
+                   const std::optional<train::ProfileRange>& profile_range,
+                   std::shared_ptr<std::optional<checkpoint::DirLock>> dir_lock,
                    const std::shared_ptr<const data::Tokenizer>& tokenizer,
                    const std::optional<train::SparePlace>& spare) {
+  const bool owns_dir = dir_lock->has_value();
   // Note [Data x context mesh]: the samples and the global batch follow the data ranks.
   const auto mesh =
       parallel::mesh_coordinates(topo.rank, topo.world_size, config.parallel.context_parallel);
@@ -169,7 +176,10 @@ int train_in_group(Config& config, const WorkerEnv& env, const cluster::Topology
       config,
       train::checkpointer_options(config, env, group, loader, tokenizer_json, resume.step()));
   const auto recovery = make_recovery(config, env, topo, rank_device, group, loader, checkpointer,
-                                      context.get(), model);
+                                      context.get(), model, spare, [dir_lock, &config] {
+                                        if (!dir_lock->has_value())
+                                          *dir_lock = lock_checkpoint_dir(config, 0);
+                                      });
   if (recovery) recovery->install(trainer_options);
   install_step_hooks(trainer_options, profiler.get(), preemption, checkpointer, env);
   train::Trainer trainer(
@@ -210,12 +220,14 @@ int train_worker(const ConfigOptions& options, const std::string& profile) {
     spare = train::wait_for_place(env);
     if (!spare) return 0;
     spare->train_set = std::move(train_set);
-    train::take_place(spare->record, process_env, env);
+    spare->initial_accum = config.training.grad_accum_steps;
+    train::take_place(*spare, process_env, env, config);
   }
   // DESIGN.md order: torchrun variables, OpenMPI, Slurm, else one process.
-  const cluster::Topology topo = cluster::detect_topology(process_env);
+  cluster::Topology topo = cluster::detect_topology(process_env);
   set_log_identity(topo.rank);
-  const auto ckpt_lock = lock_checkpoint_dir(config, topo.rank);
+  auto ckpt_lock =
+      std::make_shared<std::optional<checkpoint::DirLock>>(lock_checkpoint_dir(config, topo.rank));
   // One GPU per rank (Note [One GPU per rank]), current from here on.
   const parallel::RankDevice rank_device =
       parallel::select_rank_device(config, topo.local_rank, topo.local_world_size,
@@ -227,7 +239,7 @@ int train_worker(const ConfigOptions& options, const std::string& profile) {
   comm::ProcessGroup group;
   if (parallel::needs_process_group(config, topo)) {
     // A spare joins the group the survivors re-form for its record.
-    group = spare ? train::join_as_spare(config, env, topo, rank_device, spare->record)
+    group = spare ? train::join_as_spare(config, env, topo, rank_device, *spare)
                   : parallel::join_process_group(config, env, topo, rank_device,
                                                  parallel::process_group_name(env));
     const std::string name =
@@ -237,8 +249,8 @@ int train_worker(const ConfigOptions& options, const std::string& profile) {
       group.comm = std::make_unique<comm::ReformableCommunicator>(std::move(group.comm), name);
     }
   }
-  return train_in_group(config, env, topo, rank_device, group, preemption, profile_range,
-                        ckpt_lock.has_value(), tokenizer, spare);
+  return train_in_group(config, env, topo, rank_device, group, preemption, profile_range, ckpt_lock,
+                        tokenizer, spare);
 }
 
 }  // namespace

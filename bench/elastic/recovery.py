@@ -2,7 +2,10 @@
 with 2 dnallm-train workers (tiny BERT, Gloo, a checkpoint every --save-steps steps,
 resume = "auto"), restarting the group from the checkpoint ("dnallm") and with warm spares
 ("spare": --spare-workers, one per kill: the survivors stay, a spare takes the dead rank's
-place with a peer's state, Note [In-process recovery]), against torchrun
+place with a peer's state, Note [In-process recovery]) and without spares but with
+elastic.shrink ("shrink": the survivor goes on alone in process, and a fresh worker started
+in the dead one's stead rejoins once warm, Note [Shrink and grow]; the next kill waits for a
+checkpoint after that grow), against torchrun
 (torch.distributed.run --standalone) with 2 PyTorch DDP workers over Gloo that resume from a
 torch.save checkpoint (torch_elastic_peer.py).
 
@@ -163,9 +166,9 @@ def measure(name, cmd, env, metrics, kills, limit_s=300, spare_mode=False, ready
                     # A spare's event follows the first step of the re-formed group (it carries
                     # that step); a restart's precedes the restarted group's first step line.
                     if spare_mode:
-                        first, seen = events[-1]["step"], time.time()
-                        moved.append(events[-1]["bytes"])
-                        e = events[-1]
+                        e = events[restarts_before]  # a shrink's, not the grow after it
+                        first, seen = e["step"], time.time()
+                        moved.append(e["bytes"])
                         phases = (f" (agent detection -> step {e['total_s']:.3f} s: abort "
                                   f"{e['abort_s']:.3f}, re-form {e['reform_s']:.3f}, transfer "
                                   f"{e['transfer_s']:.3f}, first step {e['first_step_s']:.3f})")
@@ -338,11 +341,17 @@ def main():
     spare_cmd = [x.replace("/ours", "/spare") for x in ours_cmd]
     spare_cmd[spare_cmd.index("--max-restarts") + 1] = "0"
     spare_cmd += ["--spare-workers", str(a.kills)]
+    shrink_cmd = [x.replace("/ours", "/shrink") for x in ours_cmd]
+    shrink_cmd[shrink_cmd.index("--max-restarts") + 1] = "0"
+    shrink_cmd += ["--set", "elastic.shrink=true"]
     runs = {}
     if not a.torchft_only:
         runs = {"dnallm": measure("dnallm", ours_cmd, env, f"{tmp}/ours.jsonl", a.kills),
                 "spare": measure("spare", spare_cmd, env, f"{tmp}/spare.jsonl", a.kills,
                                  spare_mode=True)}
+        if a.zero == 0:  # Note [Shrink and grow]: DDP only
+            runs["shrink"] = measure("shrink", shrink_cmd, env, f"{tmp}/shrink.jsonl", a.kills,
+                                     spare_mode=True)
     if not a.no_peer and not a.torchft_only:
         try:
             runs["torchrun"] = measure("torchrun", peer_cmd, env, f"{tmp}/peer.jsonl", a.kills)
@@ -371,6 +380,9 @@ def main():
               f"spare {med['spare']:.3f} s (goal 0.2 s, 0 steps lost); target {TARGET_S:.0f} s: "
               f"{m / TARGET_S:.2f} of the target")
         print(f"spare / restart: {med['spare'] / m:.2f}")
+        if "shrink" in med:
+            print(f"shrink (no spare; the survivor goes on alone until a fresh worker rejoins) "
+                  f"{med['shrink']:.3f} s; shrink / restart: {med['shrink'] / m:.2f}")
     if "torchrun" in med:
         print(f"ours / torchrun: {m / med['torchrun']:.2f}, spare / torchrun: "
               f"{med['spare'] / med['torchrun']:.2f} (below 1: we recover faster)")

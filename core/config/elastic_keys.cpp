@@ -41,7 +41,13 @@ void elastic_keys(std::vector<KeyDesc>& out) {
              "(`--spare-workers`): when a rank dies the survivors stay in process and a spare "
              "takes its place with a peer's state, losing no step (DDP, ZeRO-1/2/3, context "
              "parallelism; docs/elastic.md, \"In-process recovery\"); 0: a failure restarts "
-             "the group from the last checkpoint");
+             "the group from the last checkpoint")
+      .key("shrink", &ElasticConfig::shrink,
+           "when a rank dies and no spare is left, the survivors go on without it in process "
+           "(DDP): gradient accumulation keeps the global batch where a whole number does, the "
+           "data is split again, and a fresh worker started in its place rejoins at a step "
+           "boundary once it is warm (docs/elastic.md, \"Shrink and grow\"); false: such a "
+           "failure restarts the group from the last checkpoint");
 }
 
 }  // namespace dnallm::config_detail

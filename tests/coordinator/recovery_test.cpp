@@ -7,6 +7,8 @@
 #include <chrono>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "coordinator/recovery.hpp"
 #include "coordinator/store.hpp"
 #include "core/config.hpp"
@@ -47,7 +49,59 @@ TEST(RecoveryRecordTest, RoundTripsThroughTheStore) {
   EXPECT_EQ(r.spare_id, 2);
   EXPECT_EQ(r.progress_file, "/tmp/progress.1");
   EXPECT_EQ(r.detected_unix_ms, 1'764'000'000'123);
+  EXPECT_EQ(r.kind, RecoveryKind::kSpare);
   EXPECT_EQ(recovery_comm_name(4, 2), "g4.r2");
+}
+
+// Note [Shrink and grow]: the kind round-trips; a record without one (an older launcher's) is a
+// spare's; an unknown one is refused.
+TEST(RecoveryRecordTest, KindsRoundTripAndAnUnknownOneIsRefused) {
+  for (const auto kind : {RecoveryKind::kSpare, RecoveryKind::kShrink, RecoveryKind::kGrow}) {
+    RecoveryRecord r = sample();
+    r.kind = kind;
+    EXPECT_EQ(RecoveryRecord::from_json(r.to_json(), "k").kind, kind) << recovery_kind_name(kind);
+  }
+  auto j = nlohmann::json::parse(sample().to_json());
+  j.erase("kind");
+  EXPECT_EQ(RecoveryRecord::from_json(j.dump(), "k").kind, RecoveryKind::kSpare);
+  j["kind"] = "teleport";
+  testing::expect_error([&] { RecoveryRecord::from_json(j.dump(), "recover/g1/3"); },
+                        ExitCode::kPeerFailed, {"recover/g1/3", "teleport"});
+}
+
+// Note [Shrink and grow]: a shrink drops a place, a grow appends it, a spare keeps it where it
+// was; ranks are the places' indices.
+TEST(MembershipTest, ReplaysShrinksSparesAndGrowsInOrder) {
+  InMemoryStore store;
+  const auto announce = [&](RecoveryKind kind, int place) {
+    RecoveryRecord r = sample();
+    r.kind = kind;
+    r.rank = place;
+    return announce_recovery(store, 1, r);
+  };
+  EXPECT_EQ(membership_after(store, 1, 4, 0).places, (std::vector<int>{0, 1, 2, 3}));
+  announce(RecoveryKind::kShrink, 0);  // rank 0 died, no spare: 1, 2, 3 become ranks 0-2
+  auto m = membership_after(store, 1, 4, 1);
+  EXPECT_EQ(m.places, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(m.world(), 3);
+  EXPECT_EQ(m.rank_of(1), 0);
+  EXPECT_EQ(m.rank_of(0), -1);
+  announce(RecoveryKind::kSpare, 2);  // place 2's process died; a spare holds rank 1 now
+  EXPECT_EQ(membership_after(store, 1, 4, 2).places, (std::vector<int>{1, 2, 3}));
+  announce(RecoveryKind::kGrow, 0);  // place 0 returns, last
+  m = membership_after(store, 1, 4, 3);
+  EXPECT_EQ(m.places, (std::vector<int>{1, 2, 3, 0}));
+  EXPECT_EQ(m.rank_of(0), 3);
+  // Up to a record: the ones after it do not count.
+  EXPECT_EQ(membership_after(store, 1, 4, 1).places, (std::vector<int>{1, 2, 3}));
+}
+
+TEST(MembershipTest, AccumulationKeepsTheGlobalBatchWhereAWholeNumberDoes) {
+  EXPECT_EQ(accum_for_world(3, 4, 3), 4);  // 12 micro-batches a step either way
+  EXPECT_EQ(accum_for_world(3, 4, 4), 3);
+  EXPECT_EQ(accum_for_world(1, 2, 1), 2);
+  EXPECT_EQ(accum_for_world(1, 4, 3), 1);  // no whole number: the batch changes
+  EXPECT_EQ(accum_for_world(2, 3, 6), 1);  // a group larger than it began
 }
 
 TEST(RecoveryRecordTest, AnUnreadableRecordIsRefusedNamingItsKey) {
@@ -103,6 +157,20 @@ TEST(InProcessRecoveryUnsupportedTest, SaysWhyForWhatItCannotRecover) {
   c = Config{};
   c.training.batch_size = cfg::BatchSize::kAuto;
   EXPECT_NE(in_process_recovery_unsupported(c).find("auto"), std::string::npos);
+}
+
+// Note [Shrink and grow]: DDP only; a shard or a context group cannot change shape in process.
+TEST(InProcessRecoveryUnsupportedTest, ShrinkSaysWhyForZeroAndContextParallelism) {
+  Config c;
+  EXPECT_EQ(shrink_unsupported(c), "");
+  c.parallel.zero_stage = 1;
+  EXPECT_NE(shrink_unsupported(c).find("zero_stage = 1"), std::string::npos);
+  c = Config{};
+  c.parallel.context_parallel = 2;
+  EXPECT_NE(shrink_unsupported(c).find("context_parallel"), std::string::npos);
+  c = Config{};
+  c.parallel.backend = cfg::Backend::kMpi;
+  EXPECT_NE(shrink_unsupported(c).find("mpi"), std::string::npos);
 }
 
 }  // namespace

@@ -55,6 +55,18 @@ TEST(LaunchCli, BadUsageExitsTwoWithOneLine) {
   }
 }
 
+// Note [Shrink and grow]: DDP only; the refusal says why and what to do instead.
+TEST(LaunchCli, ShrinkUnderZeroOrContextParallelismIsRefused) {
+  for (const char* set : {"parallel.zero_stage=1", "parallel.context_parallel=2"}) {
+    LaunchResult r = run_launch(
+        {"--nproc-per-node", "2", "--set", "elastic.shrink=true", "--set", set, "--", "/bin/true"});
+    EXPECT_EQ(r.exit_code, 2) << set << ": " << r.err;
+    EXPECT_EQ(split_lines(r.err).size(), 1u) << r.err;
+    EXPECT_NE(r.err.find("elastic.shrink"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("spares keep"), std::string::npos) << r.err;
+  }
+}
+
 TEST(LaunchCli, PrintsResolvedConfig) {
   LaunchResult r = run_launch({"--set", "parallel.backend=gloo", "--print-config"});
   EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -361,6 +361,60 @@ TEST(LocalWorkerGroup, ARefusedHandOverIsAFailure) {
   EXPECT_EQ(spawner.record(2).signals, std::vector<int>{SIGTERM});  // the spare was stopped too
 }
 
+// Note [Shrink and grow]: rank 1 is killed with no spare; the group goes on without it and
+// starts a spare in its stead (its spec, with DNALLM_SPARE_ID), which is asked about every tick
+// until it returns to place 1 and then ends with the group.
+TEST(LocalWorkerGroup, WithoutASpareTheGroupShrinksAndAReturningSpareGrowsItBack) {
+  FakeSpawner spawner([](const WorkerSpec& s, int index) {
+    if (index == 1) return killed_after(2, SIGKILL);  // rank 1
+    return s.spare_id >= 0 ? exits_after(20, 0) : exits_after(15, 0);
+  });
+  FakeStopSignals signals;
+  GroupOptions o = fast();
+  std::vector<int> shrunk;
+  int asked = 0;
+  std::vector<std::pair<int, int>> grown;  // (place, spare)
+  o.shrink = [&](const WorkerFailure& f) {
+    shrunk.push_back(f.rank);
+    return true;
+  };
+  o.grow = [&](int place, int local_rank, int spare) {
+    EXPECT_EQ(local_rank, 1);
+    if (++asked < 3) return false;  // not warm yet
+    grown.emplace_back(place, spare);
+    return true;
+  };
+  LocalWorkerGroup group(spawner, signals, o);
+  GenerationResult r = group.run(specs(2));
+  EXPECT_EQ(r.outcome, GenerationOutcome::kSucceeded);
+  EXPECT_TRUE(r.failures.empty());
+  EXPECT_EQ(shrunk, std::vector<int>{1});
+  EXPECT_EQ(asked, 3);
+  EXPECT_EQ(grown, (std::vector<std::pair<int, int>>{{1, 0}}));
+  ASSERT_EQ(spawner.spawned(), 3u);
+  EXPECT_EQ(spawner.record(2).spec.spare_id, 0);
+  EXPECT_EQ(spawner.record(2).spec.env,
+            (std::vector<std::string>{"RESTART=0", "DNALLM_SPARE_ID=0"}));
+  // It was a rank when the others ended: the group waited for it instead of stopping it.
+  EXPECT_TRUE(spawner.record(2).signals.empty());
+  EXPECT_TRUE(spawner.record(0).signals.empty());
+}
+
+// A shrink refused (the store unreachable) is a failure as before.
+TEST(LocalWorkerGroup, ARefusedShrinkIsAFailure) {
+  FakeSpawner spawner([](const WorkerSpec& s, int) {
+    return s.rank == 1 ? killed_after(2, SIGKILL) : runs_forever();
+  });
+  FakeStopSignals signals;
+  GroupOptions o = fast();
+  o.shrink = [](const WorkerFailure&) { return false; };
+  o.grow = [](int, int, int) { return true; };
+  LocalWorkerGroup group(spawner, signals, o);
+  GenerationResult r = group.run(specs(2));
+  ASSERT_EQ(r.outcome, GenerationOutcome::kWorkerFailed);
+  EXPECT_EQ(spawner.spawned(), 2u);
+}
+
 TEST(ExitCodePolicy, Table) {
   struct Case {
     std::vector<WorkerExit> exits;

@@ -109,6 +109,18 @@ void DataLoader::reset(const SamplerState& state, std::optional<uint64_t> first_
   start();
 }
 
+void DataLoader::reshard(int rank, int world_size, int64_t grad_accum_steps,
+                         const SamplerState& state, std::optional<uint64_t> first_step) {
+  stop();
+  LoaderOptions o = options_;
+  o.rank = rank;
+  o.world_size = world_size;
+  o.grad_accum_steps = grad_accum_steps;
+  sampler_ = DistributedSampler(sampler_options(o, dataset_->size()));
+  options_ = o;
+  reset(state, first_step);
+}
+
 void DataLoader::rewind() {
   reset(SamplerState{options_.seed, dataset_->size(), 0, options_.shuffle});
 }

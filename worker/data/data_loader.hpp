@@ -116,6 +116,11 @@ class DataLoader {
   // warm-up]), for a training loader moved to another step.
   void reset(const SamplerState& state, std::optional<uint64_t> first_step = std::nullopt);
 
+  // Note [Shrink and grow]: this loader becomes rank `rank`'s of `world_size`, accumulating
+  // `grad_accum_steps` micro-batches a step, from `state` (a step boundary, as reset()).
+  void reshard(int rank, int world_size, int64_t grad_accum_steps, const SamplerState& state,
+               std::optional<uint64_t> first_step = std::nullopt);
+
   // reset() to the start of the stream (cursor 0): re-runs an evaluation from its first batch.
   void rewind();
 

@@ -79,7 +79,8 @@ checkpoint::TrainState make_train_state(Trainer& trainer, const Config& config,
   // keep_global_batch() compares, whatever the context-parallel degree was.
   s.world_size = world / static_cast<int>(config.parallel.context_parallel);
   s.micro_batch_size = config.training.micro_batch_size;
-  s.grad_accum_steps = config.training.grad_accum_steps;
+  // The trainer's: a group that shrank accumulates more (Note [Shrink and grow]).
+  s.grad_accum_steps = trainer.config().training.grad_accum_steps;
   s.zero_stage = world > 1 ? static_cast<int>(config.parallel.zero_stage) : 0;
   for (const auto& e : trainer.flat().entries()) s.layout.push_back({e.name, e.offset, e.shape});
   // What dnallm-ckpt export writes as config.json: the same file as the trainer's export.

@@ -19,6 +19,9 @@ class LoaderSource final : public BatchSource {
   void rewind() override {
     if (loader_->state().consumed_samples != start_.consumed_samples) loader_->reset(start_);
   }
+  void reshard(int rank, int world_size) override {
+    loader_->reshard(rank, world_size, loader_->options().grad_accum_steps, start_);
+  }
   uint64_t samples_per_epoch() const override { return loader_->dataset_size(); }
   double data_wait_s() const override { return loader_->data_wait_s(); }
   data::DataLoader& loader() { return *loader_; }

@@ -4,11 +4,14 @@
 #include <future>
 #include <thread>
 
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 
 #include "coordinator/store.hpp"
 #include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "worker/parallel/process_group.hpp"
 #include "worker/tensor_buffer.hpp"
 #include "worker/train/preemption.hpp"
@@ -124,6 +127,10 @@ std::optional<SparePlace> wait_for_place(const WorkerEnv& env) {
   auto client = coordinator_client(*env.master_addr, *env.master_port, env.job_token);
   coordinator::Store& store = *client;
   const std::string key = coordinator::spare_key(*env.generation, *env.spare_id);
+  // Note [Shrink and grow]: a spare started in a dead rank's stead is given its place back
+  // only once it is ready.
+  store.set(coordinator::spare_ready_key(*env.generation, *env.spare_id),
+            coordinator::to_bytes(std::to_string(::getpid())));
   spdlog::info("spare {}: ready; waiting for a rank's place (generation {})", *env.spare_id,
                *env.generation);
   while (Preemption::signal_received() == 0) {
@@ -132,19 +139,42 @@ std::optional<SparePlace> wait_for_place(const WorkerEnv& env) {
       const auto assigned = Clock::now();
       const int64_t n = std::stoll(coordinator::to_string(*v));
       const std::string record_key = coordinator::recovery_key(*env.generation, n);
-      return SparePlace{
-          coordinator::RecoveryRecord::from_json(
-              coordinator::to_string(store.get(record_key, std::chrono::seconds(10))), record_key),
-          assigned, nullptr};
+      SparePlace place;
+      place.record = coordinator::RecoveryRecord::from_json(
+          coordinator::to_string(store.get(record_key, std::chrono::seconds(10))), record_key);
+      place.assigned = assigned;
+      place.initial_world = env.world_size.value_or(1);
+      place.membership =
+          coordinator::membership_after(store, *env.generation, place.initial_world, n);
+      return place;
     }
   }
   spdlog::info("spare {}: stopped before it was needed", *env.spare_id);
   return std::nullopt;
 }
 
-void take_place(const coordinator::RecoveryRecord& record,
-                std::map<std::string, std::string>& process_env, WorkerEnv& env) {
-  env.rank = record.rank;
+namespace {
+
+// Note [Shrink and grow]: `env` and `config` at the place's rank in `m`.
+void move_to_place(const SparePlace& spare, const coordinator::Membership& m, WorkerEnv& env,
+                   Config& config) {
+  const int rank = m.rank_of(spare.record.rank);
+  DNALLM_CHECK(rank >= 0, ExitCode::kPeerFailed,
+               "recovery {} gives place {} to this spare, but the group after it has no such "
+               "place (a bug; please report it)",
+               spare.record.number, spare.record.rank);
+  env.rank = rank;
+  env.world_size = m.world();
+  config.training.grad_accum_steps =
+      coordinator::accum_for_world(spare.initial_accum, spare.initial_world, m.world());
+}
+
+}  // namespace
+
+void take_place(const SparePlace& spare, std::map<std::string, std::string>& process_env,
+                WorkerEnv& env, Config& config) {
+  const auto& record = spare.record;
+  move_to_place(spare, spare.membership, env, config);
   env.local_rank = record.local_rank;
   env.progress_file = record.progress_file;
   env.spare_id.reset();
@@ -188,9 +218,9 @@ std::unique_ptr<comm::Communicator> connect_recovery_group(
 
 }  // namespace
 
-comm::ProcessGroup join_as_spare(const Config& config, const WorkerEnv& env,
-                                 const cluster::Topology& topo, const parallel::RankDevice& device,
-                                 coordinator::RecoveryRecord& record) {
+comm::ProcessGroup join_as_spare(Config& config, WorkerEnv& env, cluster::Topology& topo,
+                                 const parallel::RankDevice& device, SparePlace& spare) {
+  coordinator::RecoveryRecord& record = spare.record;
   std::shared_ptr<coordinator::Store> store =
       coordinator_client(topo.master_addr, topo.master_port, env.job_token);
   const int64_t generation = *env.generation;
@@ -208,6 +238,11 @@ comm::ProcessGroup join_as_spare(const Config& config, const WorkerEnv& env,
       if (newest <= record.number) throw;
       spdlog::warn("spare: {} ({}); joining recovery {}", name, e.what(), newest);
       record.number = newest;
+      spare.membership =
+          coordinator::membership_after(*store, generation, spare.initial_world, newest);
+      move_to_place(spare, spare.membership, env, config);
+      topo.rank = *env.rank;
+      topo.world_size = *env.world_size;
     }
   }
 }
@@ -226,6 +261,7 @@ void InProcessRecovery::install(TrainerOptions& options) {
     marked_step_ = t.step();
     // Note [Buddy copies]: the state the run starts from is the first commit.
     if (sharded_ && committed_ < 0) commit(t);
+    if (o_.comm->world_size() < o_.initial_world) maybe_grow(t);
   });
   options.recover = [this](Trainer& t) { return recover(t); };
   options.after_step.push_back(
@@ -251,12 +287,112 @@ std::optional<coordinator::RecoveryRecord> InProcessRecovery::wait_for_record() 
 }
 
 void InProcessRecovery::reform(const coordinator::RecoveryRecord& record) {
-  const std::string name = coordinator::recovery_comm_name(*o_.env.generation, record.number);
-  o_.comm->replace(
-      connect_recovery_group(*o_.config, o_.env, o_.topo, o_.device, o_.store, record.number),
-      name);
+  const int64_t generation = *o_.env.generation;
+  const std::string name = coordinator::recovery_comm_name(generation, record.number);
+  // Note [Shrink and grow]: this place's rank in the group after the record.
+  const auto m =
+      coordinator::membership_after(*o_.store, generation, o_.initial_world, record.number);
+  const int rank = m.rank_of(o_.place);
+  DNALLM_CHECK(rank >= 0, ExitCode::kPeerFailed,
+               "recovery {} of generation {} gave up this rank's place {} while it lived",
+               record.number, generation, o_.place);
+  resized_ = rank != o_.topo.rank || m.world() != o_.topo.world_size;
+  if (resized_ && (sharded_ || o_.reform_groups)) {
+    throw StateLost(
+        ExitCode::kPeerFailed,
+        fmt::format("in-process recovery: the group goes from {} to {} ranks, which ZeRO shards "
+                    "and context groups cannot follow in process; the generation restarts from "
+                    "its last checkpoint",
+                    o_.topo.world_size, m.world()));
+  }
+  previous_rank_ = o_.topo.rank;
+  o_.topo.rank = rank;
+  o_.topo.world_size = m.world();
+  o_.env.rank = rank;
+  o_.env.world_size = m.world();
+  auto backend =
+      connect_recovery_group(*o_.config, o_.env, o_.topo, o_.device, o_.store, record.number);
+  if (resized_) {
+    o_.comm->resize(std::move(backend), name);
+  } else {
+    o_.comm->replace(std::move(backend), name);
+  }
   if (o_.reform_groups) o_.reform_groups(*o_.comm, name);
   recoveries_ = record.number;
+  reformed_at_ = Clock::now();
+}
+
+void InProcessRecovery::regroup(Trainer& t) {
+  const int rank = o_.comm->rank(), world = o_.comm->world_size();
+  const int64_t accum = coordinator::accum_for_world(o_.initial_accum, o_.initial_world, world);
+  const int64_t micro = o_.config->training.micro_batch_size;
+  if (accum * world != o_.initial_accum * o_.initial_world) {
+    spdlog::warn(
+        "the group now has {} ranks: no gradient accumulation keeps the global batch of {} "
+        "micro-batches (it becomes {} x {} = {} sequences)",
+        world, o_.initial_accum * o_.initial_world, accum * world, micro, accum * world * micro);
+  }
+  spdlog::warn("rank {} of {} now (was rank {}): {} micro-batch(es) a step", rank, world,
+               previous_rank_, accum);
+  set_log_identity(rank);
+  t.regroup(accum);
+  if (rank == 0 && previous_rank_ != 0) {
+    // It takes over from a rank 0 that died: the lines that one wrote are not written again.
+    if (!o_.config->logging.metrics_file.empty()) {
+      logged_through_ =
+          std::max(logged_through_, last_logged_step(o_.config->logging.metrics_file));
+      t.set_logged_through(logged_through_);
+    }
+    if (o_.on_rank_zero) o_.on_rank_zero();
+  }
+}
+
+void InProcessRecovery::maybe_grow(Trainer& t) {
+  const int64_t generation = *o_.env.generation;
+  const int64_t next = recoveries_ + 1;
+  coordinator::Store& store = *o_.store;
+  // Rank 0 picks the step (Note [Shrink and grow] step 3); one that ends the run is none.
+  if (o_.comm->rank() == 0 && grow_at_ < next && t.step() + 1 < t.total_steps() &&
+      coordinator::latest_recovery(store, generation) >= next) {
+    const std::string key = coordinator::recovery_key(generation, next);
+    if (const auto text = store.try_get(key)) {
+      if (coordinator::RecoveryRecord::from_json(coordinator::to_string(*text), key).kind ==
+          coordinator::RecoveryKind::kGrow) {
+        store.set(coordinator::grow_step_key(generation, next),
+                  coordinator::to_bytes(std::to_string(t.step() + 1)));
+        grow_at_ = next;
+      }
+    }
+  }
+  const auto at = store.try_get(coordinator::grow_step_key(generation, next));
+  if (!at || std::stoll(coordinator::to_string(*at)) != t.step()) return;
+  const std::string key = coordinator::recovery_key(generation, next);
+  const auto record = coordinator::RecoveryRecord::from_json(
+      coordinator::to_string(store.get(key, std::chrono::seconds(10))), key);
+  const auto announced = Clock::now();
+  spdlog::info("recovery {}: {}; the group grows at step {}", record.number, record.reason,
+               t.step() + 1);
+  int source = 0;
+  const int64_t bytes = rejoin(t, record, source);
+  const auto transferred = Clock::now();
+  report(t, record, source, bytes, {0.0, seconds_between(announced, transferred), 0.0},
+         transferred);
+}
+
+int64_t InProcessRecovery::rejoin(Trainer& t, const coordinator::RecoveryRecord& record,
+                                  int& source) {
+  reform(record);
+  DNALLM_CHECK(
+      t.sync().abandon_step(), ExitCode::kFailure,
+      "in-process recovery: the gradient engine cannot drop a step (a bug; please report it)");
+  if (resized_) regroup(t);
+  const int64_t bytes = exchange_state(t, /*holds_state=*/true, source);
+  if (resized_) {
+    // The new rank's share of the same global batches, from the step the state is at.
+    o_.loader->reshard(o_.comm->rank(), o_.comm->world_size(), t.config().training.grad_accum_steps,
+                       o_.loader->state(), static_cast<uint64_t>(t.step()));
+  }
+  return bytes;
 }
 
 torch::Tensor InProcessRecovery::state_header(Trainer& t, int64_t steps_done) const {
@@ -269,7 +405,7 @@ torch::Tensor InProcessRecovery::state_header(Trainer& t, int64_t steps_done) co
   h[StateHeader::kSkipped] = double(t.loss_scaler().skipped_steps());
   h[StateHeader::kBest] = t.best_value();
   h[StateHeader::kCursor] = double(cursor_after(steps_done).consumed_samples);
-  h[StateHeader::kAccum] = double(o_.config->training.grad_accum_steps);
+  h[StateHeader::kAccum] = double(t.config().training.grad_accum_steps);
   h[StateHeader::kLoss] = t.last_step().loss;
   h[StateHeader::kLr] = t.last_step().lr;
   h[StateHeader::kGradNorm] = t.last_step().grad_norm;
@@ -305,11 +441,11 @@ void InProcessRecovery::apply_header(Trainer& t, const torch::Tensor& header, in
                                      int source) {
   comm::Communicator& comm = *o_.comm;
   const auto h = header.accessor<double, 1>();
-  DNALLM_CHECK(h[StateHeader::kAccum] == double(o_.config->training.grad_accum_steps),
+  DNALLM_CHECK(h[StateHeader::kAccum] == double(t.config().training.grad_accum_steps),
                ExitCode::kFailure,
                "in-process recovery: rank {} accumulates {} micro-batches a step, the source rank "
                "{} {} (training.keep_global_batch resolved otherwise); restart the job",
-               comm.rank(), o_.config->training.grad_accum_steps, source, h[StateHeader::kAccum]);
+               comm.rank(), t.config().training.grad_accum_steps, source, h[StateHeader::kAccum]);
   const auto step = static_cast<int64_t>(h[StateHeader::kStep]);
   // Note [Buddy copies]: a rank 0 that goes back to an earlier step does not log the steps it
   // logged again (they are run again bit for bit).
@@ -544,8 +680,10 @@ bool InProcessRecovery::recover(Trainer& t) {
         "the state of the broken step is unknown; the generation restarts");
     return false;
   }
-  spdlog::warn("step {} broke off: a peer failed; waiting for a spare to take its place",
-               t.step() + 1);
+  spdlog::warn(
+      "step {} broke off: a peer failed; waiting for a spare to take its place (or, with "
+      "elastic.shrink, for the group to go on without it)",
+      t.step() + 1);
   if (o_.abandon_saves) o_.abandon_saves();
   // Closing this rank's connections fails at once the collectives that other survivors still
   // wait in with it (one in another group's operation, or in an earlier one, would otherwise
@@ -563,13 +701,9 @@ bool InProcessRecovery::recover(Trainer& t) {
     }
     const auto announced = Clock::now();
     try {
-      reform(*record);
-      DNALLM_CHECK(
-          t.sync().abandon_step(), ExitCode::kFailure,
-          "in-process recovery: the gradient engine cannot drop a step (a bug; please report it)");
-      const auto reformed = Clock::now();
       int source = 0;
-      const int64_t bytes = exchange_state(t, /*holds_state=*/true, source);
+      const int64_t bytes = rejoin(t, *record, source);
+      const auto reformed = reformed_at_;
       const auto transferred = Clock::now();
       spdlog::warn(
           "recovery {}: {}; re-formed in {:.3f} s, state of step {} from rank {} ({} bytes) in "
@@ -605,8 +739,10 @@ void InProcessRecovery::join(Trainer& t, const coordinator::RecoveryRecord& reco
   const int64_t bytes = exchange_state(t, /*holds_state=*/false, source);
   const auto transferred = Clock::now();
   spdlog::warn(
-      "spare: took rank {}'s place ({}) at step {}: state from rank {} ({} bytes) in {:.3f} s",
-      record.rank, record.reason, t.step(), source, bytes, seconds_between(assigned, transferred));
+      "spare: took place {} as rank {} of {} ({}) at step {}: state from rank {} ({} bytes) in "
+      "{:.3f} s",
+      record.rank, o_.comm->rank(), o_.comm->world_size(), record.reason, t.step(), source, bytes,
+      seconds_between(assigned, transferred));
   // Joined and received together: the whole of it counts as re-forming.
   report(t, record, source, bytes, {0.0, seconds_between(assigned, transferred), 0.0}, transferred);
 }
@@ -617,7 +753,7 @@ void InProcessRecovery::report(const Trainer& t, const coordinator::RecoveryReco
   if (o_.comm->rank() != 0) return;
   nlohmann::ordered_json e;
   e["event"] = "restart";
-  e["kind"] = "spare";
+  e["kind"] = coordinator::recovery_kind_name(record.kind);
   e["generation"] = *o_.env.generation;
   e["recovery"] = record.number;
   e["dead_rank"] = record.rank;
@@ -625,6 +761,8 @@ void InProcessRecovery::report(const Trainer& t, const coordinator::RecoveryReco
   e["reason"] = record.reason;
   e["step"] = t.step() + 1;
   e["steps_lost"] = 0;
+  e["world_size"] = o_.comm->world_size();
+  e["grad_accum_steps"] = t.config().training.grad_accum_steps;
   e["source_rank"] = source;
   e["bytes"] = bytes;
   e["abort_s"] = phases.abort_s;

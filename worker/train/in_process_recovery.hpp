@@ -44,7 +44,8 @@
 //      first_step_s, and total_s from the agent's detection to the end of that step.
 // Where this cannot hold, the worker keeps today's behaviour (exit 4; the agent restarts the
 // generation from the last checkpoint): sync-free steps (their update precedes the last
-// collective), the MPI backend (it cannot abort), no spare left, a dead rank whose buddy died
+// collective), the MPI backend (it cannot abort), no spare left (without elastic.shrink: Note
+// [Shrink and grow]), a dead rank whose buddy died
 // too (ZeRO), a third broken attempt. A failure in the evaluation or a checkpoint save goes on
 // without them (DDP) or runs the step again (ZeRO). Sub-groups of the world (the context
 // group) are split again after the re-form (RecoveryOptions::reform_groups); a group whose
@@ -74,6 +75,37 @@
 // Cost: host memory 2 slots x (own + buddy) x 3 x 4 bytes a shard element = 48 x P / world
 // bytes for P trainable parameters; each step copies 12 x P / world bytes to the host and sends
 // as many to the next rank, then one barrier (docs/elastic.md has the figures).
+//
+// Note [Shrink and grow]
+// elastic.shrink = true: a rank that dies when no spare is left costs no step either; the
+// survivors go on without it (DDP only: under ZeRO or context parallelism a shard or a context
+// group would change shape, and the generation restarts as before).
+//   1. Places. Every process of a generation has a place, the rank it was started as. The
+//      agent announces a record for a place: kSpare (a spare takes it), kShrink (it is given
+//      up) or kGrow (a spare returns to it). The group after recovery n is
+//      coordinator::membership_after(n): a shrink drops the place, a grow appends it, a spare
+//      keeps its position; a process's rank is its place's index, the world the places' count.
+//      So only a rank above a dead one moves, and rank 0 only when rank 0 died.
+//   2. Shrink. Steps 3-5 of Note [In-process recovery], with the new rank and world: the world
+//      communicator is resized (ReformableCommunicator::resize), gradient accumulation becomes
+//      coordinator::accum_for_world (the global batch is kept where a whole number does it, as
+//      a resume at another world size keeps it), the training loader takes the new rank's
+//      share of the same global batches (DataLoader::reshard: the global sample stream does
+//      not depend on the world size), the evaluation data is split again, and a rank that
+//      becomes rank 0 takes over the metrics file and the checkpoint directory's lock
+//      (Trainer::regroup, RecoveryOptions::on_rank_zero). The step in flight is run again by the
+//      smaller group on the same samples: no step is lost, but the run is not bit-identical
+//      (other ranks sum other rows, and dropout seeds follow the rank).
+//   3. Grow. The agent starts a fresh worker in the dead one's stead, as a spare; once it waits,
+//      warm (its ready key), the agent announces a kGrow record for the place. Nobody failed, so
+//      the group takes it at a step boundary all ranks agree on: rank 0, at the start of a
+//      step S + 1, sees the record and writes its grow step S + 1 (grow_step_key); every
+//      rank looks for that key at each step boundary while the group is smaller than it began
+//      (one store read a step) and grows at the boundary after S + 1 steps. No rank can pass
+//      that boundary unseen: finishing step S + 1 needs rank 0's part in its all-reduce, which
+//      comes after the key was written. The joiner gets the state as a spare does (step 5).
+//   4. Report. The restart event's kind is "shrink" or "grow", with the world size and gradient
+//      accumulation after it.
 #pragma once
 
 #include <chrono>
@@ -115,20 +147,27 @@ struct SparePlace {
   // The training set, opened while the spare waited (the same on every rank): the loader of
   // the place it takes only cuts its shard.
   std::shared_ptr<const data::Dataset> train_set;
+  // Note [Shrink and grow]: the generation's first world size and gradient accumulation.
+  int initial_world = 1;
+  int64_t initial_accum = 1;
+  coordinator::Membership membership;  // the group after `record`
 };
 std::optional<SparePlace> wait_for_place(const WorkerEnv& env);
-// The worker environment of the rank whose place `record` gives: RANK, LOCAL_RANK and the
-// progress file written over `process_env` and `env`; no longer a spare.
-void take_place(const coordinator::RecoveryRecord& record,
-                std::map<std::string, std::string>& process_env, WorkerEnv& env);
+// The worker environment of the rank whose place `spare.record` gives: RANK and WORLD_SIZE
+// (Note [Shrink and grow]: the place's index and count after the record), LOCAL_RANK and the
+// progress file written over `process_env` and `env`; no longer a spare. `config` accumulates
+// as the group after the record does.
+void take_place(const SparePlace& spare, std::map<std::string, std::string>& process_env,
+                WorkerEnv& env, Config& config);
 
 // A spare given `record`'s place joins the re-formed group (step 4) with the survivors. When
 // that group gives way to a later recovery (a rank died while it formed: two deaths at once),
-// it joins the newest one instead, as the survivors do; `record.number` is then that one.
+// it joins the newest one instead, as the survivors do;
 // Collective with the survivors' reform(); blocking.
-comm::ProcessGroup join_as_spare(const Config& config, const WorkerEnv& env,
-                                 const cluster::Topology& topo, const parallel::RankDevice& device,
-                                 coordinator::RecoveryRecord& record);
+// `spare.record.number` is then that one; when the group changed size meanwhile (Note [Shrink
+// and grow]), `config`, `env` and `topo` are moved to the place's rank and world in it.
+comm::ProcessGroup join_as_spare(Config& config, WorkerEnv& env, cluster::Topology& topo,
+                                 const parallel::RankDevice& device, SparePlace& spare);
 
 struct RecoveryOptions {
   const Config* config = nullptr;
@@ -147,6 +186,13 @@ struct RecoveryOptions {
   // When a peer's failure is known: the sub-groups' backends destroyed (ReformableCommunicator::
   // abort), as the world's is; null: none.
   std::function<void()> abort_groups;
+  // Note [Shrink and grow]: this process's place, and the generation's first world size and
+  // gradient accumulation (a spare's: SparePlace's).
+  int place = 0;
+  int initial_world = 1;
+  int64_t initial_accum = 1;
+  // Called when a resize made this process rank 0 (the checkpoint directory's lock); null: none.
+  std::function<void()> on_rank_zero;
 };
 
 class InProcessRecovery {
@@ -175,6 +221,15 @@ class InProcessRecovery {
   torch::Tensor state_header(Trainer& trainer, int64_t steps_done) const;
   void apply_header(Trainer& trainer, const torch::Tensor& header, int64_t own_step, int source);
   void reform(const coordinator::RecoveryRecord& record);
+  // Note [Shrink and grow]: after a resize, the trainer and the loaders follow the new world.
+  void regroup(Trainer& trainer);
+  // Note [Shrink and grow] step 3, at each step boundary while the group is smaller than it began.
+  void maybe_grow(Trainer& trainer);
+  int64_t grow_at_ = -1;  // rank 0: the last recovery whose grow step it wrote
+  // reform(), the resize's regroup() and the state (step 5); the bytes exchanged.
+  int64_t rejoin(Trainer& trainer, const coordinator::RecoveryRecord& record, int& source);
+  int previous_rank_ = 0;                              // before the last reform()
+  std::chrono::steady_clock::time_point reformed_at_;  // when the last reform() ended
   StepAction after_step(Trainer& trainer, const StepResult& r);
   struct Phases {
     double abort_s = 0, reform_s = 0, transfer_s = 0;
@@ -191,6 +246,8 @@ class InProcessRecovery {
   // or its end when the failure came after it).
   data::SamplerState cursor_after(int64_t steps_done) const;
   int64_t recoveries_ = 0;  // the last recovery number this rank took part in
+  bool resized_ = false;    // the last reform() changed this rank's rank or world size
+  coordinator::RecoveryKind last_kind_ = coordinator::RecoveryKind::kSpare;
   // Note [Buddy copies]: parallel.zero_stage > 0. A copy is a step's header and this rank's
   // shard [parameters | exp_avg | exp_avg_sq] (fp32, host), in the slot of the step's parity.
   struct StateCopy {

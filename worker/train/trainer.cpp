@@ -107,12 +107,7 @@ Trainer::Trainer(Config config, models::LanguageModel model, std::unique_ptr<Bat
       options_.context ? options_.context->coordinates().data_world : sync_->world_size());
   schedule_ = optim::schedule_from_config(t, total_steps_);
 
-  if (sync_->rank() == 0) {
-    metrics_ = std::make_unique<MetricsWriter>(MetricsOptions{
-        config_.logging.metrics_file, options_.append_metrics, config_.logging.tensorboard_dir});
-    if (!metrics_->tensorboard_path().empty())
-      spdlog::info("TensorBoard events: {}", metrics_->tensorboard_path());
-  }
+  if (sync_->rank() == 0) open_metrics(options_.append_metrics);
   peak_tflops_ = config_.logging.peak_tflops > 0 ? config_.logging.peak_tflops
                                                  : known_peak_tflops(device_name(device_));
   reset_device_memory_peaks(device_);
@@ -129,6 +124,30 @@ Trainer::Trainer(Config config, models::LanguageModel model, std::unique_ptr<Bat
 }
 
 Trainer::~Trainer() = default;
+
+void BatchSource::reshard(int rank, int world_size) {
+  fail(ExitCode::kFailure, "internal: this batch source cannot become rank {}'s of {}", rank,
+       world_size);
+}
+
+void Trainer::open_metrics(bool append) {
+  metrics_ = std::make_unique<MetricsWriter>(
+      MetricsOptions{config_.logging.metrics_file, append, config_.logging.tensorboard_dir});
+  if (!metrics_->tensorboard_path().empty())
+    spdlog::info("TensorBoard events: {}", metrics_->tensorboard_path());
+}
+
+void Trainer::regroup(int64_t grad_accum_steps) {
+  DNALLM_CHECK(!options_.context, ExitCode::kFailure,
+               "internal: a context-parallel group cannot change size in process");
+  config_.training.grad_accum_steps = grad_accum_steps;
+  if (eval_) eval_->reshard(sync_->rank(), sync_->world_size());
+  if (sync_->rank() == 0 && !metrics_) {
+    open_metrics(/*append=*/true);
+  } else if (sync_->rank() != 0) {
+    metrics_.reset();
+  }
+}
 
 namespace {
 

@@ -93,6 +93,10 @@ class BatchSource {
   virtual uint64_t samples_per_epoch() const { return 0; }
   // Seconds the trainer has waited for batches so far.
   virtual double data_wait_s() const { return 0.0; }
+  // Note [Shrink and grow]: from now on the batches of rank `rank` of `world_size`, from the
+  // first batch (an evaluation source; the training loader is moved by the recovery). A source
+  // that cannot be split again throws Error(kFailure).
+  virtual void reshard(int rank, int world_size);
 };
 
 // Note [GradientSync] lives with the data-parallel engines (worker/parallel/gradient_sync.hpp).
@@ -256,6 +260,11 @@ class Trainer {
     best_value_ = value;
     best_read_ = true;
   }
+  // Note [Shrink and grow]: the world communicator was re-formed with another size: steps
+  // accumulate `grad_accum_steps` micro-batches from now on, the evaluation data is split for
+  // this rank's new place, and the metrics writer follows rank 0 (a rank that becomes rank 0
+  // appends to the file of the one before it). Training thread, at a step boundary.
+  void regroup(int64_t grad_accum_steps);
   // Metrics lines of steps up to `step` were already written by another rank 0 (one that
   // died after writing them): this rank 0 does not write them again. Training thread.
   void set_logged_through(int64_t step) { logged_through_ = step; }
@@ -344,6 +353,7 @@ class Trainer {
   void log_step(const StepResult& r, double global_tokens, const RunTotals& totals);
   void evaluate_at(int64_t step);
   void log_evaluation(int64_t step, const EvalResult& e);  // rank 0
+  void open_metrics(bool append);                          // rank 0
   // Note [Best checkpoint]: called on every rank after each evaluation; rank 0 decides whether
   // the model is the best so far and tells the others (sum_scalar), all export it. Collective.
   void keep_if_best(int64_t step, const EvalResult& e);

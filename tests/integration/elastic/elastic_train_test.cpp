@@ -97,7 +97,7 @@ class ElasticTrainTest : public ::testing::Test {
   void SetUp() override { dir_ = dnallm::testing::make_temp_dir("elastic_train"); }
 
   // dnallm-launch --standalone, 2 workers, the tiny deterministic model of the resume tests;
-  // `extra` flags after the others (e.g. --spare-workers 1).
+  // `extra` flags after the others (e.g. --spare-workers 1; a --set there wins).
   std::unique_ptr<AgentProcess> launch(const std::string& name,
                                        const std::vector<std::string>& extra = {}, int nproc = 2) {
     const std::string ckpt = dir_ + "/" + name + "_ckpt";
@@ -110,7 +110,6 @@ class ElasticTrainTest : public ::testing::Test {
     if (std::find(extra.begin(), extra.end(), "--max-restarts") == extra.end()) {
       argv.insert(argv.end(), {"--max-restarts", "2"});
     }
-    argv.insert(argv.end(), extra.begin(), extra.end());
     const std::vector<std::string> sets = {
         "model.hidden=32",
         "model.layers=2",
@@ -138,6 +137,7 @@ class ElasticTrainTest : public ::testing::Test {
       argv.push_back("--set");
       argv.push_back(s);
     }
+    argv.insert(argv.end(), extra.begin(), extra.end());  // after: its --set wins
     return std::make_unique<AgentProcess>(argv, std::vector<std::string>{"OMP_NUM_THREADS=1"},
                                           dir_ + "/" + name);
   }
@@ -488,6 +488,122 @@ TEST_F(ElasticTrainTest, ASpareThatDiesWhileWaitingLeavesTheCheckpointRestart) {
   EXPECT_NE(log.find("while waiting; 0 spare(s) left"), std::string::npos) << log;
   EXPECT_NE(log.find("generation 2"), std::string::npos) << log;
   EXPECT_NE(log.find("resumed from"), std::string::npos) << log;
+}
+
+// Note [Shrink and grow]: 4 ranks accumulating 3 micro-batches, elastic.shrink and no spare.
+// Rank 0 (the metrics writer and the checkpoint committer) is SIGKILLed at a random step; the 3
+// survivors go on in process as ranks 0-2 accumulating 4 (the global batch of 12 micro-batches
+// kept), a fresh worker started in its stead returns as rank 3 once warm, and the group
+// accumulates 3 again. The job finishes in generation 1 with one metrics line a step; the
+// steps before the kill equal the uninterrupted run's bit for bit, every later one within the
+// tolerance a resume at another world size meets (resume_test: 2e-5 of the loss, 2e-4 in any
+// parameter), and the two restart events say what happened. An evaluation every 5 steps
+// follows the group: one at 4 ranks (before the shrink or after the grow) scores the same rows
+// as the uninterrupted run's, within the same tolerance; one at 3 ranks scores fewer (the first
+// eval_batches x micro_batch_size x 3 rows).
+TEST_F(ElasticTrainTest, WithoutASpareTheGroupShrinksAndGrowsBack) {
+  const std::vector<std::string> accum3 = {
+      "--set", "training.grad_accum_steps=3", "--set", "data.eval_fraction=0.05",
+      "--set", "training.eval_steps=5",       "--set", "training.eval_batches=2"};
+  auto ref_agent = launch("ref", accum3, 4);
+  ASSERT_EQ(ref_agent->wait(240s), 0) << ref_agent->log();
+  const Metrics ref = read_metrics(dir_ + "/ref.jsonl");
+  ASSERT_EQ(ref.losses.size(), size_t(kSteps)) << ref_agent->log();
+
+  std::random_device rd;
+  int victim_rank = 0;
+  int64_t at_step = 3 + static_cast<int64_t>(rd() % 15);
+  if (const char* hit = std::getenv("ELASTIC_TRAIN_TEST_HIT")) {
+    long long step = 0;
+    ASSERT_EQ(std::sscanf(hit, "%d:%lld", &victim_rank, &step), 2) << hit;
+    at_step = step;
+  }
+  std::printf("killing rank %d once step %lld is logged (ELASTIC_TRAIN_TEST_HIT=%d:%lld)\n",
+              victim_rank, static_cast<long long>(at_step), victim_rank,
+              static_cast<long long>(at_step));
+  std::vector<std::string> extra = {"--max-restarts", "0", "--set", "elastic.shrink=true"};
+  extra.insert(extra.end(), accum3.begin(), accum3.end());
+  auto agent = launch("shrink", extra, 4);
+  const std::string metrics = dir_ + "/shrink.jsonl";
+  const auto deadline = std::chrono::steady_clock::now() + 180s;
+  int64_t killed_after = -1;
+  while (killed_after < 0 && std::chrono::steady_clock::now() < deadline) {
+    const Metrics m = read_metrics(metrics);
+    if (!m.losses.empty() && m.losses.rbegin()->first >= at_step) {
+      const pid_t victim = worker_of(agent->pid(), victim_rank);
+      ASSERT_GT(victim, 0) << agent->log();
+      ASSERT_EQ(::kill(victim, SIGKILL), 0);
+      killed_after = m.losses.rbegin()->first;
+      break;
+    }
+    ASSERT_EQ(agent->wait(0ms), -1) << "the job ended before the kill\n" << agent->log();
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_GT(killed_after, 0) << agent->log();
+  ASSERT_LT(killed_after + 3, kSteps) << "the run finished before the kill; slow the run down";
+  ASSERT_EQ(agent->wait(240s), 0) << agent->log();
+  const std::string log = agent->log();
+  EXPECT_EQ(log.find("generation 2"), std::string::npos) << "the group was restarted\n" << log;
+  EXPECT_NE(log.find("the others go on without it"), std::string::npos) << log;
+  EXPECT_NE(log.find("returns to it at the next step boundary"), std::string::npos) << log;
+
+  const Metrics m = read_metrics(metrics);
+  const auto restarts = m.events("restart");
+  ASSERT_EQ(restarts.size(), 2u) << log;
+  const auto& shrink = restarts[0];
+  EXPECT_EQ(shrink["kind"], "shrink") << shrink.dump();
+  EXPECT_EQ(shrink["dead_rank"], victim_rank) << shrink.dump();
+  EXPECT_EQ(shrink["world_size"], 3) << shrink.dump();
+  EXPECT_EQ(shrink["grad_accum_steps"], 4) << shrink.dump();
+  EXPECT_EQ(shrink["steps_lost"], 0) << shrink.dump();
+  const auto& grow = restarts[1];
+  EXPECT_EQ(grow["kind"], "grow") << grow.dump();
+  EXPECT_EQ(grow["world_size"], 4) << grow.dump();
+  EXPECT_EQ(grow["grad_accum_steps"], 3) << grow.dump();
+  EXPECT_GT(grow["step"].get<int64_t>(), shrink["step"].get<int64_t>()) << grow.dump();
+  const int64_t shrunk_at = shrink["step"].get<int64_t>();
+  double worst = 0;
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    ASSERT_EQ(m.losses.count(step), 1u) << "step " << step << "\n" << log;
+    const double loss = m.losses.find(step)->second, want = ref.losses.find(step)->second;
+    if (step < shrunk_at) {
+      EXPECT_EQ(loss, want) << "step " << step;
+    } else {
+      EXPECT_NEAR(loss, want, 2e-5 * std::abs(want)) << "step " << step;
+      worst = std::max(worst, std::abs(loss - want) / std::abs(want));
+    }
+  }
+  std::printf("largest relative loss difference from step %lld: %.3g\n",
+              static_cast<long long>(shrunk_at), worst);
+  const auto evals = m.events("eval"), ref_evals = ref.events("eval");
+  ASSERT_EQ(evals.size(), ref_evals.size()) << log;
+  ASSERT_EQ(evals.size(), size_t(kSteps / 5)) << log;
+  const int64_t grown_at = grow["step"].get<int64_t>();
+  for (size_t i = 0; i < evals.size(); ++i) {
+    const auto &e = evals[i], &want = ref_evals[i];
+    const int64_t step = e["step"].get<int64_t>();
+    ASSERT_EQ(step, want["step"].get<int64_t>());
+    if (step >= shrunk_at && step < grown_at) {
+      // 2 micro-batches of 6 rows on 3 ranks instead of 4: the first 36 rows, not 48.
+      EXPECT_GT(e["tokens"].get<int64_t>(), 0) << e.dump();
+      EXPECT_LT(e["tokens"].get<int64_t>(), want["tokens"].get<int64_t>()) << e.dump();
+    } else {
+      EXPECT_EQ(e["tokens"], want["tokens"]) << e.dump();
+      EXPECT_NEAR(e["loss"].get<double>(), want["loss"].get<double>(),
+                  2e-5 * std::abs(want["loss"].get<double>()))
+          << e.dump();
+    }
+  }
+  const auto want = final_params("ref"), got = final_params("shrink");
+  ASSERT_EQ(want.size(), got.size());
+  double diff = 0;
+  for (const auto& [key, v] : want) {
+    const auto& w = got.at(key);
+    ASSERT_EQ(v.size(), w.size()) << key;
+    for (size_t i = 0; i < v.size(); ++i) diff = std::max(diff, double(std::abs(v[i] - w[i])));
+  }
+  std::printf("largest parameter difference: %.3g\n", diff);
+  EXPECT_LT(diff, 2e-4);
 }
 
 }  // namespace
