@@ -119,6 +119,10 @@ def pid_of_rank(parent, rank, spare_mode, progress):
         return None
 
 
+def e_kind(events, i):
+    return events[i].get("kind") if i < len(events) else None
+
+
 def measure(name, cmd, env, metrics, kills, limit_s=300, spare_mode=False, ready=None,
             kill_log=None, wait_after=None):
     """ready(lines): whether the job may be killed now besides the checkpoint rule (torchft:
@@ -166,7 +170,10 @@ def measure(name, cmd, env, metrics, kills, limit_s=300, spare_mode=False, ready
                     # A spare's event follows the first step of the re-formed group (it carries
                     # that step); a restart's precedes the restarted group's first step line.
                     if spare_mode:
-                        e = events[restarts_before]  # a shrink's, not the grow after it
+                        e = events[restarts_before]
+                        if e.get("kind") == "grow":  # an earlier shrink's, written late
+                            restarts_before += 1
+                            continue
                         first, seen = e["step"], time.time()
                         moved.append(e["bytes"])
                         phases = (f" (agent detection -> step {e['total_s']:.3f} s: abort "
@@ -179,11 +186,22 @@ def measure(name, cmd, env, metrics, kills, limit_s=300, spare_mode=False, ready
                         moved.append(0)
                         break
                 time.sleep(0.001)
+            regrown = ""
+            if e_kind(events, restarts_before) == "shrink":
+                # The next kill waits for the grow back (Note [Shrink and grow]).
+                while not any(l.get("kind") == "grow" for l in
+                              [l for l in read_lines(metrics) if l.get("event") == "restart"]
+                              [restarts_before + 1:]):
+                    if proc.poll() is not None or time.time() > deadline:
+                        raise RuntimeError(f"{name}: no grow after kill {k + 1}; see "
+                                           f"{metrics}.log")
+                    time.sleep(0.01)
+                regrown = f", the group whole again after {time.time() - killed_at:.3f} s"
             times.append(seen - killed_at)
             lost.append(max(0, at_step - (first - 1)))
             print(f"{name:<9} kill {k + 1}: rank 1 at step {at_step}, resumed at step "
                   f"{first - 1}, first step after {times[-1]:.3f} s, steps lost {lost[-1]}, "
-                  f"bytes moved {moved[-1]}{phases if spare_mode else ''}", flush=True)
+                  f"bytes moved {moved[-1]}{phases if spare_mode else ''}{regrown}", flush=True)
         if wait_after is not None:
             wait_after()
     finally:
