@@ -221,10 +221,11 @@ int train_worker(const ConfigOptions& options, const std::string& profile) {
     if (!spare) return 0;
     spare->train_set = std::move(train_set);
     spare->initial_accum = config.training.grad_accum_steps;
-    train::take_place(*spare, process_env, env, config);
+    train::take_place(*spare, process_env, env);
   }
   // DESIGN.md order: torchrun variables, OpenMPI, Slurm, else one process.
   cluster::Topology topo = cluster::detect_topology(process_env);
+  if (spare) train::place_in_group(*spare, topo, config);
   set_log_identity(topo.rank);
   auto ckpt_lock =
       std::make_shared<std::optional<checkpoint::DirLock>>(lock_checkpoint_dir(config, topo.rank));

@@ -94,8 +94,8 @@ void InProcessRecovery::regroup(Trainer& t) {
   if (accum * world != o_.initial_accum * o_.initial_world) {
     spdlog::warn(
         "the group now has {} ranks: no gradient accumulation keeps the global batch of {} "
-        "micro-batches (it becomes {} x {} = {} sequences)",
-        world, o_.initial_accum * o_.initial_world, accum * world, micro, accum * world * micro);
+        "sequences; it is {} until the group is whole again",
+        world, o_.initial_accum * o_.initial_world * micro, accum * world * micro);
   }
   spdlog::warn("rank {} of {} now (was rank {}): {} micro-batch(es) a step", rank, world,
                previous_rank_, accum);
@@ -104,10 +104,11 @@ void InProcessRecovery::regroup(Trainer& t) {
   if (rank == 0 && previous_rank_ != 0) {
     // It takes over from a rank 0 that died: the lines that one wrote are not written again.
     if (!o_.config->logging.metrics_file.empty()) {
-      logged_through_ =
-          std::max(logged_through_, last_logged_step(o_.config->logging.metrics_file));
-      t.set_logged_through(logged_through_);
+      for (const auto& [kind, step] : last_logged_steps(o_.config->logging.metrics_file)) {
+        t.set_logged_through(step, kind);
+      }
     }
+    t.log_last_evaluation();
     if (o_.on_rank_zero) o_.on_rank_zero();
   }
 }
@@ -131,14 +132,33 @@ void InProcessRecovery::maybe_grow(Trainer& t) {
   }
   const auto at = store.try_get(coordinator::grow_step_key(generation, next));
   if (!at || std::stoll(coordinator::to_string(*at)) != t.step()) return;
-  const std::string key = coordinator::recovery_key(generation, next);
-  const auto record = coordinator::RecoveryRecord::from_json(
-      coordinator::to_string(store.get(key, std::chrono::seconds(10))), key);
+  const auto read_record = [&](int64_t number) {
+    const std::string key = coordinator::recovery_key(generation, number);
+    return coordinator::RecoveryRecord::from_json(
+        coordinator::to_string(store.get(key, std::chrono::seconds(10))), key);
+  };
+  auto record = read_record(next);
   const auto announced = Clock::now();
   spdlog::info("recovery {}: {}; the group grows at step {}", record.number, record.reason,
                t.step() + 1);
   int source = 0;
-  const int64_t bytes = rejoin(t, record, source);
+  int64_t bytes = 0;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      bytes = rejoin(t, record, source);
+      break;
+    } catch (const StateLost&) {
+      throw;
+    } catch (const std::exception& e) {
+      // A later recovery overtook this one (another grow, or a death while the group formed):
+      // every member goes to the newest, as a spare does (join_as_spare).
+      const int64_t newest = coordinator::latest_recovery(store, generation);
+      if (attempt >= kRecoveryAttempts || newest <= record.number) throw;
+      spdlog::warn("recovery {} broke off ({}); joining recovery {}", record.number, e.what(),
+                   newest);
+      record = read_record(newest);
+    }
+  }
   const auto transferred = Clock::now();
   report(t, record, source, bytes, {0.0, seconds_between(announced, transferred), 0.0},
          transferred);
@@ -214,10 +234,7 @@ void InProcessRecovery::apply_header(Trainer& t, const torch::Tensor& header, in
   const auto step = static_cast<int64_t>(h[StateHeader::kStep]);
   // Note [Buddy copies]: a rank 0 that goes back to an earlier step does not log the steps it
   // logged again (they are run again bit for bit).
-  if (comm.rank() == 0 && own_step > step) {
-    logged_through_ = std::max(logged_through_, own_step);
-    t.set_logged_through(logged_through_);
-  }
+  if (comm.rank() == 0 && own_step > step) t.set_logged_through(own_step);
   t.set_step(step);
   t.optimizer().set_steps(static_cast<int64_t>(h[StateHeader::kAdamSteps]));
   t.loss_scaler().restore(h[StateHeader::kRawScale],
@@ -322,8 +339,9 @@ void InProcessRecovery::join(Trainer& t, const coordinator::RecoveryRecord& reco
   // (join_process_group named it so): only the number is recorded here.
   recoveries_ = record.number;
   if (o_.comm->rank() == 0 && !o_.config->logging.metrics_file.empty()) {
-    logged_through_ = last_logged_step(o_.config->logging.metrics_file);
-    t.set_logged_through(logged_through_);
+    for (const auto& [kind, step] : last_logged_steps(o_.config->logging.metrics_file)) {
+      t.set_logged_through(step, kind);
+    }
   }
   int source = 0;
   const int64_t bytes = exchange_state(t, /*holds_state=*/false, source);

@@ -46,11 +46,12 @@
 // generation from the last checkpoint): sync-free steps (their update precedes the last
 // collective), the MPI backend (it cannot abort), no spare left (without elastic.shrink: Note
 // [Shrink and grow]), a dead rank whose buddy died
-// too (ZeRO), a third broken attempt. A failure in the evaluation or a checkpoint save goes on
-// without them (DDP) or runs the step again (ZeRO). Sub-groups of the world (the context
-// group) are split again after the re-form (RecoveryOptions::reform_groups); a group whose
-// forming a later recovery overtakes (a rank died meanwhile) gives way to it at once, and every
-// rank joins the newest recovery's group (coordinator::until_next_recovery, join_as_spare).
+// too (ZeRO), a third broken attempt. A failure in the evaluation or a checkpoint save makes
+// them again (DDP: every rank had completed the step) or runs the step again with them (ZeRO).
+// Sub-groups of the world (the context group) are split again after the re-form
+// (RecoveryOptions::reform_groups); a group whose forming a later recovery overtakes (a rank died
+// meanwhile) gives way to it at once, and every rank joins the newest recovery's group
+// (coordinator::until_next_recovery, join_as_spare).
 //
 // Note [Buddy copies]
 // Under ZeRO-1/2/3 a rank's range of the optimizer state and of the parameters (only it updates
@@ -153,20 +154,21 @@ struct SparePlace {
   coordinator::Membership membership;  // the group after `record`
 };
 std::optional<SparePlace> wait_for_place(const WorkerEnv& env);
-// The worker environment of the rank whose place `spare.record` gives: RANK and WORLD_SIZE
-// (Note [Shrink and grow]: the place's index and count after the record), LOCAL_RANK and the
-// progress file written over `process_env` and `env`; no longer a spare. `config` accumulates
-// as the group after the record does.
+// The worker environment of the rank whose place `spare.record` gives: RANK (the place), LOCAL_RANK
+// and the progress file written over `process_env` and `env`; no longer a spare.
 void take_place(const SparePlace& spare, std::map<std::string, std::string>& process_env,
-                WorkerEnv& env, Config& config);
+                WorkerEnv& env);
+// Note [Shrink and grow]: `topo` (detected from that environment) at the place's rank and world
+// in the group after the record, and `config` accumulating as that group does. The node's local
+// sizes stay the slots the launcher started.
+void place_in_group(const SparePlace& spare, cluster::Topology& topo, Config& config);
 
 // A spare given `record`'s place joins the re-formed group (step 4) with the survivors. When
 // that group gives way to a later recovery (a rank died while it formed: two deaths at once),
 // it joins the newest one instead, as the survivors do;
 // Collective with the survivors' reform(); blocking.
-// `spare.record.number` is then that one; when the group changed size meanwhile (Note [Shrink
-// and grow]), `config`, `env` and `topo` are moved to the place's rank and world in it.
-comm::ProcessGroup join_as_spare(Config& config, WorkerEnv& env, cluster::Topology& topo,
+// `spare.record.number` is then that one, and place_in_group() moves `topo` and `config` to it.
+comm::ProcessGroup join_as_spare(Config& config, const WorkerEnv& env, cluster::Topology& topo,
                                  const parallel::RankDevice& device, SparePlace& spare);
 
 struct RecoveryOptions {
@@ -257,7 +259,6 @@ class InProcessRecovery {
   bool sharded_ = false;
   StateCopy own_[2], buddy_[2];  // this rank's, and the rank before it's (rank - 1 mod world)
   int64_t committed_ = -1;       // the last step whose copies every rank had (the barrier)
-  int64_t logged_through_ = 0;   // rank 0: what set_logged_through() was given
   int64_t prev_numel_ = -1;      // the shard size of the rank before this one
   struct Pending {
     nlohmann::ordered_json event;

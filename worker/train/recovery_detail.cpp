@@ -57,15 +57,17 @@ bool wait_a_while(coordinator::Store& store, const std::string& key) {
   }
 }
 
-int64_t last_logged_step(const std::string& path) {
+std::map<std::string, int64_t> last_logged_steps(const std::string& path) {
   std::ifstream f(path);
   std::string line;
-  int64_t last = 0;
+  std::map<std::string, int64_t> last;
   while (std::getline(f, line)) {
     try {
       const auto j = nlohmann::json::parse(line);
-      if (!j.contains("event") && j.contains("step"))
-        last = std::max(last, j["step"].get<int64_t>());
+      const std::string kind = j.value("event", "");
+      if (kind != "restart" && j.contains("step") && j["step"].is_number_integer()) {
+        last[kind] = std::max(last[kind], j["step"].get<int64_t>());
+      }
     } catch (const std::exception&) {
       // a line cut short by the death of the rank that wrote it
     }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -73,8 +74,9 @@ double allreduce_max(comm::Communicator& comm, double value);
 inline constexpr auto kWaitSlice = std::chrono::milliseconds(100);
 bool wait_a_while(coordinator::Store& store, const std::string& key);
 
-// The last step of a metrics line (not an event) in `path`; 0 when there is none.
-int64_t last_logged_step(const std::string& path);
+// The last step of each kind of line in the metrics file `path` ("" for step lines, else the
+// event; restart events are not counted).
+std::map<std::string, int64_t> last_logged_steps(const std::string& path);
 
 // Step 4's group for recovery `number`. Connecting can block where no store wait sees a later
 // recovery (gloo retries a dead spare's published address until its timeout), so it runs on a

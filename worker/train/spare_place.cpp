@@ -47,28 +47,10 @@ std::optional<SparePlace> wait_for_place(const WorkerEnv& env) {
   return std::nullopt;
 }
 
-namespace {
-
-// Note [Shrink and grow]: `env` and `config` at the place's rank in `m`.
-void move_to_place(const SparePlace& spare, const coordinator::Membership& m, WorkerEnv& env,
-                   Config& config) {
-  const int rank = m.rank_of(spare.record.rank);
-  DNALLM_CHECK(rank >= 0, ExitCode::kPeerFailed,
-               "recovery {} gives place {} to this spare, but the group after it has no such "
-               "place (a bug; please report it)",
-               spare.record.number, spare.record.rank);
-  env.rank = rank;
-  env.world_size = m.world();
-  config.training.grad_accum_steps =
-      coordinator::accum_for_world(spare.initial_accum, spare.initial_world, m.world());
-}
-
-}  // namespace
-
 void take_place(const SparePlace& spare, std::map<std::string, std::string>& process_env,
-                WorkerEnv& env, Config& config) {
+                WorkerEnv& env) {
   const auto& record = spare.record;
-  move_to_place(spare, spare.membership, env, config);
+  env.rank = record.rank;
   env.local_rank = record.local_rank;
   env.progress_file = record.progress_file;
   env.spare_id.reset();
@@ -76,7 +58,19 @@ void take_place(const SparePlace& spare, std::map<std::string, std::string>& pro
   env.to_environment(process_env);
 }
 
-comm::ProcessGroup join_as_spare(Config& config, WorkerEnv& env, cluster::Topology& topo,
+void place_in_group(const SparePlace& spare, cluster::Topology& topo, Config& config) {
+  const int rank = spare.membership.rank_of(spare.record.rank);
+  DNALLM_CHECK(rank >= 0, ExitCode::kPeerFailed,
+               "recovery {} gives place {} to this spare, but the group after it has no such "
+               "place (a bug; please report it)",
+               spare.record.number, spare.record.rank);
+  topo.rank = rank;
+  topo.world_size = spare.membership.world();
+  config.training.grad_accum_steps = coordinator::accum_for_world(
+      spare.initial_accum, spare.initial_world, spare.membership.world());
+}
+
+comm::ProcessGroup join_as_spare(Config& config, const WorkerEnv& env, cluster::Topology& topo,
                                  const parallel::RankDevice& device, SparePlace& spare) {
   coordinator::RecoveryRecord& record = spare.record;
   std::shared_ptr<coordinator::Store> store =
@@ -98,9 +92,7 @@ comm::ProcessGroup join_as_spare(Config& config, WorkerEnv& env, cluster::Topolo
       record.number = newest;
       spare.membership =
           coordinator::membership_after(*store, generation, spare.initial_world, newest);
-      move_to_place(spare, spare.membership, env, config);
-      topo.rank = *env.rank;
-      topo.world_size = *env.world_size;
+      place_in_group(spare, topo, config);
     }
   }
 }

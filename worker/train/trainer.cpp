@@ -236,9 +236,15 @@ std::string Trainer::export_dir() const {
 }
 
 void Trainer::write_metrics(const nlohmann::ordered_json& event) {
-  if (logged_through_ > 0 && event.contains("step") && event["step"].is_number_integer() &&
-      event["step"].get<int64_t>() <= logged_through_ && event.value("event", "") != "restart") {
-    return;  // set_logged_through(): the rank 0 before this one wrote it
+  const std::string kind = event.value("event", "");
+  if (!logged_through_.empty() && kind != "restart" && event.contains("step") &&
+      event["step"].is_number_integer()) {
+    const int64_t step = event["step"].get<int64_t>();
+    const auto through = [&](const std::string& k) {
+      const auto it = logged_through_.find(k);
+      return it == logged_through_.end() ? int64_t{0} : it->second;
+    };
+    if (step <= through("*") || step <= through(kind)) return;  // set_logged_through()
   }
   if (metrics_) metrics_->write(event);
 }
@@ -447,7 +453,9 @@ RunEnd Trainer::run() {
     // Note [Sync-free step]: the loss and norm are read back on logging steps only.
     // Note [In-process recovery]: after a peer's failure in the step, its evaluation or its
     // hooks, a re-formed group goes on from the newest step any rank completed (this one again
-    // when none did); the evaluation or checkpoint save it broke off is not made again.
+    // when none did). When every rank had completed this one (DDP), its evaluation and hooks
+    // (the checkpoint save) run again; a group that went back to an earlier step (ZeRO's
+    // committed copies) runs the step again, and them with it.
     const auto recovered = [this] { return options_.recover && options_.recover(*this); };
     StepResult r;
     try {
@@ -460,15 +468,20 @@ RunEnd Trainer::run() {
     const double global_tokens = account(r, totals);
     if (log_now && sync_->rank() == 0) log_step(r, global_tokens, totals);
     StepAction action = StepAction::kContinue;
-    try {
-      if (eval_ && t.eval_steps > 0 && (r.step % t.eval_steps == 0 || r.step == total_steps_)) {
-        evaluate_at(r.step);
+    bool done = false;
+    while (!done) {
+      try {
+        if (eval_ && t.eval_steps > 0 && (r.step % t.eval_steps == 0 || r.step == total_steps_)) {
+          evaluate_at(r.step);
+        }
+        action = run_after_step_hooks(r);
+        done = true;
+      } catch (...) {
+        if (!recovered()) throw;
+        if (step_ != r.step) break;  // the step itself runs again
       }
-      action = run_after_step_hooks(r);
-    } catch (...) {
-      if (!recovered()) throw;
-      continue;
     }
+    if (!done) continue;
     if (action == StepAction::kStop) return RunEnd::kStopped;
   }
   for (auto& hook : options_.at_end) hook(*this);

@@ -55,6 +55,7 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -266,8 +267,18 @@ class Trainer {
   // appends to the file of the one before it). Training thread, at a step boundary.
   void regroup(int64_t grad_accum_steps);
   // Metrics lines of steps up to `step` were already written by another rank 0 (one that
-  // died after writing them): this rank 0 does not write them again. Training thread.
-  void set_logged_through(int64_t step) { logged_through_ = step; }
+  // died after writing them), or by this one before its group went back to an earlier step:
+  // this rank 0 does not write them again. `kind`: the lines of one kind ("" step lines, else
+  // an event's name: what the file shows the rank before wrote), "*" every kind (restart events
+  // are always written). Training thread.
+  void set_logged_through(int64_t step, const std::string& kind = "*") {
+    logged_through_[kind] = std::max(logged_through_[kind], step);
+  }
+  // A rank that took over rank 0 writes the line of the last evaluation (every rank holds its
+  // result), unless set_logged_through() says the rank 0 before it wrote it. Training thread.
+  void log_last_evaluation() {
+    if (last_eval_) log_evaluation(last_eval_->first, last_eval_->second);
+  }
   // The result of the last step run() completed (step 0: none yet).
   const StepResult& last_step() const { return last_step_; }
   // One metrics event (docs/metrics.md; core/metrics.hpp): a JSON line and TensorBoard
@@ -307,7 +318,8 @@ class Trainer {
   // <best_dir()>/best.json at the first evaluation of a resumed run.
   double best_value_ = std::nan("");
   bool best_read_ = false;
-  int64_t logged_through_ = 0;  // see set_logged_through()
+  std::map<std::string, int64_t> logged_through_;            // see set_logged_through()
+  std::optional<std::pair<int64_t, EvalResult>> last_eval_;  // step, result
   StepResult last_step_;
   std::unique_ptr<MetricsWriter> metrics_;  // rank 0: logging.metrics_file, tensorboard_dir
   bool autocast_bf16_ = false, autocast_fp16_ = false;

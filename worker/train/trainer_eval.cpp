@@ -133,6 +133,7 @@ void Trainer::evaluate_at(int64_t step) {
     e = evaluate(model_, *eval_, t.eval_batches, device_, options_.bases_of_label, sync_.get(),
                  options_.context.get());
   }
+  last_eval_ = std::make_pair(step, e);
   if (sync_->rank() == 0) log_evaluation(step, e);
   // Every rank: the export of a new best model is collective under ZeRO-3.
   if (config_.checkpoint.best_metric != cfg::BestMetric::kNone) keep_if_best(step, e);
