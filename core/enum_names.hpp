@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <string_view>
 #include <type_traits>
 
 namespace dnallm {
@@ -51,11 +52,15 @@ constexpr Name name_of(const EnumName<E, Name> (&table)[n], E v,
 }
 
 // The value whose name is `name` (the first one, where several values share a name), or
-// nullopt when no value has it.
+// nullopt when no value has it. Names that are text compare as text, whatever holds `name`.
 template <class E, class Name, std::size_t n, class Text>
 constexpr std::optional<E> value_named(const EnumName<E, Name> (&table)[n], const Text& name) {
   for (const auto& e : table) {
-    if (name == e.name) return e.value;
+    if constexpr (std::is_same_v<Name, const char*>) {
+      if (std::string_view(name) == e.name) return e.value;
+    } else {
+      if (name == e.name) return e.value;
+    }
   }
   return std::nullopt;
 }
