@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "cluster/hostlist.hpp"
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "core/parse_int.hpp"
 
@@ -157,20 +158,20 @@ EnvMap current_env() {
   return env;
 }
 
+namespace {
+
+constexpr EnumName<TopologySource> kTopologySourceNames[] = {
+    {TopologySource::kCommandLine, "command line"},
+    {TopologySource::kTorchrun, "torchrun"},
+    {TopologySource::kOpenMpi, "openmpi"},
+    {TopologySource::kSlurm, "slurm"},
+    {TopologySource::kSingleProcess, "single process"}};
+static_assert(lists_each_in_order<TopologySource::kSingleProcess>(kTopologySourceNames));
+
+}  // namespace
+
 const char* to_string(TopologySource source) {
-  switch (source) {
-    case TopologySource::kCommandLine:
-      return "command line";
-    case TopologySource::kTorchrun:
-      return "torchrun";
-    case TopologySource::kOpenMpi:
-      return "openmpi";
-    case TopologySource::kSlurm:
-      return "slurm";
-    case TopologySource::kSingleProcess:
-      return "single process";
-  }
-  return "unknown";
+  return name_of(kTopologySourceNames, source, "unknown");
 }
 
 int slurm_default_port(long long job_id) {

@@ -34,6 +34,7 @@
 #include "comm/bootstrap.hpp"
 #include "comm/communicator.hpp"
 #include "comm/half.hpp"
+#include "core/cli.hpp"
 #include "core/cuda_plugin.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -476,22 +477,8 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-s", a.timeout_s, "per-collective timeout in seconds");
   app.add_flag("--in-place", a.in_place, "allreduce: output = input buffer");
   app.add_flag("--json", a.json, "one JSON object per line instead of the table");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "dnallm-bench-comm: " << e.what() << " (see --help)\n";
-    return 2;
-  }
-  try {
+  return run_plain_main("dnallm-bench-comm", app, argc, argv, [&] {
     init_logging("bench-comm", "warn");
     return run(a);
-  } catch (const Error& e) {
-    std::cerr << "dnallm-bench-comm: " << e.what() << "\n";
-    return e.exit_code();
-  } catch (const std::exception& e) {
-    std::cerr << "dnallm-bench-comm: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

@@ -2,26 +2,23 @@
 
 #include <algorithm>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::comm {
 
-const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAvg:
-      return "avg";
-    case ReduceOp::kMax:
-      return "max";
-  }
-  return "?";
-}
+namespace {
+
+constexpr EnumName<ReduceOp> kReduceOpNames[] = {
+    {ReduceOp::kSum, "sum"}, {ReduceOp::kAvg, "avg"}, {ReduceOp::kMax, "max"}};
+static_assert(lists_each_in_order<ReduceOp::kMax>(kReduceOpNames));
+
+}  // namespace
+
+const char* reduce_op_name(ReduceOp op) { return name_of(kReduceOpNames, op, "?"); }
 
 ReduceOp parse_reduce_op(const std::string& name) {
-  if (name == "sum") return ReduceOp::kSum;
-  if (name == "avg") return ReduceOp::kAvg;
-  if (name == "max") return ReduceOp::kMax;
+  if (auto op = value_named(kReduceOpNames, name)) return *op;
   fail(ExitCode::kUsage, "unknown reduction '{}': use sum, avg or max", name);
 }
 

@@ -2,34 +2,32 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::coordinator {
 namespace {
 
-// The level and prefix each event kind is logged with.
-std::pair<spdlog::level::level_enum, const char*> log_style(ElasticEvent::Kind kind) {
-  switch (kind) {
-    case ElasticEvent::Kind::kRoundClosed:
-    case ElasticEvent::Kind::kJobSucceeded:
-      return {spdlog::level::info, ""};
-    case ElasticEvent::Kind::kRoundOpened:
-      return {spdlog::level::warn, ""};
-    case ElasticEvent::Kind::kNodeDead:
-      return {spdlog::level::err, "node dead: "};
-    case ElasticEvent::Kind::kHang:
-      return {spdlog::level::err, "hang: "};
-    case ElasticEvent::Kind::kFailure:
-      return {spdlog::level::err, "failure: "};
-    case ElasticEvent::Kind::kJobFailed:
-      return {spdlog::level::err, "job failed: "};
-  }
-  return {spdlog::level::err, ""};
-}
+// The level and prefix each event kind is logged with. See Note [Enum tables]
+// (core/enum_names.hpp).
+struct LogStyle {
+  spdlog::level::level_enum level;
+  const char* prefix;
+};
+using EventKind = ElasticEvent::Kind;
+constexpr EnumName<EventKind, LogStyle> kLogStyles[] = {
+    {EventKind::kRoundClosed, {spdlog::level::info, ""}},
+    {EventKind::kNodeDead, {spdlog::level::err, "node dead: "}},
+    {EventKind::kHang, {spdlog::level::err, "hang: "}},
+    {EventKind::kFailure, {spdlog::level::err, "failure: "}},
+    {EventKind::kRoundOpened, {spdlog::level::warn, ""}},
+    {EventKind::kJobFailed, {spdlog::level::err, "job failed: "}},
+    {EventKind::kJobSucceeded, {spdlog::level::info, ""}}};
+static_assert(lists_each_in_order<EventKind::kJobSucceeded>(kLogStyles));
 
 void log_event(const ElasticEvent& e) {
-  const auto [level, prefix] = log_style(e.kind);
-  spdlog::log(level, "elastic: {}{}", prefix, e.message);
+  const LogStyle style = name_of(kLogStyles, e.kind, {spdlog::level::err, ""});
+  spdlog::log(style.level, "elastic: {}{}", style.prefix, e.message);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "core/signals.hpp"
 
@@ -13,6 +14,12 @@ namespace dnallm::coordinator {
 namespace {
 
 double seconds(SteadyClock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+constexpr EnumName<JobPhase> kJobPhaseNames[] = {{JobPhase::kRendezvous, "rendezvous"},
+                                                 {JobPhase::kRunning, "running"},
+                                                 {JobPhase::kSucceeded, "succeeded"},
+                                                 {JobPhase::kFailed, "failed"}};
+static_assert(lists_each_in_order<JobPhase::kFailed>(kJobPhaseNames));
 
 }  // namespace
 
@@ -33,19 +40,7 @@ bool is_worker_diagnosis(const FailureReport& report) {
   return report.signal == 0 && report.rank >= 0 && dnallm::is_worker_diagnosis(report.exit_code);
 }
 
-const char* job_phase_name(JobPhase phase) {
-  switch (phase) {
-    case JobPhase::kRendezvous:
-      return "rendezvous";
-    case JobPhase::kRunning:
-      return "running";
-    case JobPhase::kSucceeded:
-      return "succeeded";
-    case JobPhase::kFailed:
-      return "failed";
-  }
-  return "?";
-}
+const char* job_phase_name(JobPhase phase) { return name_of(kJobPhaseNames, phase, "?"); }
 
 ElasticState::ElasticState(ElasticOptions options) : options_(options) {
   DNALLM_CHECK(options_.min_nodes >= 1 && options_.min_nodes <= options_.max_nodes,

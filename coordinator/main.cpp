@@ -227,21 +227,5 @@ int main(int argc, char** argv) {
   CoordinatorArgs args;
   add_options(app, args);
   add_elastic_options(app, args);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "dnallm-coordinator: " << e.what() << " (see --help)\n";
-    return static_cast<int>(ExitCode::kUsage);
-  }
-  try {
-    return run(app, args);
-  } catch (const Error& e) {
-    std::cerr << "dnallm-coordinator: " << e.what() << "\n";
-    return e.exit_code();
-  } catch (const std::exception& e) {
-    std::cerr << "dnallm-coordinator: " << e.what() << "\n";
-    return static_cast<int>(ExitCode::kFailure);
-  }
+  return run_plain_main("dnallm-coordinator", app, argc, argv, [&] { return run(app, args); });
 }

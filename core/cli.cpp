@@ -153,4 +153,25 @@ std::string out_of_memory_message(const std::string& detail) {
          "(parallel.zero_stage = 1 or 2)";
 }
 
+int run_plain_main(const std::string& prog, CLI::App& app, int argc, char** argv,
+                   const std::function<int()>& body) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << prog << ": " << e.what() << " (see --help)\n";
+    return static_cast<int>(ExitCode::kUsage);
+  }
+  try {
+    return body();
+  } catch (const Error& e) {
+    std::cerr << prog << ": " << e.what() << "\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::cerr << prog << ": " << e.what() << "\n";
+    return static_cast<int>(ExitCode::kFailure);
+  }
+}
+
 }  // namespace dnallm

@@ -59,4 +59,11 @@ std::string out_of_memory_message(const std::string& detail);
 int run_main(const std::string& prog, CLI::App& app, int argc, char** argv,
              const std::function<int()>& body);
 
+// Runs `body` for the binaries that print their errors as they are, without logging them
+// (dnallm-coordinator, dnallm-bench-comm): bad usage prints "<prog>: <what> (see --help)" and
+// exits 2; an Error prints "<prog>: <what>" and exits with its code, any other exception the
+// same with exit 1.
+int run_plain_main(const std::string& prog, CLI::App& app, int argc, char** argv,
+                   const std::function<int()>& body);
+
 }  // namespace dnallm

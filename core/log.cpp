@@ -9,6 +9,7 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 
 namespace dnallm {
@@ -25,6 +26,18 @@ void apply_pattern(int rank) {
   std::string id = rank >= 0 ? fmt::format("{}@{}", rank, host_name()) : "@" + host_name();
   spdlog::set_pattern(fmt::format("[%H:%M:%S.%e] [%^%l%$] [{} {}] %v", who, id));
 }
+
+// logging.level as spdlog's level; a level's name is the configuration's (cfg::spelling). See
+// Note [Enum tables] (core/enum_names.hpp).
+constexpr EnumName<cfg::LogLevel, spdlog::level::level_enum> kSpdlogLevels[] = {
+    {cfg::LogLevel::kTrace, spdlog::level::trace},
+    {cfg::LogLevel::kDebug, spdlog::level::debug},
+    {cfg::LogLevel::kInfo, spdlog::level::info},
+    {cfg::LogLevel::kWarn, spdlog::level::warn},
+    {cfg::LogLevel::kError, spdlog::level::err},
+    {cfg::LogLevel::kCritical, spdlog::level::critical},
+    {cfg::LogLevel::kOff, spdlog::level::off}};
+static_assert(lists_each_in_order<cfg::LogLevel::kOff>(kSpdlogLevels));
 }  // namespace
 
 const std::string& host_name() {
@@ -39,10 +52,8 @@ const std::string& host_name() {
 }
 
 spdlog::level::level_enum parse_log_level(const std::string& name) {
-  static const std::array<const char*, 7> kNames = {"trace", "debug",    "info", "warn",
-                                                    "error", "critical", "off"};
-  for (size_t i = 0; i < kNames.size(); ++i) {
-    if (name == kNames[i]) return static_cast<spdlog::level::level_enum>(i);
+  for (const auto& level : kSpdlogLevels) {
+    if (name == cfg::spelling(level.value)) return level.name;
   }
   if (name == "warning") return spdlog::level::warn;
   fail(ExitCode::kUsage,
@@ -50,23 +61,7 @@ spdlog::level::level_enum parse_log_level(const std::string& name) {
 }
 
 spdlog::level::level_enum log_level_of(cfg::LogLevel level) {
-  switch (level) {
-    case cfg::LogLevel::kTrace:
-      return spdlog::level::trace;
-    case cfg::LogLevel::kDebug:
-      return spdlog::level::debug;
-    case cfg::LogLevel::kInfo:
-      return spdlog::level::info;
-    case cfg::LogLevel::kWarn:
-      return spdlog::level::warn;
-    case cfg::LogLevel::kError:
-      return spdlog::level::err;
-    case cfg::LogLevel::kCritical:
-      return spdlog::level::critical;
-    case cfg::LogLevel::kOff:
-      return spdlog::level::off;
-  }
-  return spdlog::level::info;
+  return name_of(kSpdlogLevels, level, spdlog::level::info);
 }
 
 void init_logging(const std::string& role, cfg::LogLevel level) {

@@ -203,19 +203,6 @@ int write_logits(const EvalArgs& a) {
   return 0;
 }
 
-// The model.task a model was built from.
-cfg::Task config_task(models::Task task) {
-  switch (task) {
-    case models::Task::kPretrain:
-      return cfg::Task::kPretrain;
-    case models::Task::kClassification:
-      return cfg::Task::kClassification;
-    case models::Task::kRegression:
-      return cfg::Task::kRegression;
-  }
-  return cfg::Task::kPretrain;
-}
-
 // The evaluation configuration of an exported model: its own framing and tokenizer, the whole
 // `input` once, every N kept (masked).
 Config eval_config(const models::ModelSpec& o, const data::Tokenizer& tokenizer,
@@ -223,7 +210,7 @@ Config eval_config(const models::ModelSpec& o, const data::Tokenizer& tokenizer,
   Config config;
   // The framing (bert: masked, gpt: causal) is what evaluation needs of model.arch.
   config.model.arch = o.causal() ? cfg::Arch::kGpt : cfg::Arch::kBert;
-  config.model.task = config_task(o.task);
+  config.model.task = models::config_task(o.task);
   config.model.max_seq_length = o.max_seq_length;
   config.model.num_labels = o.num_labels;
   config.tokenizer.kind = tokenizer.tokenizer_kind();

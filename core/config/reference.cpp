@@ -24,21 +24,9 @@ std::string allowed_text(const KeyDesc& k) {
     for (const auto& a : k.allowed) quoted.push_back("`\"" + a + "\"`");
     return fmt::format("{}", fmt::join(quoted, " | "));
   }
-  switch (k.kind) {
-    case Kind::kInt:
-      return "integer, " + range_text(k);
-    case Kind::kDouble:
-      return "number, " + range_text(k);
-    case Kind::kBool:
-      return "`true`, `false`";
-    case Kind::kString:
-      return "string";
-    case Kind::kStringList:
-      return "list of strings";
-    case Kind::kStageList:
-      return "list of `{steps, seq_len}` tables";
-  }
-  return "";
+  const std::string name = kind_reference_name(k.kind);
+  const bool numeric = k.kind == Kind::kInt || k.kind == Kind::kDouble;
+  return numeric ? name + ", " + range_text(k) : name;
 }
 
 // One table per section: key, default, allowed values, meaning.

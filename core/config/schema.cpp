@@ -6,25 +6,32 @@
 
 #include <fmt/format.h>
 
+#include "core/enum_names.hpp"
+
 namespace dnallm::config_detail {
 
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::kInt:
-      return "an integer";
-    case Kind::kDouble:
-      return "a number";
-    case Kind::kBool:
-      return "true or false";
-    case Kind::kString:
-      return "a string";
-    case Kind::kStringList:
-      return "a list of strings";
-    case Kind::kStageList:
-      return "a list of {steps = N, seq_len = N} tables";
-  }
-  return "?";
-}
+namespace {
+
+// See Note [Enum tables] (core/enum_names.hpp).
+struct KindNames {
+  const char* in_message;
+  const char* in_reference;
+};
+constexpr EnumName<Kind, KindNames> kKindNames[] = {
+    {Kind::kInt, {"an integer", "integer"}},
+    {Kind::kDouble, {"a number", "number"}},
+    {Kind::kBool, {"true or false", "`true`, `false`"}},
+    {Kind::kString, {"a string", "string"}},
+    {Kind::kStringList, {"a list of strings", "list of strings"}},
+    {Kind::kStageList,
+     {"a list of {steps = N, seq_len = N} tables", "list of `{steps, seq_len}` tables"}}};
+static_assert(lists_each_in_order<Kind::kStageList>(kKindNames));
+
+}  // namespace
+
+const char* kind_name(Kind k) { return name_of(kKindNames, k, {"?", ""}).in_message; }
+
+const char* kind_reference_name(Kind k) { return name_of(kKindNames, k, {"?", ""}).in_reference; }
 
 const std::vector<KeyDesc>& schema() {
   static const std::vector<KeyDesc> keys = [] {

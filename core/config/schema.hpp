@@ -24,7 +24,10 @@ namespace dnallm::config_detail {
 
 enum class Kind { kInt, kDouble, kBool, kString, kStringList, kStageList };
 
+// What a key of kind `k` holds: in a message ("an integer") and in docs/config.md's "allowed"
+// column ("integer").
 const char* kind_name(Kind k);
+const char* kind_reference_name(Kind k);
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 

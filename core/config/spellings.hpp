@@ -3,23 +3,20 @@
 #pragma once
 
 #include <cstddef>
-#include <iterator>
 #include <optional>
-#include <span>
 #include <string>
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/enum_names.hpp"
 
 namespace dnallm::config_detail {
 
 // Note [Config choices] (core/config.hpp): one table per enum, (value, spelling) in the order
-// docs/config.md and the messages list the allowed spellings.
+// of the enum, which is the order docs/config.md and the messages list the allowed spellings.
+// Note [Enum tables] (core/enum_names.hpp): each is checked at compile time in spellings_of.
 template <class E>
-struct Spelling {
-  E value;
-  const char* text;
-};
+using Spelling = EnumName<E>;
 
 using namespace cfg;  // NOLINT: the tables below name every enum
 
@@ -87,114 +84,111 @@ constexpr Spelling<LogLevel> kLogLevelSpellings[] = {
     {LogLevel::kWarn, "warn"},   {LogLevel::kError, "error"}, {LogLevel::kCritical, "critical"},
     {LogLevel::kOff, "off"}};
 
-// Each enumerator in its table exactly once: the enums count from 0 without gaps, so a table
-// of E's size whose values are 0..n-1 in some order covers E.
-template <class Table>
-constexpr bool covers_each_once(const Table& table) {
-  for (size_t i = 0; i < std::size(table); ++i) {
-    size_t seen = 0;
-    for (const auto& s : table) seen += static_cast<size_t>(s.value) == i ? 1 : 0;
-    if (seen != 1) return false;
-  }
-  return true;
+// The table of E (overloads: the argument only selects it), checked to list each value of E
+// once, in order.
+constexpr const auto& spellings_of(Arch) {
+  static_assert(lists_each_in_order<Arch::kCaduceusPs>(kArchSpellings));
+  return kArchSpellings;
 }
-
-// `kTable`, the table of an enum of `kCount` enumerators, checked at compile time to name each
-// of them exactly once (a table that misses one or repeats one does not compile).
-template <size_t kCount, const auto& kTable>
-constexpr auto checked_table() {
-  static_assert(std::size(kTable) == kCount && covers_each_once(kTable));
-  return std::span(kTable);
+constexpr const auto& spellings_of(Task) {
+  static_assert(lists_each_in_order<Task::kRegression>(kTaskSpellings));
+  return kTaskSpellings;
 }
-
-// The table of E (overloads: the argument only selects it).
-constexpr std::span<const Spelling<Arch>> spellings_of(Arch) {
-  return checked_table<5, kArchSpellings>();
+constexpr const auto& spellings_of(Position) {
+  static_assert(lists_each_in_order<Position::kAlibi>(kPositionSpellings));
+  return kPositionSpellings;
 }
-constexpr std::span<const Spelling<Task>> spellings_of(Task) {
-  return checked_table<3, kTaskSpellings>();
+constexpr const auto& spellings_of(Mlp) {
+  static_assert(lists_each_in_order<Mlp::kGeglu>(kMlpSpellings));
+  return kMlpSpellings;
 }
-constexpr std::span<const Spelling<Position>> spellings_of(Position) {
-  return checked_table<3, kPositionSpellings>();
+constexpr const auto& spellings_of(AttnImplementation) {
+  static_assert(lists_each_in_order<AttnImplementation::kEager>(kAttnImplementationSpellings));
+  return kAttnImplementationSpellings;
 }
-constexpr std::span<const Spelling<Mlp>> spellings_of(Mlp) {
-  return checked_table<2, kMlpSpellings>();
+constexpr const auto& spellings_of(Pooling) {
+  static_assert(lists_each_in_order<Pooling::kMean>(kPoolingSpellings));
+  return kPoolingSpellings;
 }
-constexpr std::span<const Spelling<AttnImplementation>> spellings_of(AttnImplementation) {
-  return checked_table<3, kAttnImplementationSpellings>();
+constexpr const auto& spellings_of(QuantizeBase) {
+  static_assert(lists_each_in_order<QuantizeBase::kNf4>(kQuantizeBaseSpellings));
+  return kQuantizeBaseSpellings;
 }
-constexpr std::span<const Spelling<Pooling>> spellings_of(Pooling) {
-  return checked_table<2, kPoolingSpellings>();
+constexpr const auto& spellings_of(TokenizerKind) {
+  static_assert(lists_each_in_order<TokenizerKind::kHf>(kTokenizerKindSpellings));
+  return kTokenizerKindSpellings;
 }
-constexpr std::span<const Spelling<QuantizeBase>> spellings_of(QuantizeBase) {
-  return checked_table<2, kQuantizeBaseSpellings>();
+constexpr const auto& spellings_of(DataFormat) {
+  static_assert(lists_each_in_order<DataFormat::kJsonl>(kDataFormatSpellings));
+  return kDataFormatSpellings;
 }
-constexpr std::span<const Spelling<TokenizerKind>> spellings_of(TokenizerKind) {
-  return checked_table<5, kTokenizerKindSpellings>();
+constexpr const auto& spellings_of(OnBadRecord) {
+  static_assert(lists_each_in_order<OnBadRecord::kSkip>(kOnBadRecordSpellings));
+  return kOnBadRecordSpellings;
 }
-constexpr std::span<const Spelling<DataFormat>> spellings_of(DataFormat) {
-  return checked_table<6, kDataFormatSpellings>();
+constexpr const auto& spellings_of(Sampling) {
+  static_assert(lists_each_in_order<Sampling::kTile>(kSamplingSpellings));
+  return kSamplingSpellings;
 }
-constexpr std::span<const Spelling<OnBadRecord>> spellings_of(OnBadRecord) {
-  return checked_table<2, kOnBadRecordSpellings>();
+constexpr const auto& spellings_of(NPolicy) {
+  static_assert(lists_each_in_order<NPolicy::kMask>(kNPolicySpellings));
+  return kNPolicySpellings;
 }
-constexpr std::span<const Spelling<Sampling>> spellings_of(Sampling) {
-  return checked_table<2, kSamplingSpellings>();
+constexpr const auto& spellings_of(BatchSize) {
+  static_assert(lists_each_in_order<BatchSize::kAuto>(kBatchSizeSpellings));
+  return kBatchSizeSpellings;
 }
-constexpr std::span<const Spelling<NPolicy>> spellings_of(NPolicy) {
-  return checked_table<2, kNPolicySpellings>();
+constexpr const auto& spellings_of(LrScheduler) {
+  static_assert(lists_each_in_order<LrScheduler::kCosine>(kLrSchedulerSpellings));
+  return kLrSchedulerSpellings;
 }
-constexpr std::span<const Spelling<BatchSize>> spellings_of(BatchSize) {
-  return checked_table<2, kBatchSizeSpellings>();
+constexpr const auto& spellings_of(Precision) {
+  static_assert(lists_each_in_order<Precision::kFp16>(kPrecisionSpellings));
+  return kPrecisionSpellings;
 }
-constexpr std::span<const Spelling<LrScheduler>> spellings_of(LrScheduler) {
-  return checked_table<3, kLrSchedulerSpellings>();
+constexpr const auto& spellings_of(SyncFree) {
+  static_assert(lists_each_in_order<SyncFree::kOff>(kSyncFreeSpellings));
+  return kSyncFreeSpellings;
 }
-constexpr std::span<const Spelling<Precision>> spellings_of(Precision) {
-  return checked_table<3, kPrecisionSpellings>();
+constexpr const auto& spellings_of(cfg::Device) {
+  static_assert(lists_each_in_order<cfg::Device::kCuda>(kDeviceSpellings));
+  return kDeviceSpellings;
 }
-constexpr std::span<const Spelling<SyncFree>> spellings_of(SyncFree) {
-  return checked_table<3, kSyncFreeSpellings>();
+constexpr const auto& spellings_of(Backend) {
+  static_assert(lists_each_in_order<Backend::kNccl>(kBackendSpellings));
+  return kBackendSpellings;
 }
-constexpr std::span<const Spelling<cfg::Device>> spellings_of(cfg::Device) {
-  return checked_table<3, kDeviceSpellings>();
+constexpr const auto& spellings_of(AccumulateSync) {
+  static_assert(lists_each_in_order<AccumulateSync::kEvery>(kAccumulateSyncSpellings));
+  return kAccumulateSyncSpellings;
 }
-constexpr std::span<const Spelling<Backend>> spellings_of(Backend) {
-  return checked_table<4, kBackendSpellings>();
+constexpr const auto& spellings_of(Compression) {
+  static_assert(lists_each_in_order<Compression::kNone>(kCompressionSpellings));
+  return kCompressionSpellings;
 }
-constexpr std::span<const Spelling<AccumulateSync>> spellings_of(AccumulateSync) {
-  return checked_table<2, kAccumulateSyncSpellings>();
+constexpr const auto& spellings_of(BestMetric) {
+  static_assert(lists_each_in_order<BestMetric::kF1>(kBestMetricSpellings));
+  return kBestMetricSpellings;
 }
-constexpr std::span<const Spelling<Compression>> spellings_of(Compression) {
-  return checked_table<2, kCompressionSpellings>();
-}
-constexpr std::span<const Spelling<BestMetric>> spellings_of(BestMetric) {
-  return checked_table<6, kBestMetricSpellings>();
-}
-constexpr std::span<const Spelling<LogLevel>> spellings_of(LogLevel) {
-  return checked_table<7, kLogLevelSpellings>();
+constexpr const auto& spellings_of(LogLevel) {
+  static_assert(lists_each_in_order<LogLevel::kOff>(kLogLevelSpellings));
+  return kLogLevelSpellings;
 }
 
 template <class E>
 const char* spelling_in_table(E v) {
-  for (const auto& s : spellings_of(v)) {
-    if (s.value == v) return s.text;
-  }
-  return "?";  // unreachable for a valid value: see covers_each_once
+  return name_of(spellings_of(v), v, "?");  // "?": unreachable for a valid value
 }
 
 template <class E>
 std::optional<E> parse_spelling(const std::string& text) {
-  for (const auto& s : spellings_of(E{})) {
-    if (text == s.text) return s.value;
-  }
-  return std::nullopt;
+  return value_named(spellings_of(E{}), text);
 }
 
 template <class E>
 std::vector<std::string> spellings_list() {
   std::vector<std::string> out;
-  for (const auto& s : spellings_of(E{})) out.emplace_back(s.text);
+  for (const auto& s : spellings_of(E{})) out.emplace_back(s.name);
   return out;
 }
 

@@ -49,6 +49,20 @@ FakeBehaviour killed_after(int ticks, int sig) {
   return b;
 }
 
+// At most `max_restarts` restarts, each generation's group polled fast().
+RestartOptions restart_options(int max_restarts) {
+  RestartOptions o;
+  o.max_restarts = max_restarts;
+  o.group = fast();
+  return o;
+}
+
+// Generations of 2 workers (specs(2, restart)), at most `max_restarts` restarts.
+RestartLoop two_worker_loop(FakeSpawner& spawner, FakeStopSignals& signals, int max_restarts) {
+  return RestartLoop(spawner, signals, restart_options(max_restarts),
+                     [](int restart, const std::string&) { return specs(2, restart); });
+}
+
 TEST(LocalWorkerGroup, AllWorkersSucceed) {
   FakeSpawner spawner([](const WorkerSpec& s, int) { return exits_after(s.rank + 1, 0); });
   FakeStopSignals signals;
@@ -176,11 +190,7 @@ FakeBehaviour saves_and_exits_on_signal() {
 TEST(LocalWorkerGroup, PreemptionNoticeIsForwardedAndEndsWithRequeue) {
   FakeSpawner spawner([](const WorkerSpec&, int) { return saves_and_exits_on_signal(); });
   FakeStopSignals signals(SIGUSR1, 2);
-  RestartOptions o;
-  o.max_restarts = 3;
-  o.group = fast();
-  RestartLoop loop(spawner, signals, o,
-                   [](int restart, const std::string&) { return specs(2, restart); });
+  RestartLoop loop = two_worker_loop(spawner, signals, 3);
   EXPECT_EQ(loop.run(), 75);
   EXPECT_EQ(loop.last_result().outcome, GenerationOutcome::kPreempted);
   EXPECT_EQ(loop.last_result().preempt_signal, SIGUSR1);
@@ -477,16 +487,14 @@ TEST(RestartLoop, RestartsUntilSuccessWithIncreasingCount) {
     return fail ? exits_after(1, 1) : exits_after(3, 0);
   });
   FakeStopSignals signals;
-  RestartOptions o;
-  o.max_restarts = 3;
-  o.group = fast();
   std::vector<int> asked;
   std::vector<std::string> reasons;
-  RestartLoop loop(spawner, signals, o, [&](int restart, const std::string& reason) {
-    asked.push_back(restart);
-    reasons.push_back(reason);
-    return specs(2, restart);
-  });
+  RestartLoop loop(spawner, signals, restart_options(3),
+                   [&](int restart, const std::string& reason) {
+                     asked.push_back(restart);
+                     reasons.push_back(reason);
+                     return specs(2, restart);
+                   });
   EXPECT_EQ(loop.run(), 0);
   EXPECT_EQ(loop.restarts(), 2);
   EXPECT_EQ(asked, (std::vector<int>{0, 1, 2}));
@@ -499,11 +507,7 @@ TEST(RestartLoop, GivesUpWhenRestartsAreSpent) {
   FakeSpawner spawner(
       [](const WorkerSpec& s, int) { return s.rank == 0 ? exits_after(0, 1) : runs_forever(); });
   FakeStopSignals signals;
-  RestartOptions o;
-  o.max_restarts = 2;
-  o.group = fast();
-  RestartLoop loop(spawner, signals, o,
-                   [](int restart, const std::string&) { return specs(2, restart); });
+  RestartLoop loop = two_worker_loop(spawner, signals, 2);
   EXPECT_EQ(loop.run(), 4);
   EXPECT_EQ(loop.restarts(), 2);
   EXPECT_EQ(spawner.spawned(), 6u);
@@ -513,11 +517,7 @@ TEST(RestartLoop, GivesUpWhenRestartsAreSpent) {
 TEST(RestartLoop, UsageErrorIsNotRestarted) {
   FakeSpawner spawner([](const WorkerSpec&, int) { return exits_after(0, 2); });
   FakeStopSignals signals;
-  RestartOptions o;
-  o.max_restarts = 5;
-  o.group = fast();
-  RestartLoop loop(spawner, signals, o,
-                   [](int restart, const std::string&) { return specs(2, restart); });
+  RestartLoop loop = two_worker_loop(spawner, signals, 5);
   EXPECT_EQ(loop.run(), 2);
   EXPECT_EQ(loop.restarts(), 0);
   EXPECT_EQ(spawner.spawned(), 2u);
@@ -526,11 +526,7 @@ TEST(RestartLoop, UsageErrorIsNotRestarted) {
 TEST(RestartLoop, InterruptIsNotRestarted) {
   FakeSpawner spawner([](const WorkerSpec&, int) { return runs_forever(); });
   FakeStopSignals signals(SIGTERM, 2);
-  RestartOptions o;
-  o.max_restarts = 5;
-  o.group = fast();
-  RestartLoop loop(spawner, signals, o,
-                   [](int restart, const std::string&) { return specs(2, restart); });
+  RestartLoop loop = two_worker_loop(spawner, signals, 5);
   EXPECT_EQ(loop.run(), 143);
   EXPECT_EQ(spawner.spawned(), 2u);
 }

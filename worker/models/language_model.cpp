@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "core/untrusted_file.hpp"
 
@@ -59,22 +60,19 @@ torch::Tensor sample_next_token(torch::Tensor logits, const GenerateOptions& g,
   return torch::multinomial(torch::softmax(logits, -1), 1, false, gen);
 }
 
-const char* task_name(Task task) {
-  switch (task) {
-    case Task::kPretrain:
-      return "pretrain";
-    case Task::kClassification:
-      return "classification";
-    case Task::kRegression:
-      return "regression";
-  }
-  return "?";
-}
+namespace {
+
+constexpr EnumName<Task> kTaskNames[] = {{Task::kPretrain, "pretrain"},
+                                         {Task::kClassification, "classification"},
+                                         {Task::kRegression, "regression"}};
+static_assert(lists_each_in_order<Task::kRegression>(kTaskNames));
+
+}  // namespace
+
+const char* task_name(Task task) { return name_of(kTaskNames, task, "?"); }
 
 Task task_from_name(const std::string& name, const std::string& where) {
-  for (Task t : {Task::kPretrain, Task::kClassification, Task::kRegression}) {
-    if (name == task_name(t)) return t;
-  }
+  if (auto task = value_named(kTaskNames, name)) return *task;
   fail(ExitCode::kUsage,
        "{}: task \"{}\" is not supported (\"pretrain\", \"classification\" or \"regression\")",
        where, clip_for_message(name));

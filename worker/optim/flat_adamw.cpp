@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::optim {
@@ -180,19 +181,20 @@ torch::Tensor clip_coefficient(const torch::Tensor& total_norm, double max_norm)
                       one);
 }
 
+namespace {
+
+// training.lr_scheduler as the schedule's kind. See Note [Enum tables] (core/enum_names.hpp).
+constexpr EnumName<cfg::LrScheduler, ScheduleKind> kScheduleKinds[] = {
+    {cfg::LrScheduler::kConstant, ScheduleKind::kConstant},
+    {cfg::LrScheduler::kLinear, ScheduleKind::kLinear},
+    {cfg::LrScheduler::kCosine, ScheduleKind::kCosine}};
+static_assert(lists_each_in_order<cfg::LrScheduler::kCosine>(kScheduleKinds));
+
+}  // namespace
+
 Schedule schedule_from_config(const TrainingConfig& t, int64_t total_steps) {
   Schedule s;
-  switch (t.lr_scheduler) {
-    case cfg::LrScheduler::kConstant:
-      s.kind = ScheduleKind::kConstant;
-      break;
-    case cfg::LrScheduler::kLinear:
-      s.kind = ScheduleKind::kLinear;
-      break;
-    case cfg::LrScheduler::kCosine:
-      s.kind = ScheduleKind::kCosine;
-      break;
-  }
+  s.kind = name_of(kScheduleKinds, t.lr_scheduler, ScheduleKind::kLinear);
   DNALLM_CHECK(t.lr > 0, ExitCode::kUsage, "training.lr = {} must be positive", t.lr);
   DNALLM_CHECK(t.warmup_ratio >= 0 && t.warmup_ratio <= 1, ExitCode::kUsage,
                "training.warmup_ratio = {} must be in [0, 1]", t.warmup_ratio);

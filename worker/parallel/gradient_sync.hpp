@@ -144,30 +144,26 @@ class GradientSync {
   virtual bool abandon_step() { return false; }
 };
 
-// Every parameter whole for a scope (all ranks construct it): the evaluation of a rank with no
-// batch (Note [Sharded evaluation]); evaluation and exports otherwise go unit by unit.
-class FullParameters {
+// A scope of the engine (all ranks construct it): `kBegin` at its start, `kEnd` at its end.
+template <void (GradientSync::*kBegin)(), void (GradientSync::*kEnd)()>
+class SyncScope {
  public:
-  explicit FullParameters(GradientSync& sync) : sync_(sync) { sync_.gather_full_parameters(); }
-  ~FullParameters() { sync_.release_full_parameters(); }
-  FullParameters(const FullParameters&) = delete;
-  FullParameters& operator=(const FullParameters&) = delete;
+  explicit SyncScope(GradientSync& sync) : sync_(sync) { (sync_.*kBegin)(); }
+  ~SyncScope() { (sync_.*kEnd)(); }
+  SyncScope(const SyncScope&) = delete;
+  SyncScope& operator=(const SyncScope&) = delete;
 
  private:
   GradientSync& sync_;
 };
 
-// Evaluation's forwards for a scope (all ranks construct it): Note [Sharded evaluation].
-class ShardedForwards {
- public:
-  explicit ShardedForwards(GradientSync& sync) : sync_(sync) { sync_.begin_forwards(); }
-  ~ShardedForwards() { sync_.end_forwards(); }
-  ShardedForwards(const ShardedForwards&) = delete;
-  ShardedForwards& operator=(const ShardedForwards&) = delete;
+// Every parameter whole for a scope: the evaluation of a rank with no batch (Note [Sharded
+// evaluation]); evaluation and exports otherwise go unit by unit.
+using FullParameters =
+    SyncScope<&GradientSync::gather_full_parameters, &GradientSync::release_full_parameters>;
 
- private:
-  GradientSync& sync_;
-};
+// Evaluation's forwards for a scope: Note [Sharded evaluation].
+using ShardedForwards = SyncScope<&GradientSync::begin_forwards, &GradientSync::end_forwards>;
 
 // One process, no communication.
 class SingleProcessSync final : public GradientSync {

@@ -3,10 +3,28 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 #include "core/host_memory.hpp"
 
 namespace dnallm::models {
+namespace {
+
+// model.task and a model's Task, read both ways (task_of, config_task). See Note [Enum tables]
+// (core/enum_names.hpp).
+constexpr EnumName<cfg::Task, Task> kTasks[] = {{cfg::Task::kPretrain, Task::kPretrain},
+                                                {cfg::Task::kClassification, Task::kClassification},
+                                                {cfg::Task::kRegression, Task::kRegression}};
+static_assert(lists_each_in_order<cfg::Task::kRegression>(kTasks));
+static_assert(names_each_in_order<Task::kRegression>(kTasks));
+// "auto" attention is sdpa.
+constexpr EnumName<cfg::AttnImplementation, AttnImpl> kAttnImpls[] = {
+    {cfg::AttnImplementation::kAuto, AttnImpl::kSdpa},
+    {cfg::AttnImplementation::kSdpa, AttnImpl::kSdpa},
+    {cfg::AttnImplementation::kEager, AttnImpl::kEager}};
+static_assert(lists_each_in_order<cfg::AttnImplementation::kEager>(kAttnImpls));
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Options
@@ -110,17 +128,7 @@ ModelOptions model_options_from_config(const Config& config, int64_t vocab_size)
   ModelOptions o;
   // The transformer's framing: model.arch = "gpt" causal, anything else bidirectional ("bert").
   o.arch = m.arch == cfg::Arch::kGpt ? Arch::kGpt : Arch::kBert;
-  switch (m.task) {
-    case cfg::Task::kPretrain:
-      o.task = Task::kPretrain;
-      break;
-    case cfg::Task::kClassification:
-      o.task = Task::kClassification;
-      break;
-    case cfg::Task::kRegression:
-      o.task = Task::kRegression;
-      break;
-  }
+  o.task = task_of(m.task);
   DNALLM_CHECK(m.hidden > 0 && m.heads > 0 && m.hidden % m.heads == 0, ExitCode::kUsage,
                "model.hidden ({}) must be a positive multiple of model.heads ({})", m.hidden,
                m.heads);
@@ -166,15 +174,7 @@ ModelOptions model_options_from_config(const Config& config, int64_t vocab_size)
     case cfg::Mlp::kGelu:
       break;
   }
-  switch (m.attn_implementation) {
-    case cfg::AttnImplementation::kAuto:
-    case cfg::AttnImplementation::kSdpa:
-      o.attn = AttnImpl::kSdpa;
-      break;
-    case cfg::AttnImplementation::kEager:
-      o.attn = AttnImpl::kEager;
-      break;
-  }
+  o.attn = name_of(kAttnImpls, m.attn_implementation, AttnImpl::kSdpa);
   DNALLM_CHECK(m.dropout >= 0.0 && m.dropout < 1.0, ExitCode::kUsage,
                "model.dropout = {} must be in [0, 1)", m.dropout);
   o.dropout = m.dropout;
@@ -192,6 +192,12 @@ ModelOptions model_options_from_config(const Config& config, int64_t vocab_size)
                  "lora.target_modules has \"{}\": use \"query\", \"key\", \"value\", \"dense\"", t);
   }
   return o;
+}
+
+Task task_of(cfg::Task task) { return name_of(kTasks, task, Task::kPretrain); }
+
+cfg::Task config_task(Task task) {
+  return value_named(kTasks, task).value_or(cfg::Task::kPretrain);
 }
 
 }  // namespace dnallm::models

@@ -122,4 +122,8 @@ void check_model_shape(const ModelOptions& o, const std::string& where);
 // "auto" attention resolves to sdpa.
 ModelOptions model_options_from_config(const Config& config, int64_t vocab_size);
 
+// model.task as a model's Task, and the model.task a model was built from.
+Task task_of(cfg::Task task);
+cfg::Task config_task(Task task);
+
 }  // namespace dnallm::models
