@@ -7,6 +7,7 @@
 
 #include "coordinator/store.hpp"
 #include "core/config.hpp"
+#include "core/enum_names.hpp"
 #include "core/error.hpp"
 
 namespace dnallm::coordinator {
@@ -22,24 +23,16 @@ std::string in_process_recovery_unsupported(const Config& config) {
   return "";
 }
 
-const char* recovery_kind_name(RecoveryKind kind) {
-  switch (kind) {
-    case RecoveryKind::kSpare:
-      return "spare";
-    case RecoveryKind::kShrink:
-      return "shrink";
-    case RecoveryKind::kGrow:
-      return "grow";
-  }
-  return "?";
-}
-
 namespace {
 
+// Note [Enum tables] (core/enum_names.hpp).
+constexpr EnumName<RecoveryKind> kRecoveryKinds[] = {{RecoveryKind::kSpare, "spare"},
+                                                     {RecoveryKind::kShrink, "shrink"},
+                                                     {RecoveryKind::kGrow, "grow"}};
+static_assert(lists_each_in_order<RecoveryKind::kGrow>(kRecoveryKinds));
+
 RecoveryKind parse_recovery_kind(const std::string& text, const std::string& key) {
-  for (const auto kind : {RecoveryKind::kSpare, RecoveryKind::kShrink, RecoveryKind::kGrow}) {
-    if (text == recovery_kind_name(kind)) return kind;
-  }
+  if (const auto kind = value_named(kRecoveryKinds, text)) return *kind;
   fail(ExitCode::kPeerFailed,
        "the recovery record at store key {} has kind \"{}\" (spare, shrink or grow expected): "
        "the launcher and dnallm-train are of different versions",
@@ -47,6 +40,8 @@ RecoveryKind parse_recovery_kind(const std::string& text, const std::string& key
 }
 
 }  // namespace
+
+const char* recovery_kind_name(RecoveryKind kind) { return name_of(kRecoveryKinds, kind, "?"); }
 
 std::string shrink_unsupported(const Config& config) {
   if (const auto why = in_process_recovery_unsupported(config); !why.empty()) return why;

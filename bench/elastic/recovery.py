@@ -32,6 +32,7 @@ group 1 with the weights it healed from group 0 (its bytes: the model and optimi
 received). torchft_peer.py's docstring says more.
 
     recovery.py --launch build/bin/dnallm-launch [--kills 5] [--zero N] [--no-peer] [--python PY]
+                [--ours restart,spare,shrink]
                 [--torchft | --no-torchft] [--torchft-only]
 Prints one line per kill and a summary; exit 1 when a run fails.
 """
@@ -318,6 +319,8 @@ def main():
     p.add_argument("--save-steps", type=int, default=5)
     p.add_argument("--python", default=None)
     p.add_argument("--no-peer", action="store_true")
+    p.add_argument("--ours", default="restart,spare,shrink",
+                   help="which of our rows to run (comma-separated: restart, spare, shrink)")
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
                    help="parallel.zero_stage of our runs (the spare's shard then comes from "
                         "its buddy's copy, Note [Buddy copies]); the peers stay DDP")
@@ -363,13 +366,15 @@ def main():
     shrink_cmd[shrink_cmd.index("--max-restarts") + 1] = "0"
     shrink_cmd += ["--set", "elastic.shrink=true"]
     runs = {}
-    if not a.torchft_only:
-        runs = {"dnallm": measure("dnallm", ours_cmd, env, f"{tmp}/ours.jsonl", a.kills),
-                "spare": measure("spare", spare_cmd, env, f"{tmp}/spare.jsonl", a.kills,
-                                 spare_mode=True)}
-        if a.zero == 0:  # Note [Shrink and grow]: DDP only
-            runs["shrink"] = measure("shrink", shrink_cmd, env, f"{tmp}/shrink.jsonl", a.kills,
-                                     spare_mode=True)
+    ours = set(a.ours.split(",")) if not a.torchft_only else set()
+    if "restart" in ours:
+        runs["dnallm"] = measure("dnallm", ours_cmd, env, f"{tmp}/ours.jsonl", a.kills)
+    if "spare" in ours:
+        runs["spare"] = measure("spare", spare_cmd, env, f"{tmp}/spare.jsonl", a.kills,
+                                spare_mode=True)
+    if "shrink" in ours and a.zero == 0:  # Note [Shrink and grow]: DDP only
+        runs["shrink"] = measure("shrink", shrink_cmd, env, f"{tmp}/shrink.jsonl", a.kills,
+                                 spare_mode=True)
     if not a.no_peer and not a.torchft_only:
         try:
             runs["torchrun"] = measure("torchrun", peer_cmd, env, f"{tmp}/peer.jsonl", a.kills)
@@ -392,7 +397,7 @@ def main():
         med[name] = statistics.median(times)
         print(f"{name:<10}{med[name]:>10.3f}{min(times):>8.3f}{max(times):>8.3f}"
               f"{sum(lost):>6}{int(statistics.median(moved)):>10}")
-    if "dnallm" in med:
+    if "dnallm" in med and "spare" in med:
         m = med["dnallm"]
         print(f"\nrecovery median (kill -> first step of the re-formed group): restart {m:.3f} s, "
               f"spare {med['spare']:.3f} s (goal 0.2 s, 0 steps lost); target {TARGET_S:.0f} s: "
@@ -401,7 +406,7 @@ def main():
         if "shrink" in med:
             print(f"shrink (no spare; the survivor goes on alone until a fresh worker rejoins) "
                   f"{med['shrink']:.3f} s; shrink / restart: {med['shrink'] / m:.2f}")
-    if "torchrun" in med:
+    if "torchrun" in med and "dnallm" in med and "spare" in med:
         print(f"ours / torchrun: {m / med['torchrun']:.2f}, spare / torchrun: "
               f"{med['spare'] / med['torchrun']:.2f} (below 1: we recover faster)")
     if "torchft" in med:
@@ -413,6 +418,9 @@ def main():
             print(f"spare / torchft: {med['spare'] / med['torchft']:.2f}"
                   + (f", spare / ft-rejoin: {med['spare'] / med['ft-rejoin']:.2f}"
                      if "ft-rejoin" in med else "") + " (below 1: we recover faster)")
+        if "shrink" in med:
+            print(f"shrink / torchft: {med['shrink'] / med['torchft']:.2f} (below 1: we recover "
+                  f"faster)")
     subprocess.run(["rm", "-rf", tmp])
 
 

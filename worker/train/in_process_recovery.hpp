@@ -46,8 +46,9 @@
 // generation from the last checkpoint): sync-free steps (their update precedes the last
 // collective), the MPI backend (it cannot abort), no spare left (without elastic.shrink: Note
 // [Shrink and grow]), a dead rank whose buddy died
-// too (ZeRO), a third broken attempt. A failure in the evaluation or a checkpoint save makes
-// them again (DDP: every rank had completed the step) or runs the step again with them (ZeRO).
+// too (ZeRO), a third broken attempt. A failure in the evaluation or a checkpoint save goes on
+// without them (DDP) or runs the step again (ZeRO); a rank that takes over rank 0 writes the
+// line of an evaluation that the dead rank 0 completed but did not log.
 // Sub-groups of the world (the context group) are split again after the re-form
 // (RecoveryOptions::reform_groups); a group whose forming a later recovery overtakes (a rank died
 // meanwhile) gives way to it at once, and every rank joins the newest recovery's group

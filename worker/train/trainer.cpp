@@ -453,9 +453,8 @@ RunEnd Trainer::run() {
     // Note [Sync-free step]: the loss and norm are read back on logging steps only.
     // Note [In-process recovery]: after a peer's failure in the step, its evaluation or its
     // hooks, a re-formed group goes on from the newest step any rank completed (this one again
-    // when none did). When every rank had completed this one (DDP), its evaluation and hooks
-    // (the checkpoint save) run again; a group that went back to an earlier step (ZeRO's
-    // committed copies) runs the step again, and them with it.
+    // when none did); the evaluation or checkpoint save it broke off is not made again (a spare
+    // that joined starts at the next step: its peers must too).
     const auto recovered = [this] { return options_.recover && options_.recover(*this); };
     StepResult r;
     try {
@@ -468,20 +467,15 @@ RunEnd Trainer::run() {
     const double global_tokens = account(r, totals);
     if (log_now && sync_->rank() == 0) log_step(r, global_tokens, totals);
     StepAction action = StepAction::kContinue;
-    bool done = false;
-    while (!done) {
-      try {
-        if (eval_ && t.eval_steps > 0 && (r.step % t.eval_steps == 0 || r.step == total_steps_)) {
-          evaluate_at(r.step);
-        }
-        action = run_after_step_hooks(r);
-        done = true;
-      } catch (...) {
-        if (!recovered()) throw;
-        if (step_ != r.step) break;  // the step itself runs again
+    try {
+      if (eval_ && t.eval_steps > 0 && (r.step % t.eval_steps == 0 || r.step == total_steps_)) {
+        evaluate_at(r.step);
       }
+      action = run_after_step_hooks(r);
+    } catch (...) {
+      if (!recovered()) throw;
+      continue;
     }
-    if (!done) continue;
     if (action == StepAction::kStop) return RunEnd::kStopped;
   }
   for (auto& hook : options_.at_end) hook(*this);

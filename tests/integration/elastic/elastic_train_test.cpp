@@ -92,6 +92,34 @@ pid_t worker_of(pid_t parent, int rank) {
   return child_with(parent, "RANK=" + std::to_string(rank));
 }
 
+// Once run `metrics` of `agent` logged step `at_step` (within 180 s), sends `signal` to the
+// workers of `ranks` (found all before any is signalled); the last step logged then, or -1 (a
+// failure added) when the job ended first or a worker was not found.
+int64_t signal_once_logged(AgentProcess& agent, const std::string& metrics, int64_t at_step,
+                           const std::vector<int>& ranks, int signal) {
+  const auto deadline = std::chrono::steady_clock::now() + 180s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const Metrics m = read_metrics(metrics);
+    if (!m.losses.empty() && m.losses.rbegin()->first >= at_step) {
+      std::vector<pid_t> pids;
+      for (int rank : ranks) pids.push_back(worker_of(agent.pid(), rank));
+      for (pid_t victim : pids) {
+        if (victim <= 0 || ::kill(victim, signal) != 0) {
+          ADD_FAILURE() << "no worker to signal among ranks of the agent\n" << agent.log();
+          return -1;
+        }
+      }
+      return m.losses.rbegin()->first;
+    }
+    if (agent.wait(0ms) != -1) {
+      ADD_FAILURE() << "the job ended before the signal\n" << agent.log();
+      return -1;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  return -1;
+}
+
 class ElasticTrainTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = dnallm::testing::make_temp_dir("elastic_train"); }
@@ -291,20 +319,7 @@ void ElasticTrainTest::expect_spare_takes_over(int signal, const std::vector<std
   extra.insert(extra.end(), keys.begin(), keys.end());
   auto agent = launch("spare", extra);
   const std::string metrics = dir_ + "/spare.jsonl";
-  const auto deadline = std::chrono::steady_clock::now() + 180s;
-  int64_t hit_after = -1;
-  while (hit_after < 0 && std::chrono::steady_clock::now() < deadline) {
-    const Metrics m = read_metrics(metrics);
-    if (!m.losses.empty() && m.losses.rbegin()->first >= at_step) {
-      const pid_t victim = worker_of(agent->pid(), victim_rank);
-      ASSERT_GT(victim, 0) << agent->log();
-      ASSERT_EQ(::kill(victim, signal), 0);
-      hit_after = m.losses.rbegin()->first;
-      break;
-    }
-    ASSERT_EQ(agent->wait(0ms), -1) << "the job ended before the signal\n" << agent->log();
-    std::this_thread::sleep_for(1ms);
-  }
+  const int64_t hit_after = signal_once_logged(*agent, metrics, at_step, {victim_rank}, signal);
   ASSERT_GT(hit_after, 0) << agent->log();
   ASSERT_LT(hit_after, kSteps) << "the run finished before the signal; slow the run down";
   ASSERT_EQ(agent->wait(240s), 0) << agent->log();
@@ -427,22 +442,8 @@ TEST_F(ElasticTrainTest, ARankAndItsBuddyDyingTogetherFallBackToTheCheckpoint) {
   extra.insert(extra.end(), zero.begin(), zero.end());
   auto agent = launch("buddies", extra, 3);
   const std::string metrics = dir_ + "/buddies.jsonl";
-  const auto deadline = std::chrono::steady_clock::now() + 180s;
-  bool killed = false;
-  while (!killed && std::chrono::steady_clock::now() < deadline) {
-    const Metrics m = read_metrics(metrics);
-    if (!m.losses.empty() && m.losses.rbegin()->first >= 2 * kSaveSteps + 1) {
-      const pid_t one = worker_of(agent->pid(), 1), two = worker_of(agent->pid(), 2);
-      ASSERT_GT(one, 0) << agent->log();
-      ASSERT_GT(two, 0) << agent->log();
-      ASSERT_EQ(::kill(one, SIGKILL), 0);
-      ASSERT_EQ(::kill(two, SIGKILL), 0);
-      killed = true;
-    }
-    ASSERT_EQ(agent->wait(0ms), -1) << "the job ended before the kills\n" << agent->log();
-    std::this_thread::sleep_for(1ms);
-  }
-  ASSERT_TRUE(killed) << agent->log();
+  ASSERT_GT(signal_once_logged(*agent, metrics, 2 * kSaveSteps + 1, {1, 2}, SIGKILL), 0)
+      << agent->log();
   ASSERT_EQ(agent->wait(240s), 0) << agent->log();
   const std::string log = agent->log();
   EXPECT_NE(log.find("rank 1's shard of step"), std::string::npos) << log;
@@ -499,8 +500,9 @@ TEST_F(ElasticTrainTest, ASpareThatDiesWhileWaitingLeavesTheCheckpointRestart) {
 // kept), a fresh worker started in its stead returns as rank 3 once warm, and the group
 // accumulates 3 again. The job finishes in generation 1 with one metrics line a step; the
 // steps before the kill equal the uninterrupted run's bit for bit, every later one within the
-// tolerance a resume at another world size meets (resume_test: 2e-5 of the loss, 2e-4 in any
-// parameter), and the two restart events say what happened. An evaluation every 5 steps
+// tolerance a resume at another world size meets (resume_test: 2e-5 of the loss; parameters
+// within 1e-3, the resume tests' 2e-4 being for 8 steps), and the restart events say what
+// happened. An evaluation every 5 steps
 // follows the group: one at 4 ranks (before the shrink or after the grow) scores the same rows
 // as the uninterrupted run's, within the same tolerance; one at 3 ranks scores fewer (the first
 // eval_batches x micro_batch_size x 3 rows).
@@ -529,23 +531,7 @@ void ElasticTrainTest::expect_shrinks_and_grows_back(std::vector<int> victims) {
   extra.insert(extra.end(), accum3.begin(), accum3.end());
   auto agent = launch("shrink", extra, 4);
   const std::string metrics = dir_ + "/shrink.jsonl";
-  const auto deadline = std::chrono::steady_clock::now() + 180s;
-  int64_t killed_after = -1;
-  while (killed_after < 0 && std::chrono::steady_clock::now() < deadline) {
-    const Metrics m = read_metrics(metrics);
-    if (!m.losses.empty() && m.losses.rbegin()->first >= at_step) {
-      std::vector<pid_t> pids;
-      for (int rank : victims) pids.push_back(worker_of(agent->pid(), rank));
-      for (pid_t victim : pids) {
-        ASSERT_GT(victim, 0) << agent->log();
-        ASSERT_EQ(::kill(victim, SIGKILL), 0);
-      }
-      killed_after = m.losses.rbegin()->first;
-      break;
-    }
-    ASSERT_EQ(agent->wait(0ms), -1) << "the job ended before the kill\n" << agent->log();
-    std::this_thread::sleep_for(1ms);
-  }
+  const int64_t killed_after = signal_once_logged(*agent, metrics, at_step, victims, SIGKILL);
   ASSERT_GT(killed_after, 0) << agent->log();
   ASSERT_LT(killed_after + 3, kSteps) << "the run finished before the kill; slow the run down";
   ASSERT_EQ(agent->wait(240s), 0) << agent->log();
@@ -587,14 +573,26 @@ void ElasticTrainTest::expect_shrinks_and_grows_back(std::vector<int> victims) {
   }
   std::printf("largest relative loss difference from step %lld: %.3g\n",
               static_cast<long long>(shrunk_at), worst);
-  const auto evals = m.events("eval"), ref_evals = ref.events("eval");
-  ASSERT_EQ(evals.size(), ref_evals.size()) << log;
-  ASSERT_EQ(evals.size(), size_t(kSteps / 5)) << log;
+  // An evaluation the kill broke off is not made again (docs/elastic.md); every other one is
+  // logged once, the dead rank 0's last one by the rank that took its place.
+  std::map<int64_t, nlohmann::json> evals;
+  for (const auto& e : m.events("eval")) {
+    EXPECT_TRUE(evals.emplace(e["step"].get<int64_t>(), e).second) << e.dump();
+  }
+  const auto ref_evals = ref.events("eval");
+  ASSERT_EQ(ref_evals.size(), size_t(kSteps / 5)) << ref_agent->log();
   const int64_t grown_at = grow["step"].get<int64_t>();
-  for (size_t i = 0; i < evals.size(); ++i) {
-    const auto &e = evals[i], &want = ref_evals[i];
-    const int64_t step = e["step"].get<int64_t>();
-    ASSERT_EQ(step, want["step"].get<int64_t>());
+  for (const auto& want : ref_evals) {
+    const int64_t step = want["step"].get<int64_t>();
+    const auto it = evals.find(step);
+    if (it == evals.end()) {
+      EXPECT_TRUE(step == killed_after || step == killed_after + 1)
+          << "the evaluation of step " << step << " is missing (kill after " << killed_after
+          << ")\n"
+          << log;
+      continue;
+    }
+    const auto& e = it->second;
     if (step >= shrunk_at && step < grown_at) {
       // 2 micro-batches of 6 rows on fewer ranks than 4: fewer than the first 48 rows.
       EXPECT_GT(e["tokens"].get<int64_t>(), 0) << e.dump();
@@ -614,8 +612,10 @@ void ElasticTrainTest::expect_shrinks_and_grows_back(std::vector<int> victims) {
     ASSERT_EQ(v.size(), w.size()) << key;
     for (size_t i = 0; i < v.size(); ++i) diff = std::max(diff, double(std::abs(v[i] - w[i])));
   }
+  // The resume tests allow 2e-4 after 8 steps; here up to 37 steps follow the shrink, Adam
+  // normalising each summation-order difference (measured 3.5e-5 to 1.7e-4).
   std::printf("largest parameter difference: %.3g\n", diff);
-  EXPECT_LT(diff, 2e-4);
+  EXPECT_LT(diff, 1e-3);
 }
 
 TEST_F(ElasticTrainTest, WithoutASpareTheGroupShrinksAndGrowsBack) {
