@@ -116,6 +116,13 @@ void DataLoader::reshard(int rank, int world_size, int64_t grad_accum_steps,
   o.rank = rank;
   o.world_size = world_size;
   o.grad_accum_steps = grad_accum_steps;
+  if (o.max_samples > 0 && world_size != options_.world_size) {
+    // Note [Evaluation covers each sample once]: an evaluation scores the same rows a rank
+    // (eval_batches x micro_batch_size), within the data set, at any world size.
+    const auto old_world = static_cast<uint64_t>(options_.world_size);
+    const uint64_t per_rank = (o.max_samples + old_world - 1) / old_world;
+    o.max_samples = std::min<uint64_t>(dataset_->size(), per_rank * world_size);
+  }
   sampler_ = DistributedSampler(sampler_options(o, dataset_->size()));
   options_ = o;
   reset(state, first_step);
