@@ -121,6 +121,12 @@ int64_t latest_recovery(Store& store, int64_t generation) {
   return count ? std::stoll(to_string(*count)) : 0;
 }
 
+RecoveryRecord read_recovery(Store& store, int64_t generation, int64_t number,
+                             std::chrono::milliseconds timeout) {
+  const std::string key = recovery_key(generation, number);
+  return RecoveryRecord::from_json(to_string(store.get(key, timeout)), key);
+}
+
 int Membership::rank_of(int place) const {
   const auto it = std::find(places.begin(), places.end(), place);
   return it == places.end() ? -1 : static_cast<int>(it - places.begin());
@@ -130,10 +136,7 @@ Membership membership_after(Store& store, int64_t generation, int initial_world,
   Membership m;
   for (int r = 0; r < initial_world; ++r) m.places.push_back(r);
   for (int64_t i = 1; i <= n; ++i) {
-    const std::string key = recovery_key(generation, i);
-    // The count is raised before the record is written: a reader may be a moment early.
-    const auto record =
-        RecoveryRecord::from_json(to_string(store.get(key, std::chrono::seconds(30))), key);
+    const auto record = read_recovery(store, generation, i);
     const auto at = std::find(m.places.begin(), m.places.end(), record.rank);
     if (record.kind == RecoveryKind::kShrink && at != m.places.end()) m.places.erase(at);
     if (record.kind == RecoveryKind::kGrow && at == m.places.end()) m.places.push_back(record.rank);

@@ -71,6 +71,12 @@ std::string spare_ready_key(int64_t generation, int spare_id);
 std::string grow_step_key(int64_t generation, int64_t number);
 std::string recovery_comm_name(int64_t generation, int64_t number);
 
+// The record of recovery `number` of `generation`, waiting up to `timeout` for it (the count is
+// raised before the record is written: a reader may be a moment early). Throws Error(kPeerFailed)
+// when it does not come or is unreadable.
+RecoveryRecord read_recovery(Store& store, int64_t generation, int64_t number,
+                             std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
 // The number of the newest recovery announced in `generation` (0: none).
 int64_t latest_recovery(Store& store, int64_t generation);
 

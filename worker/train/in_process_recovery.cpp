@@ -120,24 +120,16 @@ void InProcessRecovery::maybe_grow(Trainer& t) {
   // Rank 0 picks the step (Note [Shrink and grow] step 3); one that ends the run is none.
   if (o_.comm->rank() == 0 && grow_at_ < next && t.step() + 1 < t.total_steps() &&
       coordinator::latest_recovery(store, generation) >= next) {
-    const std::string key = coordinator::recovery_key(generation, next);
-    if (const auto text = store.try_get(key)) {
-      if (coordinator::RecoveryRecord::from_json(coordinator::to_string(*text), key).kind ==
-          coordinator::RecoveryKind::kGrow) {
-        store.set(coordinator::grow_step_key(generation, next),
-                  coordinator::to_bytes(std::to_string(t.step() + 1)));
-        grow_at_ = next;
-      }
+    if (coordinator::read_recovery(store, generation, next).kind ==
+        coordinator::RecoveryKind::kGrow) {
+      store.set(coordinator::grow_step_key(generation, next),
+                coordinator::to_bytes(std::to_string(t.step() + 1)));
+      grow_at_ = next;
     }
   }
   const auto at = store.try_get(coordinator::grow_step_key(generation, next));
   if (!at || std::stoll(coordinator::to_string(*at)) != t.step()) return;
-  const auto read_record = [&](int64_t number) {
-    const std::string key = coordinator::recovery_key(generation, number);
-    return coordinator::RecoveryRecord::from_json(
-        coordinator::to_string(store.get(key, std::chrono::seconds(10))), key);
-  };
-  auto record = read_record(next);
+  auto record = coordinator::read_recovery(store, generation, next);
   const auto announced = Clock::now();
   spdlog::info("recovery {}: {}; the group grows at step {}", record.number, record.reason,
                t.step() + 1);
@@ -156,7 +148,7 @@ void InProcessRecovery::maybe_grow(Trainer& t) {
       if (attempt >= kRecoveryAttempts || newest <= record.number) throw;
       spdlog::warn("recovery {} broke off ({}); joining recovery {}", record.number, e.what(),
                    newest);
-      record = read_record(newest);
+      record = coordinator::read_recovery(store, generation, newest);
     }
   }
   const auto transferred = Clock::now();

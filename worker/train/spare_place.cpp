@@ -32,10 +32,9 @@ std::optional<SparePlace> wait_for_place(const WorkerEnv& env) {
     if (auto v = store.try_get(key)) {
       const auto assigned = Clock::now();
       const int64_t n = std::stoll(coordinator::to_string(*v));
-      const std::string record_key = coordinator::recovery_key(*env.generation, n);
       SparePlace place;
-      place.record = coordinator::RecoveryRecord::from_json(
-          coordinator::to_string(store.get(record_key, std::chrono::seconds(10))), record_key);
+      place.record =
+          coordinator::read_recovery(store, *env.generation, n, std::chrono::seconds(10));
       place.assigned = assigned;
       place.initial_world = env.world_size.value_or(1);
       place.membership =
