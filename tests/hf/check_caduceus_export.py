@@ -14,19 +14,16 @@ import json
 import os
 import sys
 
-from hf_common import exports_exit_code, import_reference
+from hf_common import CodeFolders, exports_exit_code, import_reference
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--code", default=os.environ.get("DNALLM_CADUCEUS_CODE", ""))
-    ap.add_argument("--mamba", default=os.environ.get("DNALLM_MAMBA_CPU", ""))
+    code = CodeFolders(ap, ("--code", "DNALLM_CADUCEUS_CODE"), ("--mamba", "DNALLM_MAMBA_CPU"))
     ap.add_argument("--exports", required=True)
     ap.add_argument("--fixtures", required=True)
     args = ap.parse_args()
-    if not args.code or not args.mamba:
-        print("check_caduceus_export: no --code/--mamba (DNALLM_CADUCEUS_CODE, DNALLM_MAMBA_CPU): "
-              "not checked")
+    if code.missing("check_caduceus_export", args, "not checked"):
         return 0
     sys.path.insert(0, os.path.abspath(args.mamba))
     torch, transformers = import_reference(args.code, "caduceus_ref")

@@ -13,17 +13,16 @@ import os
 import shutil
 import sys
 
-from hf_common import exports_exit_code, import_reference
+from hf_common import CodeFolders, exports_exit_code, import_reference
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--code", default=os.environ.get("DNALLM_HYENA_CODE", ""))
+    code = CodeFolders(ap, ("--code", "DNALLM_HYENA_CODE"))
     ap.add_argument("--exports", required=True)
     ap.add_argument("--fixtures", required=True)
     args = ap.parse_args()
-    if not args.code:
-        print("check_hyena_export: no --code (DNALLM_HYENA_CODE): not checked")
+    if code.missing("check_hyena_export", args, "not checked"):
         return 0
     torch, transformers = import_reference(args.code, "hyena_ref")
     from hyena_ref.modeling_hyena import HyenaDNAForCausalLM, HyenaDNAForSequenceClassification

@@ -243,6 +243,28 @@ def import_reference(code, package):
     return torch, transformers
 
 
+class CodeFolders:
+    """The folders of a reference's code that a script runs, which this repository does not hold
+    (CI cannot fetch them): each of `folders`, (option, environment variable[, help]), becomes
+    an option of `ap` whose default is the variable; once the arguments are parsed, missing()
+    says what the script did not do without them."""
+
+    def __init__(self, ap, *folders):
+        self.options = [f[0] for f in folders]
+        self.variables = [f[1] for f in folders]
+        self.dests = [ap.add_argument(option, default=os.environ.get(variable, ""),
+                                      help=text[0] if text else None).dest
+                      for option, variable, *text in folders]
+
+    def missing(self, script, args, not_done):
+        """True, after printing "`script`: no --a/--b (VAR_A, VAR_B): `not_done`", when a folder
+        was named neither by its option nor by its variable (the script then exits 0)."""
+        if all(getattr(args, dest) for dest in self.dests):
+            return False
+        print(f"{script}: no {'/'.join(self.options)} ({', '.join(self.variables)}): {not_done}")
+        return True
+
+
 def add_time_steps_arguments(ap, seq, steps):
     """--seq and --batch (each step's input: batch x seq tokens), --steps and --warmup (what
     time_steps times), with `seq` and `steps` as this peer's defaults (the peers of bench/hyena

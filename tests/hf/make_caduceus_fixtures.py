@@ -32,7 +32,7 @@ import json
 import os
 import sys
 
-from hf_common import SEQS, import_reference
+from hf_common import SEQS, CodeFolders, import_reference
 
 # Caduceus' character tokenizer: [CLS] 0 [SEP] 1 [BOS] 2 [MASK] 3 [PAD] 4 [RESERVED] 5 [UNK] 6,
 # A C G T N = 7..11; its complement map swaps A/T and C/G.
@@ -72,13 +72,11 @@ def fused_norm_fn(ref_module, is_rms_norm):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--code", default=os.environ.get("DNALLM_CADUCEUS_CODE", ""))
-    ap.add_argument("--mamba", default=os.environ.get("DNALLM_MAMBA_CPU", ""))
+    code = CodeFolders(ap, ("--code", "DNALLM_CADUCEUS_CODE"), ("--mamba", "DNALLM_MAMBA_CPU"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    if not args.code or not args.mamba:
-        print("make_caduceus_fixtures: no --code/--mamba: Caduceus fixtures not made")
+    if code.missing("make_caduceus_fixtures", args, "Caduceus fixtures not made"):
         return 0
     sys.path.insert(0, os.path.abspath(args.mamba))
     torch, transformers = import_reference(args.code, "caduceus_ref")

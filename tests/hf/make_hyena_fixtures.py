@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from hf_common import SEQS, import_reference
+from hf_common import SEQS, CodeFolders, import_reference
 
 TINY = dict(vocab_size=12, d_model=32, d_inner=64, n_layer=2, emb_dim=5, filter_order=16,
             num_inner_mlps=2, activation_freq=10, pad_token_id=4, embed_dropout=0.0,
@@ -50,13 +50,13 @@ def genome_bases(n):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--code", default=os.environ.get("DNALLM_HYENA_CODE", ""),
-                    help="folder with modeling_hyena.py, configuration_hyena.py, tokenization_hyena.py")
+    code = CodeFolders(ap, ("--code", "DNALLM_HYENA_CODE",
+                            "folder with modeling_hyena.py, configuration_hyena.py, "
+                            "tokenization_hyena.py"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    if not args.code:
-        print("make_hyena_fixtures: no --code (DNALLM_HYENA_CODE): HyenaDNA fixtures not made")
+    if code.missing("make_hyena_fixtures", args, "HyenaDNA fixtures not made"):
         return 0
     torch, transformers = import_reference(args.code, "hyena_ref")
     from hyena_ref.configuration_hyena import HyenaConfig

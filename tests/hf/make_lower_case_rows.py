@@ -31,7 +31,7 @@ import os
 import sys
 
 from check_lower_case import rows
-from hf_common import import_peers
+from hf_common import CodeFolders, import_peers
 
 HYENA_SOURCE = ("HazyResearch/hyena-dna@d553021b483b82980aa4b868b37ec2d4332e198a:"
                 "src/dataloaders/datasets/hg38_char_tokenizer.py")
@@ -100,14 +100,13 @@ def caduceus_tokenizer(folder):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--code", default=os.environ.get("DNALLM_LOWER_CASE_CODE", ""),
-                    help="folder with hg38_char_tokenizer.py and tokenization_caduceus.py")
+    code = CodeFolders(ap, ("--code", "DNALLM_LOWER_CASE_CODE",
+                            "folder with hg38_char_tokenizer.py and tokenization_caduceus.py"))
     ap.add_argument("--fixtures", required=True)
     ap.add_argument("--hyena-source", default=HYENA_SOURCE)
     ap.add_argument("--caduceus-source", default=CADUCEUS_SOURCE)
     args = ap.parse_args()
-    if not args.code:
-        print("make_lower_case_rows: no --code (DNALLM_LOWER_CASE_CODE): lower-case rows not made")
+    if code.missing("make_lower_case_rows", args, "lower-case rows not made"):
         return 0
     torch, transformers = import_peers()
     transformers.logging.set_verbosity_error()
