@@ -1,6 +1,6 @@
 // The run configuration: typed sections with defaults, loaded from TOML and `--set` overrides.
 // The defaults are the member initialisers below; what each key means, and what values it
-// takes, is its entry in the schema (core/config/<section>_keys.cpp), from which docs/config.md
+// takes, is its entry in the schema (core/config/keys/<section>.toml), from which docs/config.md
 // is generated (config_reference()).
 //
 // Precedence: `--set section.key=value` > file > defaults. Keys and sections follow

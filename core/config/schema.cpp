@@ -36,16 +36,7 @@ const char* kind_reference_name(Kind k) { return name_of(kKindNames, k, {"?", ""
 const std::vector<KeyDesc>& schema() {
   static const std::vector<KeyDesc> keys = [] {
     std::vector<KeyDesc> out;
-    model_keys(out);
-    lora_keys(out);
-    tokenizer_keys(out);
-    data_keys(out);
-    training_optimizer_keys(out);
-    training_run_keys(out);
-    parallel_keys(out);
-    checkpoint_keys(out);
-    elastic_keys(out);
-    logging_keys(out);
+    declare_keys(out);
     return out;
   }();
   return keys;

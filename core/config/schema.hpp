@@ -1,9 +1,9 @@
 // Internal to core/config/: the schema behind core/config.hpp. A table of key descriptors
 // drives parsing, validation, printing and the "did you mean" suggestions, so a key is
-// declared in exactly one place: its section's file (core/config/<section>_keys.cpp).
+// declared in exactly one place: its section's file (core/config/keys/<section>.toml).
 //
 //   schema.cpp       the table of every key, the aliases, lookups
-//   *_keys.cpp       one section's keys: name, type, range or choices, meaning
+//   keys/*.toml      one section's keys: name, range or choices, meaning (Note [Config key files])
 //   parse.cpp        TOML and --set into a Config (parse_config, load_config)
 //   validate.cpp     checks across keys, once every key is set
 //   to_toml.cpp      a Config as TOML (to_toml, model_config_hash, config_default)
@@ -145,17 +145,30 @@ class SectionKeys {
   Section Config::*member_;
 };
 
-// One function a section (core/config/<section>_keys.cpp): appends its keys to `out`.
-void model_keys(std::vector<KeyDesc>& out);
-void lora_keys(std::vector<KeyDesc>& out);
-void tokenizer_keys(std::vector<KeyDesc>& out);
-void data_keys(std::vector<KeyDesc>& out);
-void training_optimizer_keys(std::vector<KeyDesc>& out);
-void training_run_keys(std::vector<KeyDesc>& out);
-void parallel_keys(std::vector<KeyDesc>& out);
-void checkpoint_keys(std::vector<KeyDesc>& out);
-void elastic_keys(std::vector<KeyDesc>& out);
-void logging_keys(std::vector<KeyDesc>& out);
+// Note [Config key files]
+// A section's keys are data: core/config/keys/<section>.toml, one file a section, holds
+//
+//   section = "model"            the TOML table, and the member of Config that holds it
+//   struct = "ModelConfig"       that member's type (core/config.hpp)
+//   [[key]]                      one a key, in the order docs/config.md and to_toml() list them
+//   name = "hidden"              the key
+//   field = "..."                the member of `struct` that holds it; absent: as `name`
+//   min = 1, max = 65_536        a number's inclusive bounds (either may be left out: none)
+//   kind = "choice"              a closed set of spellings, the field an enum (Note [Config
+//                                choices]); "resume": checkpoint.resume's "auto", "none" or a path
+//   doc = "..."                  what the key means, in Markdown (docs/config.md)
+//
+// The key's kind (integer, number, flag, string, list) is its field's C++ type (kind_of), its
+// default the field's initialiser. At build time dnallm-config-codegen
+// (core/config_codegen_main.cpp) checks the files and writes them as the SectionKeys calls of
+// `declare_keys`; a file it refuses (an unknown field, no doc, min above max, a key twice) stops
+// the build naming the file and key. A new key is a field in core/config.hpp and a [[key]] in its
+// section's file; a new section is also a file named in core/CMakeLists.txt
+// (DNALLM_CONFIG_SECTIONS, in the order of the reference).
+
+// Appends every key of every section to `out`, in the order of the files (generated from
+// core/config/keys/*.toml: Note [Config key files]).
+void declare_keys(std::vector<KeyDesc>& out);
 
 // Every key, section by section, in the order docs/config.md and to_toml() list them.
 const std::vector<KeyDesc>& schema();
