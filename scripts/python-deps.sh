@@ -14,6 +14,20 @@ req="$root/requirements.txt"
 base_python="$(command -v python3 || true)"
 [ -n "$base_python" ] || { echo "install-deps: no python3 on PATH (Debian: apt-get install python3 python3-venv)" >&2; exit 2; }
 
+# An environment's stamp, VENV/.dnallm-requirements, says what was installed in it: the hash of
+# its requirements file (and, for ours, where torch came from), written after the install.
+#   installed VENV STAMP    whether VENV's stamp holds STAMP and VENV/bin/python runs
+#   stamp VENV STAMP        after an install
+#   requirements_hash FILE  the hash a stamp holds of FILE
+#   purelib PYTHON          the site-packages folder of an interpreter
+installed() {
+  [ -f "$1/.dnallm-requirements" ] && [ "$(cat "$1/.dnallm-requirements")" = "$2" ] &&
+    [ -x "$1/bin/python" ]
+}
+stamp() { echo "$2" > "$1/.dnallm-requirements"; }
+requirements_hash() { sha256sum "$1" | cut -c1-16; }
+purelib() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+
 # Is there a usable torch already (the user's), outside our venv?
 own_torch=""
 if [ "${DNALLM_OWN_TORCH:-1}" != 0 ] && [ "$base_python" != "$DNALLM_PYTHON" ]; then
@@ -35,10 +49,9 @@ if [ -n "$own_torch" ]; then
 else
   mode="pinned $(grep -E '^torch==' "$req")"
 fi
-stamp="$DNALLM_VENV/.dnallm-requirements"
-want_stamp="$(sha256sum "$req" | cut -c1-16) $mode"
+want_stamp="$(requirements_hash "$req") $mode"
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want_stamp" ] && [ -x "$DNALLM_PYTHON" ]; then
+if installed "$DNALLM_VENV" "$want_stamp"; then
   echo "install-deps: Python environment $DNALLM_VENV ready ($mode)"
 else
   start=$(date +%s)
@@ -50,7 +63,7 @@ else
       exit 2
     }
   fi
-  site="$("$DNALLM_PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  site="$(purelib "$DNALLM_PYTHON")"
   if [ -n "$own_torch" ]; then
     # The user's torch stays where it is: the venv sees its site-packages through a .pth file
     # (after the venv's own, so the peers installed here win over the user's copies).
@@ -65,7 +78,7 @@ else
     pip_req=(-r "$req")
   fi
   "$DNALLM_PYTHON" -m pip install -q --disable-pip-version-check "${pip_req[@]}"
-  echo "$want_stamp" > "$stamp"
+  stamp "$DNALLM_VENV" "$want_stamp"
   echo "install-deps: Python environment ready in $(( $(date +%s) - start )) s," \
        "$(du -sh "$DNALLM_VENV" | cut -f1) ($mode)"
 fi
@@ -79,9 +92,8 @@ if [ "$bench" = 1 ]; then
   # the dependencies its fine-tune path imports.
   dvenv="$DNALLM_VENV-dnallm"
   breq="$root/bench/requirements.txt"
-  dstamp="$dvenv/.dnallm-requirements"
-  want_dstamp="$(sha256sum "$breq" | cut -c1-16)"
-  if [ -f "$dstamp" ] && [ "$(cat "$dstamp")" = "$want_dstamp" ] && [ -x "$dvenv/bin/python" ]; then
+  want_dstamp="$(requirements_hash "$breq")"
+  if installed "$dvenv" "$want_dstamp"; then
     echo "install-deps: DNALLM peer ready in $dvenv"
   else
     start=$(date +%s)
@@ -89,8 +101,8 @@ if [ "$bench" = 1 ]; then
       echo "install-deps: '$DNALLM_PYTHON -m venv $dvenv' failed" >&2
       exit 2
     }
-    site="$("$DNALLM_PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    dsite="$("$dvenv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    site="$(purelib "$DNALLM_PYTHON")"
+    dsite="$(purelib "$dvenv/bin/python")"
     echo "$site" > "$dsite/dnallm-project-venv.pth"
     pip=("$dvenv/bin/python" -m pip install -q --disable-pip-version-check)
     # pip reports dnallm's unmet pins (torch<2.12, jax, wandb, ...) as conflicts: expected.
@@ -100,7 +112,7 @@ if [ "$bench" = 1 ]; then
       echo "install-deps: DNALLM does not import in $dvenv (see above)" >&2
       exit 2
     }
-    echo "$want_dstamp" > "$dstamp"
+    stamp "$dvenv" "$want_dstamp"
     echo "install-deps: DNALLM peer ready in $dvenv in $(( $(date +%s) - start )) s"
   fi
 fi
