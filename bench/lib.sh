@@ -3,6 +3,8 @@
 #                     PYTHON), then BUILD: the first other argument, else build
 #   bench_tmp         TMP: a temporary folder, removed when the script exits
 #   bench_timed FILE CMD...   runs CMD and writes its start and end (date +%s.%N) to FILE
+#   bench_summary ARGS... <<'PY'   runs the summary's Python (stdin) with PYTHON and ARGS, with
+#                     bench/summary.py importable (what the summaries share)
 # shellcheck shell=bash
 # shellcheck source=python.sh
 . bench/python.sh
@@ -21,4 +23,7 @@ bench_timed() {
   start=$(date +%s.%N)
   "$@"
   echo "$start $(date +%s.%N)" > "$file"
+}
+bench_summary() {
+  PYTHONPATH="bench${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$@"
 }

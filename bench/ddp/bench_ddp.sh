@@ -49,8 +49,9 @@ for round in $(seq "$ROUNDS"); do
     done
   done
 done
-"$PYTHON" - "$TMP" "$WARMUP" "$ROUNDS" "$VARIANTS" "${#PYTHONS[@]}" <<'PY'
-import json, os, statistics, sys
+bench_summary "$TMP" "$WARMUP" "$ROUNDS" "$VARIANTS" "${#PYTHONS[@]}" <<'PY'
+import json, statistics, sys
+from summary import peer_runs
 tmp, warmup, rounds, variants = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split()
 n_py = int(sys.argv[5])
 def ours(name):
@@ -64,8 +65,7 @@ r = {k: ours(k) for k in ["ddp2", "one", "noov", "last", "every"]}
 peers = {}
 for pi in range(n_py):
     for v in variants:
-        runs = [json.load(open(p)) for p in (f"{tmp}/peer_{pi}_{v}.{r}.json" for r in range(1, rounds + 1))
-                if os.path.getsize(p) > 0]
+        runs = peer_runs(f"{tmp}/peer_{pi}_{v}.{r}.json" for r in range(1, rounds + 1))
         if runs:
             steps = [t for p in runs for t in p["step_s"]]
             peers[f"{runs[0]['torch']} {v}"] = dict(

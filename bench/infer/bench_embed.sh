@@ -43,9 +43,10 @@ for r in $(seq "$ROUNDS"); do
     done
   done
 done
-"$PYTHON" - "$TMP" "$ROUNDS" "$VARIANTS" "${#PYTHONS[@]}" <<'PY'
-import json, os, re, statistics, sys
+bench_summary "$TMP" "$ROUNDS" "$VARIANTS" "${#PYTHONS[@]}" <<'PY'
+import re, statistics, sys
 import numpy as np
+from summary import peer_runs
 tmp, rounds, variants, n_py = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), int(sys.argv[4])
 ours = []
 for r in range(1, rounds + 1):
@@ -57,8 +58,7 @@ print(f"{'side':<30} {'rounds':>6} {'median seq/s':>13} {'best seq/s':>11} {'our
 print(f"{'dnallm-infer':<30} {rounds:>6} {om:>13.1f} {max(ours):>11.1f}")
 for pi in range(n_py):
   for v in variants:
-    runs = [json.load(open(p)) for p in (f"{tmp}/peer_{pi}_{v}_{r}.json" for r in range(1, rounds + 1))
-            if os.path.getsize(p) > 0]
+    runs = peer_runs(f"{tmp}/peer_{pi}_{v}_{r}.json" for r in range(1, rounds + 1))
     if not runs:
         continue
     peer = [p["seq_per_s"] for p in runs]

@@ -47,8 +47,9 @@ for r in $(seq "$ROUNDS"); do
     done
   done
 done
-"$PYTHON" - "$TMP" "$WARMUP" "$ROUNDS" "$VARIANTS" "$#" "${#PYTHONS[@]}" <<'PY'
-import json, os, statistics, sys
+bench_summary "$TMP" "$WARMUP" "$ROUNDS" "$VARIANTS" "$#" "${#PYTHONS[@]}" <<'PY'
+import json, statistics, sys
+from summary import peer_runs
 tmp, warmup, rounds, variants = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split()
 n_ours, n_py = int(sys.argv[5]), int(sys.argv[6])
 rows = []
@@ -63,16 +64,10 @@ for oi in range(n_ours):
     rows.append((name, t, loss))
 for pi in range(n_py):
     for v in variants:
-        t, loss, version = [], None, ""
-        for r in range(1, rounds + 1):
-            path = f"{tmp}/peer_{pi}_{v}_{r}.json"
-            if os.path.getsize(path) == 0:
-                continue
-            p = json.load(open(path))
-            t += p["step_s"]
-            loss, version = p["final_loss"], p["torch"]
+        runs = peer_runs(f"{tmp}/peer_{pi}_{v}_{r}.json" for r in range(1, rounds + 1))
+        t = [s for p in runs for s in p["step_s"]]
         if t:
-            rows.append((f"torch {version} {v}", t, loss))
+            rows.append((f"torch {runs[-1]['torch']} {v}", t, runs[-1]["final_loss"]))
 tok = 8 * 512
 w = max(len(r[0]) for r in rows) + 2
 print(f"{'impl':<{w}}{'steps':>6}{'median_s':>10}{'best_s':>9}{'tokens/s':>10}{'loss':>9}{'ours/this':>10}")

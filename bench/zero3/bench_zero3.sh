@@ -90,8 +90,9 @@ for round in $(seq "$ROUNDS"); do
     done
   done
 done
-"$PYTHON" - "$TMP" "$WARMUP" "$ROUNDS" "$VARIANTS" "${#PYTHONS[@]}" "${run_stages[*]}" <<'PY'
-import glob, json, os, statistics, sys
+bench_summary "$TMP" "$WARMUP" "$ROUNDS" "$VARIANTS" "${#PYTHONS[@]}" "${run_stages[*]}" <<'PY'
+import glob, json, statistics, sys
+from summary import peer_runs
 tmp, warmup, rounds, variants = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split()
 n_py, stages = int(sys.argv[5]), [int(s) for s in sys.argv[6].split()]
 MB = 1024 * 1024
@@ -125,8 +126,7 @@ r = {s: ours(s) for s in stages}
 peers = {}
 for pi in range(n_py):
     for v in variants:
-        runs = [json.load(open(p)) for p in (f"{tmp}/peer_{pi}_{v}.{q}.json" for q in range(1, rounds + 1))
-                if os.path.getsize(p) > 0]
+        runs = peer_runs(f"{tmp}/peer_{pi}_{v}.{q}.json" for q in range(1, rounds + 1))
         if not runs:
             continue
         p0 = runs[0]
