@@ -14,6 +14,7 @@
 #include "coordinator/elastic_service.hpp"
 #include "coordinator/tcp_store_client.hpp"
 #include "core/error.hpp"
+#include "expect_assignment.hpp"
 #include "raw_socket.hpp"
 #include "tests/support/expect_error.hpp"
 
@@ -115,14 +116,16 @@ TEST_F(ElasticServiceTest, TwoAgentsFormOneGenerationOfWorldFour) {
   JobView vb = wait_assignment(*cb, b_, 0);
   ASSERT_TRUE(va.assignment && vb.assignment);
   EXPECT_EQ(va.phase, JobPhase::kRunning);
-  EXPECT_EQ(va.assignment->generation, 1);
-  EXPECT_EQ(va.assignment->world_size, 4);
-  EXPECT_EQ(va.assignment->nnodes, 2);
-  EXPECT_EQ(va.assignment->node_rank, 0);
-  EXPECT_EQ(va.assignment->rank_offset, 0);
-  EXPECT_EQ(vb.assignment->node_rank, 1);
-  EXPECT_EQ(vb.assignment->rank_offset, 2);
-  EXPECT_EQ(vb.assignment->local_world_size, 2);
+  NodeAssignment want{.generation = 1,
+                      .node_rank = 0,
+                      .nnodes = 2,
+                      .world_size = 4,
+                      .rank_offset = 0,
+                      .local_world_size = 2};
+  testing::expect_assignment(*va.assignment, want);
+  want.node_rank = 1;
+  want.rank_offset = 2;  // after a's 2 ranks
+  testing::expect_assignment(*vb.assignment, want);
   // A poll-join by a member that already knows generation 1 would be a rejoin; one that
   // does not yet know it is only a poll and leaves the generation running.
   JobView again = ca->join(a_, 0);

@@ -9,6 +9,7 @@
 #include "coordinator/elastic_wire.hpp"
 #include "coordinator/store_wire.hpp"
 #include "core/error.hpp"
+#include "expect_assignment.hpp"
 #include "tests/support/expect_error.hpp"
 
 namespace dnallm::coordinator {
@@ -249,12 +250,7 @@ TEST(ElasticWire, JobViewRoundTripsWithAndWithoutAnAssignment) {
   FrameReader r2(body.data(), body.size());
   d = decode_job_view(r2);
   ASSERT_TRUE(d.assignment.has_value());
-  EXPECT_EQ(d.assignment->generation, 2);
-  EXPECT_EQ(d.assignment->node_rank, 1);
-  EXPECT_EQ(d.assignment->nnodes, 2);
-  EXPECT_EQ(d.assignment->world_size, 8);
-  EXPECT_EQ(d.assignment->rank_offset, 4);
-  EXPECT_EQ(d.assignment->local_world_size, 4);
+  testing::expect_assignment(*d.assignment, *v.assignment);
 }
 
 TEST(ElasticWire, DecodersRefuseValuesOutOfRange) {
