@@ -57,6 +57,21 @@ RestartOptions restart_options(int max_restarts) {
   return o;
 }
 
+// One generation of `n` workers (specs(n)) polled fast(), with the stop signals `signals` (by
+// default none).
+GenerationResult run_generation(FakeSpawner& spawner, int n, FakeStopSignals signals = {}) {
+  LocalWorkerGroup group(spawner, signals, fast());
+  return group.run(specs(n));
+}
+
+// A generation that ended as `outcome` without a failure, and the launcher's exit code for it.
+void expect_ended_without_failure(const GenerationResult& r, GenerationOutcome outcome,
+                                  int exit_code) {
+  EXPECT_EQ(r.outcome, outcome);
+  EXPECT_TRUE(r.failures.empty());
+  EXPECT_EQ(exit_code_for(r), exit_code);
+}
+
 // Generations of 2 workers (specs(2, restart)), at most `max_restarts` restarts.
 RestartLoop two_worker_loop(FakeSpawner& spawner, FakeStopSignals& signals, int max_restarts) {
   return RestartLoop(spawner, signals, restart_options(max_restarts),
@@ -65,12 +80,8 @@ RestartLoop two_worker_loop(FakeSpawner& spawner, FakeStopSignals& signals, int 
 
 TEST(LocalWorkerGroup, AllWorkersSucceed) {
   FakeSpawner spawner([](const WorkerSpec& s, int) { return exits_after(s.rank + 1, 0); });
-  FakeStopSignals signals;
-  LocalWorkerGroup group(spawner, signals, fast());
-  GenerationResult r = group.run(specs(3));
-  EXPECT_EQ(r.outcome, GenerationOutcome::kSucceeded);
-  EXPECT_TRUE(r.failures.empty());
-  EXPECT_EQ(exit_code_for(r), 0);
+  GenerationResult r = run_generation(spawner, 3);
+  expect_ended_without_failure(r, GenerationOutcome::kSucceeded, 0);
   for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(spawner.record(i).signals.empty());
 }
 
@@ -112,9 +123,7 @@ TEST(LocalWorkerGroup, FailureStopsTheOthersWithSigterm) {
     b.lines = {"loading", "boom"};
     return b;
   });
-  FakeStopSignals signals;
-  LocalWorkerGroup group(spawner, signals, fast());
-  GenerationResult r = group.run(specs(3));
+  GenerationResult r = run_generation(spawner, 3);
   ASSERT_EQ(r.outcome, GenerationOutcome::kWorkerFailed);
   ASSERT_EQ(r.failures.size(), 1u);
   EXPECT_EQ(r.failures[0].rank, 1);
@@ -137,9 +146,7 @@ TEST(LocalWorkerGroup, WorkerIgnoringSigtermIsKilledAfterGrace) {
     b.ignores_term = true;
     return b;
   });
-  FakeStopSignals signals;
-  LocalWorkerGroup group(spawner, signals, fast());
-  GenerationResult r = group.run(specs(2));
+  GenerationResult r = run_generation(spawner, 2);
   EXPECT_EQ(r.outcome, GenerationOutcome::kWorkerFailed);
   EXPECT_EQ(spawner.record(1).signals, (std::vector<int>{SIGTERM, SIGKILL}));
   EXPECT_EQ(spawner.record(1).exit->code, SIGKILL);
@@ -149,9 +156,7 @@ TEST(LocalWorkerGroup, WorkerIgnoringSigtermIsKilledAfterGrace) {
 
 TEST(LocalWorkerGroup, ForwardsStopSignalAndReportsIt) {
   FakeSpawner spawner([](const WorkerSpec&, int) { return runs_forever(); });
-  FakeStopSignals signals(SIGINT, 3);
-  LocalWorkerGroup group(spawner, signals, fast());
-  GenerationResult r = group.run(specs(2));
+  GenerationResult r = run_generation(spawner, 2, FakeStopSignals(SIGINT, 3));
   EXPECT_EQ(r.outcome, GenerationOutcome::kInterrupted);
   EXPECT_EQ(r.stop_signal, SIGINT);
   EXPECT_TRUE(r.failures.empty());
@@ -203,9 +208,7 @@ TEST(LocalWorkerGroup, PreemptionNoticeIsForwardedAndEndsWithRequeue) {
 TEST(LocalWorkerGroup, PreemptionNoticeDoesNotStopWorkersThatIgnoreIt) {
   // Workers without a handler keep running after SIGUSR1 and finish normally.
   FakeSpawner spawner([](const WorkerSpec&, int) { return exits_after(20, 0); });
-  FakeStopSignals signals(SIGUSR1, 1);
-  LocalWorkerGroup group(spawner, signals, fast());
-  GenerationResult r = group.run(specs(2));
+  GenerationResult r = run_generation(spawner, 2, FakeStopSignals(SIGUSR1, 1));
   EXPECT_EQ(r.outcome, GenerationOutcome::kSucceeded);
   EXPECT_EQ(exit_code_for(r), 0);
   EXPECT_EQ(spawner.record(0).signals, std::vector<int>{SIGUSR1});
@@ -213,9 +216,7 @@ TEST(LocalWorkerGroup, PreemptionNoticeDoesNotStopWorkersThatIgnoreIt) {
 
 TEST(LocalWorkerGroup, SigtermAnsweredWithRequeueIsPreemption) {
   FakeSpawner spawner([](const WorkerSpec&, int) { return saves_and_exits_on_signal(); });
-  FakeStopSignals signals(SIGTERM, 2);
-  LocalWorkerGroup group(spawner, signals, fast());
-  GenerationResult r = group.run(specs(2));
+  GenerationResult r = run_generation(spawner, 2, FakeStopSignals(SIGTERM, 2));
   EXPECT_EQ(r.outcome, GenerationOutcome::kPreempted);
   EXPECT_EQ(r.stop_signal, SIGTERM);
   EXPECT_EQ(exit_code_for(r), 75);
@@ -229,21 +230,15 @@ TEST(LocalWorkerGroup, SigtermWithOneWorkerKilledIsAnInterrupt) {
     b.ignores_term = true;  // killed after the grace period
     return b;
   });
-  FakeStopSignals signals(SIGTERM, 2);
-  LocalWorkerGroup group(spawner, signals, fast());
-  GenerationResult r = group.run(specs(2));
+  GenerationResult r = run_generation(spawner, 2, FakeStopSignals(SIGTERM, 2));
   EXPECT_EQ(r.outcome, GenerationOutcome::kInterrupted);
   EXPECT_EQ(exit_code_for(r), 128 + SIGTERM);
 }
 
 TEST(LocalWorkerGroup, AWorkerExiting75OnItsOwnIsNotAFailure) {
   FakeSpawner spawner([](const WorkerSpec& s, int) { return exits_after(s.rank + 1, 75); });
-  FakeStopSignals signals;
-  LocalWorkerGroup group(spawner, signals, fast());
-  GenerationResult r = group.run(specs(2));
-  EXPECT_EQ(r.outcome, GenerationOutcome::kPreempted);
-  EXPECT_TRUE(r.failures.empty());
-  EXPECT_EQ(exit_code_for(r), 75);
+  GenerationResult r = run_generation(spawner, 2);
+  expect_ended_without_failure(r, GenerationOutcome::kPreempted, 75);
 }
 
 TEST(LocalWorkerGroup, SpawnFailureStopsThoseStartedAndRethrows) {
