@@ -307,14 +307,26 @@ TEST(HfImportTest, Dnabert2PytorchModelBinAsShipped) {
   fs::remove_all(dir);
 }
 
+// The dnabert2_mlm fixture's inputs and reference logits (expected.safetensors), the model
+// imported from it and our logits on those inputs.
+struct Dnabert2Mlm {
+  std::map<std::string, torch::Tensor> expected;
+  TransformerLM model;
+  torch::Tensor logits;
+};
+Dnabert2Mlm import_dnabert2_mlm() {
+  const std::string dir = kFixtures + "/dnabert2_mlm";
+  auto expected = load_safetensors(dir + "/expected.safetensors");
+  auto model = build_hf_model(read_hf_checkpoint(dir));
+  auto logits = dnabert2_logits(model, expected);
+  return {std::move(expected), model, logits};
+}
+
 // Note [Scored positions only] with ALiBi: the last block computes the scored queries alone, so
 // their rows of the per-query bias must be the ones picked.
 TEST(HfImportTest, Dnabert2ScoredPositionsOnlyMatchTheFullLogits) {
   if (!has_fixture("dnabert2_mlm")) GTEST_SKIP();
-  const std::string dir = kFixtures + "/dnabert2_mlm";
-  auto e = load_safetensors(dir + "/expected.safetensors");
-  auto model = build_hf_model(read_hf_checkpoint(dir));
-  auto full = dnabert2_logits(model, e);
+  auto [e, model, full] = import_dnabert2_mlm();
   ForwardInputs in;
   in.input_ids = e.at("input_ids");
   in.attention_mask = e.at("attention_mask");
@@ -335,10 +347,7 @@ TEST(HfImportTest, Dnabert2ScoredPositionsOnlyMatchTheFullLogits) {
 // each sequence alone (no padding, every row) give the same logits at real tokens.
 TEST(HfImportTest, Dnabert2PaddedBatchEqualsEachSequenceAlone) {
   if (!has_fixture("dnabert2_mlm")) GTEST_SKIP();
-  const std::string dir = kFixtures + "/dnabert2_mlm";
-  auto e = load_safetensors(dir + "/expected.safetensors");
-  auto model = build_hf_model(read_hf_checkpoint(dir));
-  auto batched = dnabert2_logits(model, e);
+  auto [e, model, batched] = import_dnabert2_mlm();
   const auto& ids = e.at("input_ids");
   const auto& mask = e.at("attention_mask");
   ASSERT_LT(mask.sum().item<int64_t>(), mask.numel());  // the batch is padded
