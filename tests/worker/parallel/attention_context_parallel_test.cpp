@@ -25,6 +25,7 @@ namespace {
 
 using parallel::context_test::expect_no_errors;
 using parallel::context_test::gloo_available;
+using parallel::context_test::gradients;
 using parallel::context_test::leaf;
 using parallel::context_test::relative_error;
 using parallel::context_test::run_on_ranks;
@@ -39,15 +40,6 @@ Tensor positions_of(int64_t length, int C, int r, bool zig_zag) {
   const int64_t chunk = length / (2 * C);
   return torch::cat({torch::arange(r * chunk, (r + 1) * chunk, torch::kLong),
                      torch::arange((2 * C - 1 - r) * chunk, (2 * C - r) * chunk, torch::kLong)});
-}
-
-std::map<std::string, Tensor> gradients(const torch::nn::Module& m) {
-  std::map<std::string, Tensor> out;
-  for (const auto& p : m.named_parameters()) {
-    out[p.key()] =
-        p.value().grad().defined() ? p.value().grad().clone() : torch::zeros_like(p.value());
-  }
-  return out;
 }
 
 struct Case {

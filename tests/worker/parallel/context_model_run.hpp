@@ -1,6 +1,7 @@
 // What the model-level context-parallel tests compare (context_mesh_test, context_pooling_test,
-// mamba_context_parallel_test): one forward and backward of a model through the trainer's inputs,
-// and the tiny transformer, HyenaDNA and Caduceus they build.
+// attention_ and mamba_context_parallel_test): one forward and backward of a model through the
+// trainer's inputs, every parameter's gradient, and the tiny transformer, HyenaDNA and Caduceus
+// they build.
 #pragma once
 
 #include <torch/torch.h>
@@ -26,6 +27,16 @@ struct RunResult {
   std::map<std::string, torch::Tensor> grads;  // every parameter's (zeros where it has none)
 };
 
+// The gradient of every parameter of `m`, by name (zeros where it has none).
+inline std::map<std::string, torch::Tensor> gradients(const torch::nn::Module& m) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : m.named_parameters()) {
+    out[p.key()] =
+        p.value().grad().defined() ? p.value().grad().clone() : torch::zeros_like(p.value());
+  }
+  return out;
+}
+
 // `labels_only`: the logits at the labelled positions only, as the trainer asks
 // (ForwardInputs::logits_for_labels_only).
 inline RunResult forward_backward(models::LanguageModel& model, const data::Batch& batch,
@@ -38,10 +49,7 @@ inline RunResult forward_backward(models::LanguageModel& model, const data::Batc
   r.logits = out.logits.detach();
   r.loss_sum = out.loss_sum.item<double>();
   r.loss_count = out.loss_count;
-  for (const auto& p : model->named_parameters()) {
-    r.grads[p.key()] =
-        p.value().grad().defined() ? p.value().grad().clone() : torch::zeros_like(p.value());
-  }
+  r.grads = gradients(*model);
   return r;
 }
 

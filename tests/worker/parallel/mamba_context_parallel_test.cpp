@@ -26,6 +26,7 @@ namespace {
 
 using parallel::context_test::expect_no_errors;
 using parallel::context_test::gloo_available;
+using parallel::context_test::gradients;
 using parallel::context_test::leaf;
 using parallel::context_test::run_on_ranks;
 using parallel::context_test::shard_of;
@@ -174,16 +175,6 @@ TEST_P(MambaContextParallel, GenericScanMatchesTheWholeSequenceAndTheFusedScan) 
 
 CaduceusOptions tiny(bool rcps, bool bidirectional) {
   return parallel::context_test::tiny_caduceus(rcps, bidirectional);
-}
-
-// The gradient of every parameter, by name.
-std::map<std::string, Tensor> gradients(const torch::nn::Module& m) {
-  std::map<std::string, Tensor> out;
-  for (const auto& p : m.named_parameters()) {
-    out[p.key()] =
-        p.value().grad().defined() ? p.value().grad().clone() : torch::zeros_like(p.value());
-  }
-  return out;
 }
 
 TEST_P(MambaContextParallel, MambaMixerMatchesTheWholeSequence) {
