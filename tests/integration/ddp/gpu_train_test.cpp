@@ -4,6 +4,7 @@
 // is visible or dnallm-train was built without CUDA.
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -67,17 +68,29 @@ void expect_same_losses(const TrainResult& a, const TrainResult& b, double rel,
   }
 }
 
+// One process (global batch 8) with `extra` against the same run without it: both succeed, the
+// run's log has each of `log_lines`, and every step's loss is within 1e-5 (CUDA's run-to-run
+// noise) of the plain run's. `name`: the run's folder, "<name>_plain" the plain run's.
+void expect_one_process_like_plain(const std::string& name, const std::string& extra,
+                                   const std::vector<std::string>& log_lines,
+                                   const std::string& what) {
+  const TrainResult plain = train(name + "_plain", "", 8, 1, "");
+  ASSERT_EQ(plain.rc, 0) << plain.log;
+  const TrainResult run = train(name, "", 8, 1, extra);
+  ASSERT_EQ(run.rc, 0) << run.log;
+  for (const std::string& line : log_lines) {
+    EXPECT_NE(run.log.find(line), std::string::npos) << line << "\n" << run.log;
+  }
+  expect_same_losses(plain, run, 1e-5, what);
+}
+
 TEST(GpuTraining, NcclAtWorldSizeOneThroughTheTrainer) {
   if (auto why = gpu_skip_reason(); !why.empty()) GTEST_SKIP() << why;
-  const TrainResult plain = train("gpu_plain", "", 8, 1, "");
-  ASSERT_EQ(plain.rc, 0) << plain.log;
-  const TrainResult nccl = train("gpu_nccl1", "", 8, 1, "--set parallel.backend=nccl");
-  ASSERT_EQ(nccl.rc, 0) << nccl.log;
-  EXPECT_NE(nccl.log.find("nccl backend on cuda:0"), std::string::npos) << nccl.log;
   // An all-reduce over one rank changes nothing: the same losses as without a communicator,
   // up to CUDA's run-to-run noise (atomic adds in the embedding backward, another flat
   // layout order for the gradient norm).
-  expect_same_losses(plain, nccl, 1e-5, "nccl world size 1 vs no communicator");
+  expect_one_process_like_plain("gpu_nccl1", "--set parallel.backend=nccl",
+                                {"nccl backend on cuda:0"}, "nccl world size 1 vs no communicator");
 }
 
 // Note [Fully sharded stream order]: ZeRO-3 over NCCL at world size 1 runs every gather and
@@ -87,15 +100,11 @@ TEST(GpuTraining, NcclAtWorldSizeOneThroughTheTrainer) {
 // loss apart from the run without a communicator.
 TEST(GpuTraining, Zero3OverNcclAtWorldSizeOneMatchesOneProcess) {
   if (auto why = gpu_skip_reason(); !why.empty()) GTEST_SKIP() << why;
-  const TrainResult plain = train("gpu_z3_plain", "", 8, 1, "");
-  ASSERT_EQ(plain.rc, 0) << plain.log;
-  const TrainResult z3 =
-      train("gpu_z3_nccl1", "", 8, 1, "--set parallel.backend=nccl --set parallel.zero_stage=3");
-  ASSERT_EQ(z3.rc, 0) << z3.log;
-  EXPECT_NE(z3.log.find("ZeRO-3: "), std::string::npos) << z3.log;
-  EXPECT_NE(z3.log.find("nccl backend on cuda:0"), std::string::npos) << z3.log;
   // Up to CUDA's run-to-run noise, as DDP's above (the gradient norm sums the unit layout).
-  expect_same_losses(plain, z3, 1e-5, "ZeRO-3 over nccl at world size 1 vs no communicator");
+  expect_one_process_like_plain("gpu_z3_nccl1",
+                                "--set parallel.backend=nccl --set parallel.zero_stage=3",
+                                {"ZeRO-3: ", "nccl backend on cuda:0"},
+                                "ZeRO-3 over nccl at world size 1 vs no communicator");
 }
 
 TEST(GpuTraining, TwoRanksSharingTheGpuOverStagedGlooMatchOneRank) {
