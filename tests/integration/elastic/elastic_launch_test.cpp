@@ -44,6 +44,20 @@ int count(const std::string& text, const std::string& needle) {
   return n;
 }
 
+// Both agents of a job that ended with `code`: each exits with it, and each one's stderr has
+// every one of `needles` (the root cause, what ended the job, the worker's last lines).
+void expect_both_exit_naming(AgentProcess& a, AgentProcess& b, int code,
+                             const std::vector<std::string>& needles) {
+  EXPECT_EQ(a.wait(30s), code) << a.log();
+  EXPECT_EQ(b.wait(30s), code) << b.log();
+  for (AgentProcess* p : {&a, &b}) {
+    const std::string err = p->err();
+    for (const std::string& needle : needles) {
+      EXPECT_TRUE(contains(err, needle)) << "no \"" << needle << "\" in\n" << err;
+    }
+  }
+}
+
 // Every worker prints this line first.
 const char* kEnvLine =
     "echo \"R=$RANK L=$LOCAL_RANK W=$WORLD_SIZE G=$GROUP_RANK N=$GROUP_WORLD_SIZE "
@@ -95,6 +109,13 @@ class ElasticLaunchTest : public ::testing::Test {
         dir_ + "/" + name));
     return *agents_.back();
   }
+  // The agents a (node rank 0, with `a_extra`) and b (node rank 1) of a two-node job running
+  // `script`.
+  std::pair<AgentProcess&, AgentProcess&> two_agents(const std::string& script,
+                                                     std::vector<std::string> a_extra = {}) {
+    AgentProcess& a = agent("a", 0, "2", script, std::move(a_extra));
+    return {a, agent("b", 1, "2", script)};
+  }
   std::string file(const std::string& name) const { return dir_ + "/" + name; }
   pid_t read_pid(const std::string& name) const { return std::atoi(slurp(file(name)).c_str()); }
 
@@ -105,8 +126,7 @@ class ElasticLaunchTest : public ::testing::Test {
 
 TEST_F(ElasticLaunchTest, TwoAgentsFormOneJobOfWorldFour) {
   const std::string script = std::string(kEnvLine) + "exit 0";
-  AgentProcess& a = agent("a", 0, "2", script);
-  AgentProcess& b = agent("b", 1, "2", script);
+  auto [a, b] = two_agents(script);
   ASSERT_EQ(a.wait(30s), 0) << a.log();
   ASSERT_EQ(b.wait(30s), 0) << b.log();
   // Node ranks follow the join order of the first round: either agent may be node 0.
@@ -148,8 +168,7 @@ const char* kKillScript =
 
 TEST_F(ElasticLaunchTest, KilledWorkerRestartsTheWholeGroupAsGenerationTwo) {
   const std::string script = std::string(kEnvLine) + kKillScript;
-  AgentProcess& a = agent("a", 0, "2", script, {"--max-restarts", "1"});
-  AgentProcess& b = agent("b", 1, "2", script);
+  auto [a, b] = two_agents(script, {"--max-restarts", "1"});
   double recovery = kill_one_worker_and_recover(this, a, b, dir_);
   const bool a_first = contains(a.out(), "G=0");
   for (int r = 0; r < 4; ++r) {
@@ -185,8 +204,7 @@ TEST_F(ElasticLaunchTest, KilledAgentLeavesTheSurvivorRunningAtWorldTwo) {
 
 TEST_F(ElasticLaunchTest, LosingTheHostingAgentFailsTheOthersWithExitFour) {
   const std::string script = std::string(kEnvLine) + "exec sleep 30";
-  AgentProcess& a = agent("a", 0, "2", script);
-  AgentProcess& b = agent("b", 1, "2", script);
+  auto [a, b] = two_agents(script);
   for (int r = 0; r < 4; ++r) {
     ASSERT_TRUE(wait_for_file(file("pid_g1_r" + std::to_string(r)), 20s)) << a.log() << b.log();
   }
@@ -227,25 +245,19 @@ TEST_F(ElasticLaunchTest, StoppedWorkerIsReportedAsAHangNamingRankAndHost) {
       std::string(kEnvLine) +
       "i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo $i > $DNALLM_PROGRESS_FILE; sleep 0.1; "
       "done; exit 0";
-  AgentProcess& a = agent("a", 0, "2", script, {"--hang-timeout", "2", "--max-restarts", "0"});
-  AgentProcess& b = agent("b", 1, "2", script);
+  auto [a, b] = two_agents(script, {"--hang-timeout", "2", "--max-restarts", "0"});
   ASSERT_TRUE(wait_for_file(file("pid_g1_r2"), 20s)) << a.log() << b.log();
   std::this_thread::sleep_for(500ms);
   ASSERT_EQ(::kill(read_pid("pid_g1_r2"), SIGSTOP), 0);
-  EXPECT_EQ(a.wait(30s), 4) << a.log();
-  EXPECT_EQ(b.wait(30s), 4) << b.log();
-  for (AgentProcess* p : {&a, &b}) {
-    const std::string err = p->err();
-    EXPECT_TRUE(contains(err, "root cause: rank 2 on " + host_name() + ": no progress for")) << err;
-    EXPECT_TRUE(contains(err, "max_restarts = 0 exhausted")) << err;
-  }
+  expect_both_exit_naming(
+      a, b, 4,
+      {"root cause: rank 2 on " + host_name() + ": no progress for", "max_restarts = 0 exhausted"});
 }
 
 TEST_F(ElasticLaunchTest, WrongTokenAndGarbageFramesAreRefusedAndTheJobIsUnaffected) {
   const std::string script =
       std::string(kEnvLine) + "while [ ! -e $T/go ]; do sleep 0.05; done; echo done; exit 0";
-  AgentProcess& a = agent("a", 0, "2", script);
-  AgentProcess& b = agent("b", 1, "2", script);
+  auto [a, b] = two_agents(script);
   ASSERT_TRUE(wait_for_file(file("pid_g1_r3"), 20s)) << a.log() << b.log();
   AgentProcess& intruder = agent("intruder", 1, "2", "exit 0", {}, "wrong");
   EXPECT_EQ(intruder.wait(20s), 2) << intruder.log();
@@ -288,35 +300,21 @@ TEST_F(ElasticLaunchTest, ExhaustedRestartBudgetExitsFourWithTheRootCause) {
   const std::string script = std::string(kEnvLine) +
                              "if [ $RANK = 2 ]; then echo \"loading shard 2\"; "
                              "echo \"fatal: disk quota exceeded\" >&2; exit 7; fi; exec sleep 30";
-  AgentProcess& a = agent("a", 0, "2", script, {"--max-restarts", "1"});
-  AgentProcess& b = agent("b", 1, "2", script);
-  EXPECT_EQ(a.wait(30s), 4) << a.log();
-  EXPECT_EQ(b.wait(30s), 4) << b.log();
-  for (AgentProcess* p : {&a, &b}) {
-    const std::string err = p->err();
-    EXPECT_TRUE(contains(err, "root cause: rank 2 on " + host_name() + ": exited with code 7"))
-        << err;
-    EXPECT_TRUE(contains(err, "max_restarts = 1 exhausted")) << err;
-    EXPECT_TRUE(contains(err, "generation 2")) << err;
-    EXPECT_TRUE(contains(err, "fatal: disk quota exceeded")) << err;
-    EXPECT_TRUE(contains(err, "loading shard 2")) << err;
-  }
+  auto [a, b] = two_agents(script, {"--max-restarts", "1"});
+  expect_both_exit_naming(a, b, 4,
+                          {"root cause: rank 2 on " + host_name() + ": exited with code 7",
+                           "max_restarts = 1 exhausted", "generation 2",
+                           "fatal: disk quota exceeded", "loading shard 2"});
 }
 
 TEST_F(ElasticLaunchTest, BadDataExitOfOneWorkerEndsTheJobWithItsCodeAndNoRestart) {
   const std::string script = std::string(kEnvLine) +
                              "if [ $RANK = 1 ]; then echo \"bad record at line 3\" >&2; exit 3; "
                              "fi; exec sleep 30";
-  AgentProcess& a = agent("a", 0, "2", script, {"--max-restarts", "3"});
-  AgentProcess& b = agent("b", 1, "2", script);
-  EXPECT_EQ(a.wait(30s), 3) << a.log();
-  EXPECT_EQ(b.wait(30s), 3) << b.log();
+  auto [a, b] = two_agents(script, {"--max-restarts", "3"});
+  expect_both_exit_naming(
+      a, b, 3, {"rank 1 on " + host_name() + ": exited with code 3", "bad record at line 3"});
   EXPECT_EQ(count(a.out() + b.out(), "gen=2"), 0);
-  for (AgentProcess* p : {&a, &b}) {
-    EXPECT_TRUE(contains(p->err(), "rank 1 on " + host_name() + ": exited with code 3"))
-        << p->err();
-    EXPECT_TRUE(contains(p->err(), "bad record at line 3")) << p->err();
-  }
 }
 
 TEST_F(ElasticLaunchTest, StandaloneCoordinatorServesAgentsAndExitsWithTheJob) {
