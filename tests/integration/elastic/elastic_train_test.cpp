@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <set>
 #include <string>
@@ -290,6 +291,27 @@ pid_t spare_of(pid_t parent, int id) {
   return child_with(parent, "DNALLM_SPARE_ID=" + std::to_string(id));
 }
 
+// The kills of a test at the steps (or log lines) it chooses: every millisecond while the job of
+// `agent` runs (within 180 s), `act` gets the last step run `metrics` logged (0 before any),
+// until `done`. True then; false when the time ran out, `act` failed fatally, or (a failure
+// added) the job ended first.
+bool act_while_running(AgentProcess& agent, const std::string& metrics,
+                       const std::function<void(int64_t at)>& act, const bool& done) {
+  const auto deadline = std::chrono::steady_clock::now() + 180s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const Metrics m = read_metrics(metrics);
+    act(m.losses.empty() ? 0 : m.losses.rbegin()->first);
+    if (::testing::Test::HasFatalFailure()) return false;
+    if (agent.wait(0ms) != -1) {
+      ADD_FAILURE() << "the job ended before the kills\n" << agent.log();
+      return false;
+    }
+    if (done) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
+
 // Note [In-process recovery]: with a spare, a rank (0 or 1, at a random step) that is SIGKILLed,
 // or SIGSTOPped (the agent kills a stopped rank), costs no step: the job finishes in generation
 // 1, every step has exactly one metrics line whose loss equals the uninterrupted run's bit for
@@ -391,12 +413,9 @@ TEST_F(ElasticTrainTest, ASecondFailureDuringTheRecoveryIsRecoveredToo) {
   auto agent = launch(
       "twice", {"--spare-workers", "2", "--max-restarts", "0", "--set", "parallel.timeout_s=30"});
   const std::string metrics = dir_ + "/twice.jsonl";
-  const auto deadline = std::chrono::steady_clock::now() + 180s;
   pid_t spare = -1;
   bool rank_killed = false, spare_killed = false;
-  while (!spare_killed && std::chrono::steady_clock::now() < deadline) {
-    const Metrics m = read_metrics(metrics);
-    const int64_t at = m.losses.empty() ? 0 : m.losses.rbegin()->first;
+  const auto kill_rank_then_its_spare = [&](int64_t at) {
     if (!rank_killed && at >= 5) {
       spare = spare_of(agent->pid(), 0);
       const pid_t victim = worker_of(agent->pid(), 1);
@@ -408,10 +427,9 @@ TEST_F(ElasticTrainTest, ASecondFailureDuringTheRecoveryIsRecoveredToo) {
       ASSERT_EQ(::kill(spare, SIGKILL), 0);
       spare_killed = true;
     }
-    ASSERT_EQ(agent->wait(0ms), -1) << "the job ended before the kills\n" << agent->log();
-    std::this_thread::sleep_for(1ms);
-  }
-  ASSERT_TRUE(spare_killed) << agent->log();
+  };
+  ASSERT_TRUE(act_while_running(*agent, metrics, kill_rank_then_its_spare, spare_killed))
+      << agent->log();
   ASSERT_EQ(agent->wait(240s), 0) << agent->log();
   const std::string log = agent->log();
   EXPECT_EQ(log.find("generation 2"), std::string::npos) << "the group was restarted\n" << log;
@@ -465,11 +483,8 @@ TEST_F(ElasticTrainTest, ARankAndItsBuddyDyingTogetherFallBackToTheCheckpoint) {
 TEST_F(ElasticTrainTest, ASpareThatDiesWhileWaitingLeavesTheCheckpointRestart) {
   auto agent = launch("lost_spare", {"--spare-workers", "1", "--max-restarts", "1"});
   const std::string metrics = dir_ + "/lost_spare.jsonl";
-  const auto deadline = std::chrono::steady_clock::now() + 180s;
   bool spare_killed = false, rank_killed = false;
-  while (!rank_killed && std::chrono::steady_clock::now() < deadline) {
-    const Metrics m = read_metrics(metrics);
-    const int64_t at = m.losses.empty() ? 0 : m.losses.rbegin()->first;
+  const auto kill_spare_then_a_rank = [&](int64_t at) {
     if (!spare_killed && at >= 2) {
       const pid_t spare = spare_of(agent->pid(), 0);
       ASSERT_GT(spare, 0) << agent->log();
@@ -481,10 +496,9 @@ TEST_F(ElasticTrainTest, ASpareThatDiesWhileWaitingLeavesTheCheckpointRestart) {
       ASSERT_EQ(::kill(victim, SIGKILL), 0);
       rank_killed = true;
     }
-    ASSERT_EQ(agent->wait(0ms), -1) << "the job ended before the kills\n" << agent->log();
-    std::this_thread::sleep_for(1ms);
-  }
-  ASSERT_TRUE(rank_killed) << agent->log();
+  };
+  ASSERT_TRUE(act_while_running(*agent, metrics, kill_spare_then_a_rank, rank_killed))
+      << agent->log();
   ASSERT_EQ(agent->wait(240s), 0) << agent->log();
   const std::string log = agent->log();
   EXPECT_NE(log.find("spare 0 (pid"), std::string::npos) << log;
