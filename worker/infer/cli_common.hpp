@@ -116,7 +116,8 @@ class RowShares {
 // Exit 2 unless this is the only process: `what` does not split its work over ranks.
 void require_one_process(const cluster::Topology& topo, const char* what);
 
-// One subcommand: add_to() declares its options on `app`; run() after parsing.
+// One subcommand: its constructor declares its options on the program's CLI::App; run() after
+// parsing.
 class Command {
  public:
   virtual ~Command() = default;
@@ -125,6 +126,21 @@ class Command {
 
  protected:
   CLI::App* app_ = nullptr;
+};
+
+// A subcommand whose options fill an `Args` (which holds the CommonArgs as `common`).
+template <class Args>
+class CommandWith : public Command {
+ protected:
+  // Declares the subcommand `name` on `app` with the options every subcommand takes; the
+  // subcommand's own options go on what it returns.
+  CLI::App* subcommand(CLI::App& app, const char* name, const char* help) {
+    app_ = app.add_subcommand(name, help);
+    add_common(*app_, args_.common);
+    return app_;
+  }
+
+  Args args_;
 };
 
 std::unique_ptr<Command> add_embed(CLI::App& app);        // cli_embed.cpp

@@ -33,16 +33,15 @@ void merge_parts(const std::vector<std::string>& parts, const std::string& out_p
                out.rows(), out_path);
 }
 
-class Embed final : public Command {
+class Embed final : public CommandWith<EmbedArgs> {
  public:
   explicit Embed(CLI::App& app) {
     EmbedArgs& a = args_;
-    auto* embed = app.add_subcommand(
-        "embed",
+    auto* embed = subcommand(
+        app, "embed",
         "embeddings of every sequence of a FASTA/FASTQ/CSV/TSV/JSONL file: --out F.npy or "
         "F.safetensors, ids in F.ids.txt (docs/inference.md). Under dnallm-launch each rank "
         "embeds its share and rank 0 merges them in input order.");
-    add_common(*embed, a.common);
     embed->add_option("--input", a.input, "sequences (FASTA/FASTQ, plain or gzip; CSV/TSV/JSONL)")
         ->required();
     embed->add_option("--out", a.out, "output file, *.npy or *.safetensors")->required();
@@ -55,7 +54,6 @@ class Embed final : public Command {
     embed->add_flag(
         "--rc-average", a.rc_average,
         "average each pooled embedding with its reverse complement's (strand-invariant)");
-    app_ = embed;
   }
 
   int run(const cluster::Topology& topo, const cluster::EnvMap& env) override {
@@ -108,9 +106,6 @@ class Embed final : public Command {
     if (r == 0) merge_parts(parts, a.out, dim, per_token);
     return 0;
   }
-
- private:
-  EmbedArgs args_;
 };
 
 }  // namespace

@@ -67,13 +67,12 @@ void check_generate_options(const models::GenerateOptions& g) {
                "--top-k {}: give a number >= 0 (0: sample from the whole vocabulary)", g.top_k);
 }
 
-class Generate final : public Command {
+class Generate final : public CommandWith<GenerateArgs> {
  public:
   explicit Generate(CLI::App& app) {
     GenerateArgs& a = args_;
-    auto* gen = app.add_subcommand(
-        "generate", "continue prompts with a causal LM (KV cache, batched); writes FASTA");
-    add_common(*gen, a.common);
+    auto* gen = subcommand(app, "generate",
+                           "continue prompts with a causal LM (KV cache, batched); writes FASTA");
     models::GenerateOptions& g = a.generate;
     gen->add_option("--input", a.input, "prompts: FASTA/FASTQ or a table");
     gen->add_option("--prompt", a.prompts, "a prompt sequence (repeatable; instead of --input)");
@@ -87,7 +86,6 @@ class Generate final : public Command {
         ->capture_default_str();
     gen->add_option("--seed", g.seed, "sampling seed")->capture_default_str();
     gen->add_flag("--no-cache", a.no_cache, "recompute the whole prefix for every token (slow)");
-    app_ = gen;
   }
 
   int run(const cluster::Topology& topo, const cluster::EnvMap&) override {
@@ -120,9 +118,6 @@ class Generate final : public Command {
     out.commit();
     return 0;
   }
-
- private:
-  GenerateArgs args_;
 };
 
 }  // namespace

@@ -28,18 +28,16 @@ void write_prediction(std::ostream& os, bool classify, const std::string& id,
   os << '\n';
 }
 
-class Predict final : public Command {
+class Predict final : public CommandWith<PredictArgs> {
  public:
   explicit Predict(CLI::App& app) {
     PredictArgs& a = args_;
-    auto* pred = app.add_subcommand(
-        "predict",
-        "a classifier's label and class probabilities (or a regressor's value) for "
-        "every sequence; writes CSV");
-    add_common(*pred, a.common);
+    auto* pred =
+        subcommand(app, "predict",
+                   "a classifier's label and class probabilities (or a regressor's value) for "
+                   "every sequence; writes CSV");
     pred->add_option("--input", a.input, "sequences (FASTA/FASTQ or a table)")->required();
     pred->add_option("--out", a.out, "CSV output ('-': stdout)")->capture_default_str();
-    app_ = pred;
   }
 
   int run(const cluster::Topology& topo, const cluster::EnvMap&) override {
@@ -67,9 +65,6 @@ class Predict final : public Command {
     out.commit();
     return 0;
   }
-
- private:
-  PredictArgs args_;
 };
 
 }  // namespace

@@ -64,23 +64,21 @@ int64_t checked_contig_length(const ReferenceGenome& genome, const VcfRecord& re
   return length;
 }
 
-class Variants final : public Command {
+class Variants final : public CommandWith<VariantArgs> {
  public:
   explicit Variants(CLI::App& app) {
     VariantArgs& a = args_;
-    auto* cmd = app.add_subcommand(
-        "variants",
+    auto* cmd = subcommand(
+        app, "variants",
         "zero-shot effect of every single-nucleotide variant of a VCF: log-likelihood ratio of the "
         "alternative against the reference allele (causal models) or the masked marginal (masked "
         "models); writes TSV chrom, pos, ref, alt, score in VCF order (docs/published-models.md)");
-    add_common(*cmd, a.common);
     cmd->add_option("--reference", a.reference,
                     "reference FASTA (plain, or bgzip with its .fai/.gzi; indexed on first use)")
         ->required();
     cmd->add_option("--vcf", a.vcf, "variants (VCF/BCF, plain or bgzip)")->required();
     cmd->add_option("--out", a.out, "TSV output ('-': stdout)")->capture_default_str();
     add_variant_options(*cmd, a.options);
-    app_ = cmd;
   }
 
   int run(const cluster::Topology& topo, const cluster::EnvMap& env) override {
@@ -182,26 +180,21 @@ class Variants final : public Command {
     }
     return 0;
   }
-
- private:
-  VariantArgs args_;
 };
 
-class Mutagenesis final : public Command {
+class Mutagenesis final : public CommandWith<MutagenesisArgs> {
  public:
   explicit Mutagenesis(CLI::App& app) {
     MutagenesisArgs& a = args_;
-    auto* cmd = app.add_subcommand(
-        "mutagenesis",
+    auto* cmd = subcommand(
+        app, "mutagenesis",
         "in-silico saturation mutagenesis: every substitution of a region scored as `variants` "
         "scores a SNV; writes TSV pos, ref, A, C, G, T");
-    add_common(*cmd, a.common);
     cmd->add_option("--input", a.input, "FASTA/FASTQ holding the sequence")->required();
     cmd->add_option("--record", a.record, "the record's name (default: the first record)");
     cmd->add_option("--region", a.region, "START-END, 1-based and inclusive")->required();
     cmd->add_option("--out", a.out, "TSV output ('-': stdout)")->capture_default_str();
     add_variant_options(*cmd, a.options);
-    app_ = cmd;
   }
 
   int run(const cluster::Topology& topo, const cluster::EnvMap& env) override {
@@ -283,9 +276,6 @@ class Mutagenesis final : public Command {
                  scorer.forward_rows());
     return 0;
   }
-
- private:
-  MutagenesisArgs args_;
 };
 
 }  // namespace
