@@ -360,40 +360,41 @@ WorkPtr QueuedCommunicator::allreduce(BufferView in, BufferView out, ReduceOp op
   });
 }
 
+// reduce_scatter's output and allgather's input (`shard`) must be this rank's shard of the other
+// buffer, of the same dtype.
+void QueuedCommunicator::check_shard(const char* what, const BufferView& in, const BufferView& out,
+                                     ShardSide shard) const {
+  check_cpu(in, what, "input");
+  check_cpu(out, what, "output");
+  const bool output = shard == ShardSide::kOutput;
+  const BufferView& part = output ? out : in;
+  const BufferView& whole = output ? in : out;
+  auto range = shard_range(whole.count, world_, rank_);
+  DNALLM_CHECK(part.count == range.count && part.dtype == whole.dtype, ExitCode::kFailure,
+               "{} on rank {}: {} holds {} x {}, expected this rank's shard of {} x {} ({} "
+               "elements)",
+               what, rank_, output ? "output" : "input", part.count, dtype_name(part.dtype),
+               whole.count, dtype_name(whole.dtype), range.count);
+}
+
+// One rank: a reduce_scatter or an allgather is a copy, none when in place. True if it was.
+bool QueuedCommunicator::copied_alone(const BufferView& in, const BufferView& out) const {
+  if (world_ != 1) return false;
+  if (in.data != out.data) std::memmove(out.data, in.data, in.bytes());
+  return true;
+}
+
 WorkPtr QueuedCommunicator::reduce_scatter(BufferView in, BufferView out, ReduceOp op) {
-  check_cpu(in, "reduce_scatter", "input");
-  check_cpu(out, "reduce_scatter", "output");
-  auto shard = shard_range(in.count, world_, rank_);
-  DNALLM_CHECK(out.count == shard.count && in.dtype == out.dtype, ExitCode::kFailure,
-               "reduce_scatter on rank {}: output holds {} x {}, expected this rank's shard of "
-               "{} x {} ({} elements)",
-               rank_, out.count, dtype_name(out.dtype), in.count, dtype_name(in.dtype),
-               shard.count);
-  return submit("reduce_scatter", [this, in, out, op, shard] {
-    if (world_ == 1) {
-      if (in.data != out.data) std::memmove(out.data, in.data, in.bytes());
-      return;
-    }
-    (void)shard;
-    run_reduce_scatter(in, out, op, 0);
+  check_shard("reduce_scatter", in, out, ShardSide::kOutput);
+  return submit("reduce_scatter", [this, in, out, op] {
+    if (!copied_alone(in, out)) run_reduce_scatter(in, out, op, 0);
   });
 }
 
 WorkPtr QueuedCommunicator::allgather(BufferView in, BufferView out) {
-  check_cpu(in, "allgather", "input");
-  check_cpu(out, "allgather", "output");
-  auto shard = shard_range(out.count, world_, rank_);
-  DNALLM_CHECK(in.count == shard.count && in.dtype == out.dtype, ExitCode::kFailure,
-               "allgather on rank {}: input holds {} x {}, expected this rank's shard of {} x {} "
-               "({} elements)",
-               rank_, in.count, dtype_name(in.dtype), out.count, dtype_name(out.dtype),
-               shard.count);
+  check_shard("allgather", in, out, ShardSide::kInput);
   return submit("allgather", [this, in, out] {
-    if (world_ == 1) {
-      if (in.data != out.data) std::memmove(out.data, in.data, in.bytes());
-      return;
-    }
-    run_allgather(in, out, 0);
+    if (!copied_alone(in, out)) run_allgather(in, out, 0);
   });
 }
 

@@ -164,6 +164,10 @@ class QueuedCommunicator : public Communicator {
   std::exception_ptr broken() const;
   static void complete(WorkState& state, std::exception_ptr error);
   void check_cpu(const BufferView& b, const char* what, const char* arg) const;
+  enum class ShardSide { kInput, kOutput };
+  void check_shard(const char* what, const BufferView& in, const BufferView& out,
+                   ShardSide shard) const;
+  bool copied_alone(const BufferView& in, const BufferView& out) const;
   void check_p2p(const BufferView& b, const char* what, int peer, int tag) const;
 
   const int rank_;
