@@ -129,16 +129,10 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
 LanguageModel load_exported(const std::string& dir, const nlohmann::json& c) {
   const std::string where = dir + "/config.json";
   CaduceusOptions o = options_from_hf_config(c, where);
-  const auto task = task_from_name(family_string(c, "task", "pretrain", where), where);
-  DNALLM_CHECK(task != Task::kRegression, ExitCode::kUsage,
-               "{}: a Caduceus model has no regression head", where);
-  o.classifier = task == Task::kClassification;
+  read_exported_task(c, where, "Caduceus", o);
   // Note [Caduceus tied head]: our directories say whether the head is the embedding; those
   // from before the tie do not, and hold a separate head_weight.
   o.tie_head = tie_word_embeddings(c, false, where);
-  if (o.classifier) {
-    o.num_labels = family_int(c, "num_labels", 2, 1, int64_t{1} << 16, where, "Caduceus");
-  }
   const int64_t vocab =
       family_int(c, "dnallm_vocab_size", o.vocab_size, 1, o.vocab_size, where, "Caduceus");
   CaduceusLM lm(o);
@@ -151,8 +145,7 @@ LanguageModel load_exported(const std::string& dir, const nlohmann::json& c) {
 
 std::optional<HfExport> hf_export(LanguageModel& model, const data::Tokenizer& /*tokenizer*/,
                                   const std::string& source_dir) {
-  auto* m = dynamic_cast<CaduceusModelImpl*>(model.get());
-  DNALLM_CHECK(m != nullptr, ExitCode::kFailure, "internal: not a Caduceus model");
+  auto* m = &hub_model_of<CaduceusModelImpl>(model, "Caduceus");
   CaduceusLM lm = m->lm();
   // LoRA: the hub layout holds the merged weights (computed one linear at a time).
   const LiveWeights live(*lm, /*merge_adapters=*/true);
@@ -239,21 +232,14 @@ void CaduceusModelImpl::set_activation_checkpointing(bool on) {
 }
 
 void CaduceusModelImpl::enable_lora(int64_t r) {
-  if (r > 0) lora.r = r;
-  DNALLM_CHECK(lora.r > 0, ExitCode::kFailure, "internal: Caduceus enable_lora without a rank");
-  if (lora.targets.empty()) lora.targets = kLoraTargets;
-  for (auto& p : parameters()) p.set_requires_grad(false);
-  const auto wants = [&](const char* name) {
-    return std::find(lora.targets.begin(), lora.targets.end(), name) != lora.targets.end();
-  };
+  const auto wants = start_lora(r, kLoraTargets, "Caduceus");
   for (auto& m : lm_->fwd) {  // mamba_rev uses these very modules (Note [Caduceus LoRA targets])
     if (wants("in_proj")) m->in_proj->enable_lora(lora.r, lora.alpha, lora.dropout);
     if (wants("out_proj")) m->out_proj->enable_lora(lora.r, lora.alpha, lora.dropout);
   }
   // A task head is new for a fine-tune: it trains in full (PEFT's modules_to_save).
   if (lm_->options().classifier) lm_->head_weight.set_requires_grad(true);
-  spec_.lora_r = lora.r;
-  spec_.lora_alpha = lora.alpha;
+  finish_lora();
 }
 
 void CaduceusModelImpl::merge_lora() {

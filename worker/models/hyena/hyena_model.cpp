@@ -133,13 +133,7 @@ LanguageModel init_from_hf(const Config& config, const data::Tokenizer& tokenize
 LanguageModel load_exported(const std::string& dir, const nlohmann::json& c) {
   const std::string where = dir + "/config.json";
   HyenaOptions o = options_from_hf_config(c, where);
-  const auto task = task_from_name(family_string(c, "task", "pretrain", where), where);
-  DNALLM_CHECK(task != Task::kRegression, ExitCode::kUsage,
-               "{}: a HyenaDNA model has no regression head", where);
-  o.classifier = task == Task::kClassification;
-  if (o.classifier) {
-    o.num_labels = family_int(c, "num_labels", 2, 1, int64_t{1} << 16, where, "HyenaDNA");
-  }
+  read_exported_task(c, where, "HyenaDNA", o);
   HyenaLM lm(o);
   load_named_tensors(lm->named_weights(), dir, [](const std::string& name) {
     return name.find("modulation.deltas") != std::string::npos;  // regenerated (Note [Hyena])
@@ -152,8 +146,7 @@ LanguageModel load_exported(const std::string& dir, const nlohmann::json& c) {
 
 std::optional<HfExport> hf_export(LanguageModel& model, const data::Tokenizer& tokenizer,
                                   const std::string& source_dir) {
-  auto* m = dynamic_cast<HyenaModelImpl*>(model.get());
-  DNALLM_CHECK(m != nullptr, ExitCode::kFailure, "internal: not a HyenaDNA model");
+  auto* m = &hub_model_of<HyenaModelImpl>(model, "HyenaDNA");
   HyenaLM lm = m->lm();
   // LoRA: the hub layout holds the merged weights (computed one linear at a time).
   const LiveWeights live(*lm, /*merge_adapters=*/true);
@@ -219,13 +212,7 @@ std::vector<std::shared_ptr<torch::nn::Module>> HyenaModelImpl::blocks() const {
 void HyenaModelImpl::set_activation_checkpointing(bool on) { lm_->set_gradient_checkpointing(on); }
 
 void HyenaModelImpl::enable_lora(int64_t r) {
-  if (r > 0) lora.r = r;
-  DNALLM_CHECK(lora.r > 0, ExitCode::kFailure, "internal: HyenaDNA enable_lora without a rank");
-  if (lora.targets.empty()) lora.targets = kLoraTargets;
-  for (auto& p : parameters()) p.set_requires_grad(false);
-  const auto wants = [&](const char* name) {
-    return std::find(lora.targets.begin(), lora.targets.end(), name) != lora.targets.end();
-  };
+  const auto wants = start_lora(r, kLoraTargets, "HyenaDNA");
   for (auto& b : lm_->blocks) {
     if (wants("in_proj")) b->mixer->in_proj->enable_lora(lora.r, lora.alpha, lora.dropout);
     if (wants("out_proj")) b->mixer->out_proj->enable_lora(lora.r, lora.alpha, lora.dropout);
@@ -236,8 +223,7 @@ void HyenaModelImpl::enable_lora(int64_t r) {
   if (lm_->options().classifier) {
     for (auto& p : lm_->head->parameters()) p.set_requires_grad(true);
   }
-  spec_.lora_r = lora.r;
-  spec_.lora_alpha = lora.alpha;
+  finish_lora();
 }
 
 void HyenaModelImpl::merge_lora() {
