@@ -20,10 +20,7 @@
 namespace dnallm::testing {
 namespace {
 
-struct TrainRun {
-  std::string dir;
-  std::map<int64_t, double> losses;
-  std::map<std::string, std::vector<float>> params;
+struct TrainRun : TinyTrainRun {
   nlohmann::json summary;             // the metrics file's last line
   std::vector<nlohmann::json> evals;  // its "eval" lines, in order
 };

@@ -20,16 +20,11 @@
 namespace dnallm::testing {
 namespace {
 
-struct TrainRun {
-  std::string dir;
-  std::map<int64_t, double> losses;
-  std::map<std::string, std::vector<float>> params;
-};
-
 // Global batch 12 sequences of 64 tokens, 5 steps, tiny BERT, fp32, no dropout.
 // `starter` runs `world` workers; by default dnallm-launch.
-TrainRun train(const std::string& name, int world, int micro, int accum, const std::string& extra,
-               std::string starter = "", std::string* log_out = nullptr) {
+TinyTrainRun train(const std::string& name, int world, int micro, int accum,
+                   const std::string& extra, std::string starter = "",
+                   std::string* log_out = nullptr) {
   std::string dir = make_temp_dir(name);
   if (starter.empty()) starter = fmt::format("{}dnallm-launch --nproc-per-node {} --", kBin, world);
   std::string cmd = tiny_train_command(
@@ -40,7 +35,7 @@ TrainRun train(const std::string& name, int world, int micro, int accum, const s
   int rc = run_command(cmd, &log);
   EXPECT_EQ(rc, 0) << cmd << "\n" << log;
   if (log_out != nullptr) *log_out = log;
-  TrainRun r;
+  TinyTrainRun r;
   r.dir = dir;
   if (rc != 0) return r;
   r.losses = read_step_losses(dir + "/metrics.jsonl");
@@ -51,7 +46,7 @@ TrainRun train(const std::string& name, int world, int micro, int accum, const s
   return r;
 }
 
-void expect_equivalent(const TrainRun& one, const TrainRun& many, const std::string& what) {
+void expect_equivalent(const TinyTrainRun& one, const TinyTrainRun& many, const std::string& what) {
   ASSERT_GE(one.losses.size(), 5u) << what;
   ASSERT_EQ(many.losses.size(), one.losses.size()) << what;
   for (const auto& [step, loss] : one.losses) {
@@ -72,11 +67,11 @@ void expect_equivalent(const TrainRun& one, const TrainRun& many, const std::str
 
 class DdpEquivalence : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { reference_ = new TrainRun(train("ref", 1, 12, 1, "")); }
+  static void SetUpTestSuite() { reference_ = new TinyTrainRun(train("ref", 1, 12, 1, "")); }
   static void TearDownTestSuite() { delete reference_; }
-  static TrainRun* reference_;
+  static TinyTrainRun* reference_;
 };
-TrainRun* DdpEquivalence::reference_ = nullptr;
+TinyTrainRun* DdpEquivalence::reference_ = nullptr;
 
 TEST_F(DdpEquivalence, AccumulationOnOneRankEqualsOneBigBatch) {
   expect_equivalent(*reference_, train("accum1", 1, 4, 3, ""), "1 rank, 3 micro-steps of 4");
@@ -126,7 +121,7 @@ TEST_F(DdpEquivalence, StagedCollectivesTwoRanks) {
 TEST_F(DdpEquivalence, HyenaAndCaduceusTwoRanksEqualOneRank) {
   for (const char* arch : {"hyena", "caduceus-ps"}) {
     const std::string model = fmt::format("--set model.arch={} ", arch);
-    const TrainRun one = train(fmt::format("ref_{}", arch), 1, 12, 1, model);
+    const TinyTrainRun one = train(fmt::format("ref_{}", arch), 1, 12, 1, model);
     expect_equivalent(
         one, train(fmt::format("z1_{}", arch), 2, 3, 2, model + "--set parallel.zero_stage=1"),
         arch);
@@ -151,8 +146,8 @@ TEST_F(DdpEquivalence, HyenaAndCaduceusLoraClassifiersTwoRanksEqualOneRank) {
         "--set model.arch={} --set model.task=classification --set model.num_labels=2 "
         "--set lora.r=4 --set lora.alpha=8 --set data.train_files=[\\\"{}\\\"] ",
         arch, table);
-    const TrainRun one = train(fmt::format("lora1_{}", arch), 1, 12, 1, sets);
-    const TrainRun two =
+    const TinyTrainRun one = train(fmt::format("lora1_{}", arch), 1, 12, 1, sets);
+    const TinyTrainRun two =
         train(fmt::format("lora2_{}", arch), 2, 3, 2, sets + "--set parallel.zero_stage=1");
     expect_equivalent(one, two, std::string("LoRA classifier, ") + arch);
     EXPECT_TRUE(std::filesystem::exists(two.dir + "/ckpt/final/adapter_model.safetensors")) << arch;
@@ -194,7 +189,7 @@ TEST_F(DdpEquivalence, MpirunTwoLaunchersAsTwoNodes) {
 
 TEST_F(DdpEquivalence, Bf16GradientReductionStaysClose) {
   // Compression changes the numbers (bf16 has 8 bits of mantissa): close, not equal.
-  TrainRun r = train("bf16red", 2, 6, 1, "--set parallel.grad_reduce_dtype=bf16");
+  TinyTrainRun r = train("bf16red", 2, 6, 1, "--set parallel.grad_reduce_dtype=bf16");
   ASSERT_EQ(r.losses.size(), 5u);
   for (const auto& [step, loss] : reference_->losses) {
     EXPECT_NEAR(r.losses.at(step), loss, 2e-2 * std::abs(loss)) << "step " << step;
@@ -215,7 +210,7 @@ std::vector<nlohmann::json> metric_lines(const std::string& dir, const std::stri
 
 // ZeRO-3 (Note [Fully sharded]): the run's peak of model state (shard, moments, frozen
 // parameters and gathered blocks, measured from their storage) is the predicted one within 5%.
-void expect_peak_as_predicted(const TrainRun& run, const std::string& what) {
+void expect_peak_as_predicted(const TinyTrainRun& run, const std::string& what) {
   const auto summary = metric_lines(run.dir, "summary");
   ASSERT_EQ(summary.size(), 1u) << what;
   const double peak = summary[0].at("model_state_peak_bytes").get<double>();
@@ -231,7 +226,7 @@ std::vector<char> file_bytes(const std::string& path) {
 
 // Note [Exports unit by unit] (worker/models/registry.hpp): two runs whose parameters are equal
 // bit for bit export the same files byte for byte, whichever way they were gathered.
-void expect_same_export(const TrainRun& a, const TrainRun& b, const std::string& what) {
+void expect_same_export(const TinyTrainRun& a, const TinyTrainRun& b, const std::string& what) {
   for (const char* f : {"model.safetensors", "adapter_model.safetensors", "config.json"}) {
     const std::string pa = a.dir + "/ckpt/final/" + f, pb = b.dir + "/ckpt/final/" + f;
     ASSERT_EQ(std::filesystem::exists(pa), std::filesystem::exists(pb)) << what << " " << f;
@@ -242,7 +237,7 @@ void expect_same_export(const TrainRun& a, const TrainRun& b, const std::string&
 
 // Note [Optimizer offload] (worker/train/trainer.hpp): on CPU the host update is the same
 // arithmetic on the same values, so offload changes nothing, bit for bit.
-void expect_identical(const TrainRun& a, const TrainRun& b, const std::string& what) {
+void expect_identical(const TinyTrainRun& a, const TinyTrainRun& b, const std::string& what) {
   ASSERT_GE(a.losses.size(), 5u) << what;
   ASSERT_EQ(b.losses.size(), a.losses.size()) << what;
   for (const auto& [step, loss] : a.losses) {
@@ -264,8 +259,9 @@ TEST_F(DdpEquivalence, OptimizerOffloadOneRankIsBitIdentical) {
   // offloaded run differ in the last bit of a parameter. Two ranks get one thread each.
   const std::string one_thread = fmt::format(
       "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 {}dnallm-launch --nproc-per-node 1 --", kBin);
-  TrainRun plain = train("plain1", 1, 12, 1, "", one_thread);
-  TrainRun off = train("offload1", 1, 12, 1, "--set training.optimizer_offload=true", one_thread);
+  TinyTrainRun plain = train("plain1", 1, 12, 1, "", one_thread);
+  TinyTrainRun off =
+      train("offload1", 1, 12, 1, "--set training.optimizer_offload=true", one_thread);
   expect_identical(plain, off, "offload, 1 rank");
   const auto memory = metric_lines(off.dir, "memory");
   ASSERT_EQ(memory.size(), 1u);
@@ -278,8 +274,9 @@ TEST_F(DdpEquivalence, OptimizerOffloadOneRankIsBitIdentical) {
 
 TEST_F(DdpEquivalence, OptimizerOffloadZero1TwoRanksIsBitIdentical) {
   const std::string z1 = "--set parallel.zero_stage=1";
-  TrainRun plain = train("z1_two", 2, 6, 1, z1);
-  TrainRun off = train("z1_two_offload", 2, 6, 1, z1 + " --set training.optimizer_offload=true");
+  TinyTrainRun plain = train("z1_two", 2, 6, 1, z1);
+  TinyTrainRun off =
+      train("z1_two_offload", 2, 6, 1, z1 + " --set training.optimizer_offload=true");
   expect_identical(plain, off, "ZeRO-1 2 ranks, offload vs not");
   expect_equivalent(*reference_, off, "ZeRO-1 2 ranks with offload vs 1 rank");
   const auto plain_memory = metric_lines(plain.dir, "memory");
@@ -318,13 +315,13 @@ TEST_F(DdpEquivalence, EvalCountsEveryTableRowOnceAtAnyWorldSize) {
   const std::string sets = table_sets("table", 64);
   // 1 rank x 8 rows and 2 ranks x 4 rows: 8 micro-batches of 8 / 2 x 8 of 4 cover 64 rows;
   // 2 ranks x 8 rows could cover 128, the table holds 64.
-  TrainRun one = train("eval_rows1", 1, 8, 1, sets);
-  TrainRun two = train("eval_rows2", 2, 4, 1, sets);
-  TrainRun two_big = train("eval_rows2_big", 2, 8, 1, sets);
+  TinyTrainRun one = train("eval_rows1", 1, 8, 1, sets);
+  TinyTrainRun two = train("eval_rows2", 2, 4, 1, sets);
+  TinyTrainRun two_big = train("eval_rows2_big", 2, 8, 1, sets);
   // ZeRO-3 at 3 ranks: 8 batches over 3 ranks is 3, 3 and 2 each (each forward gathers unit by
   // unit, Note [Sharded evaluation]: the third rank repeats a batch and drops its result), and
   // every rank takes part in the export of the best model, which rank 0 writes.
-  TrainRun three_z3 =
+  TinyTrainRun three_z3 =
       train("eval_rows3_z3", 3, 8, 1,
             sets + " --set parallel.zero_stage=3 --set checkpoint.best_metric=loss");
   const auto e4 = metric_lines(three_z3.dir, "eval");
@@ -348,7 +345,7 @@ TEST_F(DdpEquivalence, EvalCountsEveryTableRowOnceAtAnyWorldSize) {
   // to repeat, and that evaluation holds the whole model instead (Note [Sharded evaluation]).
   const std::string few_sets = table_sets("few", 8) + "--set parallel.zero_stage=3";
   std::string log;
-  TrainRun starved = train("eval_rows3_z3_few", 3, 4, 1, few_sets, "", &log);
+  TinyTrainRun starved = train("eval_rows3_z3_few", 3, 4, 1, few_sets, "", &log);
   const auto e5 = metric_lines(starved.dir, "eval");
   ASSERT_EQ(e5.size(), 1u);
   EXPECT_EQ(e5[0].at("rows").get<int64_t>(), 8);
@@ -371,9 +368,9 @@ TEST_F(DdpEquivalence, Zero3EvaluatesUnitByUnitWithoutRaisingThePeak) {
   const std::string z3 = "--set parallel.zero_stage=3 ";
   for (const std::string precision : {"fp32", "bf16"}) {
     const std::string p = "--set training.precision=" + precision + " ";
-    TrainRun ddp = train("z3eval_ddp_" + precision, 2, 4, 1, common + p + eval);
-    TrainRun evaluated = train("z3eval_" + precision, 2, 4, 1, common + p + eval + z3);
-    TrainRun plain = train("z3eval_none_" + precision, 2, 4, 1, common + p + z3);
+    TinyTrainRun ddp = train("z3eval_ddp_" + precision, 2, 4, 1, common + p + eval);
+    TinyTrainRun evaluated = train("z3eval_" + precision, 2, 4, 1, common + p + eval + z3);
+    TinyTrainRun plain = train("z3eval_none_" + precision, 2, 4, 1, common + p + z3);
     const auto de = metric_lines(ddp.dir, "eval"), ze = metric_lines(evaluated.dir, "eval");
     ASSERT_EQ(ze.size(), 2u) << precision;
     ASSERT_EQ(de.size(), 2u) << precision;
@@ -393,7 +390,7 @@ TEST_F(DdpEquivalence, Zero3EvaluatesUnitByUnitWithoutRaisingThePeak) {
     for (const auto& [step, loss] : plain.losses) {
       EXPECT_EQ(evaluated.losses.at(step), loss) << precision << " step " << step;
     }
-    const auto peak = [](const TrainRun& run) {
+    const auto peak = [](const TinyTrainRun& run) {
       return metric_lines(run.dir, "summary").at(0).at("model_state_peak_bytes").get<int64_t>();
     };
     const auto memory = metric_lines(evaluated.dir, "memory").at(0);
@@ -417,8 +414,8 @@ TEST_F(DdpEquivalence, Zero3TwoRanksIsBitIdenticalToDdp) {
   const std::string common = "--set training.max_steps=10 --set training.max_grad_norm=0 ";
   for (const std::string arch : {"bert", "gpt", "hyena", "caduceus-ps"}) {
     const std::string model = common + "--set model.arch=" + arch + " ";
-    TrainRun ddp = train("ddp2_" + arch, 2, 6, 1, model);
-    TrainRun z3 = train("z3_2_" + arch, 2, 6, 1, model + "--set parallel.zero_stage=3");
+    TinyTrainRun ddp = train("ddp2_" + arch, 2, 6, 1, model);
+    TinyTrainRun z3 = train("z3_2_" + arch, 2, 6, 1, model + "--set parallel.zero_stage=3");
     ASSERT_EQ(ddp.losses.size(), 10u) << arch;
     expect_identical(ddp, z3, "ZeRO-3 vs DDP, 2 ranks, " + arch);
     expect_same_export(ddp, z3, "ZeRO-3 vs DDP, 2 ranks, " + arch);
@@ -442,9 +439,9 @@ TEST_F(DdpEquivalence, Zero3TwoRanksIsBitIdenticalToDdp) {
 // verified across ranks before it runs, and the run is bit for bit the unchecked one.
 TEST_F(DdpEquivalence, CheckedCollectivesTrainBitForBitLikeUnchecked) {
   const std::string z3 = "--set parallel.zero_stage=3 ";
-  TrainRun plain = train("z3_unchecked", 2, 6, 1, z3);
+  TinyTrainRun plain = train("z3_unchecked", 2, 6, 1, z3);
   std::string log;
-  TrainRun checked =
+  TinyTrainRun checked =
       train("z3_checked", 2, 6, 1, z3 + "--set parallel.check_collectives=true", "", &log);
   expect_identical(plain, checked, "ZeRO-3 with parallel.check_collectives");
   // Each rank says how many collectives it checked (all of them: > 0 on both).
@@ -500,7 +497,7 @@ TEST_F(DdpEquivalence, Zero3TrainsAModelLargerThanOneRanksMemoryLimit) {
       EXPECT_EQ(log.find("backend on"), std::string::npos) << name << " connected first\n" << log;
       continue;
     }
-    TrainRun run = train(name, c.world, 4 / c.world, 1, sets);
+    TinyTrainRun run = train(name, c.world, 4 / c.world, 1, sets);
     EXPECT_EQ(run.losses.size(), 5u) << name;
     parameters[c.world] = metric_lines(run.dir, "memory").at(0).at("parameters").get<int64_t>();
     if (c.stage == 3) {
@@ -540,7 +537,7 @@ TEST_F(DdpEquivalence, Zero3AccumulationIsDdpBitForBit) {
   const std::string z3 = common + "--set parallel.zero_stage=3 ";
   expect_identical(train("ddp_every", 2, 3, 2, common + "--set parallel.accumulate_sync=every"),
                    train("z3_every", 2, 3, 2, z3), "ZeRO-3 vs DDP every, 2 micro-steps");
-  TrainRun unsharded =
+  TinyTrainRun unsharded =
       train("z3_unsharded", 2, 3, 2, z3 + "--set parallel.zero3_accumulate_unsharded=true");
   expect_identical(train("ddp_last", 2, 3, 2, common + "--set parallel.accumulate_sync=last"),
                    unsharded, "ZeRO-3 accumulating unsharded vs DDP last, 2 micro-steps");
@@ -549,7 +546,7 @@ TEST_F(DdpEquivalence, Zero3AccumulationIsDdpBitForBit) {
 
 TEST_F(DdpEquivalence, Zero3FourRanksEqualsOneRankAndZero2) {
   // 4 ranks sum in another order than 1 rank or ZeRO-2's reduce-scatter: close, not equal.
-  TrainRun z3 = train("z3_4", 4, 3, 1, "--set parallel.zero_stage=3");
+  TinyTrainRun z3 = train("z3_4", 4, 3, 1, "--set parallel.zero_stage=3");
   expect_equivalent(*reference_, z3, "ZeRO-3, 4 ranks vs 1 rank");
   expect_equivalent(train("z2_4", 4, 3, 1, "--set parallel.zero_stage=2"), z3,
                     "ZeRO-3 vs ZeRO-2, 4 ranks");
@@ -561,21 +558,23 @@ TEST_F(DdpEquivalence, Zero3ComposesWithCheckpointingAccumulationAndOffload) {
   // host (bit for bit on the CPU, Note [Optimizer offload]).
   const std::string z3 = "--set parallel.zero_stage=3 ";
   for (const std::string arch : {"bert", "hyena", "caduceus-ps"}) {
-    TrainRun run = train("z3_ckpt_" + arch, 2, 3, 2,
-                         z3 + "--set model.gradient_checkpointing=true --set model.arch=" + arch);
-    TrainRun one = arch == "bert" ? *reference_
-                                  : train("ref_ckpt_" + arch, 1, 12, 1, "--set model.arch=" + arch);
+    TinyTrainRun run =
+        train("z3_ckpt_" + arch, 2, 3, 2,
+              z3 + "--set model.gradient_checkpointing=true --set model.arch=" + arch);
+    TinyTrainRun one = arch == "bert"
+                           ? *reference_
+                           : train("ref_ckpt_" + arch, 1, 12, 1, "--set model.arch=" + arch);
     expect_equivalent(one, run, "ZeRO-3 with checkpointing and 2 micro-steps, " + arch);
   }
-  TrainRun plain = train("z3_plain", 2, 6, 1, z3);
+  TinyTrainRun plain = train("z3_plain", 2, 6, 1, z3);
   expect_identical(plain,
                    train("z3_offload", 2, 6, 1, z3 + "--set training.optimizer_offload=true"),
                    "ZeRO-3 with offload vs without");
   // LoRA (Note [Fully sharded frozen base]): the adapters and heads are sharded, and so is the
   // blocks' frozen base; the root's frozen embeddings stay whole.
   const std::string lora = "--set lora.r=4 --set training.max_grad_norm=0 ";
-  TrainRun z3_lora = train("z3_lora", 2, 6, 1, lora + z3);
-  TrainRun ddp_lora = train("ddp_lora", 2, 6, 1, lora);
+  TinyTrainRun z3_lora = train("z3_lora", 2, 6, 1, lora + z3);
+  TinyTrainRun ddp_lora = train("ddp_lora", 2, 6, 1, lora);
   expect_identical(ddp_lora, z3_lora, "ZeRO-3 with LoRA vs DDP with LoRA");
   expect_same_export(ddp_lora, z3_lora, "ZeRO-3 with LoRA vs DDP with LoRA");
   EXPECT_TRUE(std::filesystem::exists(z3_lora.dir + "/ckpt/final/adapter_model.safetensors"));
@@ -593,7 +592,7 @@ TEST_F(DdpEquivalence, Zero3ComposesWithCheckpointingAccumulationAndOffload) {
 // Note [Fully sharded mixed precision] (worker/parallel/fully_sharded.hpp): with training.precision
 // = "bf16" ZeRO-3 gathers bf16 parameters and computes with them; fp32 gradients, reduced in
 // parallel.grad_reduce_dtype, land in the fp32 master shard.
-double largest_parameter_difference(const TrainRun& a, const TrainRun& b) {
+double largest_parameter_difference(const TinyTrainRun& a, const TinyTrainRun& b) {
   double out = 0;
   for (const auto& [name, v] : a.params) {
     const auto& w = b.params.at(name);
@@ -603,7 +602,7 @@ double largest_parameter_difference(const TrainRun& a, const TrainRun& b) {
 }
 
 // Root mean square of the difference of two runs' final parameters, over every element.
-double rms_parameter_difference(const TrainRun& a, const TrainRun& b) {
+double rms_parameter_difference(const TinyTrainRun& a, const TinyTrainRun& b) {
   double sum = 0;
   size_t n = 0;
   for (const auto& [name, v] : a.params) {
@@ -613,7 +612,7 @@ double rms_parameter_difference(const TrainRun& a, const TrainRun& b) {
   return n > 0 ? std::sqrt(sum / double(n)) : 0;
 }
 
-double largest_relative_loss_difference(const TrainRun& a, const TrainRun& b) {
+double largest_relative_loss_difference(const TinyTrainRun& a, const TinyTrainRun& b) {
   double out = 0;
   for (const auto& [step, loss] : a.losses) {
     out = std::max(out, std::abs(b.losses.at(step) - loss) / std::abs(loss));
@@ -637,10 +636,10 @@ TEST_F(DdpEquivalence, Zero3Bf16GathersTrainLikeBf16Ddp) {
   const std::string bf16 = common + "--set training.precision=bf16 ";
   for (const std::string arch : {"bert", "gpt", "caduceus-ps"}) {
     const std::string model = bf16 + "--set model.arch=" + arch + " ";
-    TrainRun ddp = train("ddp_bf16_" + arch, 2, 6, 1, model);
-    TrainRun ddp32 = train("ddp_fp32_" + arch, 2, 6, 1, common + "--set model.arch=" + arch);
+    TinyTrainRun ddp = train("ddp_bf16_" + arch, 2, 6, 1, model);
+    TinyTrainRun ddp32 = train("ddp_fp32_" + arch, 2, 6, 1, common + "--set model.arch=" + arch);
     std::string log;
-    TrainRun z3 =
+    TinyTrainRun z3 =
         train("z3_bf16_" + arch, 2, 6, 1, model + "--set parallel.zero_stage=3", "", &log);
     ASSERT_EQ(ddp.losses.size(), 10u) << arch;
     ASSERT_EQ(z3.losses.size(), 10u) << arch;
@@ -665,7 +664,7 @@ TEST_F(DdpEquivalence, Zero3Bf16GathersTrainLikeBf16Ddp) {
           "--set training.eval_steps=3 --set training.eval_batches=2 "
           "--set data.eval_files=[\\\"{}/data/ecoli_k12_mg1655.fa.gz\\\"] ",
           kSrc);
-      TrainRun evaluated =
+      TinyTrainRun evaluated =
           train("z3_bf16_eval", 2, 6, 1, model + eval + "--set parallel.zero_stage=3");
       EXPECT_EQ(metric_lines(evaluated.dir, "eval").size(), 4u);  // steps 3, 6, 9 and 10
       expect_identical(z3, evaluated, "bf16 gathers with evaluation every 3 steps vs without");
@@ -682,7 +681,8 @@ TEST_F(DdpEquivalence, Zero3Bf16GathersTrainLikeBf16Ddp) {
   // as DDP does: at 2 ranks without clipping, DDP's run bit for bit.
   const std::string hyena = bf16 + "--set model.arch=hyena ";
   std::string log;
-  TrainRun z3 = train("z3_bf16_hyena", 2, 6, 1, hyena + "--set parallel.zero_stage=3", "", &log);
+  TinyTrainRun z3 =
+      train("z3_bf16_hyena", 2, 6, 1, hyena + "--set parallel.zero_stage=3", "", &log);
   EXPECT_NE(log.find("the hyena family's units are gathered in fp32"), std::string::npos) << log;
   expect_identical(train("ddp_bf16_hyena", 2, 6, 1, hyena), z3, "ZeRO-3 bf16 HyenaDNA vs DDP");
 }
@@ -694,12 +694,12 @@ TEST_F(DdpEquivalence, Zero3Bf16ReductionTrainsLikeFp32Reduction) {
   // square difference below bf16 compute's own (DDP bf16 vs fp32, the same model and steps).
   const std::string common =
       "--set training.max_steps=10 --set training.precision=bf16 --set parallel.zero_stage=3 ";
-  TrainRun fp32 = train("z3_bf16_red32", 2, 6, 1, common);
+  TinyTrainRun fp32 = train("z3_bf16_red32", 2, 6, 1, common);
   std::string log;
-  TrainRun bf16 =
+  TinyTrainRun bf16 =
       train("z3_bf16_red16", 2, 6, 1, common + "--set parallel.grad_reduce_dtype=bf16", "", &log);
   EXPECT_NE(log.find("gathers in bf16, reduce-scatters in bf16"), std::string::npos) << log;
-  for (const TrainRun* r : {&fp32, &bf16}) {
+  for (const TinyTrainRun* r : {&fp32, &bf16}) {
     ASSERT_EQ(r->losses.size(), 10u);
     EXPECT_LT(r->losses.at(10), r->losses.at(1) - 0.3);  // trains: 2.29 -> 1.79
   }
@@ -755,8 +755,8 @@ TEST_F(DdpEquivalence, Zero3Bf16GathersHalveTheGatheredParameters) {
   const std::string traced =
       fmt::format("DNALLM_TRACE_ZERO3=1 {}dnallm-launch --nproc-per-node 2 --", kBin);
   std::string fp32_log, bf16_log;
-  TrainRun fp32 = train("z3_trace_fp32", 2, 6, 1, common, traced, &fp32_log);
-  TrainRun bf16 =
+  TinyTrainRun fp32 = train("z3_trace_fp32", 2, 6, 1, common, traced, &fp32_log);
+  TinyTrainRun bf16 =
       train("z3_trace_bf16", 2, 6, 1, common + "--set training.precision=bf16", traced, &bf16_log);
   const auto a = rank0_trace(fp32_log), b = rank0_trace(bf16_log);
   ASSERT_GT(a.size(), 10u) << fp32_log;
@@ -775,7 +775,7 @@ TEST_F(DdpEquivalence, Zero3Bf16GathersHalveTheGatheredParameters) {
     bf16_peak = std::max(bf16_peak, b[i].live);
   }
   EXPECT_EQ(bf16_peak, replayed_peak);
-  const auto peak_of = [](const TrainRun& r) {
+  const auto peak_of = [](const TinyTrainRun& r) {
     const auto s = metric_lines(r.dir, "summary");
     return s.empty() ? 0 : s[0].at("model_state_peak_bytes").get<int64_t>();
   };
@@ -796,7 +796,7 @@ TEST_F(DdpEquivalence, Zero3ExportGathersOneUnitAtATime) {
   const std::string traced =
       fmt::format("DNALLM_TRACE_ZERO3=1 {}dnallm-launch --nproc-per-node 2 --", kBin);
   std::string log;
-  TrainRun run = train(
+  TinyTrainRun run = train(
       "z3_export_units", 2, 6, 1,
       "--set parallel.zero_stage=3 --set model.layers=8 --set training.max_steps=2", traced, &log);
   const auto events = rank0_trace(log);
@@ -843,8 +843,8 @@ TEST_F(DdpEquivalence, Zero3QloraIsDdpBitForBit) {
   const std::string qlora =
       "--set lora.r=4 --set lora.quantize_base=nf4 --set training.max_grad_norm=0 ";
   std::string ddp_log, z3_log;
-  TrainRun ddp = train("qlora_ddp", 2, 6, 1, qlora, "", &ddp_log);
-  TrainRun z3 = train("qlora_z3", 2, 6, 1, qlora + "--set parallel.zero_stage=3", "", &z3_log);
+  TinyTrainRun ddp = train("qlora_ddp", 2, 6, 1, qlora, "", &ddp_log);
+  TinyTrainRun z3 = train("qlora_z3", 2, 6, 1, qlora + "--set parallel.zero_stage=3", "", &z3_log);
   expect_identical(ddp, z3, "ZeRO-3 with QLoRA vs DDP with QLoRA");
   expect_same_export(ddp, z3, "ZeRO-3 with QLoRA vs DDP with QLoRA");
   for (const std::string* log : {&ddp_log, &z3_log}) {
@@ -876,8 +876,8 @@ TEST_F(DdpEquivalence, Zero3BestModelIsDdps) {
       "--set training.eval_batches=2 --set checkpoint.best_metric=loss "
       "--set data.eval_files=[\\\"{}/data/ecoli_k12_mg1655.fa.gz\\\"] ",
       kSrc);
-  TrainRun ddp = train("best_ddp", 2, 6, 1, sets);
-  TrainRun z3 = train("best_z3", 2, 6, 1, sets + "--set parallel.zero_stage=3");
+  TinyTrainRun ddp = train("best_ddp", 2, 6, 1, sets);
+  TinyTrainRun z3 = train("best_z3", 2, 6, 1, sets + "--set parallel.zero_stage=3");
   expect_identical(ddp, z3, "ZeRO-3 vs DDP with evaluation and the best model");
   ASSERT_EQ(metric_lines(z3.dir, "eval").size(), 3u);
   EXPECT_GE(metric_lines(z3.dir, "best").size(), 1u);

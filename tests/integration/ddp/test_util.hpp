@@ -10,6 +10,15 @@
 
 namespace dnallm::testing {
 
+// What the equivalence tests (ddp_equivalence_test, context_parallel_train_test) compare of a
+// finished tiny_train_command run: its folder, each step's loss (read_step_losses) and its final
+// fp32 parameters (read_safetensors_f32).
+struct TinyTrainRun {
+  std::string dir;
+  std::map<int64_t, double> losses;
+  std::map<std::string, std::vector<float>> params;
+};
+
 // Reads every fp32 tensor of a safetensors file (name -> values); other dtypes are skipped.
 std::map<std::string, std::vector<float>> read_safetensors_f32(const std::string& path);
 
