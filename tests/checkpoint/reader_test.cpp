@@ -14,10 +14,7 @@ namespace dnallm::checkpoint {
 namespace {
 
 using dnallm::testing::expect_error;
-
-using testing::make_data;
-using testing::spec;
-using testing::TempDir;
+using namespace testing;  // NOLINT: tests/checkpoint/test_util.hpp
 
 const DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
                             DType::kInt64,   DType::kInt32,   DType::kUInt8,   DType::kInt8};

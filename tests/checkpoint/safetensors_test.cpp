@@ -18,10 +18,7 @@ namespace dnallm::checkpoint {
 namespace {
 
 using dnallm::testing::expect_error;
-
-using testing::make_data;
-using testing::spec;
-using testing::TempDir;
+using namespace testing;  // NOLINT: tests/checkpoint/test_util.hpp
 
 TEST(CheckpointSafetensorsTest, ExportParsesBackWithEveryByte) {
   TempDir tmp;

@@ -35,9 +35,7 @@ using dnallm::testing::expect_error;
 
 namespace fs = std::filesystem;
 
-using testing::LmRows;
-using testing::LmSource;
-using testing::make_lm_batch;
+using namespace testing;  // NOLINT: lm_batches.hpp
 
 // The rows of these tests; `padded`: some rows end in padding.
 LmRows rows_of(bool padded) { return LmRows{500, 30, padded ? 2 : 0}; }

@@ -23,12 +23,7 @@
 namespace dnallm::models {
 namespace {
 
-using parallel::context_test::expect_no_errors;
-using parallel::context_test::gloo_available;
-using parallel::context_test::gradients;
-using parallel::context_test::leaf;
-using parallel::context_test::relative_error;
-using parallel::context_test::run_on_ranks;
+using namespace parallel::context_test;  // NOLINT: context_ranks.hpp, context_model_run.hpp
 using torch::Tensor;
 
 constexpr double kTolerance = 1e-5;

@@ -24,12 +24,7 @@
 namespace dnallm::models::caduceus {
 namespace {
 
-using parallel::context_test::expect_no_errors;
-using parallel::context_test::gloo_available;
-using parallel::context_test::gradients;
-using parallel::context_test::leaf;
-using parallel::context_test::run_on_ranks;
-using parallel::context_test::shard_of;
+using namespace parallel::context_test;  // NOLINT: context_ranks.hpp, context_model_run.hpp
 using torch::Tensor;
 
 constexpr double kTolerance = 1e-6;
