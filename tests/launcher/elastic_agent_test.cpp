@@ -74,12 +74,18 @@ TEST(ElasticAgentProgress, ReadsTheLastCompletedStepElseMinusOne) {
   ::rmdir(dir.c_str());
 }
 
-TEST(ElasticAgentSpecs, WorkersGetTheCoordinatorsPlacement) {
+// A plan of two workers a node running /bin/true, its coordinator at `master_addr`:29400.
+LaunchPlan two_workers_a_node(const std::string& master_addr) {
   LaunchPlan plan;
   plan.nproc_per_node = 2;
-  plan.master_addr = "10.77.0.1";
+  plan.master_addr = master_addr;
   plan.master_port = 29400;
   plan.command = {"/bin/true"};
+  return plan;
+}
+
+TEST(ElasticAgentSpecs, WorkersGetTheCoordinatorsPlacement) {
+  LaunchPlan plan = two_workers_a_node("10.77.0.1");
   plan.run_id = "job7";
   plan.job_token = "tok";
   plan.max_restarts = 3;
@@ -122,11 +128,7 @@ TEST(ElasticAgentSpecs, WorkersGetTheCoordinatorsPlacement) {
 // Note [In-process recovery]: spares follow the ranks, know their number, write no progress
 // file, and every worker of the job knows that survivors wait for a spare.
 TEST(ElasticAgentSpecs, SparesFollowTheRanks) {
-  LaunchPlan plan;
-  plan.nproc_per_node = 2;
-  plan.master_addr = "127.0.0.1";
-  plan.master_port = 29400;
-  plan.command = {"/bin/true"};
+  const LaunchPlan plan = two_workers_a_node("127.0.0.1");
   coordinator::NodeAssignment a;
   a.generation = 1;
   a.nnodes = 1;
