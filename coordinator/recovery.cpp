@@ -127,6 +127,13 @@ RecoveryRecord read_recovery(Store& store, int64_t generation, int64_t number,
   return RecoveryRecord::from_json(to_string(store.get(key, timeout)), key);
 }
 
+std::optional<RecoveryRecord> try_read_recovery(Store& store, int64_t generation, int64_t number) {
+  const std::string key = recovery_key(generation, number);
+  const auto text = store.try_get(key);
+  if (!text) return std::nullopt;
+  return RecoveryRecord::from_json(to_string(*text), key);
+}
+
 int Membership::rank_of(int place) const {
   const auto it = std::find(places.begin(), places.end(), place);
   return it == places.end() ? -1 : static_cast<int>(it - places.begin());

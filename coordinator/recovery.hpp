@@ -76,6 +76,8 @@ std::string recovery_comm_name(int64_t generation, int64_t number);
 // when it does not come or is unreadable.
 RecoveryRecord read_recovery(Store& store, int64_t generation, int64_t number,
                              std::chrono::milliseconds timeout = std::chrono::seconds(30));
+// The same without waiting: nullopt while the record is not written.
+std::optional<RecoveryRecord> try_read_recovery(Store& store, int64_t generation, int64_t number);
 
 // The number of the newest recovery announced in `generation` (0: none).
 int64_t latest_recovery(Store& store, int64_t generation);

@@ -32,6 +32,22 @@ RecoveryRecord sample() {
   return r;
 }
 
+// read_recovery waits for a record; try_read_recovery answers at once, nullopt before it is
+// written.
+TEST(RecoveryRecordTest, ReadWaitsAndTryReadDoesNot) {
+  InMemoryStore store;
+  EXPECT_FALSE(try_read_recovery(store, 4, 1).has_value());
+  testing::expect_error([&] { read_recovery(store, 4, 1, std::chrono::milliseconds(10)); },
+                        ExitCode::kPeerFailed, {"recover/g4/1"});
+  announce_recovery(store, 4, sample());
+  const auto tried = try_read_recovery(store, 4, 1);
+  ASSERT_TRUE(tried.has_value());
+  EXPECT_EQ(tried->number, 1);
+  EXPECT_EQ(tried->rank, 3);
+  EXPECT_EQ(read_recovery(store, 4, 1).rank, 3);
+  EXPECT_FALSE(try_read_recovery(store, 4, 2).has_value());
+}
+
 TEST(RecoveryRecordTest, RoundTripsThroughTheStore) {
   InMemoryStore store;
   const int64_t first = announce_recovery(store, 4, sample());

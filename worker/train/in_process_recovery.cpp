@@ -41,10 +41,8 @@ std::optional<coordinator::RecoveryRecord> InProcessRecovery::wait_for_record() 
   while (Clock::now() < deadline && Preemption::signal_received() == 0) {
     // The newest announced recovery: after two deaths at once, the last one names every place.
     const int64_t n = coordinator::latest_recovery(*o_.store, generation);
-    const std::string key = coordinator::recovery_key(generation, n);
-    if (n > recoveries_ && o_.store->check({key})) {
-      return coordinator::RecoveryRecord::from_json(coordinator::to_string(*o_.store->try_get(key)),
-                                                    key);
+    if (n > recoveries_) {
+      if (auto record = coordinator::try_read_recovery(*o_.store, generation, n)) return record;
     }
     wait_a_while(*o_.store, coordinator::recovery_key(generation, recoveries_ + 1));
   }
@@ -120,8 +118,8 @@ void InProcessRecovery::maybe_grow(Trainer& t) {
   // Rank 0 picks the step (Note [Shrink and grow] step 3); one that ends the run is none.
   if (o_.comm->rank() == 0 && grow_at_ < next && t.step() + 1 < t.total_steps() &&
       coordinator::latest_recovery(store, generation) >= next) {
-    if (coordinator::read_recovery(store, generation, next).kind ==
-        coordinator::RecoveryKind::kGrow) {
+    const auto record = coordinator::try_read_recovery(store, generation, next);
+    if (record && record->kind == coordinator::RecoveryKind::kGrow) {
       store.set(coordinator::grow_step_key(generation, next),
                 coordinator::to_bytes(std::to_string(t.step() + 1)));
       grow_at_ = next;
@@ -129,7 +127,8 @@ void InProcessRecovery::maybe_grow(Trainer& t) {
   }
   const auto at = store.try_get(coordinator::grow_step_key(generation, next));
   if (!at || std::stoll(coordinator::to_string(*at)) != t.step()) return;
-  auto record = coordinator::read_recovery(store, generation, next);
+  constexpr std::chrono::seconds kRecordWait(10);
+  auto record = coordinator::read_recovery(store, generation, next, kRecordWait);
   const auto announced = Clock::now();
   spdlog::info("recovery {}: {}; the group grows at step {}", record.number, record.reason,
                t.step() + 1);
@@ -148,7 +147,7 @@ void InProcessRecovery::maybe_grow(Trainer& t) {
       if (attempt >= kRecoveryAttempts || newest <= record.number) throw;
       spdlog::warn("recovery {} broke off ({}); joining recovery {}", record.number, e.what(),
                    newest);
-      record = coordinator::read_recovery(store, generation, newest);
+      record = coordinator::read_recovery(store, generation, newest, kRecordWait);
     }
   }
   const auto transferred = Clock::now();
