@@ -19,7 +19,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 . "$root/scripts/python-env.sh"
 
 build_pkgs=(
-  build-essential cmake ninja-build pkg-config git ca-certificates ccache
+  build-essential cmake ninja-build pkg-config git ca-certificates ccache lld
   libopenblas0-openmp
   libopenmpi-dev openmpi-bin
   libgloo-dev libboost-dev libtomlplusplus-dev
