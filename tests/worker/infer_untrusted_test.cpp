@@ -5,12 +5,17 @@
 // writes the damaged file itself from a tiny model that dnallm-train trains for 2 steps.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <string>
 #include <vector>
+
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <nlohmann/json.hpp>
 
@@ -127,6 +132,72 @@ TEST_F(InferUntrusted, AnOutputThatIsAnInputIsRefusedBeforeAnyWork) {
                  "config.json is the same file as");
   EXPECT_EQ(read_text(fa), fa_before);
   EXPECT_EQ(read_text(csv), csv_before);
+}
+
+// The st_mode of `path` (0 when it does not exist); lstat: a replaced node shows.
+unsigned file_type(const fs::path& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 ? (st.st_mode & S_IFMT) : 0u;
+}
+
+// Issue 57 item 1: an output that is a device node or a FIFO is written in place, never
+// replaced by a rename (as root, `--out /dev/null` made /dev/null a regular file), and an
+// input's index is an input.
+TEST_F(InferUntrusted, ADeviceOrFifoOutputIsWrittenInPlaceAndAnInputsIndexIsRefused) {
+  const auto model = train("gpt");
+  const auto fifo = dir_ / "out.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const auto got = dir_ / "got.fa";
+  auto r = dnallm::testing::run_shell(
+      "cat " + fifo.string() + " > " + got.string() + " & " +
+      infer("generate", model, "--prompt ACGT --max-new-tokens 4 --out " + fifo.string()) +
+      "; rc=$?; wait; exit $rc");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(file_type(fifo), unsigned(S_IFIFO));
+  EXPECT_NE(read_text(got.string()).find(" generated\n"), std::string::npos)
+      << read_text(got.string());
+  // Device nodes made here as /dev/null (1, 3) and /dev/full (1, 7) are: root only (CI is).
+  const auto null_dev = dir_ / "null", full_dev = dir_ / "full";
+  if (::mknod(null_dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0 &&
+      ::mknod(full_dev.c_str(), S_IFCHR | 0666, makedev(1, 7)) == 0) {
+    r = dnallm::testing::run_shell(
+        infer("generate", model, "--prompt ACGT --max-new-tokens 4 --out " + null_dev.string()));
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(file_type(null_dev), unsigned(S_IFCHR));
+    expect_refused(
+        infer("generate", model, "--prompt ACGT --max-new-tokens 4 --out " + full_dev.string()), 2,
+        "write to --out " + full_dev.string() + " failed");
+    EXPECT_EQ(file_type(full_dev), unsigned(S_IFCHR));
+  } else {
+    std::cerr << "device-node cases not run: mknod needs root (" << std::strerror(errno) << ")\n";
+  }
+  const auto fa = (dir_ / "in.fa").string();
+  std::ofstream(fa + ".fai") << "a\t11\t3\t11\t12\nb\t6\t19\t6\t7\n";
+  const std::string fai_before = read_text(fa + ".fai");
+  expect_refused(infer("generate", model, "--input " + fa + " --out " + fa + ".fai"), 2,
+                 "is the same file as " + fa + ".fai");
+  EXPECT_EQ(read_text(fa + ".fai"), fai_before);
+  EXPECT_TRUE(files_with(dir_, ".tmp").empty());
+}
+
+// Issue 57 item 5: --window is checked: negative, past int64 and past the largest window
+// the model takes are one usage error naming --window, never silently the default, an
+// overflowed check or a run that holds GBs until killed.
+TEST_F(InferUntrusted, AWindowOutOfRangeIsOneUsageErrorNamingIt) {
+  const auto model = train("gpt");
+  std::ofstream(dir_ / "long.fa") << ">r\n" << std::string(3000, 'A') << "\n";
+  const auto mutagenesis = [&](const std::string& window) {
+    return infer("mutagenesis", model,
+                 "--input " + (dir_ / "long.fa").string() + " --region 10-12 --window " + window +
+                     " --out " + (dir_ / "m.tsv").string());
+  };
+  for (const std::string w : {"-5", "10000000000000000000"}) {
+    const auto r = dnallm::testing::run_shell(mutagenesis(w));
+    EXPECT_EQ(r.code, 2) << w << ": " << r.out;
+    EXPECT_NE(r.out.find("--window"), std::string::npos) << r.out;
+  }
+  expect_refused(mutagenesis("1000000000"), 2, "give --window <=");
+  EXPECT_FALSE(fs::exists(dir_ / "m.tsv"));
 }
 
 TEST_F(InferUntrusted, AnExistingDirectoryAsOutputIsRefusedAndNothingIsLeft) {

@@ -21,7 +21,7 @@ GenomeDataset::GenomeDataset(const std::vector<std::string>& files, GenomeOption
       if (bases > options_.max_bases) {
         fail(ExitCode::kUsage,
              "{}: the genome files hold more than {} bases, the in-memory bound (1 byte per base); "
-             "split the input or raise GenomeOptions::max_bases",
+             "list fewer or smaller files in data.train_files / data.eval_files",
              f, options_.max_bases);
       }
       records_.push_back(std::move(rec));

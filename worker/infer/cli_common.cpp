@@ -70,10 +70,18 @@ void check_input(const std::string& path) {
 // inode, or the same resolved path: a hard link or a symlink counts), in an existing
 // directory. It is then written as a temporary file in its own directory and renamed over
 // the final name only when complete (OutputFile; the embedding writer does the same), so a
-// failed run never leaves a truncated output or a destroyed input.
-void check_output(const std::string& out, const std::vector<std::string>& reads, const char* flag) {
+// failed run never leaves a truncated output or a destroyed input. An input's index (.fai,
+// .gzi, .tbi, .csi beside it, which htslib reads) counts as an input. An output that exists
+// and is not a regular file (a device such as /dev/null, a FIFO, /dev/stdout) is written in
+// place: a rename would replace the device node itself (as root, /dev/null for everyone).
+void check_output(const std::string& out, const std::vector<std::string>& inputs,
+                  const char* flag) {
   namespace fs = std::filesystem;
   if (out == "-") return;
+  std::vector<std::string> reads = inputs;
+  for (const auto& in : inputs) {
+    for (const char* index : {".fai", ".gzi", ".tbi", ".csi"}) reads.push_back(in + index);
+  }
   struct stat o {};
   if (::stat(out.c_str(), &o) == 0) {
     DNALLM_CHECK(!S_ISDIR(o.st_mode), ExitCode::kUsage,
@@ -119,8 +127,18 @@ std::vector<std::string> checked_reads(const std::string& model_dir,
   return reads;
 }
 
+static bool written_in_place(const std::string& out) {
+  struct stat o {};
+  return ::stat(out.c_str(), &o) == 0 && !S_ISREG(o.st_mode) && !S_ISDIR(o.st_mode);
+}
+
 OutputFile::OutputFile(std::string out) : out_(std::move(out)) {
   if (out_ == "-") return;
+  if (written_in_place(out_)) {  // Note [Outputs never inputs]: a device or a FIFO
+    file_.open(out_);
+    DNALLM_CHECK(file_.good(), ExitCode::kUsage, "cannot write --out {}: {}", out_, errno_string());
+    return;
+  }
   tmp_ = fmt::format("{}.tmp.{}", out_, ::getpid());
   file_.open(tmp_);
   DNALLM_CHECK(file_.good(), ExitCode::kUsage, "cannot write --out {} ({}): {}", out_, tmp_,
@@ -140,7 +158,15 @@ void OutputFile::commit() {
   stream().flush();
   DNALLM_CHECK(stream().good(), ExitCode::kUsage, "write to --out {} failed: {}", out_,
                errno_string());
-  if (tmp_.empty()) return;
+  if (tmp_.empty()) {
+    if (out_ != "-") {
+      file_.close();
+      DNALLM_CHECK(!file_.fail(), ExitCode::kUsage, "write to --out {} failed: {}", out_,
+                   errno_string());
+    }
+    committed_ = true;
+    return;
+  }
   file_.close();
   DNALLM_CHECK(!file_.fail(), ExitCode::kUsage, "write to --out {} failed: {}", out_,
                errno_string());
@@ -207,6 +233,11 @@ void RowShares::check(const cluster::Topology& topo, const std::string& out) {
                "--out -: under {} ranks give a file (each rank writes its share beside it and "
                "rank 0 merges them)",
                topo.world_size);
+  DNALLM_CHECK(topo.world_size == 1 || !written_in_place(out), ExitCode::kUsage,
+               "--out {} is not a regular file (a device or a FIFO): under {} ranks give a file "
+               "(each rank writes its share beside it and rank 0 merges them), or run one "
+               "process",
+               out, topo.world_size);
 }
 
 std::pair<int64_t, int64_t> RowShares::share(int64_t n) const {

@@ -31,6 +31,7 @@ struct MutagenesisArgs {
 void add_variant_options(CLI::App& cmd, VariantOptions& o) {
   cmd.add_option("--window", o.window,
                  "bases of context centred on the variant (0: the model's length, at most 1024)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd.add_flag("--rc-average", o.rc_average,
                "average the score with the reverse-complement strand's");

@@ -77,13 +77,20 @@ VariantScorer::VariantScorer(models::LanguageModel model, const data::SequenceCo
                "character-level model)",
                codec_.describe());
   window_ = options_.window > 0 ? options_.window : default_variant_window(spec, codec_);
-  DNALLM_CHECK(
-      spec.extends_past_max_length || window_ + codec_.framing_tokens() <= spec.max_seq_length,
-      ExitCode::kUsage,
-      "--window {} bases do not fit the model's {} positions (with {} framing tokens): "
-      "give --window <= {}",
-      window_, spec.max_seq_length, codec_.framing_tokens(),
-      spec.max_seq_length - codec_.framing_tokens());
+  // A model whose positions extend past its length (rotary, a long convolution) still has a
+  // largest window: kExtendFactor times the positions it was trained on (a window of 10^9
+  // bases ran until killed holding GBs; issue 57).
+  constexpr int64_t kExtendFactor = 8;
+  const int64_t fits = spec.max_seq_length - codec_.framing_tokens();
+  DNALLM_CHECK(spec.extends_past_max_length || window_ <= fits, ExitCode::kUsage,
+               "--window {} bases do not fit the model's {} positions (with {} framing tokens): "
+               "give --window <= {}",
+               window_, spec.max_seq_length, codec_.framing_tokens(), fits);
+  const int64_t largest = kExtendFactor * spec.max_seq_length;
+  DNALLM_CHECK(!spec.extends_past_max_length || window_ <= largest, ExitCode::kUsage,
+               "--window {} bases: the largest window is {} bases ({}x the model's {} "
+               "positions); give --window <= {}",
+               window_, largest, kExtendFactor, spec.max_seq_length, largest);
 }
 
 void VariantScorer::add(VariantSite site) {
