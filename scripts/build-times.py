@@ -16,6 +16,7 @@ import argparse
 import collections
 import os
 import re
+import subprocess
 import sys
 
 
@@ -37,8 +38,15 @@ def ninja_steps(build_dir):
         # A restarted ninja run begins again at 0: the log holds several runs; the newest line
         # of an output is its newest build.
         steps[output] = ((end - start) / 1000.0, start)
-    # An output the build no longer makes (a unit since moved into a unity batch) is left out.
-    return {o: v for o, v in steps.items() if os.path.exists(os.path.join(build_dir, o))}
+    # An output the build no longer makes (a unit since moved into a unity batch) is left out:
+    # ninja's own list of the build's outputs says which it makes now.
+    try:
+        listed = subprocess.run(["ninja", "-C", build_dir, "-t", "targets", "all"], check=True,
+                                capture_output=True, text=True).stdout
+        current = {line.split(":")[0] for line in listed.splitlines()}
+        return {o: v for o, v in steps.items() if o in current}
+    except (OSError, subprocess.CalledProcessError):
+        return steps
 
 
 def kind(output):
