@@ -158,21 +158,16 @@ void OutputFile::commit() {
   stream().flush();
   DNALLM_CHECK(stream().good(), ExitCode::kUsage, "write to --out {} failed: {}", out_,
                errno_string());
-  if (tmp_.empty()) {
-    if (out_ != "-") {
-      file_.close();
-      DNALLM_CHECK(!file_.fail(), ExitCode::kUsage, "write to --out {} failed: {}", out_,
-                   errno_string());
-    }
-    committed_ = true;
-    return;
-  }
+  if (out_ == "-") return;
   file_.close();
   DNALLM_CHECK(!file_.fail(), ExitCode::kUsage, "write to --out {} failed: {}", out_,
                errno_string());
-  std::error_code ec;
-  std::filesystem::rename(tmp_, out_, ec);
-  DNALLM_CHECK(!ec, ExitCode::kUsage, "cannot rename {} to --out {}: {}", tmp_, out_, ec.message());
+  if (!tmp_.empty()) {  // written in place (a device or a FIFO) when empty
+    std::error_code ec;
+    std::filesystem::rename(tmp_, out_, ec);
+    DNALLM_CHECK(!ec, ExitCode::kUsage, "cannot rename {} to --out {}: {}", tmp_, out_,
+                 ec.message());
+  }
   committed_ = true;
 }
 
