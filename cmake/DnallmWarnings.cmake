@@ -27,3 +27,25 @@ function(dnallm_library name)
   target_link_libraries(${name} PUBLIC ${ARG_PUBLIC} PRIVATE ${ARG_PRIVATE})
   dnallm_target_warnings(${name})
 endfunction()
+
+# Note [Unity batches]: each LibTorch unit re-instantiates and re-optimises the same inline
+# LibTorch code (torch::nn holders, TensorOptions, ...), which is most of its 15-65 s even with
+# the precompiled header. A target's units compiled in batches (the source list's order, so one
+# folder's files together) do that work once a batch: the worker library took 345 s in 14 steps
+# where its 55 units took 15-64 s each (docs/build.md). A changed file rebuilds its batch only.
+# DNALLM_UNITY_BATCH=0 (-D at configure) turns it off, e.g. to find which file of a batch an
+# error is in. The units keep their helpers in anonymous namespaces: two files of one batch may
+# not define the same helper name.
+set(DNALLM_UNITY_BATCH 6 CACHE STRING "LibTorch units a unity batch (0: no unity builds)")
+
+# dnallm_unity_build(<target> [BATCH n]): compile the target's units in batches of n
+# (default DNALLM_UNITY_BATCH), unless DNALLM_UNITY_BATCH is 0.
+function(dnallm_unity_build target)
+  cmake_parse_arguments(ARG "" "BATCH" "" ${ARGN})
+  if(NOT ARG_BATCH)
+    set(ARG_BATCH ${DNALLM_UNITY_BATCH})
+  endif()
+  if(DNALLM_UNITY_BATCH GREATER 0)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${ARG_BATCH})
+  endif()
+endfunction()
