@@ -78,7 +78,7 @@ fi
 # Every target with tests labelled gpu: a test executable not built registers no tests, and
 # ctest -L gpu then silently runs fewer (worker_gpu_test was missing until 2026-11-27).
 targets=(dnallm-train dnallm-launch dnallm-bench-comm dnallm-eval dnallm-infer dnallm_cuda worker_device_group_test
-         worker_gpu_test integration_gpu_train_test cluster_gpu_placement_test)
+         worker_gpu_test integration_gpu_train_test cluster_test)
 targs=()
 for t in "${targets[@]}"; do targs+=(--target "$t"); done
 step build scripts/build.sh --cuda ${deps:+--deps "$deps"} "${targs[@]}"

@@ -13,10 +13,8 @@ namespace {
 
 using dnallm::testing::expect_error;
 
+using testing::kAllDTypes;
 using testing::make_data;
-
-const DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
-                            DType::kInt64,   DType::kInt32,   DType::kUInt8,   DType::kInt8};
 
 TEST(CheckpointCodecTest, GroupUngroupRoundTrip) {
   std::vector<uint8_t> in = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};

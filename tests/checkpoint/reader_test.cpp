@@ -16,9 +16,6 @@ namespace {
 using dnallm::testing::expect_error;
 using namespace testing;  // NOLINT: tests/checkpoint/test_util.hpp
 
-const DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
-                            DType::kInt64,   DType::kInt32,   DType::kUInt8,   DType::kInt8};
-
 TEST(CheckpointReaderTest, EveryDTypeRoundTripsWithEachCodec) {
   for (const char* codec : {"none", "zstd"}) {
     TempDir tmp;

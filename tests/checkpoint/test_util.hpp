@@ -18,6 +18,11 @@
 
 namespace dnallm::checkpoint::testing {
 
+// Every dtype a checkpoint stores.
+inline constexpr DType kAllDTypes[] = {DType::kFloat32,  DType::kFloat64, DType::kFloat16,
+                                       DType::kBFloat16, DType::kInt64,   DType::kInt32,
+                                       DType::kUInt8,    DType::kInt8};
+
 class TempDir {
  public:
   TempDir() {

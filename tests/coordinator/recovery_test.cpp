@@ -37,8 +37,8 @@ RecoveryRecord sample() {
 TEST(RecoveryRecordTest, ReadWaitsAndTryReadDoesNot) {
   InMemoryStore store;
   EXPECT_FALSE(try_read_recovery(store, 4, 1).has_value());
-  testing::expect_error([&] { read_recovery(store, 4, 1, std::chrono::milliseconds(10)); },
-                        ExitCode::kPeerFailed, {"recover/g4/1"});
+  dnallm::testing::expect_error([&] { read_recovery(store, 4, 1, std::chrono::milliseconds(10)); },
+                                ExitCode::kPeerFailed, {"recover/g4/1"});
   announce_recovery(store, 4, sample());
   const auto tried = try_read_recovery(store, 4, 1);
   ASSERT_TRUE(tried.has_value());
@@ -81,8 +81,8 @@ TEST(RecoveryRecordTest, KindsRoundTripAndAnUnknownOneIsRefused) {
   j.erase("kind");
   EXPECT_EQ(RecoveryRecord::from_json(j.dump(), "k").kind, RecoveryKind::kSpare);
   j["kind"] = "teleport";
-  testing::expect_error([&] { RecoveryRecord::from_json(j.dump(), "recover/g1/3"); },
-                        ExitCode::kPeerFailed, {"recover/g1/3", "teleport"});
+  dnallm::testing::expect_error([&] { RecoveryRecord::from_json(j.dump(), "recover/g1/3"); },
+                                ExitCode::kPeerFailed, {"recover/g1/3", "teleport"});
 }
 
 // Note [Shrink and grow]: a shrink drops a place, a grow appends it, a spare keeps it where it
@@ -121,10 +121,11 @@ TEST(MembershipTest, AccumulationKeepsTheGlobalBatchWhereAWholeNumberDoes) {
 }
 
 TEST(RecoveryRecordTest, AnUnreadableRecordIsRefusedNamingItsKey) {
-  testing::expect_error([] { RecoveryRecord::from_json("{\"number\": 1}", "recover/g1/1"); },
-                        ExitCode::kPeerFailed, {"recover/g1/1", "unreadable"});
-  testing::expect_error([] { RecoveryRecord::from_json("not json", "recover/g1/1"); },
-                        ExitCode::kPeerFailed, {"recover/g1/1"});
+  dnallm::testing::expect_error(
+      [] { RecoveryRecord::from_json("{\"number\": 1}", "recover/g1/1"); }, ExitCode::kPeerFailed,
+      {"recover/g1/1", "unreadable"});
+  dnallm::testing::expect_error([] { RecoveryRecord::from_json("not json", "recover/g1/1"); },
+                                ExitCode::kPeerFailed, {"recover/g1/1"});
 }
 
 TEST(UntilNextRecoveryTest, AWaitReturnsWhenItsKeyComes) {
@@ -147,8 +148,9 @@ TEST(UntilNextRecoveryTest, AWaitGivesWayToALaterRecoveryAtOnce) {
     announce_recovery(*inner, 1, sample());  // its spare died: recovery 2
   });
   const auto start = std::chrono::steady_clock::now();
-  testing::expect_error([&] { store->wait({"comm/g1.r1/gloo/1"}, 30s); }, ExitCode::kPeerFailed,
-                        {"recovery 1 of generation 1", "recovery 2"});
+  dnallm::testing::expect_error([&] { store->wait({"comm/g1.r1/gloo/1"}, 30s); },
+                                ExitCode::kPeerFailed,
+                                {"recovery 1 of generation 1", "recovery 2"});
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
   later.join();
 }

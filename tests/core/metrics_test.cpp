@@ -4,7 +4,6 @@
 #include "core/metrics.hpp"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,21 +12,16 @@
 
 #include "core/error.hpp"
 #include "tests/support/expect_error.hpp"
+#include "tests/support/process.hpp"
 
 namespace dnallm {
 namespace {
 
 using dnallm::testing::expect_error;
+using dnallm::testing::make_temp_dir;
 
 namespace fs = std::filesystem;
 using nlohmann::ordered_json;
-
-fs::path temp_dir(const std::string& name) {
-  auto d =
-      fs::temp_directory_path() / ("dnallm_metrics_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  return d;
-}
 
 std::vector<ordered_json> read_lines(const fs::path& path) {
   std::ifstream in(path);
@@ -47,7 +41,7 @@ std::vector<ordered_json> sample_events() {
 }
 
 TEST(MetricsTest, JsonLinesAndTensorBoardHoldTheSameNumbers) {
-  const auto dir = temp_dir("same");
+  const auto dir = fs::path(make_temp_dir("metrics_same"));
   const auto events = sample_events();
   std::string tb_path;
   {
@@ -88,7 +82,7 @@ TEST(MetricsTest, ScalarTagsNameTheEventAndSkipStepAndNonNumbers) {
 }
 
 TEST(MetricsTest, AppendKeepsEarlierRunsAndTruncateDoesNot) {
-  const auto dir = temp_dir("append");
+  const auto dir = fs::path(make_temp_dir("metrics_append"));
   const auto path = (dir / "m.jsonl").string();
   MetricsWriter({path, false, ""}).write({{"step", 1}});
   MetricsWriter({path, true, ""}).write({{"step", 2}});
@@ -100,7 +94,7 @@ TEST(MetricsTest, AppendKeepsEarlierRunsAndTruncateDoesNot) {
 }
 
 TEST(MetricsTest, AnUnwritablePathIsAUsageError) {
-  const auto dir = temp_dir("bad");
+  const auto dir = fs::path(make_temp_dir("metrics_bad"));
   fs::create_directories(dir / "a_directory");
   expect_error(
       [&] {

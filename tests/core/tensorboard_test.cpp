@@ -4,7 +4,6 @@
 #include "core/tensorboard.hpp"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -16,19 +15,15 @@
 
 #include "core/error.hpp"
 #include "tests/support/expect_error.hpp"
+#include "tests/support/process.hpp"
 
 namespace dnallm {
 namespace {
 
 using dnallm::testing::expect_error;
+using dnallm::testing::make_temp_dir;
 
 namespace fs = std::filesystem;
-
-fs::path temp_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("dnallm_tb_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  return d;
-}
 
 // The path of a new event file in `dir` holding one record: `scalars` at `step`.
 std::string write_one_record(const fs::path& dir, int64_t step,
@@ -56,7 +51,7 @@ TEST(TensorBoardTest, Crc32cCheckValues) {
 }
 
 TEST(TensorBoardTest, ScalarsReadBack) {
-  const auto dir = temp_dir("roundtrip");
+  const auto dir = fs::path(make_temp_dir("tb_roundtrip"));
   std::string path;
   {
     EventFileWriter w(dir.string());
@@ -86,7 +81,7 @@ TEST(TensorBoardTest, ScalarsReadBack) {
 // Hand-checked bytes of one record: a reader written from the format's description (not our
 // encoder) must find the same fields at the same offsets.
 TEST(TensorBoardTest, RecordBytesFollowTheFormat) {
-  const auto dir = temp_dir("bytes");
+  const auto dir = fs::path(make_temp_dir("tb_bytes"));
   const std::string data = read_bytes(write_one_record(dir, 7, {{"a", 1.0}}, 0.5));
   // First record: file_version. Skip it using its length.
   uint64_t len0;
@@ -113,7 +108,7 @@ TEST(TensorBoardTest, RecordBytesFollowTheFormat) {
 }
 
 TEST(TensorBoardTest, DamagedFilesAreBadData) {
-  const auto dir = temp_dir("damaged");
+  const auto dir = fs::path(make_temp_dir("tb_damaged"));
   const std::string path = write_one_record(dir, 1, {{"train/loss", 2.0}});
   const std::string data = read_bytes(path);
   auto expect_bad = [&](std::string bytes, const std::string& needle) {

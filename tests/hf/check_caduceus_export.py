@@ -4,8 +4,8 @@ published checkpoints with, over mamba-ssm's pure-PyTorch reference scan) and co
 logits with the fixture's expected ones. Neither is ours and neither is committed: --code and
 --mamba name the folders tests/hf/make_caduceus_fixtures.py describes (einops on the path).
 
-  DNALLM_CADUCEUS_EXPORT_KEEP=/tmp/cx build/tests/worker/worker_caduceus_test \\
-      --gtest_filter='*Export*'
+  DNALLM_CADUCEUS_EXPORT_KEEP=/tmp/cx build/tests/worker/worker_model_test \\
+      --gtest_filter='Caduceus*.Export*'
   python tests/hf/check_caduceus_export.py --code DIR --mamba DIR --exports /tmp/cx \\
       --fixtures tests/data/hf-fixtures
 """

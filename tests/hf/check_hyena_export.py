@@ -4,7 +4,7 @@ checkpoints: AutoModel classes over modeling_hyena.py) and compares its logits w
 fixture's expected ones. The hub code is not ours and not committed: --code names a folder
 holding it (see tests/hf/make_hyena_fixtures.py).
 
-  DNALLM_HYENA_EXPORT_KEEP=/tmp/hx build/tests/worker/worker_hyena_test --gtest_filter='*Export*'
+  DNALLM_HYENA_EXPORT_KEEP=/tmp/hx build/tests/worker/worker_model_test --gtest_filter='Hyena*.Export*'
   python tests/hf/check_hyena_export.py --code /tmp/hyena_ref/hf --exports /tmp/hx \\
       --fixtures tests/data/hf-fixtures
 """

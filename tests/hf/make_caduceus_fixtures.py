@@ -14,7 +14,7 @@ with a message (CI cannot fetch them). The caduceus code needs one patch for tra
 tie_weights() must accept the keyword recompute_mapping (the fixture README says so; `def
 tie_weights(self, *args, **kwargs)` does).
 tests/hf/check_caduceus_export.py loads our exports of these fixtures with the same code
-(worker_caduceus_test writes them with DNALLM_CADUCEUS_EXPORT_KEEP=DIR).
+(tests/worker/caduceus_test.cpp writes them with DNALLM_CADUCEUS_EXPORT_KEEP=DIR).
 
   python tests/hf/make_caduceus_fixtures.py --code DIR --mamba DIR --out tests/data/hf-fixtures
 

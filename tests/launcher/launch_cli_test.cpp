@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "launch_runner.hpp"
+#include "tests/support/process.hpp"
 
 namespace dnallm::launcher {
 namespace {
@@ -24,9 +25,7 @@ std::vector<std::string> with_sh(std::vector<std::string> args, const std::strin
   return args;
 }
 
-bool contains(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
-}
+using dnallm::testing::contains;
 
 TEST(LaunchCli, HelpExitsZero) {
   LaunchResult r = run_launch({"--help"});

@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "launch_runner.hpp"
+#include "tests/support/process.hpp"
 
 namespace dnallm::launcher {
 namespace {
@@ -17,9 +18,7 @@ using testing::LaunchResult;
 using testing::run_launch;
 using testing::TempDir;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using dnallm::testing::contains;
 
 SbatchOptions two_nodes() {
   SbatchOptions o;

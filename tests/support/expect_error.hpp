@@ -28,4 +28,10 @@ std::string expect_error(Fn&& fn, ExitCode code, const std::vector<std::string>&
   return "";
 }
 
+// Runs `fn`, which must throw Error(kBadData) naming every one of `parts`.
+template <typename Fn>
+std::string expect_bad_data(Fn&& fn, const std::vector<std::string>& parts) {
+  return expect_error(fn, ExitCode::kBadData, parts);
+}
+
 }  // namespace dnallm::testing

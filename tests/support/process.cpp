@@ -44,6 +44,10 @@ std::string read_text(const std::string& path) {
   return s.str();
 }
 
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 std::string make_temp_dir(const std::string& name) {
   auto dir = std::filesystem::path(::testing::TempDir()) /
              ("dnallm_" + name + "_" + std::to_string(::getpid()));

@@ -37,6 +37,9 @@ int exit_code_of(int wait_status);
 // The whole content of a text file ("" when it cannot be read).
 std::string read_text(const std::string& path);
 
+// Whether `text` holds `part`.
+bool contains(const std::string& text, const std::string& part);
+
 // A fresh (emptied) directory <gtest TempDir>/dnallm_<name>_<pid>.
 std::string make_temp_dir(const std::string& name);
 // A fresh (emptied) directory of the running test case:

@@ -15,7 +15,7 @@ namespace {
 
 using dnallm::testing::expect_error;
 
-Config tiny_config(const std::string& task = "pretrain") {
+Config probe_config(const std::string& task = "pretrain") {
   Config c = parse_config("", "test", {"model.task=" + task});
   c.model.hidden = 32;
   c.model.layers = 1;
@@ -39,7 +39,7 @@ void resolve_on_one_process(Config& config) {
 
 TEST(AutoBatchProbe, TrialFitsWithinAGenerousBudgetAndLeavesNoGradients) {
   for (const char* task : {"pretrain", "classification", "regression"}) {
-    auto config = tiny_config(task);
+    auto config = probe_config(task);
     auto model = build_model(config, 10);
     auto trial = probe_micro_batch(model, config, 3, torch::kCPU, kHuge);
     EXPECT_TRUE(trial.fits) << task << ": " << trial.why;
@@ -54,7 +54,7 @@ TEST(AutoBatchProbe, TrialFitsWithinAGenerousBudgetAndLeavesNoGradients) {
 }
 
 TEST(AutoBatchProbe, TrialOverTheBudgetDoesNotFitAndSaysWhy) {
-  auto config = tiny_config();
+  auto config = probe_config();
   auto model = build_model(config, 10);
   auto trial = probe_micro_batch(model, config, 2, torch::kCPU, 1024.0);
   EXPECT_FALSE(trial.fits);
@@ -62,7 +62,7 @@ TEST(AutoBatchProbe, TrialOverTheBudgetDoesNotFitAndSaysWhy) {
 }
 
 TEST(AutoBatchResolve, KeepsTheGlobalBatchAndTakesTheLargestFittingMicroBatch) {
-  auto config = tiny_config();
+  auto config = probe_config();
   config.training.batch_size = cfg::BatchSize::kAuto;
   config.training.auto_batch_memory_mb = kHuge / 1048576.0;
   resolve_on_one_process(config);
@@ -72,14 +72,14 @@ TEST(AutoBatchResolve, KeepsTheGlobalBatchAndTakesTheLargestFittingMicroBatch) {
 }
 
 TEST(AutoBatchResolve, WithoutAutoNothingChanges) {
-  auto config = tiny_config();
+  auto config = probe_config();
   resolve_on_one_process(config);
   EXPECT_EQ(config.training.micro_batch_size, 4);
   EXPECT_EQ(config.training.grad_accum_steps, 2);
 }
 
 TEST(AutoBatchResolve, NothingFitsIsAUsageError) {
-  auto config = tiny_config();
+  auto config = probe_config();
   config.training.batch_size = cfg::BatchSize::kAuto;
   config.training.auto_batch_memory_mb = 0.001;  // about 1 KiB: not even one sequence
   expect_error([&] { resolve_on_one_process(config); }, ExitCode::kUsage, {"auto_batch_memory_mb"});

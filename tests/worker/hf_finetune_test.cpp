@@ -25,9 +25,7 @@ namespace fs = std::filesystem;
 using dnallm::testing::kBin;
 using dnallm::testing::kSrc;
 
-dnallm::testing::CommandResult run(const std::string& cmd) {
-  return dnallm::testing::run_shell(cmd);
-}
+using dnallm::testing::run_shell;
 
 // The values of tensor `name` (float32 or int64, as T) of a safetensors file.
 template <typename T>
@@ -47,7 +45,7 @@ std::vector<float> floats(const std::string& path, const std::string& name) {
 // dnallm-eval --logits: the logits of the model in `model` on the lines of `seqs`, into `out`.
 dnallm::testing::CommandResult eval_logits(const std::string& model, const std::string& seqs,
                                            const std::string& out) {
-  return run(kBin + "dnallm-eval --model " + model + " --logits " + seqs + " --out " + out);
+  return run_shell(kBin + "dnallm-eval --model " + model + " --logits " + seqs + " --out " + out);
 }
 
 // The step lines of a metrics file (its lines without an "event").
@@ -79,7 +77,7 @@ TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
   dnallm::testing::write_composition_table((dir / "eval.csv").string(), genome, 100000, 64);
   const auto ck = (dir / "ck").string();
   const auto tb = (dir / "tb").string();
-  auto train = run(
+  auto train = run_shell(
       "cd " + kSrc + " && " + kBin + "dnallm-launch --nproc-per-node 2 --config " +
       "configs/finetune-hf-dnabert.toml --set model.max_seq_length=64" +
       " --set 'data.train_files=[\"" + (dir / "train.csv").string() + "\"]'" +
@@ -95,16 +93,17 @@ TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
 
   // [tokenizer] must tokenize as the directory does: one token a base is refused (exit 2)
   // with the settings that would match.
-  auto wrong = run("cd " + kSrc + " && " + kBin + "dnallm-train --config " +
-                   "configs/finetune-hf-dnabert.toml --set model.max_seq_length=64" +
-                   " --set tokenizer.kind=char --set 'data.train_files=[\"" +
-                   (dir / "train.csv").string() + "\"]' --set 'data.eval_files=[\"" +
-                   (dir / "eval.csv").string() + "\"]' --set checkpoint.dir=" + ck + "_wrong");
+  auto wrong =
+      run_shell("cd " + kSrc + " && " + kBin + "dnallm-train --config " +
+                "configs/finetune-hf-dnabert.toml --set model.max_seq_length=64" +
+                " --set tokenizer.kind=char --set 'data.train_files=[\"" +
+                (dir / "train.csv").string() + "\"]' --set 'data.eval_files=[\"" +
+                (dir / "eval.csv").string() + "\"]' --set checkpoint.dir=" + ck + "_wrong");
   EXPECT_EQ(wrong.code, 2) << wrong.out;
   EXPECT_NE(wrong.out.find("tokenizer.k = 3"), std::string::npos) << wrong.out;
 
-  auto scored = run(kBin + "dnallm-eval --model " + ck + "/final --table " +
-                    (dir / "eval.csv").string() + " 2>/dev/null");
+  auto scored = run_shell(kBin + "dnallm-eval --model " + ck + "/final --table " +
+                          (dir / "eval.csv").string() + " 2>/dev/null");
   ASSERT_EQ(scored.code, 0) << scored.out;
   auto c = nlohmann::json::parse(scored.out);
   EXPECT_EQ(c.at("rows").get<int64_t>(), 64);
@@ -124,8 +123,8 @@ TEST(HfFineTune, LoraFromDnabertDirectoryWithTwoWorkers) {
   const auto merged = (dir / "merged.safetensors").string();
   const auto adapted = (dir / "adapted.safetensors").string();
   ASSERT_EQ(eval_logits(hf, seqs, merged).code, 0);
-  auto with_adapter = run(kBin + "dnallm-eval --model " + hf + "/base --adapter " + hf +
-                          "/adapter --logits " + seqs + " --out " + adapted);
+  auto with_adapter = run_shell(kBin + "dnallm-eval --model " + hf + "/base --adapter " + hf +
+                                "/adapter --logits " + seqs + " --out " + adapted);
   ASSERT_EQ(with_adapter.code, 0) << with_adapter.out;
   // Our own export (final/, our tokenizer) = its transformers export (final/hf) = PEFT's adapter
   // on its base = its merge.
@@ -178,13 +177,13 @@ void continued_pretraining_with_the_nt_split(const std::string& family) {
   const auto ck =
       fs::temp_directory_path() / ("dnallm_hf_" + family + "_" + std::to_string(::getpid()));
   fs::remove_all(ck);
-  auto train =
-      run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
-          " --set model.init_from=tests/data/hf-fixtures/" + family + " --set tokenizer.kind=nt" +
-          " --set tokenizer.k=6 --set model.max_seq_length=32 --set training.max_steps=6" +
-          " --set training.eval_steps=6 --set training.logging_steps=1" +
-          " --set checkpoint.save_steps=0 --set checkpoint.dir=" + ck.string() +
-          " --metrics-file " + (ck / "metrics.jsonl").string());
+  auto train = run_shell(
+      "cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
+      " --set model.init_from=tests/data/hf-fixtures/" + family + " --set tokenizer.kind=nt" +
+      " --set tokenizer.k=6 --set model.max_seq_length=32 --set training.max_steps=6" +
+      " --set training.eval_steps=6 --set training.logging_steps=1" +
+      " --set checkpoint.save_steps=0 --set checkpoint.dir=" + ck.string() + " --metrics-file " +
+      (ck / "metrics.jsonl").string());
   ASSERT_EQ(train.code, 0) << train.out;
   EXPECT_NE(train.out.find("from the Hugging Face EsmForMaskedLM"), std::string::npos) << train.out;
   nlohmann::json config = nlohmann::json::parse(std::ifstream(ck / "final/hf/config.json"));
@@ -222,9 +221,10 @@ TEST(HfFineTune, Dnabert2PretrainExportThenLoraAndFullFineTune) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const auto pre = (dir / "pre").string();
-  auto pretrain = run("cd " + kSrc + " && " + kBin + "dnallm-train --config " +
-                      "configs/dnabert2-tiny.toml --set training.max_steps=4" +
-                      " --set checkpoint.dir=" + pre + " --metrics-file " + pre + "/metrics.jsonl");
+  auto pretrain =
+      run_shell("cd " + kSrc + " && " + kBin + "dnallm-train --config " +
+                "configs/dnabert2-tiny.toml --set training.max_steps=4" +
+                " --set checkpoint.dir=" + pre + " --metrics-file " + pre + "/metrics.jsonl");
   ASSERT_EQ(pretrain.code, 0) << pretrain.out;
   const auto hf = pre + "/final/hf";
   nlohmann::json config = nlohmann::json::parse(std::ifstream(hf + "/config.json"));
@@ -269,14 +269,14 @@ TEST(HfFineTune, Dnabert2PretrainExportThenLoraAndFullFineTune) {
       " --set training.micro_batch_size=8 --set training.lr=1e-2 --set training.eval_steps=0" +
       " --set logging.tensorboard_dir= --set parallel.backend=gloo";
   const auto lora = (dir / "lora").string();
-  auto lora_run = run("cd " + kSrc + " && " + kBin + "dnallm-launch --nproc-per-node 2" + finetune +
-                      " --set training.max_steps=30 --set checkpoint.dir=" + lora +
-                      " --metrics-file " + lora + "/metrics.jsonl");
+  auto lora_run = run_shell("cd " + kSrc + " && " + kBin + "dnallm-launch --nproc-per-node 2" +
+                            finetune + " --set training.max_steps=30 --set checkpoint.dir=" + lora +
+                            " --metrics-file " + lora + "/metrics.jsonl");
   ASSERT_EQ(lora_run.code, 0) << lora_run.out;
   EXPECT_NE(lora_run.out.find("from the Hugging Face BertForMaskedLM"), std::string::npos)
       << lora_run.out;
-  auto scored = run(kBin + "dnallm-eval --model " + lora + "/final --table " +
-                    (dir / "eval.csv").string() + " 2>/dev/null");
+  auto scored = run_shell(kBin + "dnallm-eval --model " + lora + "/final --table " +
+                          (dir / "eval.csv").string() + " 2>/dev/null");
   ASSERT_EQ(scored.code, 0) << scored.out;
   EXPECT_EQ(nlohmann::json::parse(scored.out).at("rows").get<int64_t>(), 64);
   // The fine-tuned classifier in DNABERT-2's layout (adapters merged), equal to final/.
@@ -297,20 +297,21 @@ TEST(HfFineTune, Dnabert2PretrainExportThenLoraAndFullFineTune) {
   std::ofstream(dir / "in.fa") << ">a\n"
                                << genome.substr(3000, 60) << "\n>b\n"
                                << genome.substr(4000, 50) << "\n";
-  auto embed = run(kBin + "dnallm-infer embed --model " + lora + "/final --input " +
-                   (dir / "in.fa").string() + " --out " + (dir / "emb.npy").string());
+  auto embed = run_shell(kBin + "dnallm-infer embed --model " + lora + "/final --input " +
+                         (dir / "in.fa").string() + " --out " + (dir / "emb.npy").string());
   EXPECT_EQ(embed.code, 0) << embed.out;
   EXPECT_TRUE(fs::exists(dir / "emb.npy"));
-  auto predict = run(kBin + "dnallm-infer predict --model " + lora + "/final --input " +
-                     (dir / "in.fa").string() + " --out -");
+  auto predict = run_shell(kBin + "dnallm-infer predict --model " + lora + "/final --input " +
+                           (dir / "in.fa").string() + " --out -");
   EXPECT_EQ(predict.code, 0) << predict.out;
   EXPECT_NE(predict.out.find("a,"), std::string::npos) << predict.out;
 
   // Full fine-tuning (no LoRA), one process.
   const auto full = (dir / "full").string();
-  auto full_run = run("cd " + kSrc + " && " + kBin + "dnallm-train" + finetune +
-                      " --set lora.r=0 --set training.max_steps=6 --set checkpoint.dir=" + full +
-                      " --metrics-file " + full + "/metrics.jsonl");
+  auto full_run =
+      run_shell("cd " + kSrc + " && " + kBin + "dnallm-train" + finetune +
+                " --set lora.r=0 --set training.max_steps=6 --set checkpoint.dir=" + full +
+                " --metrics-file " + full + "/metrics.jsonl");
   ASSERT_EQ(full_run.code, 0) << full_run.out;
   EXPECT_GE(steps_with_finite_loss(full + "/metrics.jsonl"), 1);
   fs::remove_all(dir);
@@ -384,12 +385,13 @@ TEST(HfFineTune, GueProtocolKeepsTheBestDevCheckpointAndAveragesSeeds) {
   }
   dnallm::testing::write_composition_table((task / "test.csv").string(), genome, 120000, 40);
   const auto out = dir / "out";
-  auto r = run("cd " + kSrc + " && DNALLM_BUILD_DIR=" + kBin + "/.. scripts/gue-finetune.sh" +
-               " --model tests/data/hf-fixtures/bert_cls --task " + task.string() +
-               " --seeds '3 4' --nproc 2 --out " + out.string() +
-               " --set tokenizer.kind=kmer --set tokenizer.k=3 --set model.max_seq_length=64" +
-               " --set training.max_steps=24 --set training.eval_steps=4 --set training.lr=3e-3" +
-               " --set training.warmup_steps=0 --set parallel.backend=gloo");
+  auto r =
+      run_shell("cd " + kSrc + " && DNALLM_BUILD_DIR=" + kBin + "/.. scripts/gue-finetune.sh" +
+                " --model tests/data/hf-fixtures/bert_cls --task " + task.string() +
+                " --seeds '3 4' --nproc 2 --out " + out.string() +
+                " --set tokenizer.kind=kmer --set tokenizer.k=3 --set model.max_seq_length=64" +
+                " --set training.max_steps=24 --set training.eval_steps=4 --set training.lr=3e-3" +
+                " --set training.warmup_steps=0 --set parallel.backend=gloo");
   ASSERT_EQ(r.code, 0) << r.out;
 
   std::vector<double> mcc;
@@ -411,8 +413,8 @@ TEST(HfFineTune, GueProtocolKeepsTheBestDevCheckpointAndAveragesSeeds) {
     EXPECT_NEAR(best.at("value").get<double>(), lowest->at("loss").get<double>(), 1e-12);
     EXPECT_TRUE(lowest->contains("mcc") && lowest->contains("f1")) << lowest->dump();
     // The kept model is that model: its dev loss, scored again by dnallm-eval.
-    auto dev = run(kBin + "dnallm-eval --model " + (run_dir / "checkpoints/best").string() +
-                   " --table " + (task / "dev.csv").string() + " 2>/dev/null");
+    auto dev = run_shell(kBin + "dnallm-eval --model " + (run_dir / "checkpoints/best").string() +
+                         " --table " + (task / "dev.csv").string() + " 2>/dev/null");
     ASSERT_EQ(dev.code, 0) << dev.out;
     EXPECT_NEAR(nlohmann::json::parse(dev.out).at("loss").get<double>(),
                 best.at("value").get<double>(), 1e-4);
@@ -433,9 +435,9 @@ TEST(HfFineTune, GueProtocolKeepsTheBestDevCheckpointAndAveragesSeeds) {
 
   // A task directory without dev.csv: exit 2 before any run.
   fs::remove(task / "dev.csv");
-  auto bad =
-      run("cd " + kSrc + " && scripts/gue-finetune.sh --model tests/data/hf-fixtures/bert_cls" +
-          " --task " + task.string());
+  auto bad = run_shell("cd " + kSrc +
+                       " && scripts/gue-finetune.sh --model tests/data/hf-fixtures/bert_cls" +
+                       " --task " + task.string());
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("dev.csv not found"), std::string::npos) << bad.out;
 }

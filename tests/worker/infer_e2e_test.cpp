@@ -22,11 +22,9 @@ using dnallm::testing::kSrc;
 using dnallm::testing::read_text;
 
 // stdout, then stderr.
-dnallm::testing::CommandResult run(const std::string& cmd) {
-  return dnallm::testing::run_shell(cmd);
-}
+using dnallm::testing::run_shell;
 
-const std::string kTiny =
+const std::string kTinyRun =
     " --set model.hidden=32 --set model.layers=2 --set model.heads=2 --set model.ffn=64"
     " --set model.max_seq_length=64 --set training.micro_batch_size=8"
     " --set training.logging_steps=5 --set checkpoint.save_steps=0 --set training.eval_steps=0";
@@ -52,8 +50,8 @@ class InferEndToEnd : public ::testing::Test {
                            const std::string& extra) {
     const auto ck = (dir_ / name).string();
     if (fs::exists(ck + "/final/model.safetensors")) return ck + "/final";
-    auto r = run("cd " + kSrc + " && " + kBin + "dnallm-train --config " + config + kTiny +
-                 " --set checkpoint.dir=" + ck + extra);
+    auto r = run_shell("cd " + kSrc + " && " + kBin + "dnallm-train --config " + config + kTinyRun +
+                       " --set checkpoint.dir=" + ck + extra);
     EXPECT_EQ(r.code, 0) << r.out;
     return ck + "/final";
   }
@@ -69,10 +67,10 @@ TEST_F(InferEndToEnd, TwoRanksUnderTheLauncherEqualOneProcess) {
     const auto two = (dir_ / ("two_" + pooling + ".npy")).string();
     const std::string args = " embed --device cpu --batch-size 4 --pooling " + pooling +
                              " --model " + model + " --input " + in;
-    auto r1 = run(kBin + "dnallm-infer" + args + " --out " + one);
+    auto r1 = run_shell(kBin + "dnallm-infer" + args + " --out " + one);
     ASSERT_EQ(r1.code, 0) << r1.out;
-    auto r2 = run(kBin + "dnallm-launch --nproc-per-node 2 -- " + kBin + "dnallm-infer" + args +
-                  " --out " + two);
+    auto r2 = run_shell(kBin + "dnallm-launch --nproc-per-node 2 -- " + kBin + "dnallm-infer" +
+                        args + " --out " + two);
     ASSERT_EQ(r2.code, 0) << r2.out;
     auto a = dnallm::infer::read_npy(one);
     auto b = dnallm::infer::read_npy(two);
@@ -101,8 +99,8 @@ TEST_F(InferEndToEnd, TwoRanksUnderTheLauncherEqualOneProcess) {
   }
   // INT8 embeddings stay close to fp32 (cosine > 0.99 for every sequence).
   const auto q = (dir_ / "int8.npy").string();
-  auto rq = run(kBin + "dnallm-infer embed --device cpu --quantize int8 --model " + model +
-                " --input " + in + " --out " + q);
+  auto rq = run_shell(kBin + "dnallm-infer embed --device cpu --quantize int8 --model " + model +
+                      " --input " + in + " --out " + q);
   ASSERT_EQ(rq.code, 0) << rq.out;
   auto a = dnallm::infer::read_npy((dir_ / "one_mean.npy").string());
   auto b = dnallm::infer::read_npy(q);
@@ -124,9 +122,9 @@ TEST_F(InferEndToEnd, GenerateWithCacheEqualsWithoutAndBadInputExitCodes) {
   const std::string base = kBin + "dnallm-infer generate --device cpu --model " + gpt +
                            " --prompt ACGTACGTAA --prompt TTGACA --prompt GGGCCCAT"
                            " --max-new-tokens 20 --temperature 0.7 --top-k 3 --seed 5";
-  auto cached = run(base + " --log-level error");
+  auto cached = run_shell(base + " --log-level error");
   ASSERT_EQ(cached.code, 0) << cached.out;
-  auto uncached = run(base + " --no-cache --log-level error");
+  auto uncached = run_shell(base + " --no-cache --log-level error");
   ASSERT_EQ(uncached.code, 0) << uncached.out;
   EXPECT_EQ(cached.out, uncached.out);
   EXPECT_EQ(cached.out.rfind(">prompt1 generated\nACGTACGTAA", 0), 0u) << cached.out;
@@ -134,33 +132,33 @@ TEST_F(InferEndToEnd, GenerateWithCacheEqualsWithoutAndBadInputExitCodes) {
 
   const auto mlm = train("mlm", "configs/quickstart.toml", " --set training.max_steps=3");
   // A masked LM cannot generate; predict needs a classifier: usage errors (2).
-  EXPECT_EQ(run(kBin + "dnallm-infer generate --model " + mlm + " --prompt ACGT").code, 2);
-  EXPECT_EQ(
-      run(kBin + "dnallm-infer predict --model " + mlm + " --input " + (dir_ / "in.fa").string())
-          .code,
-      2);
-  EXPECT_EQ(run(kBin + "dnallm-infer embed --model " + mlm + " --input " +
-                (dir_ / "in.fa").string() + " --out " + (dir_ / "x.txt").string())
+  EXPECT_EQ(run_shell(kBin + "dnallm-infer generate --model " + mlm + " --prompt ACGT").code, 2);
+  EXPECT_EQ(run_shell(kBin + "dnallm-infer predict --model " + mlm + " --input " +
+                      (dir_ / "in.fa").string())
                 .code,
             2);
-  EXPECT_EQ(run(kBin + "dnallm-infer embed --model " + mlm + " --device cuda:7 --input " +
-                (dir_ / "in.fa").string() + " --out " + (dir_ / "x.npy").string())
+  EXPECT_EQ(run_shell(kBin + "dnallm-infer embed --model " + mlm + " --input " +
+                      (dir_ / "in.fa").string() + " --out " + (dir_ / "x.txt").string())
                 .code,
             2);
-  EXPECT_EQ(run(kBin + "dnallm-infer").code, 2);
+  EXPECT_EQ(run_shell(kBin + "dnallm-infer embed --model " + mlm + " --device cuda:7 --input " +
+                      (dir_ / "in.fa").string() + " --out " + (dir_ / "x.npy").string())
+                .code,
+            2);
+  EXPECT_EQ(run_shell(kBin + "dnallm-infer").code, 2);
   // Bad data (3): an invalid base, a missing file. A directory that is not a model is a usage
   // error (2, Note [One model loader]: one message naming what was looked at).
   std::ofstream(dir_ / "bad.fa") << ">x\nACGT12\n";
-  auto bad = run(kBin + "dnallm-infer embed --model " + mlm + " --input " +
-                 (dir_ / "bad.fa").string() + " --out " + (dir_ / "bad.npy").string());
+  auto bad = run_shell(kBin + "dnallm-infer embed --model " + mlm + " --input " +
+                       (dir_ / "bad.fa").string() + " --out " + (dir_ / "bad.npy").string());
   EXPECT_EQ(bad.code, 3) << bad.out;
   EXPECT_FALSE(fs::exists(dir_ / "bad.npy"));
-  EXPECT_EQ(run(kBin + "dnallm-infer embed --model " + mlm + " --input /nonexistent.fa --out " +
-                (dir_ / "y.npy").string())
+  EXPECT_EQ(run_shell(kBin + "dnallm-infer embed --model " + mlm +
+                      " --input /nonexistent.fa --out " + (dir_ / "y.npy").string())
                 .code,
             3);
-  EXPECT_EQ(run(kBin + "dnallm-infer embed --model " + dir_.string() + " --input " +
-                (dir_ / "in.fa").string() + " --out " + (dir_ / "y.npy").string())
+  EXPECT_EQ(run_shell(kBin + "dnallm-infer embed --model " + dir_.string() + " --input " +
+                      (dir_ / "in.fa").string() + " --out " + (dir_ / "y.npy").string())
                 .code,
             2);
 }
@@ -171,8 +169,9 @@ TEST_F(InferEndToEnd, QloraFineTuneExportsAndPredicts) {
   const auto csv = (dir_ / "cls.csv").string();
   dnallm::testing::write_composition_table(csv, dnallm::testing::bundled_genome(60000), 0, 48);
   const auto ck = (dir_ / "qlora").string();
-  auto ft = run("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
-                kTiny + " --set model.task=classification --set model.init_from=" + mlm +
+  auto ft =
+      run_shell("cd " + kSrc + " && " + kBin + "dnallm-train --config configs/quickstart.toml" +
+                kTinyRun + " --set model.task=classification --set model.init_from=" + mlm +
                 " --set lora.r=4 --set lora.quantize_base=nf4" +
                 " --set 'lora.target_modules=[\"query\",\"value\",\"dense\"]'" +
                 " --set 'data.train_files=[\"" + csv + "\"]' --set data.eval_fraction=0" +
@@ -180,8 +179,8 @@ TEST_F(InferEndToEnd, QloraFineTuneExportsAndPredicts) {
   ASSERT_EQ(ft.code, 0) << ft.out;
   EXPECT_NE(ft.out.find("QLoRA: 12 base linears in nf4"), std::string::npos) << ft.out;
   const auto out = (dir_ / "pred.csv").string();
-  auto pred = run(kBin + "dnallm-infer predict --device cpu --model " + ck + "/final --input " +
-                  csv + " --out " + out);
+  auto pred = run_shell(kBin + "dnallm-infer predict --device cpu --model " + ck +
+                        "/final --input " + csv + " --out " + out);
   ASSERT_EQ(pred.code, 0) << pred.out;
   std::ifstream f(out);
   std::string line;

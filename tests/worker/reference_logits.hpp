@@ -1,5 +1,6 @@
 // Our logits against a Hugging Face fixture's, the reference code's (the "logits" of
-// tests/data/hf-fixtures/<name>/expected.safetensors): worker_hyena_test, worker_caduceus_test.
+// tests/data/hf-fixtures/<name>/expected.safetensors): tests/worker/hyena_test.cpp,
+// tests/worker/caduceus_test.cpp.
 #pragma once
 
 #include <gtest/gtest.h>

@@ -55,9 +55,9 @@ TrainRun train(const std::string& name, int world, int micro, const std::string&
 
 // Loss of every step within `loss_tolerance` relative; every parameter within `param_tolerance`
 // of the largest magnitude of its tensor (normwise, as the model-level tests). The gradients
-// agree within 1e-6 (worker_context_mesh_test) and so do the losses here, but after 10 AdamW
-// steps the parameters carry the summation-order noise of gradients near zero, which AdamW
-// divides by their own small second moments: data 2 vs 1 rank, without context parallelism,
+// agree within 1e-6 (tests/worker/parallel/context_mesh_test.cpp) and so do the losses here, but
+// after 10 AdamW steps the parameters carry the summation-order noise of gradients near zero, which
+// AdamW divides by their own small second moments: data 2 vs 1 rank, without context parallelism,
 // differs by as much (1e-5 measured; DataTwoByContextTwoEqualsDataTwo prints both).
 // Returns the largest errors measured: {loss, parameters}.
 struct Errors {
@@ -243,16 +243,16 @@ void expect_same_evaluation(const TrainRun& want, const TrainRun& got, const std
 // Note [Context-parallel pooling] through the trainer: fine-tuning a sequence classifier at
 // context 2 equals 1 rank over 10 steps, for each kind of pooling (HyenaDNA: the last real
 // token, its 61-token rows padded to 62 by the mesh; Caduceus-PS: the mean over every
-// position; the transformer's [CLS] and mean at the model level, worker_context_pooling_test),
-// evaluated at steps 5 and 10 on the labelled table: the same rows and accuracy, the eval loss
-// within the training losses' tolerance. HyenaDNA: 1e-5, its step-1 loss equals 1 rank's within
-// 1.3e-7 but a loss of 4 rows does not average out what AdamW makes of rounding (1 rank runs
-// the fused mixer, context parallelism the plain operator: Note [Hyena fused mixer]), measured
-// up to 4e-6 at later steps; Caduceus-PS measured 8.8e-8. A group whose every rank kept the
-// labels would train alike (its loss sum and count both doubled) but score each evaluation row
-// on every rank: the accuracy check fails. And evaluation of a language model (HyenaDNA
-// pre-training, the genome's last 10% held out): loss and bits per base at context 2 equal 1
-// rank's (measured 4.6e-7).
+// position; the transformer's [CLS] and mean at the model level,
+// tests/worker/parallel/context_pooling_test.cpp), evaluated at steps 5 and 10 on the labelled
+// table: the same rows and accuracy, the eval loss within the training losses' tolerance. HyenaDNA:
+// 1e-5, its step-1 loss equals 1 rank's within 1.3e-7 but a loss of 4 rows does not average out
+// what AdamW makes of rounding (1 rank runs the fused mixer, context parallelism the plain
+// operator: Note [Hyena fused mixer]), measured up to 4e-6 at later steps; Caduceus-PS
+// measured 8.8e-8. A group whose every rank kept the labels would train alike (its loss sum and
+// count both doubled) but score each evaluation row on every rank: the accuracy check fails. And
+// evaluation of a language model (HyenaDNA pre-training, the genome's last 10% held out): loss and
+// bits per base at context 2 equal 1 rank's (measured 4.6e-7).
 TEST_F(ContextParallelTraining, ClassifiersFineTuneAndEvaluateAtContextTwoLikeOneRank) {
   const std::string table = make_temp_dir("cp_cls_table") + "/table.csv";
   write_composition_table(table, bundled_genome(20000), 0, 64);

@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 const std::string kWarmup =
     "--set 'data.seq_len_warmup=[{steps = 3, seq_len = 16}, {steps = 2, seq_len = 32}]'";
 
-struct TrainRun {
+struct WarmupRun {
   int rc = -1;
   std::string log;
   std::vector<nlohmann::json> steps;  // the metrics' step lines
@@ -31,8 +31,8 @@ struct TrainRun {
 
 // Global batch 12 windows = micro x accum x world; one intra-op thread (runs compared bit for
 // bit, see resume_test.cpp); constant LR, so a run stopped early has the schedule of a long one.
-TrainRun train(const std::string& ckpt, const std::string& name, int world, int steps,
-               int save_steps, int accum = 1, const std::string& extra = kWarmup) {
+WarmupRun train_warmup(const std::string& ckpt, const std::string& name, int world, int steps,
+                       int save_steps, int accum = 1, const std::string& extra = kWarmup) {
   const std::string metrics = (fs::path(ckpt).parent_path() / (name + ".jsonl")).string();
   const std::string launcher =
       world > 1 ? fmt::format("{}dnallm-launch --nproc-per-node {} -- ", kBin, world) : "";
@@ -50,7 +50,7 @@ TrainRun train(const std::string& ckpt, const std::string& name, int world, int 
       fmt::arg("steps", steps), fmt::arg("micro", 12 / world / accum), fmt::arg("accum", accum),
       fmt::arg("ckpt", ckpt), fmt::arg("save", save_steps), fmt::arg("metrics", metrics),
       fmt::arg("extra", extra));
-  TrainRun r;
+  WarmupRun r;
   r.rc = run_command(cmd, &r.log);
   r.log = cmd + "\n" + r.log;
   if (fs::exists(metrics)) {
@@ -65,7 +65,7 @@ TrainRun train(const std::string& ckpt, const std::string& name, int world, int 
   return r;
 }
 
-double loss_at(const TrainRun& r, int64_t step) {
+double loss_at(const WarmupRun& r, int64_t step) {
   for (const auto& j : r.steps)
     if (j.at("step").get<int64_t>() == step) return j.at("loss").get<double>();
   ADD_FAILURE() << "no step " << step;
@@ -75,16 +75,16 @@ double loss_at(const TrainRun& r, int64_t step) {
 class SeqLenWarmup : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    reference_ = new TrainRun(train(make_temp_dir("warmup_ref") + "/ckpt", "ref", 1, 8, 0));
+    reference_ = new WarmupRun(train_warmup(make_temp_dir("warmup_ref") + "/ckpt", "ref", 1, 8, 0));
   }
   static void TearDownTestSuite() { delete reference_; }
   void SetUp() override {
     ASSERT_EQ(reference_->rc, 0) << reference_->log;
     ASSERT_EQ(reference_->steps.size(), 8u) << reference_->log;
   }
-  static TrainRun* reference_;
+  static WarmupRun* reference_;
 };
-TrainRun* SeqLenWarmup::reference_ = nullptr;
+WarmupRun* SeqLenWarmup::reference_ = nullptr;
 
 TEST_F(SeqLenWarmup, StepsHaveTheStagesShapesAndConstantTokens) {
   for (const auto& j : reference_->steps) {
@@ -101,9 +101,9 @@ TEST_F(SeqLenWarmup, StepsHaveTheStagesShapesAndConstantTokens) {
 
 TEST_F(SeqLenWarmup, StoppedInTheFirstStageAndResumedIsBitIdentical) {
   const std::string ckpt = make_temp_dir("warmup_resume") + "/ckpt";
-  const TrainRun first = train(ckpt, "first", 1, 2, 2);
+  const WarmupRun first = train_warmup(ckpt, "first", 1, 2, 2);
   ASSERT_EQ(first.rc, 0) << first.log;
-  const TrainRun second = train(ckpt, "second", 1, 8, 0);
+  const WarmupRun second = train_warmup(ckpt, "second", 1, 8, 0);
   ASSERT_EQ(second.rc, 0) << second.log;
   EXPECT_NE(second.log.find("resumed from"), std::string::npos) << second.log;
   ASSERT_EQ(second.steps.size(), 6u);
@@ -125,9 +125,9 @@ TEST_F(SeqLenWarmup, StoppedInTheFirstStageAndResumedIsBitIdentical) {
 // another batch size, and this tiny model at lr 3e-3 amplifies that; 1 rank with 2 micro-steps
 // of 6 differs from 1 micro-step of 12 just as much.)
 TEST_F(SeqLenWarmup, TwoRanksTrainLikeOneRank) {
-  const TrainRun one = train(make_temp_dir("warmup_accum") + "/ckpt", "accum", 1, 8, 0, 2);
+  const WarmupRun one = train_warmup(make_temp_dir("warmup_accum") + "/ckpt", "accum", 1, 8, 0, 2);
   ASSERT_EQ(one.rc, 0) << one.log;
-  const TrainRun two = train(make_temp_dir("warmup_two") + "/ckpt", "two", 2, 8, 0);
+  const WarmupRun two = train_warmup(make_temp_dir("warmup_two") + "/ckpt", "two", 2, 8, 0);
   ASSERT_EQ(two.rc, 0) << two.log;
   ASSERT_EQ(two.steps.size(), 8u);
   for (const auto& j : two.steps) {

@@ -34,11 +34,7 @@ void expect_records(const std::vector<SequenceRecord>& r) {
   EXPECT_EQ(r[2].line, 7);
 }
 
-// Runs `fn`, which must throw Error(kBadData) naming every one of `parts`.
-template <typename Fn>
-void expect_bad_data(Fn fn, const std::vector<std::string>& parts) {
-  dnallm::testing::expect_error(fn, ExitCode::kBadData, parts);
-}
+using dnallm::testing::expect_bad_data;
 
 // One FASTA record "chr" of `lines` lines of 60 random bases.
 std::string long_fasta(int lines) {

@@ -16,11 +16,7 @@ namespace {
 
 using dnallm::testing::expect_error;
 
-// Runs `fn`, which must throw Error(kBadData) naming every one of `parts`.
-template <typename Fn>
-void expect_bad_data(Fn fn, const std::vector<std::string>& parts) {
-  dnallm::testing::expect_error(fn, ExitCode::kBadData, parts);
-}
+using dnallm::testing::expect_bad_data;
 
 TableOptions classification(const std::string& cache_dir = "") {
   TableOptions o;

@@ -26,7 +26,7 @@ namespace {
 using namespace parallel::context_test;  // NOLINT: context_ranks.hpp, context_model_run.hpp
 using torch::Tensor;
 
-constexpr double kTolerance = 1e-5;
+constexpr double kAttentionTolerance = 1e-5;
 
 // This rank's global positions of a sequence of `length`: contiguous [r T / C, (r + 1) T / C),
 // or zig-zag chunks r and 2C-1-r of 2C.
@@ -169,10 +169,10 @@ void check(const Case& c, int C) {
   const auto expected = want_logits.index_select(1, order).masked_fill(real.logical_not(), 0);
   double err = relative_error(got, expected);
   std::cout << "[ measured ]" << tag << ": logits max relative error " << err << "\n";
-  EXPECT_LE(err, kTolerance) << "logits" << tag;
+  EXPECT_LE(err, kAttentionTolerance) << "logits" << tag;
   err = relative_error(torch::stack(losses).sum(), want.loss_sum.detach());
   std::cout << "[ measured ]" << tag << ": loss relative error " << err << "\n";
-  EXPECT_LE(err, kTolerance) << "loss" << tag;
+  EXPECT_LE(err, kAttentionTolerance) << "loss" << tag;
   // The key biases' gradients are zero up to rounding (a softmax ignores a score added to every
   // key of a query), so each gradient is measured against at least 1e-3 of the largest one.
   double largest = 0;
@@ -184,7 +184,7 @@ void check(const Case& c, int C) {
     for (int r = 0; r < C; ++r) parts.push_back(grads[r].at(name));
     const double scale = std::max(g.abs().max().item<double>(), 1e-3 * largest);
     const double e = (torch::stack(parts).sum(0) - g).abs().max().item<double>() / scale;
-    EXPECT_LE(e, kTolerance) << "gradient of " << name << tag;
+    EXPECT_LE(e, kAttentionTolerance) << "gradient of " << name << tag;
     worst = std::max(worst, e);
   }
   std::cout << "[ measured ]" << tag << ": " << want_grads.size()
@@ -288,10 +288,11 @@ void check_overlap(int C, Layout layout) {
     const auto& pos = positions[r];
     const auto& got = overlapped[r];
     const std::string at = tag + " rank " + std::to_string(r);
-    EXPECT_LE(relative_error(got.out, want.detach().index_select(2, pos)), kTolerance) << at;
-    EXPECT_LE(relative_error(got.dq, wq.grad().index_select(2, pos)), kTolerance) << at;
-    EXPECT_LE(relative_error(got.dk, wk.grad().index_select(2, pos)), kTolerance) << at;
-    EXPECT_LE(relative_error(got.dv, wv.grad().index_select(2, pos)), kTolerance) << at;
+    EXPECT_LE(relative_error(got.out, want.detach().index_select(2, pos)), kAttentionTolerance)
+        << at;
+    EXPECT_LE(relative_error(got.dq, wq.grad().index_select(2, pos)), kAttentionTolerance) << at;
+    EXPECT_LE(relative_error(got.dk, wk.grad().index_select(2, pos)), kAttentionTolerance) << at;
+    EXPECT_LE(relative_error(got.dv, wv.grad().index_select(2, pos)), kAttentionTolerance) << at;
     const auto& baseline = waited[r];
     EXPECT_TRUE(torch::equal(got.out, baseline.out) && torch::equal(got.dq, baseline.dq) &&
                 torch::equal(got.dk, baseline.dk) && torch::equal(got.dv, baseline.dv))

@@ -32,7 +32,7 @@ using dnallm::testing::expect_error;
 using models::ContextLayout;
 using torch::Tensor;
 
-constexpr double kTolerance = 1e-6;
+constexpr double kMeshTolerance = 1e-6;
 
 using context_test::expect_no_errors;
 using context_test::forward_backward;
@@ -253,15 +253,15 @@ void check_hyena_against_one_rank(const CpCase& c) {
   const auto all_logits = torch::cat(logits, 1).narrow(1, 0, c.length);
   double worst = relative_error(all_logits, want.logits);
   std::cout << "[ measured ] logits" << tag << ": max relative error " << worst << "\n";
-  EXPECT_LE(worst, kTolerance) << "logits" << tag;
+  EXPECT_LE(worst, kMeshTolerance) << "logits" << tag;
   EXPECT_EQ(loss_count, want.loss_count);
-  EXPECT_NEAR(loss_sum, want.loss_sum, kTolerance * std::abs(want.loss_sum)) << tag;
+  EXPECT_NEAR(loss_sum, want.loss_sum, kMeshTolerance * std::abs(want.loss_sum)) << tag;
   worst = 0;
   for (const auto& [name, grad] : want.grads) {
     Tensor sum = torch::zeros_like(grad);
     for (const auto& g : got) sum += g.grads.at(name);
     const double err = relative_error(sum, grad);
-    EXPECT_LE(err, kTolerance) << name << tag;
+    EXPECT_LE(err, kMeshTolerance) << name << tag;
     worst = std::max(worst, err);
   }
   std::cout << "[ measured ] " << want.grads.size() << " parameter gradients" << tag

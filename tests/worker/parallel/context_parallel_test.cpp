@@ -19,7 +19,7 @@ namespace {
 
 using torch::Tensor;
 
-constexpr double kTolerance = 1e-6;
+constexpr double kHyenaTolerance = 1e-6;
 
 using context_test::expect_no_errors;
 using context_test::gloo_available;
@@ -28,7 +28,7 @@ using context_test::run_on_ranks;
 using context_test::shard_of;
 
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
-  context_test::expect_close(got, want, what, kTolerance);
+  context_test::expect_close(got, want, what, kHyenaTolerance);
 }
 
 struct Shape {

@@ -27,10 +27,10 @@ namespace {
 using namespace parallel::context_test;  // NOLINT: context_ranks.hpp, context_model_run.hpp
 using torch::Tensor;
 
-constexpr double kTolerance = 1e-6;
+constexpr double kMambaTolerance = 1e-6;
 
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
-  parallel::context_test::expect_close(got, want, what, kTolerance);
+  parallel::context_test::expect_close(got, want, what, kMambaTolerance);
 }
 
 class MambaContextParallel : public ::testing::TestWithParam<int> {
@@ -269,7 +269,7 @@ void check_model(int C, bool rcps, ContextScanKernel kernel = ContextScanKernel:
     std::vector<Tensor> parts;
     for (int r = 0; r < C; ++r) parts.push_back(grads[r].at(name));
     const double err = parallel::context_test::relative_error(torch::stack(parts).sum(0), g);
-    EXPECT_LE(err, kTolerance) << "gradient of " << name << tag;
+    EXPECT_LE(err, kMambaTolerance) << "gradient of " << name << tag;
     worst = std::max(worst, err);
   }
   std::cout << "[ measured ]" << tag << ": " << want_grads.size()
@@ -295,7 +295,8 @@ TEST_P(MambaContextParallel, CaduceusPsModelWithTheGenericScanMatchesOneRank) {
   check_model(world(), true, ContextScanKernel::kGeneric);
 }
 
-// Classifiers pool over the group (Note [Context-parallel pooling]: worker_context_pooling_test).
+// Classifiers pool over the group (Note [Context-parallel pooling]:
+// tests/worker/parallel/context_pooling_test.cpp).
 TEST_P(MambaContextParallel, AZigZagLayoutIsOneClearError) {
   const int C = world();
   const auto errors = run_on_ranks(C, "refuse", [&](int r, comm::Communicator& group) {
