@@ -166,7 +166,7 @@ int write_logits(const EvalArgs& a) {
   const auto sequences = read_sequences(a.logits_in, loaded.codec->keeps_case());
   data::LowerCaseReport lower_case;
   const auto& o = loaded.model->spec();
-  const int64_t positions = o.max_seq_length - o.reserved_positions;
+  const int64_t positions = o.usable_positions();
   const int64_t limit =
       o.extends_past_max_length ? std::max(kMaxLogitsTokens, positions) : positions;
   std::vector<std::vector<int64_t>> rows;
@@ -211,7 +211,7 @@ Config eval_config(const models::ModelSpec& o, const data::Tokenizer& tokenizer,
   // The framing (bert: masked, gpt: causal) is what evaluation needs of model.arch.
   config.model.arch = o.causal() ? cfg::Arch::kGpt : cfg::Arch::kBert;
   config.model.task = models::config_task(o.task);
-  config.model.max_seq_length = o.max_seq_length;
+  config.model.max_seq_length = o.usable_positions();
   config.model.num_labels = o.num_labels;
   config.tokenizer.kind = tokenizer.tokenizer_kind();
   config.data.eval_files = {input};

@@ -114,7 +114,7 @@ class Generate final : public CommandWith<GenerateArgs> {
                                  [&](const std::string& id, const std::string& bases) {
                                    os << '>' << id << " generated\n" << bases << '\n';
                                  });
-    report_truncated(counts, loaded.model->spec().max_seq_length - g.max_new_tokens);
+    report_truncated(counts, loaded.model->spec().usable_positions() - g.max_new_tokens);
     out.commit();
     return 0;
   }

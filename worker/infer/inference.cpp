@@ -40,7 +40,7 @@ size_t read_batch(SequenceInput& input, const data::SequenceCodec& codec,
   InputSequence rec;
   while (records.size() < n && input.next(rec)) {
     bool cut = false;
-    rows.push_back(prompts ? codec.frame_prompt(rec.bases, options.max_seq_length, &cut)
+    rows.push_back(prompts ? codec.frame_prompt(rec.bases, options.usable_positions(), &cut)
                            : frame_sequence(codec, options, rec.bases, &cut));
     counts.lower_case.add(rec.bases, rows.back(), codec.unk_id());
     counts.truncated += cut ? 1 : 0;
@@ -203,7 +203,7 @@ std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
                                     bool* truncated) {
   // Same framing as data::encode_sample: [CLS] tokens [SEP] (BERT) or [CLS] tokens (GPT).
   const bool bert = !options.causal();
-  const int64_t budget = options.max_seq_length - (bert ? 2 : 1);
+  const int64_t budget = options.usable_positions() - (bert ? 2 : 1);
   auto tokens = tokenizer.encode(bases);
   const bool cut = static_cast<int64_t>(tokens.size()) > budget;
   if (cut) tokens.resize(static_cast<size_t>(budget));
@@ -217,8 +217,8 @@ std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
 }
 
 int64_t longest_input(const models::ModelSpec& spec) {
-  return spec.extends_past_max_length ? std::max(spec.max_seq_length, kLongestInput)
-                                      : spec.max_seq_length;
+  return spec.extends_past_max_length ? std::max(spec.usable_positions(), kLongestInput)
+                                      : spec.usable_positions();
 }
 
 std::vector<int64_t> frame_sequence(const data::SequenceCodec& codec,
@@ -409,14 +409,15 @@ RunCounts generate(models::LanguageModel model, const data::SequenceCodec& codec
                "generate needs a causal language model (a GPT-style, Llama, GPT-NeoX or HyenaDNA "
                "language model; this one is {} {})",
                models::arch_name(o.arch), models::task_name(o.task));
-  // Room for the new tokens: prompts are cut so prompt + new tokens fit max_seq_length.
+  // Room for the new tokens: prompts are cut so prompt + new tokens fit the positions.
   models::ModelSpec prompt_options = o;
   if (!o.extends_past_max_length) {
-    DNALLM_CHECK(run.generate.max_new_tokens < o.max_seq_length - 1, ExitCode::kUsage,
+    const int64_t positions = o.usable_positions();
+    DNALLM_CHECK(run.generate.max_new_tokens < positions - 1, ExitCode::kUsage,
                  "--max-new-tokens {} does not fit the model's {} learned positions "
                  "(max_position_embeddings; learned positions cannot extrapolate, rotary ones "
                  "can): give --max-new-tokens <= {}",
-                 run.generate.max_new_tokens, o.max_seq_length, o.max_seq_length - 2);
+                 run.generate.max_new_tokens, positions, positions - 2);
     prompt_options.max_seq_length = o.max_seq_length - run.generate.max_new_tokens;
   }
   torch::InferenceMode inference;

@@ -2,10 +2,10 @@
 // Used by dnallm-infer (worker/infer/infer_main.cpp and its cli_*.cpp); see docs/inference.md.
 //
 // Sequences are framed as in training ([CLS] tokens [SEP] for BERT, [CLS] tokens for GPT) and
-// cut to model.max_seq_length tokens (the number cut is counted and reported). A batch pads
-// its rows to its longest one (see Note [Length-sorted batches] in inference.cpp); padded positions
-// are masked out of attention and pooling, so a sequence's result does not depend on its batch (up
-// to float rounding of batched GEMMs).
+// cut to the tokens the model's positions hold (ModelSpec::usable_positions(); the number cut is
+// counted and reported). A batch pads its rows to its longest one (see Note [Length-sorted
+// batches] in inference.cpp); padded positions are masked out of attention and pooling, so a
+// sequence's result does not depend on its batch (up to float rounding of batched GEMMs).
 #pragma once
 
 #include <torch/torch.h>
@@ -61,8 +61,9 @@ std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
                                     const models::ModelSpec& options, const std::string& bases,
                                     bool* truncated = nullptr);
 
-// The longest input embed and predict give a model, in tokens: max_seq_length, or for a model
-// that computes past it (rotary, ALiBi: DNABERT-2 runs any length) at least kLongestInput.
+// The longest input embed and predict give a model, in tokens: its usable_positions(), or for a
+// model that computes past them (rotary, ALiBi: DNABERT-2 runs any length) at least
+// kLongestInput.
 inline constexpr int64_t kLongestInput = 8192;
 int64_t longest_input(const models::ModelSpec& spec);
 
@@ -112,7 +113,7 @@ std::string reverse_complement(const std::string& bases);
 
 struct RunCounts {
   uint64_t sequences = 0;
-  uint64_t truncated = 0;            // sequences cut to max_seq_length
+  uint64_t truncated = 0;            // sequences cut to the model's positions
   data::LowerCaseReport lower_case;  // what soft-masked bases became
 };
 

@@ -108,7 +108,7 @@ double LikelihoodScore::bits_per_base() const {
 int64_t default_window(const models::ModelSpec& spec, const data::SequenceCodec& codec) {
   const bool causal = spec.causal();
   const int64_t most = causal ? 4096 : 512;
-  return std::max<int64_t>(1, std::min(most, spec.max_seq_length - codec.framing_tokens()));
+  return std::max<int64_t>(1, std::min(most, spec.usable_positions() - codec.framing_tokens()));
 }
 
 LikelihoodScore score_likelihood(models::LanguageModel model, const data::SequenceCodec& codec,
@@ -143,12 +143,12 @@ LikelihoodScore score_likelihood(models::LanguageModel model, const data::Sequen
       const auto w = frame_window(codec, piece, causal);
       lower_case.add(piece, w.ids, codec.unk_id());
       if (w.scored.empty()) continue;
-      DNALLM_CHECK(
-          spec.extends_past_max_length || static_cast<int64_t>(w.ids.size()) <= spec.max_seq_length,
-          ExitCode::kUsage,
-          "--window {} bases make {} tokens, more than the model's {} positions: give "
-          "a smaller --window",
-          window, w.ids.size(), spec.max_seq_length);
+      DNALLM_CHECK(spec.extends_past_max_length ||
+                       static_cast<int64_t>(w.ids.size()) <= spec.usable_positions(),
+                   ExitCode::kUsage,
+                   "--window {} bases make {} tokens, more than the model's {} positions: give "
+                   "a smaller --window",
+                   window, w.ids.size(), spec.usable_positions());
       if (causal) {
         pending.push_back(w);
         if (static_cast<int64_t>(pending.size()) >= options.batch_size) {

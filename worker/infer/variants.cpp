@@ -51,8 +51,8 @@ std::vector<std::vector<size_t>> batches(const std::vector<std::vector<int64_t>>
 }  // namespace
 
 int64_t default_variant_window(const models::ModelSpec& spec, const data::SequenceCodec& codec) {
-  return std::max<int64_t>(1,
-                           std::min<int64_t>(1024, spec.max_seq_length - codec.framing_tokens()));
+  return std::max<int64_t>(
+      1, std::min<int64_t>(1024, spec.usable_positions() - codec.framing_tokens()));
 }
 
 VariantScorer::VariantScorer(models::LanguageModel model, const data::SequenceCodec& codec,
@@ -81,11 +81,11 @@ VariantScorer::VariantScorer(models::LanguageModel model, const data::SequenceCo
   // largest window: kExtendFactor times the positions it was trained on (a window of 10^9
   // bases ran until killed holding GBs; issue 57).
   constexpr int64_t kExtendFactor = 8;
-  const int64_t fits = spec.max_seq_length - codec_.framing_tokens();
+  const int64_t fits = spec.usable_positions() - codec_.framing_tokens();
   DNALLM_CHECK(spec.extends_past_max_length || window_ <= fits, ExitCode::kUsage,
                "--window {} bases do not fit the model's {} positions (with {} framing tokens): "
                "give --window <= {}",
-               window_, spec.max_seq_length, codec_.framing_tokens(), fits);
+               window_, spec.usable_positions(), codec_.framing_tokens(), fits);
   const int64_t largest = kExtendFactor * spec.max_seq_length;
   DNALLM_CHECK(!spec.extends_past_max_length || window_ <= largest, ExitCode::kUsage,
                "--window {} bases: the largest window is {} bases ({}x the model's {} "

@@ -96,7 +96,7 @@ struct ModelSpec {
   int64_t lora_r = 0;  // > 0: LoRA adapters train, the base is frozen
   double lora_alpha = 0;
   // Positions a family reserves at the start of its position table (RoBERTa's padding_idx + 1),
-  // which shorten the longest input.
+  // which shorten the longest input: see usable_positions().
   int64_t reserved_positions = 0;
   // Under context parallelism (set_context_parallel): the positions each rank holds.
   ContextLayout context_layout = ContextLayout::kContiguous;
@@ -112,6 +112,12 @@ struct ModelSpec {
   bool causal() const { return arch == Arch::kGpt; }
   // A causal LM whose labels are its input ids, shifted inside the model (shift_labels).
   bool shifts_labels() const { return causal() && shift_labels; }
+  // The longest input in tokens, framing included, that the position table holds:
+  // max_seq_length less the reserved positions (RoBERTa numbers the real tokens from
+  // padding_idx + 1, so max_position_embeddings 66 with pad id 0 holds 65 tokens). Every cut
+  // of an input to the model's positions (embed, predict, generate, variants, mutagenesis,
+  // dnallm-eval) asks this, never max_seq_length (issue 57: embed cut to 66 and crashed).
+  int64_t usable_positions() const { return max_seq_length - reserved_positions; }
 };
 
 class LanguageModelImpl : public torch::nn::Module {

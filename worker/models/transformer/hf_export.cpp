@@ -634,7 +634,9 @@ std::optional<HfExport> hf_export_transformer(TransformerLM& model,
     for (auto& file : peft->files) plan.files.push_back(std::move(file));
   }
   const auto arch = o.arch;
-  const int64_t max_seq_length = o.max_seq_length;
+  // The tokenizer's model_max_length, where transformers cuts: the positions a real token can
+  // take (a RoBERTa-numbered table reserves its first padding_idx + 1).
+  const int64_t max_seq_length = o.max_seq_length - reserved_positions(o);
   const auto* tok = &tokenizer;  // (the caller's, alive until the export returns)
   const bool lora = o.lora_r > 0;
   plan.finish = [=, config = std::move(config)](const std::string& dir) {

@@ -219,9 +219,7 @@ ModelOptions fine_tune_options(const Config& config, const data::Tokenizer& ours
                h.architecture, a.arch == Arch::kBert ? "encoder" : "causal LM",
                a.arch == Arch::kBert ? "bert" : "gpt");
   const int64_t usable =
-      a.rotary || a.alibi
-          ? config.model.max_seq_length
-          : a.max_seq_length - (a.position_padding_idx >= 0 ? a.position_padding_idx + 1 : 0);
+      a.rotary || a.alibi ? config.model.max_seq_length : a.max_seq_length - reserved_positions(a);
   DNALLM_CHECK(config.model.max_seq_length <= usable, ExitCode::kUsage,
                "model.max_seq_length = {} exceeds the {} positions of model.init_from = \"{}\": "
                "set model.max_seq_length <= {}",

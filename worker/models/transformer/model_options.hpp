@@ -94,6 +94,12 @@ inline int64_t rotary_dims(const ModelOptions& o) {
   return static_cast<int64_t>(double(o.hidden / o.heads) * o.rotary_fraction);
 }
 
+// The positions at the start of the table that RoBERTa numbering never gives a real token
+// (padding_idx + 1; 0 without it): ModelSpec::reserved_positions.
+inline int64_t reserved_positions(const ModelOptions& o) {
+  return o.position_padding_idx >= 0 ? o.position_padding_idx + 1 : 0;
+}
+
 // Note [Model shape limits]: a model directory (config.json: ours or a Hugging Face one) is
 // untrusted, so its sizes are checked before anything is allocated: every size positive,
 // hidden a multiple of heads, heads a multiple of kv_heads, layers <= kMaxLayers, each size within

@@ -123,7 +123,7 @@ void TransformerLMImpl::update_spec() {
   spec_.context_layout = o.arch == Arch::kGpt ? ContextLayout::kZigZag : ContextLayout::kContiguous;
   spec_.lora_r = o.lora_r;
   spec_.lora_alpha = o.lora_alpha;
-  spec_.reserved_positions = o.position_padding_idx >= 0 ? o.position_padding_idx + 1 : 0;
+  spec_.reserved_positions = reserved_positions(o);
 }
 
 // The trainer's context mesh (Note [Data x context mesh]) hands over one ContextParallel and
@@ -171,9 +171,9 @@ void TransformerLMImpl::build_context(const std::shared_ptr<ContextParallel>& cp
         ExitCode::kUsage, "context parallelism: rank {} needs {} / {} positions of [0, {}), got {}",
         group.rank(), cp->full_length, world, cp->full_length,
         positions.defined() ? positions.numel() : 0);
-    DNALLM_CHECK(cp->full_length <= o.max_seq_length || o.rotary || o.alibi, ExitCode::kBadData,
-                 "sequence of {} tokens exceeds model.max_seq_length = {}", cp->full_length,
-                 o.max_seq_length);
+    DNALLM_CHECK(cp->full_length <= spec_.usable_positions() || o.rotary || o.alibi,
+                 ExitCode::kBadData, "sequence of {} tokens exceeds the model's {} positions",
+                 cp->full_length, spec_.usable_positions());
     context = std::make_shared<AttentionContext>();
     context->group = &group;
     context->query_positions.assign(positions.data_ptr<int64_t>(),
@@ -239,9 +239,9 @@ Tensor TransformerLMImpl::encode(const ForwardInputs& in, std::vector<LayerCache
   const auto& ids = in.input_ids;
   DNALLM_CHECK(ids.dim() == 2, ExitCode::kFailure, "input_ids must be [batch, seq]");
   const int64_t b = ids.size(0), t = ids.size(1);
-  DNALLM_CHECK(past_len + t <= o.max_seq_length || o.rotary || o.alibi, ExitCode::kBadData,
-               "sequence of {} tokens exceeds model.max_seq_length = {}", past_len + t,
-               o.max_seq_length);
+  DNALLM_CHECK(past_len + t <= spec_.usable_positions() || o.rotary || o.alibi, ExitCode::kBadData,
+               "sequence of {} tokens exceeds the model's {} positions", past_len + t,
+               spec_.usable_positions());
   auto device = ids.device();
   auto x = embed(word_embeddings, ids);
   if (position_embeddings && o.position_padding_idx >= 0) {
