@@ -7,6 +7,7 @@
 #include <htslib/kstring.h>
 
 #include "core/error.hpp"
+#include "worker/data/compressed_stream.hpp"
 
 namespace dnallm::data {
 namespace {
@@ -113,14 +114,7 @@ SequenceReader::SequenceReader(std::string path, cfg::DataFormat format_hint,
   if (handle_->fp == nullptr) {
     fail(ExitCode::kBadData, "cannot open sequence file {}: {}", path_, errno_string());
   }
-  // A BGZF file cut at a block boundary decompresses cleanly; only the missing end-of-file
-  // block (28 bytes) tells that data is lost.
-  if (bgzf_compression(handle_->fp) == 2 && bgzf_check_EOF(handle_->fp) == 0) {
-    fail(ExitCode::kBadData,
-         "{}: the BGZF file is truncated (its end-of-file block is missing); re-download or "
-         "re-compress it",
-         path_);
-  }
+  check_bgzf_complete(handle_->fp, path_);
   cfg::DataFormat f = format_hint;
   if (f == cfg::DataFormat::kAuto) f = format_from_extension(path_);
   if (f == cfg::DataFormat::kAuto) {
@@ -160,12 +154,7 @@ SequenceReader::~SequenceReader() = default;
 bool SequenceReader::read_line(std::string& line) {
   int r = bgzf_getline(handle_->fp, '\n', &handle_->line);
   if (r == -1) return false;
-  if (r < -1) {
-    fail(ExitCode::kBadData,
-         "{}: the compressed stream is truncated or corrupt after line {} (htslib error {}); "
-         "re-download or re-compress the file",
-         path_, line_no_, static_cast<unsigned>(handle_->fp->errcode));
-  }
+  if (r < -1) fail_damaged_stream(path_, line_no_, handle_->fp->errcode);
   ++line_no_;
   line.assign(handle_->line.s, handle_->line.l);
   if (!line.empty() && line.back() == '\r') line.pop_back();

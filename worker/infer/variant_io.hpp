@@ -48,10 +48,14 @@ class VcfReader {
   ~VcfReader();
   VcfReader(const VcfReader&) = delete;
   VcfReader& operator=(const VcfReader&) = delete;
-  // The next record; false at the end. Error(kBadData) for a damaged record.
+  // The next record; false at the end. Error(kBadData) naming the line and the field for a
+  // malformed record (Note [VCF lines] in variant_io.cpp), and for a truncated or damaged
+  // compressed file. A contig without a ##contig line is read, with a warning (as bcftools).
   bool next(VcfRecord& out);
 
  private:
+  // Reads the next record into the handle's bcf1_t; false at the end.
+  bool read_record();
   std::string path_;
   struct Handle;
   std::unique_ptr<Handle> h_;
