@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <sys/stat.h>
@@ -418,6 +420,64 @@ TEST_F(InferUntrusted, DamagedWeightFilesAreExitCode5) {
   }
   expect_refused(infer("embed", nan.string(), in + (dir_ / "n.npy").string()), 5,
                  "tensor " + victim + " holds NaN or infinite values");
+}
+
+// Issue 57 through the binary (the readers' cases: tests/worker/variant_io_test.cpp): a VCF
+// record that is malformed is one exit-3 line naming the VCF, the line and the field, never the
+// reference; a VCF without ##contig lines is scored with a warning; a stale .fai of another
+// FASTA is rebuilt, so the scores are those of a fresh index. A hub fixture: no training.
+TEST_F(InferUntrusted, VariantInputsAreNamedAndAStaleIndexIsNotTrusted) {
+  const std::string model = kSrc + "/tests/data/hf-fixtures/gptneox_causal";
+  const auto fa = (dir_ / "ref.fa").string();
+  const std::string bases = "ACGTTGCAAGCTTACGGATCCATGCAAGTC";
+  std::string genome;
+  for (int i = 0; i < 10; ++i) genome += bases;
+  const auto write_fasta = [&](const std::string& header, const std::string& text, size_t width) {
+    std::ofstream out(fa);
+    out << header << "\n";
+    for (size_t at = 0; at < text.size(); at += width) out << text.substr(at, width) << "\n";
+  };
+  write_fasta(">chr1", genome, 60);
+  const std::string header = "#CHROM\tPOS\tID\tREF\tALT\tQUAL\tFILTER\tINFO\n";
+  const auto vcf = (dir_ / "v.vcf").string();
+  const auto variants = [&](const std::string& records, const std::string& contigs = "") {
+    std::ofstream(vcf) << "##fileformat=VCFv4.2\n" << contigs << header << records;
+    return infer("variants", model, "--reference " + fa + " --vcf " + vcf + " --out -");
+  };
+  for (const auto& [record, field] : std::vector<std::pair<std::string, std::string>>{
+           {"chr1\t100\t.\n", "3 tab-separated columns"},
+           {"chr1\tabc\t.\tA\tC\t.\t.\t.\n", "POS \"abc\""},
+           {"chr1\t0\t.\tA\tC\t.\t.\t.\n", "POS 0"},
+           {"chr1\t-5\t.\tA\tC\t.\t.\t.\n", "POS \"-5\""},
+           {"chr1\t12x\t.\tA\tC\t.\t.\t.\n", "POS \"12x\""}}) {
+    expect_refused(variants(record), 3, "--vcf " + vcf + ":3: " + field);
+  }
+  // No ##contig line (position 31 holds A): scored, with the warning bcftools gives.
+  const std::string site = "chr1\t31\t.\tA\tG\t.\t.\t.\n";
+  const auto fresh = dnallm::testing::run_shell(variants(site));
+  EXPECT_EQ(fresh.code, 0) << fresh.out;
+  EXPECT_NE(fresh.out.find("contig \"chr1\" has no ##contig line"), std::string::npos) << fresh.out;
+  const auto scores = [](const std::string& out) {  // the score's line
+    const auto at = out.find("chr1\t31\t");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  // The .fai just written is that of this FASTA; another one (another header, other bases, other
+  // lines) gets it, older than itself: faidx read other bytes than the record's bases (issue 57:
+  // wrong scores, or the REF blamed on the VCF); now those of the other FASTA's fresh index.
+  const std::string declared = "##contig=<ID=chr1>\n";
+  const std::string index_of_first = read_text(fa + ".fai");
+  std::string other = genome;
+  other.insert(0, "GGGG");
+  write_fasta(">chr1 assembly 2", other, 50);
+  fs::remove(fa + ".fai");
+  const auto fresh_other = dnallm::testing::run_shell(variants(site, declared));
+  ASSERT_EQ(fresh_other.code, 0) << fresh_other.out;
+  std::ofstream(fa + ".fai") << index_of_first;
+  fs::last_write_time(fa + ".fai", fs::last_write_time(fa) - std::chrono::hours(2));
+  const auto stale = dnallm::testing::run_shell(variants(site, declared));
+  ASSERT_EQ(stale.code, 0) << stale.out;
+  EXPECT_NE(stale.out.find("is older than the FASTA: rebuilt it"), std::string::npos) << stale.out;
+  EXPECT_EQ(scores(stale.out), scores(fresh_other.out));
 }
 
 }  // namespace

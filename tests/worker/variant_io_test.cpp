@@ -1,18 +1,23 @@
 // The inputs of dnallm-infer variants (worker/infer/variant_io.hpp) on files a careless or
 // hostile user gives (issue 57): a VCF cut short, malformed records, VCFs without ##contig
-// lines. Torch-free: the reader alone, on files each test writes.
+// lines, a reference whose .fai or .gzi is stale. Torch-free: the readers alone, on files each
+// test writes.
 #include "worker/infer/variant_io.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
 #include "tests/support/expect_error.hpp"
+#include "tests/support/process.hpp"
 #include "tests/worker/data/test_files.hpp"
 
 namespace dnallm::infer {
@@ -60,6 +65,10 @@ std::vector<uint64_t> bgzf_blocks(const std::string& path) {
     at += (lo | (hi << 8)) + 1u;
   }
   return starts;
+}
+
+size_t files_in(const fs::path& dir) {
+  return static_cast<size_t>(std::distance(fs::directory_iterator(dir), fs::directory_iterator()));
 }
 
 void expect_bad_vcf(const std::string& path, const std::vector<std::string>& parts) {
@@ -146,6 +155,112 @@ TEST(VariantInputs, UndeclaredContigsAreReadAsBcftoolsReadsThem) {
   ASSERT_EQ(mixed.size(), 2u);
   EXPECT_EQ(mixed[0].chrom, "chrM");
   EXPECT_EQ(mixed[1].chrom, "chr1");
+}
+
+// A FASTA of `contigs`, `width` bases a line.
+std::string fasta_text(const std::vector<std::pair<std::string, std::string>>& contigs,
+                       size_t width) {
+  std::string out;
+  for (const auto& [name, bases] : contigs) {
+    out += ">" + name + " a description\n";
+    for (size_t at = 0; at < bases.size(); at += width) out += bases.substr(at, width) + "\n";
+  }
+  return out;
+}
+
+// Sets the modification time of `path` `seconds` from its FASTA's (negative: older).
+void age(const std::string& path, const std::string& fasta, int seconds) {
+  fs::last_write_time(path, fs::last_write_time(fasta) + std::chrono::seconds(seconds));
+}
+
+// Note [Stale indexes] (fasta_index.hpp): the index of another FASTA, older than this one
+// (the issue's case: scores read at the wrong bases) or newer but not fitting it.
+TEST(VariantInputs, AStaleFaiIsRebuiltNotTrusted) {
+  TempDir dir;
+  const auto fa = dir.file("ref.fa");
+  const std::string a = data::testing::random_bases(500, 1),
+                    b = data::testing::random_bases(700, 2);
+  write_text(fa, fasta_text({{"chr1", a}, {"chr2", b}}, 60));
+  { ReferenceGenome first(fa); }  // builds ref.fa.fai
+  const auto fai = fa + ".fai";
+  ASSERT_TRUE(fs::exists(fai));
+  const auto indexed_at = fs::last_write_time(fai);
+  { ReferenceGenome again(fa); }  // a fresh index that fits is left alone
+  EXPECT_EQ(fs::last_write_time(fai), indexed_at);
+  const std::string index_of_first = dnallm::testing::read_text(fai);
+
+  // Another FASTA under the same name: longer header, other line width, chr1 grown.
+  const std::string a2 = data::testing::random_bases(900, 3);
+  for (const int seconds : {-7200, 3600}) {  // the index older, then newer but not fitting
+    SCOPED_TRACE(seconds);
+    write_text(fa, fasta_text({{"chr1", a2}, {"chr2", b}}, 50));
+    write_text(fai, index_of_first);
+    age(fai, fa, seconds);
+    ReferenceGenome genome(fa);
+    EXPECT_EQ(genome.length("chr1"), 900);
+    EXPECT_EQ(genome.fetch("chr1", 0, 900), a2);
+    EXPECT_EQ(genome.fetch("chr2", 690, 700), b.substr(690));
+    EXPECT_NE(dnallm::testing::read_text(fai), index_of_first);
+  }
+  // An index whose entries name other records, or lie past the end.
+  for (const std::string bad : {"chrX\t10\t6\t60\t61\n", "chr1\t90000\t18\t50\t51\n",
+                                "chr1\t900\t18\t50\t49\n", "not an index\n"}) {
+    SCOPED_TRACE(bad);
+    write_text(fai, bad);
+    age(fai, fa, 3600);
+    ReferenceGenome genome(fa);
+    EXPECT_EQ(genome.fetch("chr1", 100, 110), a2.substr(100, 10));
+  }
+}
+
+TEST(VariantInputs, AStaleIndexThatCannotBeRebuiltIsRefusedNamingIt) {
+  TempDir dir;
+  const auto fa = dir.file("ref.fa");
+  write_text(fa, fasta_text({{"chr1", data::testing::random_bases(300, 4)}}, 60));
+  // A directory where the index is: faidx writes a new one beside it but cannot put it in place
+  // (the same path as an unwritable folder, which root, as tests often run, never meets).
+  const auto fai = fa + ".fai";
+  fs::create_directory(fai);
+  write_text(fai + "/keep", "x");
+  age(fai, fa, -3600);
+  dnallm::testing::expect_error([&] { ReferenceGenome genome(fa); }, ExitCode::kBadData,
+                                {"--reference " + fa, "its index " + fai, "is older than the FASTA",
+                                 "samtools faidx " + fa, "or delete " + fai});
+  EXPECT_EQ(files_in(dir.path()), 2u);  // ref.fa and the directory: no temporary left
+}
+
+TEST(VariantInputs, AStaleGziIsRebuiltNotTrusted) {
+  TempDir dir;
+  const auto gz = dir.file("ref.fa.gz");
+  const std::string a = data::testing::random_bases(90000, 5);  // > one BGZF block
+  write_bgzf(gz, fasta_text({{"chr1", a}}, 60));
+  { ReferenceGenome first(gz); }
+  ASSERT_TRUE(fs::exists(gz + ".gzi"));
+  const std::string old_fai = dnallm::testing::read_text(gz + ".fai");
+  const std::string old_gzi = dnallm::testing::read_text(gz + ".gzi");
+  const std::string b = data::testing::random_bases(120000, 6);
+  write_bgzf(gz, fasta_text({{"chr1", b}}, 70));
+  // The .fai rebuilt for the new file but the .gzi the old one's: older, then newer.
+  { ReferenceGenome rebuilt(gz); }
+  for (const int seconds : {-3600, 3600}) {
+    SCOPED_TRACE(seconds);
+    write_text(gz + ".gzi", old_gzi);
+    age(gz + ".gzi", gz, seconds);
+    ReferenceGenome genome(gz);
+    EXPECT_EQ(genome.fetch("chr1", 100000, 100020), b.substr(100000, 20));
+  }
+  // Both of the old file, newer than it.
+  write_text(gz + ".fai", old_fai);
+  write_text(gz + ".gzi", old_gzi);
+  age(gz + ".fai", gz, 60);
+  age(gz + ".gzi", gz, 60);
+  ReferenceGenome genome(gz);
+  EXPECT_EQ(genome.length("chr1"), 120000);
+  EXPECT_EQ(genome.fetch("chr1", 119990, 120000), b.substr(119990));
+  // The .gzi missing beside a .fai.
+  fs::remove(gz + ".gzi");
+  ReferenceGenome without(gz);
+  EXPECT_EQ(without.fetch("chr1", 0, 10), b.substr(0, 10));
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 
 #include "core/error.hpp"
 #include "worker/data/compressed_stream.hpp"
+#include "worker/infer/fasta_index.hpp"
 
 namespace dnallm::infer {
 
@@ -106,6 +107,7 @@ ReferenceGenome::ReferenceGenome(const std::string& path)
   DNALLM_CHECK(std::filesystem::is_regular_file(path, ec), ExitCode::kBadData,
                "--reference {}: no such file", path);
   hts_set_log_level(HTS_LOG_OFF);
+  check_fasta_index(path, "--reference " + path);  // Note [Stale indexes]
   index_->fai = fai_load3(path.c_str(), nullptr, nullptr, FAI_CREATE);
   if (index_->fai != nullptr) return;
   if (gzip_magic(path)) {

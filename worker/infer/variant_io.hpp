@@ -13,8 +13,9 @@ namespace dnallm::infer {
 
 class ReferenceGenome {
  public:
-  // Opens `path` and its index (made beside a plain FASTA when missing). Error(kBadData) for a
-  // gzip file that is not bgzip (what to run to fix it), a damaged index, a missing file.
+  // Opens `path` and its index (made beside a plain FASTA when missing; rebuilt when stale:
+  // Note [Stale indexes], fasta_index.hpp). Error(kBadData) for a gzip file that is not bgzip
+  // (what to run to fix it), a stale or damaged index that cannot be rebuilt, a missing file.
   explicit ReferenceGenome(const std::string& path);
   ~ReferenceGenome();
   ReferenceGenome(const ReferenceGenome&) = delete;
