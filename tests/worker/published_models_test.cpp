@@ -15,6 +15,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -432,6 +433,36 @@ TEST_F(PublishedModels, InputsPastThePositionsAreCutInEveryProgram) {
       EXPECT_EQ(r.code, 0) << r.out;
     }
     fs::remove(tmp_ + "/long.fa.fai");
+  }
+}
+
+// ... and training from them: model.max_seq_length may be exactly the tokens the positions hold
+// (a step on full genome windows), one more is exit 2 naming the largest (the same rule,
+// reserved_positions(), as the cuts above).
+TEST_F(PublishedModels, FineTuningFromRobertaNumberedPositionsTakesExactlyThem) {
+  const std::vector<std::tuple<std::string, std::string, int64_t>> models = {
+      {"roberta_prelayernorm_mlm", " --set tokenizer.k=3", 65},
+      {"esm_v1_mlm", " --set tokenizer.kind=nt --set tokenizer.k=6", 62}};
+  for (const auto& [name, tokenizer, usable] : models) {
+    SCOPED_TRACE(name);
+    const auto train = [&, name = name, tokenizer = tokenizer](int64_t length) {
+      return dnallm::testing::run_shell(
+          "cd " + kSrc + " && " + kBin + "dnallm-train --config configs/dnabert-mlm.toml" +
+          " --set model.init_from=" + kFixtures + "/" + name + tokenizer +
+          " --set model.max_seq_length=" + std::to_string(length) +
+          " --set training.max_steps=1 --set training.micro_batch_size=2" +
+          " --set training.grad_accum_steps=1 --set training.eval_steps=0" +
+          " --set checkpoint.save_steps=0 --set data.dataloader_num_workers=0" +
+          " --set checkpoint.dir=" + tmp_ + "/ck_" + name + std::to_string(length));
+    };
+    const auto fits = train(usable);
+    EXPECT_EQ(fits.code, 0) << fits.out;
+    EXPECT_NE(fits.out.find("step 1/1 loss"), std::string::npos) << fits.out;
+    const auto over = train(usable + 1);
+    EXPECT_EQ(over.code, 2) << over.out;
+    EXPECT_NE(over.out.find("set model.max_seq_length <= " + std::to_string(usable)),
+              std::string::npos)
+        << over.out;
   }
 }
 
