@@ -202,6 +202,22 @@ TEST(VariantInputs, AStaleFaiIsRebuiltNotTrusted) {
     EXPECT_EQ(genome.fetch("chr2", 690, 700), b.substr(690));
     EXPECT_NE(dnallm::testing::read_text(fai), index_of_first);
   }
+  // A record appended after the index was made (its time set back, as a copy may leave it).
+  write_text(fa, fasta_text({{"chr1", a2}, {"chr2", b}, {"chr3", a}}, 50));
+  { ReferenceGenome genome(fa); }
+  const std::string two_records = dnallm::testing::read_text(fai);
+  write_text(fa, fasta_text({{"chr1", a2}, {"chr2", b}}, 50));
+  { ReferenceGenome genome(fa); }
+  const std::string index_of_two = dnallm::testing::read_text(fai);
+  write_text(fa, fasta_text({{"chr1", a2}, {"chr2", b}, {"chr3", a}}, 50));
+  write_text(fai, index_of_two);
+  age(fai, fa, 3600);
+  {
+    ReferenceGenome genome(fa);
+    EXPECT_EQ(genome.contigs(), 3);
+    EXPECT_EQ(genome.fetch("chr3", 0, 500), a);
+    EXPECT_EQ(dnallm::testing::read_text(fai), two_records);
+  }
   // An index whose entries name other records, or lie past the end.
   for (const std::string bad : {"chrX\t10\t6\t60\t61\n", "chr1\t90000\t18\t50\t51\n",
                                 "chr1\t900\t18\t50\t49\n", "not an index\n"}) {

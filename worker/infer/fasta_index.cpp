@@ -71,8 +71,9 @@ struct FaiEntry {
 
 bool line_end(char c) { return c == '\n' || c == '\r'; }
 
-// Why `e` does not describe the record of `bytes` it names ("" when it does).
-std::string entry_misfit(FastaBytes& bytes, const FaiEntry& e) {
+// Why `e` does not describe the record of `bytes` it names ("" when it does); `last`: the last
+// record of the file, which nothing but blank lines may follow.
+std::string entry_misfit(FastaBytes& bytes, const FaiEntry& e, bool last_record) {
   // The header line, ">NAME ...", ends just before the first base.
   const int64_t back = std::min<int64_t>(e.offset, 4096);
   const std::string head = bytes.read(e.offset - back, static_cast<size_t>(back));
@@ -112,6 +113,9 @@ std::string entry_misfit(FastaBytes& bytes, const FaiEntry& e) {
     return fmt::format("record \"{}\" does not end after {} bases (at byte {})", e.name, e.length,
                        at);
   }
+  if (last_record && k < tail.size() && tail[k] == '>') {
+    return fmt::format("the file goes on after \"{}\", the last record the index lists", e.name);
+  }
   return "";
 }
 
@@ -138,6 +142,7 @@ std::string fasta_index_misfit(const std::string& fasta, const std::string& fai,
   if (!bytes.ok()) return bgzip ? fasta + ".gzi cannot be read" : fasta + " cannot be read";
   std::ifstream in(fai);
   std::string line;
+  std::vector<FaiEntry> entries;
   for (int64_t n = 1; std::getline(in, line); ++n) {
     std::istringstream fields(line);
     FaiEntry e;
@@ -147,7 +152,14 @@ std::string fasta_index_misfit(const std::string& fasta, const std::string& fai,
       return fmt::format("line {} is not a faidx entry (NAME LENGTH OFFSET LINEBASES LINEWIDTH)",
                          n);
     }
-    auto why = entry_misfit(bytes, e);
+    entries.push_back(std::move(e));
+  }
+  if (entries.empty()) return bytes.read(0, 1).empty() ? "" : "it lists no record";
+  const auto last =
+      std::max_element(entries.begin(), entries.end(),
+                       [](const FaiEntry& a, const FaiEntry& b) { return a.offset < b.offset; });
+  for (auto it = entries.begin(); it != entries.end(); ++it) {
+    auto why = entry_misfit(bytes, *it, it == last);
     if (!why.empty()) return why;
   }
   return "";
