@@ -121,6 +121,7 @@ TEST(VariantInputs, AMalformedRecordNamesTheLineAndTheField) {
       {"chr1\t99999999999999999999\t.\tA\tC\t.\t.\t.\n", {"POS \"99999999999999999999\""}},
       {"chr1\t0\t.\tA\tC\t.\t.\t.\n", {"POS 0 (a telomere)"}},
       {"chr1\t5\t.\t\tC\t.\t.\t.\n", {"REF is empty"}},
+      {"chr1\t5\t.\t.\tC\t.\t.\t.\n", {"REF is empty or \".\""}},
       {"chr1\t5\t.\tA\t\t.\t.\t.\n", {"ALT is empty"}},
       {"\t5\t.\tA\tC\t.\t.\t.\n", {"CHROM is empty"}},
       {"\n", {"an empty line"}},

@@ -73,7 +73,8 @@ void check_vcf_line(std::string_view text, const std::string& path, int64_t line
   DNALLM_CHECK(std::stoll(std::string(pos)) >= 1, ExitCode::kBadData,
                "--vcf {}:{}: POS 0 (a telomere) names no base to score", path, line);
   DNALLM_CHECK(!fields[3].empty() && fields[3] != ".", ExitCode::kBadData,
-               "--vcf {}:{}: REF is empty (it holds the reference bases at POS)", path, line);
+               "--vcf {}:{}: REF is empty or \".\" (it holds the reference bases at POS)", path,
+               line);
   DNALLM_CHECK(!fields[4].empty(), ExitCode::kBadData, "--vcf {}:{}: ALT is empty (\".\" for none)",
                path, line);
 }
