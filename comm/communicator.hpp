@@ -58,7 +58,9 @@
 // i.e. when the process dies. When a collective fails (the backend reports an I/O error
 // or its timeout expires) the rank records "comm/<name>/failed/<rank>" = collective
 // number and polls the alive keys for up to kDiagnosisWindow: ranks whose key vanished
-// are reported as dead ("rank(s) 2 died"); if none vanished, ranks that neither reported
+// are reported as dead ("rank(s) 2 died"), except those that recorded a failure of their own
+// before exiting: they followed the first loss ("; rank(s) 0 failed after it and exited"), so
+// the culprit named is the rank lost first. If none vanished, ranks that neither reported
 // the same failure nor died are reported as not having arrived. The error therefore
 // comes at most timeout + kDiagnosisWindow after the collective started (sooner when the
 // transport notices the dead peer, as TCP does on a killed process).

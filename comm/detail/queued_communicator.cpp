@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -60,22 +61,36 @@ std::string PeerMonitor::diagnose(uint64_t seq) const {
   if (!store_) return "no coordinator store to name the missing rank(s)";
   try {
     store_->set(failed_key(name_, rank_), coordinator::to_bytes(std::to_string(seq)));
-    // A rank that reported this same failure is a survivor even if it has exited since.
-    auto reported = [&](int r) {
+    // A rank that reported this same failure is a survivor even if it has exited since; one
+    // that reported any failure (another collective, a transfer) and exited followed the
+    // first loss, so it is not named as the culprit (Note [Peer failure]).
+    auto failure_of = [&](int r) -> std::optional<std::string> {
       auto v = store_->try_get(failed_key(name_, r));
-      return v && coordinator::to_string(*v) == std::to_string(seq);
+      if (!v) return std::nullopt;
+      return coordinator::to_string(*v);
     };
-    std::vector<int> dead;
+    auto reported = [&](int r) { return failure_of(r) == std::to_string(seq); };
+    std::vector<int> dead, followed;
     const auto deadline = Clock::now() + kDiagnosisWindow;
     while (true) {
       dead.clear();
-      for (int r = 0; r < world_; ++r)
-        if (r != rank_ && !store_->check({alive_key(name_, r)}) && !reported(r)) dead.push_back(r);
+      followed.clear();
+      for (int r = 0; r < world_; ++r) {
+        if (r == rank_ || store_->check({alive_key(name_, r)}) || reported(r)) continue;
+        (failure_of(r) ? followed : dead).push_back(r);
+      }
       if (!dead.empty() || Clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    const std::string after =
+        followed.empty()
+            ? ""
+            : fmt::format("; rank(s) {} failed after it and exited", join_ranks(followed));
     if (!dead.empty())
-      return fmt::format("rank(s) {} died (their coordinator connection closed)", join_ranks(dead));
+      return fmt::format("rank(s) {} died (their coordinator connection closed){}",
+                         join_ranks(dead), after);
+    if (!followed.empty())
+      return fmt::format("rank(s) {} failed in another transfer and exited", join_ranks(followed));
     std::vector<int> absent;
     for (int r = 0; r < world_; ++r)
       if (r != rank_ && !reported(r)) absent.push_back(r);

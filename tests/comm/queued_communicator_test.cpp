@@ -188,6 +188,31 @@ TEST(QueuedCommunicator, DeadRankIsNamedWhenItsAliveKeyIsGone) {
   }
 }
 
+// Issue 57 item 10: rank 1 was killed; rank 0 failed one collective later (its failed key
+// holds another collective's number) and exited. Rank 1 is the culprit; rank 0 followed.
+TEST(QueuedCommunicator, ARankThatFailedAndExitedIsNotNamedAsTheCulprit) {
+  auto store = std::make_shared<coordinator::InMemoryStore>();
+  store->set("comm/unit/failed/1", coordinator::to_bytes("7"));  // rank 1: failed, then exited
+  // rank 2 has no alive key and never reported: it died first.
+  ScriptedBackend comm(options(store));
+  comm.fail_at = 0;
+  const std::string what = expect_error([&] { comm.barrier()->wait(); }, ExitCode::kPeerFailed,
+                                        {"rank(s) 2 died", "rank(s) 1 failed after it and exited"});
+  EXPECT_EQ(what.find("rank(s) 1, 2"), std::string::npos) << what;
+}
+
+// ... and where every rank gone had failed first, none is named as dead.
+TEST(QueuedCommunicator, RanksThatAllFailedAndExitedAreNamedAsSuch) {
+  auto store = std::make_shared<coordinator::InMemoryStore>();
+  store->set("comm/unit/failed/1", coordinator::to_bytes("peer 2"));
+  store->set("comm/unit/failed/2", coordinator::to_bytes("5"));
+  ScriptedBackend comm(options(store));
+  comm.fail_at = 0;
+  const std::string what = expect_error([&] { comm.barrier()->wait(); }, ExitCode::kPeerFailed,
+                                        {"rank(s) 1, 2 failed in another transfer and exited"});
+  EXPECT_EQ(what.find("died"), std::string::npos) << what;
+}
+
 TEST(QueuedCommunicator, WaitTimeoutThrowsPeerFailed) {
   auto store = std::make_shared<coordinator::InMemoryStore>();
   store->set("comm/unit/alive/1", {});
