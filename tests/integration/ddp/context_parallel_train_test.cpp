@@ -226,7 +226,9 @@ void expect_same_evaluation(const TrainRun& want, const TrainRun& got, const std
     const auto &w = want.evals[i], &g = got.evals[i];
     EXPECT_EQ(g.at("step"), w.at("step")) << what;
     for (const char* key : {"rows", "tokens", "accuracy"}) {
-      if (w.contains(key)) EXPECT_EQ(g.at(key), w.at(key)) << what << ": " << key;
+      if (w.contains(key)) {
+        EXPECT_EQ(g.at(key), w.at(key)) << what << ": " << key;
+      }
     }
     for (const char* key : {"loss", "bits_per_base"}) {
       if (!w.contains(key)) continue;
