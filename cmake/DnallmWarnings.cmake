@@ -26,6 +26,9 @@ function(dnallm_library name)
   target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PUBLIC ${ARG_PUBLIC} PRIVATE ${ARG_PRIVATE})
   dnallm_target_warnings(${name})
+  # Note [Unity batches]: the modules without LibTorch too (each unit parses spdlog, fmt, CLI11,
+  # nlohmann/json or Boost.Asio again, 5-15 s of a unit's time).
+  dnallm_unity_build(${name} BATCH ${DNALLM_LIBRARY_UNITY_BATCH})
 endfunction()
 
 # Note [Unity batches]: each LibTorch unit re-instantiates and re-optimises the same inline
@@ -37,6 +40,7 @@ endfunction()
 # error is in. The units keep their helpers in anonymous namespaces: two files of one batch may
 # not define the same helper name.
 set(DNALLM_UNITY_BATCH 6 CACHE STRING "LibTorch units a unity batch (0: no unity builds)")
+set(DNALLM_LIBRARY_UNITY_BATCH 8 CACHE STRING "units a unity batch in the libraries without LibTorch")
 
 # dnallm_unity_build(<target> [BATCH n]): compile the target's units in batches of n
 # (default DNALLM_UNITY_BATCH), unless DNALLM_UNITY_BATCH is 0.
