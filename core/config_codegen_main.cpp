@@ -170,6 +170,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   code << "}\n\n}  // namespace dnallm::config_detail\n";
+  // The same declarations leave the file untouched, so what compiles it does not compile again
+  // when only this program was relinked (Ninja's restat; Note [Build without LibTorch]).
+  {
+    std::ifstream old(argv[1], std::ios::binary);
+    std::ostringstream had;
+    had << old.rdbuf();
+    if (old && had.str() == code.str()) return 0;
+  }
   std::ofstream out(argv[1], std::ios::binary | std::ios::trunc);
   out << code.str();
   if (!out.flush()) {

@@ -3,7 +3,7 @@
 # quickstart.sh and test.sh; safe to run directly.
 #
 #   scripts/build.sh [--target NAME]... [--no-tests] [--no-bench] [--cuda] [--deps PREFIX]
-#                    [--libtorch PATH]
+#                    [--libtorch PATH] [--no-torch]
 #
 # One LibTorch, the one inside PyTorch 2.x (minimum torch 2.4): the project's Python
 # environment's (scripts/install-deps.sh makes it), else python3's (a GPU node's wheel), or
@@ -18,6 +18,9 @@
 #                  GoogleTest, Gloo) on a machine without apt
 #   --target NAME  build only the named targets (repeatable)
 #   --no-tests / --no-bench   leave the test suite / benchmarks out
+#   --no-torch     only the modules without LibTorch, before PyTorch is installed (Note [Build
+#                  without LibTorch], CMakeLists.txt; scripts/setup.sh); a later build.sh
+#                  configures the same directory again with LibTorch and keeps their objects
 # Binaries carry an RPATH to LibTorch, NCCL and the staged prefix: they run without
 # LD_LIBRARY_PATH. With ccache installed, compiles go through it (shared by every clone).
 # DNALLM_CMAKE_ARGS adds configure arguments.
@@ -30,6 +33,7 @@ deps="${DNALLM_GPU_DEPS:-}"
 libtorch="${LIBTORCH:-}"
 tests=ON
 bench=ON
+torch=ON
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -39,7 +43,8 @@ while [ $# -gt 0 ]; do
     --target) targets+=(--target "$2"); shift 2 ;;
     --no-tests) tests=OFF; shift ;;
     --no-bench) bench=OFF; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    --no-torch) torch=OFF; shift ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -54,33 +59,40 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 python="$DNALLM_PYTHON"
 [ -x "$python" ] || python="${PYTHON:-python3}"
 
-if [ -z "$libtorch" ]; then
-  libtorch="$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)" || {
-    echo "build.sh: no LibTorch: $python cannot import torch. Run scripts/install-deps.sh (it" \
-         "installs PyTorch $DNALLM_MIN_TORCH+ from requirements.txt), or pass --libtorch PATH" >&2
+prefix_path=""
+rpath=""
+nccl_root=""
+# LibTorch's CMake folder, its lib/ and NCCL's wheel: prefix_path, rpath and nccl_root.
+find_libtorch() {
+  if [ -z "$libtorch" ]; then
+    libtorch="$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)" || {
+      echo "build.sh: no LibTorch: $python cannot import torch. Run scripts/install-deps.sh (it" \
+           "installs PyTorch $DNALLM_MIN_TORCH+ from requirements.txt), or pass --libtorch PATH" >&2
+      exit 2
+    }
+  fi
+  [ -d "$libtorch/share/cmake/Torch" ] && libtorch="$libtorch/share/cmake"
+  [ -d "$libtorch/Torch" ] || {
+    echo "build.sh: $libtorch holds no Torch/TorchConfig.cmake (pass a libtorch folder or" \
+         "torch.utils.cmake_prefix_path)" >&2
     exit 2
   }
-fi
-[ -d "$libtorch/share/cmake/Torch" ] && libtorch="$libtorch/share/cmake"
-[ -d "$libtorch/Torch" ] || {
-  echo "build.sh: $libtorch holds no Torch/TorchConfig.cmake (pass a libtorch folder or" \
-       "torch.utils.cmake_prefix_path)" >&2
-  exit 2
+  local torch_lib
+  torch_lib="$(cd "$libtorch/../../lib" 2>/dev/null && pwd)" &&
+    { [ -e "$torch_lib/libtorch.so" ] || [ -e "$torch_lib/libtorch_cpu.so" ]; } || {
+    echo "build.sh: no libtorch.so next to $libtorch" >&2
+    exit 2
+  }
+  prefix_path="$libtorch"
+  rpath="$torch_lib"
+  if nccl_root="$("$python" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)" &&
+     [ -f "$nccl_root/include/nccl.h" ]; then
+    rpath="$rpath;$nccl_root/lib"
+  else
+    nccl_root=""  # FindNCCL looks in /usr and the CUDA toolkit
+  fi
 }
-torch_lib="$(cd "$libtorch/../../lib" 2>/dev/null && pwd)" &&
-  { [ -e "$torch_lib/libtorch.so" ] || [ -e "$torch_lib/libtorch_cpu.so" ]; } || {
-  echo "build.sh: no libtorch.so next to $libtorch" >&2
-  exit 2
-}
-prefix_path="$libtorch"
-rpath="$torch_lib"
-nccl_root=""
-if nccl_root="$("$python" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)" &&
-   [ -f "$nccl_root/include/nccl.h" ]; then
-  rpath="$rpath;$nccl_root/lib"
-else
-  nccl_root=""  # FindNCCL looks in /usr and the CUDA toolkit
-fi
+[ "$torch" = OFF ] || find_libtorch
 if [ -n "$deps" ]; then
   deps="$(cd "$deps" && pwd)"
   [ -d "$deps/lib/pkgconfig" ] || {
@@ -88,8 +100,8 @@ if [ -n "$deps" ]; then
          "(no lib/pkgconfig)" >&2
     exit 2
   }
-  prefix_path="$deps;$prefix_path"
-  rpath="$deps/lib;$rpath"
+  prefix_path="$deps${prefix_path:+;$prefix_path}"
+  rpath="$deps/lib${rpath:+;$rpath}"
   export PKG_CONFIG_PATH="$deps/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 fi
 if [ "$tests" = ON ] && [ ! -f "${deps:-/nonexistent}/lib/libgtest.a" ] &&
@@ -113,7 +125,9 @@ fi
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
-if [ ! -f "$build/CMakeCache.txt" ]; then
+# A build directory configured --no-torch is configured again with LibTorch (the same command).
+if [ ! -f "$build/CMakeCache.txt" ] ||
+   { [ "$torch" = ON ] && grep -q '^DNALLM_WITH_TORCH:BOOL=OFF' "$build/CMakeCache.txt"; }; then
   # DT_RPATH (--disable-new-dtags), not DT_RUNPATH: it also serves the libraries' own
   # dependencies (libhts -> libhtscodecs, libgloo -> libhiredis in the staged prefix).
   cmake -S "$root" -B "$build" "${generator[@]}" "${launcher[@]}" \
@@ -124,7 +138,8 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
     -DCMAKE_BUILD_RPATH="$rpath" \
     -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags" \
     -DCMAKE_SHARED_LINKER_FLAGS="-Wl,--disable-new-dtags" \
-    -DDNALLM_BUILD_TESTS="$tests" -DDNALLM_BUILD_BENCH="$bench" ${DNALLM_CMAKE_ARGS:-}
+    -DDNALLM_BUILD_TESTS="$tests" -DDNALLM_BUILD_BENCH="$bench" -DDNALLM_WITH_TORCH="$torch" \
+    ${DNALLM_CMAKE_ARGS:-}
 fi
 if [ "$need_cuda" = 1 ] && ! grep -q '^DNALLM_TORCH_CUDA_FOUND:INTERNAL=ON' "$build/CMakeCache.txt"; then
   echo "build.sh --cuda: this build has no CUDA: the LibTorch in $libtorch is CPU-only or" \

@@ -14,10 +14,12 @@ build="${DNALLM_BUILD_DIR:-$root/build}"
 # shellcheck source=python-env.sh
 . "$root/scripts/python-env.sh"
 start=$(date +%s)
-"$root/scripts/install-deps.sh"
 [ -x "$build/bin/dnallm-train" ] ||
-  echo "quickstart: building dnallm-launch and dnallm-train (the first time: about 6 minutes on" \
-       "2 cores; later runs only what changed), then dnallm-eval after training"
+  echo "quickstart: installing what is missing and building dnallm-launch and dnallm-train (the" \
+       "first time: about 7 minutes on 2 cores; later runs only what changed), then dnallm-eval" \
+       "after training"
+# The modules without LibTorch compile while PyTorch downloads (scripts/setup.sh).
+"$root/scripts/setup.sh"
 # Only what it runs, training's programs first (docs/build.md); scripts/test.sh reuses all of it.
 "$root/scripts/build.sh" --target dnallm-launch --target dnallm-train
 ready=$(date +%s)

@@ -9,7 +9,8 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${DNALLM_BUILD_DIR:-$root/build}"
 t0=$(date +%s)
-"$root/scripts/install-deps.sh"
+# The modules without LibTorch compile while PyTorch downloads (scripts/setup.sh).
+"$root/scripts/setup.sh"
 t1=$(date +%s)
 "$root/scripts/check-format.sh"
 "$root/scripts/build.sh"
@@ -32,6 +33,7 @@ if [ -n "$python" ]; then
   "$python" "$root/scripts/build-times.py" build "$build" --top 25 | sed -n '1,30p' || true
 fi
 echo
-echo "test.sh: install $((t1 - t0)) s, format check and build $((t2 - t1)) s, tests $((t3 - t2)) s;" \
+echo "test.sh: install (and the modules without LibTorch beside it) $((t1 - t0)) s, format check" \
+     "and build $((t2 - t1)) s, tests $((t3 - t2)) s;" \
      "total $((t3 - t0)) s"
 exit "$rc"
