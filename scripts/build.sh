@@ -133,7 +133,7 @@ if [ ! -f "$build/CMakeCache.txt" ] ||
   cmake -S "$root" -B "$build" "${generator[@]}" "${launcher[@]}" \
     -DCMAKE_BUILD_TYPE="${DNALLM_BUILD_TYPE:-Release}" \
     -DCMAKE_PREFIX_PATH="$prefix_path" \
-    -DPython3_EXECUTABLE="$python" \
+    $([ "$torch" = OFF ] || echo "-DPython3_EXECUTABLE=$python") \
     ${nccl_root:+-DNCCL_ROOT="$nccl_root"} \
     -DCMAKE_BUILD_RPATH="$rpath" \
     -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags" \
