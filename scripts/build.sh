@@ -125,6 +125,8 @@ fi
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
+python_arg=()
+[ "$torch" = OFF ] || python_arg=(-DPython3_EXECUTABLE="$python")
 # A build directory configured --no-torch is configured again with LibTorch (the same command).
 if [ ! -f "$build/CMakeCache.txt" ] ||
    { [ "$torch" = ON ] && grep -q '^DNALLM_WITH_TORCH:BOOL=OFF' "$build/CMakeCache.txt"; }; then
@@ -133,7 +135,7 @@ if [ ! -f "$build/CMakeCache.txt" ] ||
   cmake -S "$root" -B "$build" "${generator[@]}" "${launcher[@]}" \
     -DCMAKE_BUILD_TYPE="${DNALLM_BUILD_TYPE:-Release}" \
     -DCMAKE_PREFIX_PATH="$prefix_path" \
-    $([ "$torch" = OFF ] || echo "-DPython3_EXECUTABLE=$python") \
+    "${python_arg[@]}" \
     ${nccl_root:+-DNCCL_ROOT="$nccl_root"} \
     -DCMAKE_BUILD_RPATH="$rpath" \
     -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags" \

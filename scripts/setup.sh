@@ -15,8 +15,7 @@ fi
 "$root/scripts/python-deps.sh" &
 pip=$!
 built=0
-# pip's unpacking is one core's work: the compiles take what it leaves (nice).
-nice -n 10 "$root/scripts/build.sh" --no-torch || built=$?
+"$root/scripts/build.sh" --no-torch || built=$?
 installed=0
 wait "$pip" || installed=$?
 [ "$installed" = 0 ] || exit "$installed"
