@@ -17,6 +17,7 @@
 #include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/output_file.hpp"
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/pipeline.hpp"
 #include "worker/data/sequence_reader.hpp"
@@ -158,7 +159,26 @@ void add_options(CLI::App& app, EvalArgs& a) {
 // allocated gigabytes of attention before it was bounded).
 constexpr int64_t kMaxLogitsTokens = 8192;
 
+// Every file --logits reads, which --out must not be (Note [Outputs never inputs],
+// core/output_file.cpp): the sequences and the files of each model directory it names.
+std::vector<std::string> logits_reads(const EvalArgs& a) {
+  std::vector<std::string> reads{a.logits_in};
+  for (const std::string* dir : {&a.model_dir, &a.adapter_dir, &a.tokenizer_dir, &a.base_dir}) {
+    std::error_code ec;
+    if (dir->empty() || !std::filesystem::is_directory(*dir, ec)) continue;
+    for (const auto& e : std::filesystem::directory_iterator(*dir, ec)) {
+      reads.push_back(e.path().string());
+    }
+  }
+  return reads;
+}
+
 int write_logits(const EvalArgs& a) {
+  DNALLM_CHECK(a.logits_out != "-", ExitCode::kUsage,
+               "--out -: --logits writes a safetensors file, not standard output; name a file");
+  check_output(a.logits_out, logits_reads(a));
+  require_regular_output(a.logits_out, "--out",
+                         "the safetensors file is written beside it and renamed over it");
   auto loaded = a.adapter_dir.empty()
                     ? models::load_model_dir(a.model_dir, a.base_dir, a.tokenizer_dir)
                     : models::load_model_dir(a.adapter_dir, a.model_dir, a.tokenizer_dir);

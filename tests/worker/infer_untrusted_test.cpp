@@ -1,5 +1,5 @@
 // Issue 22 through the real dnallm-infer binary: nothing a command reads is ever written
-// (Note [Outputs never inputs], cli_common.cpp), sampling options are checked, and a damaged
+// (Note [Outputs never inputs], core/output_file.cpp), sampling options are checked, and a damaged
 // model directory (Note [Model shape limits], Note [Untrusted files]) is refused with exit
 // code 2 or 5 and one line, never a stack trace, a signal or "internal error". Each test
 // writes the damaged file itself from a tiny model that dnallm-train trains for 2 steps.
@@ -179,6 +179,52 @@ TEST_F(InferUntrusted, ADeviceOrFifoOutputIsWrittenInPlaceAndAnInputsIndexIsRefu
   expect_refused(infer("generate", model, "--input " + fa + " --out " + fa + ".fai"), 2,
                  "is the same file as " + fa + ".fai");
   EXPECT_EQ(read_text(fa + ".fai"), fai_before);
+  EXPECT_TRUE(files_with(dir_, ".tmp").empty());
+}
+
+// Issue 57 item 1, the outputs written with their header last and renamed into place: embed's
+// .npy/.safetensors and the files beside it, dnallm-eval --logits --out. A device or a FIFO
+// under such a name is exit 2 before any work and stays what it was (a rename made it a regular
+// file, as root /dev/null too); an input of --logits is refused as every program's are.
+TEST_F(InferUntrusted, AnOutputWrittenHeaderLastIsNeverADeviceOrAFifo) {
+  const std::string model = kSrc + "/tests/data/hf-fixtures/gptneox_causal";
+  const auto fa = (dir_ / "in.fa").string();
+  const auto seqs = (dir_ / "seqs.txt").string();
+  std::ofstream(seqs) << "ACGTACGT\nTTGACA\n";
+  const auto embed = [&](const fs::path& out) {
+    return infer("embed", model, "--input " + fa + " --out " + out.string());
+  };
+  const auto logits = [&](const fs::path& out) {
+    return kBin + "dnallm-eval --device cpu --model " + model + " --logits " + seqs + " --out " +
+           out.string();
+  };
+  const auto fifo = dir_ / "e.npy", ids_fifo = dir_ / "f.ids.txt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  ASSERT_EQ(::mkfifo(ids_fifo.c_str(), 0600), 0) << std::strerror(errno);
+  expect_refused(embed(fifo), 2, "--out " + fifo.string() + " is not a regular file (a FIFO)");
+  expect_refused(embed(dir_ / "f.npy"), 2,
+                 "--out's ids file " + ids_fifo.string() + " is not a regular file (a FIFO)");
+  expect_refused(logits(fifo), 2, "--out " + fifo.string() + " is not a regular file (a FIFO)");
+  EXPECT_EQ(file_type(fifo), unsigned(S_IFIFO));
+  EXPECT_EQ(file_type(ids_fifo), unsigned(S_IFIFO));
+  EXPECT_FALSE(fs::exists(dir_ / "f.npy"));
+  expect_refused(logits(seqs), 2, "is the same file as " + seqs);
+  expect_refused(logits(model + "/config.json"), 2, "config.json is the same file as");
+  // Device nodes made here as /dev/null (1, 3) and /dev/full (1, 7) are: root only (CI is).
+  const auto null_dev = dir_ / "null.npy", full_dev = dir_ / "full.safetensors";
+  if (::mknod(null_dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0 &&
+      ::mknod(full_dev.c_str(), S_IFCHR | 0666, makedev(1, 7)) == 0) {
+    expect_refused(embed(null_dev), 2, "is not a regular file (a device)");
+    expect_refused(embed(full_dev), 2, "is not a regular file (a device)");
+    expect_refused(logits(full_dev), 2, "is not a regular file (a device)");
+    EXPECT_EQ(file_type(null_dev), unsigned(S_IFCHR));
+    EXPECT_EQ(file_type(full_dev), unsigned(S_IFCHR));
+  } else {
+    std::cerr << "device-node cases not run: mknod needs root (" << std::strerror(errno) << ")\n";
+  }
+  const auto good = dnallm::testing::run_shell(logits(dir_ / "good.safetensors"));
+  EXPECT_EQ(good.code, 0) << good.out;
+  EXPECT_TRUE(fs::is_regular_file(dir_ / "good.safetensors"));
   EXPECT_TRUE(files_with(dir_, ".tmp").empty());
 }
 
