@@ -140,7 +140,8 @@ void add_options(CLI::App& app, EvalArgs& a) {
   app.add_option("--max-bases", a.max_bases, "score about this many bases (0: the whole file)");
   app.add_option("--window", a.window,
                  "--fasta on a Hugging Face model: bases a scored window (0: the model's length, "
-                 "at most 4096 causal, 512 masked; docs/published-models.md)");
+                 "at most 4096 causal, 512 masked; docs/published-models.md)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--batch-size", a.batch_size, "sequences per forward pass")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -322,8 +323,7 @@ int score_hub(const EvalArgs& a, models::LoadedModel loaded) {
   out["tokens"] = r.tokens;
   out["bases"] = r.bases;
   out["windows"] = r.windows;
-  out["window"] =
-      a.window > 0 ? a.window : infer::default_window(loaded.model->spec(), *loaded.codec);
+  out["window"] = r.window;
   out["forward_passes"] = r.forward_passes;
   std::cout << out.dump() << std::endl;
   return 0;

@@ -248,6 +248,78 @@ TEST_F(InferUntrusted, AWindowOutOfRangeIsOneUsageErrorNamingIt) {
   EXPECT_FALSE(fs::exists(dir_ / "m.tsv"));
 }
 
+// Issue 57 items 9 and 5: the variant window is in bases. A 6-mer model (esm_v1_mlm: 62 usable
+// positions, <cls> and <eos> around 60 tokens) holds 360 bases, the default window, logged; a
+// window was 60 bases by default and 360 refused. One base more is exit 2 naming the largest; a
+// run of N next to the variant (a token a base) narrows that site's window, with a warning.
+TEST_F(InferUntrusted, TheVariantWindowIsTheBasesThePositionsHold) {
+  const std::string model = kSrc + "/tests/data/hf-fixtures/esm_v1_mlm";
+  const std::string genome = dnallm::testing::bundled_genome(4000).substr(0, 2000);
+  const auto fa = (dir_ / "ref.fa").string(), vcf = (dir_ / "v.vcf").string();
+  const auto write_fasta = [&](const std::string& bases) {
+    std::ofstream out(fa);
+    out << ">chr1\n";
+    for (size_t at = 0; at < bases.size(); at += 60) out << bases.substr(at, 60) << "\n";
+    fs::remove(fa + ".fai");
+  };
+  write_fasta(genome);
+  const char ref = genome[1000];
+  std::ofstream(vcf) << "##fileformat=VCFv4.2\n##contig=<ID=chr1>\n"
+                     << "#CHROM\tPOS\tID\tREF\tALT\tQUAL\tFILTER\tINFO\n"
+                     << "chr1\t1001\t.\t" << ref << "\t" << (ref == 'A' ? 'C' : 'A')
+                     << "\t.\t.\t.\n";
+  const auto variants = [&](const std::string& extra) {
+    return infer("variants", model, "--reference " + fa + " --vcf " + vcf + " --out - " + extra);
+  };
+  const auto score = [](const std::string& out) {
+    const auto at = out.find("chr1\t1001\t");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  const auto by_default = dnallm::testing::run_shell(variants(""));
+  ASSERT_EQ(by_default.code, 0) << by_default.out;
+  EXPECT_NE(by_default.out.find("variant window: 360 bases"), std::string::npos) << by_default.out;
+  ASSERT_FALSE(score(by_default.out).empty()) << by_default.out;
+  const auto whole = dnallm::testing::run_shell(variants("--window 360"));
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  EXPECT_EQ(score(whole.out), score(by_default.out));
+  const auto tokens_as_bases = dnallm::testing::run_shell(variants("--window 60"));
+  ASSERT_EQ(tokens_as_bases.code, 0) << tokens_as_bases.out;
+  EXPECT_NE(score(tokens_as_bases.out), score(by_default.out));
+  expect_refused(variants("--window 361"), 2, "give --window <= 360");
+  std::string with_gap = genome;
+  with_gap.replace(1010, 200, std::string(200, 'N'));
+  write_fasta(with_gap);
+  const auto gap = dnallm::testing::run_shell(variants(""));
+  ASSERT_EQ(gap.code, 0) << gap.out;
+  EXPECT_NE(gap.out.find("1 sites had their 360-base window narrowed"), std::string::npos)
+      << gap.out;
+  EXPECT_FALSE(score(gap.out).empty()) << gap.out;
+}
+
+// Issue 57 item 5 in dnallm-eval: a negative --window is exit 2 naming it (it was the default);
+// one past what the model takes (10^19 is read as the largest integer) is cut to it with a
+// warning, and the JSON says the window used (it said the option).
+TEST_F(InferUntrusted, AnEvalWindowOutOfRangeIsRefusedOrCut) {
+  const std::string model = kSrc + "/tests/data/hf-fixtures/hyenadna_causal";
+  std::ofstream(dir_ / "long.fa") << ">r\n" << std::string(3000, 'A') << "\n";
+  const auto eval = [&](const std::string& window) {
+    return dnallm::testing::run_shell(kBin + "dnallm-eval --device cpu --model " + model +
+                                      " --fasta " + (dir_ / "long.fa").string() + " --window " +
+                                      window);
+  };
+  const auto negative = eval("-5");
+  EXPECT_EQ(negative.code, 2) << negative.out;
+  EXPECT_NE(negative.out.find("--window"), std::string::npos) << negative.out;
+  for (const std::string w : {"1000000000", "10000000000000000000"}) {
+    const auto cut = eval(w);
+    ASSERT_EQ(cut.code, 0) << cut.out;
+    EXPECT_NE(cut.out.find("is more than the model takes"), std::string::npos) << cut.out;
+    const auto at = cut.out.rfind("\n{") + 1;  // the JSON line (0 when it is the first)
+    const auto json = nlohmann::json::parse(cut.out.substr(at, cut.out.find('\n', at) - at));
+    EXPECT_LT(json.at("window").get<int64_t>(), 1000000000) << cut.out;
+  }
+}
+
 TEST_F(InferUntrusted, AnExistingDirectoryAsOutputIsRefusedAndNothingIsLeft) {
   const auto model = train("gpt");
   const auto fa = (dir_ / "in.fa").string();

@@ -221,6 +221,13 @@ int64_t longest_input(const models::ModelSpec& spec) {
                                       : spec.usable_positions();
 }
 
+int64_t most_bases_a_token(const data::SequenceCodec& codec) {
+  size_t most = 1;
+  for (int64_t id = 0; id < codec.vocab_size(); ++id)
+    most = std::max(most, codec.bases_of(id).size());
+  return static_cast<int64_t>(most);
+}
+
 std::vector<int64_t> frame_sequence(const data::SequenceCodec& codec,
                                     const models::ModelSpec& options, const std::string& bases,
                                     bool* truncated) {

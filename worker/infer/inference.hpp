@@ -67,6 +67,10 @@ std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
 inline constexpr int64_t kLongestInput = 8192;
 int64_t longest_input(const models::ModelSpec& spec);
 
+// The most bases one regular token of `codec` stands for (its longest piece; at least 1): a
+// window of T tokens holds at most T times as many bases.
+int64_t most_bases_a_token(const data::SequenceCodec& codec);
+
 // The framed ids of `bases` through the model's own tokenizer (Note [Sequence codec]), cut to
 // longest_input() tokens; `truncated` is set when cut.
 std::vector<int64_t> frame_sequence(const data::SequenceCodec& codec,
