@@ -68,6 +68,7 @@ class FirstRowsSource final : public train::BatchSource {
 // Entropy (bits) of the A/C/G/T frequencies of the first `max_bases` bases (0: all).
 double order0_bits_per_base(const std::string& path, int64_t max_bases) {
   data::SequenceReader reader(path);
+  if (max_bases > 0) reader.set_max_bases(max_bases);  // Note [Long records]
   data::SequenceRecord record;
   constexpr std::string_view kBases = "ACGT";
   double counts[4] = {0, 0, 0, 0};

@@ -16,8 +16,11 @@
 #include <utility>
 #include <vector>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -318,6 +321,63 @@ TEST_F(InferUntrusted, AnEvalWindowOutOfRangeIsRefusedOrCut) {
     const auto json = nlohmann::json::parse(cut.out.substr(at, cut.out.find('\n', at) - at));
     EXPECT_LT(json.at("window").get<int64_t>(), 1000000000) << cut.out;
   }
+}
+
+// The peak resident memory (KiB) of `cmd` (its output to `log`): wait4's ru_maxrss of the shell
+// that execs it.
+long peak_rss_kib(const std::string& cmd, const fs::path& log, int* code) {
+  const std::string line = "exec " + cmd + " > " + log.string() + " 2>&1";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  struct rusage ru {};
+  ::wait4(pid, &status, 0, &ru);
+  *code = dnallm::testing::exit_code_of(status);
+  return ru.ru_maxrss;
+}
+
+// Issue 57 item 7 (Note [Long records], sequence_reader.hpp): a record costs what its window
+// costs. embed on a 32 MiB record on one line, and dnallm-eval --max-bases on it, peak within
+// 16 MiB of the same runs on a record of 20,000 bases (the same windows: embed cuts both to the
+// model's positions); they held about 12 bytes a base (~380 MiB more).
+TEST_F(InferUntrusted, ALongRecordCostsWhatItsWindowCosts) {
+  // embed on a model of 64 positions (a rotary one takes 8,192 tokens: 1.4 GB of attention)
+  const std::string masked = kSrc + "/tests/data/hf-fixtures/bert_mlm";
+  const std::string causal = kSrc + "/tests/data/hf-fixtures/gptneox_causal";
+  const auto long_fa = dir_ / "long.fa", short_fa = dir_ / "short.fa";
+  {
+    const std::string block = dnallm::testing::bundled_genome(1 << 16);
+    std::ofstream out(long_fa);
+    out << ">chr\n";
+    for (size_t n = 0; n < (size_t{32} << 20); n += block.size()) out << block;
+    out << "\n>b\nACGTACGT\n";
+    std::ofstream(short_fa) << ">chr\n" << block.substr(0, 20000) << "\n>b\nACGTACGT\n";
+  }
+  const auto embed = [&](const fs::path& in) {
+    return kBin + "dnallm-infer embed --device cpu --model " + masked + " --input " + in.string() +
+           " --out " + (dir_ / "e.npy").string();
+  };
+  const auto eval = [&](const fs::path& in) {
+    return kBin + "dnallm-eval --device cpu --model " + causal + " --fasta " + in.string() +
+           " --max-bases 20000";
+  };
+  const std::vector<std::function<std::string(const fs::path&)>> programs = {embed, eval};
+  for (const auto& program : programs) {
+    int code_short = -1, code_long = -1;
+    const long peak_short = peak_rss_kib(program(short_fa), dir_ / "short.log", &code_short);
+    const long peak_long = peak_rss_kib(program(long_fa), dir_ / "long.log", &code_long);
+    const std::string log = read_text((dir_ / "long.log").string());
+    SCOPED_TRACE(program(long_fa));
+    ASSERT_EQ(code_short, 0) << read_text((dir_ / "short.log").string());
+    ASSERT_EQ(code_long, 0) << log;
+    std::cout << "peak RSS: 20,000 bases " << peak_short / 1024 << " MiB, 32 MiB record "
+              << peak_long / 1024 << " MiB\n";
+    EXPECT_LT(peak_long - peak_short, 16 * 1024) << log;
+  }
+  EXPECT_EQ(read_text((dir_ / "e.ids.txt").string()), "chr\nb\n");
 }
 
 TEST_F(InferUntrusted, AnExistingDirectoryAsOutputIsRefusedAndNothingIsLeft) {

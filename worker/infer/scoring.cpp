@@ -146,6 +146,8 @@ LikelihoodScore score_likelihood(models::LanguageModel model, const data::Sequen
   torch::InferenceMode inference;
   data::SequenceReader reader(fasta);
   reader.set_keep_case(codec.keeps_case());
+  // Bases past --max-bases are never scored: not kept (Note [Long records]).
+  if (options.max_bases > 0) reader.set_max_bases(options.max_bases);
   data::LowerCaseReport lower_case;
   std::vector<Window> pending;  // causal windows waiting for a full batch
   data::SequenceRecord rec;
