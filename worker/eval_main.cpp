@@ -17,6 +17,7 @@
 #include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/output_file.hpp"
 #include "worker/data/hf_tokenizer.hpp"
 #include "worker/data/pipeline.hpp"
 #include "worker/data/sequence_reader.hpp"
@@ -67,6 +68,7 @@ class FirstRowsSource final : public train::BatchSource {
 // Entropy (bits) of the A/C/G/T frequencies of the first `max_bases` bases (0: all).
 double order0_bits_per_base(const std::string& path, int64_t max_bases) {
   data::SequenceReader reader(path);
+  if (max_bases > 0) reader.set_max_bases(max_bases);  // Note [Long records]
   data::SequenceRecord record;
   constexpr std::string_view kBases = "ACGT";
   double counts[4] = {0, 0, 0, 0};
@@ -139,7 +141,8 @@ void add_options(CLI::App& app, EvalArgs& a) {
   app.add_option("--max-bases", a.max_bases, "score about this many bases (0: the whole file)");
   app.add_option("--window", a.window,
                  "--fasta on a Hugging Face model: bases a scored window (0: the model's length, "
-                 "at most 4096 causal, 512 masked; docs/published-models.md)");
+                 "at most 4096 causal, 512 masked; docs/published-models.md)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--batch-size", a.batch_size, "sequences per forward pass")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -158,7 +161,26 @@ void add_options(CLI::App& app, EvalArgs& a) {
 // allocated gigabytes of attention before it was bounded).
 constexpr int64_t kMaxLogitsTokens = 8192;
 
+// Every file --logits reads, which --out must not be (Note [Outputs never inputs],
+// core/output_file.cpp): the sequences and the files of each model directory it names.
+std::vector<std::string> logits_reads(const EvalArgs& a) {
+  std::vector<std::string> reads{a.logits_in};
+  for (const std::string* dir : {&a.model_dir, &a.adapter_dir, &a.tokenizer_dir, &a.base_dir}) {
+    std::error_code ec;
+    if (dir->empty() || !std::filesystem::is_directory(*dir, ec)) continue;
+    for (const auto& e : std::filesystem::directory_iterator(*dir, ec)) {
+      reads.push_back(e.path().string());
+    }
+  }
+  return reads;
+}
+
 int write_logits(const EvalArgs& a) {
+  DNALLM_CHECK(a.logits_out != "-", ExitCode::kUsage,
+               "--out -: --logits writes a safetensors file, not standard output; name a file");
+  check_output(a.logits_out, logits_reads(a));
+  require_regular_output(a.logits_out, "--out",
+                         "the safetensors file is written beside it and renamed over it");
   auto loaded = a.adapter_dir.empty()
                     ? models::load_model_dir(a.model_dir, a.base_dir, a.tokenizer_dir)
                     : models::load_model_dir(a.adapter_dir, a.model_dir, a.tokenizer_dir);
@@ -302,8 +324,7 @@ int score_hub(const EvalArgs& a, models::LoadedModel loaded) {
   out["tokens"] = r.tokens;
   out["bases"] = r.bases;
   out["windows"] = r.windows;
-  out["window"] =
-      a.window > 0 ? a.window : infer::default_window(loaded.model->spec(), *loaded.codec);
+  out["window"] = r.window;
   out["forward_passes"] = r.forward_passes;
   std::cout << out.dump() << std::endl;
   return 0;

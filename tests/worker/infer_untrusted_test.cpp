@@ -1,5 +1,5 @@
 // Issue 22 through the real dnallm-infer binary: nothing a command reads is ever written
-// (Note [Outputs never inputs], cli_common.cpp), sampling options are checked, and a damaged
+// (Note [Outputs never inputs], core/output_file.cpp), sampling options are checked, and a damaged
 // model directory (Note [Model shape limits], Note [Untrusted files]) is refused with exit
 // code 2 or 5 and one line, never a stack trace, a signal or "internal error". Each test
 // writes the damaged file itself from a tiny model that dnallm-train trains for 2 steps.
@@ -16,8 +16,11 @@
 #include <utility>
 #include <vector>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -182,6 +185,52 @@ TEST_F(InferUntrusted, ADeviceOrFifoOutputIsWrittenInPlaceAndAnInputsIndexIsRefu
   EXPECT_TRUE(files_with(dir_, ".tmp").empty());
 }
 
+// Issue 57 item 1, the outputs written with their header last and renamed into place: embed's
+// .npy/.safetensors and the files beside it, dnallm-eval --logits --out. A device or a FIFO
+// under such a name is exit 2 before any work and stays what it was (a rename made it a regular
+// file, as root /dev/null too); an input of --logits is refused as every program's are.
+TEST_F(InferUntrusted, AnOutputWrittenHeaderLastIsNeverADeviceOrAFifo) {
+  const std::string model = kSrc + "/tests/data/hf-fixtures/gptneox_causal";
+  const auto fa = (dir_ / "in.fa").string();
+  const auto seqs = (dir_ / "seqs.txt").string();
+  std::ofstream(seqs) << "ACGTACGT\nTTGACA\n";
+  const auto embed = [&](const fs::path& out) {
+    return infer("embed", model, "--input " + fa + " --out " + out.string());
+  };
+  const auto logits = [&](const fs::path& out) {
+    return kBin + "dnallm-eval --device cpu --model " + model + " --logits " + seqs + " --out " +
+           out.string();
+  };
+  const auto fifo = dir_ / "e.npy", ids_fifo = dir_ / "f.ids.txt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  ASSERT_EQ(::mkfifo(ids_fifo.c_str(), 0600), 0) << std::strerror(errno);
+  expect_refused(embed(fifo), 2, "--out " + fifo.string() + " is not a regular file (a FIFO)");
+  expect_refused(embed(dir_ / "f.npy"), 2,
+                 "--out's ids file " + ids_fifo.string() + " is not a regular file (a FIFO)");
+  expect_refused(logits(fifo), 2, "--out " + fifo.string() + " is not a regular file (a FIFO)");
+  EXPECT_EQ(file_type(fifo), unsigned(S_IFIFO));
+  EXPECT_EQ(file_type(ids_fifo), unsigned(S_IFIFO));
+  EXPECT_FALSE(fs::exists(dir_ / "f.npy"));
+  expect_refused(logits(seqs), 2, "is the same file as " + seqs);
+  expect_refused(logits(model + "/config.json"), 2, "config.json is the same file as");
+  // Device nodes made here as /dev/null (1, 3) and /dev/full (1, 7) are: root only (CI is).
+  const auto null_dev = dir_ / "null.npy", full_dev = dir_ / "full.safetensors";
+  if (::mknod(null_dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0 &&
+      ::mknod(full_dev.c_str(), S_IFCHR | 0666, makedev(1, 7)) == 0) {
+    expect_refused(embed(null_dev), 2, "is not a regular file (a device)");
+    expect_refused(embed(full_dev), 2, "is not a regular file (a device)");
+    expect_refused(logits(full_dev), 2, "is not a regular file (a device)");
+    EXPECT_EQ(file_type(null_dev), unsigned(S_IFCHR));
+    EXPECT_EQ(file_type(full_dev), unsigned(S_IFCHR));
+  } else {
+    std::cerr << "device-node cases not run: mknod needs root (" << std::strerror(errno) << ")\n";
+  }
+  const auto good = dnallm::testing::run_shell(logits(dir_ / "good.safetensors"));
+  EXPECT_EQ(good.code, 0) << good.out;
+  EXPECT_TRUE(fs::is_regular_file(dir_ / "good.safetensors"));
+  EXPECT_TRUE(files_with(dir_, ".tmp").empty());
+}
+
 // Issue 57 item 5: --window is checked: negative, past int64 and past the largest window
 // the model takes are one usage error naming --window, never silently the default, an
 // overflowed check or a run that holds GBs until killed.
@@ -200,6 +249,135 @@ TEST_F(InferUntrusted, AWindowOutOfRangeIsOneUsageErrorNamingIt) {
   }
   expect_refused(mutagenesis("1000000000"), 2, "give --window <=");
   EXPECT_FALSE(fs::exists(dir_ / "m.tsv"));
+}
+
+// Issue 57 items 9 and 5: the variant window is in bases. A 6-mer model (esm_v1_mlm: 62 usable
+// positions, <cls> and <eos> around 60 tokens) holds 360 bases, the default window, logged; a
+// window was 60 bases by default and 360 refused. One base more is exit 2 naming the largest; a
+// run of N next to the variant (a token a base) narrows that site's window, with a warning.
+TEST_F(InferUntrusted, TheVariantWindowIsTheBasesThePositionsHold) {
+  const std::string model = kSrc + "/tests/data/hf-fixtures/esm_v1_mlm";
+  const std::string genome = dnallm::testing::bundled_genome(4000).substr(0, 2000);
+  const auto fa = (dir_ / "ref.fa").string(), vcf = (dir_ / "v.vcf").string();
+  const auto write_fasta = [&](const std::string& bases) {
+    std::ofstream out(fa);
+    out << ">chr1\n";
+    for (size_t at = 0; at < bases.size(); at += 60) out << bases.substr(at, 60) << "\n";
+    fs::remove(fa + ".fai");
+  };
+  write_fasta(genome);
+  const char ref = genome[1000];
+  std::ofstream(vcf) << "##fileformat=VCFv4.2\n##contig=<ID=chr1>\n"
+                     << "#CHROM\tPOS\tID\tREF\tALT\tQUAL\tFILTER\tINFO\n"
+                     << "chr1\t1001\t.\t" << ref << "\t" << (ref == 'A' ? 'C' : 'A')
+                     << "\t.\t.\t.\n";
+  const auto variants = [&](const std::string& extra) {
+    return infer("variants", model, "--reference " + fa + " --vcf " + vcf + " --out - " + extra);
+  };
+  const auto score = [](const std::string& out) {
+    const auto at = out.find("chr1\t1001\t");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  const auto by_default = dnallm::testing::run_shell(variants(""));
+  ASSERT_EQ(by_default.code, 0) << by_default.out;
+  EXPECT_NE(by_default.out.find("variant window: 360 bases"), std::string::npos) << by_default.out;
+  ASSERT_FALSE(score(by_default.out).empty()) << by_default.out;
+  const auto whole = dnallm::testing::run_shell(variants("--window 360"));
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  EXPECT_EQ(score(whole.out), score(by_default.out));
+  const auto tokens_as_bases = dnallm::testing::run_shell(variants("--window 60"));
+  ASSERT_EQ(tokens_as_bases.code, 0) << tokens_as_bases.out;
+  EXPECT_NE(score(tokens_as_bases.out), score(by_default.out));
+  expect_refused(variants("--window 361"), 2, "give --window <= 360");
+  std::string with_gap = genome;
+  with_gap.replace(1010, 200, std::string(200, 'N'));
+  write_fasta(with_gap);
+  const auto gap = dnallm::testing::run_shell(variants(""));
+  ASSERT_EQ(gap.code, 0) << gap.out;
+  EXPECT_NE(gap.out.find("1 sites had their 360-base window narrowed"), std::string::npos)
+      << gap.out;
+  EXPECT_FALSE(score(gap.out).empty()) << gap.out;
+}
+
+// Issue 57 item 5 in dnallm-eval: a negative --window is exit 2 naming it (it was the default);
+// one past what the model takes (10^19 is read as the largest integer) is cut to it with a
+// warning, and the JSON says the window used (it said the option).
+TEST_F(InferUntrusted, AnEvalWindowOutOfRangeIsRefusedOrCut) {
+  const std::string model = kSrc + "/tests/data/hf-fixtures/hyenadna_causal";
+  std::ofstream(dir_ / "long.fa") << ">r\n" << std::string(3000, 'A') << "\n";
+  const auto eval = [&](const std::string& window) {
+    return dnallm::testing::run_shell(kBin + "dnallm-eval --device cpu --model " + model +
+                                      " --fasta " + (dir_ / "long.fa").string() + " --window " +
+                                      window);
+  };
+  const auto negative = eval("-5");
+  EXPECT_EQ(negative.code, 2) << negative.out;
+  EXPECT_NE(negative.out.find("--window"), std::string::npos) << negative.out;
+  for (const std::string w : {"1000000000", "10000000000000000000"}) {
+    const auto cut = eval(w);
+    ASSERT_EQ(cut.code, 0) << cut.out;
+    EXPECT_NE(cut.out.find("is more than the model takes"), std::string::npos) << cut.out;
+    const auto at = cut.out.rfind("\n{") + 1;  // the JSON line (0 when it is the first)
+    const auto json = nlohmann::json::parse(cut.out.substr(at, cut.out.find('\n', at) - at));
+    EXPECT_LT(json.at("window").get<int64_t>(), 1000000000) << cut.out;
+  }
+}
+
+// The peak resident memory (KiB) of `cmd` (its output to `log`): wait4's ru_maxrss of the shell
+// that execs it.
+long peak_rss_kib(const std::string& cmd, const fs::path& log, int* code) {
+  const std::string line = "exec " + cmd + " > " + log.string() + " 2>&1";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  struct rusage ru {};
+  ::wait4(pid, &status, 0, &ru);
+  *code = dnallm::testing::exit_code_of(status);
+  return ru.ru_maxrss;
+}
+
+// Issue 57 item 7 (Note [Long records], sequence_reader.hpp): a record costs what its window
+// costs. embed on a 32 MiB record on one line, and dnallm-eval --max-bases on it, peak within
+// 16 MiB of the same runs on a record of 20,000 bases (the same windows: embed cuts both to the
+// model's positions); they held about 12 bytes a base (~380 MiB more).
+TEST_F(InferUntrusted, ALongRecordCostsWhatItsWindowCosts) {
+  // embed on a model of 64 positions (a rotary one takes 8,192 tokens: 1.4 GB of attention)
+  const std::string masked = kSrc + "/tests/data/hf-fixtures/bert_mlm";
+  const std::string causal = kSrc + "/tests/data/hf-fixtures/gptneox_causal";
+  const auto long_fa = dir_ / "long.fa", short_fa = dir_ / "short.fa";
+  {
+    const std::string block = dnallm::testing::bundled_genome(1 << 16);
+    std::ofstream out(long_fa);
+    out << ">chr\n";
+    for (size_t n = 0; n < (size_t{32} << 20); n += block.size()) out << block;
+    out << "\n>b\nACGTACGT\n";
+    std::ofstream(short_fa) << ">chr\n" << block.substr(0, 20000) << "\n>b\nACGTACGT\n";
+  }
+  const auto embed = [&](const fs::path& in) {
+    return kBin + "dnallm-infer embed --device cpu --model " + masked + " --input " + in.string() +
+           " --out " + (dir_ / "e.npy").string();
+  };
+  const auto eval = [&](const fs::path& in) {
+    return kBin + "dnallm-eval --device cpu --model " + causal + " --fasta " + in.string() +
+           " --max-bases 20000";
+  };
+  const std::vector<std::function<std::string(const fs::path&)>> programs = {embed, eval};
+  for (const auto& program : programs) {
+    int code_short = -1, code_long = -1;
+    const long peak_short = peak_rss_kib(program(short_fa), dir_ / "short.log", &code_short);
+    const long peak_long = peak_rss_kib(program(long_fa), dir_ / "long.log", &code_long);
+    const std::string log = read_text((dir_ / "long.log").string());
+    SCOPED_TRACE(program(long_fa));
+    ASSERT_EQ(code_short, 0) << read_text((dir_ / "short.log").string());
+    ASSERT_EQ(code_long, 0) << log;
+    std::cout << "peak RSS: 20,000 bases " << peak_short / 1024 << " MiB, 32 MiB record "
+              << peak_long / 1024 << " MiB\n";
+    EXPECT_LT(peak_long - peak_short, 16 * 1024) << log;
+  }
+  EXPECT_EQ(read_text((dir_ / "e.ids.txt").string()), "chr\nb\n");
 }
 
 TEST_F(InferUntrusted, AnExistingDirectoryAsOutputIsRefusedAndNothingIsLeft) {

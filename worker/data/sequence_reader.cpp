@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
+#include <limits>
 
 #include <htslib/bgzf.h>
-#include <htslib/kstring.h>
 
 #include "core/error.hpp"
 #include "worker/data/compressed_stream.hpp"
@@ -98,12 +99,16 @@ std::string reverse_complement(const std::string& bases) {
   return out;
 }
 
+// The file and a buffer of its decompressed bytes (Note [Long records]: lines are cut from it a
+// part at a time).
 struct SequenceReader::Handle {
+  static constexpr size_t kBufferBytes = size_t{64} << 10;
   BGZF* fp = nullptr;
-  kstring_t line = {0, 0, nullptr};
+  std::vector<char> buffer = std::vector<char>(kBufferBytes);
+  size_t begin = 0, end = 0;  // the unread bytes of `buffer`
+  bool eof = false;
   ~Handle() {
     if (fp != nullptr) bgzf_close(fp);
-    free(line.s);
   }
 };
 
@@ -152,13 +157,50 @@ SequenceReader::SequenceReader(std::string path, cfg::DataFormat format_hint,
 SequenceReader::~SequenceReader() = default;
 
 bool SequenceReader::read_line(std::string& line) {
-  int r = bgzf_getline(handle_->fp, '\n', &handle_->line);
-  if (r == -1) return false;
-  if (r < -1) fail_damaged_stream(path_, line_no_, handle_->fp->errcode);
-  ++line_no_;
-  line.assign(handle_->line.s, handle_->line.l);
-  if (!line.empty() && line.back() == '\r') line.pop_back();
-  return true;
+  return read_part(line, std::numeric_limits<size_t>::max()) >= 0;
+}
+
+int SequenceReader::read_part(std::string& part, size_t max) {
+  Handle& h = *handle_;
+  part.clear();
+  for (;;) {
+    if (h.begin == h.end) {
+      const ssize_t n = h.eof ? 0 : bgzf_read(h.fp, h.buffer.data(), h.buffer.size());
+      if (n < 0) fail_damaged_stream(path_, line_no_, h.fp->errcode);
+      if (n == 0) {
+        h.eof = true;
+        if (part.empty() && !mid_line_) return -1;
+        ++line_no_;  // the last line, without its '\n'
+        mid_line_ = false;
+        if (!part.empty() && part.back() == '\r') part.pop_back();
+        return 1;
+      }
+      h.begin = 0;
+      h.end = static_cast<size_t>(n);
+    }
+    const char* at = h.buffer.data() + h.begin;
+    const size_t take = std::min(h.end - h.begin, max - part.size());
+    if (const void* nl = std::memchr(at, '\n', take)) {
+      const size_t n = static_cast<size_t>(static_cast<const char*>(nl) - at);
+      part.append(at, n);
+      h.begin += n + 1;
+      ++line_no_;
+      mid_line_ = false;
+      if (!part.empty() && part.back() == '\r') part.pop_back();
+      return 1;
+    }
+    part.append(at, take);
+    h.begin += take;
+    if (part.size() >= max) {
+      // A '\r' that ends a part may end the line: it is read again with the next part.
+      if (part.back() == '\r' && part.size() > 1) {
+        part.pop_back();
+        --h.begin;
+      }
+      mid_line_ = true;
+      return 0;
+    }
+  }
 }
 
 void SequenceReader::bad(int64_t line, const std::string& record, const std::string& what) const {
@@ -179,21 +221,31 @@ size_t normalise_bases(std::string_view raw, std::string& out, bool keep_case) {
 
 std::string printable_char(char c) { return printable(c); }
 
-bool SequenceReader::normalise(const std::string& raw, int64_t line, std::string& out,
-                               std::string& why) const {
-  size_t bad_at = normalise_bases(raw, out, keep_case_);
-  if (bad_at == std::string::npos) return true;
-  why = fmt::format("invalid character {} at line {} column {} (allowed: ACGTN, IUPAC codes)",
-                    printable(raw[bad_at]), line, bad_at + 1);
-  return false;
+bool SequenceReader::add_bases(const std::string& part, int64_t line, size_t column,
+                               SequenceRecord& out, std::string& why) {
+  const bool keep = static_cast<int64_t>(out.bases.size()) < max_bases_;
+  std::string& into = keep ? out.bases : scratch_;
+  if (!keep) scratch_.clear();
+  const size_t before = into.size();
+  const size_t bad_at = normalise_bases(part, into, keep_case_);
+  if (bad_at != std::string::npos) {
+    why = fmt::format("invalid character {} at line {} column {} (allowed: ACGTN, IUPAC codes)",
+                      printable(part[bad_at]), line, column + bad_at + 1);
+    return false;
+  }
+  out.length += static_cast<int64_t>(into.size() - before);
+  if (keep && static_cast<int64_t>(out.bases.size()) > max_bases_) {
+    out.bases.resize(static_cast<size_t>(max_bases_));
+  }
+  return true;
 }
 
 bool SequenceReader::next(SequenceRecord& out) {
   for (;;) {
     bool got = format_ == SequenceFormat::kFasta ? next_fasta(out) : next_fastq(out);
     if (!got) return false;
-    if (!out.bases.empty() || policy_ == BadRecordPolicy::kError) {
-      if (out.bases.empty()) bad(out.line, out.name, "empty sequence (no bases)");
+    if (out.length > 0 || policy_ == BadRecordPolicy::kError) {
+      if (out.length == 0) bad(out.line, out.name, "empty sequence (no bases)");
       return true;
     }
     ++skipped_;  // empty record, skip policy
@@ -220,17 +272,31 @@ bool SequenceReader::next_fasta(SequenceRecord& out) {
     out.name = header_name(line);
     out.line = line_no_;
     out.bases.clear();
+    out.length = 0;
     bool record_bad = false;
     std::string why;
-    while (read_line(line)) {
+    // The sequence lines a part at a time (Note [Long records]), up to the next header.
+    for (;;) {
+      const int64_t number = line_no_ + 1;
+      int r = read_part(line, kLinePartBytes);
+      if (r < 0) break;
       if (!line.empty() && line[0] == '>') {
         pending_ = std::move(line);
+        for (std::string more; r == 0;) {
+          r = read_part(more, kLinePartBytes);
+          pending_ += more;
+        }
         have_pending_ = true;
         break;
       }
-      if (!record_bad && !normalise(line, line_no_, out.bases, why)) {
-        if (policy_ == BadRecordPolicy::kError) bad(out.line, out.name, why);
-        record_bad = true;
+      for (size_t column = 0;;) {
+        if (!record_bad && !add_bases(line, number, column, out, why)) {
+          if (policy_ == BadRecordPolicy::kError) bad(out.line, out.name, why);
+          record_bad = true;
+        }
+        if (r == 1) break;
+        column += line.size();
+        r = read_part(line, kLinePartBytes);
       }
     }
     if (!record_bad) return true;
@@ -239,7 +305,7 @@ bool SequenceReader::next_fasta(SequenceRecord& out) {
 }
 
 bool SequenceReader::next_fastq(SequenceRecord& out) {
-  std::string header, seq, plus, qual;
+  std::string header, part, plus;
   for (;;) {
     do {
       if (!read_line(header)) return false;
@@ -252,17 +318,32 @@ bool SequenceReader::next_fastq(SequenceRecord& out) {
     out.name = header_name(header);
     out.line = header_line;
     out.bases.clear();
-    if (!read_line(seq)) bad(header_line, out.name, "file ends before the sequence line");
+    out.length = 0;
+    // The sequence and quality lines a part at a time (Note [Long records]).
+    std::string why;
+    bool ok = true;
+    size_t seq_chars = 0;
+    int r = read_part(part, kLinePartBytes);
+    if (r < 0) bad(header_line, out.name, "file ends before the sequence line");
+    for (;;) {
+      if (ok) ok = add_bases(part, header_line + 1, seq_chars, out, why);
+      seq_chars += part.size();
+      if (r == 1) break;
+      r = read_part(part, kLinePartBytes);
+    }
     if (!read_line(plus) || plus.empty() || plus[0] != '+') {
       bad(line_no_, out.name, "expected the '+' separator line");
     }
-    if (!read_line(qual)) bad(line_no_, out.name, "file ends before the quality line");
-    std::string why;
-    bool ok = normalise(seq, header_line + 1, out.bases, why);
-    if (ok && qual.size() != seq.size()) {
+    r = read_part(part, kLinePartBytes);
+    if (r < 0) bad(line_no_, out.name, "file ends before the quality line");
+    size_t qual_chars = part.size();
+    while (r == 0) {
+      r = read_part(part, kLinePartBytes);
+      qual_chars += part.size();
+    }
+    if (ok && qual_chars != seq_chars) {
       bad(line_no_, out.name,
-          fmt::format("quality has {} characters but the sequence has {}", qual.size(),
-                      seq.size()));
+          fmt::format("quality has {} characters but the sequence has {}", qual_chars, seq_chars));
     }
     if (ok) return true;
     if (policy_ == BadRecordPolicy::kError) bad(header_line, out.name, why);

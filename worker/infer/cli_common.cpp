@@ -1,9 +1,6 @@
 // See cli_common.hpp.
 #include "worker/infer/cli_common.hpp"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -65,53 +62,6 @@ void check_input(const std::string& path) {
                "--input {} does not exist or is not a file", path);
 }
 
-// Note [Outputs never inputs]: every file dnallm-infer writes is checked before any work:
-// not an existing directory, not any file the command reads (the same file by device and
-// inode, or the same resolved path: a hard link or a symlink counts), in an existing
-// directory. It is then written as a temporary file in its own directory and renamed over
-// the final name only when complete (OutputFile; the embedding writer does the same), so a
-// failed run never leaves a truncated output or a destroyed input. An input's index (.fai,
-// .gzi, .tbi, .csi beside it, which htslib reads) counts as an input. An output that exists
-// and is not a regular file (a device such as /dev/null, a FIFO, /dev/stdout) is written in
-// place: a rename would replace the device node itself (as root, /dev/null for everyone).
-void check_output(const std::string& out, const std::vector<std::string>& inputs,
-                  const char* flag) {
-  namespace fs = std::filesystem;
-  if (out == "-") return;
-  std::vector<std::string> reads = inputs;
-  for (const auto& in : inputs) {
-    for (const char* index : {".fai", ".gzi", ".tbi", ".csi"}) reads.push_back(in + index);
-  }
-  struct stat o {};
-  if (::stat(out.c_str(), &o) == 0) {
-    DNALLM_CHECK(!S_ISDIR(o.st_mode), ExitCode::kUsage,
-                 "{} {} is an existing directory: name a file (e.g. {}/out{})", flag, out, out,
-                 fs::path(out).extension().string());
-    for (const auto& in : reads) {
-      struct stat i {};
-      if (::stat(in.c_str(), &i) != 0) continue;
-      DNALLM_CHECK(!(i.st_dev == o.st_dev && i.st_ino == o.st_ino), ExitCode::kUsage,
-                   "{} {} is the same file as {}, which this command reads: writing it would "
-                   "destroy the input; name another output file",
-                   flag, out, in);
-    }
-  }
-  std::error_code ec;
-  const auto resolved = fs::weakly_canonical(out, ec);
-  for (const auto& in : reads) {
-    std::error_code ec_in;
-    const auto r = fs::weakly_canonical(in, ec_in);
-    DNALLM_CHECK(ec || ec_in || r != resolved, ExitCode::kUsage,
-                 "{} {} is the same file as {}, which this command reads: writing it would "
-                 "destroy the input; name another output file",
-                 flag, out, in);
-  }
-  const auto parent = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : ".";
-  DNALLM_CHECK(fs::is_directory(parent, ec), ExitCode::kUsage,
-               "{} {}: the directory {} does not exist; create it first", flag, out,
-               parent.string());
-}
-
 std::vector<std::string> model_files(const std::string& dir) {
   return {dir + "/config.json",           dir + "/model.safetensors",
           dir + "/tokenizer.json",        dir + "/adapter_model.safetensors",
@@ -125,50 +75,6 @@ std::vector<std::string> checked_reads(const std::string& model_dir,
   auto reads = model_files(model_dir);
   reads.insert(reads.end(), inputs.begin(), inputs.end());
   return reads;
-}
-
-static bool written_in_place(const std::string& out) {
-  struct stat o {};
-  return ::stat(out.c_str(), &o) == 0 && !S_ISREG(o.st_mode) && !S_ISDIR(o.st_mode);
-}
-
-OutputFile::OutputFile(std::string out) : out_(std::move(out)) {
-  if (out_ == "-") return;
-  if (written_in_place(out_)) {  // Note [Outputs never inputs]: a device or a FIFO
-    file_.open(out_);
-    DNALLM_CHECK(file_.good(), ExitCode::kUsage, "cannot write --out {}: {}", out_, errno_string());
-    return;
-  }
-  tmp_ = fmt::format("{}.tmp.{}", out_, ::getpid());
-  file_.open(tmp_);
-  DNALLM_CHECK(file_.good(), ExitCode::kUsage, "cannot write --out {} ({}): {}", out_, tmp_,
-               errno_string());
-}
-
-OutputFile::~OutputFile() {
-  if (tmp_.empty() || committed_) return;
-  file_.close();
-  std::error_code ec;
-  std::filesystem::remove(tmp_, ec);
-}
-
-std::ostream& OutputFile::stream() { return out_ == "-" ? std::cout : file_; }
-
-void OutputFile::commit() {
-  stream().flush();
-  DNALLM_CHECK(stream().good(), ExitCode::kUsage, "write to --out {} failed: {}", out_,
-               errno_string());
-  if (out_ == "-") return;
-  file_.close();
-  DNALLM_CHECK(!file_.fail(), ExitCode::kUsage, "write to --out {} failed: {}", out_,
-               errno_string());
-  if (!tmp_.empty()) {  // written in place (a device or a FIFO) when empty
-    std::error_code ec;
-    std::filesystem::rename(tmp_, out_, ec);
-    DNALLM_CHECK(!ec, ExitCode::kUsage, "cannot rename {} to --out {}: {}", tmp_, out_,
-                 ec.message());
-  }
-  committed_ = true;
 }
 
 // Note [Batches bounded by tokens]: a forward pass holds batch x max_seq_length tokens (and

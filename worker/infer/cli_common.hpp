@@ -1,7 +1,7 @@
 // What every dnallm-infer subcommand shares: the model options and loading (Note [One model
-// loader]), the checks of inputs and outputs (Note [Outputs never inputs]), the job's process
-// group (Note [Embedding shares]) and the Command interface that main() runs. Each subcommand
-// lives in its own cli_<name>.cpp; see docs/inference.md.
+// loader]), the checks of inputs (outputs: Note [Outputs never inputs], core/output_file.cpp),
+// the job's process group (Note [Embedding shares]) and the Command interface that main() runs.
+// Each subcommand lives in its own cli_<name>.cpp; see docs/inference.md.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,7 @@
 
 #include "cluster/topology.hpp"
 #include "comm/bootstrap.hpp"
+#include "core/output_file.hpp"
 #include "worker/data/sequence_codec.hpp"
 #include "worker/infer/inference.hpp"
 #include "worker/models/language_model.hpp"
@@ -46,11 +47,6 @@ Loaded load(const CommonArgs& a, int local_rank);
 // --input must be an existing file (exit 3).
 void check_input(const std::string& path);
 
-// Note [Outputs never inputs] (cli_common.cpp): exit 2 before any work when `out` is a
-// directory, one of `reads`, or in a missing directory.
-void check_output(const std::string& out, const std::vector<std::string>& reads,
-                  const char* flag = "--out");
-
 // What a command reads from --model (besides its --input).
 std::vector<std::string> model_files(const std::string& dir);
 
@@ -58,24 +54,6 @@ std::vector<std::string> model_files(const std::string& dir);
 // (model_files) and `inputs`, what check_output refuses to overwrite.
 std::vector<std::string> checked_reads(const std::string& model_dir,
                                        const std::vector<std::string>& inputs);
-
-// An output file written whole or not at all (Note [Outputs never inputs]): the stream goes to
-// <out>.tmp.<pid> in the same directory, renamed to `out` by commit(); "-" is stdout. The
-// destructor removes the temporary file of an output that was not committed.
-class OutputFile {
- public:
-  explicit OutputFile(std::string out);
-  OutputFile(const OutputFile&) = delete;
-  OutputFile& operator=(const OutputFile&) = delete;
-  ~OutputFile();
-  std::ostream& stream();
-  void commit();
-
- private:
-  std::string out_, tmp_;
-  std::ofstream file_;
-  bool committed_ = false;
-};
 
 // Note [Batches bounded by tokens] (cli_common.cpp).
 int64_t bounded_batch_size(int64_t requested, int64_t max_seq_length);

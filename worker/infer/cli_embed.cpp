@@ -66,11 +66,17 @@ class Embed final : public CommandWith<EmbedArgs> {
     check_embedding_out_name(a.out);
     auto reads = model_files(a.common.model_dir);
     reads.push_back(a.input);
-    check_output(a.out, reads);
-    check_output(ids_path(a.out), reads, "--out's ids file");
+    // Note [Outputs never inputs] (core/output_file.cpp): the files are renamed into place
+    // whole, and the header is written last, so none of them can be a device or a FIFO.
+    const auto check = [&](const std::string& path, const char* flag) {
+      check_output(path, reads, flag);
+      require_regular_output(path, flag, kEmbeddingHeaderLast);
+    };
+    check(a.out, "--out");
+    check(ids_path(a.out), "--out's ids file");
     if (per_token && offsets_path(a.out) != ids_path(a.out) && a.out.size() > 4 &&
         a.out.compare(a.out.size() - 4, 4, ".npy") == 0) {
-      check_output(offsets_path(a.out), reads, "--out's offsets file");
+      check(offsets_path(a.out), "--out's offsets file");
     }
     auto loaded = load(a.common, topo.local_rank);
     SequenceInput input(a.input, a.sequence_column, loaded.codec->keeps_case());

@@ -30,11 +30,21 @@ struct MutagenesisArgs {
 
 void add_variant_options(CLI::App& cmd, VariantOptions& o) {
   cmd.add_option("--window", o.window,
-                 "bases of context centred on the variant (0: the model's length, at most 1024)")
+                 "bases of context centred on the variant (0: the bases the model's positions "
+                 "hold, at most 1024; docs/published-models.md)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd.add_flag("--rc-average", o.rc_average,
                "average the score with the reverse-complement strand's");
+}
+
+// Note [Variant windows]: the sites whose window was narrowed to fit the model's positions.
+void warn_narrowed(const VariantScorer& scorer) {
+  if (scorer.narrowed_sites() == 0) return;
+  spdlog::warn(
+      "{} sites had their {}-base window narrowed around the variant to fit the model's "
+      "positions (runs of N or short tokens make more tokens than the window's bases hold)",
+      scorer.narrowed_sites(), scorer.window());
 }
 
 char upper_base(char c) { return static_cast<char>(std::toupper(static_cast<unsigned char>(c))); }
@@ -175,6 +185,7 @@ class Variants final : public CommandWith<VariantArgs> {
           "own tokenizer reads as unknown tokens; give --uppercase to read them as bases",
           soft_masked);
     }
+    warn_narrowed(scorer);
     if (counts.not_snv + counts.unscored > 0) {
       spdlog::warn("{} alternatives were not scored (see the line above)",
                    counts.not_snv + counts.unscored);
@@ -275,6 +286,7 @@ class Mutagenesis final : public CommandWith<MutagenesisArgs> {
     out.commit();
     spdlog::info("{} positions x 3 substitutions scored ({} model rows)", share_end - share_begin,
                  scorer.forward_rows());
+    warn_narrowed(scorer);
     return 0;
   }
 };

@@ -9,6 +9,7 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 
 namespace dnallm::infer {
 namespace {
@@ -31,8 +32,10 @@ std::FILE* open_or_fail(const std::string& path, const char* mode) {
   return f;
 }
 
+// A failed write (a full disk) is the user's to fix: exit 2, as for every --out (Note [Outputs
+// never inputs], core/output_file.cpp).
 void write_or_fail(std::FILE* f, const void* data, size_t bytes, const std::string& path) {
-  DNALLM_CHECK(bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes, ExitCode::kFailure,
+  DNALLM_CHECK(bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes, ExitCode::kUsage,
                "write to {} failed: {}", path, errno_string());
 }
 
@@ -41,7 +44,7 @@ void close_file(std::FILE*& f, const std::string& path) {
   const bool ok = std::fflush(f) == 0;
   std::fclose(f);
   f = nullptr;
-  DNALLM_CHECK(ok, ExitCode::kFailure, "write to {} failed: {}", path, errno_string());
+  DNALLM_CHECK(ok, ExitCode::kUsage, "write to {} failed: {}", path, errno_string());
 }
 
 // NumPy format 1.0 header padded to exactly kNpyHeaderBytes.
@@ -90,6 +93,12 @@ EmbeddingFileWriter::EmbeddingFileWriter(std::string path, int64_t dim, bool per
   safetensors_ = ends_with(path_, ".safetensors");
   check_embedding_out_name(path_);
   DNALLM_CHECK(dim_ > 0, ExitCode::kFailure, "embedding dimension must be positive");
+  // Never renamed over a device or a FIFO (Note [Outputs never inputs], core/output_file.cpp).
+  require_regular_output(path_, "--out", kEmbeddingHeaderLast);
+  require_regular_output(ids_path(path_), "--out's ids file", kEmbeddingHeaderLast);
+  if (per_token_ && !safetensors_) {
+    require_regular_output(offsets_path(path_), "--out's offsets file", kEmbeddingHeaderLast);
+  }
   data_ = open_or_fail(path_ + ".tmp", "wb");
   ids_ = open_or_fail(ids_path(path_) + ".tmp", "wb");
   const std::string reserved(safetensors_ ? kSafetensorsHeaderBytes : kNpyHeaderBytes, ' ');
@@ -183,7 +192,7 @@ void EmbeddingFileWriter::close() {
     close_file(offsets_, offsets_path(path_));
   }
   // Every name is checked before the first rename (Note [Outputs never inputs] in
-  // cli_common.cpp): an existing directory would make a rename fail after the others.
+  // core/output_file.cpp): an existing directory would make a rename fail after the others.
   for (const auto& p : {path_, ids_path(path_), offsets_path(path_)}) {
     DNALLM_CHECK(!std::filesystem::is_directory(p), ExitCode::kUsage,
                  "{} is an existing directory: name another --out file", p);

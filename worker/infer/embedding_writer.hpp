@@ -12,7 +12,9 @@
 // safetensors keeps the offsets, 8 bytes a sequence, until close()).
 // A file is written as <path>.tmp and renamed at close(), so a killed run leaves no
 // truncated file under the final name; a writer destroyed before close() (an error
-// unwound) removes its .tmp files.
+// unwound) removes its .tmp files. A final name that is a device or a FIFO is Error(kUsage)
+// (never renamed over: Note [Outputs never inputs], core/output_file.cpp); so is a failed
+// write (a full disk).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,10 @@
 #include <vector>
 
 namespace dnallm::infer {
+
+// How the files are written, for require_regular_output() (core/output_file.hpp).
+inline constexpr const char* kEmbeddingHeaderLast =
+    "embedding files are written beside it, their header last, and renamed over it";
 
 // Where appended rows go: the final files, or one rank's part (merged by rank 0).
 class EmbeddingSink {

@@ -30,6 +30,13 @@ bool is_table(cfg::DataFormat format) {
          format == cfg::DataFormat::kJsonl;
 }
 
+// The bases the regular tokens of framed `ids` stand for, an unknown token one base.
+size_t covered_bases(const data::SequenceCodec& codec, const std::vector<int64_t>& ids) {
+  size_t n = 0;
+  for (const auto id : ids) n += id == codec.unk_id() ? 1 : codec.bases_of(id).size();
+  return n;
+}
+
 // Reads up to `n` selected records; their framed token ids go to `rows`.
 size_t read_batch(SequenceInput& input, const data::SequenceCodec& codec,
                   const models::ModelSpec& options, size_t n, std::vector<InputSequence>& records,
@@ -43,7 +50,7 @@ size_t read_batch(SequenceInput& input, const data::SequenceCodec& codec,
     rows.push_back(prompts ? codec.frame_prompt(rec.bases, options.usable_positions(), &cut)
                            : frame_sequence(codec, options, rec.bases, &cut));
     counts.lower_case.add(rec.bases, rows.back(), codec.unk_id());
-    counts.truncated += cut ? 1 : 0;
+    counts.truncated += cut || rec.cut ? 1 : 0;
     records.push_back(std::move(rec));
   }
   counts.sequences += records.size();
@@ -126,10 +133,12 @@ struct SequenceInput::Impl {
   bool selected = false;
 
   bool keep_case = false;
+  int64_t max_bases = INT64_MAX;
 
   void open_reader() {
     reader = std::make_unique<data::SequenceReader>(path, format);
     reader->set_keep_case(keep_case);
+    reader->set_max_bases(max_bases);
     position = 0;
   }
 };
@@ -157,6 +166,7 @@ SequenceInput::~SequenceInput() = default;
 uint64_t SequenceInput::count() {
   if (impl_->table) return impl_->table->size();
   data::SequenceReader scan(impl_->path, impl_->format);
+  scan.set_max_bases(0);  // counted, checked, not kept (Note [Long records])
   data::SequenceRecord rec;
   uint64_t n = 0;
   while (scan.next(rec)) ++n;
@@ -170,6 +180,11 @@ void SequenceInput::select(uint64_t begin, uint64_t end) {
   if (!impl_->table && impl_->position > begin) impl_->open_reader();
 }
 
+void SequenceInput::set_max_bases(int64_t n) {
+  impl_->max_bases = n;
+  if (impl_->reader) impl_->reader->set_max_bases(n);
+}
+
 bool SequenceInput::next(InputSequence& out) {
   auto& s = *impl_;
   if (s.next_index >= s.end) return false;
@@ -179,6 +194,7 @@ bool SequenceInput::next(InputSequence& out) {
     auto sample = s.table->get(s.next_index, rng);
     out.id = fmt::format("row{}", s.next_index + 1);
     out.bases = std::move(sample.bases);
+    out.cut = false;
     ++s.next_index;
     return true;
   }
@@ -191,6 +207,7 @@ bool SequenceInput::next(InputSequence& out) {
   ++s.position;
   ++s.next_index;
   out.id = std::move(rec.name);
+  out.cut = rec.length > static_cast<int64_t>(rec.bases.size());
   out.bases = std::move(rec.bases);
   return true;
 }
@@ -219,6 +236,17 @@ std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
 int64_t longest_input(const models::ModelSpec& spec) {
   return spec.extends_past_max_length ? std::max(spec.usable_positions(), kLongestInput)
                                       : spec.usable_positions();
+}
+
+int64_t most_bases_a_token(const data::SequenceCodec& codec) {
+  size_t most = 1;
+  for (int64_t id = 0; id < codec.vocab_size(); ++id)
+    most = std::max(most, codec.bases_of(id).size());
+  return static_cast<int64_t>(most);
+}
+
+int64_t bases_kept(const data::SequenceCodec& codec, const models::ModelSpec& spec) {
+  return 2 * (longest_input(spec) + 1) * most_bases_a_token(codec);
 }
 
 std::vector<int64_t> frame_sequence(const data::SequenceCodec& codec,
@@ -302,6 +330,7 @@ RunCounts embed(models::LanguageModel model, const data::SequenceCodec& codec, S
                 uint64_t total, EmbeddingSink& sink, const EmbedOptions& options,
                 const torch::Device& device) {
   torch::InferenceMode inference;
+  input.set_max_bases(bases_kept(codec, model->spec()));  // Note [Long records]
   RunCounts counts;
   Progress progress("embed", total);
   std::vector<InputSequence> records;
@@ -340,11 +369,16 @@ RunCounts embed(models::LanguageModel model, const data::SequenceCodec& codec, S
     return results;
   };
   while (read_batch(input, codec, model->spec(), chunk, records, rows, counts) > 0) {
+    // The bases each row covers: a cut record's other strand is that of the same bases.
+    std::vector<size_t> covered;
+    for (const auto& r : rows) covered.push_back(covered_bases(codec, r));
     auto results = embed_rows(rows);
     if (options.rc_average) {
       std::vector<std::vector<int64_t>> rc_rows;
-      for (const auto& r : records) {
-        rc_rows.push_back(frame_sequence(codec, model->spec(), reverse_complement(r.bases)));
+      for (size_t i = 0; i < records.size(); ++i) {
+        const auto& bases = records[i].bases;
+        rc_rows.push_back(
+            frame_sequence(codec, model->spec(), reverse_complement(bases.substr(0, covered[i]))));
       }
       const auto rc = embed_rows(rc_rows);
       for (size_t i = 0; i < results.size(); ++i)
@@ -369,6 +403,7 @@ RunCounts predict(models::LanguageModel model, const data::SequenceCodec& codec,
                "predict needs a fine-tuned classifier or regressor (config.json \"task\" is "
                "\"pretrain\"): use embed or generate for a language model");
   torch::InferenceMode inference;
+  input.set_max_bases(bases_kept(codec, o));  // Note [Long records]
   RunCounts counts;
   Progress progress("predict", total);
   std::vector<InputSequence> records;

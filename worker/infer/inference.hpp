@@ -34,6 +34,7 @@ torch::Device resolve_device(const std::string& spec, int local_rank);
 struct InputSequence {
   std::string id;
   std::string bases;  // upper-case A C G T N
+  bool cut = false;   // bases past set_max_bases() were dropped (FASTA/FASTQ)
 };
 
 // Streams the records [begin, end) of a FASTA/FASTQ (plain or gzip) or CSV/TSV/JSONL file in
@@ -49,6 +50,9 @@ class SequenceInput {
   uint64_t count();
   // Restricts next() to records [begin, end).
   void select(uint64_t begin, uint64_t end);
+  // FASTA/FASTQ records keep their first `n` bases only, from the next one on (Note [Long
+  // records], worker/data/sequence_reader.hpp); tables are read whole.
+  void set_max_bases(int64_t n);
   bool next(InputSequence& out);
 
  private:
@@ -66,6 +70,15 @@ std::vector<int64_t> frame_sequence(const data::Tokenizer& tokenizer,
 // kLongestInput.
 inline constexpr int64_t kLongestInput = 8192;
 int64_t longest_input(const models::ModelSpec& spec);
+
+// The most bases one regular token of `codec` stands for (its longest piece; at least 1): a
+// window of T tokens holds at most T times as many bases.
+int64_t most_bases_a_token(const data::SequenceCodec& codec);
+
+// The bases of a record that embed and predict keep (Note [Long records]): twice the bases
+// longest_input() + 1 tokens can hold, so that the tokens kept are those of the whole record
+// and the record still counts as cut.
+int64_t bases_kept(const data::SequenceCodec& codec, const models::ModelSpec& spec);
 
 // The framed ids of `bases` through the model's own tokenizer (Note [Sequence codec]), cut to
 // longest_input() tokens; `truncated` is set when cut.

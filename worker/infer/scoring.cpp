@@ -124,12 +124,30 @@ LikelihoodScore score_likelihood(models::LanguageModel model, const data::Sequen
                "the masked language model's tokenizer ({}) has no mask token: its "
                "pseudo-log-likelihood cannot be computed",
                codec.describe());
-  const int64_t window = options.window > 0 ? options.window : default_window(spec, codec);
+  int64_t window = options.window > 0 ? options.window : default_window(spec, codec);
+  // Issue 57 item 5: a window past what the model takes is cut to it, with a warning: the bases
+  // its positions hold at its longest token (8 times that where its positions extend past its
+  // length; a window of 10^9 bases held GBs).
+  const int64_t piece = most_bases_a_token(codec);
+  const int64_t fits =
+      std::max<int64_t>(1, spec.usable_positions() - codec.framing_tokens()) * piece;
+  const int64_t largest = spec.extends_past_max_length ? 8 * fits : fits;
+  if (window > largest) {
+    spdlog::warn(
+        "--window {} bases is more than the model takes (its {} positions hold at most "
+        "{} bases{}): windows of {} bases",
+        window, spec.usable_positions(), fits,
+        spec.extends_past_max_length ? "; 8 times that past its length" : "", largest);
+    window = largest;
+  }
   LikelihoodScore s;
   s.pseudo = !causal;
+  s.window = window;
   torch::InferenceMode inference;
   data::SequenceReader reader(fasta);
   reader.set_keep_case(codec.keeps_case());
+  // Bases past --max-bases are never scored: not kept (Note [Long records]).
+  if (options.max_bases > 0) reader.set_max_bases(options.max_bases);
   data::LowerCaseReport lower_case;
   std::vector<Window> pending;  // causal windows waiting for a full batch
   data::SequenceRecord rec;

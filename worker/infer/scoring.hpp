@@ -36,6 +36,7 @@ struct LikelihoodScore {
   int64_t tokens = 0;   // scored tokens
   int64_t bases = 0;    // bases they stand for
   int64_t windows = 0;
+  int64_t window = 0;          // bases a window (the option, the default, or the cut of either)
   int64_t forward_passes = 0;  // rows run through the model
   double bits_per_base() const;
 };

@@ -6,6 +6,8 @@
 #include <limits>
 #include <map>
 
+#include <spdlog/spdlog.h>
+
 #include "core/error.hpp"
 #include "worker/infer/inference.hpp"
 
@@ -50,9 +52,16 @@ std::vector<std::vector<size_t>> batches(const std::vector<std::vector<int64_t>>
 
 }  // namespace
 
+// Note [Variant windows]: the largest default window, in bases.
+constexpr int64_t kMaxDefaultWindow = 1024;
+// A model whose positions extend past its length (rotary, a long convolution) still has a
+// largest window: kExtendFactor times the bases of the positions it was trained on (a window
+// of 10^9 bases ran until killed holding GBs; issue 57).
+constexpr int64_t kExtendFactor = 8;
+
 int64_t default_variant_window(const models::ModelSpec& spec, const data::SequenceCodec& codec) {
-  return std::max<int64_t>(
-      1, std::min<int64_t>(1024, spec.usable_positions() - codec.framing_tokens()));
+  const int64_t tokens = std::max<int64_t>(1, spec.usable_positions() - codec.framing_tokens());
+  return std::min(kMaxDefaultWindow, tokens * most_bases_a_token(codec));
 }
 
 VariantScorer::VariantScorer(models::LanguageModel model, const data::SequenceCodec& codec,
@@ -76,24 +85,66 @@ VariantScorer::VariantScorer(models::LanguageModel model, const data::SequenceCo
                "model with non-overlapping tokens (DNABERT-2, Nucleotide Transformer, a "
                "character-level model)",
                codec_.describe());
+  const int64_t piece = most_bases_a_token(codec_);
+  budget_ = std::max<int64_t>(1, spec.usable_positions() - codec_.framing_tokens());
   window_ = options_.window > 0 ? options_.window : default_variant_window(spec, codec_);
-  // A model whose positions extend past its length (rotary, a long convolution) still has a
-  // largest window: kExtendFactor times the positions it was trained on (a window of 10^9
-  // bases ran until killed holding GBs; issue 57).
-  constexpr int64_t kExtendFactor = 8;
-  const int64_t fits = spec.usable_positions() - codec_.framing_tokens();
+  // Note [Variant windows]: in bases, at most what the positions hold at `piece` bases a token.
+  const int64_t fits = budget_ * piece;
   DNALLM_CHECK(spec.extends_past_max_length || window_ <= fits, ExitCode::kUsage,
-               "--window {} bases do not fit the model's {} positions (with {} framing tokens): "
-               "give --window <= {}",
-               window_, spec.usable_positions(), codec_.framing_tokens(), fits);
-  const int64_t largest = kExtendFactor * spec.max_seq_length;
+               "--window {} bases do not fit the model's {} positions ({} framing tokens, at "
+               "most {} bases a token): give --window <= {}",
+               window_, spec.usable_positions(), codec_.framing_tokens(), piece, fits);
+  const int64_t largest = kExtendFactor * spec.usable_positions() * piece;
   DNALLM_CHECK(!spec.extends_past_max_length || window_ <= largest, ExitCode::kUsage,
-               "--window {} bases: the largest window is {} bases ({}x the model's {} "
-               "positions); give --window <= {}",
-               window_, largest, kExtendFactor, spec.max_seq_length, largest);
+               "--window {} bases: the largest window is {} bases ({}x the bases of the model's "
+               "{} positions); give --window <= {}",
+               window_, largest, kExtendFactor, spec.usable_positions(), largest);
+  check_fit_ = !spec.extends_past_max_length && piece > 1;
+  spdlog::info(
+      "variant window: {} bases centred on each variant ({}; the model's {} positions "
+      "hold up to {} bases)",
+      window_,
+      options_.window > 0 ? "--window"
+                          : "default: the bases its positions hold, at most "
+                            "1,024",
+      spec.usable_positions(), spec.extends_past_max_length ? largest : fits);
+}
+
+int64_t VariantScorer::site_tokens(const VariantSite& s) const {
+  int64_t most = 0;
+  const auto count = [&](const std::string& w) {
+    most = std::max(most, static_cast<int64_t>(codec_.encode(w).size()));
+    if (options_.rc_average) {
+      most = std::max(most, static_cast<int64_t>(codec_.encode(reverse_complement(w)).size()));
+    }
+  };
+  count(s.window);
+  if (!causal_) return most;  // the masked row is the reference window's
+  for (const char alt : s.alts) {
+    auto w = s.window;
+    w[static_cast<size_t>(s.offset)] = alt;
+    count(w);
+  }
+  return most;
+}
+
+void VariantScorer::fit(VariantSite& s) {
+  if (!check_fit_) return;
+  bool narrowed = false;
+  for (int64_t tokens = site_tokens(s); tokens > budget_; tokens = site_tokens(s)) {
+    const auto length = static_cast<int64_t>(s.window.size());
+    if (length <= 1) break;
+    const int64_t shorter = std::max<int64_t>(1, std::min(length - 1, length * budget_ / tokens));
+    const int64_t begin = std::clamp<int64_t>(s.offset - shorter / 2, 0, length - shorter);
+    s.window = s.window.substr(static_cast<size_t>(begin), static_cast<size_t>(shorter));
+    s.offset -= begin;
+    narrowed = true;
+  }
+  narrowed_sites_ += narrowed ? 1 : 0;
 }
 
 void VariantScorer::add(VariantSite site) {
+  fit(site);
   pending_.push_back(std::move(site));
   if (static_cast<int64_t>(pending_.size()) >= options_.batch_size) flush();
 }

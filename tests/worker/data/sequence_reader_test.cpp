@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
@@ -170,6 +171,63 @@ TEST(SequenceReader, FastqQualityMismatchAndMissingHeader) {
 TEST(SequenceReader, ReverseComplement) {
   EXPECT_EQ(reverse_complement("AACGTN"), "NACGTT");
   EXPECT_EQ(reverse_complement(reverse_complement("GATTACA")), "GATTACA");
+}
+
+// Note [Long records]: a line longer than a part is read a part at a time and reads as the
+// same bases; a '\r' that ends a part before its '\n' is the line's end, not a base; an invalid
+// character past the first part is named at its own column; set_max_bases keeps the first
+// bases and counts them all, in FASTA and FASTQ, plain and gzip.
+TEST(SequenceReader, ALineLongerThanAPartIsReadInParts) {
+  testing::TempDir dir;
+  std::string line = testing::random_bases(kLinePartBytes + 1000, 7);
+  line[kLinePartBytes - 1] = 'n';  // lower case across the part boundary
+  std::string upper = line;
+  upper[kLinePartBytes - 1] = 'N';
+  // The '\r' of ">b"'s line is its part's last byte.
+  const std::string b(kLinePartBytes - 1, 'C');
+  const std::string fasta = ">a\n" + line + "\nACGT\n>b\r\n" + b + "\r\n>c\nGG";
+  testing::write_text(dir.file("long.fa"), fasta);
+  testing::write_gzip(dir.file("long.fa.gz"), fasta);
+  for (const char* name : {"long.fa", "long.fa.gz"}) {
+    SCOPED_TRACE(name);
+    const auto r = read_sequences(dir.file(name), cfg::DataFormat::kAuto, BadRecordPolicy::kError);
+    ASSERT_EQ(r.size(), 3u);
+    EXPECT_EQ(r[0].bases, upper + "ACGT");
+    EXPECT_EQ(r[0].length, static_cast<int64_t>(upper.size() + 4));
+    EXPECT_EQ(r[1].line, 4);
+    EXPECT_EQ(r[1].bases, b);
+    EXPECT_EQ(r[2].line, 6);
+    EXPECT_EQ(r[2].bases, "GG");
+    SequenceReader cut(dir.file(name));
+    cut.set_max_bases(5);
+    SequenceRecord rec;
+    ASSERT_TRUE(cut.next(rec));
+    EXPECT_EQ(rec.bases, upper.substr(0, 5));
+    EXPECT_EQ(rec.length, static_cast<int64_t>(upper.size() + 4));
+    ASSERT_TRUE(cut.next(rec));
+    EXPECT_EQ(rec.bases, "CCCCC");
+  }
+  std::string bad = line;
+  bad[kLinePartBytes + 10] = '!';
+  testing::write_text(dir.file("bad.fa"), ">a\n" + bad + "\n");
+  expect_bad_data(
+      [&] { read_sequences(dir.file("bad.fa"), cfg::DataFormat::kAuto, BadRecordPolicy::kError); },
+      {"bad.fa:1: record 'a'", fmt::format("at line 2 column {}", kLinePartBytes + 11)});
+  const std::string fastq = "@q\n" + upper + "\n+\n" + std::string(upper.size(), 'I') + "\n";
+  testing::write_text(dir.file("long.fq"), fastq);
+  SequenceReader q(dir.file("long.fq"));
+  q.set_max_bases(3);
+  SequenceRecord rec;
+  ASSERT_TRUE(q.next(rec));
+  EXPECT_EQ(rec.bases, upper.substr(0, 3));
+  EXPECT_EQ(rec.length, static_cast<int64_t>(upper.size()));
+  EXPECT_FALSE(q.next(rec));
+  testing::write_text(dir.file("short_qual.fq"), "@q\n" + upper + "\n+\nIII\n");
+  expect_bad_data(
+      [&] {
+        read_sequences(dir.file("short_qual.fq"), cfg::DataFormat::kAuto, BadRecordPolicy::kError);
+      },
+      {fmt::format("quality has 3 characters but the sequence has {}", upper.size())});
 }
 
 }  // namespace
