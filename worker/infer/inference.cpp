@@ -245,6 +245,11 @@ int64_t most_bases_a_token(const data::SequenceCodec& codec) {
   return static_cast<int64_t>(most);
 }
 
+int64_t bases_positions_hold(const models::ModelSpec& spec, const data::SequenceCodec& codec) {
+  return std::max<int64_t>(1, spec.usable_positions() - codec.framing_tokens()) *
+         most_bases_a_token(codec);
+}
+
 int64_t bases_kept(const data::SequenceCodec& codec, const models::ModelSpec& spec) {
   return 2 * (longest_input(spec) + 1) * most_bases_a_token(codec);
 }

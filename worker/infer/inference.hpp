@@ -75,6 +75,15 @@ int64_t longest_input(const models::ModelSpec& spec);
 // window of T tokens holds at most T times as many bases.
 int64_t most_bases_a_token(const data::SequenceCodec& codec);
 
+// The bases a row of the model holds (Note [Variant windows], variants.hpp): its regular tokens
+// (usable positions less the codec's framing, at least 1) times most_bases_a_token().
+int64_t bases_positions_hold(const models::ModelSpec& spec, const data::SequenceCodec& codec);
+
+// A model whose positions extend past its length (rotary, a long convolution) still has a
+// largest window: this many times its positions' bases (a window of 10^9 bases ran until killed
+// holding GBs; issue 57).
+inline constexpr int64_t kWindowExtendFactor = 8;
+
 // The bases of a record that embed and predict keep (Note [Long records]): twice the bases
 // longest_input() + 1 tokens can hold, so that the tokens kept are those of the whole record
 // and the record still counts as cut.

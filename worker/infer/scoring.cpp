@@ -128,10 +128,8 @@ LikelihoodScore score_likelihood(models::LanguageModel model, const data::Sequen
   // Issue 57 item 5: a window past what the model takes is cut to it, with a warning: the bases
   // its positions hold at its longest token (8 times that where its positions extend past its
   // length; a window of 10^9 bases held GBs).
-  const int64_t piece = most_bases_a_token(codec);
-  const int64_t fits =
-      std::max<int64_t>(1, spec.usable_positions() - codec.framing_tokens()) * piece;
-  const int64_t largest = spec.extends_past_max_length ? 8 * fits : fits;
+  const int64_t fits = bases_positions_hold(spec, codec);
+  const int64_t largest = spec.extends_past_max_length ? kWindowExtendFactor * fits : fits;
   if (window > largest) {
     spdlog::warn(
         "--window {} bases is more than the model takes (its {} positions hold at most "

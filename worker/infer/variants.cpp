@@ -54,14 +54,9 @@ std::vector<std::vector<size_t>> batches(const std::vector<std::vector<int64_t>>
 
 // Note [Variant windows]: the largest default window, in bases.
 constexpr int64_t kMaxDefaultWindow = 1024;
-// A model whose positions extend past its length (rotary, a long convolution) still has a
-// largest window: kExtendFactor times the bases of the positions it was trained on (a window
-// of 10^9 bases ran until killed holding GBs; issue 57).
-constexpr int64_t kExtendFactor = 8;
 
 int64_t default_variant_window(const models::ModelSpec& spec, const data::SequenceCodec& codec) {
-  const int64_t tokens = std::max<int64_t>(1, spec.usable_positions() - codec.framing_tokens());
-  return std::min(kMaxDefaultWindow, tokens * most_bases_a_token(codec));
+  return std::min(kMaxDefaultWindow, bases_positions_hold(spec, codec));
 }
 
 VariantScorer::VariantScorer(models::LanguageModel model, const data::SequenceCodec& codec,
@@ -89,16 +84,16 @@ VariantScorer::VariantScorer(models::LanguageModel model, const data::SequenceCo
   budget_ = std::max<int64_t>(1, spec.usable_positions() - codec_.framing_tokens());
   window_ = options_.window > 0 ? options_.window : default_variant_window(spec, codec_);
   // Note [Variant windows]: in bases, at most what the positions hold at `piece` bases a token.
-  const int64_t fits = budget_ * piece;
+  const int64_t fits = bases_positions_hold(spec, codec_);
   DNALLM_CHECK(spec.extends_past_max_length || window_ <= fits, ExitCode::kUsage,
                "--window {} bases do not fit the model's {} positions ({} framing tokens, at "
                "most {} bases a token): give --window <= {}",
                window_, spec.usable_positions(), codec_.framing_tokens(), piece, fits);
-  const int64_t largest = kExtendFactor * spec.usable_positions() * piece;
+  const int64_t largest = kWindowExtendFactor * spec.usable_positions() * piece;
   DNALLM_CHECK(!spec.extends_past_max_length || window_ <= largest, ExitCode::kUsage,
                "--window {} bases: the largest window is {} bases ({}x the bases of the model's "
                "{} positions); give --window <= {}",
-               window_, largest, kExtendFactor, spec.usable_positions(), largest);
+               window_, largest, kWindowExtendFactor, spec.usable_positions(), largest);
   check_fit_ = !spec.extends_past_max_length && piece > 1;
   spdlog::info(
       "variant window: {} bases centred on each variant ({}; the model's {} positions "

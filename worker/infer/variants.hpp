@@ -21,7 +21,7 @@
 // positions hold: (usable positions - framing tokens) x the bases of its longest token (1 for a
 // model of one token a base, 6 for NT's 6-mers, the longest piece for BPE), at most 1,024; the
 // window used is logged. --window is at most that many bases (for a model whose positions
-// extend past its length, kExtendFactor times its positions' bases), else exit 2 naming the
+// extend past its length, kWindowExtendFactor times its positions' bases), else exit 2 naming the
 // largest. A site whose window makes more tokens than the positions hold (runs of N in 6-mers,
 // short BPE pieces) has its window narrowed, still centred on the variant, until every row of
 // it fits; such sites are counted (narrowed_sites) and warned about. Without a BOS token a
