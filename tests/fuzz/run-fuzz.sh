@@ -2,7 +2,9 @@
 # Builds tests/fuzz/untrusted_readers_fuzz.cpp with clang's libFuzzer (Debian's clang-14:
 # clang++-14 -fsanitize=fuzzer,address,undefined) and runs it for a bounded time from the
 # seed corpus beside it. The readers under test are compiled here with instrumentation; the
-# rest links from the CMake build's static libraries.
+# rest links from the CMake build's static libraries (their unity batches may pull in the
+# config reader: hence tomlplusplus; the two readers compiled here are kept out of the batches,
+# core/ and checkpoint/CMakeLists.txt).
 #   tests/fuzz/run-fuzz.sh BUILD_DIR [SECONDS]     (ctest: fuzz_untrusted_readers, 20 s)
 # Exit 0: no finding; 1: a finding (the crashing input is left in BUILD_DIR/fuzz/);
 # 77: skipped (no clang++-14), which ctest reports as skipped.
@@ -30,7 +32,7 @@ if [ "$stale" = 1 ]; then
   "$cxx" -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -I"$src" -DDNALLM_VERSION='"fuzz"' "${sources[@]}" \
     "$build/checkpoint/libdnallm_checkpoint.a" "$build/core/libdnallm_core.a" \
-    $(pkg-config --libs libzstd libxxhash 2>/dev/null || echo -lzstd -lxxhash) \
+    $(pkg-config --libs libzstd libxxhash tomlplusplus 2>/dev/null || echo -lzstd -lxxhash -ltomlplusplus) \
     -lfmt -lspdlog -lpthread -o "$bin.tmp"
   mv "$bin.tmp" "$bin"
 fi
