@@ -4,7 +4,9 @@
 # CMakeLists.txt): quickstart.sh and test.sh start here. On a fresh machine the download and
 # those compiles overlap (about a minute and a half each on 2 cores); with an environment or a
 # build directory already there it is install-deps.sh alone.
-#   scripts/setup.sh        (the build directory: $DNALLM_BUILD_DIR, default build/)
+#   scripts/setup.sh [--target NAME]...   (the build directory: $DNALLM_BUILD_DIR, default build/)
+# --target is build.sh's: the quickstart builds only `dnallm-libraries` here (what its programs
+# link), the suite everything without LibTorch.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${DNALLM_BUILD_DIR:-$root/build}"
@@ -15,7 +17,7 @@ fi
 "$root/scripts/python-deps.sh" &
 pip=$!
 built=0
-"$root/scripts/build.sh" --no-torch || built=$?
+"$root/scripts/build.sh" --no-torch "$@" || built=$?
 installed=0
 wait "$pip" || installed=$?
 [ "$installed" = 0 ] || exit "$installed"
