@@ -7,12 +7,41 @@
 #include "core/log.hpp"
 
 namespace dnallm::data {
+namespace {
+
+// FASTA/FASTQ records held in memory (Note [Genome storage]).
+class MemoryGenome final : public GenomeSource {
+ public:
+  explicit MemoryGenome(std::vector<SequenceRecord> records) : records_(std::move(records)) {}
+  size_t record_count() const override { return records_.size(); }
+  int64_t record_length(size_t record) const override {
+    return static_cast<int64_t>(records_[record].bases.size());
+  }
+  std::string record_name(size_t record) const override { return records_[record].name; }
+  void read(size_t record, int64_t pos, int64_t len, std::string& out) const override {
+    out.append(records_[record].bases, static_cast<size_t>(pos), static_cast<size_t>(len));
+  }
+  int64_t count_n(size_t record, int64_t pos, int64_t len, int64_t limit) const override {
+    const std::string& s = records_[record].bases;
+    int64_t n = 0;
+    for (int64_t i = pos; i < pos + len; ++i) {
+      if (s[static_cast<size_t>(i)] == 'N' && ++n > limit) break;
+    }
+    return n;
+  }
+
+ private:
+  std::vector<SequenceRecord> records_;
+};
+
+}  // namespace
 
 GenomeDataset::GenomeDataset(const std::vector<std::string>& files, GenomeOptions options)
     : options_(std::move(options)) {
   if (files.empty())
     fail(ExitCode::kUsage, "no sequence files given (data.train_files / data.eval_files)");
   int64_t bases = 0;
+  std::vector<SequenceRecord> records;
   for (const auto& f : files) {
     SequenceReader reader(f, options_.format, options_.on_bad_record);
     SequenceRecord rec;
@@ -20,11 +49,13 @@ GenomeDataset::GenomeDataset(const std::vector<std::string>& files, GenomeOption
       bases += static_cast<int64_t>(rec.bases.size());
       if (bases > options_.max_bases) {
         fail(ExitCode::kUsage,
-             "{}: the genome files hold more than {} bases, the in-memory bound (1 byte per base); "
-             "list fewer or smaller files in data.train_files / data.eval_files",
+             "{}: the genome files hold more than {} bases, the bound for reading FASTA/FASTQ "
+             "into memory (1 byte per base, per rank); pack them once into a genome store "
+             "(dnallm-data pack STORE_DIR FILES...) and set data.train_files = [\"STORE_DIR\"] "
+             "(docs/data.md)",
              f, options_.max_bases);
       }
-      records_.push_back(std::move(rec));
+      records.push_back(std::move(rec));
     }
     skipped_ += reader.skipped_records();
     if (reader.skipped_records() > 0) {
@@ -32,6 +63,7 @@ GenomeDataset::GenomeDataset(const std::vector<std::string>& files, GenomeOption
                    reader.skipped_records());
     }
   }
+  source_ = std::make_shared<MemoryGenome>(std::move(records));
   std::string origin = files.front();
   if (files.size() > 1) origin += fmt::format(" (+{} files)", files.size() - 1);
   build(origin);
@@ -39,7 +71,13 @@ GenomeDataset::GenomeDataset(const std::vector<std::string>& files, GenomeOption
 
 GenomeDataset::GenomeDataset(std::vector<SequenceRecord> records, GenomeOptions options,
                              std::string origin)
-    : options_(std::move(options)), records_(std::move(records)) {
+    : options_(std::move(options)), source_(std::make_shared<MemoryGenome>(std::move(records))) {
+  build(std::move(origin));
+}
+
+GenomeDataset::GenomeDataset(std::shared_ptr<const GenomeSource> source, GenomeOptions options,
+                             std::string origin)
+    : options_(std::move(options)), source_(std::move(source)) {
   build(std::move(origin));
 }
 
@@ -56,10 +94,11 @@ void GenomeDataset::build(std::string origin) {
     fail(ExitCode::kUsage,
          "an eval split of the training genomes needs data.eval_fraction > 0 (or data.eval_files)");
   }
-  if (records_.empty()) fail(ExitCode::kBadData, "{}: no sequence records", origin_);
+  const GenomeSource& src = *source_;
+  if (src.record_count() == 0) fail(ExitCode::kBadData, "{}: no sequence records", origin_);
   total_bases_ = 0;
-  for (size_t r = 0; r < records_.size(); ++r) {
-    const auto len = static_cast<int64_t>(records_[r].bases.size());
+  for (size_t r = 0; r < src.record_count(); ++r) {
+    const int64_t len = src.record_length(r);
     total_bases_ += len;
     auto held = static_cast<int64_t>(std::floor(static_cast<double>(len) * options_.eval_fraction));
     int64_t begin = 0, end = len;
@@ -67,19 +106,20 @@ void GenomeDataset::build(std::string origin) {
     if (options_.split == Split::kEval) begin = len - held;
     if (end - begin <= 0) continue;
     uint64_t starts = end - begin >= w ? static_cast<uint64_t>(end - begin - w + 1) : 1;
-    regions_.push_back(Region{static_cast<int32_t>(r), begin, end, starts, total_starts_});
+    regions_.push_back(
+        Region{static_cast<int64_t>(r), begin, end, starts, total_starts_, /*first_tile=*/0});
     total_starts_ += starts;
   }
   if (regions_.empty()) fail(ExitCode::kBadData, "{}: no bases left in this split", origin_);
   // An all-N (or all-unknown) input has no position to mask or predict: say so here, not
-  // later as "no label tokens" (which reads like a data.mlm_probability problem).
+  // later as "no label tokens" (which reads like a data.mlm_probability problem). Blocks, so
+  // that the first base ends the scan of an in-memory genome.
+  constexpr int64_t kBlock = int64_t{1} << 16;
   bool any_base = false;
   for (const auto& g : regions_) {
-    const std::string& s = records_[g.record].bases;
-    for (int64_t i = g.begin; i < g.end && !any_base; ++i) {
-      const char c = s[static_cast<size_t>(i)];
-      any_base = c == 'A' || c == 'C' || c == 'G' || c == 'T' || c == 'a' || c == 'c' || c == 'g' ||
-                 c == 't';
+    for (int64_t pos = g.begin; pos < g.end && !any_base; pos += kBlock) {
+      const int64_t len = std::min(kBlock, g.end - pos);
+      any_base = src.count_n(static_cast<size_t>(g.record), pos, len, len - 1) < len;
     }
     if (any_base) break;
   }
@@ -91,18 +131,7 @@ void GenomeDataset::build(std::string origin) {
   int64_t region_bases = 0;
   for (const auto& g : regions_) region_bases += g.end - g.begin;
   if (options_.sampling == cfg::Sampling::kTile) {
-    int64_t stride = options_.window_stride > 0 ? options_.window_stride : w;
-    for (size_t i = 0; i < regions_.size(); ++i) {
-      const auto& g = regions_[i];
-      const std::string& s = records_[g.record].bases;
-      for (int64_t pos = g.begin; pos < g.end; pos += stride) {
-        int64_t len = std::min(w, g.end - pos);
-        if (len < w && pos != g.begin) break;  // drop the ragged tail unless it is the only tile
-        if (options_.n_policy == cfg::NPolicy::kSkip && !window_ok(s, pos, len)) continue;
-        tiles_.emplace_back(static_cast<int32_t>(i), pos);
-      }
-    }
-    size_ = tiles_.size();
+    build_tiling(w);
   } else {
     size_ = options_.samples_per_epoch > 0
                 ? static_cast<uint64_t>(options_.samples_per_epoch)
@@ -116,23 +145,57 @@ void GenomeDataset::build(std::string origin) {
   }
 }
 
-bool GenomeDataset::window_ok(const std::string& s, int64_t pos, int64_t len) const {
-  auto limit = static_cast<int64_t>(std::floor(options_.max_n_fraction * static_cast<double>(len)));
-  int64_t n = 0;
-  for (int64_t i = pos; i < pos + len; ++i) {
-    if (s[i] == 'N' && ++n > limit) return false;
+// Tiles of a region start at begin, begin + stride, ...: the first always, a later one only
+// when a whole window fits (the ragged tail is dropped unless it is the only tile).
+void GenomeDataset::build_tiling(int64_t w) {
+  tile_stride_ = options_.window_stride > 0 ? options_.window_stride : w;
+  total_tiles_ = 0;
+  for (auto& g : regions_) {
+    g.first_tile = total_tiles_;
+    const int64_t span = g.end - g.begin;
+    const uint64_t tiles = span >= w ? 1 + static_cast<uint64_t>((span - w) / tile_stride_) : 1;
+    if (options_.n_policy == cfg::NPolicy::kSkip) {
+      for (uint64_t t = 0; t < tiles; ++t) {
+        const int64_t pos = g.begin + static_cast<int64_t>(t) * tile_stride_;
+        if (!window_ok(static_cast<size_t>(g.record), pos, std::min(w, g.end - pos)))
+          dropped_tiles_.push_back(total_tiles_ + t);
+      }
+    }
+    total_tiles_ += tiles;
   }
-  return true;
+  size_ = total_tiles_ - dropped_tiles_.size();
+}
+
+std::pair<const GenomeDataset::Region*, int64_t> GenomeDataset::tile(uint64_t index) const {
+  // Kept tile k is tile k + j of the full tiling, j the dropped tiles before it: the dropped
+  // ids d_i (sorted, distinct) with d_i - i <= k.
+  uint64_t lo = 0, hi = dropped_tiles_.size();
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (dropped_tiles_[mid] - mid <= index) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  const uint64_t id = index + lo;
+  auto it = std::upper_bound(regions_.begin(), regions_.end(), id,
+                             [](uint64_t v, const Region& g) { return v < g.first_tile; });
+  const Region& g = *(it - 1);
+  return {&g, g.begin + static_cast<int64_t>(id - g.first_tile) * tile_stride_};
+}
+
+bool GenomeDataset::window_ok(size_t record, int64_t pos, int64_t len) const {
+  auto limit = static_cast<int64_t>(std::floor(options_.max_n_fraction * static_cast<double>(len)));
+  return source_->count_n(record, pos, len, limit) <= limit;
 }
 
 Sample GenomeDataset::get(uint64_t index, SampleRng& rng) const {
   const int64_t w = options_.window_bases;
   Sample sample;
   if (options_.sampling == cfg::Sampling::kTile) {
-    const auto& t = tiles_.at(index % tiles_.size());
-    const auto& g = regions_[t.first];
-    int64_t len = std::min(w, g.end - t.second);
-    sample.bases = records_[g.record].bases.substr(t.second, len);
+    const auto [g, pos] = tile(index % size_);
+    source_->read(static_cast<size_t>(g->record), pos, std::min(w, g->end - pos), sample.bases);
   } else {
     // Random window: up to 64 draws for one passing the N policy; the last draw otherwise.
     for (int attempt = 0; attempt < 64; ++attempt) {
@@ -142,10 +205,10 @@ Sample GenomeDataset::get(uint64_t index, SampleRng& rng) const {
       const Region& g = *(it - 1);
       int64_t pos = g.begin + static_cast<int64_t>(u - g.first_start);
       int64_t len = std::min(w, g.end - pos);
-      const std::string& s = records_[g.record].bases;
-      if (options_.n_policy == cfg::NPolicy::kSkip && attempt < 63 && !window_ok(s, pos, len))
+      const auto record = static_cast<size_t>(g.record);
+      if (options_.n_policy == cfg::NPolicy::kSkip && attempt < 63 && !window_ok(record, pos, len))
         continue;
-      sample.bases = s.substr(pos, len);
+      source_->read(record, pos, len, sample.bases);
       break;
     }
   }
@@ -157,7 +220,7 @@ Sample GenomeDataset::get(uint64_t index, SampleRng& rng) const {
 
 std::string GenomeDataset::describe() const {
   return fmt::format("genome {}: {} records, {} bases, {} {} windows of {} bases per epoch",
-                     origin_, records_.size(), total_bases_, size_,
+                     origin_, source_->record_count(), total_bases_, size_,
                      cfg::spelling(options_.sampling), options_.window_bases);
 }
 

@@ -1,22 +1,30 @@
-// Windows over genomes (FASTA/FASTQ), for pre-training and evaluation.
+// Windows over genomes (FASTA/FASTQ, or a packed genome store), for pre-training and evaluation.
 //
-// Note [Genome storage]: the genomes are decompressed once, when the dataset is built, and
-// held in memory at 1 byte per base (validated A C G T N). The bundled genomes are plain
-// gzip, which faidx cannot index; holding ~5 Mbases (5 MB per genome, per rank) is cheaper
-// and simpler than writing a decompressed cache beside a possibly read-only data directory
-// and keeping it coherent. The bound: total bases <= GenomeOptions::max_bases (default
-// 4 Gbases, i.e. up to 4 GB of host memory per rank; a human genome is 3.1 GB). Larger
-// inputs are refused with Error(kUsage) rather than swapping. "tile" sampling adds 16 bytes
-// per window (e.g. 100 MB for a human genome tiled every 512 bases).
+// Note [Genome storage]: a GenomeDataset reads its bases from a GenomeSource
+// (genome_source.hpp), one of two:
+//   - FASTA/FASTQ files, decompressed once when the dataset is built and held in memory at
+//     1 byte per base (validated A C G T N). The bundled genomes are plain gzip, which faidx
+//     cannot index; holding ~5 Mbases (5 MB per genome, per rank) is cheaper and simpler than
+//     a decompressed cache beside a possibly read-only data directory. The bound: total bases
+//     <= GenomeOptions::max_bases (default 4 Gbases, i.e. up to 4 GB of host memory per rank);
+//     larger inputs are refused with Error(kUsage), saying to pack them.
+//   - a packed genome store (`dnallm-data pack`, genome_store.hpp): 2 bits a base plus N and
+//     soft-mask run tables, memory-mapped read-only. Nothing is decoded at start; a window is
+//     decoded when a loader thread asks for it, every rank of a node shares the page cache, and
+//     memory does not grow with the corpus (the contig index aside).
+// Both give the same windows for the same genome: the regions, the draws and the tiling below
+// depend on the record lengths and N positions only.
 //
 // Sampling ("random"): window i of an epoch is drawn from the sample's rng: a region
 // weighted by its number of window starts, then a uniform start. "tile": window i is the
-// i-th window of a strided tiling over all regions (the sampler shuffles the order).
+// i-th window of a strided tiling over all regions (the sampler shuffles the order); the tiling
+// is computed, not stored: each region's tile count, and the tiles the N policy drops (16 bytes
+// a region + 8 bytes a dropped tile).
 // N runs: n_policy "skip" rejects windows whose N fraction exceeds max_n_fraction (random:
 // redraw up to 64 times; tile: such tiles are left out of the tiling); "mask" keeps them
 // and the objective never scores N positions.
 // Split: eval_fraction f holds out the last floor(len * f) bases of every record; the
-// train split is the rest. Windows never cross the boundary.
+// train split is the rest. Windows never cross the boundary, nor a record's end.
 #pragma once
 
 #include <memory>
@@ -25,6 +33,7 @@
 
 #include "core/config.hpp"
 #include "worker/data/dataset.hpp"
+#include "worker/data/genome_source.hpp"
 #include "worker/data/sequence_reader.hpp"
 
 namespace dnallm::data {
@@ -52,6 +61,9 @@ class GenomeDataset final : public Dataset {
   GenomeDataset(const std::vector<std::string>& files, GenomeOptions options);
   // From records already in memory (tests, eval on a string); `origin` names them in messages.
   GenomeDataset(std::vector<SequenceRecord> records, GenomeOptions options, std::string origin);
+  // From any source (a packed genome store); `origin` names it in messages.
+  GenomeDataset(std::shared_ptr<const GenomeSource> source, GenomeOptions options,
+                std::string origin);
 
   uint64_t size() const override { return size_; }
   Sample get(uint64_t index, SampleRng& rng) const override;
@@ -59,24 +71,30 @@ class GenomeDataset final : public Dataset {
   std::string describe() const override;
 
   int64_t total_bases() const { return total_bases_; }
-  const std::vector<SequenceRecord>& records() const { return records_; }
+  const GenomeSource& source() const { return *source_; }
 
  private:
   struct Region {
-    int32_t record;
+    int64_t record;
     int64_t begin, end;    // [begin, end) within the record
     uint64_t starts;       // random: window starts in the region (>= 1)
     uint64_t first_start;  // cumulative starts before this region
+    uint64_t first_tile;   // tile: cumulative tiles (before the N policy) before this region
   };
   void build(std::string origin);
-  bool window_ok(const std::string& s, int64_t pos, int64_t len) const;
+  void build_tiling(int64_t w);
+  bool window_ok(size_t record, int64_t pos, int64_t len) const;
+  // tile: the start (region, position) of kept tile `index`.
+  std::pair<const Region*, int64_t> tile(uint64_t index) const;
 
   GenomeOptions options_;
-  std::vector<SequenceRecord> records_;
+  std::shared_ptr<const GenomeSource> source_;
   std::vector<Region> regions_;
   uint64_t total_starts_ = 0;
-  // tile: start of each kept tile as (region index, offset) packed; see build().
-  std::vector<std::pair<int32_t, int64_t>> tiles_;
+  // tile: tiles of all regions before the N policy, and the ones it drops (sorted ids).
+  uint64_t total_tiles_ = 0;
+  int64_t tile_stride_ = 0;
+  std::vector<uint64_t> dropped_tiles_;
   uint64_t size_ = 0;
   int64_t total_bases_ = 0;
   int64_t skipped_ = 0;

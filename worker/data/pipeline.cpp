@@ -5,6 +5,8 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "worker/data/data_files.hpp"
+#include "worker/data/genome_store.hpp"
 #include "worker/data/sequence_reader.hpp"
 #include "worker/data/table_dataset.hpp"
 
@@ -29,7 +31,21 @@ cfg::DataFormat resolve_format(const Config& config, const std::vector<std::stri
 std::vector<std::string> bpe_sample(const Config& config, size_t max_bases) {
   std::vector<std::string> lines;
   size_t total = 0;
-  for (const auto& f : config.data.train_files) {
+  const auto files = expand_data_files(config.data.train_files, "data.train_files");
+  if (is_genome_store(files.front())) {
+    const auto store = GenomeStore::open(files.front());
+    for (size_t r = 0; r < store->record_count() && total < max_bases; ++r) {
+      const auto len = static_cast<size_t>(store->record_length(r));
+      for (size_t pos = 0; pos < len && total < max_bases; pos += 2000) {
+        lines.emplace_back();
+        store->read(r, static_cast<int64_t>(pos),
+                    static_cast<int64_t>(std::min<size_t>(2000, len - pos)), lines.back());
+        total += lines.back().size();
+      }
+    }
+    return lines;
+  }
+  for (const auto& f : files) {
     SequenceReader reader(f, config.data.format, config.data.on_bad_record);
     SequenceRecord rec;
     while (total < max_bases && reader.next(rec)) {
@@ -112,12 +128,13 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
                                             Split split) {
   const auto& d = config.data;
   const bool eval_files = split == Split::kEval && !d.eval_files.empty();
-  const auto& files = eval_files ? d.eval_files : d.train_files;
-  if (files.empty()) {
-    fail(ExitCode::kUsage, "data.{} is empty: give at least one file",
-         split == Split::kEval ? "eval_files" : "train_files");
-  }
-  const cfg::DataFormat format = resolve_format(config, files);
+  const std::string key = eval_files ? "data.eval_files" : "data.train_files";
+  if ((eval_files ? d.eval_files : d.train_files).empty())
+    fail(ExitCode::kUsage, "{} is empty: give at least one file", key);
+  // Note [Data file lists] (data_files.hpp): globs, directories, @LIST files, a genome store.
+  const auto files = expand_data_files(eval_files ? d.eval_files : d.train_files, key);
+  const bool store = is_genome_store(files.front());
+  const cfg::DataFormat format = store ? cfg::DataFormat::kFasta : resolve_format(config, files);
   const auto policy = d.on_bad_record;
   if (is_table_format(format)) {
     TableOptions t;
@@ -167,7 +184,10 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
     g.reverse_complement = 0.0;
     g.samples_per_epoch = 0;
   }
-  auto ds = std::make_shared<GenomeDataset>(files, g);
+  // Note [Genome storage] (genome_dataset.hpp): a store is memory-mapped, files read.
+  auto ds =
+      store ? std::make_shared<GenomeDataset>(GenomeStore::open(files.front()), g, files.front())
+            : std::make_shared<GenomeDataset>(files, g);
   spdlog::info("data ({}): {}", split == Split::kEval ? "eval" : "train", ds->describe());
   return ds;
 }

@@ -10,8 +10,11 @@
 // LM, - 1 for causal LM; bases = tokenizer.bases_for_tokens(token_budget) (char: the same;
 // k-mer stride 1: + k - 1; stride k: × k; BPE: an estimate, truncated to the budget).
 //
-// Which data: data.format "auto" decides by extension (.fa/.fasta/.fna/.fq/.fastq[.gz],
-// .csv, .tsv, .jsonl). Genomes use GenomeDataset, tables TableDataset.
+// Which data: data.train_files / eval_files list files, globs, directories, @LIST files or one
+// genome store (Note [Data file lists], data_files.hpp). data.format "auto" decides by
+// extension (.fa/.fasta/.fna/.fq/.fastq[.gz], .csv, .tsv, .jsonl). Genomes use GenomeDataset
+// (over FASTA/FASTQ read into memory, or a memory-mapped store: Note [Genome storage]), tables
+// TableDataset.
 // Eval data: data.eval_files when given (tiled, not shuffled); else, with
 // data.eval_fraction > 0, the held-out tail of the training genomes; else none (nullptr).
 // The train split of genomes excludes the held-out tail whenever eval_fraction > 0.

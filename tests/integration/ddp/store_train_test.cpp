@@ -1,0 +1,116 @@
+// Training from a packed genome store (Note [Genome storage]) through the binaries: the bundled
+// E. coli genome packed by dnallm-data trains with the same losses (steps and evaluation) as
+// the FASTA it was packed from on one rank, and 2 ranks over the store train like 1 rank over
+// the FASTA. A damaged store stops dnallm-train with exit 5 naming the file, before any step.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+
+namespace dnallm::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct StoreRun {
+  int rc = -1;
+  std::string log;
+  std::map<int64_t, double> losses;
+  std::map<int64_t, double> eval_losses;
+};
+
+// Global batch 12 = micro x world, one intra-op thread (the 1-rank runs are compared exactly).
+StoreRun store_train(const std::string& name, const std::string& train_files, int world) {
+  const std::string dir = make_temp_dir(name);
+  const std::string starter =
+      world > 1
+          ? fmt::format("OMP_NUM_THREADS=1 {}dnallm-launch --nproc-per-node {} --", kBin, world)
+          : "OMP_NUM_THREADS=1";
+  const std::string cmd = tiny_train_command(
+      starter, dir, 12 / world, 1,
+      fmt::format("--set parallel.backend=gloo --set data.train_files=[\\\"{}\\\"] "
+                  "--set data.eval_fraction=0.02 --set training.eval_steps=5 "
+                  "--set training.eval_batches=2 --set checkpoint.save_final=false",
+                  train_files));
+  StoreRun r;
+  r.rc = run_command(cmd, &r.log);
+  r.log = cmd + "\n" + r.log;
+  if (r.rc != 0) return r;
+  r.losses = read_step_losses(dir + "/metrics.jsonl");
+  std::ifstream in(dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "eval") r.eval_losses[j.at("step").get<int64_t>()] = j.at("loss");
+  }
+  return r;
+}
+
+class StoreTraining : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    store_ = new std::string(make_temp_dir("store_pack") + "/ecoli.store");
+    pack_log_ = new std::string;
+    pack_rc_ = run_command(fmt::format("cd {} && {}dnallm-data pack {} data/ecoli_k12_mg1655.fa.gz",
+                                       kSrc, kBin, *store_),
+                           pack_log_);
+    fasta_ = new StoreRun(store_train("store_fasta_ref", "data/ecoli_k12_mg1655.fa.gz", 1));
+  }
+  static void TearDownTestSuite() {
+    delete store_;
+    delete pack_log_;
+    delete fasta_;
+  }
+  void SetUp() override {
+    ASSERT_EQ(pack_rc_, 0) << *pack_log_;
+    ASSERT_EQ(fasta_->rc, 0) << fasta_->log;
+    ASSERT_EQ(fasta_->losses.size(), 5u) << fasta_->log;
+    ASSERT_EQ(fasta_->eval_losses.size(), 1u) << fasta_->log;
+  }
+  static std::string* store_;
+  static std::string* pack_log_;
+  static int pack_rc_;
+  static StoreRun* fasta_;
+};
+std::string* StoreTraining::store_ = nullptr;
+std::string* StoreTraining::pack_log_ = nullptr;
+int StoreTraining::pack_rc_ = -1;
+StoreRun* StoreTraining::fasta_ = nullptr;
+
+TEST_F(StoreTraining, OneRankFromTheStoreHasTheFastasLosses) {
+  const StoreRun s = store_train("store_one", *store_, 1);
+  ASSERT_EQ(s.rc, 0) << s.log;
+  EXPECT_NE(s.log.find("genome " + *store_), std::string::npos) << s.log;
+  EXPECT_EQ(s.losses, fasta_->losses) << s.log;
+  EXPECT_EQ(s.eval_losses, fasta_->eval_losses) << s.log;
+}
+
+TEST_F(StoreTraining, TwoRanksFromTheStoreTrainLikeOneFromTheFasta) {
+  const StoreRun s = store_train("store_two", *store_, 2);
+  ASSERT_EQ(s.rc, 0) << s.log;
+  ASSERT_EQ(s.losses.size(), fasta_->losses.size()) << s.log;
+  for (const auto& [step, loss] : fasta_->losses)
+    EXPECT_NEAR(s.losses.at(step), loss, 2e-5 * std::abs(loss)) << "step " << step;
+  ASSERT_EQ(s.eval_losses.size(), 1u) << s.log;
+  for (const auto& [step, loss] : fasta_->eval_losses)
+    EXPECT_NEAR(s.eval_losses.at(step), loss, 2e-5 * std::abs(loss)) << "eval at " << step;
+}
+
+TEST_F(StoreTraining, ADamagedStoreStopsTrainingWithExit5) {
+  const std::string damaged = make_temp_dir("store_damaged") + "/ecoli.store";
+  fs::copy(*store_, damaged);
+  fs::resize_file(damaged + "/bases.2bit", fs::file_size(damaged + "/bases.2bit") / 2);
+  const StoreRun s = store_train("store_damaged_run", damaged, 1);
+  EXPECT_EQ(s.rc, 5) << s.log;
+  EXPECT_NE(s.log.find(damaged + "/bases.2bit"), std::string::npos) << s.log;
+  EXPECT_NE(s.log.find("pack it again"), std::string::npos) << s.log;
+}
+
+}  // namespace
+}  // namespace dnallm::testing
