@@ -7,7 +7,8 @@
 #
 # The first run downloads about 3 GB (PyTorch's wheel, whose LibTorch we build against, with
 # its CUDA libraries: the same build runs on GPUs), takes about 6 GB of disk and compiles for
-# about 10 minutes on 2 cores; later runs install and build nothing. docs/install.md.
+# about 5 minutes on 2 cores, partly during the download (about 6 minutes in all from a fresh
+# machine, docs/build.md); later runs install and build nothing. docs/install.md.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${DNALLM_BUILD_DIR:-$root/build}"
@@ -16,7 +17,7 @@ build="${DNALLM_BUILD_DIR:-$root/build}"
 start=$(date +%s)
 [ -x "$build/bin/dnallm-train" ] ||
   echo "quickstart: installing what is missing and building dnallm-launch and dnallm-train (the" \
-       "first time: about 7 minutes on 2 cores; later runs only what changed), then dnallm-eval" \
+       "first time: about 6 minutes on 2 cores; later runs only what changed), then dnallm-eval" \
        "after training"
 # The modules without LibTorch compile while PyTorch downloads (scripts/setup.sh).
 "$root/scripts/setup.sh" --target dnallm-libraries
