@@ -3,8 +3,12 @@
 # FASTA path (issue 52). For each size: a synthetic genome (bench/data/make_genome.py: 24 contigs,
 # N runs, soft-masked runs, gzip), packed by dnallm-data (Mbases/s, bytes/base), then
 # configs/quickstart.toml on W workers for 20 steps from the .fa.gz and from the store: time to
-# the first step (launch to the first step's metrics line) and the peak RSS of rank 0 (its
-# summary's peak_rss_mb; every rank reads the same data).
+# the first step (launch to the first step's metrics line), the peak RSS of rank 0 (its
+# summary's peak_rss_mb, the kernel's VmHWM: every rank reads the same data), and that peak split
+# as the bench samples it every 20 ms from /proc/PID/status of every rank: `anon MB`, the
+# largest RssAnon of a rank (memory the rank owns), and `file MB`, the largest RssFile (pages of
+# mapped files: the store's are the page cache, one copy a node shared by every rank, which the
+# kernel may drop and read again; the binaries and libraries too).
 #   bench/data/bench_store.sh [BUILD] [--sizes "1e7 3e8"] [--workers "2"] [--files N]
 #                             [--tmp DIR] [--skip-fasta-above BASES]
 # Needs the targets dnallm-data, dnallm-train, dnallm-launch. The genomes and stores go to a
@@ -38,7 +42,7 @@ TMP=$(mktemp -d "$tmp_root/dnallm-bench-store.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 py=python3
 
-# run_train NAME TRAIN_FILES WORKERS: prints "first_step_s peak_rss_mb wall_s"
+# run_train NAME TRAIN_FILES WORKERS: prints "first_step_s peak_rss_mb anon_mb file_mb wall_s"
 run_train() {
   local name=$1 train=$2 w=$3 dir="$TMP/run-$1"
   mkdir -p "$dir"
@@ -50,25 +54,35 @@ run_train() {
     --set checkpoint.dir="$dir/ckpt" --set checkpoint.save_final=false \
     --metrics-file "$dir/metrics.jsonl" > "$dir/log" 2>&1 &
   local pid=$!
+  local anon=0 file=0 p kb
   while kill -0 "$pid" 2>/dev/null; do
     if [ -z "$first" ] && grep -q '"step":1[,}]' "$dir/metrics.jsonl" 2>/dev/null; then
       first=$(date +%s.%N)
     fi
+    for p in $(pgrep -f -- "--metrics-file $dir/metrics.jsonl" || true); do
+      [ "$p" = "$pid" ] && continue
+      kb=$(awk '/^RssAnon:/ {print $2}' "/proc/$p/status" 2>/dev/null || true)
+      [ -n "$kb" ] && [ "$kb" -gt "$anon" ] && anon=$kb
+      kb=$(awk '/^RssFile:/ {print $2}' "/proc/$p/status" 2>/dev/null || true)
+      [ -n "$kb" ] && [ "$kb" -gt "$file" ] && file=$kb
+    done
     sleep 0.02
   done
   wait "$pid" || { echo "bench_store.sh: $name failed:" >&2; tail -5 "$dir/log" >&2; return 1; }
   local end
   end=$(date +%s.%N)
-  "$py" - "$dir/metrics.jsonl" "$start" "${first:-$end}" "$end" <<'PY'
+  "$py" - "$dir/metrics.jsonl" "$start" "${first:-$end}" "$end" "$anon" "$file" <<'PY'
 import json, sys
-path, start, first, end = sys.argv[1], *map(float, sys.argv[2:])
+path, start, first, end, anon, file = sys.argv[1], *map(float, sys.argv[2:])
 summary = [json.loads(l) for l in open(path) if '"summary"' in l][-1]
-print(f"{first - start:.2f} {summary['peak_rss_mb']:.0f} {end - start:.2f}")
+print(f"{first - start:.2f} {summary['peak_rss_mb']:.0f} {anon / 1024:.0f} {file / 1024:.0f} "
+      f"{end - start:.2f}")
 PY
 }
 
-printf '%-10s %-7s %-7s %12s %12s %15s %16s %10s\n' bases workers path "pack Mb/s" \
-  "bytes/base" "first step s" "peak RSS MB" "wall s"
+row() { printf '%-10s %-7s %-7s %10s %10s %13s %12s %8s %8s %8s\n' "$@"; }
+row bases workers path "pack Mb/s" bytes/base "first step s" "peak RSS MB" "anon MB" "file MB" \
+  "wall s"
 for size in $sizes; do
   genome="$TMP/genome-$size"
   if [ "$files" = 1 ]; then
@@ -89,16 +103,14 @@ for size in $sizes; do
     for path in fasta store; do
       if [ "$path" = fasta ]; then
         if "$py" -c "import sys; sys.exit(0 if float('$size') > float('$skip_fasta_above') else 1)"; then
-          printf '%-10s %-7s %-7s %12s %12s %15s %16s %10s\n' "$size" "$w" fasta - - skipped - -
+          row "$size" "$w" fasta - - skipped - - - -
           continue
         fi
-        read -r first rss wall < <(run_train "fasta-$size-$w" "$train_fasta" "$w")
-        printf '%-10s %-7s %-7s %12s %12s %15s %16s %10s\n' "$size" "$w" fasta - - "$first" \
-          "$rss" "$wall"
+        read -r first rss anon file wall < <(run_train "fasta-$size-$w" "$train_fasta" "$w")
+        row "$size" "$w" fasta - - "$first" "$rss" "$anon" "$file" "$wall"
       else
-        read -r first rss wall < <(run_train "store-$size-$w" "$TMP/store-$size" "$w")
-        printf '%-10s %-7s %-7s %12s %12s %15s %16s %10s\n' "$size" "$w" store "$mbs" "$bpb" \
-          "$first" "$rss" "$wall"
+        read -r first rss anon file wall < <(run_train "store-$size-$w" "$TMP/store-$size" "$w")
+        row "$size" "$w" store "$mbs" "$bpb" "$first" "$rss" "$anon" "$file" "$wall"
       fi
     done
   done
