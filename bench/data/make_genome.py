@@ -38,7 +38,7 @@ class Contig:
         gaps = max(1, length // 20_000_000)  # about 4% of the bases in gaps, as in hg38
         self.gaps = sorted(
             (rng.randrange(self.telomere, max(self.telomere + 1, length - self.telomere)),
-             rng.randrange(length // 200 + 1, min(500_000, length // 50) + 2))
+             rng.randrange(min(length // 200 + 1, 500_000), min(500_000, length // 50) + 2))
             for _ in range(gaps))
         self.lower = False
         self.run_left = rng.randrange(300, 6000)
