@@ -151,6 +151,9 @@ struct DataConfig {
   double max_n_fraction = 0.0;
   double reverse_complement = 0.0;
   double eval_fraction = 0.0;
+  std::string train_regions = "";    // BED; Note [Genome regions] (worker/data/genome_dataset.hpp)
+  std::string eval_regions = "";     // BED
+  std::string exclude_regions = "";  // BED
   int64_t samples_per_epoch = 0;
   std::string sequence_column = "sequence";
   std::string label_column = "label";

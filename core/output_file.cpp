@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -119,6 +121,11 @@ void OutputFile::commit() {
                  ec.message());
   }
   committed_ = true;
+}
+
+std::string unique_temp_suffix() {
+  return std::to_string(::getpid()) + "." +
+         std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
 }
 
 }  // namespace dnallm

@@ -27,6 +27,10 @@ bool written_in_place(const std::string& out);
 // written ("the header is written last"), for "..., which only a regular file takes".
 void require_regular_output(const std::string& out, std::string_view flag, std::string_view why);
 
+// "<pid>.<thread>": a suffix for temporary names that concurrent ranks and threads never share
+// (<path>.tmp.<suffix>, renamed over <path> when whole).
+std::string unique_temp_suffix();
+
 // An output file written whole or not at all (Note [Outputs never inputs]): the stream goes to
 // <out>.tmp.<pid> in the same directory, renamed to `out` by commit(); "-" is stdout; an `out`
 // that is written_in_place() is opened and written as it is. A failed write is Error(kUsage)

@@ -76,7 +76,7 @@ void validate(const Config& c, const std::string& origin) {
   if (best != BestMetric::kNone && c.training.eval_steps <= 0) {
     bad(
         fmt::format("checkpoint.best_metric = \"{}\" needs evaluations: set training.eval_steps "
-                    "> 0 and data.eval_files (or data.eval_fraction)",
+                    "> 0 and data.eval_files (or data.eval_fraction, data.eval_regions)",
                     spelling(best)));
   }
   const bool classifier_metric =

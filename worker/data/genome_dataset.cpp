@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -81,6 +82,41 @@ GenomeDataset::GenomeDataset(std::shared_ptr<const GenomeSource> source, GenomeO
   build(std::move(origin));
 }
 
+// Note [Genome regions]: every BED name is a record of the genome, every interval inside it.
+void GenomeDataset::check_regions(const GenomeSource& src) const {
+  if (options_.include == nullptr && options_.held_out == nullptr && options_.exclude == nullptr)
+    return;
+  std::map<std::string, int64_t> lengths;
+  for (size_t r = 0; r < src.record_count(); ++r) lengths.emplace(src.record_name(r), src.record_length(r));
+  for (const auto* set : {options_.include.get(), options_.held_out.get(), options_.exclude.get()}) {
+    if (set == nullptr) continue;
+    for (const auto& [name, list] : set->intervals) {
+      auto it = lengths.find(name);
+      if (it == lengths.end()) {
+        std::string some;
+        size_t shown = 0;
+        for (const auto& [record, len] : lengths) {
+          if (shown++ == 5) {
+            some += ", ...";
+            break;
+          }
+          some += (some.empty() ? "" : ", ") + record;
+        }
+        fail(ExitCode::kBadData,
+             "{}:{}: '{}' is not a record of {} ({} records: {}); the BED file must name the "
+             "genome's own records (chr1 and 1 differ)",
+             set->origin, set->first_line.at(name), name, origin_, lengths.size(), some);
+      }
+      if (list.back().end > it->second) {
+        fail(ExitCode::kBadData,
+             "{}: interval {}:{}-{} ends past the record, which holds {} bases in {}: a BED file "
+             "of another assembly?",
+             set->origin, name, list.back().begin, list.back().end, it->second, origin_);
+      }
+    }
+  }
+}
+
 void GenomeDataset::build(std::string origin) {
   origin_ = std::move(origin);
   const int64_t w = options_.window_bases;
@@ -90,12 +126,20 @@ void GenomeDataset::build(std::string origin) {
   if (options_.eval_fraction < 0 || options_.eval_fraction >= 1) {
     fail(ExitCode::kUsage, "data.eval_fraction = {} must be in [0, 1)", options_.eval_fraction);
   }
-  if (options_.split == Split::kEval && options_.eval_fraction <= 0) {
+  if (options_.held_out != nullptr && options_.eval_fraction > 0) {
     fail(ExitCode::kUsage,
-         "an eval split of the training genomes needs data.eval_fraction > 0 (or data.eval_files)");
+         "data.eval_regions and data.eval_fraction = {} both choose the held-out bases: set one",
+         options_.eval_fraction);
+  }
+  const bool eval_regions = options_.split == Split::kEval && options_.held_out != nullptr;
+  if (options_.split == Split::kEval && options_.eval_fraction <= 0 && !eval_regions) {
+    fail(ExitCode::kUsage,
+         "an eval split of the training genomes needs data.eval_fraction > 0, data.eval_regions "
+         "or data.eval_files");
   }
   const GenomeSource& src = *source_;
   if (src.record_count() == 0) fail(ExitCode::kBadData, "{}: no sequence records", origin_);
+  check_regions(src);
   total_bases_ = 0;
   for (size_t r = 0; r < src.record_count(); ++r) {
     const int64_t len = src.record_length(r);
@@ -103,14 +147,42 @@ void GenomeDataset::build(std::string origin) {
     auto held = static_cast<int64_t>(std::floor(static_cast<double>(len) * options_.eval_fraction));
     int64_t begin = 0, end = len;
     if (options_.split == Split::kTrain) end = len - held;
-    if (options_.split == Split::kEval) begin = len - held;
+    if (options_.split == Split::kEval && !eval_regions) begin = len - held;
     if (end - begin <= 0) continue;
-    uint64_t starts = end - begin >= w ? static_cast<uint64_t>(end - begin - w + 1) : 1;
-    regions_.push_back(
-        Region{static_cast<int64_t>(r), begin, end, starts, total_starts_, /*first_tile=*/0});
-    total_starts_ += starts;
+    // Note [Genome regions].
+    std::vector<Interval> pieces{Interval{begin, end}};
+    const bool any_regions = options_.include != nullptr || options_.held_out != nullptr ||
+                             options_.exclude != nullptr;
+    if (any_regions) {
+      const std::string name = src.record_name(r);
+      static const std::vector<Interval> kNone;
+      auto of = [&](const std::shared_ptr<const GenomeRegions>& set) -> const std::vector<Interval>& {
+        auto it = set->intervals.find(name);
+        return it == set->intervals.end() ? kNone : it->second;
+      };
+      if (eval_regions) {
+        pieces = intersect(pieces, of(options_.held_out));
+      } else if (options_.split != Split::kEval) {
+        if (options_.include != nullptr) pieces = intersect(pieces, of(options_.include));
+        if (options_.held_out != nullptr) pieces = subtract(pieces, of(options_.held_out));
+      }
+      if (options_.exclude != nullptr) pieces = subtract(pieces, of(options_.exclude));
+    }
+    for (const Interval& piece : pieces) {
+      const int64_t span = piece.end - piece.begin;
+      uint64_t starts = span >= w ? static_cast<uint64_t>(span - w + 1) : 1;
+      regions_.push_back(Region{static_cast<int64_t>(r), piece.begin, piece.end, starts,
+                                total_starts_, /*first_tile=*/0});
+      total_starts_ += starts;
+    }
   }
-  if (regions_.empty()) fail(ExitCode::kBadData, "{}: no bases left in this split", origin_);
+  if (regions_.empty()) {
+    fail(ExitCode::kBadData, "{}: no bases left in this split{}", origin_,
+         options_.include != nullptr || options_.held_out != nullptr || options_.exclude != nullptr
+             ? " (the BED regions of data.train_regions / eval_regions / exclude_regions leave "
+               "none: check their record names and intervals)"
+             : "");
+  }
   // An all-N (or all-unknown) input has no position to mask or predict: say so here, not
   // later as "no label tokens" (which reads like a data.mlm_probability problem). Blocks, so
   // that the first base ends the scan of an in-memory genome.

@@ -25,6 +25,18 @@
 // and the objective never scores N positions.
 // Split: eval_fraction f holds out the last floor(len * f) bases of every record; the
 // train split is the rest. Windows never cross the boundary, nor a record's end.
+//
+// Note [Genome regions]: BED files (genome_regions.hpp) narrow where windows come from, as
+// HyenaDNA's and Caduceus's hg38 splits do. A record's regions are its split's range (above),
+//   - kTrain and kAll: intersected with `include` (data.train_regions) when given, less
+//     `held_out` (data.eval_regions: never trained on);
+//   - kEval with `held_out`: the held-out intervals instead of the record's tail
+//     (eval_fraction is then 0);
+// less `exclude` (data.exclude_regions) in every split. Each interval left is a region of its
+// own: windows never cross an interval's end, so none overlaps a base outside the set. A BED
+// name that is no record of the genome, or an interval past its record's end, is
+// Error(kBadData) naming the BED file and line: a BED of another assembly (chr1 vs 1, hg19 vs
+// hg38) fails at the start rather than training on nothing.
 #pragma once
 
 #include <memory>
@@ -33,6 +45,7 @@
 
 #include "core/config.hpp"
 #include "worker/data/dataset.hpp"
+#include "worker/data/genome_regions.hpp"
 #include "worker/data/genome_source.hpp"
 #include "worker/data/sequence_reader.hpp"
 
@@ -53,6 +66,8 @@ struct GenomeOptions {
   cfg::DataFormat format = cfg::DataFormat::kAuto;  // auto, fasta, fastq
   BadRecordPolicy on_bad_record = BadRecordPolicy::kError;
   int64_t max_bases = int64_t{4} << 30;  // See Note [Genome storage]
+  // Note [Genome regions]; null: none.
+  std::shared_ptr<const GenomeRegions> include, held_out, exclude;
 };
 
 class GenomeDataset final : public Dataset {
@@ -82,6 +97,7 @@ class GenomeDataset final : public Dataset {
     uint64_t first_tile;   // tile: cumulative tiles (before the N policy) before this region
   };
   void build(std::string origin);
+  void check_regions(const GenomeSource& src) const;
   void build_tiling(int64_t w);
   bool window_ok(size_t record, int64_t pos, int64_t len) const;
   // tile: the start (region, position) of kept tile `index`.

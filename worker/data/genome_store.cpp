@@ -51,6 +51,11 @@ std::string read_whole(const std::string& path) {
   return ss.str();
 }
 
+}  // namespace
+
+// Named, not anonymous: GenomeStore::Files holds it (a unity batch would warn otherwise).
+namespace store_detail {
+
 // One file of the store, mapped read-only; each chunk hashed the first time it is read.
 class StoreFile {
  public:
@@ -115,6 +120,12 @@ class StoreFile {
   std::unique_ptr<std::atomic<uint64_t>[]> verified_;
   const uint8_t* data_ = nullptr;
 };
+
+}  // namespace store_detail
+
+namespace {
+
+using store_detail::StoreFile;
 
 template <typename T>
 T entry(const StoreFile& f, uint64_t i) {

@@ -136,6 +136,19 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
   const bool store = is_genome_store(files.front());
   const cfg::DataFormat format = store ? cfg::DataFormat::kFasta : resolve_format(config, files);
   const auto policy = d.on_bad_record;
+  const bool any_regions =
+      !d.train_regions.empty() || !d.eval_regions.empty() || !d.exclude_regions.empty();
+  if (is_table_format(format) && any_regions) {
+    fail(ExitCode::kUsage,
+         "data.train_regions / eval_regions / exclude_regions are BED intervals of genomes, but "
+         "{} is a table; remove them",
+         files.front());
+  }
+  if (!d.eval_regions.empty() && !d.eval_files.empty()) {
+    fail(ExitCode::kUsage,
+         "data.eval_regions holds out intervals of the training genomes and data.eval_files "
+         "names other files to evaluate on: set one");
+  }
   if (is_table_format(format)) {
     TableOptions t;
     t.format = format;
@@ -184,6 +197,15 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
     g.reverse_complement = 0.0;
     g.samples_per_epoch = 0;
   }
+  // Note [Genome regions] (genome_dataset.hpp).
+  auto bed = [](const std::string& path) -> std::shared_ptr<const GenomeRegions> {
+    return path.empty() ? nullptr : std::make_shared<const GenomeRegions>(read_bed(path));
+  };
+  if (!eval_files) {
+    g.include = split == Split::kTrain ? bed(d.train_regions) : nullptr;
+    g.held_out = bed(d.eval_regions);
+  }
+  g.exclude = bed(d.exclude_regions);
   // Note [Genome storage] (genome_dataset.hpp): a store is memory-mapped, files read.
   auto ds =
       store ? std::make_shared<GenomeDataset>(GenomeStore::open(files.front()), g, files.front())
@@ -233,7 +255,9 @@ std::unique_ptr<DataLoader> make_train_loader(const Config& config,
 std::unique_ptr<DataLoader> make_eval_loader(const Config& config,
                                              std::shared_ptr<const Tokenizer> tokenizer, int rank,
                                              int world_size, uint64_t max_samples) {
-  if (config.data.eval_files.empty() && config.data.eval_fraction <= 0) return nullptr;
+  if (config.data.eval_files.empty() && config.data.eval_fraction <= 0 &&
+      config.data.eval_regions.empty())
+    return nullptr;
   auto ds = make_dataset(config, *tokenizer, Split::kEval);
   auto options = loader_options(config, rank, world_size, false);
   // Note [Evaluation covers each sample once] (pipeline.hpp).

@@ -16,8 +16,10 @@
 // (over FASTA/FASTQ read into memory, or a memory-mapped store: Note [Genome storage]), tables
 // TableDataset.
 // Eval data: data.eval_files when given (tiled, not shuffled); else, with
-// data.eval_fraction > 0, the held-out tail of the training genomes; else none (nullptr).
-// The train split of genomes excludes the held-out tail whenever eval_fraction > 0.
+// data.eval_fraction > 0, the held-out tail of the training genomes, or with data.eval_regions
+// its BED intervals of them; else none (nullptr). The train split of genomes excludes what is
+// held out; data.train_regions and data.exclude_regions narrow it (Note [Genome regions],
+// genome_dataset.hpp).
 #pragma once
 
 #include <memory>

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "core/log.hpp"
 #include "worker/data/rng.hpp"
 #include "worker/data/sequence_reader.hpp"
@@ -22,11 +23,6 @@
 namespace dnallm::data {
 namespace {
 
-// "<pid>.<thread>": temporary names that concurrent ranks and threads never share.
-std::string unique_suffix() {
-  return std::to_string(::getpid()) + "." +
-         std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
-}
 
 constexpr char kIndexMagic[8] = {'D', 'N', 'A', 'I', 'D', 'X', '0', '1'};
 // Header: magic, file size, mtime ns, options key, records, skipped, 2 reserved: 64 bytes.
@@ -123,7 +119,7 @@ std::string first_writable(const std::vector<std::string>& candidates) {
   for (const auto& c : candidates) {
     std::error_code ec;
     fs::create_directories(fs::path(c).parent_path(), ec);
-    std::string probe = c + ".probe." + unique_suffix();
+    std::string probe = c + ".probe." + unique_temp_suffix();
     int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) continue;
     ::close(fd);
@@ -280,7 +276,7 @@ void TableDataset::build_index(File& f, const std::string& index_path, uint64_t 
                                int64_t mtime_ns, uint64_t key) {
   // Per-process name: ranks opening the same table at once each write their own, and the
   // last rename wins (the contents are identical).
-  const std::string tmp = index_path + ".tmp." + unique_suffix();
+  const std::string tmp = index_path + ".tmp." + unique_temp_suffix();
   std::FILE* out = std::fopen(tmp.c_str(), "wb");
   if (out == nullptr) fail(ExitCode::kFailure, "cannot write index {}: {}", tmp, errno_string());
   char header[kIndexHeader] = {};

@@ -13,17 +13,13 @@
 #include <sentencepiece_trainer.h>
 
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "core/untrusted_file.hpp"
 #include "worker/data/hf_tokenizer.hpp"
 
 namespace dnallm::data {
 namespace {
 
-// "<pid>.<thread>": temporary names that concurrent ranks and threads never share.
-std::string unique_suffix() {
-  return std::to_string(::getpid()) + "." +
-         std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
-}
 
 using nlohmann::json;
 
@@ -550,7 +546,7 @@ std::shared_ptr<const Tokenizer> load_bpe_model(const std::string& path) {
 void save_bpe_model(const Tokenizer& bpe, const std::string& path) {
   auto* b = dynamic_cast<const BpeTokenizer*>(&bpe);
   if (b == nullptr) fail(ExitCode::kUsage, "save_bpe_model: tokenizer is {}, not bpe", bpe.kind());
-  std::string tmp = path + ".tmp." + unique_suffix();  // ranks may save at once
+  std::string tmp = path + ".tmp." + unique_temp_suffix();  // ranks may save at once
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out.write(b->proto().data(), static_cast<std::streamsize>(b->proto().size()));
@@ -585,7 +581,7 @@ std::shared_ptr<const Tokenizer> tokenizer_from_json(const nlohmann::json& j) {
 }
 
 void save_tokenizer(const Tokenizer& tokenizer, const std::string& path) {
-  std::string tmp = path + ".tmp." + unique_suffix();  // ranks may save at once
+  std::string tmp = path + ".tmp." + unique_temp_suffix();  // ranks may save at once
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << tokenizer.to_json().dump(1) << "\n";

@@ -85,7 +85,7 @@ std::unique_ptr<BatchSource> make_eval_source(const Config& config,
   if (loader) return std::make_unique<LoaderSource>(std::move(loader));
   spdlog::warn(
       "training.eval_steps = {} but there is no evaluation data (set data.eval_files or "
-      "data.eval_fraction): evaluation is off",
+      "data.eval_fraction or data.eval_regions): evaluation is off",
       config.training.eval_steps);
   return nullptr;
 }

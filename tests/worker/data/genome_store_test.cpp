@@ -189,6 +189,48 @@ TEST(GenomeStore, DatasetsOverStoreAndFastaGiveTheSameSamples) {
   }
 }
 
+// Note [Genome regions]: BED regions narrow a store's windows as they narrow the FASTA's.
+TEST(GenomeStore, RegionsNarrowStoreAndFastaAlike) {
+  const auto store = GenomeStore::open(store_dir());
+  std::string train, held, exclude;
+  for (size_t r = 0; r < store->record_count(); ++r) {
+    const int64_t len = store->record_length(r);
+    const std::string name = store->record_name(r);
+    if (len < 4000) continue;  // the short records: in no BED, so in no window of train.bed
+    train += fmt::format("{}\t{}\t{}\n", name, len / 10, len * 9 / 10);
+    held += fmt::format("{}\t{}\t{}\n", name, len / 2, len / 2 + len / 20 + 1);
+    exclude += fmt::format("{}\t{}\t{}\n", name, len / 4, len / 4 + 777);
+  }
+  testing::TempDir dir;
+  auto bed = [&](const std::string& name, const std::string& text) {
+    testing::write_text(dir.file(name), text);
+    return std::make_shared<const GenomeRegions>(read_bed(dir.file(name)));
+  };
+  for (auto split : {Split::kTrain, Split::kEval}) {
+    GenomeOptions o;
+    o.window_bases = 100;
+    o.sampling = cfg::Sampling::kTile;
+    o.window_stride = 53;
+    o.max_n_fraction = 0.05;
+    o.split = split;
+    o.include = bed("train.bed", train);
+    o.held_out = bed("eval.bed", held);
+    o.exclude = bed("exclude.bed", exclude);
+    GenomeDataset fasta(genome().files, o);
+    GenomeDataset packed(store, o, store_dir());
+    GenomeOptions whole = o;
+    whole.include = whole.held_out = whole.exclude = nullptr;
+    whole.split = Split::kAll;
+    ASSERT_EQ(packed.size(), fasta.size());
+    EXPECT_LT(fasta.size(), GenomeDataset(genome().files, whole).size() * 9 / 10);
+    for (uint64_t i = 0; i < fasta.size(); ++i) {
+      SampleRng a(9, 0, i), b(9, 0, i);
+      ASSERT_EQ(packed.get(i, a).bases, fasta.get(i, b).bases) << "split "
+                                                               << static_cast<int>(split) << " " << i;
+    }
+  }
+}
+
 TEST(GenomeStore, StreamingParserMatchesTheReaderOnBadInput) {
   testing::TempDir d;
   struct Case {
