@@ -87,8 +87,10 @@ void GenomeDataset::check_regions(const GenomeSource& src) const {
   if (options_.include == nullptr && options_.held_out == nullptr && options_.exclude == nullptr)
     return;
   std::map<std::string, int64_t> lengths;
-  for (size_t r = 0; r < src.record_count(); ++r) lengths.emplace(src.record_name(r), src.record_length(r));
-  for (const auto* set : {options_.include.get(), options_.held_out.get(), options_.exclude.get()}) {
+  for (size_t r = 0; r < src.record_count(); ++r)
+    lengths.emplace(src.record_name(r), src.record_length(r));
+  for (const auto* set :
+       {options_.include.get(), options_.held_out.get(), options_.exclude.get()}) {
     if (set == nullptr) continue;
     for (const auto& [name, list] : set->intervals) {
       auto it = lengths.find(name);
@@ -151,12 +153,13 @@ void GenomeDataset::build(std::string origin) {
     if (end - begin <= 0) continue;
     // Note [Genome regions].
     std::vector<Interval> pieces{Interval{begin, end}};
-    const bool any_regions = options_.include != nullptr || options_.held_out != nullptr ||
-                             options_.exclude != nullptr;
+    const bool any_regions =
+        options_.include != nullptr || options_.held_out != nullptr || options_.exclude != nullptr;
     if (any_regions) {
       const std::string name = src.record_name(r);
       static const std::vector<Interval> kNone;
-      auto of = [&](const std::shared_ptr<const GenomeRegions>& set) -> const std::vector<Interval>& {
+      auto of =
+          [&](const std::shared_ptr<const GenomeRegions>& set) -> const std::vector<Interval>& {
         auto it = set->intervals.find(name);
         return it == set->intervals.end() ? kNone : it->second;
       };

@@ -52,7 +52,8 @@ std::string shown(std::string_view s) {
 GenomeRegions read_bed(const std::string& path) {
   BedFile f;
   f.fp = bgzf_open(path.c_str(), "r");
-  if (f.fp == nullptr) fail(ExitCode::kBadData, "cannot open BED file {}: {}", path, errno_string());
+  if (f.fp == nullptr)
+    fail(ExitCode::kBadData, "cannot open BED file {}: {}", path, errno_string());
   check_bgzf_complete(f.fp, path);
   GenomeRegions regions;
   regions.origin = path;

@@ -15,14 +15,13 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
-#include "core/output_file.hpp"
 #include "core/log.hpp"
+#include "core/output_file.hpp"
 #include "worker/data/rng.hpp"
 #include "worker/data/sequence_reader.hpp"
 
 namespace dnallm::data {
 namespace {
-
 
 constexpr char kIndexMagic[8] = {'D', 'N', 'A', 'I', 'D', 'X', '0', '1'};
 // Header: magic, file size, mtime ns, options key, records, skipped, 2 reserved: 64 bytes.

@@ -20,7 +20,6 @@
 namespace dnallm::data {
 namespace {
 
-
 using nlohmann::json;
 
 // Base index of a nucleotide, -1 for anything else (N).

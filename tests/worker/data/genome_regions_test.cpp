@@ -41,8 +41,7 @@ TEST(GenomeRegions, BedIsSortedMergedAndSkipsHeadersInEveryCompression) {
   for (const char* name : {"plain.bed", "gzip.bed.gz", "bgzf.bed.gz"}) {
     const GenomeRegions r = read_bed(dir.file(name));
     ASSERT_EQ(r.intervals.size(), 2u) << name;
-    EXPECT_EQ(r.intervals.at("chr1"),
-              (std::vector<Interval>{{100, 260}, {300, 400}, {500, 501}}))
+    EXPECT_EQ(r.intervals.at("chr1"), (std::vector<Interval>{{100, 260}, {300, 400}, {500, 501}}))
         << name;
     EXPECT_EQ(r.intervals.at("chr2"), (std::vector<Interval>{{50, 60}})) << name;
     EXPECT_EQ(r.first_line.at("chr2"), 5) << name;
@@ -175,9 +174,9 @@ TEST(GenomeRegions, WindowsStayInsideTheirRegionsInEverySampling) {
         }
         ASSERT_NE(pos, std::string::npos);
         for (size_t j = pos; j < pos + w.size(); ++j)
-          ASSERT_TRUE(bits[rec][j]) << "split " << static_cast<int>(split) << " "
-                                    << cfg::spelling(sampling) << " window " << i << " at "
-                                    << (rec == 0 ? "chrA:" : "chrB:") << pos;
+          ASSERT_TRUE(bits[rec][j])
+              << "split " << static_cast<int>(split) << " " << cfg::spelling(sampling) << " window "
+              << i << " at " << (rec == 0 ? "chrA:" : "chrB:") << pos;
       }
     }
   }

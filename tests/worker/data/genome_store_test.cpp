@@ -225,8 +225,8 @@ TEST(GenomeStore, RegionsNarrowStoreAndFastaAlike) {
     EXPECT_LT(fasta.size(), GenomeDataset(genome().files, whole).size() * 9 / 10);
     for (uint64_t i = 0; i < fasta.size(); ++i) {
       SampleRng a(9, 0, i), b(9, 0, i);
-      ASSERT_EQ(packed.get(i, a).bases, fasta.get(i, b).bases) << "split "
-                                                               << static_cast<int>(split) << " " << i;
+      ASSERT_EQ(packed.get(i, a).bases, fasta.get(i, b).bases)
+          << "split " << static_cast<int>(split) << " " << i;
     }
   }
 }
