@@ -142,6 +142,8 @@ void GenomeDataset::build(std::string origin) {
   const GenomeSource& src = *source_;
   if (src.record_count() == 0) fail(ExitCode::kBadData, "{}: no sequence records", origin_);
   check_regions(src);
+  const bool any_regions =
+      options_.include != nullptr || options_.held_out != nullptr || options_.exclude != nullptr;
   total_bases_ = 0;
   for (size_t r = 0; r < src.record_count(); ++r) {
     const int64_t len = src.record_length(r);
@@ -153,8 +155,6 @@ void GenomeDataset::build(std::string origin) {
     if (end - begin <= 0) continue;
     // Note [Genome regions].
     std::vector<Interval> pieces{Interval{begin, end}};
-    const bool any_regions =
-        options_.include != nullptr || options_.held_out != nullptr || options_.exclude != nullptr;
     if (any_regions) {
       const std::string name = src.record_name(r);
       static const std::vector<Interval> kNone;
@@ -181,7 +181,7 @@ void GenomeDataset::build(std::string origin) {
   }
   if (regions_.empty()) {
     fail(ExitCode::kBadData, "{}: no bases left in this split{}", origin_,
-         options_.include != nullptr || options_.held_out != nullptr || options_.exclude != nullptr
+         any_regions
              ? " (the BED regions of data.train_regions / eval_regions / exclude_regions leave "
                "none: check their record names and intervals)"
              : "");

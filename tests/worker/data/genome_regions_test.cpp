@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "test_files.hpp"
+#include "tests/support/expect_error.hpp"
 #include "worker/data/genome_dataset.hpp"
 
 namespace dnallm::data {
@@ -15,18 +16,6 @@ std::shared_ptr<const GenomeRegions> bed_of(const testing::TempDir& dir, const s
                                             const std::string& text) {
   testing::write_text(dir.file(name), text);
   return std::make_shared<const GenomeRegions>(read_bed(dir.file(name)));
-}
-
-// The message of the Error(kBadData) that `f` throws ("" when it throws none or another).
-template <class F>
-std::string bad_data_message(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kBadData) << e.what();
-    return e.what();
-  }
-  return "";
 }
 
 TEST(GenomeRegions, BedIsSortedMergedAndSkipsHeadersInEveryCompression) {
@@ -62,11 +51,13 @@ TEST(GenomeRegions, MalformedBedIsExit3NamingFileAndLine) {
   };
   for (const auto& [text, expected] : cases) {
     testing::write_text(dir.file("bad.bed"), text);
-    const std::string message = bad_data_message([&] { read_bed(dir.file("bad.bed")); });
+    const std::string message =
+        dnallm::testing::expect_bad_data([&] { read_bed(dir.file("bad.bed")); }, {});
     EXPECT_NE(message.find(dir.file("bad.bed")), std::string::npos) << message;
     EXPECT_NE(message.find(expected), std::string::npos) << text << " -> " << message;
   }
-  const std::string missing = bad_data_message([&] { read_bed(dir.file("none.bed")); });
+  const std::string missing =
+      dnallm::testing::expect_bad_data([&] { read_bed(dir.file("none.bed")); }, {});
   EXPECT_NE(missing.find("cannot open BED file"), std::string::npos) << missing;
 }
 
@@ -188,29 +179,25 @@ TEST(GenomeRegions, ABedOfAnotherGenomeIsExit3AtTheStart) {
   GenomeOptions o;
   o.window_bases = 50;
   o.include = bed_of(dir, "other.bed", "chr1\t0\t100\n1\t0\t100\n");
-  std::string m = bad_data_message([&] { GenomeDataset(recs, o, "genome.fa"); });
+  std::string m =
+      dnallm::testing::expect_bad_data([&] { GenomeDataset(recs, o, "genome.fa"); }, {});
   EXPECT_NE(m.find("other.bed:2: '1' is not a record of genome.fa (1 records: chr1)"),
             std::string::npos)
       << m;
   o.include = nullptr;
   o.exclude = bed_of(dir, "long.bed", "chr1\t400\t501\n");
-  m = bad_data_message([&] { GenomeDataset(recs, o, "genome.fa"); });
+  m = dnallm::testing::expect_bad_data([&] { GenomeDataset(recs, o, "genome.fa"); }, {});
   EXPECT_NE(m.find("interval chr1:400-501 ends past the record, which holds 500 bases"),
             std::string::npos)
       << m;
   o.exclude = bed_of(dir, "all.bed", "chr1\t0\t500\n");
-  m = bad_data_message([&] { GenomeDataset(recs, o, "genome.fa"); });
+  m = dnallm::testing::expect_bad_data([&] { GenomeDataset(recs, o, "genome.fa"); }, {});
   EXPECT_NE(m.find("no bases left in this split (the BED regions"), std::string::npos) << m;
   o.exclude = nullptr;
   o.held_out = bed_of(dir, "eval.bed", "chr1\t0\t100\n");
   o.eval_fraction = 0.1;
-  try {
-    GenomeDataset(recs, o, "genome.fa");
-    ADD_FAILURE() << "eval_regions with eval_fraction accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("set one"), std::string::npos) << e.what();
-  }
+  dnallm::testing::expect_error([&] { GenomeDataset(recs, o, "genome.fa"); }, ExitCode::kUsage,
+                                {"set one"});
 }
 
 }  // namespace
