@@ -6,6 +6,11 @@
 
 namespace dnallm::data {
 
+BgzfLines::~BgzfLines() {
+  if (fp != nullptr) bgzf_close(fp);
+  free(line.s);
+}
+
 void check_bgzf_complete(BGZF* fp, const std::string& label) {
   if (bgzf_compression(fp) == 2 && bgzf_check_EOF(fp) == 0) {
     fail(ExitCode::kBadData,

@@ -5,9 +5,22 @@
 #include <cstdint>
 #include <string>
 
+#include <htslib/kstring.h>
+
 struct BGZF;
 
 namespace dnallm::data {
+
+// An open BGZF (plain, gzip or BGZF) file and the line buffer bgzf_getline fills; both freed
+// when it goes (the FASTQ stream, the BED reader).
+struct BgzfLines {
+  BGZF* fp = nullptr;
+  kstring_t line = {0, 0, nullptr};
+  BgzfLines() = default;
+  BgzfLines(const BgzfLines&) = delete;
+  BgzfLines& operator=(const BgzfLines&) = delete;
+  ~BgzfLines();
+};
 
 // Error(kBadData) "<label>: the BGZF file is truncated ..." when `fp` is BGZF without its
 // end-of-file block. A BGZF file cut at a block boundary decompresses cleanly; only the missing

@@ -13,15 +13,6 @@
 namespace dnallm::data {
 namespace {
 
-struct BedFile {
-  BGZF* fp = nullptr;
-  kstring_t line = {0, 0, nullptr};
-  ~BedFile() {
-    if (fp != nullptr) bgzf_close(fp);
-    free(line.s);
-  }
-};
-
 // The next whitespace-separated field of `rest`, which it consumes; empty at the end.
 std::string_view next_field(std::string_view& rest) {
   const size_t b = rest.find_first_not_of(" \t");
@@ -50,7 +41,7 @@ std::string shown(std::string_view s) {
 }  // namespace
 
 GenomeRegions read_bed(const std::string& path) {
-  BedFile f;
+  BgzfLines f;
   f.fp = bgzf_open(path.c_str(), "r");
   if (f.fp == nullptr)
     fail(ExitCode::kBadData, "cannot open BED file {}: {}", path, errno_string());

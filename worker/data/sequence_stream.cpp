@@ -17,14 +17,7 @@ namespace {
 constexpr size_t kBlockBytes = size_t{1} << 20;  // read from the decompressor at a time
 constexpr size_t kFlushBases = size_t{1} << 16;  // bases handed to the sink at a time
 
-struct Bgzf {
-  BGZF* fp = nullptr;
-  kstring_t line = {0, 0, nullptr};
-  ~Bgzf() {
-    if (fp != nullptr) bgzf_close(fp);
-    free(line.s);
-  }
-};
+using Bgzf = BgzfLines;
 
 std::string header_name(const std::string& header) {
   std::string name = header.substr(1);
