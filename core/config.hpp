@@ -155,6 +155,9 @@ struct DataConfig {
   std::string eval_regions = "";     // BED
   std::string exclude_regions = "";  // BED
   int64_t samples_per_epoch = 0;
+  // Note [Genome weights] (worker/data/genome_dataset.hpp)
+  std::vector<double> weights;  // one per training file; empty: by size
+  double sampling_temperature = 1.0;
   std::string sequence_column = "sequence";
   std::string label_column = "label";
   double mlm_probability = 0.15;
@@ -164,7 +167,8 @@ struct DataConfig {
   bool group_by_length = false;
   bool packing = false;
   std::string cache_dir = "";
-  std::vector<SeqLenStage> seq_len_warmup;  // empty: every step at model.max_seq_length
+  int64_t pack_threshold_bases = 1'000'000'000;  // Note [Genome cache]; 0: never
+  std::vector<SeqLenStage> seq_len_warmup;       // empty: every step at model.max_seq_length
 };
 
 struct TrainingConfig {

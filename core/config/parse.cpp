@@ -131,6 +131,20 @@ std::vector<std::string> read_string_list(const KeyDesc& k, const toml::node& no
   return out;
 }
 
+// A list of numbers, each within the key's bounds; a single number is a list of one.
+std::vector<double> read_number_list(const KeyDesc& k, const toml::node& node,
+                                     const std::string& at) {
+  if (node.is_number()) return {read_double(k, node, at)};
+  const auto* arr = node.as_array();
+  if (arr == nullptr) type_error(k, at);
+  std::vector<double> out;
+  for (const auto& el : *arr) {
+    if (!el.is_number()) type_error(k, at);
+    out.push_back(read_double(k, el, at));
+  }
+  return out;
+}
+
 // data.seq_len_warmup: an array of {steps, seq_len} tables (a single table is a list of one).
 // The order of the stages and their lengths against model.max_seq_length are checked by
 // validate(), once every key is set.
@@ -207,6 +221,9 @@ void assign(Config& c, const KeyDesc& k, const toml::node& node, const std::stri
       break;
     case Kind::kStringList:
       *static_cast<std::vector<std::string>*>(field) = read_string_list(k, node, at);
+      break;
+    case Kind::kNumberList:
+      *static_cast<std::vector<double>*>(field) = read_number_list(k, node, at);
       break;
     case Kind::kStageList:
       *static_cast<std::vector<SeqLenStage>*>(field) = read_stage_list(k, node, at);

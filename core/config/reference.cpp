@@ -25,8 +25,10 @@ std::string allowed_text(const KeyDesc& k) {
     return fmt::format("{}", fmt::join(quoted, " | "));
   }
   const std::string name = kind_reference_name(k.kind);
-  const bool numeric = k.kind == Kind::kInt || k.kind == Kind::kDouble;
-  return numeric ? name + ", " + range_text(k) : name;
+  const bool numeric =
+      k.kind == Kind::kInt || k.kind == Kind::kDouble || k.kind == Kind::kNumberList;
+  return numeric ? name + ", " + (k.kind == Kind::kNumberList ? "each " : "") + range_text(k)
+                 : name;
 }
 
 // One table per section: key, default, allowed values, meaning.

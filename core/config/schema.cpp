@@ -23,6 +23,7 @@ constexpr EnumName<Kind, KindNames> kKindNames[] = {
     {Kind::kBool, {"true or false", "`true`, `false`"}},
     {Kind::kString, {"a string", "string"}},
     {Kind::kStringList, {"a list of strings", "list of strings"}},
+    {Kind::kNumberList, {"a list of numbers", "list of numbers"}},
     {Kind::kStageList,
      {"a list of {steps = N, seq_len = N} tables", "list of `{steps, seq_len}` tables"}}};
 static_assert(lists_each_in_order<Kind::kStageList>(kKindNames));

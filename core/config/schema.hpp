@@ -22,7 +22,7 @@
 
 namespace dnallm::config_detail {
 
-enum class Kind { kInt, kDouble, kBool, kString, kStringList, kStageList };
+enum class Kind { kInt, kDouble, kBool, kString, kStringList, kNumberList, kStageList };
 
 // What a key of kind `k` holds: in a message ("an integer") and in docs/config.md's "allowed"
 // column ("integer").
@@ -71,6 +71,10 @@ constexpr Kind kind_of<std::string>() {
 template <>
 constexpr Kind kind_of<std::vector<std::string>>() {
   return Kind::kStringList;
+}
+template <>
+constexpr Kind kind_of<std::vector<double>>() {
+  return Kind::kNumberList;
 }
 template <>
 constexpr Kind kind_of<std::vector<SeqLenStage>>() {

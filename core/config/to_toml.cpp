@@ -66,6 +66,11 @@ std::string value_text(Config& c, const KeyDesc& k) {
         parts.push_back(toml_string(s));
       return "[" + fmt::format("{}", fmt::join(parts, ", ")) + "]";
     }
+    case Kind::kNumberList: {
+      std::vector<std::string> parts;
+      for (double v : *static_cast<std::vector<double>*>(f)) parts.push_back(toml_double(v));
+      return "[" + fmt::format("{}", fmt::join(parts, ", ")) + "]";
+    }
     case Kind::kStageList: {
       std::vector<std::string> parts;
       for (const auto& st : *static_cast<std::vector<SeqLenStage>*>(f))

@@ -93,6 +93,12 @@ void validate(const Config& c, const std::string& origin) {
                     "model.task = \"{}\"; use \"loss\"",
                     spelling(c.model.task)));
   }
+  if (!c.data.weights.empty() && c.data.sampling_temperature != 1.0) {
+    bad(
+        fmt::format("data.weights and data.sampling_temperature = {} both set the mix of training "
+                    "files: set one",
+                    c.data.sampling_temperature));
+  }
   if (c.training.precision == Precision::kFp16 && c.training.device == cfg::Device::kCpu) {
     bad("training.precision = \"fp16\" needs a GPU; use \"bf16\" or \"fp32\" on CPU");
   }

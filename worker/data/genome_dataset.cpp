@@ -13,7 +13,17 @@ namespace {
 // FASTA/FASTQ records held in memory (Note [Genome storage]).
 class MemoryGenome final : public GenomeSource {
  public:
-  explicit MemoryGenome(std::vector<SequenceRecord> records) : records_(std::move(records)) {}
+  // `files` names the files and `record_files` the file of each record; both empty: one file.
+  explicit MemoryGenome(std::vector<SequenceRecord> records, std::vector<std::string> files = {},
+                        std::vector<size_t> record_files = {})
+      : records_(std::move(records)),
+        files_(std::move(files)),
+        record_files_(std::move(record_files)) {}
+  size_t file_count() const override { return files_.empty() ? 1 : files_.size(); }
+  size_t record_file(size_t record) const override {
+    return record_files_.empty() ? 0 : record_files_[record];
+  }
+  std::string file_name(size_t file) const override { return files_.empty() ? "" : files_[file]; }
   size_t record_count() const override { return records_.size(); }
   int64_t record_length(size_t record) const override {
     return static_cast<int64_t>(records_[record].bases.size());
@@ -33,6 +43,8 @@ class MemoryGenome final : public GenomeSource {
 
  private:
   std::vector<SequenceRecord> records_;
+  std::vector<std::string> files_;
+  std::vector<size_t> record_files_;
 };
 
 }  // namespace
@@ -43,6 +55,7 @@ GenomeDataset::GenomeDataset(const std::vector<std::string>& files, GenomeOption
     fail(ExitCode::kUsage, "no sequence files given (data.train_files / data.eval_files)");
   int64_t bases = 0;
   std::vector<SequenceRecord> records;
+  std::vector<size_t> record_files;
   for (const auto& f : files) {
     SequenceReader reader(f, options_.format, options_.on_bad_record);
     SequenceRecord rec;
@@ -57,6 +70,7 @@ GenomeDataset::GenomeDataset(const std::vector<std::string>& files, GenomeOption
              f, options_.max_bases);
       }
       records.push_back(std::move(rec));
+      record_files.push_back(static_cast<size_t>(&f - files.data()));
     }
     skipped_ += reader.skipped_records();
     if (reader.skipped_records() > 0) {
@@ -64,7 +78,7 @@ GenomeDataset::GenomeDataset(const std::vector<std::string>& files, GenomeOption
                    reader.skipped_records());
     }
   }
-  source_ = std::make_shared<MemoryGenome>(std::move(records));
+  source_ = std::make_shared<MemoryGenome>(std::move(records), files, std::move(record_files));
   std::string origin = files.front();
   if (files.size() > 1) origin += fmt::format(" (+{} files)", files.size() - 1);
   build(origin);
@@ -206,8 +220,15 @@ void GenomeDataset::build(std::string origin) {
   int64_t region_bases = 0;
   for (const auto& g : regions_) region_bases += g.end - g.begin;
   if (options_.sampling == cfg::Sampling::kTile) {
+    if (!options_.file_weights.empty() || options_.temperature != 1.0) {
+      fail(ExitCode::kUsage,
+           "data.weights and data.sampling_temperature choose how often random windows come "
+           "from each file, but data.sampling = \"tile\" reads every window once an epoch: "
+           "set data.sampling = \"random\" or remove them");
+    }
     build_tiling(w);
   } else {
+    build_file_mix();
     size_ = options_.samples_per_epoch > 0
                 ? static_cast<uint64_t>(options_.samples_per_epoch)
                 : static_cast<uint64_t>(std::max<int64_t>(1, region_bases / w));
@@ -218,6 +239,74 @@ void GenomeDataset::build(std::string origin) {
          "(max_n_fraction {}); use n_policy = \"mask\"",
          origin_, w, options_.max_n_fraction);
   }
+}
+
+// Note [Genome weights].
+void GenomeDataset::build_file_mix() {
+  if (options_.file_weights.empty() && options_.temperature == 1.0) return;
+  const GenomeSource& src = *source_;
+  const size_t files = src.file_count();
+  if (!options_.file_weights.empty() && options_.file_weights.size() != files) {
+    std::string some;
+    for (size_t f = 0; f < files && f < 4; ++f) some += (f ? ", " : "") + src.file_name(f);
+    if (files > 4) some += ", ...";
+    fail(ExitCode::kUsage,
+         "data.weights gives {} weight(s), but {} holds {} file(s) ({}): give one weight per "
+         "file, in that order",
+         options_.file_weights.size(), origin_, files, some);
+  }
+  if (options_.temperature <= 0)
+    fail(ExitCode::kUsage, "data.sampling_temperature = {} must be > 0", options_.temperature);
+  std::vector<FileMix> by_file(files, FileMix{0.0, {}, {}, 0});
+  std::vector<double> bases(files, 0.0);
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    const Region& g = regions_[i];
+    FileMix& m = by_file[src.record_file(static_cast<size_t>(g.record))];
+    m.regions.push_back(i);
+    m.first_start.push_back(m.starts);
+    m.starts += g.starts;
+    bases[src.record_file(static_cast<size_t>(g.record))] += static_cast<double>(g.end - g.begin);
+  }
+  std::vector<double> p(files, 0.0);
+  double total = 0, natural = 0;
+  for (size_t f = 0; f < files; ++f) {
+    natural += bases[f];
+    const double weight = options_.file_weights.empty()
+                              ? std::pow(bases[f], 1.0 / options_.temperature)
+                              : options_.file_weights[f];
+    if (by_file[f].starts == 0) {
+      if (!options_.file_weights.empty() && weight > 0)
+        spdlog::warn("data.weights: {} has weight {} but no window in this split; left out",
+                     src.file_name(f), weight);
+      continue;
+    }
+    p[f] = weight;
+    total += weight;
+  }
+  if (!(total > 0) || !std::isfinite(total)) {
+    fail(ExitCode::kUsage,
+         "data.weights gives no weight to a file with windows in this split of {}: give at "
+         "least one such file a weight > 0",
+         origin_);
+  }
+  double cdf = 0;
+  std::string shown;
+  for (size_t f = 0; f < files; ++f) {
+    if (p[f] <= 0) continue;
+    cdf += p[f] / total;
+    by_file[f].cdf = cdf;
+    if (mix_.size() < 8) {
+      shown += fmt::format("{}{} {:.1f}% (by size {:.1f}%)", shown.empty() ? "" : ", ",
+                           src.file_name(f), 100 * p[f] / total, 100 * bases[f] / natural);
+    }
+    mix_.push_back(std::move(by_file[f]));
+  }
+  mix_.back().cdf = 1.0;  // rounding: every draw < 1 finds a file
+  spdlog::info("data: windows drawn from {} file(s) by {}: {}{}", mix_.size(),
+               options_.file_weights.empty()
+                   ? fmt::format("data.sampling_temperature = {}", options_.temperature)
+                   : std::string("data.weights"),
+               shown, mix_.size() > 8 ? ", ..." : "");
 }
 
 // Tiles of a region start at begin, begin + stride, ...: the first always, a later one only
@@ -274,11 +363,29 @@ Sample GenomeDataset::get(uint64_t index, SampleRng& rng) const {
   } else {
     // Random window: up to 64 draws for one passing the N policy; the last draw otherwise.
     for (int attempt = 0; attempt < 64; ++attempt) {
-      uint64_t u = rng.uniform(total_starts_);
-      auto it = std::upper_bound(regions_.begin(), regions_.end(), u,
-                                 [](uint64_t v, const Region& g) { return v < g.first_start; });
-      const Region& g = *(it - 1);
-      int64_t pos = g.begin + static_cast<int64_t>(u - g.first_start);
+      const Region* picked = nullptr;
+      uint64_t offset = 0;  // the start's offset within *picked
+      if (mix_.empty()) {
+        uint64_t u = rng.uniform(total_starts_);
+        auto it = std::upper_bound(regions_.begin(), regions_.end(), u,
+                                   [](uint64_t v, const Region& g) { return v < g.first_start; });
+        picked = &*(it - 1);
+        offset = u - picked->first_start;
+      } else {
+        // Note [Genome weights]: the file, then a start among its starts.
+        const double x = rng.uniform01();
+        auto f = std::upper_bound(mix_.begin(), mix_.end(), x,
+                                  [](double v, const FileMix& m) { return v < m.cdf; });
+        if (f == mix_.end()) --f;
+        const uint64_t u = rng.uniform(f->starts);
+        const size_t k =
+            static_cast<size_t>(std::upper_bound(f->first_start.begin(), f->first_start.end(), u) -
+                                f->first_start.begin() - 1);
+        picked = &regions_[f->regions[k]];
+        offset = u - f->first_start[k];
+      }
+      const Region& g = *picked;
+      int64_t pos = g.begin + static_cast<int64_t>(offset);
       int64_t len = std::min(w, g.end - pos);
       const auto record = static_cast<size_t>(g.record);
       if (options_.n_policy == cfg::NPolicy::kSkip && attempt < 63 && !window_ok(record, pos, len))
@@ -294,9 +401,10 @@ Sample GenomeDataset::get(uint64_t index, SampleRng& rng) const {
 }
 
 std::string GenomeDataset::describe() const {
-  return fmt::format("genome {}: {} records, {} bases, {} {} windows of {} bases per epoch",
+  return fmt::format("genome {}: {} records, {} bases, {} {} windows of {} bases per epoch{}",
                      origin_, source_->record_count(), total_bases_, size_,
-                     cfg::spelling(options_.sampling), options_.window_bases);
+                     cfg::spelling(options_.sampling), options_.window_bases,
+                     mix_.empty() ? "" : fmt::format(", mixed over {} files", mix_.size()));
 }
 
 }  // namespace dnallm::data

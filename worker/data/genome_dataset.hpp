@@ -37,6 +37,23 @@
 // name that is no record of the genome, or an interval past its record's end, is
 // Error(kBadData) naming the BED file and line: a BED of another assembly (chr1 vs 1, hg19 vs
 // hg38) fails at the start rather than training on nothing.
+//
+// Note [Genome weights]: by default a random window comes from a file in proportion to the
+// window starts it holds (its bases, less what the split and the regions leave out). A corpus
+// of many genomes (a multi-species set, one file a species) is mixed otherwise, as
+// multilingual LM recipes and Megatron's blended datasets do:
+//   - file_weights (data.weights): one weight per file of the source (GenomeSource::file_count:
+//     the files of data.train_files after expansion, in order; a store's packed files, in the
+//     order `dnallm-data inspect` lists them); file f is drawn with probability w_f / sum w;
+//   - temperature (data.sampling_temperature) T: probability proportional to B_f^(1/T), B_f the
+//     file's bases in the split; T = 1 is the default mix, T > 1 flattens it (towards uniform
+//     over files), T < 1 sharpens it.
+// A window is then a uniform start among the chosen file's starts. A draw takes the file first
+// (uniform01), then the start (uniform), from the sample's rng: the stream depends on the
+// sample index and seed only, so N ranks see 1 rank's windows and a resume at another world
+// size continues it. Files whose split holds no window are left out (a warning when they had
+// a weight); `tile` reads every window once an epoch and takes no weights. Without weights or
+// temperature the draw is a single uniform over all starts, as before.
 #pragma once
 
 #include <memory>
@@ -66,6 +83,9 @@ struct GenomeOptions {
   cfg::DataFormat format = cfg::DataFormat::kAuto;  // auto, fasta, fastq
   BadRecordPolicy on_bad_record = BadRecordPolicy::kError;
   int64_t max_bases = int64_t{4} << 30;  // See Note [Genome storage]
+  // Note [Genome weights]: one per file (empty: by size), and the size temperature.
+  std::vector<double> file_weights;
+  double temperature = 1.0;
   // Note [Genome regions]; null: none.
   std::shared_ptr<const GenomeRegions> include, held_out, exclude;
 };
@@ -99,6 +119,7 @@ class GenomeDataset final : public Dataset {
   void build(std::string origin);
   void check_regions(const GenomeSource& src) const;
   void build_tiling(int64_t w);
+  void build_file_mix();
   bool window_ok(size_t record, int64_t pos, int64_t len) const;
   // tile: the start (region, position) of kept tile `index`.
   std::pair<const Region*, int64_t> tile(uint64_t index) const;
@@ -111,6 +132,15 @@ class GenomeDataset final : public Dataset {
   uint64_t total_tiles_ = 0;
   int64_t tile_stride_ = 0;
   std::vector<uint64_t> dropped_tiles_;
+  // Note [Genome weights] (empty: unweighted): the cumulative probability of each file with
+  // windows, its regions (indices into regions_) and their cumulative starts within the file.
+  struct FileMix {
+    double cdf;
+    std::vector<size_t> regions;
+    std::vector<uint64_t> first_start;  // starts before each of `regions` in this file
+    uint64_t starts;
+  };
+  std::vector<FileMix> mix_;
   uint64_t size_ = 0;
   int64_t total_bases_ = 0;
   int64_t skipped_ = 0;

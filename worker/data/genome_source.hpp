@@ -24,6 +24,12 @@ class GenomeSource {
   // The number of N in [pos, pos + len) of `record`; may stop counting once it exceeds `limit`
   // (then any value > limit).
   virtual int64_t count_n(size_t record, int64_t pos, int64_t len, int64_t limit) const = 0;
+  // The files the records came from, in data.train_files' order (a store: the files it was
+  // packed from, in the order it lists them), for data.weights (Note [Genome weights],
+  // genome_dataset.hpp). Records in memory without files: one file named "".
+  virtual size_t file_count() const { return 1; }
+  virtual size_t record_file(size_t /*record*/) const { return 0; }
+  virtual std::string file_name(size_t /*file*/) const { return ""; }
 };
 
 }  // namespace dnallm::data

@@ -240,6 +240,7 @@ void GenomeStore::load_manifest() {
     files_->names = open_file(kStoreNames, false);
     for (const auto& s : m.at("sources")) {
       const auto src = s.at("path").get<std::string>();
+      sources_.push_back(src);
       struct stat st {};
       if (::stat(src.c_str(), &st) != 0) continue;  // moved away: the store stands alone
       const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
@@ -269,7 +270,8 @@ void GenomeStore::check_contigs() const {
   uint64_t next = 0;
   for (uint64_t i = 0; i < contigs_; ++i) {
     const auto c = entry<ContigEntry>(*files_->contigs, i);
-    if (c.offset != next || c.length == 0 || c.name_offset + c.name_length > files_->names->size())
+    if (c.offset != next || c.length == 0 ||
+        c.name_offset + c.name_length > files_->names->size() || c.source >= sources_.size())
       corrupt(files_->contigs->path(), fmt::format("entry {} is inconsistent", i));
     next += c.length;
   }
@@ -281,6 +283,10 @@ size_t GenomeStore::record_count() const { return static_cast<size_t>(contigs_);
 
 int64_t GenomeStore::record_length(size_t record) const {
   return static_cast<int64_t>(entry<ContigEntry>(*files_->contigs, record).length);
+}
+
+size_t GenomeStore::record_file(size_t record) const {
+  return entry<ContigEntry>(*files_->contigs, record).source;
 }
 
 std::string GenomeStore::record_name(size_t record) const {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "worker/data/genome_source.hpp"
 #include "worker/data/genome_store_format.hpp"
@@ -32,6 +33,9 @@ class GenomeStore final : public GenomeSource {
   int64_t count_n(size_t record, int64_t pos, int64_t len, int64_t limit) const override;
   // read() with the soft-masked bases lower-case: what SequenceReader reads with
   // set_keep_case(true).
+  size_t file_count() const override { return sources_.size(); }
+  size_t record_file(size_t record) const override;
+  std::string file_name(size_t file) const override { return sources_[file]; }
   void read_keep_case(size_t record, int64_t pos, int64_t len, std::string& out) const;
 
   const std::string& dir() const { return dir_; }
@@ -53,6 +57,7 @@ class GenomeStore final : public GenomeSource {
   std::string manifest_text_;
   uint64_t total_bases_ = 0;
   uint64_t contigs_ = 0;
+  std::vector<std::string> sources_;  // the manifest's "sources" paths
   std::unique_ptr<Files> files_;
 };
 

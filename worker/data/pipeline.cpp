@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "worker/data/data_files.hpp"
+#include "worker/data/genome_cache.hpp"
 #include "worker/data/genome_store.hpp"
 #include "worker/data/sequence_reader.hpp"
 #include "worker/data/table_dataset.hpp"
@@ -138,6 +139,13 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
   const auto policy = d.on_bad_record;
   const bool any_regions =
       !d.train_regions.empty() || !d.eval_regions.empty() || !d.exclude_regions.empty();
+  const bool mixed = !d.weights.empty() || d.sampling_temperature != 1.0;
+  if (is_table_format(format) && mixed) {
+    fail(ExitCode::kUsage,
+         "data.weights / data.sampling_temperature mix the windows of genome files, but {} is a "
+         "table; remove them",
+         files.front());
+  }
   if (is_table_format(format) && any_regions) {
     fail(ExitCode::kUsage,
          "data.train_regions / eval_regions / exclude_regions are BED intervals of genomes, but "
@@ -203,13 +211,28 @@ std::shared_ptr<const Dataset> make_dataset(const Config& config, const Tokenize
   };
   if (!eval_files) {
     g.include = split == Split::kTrain ? bed(d.train_regions) : nullptr;
+    if (split == Split::kTrain) {  // Note [Genome weights]: training windows only
+      g.file_weights = d.weights;
+      g.temperature = d.sampling_temperature;
+    }
     g.held_out = bed(d.eval_regions);
   }
   g.exclude = bed(d.exclude_regions);
-  // Note [Genome storage] (genome_dataset.hpp): a store is memory-mapped, files read.
-  auto ds =
-      store ? std::make_shared<GenomeDataset>(GenomeStore::open(files.front()), g, files.front())
-            : std::make_shared<GenomeDataset>(files, g);
+  // Note [Genome storage] (genome_dataset.hpp): a store is memory-mapped, files read; Note
+  // [Genome cache] (genome_cache.hpp): large files are packed once into a cached store.
+  std::string store_dir = store ? files.front() : "";
+  if (!store) {
+    GenomeCacheOptions c;
+    c.threshold_bases = d.pack_threshold_bases;
+    c.cache_dir = d.cache_dir;
+    c.format = format;
+    c.skip_bad_records = policy == BadRecordPolicy::kSkip;
+    c.key = key;
+    store_dir = cached_genome_store(files, c);
+  }
+  auto ds = !store_dir.empty()
+                ? std::make_shared<GenomeDataset>(GenomeStore::open(store_dir), g, store_dir)
+                : std::make_shared<GenomeDataset>(files, g);
   spdlog::info("data ({}): {}", split == Split::kEval ? "eval" : "train", ds->describe());
   return ds;
 }

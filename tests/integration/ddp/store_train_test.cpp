@@ -27,7 +27,8 @@ struct StoreRun {
 };
 
 // Global batch 12 = micro x world, one intra-op thread (the 1-rank runs are compared exactly).
-StoreRun store_train(const std::string& name, const std::string& train_files, int world) {
+StoreRun store_train(const std::string& name, const std::string& train_files, int world,
+                     const std::string& extra = "") {
   const std::string dir = make_temp_dir(name);
   const std::string starter =
       world > 1
@@ -37,8 +38,8 @@ StoreRun store_train(const std::string& name, const std::string& train_files, in
       starter, dir, 12 / world, 1,
       fmt::format("--set parallel.backend=gloo --set data.train_files=[\\\"{}\\\"] "
                   "--set data.eval_fraction=0.02 --set training.eval_steps=5 "
-                  "--set training.eval_batches=2 --set checkpoint.save_final=false",
-                  train_files));
+                  "--set training.eval_batches=2 --set checkpoint.save_final=false {}",
+                  train_files, extra));
   StoreRun r;
   r.rc = run_command(cmd, &r.log);
   r.log = cmd + "\n" + r.log;
@@ -110,6 +111,48 @@ TEST_F(StoreTraining, ADamagedStoreStopsTrainingWithExit5) {
   EXPECT_EQ(s.rc, 5) << s.log;
   EXPECT_NE(s.log.find(damaged + "/bases.2bit"), std::string::npos) << s.log;
   EXPECT_NE(s.log.find("pack it again"), std::string::npos) << s.log;
+}
+
+// Issue 52's corpus of many files in CI form: 300 FASTA files in a directory, over
+// data.pack_threshold_bases, packed once into data.cache_dir by the ranks of the first run (one
+// packs, the other waits: Note [Genome cache]) and reused by the next, mixed by temperature (Note
+// [Genome weights]): 2 ranks train like 1 rank.
+TEST(StoreCorpus, ThreeHundredFilesPackedOnceAndMixedTrainAlikeOnTwoRanksAndOne) {
+  const std::string corpus = make_temp_dir("corpus300");
+  uint64_t x = 52;
+  for (int i = 0; i < 300; ++i) {
+    std::ofstream out(fmt::format("{}/species_{:03}.fa", corpus, i));
+    out << ">contig_" << i << "\n";
+    const int length = 2000 + (i * 37) % 7000;
+    for (int b = 0; b < length; ++b) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      out << (b % 997 == 996 ? 'N' : "ACGT"[(x >> 33) & 3]);
+      if (b % 80 == 79) out << "\n";
+    }
+    out << "\n";
+  }
+  const std::string cache = make_temp_dir("corpus300_cache");
+  const std::string extra = fmt::format(
+      "--set data.pack_threshold_bases=100000 --set data.cache_dir=\\\"{}\\\" "
+      "--set data.sampling_temperature=2",
+      cache);
+  const StoreRun two = store_train("corpus300_two", corpus, 2, extra);
+  ASSERT_EQ(two.rc, 0) << two.log;
+  EXPECT_NE(two.log.find("in 300 file(s), over data.pack_threshold_bases"), std::string::npos)
+      << two.log;
+  EXPECT_NE(two.log.find("windows drawn from 300 file(s) by data.sampling_temperature"),
+            std::string::npos)
+      << two.log;
+  const StoreRun one = store_train("corpus300_one", corpus, 1, extra);
+  ASSERT_EQ(one.rc, 0) << one.log;
+  EXPECT_NE(one.log.find("reading the genome store"), std::string::npos) << one.log;
+  EXPECT_EQ(one.log.find("packing them once"), std::string::npos) << one.log;
+  ASSERT_EQ(two.losses.size(), 5u) << two.log;
+  ASSERT_EQ(one.losses.size(), 5u) << one.log;
+  for (const auto& [step, loss] : one.losses)
+    EXPECT_NEAR(two.losses.at(step), loss, 2e-5 * std::abs(loss)) << "step " << step;
+  for (const auto& [step, loss] : one.eval_losses)
+    EXPECT_NEAR(two.eval_losses.at(step), loss, 2e-5 * std::abs(loss)) << "eval at " << step;
 }
 
 }  // namespace

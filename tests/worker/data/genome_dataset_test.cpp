@@ -1,11 +1,14 @@
 #include "worker/data/genome_dataset.hpp"
 
+#include <array>
+#include <cmath>
 #include <set>
 
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
 #include "test_files.hpp"
+#include "tests/support/expect_error.hpp"
 
 namespace dnallm::data {
 namespace {
@@ -106,6 +109,101 @@ TEST(GenomeDataset, BadOptions) {
   GenomeOptions all_n = o;
   all_n.sampling = cfg::Sampling::kTile;
   EXPECT_THROW(GenomeDataset(records({std::string(40, 'N')}), all_n, "mem"), Error);
+}
+
+// Note [Genome weights]: three files of one base each (A, C, G), so a window's first base names
+// the file it came from.
+struct HomopolymerFiles {
+  testing::TempDir dir;
+  std::vector<std::string> files;
+  HomopolymerFiles() {
+    const std::array<std::pair<char, size_t>, 3> spec = {
+        {{'A', 90'000}, {'C', 10'000}, {'G', 1'000}}};
+    for (const auto& [base, length] : spec) {
+      files.push_back(dir.file(std::string(1, base) + ".fa"));
+      testing::write_text(files.back(),
+                          ">" + std::string(1, base) + "\n" + std::string(length, base) + "\n");
+    }
+  }
+};
+
+// The share of 20,000 windows that came from each file.
+std::array<double, 3> file_shares(const GenomeDataset& ds) {
+  std::array<double, 3> n{};
+  constexpr int kDraws = 20'000;
+  for (uint64_t i = 0; i < kDraws; ++i) {
+    SampleRng rng(5, 0, i);
+    const char b = ds.get(i, rng).bases.at(0);
+    n[b == 'A' ? 0 : b == 'C' ? 1 : 2] += 1;
+  }
+  for (double& share : n) share /= kDraws;
+  return n;
+}
+
+TEST(GenomeDataset, WeightsAndTemperatureMixFilesAsAsked) {
+  HomopolymerFiles h;
+  GenomeOptions o;
+  o.window_bases = 100;
+  // By size (the default): the files' window starts, 89,901 : 9,901 : 901.
+  auto by_size = file_shares(GenomeDataset(h.files, o));
+  const double starts = 89'901 + 9'901 + 901;
+  EXPECT_NEAR(by_size[0], 89'901 / starts, 0.01);
+  EXPECT_NEAR(by_size[2], 901 / starts, 0.003);
+  o.file_weights = {1, 1, 2};
+  auto weighted = file_shares(GenomeDataset(h.files, o));
+  EXPECT_NEAR(weighted[0], 0.25, 0.015);
+  EXPECT_NEAR(weighted[1], 0.25, 0.015);
+  EXPECT_NEAR(weighted[2], 0.50, 0.015);
+  o.file_weights = {0, 3, 0};
+  EXPECT_EQ(file_shares(GenomeDataset(h.files, o))[1], 1.0);
+  // T = 2: bases^(1/2) = 300 : 100 : 31.6.
+  o.file_weights.clear();
+  o.temperature = 2;
+  auto flat = file_shares(GenomeDataset(h.files, o));
+  const double sum = 300 + 100 + std::sqrt(1000.0);
+  EXPECT_NEAR(flat[0], 300 / sum, 0.015);
+  EXPECT_NEAR(flat[1], 100 / sum, 0.015);
+  EXPECT_NEAR(flat[2], std::sqrt(1000.0) / sum, 0.01);
+  // The stream is the sample's: the same index and seed, the same window, in any dataset.
+  GenomeDataset once(h.files, o), again(h.files, o);
+  for (uint64_t i = 0; i < 200; ++i) {
+    SampleRng a(5, 1, i), b(5, 1, i);
+    EXPECT_EQ(once.get(i, a).bases, again.get(i, b).bases);
+  }
+  // Windows never cross a file's records, whatever the mix.
+  o.temperature = 0.5;
+  GenomeDataset sharp(h.files, o);
+  for (uint64_t i = 0; i < 2000; ++i) {
+    SampleRng rng(5, 0, i);
+    const std::string w = sharp.get(i, rng).bases;
+    EXPECT_EQ(w, std::string(w.size(), w[0]));
+  }
+}
+
+TEST(GenomeDataset, BadWeightsAreOneUsageError) {
+  HomopolymerFiles h;
+  GenomeOptions o;
+  o.window_bases = 100;
+  o.file_weights = {1, 1};
+  dnallm::testing::expect_error([&] { GenomeDataset ds(h.files, o); }, ExitCode::kUsage,
+                                {"data.weights gives 2 weight(s)", "3 file(s)", "A.fa", "G.fa"});
+  o.file_weights = {0, 0, 0};
+  dnallm::testing::expect_error([&] { GenomeDataset ds(h.files, o); }, ExitCode::kUsage,
+                                {"no weight to a file with windows"});
+  o.file_weights = {1, 1, 1};
+  o.sampling = cfg::Sampling::kTile;
+  dnallm::testing::expect_error([&] { GenomeDataset ds(h.files, o); }, ExitCode::kUsage,
+                                {"data.sampling = \"tile\""});
+  // A file whose split holds no window is left out of the mix (the rest keep their ratio).
+  o.sampling = cfg::Sampling::kRandom;
+  o.file_weights = {1, 1, 1};
+  GenomeRegions no_c;
+  no_c.intervals["C"] = {Interval{0, 10'000}};
+  no_c.first_line["C"] = 1;
+  o.exclude = std::make_shared<const GenomeRegions>(no_c);
+  auto shares = file_shares(GenomeDataset(h.files, o));
+  EXPECT_EQ(shares[1], 0.0);
+  EXPECT_NEAR(shares[0], 0.5, 0.015);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -20,6 +21,7 @@
 #include "test_files.hpp"
 #include "tests/support/expect_error.hpp"
 #include "tests/support/process.hpp"
+#include "worker/data/genome_cache.hpp"
 #include "worker/data/genome_dataset.hpp"
 #include "worker/data/sequence_reader.hpp"
 #include "worker/data/sequence_stream.hpp"
@@ -186,6 +188,95 @@ TEST(GenomeStore, DatasetsOverStoreAndFastaGiveTheSameSamples) {
             << cfg::spelling(sampling) << " split " << static_cast<int>(split) << " sample " << i;
       }
     }
+  }
+}
+
+// Note [Genome weights]: a store's files are the files it was packed from, so a mix by weights or
+// by temperature draws the same windows from the store as from the FASTA files.
+TEST(GenomeStore, WeightsMixStoreAndFastaAlike) {
+  const auto store = GenomeStore::open(store_dir());
+  ASSERT_EQ(store->file_count(), genome().files.size());
+  for (size_t f = 0; f < genome().files.size(); ++f)
+    EXPECT_EQ(store->file_name(f), genome().files[f]);
+  for (int mix = 0; mix < 2; ++mix) {
+    GenomeOptions o;
+    o.window_bases = 100;
+    o.max_n_fraction = 0.05;
+    o.eval_fraction = 0.1;
+    o.split = Split::kTrain;
+    if (mix == 0) o.file_weights = {1, 0.5, 3};
+    if (mix == 1) o.temperature = 3;
+    GenomeDataset fasta(genome().files, o);
+    GenomeDataset packed(store, o, store_dir());
+    for (uint64_t i = 0; i < 3000; ++i) {
+      SampleRng a(9, 0, i), b(9, 0, i);
+      ASSERT_EQ(packed.get(i, a).bases, fasta.get(i, b).bases) << "mix " << mix << " " << i;
+    }
+  }
+}
+
+// Note [Genome cache]: files over the threshold are packed once into data.cache_dir, reused
+// while unchanged, packed again when one changes; two processes at once share one store.
+TEST(GenomeCache, LargeFilesArePackedOnceReusedAndPackedAgainWhenChanged) {
+  testing::TempDir cache;
+  testing::TempDir data;
+  std::vector<std::string> files;
+  for (size_t i = 0; i < 2; ++i) {
+    files.push_back(data.file(fmt::format("g{}.fa", i)));
+    testing::write_text(files.back(),
+                        fmt::format(">c{}\n", i) + make_contig(20'000, 30 + i) + "\n");
+  }
+  GenomeCacheOptions o;
+  o.cache_dir = cache.file("genomes");
+  o.threshold_bases = 50'000;
+  EXPECT_EQ(cached_genome_store(files, o), "");  // about 40 kbases: read into memory
+  o.threshold_bases = 30'000;
+  o.skip_bad_records = true;
+  EXPECT_EQ(cached_genome_store(files, o), "");  // packing refuses bad records
+  o.skip_bad_records = false;
+  const std::string dir = cached_genome_store(files, o);
+  ASSERT_EQ(fs::path(dir).parent_path(), fs::path(o.cache_dir));
+  ASSERT_TRUE(is_genome_store(dir));
+  const auto manifest = [&] { return GenomeStore::open(dir)->manifest_text(); };
+  const std::string first = manifest();
+  EXPECT_EQ(cached_genome_store(files, o), dir);
+  EXPECT_EQ(manifest(), first);  // reused, not packed again
+  // The windows are the FASTA's.
+  GenomeOptions g;
+  g.window_bases = 300;
+  g.max_n_fraction = 0.1;
+  GenomeDataset fasta(files, g);
+  GenomeDataset packed(GenomeStore::open(dir), g, dir);
+  for (uint64_t i = 0; i < 200; ++i) {
+    SampleRng a(3, 0, i), b(3, 0, i);
+    ASSERT_EQ(packed.get(i, a).bases, fasta.get(i, b).bases);
+  }
+  // A source that changes (here: its time) makes the store stale: packed again in place.
+  fs::last_write_time(files[1], fs::last_write_time(files[1]) + std::chrono::seconds(5));
+  EXPECT_EQ(cached_genome_store(files, o), dir);
+  EXPECT_NE(manifest(), first);
+  // Another list of files is another store.
+  EXPECT_NE(cached_genome_store({files[0]}, GenomeCacheOptions{1000, o.cache_dir}), dir);
+  // Without data.cache_dir: beside the first file.
+  GenomeCacheOptions beside;
+  beside.threshold_bases = 1000;
+  EXPECT_EQ(fs::path(cached_genome_store(files, beside)).parent_path(),
+            fs::path(files[0]).parent_path());
+}
+
+TEST(GenomeCache, ProcessesPackingAtOnceShareOneStore) {
+  testing::TempDir cache;
+  GenomeCacheOptions o;
+  o.cache_dir = cache.file("c");
+  o.threshold_bases = 1000;
+  std::string a, b;
+  std::thread other([&] { a = cached_genome_store(genome().files, o); });
+  b = cached_genome_store(genome().files, o);
+  other.join();
+  EXPECT_EQ(a, b);
+  GenomeStore::open(a)->verify_all();
+  for (const auto& e : fs::directory_iterator(o.cache_dir)) {
+    EXPECT_EQ(e.path().filename().string().find(".packing"), std::string::npos) << e.path();
   }
 }
 
