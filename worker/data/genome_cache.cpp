@@ -2,15 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
-#include <nlohmann/json.hpp>
 #include <xxhash.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -23,18 +22,14 @@ namespace {
 namespace fs = std::filesystem;
 
 struct SourceStat {
-  std::string path;  // absolute
-  uint64_t bytes = 0;
-  int64_t mtime_ns = 0;
+  std::string path;  // absolute, as the manifest records it (store_packer.cpp)
+  FileStamp stamp;
 };
 
 SourceStat stat_source(const std::string& file) {
-  struct stat st {};
-  if (::stat(file.c_str(), &st) != 0) {
-    fail(ExitCode::kUsage, "{}: cannot read it: {}", file, errno_string());
-  }
-  return {fs::absolute(file).lexically_normal().string(), static_cast<uint64_t>(st.st_size),
-          int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
+  const auto stamp = file_stamp(file);
+  if (!stamp) fail(ExitCode::kUsage, "{}: cannot read it: {}", file, errno_string());
+  return {fs::absolute(file).lexically_normal().string(), *stamp};
 }
 
 bool compressed(const std::string& file) {
@@ -54,9 +49,9 @@ bool fresh_store(const std::string& dir, const std::vector<SourceStat>& sources)
     const auto& listed = m.at("sources");
     if (listed.size() != sources.size()) return false;
     for (size_t i = 0; i < sources.size(); ++i) {
-      if (listed[i].at("path").get<std::string>() != sources[i].path ||
-          listed[i].at("bytes").get<uint64_t>() != sources[i].bytes ||
-          listed[i].at("mtime_ns").get<int64_t>() != sources[i].mtime_ns)
+      const FileStamp then{listed[i].at("bytes").get<uint64_t>(),
+                           listed[i].at("mtime_ns").get<int64_t>()};
+      if (listed[i].at("path").get<std::string>() != sources[i].path || !(then == sources[i].stamp))
         return false;
     }
     return true;
@@ -162,8 +157,8 @@ std::string cached_genome_store(const std::vector<std::string>& files,
     spdlog::info(
         "{}: about {:.2f} Gbases in {} file(s), over data.pack_threshold_bases = {}: packing "
         "them once into the genome store {} (later runs reuse it while the files are unchanged)",
-        options.key, static_cast<double>(estimate) / 1e9, sources.size(),
-        options.threshold_bases, place);
+        options.key, static_cast<double>(estimate) / 1e9, sources.size(), options.threshold_bases,
+        place);
     std::vector<std::string> paths;
     for (const auto& s : sources) paths.push_back(s.path);
     PackOptions pack;

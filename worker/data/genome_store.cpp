@@ -162,6 +162,13 @@ void for_runs(const StoreFile& f, uint64_t lo, uint64_t hi, Fn&& fn) {
 
 }  // namespace
 
+std::optional<FileStamp> file_stamp(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileStamp{static_cast<uint64_t>(st.st_size),
+                   int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
+}
+
 bool is_genome_store(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec) && fs::exists(fs::path(path) / kStoreManifest, ec);
@@ -241,11 +248,9 @@ void GenomeStore::load_manifest() {
     for (const auto& s : m.at("sources")) {
       const auto src = s.at("path").get<std::string>();
       sources_.push_back(src);
-      struct stat st {};
-      if (::stat(src.c_str(), &st) != 0) continue;  // moved away: the store stands alone
-      const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
-      if (static_cast<uint64_t>(st.st_size) != s.at("bytes").get<uint64_t>() ||
-          mtime != s.at("mtime_ns").get<int64_t>()) {
+      const auto now = file_stamp(src);
+      if (!now) continue;  // moved away: the store stands alone
+      if (!(*now == FileStamp{s.at("bytes").get<uint64_t>(), s.at("mtime_ns").get<int64_t>()})) {
         spdlog::warn(
             "genome store {}: its source {} changed since it was packed (size or time); the "
             "store still holds the old bases: pack it again to train on the new ones",

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/error.hpp"
@@ -65,6 +66,16 @@ struct ContigEntry {
 static_assert(sizeof(BaseRun) == 16, "BaseRun is 16 bytes on disk");
 static_assert(sizeof(ContigEntry) == 32, "ContigEntry is 32 bytes on disk");
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the store format is little-endian");
+
+// A source file as the manifest's "sources" record it ("bytes", "mtime_ns"): packing writes it,
+// opening a store and the genome cache (genome_cache.hpp) compare it with the file as it is now.
+struct FileStamp {
+  uint64_t bytes = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const FileStamp& o) const { return bytes == o.bytes && mtime_ns == o.mtime_ns; }
+};
+// `path`'s stamp; nullopt where it cannot be stat'ed.
+std::optional<FileStamp> file_stamp(const std::string& path);
 
 // Whether `path` is a store directory (holds the manifest; GenomeStore::open validates it).
 bool is_genome_store(const std::string& path);

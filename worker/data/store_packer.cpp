@@ -1,7 +1,6 @@
 #include "worker/data/store_packer.hpp"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -262,12 +261,11 @@ void write_small(const fs::path& p, const void* data, size_t n) {
 
 nlohmann::ordered_json source_entry(const std::string& file, const StreamedFile& streamed,
                                     uint64_t contigs) {
-  struct stat st {};
-  if (::stat(file.c_str(), &st) != 0)
-    fail(ExitCode::kBadData, "cannot read sequence file {}: {}", file, errno_string());
+  const auto stamp = file_stamp(file);
+  if (!stamp) fail(ExitCode::kBadData, "cannot read sequence file {}: {}", file, errno_string());
   return {{"path", fs::absolute(file).lexically_normal().string()},
-          {"bytes", static_cast<uint64_t>(st.st_size)},
-          {"mtime_ns", int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec},
+          {"bytes", stamp->bytes},
+          {"mtime_ns", stamp->mtime_ns},
           {"format", streamed.format},
           {"contigs", contigs},
           {"bases", streamed.bases}};
